@@ -1,0 +1,50 @@
+//! The sharedos wire contract.
+//!
+//! ```
+//! use sharedos_protocol::{RuntimeEvent, methods};
+//! let event: RuntimeEvent = serde_json::from_str(r#"{"type":"progress","data":{"pct":50}}"#).unwrap();
+//! assert_eq!(event.kind.as_str(), "progress");
+//! assert_eq!(methods::HOST_EMIT, "host/emit");
+//! ```
+//!
+//! This crate holds data and the codec, nothing else: the types of every
+//! message a host and a runtime plugin exchange (serde + schemars), the
+//! envelope contracts they carry (`envelope.md` section A), method names,
+//! protocol versions, JSON-RPC error codes and the bounded NDJSON codec.
+//! No process, no policy.
+
+pub mod codec;
+pub mod contract;
+pub mod errors;
+pub mod execution;
+pub mod primitives;
+pub mod schema;
+pub mod wire;
+
+pub use codec::{FrameError, NdjsonCodec, DEFAULT_MAX_MESSAGE_BYTES};
+pub use contract::*;
+pub use errors::{ErrorKind, RpcErrorCode};
+pub use execution::*;
+pub use primitives::*;
+pub use wire::*;
+
+/// The contract version carried in manifests and requests (`"1"`).
+pub const CONTRACT_VERSION: &str = "1";
+
+/// Wire protocol majors this build speaks, in preference order.
+pub const PROTOCOL_VERSIONS: &[u32] = &[1];
+
+/// Method names (DESIGN.md's table).
+pub mod methods {
+    pub const INITIALIZE: &str = "initialize";
+    pub const TURN_RUN: &str = "turn/run";
+    pub const TURN_DRAINING: &str = "turn/draining";
+    pub const TURN_ABORT: &str = "turn/abort";
+    pub const HOST_INVOKE_TOOL: &str = "host/invokeTool";
+    pub const HOST_EMIT: &str = "host/emit";
+    pub const HOST_ANNOTATE: &str = "host/annotate";
+}
+
+/// The environment variable a host sets so an SDK knows it was started by a
+/// host (a UX cookie, not a security measure).
+pub const PLUGIN_COOKIE_ENV: &str = "SHAREDOS_PLUGIN";
