@@ -1,1 +1,4 @@
-//! The sharedos host.
+//! The sharedos host: the envelope, the process runtime, the registry and
+//! the CLI.
+
+pub mod executor;

@@ -1,0 +1,120 @@
+//! How a turn's result is built on each way out (envelope.md B.9).
+
+use serde_json::{Value, json};
+use sharedos_protocol::{
+    Escalation, ExecutionResult, ExecutionStatus, JsonObject, ProtocolError, RuntimeTurnOutcome, Timestamp, Version,
+};
+
+use super::turn::Turn;
+
+pub(crate) const RUNTIME_FAILED: &str = "runtime_failed";
+pub(crate) const TURN_CANCELLED: &str = "turn_cancelled";
+pub(crate) const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
+pub(crate) const INVALID_RUNTIME_OUTCOME: &str = "invalid_runtime_outcome";
+
+pub(crate) const MSG_RUNTIME_FAILED: &str = "The runtime plugin failed.";
+pub(crate) const MSG_CANCELLED: &str = "The turn was cancelled before it completed.";
+pub(crate) const MSG_AUDIT: &str = "The audit sink could not record a decision, so the turn was ended.";
+pub(crate) const MSG_INVALID_OUTCOME: &str = "The runtime returned an outcome that does not match the SharedOS v1 contract.";
+pub(crate) const MSG_ESCALATE_NOT_OFFERED: &str =
+    "The runtime ended the turn by escalation, but this turn's catalogue does not offer the affordance.";
+pub(crate) const MSG_ADMISSION: &str = "The access context does not grant permission to invoke this agent.";
+
+/// Metadata in the one merge order: the outcome's own, then the
+/// annotations, then `runtime`, which nothing a plugin says can replace.
+pub(crate) fn merge_metadata(outcome: Option<&JsonObject>, annotations: &[(String, Value)], runtime: &Value) -> JsonObject {
+    let mut m = JsonObject::new();
+    if let Some(o) = outcome {
+        for (k, v) in o {
+            if k != "__proto__" {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    for (k, v) in annotations {
+        m.insert(k.clone(), v.clone());
+    }
+    m.insert("runtime".into(), runtime.clone());
+    m
+}
+
+/// What the builders need besides the turn.
+pub(crate) struct Ending {
+    pub status: ExecutionStatus,
+    pub output: Option<Value>,
+    pub error: Option<ProtocolError>,
+    pub escalation: Option<Escalation>,
+    pub outcome_metadata: Option<JsonObject>,
+}
+
+impl Ending {
+    pub fn failed(code: &str, message: &str, retryable: bool) -> Self {
+        Self {
+            status: ExecutionStatus::Failed,
+            output: None,
+            error: Some(ProtocolError::new(code, message, Some(retryable))),
+            escalation: None,
+            outcome_metadata: None,
+        }
+    }
+    pub fn cancelled(retryable: bool) -> Self {
+        Self {
+            status: ExecutionStatus::Cancelled,
+            output: None,
+            error: Some(ProtocolError::new(TURN_CANCELLED, MSG_CANCELLED, Some(retryable))),
+            escalation: None,
+            outcome_metadata: None,
+        }
+    }
+    pub fn denied(code: &str, message: &str) -> Self {
+        Self {
+            status: ExecutionStatus::Denied,
+            output: None,
+            error: Some(ProtocolError::new(code, message, Some(false))),
+            escalation: None,
+            outcome_metadata: None,
+        }
+    }
+}
+
+/// Builds the result of a turn that got as far as having a `Turn`.
+pub(crate) fn build(
+    turn: &Turn,
+    ending: Ending,
+    started_at: Timestamp,
+    runtime: &Value,
+    with_annotations: bool,
+) -> ExecutionResult {
+    let annotations = if with_annotations { turn.annotations() } else { Vec::new() };
+    ExecutionResult {
+        version: Version::V1,
+        execution_id: turn.execution_id.clone(),
+        trace_id: turn.trace_id.clone(),
+        status: ending.status,
+        output: ending.output,
+        error: ending.error,
+        escalation: ending.escalation,
+        events: turn.events(),
+        started_at,
+        completed_at: turn.now(),
+        metadata: merge_metadata(ending.outcome_metadata.as_ref(), &annotations, runtime),
+    }
+}
+
+/// The plugin's `fail` error with the retryable rule applied: a `true` is
+/// lowered when a retry is not safe; `false` and absent stay as they are.
+pub(crate) fn lower_retryable(mut error: ProtocolError, safe: bool) -> ProtocolError {
+    if error.retryable == Some(true) && !safe {
+        error.retryable = Some(false);
+    }
+    error
+}
+
+/// `turn.failed{code, source}`.
+pub(crate) fn failed_event(code: &str, source: &str) -> Value {
+    json!({"code": code, "source": source})
+}
+
+pub(crate) fn outcome_metadata(outcome: &RuntimeTurnOutcome) -> Option<JsonObject> {
+    outcome.metadata().cloned()
+}

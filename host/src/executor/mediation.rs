@@ -1,0 +1,227 @@
+//! The `RuntimeHost` the envelope hands the seat: mediation of every tool
+//! call in the exact order of envelope.md B.2, `emit` (B.3), `annotate`
+//! (B.4) and the draining signal.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
+use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
+use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
+
+use super::turn::{Turn, call_event, lock};
+
+pub(crate) const TURN_DRAINING: &str = "turn_draining";
+pub(crate) const STEP_LIMIT: &str = "step_limit_exceeded";
+pub(crate) const CALL_LIMIT: &str = "tool_call_limit_exceeded";
+pub(crate) const TOOL_UNAVAILABLE: &str = "tool_unavailable";
+
+/// The in-process host of one turn. Holds the turn weakly in spirit: once
+/// the turn closes, every member answers as a closed host does.
+pub struct EnvelopeHost {
+    pub(crate) turn: Arc<Turn>,
+}
+
+impl EnvelopeHost {
+    fn refusal_message(code: &str) -> &'static str {
+        match code {
+            TURN_DRAINING => "The turn is ending and takes no new tool calls.",
+            STEP_LIMIT => "The runtime reached its maximum number of steps.",
+            CALL_LIMIT => "The runtime reached its maximum number of tool calls.",
+            _ => "The tool is not available in this permission-filtered turn.",
+        }
+    }
+
+    /// An envelope refusal: a `denied` result, its `tool.completed`, and the
+    /// refusal recorded through the kernel (awaited, failure swallowed).
+    async fn refuse(&self, call: &ToolCall, step: Option<u64>, code: &str, cause: Option<&str>) -> ToolResult {
+        let turn = &self.turn;
+        let result = ToolResult::denied(call, code, Self::refusal_message(code), turn.now());
+        let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
+        data.insert("status".into(), json!("denied"));
+        data.insert("code".into(), json!(code));
+        turn.push_event("tool.completed", Value::Object(data));
+        if let Some(lease) = turn.lease() {
+            let refused = RefusedCall {
+                call_id: call.id.clone(),
+                tool: call.tool.clone(),
+                reason_code: code.to_owned(),
+                cause: cause.map(str::to_owned),
+            };
+            if let Err(e) = turn.kernel.record_refused_call(&lease, &turn.context_now(), refused).await {
+                tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording an envelope refusal failed");
+            }
+        }
+        result
+    }
+
+    fn closed(&self) -> bool {
+        !self.turn.is_open() || self.turn.signals.hard_raised()
+    }
+}
+
+#[async_trait]
+impl RuntimeHost for EnvelopeHost {
+    fn limits(&self) -> RuntimeLimits {
+        self.turn.limits
+    }
+
+    async fn invoke_tool(&self, call: ToolCall, step: Option<u64>) -> Result<ToolResult, HostCallError> {
+        let turn = self.turn.clone();
+        // 1. A call after close or after the hard abort.
+        if self.closed() {
+            return Err(HostCallError::closed());
+        }
+        // 2–3. The call and step shapes are checked by their types (a
+        // malformed call never reaches here: the wire answers -32602).
+        // 4.
+        turn.push_event("tool.requested", Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step)));
+        // 5. Draining.
+        if turn.signals.soft_raised() {
+            return Ok(self.refuse(&call, step, TURN_DRAINING, None).await);
+        }
+        let max_steps = u64::from(turn.limits.max_steps);
+        let over = {
+            let mut budget = lock(&turn.calls);
+            // 6. Step ceiling, only for a declared step.
+            let step_over = match step {
+                Some(s) => {
+                    let ok = s < max_steps
+                        && (budget.seen_steps.contains(&s) || (budget.seen_steps.len() as u64) < max_steps);
+                    if ok {
+                        budget.seen_steps.insert(s);
+                    }
+                    !ok
+                }
+                None => false,
+            };
+            if step_over {
+                Some(STEP_LIMIT)
+            } else if budget.tool_calls >= turn.limits.max_tool_calls {
+                // 7. Call ceiling.
+                Some(CALL_LIMIT)
+            } else {
+                // 8. Counted before the catalogue check: a guessed name
+                // uses budget.
+                budget.tool_calls += 1;
+                None
+            }
+        };
+        if let Some(code) = over {
+            return Ok(self.refuse(&call, step, code, None).await);
+        }
+        // 9. Catalogue.
+        let offered = lock(&turn.catalogue).iter().any(|d| d.name == call.tool);
+        if !offered {
+            return Ok(self.refuse(&call, step, TOOL_UNAVAILABLE, Some("not_offered")).await);
+        }
+        // 10. Kernel. The bookkeeping is tied to the kernel's own work, run
+        // as its own task, so a call the seat stopped waiting for still
+        // counts as outstanding.
+        let repeatable = lock(&turn.repeatable).contains(call.tool.as_str());
+        if !repeatable {
+            lock(&turn.retry).writes_with_kernel += 1;
+        }
+        let Some(lease) = turn.lease() else {
+            return Err(HostCallError::closed());
+        };
+        let guard = turn.in_flight.enter();
+        let kernel_turn = turn.clone();
+        let kernel_call = call.clone();
+        let token = turn.signals.hard_token.clone();
+        let context = turn.context_now();
+        let work = tokio::spawn(async move {
+            let _guard = guard;
+            let turn = kernel_turn;
+            let outcome = turn.kernel.invoke_tool(&lease, &context, &kernel_call, token).await;
+            let mut retry = lock(&turn.retry);
+            if !repeatable {
+                retry.writes_with_kernel = retry.writes_with_kernel.saturating_sub(1);
+            }
+            match &outcome {
+                Ok(result) => {
+                    retry.effect_possible |= !repeatable && result.status() != ToolStatus::Denied;
+                }
+                Err(err) => {
+                    let refused_for_outage = matches!(err, KernelError::AuditUnavailable { effect: AuditEffect::None, .. })
+                        && !turn.signals.hard_raised();
+                    retry.effect_possible |= !repeatable && !refused_for_outage;
+                }
+            }
+            drop(retry);
+            if let Err(err) = &outcome {
+                turn.note_audit_outage(err);
+                if matches!(err, KernelError::AuditUnavailable { .. }) {
+                    turn.drain_for_outage();
+                }
+            }
+            outcome
+        });
+        // 11. Race with the hard signal.
+        let hard = turn.signals.hard_signal();
+        let outcome = tokio::select! {
+            biased;
+            joined = work => match joined {
+                Ok(outcome) => outcome,
+                Err(_) => Err(KernelError::Failed("the kernel task panicked".into())),
+            },
+            _ = hard.raised() => {
+                return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
+            }
+        };
+        let result = match outcome {
+            Ok(result) => result,
+            Err(KernelError::AuditUnavailable { .. }) => {
+                return Err(HostCallError::new(
+                    ErrorKind::AuditUnavailable,
+                    "The audit sink could not record this call's decision; the turn is ending.",
+                ));
+            }
+            Err(KernelError::Interrupted | KernelError::Aborted) => {
+                return Err(HostCallError::new(ErrorKind::Cancelled, "The call was interrupted by the turn's abort."));
+            }
+            Err(KernelError::Failed(msg)) => {
+                tracing::warn!(execution_id = %turn.execution_id, error = %msg, "kernel port failed");
+                return Err(HostCallError::new(ErrorKind::Internal, "The kernel could not answer this call."));
+            }
+        };
+        if result.call_id() != &call.id || result.tool() != &call.tool {
+            return Err(HostCallError::new(ErrorKind::Internal, "Kernel returned an invalid tool result"));
+        }
+        // 12. Check the host again.
+        if self.closed() {
+            return Err(HostCallError::closed());
+        }
+        // 13.
+        let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
+        data.insert("status".into(), json!(result.status().as_str()));
+        if let Some(err) = result.error() {
+            data.insert("code".into(), json!(err.code.as_str()));
+        }
+        turn.push_event("tool.completed", Value::Object(data));
+        Ok(result)
+    }
+
+    fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
+        if self.closed() {
+            return Err(HostCallError::closed());
+        }
+        let turn = &self.turn;
+        turn.push_event(
+            "runtime.event",
+            json!({"runtime": turn.runtime_ref(), "type": event.kind.as_str(), "data": event.data}),
+        );
+        Ok(())
+    }
+
+    fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
+        check_annotation(key)?;
+        self.turn.annotate(key, value);
+        Ok(())
+    }
+
+    fn draining(&self) -> Signal {
+        self.turn.signals.soft.signal()
+    }
+}

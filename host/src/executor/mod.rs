@@ -1,0 +1,580 @@
+//! The envelope: runs one turn of a seated runtime and keeps every piece of
+//! authority (envelope.md B).
+//!
+//! In order: validate the request, check the context, open the turn's
+//! authority, admit, compute the catalogue (kernel listing ∩ requested
+//! names), hand the runtime a sanitized request, mediate every effect, and
+//! build the result on every way out with the envelope's provenance.
+
+mod ending;
+mod mediation;
+pub mod record;
+mod turn;
+
+use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
+use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
+use sharedos_protocol::{
+    AccessContext, Address, ContractError, Escalation, EscalationStatus, ExecutionEvent, ExecutionRequest,
+    ExecutionResult, ExecutionStatus, Identifier, ReachResult, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, RuntimeVisibleContext, Timestamp, canonical_json,
+};
+use tokio_util::sync::CancellationToken;
+
+pub use mediation::EnvelopeHost;
+
+use ending::*;
+use turn::{Turn, TurnParams, lock};
+
+/// The name of the escalation affordance. Its presence in a turn's
+/// catalogue is what offers escalation.
+pub const ESCALATE_TOOL: &str = "sharedos.escalate";
+
+/// Upper bound of `drain_grace_ms` and `default_timeout_ms`.
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
+/// The clock every timestamp of a turn comes from.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+/// Observes each event, in order, as an immutable value.
+pub type OnEvent = Arc<dyn Fn(&ExecutionEvent) + Send + Sync>;
+/// Hears why a turn failed: a runtime that threw, or an audit outage.
+pub type OnTurnError = Arc<dyn Fn(&TurnError, &TurnIds) + Send + Sync>;
+
+/// Makes event ids.
+#[derive(Clone)]
+pub struct IdSource(Arc<dyn Fn() -> String + Send + Sync>);
+
+impl IdSource {
+    pub fn uuid() -> Self {
+        Self(Arc::new(|| uuid::Uuid::new_v4().to_string()))
+    }
+    pub fn from_fn(f: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+    pub(crate) fn next(&self) -> Identifier {
+        Identifier::new((self.0)()).unwrap_or_else(|_| Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!()))
+    }
+}
+
+/// Why a turn ended in failure, for `on_turn_error` (never in the result).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnError {
+    /// The runtime threw, broke the protocol, or could not be loaded.
+    Runtime(RuntimeError),
+    /// A decision-path audit write failed; `cause` is the sink's message.
+    AuditUnavailable { cause: String },
+    /// A kernel port failed for a reason other than the audit.
+    Kernel(String),
+}
+
+/// Which turn an error belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnIds {
+    pub execution_id: String,
+    pub trace_id: String,
+}
+
+/// Options of an executor (envelope.md B.0).
+#[derive(Clone)]
+pub struct ExecutorOptions {
+    pub clock: Clock,
+    pub ids: IdSource,
+    pub default_max_steps: u32,
+    pub default_max_tool_calls: Option<u32>,
+    pub default_timeout_ms: u64,
+    /// The drain grace, inside the limit: `turn/draining` comes this long
+    /// before the deadline. 0 (the default) means one signal only.
+    pub drain_grace_ms: u64,
+    pub on_turn_error: Option<OnTurnError>,
+}
+
+impl Default for ExecutorOptions {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(Timestamp::now),
+            ids: IdSource::uuid(),
+            default_max_steps: 16,
+            default_max_tool_calls: None,
+            default_timeout_ms: 120_000,
+            drain_grace_ms: 0,
+            on_turn_error: None,
+        }
+    }
+}
+
+/// A configuration error of the executor itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ExecutorError(pub String);
+
+/// Why `execute` returned no result at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecuteError {
+    /// The request does not match the v1 contract; no result, no event, no
+    /// audit record.
+    #[error("ExecutionRequest does not match the SharedOS v1 contract: {0}")]
+    InvalidRequest(String),
+}
+
+impl From<ContractError> for ExecuteError {
+    fn from(e: ContractError) -> Self {
+        ExecuteError::InvalidRequest(e.0)
+    }
+}
+
+/// Per-call options of `execute`.
+#[derive(Clone, Default)]
+pub struct ExecuteOptions {
+    /// The host's own cancellation: an immediate stop, no drain.
+    pub cancel: Option<CancellationToken>,
+    pub on_event: Option<OnEvent>,
+}
+
+/// A runtime the trusted host seated, with the manifest snapshot the
+/// envelope writes into every result.
+#[derive(Clone)]
+pub struct Seat {
+    pub manifest: RuntimeManifest,
+    pub plugin: Arc<dyn RuntimePlugin>,
+    /// Where the seat keeps each turn's sandbox report, if it has one.
+    pub reports: Option<Arc<dyn SeatReports>>,
+}
+
+/// A seat that can say how its turn was isolated.
+pub trait SeatReports: Send + Sync {
+    fn take_sandbox_report(&self, execution_id: &str) -> Option<Value>;
+}
+
+impl Seat {
+    pub fn in_process(plugin: Arc<dyn RuntimePlugin>) -> Self {
+        Self { manifest: plugin.manifest(), plugin, reports: None }
+    }
+}
+
+/// What the body of a turn threw.
+enum Caught {
+    Runtime(RuntimeError),
+    Kernel(KernelError),
+    Aborted,
+}
+
+/// The fixed security envelope around one seat.
+pub struct Executor {
+    kernel: Arc<dyn TurnKernel>,
+    seat: Seat,
+    options: ExecutorOptions,
+}
+
+impl Executor {
+    pub fn new(kernel: Arc<dyn TurnKernel>, seat: Seat, options: ExecutorOptions) -> Result<Self, ExecutorError> {
+        if options.drain_grace_ms > MAX_TIMEOUT_MS {
+            return Err(ExecutorError(format!("drainGraceMs must be between 0 and {MAX_TIMEOUT_MS}")));
+        }
+        if !(1..=MAX_TIMEOUT_MS).contains(&options.default_timeout_ms) {
+            return Err(ExecutorError(format!("defaultTimeoutMs must be between 1 and {MAX_TIMEOUT_MS}")));
+        }
+        if options.default_max_steps == 0 {
+            return Err(ExecutorError("defaultMaxSteps must be a positive integer".into()));
+        }
+        if let Some(n) = options.default_max_tool_calls
+            && !(1..=10_000).contains(&n)
+        {
+            return Err(ExecutorError("defaultMaxToolCalls must be between 1 and 10000".into()));
+        }
+        Ok(Self { kernel, seat, options })
+    }
+
+    pub fn manifest(&self) -> &RuntimeManifest {
+        &self.seat.manifest
+    }
+
+    /// Parses a request from JSON, then runs it.
+    pub async fn execute_json(&self, json: &str, opts: ExecuteOptions) -> Result<ExecutionResult, ExecuteError> {
+        let request: ExecutionRequest =
+            serde_json::from_str(json).map_err(|e| ExecuteError::InvalidRequest(e.to_string()))?;
+        self.execute(request, opts).await
+    }
+
+    fn runtime_ref(&self) -> Value {
+        let m = &self.seat.manifest;
+        json!({"id": m.id, "version": m.version, "protocolVersion": m.protocol_version})
+    }
+
+    fn runtime_provenance(&self, report: Option<Value>) -> Value {
+        let mut v = self.runtime_ref();
+        if let Some(md) = &self.seat.manifest.metadata {
+            v["metadata"] = Value::Object(md.clone());
+        }
+        if let Some(r) = report {
+            v["sandbox"] = r;
+        }
+        v
+    }
+
+    fn limits(&self, request: &ExecutionRequest) -> RuntimeLimits {
+        let o = request.options.unwrap_or_default();
+        let max_steps = o.max_steps.unwrap_or(self.options.default_max_steps);
+        RuntimeLimits {
+            max_steps,
+            max_tool_calls: o.max_tool_calls.or(self.options.default_max_tool_calls).unwrap_or(max_steps),
+            timeout_ms: o.timeout_ms.unwrap_or(self.options.default_timeout_ms),
+        }
+    }
+
+    fn report_turn_error(&self, turn: &Turn, error: TurnError) {
+        if let Some(cb) = &self.options.on_turn_error {
+            let ids = TurnIds { execution_id: turn.execution_id.to_string(), trace_id: turn.trace_id.to_string() };
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| cb(&error, &ids)));
+        }
+    }
+
+    /// Runs one turn. `Err` only for a request that does not match the
+    /// contract; every other ending is an `ExecutionResult`.
+    pub async fn execute(&self, request: ExecutionRequest, opts: ExecuteOptions) -> Result<ExecutionResult, ExecuteError> {
+        request.check()?;
+        let started_at = (self.options.clock)();
+        let limits = self.limits(&request);
+        let turn = Turn::new(TurnParams {
+            execution_id: request.execution_id.clone(),
+            context: request.context.clone(),
+            limits,
+            drain_grace_ms: self.options.drain_grace_ms,
+            kernel: self.kernel.clone(),
+            runtime_ref: self.runtime_ref(),
+            clock: self.options.clock.clone(),
+            ids: self.options.ids.clone(),
+            on_event: opts.on_event.clone(),
+        });
+
+        // Context checks, before any kernel call.
+        if let Some(code) = context_mismatch(&request) {
+            turn.push_event("turn.denied", json!({"code": code}));
+            let message = match code {
+                "actor_mismatch" => "The execution context actor does not match the agent.",
+                "receiver_mismatch" => "The message receiver does not match the agent.",
+                _ => "The message does not match the execution context.",
+            };
+            turn.close();
+            let result = build(&turn, Ending::denied(code, message), started_at, &self.runtime_provenance(None), false);
+            self.record_end(&turn, &result, None).await;
+            return Ok(result);
+        }
+
+        // The deadline machinery starts now.
+        let timers = spawn_deadlines(&turn, limits.timeout_ms, self.options.drain_grace_ms);
+        let cancel_watch = opts.cancel.clone().map(|c| {
+            let t = Arc::downgrade(&turn);
+            tokio::spawn(async move {
+                c.cancelled().await;
+                if let Some(t) = t.upgrade() {
+                    t.signals.raise_hard();
+                }
+            })
+        });
+        if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+            timers.abort();
+            if let Some(w) = cancel_watch {
+                w.abort();
+            }
+            turn.close();
+            let result = build(&turn, Ending::cancelled(true), started_at, &self.runtime_provenance(None), false);
+            self.record_end(&turn, &result, None).await;
+            return Ok(result);
+        }
+
+        let body = self.body(&turn, request).await;
+        let (ending, ended_by) = match body {
+            Ok(done) => done,
+            Err(caught) => self.catch(&turn, caught).await,
+        };
+        turn.close();
+        timers.abort();
+        if let Some(w) = cancel_watch {
+            w.abort();
+        }
+        let report = self.seat.reports.as_ref().and_then(|r| r.take_sandbox_report(turn.execution_id.as_str()));
+        let with_annotations = ending.status != ExecutionStatus::Denied;
+        let result = build(&turn, ending, started_at, &self.runtime_provenance(report), with_annotations);
+        self.record_end(&turn, &result, ended_by).await;
+        Ok(result)
+    }
+
+    async fn record_end(&self, turn: &Turn, result: &ExecutionResult, ended_by: Option<&'static str>) {
+        let reason_code = match result.status {
+            ExecutionStatus::Succeeded | ExecutionStatus::Escalated => None,
+            ExecutionStatus::Cancelled => {
+                Some(result.code().map(str::to_owned).unwrap_or_else(|| TURN_CANCELLED.to_owned()))
+            }
+            _ => result.code().map(str::to_owned),
+        };
+        let mut context = turn.context.clone();
+        context.now = result.completed_at.clone();
+        let end = TurnEnd {
+            execution_id: turn.execution_id.clone(),
+            status: result.status,
+            reason_code,
+            ended_by: ended_by.map(str::to_owned),
+        };
+        if let Err(e) = self.kernel.record_turn_end(&context, end).await {
+            tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording the end of the turn failed");
+        }
+    }
+
+    /// Steps 6–16 of B.1: authority, admission, reach, catalogue, the run,
+    /// and the outcome.
+    async fn body(&self, turn: &Arc<Turn>, request: ExecutionRequest) -> Result<(Ending, Option<&'static str>), Caught> {
+        let hard = turn.signals.hard_signal();
+        macro_rules! kernel_call {
+            ($fut:expr) => {{
+                tokio::select! {
+                    biased;
+                    _ = hard.raised() => return Err(Caught::Aborted),
+                    r = $fut => match r {
+                        Ok(v) => v,
+                        Err(e) => {
+                            turn.note_audit_outage(&e);
+                            return Err(Caught::Kernel(e));
+                        }
+                    },
+                }
+            }};
+        }
+        let context = turn.context_now();
+        let lease = kernel_call!(self.kernel.open_turn_authority(&context));
+        *lock(&turn.lease) = Some(lease.clone());
+
+        let admission = kernel_call!(self.kernel.admit_turn(&lease, &context, &request.agent));
+        if !admission.allowed {
+            let code = admission.reason_code.unwrap_or_else(|| "no_matching_grant".to_owned());
+            turn.push_event("turn.denied", json!({"code": code}));
+            return Ok((Ending::denied(&code, MSG_ADMISSION), None));
+        }
+        let reach = kernel_call!(self.kernel.reach(&lease, &context));
+        let allowed = kernel_call!(self.kernel.list_tools(&lease, &context));
+
+        let requested: HashSet<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
+        let effective: Vec<_> = allowed.into_iter().filter(|d| requested.contains(d.name.as_str())).collect();
+        *lock(&turn.repeatable) = effective.iter().filter(|d| d.repeatable()).map(|d| d.name.to_string()).collect();
+        *lock(&turn.catalogue) = effective.clone();
+
+        let runtime_request = sanitize(&request, &context, reach, effective.clone());
+        turn.push_event(
+            "turn.started",
+            json!({
+                "agent": request.agent,
+                "visibleTools": effective.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+                "runtime": turn.runtime_ref(),
+            }),
+        );
+
+        let host = Arc::new(EnvelopeHost { turn: turn.clone() });
+        let mut run = std::pin::pin!(self.seat.plugin.run(runtime_request, host, hard.clone()));
+        let outcome = tokio::select! {
+            biased;
+            _ = hard.raised() => {
+                // The seat gets one more poll to state what it holds before
+                // it is dropped (a plugin that annotates on its abort).
+                let _ = tokio::time::timeout(Duration::ZERO, &mut run).await;
+                return Err(Caught::Aborted);
+            }
+            r = &mut run => r,
+        };
+        if let Some(outage) = turn.audit_outage() {
+            return Err(Caught::Kernel(outage));
+        }
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(RuntimeError::InvalidOutcome(detail)) => {
+                tracing::warn!(execution_id = %turn.execution_id, %detail, "the runtime's outcome does not parse");
+                turn.push_event("turn.failed", failed_event(INVALID_RUNTIME_OUTCOME, "envelope"));
+                return Ok((Ending::failed(INVALID_RUNTIME_OUTCOME, MSG_INVALID_OUTCOME, false), Some("envelope")));
+            }
+            Err(e) => return Err(Caught::Runtime(e)),
+        };
+        let metadata = outcome_metadata(&outcome);
+        match outcome {
+            RuntimeTurnOutcome::Complete { output, .. } => {
+                turn.push_event("turn.completed", json!({}));
+                Ok((
+                    Ending {
+                        status: ExecutionStatus::Succeeded,
+                        output: Some(output),
+                        error: None,
+                        escalation: None,
+                        outcome_metadata: metadata,
+                    },
+                    None,
+                ))
+            }
+            RuntimeTurnOutcome::Fail { error, .. } => {
+                turn.push_event("turn.failed", failed_event(error.code.as_str(), "runtime"));
+                let error = lower_retryable(error, turn.safe_to_retry());
+                Ok((
+                    Ending {
+                        status: ExecutionStatus::Failed,
+                        output: None,
+                        error: Some(error),
+                        escalation: None,
+                        outcome_metadata: metadata,
+                    },
+                    Some("runtime"),
+                ))
+            }
+            RuntimeTurnOutcome::Escalate { reason, .. } => {
+                let offered = lock(&turn.catalogue).iter().any(|d| d.name.as_str() == ESCALATE_TOOL);
+                if !offered {
+                    turn.push_event("turn.failed", failed_event("tool_unavailable", "envelope"));
+                    let mut ending = Ending::failed("tool_unavailable", MSG_ESCALATE_NOT_OFFERED, false);
+                    ending.outcome_metadata = metadata;
+                    return Ok((ending, Some("envelope")));
+                }
+                let context = turn.context_now();
+                let recorded = tokio::select! {
+                    biased;
+                    _ = hard.raised() => return Err(Caught::Aborted),
+                    r = self.kernel.record_escalation(&lease, &context, &turn.execution_id, &reason) => r,
+                };
+                let escalation = match recorded {
+                    Ok(e) => e,
+                    Err(e @ KernelError::AuditUnavailable { .. }) => {
+                        turn.note_audit_outage(&e);
+                        return Err(Caught::Kernel(e));
+                    }
+                    Err(e) => {
+                        tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording the escalation failed");
+                        Escalation {
+                            reason: reason.clone(),
+                            reviewer: turn.context.owner.clone(),
+                            requested_at: turn.now(),
+                            requested_authority: None,
+                            status: EscalationStatus::Pending,
+                        }
+                    }
+                };
+                turn.push_event("turn.escalated", json!({"reason": escalation.reason, "reviewer": escalation.reviewer}));
+                Ok((
+                    Ending {
+                        status: ExecutionStatus::Escalated,
+                        output: None,
+                        error: None,
+                        escalation: Some(escalation),
+                        outcome_metadata: metadata,
+                    },
+                    None,
+                ))
+            }
+        }
+    }
+
+    /// The catch path of B.1 step 17.
+    async fn catch(&self, turn: &Arc<Turn>, caught: Caught) -> (Ending, Option<&'static str>) {
+        let signals = &turn.signals;
+        if signals.soft_raised() && !signals.hard_raised() && !turn.in_flight.is_empty() {
+            let hard = signals.hard_signal();
+            tokio::select! {
+                _ = turn.in_flight.wait_idle() => {}
+                _ = hard.raised() => {}
+            }
+        }
+        if let Some(KernelError::AuditUnavailable { cause, .. }) = turn.audit_outage() {
+            turn.push_event("turn.failed", failed_event(AUDIT_UNAVAILABLE, "envelope"));
+            self.report_turn_error(turn, TurnError::AuditUnavailable { cause });
+            return (Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.safe_to_retry()), Some("envelope"));
+        }
+        if signals.soft_raised() {
+            turn.push_event("turn.cancelled", json!({}));
+            return (Ending::cancelled(turn.safe_to_retry()), None);
+        }
+        turn.push_event("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
+        let error = match caught {
+            Caught::Runtime(e) => TurnError::Runtime(e),
+            Caught::Kernel(e) => TurnError::Kernel(e.to_string()),
+            Caught::Aborted => TurnError::Kernel("aborted".into()),
+        };
+        self.report_turn_error(turn, error);
+        (Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()), Some("envelope"))
+    }
+}
+
+/// `actor_mismatch`, `receiver_mismatch`, `message_context_mismatch`, in
+/// that order; addresses compared in canonical JSON.
+fn context_mismatch(request: &ExecutionRequest) -> Option<&'static str> {
+    fn canon(a: &Address) -> String {
+        canonical_json(&serde_json::to_value(a).unwrap_or(Value::Null))
+    }
+    let agent = canon(&request.agent);
+    if canon(&request.context.actor) != agent {
+        return Some("actor_mismatch");
+    }
+    if canon(&request.message.receiver) != agent {
+        return Some("receiver_mismatch");
+    }
+    if request.message.trace_id != request.context.trace_id || request.message.purpose != request.context.purpose {
+        return Some("message_context_mismatch");
+    }
+    None
+}
+
+/// The sanitized request of A.2: no authority, no enabled namespaces, no
+/// grants; `tools` is the effective catalogue; reach narrowed to the
+/// namespaces the effective tools operate on.
+fn sanitize(
+    request: &ExecutionRequest,
+    context: &AccessContext,
+    reach: ReachResult,
+    tools: Vec<sharedos_protocol::ToolDefinition>,
+) -> RuntimeTurnRequest {
+    let namespaces: HashSet<&str> =
+        tools.iter().map(|t| t.required_capability.resource.namespace.as_str()).collect();
+    let reach = match reach {
+        ReachResult::Computed { reach } => ReachResult::Computed {
+            reach: reach.into_iter().filter(|e| namespaces.contains(e.namespace.as_str())).collect(),
+        },
+        other => other,
+    };
+    RuntimeTurnRequest {
+        version: request.version,
+        execution_id: request.execution_id.clone(),
+        agent: request.agent.clone(),
+        context: RuntimeVisibleContext {
+            actor: context.actor.clone(),
+            owner: context.owner.clone(),
+            namespace_id: context.namespace_id.clone(),
+            purpose: context.purpose.clone(),
+            trace_id: context.trace_id.clone(),
+            now: context.now.clone(),
+            reach,
+        },
+        message: request.message.clone(),
+        tools,
+        state: request.state.clone(),
+        options: request.options,
+        metadata: request.metadata.clone(),
+    }
+}
+
+/// The two timers of B.5: `draining` at `timeout − grace` (when grace > 0)
+/// and the hard stop at `timeout`.
+fn spawn_deadlines(turn: &Arc<Turn>, timeout_ms: u64, grace_ms: u64) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(turn);
+    tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_millis(timeout_ms);
+        if grace_ms > 0 {
+            tokio::time::sleep_until(start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms))).await;
+            match weak.upgrade() {
+                Some(t) => t.signals.raise_soft(),
+                None => return,
+            }
+        }
+        tokio::time::sleep_until(deadline).await;
+        if let Some(t) = weak.upgrade() {
+            t.signals.raise_hard();
+        }
+    })
+}
