@@ -2,3 +2,4 @@
 //! the CLI.
 
 pub mod executor;
+pub mod registry;

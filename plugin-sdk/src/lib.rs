@@ -6,14 +6,19 @@
 //! `draining`. Nothing else: no grants, no files of the host, no network.
 //!
 //! The same plugin code runs in-process (trusted: the host calls it
-//! directly) or out-of-process (untrusted: [`serve`] turns a binary into a
+//! directly) or out-of-process (untrusted: `serve` turns a binary into a
 //! plugin over its stdin/stdout).
 
 mod host;
 mod signal;
+pub mod standard;
 
 pub use host::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, check_annotation};
 pub use signal::{Signal, SignalSource};
+pub use standard::{
+    AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError, SessionOutcome,
+    StandardRuntimeOptions, create_standard_runtime, standard_runtime_manifest,
+};
 
 pub use sharedos_protocol as protocol;
 pub use sharedos_protocol::{
