@@ -1,0 +1,288 @@
+//! The host's configuration: runtimes, agents, grants and tools, limits,
+//! the sandbox minimum. TOML, camelCase keys, strict: an unknown key is an
+//! error naming the file, the field and what is expected.
+//!
+//! ```toml
+//! [host]
+//! defaultTimeoutMs = 120000
+//! drainGraceMs = 2000
+//! auditPath = "audit.jsonl"     # relative to this file
+//! filesRoot = "files"
+//!
+//! [[runtimes]]
+//! id = "sharedos.standard"
+//! version = "0.1.0"
+//! program = "sharedos-standard" # a bare name is looked up next to the sharedos binary
+//! transcript = [ { type = "complete", output = "done" } ]
+//!
+//! [[agents]]
+//! agentId = "alice"
+//! runtime = "sharedos.standard"
+//!
+//! [kernel]
+//! # grants, file tools, escalation: see docs/KERNEL.md
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sharedos_kernel::config::KernelConfig;
+use sharedos_protocol::{Identifier, JsonObject, RuntimeManifest, Version};
+
+/// Limits and paths of the host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostSection {
+    #[serde(default = "default_timeout")]
+    pub default_timeout_ms: u64,
+    #[serde(default = "default_steps")]
+    pub default_max_steps: u32,
+    #[serde(default)]
+    pub default_max_tool_calls: Option<u32>,
+    #[serde(default)]
+    pub drain_grace_ms: u64,
+    /// The audit trail (JSONL, fsync'd). Relative paths are relative to the
+    /// configuration file.
+    pub audit_path: PathBuf,
+    /// The root of the agents' namespace directories (files-as-memory).
+    pub files_root: PathBuf,
+}
+
+fn default_timeout() -> u64 {
+    120_000
+}
+fn default_steps() -> u32 {
+    16
+}
+
+/// One runtime entry: the trusted manifest and how to launch it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuntimeEntry {
+    pub id: Identifier,
+    pub version: Identifier,
+    #[serde(default)]
+    pub metadata: Option<JsonObject>,
+    /// The plugin binary: an absolute path, a path relative to this file,
+    /// or a bare name found next to the `sharedos` binary.
+    pub program: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment passed to the plugin (nothing of the host's is
+    /// inherited).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// For the standard runtime: the transcript driver's decisions, passed
+    /// as `--transcript <json>`.
+    #[serde(default)]
+    pub transcript: Option<Value>,
+    /// How long `initialize` may take.
+    #[serde(default = "default_handshake")]
+    pub handshake_timeout_ms: u64,
+    /// The sandbox policy of this runtime (see docs/SECURITY.md).
+    #[serde(default)]
+    pub sandbox: Option<toml::Value>,
+}
+
+fn default_handshake() -> u64 {
+    10_000
+}
+
+impl RuntimeEntry {
+    /// The trusted manifest of the entry.
+    pub fn manifest(&self) -> RuntimeManifest {
+        RuntimeManifest {
+            id: self.id.clone(),
+            version: self.version.clone(),
+            protocol_version: Version::V1,
+            metadata: self.metadata.clone(),
+        }
+    }
+}
+
+/// Which runtime serves an agent. Chosen by the host, never by a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AgentEntry {
+    pub agent_id: Identifier,
+    pub runtime: Identifier,
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostConfig {
+    pub host: HostSection,
+    #[serde(default)]
+    pub runtimes: Vec<RuntimeEntry>,
+    #[serde(default)]
+    pub agents: Vec<AgentEntry>,
+    #[serde(default)]
+    pub kernel: KernelConfig,
+    /// The directory relative paths are resolved against.
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// A configuration that cannot be used, with the file and what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub message: String,
+}
+
+impl HostConfig {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError { file: file.clone(), message: format!("cannot be read: {e}") })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        Self::parse(&text, &file, &base)
+    }
+
+    /// Parses and checks configuration text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Self, ConfigError> {
+        let err = |message: String| ConfigError { file: file.to_owned(), message };
+        let mut config: HostConfig = toml::from_str(text).map_err(|e| err(describe_toml_error(&e)))?;
+        config.base_dir = base_dir.to_path_buf();
+        config.check().map_err(err)?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let h = &self.host;
+        if !(1..=600_000).contains(&h.default_timeout_ms) {
+            return Err(format!("host.defaultTimeoutMs: must be 1..=600000, got {}", h.default_timeout_ms));
+        }
+        if h.drain_grace_ms > 600_000 {
+            return Err(format!("host.drainGraceMs: must be 0..=600000, got {}", h.drain_grace_ms));
+        }
+        if h.default_max_steps == 0 || h.default_max_steps > 1000 {
+            return Err(format!("host.defaultMaxSteps: must be 1..=1000, got {}", h.default_max_steps));
+        }
+        if let Some(n) = h.default_max_tool_calls
+            && !(1..=10_000).contains(&n)
+        {
+            return Err(format!("host.defaultMaxToolCalls: must be 1..=10000, got {n}"));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, r) in self.runtimes.iter().enumerate() {
+            if !ids.insert(r.id.as_str()) {
+                return Err(format!("runtimes[{i}].id: runtime {:?} is defined twice", r.id.as_str()));
+            }
+            if r.program.trim().is_empty() {
+                return Err(format!("runtimes[{i}].program: must name the plugin binary"));
+            }
+            if r.handshake_timeout_ms == 0 {
+                return Err(format!("runtimes[{i}].handshakeTimeoutMs: must be positive"));
+            }
+            for k in r.env.keys() {
+                if k.is_empty() || k.contains('=') || k.contains('\0') {
+                    return Err(format!("runtimes[{i}].env: {k:?} is not a valid variable name"));
+                }
+            }
+        }
+        let mut agents = std::collections::HashSet::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            if !ids.contains(a.runtime.as_str()) {
+                return Err(format!(
+                    "agents[{i}].runtime: no runtime {:?} is defined (defined: {})",
+                    a.runtime.as_str(),
+                    self.runtimes.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            if !agents.insert(a.agent_id.as_str()) {
+                return Err(format!("agents[{i}].agentId: agent {:?} is bound twice", a.agent_id.as_str()));
+            }
+        }
+        self.kernel.validate().map_err(|e| format!("kernel: {e}"))?;
+        Ok(())
+    }
+
+    /// Resolves a path of the configuration against its directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() { p.to_path_buf() } else { self.base_dir.join(p) }
+    }
+
+    /// The runtime bound to an agent.
+    pub fn runtime_for(&self, agent_id: &str) -> Option<&RuntimeEntry> {
+        let a = self.agents.iter().find(|a| a.agent_id.as_str() == agent_id)?;
+        self.runtimes.iter().find(|r| r.id == a.runtime)
+    }
+
+    /// The plugin binary of an entry.
+    pub fn program_path(&self, entry: &RuntimeEntry) -> PathBuf {
+        let p = Path::new(&entry.program);
+        if p.is_absolute() {
+            return p.to_path_buf();
+        }
+        if p.components().count() > 1 {
+            return self.base_dir.join(p);
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|d| d.join(p)))
+            .unwrap_or_else(|| p.to_path_buf())
+    }
+}
+
+fn describe_toml_error(e: &toml::de::Error) -> String {
+    let msg = e.message().trim().to_owned();
+    match e.span() {
+        Some(span) => format!("{msg} (at byte {})", span.start),
+        None => msg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "sharedos-echo"
+
+[[agents]]
+agentId = "alice"
+runtime = "r"
+"#;
+
+    #[test]
+    fn parses_minimal() {
+        let c = HostConfig::parse(MIN, "host.toml", Path::new("/etc/sharedos")).unwrap();
+        assert_eq!(c.runtime_for("alice").unwrap().id.as_str(), "r");
+        assert_eq!(c.resolve(&c.host.audit_path), PathBuf::from("/etc/sharedos/audit.jsonl"));
+    }
+
+    #[test]
+    fn unknown_key_names_the_field() {
+        let bad = MIN.replace("filesRoot", "filesroot");
+        let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+        assert!(e.to_string().starts_with("host.toml: "), "{e}");
+        assert!(e.message.contains("filesroot"), "{e}");
+    }
+
+    #[test]
+    fn agent_bound_to_unknown_runtime_is_refused() {
+        let bad = MIN.replace("runtime = \"r\"", "runtime = \"nope\"");
+        let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+        assert!(e.message.contains("agents[0].runtime"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_limits_are_refused() {
+        let bad = MIN.replace("[host]", "[host]\ndrainGraceMs = 700000");
+        let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+        assert!(e.message.contains("drainGraceMs"), "{e}");
+    }
+}
