@@ -6,8 +6,44 @@
 //! the audit trail before any effect, every outcome after it.
 //!
 //! The envelope (in `sharedos-host`) reaches the kernel only through
-//! [`TurnKernel`].
+//! [`TurnKernel`]. A host builds the embedded default with
+//! [`Kernel::from_config`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use sharedos_kernel::{JsonlAuditSink, Kernel, KernelConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config: KernelConfig = toml::from_str(r#"
+//!     [[grants]]
+//!     id = "alice-admission"
+//!     subject = { kind = "agent", agentId = "alice" }
+//!     issuer = { kind = "service", serviceId = "host" }
+//!     namespaceId = "tenant-1"
+//!     capabilities = [{ namespace = "sharedos.execution", path = ["agent", "alice"], scope = "exact", actions = ["invoke"] }]
+//! "#)?;
+//! let audit = Arc::new(JsonlAuditSink::open("/var/lib/sharedos/audit.jsonl")?);
+//! let kernel = Kernel::from_config(&config, "/var/lib/sharedos/files".as_ref(), audit)?;
+//! # let _ = kernel; Ok(()) }
+//! ```
 
+pub mod audit;
+pub mod bench;
+pub mod config;
+pub mod grant;
+pub mod kernel;
 pub mod port;
+pub mod registry;
+pub mod tools;
 
+pub use audit::{
+    AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
+};
+pub use config::{ConfigError, EscalationConfig, FilesConfig, KernelConfig};
+pub use grant::{
+    Capability, ConfigGrantSource, Grant, GrantConstraints, GrantSource, MemoryUsageStore, Scope,
+    UsageStore,
+};
+pub use kernel::{ErrorHook, Kernel, KernelBuilder, KernelSetupError, TracingHook, catalog_hash};
 pub use port::{Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease};
+pub use registry::{HandlerAnswer, RegistrationError, ToolError, ToolHandler, ToolRegistry};
+pub use tools::escalate::ESCALATE_TOOL;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sharedos_protocol::{
-    AccessContext, Address, Escalation, ExecutionStatus, Identifier, ReachResult, Reason, ToolCall, ToolDefinition,
-    ToolResult,
+    AccessContext, Address, Escalation, ExecutionStatus, Identifier, ReachResult, Reason, ToolCall,
+    ToolDefinition, ToolResult,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -43,10 +43,16 @@ pub struct Admission {
 
 impl Admission {
     pub fn allowed() -> Self {
-        Self { allowed: true, reason_code: None }
+        Self {
+            allowed: true,
+            reason_code: None,
+        }
     }
     pub fn refused(code: &str) -> Self {
-        Self { allowed: false, reason_code: Some(code.to_owned()) }
+        Self {
+            allowed: false,
+            reason_code: Some(code.to_owned()),
+        }
     }
 }
 
@@ -115,12 +121,19 @@ pub trait TurnKernel: Send + Sync {
     ) -> Result<Admission, KernelError>;
 
     /// The descriptive reach of the turn's authority (grants nothing).
-    async fn reach(&self, lease: &TurnLease, context: &AccessContext) -> Result<ReachResult, KernelError>;
+    async fn reach(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+    ) -> Result<ReachResult, KernelError>;
 
     /// Tools in enabled namespaces that pass non-consuming discovery, in
     /// the kernel's order, with the kernel's definitions.
-    async fn list_tools(&self, lease: &TurnLease, context: &AccessContext)
-    -> Result<Vec<ToolDefinition>, KernelError>;
+    async fn list_tools(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+    ) -> Result<Vec<ToolDefinition>, KernelError>;
 
     /// Finds the handler, validates arguments, re-authorizes the exact
     /// resource and action, audits, runs. `abort` is the turn's hard
@@ -152,5 +165,9 @@ pub trait TurnKernel: Send + Sync {
     ) -> Result<(), KernelError>;
 
     /// Records the end of a turn (`turn.ended`), on the outcome path.
-    async fn record_turn_end(&self, context: &AccessContext, end: TurnEnd) -> Result<(), KernelError>;
+    async fn record_turn_end(
+        &self,
+        context: &AccessContext,
+        end: TurnEnd,
+    ) -> Result<(), KernelError>;
 }

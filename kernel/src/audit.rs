@@ -1,0 +1,262 @@
+//! The audit trail: what was decided, before the effect, and what happened,
+//! after it.
+//!
+//! Records never hold tool arguments, results or message payloads. A
+//! [`JsonlAuditSink`] appends one JSON object per line to a file and
+//! `fsync`s it before `append` returns, so a decision the kernel acted on is
+//! on disk before the effect it permits.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef, Timestamp};
+
+/// `AuditOutcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditOutcome {
+    Allowed,
+    Denied,
+    Succeeded,
+    Failed,
+    Escalated,
+    Interrupted,
+}
+
+/// Who wrote the refusal or outcome a record describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditSource {
+    Kernel,
+    Envelope,
+}
+
+/// One audit record (envelope.md C.3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuditRecord {
+    /// Unique per record: the only safe idempotency key.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub outcome: AuditOutcome,
+    pub at: Timestamp,
+    pub trace_id: String,
+    pub namespace_id: String,
+    pub actor: Address,
+    pub authority: Address,
+    pub owner: Address,
+    pub purpose: String,
+    pub source: AuditSource,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<ResourceRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_closed: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumed: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<JsonObject>,
+}
+
+impl AuditRecord {
+    /// A record with the context's identity fields and a fresh id.
+    pub fn new(
+        kind: &str,
+        outcome: AuditOutcome,
+        context: &AccessContext,
+        source: AuditSource,
+    ) -> Self {
+        Self {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: kind.to_owned(),
+            outcome,
+            at: context.now.clone(),
+            trace_id: context.trace_id.to_string(),
+            namespace_id: context.namespace_id.to_string(),
+            actor: context.actor.clone(),
+            authority: context.authority.clone(),
+            owner: context.owner.clone(),
+            purpose: context.purpose.to_string(),
+            source,
+            resource: None,
+            action: None,
+            grant_id: None,
+            authority_hash: None,
+            operation_id: None,
+            tool: None,
+            reason: None,
+            cause: None,
+            fail_closed: None,
+            consumed: None,
+            ended_by: None,
+            metadata: None,
+        }
+    }
+}
+
+/// Why a sink could not record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit sink failed: {0}")]
+    Sink(String),
+    /// An outcome write outlived `audit_write_timeout`.
+    #[error("audit write exceeded {timeout_ms} ms")]
+    Timeout { timeout_ms: u64 },
+}
+
+/// Where audit records go. `append` returns `Ok` only once the record is
+/// durable: the kernel acts on a decision right after.
+#[async_trait]
+pub trait AuditSink: Send + Sync {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError>;
+}
+
+/// The embedded sink: an append-only JSONL file, one record per line,
+/// each line written with one `write` on an `O_APPEND` descriptor and
+/// `fsync`ed before `append` returns.
+#[derive(Debug, Clone)]
+pub struct JsonlAuditSink {
+    inner: Arc<Mutex<File>>,
+    path: PathBuf,
+}
+
+impl JsonlAuditSink {
+    /// Opens (creating) the file. A trailing partial line left by a crash
+    /// mid-write (never acknowledged, so nothing acted on it) is cut, so a
+    /// reader parses every line.
+    pub fn open(path: impl AsRef<Path>) -> std::io::Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let created = !path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)?;
+        repair_tail(&mut file)?;
+        if created && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(Self {
+            inner: Arc::new(Mutex::new(file)),
+            path,
+        })
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn repair_tail(file: &mut File) -> std::io::Result<()> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    // Find the last newline, reading backwards in chunks.
+    let mut end = len;
+    let mut buf = vec![0u8; 4096];
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let n = (end - start) as usize;
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf[..n])?;
+        if let Some(pos) = buf[..n].iter().rposition(|b| *b == b'\n') {
+            let keep = start + pos as u64 + 1;
+            if keep != len {
+                file.set_len(keep)?;
+                file.sync_all()?;
+            }
+            return Ok(());
+        }
+        end = start;
+    }
+    file.set_len(0)?;
+    file.sync_all()
+}
+
+fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
+    let before = file.metadata()?.len();
+    let written = rustix::io::write(&*file, line).map_err(std::io::Error::from)?;
+    if written != line.len() {
+        // A short write would leave a torn line: cut it back before
+        // reporting the failure. Writers are serialized by the mutex.
+        file.set_len(before)?;
+        return Err(std::io::Error::other(format!(
+            "short audit write: {written} of {} bytes",
+            line.len()
+        )));
+    }
+    file.sync_all()
+}
+
+#[async_trait]
+impl AuditSink for JsonlAuditSink {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let mut line = serde_json::to_vec(record).map_err(|e| AuditError::Sink(e.to_string()))?;
+        line.push(b'\n');
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut file = inner
+                .lock()
+                .map_err(|_| AuditError::Sink("audit file lock poisoned".into()))?;
+            write_line(&mut file, &line).map_err(|e| AuditError::Sink(e.to_string()))
+        })
+        .await
+        .map_err(|e| AuditError::Sink(format!("audit writer task: {e}")))?
+    }
+}
+
+/// A sink that keeps records in memory (tests, benchmarks, embedding).
+#[derive(Debug, Default, Clone)]
+pub struct MemoryAuditSink {
+    records: Arc<Mutex<Vec<AuditRecord>>>,
+}
+
+impl MemoryAuditSink {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn records(&self) -> Vec<AuditRecord> {
+        self.records.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl AuditSink for MemoryAuditSink {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        self.records
+            .lock()
+            .map_err(|_| AuditError::Sink("memory sink lock poisoned".into()))?
+            .push(record.clone());
+        Ok(())
+    }
+}
+
+/// Reads a JSONL audit file back, one record per line. Any line that does
+/// not parse is an error naming its number.
+pub fn read_jsonl(path: impl AsRef<Path>) -> Result<Vec<AuditRecord>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .collect()
+}

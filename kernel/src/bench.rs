@@ -1,0 +1,1 @@
+//! Benchmark figures (filled below).

@@ -1,0 +1,199 @@
+//! The kernel's part of the host configuration (TOML or JSON).
+//!
+//! ```toml
+//! auditWriteTimeoutMs = 2000
+//!
+//! [files]
+//! enabled = true
+//! maxReadBytes = 1048576
+//!
+//! [[grants]]
+//! id = "alice-admission"
+//! subject = { kind = "agent", agentId = "alice" }
+//! issuer = { kind = "service", serviceId = "host" }
+//! namespaceId = "tenant-1"
+//! [[grants.capabilities]]
+//! namespace = "sharedos.execution"
+//! path = ["agent", "alice"]
+//! scope = "exact"
+//! actions = ["invoke"]
+//! ```
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+use sharedos_protocol::PathSegment;
+
+use crate::grant::Grant;
+use crate::tools::{ESCALATION_NAMESPACE, EXECUTION_NAMESPACE, FILES_NAMESPACE};
+
+/// The built-in file tools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FilesConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_max_read")]
+    pub max_read_bytes: u64,
+    #[serde(default = "default_max_write")]
+    pub max_write_bytes: u64,
+    #[serde(default = "default_max_entries")]
+    pub max_list_entries: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_max_read() -> u64 {
+    1024 * 1024
+}
+fn default_max_write() -> u64 {
+    1024 * 1024
+}
+fn default_max_entries() -> usize {
+    1000
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_read_bytes: default_max_read(),
+            max_write_bytes: default_max_write(),
+            max_list_entries: default_max_entries(),
+        }
+    }
+}
+
+/// The `sharedos.escalate` affordance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EscalationConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for EscalationConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// What the host's configuration says to the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KernelConfig {
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    /// Resource namespaces of tools the host registers itself, so grants
+    /// naming them validate. The built-in ones are always known.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    #[serde(default)]
+    pub files: FilesConfig,
+    #[serde(default)]
+    pub escalation: EscalationConfig,
+    /// Bound on outcome-path audit writes; none means they are awaited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_write_timeout_ms: Option<u64>,
+}
+
+/// A configuration entry that does not make sense.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl KernelConfig {
+    /// The resource namespaces a grant may name.
+    pub fn known_namespaces(&self) -> HashSet<String> {
+        let mut known: HashSet<String> = self.namespaces.iter().cloned().collect();
+        known.insert(EXECUTION_NAMESPACE.to_owned());
+        known.insert(FILES_NAMESPACE.to_owned());
+        known.insert(ESCALATION_NAMESPACE.to_owned());
+        known
+    }
+
+    /// Refuses an entry that does not make sense, naming it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let known = self.known_namespaces();
+        for ns in &self.namespaces {
+            if sharedos_protocol::Identifier::new(ns).is_err() {
+                return Err(ConfigError(format!(
+                    "namespaces: {ns:?} is not a valid identifier"
+                )));
+            }
+        }
+        let mut ids = HashSet::new();
+        for (i, g) in self.grants.iter().enumerate() {
+            let at = format!("grants[{i}] (id {:?})", g.id.as_str());
+            if !ids.insert(g.id.as_str()) {
+                return Err(ConfigError(format!(
+                    "{at}: the id is used by an earlier grant"
+                )));
+            }
+            if g.capabilities.is_empty() {
+                return Err(ConfigError(format!(
+                    "{at}: has no capabilities; a grant must allow something"
+                )));
+            }
+            if g.max_uses == Some(0) {
+                return Err(ConfigError(format!(
+                    "{at}: maxUses is 0; remove the grant or allow at least one use"
+                )));
+            }
+            if let (Some(a), Some(b)) = (&g.not_before, &g.expires_at)
+                && a.to_offset() > b.to_offset()
+            {
+                return Err(ConfigError(format!("{at}: notBefore is after expiresAt")));
+            }
+            if g.constraints
+                .as_ref()
+                .and_then(|c| c.purposes.as_ref())
+                .is_some_and(|p| p.is_empty())
+            {
+                return Err(ConfigError(format!(
+                    "{at}: constraints.purposes is empty, which allows no purpose; remove it or list one"
+                )));
+            }
+            for (j, c) in g.capabilities.iter().enumerate() {
+                let cat = format!("{at}.capabilities[{j}]");
+                if !known.contains(c.namespace.as_str()) {
+                    return Err(ConfigError(format!(
+                        "{cat}: unknown namespace {:?}; known: {}; declare a host namespace under `namespaces`",
+                        c.namespace.as_str(),
+                        sorted(&known)
+                    )));
+                }
+                if c.actions.is_empty() {
+                    return Err(ConfigError(format!("{cat}: actions is empty")));
+                }
+                if c.path.len() > 64 {
+                    return Err(ConfigError(format!(
+                        "{cat}: path has more than 64 segments"
+                    )));
+                }
+                for s in &c.path {
+                    // Segments built in code bypass deserialization: check again.
+                    if PathSegment::new(s.as_str()).ok().as_ref() != Some(s) {
+                        return Err(ConfigError(format!(
+                            "{cat}: bad path segment {:?}",
+                            s.as_str()
+                        )));
+                    }
+                }
+            }
+        }
+        if self.files.max_read_bytes == 0 || self.files.max_write_bytes == 0 {
+            return Err(ConfigError(
+                "files: maxReadBytes and maxWriteBytes must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn sorted(set: &HashSet<String>) -> String {
+    let mut v: Vec<&str> = set.iter().map(String::as_str).collect();
+    v.sort_unstable();
+    v.join(", ")
+}

@@ -1,0 +1,472 @@
+//! Grants: the only authority the kernel honours, and how one covers a
+//! requirement.
+//!
+//! A grant comes from a trusted [`GrantSource`], never from a request, a
+//! message or tool arguments. It covers a requirement only when **one**
+//! capability of it covers the namespace, the owner, the path (by whole
+//! segments) and the action together: there is no cross-product between
+//! capabilities or between grants.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sharedos_protocol::{
+    AccessContext, Address, Identifier, PathSegment, Purpose, ShortName, Timestamp,
+};
+
+/// How a capability's path covers a requested path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// The same path, segment for segment.
+    Exact,
+    /// The same path or any path below it, by whole segments (`cell-3`
+    /// covers `cell-3/x` but never `cell-30`).
+    Descendants,
+}
+
+/// One resource pattern and the actions allowed on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Capability {
+    pub namespace: Identifier,
+    #[serde(default)]
+    pub path: Vec<PathSegment>,
+    /// When set, the capability covers only resources of this owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Address>,
+    pub scope: Scope,
+    /// Literal action names, or `"*"` for every action.
+    pub actions: Vec<ShortName>,
+}
+
+/// Limits a grant applies on top of its capabilities.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GrantConstraints {
+    /// When set, the turn's purpose must be one of these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purposes: Option<Vec<Purpose>>,
+}
+
+/// A grant from the trusted source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Grant {
+    pub id: Identifier,
+    /// Who may use it: must equal `context.actor`.
+    pub subject: Address,
+    /// Who issued it: must equal `context.authority`.
+    pub issuer: Address,
+    /// The tenant namespace: must equal `context.namespaceId`.
+    pub namespace_id: Identifier,
+    pub capabilities: Vec<Capability>,
+    /// Uses allowed in total, counted by the [`UsageStore`] on execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revoked: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<GrantConstraints>,
+}
+
+/// What an operation needs, fully resolved: one action on one resource of
+/// one owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirement {
+    pub namespace: String,
+    pub path: Vec<String>,
+    pub owner: Address,
+    pub action: String,
+}
+
+impl Capability {
+    /// Whether this capability alone covers the requirement's resource and
+    /// action.
+    pub fn covers(&self, req: &Requirement) -> bool {
+        self.covers_resource(req) && self.allows_action(&req.action)
+    }
+
+    pub fn allows_action(&self, action: &str) -> bool {
+        self.actions
+            .iter()
+            .any(|a| a.as_str() == "*" || a.as_str() == action)
+    }
+
+    fn owner_ok(&self, owner: &Address) -> bool {
+        self.owner.as_ref().is_none_or(|o| o == owner)
+    }
+
+    pub fn covers_resource(&self, req: &Requirement) -> bool {
+        if self.namespace.as_str() != req.namespace || !self.owner_ok(&req.owner) {
+            return false;
+        }
+        let mine = &self.path;
+        match self.scope {
+            Scope::Exact => mine.len() == req.path.len() && is_prefix(mine, &req.path),
+            Scope::Descendants => mine.len() <= req.path.len() && is_prefix(mine, &req.path),
+        }
+    }
+
+    /// Non-consuming discovery: whether this capability reaches anywhere at
+    /// or below `ceiling` (a tool's declared requirement) for its action.
+    pub fn reaches(&self, ceiling: &Requirement) -> bool {
+        if self.namespace.as_str() != ceiling.namespace
+            || !self.owner_ok(&ceiling.owner)
+            || !self.allows_action(&ceiling.action)
+        {
+            return false;
+        }
+        let mine = &self.path;
+        // Either the capability sits inside the ceiling's subtree, or it
+        // covers the ceiling itself from above.
+        (mine.len() >= ceiling.path.len()
+            && ceiling.path.iter().zip(mine).all(|(c, m)| c == m.as_str()))
+            || self.covers_resource(ceiling)
+    }
+}
+
+fn is_prefix(prefix: &[PathSegment], path: &[String]) -> bool {
+    prefix.iter().zip(path).all(|(p, s)| p.as_str() == s)
+}
+
+/// Why no grant allowed an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyReason {
+    NoMatchingGrant,
+    GrantExhausted,
+    UsageStoreUnavailable,
+    AuthorityUnavailable,
+    InvalidRequest,
+}
+
+impl DenyReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            DenyReason::NoMatchingGrant => "no_matching_grant",
+            DenyReason::GrantExhausted => "grant_exhausted",
+            DenyReason::UsageStoreUnavailable => "usage_store_unavailable",
+            DenyReason::AuthorityUnavailable => "authority_unavailable",
+            DenyReason::InvalidRequest => "invalid_request",
+        }
+    }
+    /// Infrastructure reasons are recorded `failClosed`.
+    pub fn fail_closed(self) -> bool {
+        matches!(
+            self,
+            DenyReason::UsageStoreUnavailable | DenyReason::AuthorityUnavailable
+        )
+    }
+}
+
+impl Grant {
+    /// The per-operation conditions: subject, issuer, tenant, revocation,
+    /// time window at `now`, purpose.
+    pub fn applies(&self, context: &AccessContext) -> bool {
+        if self.revoked
+            || self.namespace_id != context.namespace_id
+            || self.subject != context.actor
+            || self.issuer != context.authority
+        {
+            return false;
+        }
+        let now = context.now.to_offset();
+        if self
+            .not_before
+            .as_ref()
+            .is_some_and(|t| now < t.to_offset())
+        {
+            return false;
+        }
+        if self
+            .expires_at
+            .as_ref()
+            .is_some_and(|t| now > t.to_offset())
+        {
+            return false;
+        }
+        if let Some(purposes) = self.constraints.as_ref().and_then(|c| c.purposes.as_ref())
+            && !purposes.iter().any(|p| p == &context.purpose)
+        {
+            return false;
+        }
+        true
+    }
+
+    /// The first capability of this grant that alone covers `req`.
+    pub fn covering_capability(&self, req: &Requirement) -> Option<&Capability> {
+        self.capabilities.iter().find(|c| c.covers(req))
+    }
+}
+
+/// Grants that apply now and have one capability covering `req`, unbounded
+/// grants first (they need no counter), then in source order.
+pub fn covering_grants<'a>(
+    grants: &'a [Grant],
+    context: &AccessContext,
+    req: &Requirement,
+) -> Vec<&'a Grant> {
+    let mut out: Vec<&Grant> = grants
+        .iter()
+        .filter(|g| g.applies(context) && g.covering_capability(req).is_some())
+        .collect();
+    out.sort_by_key(|g| g.max_uses.is_some());
+    out
+}
+
+/// The trusted source of grants. Loaded once per turn.
+#[async_trait]
+pub trait GrantSource: Send + Sync {
+    /// Every grant that may concern `context` (the kernel filters again).
+    async fn load(&self, context: &AccessContext) -> Result<Vec<Grant>, String>;
+}
+
+/// The embedded grant source: the host's configuration, held in memory.
+/// `revoke` and `replace` change what the **next** turn loads.
+#[derive(Debug, Default)]
+pub struct ConfigGrantSource {
+    grants: Mutex<Vec<Grant>>,
+}
+
+impl ConfigGrantSource {
+    pub fn new(grants: Vec<Grant>) -> Self {
+        Self {
+            grants: Mutex::new(grants),
+        }
+    }
+    /// Marks the grant revoked; returns whether it existed.
+    pub fn revoke(&self, id: &str) -> bool {
+        let mut found = false;
+        if let Ok(mut g) = self.grants.lock() {
+            for grant in g.iter_mut().filter(|g| g.id.as_str() == id) {
+                grant.revoked = true;
+                found = true;
+            }
+        }
+        found
+    }
+    pub fn replace(&self, grants: Vec<Grant>) {
+        if let Ok(mut g) = self.grants.lock() {
+            *g = grants;
+        }
+    }
+}
+
+#[async_trait]
+impl GrantSource for ConfigGrantSource {
+    async fn load(&self, context: &AccessContext) -> Result<Vec<Grant>, String> {
+        let g = self
+            .grants
+            .lock()
+            .map_err(|_| "grant store lock poisoned".to_owned())?;
+        Ok(g.iter()
+            .filter(|g| g.namespace_id == context.namespace_id && g.subject == context.actor)
+            .cloned()
+            .collect())
+    }
+}
+
+/// Counts the uses of bounded grants. `try_consume` must be atomic: two
+/// concurrent calls on a grant with one use left never both succeed.
+#[async_trait]
+pub trait UsageStore: Send + Sync {
+    /// Takes one use if one is left. `Ok(false)` when exhausted.
+    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String>;
+    /// Uses left, without taking one (discovery).
+    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String>;
+}
+
+/// The embedded usage store: in memory, for one host process.
+#[derive(Debug, Default)]
+pub struct MemoryUsageStore {
+    used: Mutex<HashMap<String, u64>>,
+}
+
+impl MemoryUsageStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl UsageStore for MemoryUsageStore {
+    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String> {
+        let mut used = self
+            .used
+            .lock()
+            .map_err(|_| "usage store lock poisoned".to_owned())?;
+        let n = used.entry(grant_id.to_owned()).or_insert(0);
+        if *n >= max_uses {
+            return Ok(false);
+        }
+        *n += 1;
+        Ok(true)
+    }
+    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String> {
+        let used = self
+            .used
+            .lock()
+            .map_err(|_| "usage store lock poisoned".to_owned())?;
+        Ok(max_uses.saturating_sub(used.get(grant_id).copied().unwrap_or(0)))
+    }
+}
+
+/// The outcome of an authorization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allowed {
+        grant_id: String,
+        consumed: bool,
+    },
+    Denied {
+        reason: DenyReason,
+        grant_id: Option<String>,
+    },
+}
+
+/// Decides `req` against `grants`. With `consume`, takes a use of the
+/// chosen bounded grant; without, only checks that one is left.
+pub async fn authorize(
+    grants: &[Grant],
+    usage: &dyn UsageStore,
+    context: &AccessContext,
+    req: &Requirement,
+    consume: bool,
+) -> Decision {
+    let covering = covering_grants(grants, context, req);
+    if covering.is_empty() {
+        return Decision::Denied {
+            reason: DenyReason::NoMatchingGrant,
+            grant_id: None,
+        };
+    }
+    let mut store_failed = None;
+    let mut exhausted = None;
+    for g in covering {
+        let Some(max) = g.max_uses else {
+            return Decision::Allowed {
+                grant_id: g.id.to_string(),
+                consumed: false,
+            };
+        };
+        let answer = if consume {
+            usage.try_consume(g.id.as_str(), max).await
+        } else {
+            usage.remaining(g.id.as_str(), max).await.map(|n| n > 0)
+        };
+        match answer {
+            Ok(true) => {
+                return Decision::Allowed {
+                    grant_id: g.id.to_string(),
+                    consumed: consume,
+                };
+            }
+            Ok(false) => exhausted = exhausted.or(Some(g.id.to_string())),
+            Err(_) => store_failed = store_failed.or(Some(g.id.to_string())),
+        }
+    }
+    // A store that could not answer is reported before exhaustion: the
+    // grant might have had a use left, and the refusal fails closed.
+    if let Some(id) = store_failed {
+        return Decision::Denied {
+            reason: DenyReason::UsageStoreUnavailable,
+            grant_id: Some(id),
+        };
+    }
+    Decision::Denied {
+        reason: DenyReason::GrantExhausted,
+        grant_id: exhausted,
+    }
+}
+
+/// Non-consuming discovery of a tool's ceiling: some applicable capability
+/// reaches into it, and its grant is not known to be exhausted. A usage
+/// store that cannot answer does not hide a tool; the exact authorization
+/// refuses it fail-closed instead.
+pub async fn discover(
+    grants: &[Grant],
+    usage: &dyn UsageStore,
+    context: &AccessContext,
+    ceiling: &Requirement,
+) -> Result<(), DenyReason> {
+    let mut exhausted = false;
+    for g in grants.iter().filter(|g| g.applies(context)) {
+        if !g.capabilities.iter().any(|c| c.reaches(ceiling)) {
+            continue;
+        }
+        match g.max_uses {
+            None => return Ok(()),
+            Some(max) => match usage.remaining(g.id.as_str(), max).await {
+                Ok(0) => exhausted = true,
+                Ok(_) | Err(_) => return Ok(()),
+            },
+        }
+    }
+    Err(if exhausted {
+        DenyReason::GrantExhausted
+    } else {
+        DenyReason::NoMatchingGrant
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sharedos_protocol::ident;
+
+    fn seg(p: &[&str]) -> Vec<PathSegment> {
+        p.iter().filter_map(|s| PathSegment::new(s).ok()).collect()
+    }
+
+    fn cap(path: &[&str], scope: Scope, actions: &[&str]) -> Capability {
+        Capability {
+            namespace: ident("files"),
+            path: seg(path),
+            owner: None,
+            scope,
+            actions: actions
+                .iter()
+                .filter_map(|a| ShortName::new(a).ok())
+                .collect(),
+        }
+    }
+
+    fn req(path: &[&str], action: &str) -> Requirement {
+        Requirement {
+            namespace: "files".into(),
+            path: path.iter().map(|s| s.to_string()).collect(),
+            owner: Address::Human {
+                user_id: ident("u"),
+            },
+            action: action.into(),
+        }
+    }
+
+    #[test]
+    fn segments_not_prefixes() {
+        let c = cap(&["cell-3"], Scope::Descendants, &["read"]);
+        assert!(c.covers(&req(&["cell-3"], "read")));
+        assert!(c.covers(&req(&["cell-3", "x"], "read")));
+        assert!(!c.covers(&req(&["cell-30"], "read")));
+        assert!(!c.covers(&req(&["cell-3"], "write")));
+        let e = cap(&["cell-3"], Scope::Exact, &["*"]);
+        assert!(e.covers(&req(&["cell-3"], "anything")));
+        assert!(!e.covers(&req(&["cell-3", "x"], "read")));
+        assert!(!e.covers(&req(&[], "read")));
+    }
+
+    #[test]
+    fn reach_into_ceiling() {
+        let c = cap(&["alice", "notes"], Scope::Exact, &["read"]);
+        assert!(c.reaches(&req(&[], "read")));
+        assert!(c.reaches(&req(&["alice"], "read")));
+        assert!(!c.reaches(&req(&["bob"], "read")));
+        assert!(!c.reaches(&req(&[], "write")));
+    }
+}

@@ -1,0 +1,988 @@
+//! [`Kernel`]: the embedded [`TurnKernel`].
+//!
+//! The check order of `invoke_tool` is envelope.md C.1; each step's code is
+//! named where it is decided.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sharedos_protocol::{
+    AccessContext, Address, CapabilityRequirement, Escalation, EscalationStatus, ExecutionStatus,
+    Identifier, JsonObject, PathSegment, ReachEntry, ReachResult, ReachScope, Reason, ResourceRef,
+    ToolCall, ToolDefinition, ToolResult, ToolStatus, canonical_json, ident,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource};
+use crate::config::{ConfigError, KernelConfig};
+use crate::grant::{
+    ConfigGrantSource, Decision, DenyReason, Grant, GrantSource, MemoryUsageStore, Requirement,
+    Scope, UsageStore, authorize, discover,
+};
+use crate::port::{
+    Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease,
+};
+use crate::registry::{
+    HandlerAnswer, RegisteredTool, RegistrationError, ToolError, ToolHandler, ToolRegistry,
+};
+use crate::tools::{EXECUTION_NAMESPACE, escalate, files};
+
+/// The message of every `tool_unavailable` the kernel answers: the caller
+/// cannot tell unregistered, disabled and undiscoverable apart.
+pub const TOOL_UNAVAILABLE_MESSAGE: &str =
+    "The tool is not available in this permission-filtered turn.";
+/// The message of a grant refusal.
+pub const NOT_GRANTED_MESSAGE: &str = "The access context does not grant this tool capability.";
+/// The message of `tool_execution_failed`; the handler's own text goes to
+/// the error hook.
+pub const EXECUTION_FAILED_MESSAGE: &str = "The tool failed while running.";
+
+/// Where errors that must not change a result go: outcome-path audit
+/// failures and handler error text. Implementations must not block.
+pub trait ErrorHook: Send + Sync {
+    fn audit_error(&self, error: &AuditError, record: &AuditRecord) {
+        tracing::warn!(record_type = %record.kind, record_id = %record.id, %error, "audit outcome write failed");
+    }
+    fn tool_error(&self, tool: &str, call_id: &str, error: &str) {
+        tracing::warn!(%tool, %call_id, %error, "tool handler failed");
+    }
+}
+
+/// The default hook: `tracing` warnings.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TracingHook;
+
+impl ErrorHook for TracingHook {}
+
+/// Why a kernel could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelSetupError {
+    #[error("kernel configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Registration(#[from] RegistrationError),
+    #[error("files root {path}: {message}")]
+    FilesRoot { path: String, message: String },
+}
+
+/// What a turn holds: its authority, its registry, its catalogue hash.
+struct TurnAuthority {
+    grants: Result<Arc<Vec<Grant>>, &'static str>,
+    authority_hash: Option<String>,
+    registry: Arc<ToolRegistry>,
+    catalog_hash: Mutex<Option<String>>,
+}
+
+impl TurnAuthority {
+    fn catalog_hash(&self) -> Option<String> {
+        self.catalog_hash.lock().ok().and_then(|h| h.clone())
+    }
+}
+
+/// Writes audit records on both paths.
+struct Recorder {
+    audit: Arc<dyn AuditSink>,
+    hook: Arc<dyn ErrorHook>,
+    timeout: Option<Duration>,
+}
+
+impl Recorder {
+    /// Decision path: before the effect, never time-bounded; a failure
+    /// refuses the operation.
+    async fn decision(&self, record: AuditRecord, effect: AuditEffect) -> Result<(), KernelError> {
+        self.audit
+            .append(&record)
+            .await
+            .map_err(|e| KernelError::AuditUnavailable {
+                effect,
+                cause: e.to_string(),
+            })
+    }
+
+    /// Outcome path: after the effect; a failure or a timeout goes to the
+    /// hook and never changes the result.
+    async fn outcome(&self, record: AuditRecord) {
+        let result = match self.timeout {
+            None => self.audit.append(&record).await,
+            Some(t) => match tokio::time::timeout(t, self.audit.append(&record)).await {
+                Ok(r) => r,
+                Err(_) => Err(AuditError::Timeout {
+                    timeout_ms: t.as_millis() as u64,
+                }),
+            },
+        };
+        if let Err(e) = result {
+            self.hook.audit_error(&e, &record);
+        }
+    }
+}
+
+/// The embedded kernel.
+pub struct Kernel {
+    registry: RwLock<Arc<ToolRegistry>>,
+    grants: Arc<dyn GrantSource>,
+    config_grants: Option<Arc<ConfigGrantSource>>,
+    usage: Arc<dyn UsageStore>,
+    recorder: Arc<Recorder>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Kernel`] from its parts.
+pub struct KernelBuilder {
+    registry: ToolRegistry,
+    grants: Arc<dyn GrantSource>,
+    config_grants: Option<Arc<ConfigGrantSource>>,
+    usage: Arc<dyn UsageStore>,
+    audit: Arc<dyn AuditSink>,
+    hook: Arc<dyn ErrorHook>,
+    timeout: Option<Duration>,
+}
+
+impl KernelBuilder {
+    pub fn usage_store(mut self, usage: Arc<dyn UsageStore>) -> Self {
+        self.usage = usage;
+        self
+    }
+    pub fn error_hook(mut self, hook: Arc<dyn ErrorHook>) -> Self {
+        self.hook = hook;
+        self
+    }
+    /// Bounds outcome-path audit writes (`auditWriteTimeoutMs`).
+    pub fn audit_write_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    pub fn tool(
+        mut self,
+        definition: ToolDefinition,
+        handler: Arc<dyn ToolHandler>,
+    ) -> Result<Self, RegistrationError> {
+        self.registry.register(definition, handler)?;
+        Ok(self)
+    }
+    /// Registers the four file tools over `root` (`<root>/<namespaceId>/<agentId>`).
+    pub fn file_tools(
+        self,
+        root: &Path,
+        config: crate::config::FilesConfig,
+    ) -> Result<Self, KernelSetupError> {
+        let files_root =
+            files::FilesRoot::open(root, config).map_err(|e| KernelSetupError::FilesRoot {
+                path: root.display().to_string(),
+                message: e.to_string(),
+            })?;
+        let files_root = Arc::new(files_root);
+        let mut this = self;
+        for op in files::FileOp::ALL {
+            this = this.tool(
+                files::definition(op),
+                Arc::new(files::FileTool::new(op, Arc::clone(&files_root))),
+            )?;
+        }
+        Ok(this)
+    }
+    /// Registers `sharedos.escalate`.
+    pub fn escalation_tool(self) -> Result<Self, RegistrationError> {
+        self.tool(escalate::definition(), Arc::new(escalate::EscalateHandler))
+    }
+    pub fn build(self) -> Kernel {
+        Kernel {
+            registry: RwLock::new(Arc::new(self.registry)),
+            grants: self.grants,
+            config_grants: self.config_grants,
+            usage: self.usage,
+            recorder: Arc::new(Recorder {
+                audit: self.audit,
+                hook: self.hook,
+                timeout: self.timeout,
+            }),
+        }
+    }
+}
+
+fn sha256_hex(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `catalogHash`: sha256 of the canonical JSON of a listed catalogue.
+pub fn catalog_hash(tools: &[ToolDefinition]) -> String {
+    let value = serde_json::to_value(tools).unwrap_or(Value::Null);
+    sha256_hex(&canonical_json(&value))
+}
+
+fn requirement_of(cap: &CapabilityRequirement, context: &AccessContext) -> Requirement {
+    Requirement {
+        namespace: cap.resource.namespace.to_string(),
+        path: cap
+            .resource
+            .path
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect(),
+        owner: cap
+            .resource
+            .owner
+            .clone()
+            .unwrap_or_else(|| context.owner.clone()),
+        action: cap.action.to_string(),
+    }
+}
+
+fn outcome_of(status: ToolStatus) -> AuditOutcome {
+    match status {
+        ToolStatus::Succeeded => AuditOutcome::Succeeded,
+        ToolStatus::Denied => AuditOutcome::Denied,
+        ToolStatus::Failed => AuditOutcome::Failed,
+    }
+}
+
+/// The codes recorded `failClosed`: refusals because infrastructure was down.
+fn infrastructure_code(code: &str) -> bool {
+    matches!(
+        code,
+        "audit_unavailable"
+            | "authority_unavailable"
+            | "usage_store_unavailable"
+            | "delegation_chain_unverified"
+    )
+}
+
+/// What the kernel knows about a call as it goes through the checks, for
+/// its `tool.invoked` record.
+#[derive(Default, Clone)]
+struct CallFacts {
+    resource: Option<ResourceRef>,
+    action: Option<String>,
+    grant_id: Option<String>,
+    cause: Option<String>,
+}
+
+impl Kernel {
+    /// A builder with the given trusted grant source and audit sink, an
+    /// in-memory usage store, the tracing hook and no registered tools.
+    pub fn builder(grants: Arc<dyn GrantSource>, audit: Arc<dyn AuditSink>) -> KernelBuilder {
+        KernelBuilder {
+            registry: ToolRegistry::new(),
+            grants,
+            config_grants: None,
+            usage: Arc::new(MemoryUsageStore::new()),
+            audit,
+            hook: Arc::new(TracingHook),
+            timeout: None,
+        }
+    }
+
+    /// The embedded default: grants from the host's configuration, the
+    /// built-in tools the configuration enables (file tools over
+    /// `files_root`), an in-memory usage store.
+    pub fn from_config(
+        config: &KernelConfig,
+        files_root: &Path,
+        audit: Arc<dyn AuditSink>,
+    ) -> Result<Kernel, KernelSetupError> {
+        Ok(Self::builder_from_config(config, files_root, audit)?.build())
+    }
+
+    /// [`Kernel::from_config`], stopped before `build` so a host can add
+    /// its own tools, usage store or hook.
+    pub fn builder_from_config(
+        config: &KernelConfig,
+        files_root: &Path,
+        audit: Arc<dyn AuditSink>,
+    ) -> Result<KernelBuilder, KernelSetupError> {
+        config.validate()?;
+        let source = Arc::new(ConfigGrantSource::new(config.grants.clone()));
+        let mut builder = Self::builder(Arc::clone(&source) as Arc<dyn GrantSource>, audit)
+            .audit_write_timeout(config.audit_write_timeout_ms.map(Duration::from_millis));
+        builder.config_grants = Some(source);
+        if config.files.enabled {
+            builder = builder.file_tools(files_root, config.files.clone())?;
+        }
+        if config.escalation.enabled {
+            builder = builder.escalation_tool()?;
+        }
+        Ok(builder)
+    }
+
+    /// The configuration's grant source, when built by `from_config`
+    /// (revoke or replace grants; effective at the next turn).
+    pub fn config_grants(&self) -> Option<&Arc<ConfigGrantSource>> {
+        self.config_grants.as_ref()
+    }
+
+    /// Registers a tool for turns that open authority from now on; turns
+    /// already running keep the registry they started with.
+    pub fn register(
+        &self,
+        definition: ToolDefinition,
+        handler: Arc<dyn ToolHandler>,
+    ) -> Result<(), RegistrationError> {
+        let mut guard = self.registry.write().map_err(|_| {
+            RegistrationError::InvalidDefinition("the tool registry lock is poisoned".into())
+        })?;
+        let mut next = guard.snapshot();
+        next.register(definition, handler)?;
+        *guard = Arc::new(next);
+        Ok(())
+    }
+
+    fn current_registry(&self) -> Arc<ToolRegistry> {
+        match self.registry.read() {
+            Ok(r) => Arc::clone(&r),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    fn turn<'a>(&self, lease: &'a TurnLease) -> Result<&'a TurnAuthority, KernelError> {
+        lease
+            .get::<TurnAuthority>()
+            .ok_or_else(|| KernelError::Failed("the lease was not opened by this kernel".into()))
+    }
+
+    /// Records `tool.invoked` for an answer the kernel gave itself.
+    async fn answer(
+        &self,
+        turn: &TurnAuthority,
+        context: &AccessContext,
+        call: &ToolCall,
+        result: ToolResult,
+        facts: CallFacts,
+    ) -> ToolResult {
+        let record = invoked_record(context, call, &result, facts, turn.catalog_hash());
+        self.recorder.outcome(record).await;
+        result
+    }
+}
+
+fn invoked_record(
+    context: &AccessContext,
+    call: &ToolCall,
+    result: &ToolResult,
+    facts: CallFacts,
+    catalog_hash: Option<String>,
+) -> AuditRecord {
+    let mut r = AuditRecord::new(
+        "tool.invoked",
+        outcome_of(result.status()),
+        context,
+        AuditSource::Kernel,
+    );
+    r.operation_id = Some(call.id.to_string());
+    r.tool = Some(call.tool.to_string());
+    r.resource = facts.resource;
+    r.action = facts.action;
+    r.grant_id = facts.grant_id;
+    r.cause = facts.cause;
+    if let Some(e) = result.error() {
+        r.reason = Some(e.code.to_string());
+        if infrastructure_code(e.code.as_str()) {
+            r.fail_closed = Some(true);
+        }
+    }
+    r.metadata = catalog_metadata(catalog_hash);
+    r
+}
+
+fn catalog_metadata(hash: Option<String>) -> Option<JsonObject> {
+    hash.map(|h| {
+        let mut m = JsonObject::new();
+        m.insert("catalogHash".into(), Value::String(h));
+        m
+    })
+}
+
+fn resource_of(req: &Requirement) -> ResourceRef {
+    ResourceRef {
+        namespace: Identifier::new(&req.namespace).unwrap_or_else(|_| ident("invalid")),
+        path: req
+            .path
+            .iter()
+            .filter_map(|s| PathSegment::new(s).ok())
+            .collect(),
+        owner: Some(req.owner.clone()),
+    }
+}
+
+/// `authorization.checked` for a decision.
+fn checked_record(
+    context: &AccessContext,
+    req: &Requirement,
+    decision: &Decision,
+    operation_id: Option<&str>,
+    tool: Option<&str>,
+) -> AuditRecord {
+    let outcome = if matches!(decision, Decision::Allowed { .. }) {
+        AuditOutcome::Allowed
+    } else {
+        AuditOutcome::Denied
+    };
+    let mut r = AuditRecord::new(
+        "authorization.checked",
+        outcome,
+        context,
+        AuditSource::Kernel,
+    );
+    r.resource = Some(resource_of(req));
+    r.action = Some(req.action.clone());
+    r.operation_id = operation_id.map(str::to_owned);
+    r.tool = tool.map(str::to_owned);
+    match decision {
+        Decision::Allowed { grant_id, consumed } => {
+            r.grant_id = Some(grant_id.clone());
+            r.consumed = Some(*consumed);
+        }
+        Decision::Denied { reason, grant_id } => {
+            r.grant_id = grant_id.clone();
+            r.reason = Some(reason.code().to_owned());
+            r.consumed = Some(false);
+            if reason.fail_closed() {
+                r.fail_closed = Some(true);
+            }
+        }
+    }
+    r
+}
+
+#[async_trait]
+impl TurnKernel for Kernel {
+    async fn open_turn_authority(&self, context: &AccessContext) -> Result<TurnLease, KernelError> {
+        let loaded = self.grants.load(context).await;
+        let grants: Result<Vec<Grant>, &'static str> = loaded
+            .map(|all| {
+                all.into_iter()
+                    .filter(|g| {
+                        !g.revoked
+                            && g.namespace_id == context.namespace_id
+                            && g.subject == context.actor
+                            && g.issuer == context.authority
+                    })
+                    .collect()
+            })
+            .map_err(|_| "grant_source_failed");
+        let authority_hash = grants.as_ref().ok().map(|g| {
+            sha256_hex(&canonical_json(
+                &serde_json::to_value(g).unwrap_or(Value::Null),
+            ))
+        });
+        let mut record = AuditRecord::new(
+            "authority.resolved",
+            if grants.is_ok() {
+                AuditOutcome::Allowed
+            } else {
+                AuditOutcome::Denied
+            },
+            context,
+            AuditSource::Kernel,
+        );
+        record.authority_hash = authority_hash.clone();
+        if let Err(cause) = &grants {
+            record.reason = Some("authority_unavailable".into());
+            record.cause = Some((*cause).into());
+            record.fail_closed = Some(true);
+        }
+        self.recorder.decision(record, AuditEffect::None).await?;
+        Ok(TurnLease::new(TurnAuthority {
+            grants: grants.map(Arc::new),
+            authority_hash,
+            registry: self.current_registry(),
+            catalog_hash: Mutex::new(None),
+        }))
+    }
+
+    async fn admit_turn(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+        agent: &Address,
+    ) -> Result<Admission, KernelError> {
+        let turn = self.turn(lease)?;
+        let [kind, id] = agent.path();
+        let req = Requirement {
+            namespace: EXECUTION_NAMESPACE.into(),
+            path: vec![kind, id],
+            owner: context.owner.clone(),
+            action: "invoke".into(),
+        };
+        let decision = match &turn.grants {
+            Ok(grants) => authorize(grants, self.usage.as_ref(), context, &req, true).await,
+            Err(_) => Decision::Denied {
+                reason: DenyReason::AuthorityUnavailable,
+                grant_id: None,
+            },
+        };
+        let mut record = checked_record(context, &req, &decision, None, None);
+        if turn.grants.is_err() {
+            record.cause = turn.grants.as_ref().err().map(|c| (*c).to_owned());
+        }
+        self.recorder.decision(record, AuditEffect::None).await?;
+        Ok(match decision {
+            Decision::Allowed { .. } => Admission::allowed(),
+            Decision::Denied { reason, .. } => Admission::refused(reason.code()),
+        })
+    }
+
+    async fn reach(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+    ) -> Result<ReachResult, KernelError> {
+        let turn = self.turn(lease)?;
+        let Ok(grants) = &turn.grants else {
+            return Ok(ReachResult::Unavailable {
+                reason_code: ident("authority_unavailable"),
+            });
+        };
+        let mut reach: Vec<ReachEntry> = Vec::new();
+        for g in grants.iter().filter(|g| g.applies(context)) {
+            for c in &g.capabilities {
+                let entry = ReachEntry {
+                    namespace: c.namespace.clone(),
+                    path: c.path.clone(),
+                    actions: c.actions.clone(),
+                    scope: match c.scope {
+                        Scope::Exact => ReachScope::Exact,
+                        Scope::Descendants => ReachScope::Descendants,
+                    },
+                };
+                if !reach.contains(&entry) {
+                    reach.push(entry);
+                }
+            }
+        }
+        Ok(ReachResult::Computed { reach })
+    }
+
+    async fn list_tools(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+    ) -> Result<Vec<ToolDefinition>, KernelError> {
+        let turn = self.turn(lease)?;
+        let enabled: Vec<&str> = context
+            .enabled_tool_namespaces
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        let mut listed = Vec::new();
+        let mut withheld = 0usize;
+        if let Ok(grants) = &turn.grants {
+            for tool in turn.registry.iter() {
+                let def = &tool.definition;
+                let ceiling = requirement_of(&def.required_capability, context);
+                if enabled.contains(&def.namespace.as_str())
+                    && discover(grants, self.usage.as_ref(), context, &ceiling)
+                        .await
+                        .is_ok()
+                {
+                    listed.push(def.clone());
+                } else {
+                    withheld += 1;
+                }
+            }
+        }
+        let hash = catalog_hash(&listed);
+        let mut record = AuditRecord::new(
+            "tool.catalog.listed",
+            if turn.grants.is_ok() {
+                AuditOutcome::Allowed
+            } else {
+                AuditOutcome::Denied
+            },
+            context,
+            AuditSource::Kernel,
+        );
+        record.authority_hash = turn.authority_hash.clone();
+        if turn.grants.is_err() {
+            record.reason = Some("authority_unavailable".into());
+            record.fail_closed = Some(true);
+        }
+        let mut metadata = catalog_metadata(Some(hash.clone())).unwrap_or_default();
+        metadata.insert("enabledNamespaces".into(), json!(enabled));
+        metadata.insert("withheldCount".into(), json!(withheld));
+        metadata.insert("listedCount".into(), json!(listed.len()));
+        record.metadata = Some(metadata);
+        self.recorder.decision(record, AuditEffect::None).await?;
+        if let Ok(mut h) = turn.catalog_hash.lock() {
+            *h = Some(hash);
+        }
+        Ok(listed)
+    }
+
+    async fn invoke_tool(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+        call: &ToolCall,
+        abort: CancellationToken,
+    ) -> Result<ToolResult, KernelError> {
+        // 1. Stopped before the port was entered: nothing written.
+        if abort.is_cancelled() {
+            return Err(KernelError::Aborted);
+        }
+        let turn = self.turn(lease)?;
+        let now = context.now.clone();
+        let mut facts = CallFacts::default();
+        // 2. The call belongs to this trace.
+        if call.trace_id != context.trace_id {
+            let r = ToolResult::denied(
+                call,
+                "trace_mismatch",
+                "The tool call belongs to another trace.",
+                now,
+            );
+            return Ok(self.answer(turn, context, call, r, facts).await);
+        }
+        // 3. The turn's authority.
+        let grants = match &turn.grants {
+            Ok(g) => Arc::clone(g),
+            Err(cause) => {
+                facts.cause = Some((*cause).to_owned());
+                let r = ToolResult::denied(call, "authority_unavailable", NOT_GRANTED_MESSAGE, now);
+                return Ok(self.answer(turn, context, call, r, facts).await);
+            }
+        };
+        // 4–6. Registered, and in an enabled namespace.
+        let unavailable = |cause: &str, facts: &mut CallFacts| {
+            facts.cause = Some(cause.to_owned());
+            ToolResult::denied(
+                call,
+                "tool_unavailable",
+                TOOL_UNAVAILABLE_MESSAGE,
+                context.now.clone(),
+            )
+        };
+        let Some(tool) = turn.registry.get(call.tool.as_str()).map(Arc::clone) else {
+            let r = unavailable("not_registered", &mut facts);
+            return Ok(self.answer(turn, context, call, r, facts).await);
+        };
+        let def = &tool.definition;
+        if !context
+            .enabled_tool_namespaces
+            .iter()
+            .any(|n| n == &def.namespace)
+        {
+            let r = unavailable("namespace_disabled", &mut facts);
+            return Ok(self.answer(turn, context, call, r, facts).await);
+        }
+        // 7. Discovery, non-consuming.
+        let ceiling = requirement_of(&def.required_capability, context);
+        if let Err(reason) = discover(&grants, self.usage.as_ref(), context, &ceiling).await {
+            let decision = Decision::Denied {
+                reason,
+                grant_id: None,
+            };
+            let record = checked_record(
+                context,
+                &ceiling,
+                &decision,
+                Some(call.id.as_str()),
+                Some(call.tool.as_str()),
+            );
+            self.recorder.decision(record, AuditEffect::None).await?;
+            let r = unavailable(reason.code(), &mut facts);
+            return Ok(self.answer(turn, context, call, r, facts).await);
+        }
+        // 8. Arguments: the schema, then the handler's own parse.
+        let parsed = tool
+            .check_arguments(&call.arguments)
+            .and_then(|()| tool.handler.parse_arguments(&call.arguments));
+        let parsed = match parsed {
+            Ok(p) => p,
+            Err(message) => {
+                let message = format!("Invalid tool arguments: {message}");
+                let r = ToolResult::failed(call, "invalid_tool_arguments", &message, now);
+                return Ok(self.answer(turn, context, call, r, facts).await);
+            }
+        };
+        let parsed_call = ToolCall {
+            arguments: parsed,
+            ..call.clone()
+        };
+        // 9. The exact requirement.
+        let resolved = match tool.handler.resolve_requirement(context, &parsed_call) {
+            Ok(r) => r.unwrap_or_else(|| def.required_capability.clone()),
+            Err(text) => {
+                self.recorder
+                    .hook
+                    .tool_error(call.tool.as_str(), call.id.as_str(), &text);
+                let r = ToolResult::failed(
+                    call,
+                    "tool_requirement_resolution_failed",
+                    "The tool could not resolve what this call needs.",
+                    now,
+                );
+                return Ok(self.answer(turn, context, call, r, facts).await);
+            }
+        };
+        let req = requirement_of(&resolved, context);
+        facts.resource = Some(resource_of(&req));
+        facts.action = Some(req.action.clone());
+        // 10. World boundary: the owner is the context's.
+        if req.owner != context.owner {
+            let decision = Decision::Denied {
+                reason: DenyReason::InvalidRequest,
+                grant_id: None,
+            };
+            let record = checked_record(
+                context,
+                &req,
+                &decision,
+                Some(call.id.as_str()),
+                Some(call.tool.as_str()),
+            );
+            self.recorder.decision(record, AuditEffect::None).await?;
+            let r = ToolResult::denied(call, "invalid_request", NOT_GRANTED_MESSAGE, now);
+            return Ok(self.answer(turn, context, call, r, facts).await);
+        }
+        // 11. Ceiling: same namespace, action and owner; the declared path
+        // is a segment prefix of the requested one.
+        let within = req.namespace == ceiling.namespace
+            && req.action == ceiling.action
+            && req.owner == ceiling.owner
+            && ceiling.path.len() <= req.path.len()
+            && ceiling.path.iter().zip(&req.path).all(|(a, b)| a == b);
+        if !within {
+            let r = ToolResult::failed(
+                call,
+                "invalid_tool_requirement",
+                "The tool asked for more than its declared capability.",
+                now,
+            );
+            return Ok(self.answer(turn, context, call, r, facts).await);
+        }
+        // 12. Exact re-authorization, consuming; recorded before any effect.
+        let decision = authorize(&grants, self.usage.as_ref(), context, &req, true).await;
+        let record = checked_record(
+            context,
+            &req,
+            &decision,
+            Some(call.id.as_str()),
+            Some(call.tool.as_str()),
+        );
+        self.recorder.decision(record, AuditEffect::None).await?;
+        match decision {
+            Decision::Denied { reason, grant_id } => {
+                facts.grant_id = grant_id;
+                let r = ToolResult::denied(call, reason.code(), NOT_GRANTED_MESSAGE, now);
+                Ok(self.answer(turn, context, call, r, facts).await)
+            }
+            Decision::Allowed { grant_id, .. } => {
+                facts.grant_id = Some(grant_id);
+                if abort.is_cancelled() {
+                    return Err(KernelError::Aborted);
+                }
+                // 13–14 run in their own task so the outcome is recorded
+                // even when the caller stops waiting.
+                let run = Run {
+                    tool,
+                    recorder: Arc::clone(&self.recorder),
+                    context: context.clone(),
+                    call: parsed_call,
+                    original: call.clone(),
+                    facts,
+                    catalog_hash: turn.catalog_hash(),
+                };
+                tokio::spawn(run.go(abort))
+                    .await
+                    .map_err(|e| KernelError::Failed(format!("tool task: {e}")))?
+            }
+        }
+    }
+
+    async fn record_escalation(
+        &self,
+        _lease: &TurnLease,
+        context: &AccessContext,
+        execution_id: &Identifier,
+        reason: &Reason,
+    ) -> Result<Escalation, KernelError> {
+        let mut r = AuditRecord::new(
+            "escalation.requested",
+            AuditOutcome::Escalated,
+            context,
+            AuditSource::Kernel,
+        );
+        r.operation_id = Some(execution_id.to_string());
+        r.reason = Some("escalation_requested".into());
+        let mut m = JsonObject::new();
+        m.insert("detail".into(), json!(reason.as_str()));
+        m.insert(
+            "reviewer".into(),
+            serde_json::to_value(&context.owner).unwrap_or(Value::Null),
+        );
+        m.insert("reviewerAssumed".into(), json!(true));
+        m.insert("resolution".into(), json!("pending"));
+        r.metadata = Some(m);
+        self.recorder.outcome(r).await;
+        Ok(Escalation {
+            reason: reason.clone(),
+            reviewer: context.owner.clone(),
+            requested_at: context.now.clone(),
+            requested_authority: None,
+            status: EscalationStatus::Pending,
+        })
+    }
+
+    async fn record_refused_call(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+        refused: RefusedCall,
+    ) -> Result<(), KernelError> {
+        let hash = self.turn(lease).ok().and_then(TurnAuthority::catalog_hash);
+        let mut r = AuditRecord::new(
+            "tool.invoked",
+            AuditOutcome::Denied,
+            context,
+            AuditSource::Envelope,
+        );
+        r.operation_id = Some(refused.call_id.to_string());
+        r.tool = Some(refused.tool.to_string());
+        if infrastructure_code(&refused.reason_code) {
+            r.fail_closed = Some(true);
+        }
+        r.reason = Some(refused.reason_code);
+        r.cause = refused.cause;
+        r.metadata = catalog_metadata(hash);
+        self.recorder.outcome(r).await;
+        Ok(())
+    }
+
+    async fn record_turn_end(
+        &self,
+        context: &AccessContext,
+        end: TurnEnd,
+    ) -> Result<(), KernelError> {
+        let (outcome, reason) = match end.status {
+            ExecutionStatus::Succeeded => (AuditOutcome::Succeeded, end.reason_code),
+            ExecutionStatus::Denied => (AuditOutcome::Denied, end.reason_code),
+            ExecutionStatus::Failed => (AuditOutcome::Failed, end.reason_code),
+            ExecutionStatus::Escalated => (AuditOutcome::Escalated, end.reason_code),
+            ExecutionStatus::Cancelled => (
+                AuditOutcome::Failed,
+                Some(end.reason_code.unwrap_or_else(|| "turn_cancelled".into())),
+            ),
+        };
+        let mut r = AuditRecord::new("turn.ended", outcome, context, AuditSource::Envelope);
+        r.operation_id = Some(end.execution_id.to_string());
+        r.ended_by = end.ended_by;
+        if reason.as_deref().is_some_and(infrastructure_code) {
+            r.fail_closed = Some(true);
+        }
+        r.reason = reason;
+        self.recorder.outcome(r).await;
+        Ok(())
+    }
+}
+
+/// Steps 13–14 of one allowed call.
+struct Run {
+    tool: Arc<RegisteredTool>,
+    recorder: Arc<Recorder>,
+    context: AccessContext,
+    call: ToolCall,
+    original: ToolCall,
+    facts: CallFacts,
+    catalog_hash: Option<String>,
+}
+
+impl Run {
+    async fn go(self, abort: CancellationToken) -> Result<ToolResult, KernelError> {
+        let handler = Arc::clone(&self.tool.handler);
+        let (context, call, token) = (self.context.clone(), self.call.clone(), abort.clone());
+        // The handler runs in a task of its own so a panic is a failure of
+        // the tool, not of the kernel.
+        let joined =
+            tokio::spawn(async move { handler.invoke(&context, &call, token).await }).await;
+        let call = &self.original;
+        let now = self.context.now.clone();
+        let failed =
+            |code: &str, message: &str| ToolResult::failed(call, code, message, now.clone());
+        let result = match joined {
+            Ok(Ok(answer)) => {
+                let parsed = match answer {
+                    HandlerAnswer::Result(r) => Some(r),
+                    HandlerAnswer::Raw(v) => serde_json::from_value::<ToolResult>(v).ok(),
+                };
+                match parsed {
+                    Some(r) if r.call_id() == &call.id && r.tool() == &call.tool => r,
+                    _ => failed(
+                        "invalid_tool_result",
+                        "The tool answered with an invalid result.",
+                    ),
+                }
+            }
+            Ok(Err(ToolError::Kernel(KernelError::AuditUnavailable { cause, .. }))) => {
+                self.interrupted("audit_unavailable").await;
+                return Err(KernelError::AuditUnavailable {
+                    effect: AuditEffect::Unknown,
+                    cause,
+                });
+            }
+            Ok(Err(_)) if abort.is_cancelled() => {
+                self.interrupted("operation_aborted").await;
+                return Err(KernelError::Interrupted);
+            }
+            Ok(Err(e)) => {
+                let text = match e {
+                    ToolError::Failed(t) => t,
+                    ToolError::Aborted => {
+                        "the handler reported an abort that was not signalled".into()
+                    }
+                    ToolError::Kernel(k) => k.to_string(),
+                };
+                self.recorder
+                    .hook
+                    .tool_error(call.tool.as_str(), call.id.as_str(), &text);
+                failed("tool_execution_failed", EXECUTION_FAILED_MESSAGE)
+            }
+            Err(join) => {
+                self.recorder.hook.tool_error(
+                    call.tool.as_str(),
+                    call.id.as_str(),
+                    &format!("handler task: {join}"),
+                );
+                failed("tool_execution_failed", EXECUTION_FAILED_MESSAGE)
+            }
+        };
+        let record = invoked_record(
+            &self.context,
+            call,
+            &result,
+            self.facts.clone(),
+            self.catalog_hash.clone(),
+        );
+        self.recorder.outcome(record).await;
+        Ok(result)
+    }
+
+    async fn interrupted(&self, reason: &str) {
+        let mut r = AuditRecord::new(
+            "tool.invoked",
+            AuditOutcome::Interrupted,
+            &self.context,
+            AuditSource::Kernel,
+        );
+        r.operation_id = Some(self.original.id.to_string());
+        r.tool = Some(self.original.tool.to_string());
+        r.resource = self.facts.resource.clone();
+        r.action = self.facts.action.clone();
+        r.grant_id = self.facts.grant_id.clone();
+        r.reason = Some(reason.to_owned());
+        if reason == "audit_unavailable" {
+            r.fail_closed = Some(true);
+        }
+        r.metadata = catalog_metadata(self.catalog_hash.clone());
+        self.recorder.outcome(r).await;
+    }
+}

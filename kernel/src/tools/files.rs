@@ -1,0 +1,535 @@
+//! Files-as-memory: `files.read`, `files.write`, `files.list`,
+//! `files.delete` over each agent's directory,
+//! `<root>/<namespaceId>/<agentId>/`.
+//!
+//! Every path is resolved segment by segment with `openat2` and
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` from a descriptor of the agent's
+//! directory, so no `..`, absolute path, symlink or symlink swapped in
+//! during the call leaves it: the kernel refuses the resolution instead.
+//! The leaf is then acted on by name relative to its parent's descriptor
+//! (`renameat`, `unlinkat`, `O_NOFOLLOW` opens), which never follows it.
+//! Writes are atomic: a temp file, `fsync`, `renameat`, `fsync` of the
+//! directory.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use serde_json::{Value, json};
+use sharedos_protocol::{
+    AccessContext, CapabilityRequirement, JsonObject, PathSegment, ReadWrite, ResourceRef,
+    ShortName, ToolAnnotations, ToolCall, ToolDefinition, ToolResult, ident,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{Def, FILES_NAMESPACE, agent_id};
+use crate::config::FilesConfig;
+use crate::registry::{HandlerAnswer, ToolError, ToolHandler};
+
+/// Temp files of in-flight writes start with this; user paths may not.
+const TEMP_PREFIX: &str = ".sharedos-tmp-";
+/// At most this many segments below the agent's directory.
+const MAX_SEGMENTS: usize = 63;
+
+/// Which file operation a handler performs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOp {
+    Read,
+    Write,
+    List,
+    Delete,
+}
+
+impl FileOp {
+    pub const ALL: [FileOp; 4] = [FileOp::Read, FileOp::Write, FileOp::List, FileOp::Delete];
+
+    pub fn tool_name(self) -> &'static str {
+        match self {
+            FileOp::Read => "files.read",
+            FileOp::Write => "files.write",
+            FileOp::List => "files.list",
+            FileOp::Delete => "files.delete",
+        }
+    }
+    pub fn action(self) -> &'static str {
+        match self {
+            FileOp::Read => "read",
+            FileOp::Write => "write",
+            FileOp::List => "list",
+            FileOp::Delete => "delete",
+        }
+    }
+}
+
+fn path_schema(required: bool) -> Value {
+    let mut s = json!({
+        "type": "object",
+        "properties": {"path": {"type": "string", "maxLength": 4096,
+            "description": "Relative path below the agent's directory, segments separated by '/'."}},
+        "additionalProperties": false
+    });
+    if required {
+        s["properties"]["path"]["minLength"] = json!(1);
+        s["required"] = json!(["path"]);
+    }
+    s
+}
+
+/// The definition of one file tool.
+pub fn definition(op: FileOp) -> ToolDefinition {
+    let (description, read_write, schema, annotations) = match op {
+        FileOp::Read => (
+            "Read a UTF-8 text file from the agent's memory directory.",
+            ReadWrite::Read,
+            path_schema(true),
+            ToolAnnotations {
+                read_only: Some(true),
+                destructive: Some(false),
+                idempotent: Some(true),
+            },
+        ),
+        FileOp::Write => (
+            "Write (create or replace) a UTF-8 text file in the agent's memory directory, atomically. \
+             Missing parent directories are created.",
+            ReadWrite::Write,
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                    "content": {"type": "string"}
+                },
+                "required": ["path", "content"],
+                "additionalProperties": false
+            }),
+            ToolAnnotations {
+                read_only: Some(false),
+                destructive: Some(true),
+                idempotent: Some(true),
+            },
+        ),
+        FileOp::List => (
+            "List a directory of the agent's memory (the root when path is empty or absent).",
+            ReadWrite::Read,
+            path_schema(false),
+            ToolAnnotations {
+                read_only: Some(true),
+                destructive: Some(false),
+                idempotent: Some(true),
+            },
+        ),
+        FileOp::Delete => (
+            "Delete a file or an empty directory from the agent's memory directory.",
+            ReadWrite::Write,
+            path_schema(true),
+            ToolAnnotations {
+                read_only: Some(false),
+                destructive: Some(true),
+                idempotent: Some(true),
+            },
+        ),
+    };
+    Def {
+        name: op.tool_name(),
+        description,
+        namespace: FILES_NAMESPACE,
+        read_write,
+        schema,
+        cap_namespace: FILES_NAMESPACE,
+        action: op.action(),
+        annotations,
+    }
+    .build()
+}
+
+/// Splits a relative path into checked segments. The error names the field
+/// and the rule, never the value.
+pub fn parse_path(path: &str, allow_empty: bool) -> Result<Vec<String>, String> {
+    if path.is_empty() {
+        return if allow_empty {
+            Ok(vec![])
+        } else {
+            Err("/path: must not be empty".into())
+        };
+    }
+    if path.starts_with('/') {
+        return Err("/path: must be relative to the agent's directory, not absolute".into());
+    }
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments.len() > MAX_SEGMENTS {
+        return Err(format!("/path: has more than {MAX_SEGMENTS} segments"));
+    }
+    let mut out = Vec::with_capacity(segments.len());
+    for s in segments {
+        let ok = PathSegment::new(s).is_ok_and(|p| p.as_str() == s);
+        if !ok {
+            return Err(
+                "/path: every segment must be a non-empty name other than '.' or '..', without \
+                        '\\', control characters or surrounding spaces"
+                    .into(),
+            );
+        }
+        if s.starts_with(TEMP_PREFIX) {
+            return Err(format!(
+                "/path: names starting with {TEMP_PREFIX:?} are reserved"
+            ));
+        }
+        out.push(s.to_owned());
+    }
+    Ok(out)
+}
+
+/// The directory tree all agents' files live under, opened once.
+#[derive(Debug)]
+pub struct FilesRoot {
+    root: OwnedFd,
+    config: FilesConfig,
+}
+
+/// A refusal or failure a caller may see (code, fixed message).
+#[derive(Debug)]
+enum FileFail {
+    Result(&'static str, &'static str),
+    Io(String),
+}
+
+impl From<Errno> for FileFail {
+    fn from(e: Errno) -> Self {
+        match e {
+            Errno::NOENT => FileFail::Result(
+                "file_not_found",
+                "No such file or directory in the agent's memory.",
+            ),
+            Errno::LOOP | Errno::XDEV => FileFail::Result(
+                "path_not_allowed",
+                "The path leaves the agent's directory or crosses a symbolic link.",
+            ),
+            Errno::NOTDIR => FileFail::Result(
+                "not_a_directory",
+                "A segment of the path is not a directory.",
+            ),
+            Errno::ISDIR => FileFail::Result("is_a_directory", "The path names a directory."),
+            Errno::NOTEMPTY => {
+                FileFail::Result("directory_not_empty", "The directory is not empty.")
+            }
+            Errno::NAMETOOLONG => FileFail::Result("path_too_long", "The path is too long."),
+            other => FileFail::Io(other.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for FileFail {
+    fn from(e: std::io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(code) => FileFail::from(Errno::from_raw_os_error(code)),
+            None => FileFail::Io(e.to_string()),
+        }
+    }
+}
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS);
+
+fn open_dir(base: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat2(
+        base,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        RESOLVE,
+    )
+}
+
+fn ensure_dir(base: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
+    match rustix::fs::mkdirat(base, name, Mode::from_raw_mode(0o700)) {
+        Ok(()) => {
+            rustix::fs::fsync(base)?;
+        }
+        Err(Errno::EXIST) => {}
+        Err(e) => return Err(e),
+    }
+    open_dir(base, name)
+}
+
+impl FilesRoot {
+    /// Opens (creating) the root directory.
+    pub fn open(root: &Path, config: FilesConfig) -> std::io::Result<Self> {
+        std::fs::create_dir_all(root)?;
+        let root = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Self { root, config })
+    }
+
+    fn agent_dir(
+        &self,
+        namespace_id: &str,
+        agent: &str,
+        create: bool,
+    ) -> Result<OwnedFd, FileFail> {
+        for s in [namespace_id, agent] {
+            if !PathSegment::new(s).is_ok_and(|p| p.as_str() == s) || s.starts_with(TEMP_PREFIX) {
+                return Err(FileFail::Result(
+                    "path_not_allowed",
+                    "The namespace or agent id cannot name a directory.",
+                ));
+            }
+        }
+        let step = |base: &OwnedFd, name: &str| {
+            if create {
+                ensure_dir(base, name)
+            } else {
+                open_dir(base, name)
+            }
+        };
+        let ns = step(&self.root, namespace_id)?;
+        Ok(step(&ns, agent)?)
+    }
+
+    fn walk(base: OwnedFd, segments: &[String], create: bool) -> Result<OwnedFd, FileFail> {
+        let mut cur = base;
+        for s in segments {
+            cur = if create {
+                ensure_dir(&cur, s)?
+            } else {
+                open_dir(&cur, s)?
+            };
+        }
+        Ok(cur)
+    }
+
+    fn read(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {
+        let (leaf, parents) = segs.split_last().ok_or(FileFail::Result(
+            "is_a_directory",
+            "The path names a directory.",
+        ))?;
+        let dir = Self::walk(self.agent_dir(ns, agent, false)?, parents, false)?;
+        let fd = rustix::fs::openat2(
+            &dir,
+            leaf.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )?;
+        let st = rustix::fs::fstat(&fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(FileFail::Result(
+                "not_a_file",
+                "The path does not name a regular file.",
+            ));
+        }
+        let max = self.config.max_read_bytes;
+        let mut bytes = Vec::new();
+        std::fs::File::from(fd)
+            .take(max + 1)
+            .read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > max {
+            return Err(FileFail::Result(
+                "file_too_large",
+                "The file is larger than the read limit.",
+            ));
+        }
+        let size = bytes.len();
+        let content = String::from_utf8(bytes)
+            .map_err(|_| FileFail::Result("file_not_text", "The file is not UTF-8 text."))?;
+        Ok(json!({"path": segs.join("/"), "content": content, "bytes": size}))
+    }
+
+    fn write(
+        &self,
+        ns: &str,
+        agent: &str,
+        segs: &[String],
+        content: &str,
+    ) -> Result<Value, FileFail> {
+        let (leaf, parents) = segs.split_last().ok_or(FileFail::Result(
+            "is_a_directory",
+            "The path names a directory.",
+        ))?;
+        let dir = Self::walk(self.agent_dir(ns, agent, true)?, parents, true)?;
+        let temp = format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple());
+        let fd = rustix::fs::openat2(
+            &dir,
+            temp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+            RESOLVE,
+        )?;
+        let result = (|| -> Result<(), FileFail> {
+            let mut file = std::fs::File::from(fd);
+            file.write_all(content.as_bytes())?;
+            file.sync_all()?;
+            rustix::fs::renameat(&dir, temp.as_str(), &dir, leaf.as_str())?;
+            rustix::fs::fsync(&dir)?;
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
+        }
+        result?;
+        Ok(json!({"path": segs.join("/"), "bytes": content.len()}))
+    }
+
+    fn list(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {
+        let base = match self.agent_dir(ns, agent, false) {
+            Err(FileFail::Result("file_not_found", _)) if segs.is_empty() => {
+                return Ok(json!({"path": "", "entries": [], "truncated": false}));
+            }
+            other => other?,
+        };
+        let dir = Self::walk(base, segs, false)?;
+        let mut entries = Vec::new();
+        let mut truncated = false;
+        let mut reader = rustix::fs::Dir::read_from(&dir)?;
+        while let Some(entry) = reader.read() {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
+            if name == "." || name == ".." || name.starts_with(TEMP_PREFIX) {
+                continue;
+            }
+            if entries.len() >= self.config.max_list_entries {
+                truncated = true;
+                break;
+            }
+            let st = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let kind = match FileType::from_raw_mode(st.st_mode) {
+                FileType::RegularFile => "file",
+                FileType::Directory => "directory",
+                FileType::Symlink => "symlink",
+                _ => "other",
+            };
+            entries.push(json!({"name": name, "kind": kind, "bytes": st.st_size}));
+        }
+        entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        Ok(json!({"path": segs.join("/"), "entries": entries, "truncated": truncated}))
+    }
+
+    fn delete(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {
+        let (leaf, parents) = segs.split_last().ok_or(FileFail::Result(
+            "path_not_allowed",
+            "The agent's root cannot be deleted.",
+        ))?;
+        let dir = Self::walk(self.agent_dir(ns, agent, false)?, parents, false)?;
+        let st = rustix::fs::statat(&dir, leaf.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        let flags = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        rustix::fs::unlinkat(&dir, leaf.as_str(), flags)?;
+        rustix::fs::fsync(&dir)?;
+        Ok(json!({"path": segs.join("/"), "deleted": true}))
+    }
+}
+
+/// The handler of one file tool.
+#[derive(Debug, Clone)]
+pub struct FileTool {
+    op: FileOp,
+    root: Arc<FilesRoot>,
+}
+
+impl FileTool {
+    pub fn new(op: FileOp, root: Arc<FilesRoot>) -> Self {
+        Self { op, root }
+    }
+}
+
+fn path_arg(arguments: &JsonObject) -> &str {
+    arguments.get("path").and_then(Value::as_str).unwrap_or("")
+}
+
+#[async_trait]
+impl ToolHandler for FileTool {
+    fn parse_arguments(&self, arguments: &JsonObject) -> Result<JsonObject, String> {
+        parse_path(path_arg(arguments), self.op == FileOp::List)?;
+        if self.op == FileOp::Write {
+            let len = arguments
+                .get("content")
+                .and_then(Value::as_str)
+                .map_or(0, str::len) as u64;
+            if len > self.root.config.max_write_bytes {
+                return Err(format!(
+                    "/content: longer than {} bytes",
+                    self.root.config.max_write_bytes
+                ));
+            }
+        }
+        Ok(arguments.clone())
+    }
+
+    fn resolve_requirement(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+    ) -> Result<Option<CapabilityRequirement>, String> {
+        let agent = agent_id(&context.actor).ok_or("the file tools need an agent actor")?;
+        let mut path =
+            vec![PathSegment::new(agent.as_str()).map_err(|e| format!("agent id: {e}"))?];
+        for s in parse_path(path_arg(&call.arguments), self.op == FileOp::List)? {
+            path.push(PathSegment::new(&s).map_err(|e| format!("path: {e}"))?);
+        }
+        Ok(Some(CapabilityRequirement {
+            resource: ResourceRef {
+                namespace: ident(FILES_NAMESPACE),
+                path,
+                owner: None,
+            },
+            action: ShortName::new(self.op.action()).map_err(|e| e.to_string())?,
+        }))
+    }
+
+    async fn invoke(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+        abort: CancellationToken,
+    ) -> Result<HandlerAnswer, ToolError> {
+        if abort.is_cancelled() {
+            return Err(ToolError::Aborted);
+        }
+        let agent = agent_id(&context.actor)
+            .ok_or_else(|| ToolError::Failed("file tool called without an agent actor".into()))?
+            .to_string();
+        let ns = context.namespace_id.to_string();
+        let segs = parse_path(path_arg(&call.arguments), self.op == FileOp::List)
+            .map_err(ToolError::Failed)?;
+        let content = call
+            .arguments
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let root = Arc::clone(&self.root);
+        let op = self.op;
+        let work = tokio::task::spawn_blocking(move || match op {
+            FileOp::Read => root.read(&ns, &agent, &segs),
+            FileOp::Write => root.write(&ns, &agent, &segs, &content),
+            FileOp::List => root.list(&ns, &agent, &segs),
+            FileOp::Delete => root.delete(&ns, &agent, &segs),
+        });
+        let answer = tokio::select! {
+            biased;
+            joined = work => joined.map_err(|e| ToolError::Failed(format!("file task: {e}")))?,
+            _ = abort.cancelled() => return Err(ToolError::Aborted),
+        };
+        let at = context.now.clone();
+        match answer {
+            Ok(output) => Ok(ToolResult::succeeded(call, output, at).into()),
+            Err(FileFail::Result(code, message)) => {
+                Ok(ToolResult::failed(call, code, message, at).into())
+            }
+            Err(FileFail::Io(text)) => Err(ToolError::Failed(text)),
+        }
+    }
+}
