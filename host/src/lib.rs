@@ -2,4 +2,5 @@
 //! the CLI.
 
 pub mod executor;
+pub mod config;
 pub mod registry;
