@@ -138,16 +138,25 @@ impl HostConfig {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError { file: file.clone(), message: format!("cannot be read: {e}") })?;
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            message: format!("cannot be read: {e}"),
+        })?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
         Self::parse(&text, &file, &base)
     }
 
     /// Parses and checks configuration text; `file` names it in errors.
     pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Self, ConfigError> {
-        let err = |message: String| ConfigError { file: file.to_owned(), message };
-        let mut config: HostConfig = toml::from_str(text).map_err(|e| err(describe_toml_error(&e)))?;
+        let err = |message: String| ConfigError {
+            file: file.to_owned(),
+            message,
+        };
+        let mut config: HostConfig =
+            toml::from_str(text).map_err(|e| err(describe_toml_error(&e)))?;
         config.base_dir = base_dir.to_path_buf();
         config.check().map_err(err)?;
         Ok(config)
@@ -156,33 +165,53 @@ impl HostConfig {
     fn check(&self) -> Result<(), String> {
         let h = &self.host;
         if !(1..=600_000).contains(&h.default_timeout_ms) {
-            return Err(format!("host.defaultTimeoutMs: must be 1..=600000, got {}", h.default_timeout_ms));
+            return Err(format!(
+                "host.defaultTimeoutMs: must be 1..=600000, got {}",
+                h.default_timeout_ms
+            ));
         }
         if h.drain_grace_ms > 600_000 {
-            return Err(format!("host.drainGraceMs: must be 0..=600000, got {}", h.drain_grace_ms));
+            return Err(format!(
+                "host.drainGraceMs: must be 0..=600000, got {}",
+                h.drain_grace_ms
+            ));
         }
         if h.default_max_steps == 0 || h.default_max_steps > 1000 {
-            return Err(format!("host.defaultMaxSteps: must be 1..=1000, got {}", h.default_max_steps));
+            return Err(format!(
+                "host.defaultMaxSteps: must be 1..=1000, got {}",
+                h.default_max_steps
+            ));
         }
         if let Some(n) = h.default_max_tool_calls
             && !(1..=10_000).contains(&n)
         {
-            return Err(format!("host.defaultMaxToolCalls: must be 1..=10000, got {n}"));
+            return Err(format!(
+                "host.defaultMaxToolCalls: must be 1..=10000, got {n}"
+            ));
         }
         let mut ids = std::collections::HashSet::new();
         for (i, r) in self.runtimes.iter().enumerate() {
             if !ids.insert(r.id.as_str()) {
-                return Err(format!("runtimes[{i}].id: runtime {:?} is defined twice", r.id.as_str()));
+                return Err(format!(
+                    "runtimes[{i}].id: runtime {:?} is defined twice",
+                    r.id.as_str()
+                ));
             }
             if r.program.trim().is_empty() {
-                return Err(format!("runtimes[{i}].program: must name the plugin binary"));
+                return Err(format!(
+                    "runtimes[{i}].program: must name the plugin binary"
+                ));
             }
             if r.handshake_timeout_ms == 0 {
-                return Err(format!("runtimes[{i}].handshakeTimeoutMs: must be positive"));
+                return Err(format!(
+                    "runtimes[{i}].handshakeTimeoutMs: must be positive"
+                ));
             }
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {
-                    return Err(format!("runtimes[{i}].env: {k:?} is not a valid variable name"));
+                    return Err(format!(
+                        "runtimes[{i}].env: {k:?} is not a valid variable name"
+                    ));
                 }
             }
         }
@@ -192,11 +221,18 @@ impl HostConfig {
                 return Err(format!(
                     "agents[{i}].runtime: no runtime {:?} is defined (defined: {})",
                     a.runtime.as_str(),
-                    self.runtimes.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(", ")
+                    self.runtimes
+                        .iter()
+                        .map(|r| r.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             if !agents.insert(a.agent_id.as_str()) {
-                return Err(format!("agents[{i}].agentId: agent {:?} is bound twice", a.agent_id.as_str()));
+                return Err(format!(
+                    "agents[{i}].agentId: agent {:?} is bound twice",
+                    a.agent_id.as_str()
+                ));
             }
         }
         self.kernel.validate().map_err(|e| format!("kernel: {e}"))?;
@@ -205,12 +241,19 @@ impl HostConfig {
 
     /// Resolves a path of the configuration against its directory.
     pub fn resolve(&self, p: &Path) -> PathBuf {
-        if p.is_absolute() { p.to_path_buf() } else { self.base_dir.join(p) }
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
     }
 
     /// The runtime bound to an agent.
     pub fn runtime_for(&self, agent_id: &str) -> Option<&RuntimeEntry> {
-        let a = self.agents.iter().find(|a| a.agent_id.as_str() == agent_id)?;
+        let a = self
+            .agents
+            .iter()
+            .find(|a| a.agent_id.as_str() == agent_id)?;
         self.runtimes.iter().find(|r| r.id == a.runtime)
     }
 
@@ -261,7 +304,10 @@ runtime = "r"
     fn parses_minimal() {
         let c = HostConfig::parse(MIN, "host.toml", Path::new("/etc/sharedos")).unwrap();
         assert_eq!(c.runtime_for("alice").unwrap().id.as_str(), "r");
-        assert_eq!(c.resolve(&c.host.audit_path), PathBuf::from("/etc/sharedos/audit.jsonl"));
+        assert_eq!(
+            c.resolve(&c.host.audit_path),
+            PathBuf::from("/etc/sharedos/audit.jsonl")
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The sharedos host: the envelope, the process runtime, the registry and
 //! the CLI.
 
-pub mod executor;
 pub mod config;
+pub mod executor;
 pub mod registry;

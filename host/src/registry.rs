@@ -40,7 +40,10 @@ impl RuntimeRegistry {
 
     pub fn resolve(&self, id: &str) -> Result<&Seat, RegistryError> {
         self.seats.get(id).ok_or_else(|| {
-            RegistryError::NotFound(id.to_owned(), self.seats.keys().cloned().collect::<Vec<_>>().join(", "))
+            RegistryError::NotFound(
+                id.to_owned(),
+                self.seats.keys().cloned().collect::<Vec<_>>().join(", "),
+            )
         })
     }
 
@@ -81,7 +84,9 @@ mod tests {
     fn g17_duplicate_unknown_and_list_clones() {
         let mut r = RuntimeRegistry::new();
         r.register(Seat::in_process(Arc::new(Named("a")))).unwrap();
-        let err = r.register(Seat::in_process(Arc::new(Named("a")))).unwrap_err();
+        let err = r
+            .register(Seat::in_process(Arc::new(Named("a"))))
+            .unwrap_err();
         assert!(err.to_string().contains("already registered"));
         let err = r.resolve("b").err().unwrap();
         assert!(matches!(err, RegistryError::NotFound(..)));

@@ -11,21 +11,36 @@ use sharedos_protocol::{ExecutionRequest, ExecutionStatus};
 #[tokio::test]
 async fn demo_transcript_runs_in_process_against_the_real_kernel() {
     let dir = tempfile::tempdir().unwrap();
-    let config = HostConfig::parse(include_str!("../demo/host.toml"), "demo/host.toml", dir.path()).unwrap();
+    let config = HostConfig::parse(
+        include_str!("../demo/host.toml"),
+        "demo/host.toml",
+        dir.path(),
+    )
+    .unwrap();
     let audit = Arc::new(MemoryAuditSink::new());
     let files_root = config.resolve(&config.host.files_root);
     std::fs::create_dir_all(&files_root).unwrap();
     let kernel = Arc::new(Kernel::from_config(&config.kernel, &files_root, audit.clone()).unwrap());
     let entry = config.runtime_for("alice").unwrap();
     let plugin = sharedos_standard::plugin(entry.transcript.clone().unwrap()).unwrap();
-    let executor = Executor::new(kernel, Seat::in_process(plugin), ExecutorOptions::default()).unwrap();
-    let request: ExecutionRequest = serde_json::from_str(include_str!("../demo/turn.json")).unwrap();
-    let result = executor.execute(request, ExecuteOptions::default()).await.unwrap();
+    let executor =
+        Executor::new(kernel, Seat::in_process(plugin), ExecutorOptions::default()).unwrap();
+    let request: ExecutionRequest =
+        serde_json::from_str(include_str!("../demo/turn.json")).unwrap();
+    let result = executor
+        .execute(request, ExecuteOptions::default())
+        .await
+        .unwrap();
 
     assert_eq!(result.status, ExecutionStatus::Succeeded, "{result:#?}");
-    let results = result.output.as_ref().unwrap()["results"].as_array().unwrap().clone();
-    let statuses: Vec<(&str, &str)> =
-        results.iter().map(|r| (r["tool"].as_str().unwrap(), r["status"].as_str().unwrap())).collect();
+    let results = result.output.as_ref().unwrap()["results"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let statuses: Vec<(&str, &str)> = results
+        .iter()
+        .map(|r| (r["tool"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
     assert_eq!(
         statuses,
         vec![
@@ -41,7 +56,10 @@ async fn demo_transcript_runs_in_process_against_the_real_kernel() {
     assert_eq!(results[3]["code"], "no_matching_grant");
     // Refused by the envelope: not in the permission-filtered catalogue.
     assert_eq!(results[4]["code"], "tool_unavailable");
-    assert_eq!(results[2]["output"]["content"], "1. read the brief\n2. write the plan\n");
+    assert_eq!(
+        results[2]["output"]["content"],
+        "1. read the brief\n2. write the plan\n"
+    );
     // The file is on disk, inside the agent's directory, and nothing left it.
     assert!(files_root.join("demo/alice/notes/plan.md").is_file());
     assert!(!files_root.join("etc").exists());
@@ -58,8 +76,16 @@ async fn demo_transcript_runs_in_process_against_the_real_kernel() {
     let types: Vec<String> = audit
         .records()
         .iter()
-        .map(|r| serde_json::to_value(r).unwrap()["type"].as_str().unwrap_or("").to_owned())
+        .map(|r| {
+            serde_json::to_value(r).unwrap()["type"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
         .collect();
     assert!(types.iter().any(|t| t == "turn.ended"), "{types:?}");
-    assert!(types.iter().filter(|t| *t == "tool.invoked").count() >= 6, "{types:?}");
+    assert!(
+        types.iter().filter(|t| *t == "tool.invoked").count() >= 6,
+        "{types:?}"
+    );
 }

@@ -16,12 +16,12 @@ pub mod standard;
 pub use host::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, check_annotation};
 pub use signal::{Signal, SignalSource};
 pub use standard::{
-    AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError, SessionOutcome,
-    StandardRuntimeOptions, create_standard_runtime, standard_runtime_manifest,
+    AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError,
+    SessionOutcome, StandardRuntimeOptions, create_standard_runtime, standard_runtime_manifest,
 };
 
 pub use sharedos_protocol as protocol;
 pub use sharedos_protocol::{
-    JsonObject, RuntimeEvent, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ToolCall,
-    ToolResult,
+    JsonObject, RuntimeEvent, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, ToolCall, ToolResult,
 };

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sharedos_protocol::{
-    JsonObject, ProtocolError, Reason, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ToolCall, ToolResult,
-    Version,
+    JsonObject, ProtocolError, Reason, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest,
+    ToolCall, ToolResult, Version,
 };
 
 use crate::host::{RuntimeError, RuntimeHost, RuntimePlugin};
@@ -80,7 +80,11 @@ pub trait AgentTurnSession: Send {
     fn prompt_hash(&self) -> Option<String> {
         None
     }
-    async fn next(&mut self, input: AgentTurnInput, signal: Signal) -> Result<AgentTurnDecision, DriverError>;
+    async fn next(
+        &mut self,
+        input: AgentTurnInput,
+        signal: Signal,
+    ) -> Result<AgentTurnDecision, DriverError>;
     /// Told how the turn ended; bounded by the loop's close timeout.
     async fn close(&mut self, _outcome: SessionOutcome) {}
 }
@@ -92,7 +96,11 @@ pub trait AgentTurnDriver: Send + Sync {
     fn manifest(&self) -> Option<RuntimeManifest> {
         None
     }
-    async fn open(&self, request: &RuntimeTurnRequest, signal: Signal) -> Result<Box<dyn AgentTurnSession>, DriverError>;
+    async fn open(
+        &self,
+        request: &RuntimeTurnRequest,
+        signal: Signal,
+    ) -> Result<Box<dyn AgentTurnSession>, DriverError>;
 }
 
 /// Hears a driver failure (`driver_failed`), with `(execution_id, trace_id)`.
@@ -110,7 +118,11 @@ pub struct StandardRuntimeOptions {
 
 impl StandardRuntimeOptions {
     pub fn new(driver: Arc<dyn AgentTurnDriver>) -> Self {
-        Self { driver, close_timeout: Duration::from_millis(1000), on_turn_error: None }
+        Self {
+            driver,
+            close_timeout: Duration::from_millis(1000),
+            on_turn_error: None,
+        }
     }
 }
 
@@ -137,7 +149,10 @@ struct StandardLoop {
 }
 
 fn fail(code: &str, message: &str, retryable: bool) -> RuntimeTurnOutcome {
-    RuntimeTurnOutcome::Fail { error: ProtocolError::new(code, message, Some(retryable)), metadata: None }
+    RuntimeTurnOutcome::Fail {
+        error: ProtocolError::new(code, message, Some(retryable)),
+        metadata: None,
+    }
 }
 
 /// Why the loop stopped without an outcome of its own.
@@ -148,7 +163,11 @@ enum Stop {
 }
 
 impl StandardLoop {
-    async fn close(&self, session: &mut Option<Box<dyn AgentTurnSession>>, outcome: SessionOutcome) {
+    async fn close(
+        &self,
+        session: &mut Option<Box<dyn AgentTurnSession>>,
+        outcome: SessionOutcome,
+    ) {
         if let Some(s) = session.as_mut() {
             let _ = tokio::time::timeout(self.options.close_timeout, s.close(outcome)).await;
         }
@@ -187,7 +206,11 @@ impl StandardLoop {
                 Ok(d) => d,
                 Err(DriverError::InvalidDecision(_)) => {
                     return Ok((
-                        fail("invalid_driver_decision", "The agent turn driver returned an invalid decision.", false),
+                        fail(
+                            "invalid_driver_decision",
+                            "The agent turn driver returned an invalid decision.",
+                            false,
+                        ),
                         SessionOutcome::Failed,
                     ));
                 }
@@ -195,19 +218,31 @@ impl StandardLoop {
             };
             match decision {
                 AgentTurnDecision::Complete { output, metadata } => {
-                    return Ok((RuntimeTurnOutcome::Complete { output, metadata }, SessionOutcome::Succeeded));
+                    return Ok((
+                        RuntimeTurnOutcome::Complete { output, metadata },
+                        SessionOutcome::Succeeded,
+                    ));
                 }
                 AgentTurnDecision::Fail { error, metadata } => {
-                    return Ok((RuntimeTurnOutcome::Fail { error, metadata }, SessionOutcome::Failed));
+                    return Ok((
+                        RuntimeTurnOutcome::Fail { error, metadata },
+                        SessionOutcome::Failed,
+                    ));
                 }
                 AgentTurnDecision::Escalate { reason, metadata } => {
                     let _ = host.annotate(
                         "escalationAsked",
                         json!({"tool": "sharedos.escalate", "reason": reason.as_str()}),
                     );
-                    return Ok((RuntimeTurnOutcome::Escalate { reason, metadata }, SessionOutcome::Escalated));
+                    return Ok((
+                        RuntimeTurnOutcome::Escalate { reason, metadata },
+                        SessionOutcome::Escalated,
+                    ));
                 }
-                AgentTurnDecision::ToolCall { call, step: declared } => {
+                AgentTurnDecision::ToolCall {
+                    call,
+                    step: declared,
+                } => {
                     if declared.is_some_and(|d| d < step) {
                         return Ok((
                             fail(
@@ -232,7 +267,11 @@ impl StandardLoop {
             }
         }
         Ok((
-            fail("step_limit_exceeded", "The agent turn reached its maximum number of steps.", false),
+            fail(
+                "step_limit_exceeded",
+                "The agent turn reached its maximum number of steps.",
+                false,
+            ),
             SessionOutcome::Failed,
         ))
     }
@@ -241,7 +280,10 @@ impl StandardLoop {
 #[async_trait]
 impl RuntimePlugin for StandardLoop {
     fn manifest(&self) -> RuntimeManifest {
-        self.options.driver.manifest().unwrap_or_else(standard_runtime_manifest)
+        self.options
+            .driver
+            .manifest()
+            .unwrap_or_else(standard_runtime_manifest)
     }
 
     async fn run(
@@ -271,7 +313,9 @@ impl RuntimePlugin for StandardLoop {
                 if let Some(cb) = &self.options.on_turn_error {
                     let exec = request.execution_id.as_str();
                     let trace = request.context.trace_id.as_str();
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(&error, exec, trace)));
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        cb(&error, exec, trace)
+                    }));
                 }
                 Ok(fail("driver_failed", "The agent turn driver failed.", true))
             }

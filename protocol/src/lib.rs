@@ -21,7 +21,7 @@ pub mod primitives;
 pub mod schema;
 pub mod wire;
 
-pub use codec::{FrameError, NdjsonCodec, DEFAULT_MAX_MESSAGE_BYTES};
+pub use codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, NdjsonCodec};
 pub use contract::*;
 pub use errors::{ErrorKind, RpcErrorCode};
 pub use execution::*;

@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sharedos_plugin_sdk::protocol::{RuntimeTurnRequest, canonical_json};
 use sharedos_plugin_sdk::{
-    AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError, RuntimePlugin, Signal,
-    StandardRuntimeOptions, create_standard_runtime,
+    AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError,
+    RuntimePlugin, Signal, StandardRuntimeOptions, create_standard_runtime,
 };
 
 /// Why a transcript was refused.
@@ -48,12 +48,18 @@ impl TranscriptDriver {
             Value::Array(entries) if !entries.is_empty() => {
                 for (i, e) in entries.iter().enumerate() {
                     if e.get("type").and_then(Value::as_str).is_none() {
-                        return Err(TranscriptError(format!("transcript[{i}]: each decision needs a \"type\"")));
+                        return Err(TranscriptError(format!(
+                            "transcript[{i}]: each decision needs a \"type\""
+                        )));
                     }
                 }
-                Ok(Self { entries: Arc::new(entries) })
+                Ok(Self {
+                    entries: Arc::new(entries),
+                })
             }
-            _ => Err(TranscriptError("the transcript must be a non-empty JSON array of decisions".into())),
+            _ => Err(TranscriptError(
+                "the transcript must be a non-empty JSON array of decisions".into(),
+            )),
         }
     }
 }
@@ -78,7 +84,11 @@ struct TranscriptSession {
 
 #[async_trait]
 impl AgentTurnDriver for TranscriptDriver {
-    async fn open(&self, request: &RuntimeTurnRequest, _signal: Signal) -> Result<Box<dyn AgentTurnSession>, DriverError> {
+    async fn open(
+        &self,
+        request: &RuntimeTurnRequest,
+        _signal: Signal,
+    ) -> Result<Box<dyn AgentTurnSession>, DriverError> {
         Ok(Box::new(TranscriptSession {
             entries: self.entries.clone(),
             cursor: 0,
@@ -97,7 +107,11 @@ impl AgentTurnSession for TranscriptSession {
         Some(self.prompt_hash.clone())
     }
 
-    async fn next(&mut self, input: AgentTurnInput, _signal: Signal) -> Result<AgentTurnDecision, DriverError> {
+    async fn next(
+        &mut self,
+        input: AgentTurnInput,
+        _signal: Signal,
+    ) -> Result<AgentTurnDecision, DriverError> {
         if let AgentTurnInput::ToolResult(r) = input {
             let mut summary = json!({"tool": r.tool().as_str(), "status": r.status().as_str()});
             match r.output() {
@@ -107,15 +121,19 @@ impl AgentTurnSession for TranscriptSession {
             self.results.push(summary);
         }
         let Some(entry) = self.entries.get(self.cursor).cloned() else {
-            return Err(DriverError::InvalidDecision("the transcript ran out of decisions".into()));
+            return Err(DriverError::InvalidDecision(
+                "the transcript ran out of decisions".into(),
+            ));
         };
         self.cursor += 1;
         let mut entry = entry;
         if entry["type"] == "tool_call"
             && let Some(call) = entry.get_mut("call").and_then(Value::as_object_mut)
         {
-            call.entry("id").or_insert_with(|| json!(format!("{}.{}", self.execution_id, self.cursor)));
-            call.entry("traceId").or_insert_with(|| json!(self.trace_id));
+            call.entry("id")
+                .or_insert_with(|| json!(format!("{}.{}", self.execution_id, self.cursor)));
+            call.entry("traceId")
+                .or_insert_with(|| json!(self.trace_id));
             call.entry("requestedAt").or_insert_with(|| json!(self.now));
             call.entry("arguments").or_insert_with(|| json!({}));
         }
@@ -129,7 +147,9 @@ impl AgentTurnSession for TranscriptSession {
 /// The standard runtime with this transcript seated.
 pub fn plugin(transcript: Value) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
     let driver = TranscriptDriver::new(transcript)?;
-    Ok(create_standard_runtime(StandardRuntimeOptions::new(Arc::new(driver))))
+    Ok(create_standard_runtime(StandardRuntimeOptions::new(
+        Arc::new(driver),
+    )))
 }
 
 #[cfg(test)]
@@ -148,7 +168,10 @@ mod tests {
     fn prompt_hash_is_64_hex() {
         let h = prompt_hash(None, &json!({"b": 1, "a": 2}));
         assert_eq!(h.len(), 64);
-        assert!(h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(
+            h.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         assert_eq!(h, prompt_hash(None, &json!({"a": 2, "b": 1})));
     }
 }
