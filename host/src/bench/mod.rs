@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub mod envelope;
+pub mod fixture;
+
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
 pub struct Figure {
@@ -88,4 +91,56 @@ pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result
     drop(stdin);
     let _ = child.wait();
     Ok(Figure::from_samples("(a) raw NDJSON round trip, two processes (floor)", samples))
+}
+
+/// `sharedos bench`: every figure, printed with its ratio to the baseline
+/// measured in the same run.
+pub async fn run(iterations: usize) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sharedos bench: cannot find its own binary: {e}");
+            return 2;
+        }
+    };
+    println!("sharedos bench — {iterations} iterations per round-trip figure");
+    let floor = tokio::task::spawn_blocking({
+        let exe = exe.clone();
+        move || ndjson_floor(&exe, iterations)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()));
+    let floor = match floor {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("sharedos bench: the floor measurement failed: {e}");
+            return 1;
+        }
+    };
+    println!("{}", floor.line());
+    let mut failed = false;
+    match (envelope::inprocess_calls(iterations).await, envelope::kernel_direct(iterations).await) {
+        (Ok(b), Ok(k)) => {
+            println!("{}", b.line());
+            println!("{}", k.line());
+            println!(
+                "    envelope overhead per call: {:.1} µs (median {:.2}× the direct kernel call)",
+                b.median_us - k.median_us,
+                b.median_us / k.median_us.max(1e-9)
+            );
+        }
+        (b, k) => {
+            eprintln!("sharedos bench: in-process envelope: {:?} / {:?}", b.err(), k.err());
+            failed = true;
+        }
+    }
+    match envelope::inprocess_emits(iterations * 50).await {
+        Ok(rate) => println!("{:<58} {:>10.0} emits/s", "(e) emits through the envelope, plugin in process", rate),
+        Err(e) => {
+            eprintln!("sharedos bench: emits: {e}");
+            failed = true;
+        }
+    }
+    if failed { 1 } else { 0 }
 }

@@ -1,0 +1,178 @@
+//! The benchmark fixture: a kernel with one no-op tool and the grants to
+//! use it, a request for it, and an in-process plugin that times its own
+//! calls and emits.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sharedos_kernel::{
+    Capability, ConfigGrantSource, Grant, HandlerAnswer, Kernel, MemoryAuditSink, Scope, ToolError, ToolHandler,
+};
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
+use sharedos_protocol::{
+    AccessContext, Address, CapabilityRequirement, ExecutionOptions, ExecutionRequest, MessageEnvelope, ReadWrite,
+    ResourceRef, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ShortName, Timestamp, ToolCall,
+    ToolDefinition, ToolResult, Version, ident,
+};
+use tokio_util::sync::CancellationToken;
+
+pub const NOOP_TOOL: &str = "bench.noop";
+
+/// `bench.noop`: a read that answers `null`.
+pub fn noop_definition() -> ToolDefinition {
+    ToolDefinition {
+        name: ident(NOOP_TOOL),
+        description: sharedos_protocol::Description::new("Does nothing; for measuring the envelope.")
+            .unwrap_or_else(|_| unreachable!()),
+        namespace: ident("bench"),
+        source: ident("sharedos.bench"),
+        read_write: ReadWrite::Read,
+        input_schema: json!({"type": "object"}).as_object().cloned().unwrap_or_default(),
+        output_schema: None,
+        required_capability: CapabilityRequirement {
+            resource: ResourceRef { namespace: ident("bench"), path: vec![], owner: None },
+            action: ShortName::new("invoke").unwrap_or_else(|_| unreachable!()),
+        },
+        annotations: None,
+        metadata: None,
+    }
+}
+
+struct Noop;
+
+#[async_trait]
+impl ToolHandler for Noop {
+    async fn invoke(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+        _abort: CancellationToken,
+    ) -> Result<HandlerAnswer, ToolError> {
+        Ok(ToolResult::succeeded(call, Value::Null, context.now.clone()).into())
+    }
+}
+
+fn agent() -> Address {
+    Address::Agent { agent_id: ident("bench-agent") }
+}
+
+fn grant(id: &str, namespace: &str, path: &[&str], action: &str) -> Grant {
+    Grant {
+        id: ident(id),
+        subject: agent(),
+        issuer: Address::Service { service_id: ident("bench-host") },
+        namespace_id: ident("bench"),
+        capabilities: vec![Capability {
+            namespace: ident(namespace),
+            path: path.iter().map(|s| sharedos_protocol::PathSegment::new(s).unwrap_or_else(|_| unreachable!())).collect(),
+            owner: None,
+            scope: Scope::Descendants,
+            actions: vec![ShortName::new(action).unwrap_or_else(|_| unreachable!())],
+        }],
+        max_uses: None,
+        not_before: None,
+        expires_at: None,
+        revoked: false,
+        constraints: None,
+    }
+}
+
+/// A kernel with `bench.noop` and the grants to admit the turn and call it,
+/// auditing into memory (the envelope is measured, not the disk).
+pub fn kernel() -> Kernel {
+    let grants = vec![
+        grant("bench-admission", "sharedos.execution", &["agent", "bench-agent"], "invoke"),
+        grant("bench-noop", "bench", &[], "invoke"),
+    ];
+    let builder = Kernel::builder(Arc::new(ConfigGrantSource::new(grants)), Arc::new(MemoryAuditSink::new()));
+    match builder.tool(noop_definition(), Arc::new(Noop)) {
+        Ok(b) => b.build(),
+        Err(e) => unreachable!("the bench tool registers: {e}"),
+    }
+}
+
+/// The context of a bench turn.
+pub fn context() -> AccessContext {
+    AccessContext {
+        namespace_id: ident("bench"),
+        actor: agent(),
+        authority: Address::Service { service_id: ident("bench-host") },
+        owner: Address::Human { user_id: ident("bench-owner") },
+        purpose: sharedos_protocol::Purpose::new("benchmark").unwrap_or_else(|_| unreachable!()),
+        trace_id: ident("bench-trace"),
+        enabled_tool_namespaces: vec![ident("bench")],
+        now: Timestamp::now(),
+    }
+}
+
+/// A request for one bench turn; `payload` tells the plugin what to do.
+pub fn request(execution_id: &str, payload: Value) -> ExecutionRequest {
+    let context = context();
+    ExecutionRequest {
+        version: Version::V1,
+        execution_id: ident(execution_id),
+        agent: agent(),
+        message: MessageEnvelope {
+            version: Version::V1,
+            id: ident("bench-message"),
+            sender: context.owner.clone(),
+            receiver: agent(),
+            purpose: context.purpose.clone(),
+            payload,
+            trace_id: context.trace_id.clone(),
+            created_at: context.now.clone(),
+            reply_to: None,
+            provenance: None,
+        },
+        context,
+        tools: vec![noop_definition()],
+        state: None,
+        options: Some(ExecutionOptions { max_steps: Some(1000), max_tool_calls: Some(10_000), timeout_ms: Some(600_000) }),
+        metadata: None,
+    }
+}
+
+/// An in-process plugin that does what its payload says and times it:
+/// `{"calls": n}` calls `bench.noop` n times and returns each call's
+/// nanoseconds; `{"emits": n}` emits n events and returns the total.
+pub struct TimingPlugin;
+
+#[async_trait]
+impl RuntimePlugin for TimingPlugin {
+    fn manifest(&self) -> RuntimeManifest {
+        RuntimeManifest::new("sharedos.bench", env!("CARGO_PKG_VERSION")).unwrap_or_else(|_| unreachable!())
+    }
+
+    async fn run(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        _abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        let payload = &request.message.payload;
+        let calls = payload.get("calls").and_then(Value::as_u64).unwrap_or(0);
+        let emits = payload.get("emits").and_then(Value::as_u64).unwrap_or(0);
+        let mut samples = Vec::with_capacity(calls as usize);
+        for i in 0..calls {
+            let call = ToolCall {
+                id: ident(&format!("c{i}")),
+                tool: ident(NOOP_TOOL),
+                arguments: Default::default(),
+                trace_id: request.context.trace_id.clone(),
+                requested_at: request.context.now.clone(),
+            };
+            let t = Instant::now();
+            host.invoke_tool(call, None).await.map_err(|e| RuntimeError::Failed(e.to_string()))?;
+            samples.push(t.elapsed().as_nanos() as u64);
+        }
+        let t = Instant::now();
+        for i in 0..emits {
+            host.emit(RuntimeEvent { kind: ident("bench.tick"), data: json!(i) })
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        }
+        let emit_ns = t.elapsed().as_nanos() as u64;
+        Ok(RuntimeTurnOutcome::complete(json!({"callNs": samples, "emitNs": emit_ns, "emits": emits})))
+    }
+}
