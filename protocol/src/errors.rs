@@ -100,6 +100,8 @@ impl ErrorKind {
             ErrorKind::MessageTooLarge => "message_too_large",
         }
     }
+    // Returns an Option (an unknown kind is not an error to report), so not `FromStr`.
+    #[allow(clippy::should_implement_trait)]
     pub fn from_str(kind: &str) -> Option<Self> {
         serde_json::from_value(serde_json::Value::String(kind.to_owned())).ok()
     }
