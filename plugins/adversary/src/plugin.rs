@@ -91,3 +91,131 @@ impl RuntimePlugin for AdversaryPlugin {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use sharedos_plugin_sdk::{HostCallError, RuntimeLimits, SignalSource, ToolCall, ToolResult};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct RecordingHost {
+        events: Mutex<Vec<RuntimeEvent>>,
+    }
+
+    #[async_trait]
+    impl RuntimeHost for RecordingHost {
+        fn limits(&self) -> RuntimeLimits {
+            RuntimeLimits {
+                max_steps: 1,
+                max_tool_calls: 0,
+                timeout_ms: 10_000,
+            }
+        }
+        async fn invoke_tool(
+            &self,
+            _: ToolCall,
+            _: Option<u64>,
+        ) -> Result<ToolResult, HostCallError> {
+            Err(HostCallError::closed())
+        }
+        fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
+            self.events.lock().unwrap().push(event);
+            Ok(())
+        }
+        fn annotate(&self, _: &str, _: Value) -> Result<(), HostCallError> {
+            Ok(())
+        }
+        fn draining(&self) -> Signal {
+            Signal::never()
+        }
+    }
+
+    fn request(payload: Value) -> RuntimeTurnRequest {
+        let agent = json!({ "kind": "agent", "agentId": "adversary" });
+        serde_json::from_value(json!({
+            "version": "1",
+            "executionId": "e1",
+            "agent": agent,
+            "context": {
+                "actor": agent, "owner": agent, "namespaceId": "ns", "purpose": "sandbox test",
+                "traceId": "t1", "now": "2026-01-01T00:00:00Z",
+                "reach": { "status": "unavailable", "reasonCode": "test" }
+            },
+            "message": {
+                "version": "1", "id": "m1", "sender": agent, "receiver": agent, "purpose": "sandbox test",
+                "payload": payload, "traceId": "t1", "createdAt": "2026-01-01T00:00:00Z"
+            },
+            "tools": []
+        }))
+        .expect("a valid turn request")
+    }
+
+    #[tokio::test]
+    async fn each_receipt_is_emitted_and_summarised() {
+        let host = Arc::new(RecordingHost::default());
+        let abort = SignalSource::new();
+        let payload =
+            json!({ "bait": { "cleanup": true }, "only": ["C10", "c12-bind-tcp-listener", "C62"] });
+        let outcome = AdversaryPlugin
+            .run(request(payload), host.clone(), abort.signal())
+            .await
+            .expect("the turn completes");
+        let events = host.events.lock().unwrap();
+        let attacks: Vec<&str> = events
+            .iter()
+            .map(|e| e.data["attack"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            attacks,
+            [
+                "C10-ipv6-socket",
+                "C12-bind-tcp-listener",
+                "C62-race-sandbox-setup"
+            ]
+        );
+        for e in events.iter() {
+            assert_eq!(e.kind.as_str(), ATTACK_EVENT);
+            let keys: Vec<&String> = e.data.as_object().unwrap().keys().collect();
+            assert_eq!(keys.len(), 4, "{keys:?}");
+        }
+        let RuntimeTurnOutcome::Complete { output, .. } = outcome else {
+            panic!("not complete: {outcome:?}")
+        };
+        assert_eq!(output["summary"]["attacks"], 3);
+        assert_eq!(output["summary"]["notAttempted"], 1);
+        assert_eq!(output["receipts"].as_array().unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_raised_abort_stops_before_the_next_attempt() {
+        let host = Arc::new(RecordingHost::default());
+        let abort = SignalSource::new();
+        abort.raise();
+        let outcome = AdversaryPlugin
+            .run(
+                request(json!({ "only": "C10" })),
+                host.clone(),
+                abort.signal(),
+            )
+            .await
+            .unwrap();
+        assert!(host.events.lock().unwrap().is_empty());
+        let RuntimeTurnOutcome::Complete { output, .. } = outcome else {
+            panic!()
+        };
+        assert_eq!(output["summary"]["attacks"], 0);
+    }
+
+    #[test]
+    fn payload_errors_are_reported() {
+        assert!(parse_payload(&json!({ "bait": { "tcp_port": "not a port" } })).is_err());
+        assert!(parse_payload(&json!({ "only": 42 })).is_err());
+        let (bait, sel) = parse_payload(&json!({})).unwrap();
+        assert_eq!(bait, Bait::default());
+        assert_eq!(sel, Selection::Default);
+        assert!(Selection::Only(vec!["C99".into()]).attacks().is_err());
+    }
+}

@@ -80,7 +80,7 @@ pub fn c54_tiocsti(_: &Bait) -> Receipt {
         libc::syscall(
             libc::SYS_ioctl,
             fd,
-            libc::TIOCSTI as u64 | 1 << 32,
+            libc::TIOCSTI | 1 << 32,
             &ch as *const u8,
         )
     };

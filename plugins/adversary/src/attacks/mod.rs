@@ -411,3 +411,51 @@ pub fn select(selectors: &[String]) -> Result<Vec<&'static Attack>, String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C number of an id: `C44a` → 44.
+    fn number(id: &str) -> u32 {
+        id[1..]
+            .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .parse()
+            .expect("a C number")
+    }
+
+    #[test]
+    fn the_catalogue_covers_all_62_rows_once_per_id() {
+        let mut ids: Vec<&str> = CATALOGUE.iter().map(|a| a.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), CATALOGUE.len(), "duplicate ids");
+        let mut rows: Vec<u32> = CATALOGUE.iter().map(|a| number(a.id)).collect();
+        rows.dedup();
+        rows.sort();
+        rows.dedup();
+        assert_eq!(rows, (1..=62).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn what_hangs_or_exhausts_is_selectable_only() {
+        for a in CATALOGUE {
+            let n = number(a.id);
+            let must_select = a.then.is_some() || (30..=45).contains(&n) || n == 25;
+            assert_eq!(a.selectable_only, must_select, "{}", a.label());
+        }
+    }
+
+    #[test]
+    fn selection_matches_ids_and_labels() {
+        let got = select(&["c42".into(), "C07-hard-link-host-file".into()]).unwrap();
+        assert_eq!(got.iter().map(|a| a.id).collect::<Vec<_>>(), ["C42", "C07"]);
+        assert!(select(&["C41".into()]).unwrap()[0].id == "C41");
+        assert!(select(&["nope".into()]).is_err());
+    }
+
+    #[test]
+    fn the_victim_is_killed_last() {
+        assert_eq!(default_sequence().last().map(|a| a.id), Some("C24"));
+    }
+}
