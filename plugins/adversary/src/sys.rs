@@ -180,9 +180,17 @@ pub fn workspace(bait_ws: Option<&Path>) -> std::path::PathBuf {
         .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| ".".into()))
 }
 
-/// A name unique to this process, for files the attacks create.
+/// A name unique to this attempt, for files the attacks create. The pid
+/// alone is not enough: inside a pid namespace every plugin is pid 2.
 pub fn unique(stem: &str) -> String {
-    format!("sharedos-adversary-{stem}-{}", std::process::id())
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "sharedos-adversary-{stem}-{}-{nanos:09}",
+        std::process::id()
+    )
 }
 
 /// Makes a forked process a quiet daemon body: named `comm` (for the host

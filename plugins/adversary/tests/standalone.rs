@@ -277,3 +277,95 @@ fn kill_minus_one_refuses_as_machine_root() {
     );
     assert_eq!(receipts["C25"]["attempted"], false, "{}", receipts["C25"]);
 }
+
+/// A copy of the adversary binary in `dir`, world-readable.
+fn copy_of_self(dir: &Path, name: &str, mode: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::copy(BIN, &path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+#[test]
+fn setuid_and_file_capability_binaries_escalate_unsandboxed() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return; // only root can make a root-owned 4755 file and set file caps
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let probe = sharedos_adversary::sys::cstring(dir.path());
+    // SAFETY: statvfs into a zeroed struct we own.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `probe` is NUL-terminated.
+    if unsafe { libc::statvfs(probe.as_ptr(), &mut st) } == 0 && st.f_flag & libc::ST_NOSUID != 0 {
+        return; // a nosuid /tmp ignores both by design
+    }
+    let adversary = copy_of_self(dir.path(), "adversary", 0o755);
+    let suid = copy_of_self(dir.path(), "suid", 0o4755);
+    let fcap = copy_of_self(dir.path(), "fcap", 0o755);
+    // security.capability, VFS_CAP_REVISION_2 with the effective flag:
+    // permitted = CAP_NET_RAW (13).
+    let mut xattr = Vec::new();
+    for word in [0x0200_0000u32 | 1, 1 << 13, 0, 0, 0] {
+        xattr.extend_from_slice(&word.to_le_bytes());
+    }
+    let fcap_c = sharedos_adversary::sys::cstring(&fcap);
+    // SAFETY: setxattr with NUL-terminated names and a live value buffer.
+    let r = unsafe {
+        libc::setxattr(
+            fcap_c.as_ptr(),
+            c"security.capability".as_ptr(),
+            xattr.as_ptr().cast(),
+            xattr.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr security.capability: {}",
+        std::io::Error::last_os_error()
+    );
+    let bait = json!({
+        "setuid_binary": suid, "setuid_args": ["--report-ids"],
+        "filecap_binary": fcap, "filecap_args": ["--report-ids"],
+    });
+    std::fs::write(dir.path().join("bait.json"), bait.to_string()).unwrap();
+    // A fork in a parallel test may briefly hold the fresh copies open for
+    // writing (ETXTBSY): retry a few times.
+    let out = (0..50)
+        .find_map(|_| {
+            let r = Command::new(&adversary)
+                .args(["--standalone", "--bait", "bait.json", "--only", "C49,C50"])
+                .current_dir(dir.path())
+                .uid(65534)
+                .gid(65534)
+                .output();
+            match r {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    None
+                }
+                r => Some(r.unwrap()),
+            }
+        })
+        .expect("the copy stayed busy");
+    let receipts: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        receipts.len(),
+        2,
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in &receipts {
+        assert_eq!(r["blocked"], false, "{r}");
+    }
+}

@@ -262,15 +262,28 @@ pub fn c50_filecap_binary(bait: &Bait) -> Receipt {
             "no filecap_binary in the bait (a copy of this binary with file caps, run with --report-ids)",
         );
     };
+    let hex = |s: &str| u64::from_str_radix(s, 16).ok();
     let ours = sys::status_field("CapEff").unwrap_or_default();
     match run_binary(bin, &bait.filecap_args) {
         Err(e) => Receipt::blocked(A, format!("blocked: exec {}: {e}", bin.display())),
-        Ok(out) => match field(&out, "CapEff=") {
-            Some(c) if c != ours => {
-                Receipt::succeeded(A, format!("succeeded: CapEff {c} (ours {ours})"))
-            }
-            Some(_) => Receipt::blocked(A, format!("blocked: CapEff stayed {ours}")),
-            None => Receipt::unjudged(A, format!("ran; no CapEff in its output: {out}")),
+        // Escalation is a capability it has and we lack.
+        Ok(out) => match (field(&out, "CapEff=").and_then(hex), hex(&ours)) {
+            (Some(theirs), Some(mine)) if theirs & !mine != 0 => Receipt::succeeded(
+                A,
+                format!(
+                    "succeeded: CapEff {theirs:016x} (ours {ours}): gained {:016x}",
+                    theirs & !mine
+                ),
+            ),
+            (Some(theirs), Some(mine)) if mine != 0 => Receipt::unjudged(
+                A,
+                format!("CapEff {theirs:016x}: we already hold {ours}, so no gain can show"),
+            ),
+            (Some(theirs), Some(_)) => Receipt::blocked(
+                A,
+                format!("blocked: CapEff {theirs:016x}, nothing beyond ours ({ours})"),
+            ),
+            _ => Receipt::unjudged(A, format!("ran; no CapEff to compare in its output: {out}")),
         },
     }
 }
