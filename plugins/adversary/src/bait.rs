@@ -53,6 +53,9 @@ pub struct Bait {
     pub host_pid: Option<i32>,
     /// An fd number the host had open when it spawned the plugin (C27).
     pub inherited_fd: Option<i32>,
+    /// What that fd pointed to in the host (`/proc/self/fd/N`'s link: a
+    /// path, `socket:[ino]`, `pipe:[ino]`); makes the C27 verdict exact.
+    pub inherited_fd_target: Option<String>,
     /// Env var names set in the host that must not be visible (C28).
     pub secret_env_names: Vec<String>,
     /// A SysV shm key created by the host (C56).

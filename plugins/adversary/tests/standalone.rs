@@ -123,19 +123,27 @@ fn the_default_sequence_works_unsandboxed() {
     let inherited = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&held)) };
     assert!(inherited > 2);
 
+    // A SysV segment of the host's, removed at the end.
+    let shm_key = 0x5d05_0000 | (std::process::id() as i32 & 0xffff);
+    // SAFETY: shmget with integer arguments.
+    let shm_id = unsafe { libc::shmget(shm_key, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) };
+    assert!(shm_id >= 0, "shmget: {}", std::io::Error::last_os_error());
+
     let mut victim = Command::new("sleep").arg("30").spawn().expect("a victim");
     let bait = json!({
         "secret_path": secret, "workspace": ws, "cleanup": true,
         "host_tmp_path": secret, "devshm_path": devshm,
         "tcp_port": tcp_port, "udp_port": udp_port,
         "unix_path": unix_path, "abstract_name": abstract_name,
-        "victim_pid": victim.id(), "inherited_fd": inherited,
-        "secret_env_names": ["SHAREDOS_ADVERSARY_TEST_TOKEN"],
+        "victim_pid": victim.id(), "inherited_fd": inherited, "inherited_fd_target": secret,
+        "secret_env_names": ["SHAREDOS_ADVERSARY_TEST_TOKEN"], "shm_key": shm_key,
     });
     let (receipts, _) = run(&bait, &[], &ws, &[("SHAREDOS_ADVERSARY_TEST_TOKEN", "x")]);
     // SAFETY: closing our own dup.
     unsafe { libc::close(inherited) };
     std::fs::remove_file(&devshm).ok();
+    // SAFETY: removing the segment made above.
+    unsafe { libc::shmctl(shm_id, libc::IPC_RMID, std::ptr::null_mut()) };
 
     let listed = Command::new(BIN).arg("--list").output().unwrap();
     let defaults = String::from_utf8(listed.stdout)
@@ -155,7 +163,7 @@ fn the_default_sequence_works_unsandboxed() {
         &receipts,
         &[
             "C01", "C02", "C05", "C06", "C07", "C08", "C09", "C10", "C12", "C13", "C14", "C19",
-            "C20", "C21", "C22", "C23", "C24", "C26", "C27", "C28", "C57",
+            "C20", "C21", "C22", "C23", "C24", "C26", "C27", "C28", "C56", "C57",
         ],
     );
     // Confirmed from the host side, as the sandboxed tests will.

@@ -61,13 +61,34 @@ pub fn c27_inherited_fds(bait: &Bait) -> Receipt {
     let target = std::fs::read_link(format!("/proc/self/fd/{fd}"))
         .map(|t| t.display().to_string())
         .unwrap_or_else(|_| "?".into());
-    // Our own runtime's fds (epoll, eventfd, pipes) may reuse the number.
-    if target.starts_with("anon_inode:") {
+    let fds = listed.join(", ");
+    // The host said what its fd pointed to: that decides.
+    if let Some(expected) = &bait.inherited_fd_target {
+        return if target == *expected {
+            Receipt::succeeded(
+                A,
+                format!("succeeded: fd {fd} -> {target} is the host's; fds above 2: [{fds}]"),
+            )
+        } else {
+            Receipt::blocked(
+                A,
+                format!(
+                    "blocked: fd {fd} -> {target}, not the host's {expected}; fds above 2: [{fds}]"
+                ),
+            )
+        };
+    }
+    // Our own runtime's fds (epoll, eventfd, a dup of our stdio) may reuse
+    // the number.
+    let stdio: Vec<String> = (0..=2)
+        .filter_map(|n| std::fs::read_link(format!("/proc/self/fd/{n}")).ok())
+        .map(|t| t.display().to_string())
+        .collect();
+    if target.starts_with("anon_inode:") || stdio.contains(&target) {
         return Receipt::unjudged(
             A,
             format!(
-                "fd {fd} is open but is {target}, likely this process's own; fds above 2: [{}]",
-                listed.join(", ")
+                "fd {fd} is open but is {target}, likely this process's own; fds above 2: [{fds}]"
             ),
         );
     }
@@ -81,10 +102,7 @@ pub fn c27_inherited_fds(bait: &Bait) -> Receipt {
     };
     Receipt::succeeded(
         A,
-        format!(
-            "succeeded: fd {fd} -> {target} is open, {read}; fds above 2: [{}]",
-            listed.join(", ")
-        ),
+        format!("succeeded: fd {fd} -> {target} is open, {read}; fds above 2: [{fds}]"),
     )
 }
 

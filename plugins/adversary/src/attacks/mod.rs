@@ -213,7 +213,12 @@ pub const CATALOGUE: &[Attack] = &[
         c26_pidfd_tricks,
         "victim_pid",
     ),
-    a("C27", "inherited-fds", c27_inherited_fds, "inherited_fd"),
+    a(
+        "C27",
+        "inherited-fds",
+        c27_inherited_fds,
+        "inherited_fd, inherited_fd_target",
+    ),
     a(
         "C28",
         "env-credential-leak",
