@@ -349,23 +349,45 @@ pub fn c55_hostname_and_time(bait: &Bait) -> Receipt {
     } else {
         format!("sethostname: {}", describe_errno(sys::errno()))
     };
-    // Set the clock to the time just read: a real settime, a step of a
-    // few microseconds at most where it is allowed.
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+    // settimeofday(NULL, NULL) makes the kernel's CAP_SYS_TIME check and
+    // changes nothing. Only where it is refused is clock_settime tried, set
+    // to the time just read (a step of microseconds at most, and only
+    // where a filter forgot clock_settime while the capability is there).
+    // SAFETY: settimeofday with two null pointers.
+    let s = unsafe {
+        libc::syscall(
+            libc::SYS_settimeofday,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+        )
     };
-    // SAFETY: clock_gettime/clock_settime on a live timespec.
-    let t = unsafe {
-        libc::clock_gettime(libc::CLOCK_REALTIME, &mut now);
-        libc::clock_settime(libc::CLOCK_REALTIME, &now)
-    };
-    let time_obs = if t == 0 {
-        "clock_settime ok".to_owned()
+    let (time_ok, time_obs) = if s == 0 {
+        (
+            true,
+            "settimeofday permitted (nothing changed); clock_settime not tried".to_owned(),
+        )
     } else {
-        format!("clock_settime: {}", describe_errno(sys::errno()))
+        let s_err = describe_errno(sys::errno());
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime/clock_settime on a live timespec.
+        let t = unsafe {
+            libc::clock_gettime(libc::CLOCK_REALTIME, &mut now);
+            libc::clock_settime(libc::CLOCK_REALTIME, &now)
+        };
+        if t == 0 {
+            (true, format!("settimeofday: {s_err}; clock_settime ok"))
+        } else {
+            let t_err = describe_errno(sys::errno());
+            (
+                false,
+                format!("settimeofday: {s_err}; clock_settime: {t_err}"),
+            )
+        }
     };
-    let worked = h == 0 || t == 0;
+    let worked = h == 0 || time_ok;
     let verdict = if worked { "succeeded" } else { "blocked" };
     Receipt::judged(
         A,
