@@ -189,6 +189,28 @@ mod tests {
         assert_eq!(output["receipts"].as_array().unwrap().len(), 3);
     }
 
+    /// The default sequence from a multi-threaded runtime: the probes that
+    /// fork do so off a tokio blocking thread. C54 is left out: it would
+    /// type into the terminal of whoever runs the tests.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_default_sequence_runs_inside_a_turn() {
+        let host = Arc::new(RecordingHost::default());
+        let ids: Vec<&str> = crate::attacks::default_sequence()
+            .map(|a| a.id)
+            .filter(|id| *id != "C54")
+            .collect();
+        let payload = json!({ "bait": { "cleanup": true }, "only": ids });
+        let outcome = AdversaryPlugin
+            .run(request(payload), host.clone(), Signal::never())
+            .await
+            .unwrap();
+        let RuntimeTurnOutcome::Complete { output, .. } = outcome else {
+            panic!()
+        };
+        assert_eq!(host.events.lock().unwrap().len(), ids.len());
+        assert_eq!(output["summary"]["attacks"], ids.len());
+    }
+
     #[tokio::test]
     async fn a_raised_abort_stops_before_the_next_attempt() {
         let host = Arc::new(RecordingHost::default());

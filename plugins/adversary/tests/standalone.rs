@@ -41,16 +41,24 @@ fn run(
 ) -> (HashMap<String, Value>, Vec<u8>) {
     let bait_path = cwd.join("bait.json");
     std::fs::write(&bait_path, bait.to_string()).unwrap();
-    let out = Command::new(BIN)
-        .arg("--standalone")
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--standalone")
         .arg("--bait")
         .arg(&bait_path)
         .args(args)
         .current_dir(cwd)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .expect("the adversary runs");
+        .envs(env.iter().copied());
+    cmd.stdin(Stdio::null());
+    // A new session without a controlling terminal, so that C54 cannot type
+    // into the terminal of whoever runs the tests.
+    // SAFETY: setsid is async-signal-safe and touches no shared state.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::setsid();
+            Ok(())
+        })
+    };
+    let out = cmd.output().expect("the adversary runs");
     assert!(
         out.status.success(),
         "exit {:?}, stderr: {}",
