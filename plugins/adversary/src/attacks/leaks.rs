@@ -1,0 +1,234 @@
+//! What the plugin was handed without asking: fds, environment,
+//! credentials, capabilities (sandbox.md C27–C29, C60).
+
+use std::path::PathBuf;
+
+use crate::bait::Bait;
+use crate::receipt::{Receipt, describe_errno, describe_io};
+use crate::sys;
+
+/// Suffixes and names of env vars that carry credentials (sandbox.md B.6).
+const SECRET_HINTS: &[&str] = &[
+    "_TOKEN",
+    "_KEY",
+    "SECRET",
+    "PASSWORD",
+    "AWS_",
+    "SSH_AUTH_SOCK",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "WSL_INTEROP",
+    "DOCKER_HOST",
+];
+
+pub fn c27_inherited_fds(bait: &Bait) -> Receipt {
+    const A: &str = "C27-inherited-fds";
+    let listed: Vec<String> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(d) => d
+            .flatten()
+            .filter_map(|e| {
+                let n: i32 = e.file_name().to_str()?.parse().ok()?;
+                let target = std::fs::read_link(e.path())
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default();
+                Some((n, target))
+            })
+            .filter(|(n, _)| *n > 2)
+            .map(|(n, t)| format!("{n}->{t}"))
+            .collect(),
+        Err(e) => vec![format!("/proc/self/fd: {}", describe_io(&e))],
+    };
+    let Some(fd) = bait.inherited_fd else {
+        return Receipt::unjudged(
+            A,
+            format!(
+                "no inherited_fd in the bait; fds above 2: [{}]",
+                listed.join(", ")
+            ),
+        );
+    };
+    // SAFETY: F_GETFD only queries the descriptor table.
+    let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+    if !open {
+        return Receipt::blocked(
+            A,
+            format!(
+                "blocked: fd {fd} is not open ({}); fds above 2: [{}]",
+                describe_errno(sys::errno()),
+                listed.join(", ")
+            ),
+        );
+    }
+    let target = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .map(|t| t.display().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let fds = listed.join(", ");
+    // The host said what its fd pointed to: that decides.
+    if let Some(expected) = &bait.inherited_fd_target {
+        return if target == *expected {
+            Receipt::succeeded(
+                A,
+                format!("succeeded: fd {fd} -> {target} is the host's; fds above 2: [{fds}]"),
+            )
+        } else {
+            Receipt::blocked(
+                A,
+                format!(
+                    "blocked: fd {fd} -> {target}, not the host's {expected}; fds above 2: [{fds}]"
+                ),
+            )
+        };
+    }
+    // Our own runtime's fds (epoll, eventfd, a dup of our stdio) may reuse
+    // the number.
+    let stdio: Vec<String> = (0..=2)
+        .filter_map(|n| std::fs::read_link(format!("/proc/self/fd/{n}")).ok())
+        .map(|t| t.display().to_string())
+        .collect();
+    if target.starts_with("anon_inode:") || stdio.contains(&target) {
+        return Receipt::unjudged(
+            A,
+            format!(
+                "fd {fd} is open but is {target}, likely this process's own; fds above 2: [{fds}]"
+            ),
+        );
+    }
+    let mut buf = [0u8; 64];
+    // SAFETY: reading into a live stack buffer of the given length.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let read = if n >= 0 {
+        format!("pread {n} bytes")
+    } else {
+        format!("pread {}", describe_errno(sys::errno()))
+    };
+    Receipt::succeeded(
+        A,
+        format!("succeeded: fd {fd} -> {target} is open, {read}; fds above 2: [{fds}]"),
+    )
+}
+
+pub fn c28_env_credentials(bait: &Bait) -> Receipt {
+    const A: &str = "C28-env-credential-leak";
+    let keys: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    let bait_hits: Vec<&String> = bait
+        .secret_env_names
+        .iter()
+        .filter(|n| keys.contains(n))
+        .collect();
+    let hinted: Vec<&String> = keys
+        .iter()
+        .filter(|k| SECRET_HINTS.iter().any(|h| k.contains(h)))
+        .collect();
+    let leaked = !bait_hits.is_empty();
+    let obs = format!(
+        "{} env vars; bait names visible {:?}; credential-like names {:?}",
+        keys.len(),
+        bait_hits,
+        hinted
+    );
+    if bait.secret_env_names.is_empty() {
+        return Receipt::judged(
+            A,
+            hinted.is_empty(),
+            format!(
+                "{}: {obs}",
+                if hinted.is_empty() {
+                    "blocked"
+                } else {
+                    "succeeded"
+                }
+            ),
+        );
+    }
+    Receipt::judged(
+        A,
+        !leaked,
+        format!("{}: {obs}", if leaked { "succeeded" } else { "blocked" }),
+    )
+}
+
+pub fn c29_vendor_credentials(bait: &Bait) -> Receipt {
+    const A: &str = "C29-vendor-cli-credentials";
+    let mut paths: Vec<PathBuf> = Vec::new();
+    if let Some(p) = &bait.vendor_credential_path {
+        paths.push(p.clone());
+    } else {
+        for home in bait.homes() {
+            paths.push(home.join(".codex/auth.json"));
+            paths.push(home.join(".claude/.credentials.json"));
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let home = PathBuf::from(home);
+        for rel in [".codex/auth.json", ".claude/.credentials.json"] {
+            let p = home.join(rel);
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+    }
+    let mut obs = Vec::new();
+    let mut leaked = false;
+    for p in &paths {
+        match sys::read_prefix(p, 64 * 1024) {
+            Ok(b) => {
+                leaked = true;
+                obs.push(format!("read {} ({} bytes)", p.display(), b.len()));
+            }
+            Err(e) => obs.push(format!("{}: {}", p.display(), describe_io(&e))),
+        }
+    }
+    let verdict = if leaked { "succeeded" } else { "blocked" };
+    Receipt::judged(A, !leaked, format!("{verdict}: {}", obs.join("; ")))
+}
+
+pub fn c60_capabilities_left(_: &Bait) -> Receipt {
+    const A: &str = "C60-capabilities-left";
+    // capget(2) works without /proc.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut hdr = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    }; // _LINUX_CAPABILITY_VERSION_3
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget with a v3 header and the two data structs it fills.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut Header, data.as_mut_ptr()) };
+    let eff = (u64::from(data[1].effective) << 32) | u64::from(data[0].effective);
+    let prm = (u64::from(data[1].permitted) << 32) | u64::from(data[0].permitted);
+    let field = |n: &str| sys::status_field(n).unwrap_or_else(|| "?".into());
+    let (bnd, amb, nnp, seccomp) = (
+        field("CapBnd"),
+        field("CapAmb"),
+        field("NoNewPrivs"),
+        field("Seccomp"),
+    );
+    let zero = |s: &str| s.trim_start_matches('0').is_empty();
+    let obs = if r == 0 {
+        format!(
+            "CapEff {eff:016x} CapPrm {prm:016x} CapBnd {bnd} CapAmb {amb} NoNewPrivs {nnp} Seccomp {seccomp}"
+        )
+    } else {
+        format!(
+            "capget: {}; CapBnd {bnd} CapAmb {amb}",
+            describe_errno(sys::errno())
+        )
+    };
+    let none_left = r == 0 && eff == 0 && prm == 0 && zero(&bnd) && zero(&amb);
+    Receipt::judged(
+        A,
+        none_left,
+        format!("{}: {obs}", if none_left { "blocked" } else { "succeeded" }),
+    )
+}
