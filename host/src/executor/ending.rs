@@ -2,7 +2,8 @@
 
 use serde_json::{Value, json};
 use sharedos_protocol::{
-    Escalation, ExecutionResult, ExecutionStatus, JsonObject, ProtocolError, RuntimeTurnOutcome, Timestamp, Version,
+    Escalation, ExecutionResult, ExecutionStatus, JsonObject, ProtocolError, RuntimeTurnOutcome,
+    Timestamp, Version,
 };
 
 use super::turn::Turn;
@@ -14,15 +15,21 @@ pub(crate) const INVALID_RUNTIME_OUTCOME: &str = "invalid_runtime_outcome";
 
 pub(crate) const MSG_RUNTIME_FAILED: &str = "The runtime plugin failed.";
 pub(crate) const MSG_CANCELLED: &str = "The turn was cancelled before it completed.";
-pub(crate) const MSG_AUDIT: &str = "The audit sink could not record a decision, so the turn was ended.";
-pub(crate) const MSG_INVALID_OUTCOME: &str = "The runtime returned an outcome that does not match the SharedOS v1 contract.";
-pub(crate) const MSG_ESCALATE_NOT_OFFERED: &str =
-    "The runtime ended the turn by escalation, but this turn's catalogue does not offer the affordance.";
-pub(crate) const MSG_ADMISSION: &str = "The access context does not grant permission to invoke this agent.";
+pub(crate) const MSG_AUDIT: &str =
+    "The audit sink could not record a decision, so the turn was ended.";
+pub(crate) const MSG_INVALID_OUTCOME: &str =
+    "The runtime returned an outcome that does not match the SharedOS v1 contract.";
+pub(crate) const MSG_ESCALATE_NOT_OFFERED: &str = "The runtime ended the turn by escalation, but this turn's catalogue does not offer the affordance.";
+pub(crate) const MSG_ADMISSION: &str =
+    "The access context does not grant permission to invoke this agent.";
 
 /// Metadata in the one merge order: the outcome's own, then the
 /// annotations, then `runtime`, which nothing a plugin says can replace.
-pub(crate) fn merge_metadata(outcome: Option<&JsonObject>, annotations: &[(String, Value)], runtime: &Value) -> JsonObject {
+pub(crate) fn merge_metadata(
+    outcome: Option<&JsonObject>,
+    annotations: &[(String, Value)],
+    runtime: &Value,
+) -> JsonObject {
     let mut m = JsonObject::new();
     if let Some(o) = outcome {
         for (k, v) in o {
@@ -61,7 +68,11 @@ impl Ending {
         Self {
             status: ExecutionStatus::Cancelled,
             output: None,
-            error: Some(ProtocolError::new(TURN_CANCELLED, MSG_CANCELLED, Some(retryable))),
+            error: Some(ProtocolError::new(
+                TURN_CANCELLED,
+                MSG_CANCELLED,
+                Some(retryable),
+            )),
             escalation: None,
             outcome_metadata: None,
         }
@@ -85,7 +96,11 @@ pub(crate) fn build(
     runtime: &Value,
     with_annotations: bool,
 ) -> ExecutionResult {
-    let annotations = if with_annotations { turn.annotations() } else { Vec::new() };
+    let annotations = if with_annotations {
+        turn.annotations()
+    } else {
+        Vec::new()
+    };
     ExecutionResult {
         version: Version::V1,
         execution_id: turn.execution_id.clone(),

@@ -35,7 +35,13 @@ impl EnvelopeHost {
 
     /// An envelope refusal: a `denied` result, its `tool.completed`, and the
     /// refusal recorded through the kernel (awaited, failure swallowed).
-    async fn refuse(&self, call: &ToolCall, step: Option<u64>, code: &str, cause: Option<&str>) -> ToolResult {
+    async fn refuse(
+        &self,
+        call: &ToolCall,
+        step: Option<u64>,
+        code: &str,
+        cause: Option<&str>,
+    ) -> ToolResult {
         let turn = &self.turn;
         let result = ToolResult::denied(call, code, Self::refusal_message(code), turn.now());
         let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
@@ -49,7 +55,11 @@ impl EnvelopeHost {
                 reason_code: code.to_owned(),
                 cause: cause.map(str::to_owned),
             };
-            if let Err(e) = turn.kernel.record_refused_call(&lease, &turn.context_now(), refused).await {
+            if let Err(e) = turn
+                .kernel
+                .record_refused_call(&lease, &turn.context_now(), refused)
+                .await
+            {
                 tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording an envelope refusal failed");
             }
         }
@@ -67,7 +77,11 @@ impl RuntimeHost for EnvelopeHost {
         self.turn.limits
     }
 
-    async fn invoke_tool(&self, call: ToolCall, step: Option<u64>) -> Result<ToolResult, HostCallError> {
+    async fn invoke_tool(
+        &self,
+        call: ToolCall,
+        step: Option<u64>,
+    ) -> Result<ToolResult, HostCallError> {
         let turn = self.turn.clone();
         // 1. A call after close or after the hard abort.
         if self.closed() {
@@ -76,7 +90,10 @@ impl RuntimeHost for EnvelopeHost {
         // 2–3. The call and step shapes are checked by their types (a
         // malformed call never reaches here: the wire answers -32602).
         // 4.
-        turn.push_event("tool.requested", Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step)));
+        turn.push_event(
+            "tool.requested",
+            Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step)),
+        );
         // 5. Draining.
         if turn.signals.soft_raised() {
             return Ok(self.refuse(&call, step, TURN_DRAINING, None).await);
@@ -88,7 +105,8 @@ impl RuntimeHost for EnvelopeHost {
             let step_over = match step {
                 Some(s) => {
                     let ok = s < max_steps
-                        && (budget.seen_steps.contains(&s) || (budget.seen_steps.len() as u64) < max_steps);
+                        && (budget.seen_steps.contains(&s)
+                            || (budget.seen_steps.len() as u64) < max_steps);
                     if ok {
                         budget.seen_steps.insert(s);
                     }
@@ -114,7 +132,9 @@ impl RuntimeHost for EnvelopeHost {
         // 9. Catalogue.
         let offered = lock(&turn.catalogue).iter().any(|d| d.name == call.tool);
         if !offered {
-            return Ok(self.refuse(&call, step, TOOL_UNAVAILABLE, Some("not_offered")).await);
+            return Ok(self
+                .refuse(&call, step, TOOL_UNAVAILABLE, Some("not_offered"))
+                .await);
         }
         // 10. Kernel. The bookkeeping is tied to the kernel's own work, run
         // as its own task, so a call the seat stopped waiting for still
@@ -134,7 +154,10 @@ impl RuntimeHost for EnvelopeHost {
         let work = tokio::spawn(async move {
             let _guard = guard;
             let turn = kernel_turn;
-            let outcome = turn.kernel.invoke_tool(&lease, &context, &kernel_call, token).await;
+            let outcome = turn
+                .kernel
+                .invoke_tool(&lease, &context, &kernel_call, token)
+                .await;
             let mut retry = lock(&turn.retry);
             if !repeatable {
                 retry.writes_with_kernel = retry.writes_with_kernel.saturating_sub(1);
@@ -144,8 +167,13 @@ impl RuntimeHost for EnvelopeHost {
                     retry.effect_possible |= !repeatable && result.status() != ToolStatus::Denied;
                 }
                 Err(err) => {
-                    let refused_for_outage = matches!(err, KernelError::AuditUnavailable { effect: AuditEffect::None, .. })
-                        && !turn.signals.hard_raised();
+                    let refused_for_outage = matches!(
+                        err,
+                        KernelError::AuditUnavailable {
+                            effect: AuditEffect::None,
+                            ..
+                        }
+                    ) && !turn.signals.hard_raised();
                     retry.effect_possible |= !repeatable && !refused_for_outage;
                 }
             }
@@ -179,15 +207,24 @@ impl RuntimeHost for EnvelopeHost {
                 ));
             }
             Err(KernelError::Interrupted | KernelError::Aborted) => {
-                return Err(HostCallError::new(ErrorKind::Cancelled, "The call was interrupted by the turn's abort."));
+                return Err(HostCallError::new(
+                    ErrorKind::Cancelled,
+                    "The call was interrupted by the turn's abort.",
+                ));
             }
             Err(KernelError::Failed(msg)) => {
                 tracing::warn!(execution_id = %turn.execution_id, error = %msg, "kernel port failed");
-                return Err(HostCallError::new(ErrorKind::Internal, "The kernel could not answer this call."));
+                return Err(HostCallError::new(
+                    ErrorKind::Internal,
+                    "The kernel could not answer this call.",
+                ));
             }
         };
         if result.call_id() != &call.id || result.tool() != &call.tool {
-            return Err(HostCallError::new(ErrorKind::Internal, "Kernel returned an invalid tool result"));
+            return Err(HostCallError::new(
+                ErrorKind::Internal,
+                "Kernel returned an invalid tool result",
+            ));
         }
         // 12. Check the host again.
         if self.closed() {

@@ -20,9 +20,10 @@ use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
 use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
 use sharedos_protocol::{
-    AccessContext, Address, ContractError, Escalation, EscalationStatus, ExecutionEvent, ExecutionRequest,
-    ExecutionResult, ExecutionStatus, Identifier, ReachResult, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
-    RuntimeTurnRequest, RuntimeVisibleContext, Timestamp, canonical_json,
+    AccessContext, Address, ContractError, Escalation, EscalationStatus, ExecutionEvent,
+    ExecutionRequest, ExecutionResult, ExecutionStatus, Identifier, ReachResult, RuntimeLimits,
+    RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, RuntimeVisibleContext, Timestamp,
+    canonical_json,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -57,7 +58,9 @@ impl IdSource {
         Self(Arc::new(f))
     }
     pub(crate) fn next(&self) -> Identifier {
-        Identifier::new((self.0)()).unwrap_or_else(|_| Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!()))
+        Identifier::new((self.0)()).unwrap_or_else(|_| {
+            Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!())
+        })
     }
 }
 
@@ -152,7 +155,11 @@ pub trait SeatReports: Send + Sync {
 
 impl Seat {
     pub fn in_process(plugin: Arc<dyn RuntimePlugin>) -> Self {
-        Self { manifest: plugin.manifest(), plugin, reports: None }
+        Self {
+            manifest: plugin.manifest(),
+            plugin,
+            reports: None,
+        }
     }
 }
 
@@ -171,22 +178,38 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub fn new(kernel: Arc<dyn TurnKernel>, seat: Seat, options: ExecutorOptions) -> Result<Self, ExecutorError> {
+    pub fn new(
+        kernel: Arc<dyn TurnKernel>,
+        seat: Seat,
+        options: ExecutorOptions,
+    ) -> Result<Self, ExecutorError> {
         if options.drain_grace_ms > MAX_TIMEOUT_MS {
-            return Err(ExecutorError(format!("drainGraceMs must be between 0 and {MAX_TIMEOUT_MS}")));
+            return Err(ExecutorError(format!(
+                "drainGraceMs must be between 0 and {MAX_TIMEOUT_MS}"
+            )));
         }
         if !(1..=MAX_TIMEOUT_MS).contains(&options.default_timeout_ms) {
-            return Err(ExecutorError(format!("defaultTimeoutMs must be between 1 and {MAX_TIMEOUT_MS}")));
+            return Err(ExecutorError(format!(
+                "defaultTimeoutMs must be between 1 and {MAX_TIMEOUT_MS}"
+            )));
         }
         if options.default_max_steps == 0 {
-            return Err(ExecutorError("defaultMaxSteps must be a positive integer".into()));
+            return Err(ExecutorError(
+                "defaultMaxSteps must be a positive integer".into(),
+            ));
         }
         if let Some(n) = options.default_max_tool_calls
             && !(1..=10_000).contains(&n)
         {
-            return Err(ExecutorError("defaultMaxToolCalls must be between 1 and 10000".into()));
+            return Err(ExecutorError(
+                "defaultMaxToolCalls must be between 1 and 10000".into(),
+            ));
         }
-        Ok(Self { kernel, seat, options })
+        Ok(Self {
+            kernel,
+            seat,
+            options,
+        })
     }
 
     pub fn manifest(&self) -> &RuntimeManifest {
@@ -194,7 +217,11 @@ impl Executor {
     }
 
     /// Parses a request from JSON, then runs it.
-    pub async fn execute_json(&self, json: &str, opts: ExecuteOptions) -> Result<ExecutionResult, ExecuteError> {
+    pub async fn execute_json(
+        &self,
+        json: &str,
+        opts: ExecuteOptions,
+    ) -> Result<ExecutionResult, ExecuteError> {
         let request: ExecutionRequest =
             serde_json::from_str(json).map_err(|e| ExecuteError::InvalidRequest(e.to_string()))?;
         self.execute(request, opts).await
@@ -221,21 +248,31 @@ impl Executor {
         let max_steps = o.max_steps.unwrap_or(self.options.default_max_steps);
         RuntimeLimits {
             max_steps,
-            max_tool_calls: o.max_tool_calls.or(self.options.default_max_tool_calls).unwrap_or(max_steps),
+            max_tool_calls: o
+                .max_tool_calls
+                .or(self.options.default_max_tool_calls)
+                .unwrap_or(max_steps),
             timeout_ms: o.timeout_ms.unwrap_or(self.options.default_timeout_ms),
         }
     }
 
     fn report_turn_error(&self, turn: &Turn, error: TurnError) {
         if let Some(cb) = &self.options.on_turn_error {
-            let ids = TurnIds { execution_id: turn.execution_id.to_string(), trace_id: turn.trace_id.to_string() };
+            let ids = TurnIds {
+                execution_id: turn.execution_id.to_string(),
+                trace_id: turn.trace_id.to_string(),
+            };
             let _ = std::panic::catch_unwind(AssertUnwindSafe(|| cb(&error, &ids)));
         }
     }
 
     /// Runs one turn. `Err` only for a request that does not match the
     /// contract; every other ending is an `ExecutionResult`.
-    pub async fn execute(&self, request: ExecutionRequest, opts: ExecuteOptions) -> Result<ExecutionResult, ExecuteError> {
+    pub async fn execute(
+        &self,
+        request: ExecutionRequest,
+        opts: ExecuteOptions,
+    ) -> Result<ExecutionResult, ExecuteError> {
         request.check()?;
         let started_at = (self.options.clock)();
         let limits = self.limits(&request);
@@ -260,7 +297,13 @@ impl Executor {
                 _ => "The message does not match the execution context.",
             };
             turn.close();
-            let result = build(&turn, Ending::denied(code, message), started_at, &self.runtime_provenance(None), false);
+            let result = build(
+                &turn,
+                Ending::denied(code, message),
+                started_at,
+                &self.runtime_provenance(None),
+                false,
+            );
             self.record_end(&turn, &result, None).await;
             return Ok(result);
         }
@@ -282,7 +325,13 @@ impl Executor {
                 w.abort();
             }
             turn.close();
-            let result = build(&turn, Ending::cancelled(true), started_at, &self.runtime_provenance(None), false);
+            let result = build(
+                &turn,
+                Ending::cancelled(true),
+                started_at,
+                &self.runtime_provenance(None),
+                false,
+            );
             self.record_end(&turn, &result, None).await;
             return Ok(result);
         }
@@ -297,19 +346,37 @@ impl Executor {
         if let Some(w) = cancel_watch {
             w.abort();
         }
-        let report = self.seat.reports.as_ref().and_then(|r| r.take_sandbox_report(turn.execution_id.as_str()));
+        let report = self
+            .seat
+            .reports
+            .as_ref()
+            .and_then(|r| r.take_sandbox_report(turn.execution_id.as_str()));
         let with_annotations = ending.status != ExecutionStatus::Denied;
-        let result = build(&turn, ending, started_at, &self.runtime_provenance(report), with_annotations);
+        let result = build(
+            &turn,
+            ending,
+            started_at,
+            &self.runtime_provenance(report),
+            with_annotations,
+        );
         self.record_end(&turn, &result, ended_by).await;
         Ok(result)
     }
 
-    async fn record_end(&self, turn: &Turn, result: &ExecutionResult, ended_by: Option<&'static str>) {
+    async fn record_end(
+        &self,
+        turn: &Turn,
+        result: &ExecutionResult,
+        ended_by: Option<&'static str>,
+    ) {
         let reason_code = match result.status {
             ExecutionStatus::Succeeded | ExecutionStatus::Escalated => None,
-            ExecutionStatus::Cancelled => {
-                Some(result.code().map(str::to_owned).unwrap_or_else(|| TURN_CANCELLED.to_owned()))
-            }
+            ExecutionStatus::Cancelled => Some(
+                result
+                    .code()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| TURN_CANCELLED.to_owned()),
+            ),
             _ => result.code().map(str::to_owned),
         };
         let mut context = turn.context.clone();
@@ -327,7 +394,11 @@ impl Executor {
 
     /// Steps 6–16 of B.1: authority, admission, reach, catalogue, the run,
     /// and the outcome.
-    async fn body(&self, turn: &Arc<Turn>, request: ExecutionRequest) -> Result<(Ending, Option<&'static str>), Caught> {
+    async fn body(
+        &self,
+        turn: &Arc<Turn>,
+        request: ExecutionRequest,
+    ) -> Result<(Ending, Option<&'static str>), Caught> {
         let hard = turn.signals.hard_signal();
         macro_rules! kernel_call {
             ($fut:expr) => {{
@@ -350,7 +421,9 @@ impl Executor {
 
         let admission = kernel_call!(self.kernel.admit_turn(&lease, &context, &request.agent));
         if !admission.allowed {
-            let code = admission.reason_code.unwrap_or_else(|| "no_matching_grant".to_owned());
+            let code = admission
+                .reason_code
+                .unwrap_or_else(|| "no_matching_grant".to_owned());
             turn.push_event("turn.denied", json!({"code": code}));
             return Ok((Ending::denied(&code, MSG_ADMISSION), None));
         }
@@ -358,8 +431,15 @@ impl Executor {
         let allowed = kernel_call!(self.kernel.list_tools(&lease, &context));
 
         let requested: HashSet<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
-        let effective: Vec<_> = allowed.into_iter().filter(|d| requested.contains(d.name.as_str())).collect();
-        *lock(&turn.repeatable) = effective.iter().filter(|d| d.repeatable()).map(|d| d.name.to_string()).collect();
+        let effective: Vec<_> = allowed
+            .into_iter()
+            .filter(|d| requested.contains(d.name.as_str()))
+            .collect();
+        *lock(&turn.repeatable) = effective
+            .iter()
+            .filter(|d| d.repeatable())
+            .map(|d| d.name.to_string())
+            .collect();
         *lock(&turn.catalogue) = effective.clone();
 
         let runtime_request = sanitize(&request, &context, reach, effective.clone());
@@ -391,8 +471,14 @@ impl Executor {
             Ok(o) => o,
             Err(RuntimeError::InvalidOutcome(detail)) => {
                 tracing::warn!(execution_id = %turn.execution_id, %detail, "the runtime's outcome does not parse");
-                turn.push_event("turn.failed", failed_event(INVALID_RUNTIME_OUTCOME, "envelope"));
-                return Ok((Ending::failed(INVALID_RUNTIME_OUTCOME, MSG_INVALID_OUTCOME, false), Some("envelope")));
+                turn.push_event(
+                    "turn.failed",
+                    failed_event(INVALID_RUNTIME_OUTCOME, "envelope"),
+                );
+                return Ok((
+                    Ending::failed(INVALID_RUNTIME_OUTCOME, MSG_INVALID_OUTCOME, false),
+                    Some("envelope"),
+                ));
             }
             Err(e) => return Err(Caught::Runtime(e)),
         };
@@ -426,10 +512,13 @@ impl Executor {
                 ))
             }
             RuntimeTurnOutcome::Escalate { reason, .. } => {
-                let offered = lock(&turn.catalogue).iter().any(|d| d.name.as_str() == ESCALATE_TOOL);
+                let offered = lock(&turn.catalogue)
+                    .iter()
+                    .any(|d| d.name.as_str() == ESCALATE_TOOL);
                 if !offered {
                     turn.push_event("turn.failed", failed_event("tool_unavailable", "envelope"));
-                    let mut ending = Ending::failed("tool_unavailable", MSG_ESCALATE_NOT_OFFERED, false);
+                    let mut ending =
+                        Ending::failed("tool_unavailable", MSG_ESCALATE_NOT_OFFERED, false);
                     ending.outcome_metadata = metadata;
                     return Ok((ending, Some("envelope")));
                 }
@@ -456,7 +545,10 @@ impl Executor {
                         }
                     }
                 };
-                turn.push_event("turn.escalated", json!({"reason": escalation.reason, "reviewer": escalation.reviewer}));
+                turn.push_event(
+                    "turn.escalated",
+                    json!({"reason": escalation.reason, "reviewer": escalation.reviewer}),
+                );
                 Ok((
                     Ending {
                         status: ExecutionStatus::Escalated,
@@ -484,7 +576,10 @@ impl Executor {
         if let Some(KernelError::AuditUnavailable { cause, .. }) = turn.audit_outage() {
             turn.push_event("turn.failed", failed_event(AUDIT_UNAVAILABLE, "envelope"));
             self.report_turn_error(turn, TurnError::AuditUnavailable { cause });
-            return (Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.safe_to_retry()), Some("envelope"));
+            return (
+                Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.safe_to_retry()),
+                Some("envelope"),
+            );
         }
         if signals.soft_raised() {
             turn.push_event("turn.cancelled", json!({}));
@@ -497,7 +592,10 @@ impl Executor {
             Caught::Aborted => TurnError::Kernel("aborted".into()),
         };
         self.report_turn_error(turn, error);
-        (Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()), Some("envelope"))
+        (
+            Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
+            Some("envelope"),
+        )
     }
 }
 
@@ -514,7 +612,9 @@ fn context_mismatch(request: &ExecutionRequest) -> Option<&'static str> {
     if canon(&request.message.receiver) != agent {
         return Some("receiver_mismatch");
     }
-    if request.message.trace_id != request.context.trace_id || request.message.purpose != request.context.purpose {
+    if request.message.trace_id != request.context.trace_id
+        || request.message.purpose != request.context.purpose
+    {
         return Some("message_context_mismatch");
     }
     None
@@ -529,11 +629,16 @@ fn sanitize(
     reach: ReachResult,
     tools: Vec<sharedos_protocol::ToolDefinition>,
 ) -> RuntimeTurnRequest {
-    let namespaces: HashSet<&str> =
-        tools.iter().map(|t| t.required_capability.resource.namespace.as_str()).collect();
+    let namespaces: HashSet<&str> = tools
+        .iter()
+        .map(|t| t.required_capability.resource.namespace.as_str())
+        .collect();
     let reach = match reach {
         ReachResult::Computed { reach } => ReachResult::Computed {
-            reach: reach.into_iter().filter(|e| namespaces.contains(e.namespace.as_str())).collect(),
+            reach: reach
+                .into_iter()
+                .filter(|e| namespaces.contains(e.namespace.as_str()))
+                .collect(),
         },
         other => other,
     };
@@ -560,13 +665,20 @@ fn sanitize(
 
 /// The two timers of B.5: `draining` at `timeout − grace` (when grace > 0)
 /// and the hard stop at `timeout`.
-fn spawn_deadlines(turn: &Arc<Turn>, timeout_ms: u64, grace_ms: u64) -> tokio::task::JoinHandle<()> {
+fn spawn_deadlines(
+    turn: &Arc<Turn>,
+    timeout_ms: u64,
+    grace_ms: u64,
+) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(turn);
     tokio::spawn(async move {
         let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_millis(timeout_ms);
         if grace_ms > 0 {
-            tokio::time::sleep_until(start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms))).await;
+            tokio::time::sleep_until(
+                start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms)),
+            )
+            .await;
             match weak.upgrade() {
                 Some(t) => t.signals.raise_soft(),
                 None => return,

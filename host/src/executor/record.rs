@@ -5,8 +5,8 @@
 use serde::Serialize;
 use serde_json::Value;
 use sharedos_protocol::{
-    Address, Escalation, ExecutionEvent, ExecutionRequest, ExecutionResult, ExecutionStatus, Identifier,
-    RuntimeManifest, Timestamp,
+    Address, Escalation, ExecutionEvent, ExecutionRequest, ExecutionResult, ExecutionStatus,
+    Identifier, RuntimeManifest, Timestamp,
 };
 
 /// `{tool, reason}` as stated through `annotate("escalationAsked", …)`.
@@ -93,13 +93,23 @@ pub struct ExecutionRecord {
 
 /// True for a lowercase 64-hex content hash.
 pub fn is_content_hash(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Assembles the record of a turn from its request and result.
-pub fn assemble(request: &ExecutionRequest, result: &ExecutionResult, runtime: &RuntimeManifest) -> ExecutionRecord {
+pub fn assemble(
+    request: &ExecutionRequest,
+    result: &ExecutionResult,
+    runtime: &RuntimeManifest,
+) -> ExecutionRecord {
     let md = &result.metadata;
-    let prompt_hash = md.get("promptHash").and_then(Value::as_str).filter(|h| is_content_hash(h)).map(str::to_owned);
+    let prompt_hash = md
+        .get("promptHash")
+        .and_then(Value::as_str)
+        .filter(|h| is_content_hash(h))
+        .map(str::to_owned);
     let escalation_asked = md.get("escalationAsked").and_then(|v| {
         let obj = v.as_object()?;
         if obj.len() != 2 {
@@ -108,8 +118,10 @@ pub fn assemble(request: &ExecutionRequest, result: &ExecutionResult, runtime: &
         let tool = obj.get("tool")?.as_str()?.trim();
         let reason = obj.get("reason")?.as_str()?;
         let tool_ok = !tool.is_empty() && tool.chars().count() <= 256;
-        (tool_ok && reason.chars().count() <= 512)
-            .then(|| EscalationAsked { tool: tool.to_owned(), reason: reason.to_owned() })
+        (tool_ok && reason.chars().count() <= 512).then(|| EscalationAsked {
+            tool: tool.to_owned(),
+            reason: reason.to_owned(),
+        })
     });
     let str_field = |k: &str| md.get(k).and_then(Value::as_str).map(str::to_owned);
     let exposed_tools = result
@@ -118,23 +130,51 @@ pub fn assemble(request: &ExecutionRequest, result: &ExecutionResult, runtime: &
         .find(|e| e.kind == "turn.started")
         .and_then(|e| e.data.get("visibleTools"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     let mut operations: Vec<OperationRecord> = Vec::new();
     for e in &result.events {
-        let call_id = e.data.get("callId").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let call_id = e
+            .data
+            .get("callId")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         match e.kind.as_str() {
             "tool.requested" => operations.push(OperationRecord {
                 call_id,
-                tool: e.data.get("tool").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                tool: e
+                    .data
+                    .get("tool")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
                 outcome: "interrupted".into(),
                 code: None,
                 step: e.data.get("step").and_then(Value::as_u64),
             }),
             "tool.completed" => {
-                if let Some(op) = operations.iter_mut().rev().find(|o| o.call_id == call_id && o.outcome == "interrupted") {
-                    op.outcome = e.data.get("status").and_then(Value::as_str).unwrap_or("failed").to_owned();
-                    op.code = e.data.get("code").and_then(Value::as_str).map(str::to_owned);
+                if let Some(op) = operations
+                    .iter_mut()
+                    .rev()
+                    .find(|o| o.call_id == call_id && o.outcome == "interrupted")
+                {
+                    op.outcome = e
+                        .data
+                        .get("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("failed")
+                        .to_owned();
+                    op.code = e
+                        .data
+                        .get("code")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
                 }
             }
             _ => {}
@@ -144,7 +184,8 @@ pub fn assemble(request: &ExecutionRequest, result: &ExecutionResult, runtime: &
         ExecutionStatus::Escalated => Some("escalation_requested".to_owned()),
         _ => result.code().map(str::to_owned),
     };
-    let elapsed_ms = ((result.completed_at.to_offset() - result.started_at.to_offset()).whole_milliseconds()) as i64;
+    let elapsed_ms = ((result.completed_at.to_offset() - result.started_at.to_offset())
+        .whole_milliseconds()) as i64;
     ExecutionRecord {
         version: "1",
         recorded_at: Timestamp::now(),

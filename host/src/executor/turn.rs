@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, TurnKernel, TurnLease};
 use sharedos_plugin_sdk::{Signal, SignalSource};
 use sharedos_protocol::{
-    AccessContext, ExecutionEvent, Identifier, RuntimeLimits, ShortName, Timestamp, ToolDefinition, Version,
+    AccessContext, ExecutionEvent, Identifier, RuntimeLimits, ShortName, Timestamp, ToolDefinition,
+    Version,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -36,7 +37,11 @@ pub(crate) struct TurnSignals {
 
 impl TurnSignals {
     pub fn new() -> Self {
-        Self { soft: SignalSource::new(), hard: SignalSource::new(), hard_token: CancellationToken::new() }
+        Self {
+            soft: SignalSource::new(),
+            hard: SignalSource::new(),
+            hard_token: CancellationToken::new(),
+        }
     }
     pub fn raise_soft(&self) {
         self.soft.raise();
@@ -215,7 +220,8 @@ impl Turn {
                 execution_id: self.execution_id.clone(),
                 trace_id: self.trace_id.clone(),
                 sequence: log.events.len() as u64,
-                kind: ShortName::new(kind).unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
+                kind: ShortName::new(kind)
+                    .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
                 data,
                 occurred_at: self.now(),
             };
@@ -312,7 +318,11 @@ impl Turn {
 }
 
 /// `{callId, tool, step?}` and friends.
-pub(crate) fn call_event(call_id: &str, tool: &str, step: Option<u64>) -> serde_json::Map<String, Value> {
+pub(crate) fn call_event(
+    call_id: &str,
+    tool: &str,
+    step: Option<u64>,
+) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
     m.insert("callId".into(), json!(call_id));
     m.insert("tool".into(), json!(tool));
