@@ -670,11 +670,18 @@ fn spawn_deadlines(
     timeout_ms: u64,
     grace_ms: u64,
 ) -> tokio::task::JoinHandle<()> {
+    // The clock starts now, not when the timer task is first polled.
+    let start = tokio::time::Instant::now();
+    // A grace no smaller than the limit leaves no time in which a call is
+    // taken: the turn is draining from its first instant, before the seat
+    // can make a call (ADR 0007).
+    if grace_ms > 0 && grace_ms >= timeout_ms {
+        turn.signals.raise_soft();
+    }
     let weak = Arc::downgrade(turn);
     tokio::spawn(async move {
-        let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_millis(timeout_ms);
-        if grace_ms > 0 {
+        if grace_ms > 0 && grace_ms < timeout_ms {
             tokio::time::sleep_until(
                 start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms)),
             )
