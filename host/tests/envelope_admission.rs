@@ -18,17 +18,35 @@ async fn g01_unknown_key_or_timeout_over_limit_is_invalid_request() {
     // An unknown top-level key: the strict decoder refuses it.
     let mut v = request_json(&["files.read"]);
     v["runtimeId"] = json!("sharedos.other");
-    let err = h.executor.execute_json(&v.to_string(), ExecuteOptions::default()).await.unwrap_err();
+    let err = h
+        .executor
+        .execute_json(&v.to_string(), ExecuteOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, ExecuteError::InvalidRequest(_)));
 
     // timeoutMs over the 600000 limit: it parses, and the refinement refuses it.
-    let req = request_with(&["files.read"], |v| v["options"] = json!({"timeoutMs": 600_001}));
-    let err = h.executor.execute(req, ExecuteOptions::default()).await.unwrap_err();
-    assert!(matches!(err, ExecuteError::InvalidRequest(ref m) if m.contains("timeoutMs")), "{err:?}");
+    let req = request_with(&["files.read"], |v| {
+        v["options"] = json!({"timeoutMs": 600_001})
+    });
+    let err = h
+        .executor
+        .execute(req, ExecuteOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ExecuteError::InvalidRequest(ref m) if m.contains("timeoutMs")),
+        "{err:?}"
+    );
     // ...and over the wire as JSON too.
     let mut v = request_json(&["files.read"]);
     v["options"] = json!({"timeoutMs": 600_001});
-    assert!(h.executor.execute_json(&v.to_string(), ExecuteOptions::default()).await.is_err());
+    assert!(
+        h.executor
+            .execute_json(&v.to_string(), ExecuteOptions::default())
+            .await
+            .is_err()
+    );
 
     // No result, no events, no turn.ended, no kernel call at all.
     assert!(kernel.calls().is_empty(), "{:?}", kernel.calls());
@@ -47,7 +65,10 @@ async fn context_denial(mutate: impl FnOnce(&mut serde_json::Value), expected: &
     assert_eq!(types(&r), ["turn.denied"]);
     assert_eq!(r.events[0].data, json!({"code": expected}));
     assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
-    assert_eq!(kernel.count(|c| matches!(c, KernelCall::Admit | KernelCall::Open | KernelCall::List)), 0);
+    assert_eq!(
+        kernel.count(|c| matches!(c, KernelCall::Admit | KernelCall::Open | KernelCall::List)),
+        0
+    );
     assert!(!log.ran());
     let ends = kernel.turn_ends();
     assert_eq!(ends.len(), 1);
@@ -57,8 +78,11 @@ async fn context_denial(mutate: impl FnOnce(&mut serde_json::Value), expected: &
 
 #[tokio::test(start_paused = true)]
 async fn g02_actor_not_agent_is_actor_mismatch() {
-    context_denial(|v| v["context"]["actor"] = json!({"kind": "agent", "agentId": "agent-mallory"}), "actor_mismatch")
-        .await;
+    context_denial(
+        |v| v["context"]["actor"] = json!({"kind": "agent", "agentId": "agent-mallory"}),
+        "actor_mismatch",
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -67,7 +91,11 @@ async fn g02_sender_is_free_actor_rule_only() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![]);
     let h = executor(&kernel, plugin, 0);
-    let r = h.run(request_with(&[], |v| v["message"]["sender"] = json!({"kind": "service", "serviceId": "x"}))).await;
+    let r = h
+        .run(request_with(&[], |v| {
+            v["message"]["sender"] = json!({"kind": "service", "serviceId": "x"})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
 }
 
@@ -82,8 +110,16 @@ async fn g03_receiver_not_agent_is_receiver_mismatch() {
 
 #[tokio::test(start_paused = true)]
 async fn g04_message_trace_or_purpose_differs_is_message_context_mismatch() {
-    context_denial(|v| v["message"]["traceId"] = json!("trace-other"), "message_context_mismatch").await;
-    context_denial(|v| v["message"]["purpose"] = json!("another purpose"), "message_context_mismatch").await;
+    context_denial(
+        |v| v["message"]["traceId"] = json!("trace-other"),
+        "message_context_mismatch",
+    )
+    .await;
+    context_denial(
+        |v| v["message"]["purpose"] = json!("another purpose"),
+        "message_context_mismatch",
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -105,8 +141,15 @@ async fn g05_admission_refused_is_denied_with_its_code() {
     assert!(!log.ran());
     assert_eq!(kernel.count(|c| matches!(c, KernelCall::List)), 0);
     assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
-    assert_eq!(kernel.turn_ends()[0].reason_code.as_deref(), Some("no_matching_grant"));
-    assert_eq!(kernel.live_leases(), 0, "the lease is released on a refusal");
+    assert_eq!(
+        kernel.turn_ends()[0].reason_code.as_deref(),
+        Some("no_matching_grant")
+    );
+    assert_eq!(
+        kernel.live_leases(),
+        0,
+        "the lease is released on a refusal"
+    );
 }
 
 /// Nearest equivalent of G6 for a scripted kernel: the grant store cannot
@@ -151,7 +194,13 @@ async fn g07_host_signal_already_aborted_is_cancelled_without_events() {
     cancel.cancel();
     let r = h
         .executor
-        .execute(request(&["files.read"]), ExecuteOptions { cancel: Some(cancel), on_event: None })
+        .execute(
+            request(&["files.read"]),
+            ExecuteOptions {
+                cancel: Some(cancel),
+                on_event: None,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(r.status, ExecutionStatus::Cancelled);
@@ -171,7 +220,11 @@ async fn g08_listing_never_resolves_is_cancelled_at_the_deadline() {
     *lock(&kernel.listing_hangs) = true;
     let (plugin, log) = ScriptPlugin::new(vec![]);
     let h = executor(&kernel, plugin, 0);
-    let (r, took) = timed(&h, request_with(&["files.read"], |v| v["options"] = json!({"timeoutMs": 5}))).await;
+    let (r, took) = timed(
+        &h,
+        request_with(&["files.read"], |v| v["options"] = json!({"timeoutMs": 5})),
+    )
+    .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert_eq!(code(&r), "turn_cancelled");
     assert!(took <= 5, "ended at {took} ms");
@@ -191,7 +244,13 @@ async fn g09_abandoned_authority_load_is_released_and_reloaded_next_turn() {
     let (plugin, _) = ScriptPlugin::new(vec![]);
     let h = executor(&kernel, plugin, 0);
     let cancel = CancellationToken::new();
-    let run = h.executor.execute(request(&["files.read"]), ExecuteOptions { cancel: Some(cancel.clone()), on_event: None });
+    let run = h.executor.execute(
+        request(&["files.read"]),
+        ExecuteOptions {
+            cancel: Some(cancel.clone()),
+            on_event: None,
+        },
+    );
     let cancel_soon = async {
         tokio::time::sleep(ms(10)).await;
         cancel.cancel();

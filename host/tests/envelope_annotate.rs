@@ -27,7 +27,10 @@ async fn g40_annotation_on_completed_keeps_runtime() {
 #[tokio::test(start_paused = true)]
 async fn g41_annotation_survives_a_throw() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("promptHash", json!(H)), Step::Throw("boom")]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("promptHash", json!(H)),
+        Step::Throw("boom"),
+    ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
     assert_eq!(code(&r), "runtime_failed");
@@ -61,10 +64,18 @@ async fn g43_annotation_survives_an_outcome_that_does_not_parse() {
 
 #[tokio::test(start_paused = true)]
 async fn g44_annotation_survives_an_audit_outage() {
-    let kernel = TestKernel::new(vec![write_tool("transfer_funds")])
-        .handler("transfer_funds", Handler::Transfer { work_ms: 0, honour_abort: true });
+    let kernel = TestKernel::new(vec![write_tool("transfer_funds")]).handler(
+        "transfer_funds",
+        Handler::Transfer {
+            work_ms: 0,
+            honour_abort: true,
+        },
+    );
     lock(&kernel.fail_decision).insert("c1".into());
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("promptHash", json!(H)), Step::Call("c1", "transfer_funds")]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("promptHash", json!(H)),
+        Step::Call("c1", "transfer_funds"),
+    ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["transfer_funds"])).await;
     assert_eq!(code(&r), "audit_unavailable");
@@ -98,8 +109,11 @@ async fn g45_annotation_outranks_outcome_metadata() {
         },
     ] {
         let kernel = TestKernel::new(vec![escalate_tool()]);
-        let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("k", json!(1)), Step::Return(outcome)]);
-        let r = executor(&kernel, plugin, 0).run(request(&["sharedos.escalate"])).await;
+        let (plugin, _) =
+            ScriptPlugin::new(vec![Step::Annotate("k", json!(1)), Step::Return(outcome)]);
+        let r = executor(&kernel, plugin, 0)
+            .run(request(&["sharedos.escalate"]))
+            .await;
         assert_eq!(r.metadata.get("k"), Some(&json!(1)), "{:?}", r.status);
     }
 }
@@ -111,7 +125,10 @@ async fn g46_refused_keys_are_invalid() {
         for key in ["runtime", "", "__proto__"] {
             let err = host.annotate(key, json!(1)).unwrap_err();
             assert_eq!(err.kind, ErrorKind::InvalidParams, "{key:?}");
-            assert_eq!(err.message, "Runtime annotation key must be a non-empty string other than 'runtime' or '__proto__'");
+            assert_eq!(
+                err.message,
+                "Runtime annotation key must be a non-empty string other than 'runtime' or '__proto__'"
+            );
         }
         Ok(RuntimeTurnOutcome::complete(json!("checked")))
     });
@@ -131,7 +148,10 @@ async fn g46_refused_keys_are_invalid() {
 fn g47_non_json_values_are_unrepresentable() {
     assert!(serde_json::Number::from_f64(f64::NAN).is_none());
     assert!(serde_json::Number::from_f64(f64::INFINITY).is_none());
-    assert!(serde_json::to_value(f64::NAN).unwrap().is_null(), "serde maps NaN to null, never to a number");
+    assert!(
+        serde_json::to_value(f64::NAN).unwrap().is_null(),
+        "serde maps NaN to null, never to a number"
+    );
     assert!(serde_json::from_str::<Value>("NaN").is_err());
     assert!(serde_json::from_str::<Value>("Infinity").is_err());
 }
@@ -155,9 +175,16 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
 #[tokio::test(start_paused = true)]
 async fn g49_annotation_made_on_the_hard_abort_is_kept() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::CatchAbortAndAnnotate("stoppedAt", json!("abort"))]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::CatchAbortAndAnnotate(
+        "stoppedAt",
+        json!("abort"),
+    )]);
     let h = executor(&kernel, plugin, 0);
-    let (r, took) = timed(&h, request_with(&[], |v| v["options"] = json!({"timeoutMs": 1_000}))).await;
+    let (r, took) = timed(
+        &h,
+        request_with(&[], |v| v["options"] = json!({"timeoutMs": 1_000})),
+    )
+    .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert_eq!(took, 1_000);
     assert_eq!(r.metadata.get("stoppedAt"), Some(&json!("abort")));
@@ -166,15 +193,28 @@ async fn g49_annotation_made_on_the_hard_abort_is_kept() {
 /// The same with the abort caught from inside a pending tool call.
 #[tokio::test(start_paused = true)]
 async fn g49_annotation_made_when_a_call_is_aborted_is_kept() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")])
-        .handler("files.read", Handler::Slow { work_ms: 10_000, honour_abort: false });
+    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler(
+        "files.read",
+        Handler::Slow {
+            work_ms: 10_000,
+            honour_abort: false,
+        },
+    );
     let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
-        let err = host.invoke_tool(call("c1", "files.read"), None).await.unwrap_err();
-        host.annotate("callError", json!(err.kind.as_str())).unwrap();
+        let err = host
+            .invoke_tool(call("c1", "files.read"), None)
+            .await
+            .unwrap_err();
+        host.annotate("callError", json!(err.kind.as_str()))
+            .unwrap();
         Err(RuntimeError::Failed("rethrown".into()))
     });
     let h = executor(&kernel, Arc::new(plugin), 0);
-    let r = h.run(request_with(&["files.read"], |v| v["options"] = json!({"timeoutMs": 1_000}))).await;
+    let r = h
+        .run(request_with(&["files.read"], |v| {
+            v["options"] = json!({"timeoutMs": 1_000})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert_eq!(r.metadata.get("callError"), Some(&json!("cancelled")));
 }
@@ -205,17 +245,33 @@ async fn g50_last_write_wins_and_the_stored_value_is_a_copy() {
 #[tokio::test(start_paused = true)]
 async fn g51_prompt_hash_stated_before_a_stall_survives_cancellation() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Sleep(10), Step::Annotate("promptHash", json!(H)), Step::Stall]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Sleep(10),
+        Step::Annotate("promptHash", json!(H)),
+        Step::Stall,
+    ]);
     let h = executor(&kernel, plugin, 0);
-    let r = h.run(request_with(&[], |v| v["options"] = json!({"timeoutMs": 100}))).await;
+    let r = h
+        .run(request_with(&[], |v| {
+            v["options"] = json!({"timeoutMs": 100})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
 
     // Cancelled inside "open" (before the hash was computed): nothing.
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Sleep(1_000), Step::Annotate("promptHash", json!(H)), Step::Stall]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Sleep(1_000),
+        Step::Annotate("promptHash", json!(H)),
+        Step::Stall,
+    ]);
     let h = executor(&kernel, plugin, 0);
-    let r = h.run(request_with(&[], |v| v["options"] = json!({"timeoutMs": 100}))).await;
+    let r = h
+        .run(request_with(&[], |v| {
+            v["options"] = json!({"timeoutMs": 100})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert!(!r.metadata.contains_key("promptHash"));
 }
@@ -228,7 +284,10 @@ async fn g52_escalation_asked_is_carried_and_lifted() {
     let asked = json!({"tool": "sharedos.escalate", "reason": "R"});
     let (plugin, _) = ScriptPlugin::new(vec![
         Step::Annotate("escalationAsked", asked.clone()),
-        Step::Return(RuntimeTurnOutcome::Escalate { reason: Reason::new("R").unwrap(), metadata: None }),
+        Step::Return(RuntimeTurnOutcome::Escalate {
+            reason: Reason::new("R").unwrap(),
+            metadata: None,
+        }),
     ]);
     let h = executor(&kernel, plugin, 0);
     let req = request(&["sharedos.escalate"]);
@@ -237,6 +296,12 @@ async fn g52_escalation_asked_is_carried_and_lifted() {
     assert_eq!(r.metadata.get("escalationAsked"), Some(&asked));
     let record = sharedos_host::executor::record::assemble(&req, &r, &manifest());
     let lifted = record.execution.escalation_asked.unwrap();
-    assert_eq!((lifted.tool.as_str(), lifted.reason.as_str()), ("sharedos.escalate", "R"));
-    assert_eq!(record.execution.terminal_reason_code.as_deref(), Some("escalation_requested"));
+    assert_eq!(
+        (lifted.tool.as_str(), lifted.reason.as_str()),
+        ("sharedos.escalate", "R")
+    );
+    assert_eq!(
+        record.execution.terminal_reason_code.as_deref(),
+        Some("escalation_requested")
+    );
 }

@@ -9,7 +9,8 @@ use sharedos_host::executor::TurnError;
 use sharedos_kernel::KernelError;
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost};
 use sharedos_protocol::{
-    EscalationStatus, ExecutionStatus, ProtocolError, Reason, RuntimeTurnOutcome, Timestamp, ToolStatus,
+    EscalationStatus, ExecutionStatus, ProtocolError, Reason, RuntimeTurnOutcome, Timestamp,
+    ToolStatus,
 };
 use support::*;
 
@@ -25,20 +26,28 @@ fn md(v: serde_json::Value) -> Option<sharedos_protocol::JsonObject> {
 async fn g30_outcome_that_does_not_parse_is_invalid_runtime_outcome() {
     assert!(serde_json::from_value::<RuntimeTurnOutcome>(json!({"type": "complete"})).is_err());
     let kernel = TestKernel::new(vec![]);
-    let plugin = FnPlugin(|_, _, _| async { Err(RuntimeError::InvalidOutcome("missing output".into())) });
+    let plugin =
+        FnPlugin(|_, _, _| async { Err(RuntimeError::InvalidOutcome("missing output".into())) });
     let h = executor(&kernel, Arc::new(plugin), 0);
     let r = h.run(request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Failed);
     assert_eq!(code(&r), "invalid_runtime_outcome");
     assert_eq!(r.retryable(), Some(false));
-    assert_eq!(last_event(&r), ("turn.failed".into(), json!({"code": "invalid_runtime_outcome", "source": "envelope"})));
+    assert_eq!(
+        last_event(&r),
+        (
+            "turn.failed".into(),
+            json!({"code": "invalid_runtime_outcome", "source": "envelope"})
+        )
+    );
     assert!(h.turn_errors().is_empty());
     assert_eq!(kernel.turn_ends()[0].ended_by.as_deref(), Some("envelope"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn g31_plugin_fail_after_a_read_keeps_its_retryable() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, _) = ScriptPlugin::new(vec![
         Step::Call("c1", "files.read"),
         Step::Return(RuntimeTurnOutcome::Fail {
@@ -51,7 +60,13 @@ async fn g31_plugin_fail_after_a_read_keeps_its_retryable() {
     assert_eq!(r.status, ExecutionStatus::Failed);
     assert_eq!(code(&r), "harness_failed");
     assert_eq!(r.retryable(), Some(true));
-    assert_eq!(last_event(&r), ("turn.failed".into(), json!({"code": "harness_failed", "source": "runtime"})));
+    assert_eq!(
+        last_event(&r),
+        (
+            "turn.failed".into(),
+            json!({"code": "harness_failed", "source": "runtime"})
+        )
+    );
     assert_eq!(r.metadata.get("harness"), Some(&json!("x")));
     let end = &kernel.turn_ends()[0];
     assert_eq!(end.ended_by.as_deref(), Some("runtime"));
@@ -67,12 +82,23 @@ async fn g32_plugin_throw_is_runtime_failed_and_its_text_never_leaks() {
     let r = h.run(request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Failed);
     assert_eq!(code(&r), "runtime_failed");
-    assert_eq!(r.error.as_ref().unwrap().message.as_str(), "The runtime plugin failed.");
+    assert_eq!(
+        r.error.as_ref().unwrap().message.as_str(),
+        "The runtime plugin failed."
+    );
     assert!(!serde_json::to_string(&r).unwrap().contains("/srv/x.ts:88"));
-    assert_eq!(last_event(&r), ("turn.failed".into(), json!({"code": "runtime_failed", "source": "envelope"})));
+    assert_eq!(
+        last_event(&r),
+        (
+            "turn.failed".into(),
+            json!({"code": "runtime_failed", "source": "envelope"})
+        )
+    );
     let errs = h.turn_errors();
     assert_eq!(errs.len(), 1);
-    assert!(matches!(&errs[0].0, TurnError::Runtime(RuntimeError::Failed(m)) if m.contains("/srv/x.ts:88")));
+    assert!(
+        matches!(&errs[0].0, TurnError::Runtime(RuntimeError::Failed(m)) if m.contains("/srv/x.ts:88"))
+    );
     assert_eq!(errs[0].1.execution_id, EXEC_ID);
     assert_eq!(errs[0].1.trace_id, TRACE);
     let end = &kernel.turn_ends()[0];
@@ -99,11 +125,18 @@ async fn g34_plugin_never_resolves_is_cancelled_at_the_deadline() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, log) = ScriptPlugin::new(vec![Step::Stall]);
     let h = executor(&kernel, plugin, 0);
-    let (r, took) = timed(&h, request_with(&[], |v| v["options"] = json!({"timeoutMs": 5}))).await;
+    let (r, took) = timed(
+        &h,
+        request_with(&[], |v| v["options"] = json!({"timeoutMs": 5})),
+    )
+    .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert_eq!(code(&r), "turn_cancelled");
     assert_eq!(took, 5);
-    assert!(lock(&log.abort).as_ref().unwrap().is_raised(), "the plugin's signal was aborted");
+    assert!(
+        lock(&log.abort).as_ref().unwrap().is_raised(),
+        "the plugin's signal was aborted"
+    );
     assert!(h.turn_errors().is_empty());
     assert_eq!(last_event(&r), ("turn.cancelled".into(), json!({})));
     let end = &kernel.turn_ends()[0];
@@ -113,11 +146,20 @@ async fn g34_plugin_never_resolves_is_cancelled_at_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn g35_handler_honouring_abort_leaves_no_effect() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")])
-        .handler("files.read", Handler::Slow { work_ms: 50, honour_abort: true });
+    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler(
+        "files.read",
+        Handler::Slow {
+            work_ms: 50,
+            honour_abort: true,
+        },
+    );
     let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "files.read")]);
     let h = executor(&kernel, plugin, 0);
-    let (r, took) = timed(&h, request_with(&["files.read"], |v| v["options"] = json!({"timeoutMs": 5}))).await;
+    let (r, took) = timed(
+        &h,
+        request_with(&["files.read"], |v| v["options"] = json!({"timeoutMs": 5})),
+    )
+    .await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
     assert_eq!(took, 5);
     settle().await;
@@ -125,7 +167,11 @@ async fn g35_handler_honouring_abort_leaves_no_effect() {
     assert_eq!(invoked.len(), 1);
     assert_eq!(invoked[0].outcome, "interrupted");
     assert_eq!(invoked[0].reason.as_deref(), Some("operation_aborted"));
-    assert_eq!(types(&r), ["turn.started", "tool.requested", "turn.cancelled"], "no tool.completed for the aborted call");
+    assert_eq!(
+        types(&r),
+        ["turn.started", "tool.requested", "turn.cancelled"],
+        "no tool.completed for the aborted call"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -143,10 +189,16 @@ async fn g36_offered_escalation_is_escalated() {
     assert_eq!(e.reviewer, owner());
     assert_eq!(e.requested_at, Timestamp::parse(BASE_TIME).unwrap());
     assert_eq!(e.status, EscalationStatus::Pending);
-    assert_eq!(kernel.count(|c| matches!(c, KernelCall::Escalation { .. })), 1);
+    assert_eq!(
+        kernel.count(|c| matches!(c, KernelCall::Escalation { .. })),
+        1
+    );
     assert_eq!(
         last_event(&r),
-        ("turn.escalated".into(), json!({"reason": "needs a human", "reviewer": {"kind": "human", "userId": "owner-1"}}))
+        (
+            "turn.escalated".into(),
+            json!({"reason": "needs a human", "reviewer": {"kind": "human", "userId": "owner-1"}})
+        )
     );
     assert_eq!(r.metadata.get("harness"), Some(&json!("h")));
     assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
@@ -188,9 +240,18 @@ async fn g38_escalation_not_offered_is_tool_unavailable() {
     assert_eq!(r.status, ExecutionStatus::Failed);
     assert_eq!(code(&r), "tool_unavailable");
     assert_eq!(r.retryable(), Some(false));
-    assert_eq!(last_event(&r), ("turn.failed".into(), json!({"code": "tool_unavailable", "source": "envelope"})));
+    assert_eq!(
+        last_event(&r),
+        (
+            "turn.failed".into(),
+            json!({"code": "tool_unavailable", "source": "envelope"})
+        )
+    );
     assert!(events_of(&r, "turn.escalated").is_empty());
-    assert_eq!(kernel.count(|c| matches!(c, KernelCall::Escalation { .. })), 0);
+    assert_eq!(
+        kernel.count(|c| matches!(c, KernelCall::Escalation { .. })),
+        0
+    );
     assert_eq!(r.metadata.get("harness"), Some(&json!("hostile")));
     assert_eq!(kernel.turn_ends()[0].ended_by.as_deref(), Some("envelope"));
 }
@@ -199,18 +260,29 @@ async fn g38_escalation_not_offered_is_tool_unavailable() {
 /// ordinary mediated call (the kernel's handler answers); it ends nothing.
 #[tokio::test(start_paused = true)]
 async fn g39_escalate_as_a_tool_call_does_not_escalate() {
-    let kernel = TestKernel::new(vec![escalate_tool()]).handler("sharedos.escalate", Handler::Fail("escalation_not_terminated"));
+    let kernel = TestKernel::new(vec![escalate_tool()]).handler(
+        "sharedos.escalate",
+        Handler::Fail("escalation_not_terminated"),
+    );
     let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
-        let r = host.invoke_tool(call("c1", "sharedos.escalate"), Some(0)).await.unwrap();
+        let r = host
+            .invoke_tool(call("c1", "sharedos.escalate"), Some(0))
+            .await
+            .unwrap();
         assert_eq!(r.status(), ToolStatus::Failed);
-        Ok(RuntimeTurnOutcome::complete(json!(r.error().unwrap().code.as_str())))
+        Ok(RuntimeTurnOutcome::complete(json!(
+            r.error().unwrap().code.as_str()
+        )))
     });
     let h = executor(&kernel, Arc::new(plugin), 0);
     let r = h.run(request(&["sharedos.escalate"])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
     assert_eq!(r.output, Some(json!("escalation_not_terminated")));
     assert!(events_of(&r, "turn.escalated").is_empty());
-    assert_eq!(kernel.count(|c| matches!(c, KernelCall::Escalation { .. })), 0);
+    assert_eq!(
+        kernel.count(|c| matches!(c, KernelCall::Escalation { .. })),
+        0
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -227,7 +299,13 @@ async fn host_cancel_mid_turn_is_cancelled_at_once() {
     let start = tokio::time::Instant::now();
     let r = h
         .executor
-        .execute(request(&[]), sharedos_host::executor::ExecuteOptions { cancel: Some(cancel), on_event: None })
+        .execute(
+            request(&[]),
+            sharedos_host::executor::ExecuteOptions {
+                cancel: Some(cancel),
+                on_event: None,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(start.elapsed(), ms(1_000));

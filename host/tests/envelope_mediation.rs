@@ -21,10 +21,15 @@ async fn g18_unlisted_tool_is_refused_before_the_kernel() {
     assert_eq!(res.error().unwrap().code.as_str(), "tool_unavailable");
     assert_eq!(res.error().unwrap().retryable, Some(false));
     assert!(kernel.invoked().is_empty());
-    assert_eq!(events_of(&r, "tool.requested"), [&json!({"callId": "c1", "tool": "files.delete"})]);
+    assert_eq!(
+        events_of(&r, "tool.requested"),
+        [&json!({"callId": "c1", "tool": "files.delete"})]
+    );
     assert_eq!(
         events_of(&r, "tool.completed"),
-        [&json!({"callId": "c1", "tool": "files.delete", "status": "denied", "code": "tool_unavailable"})]
+        [
+            &json!({"callId": "c1", "tool": "files.delete", "status": "denied", "code": "tool_unavailable"})
+        ]
     );
     let refused = kernel.refused();
     assert_eq!(refused.len(), 1);
@@ -36,8 +41,12 @@ async fn g18_unlisted_tool_is_refused_before_the_kernel() {
 
 #[tokio::test(start_paused = true)]
 async fn g19_call_ceiling_refuses_the_second_call() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "files.read"), Step::Call("c2", "files.read")]);
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::Call("c1", "files.read"),
+        Step::Call("c2", "files.read"),
+    ]);
     let (mut opts, errs) = options(0);
     opts.default_max_tool_calls = Some(1);
     let h = executor_with(&kernel, plugin, opts, errs);
@@ -51,14 +60,19 @@ async fn g19_call_ceiling_refuses_the_second_call() {
 
 #[tokio::test(start_paused = true)]
 async fn g20_step_ceiling_with_declared_steps() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
         Step::CallStep("c1", "files.read", 0),
         Step::CallStep("c2", "files.read", 1),
         Step::CallStep("c3", "files.read", 0),
     ]);
     let h = executor(&kernel, plugin, 0);
-    let r = h.run(request_with(&["files.read"], |v| v["options"] = json!({"maxSteps": 1, "maxToolCalls": 8}))).await;
+    let r = h
+        .run(request_with(&["files.read"], |v| {
+            v["options"] = json!({"maxSteps": 1, "maxToolCalls": 8})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
     assert_eq!(log.result("c1").unwrap().status(), ToolStatus::Succeeded);
     assert_eq!(log.code("c2").as_deref(), Some("step_limit_exceeded"));
@@ -72,11 +86,19 @@ async fn g20_step_ceiling_with_declared_steps() {
 
 #[tokio::test(start_paused = true)]
 async fn g21_undeclared_steps_are_bounded_by_the_call_ceiling_only() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
-    let (plugin, log) =
-        ScriptPlugin::new(vec![Step::Call("c1", "files.read"), Step::Call("c2", "files.read"), Step::Call("c3", "files.read")]);
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::Call("c1", "files.read"),
+        Step::Call("c2", "files.read"),
+        Step::Call("c3", "files.read"),
+    ]);
     let h = executor(&kernel, plugin, 0);
-    let r = h.run(request_with(&["files.read"], |v| v["options"] = json!({"maxSteps": 1, "maxToolCalls": 2}))).await;
+    let r = h
+        .run(request_with(&["files.read"], |v| {
+            v["options"] = json!({"maxSteps": 1, "maxToolCalls": 2})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
     assert_eq!(log.result("c1").unwrap().status(), ToolStatus::Succeeded);
     assert_eq!(log.result("c2").unwrap().status(), ToolStatus::Succeeded);
@@ -85,10 +107,17 @@ async fn g21_undeclared_steps_are_bounded_by_the_call_ceiling_only() {
 
 #[tokio::test(start_paused = true)]
 async fn g22_a_guessed_name_uses_budget() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "files.guess"), Step::Call("c2", "files.read")]);
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::Call("c1", "files.guess"),
+        Step::Call("c2", "files.read"),
+    ]);
     let h = executor(&kernel, plugin, 0);
-    h.run(request_with(&["files.read"], |v| v["options"] = json!({"maxToolCalls": 1}))).await;
+    h.run(request_with(&["files.read"], |v| {
+        v["options"] = json!({"maxToolCalls": 1})
+    }))
+    .await;
     assert_eq!(log.code("c1").as_deref(), Some("tool_unavailable"));
     assert_eq!(log.code("c2").as_deref(), Some("tool_call_limit_exceeded"));
     assert!(kernel.invoked().is_empty());
@@ -96,7 +125,8 @@ async fn g22_a_guessed_name_uses_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn g23_kernel_denial_reaches_the_plugin_with_the_turn_context() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Deny("no_matching_grant"));
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Deny("no_matching_grant"));
     let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "files.read")]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["files.read"])).await;
@@ -107,7 +137,11 @@ async fn g23_kernel_denial_reaches_the_plugin_with_the_turn_context() {
         .calls()
         .into_iter()
         .find_map(|c| match c {
-            KernelCall::Invoke { context, aborted_on_entry, .. } => Some((context, aborted_on_entry)),
+            KernelCall::Invoke {
+                context,
+                aborted_on_entry,
+                ..
+            } => Some((context, aborted_on_entry)),
             _ => None,
         })
         .unwrap();
@@ -115,27 +149,39 @@ async fn g23_kernel_denial_reaches_the_plugin_with_the_turn_context() {
     // The kernel gets the full context (actor, authority, namespace), which
     // carries no grants by type, and a live abort token.
     assert_eq!(ctx.actor, sharedos_protocol::Address::agent(AGENT).unwrap());
-    assert_eq!(ctx.authority, sharedos_protocol::Address::human("issuer").unwrap());
+    assert_eq!(
+        ctx.authority,
+        sharedos_protocol::Address::human("issuer").unwrap()
+    );
     assert_eq!(ctx.namespace_id.as_str(), "ns-1");
     assert!(!aborted);
     assert_eq!(
         events_of(&r, "tool.completed"),
-        [&json!({"callId": "c1", "tool": "files.read", "status": "denied", "code": "no_matching_grant"})]
+        [
+            &json!({"callId": "c1", "tool": "files.read", "status": "denied", "code": "no_matching_grant"})
+        ]
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn g24_captured_host_is_closed_after_the_turn() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![Step::CaptureHost]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["files.read"])).await;
     let host = log.host();
-    let err = host.invoke_tool(call("late", "files.read"), None).await.unwrap_err();
+    let err = host
+        .invoke_tool(call("late", "files.read"), None)
+        .await
+        .unwrap_err();
     assert_eq!(err.message, "Runtime host is closed");
     assert_eq!(err.kind, ErrorKind::TurnNotActive);
     let err = host
-        .emit(sharedos_protocol::RuntimeEvent { kind: sharedos_protocol::ident("late"), data: json!(null) })
+        .emit(sharedos_protocol::RuntimeEvent {
+            kind: sharedos_protocol::ident("late"),
+            data: json!(null),
+        })
         .unwrap_err();
     assert_eq!(err.message, "Runtime host is closed");
     assert!(kernel.invoked().is_empty());
@@ -160,8 +206,12 @@ fn g25_g26_malformed_call_and_step_do_not_decode() {
 /// cannot return `{}`, so the kernel answers a result for another call.
 #[tokio::test(start_paused = true)]
 async fn g27_kernel_result_for_another_call_is_invalid() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::WrongCallId);
-    let (plugin, log) = ScriptPlugin::new(vec![Step::TryCall("c1", "files.read"), Step::Call("c2", "files.read")]);
+    let kernel =
+        TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::WrongCallId);
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::TryCall("c1", "files.read"),
+        Step::Call("c2", "files.read"),
+    ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["files.read"])).await;
     let err = log.result("c1").unwrap_err();
@@ -203,8 +253,12 @@ async fn g28_failing_refusal_recorder_changes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn g29_grace_not_below_timeout_refuses_every_call() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
-    let (plugin, log) = ScriptPlugin::new(vec![Step::TryCall("c1", "files.read"), Step::TryCall("c2", "files.read")]);
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::TryCall("c1", "files.read"),
+        Step::TryCall("c2", "files.read"),
+    ]);
     let (mut opts, errs) = options(5_000);
     opts.default_timeout_ms = 5_000;
     let h = executor_with(&kernel, plugin, opts, errs);
@@ -212,21 +266,35 @@ async fn g29_grace_not_below_timeout_refuses_every_call() {
     assert_eq!(log.code("c1").as_deref(), Some("turn_draining"));
     assert_eq!(log.code("c2").as_deref(), Some("turn_draining"));
     assert!(kernel.invoked().is_empty());
-    assert_eq!(r.status, ExecutionStatus::Succeeded, "an outcome the seat returns while draining is honoured");
+    assert_eq!(
+        r.status,
+        ExecutionStatus::Succeeded,
+        "an outcome the seat returns while draining is honoured"
+    );
     assert_eq!(took, 0);
     let refused = kernel.refused();
     assert_eq!(refused.len(), 2);
-    assert!(refused.iter().all(|c| c.reason_code == "turn_draining" && c.cause.is_none()));
+    assert!(
+        refused
+            .iter()
+            .all(|c| c.reason_code == "turn_draining" && c.cause.is_none())
+    );
 }
 
 /// The draining refusal is not counted against the budget.
 #[tokio::test(start_paused = true)]
 async fn draining_refusal_is_not_counted() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
     let plugin = FnPlugin(|_req, host: Arc<dyn RuntimeHost>, _abort| async move {
-        let r = host.invoke_tool(call("c1", "files.read"), None).await.unwrap();
+        let r = host
+            .invoke_tool(call("c1", "files.read"), None)
+            .await
+            .unwrap();
         assert_eq!(r.error().unwrap().code.as_str(), "turn_draining");
-        Ok(RuntimeTurnOutcome::complete(json!(host.draining().is_raised())))
+        Ok(RuntimeTurnOutcome::complete(json!(
+            host.draining().is_raised()
+        )))
     });
     let (mut opts, errs) = options(600_000);
     opts.default_max_tool_calls = Some(1);

@@ -18,15 +18,30 @@ async fn g10_runtime_sees_kernel_definitions_and_no_authority() {
     let r = h.run(request(&["files.read"])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
     let seen = log.request();
-    assert_eq!(seen.tools, vec![read_tool("files.read")], "the kernel's definition wins");
-    assert_eq!(seen.tools[0].description.as_str(), "kernel description of files.read");
+    assert_eq!(
+        seen.tools,
+        vec![read_tool("files.read")],
+        "the kernel's definition wins"
+    );
+    assert_eq!(
+        seen.tools[0].description.as_str(),
+        "kernel description of files.read"
+    );
     let ctx = serde_json::to_value(&seen.context).unwrap();
-    let keys: Vec<&str> = ctx.as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = ctx
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     for forbidden in ["authority", "enabledToolNamespaces", "grants"] {
         assert!(!keys.contains(&forbidden), "{forbidden} leaked: {keys:?}");
     }
     let whole = serde_json::to_string(&seen).unwrap();
-    assert!(!whole.contains("issuer"), "the issuing authority never reaches the runtime");
+    assert!(
+        !whole.contains("issuer"),
+        "the issuing authority never reaches the runtime"
+    );
     // "Frozen": the runtime gets an owned value; nothing it does to it
     // reaches the envelope (the typed port has no shared mutable request).
     assert_eq!(seen.execution_id.as_str(), EXEC_ID);
@@ -37,7 +52,11 @@ async fn g11_catalogue_is_listing_intersect_requested() {
     let kernel = TestKernel::new(vec![read_tool("B"), read_tool("C")])
         .handler("B", Handler::Succeed(json!(1)))
         .handler("C", Handler::Succeed(json!(1)));
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c-a", "A"), Step::Call("c-c", "C"), Step::Call("c-b", "B")]);
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::Call("c-a", "A"),
+        Step::Call("c-c", "C"),
+        Step::Call("c-b", "B"),
+    ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["A", "B"])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
@@ -68,21 +87,29 @@ async fn g12_reach_is_narrowed_to_the_effective_namespaces() {
 
     // The store cannot be read: the runtime is told so, with the code.
     let kernel = TestKernel::new(vec![read_tool("files.read")]);
-    *lock(&kernel.reach) =
-        serde_json::from_value(json!({"status": "unavailable", "reasonCode": "usage_store_unavailable"})).unwrap();
+    *lock(&kernel.reach) = serde_json::from_value(
+        json!({"status": "unavailable", "reasonCode": "usage_store_unavailable"}),
+    )
+    .unwrap();
     let (plugin, log) = ScriptPlugin::new(vec![]);
     let h = executor(&kernel, plugin, 0);
     h.run(request(&["files.read"])).await;
-    assert!(matches!(log.request().context.reach, ReachResult::Unavailable { ref reason_code } if reason_code == "usage_store_unavailable"));
+    assert!(
+        matches!(log.request().context.reach, ReachResult::Unavailable { ref reason_code } if reason_code == "usage_store_unavailable")
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn g13_emitted_turn_completed_is_a_runtime_event() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Emit("turn.completed", json!({"forged": true}))]);
+    let (plugin, _) =
+        ScriptPlugin::new(vec![Step::Emit("turn.completed", json!({"forged": true}))]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
-    assert_eq!(types(&r), ["turn.started", "runtime.event", "turn.completed"]);
+    assert_eq!(
+        types(&r),
+        ["turn.started", "runtime.event", "turn.completed"]
+    );
     assert_eq!(
         r.events[1].data,
         json!({"runtime": {"id": "test.scripted", "version": "0.0.1", "protocolVersion": "1"}, "type": "turn.completed", "data": {"forged": true}})
@@ -93,7 +120,10 @@ async fn g13_emitted_turn_completed_is_a_runtime_event() {
 #[tokio::test(start_paused = true)]
 async fn g14_outcome_cannot_forge_runtime_provenance() {
     let kernel = TestKernel::new(vec![]);
-    let md = json!({"model": "m", "runtime": "forged"}).as_object().unwrap().clone();
+    let md = json!({"model": "m", "runtime": "forged"})
+        .as_object()
+        .unwrap()
+        .clone();
     let (plugin, _) = ScriptPlugin::new(vec![Step::Return(RuntimeTurnOutcome::Complete {
         output: json!("ok"),
         metadata: Some(md),
@@ -112,12 +142,16 @@ async fn g14_outcome_cannot_forge_runtime_provenance() {
 fn collecting() -> (OnEvent, Arc<Mutex<Vec<ExecutionEvent>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();
-    (Arc::new(move |e: &ExecutionEvent| lock(&sink).push(e.clone())), seen)
+    (
+        Arc::new(move |e: &ExecutionEvent| lock(&sink).push(e.clone())),
+        seen,
+    )
 }
 
 #[tokio::test(start_paused = true)]
 async fn g15_on_event_sees_every_event_in_order() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, _) = ScriptPlugin::new(vec![
         Step::Emit("progress", json!(1)),
         Step::Call("c1", "files.read"),
@@ -126,7 +160,17 @@ async fn g15_on_event_sees_every_event_in_order() {
     ]);
     let h = executor(&kernel, plugin, 0);
     let (on_event, seen) = collecting();
-    let r = h.executor.execute(request(&["files.read"]), ExecuteOptions { cancel: None, on_event: Some(on_event) }).await.unwrap();
+    let r = h
+        .executor
+        .execute(
+            request(&["files.read"]),
+            ExecuteOptions {
+                cancel: None,
+                on_event: Some(on_event),
+            },
+        )
+        .await
+        .unwrap();
     // The same values, in the same order, as the result carries. The
     // callback gets `&ExecutionEvent`: it cannot change what is recorded.
     assert_eq!(*lock(&seen), r.events);
@@ -148,10 +192,24 @@ async fn g15_on_event_sees_every_event_in_order() {
 #[tokio::test(start_paused = true)]
 async fn g15_panicking_on_event_changes_nothing() {
     let run = |on_event: Option<OnEvent>| async move {
-        let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
-        let (plugin, _) = ScriptPlugin::new(vec![Step::Emit("progress", json!(1)), Step::Call("c1", "files.read")]);
+        let kernel = TestKernel::new(vec![read_tool("files.read")])
+            .handler("files.read", Handler::Succeed(json!(1)));
+        let (plugin, _) = ScriptPlugin::new(vec![
+            Step::Emit("progress", json!(1)),
+            Step::Call("c1", "files.read"),
+        ]);
         let h = executor(&kernel, plugin, 0);
-        let r = h.executor.execute(request(&["files.read"]), ExecuteOptions { cancel: None, on_event }).await.unwrap();
+        let r = h
+            .executor
+            .execute(
+                request(&["files.read"]),
+                ExecuteOptions {
+                    cancel: None,
+                    on_event,
+                },
+            )
+            .await
+            .unwrap();
         (r, kernel.turn_ends())
     };
     let (quiet, quiet_ends) = run(None).await;
@@ -159,7 +217,10 @@ async fn g15_panicking_on_event_changes_nothing() {
     assert_eq!(loud.status, ExecutionStatus::Succeeded);
     assert_eq!(types(&loud), types(&quiet));
     let strip = |r: &sharedos_protocol::ExecutionResult| -> Vec<Value> {
-        r.events.iter().map(|e| json!([e.sequence, e.kind, e.data])).collect()
+        r.events
+            .iter()
+            .map(|e| json!([e.sequence, e.kind, e.data]))
+            .collect()
     };
     assert_eq!(strip(&loud), strip(&quiet));
     assert_eq!(loud.output, quiet.output);
@@ -169,7 +230,11 @@ async fn g15_panicking_on_event_changes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn g16_events_are_sequenced_and_stamped() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Emit("a", json!(1)), Step::Sleep(250), Step::Emit("b", json!(2))]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Emit("a", json!(1)),
+        Step::Sleep(250),
+        Step::Emit("b", json!(2)),
+    ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
     let mut ids = std::collections::HashSet::new();
@@ -181,7 +246,10 @@ async fn g16_events_are_sequenced_and_stamped() {
     }
     // occurredAt comes from the executor's clock (virtual time here).
     assert_eq!(r.events[1].occurred_at.as_str(), "2026-09-18T10:00:00Z");
-    assert_eq!(r.events[2].occurred_at.to_offset() - r.events[1].occurred_at.to_offset(), time_ms(250));
+    assert_eq!(
+        r.events[2].occurred_at.to_offset() - r.events[1].occurred_at.to_offset(),
+        time_ms(250)
+    );
 }
 
 fn time_ms(n: i64) -> time::Duration {
@@ -194,8 +262,18 @@ fn time_ms(n: i64) -> time::Duration {
 /// the registry.
 #[tokio::test(start_paused = true)]
 async fn g17_manifest_is_validated_and_snapshotted() {
-    assert!(serde_json::from_value::<sharedos_protocol::RuntimeManifest>(json!({"id": "", "version": "1", "protocolVersion": "1"})).is_err());
-    assert!(serde_json::from_value::<sharedos_protocol::RuntimeManifest>(json!({"id": "a", "version": "1", "protocolVersion": "2"})).is_err());
+    assert!(
+        serde_json::from_value::<sharedos_protocol::RuntimeManifest>(
+            json!({"id": "", "version": "1", "protocolVersion": "1"})
+        )
+        .is_err()
+    );
+    assert!(
+        serde_json::from_value::<sharedos_protocol::RuntimeManifest>(
+            json!({"id": "a", "version": "1", "protocolVersion": "2"})
+        )
+        .is_err()
+    );
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![]);
     let h = executor(&kernel, plugin, 0);
@@ -211,20 +289,36 @@ async fn g17_manifest_is_validated_and_snapshotted() {
 #[tokio::test(start_paused = true)]
 async fn flood_of_emits_and_calls() {
     const N: usize = 5_000;
-    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::Succeed(json!(1)));
-    let plugin = FnPlugin(|_req, host: Arc<dyn sharedos_plugin_sdk::RuntimeHost>, _abort| async move {
-        for i in 0..N {
-            host.emit(sharedos_protocol::RuntimeEvent { kind: sharedos_protocol::ident("tick"), data: json!(i) })
+    let kernel = TestKernel::new(vec![read_tool("files.read")])
+        .handler("files.read", Handler::Succeed(json!(1)));
+    let plugin = FnPlugin(
+        |_req, host: Arc<dyn sharedos_plugin_sdk::RuntimeHost>, _abort| async move {
+            for i in 0..N {
+                host.emit(sharedos_protocol::RuntimeEvent {
+                    kind: sharedos_protocol::ident("tick"),
+                    data: json!(i),
+                })
                 .unwrap();
-            host.annotate("progress", json!(i)).unwrap();
-            let _ = host.invoke_tool(call(&format!("c{i}"), "files.read"), Some(i as u64)).await;
-        }
-        Ok(RuntimeTurnOutcome::complete(json!("done")))
-    });
+                host.annotate("progress", json!(i)).unwrap();
+                let _ = host
+                    .invoke_tool(call(&format!("c{i}"), "files.read"), Some(i as u64))
+                    .await;
+            }
+            Ok(RuntimeTurnOutcome::complete(json!("done")))
+        },
+    );
     let h = executor(&kernel, Arc::new(plugin), 0);
-    let r = h.run(request_with(&["files.read"], |v| v["options"] = json!({"maxSteps": 4, "maxToolCalls": 8}))).await;
+    let r = h
+        .run(request_with(&["files.read"], |v| {
+            v["options"] = json!({"maxSteps": 4, "maxToolCalls": 8})
+        }))
+        .await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
-    assert_eq!(kernel.invoked().len(), 4, "steps 0..4 only; later steps are refused before the kernel");
+    assert_eq!(
+        kernel.invoked().len(),
+        4,
+        "steps 0..4 only; later steps are refused before the kernel"
+    );
     assert_eq!(r.metadata.get("progress"), Some(&json!(N - 1)));
     assert_eq!(r.metadata.len(), 2, "one value per annotation key");
     // The unbounded part, stated so a change is noticed: 3 events per
@@ -236,15 +330,36 @@ async fn flood_of_emits_and_calls() {
 fn executor_options_are_checked() {
     use sharedos_host::executor::{Executor, Seat};
     let kernel_opts = |o: ExecutorOptions| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let kernel = TestKernel::new(vec![]);
             let (plugin, _) = ScriptPlugin::new(vec![]);
             Executor::new(kernel, Seat::in_process(plugin), o).map(|_| ())
         })
     };
-    assert!(kernel_opts(ExecutorOptions { default_timeout_ms: 0, ..Default::default() }).is_err());
-    assert!(kernel_opts(ExecutorOptions { default_max_steps: 0, ..Default::default() }).is_err());
-    assert!(kernel_opts(ExecutorOptions { default_max_tool_calls: Some(10_001), ..Default::default() }).is_err());
+    assert!(
+        kernel_opts(ExecutorOptions {
+            default_timeout_ms: 0,
+            ..Default::default()
+        })
+        .is_err()
+    );
+    assert!(
+        kernel_opts(ExecutorOptions {
+            default_max_steps: 0,
+            ..Default::default()
+        })
+        .is_err()
+    );
+    assert!(
+        kernel_opts(ExecutorOptions {
+            default_max_tool_calls: Some(10_001),
+            ..Default::default()
+        })
+        .is_err()
+    );
     assert!(kernel_opts(ExecutorOptions::default()).is_ok());
 }

@@ -15,13 +15,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat, TurnError, TurnIds};
-use sharedos_kernel::{Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease};
+use sharedos_host::executor::{
+    ExecuteOptions, Executor, ExecutorOptions, Seat, TurnError, TurnIds,
+};
+use sharedos_kernel::{
+    Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease,
+};
 use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::{
-    AccessContext, Address, Escalation, EscalationStatus, ExecutionRequest, ExecutionResult, Identifier, ReachResult,
-    Reason, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, Timestamp, ToolCall,
-    ToolDefinition, ToolResult,
+    AccessContext, Address, Escalation, EscalationStatus, ExecutionRequest, ExecutionResult,
+    Identifier, ReachResult, Reason, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, Timestamp, ToolCall, ToolDefinition, ToolResult,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -132,7 +136,12 @@ pub fn call(id: &str, tool: &str) -> ToolCall {
 
 pub fn manifest() -> RuntimeManifest {
     let mut m = RuntimeManifest::new("test.scripted", "0.0.1").unwrap();
-    m.metadata = Some(json!({"package": "envelope-tests"}).as_object().unwrap().clone());
+    m.metadata = Some(
+        json!({"package": "envelope-tests"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
     m
 }
 
@@ -162,9 +171,15 @@ pub enum Handler {
     Fail(&'static str),
     /// `transfer_funds`: debit, work `work_ms`, then credit. When it honours
     /// the abort and is aborted mid-way, it stops: debit only.
-    Transfer { work_ms: u64, honour_abort: bool },
+    Transfer {
+        work_ms: u64,
+        honour_abort: bool,
+    },
     /// Works `work_ms`, then succeeds with `{"ok": true}`.
-    Slow { work_ms: u64, honour_abort: bool },
+    Slow {
+        work_ms: u64,
+        honour_abort: bool,
+    },
     /// Answers with a result for another call id.
     WrongCallId,
     /// Waits for the abort and then rejects with an audit outage
@@ -191,8 +206,15 @@ pub enum KernelCall {
     Admit,
     Reach,
     List,
-    Invoke { call_id: String, tool: String, context: Box<AccessContext>, aborted_on_entry: bool },
-    Escalation { reason: String },
+    Invoke {
+        call_id: String,
+        tool: String,
+        context: Box<AccessContext>,
+        aborted_on_entry: bool,
+    },
+    Escalation {
+        reason: String,
+    },
     Refused(RefusedCall),
     TurnEnd(TurnEnd),
 }
@@ -257,7 +279,13 @@ impl TestKernel {
         self.base.elapsed().as_millis() as u64
     }
 
-    fn audit_push(&self, kind: &'static str, call_id: Option<&str>, outcome: &str, reason: Option<&str>) {
+    fn audit_push(
+        &self,
+        kind: &'static str,
+        call_id: Option<&str>,
+        outcome: &str,
+        reason: Option<&str>,
+    ) {
         self.audit_full(kind, call_id, outcome, reason, "kernel", None);
     }
 
@@ -323,15 +351,24 @@ impl TestKernel {
     }
     /// `tool.invoked` audit entries for a call id.
     pub fn tool_invoked(&self, call_id: &str) -> Vec<Audit> {
-        self.audit().into_iter().filter(|a| a.kind == "tool.invoked" && a.call_id.as_deref() == Some(call_id)).collect()
+        self.audit()
+            .into_iter()
+            .filter(|a| a.kind == "tool.invoked" && a.call_id.as_deref() == Some(call_id))
+            .collect()
     }
     /// Leases the kernel handed out that are still held by someone.
     pub fn live_leases(&self) -> usize {
-        lock(&self.leases).iter().filter(|w| w.upgrade().is_some()).count()
+        lock(&self.leases)
+            .iter()
+            .filter(|w| w.upgrade().is_some())
+            .count()
     }
 
     fn outage(cause: &str) -> KernelError {
-        KernelError::AuditUnavailable { effect: AuditEffect::None, cause: cause.to_owned() }
+        KernelError::AuditUnavailable {
+            effect: AuditEffect::None,
+            cause: cause.to_owned(),
+        }
     }
 
     async fn wait_or_abort(work_ms: u64, honour_abort: bool, abort: &CancellationToken) -> bool {
@@ -349,7 +386,10 @@ impl TestKernel {
 
 #[async_trait]
 impl TurnKernel for TestKernel {
-    async fn open_turn_authority(&self, _context: &AccessContext) -> Result<TurnLease, KernelError> {
+    async fn open_turn_authority(
+        &self,
+        _context: &AccessContext,
+    ) -> Result<TurnLease, KernelError> {
         lock(&self.log).push(KernelCall::Open);
         self.loads.fetch_add(1, Ordering::SeqCst);
         if *lock(&self.open_hangs) {
@@ -363,7 +403,12 @@ impl TurnKernel for TestKernel {
         Ok(lease)
     }
 
-    async fn admit_turn(&self, _: &TurnLease, _: &AccessContext, _: &Address) -> Result<Admission, KernelError> {
+    async fn admit_turn(
+        &self,
+        _: &TurnLease,
+        _: &AccessContext,
+        _: &Address,
+    ) -> Result<Admission, KernelError> {
         lock(&self.log).push(KernelCall::Admit);
         Ok(lock(&self.admission).clone())
     }
@@ -373,13 +418,22 @@ impl TurnKernel for TestKernel {
         Ok(lock(&self.reach).clone())
     }
 
-    async fn list_tools(&self, _: &TurnLease, _: &AccessContext) -> Result<Vec<ToolDefinition>, KernelError> {
+    async fn list_tools(
+        &self,
+        _: &TurnLease,
+        _: &AccessContext,
+    ) -> Result<Vec<ToolDefinition>, KernelError> {
         lock(&self.log).push(KernelCall::List);
         if *lock(&self.listing_hangs) {
             std::future::pending::<()>().await;
         }
         if let Some(e) = lock(&self.listing_error).clone() {
-            self.audit_push("tool.catalog.listed", None, "failed", Some("audit_unavailable"));
+            self.audit_push(
+                "tool.catalog.listed",
+                None,
+                "failed",
+                Some("audit_unavailable"),
+            );
             return Err(e);
         }
         Ok(lock(&self.listing).clone())
@@ -412,32 +466,63 @@ impl TurnKernel for TestKernel {
             return Err(Self::outage("audit sink is down"));
         }
         let Some(handler) = lock(&self.handlers).get(call.tool.as_str()).cloned() else {
-            self.audit_push("tool.invoked", Some(&id), "denied", Some("tool_unavailable"));
-            return Ok(ToolResult::denied(call, "tool_unavailable", "not registered", context.now.clone()));
+            self.audit_push(
+                "tool.invoked",
+                Some(&id),
+                "denied",
+                Some("tool_unavailable"),
+            );
+            return Ok(ToolResult::denied(
+                call,
+                "tool_unavailable",
+                "not registered",
+                context.now.clone(),
+            ));
         };
         self.audit_push("authorization.checked", Some(&id), "allowed", None);
         let at = context.now.clone();
         let result = match handler {
             Handler::Succeed(v) => ToolResult::succeeded(call, v, at),
-            Handler::Deny(code) => ToolResult::denied(call, code, "The access context does not grant this tool capability", at),
+            Handler::Deny(code) => ToolResult::denied(
+                call,
+                code,
+                "The access context does not grant this tool capability",
+                at,
+            ),
             Handler::Fail(code) => ToolResult::failed(call, code, "the tool failed", at),
             Handler::WrongCallId => {
                 let mut other = call.clone();
                 other.id = Identifier::new("someone-else").unwrap();
                 ToolResult::succeeded(&other, json!(1), at)
             }
-            Handler::Transfer { work_ms, honour_abort } => {
+            Handler::Transfer {
+                work_ms,
+                honour_abort,
+            } => {
                 lock(&self.ledger).push(format!("debit:{id}"));
                 if !Self::wait_or_abort(work_ms, honour_abort, &abort).await {
-                    self.audit_push("tool.invoked", Some(&id), "interrupted", Some("operation_aborted"));
+                    self.audit_push(
+                        "tool.invoked",
+                        Some(&id),
+                        "interrupted",
+                        Some("operation_aborted"),
+                    );
                     return Err(KernelError::Interrupted);
                 }
                 lock(&self.ledger).push(format!("credit:{id}"));
                 ToolResult::succeeded(call, json!({"transferred": true}), at)
             }
-            Handler::Slow { work_ms, honour_abort } => {
+            Handler::Slow {
+                work_ms,
+                honour_abort,
+            } => {
                 if !Self::wait_or_abort(work_ms, honour_abort, &abort).await {
-                    self.audit_push("tool.invoked", Some(&id), "interrupted", Some("operation_aborted"));
+                    self.audit_push(
+                        "tool.invoked",
+                        Some(&id),
+                        "interrupted",
+                        Some("operation_aborted"),
+                    );
                     return Err(KernelError::Interrupted);
                 }
                 ToolResult::succeeded(call, json!({"ok": true}), at)
@@ -448,7 +533,12 @@ impl TurnKernel for TestKernel {
             }
         };
         let reason = result.error().map(|e| e.code.to_string());
-        self.audit_push("tool.invoked", Some(&id), result.status().as_str(), reason.as_deref());
+        self.audit_push(
+            "tool.invoked",
+            Some(&id),
+            result.status().as_str(),
+            reason.as_deref(),
+        );
         Ok(result)
     }
 
@@ -459,11 +549,18 @@ impl TurnKernel for TestKernel {
         _: &Identifier,
         reason: &Reason,
     ) -> Result<Escalation, KernelError> {
-        lock(&self.log).push(KernelCall::Escalation { reason: reason.to_string() });
+        lock(&self.log).push(KernelCall::Escalation {
+            reason: reason.to_string(),
+        });
         if let Some(e) = lock(&self.escalation_error).clone() {
             return Err(e);
         }
-        self.audit_push("escalation.requested", None, "escalated", Some("escalation_requested"));
+        self.audit_push(
+            "escalation.requested",
+            None,
+            "escalated",
+            Some("escalation_requested"),
+        );
         Ok(Escalation {
             reason: reason.clone(),
             reviewer: context.owner.clone(),
@@ -548,10 +645,16 @@ pub struct PluginLog {
 
 impl PluginLog {
     pub fn result(&self, id: &str) -> Result<ToolResult, HostCallError> {
-        lock(&self.results).iter().find(|(i, _)| i == id).map(|(_, r)| r.clone()).expect("call result")
+        lock(&self.results)
+            .iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, r)| r.clone())
+            .expect("call result")
     }
     pub fn code(&self, id: &str) -> Option<String> {
-        self.result(id).ok().and_then(|r| r.error().map(|e| e.code.to_string()))
+        self.result(id)
+            .ok()
+            .and_then(|r| r.error().map(|e| e.code.to_string()))
     }
     pub fn host(&self) -> Arc<dyn RuntimeHost> {
         lock(&self.host).clone().expect("host captured")
@@ -572,7 +675,13 @@ pub struct ScriptPlugin {
 impl ScriptPlugin {
     pub fn new(steps: Vec<Step>) -> (Arc<Self>, Arc<PluginLog>) {
         let log = Arc::new(PluginLog::default());
-        (Arc::new(Self { steps, log: log.clone() }), log)
+        (
+            Arc::new(Self {
+                steps,
+                log: log.clone(),
+            }),
+            log,
+        )
     }
 }
 
@@ -606,9 +715,14 @@ impl RuntimePlugin for ScriptPlugin {
                     }
                 }
                 Step::Emit(kind, data) => host
-                    .emit(RuntimeEvent { kind: Identifier::new(kind).unwrap(), data })
+                    .emit(RuntimeEvent {
+                        kind: Identifier::new(kind).unwrap(),
+                        data,
+                    })
                     .map_err(|e| RuntimeError::Failed(e.to_string()))?,
-                Step::Annotate(k, v) => host.annotate(k, v).map_err(|e| RuntimeError::Failed(e.to_string()))?,
+                Step::Annotate(k, v) => host
+                    .annotate(k, v)
+                    .map_err(|e| RuntimeError::Failed(e.to_string()))?,
                 Step::Sleep(n) => tokio::time::sleep(ms(n)).await,
                 Step::Stall => std::future::pending::<()>().await,
                 Step::WaitDraining => host.draining().raised().await,
@@ -670,13 +784,19 @@ pub fn options(grace_ms: u64) -> (ExecutorOptions, TurnErrors) {
     let opts = ExecutorOptions {
         clock: virtual_clock(),
         drain_grace_ms: grace_ms,
-        on_turn_error: Some(Arc::new(move |e: &TurnError, ids: &TurnIds| lock(&sink).push((e.clone(), ids.clone())))),
+        on_turn_error: Some(Arc::new(move |e: &TurnError, ids: &TurnIds| {
+            lock(&sink).push((e.clone(), ids.clone()))
+        })),
         ..ExecutorOptions::default()
     };
     (opts, errors)
 }
 
-pub fn executor(kernel: &Arc<TestKernel>, plugin: Arc<dyn RuntimePlugin>, grace_ms: u64) -> Harness {
+pub fn executor(
+    kernel: &Arc<TestKernel>,
+    plugin: Arc<dyn RuntimePlugin>,
+    grace_ms: u64,
+) -> Harness {
     let (opts, turn_errors) = options(grace_ms);
     executor_with(kernel, plugin, opts, turn_errors)
 }
@@ -688,12 +808,18 @@ pub fn executor_with(
     turn_errors: TurnErrors,
 ) -> Harness {
     let executor = Executor::new(kernel.clone(), Seat::in_process(plugin), opts).expect("executor");
-    Harness { executor, turn_errors }
+    Harness {
+        executor,
+        turn_errors,
+    }
 }
 
 impl Harness {
     pub async fn run(&self, request: ExecutionRequest) -> ExecutionResult {
-        self.executor.execute(request, ExecuteOptions::default()).await.expect("a result")
+        self.executor
+            .execute(request, ExecuteOptions::default())
+            .await
+            .expect("a result")
     }
     pub fn turn_errors(&self) -> Vec<(TurnError, TurnIds)> {
         lock(&self.turn_errors).clone()
@@ -717,7 +843,11 @@ pub fn last_event(r: &ExecutionResult) -> (String, Value) {
 }
 
 pub fn events_of<'a>(r: &'a ExecutionResult, kind: &str) -> Vec<&'a Value> {
-    r.events.iter().filter(|e| e.kind == kind).map(|e| &e.data).collect()
+    r.events
+        .iter()
+        .filter(|e| e.kind == kind)
+        .map(|e| &e.data)
+        .collect()
 }
 
 pub fn code(r: &ExecutionResult) -> &str {
@@ -733,5 +863,7 @@ pub async fn settle() {
 
 /// The number of tasks still alive on the runtime (timers are tasks here).
 pub fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current().metrics().num_alive_tasks()
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
 }
