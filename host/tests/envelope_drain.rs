@@ -198,7 +198,7 @@ async fn g57_result_landing_in_the_drain_on_the_last_step_is_cancelled() {
     let kernel = bank(3_000);
     let (plugin, _) = ScriptPlugin::new(vec![
         Step::Sleep(114_000),
-        Step::CallStep("c1", "transfer_funds", 0),
+        Step::CallAt("c1", "transfer_funds", 0),
         Step::ThrowIfDraining,
     ]);
     let h = executor(&kernel, plugin, GRACE);

@@ -63,9 +63,9 @@ async fn g20_step_ceiling_with_declared_steps() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::CallStep("c1", "files.read", 0),
-        Step::CallStep("c2", "files.read", 1),
-        Step::CallStep("c3", "files.read", 0),
+        Step::CallAt("c1", "files.read", 0),
+        Step::CallAt("c2", "files.read", 1),
+        Step::CallAt("c3", "files.read", 0),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h

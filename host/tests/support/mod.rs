@@ -614,7 +614,7 @@ pub enum Step {
     /// plugin throw (an uncaught rejection).
     Call(&'static str, &'static str),
     /// The same with a declared step.
-    CallStep(&'static str, &'static str, u64),
+    CallAt(&'static str, &'static str, u64),
     /// Calls a tool; an `Err` is recorded and the script goes on.
     TryCall(&'static str, &'static str),
     Emit(&'static str, Value),
@@ -703,9 +703,9 @@ impl RuntimePlugin for ScriptPlugin {
         *lock(&log.abort) = Some(abort.clone());
         for step in &self.steps {
             match step.clone() {
-                Step::Call(id, tool) | Step::TryCall(id, tool) | Step::CallStep(id, tool, _) => {
+                Step::Call(id, tool) | Step::TryCall(id, tool) | Step::CallAt(id, tool, _) => {
                     let s = match step {
-                        Step::CallStep(_, _, s) => Some(*s),
+                        Step::CallAt(_, _, s) => Some(*s),
                         _ => None,
                     };
                     let r = host.invoke_tool(call(id, tool), s).await;
