@@ -460,3 +460,48 @@ async fn seat_ignoring_draining_is_stopped_at_the_deadline() {
     assert_eq!(r.retryable(), Some(true));
     assert!(lock(&log.abort).as_ref().unwrap().is_raised());
 }
+
+/// While draining, `emit` and `annotate` still work; after the hard abort
+/// `emit` is refused and `annotate` is still kept while the turn is open.
+#[tokio::test(start_paused = true)]
+async fn emit_works_while_draining_and_not_after_the_abort() {
+    let kernel = bank(0);
+    let plugin = FnPlugin(
+        |_, host: Arc<dyn RuntimeHost>, abort: sharedos_plugin_sdk::Signal| async move {
+            host.draining().raised().await;
+            host.emit(sharedos_protocol::RuntimeEvent {
+                kind: sharedos_protocol::ident("draining.seen"),
+                data: json!(1),
+            })
+            .unwrap();
+            host.annotate("drained", json!(true)).unwrap();
+            abort.raised().await;
+            let refused = host
+                .emit(sharedos_protocol::RuntimeEvent {
+                    kind: sharedos_protocol::ident("late"),
+                    data: json!(2),
+                })
+                .unwrap_err();
+            host.annotate("emitAfterAbort", json!(refused.message))
+                .unwrap();
+            Err(RuntimeError::Failed("stopped".into()))
+        },
+    );
+    let h = executor(&kernel, Arc::new(plugin), GRACE);
+    let (r, took) = timed(&h, req()).await;
+    assert_eq!(took, LIMIT);
+    assert_eq!(r.status, ExecutionStatus::Cancelled);
+    assert_eq!(
+        types(&r),
+        ["turn.started", "runtime.event", "turn.cancelled"]
+    );
+    assert_eq!(
+        r.events[1].occurred_at.to_offset() - r.events[0].occurred_at.to_offset(),
+        time::Duration::milliseconds(115_000)
+    );
+    assert_eq!(r.metadata.get("drained"), Some(&json!(true)));
+    assert_eq!(
+        r.metadata.get("emitAfterAbort"),
+        Some(&json!("Runtime host is closed"))
+    );
+}

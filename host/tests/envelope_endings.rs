@@ -313,3 +313,56 @@ async fn host_cancel_mid_turn_is_cancelled_at_once() {
     assert_eq!(r.retryable(), Some(true));
     assert!(h.turn_errors().is_empty());
 }
+
+/// A panic is how an in-process Rust plugin throws: it ends the turn
+/// `runtime_failed` like any other throw, with the ending recorded, rather
+/// than unwinding through the host's `execute`.
+#[tokio::test(start_paused = true)]
+async fn plugin_panic_is_runtime_failed() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
+        host.annotate("before", json!(true)).unwrap();
+        if host.limits().max_steps > 0 {
+            panic!("plugin bug at /srv/plugin.rs:12");
+        }
+        Ok(RuntimeTurnOutcome::complete(json!(null)))
+    });
+    let h = executor(&kernel, Arc::new(plugin), 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(r.status, ExecutionStatus::Failed);
+    assert_eq!(code(&r), "runtime_failed");
+    assert_eq!(r.metadata.get("before"), Some(&json!(true)));
+    assert!(
+        !serde_json::to_string(&r)
+            .unwrap()
+            .contains("/srv/plugin.rs")
+    );
+    assert_eq!(kernel.turn_ends().len(), 1);
+    assert_eq!(kernel.live_leases(), 0);
+    assert_eq!(h.turn_errors().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn limits_follow_the_request_then_the_defaults() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
+        Ok(RuntimeTurnOutcome::complete(
+            serde_json::to_value(host.limits()).unwrap(),
+        ))
+    });
+    let h = executor(&kernel, Arc::new(plugin), 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(
+        r.output,
+        Some(json!({"maxSteps": 16, "maxToolCalls": 16, "timeoutMs": 120000}))
+    );
+    let r = h
+        .run(request_with(&[], |v| {
+            v["options"] = json!({"maxSteps": 3, "timeoutMs": 50})
+        }))
+        .await;
+    assert_eq!(
+        r.output,
+        Some(json!({"maxSteps": 3, "maxToolCalls": 3, "timeoutMs": 50}))
+    );
+}

@@ -16,6 +16,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
 use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
@@ -453,7 +454,14 @@ impl Executor {
         );
 
         let host = Arc::new(EnvelopeHost { turn: turn.clone() });
-        let mut run = std::pin::pin!(self.seat.plugin.run(runtime_request, host, hard.clone()));
+        // A panic is how an in-process plugin throws: it ends the turn
+        // `runtime_failed` like any throw, never unwinding through the host.
+        let run = AssertUnwindSafe(self.seat.plugin.run(runtime_request, host, hard.clone()))
+            .catch_unwind()
+            .map(|r| {
+                r.unwrap_or_else(|_| Err(RuntimeError::Failed("the runtime panicked".into())))
+            });
+        let mut run = std::pin::pin!(run);
         let outcome = tokio::select! {
             biased;
             _ = hard.raised() => {
