@@ -363,3 +363,47 @@ fn executor_options_are_checked() {
     );
     assert!(kernel_opts(ExecutorOptions::default()).is_ok());
 }
+
+/// `on_event` sees events in `sequence` order even when calls complete on
+/// several worker threads at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_event_order_holds_across_threads() {
+    const CALLS: usize = 400;
+    for _ in 0..5 {
+        let kernel = TestKernel::new(vec![read_tool("files.read")])
+            .handler("files.read", Handler::Succeed(json!(1)));
+        let plugin = FnPlugin(
+            |_req, host: Arc<dyn sharedos_plugin_sdk::RuntimeHost>, _abort| async move {
+                let calls = (0..CALLS).map(|i| {
+                    let host = host.clone();
+                    tokio::spawn(async move {
+                        host.invoke_tool(call(&format!("c{i}"), "files.read"), None)
+                            .await
+                    })
+                });
+                for c in futures_util::future::join_all(calls).await {
+                    c.unwrap().unwrap();
+                }
+                Ok(RuntimeTurnOutcome::complete(json!("done")))
+            },
+        );
+        let h = executor(&kernel, Arc::new(plugin), 0);
+        let (on_event, seen) = collecting();
+        let r = h
+            .executor
+            .execute(
+                request_with(&["files.read"], |v| {
+                    v["options"] = json!({"maxToolCalls": 10_000})
+                }),
+                ExecuteOptions {
+                    cancel: None,
+                    on_event: Some(on_event),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, ExecutionStatus::Succeeded);
+        let seqs: Vec<u64> = lock(&seen).iter().map(|e| e.sequence).collect();
+        assert_eq!(seqs, (0..r.events.len() as u64).collect::<Vec<_>>());
+    }
+}
