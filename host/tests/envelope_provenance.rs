@@ -61,7 +61,14 @@ async fn g11_catalogue_is_listing_intersect_requested() {
     let r = h.run(request(&["A", "B"])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
     let started = events_of(&r, "turn.started");
-    assert_eq!(started[0]["visibleTools"], json!(["B"]));
+    assert_eq!(
+        *started[0],
+        json!({
+            "agent": {"kind": "agent", "agentId": AGENT},
+            "visibleTools": ["B"],
+            "runtime": {"id": "test.scripted", "version": "0.0.1", "protocolVersion": "1"}
+        })
+    );
     assert_eq!(log.code("c-a").as_deref(), Some("tool_unavailable"));
     assert_eq!(log.code("c-c").as_deref(), Some("tool_unavailable"));
     assert!(log.result("c-b").unwrap().error().is_none());
