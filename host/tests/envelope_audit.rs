@@ -214,3 +214,37 @@ async fn g83_outcome_path_failure_does_not_end_the_turn() {
     assert_eq!(r.status, ExecutionStatus::Succeeded);
     assert_eq!(kernel.ledger(), ["debit:c1", "credit:c1"]);
 }
+
+/// B.10: an outage on any kernel call the envelope makes itself (authority,
+/// admission, reach, escalation) ends the turn `audit_unavailable`.
+#[tokio::test(start_paused = true)]
+async fn outage_on_the_envelopes_own_kernel_calls() {
+    let outage = || KernelError::AuditUnavailable {
+        effect: AuditEffect::None,
+        cause: "sink".into(),
+    };
+    // Authority load.
+    let kernel = bank(transfer());
+    *lock(&kernel.open_error) = Some(outage());
+    let (plugin, log) = ScriptPlugin::new(vec![]);
+    let r = executor(&kernel, plugin, 0).run(req()).await;
+    assert_eq!((code(&r), r.retryable()), ("audit_unavailable", Some(true)));
+    assert!(!log.ran());
+    // Escalation recording.
+    let kernel = TestKernel::new(vec![escalate_tool()]);
+    *lock(&kernel.escalation_error) = Some(outage());
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("k", json!(1)),
+        Step::Return(RuntimeTurnOutcome::Escalate {
+            reason: sharedos_protocol::Reason::new("r").unwrap(),
+            metadata: None,
+        }),
+    ]);
+    let r = executor(&kernel, plugin, 0)
+        .run(request(&["sharedos.escalate"]))
+        .await;
+    assert_eq!(r.status, ExecutionStatus::Failed);
+    assert_eq!(code(&r), "audit_unavailable");
+    assert!(events_of(&r, "turn.escalated").is_empty());
+    assert_eq!(r.metadata.get("k"), Some(&json!(1)));
+}
