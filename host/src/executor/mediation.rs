@@ -184,6 +184,24 @@ impl RuntimeHost for EnvelopeHost {
                     turn.drain_for_outage();
                 }
             }
+            // 11–13 belong to the mediated call, not to the seat's wait on
+            // it: a result that lands after the seat stopped waiting (it
+            // threw, or gave up on the call when the turn began draining)
+            // is still recorded as `tool.completed` (B.6), and before the
+            // in-flight guard lets the catch path write the turn's ending.
+            if let Ok(result) = &outcome {
+                let valid =
+                    result.call_id() == &kernel_call.id && result.tool() == &kernel_call.tool;
+                if valid && turn.is_open() && !turn.signals.hard_raised() {
+                    let mut data =
+                        call_event(kernel_call.id.as_str(), kernel_call.tool.as_str(), step);
+                    data.insert("status".into(), json!(result.status().as_str()));
+                    if let Some(err) = result.error() {
+                        data.insert("code".into(), json!(err.code.as_str()));
+                    }
+                    turn.push_event("tool.completed", Value::Object(data));
+                }
+            }
             outcome
         });
         // 11. Race with the hard signal.
@@ -226,17 +244,11 @@ impl RuntimeHost for EnvelopeHost {
                 "Kernel returned an invalid tool result",
             ));
         }
-        // 12. Check the host again.
+        // 12. Check the host again. (13, `tool.completed`, was written by
+        // the mediated call above.)
         if self.closed() {
             return Err(HostCallError::closed());
         }
-        // 13.
-        let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
-        data.insert("status".into(), json!(result.status().as_str()));
-        if let Some(err) = result.error() {
-            data.insert("code".into(), json!(err.code.as_str()));
-        }
-        turn.push_event("tool.completed", Value::Object(data));
         Ok(result)
     }
 

@@ -16,6 +16,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
 use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
@@ -453,7 +454,14 @@ impl Executor {
         );
 
         let host = Arc::new(EnvelopeHost { turn: turn.clone() });
-        let mut run = std::pin::pin!(self.seat.plugin.run(runtime_request, host, hard.clone()));
+        // A panic is how an in-process plugin throws: it ends the turn
+        // `runtime_failed` like any throw, never unwinding through the host.
+        let run = AssertUnwindSafe(self.seat.plugin.run(runtime_request, host, hard.clone()))
+            .catch_unwind()
+            .map(|r| {
+                r.unwrap_or_else(|_| Err(RuntimeError::Failed("the runtime panicked".into())))
+            });
+        let mut run = std::pin::pin!(run);
         let outcome = tokio::select! {
             biased;
             _ = hard.raised() => {
@@ -670,11 +678,18 @@ fn spawn_deadlines(
     timeout_ms: u64,
     grace_ms: u64,
 ) -> tokio::task::JoinHandle<()> {
+    // The clock starts now, not when the timer task is first polled.
+    let start = tokio::time::Instant::now();
+    // A grace no smaller than the limit leaves no time in which a call is
+    // taken: the turn is draining from its first instant, before the seat
+    // can make a call (ADR 0007).
+    if grace_ms > 0 && grace_ms >= timeout_ms {
+        turn.signals.raise_soft();
+    }
     let weak = Arc::downgrade(turn);
     tokio::spawn(async move {
-        let start = tokio::time::Instant::now();
         let deadline = start + Duration::from_millis(timeout_ms);
-        if grace_ms > 0 {
+        if grace_ms > 0 && grace_ms < timeout_ms {
             tokio::time::sleep_until(
                 start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms)),
             )

@@ -136,6 +136,10 @@ pub(crate) struct Turn {
     pub calls: Mutex<CallBudget>,
     pub runtime_ref: Value,
     events: Mutex<EventLog>,
+    /// How many events the observer has been handed; held by the one
+    /// caller delivering.
+    delivered: Mutex<usize>,
+    delivered_count: std::sync::atomic::AtomicUsize,
     annotations: Mutex<Vec<(String, Value)>>,
     clock: Clock,
     ids: IdSource,
@@ -182,6 +186,8 @@ impl Turn {
             calls: Mutex::new(CallBudget::default()),
             runtime_ref: p.runtime_ref,
             events: Mutex::new(EventLog { events: Vec::new() }),
+            delivered: Mutex::new(0),
+            delivered_count: std::sync::atomic::AtomicUsize::new(0),
             annotations: Mutex::new(Vec::new()),
             clock: p.clock,
             ids: p.ids,
@@ -212,7 +218,7 @@ impl Turn {
     /// Appends an authoritative event and hands an immutable copy to the
     /// observer. A panicking observer changes nothing.
     pub fn push_event(&self, kind: &str, data: Value) {
-        let event = {
+        {
             let mut log = lock(&self.events);
             let event = ExecutionEvent {
                 version: Version::V1,
@@ -225,11 +231,36 @@ impl Turn {
                 data,
                 occurred_at: self.now(),
             };
-            log.events.push(event.clone());
-            event
-        };
-        if let Some(cb) = &self.on_event {
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| cb(&event)));
+            log.events.push(event);
+        }
+        self.deliver();
+    }
+
+    /// Hands the observer every event it has not seen, in `sequence` order,
+    /// whichever thread pushed them. One caller delivers at a time; a
+    /// pusher that finds delivery busy leaves its event to the deliverer,
+    /// which checks again after letting go, so no event is skipped. (A
+    /// callback that pushes an event itself, which none does, would have
+    /// it delivered by the same loop rather than deadlock.)
+    fn deliver(&self) {
+        let Some(cb) = &self.on_event else { return };
+        loop {
+            let mut delivered = match self.delivered.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
+            loop {
+                let next = lock(&self.events).events.get(*delivered).cloned();
+                let Some(event) = next else { break };
+                *delivered += 1;
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| cb(&event)));
+            }
+            self.delivered_count.store(*delivered, Ordering::SeqCst);
+            drop(delivered);
+            if self.delivered_count.load(Ordering::SeqCst) >= lock(&self.events).events.len() {
+                return;
+            }
         }
     }
 

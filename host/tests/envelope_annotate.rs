@@ -1,0 +1,307 @@
+//! envelope.md G 40–52: `host.annotate` and the one merge order (B.4, A.8).
+
+mod support;
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost};
+use sharedos_protocol::{ErrorKind, ExecutionStatus, ProtocolError, Reason, RuntimeTurnOutcome};
+use support::*;
+
+const H: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+#[tokio::test(start_paused = true)]
+async fn g40_annotation_on_completed_keeps_runtime() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("promptHash", json!(H))]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(r.status, ExecutionStatus::Succeeded);
+    assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
+    assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
+    // Annotations are not events.
+    assert_eq!(types(&r), ["turn.started", "turn.completed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn g41_annotation_survives_a_throw() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("promptHash", json!(H)),
+        Step::Throw("boom"),
+    ]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(code(&r), "runtime_failed");
+    assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
+    assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g42_annotation_survives_the_deadline() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("promptHash", json!(H)), Step::Stall]);
+    let h = executor(&kernel, plugin, 0);
+    let (r, took) = timed(&h, request(&[])).await;
+    assert_eq!(r.status, ExecutionStatus::Cancelled);
+    assert_eq!(took, 120_000);
+    assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g43_annotation_survives_an_outcome_that_does_not_parse() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
+        host.annotate("promptHash", json!(H)).unwrap();
+        Err(RuntimeError::InvalidOutcome("bad".into()))
+    });
+    let h = executor(&kernel, Arc::new(plugin), 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(code(&r), "invalid_runtime_outcome");
+    assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g44_annotation_survives_an_audit_outage() {
+    let kernel = TestKernel::new(vec![write_tool("transfer_funds")]).handler(
+        "transfer_funds",
+        Handler::Transfer {
+            work_ms: 0,
+            honour_abort: true,
+        },
+    );
+    lock(&kernel.fail_decision).insert("c1".into());
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("promptHash", json!(H)),
+        Step::Call("c1", "transfer_funds"),
+    ]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h.run(request(&["transfer_funds"])).await;
+    assert_eq!(code(&r), "audit_unavailable");
+    assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
+    assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g45_annotation_outranks_outcome_metadata() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("k", json!(1)),
+        Step::Return(RuntimeTurnOutcome::Complete {
+            output: json!(null),
+            metadata: Some(json!({"k": 2, "other": 3}).as_object().unwrap().clone()),
+        }),
+    ]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(r.metadata.get("k"), Some(&json!(1)));
+    assert_eq!(r.metadata.get("other"), Some(&json!(3)));
+    // The same on a fail outcome and on an escalation.
+    for outcome in [
+        RuntimeTurnOutcome::Fail {
+            error: ProtocolError::new("x_failed", "x", Some(false)),
+            metadata: Some(json!({"k": 2}).as_object().unwrap().clone()),
+        },
+        RuntimeTurnOutcome::Escalate {
+            reason: Reason::new("r").unwrap(),
+            metadata: Some(json!({"k": 2}).as_object().unwrap().clone()),
+        },
+    ] {
+        let kernel = TestKernel::new(vec![escalate_tool()]);
+        let (plugin, _) =
+            ScriptPlugin::new(vec![Step::Annotate("k", json!(1)), Step::Return(outcome)]);
+        let r = executor(&kernel, plugin, 0)
+            .run(request(&["sharedos.escalate"]))
+            .await;
+        assert_eq!(r.metadata.get("k"), Some(&json!(1)), "{:?}", r.status);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn g46_refused_keys_are_invalid() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
+        for key in ["runtime", "", "__proto__"] {
+            let err = host.annotate(key, json!(1)).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::InvalidParams, "{key:?}");
+            assert_eq!(
+                err.message,
+                "Runtime annotation key must be a non-empty string other than 'runtime' or '__proto__'"
+            );
+        }
+        Ok(RuntimeTurnOutcome::complete(json!("checked")))
+    });
+    let h = executor(&kernel, Arc::new(plugin), 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(r.output, Some(json!("checked")));
+    assert_eq!(r.metadata.get("runtime"), Some(&expected_runtime()));
+    assert!(!r.metadata.contains_key(""));
+    assert!(!r.metadata.contains_key("__proto__"));
+}
+
+/// Nearest equivalent of G47: `undefined`, `NaN`, `Infinity`, functions and
+/// bigints are not representable as `serde_json::Value`, which is what
+/// `annotate` takes; the conversions that would produce them fail before a
+/// value exists.
+#[test]
+fn g47_non_json_values_are_unrepresentable() {
+    assert!(serde_json::Number::from_f64(f64::NAN).is_none());
+    assert!(serde_json::Number::from_f64(f64::INFINITY).is_none());
+    assert!(
+        serde_json::to_value(f64::NAN).unwrap().is_null(),
+        "serde maps NaN to null, never to a number"
+    );
+    assert!(serde_json::from_str::<Value>("NaN").is_err());
+    assert!(serde_json::from_str::<Value>("Infinity").is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn g48_annotate_after_close_is_dropped_without_error() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, log) = ScriptPlugin::new(vec![Step::CaptureHost, Step::Annotate("k", json!(0))]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h.run(request(&[])).await;
+    let before = r.metadata.clone();
+    let host = log.host();
+    assert!(host.annotate("k", json!(1)).is_ok());
+    assert!(host.annotate("late", json!(1)).is_ok());
+    // Refused keys are still refused: they are plugin bugs, whatever the state.
+    assert!(host.annotate("runtime", json!(1)).is_err());
+    assert_eq!(r.metadata, before);
+    assert_eq!(r.metadata.get("k"), Some(&json!(0)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g49_annotation_made_on_the_hard_abort_is_kept() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::CatchAbortAndAnnotate(
+        "stoppedAt",
+        json!("abort"),
+    )]);
+    let h = executor(&kernel, plugin, 0);
+    let (r, took) = timed(
+        &h,
+        request_with(&[], |v| v["options"] = json!({"timeoutMs": 1_000})),
+    )
+    .await;
+    assert_eq!(r.status, ExecutionStatus::Cancelled);
+    assert_eq!(took, 1_000);
+    assert_eq!(r.metadata.get("stoppedAt"), Some(&json!("abort")));
+}
+
+/// The same with the abort caught from inside a pending tool call.
+#[tokio::test(start_paused = true)]
+async fn g49_annotation_made_when_a_call_is_aborted_is_kept() {
+    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler(
+        "files.read",
+        Handler::Slow {
+            work_ms: 10_000,
+            honour_abort: false,
+        },
+    );
+    let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
+        let err = host
+            .invoke_tool(call("c1", "files.read"), None)
+            .await
+            .unwrap_err();
+        host.annotate("callError", json!(err.kind.as_str()))
+            .unwrap();
+        Err(RuntimeError::Failed("rethrown".into()))
+    });
+    let h = executor(&kernel, Arc::new(plugin), 0);
+    let r = h
+        .run(request_with(&["files.read"], |v| {
+            v["options"] = json!({"timeoutMs": 1_000})
+        }))
+        .await;
+    assert_eq!(r.status, ExecutionStatus::Cancelled);
+    assert_eq!(r.metadata.get("callError"), Some(&json!("cancelled")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn g50_last_write_wins_and_the_stored_value_is_a_copy() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_, host: Arc<dyn RuntimeHost>, _| async move {
+        let mut v = json!({"n": 1});
+        host.annotate("first", json!("a")).unwrap();
+        host.annotate("k", v.clone()).unwrap();
+        host.annotate("k", json!(2)).unwrap();
+        host.annotate("obj", v.clone()).unwrap();
+        v["n"] = json!(99);
+        host.annotate("last", json!("z")).unwrap();
+        Ok(RuntimeTurnOutcome::complete(v))
+    });
+    let h = executor(&kernel, Arc::new(plugin), 0);
+    let r = h.run(request(&[])).await;
+    assert_eq!(r.metadata.get("k"), Some(&json!(2)));
+    assert_eq!(r.metadata.get("obj"), Some(&json!({"n": 1})));
+    assert_eq!(r.output, Some(json!({"n": 99})));
+}
+
+/// G51 as a direct plugin (the standard loop is tested with the loop): a
+/// prompt hash stated after "open" and a seat that never answers; and a
+/// turn cancelled before anything was stated records nothing.
+#[tokio::test(start_paused = true)]
+async fn g51_prompt_hash_stated_before_a_stall_survives_cancellation() {
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Sleep(10),
+        Step::Annotate("promptHash", json!(H)),
+        Step::Stall,
+    ]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h
+        .run(request_with(&[], |v| {
+            v["options"] = json!({"timeoutMs": 100})
+        }))
+        .await;
+    assert_eq!(r.status, ExecutionStatus::Cancelled);
+    assert_eq!(r.metadata.get("promptHash"), Some(&json!(H)));
+
+    // Cancelled inside "open" (before the hash was computed): nothing.
+    let kernel = TestKernel::new(vec![]);
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Sleep(1_000),
+        Step::Annotate("promptHash", json!(H)),
+        Step::Stall,
+    ]);
+    let h = executor(&kernel, plugin, 0);
+    let r = h
+        .run(request_with(&[], |v| {
+            v["options"] = json!({"timeoutMs": 100})
+        }))
+        .await;
+    assert_eq!(r.status, ExecutionStatus::Cancelled);
+    assert!(!r.metadata.contains_key("promptHash"));
+}
+
+/// G52 as a direct plugin: the seat states `escalationAsked` and escalates
+/// on a granted turn; the record lifts the annotation.
+#[tokio::test(start_paused = true)]
+async fn g52_escalation_asked_is_carried_and_lifted() {
+    let kernel = TestKernel::new(vec![escalate_tool()]);
+    let asked = json!({"tool": "sharedos.escalate", "reason": "R"});
+    let (plugin, _) = ScriptPlugin::new(vec![
+        Step::Annotate("escalationAsked", asked.clone()),
+        Step::Return(RuntimeTurnOutcome::Escalate {
+            reason: Reason::new("R").unwrap(),
+            metadata: None,
+        }),
+    ]);
+    let h = executor(&kernel, plugin, 0);
+    let req = request(&["sharedos.escalate"]);
+    let r = h.run(req.clone()).await;
+    assert_eq!(r.status, ExecutionStatus::Escalated);
+    assert_eq!(r.metadata.get("escalationAsked"), Some(&asked));
+    let record = sharedos_host::executor::record::assemble(&req, &r, &manifest());
+    let lifted = record.execution.escalation_asked.unwrap();
+    assert_eq!(
+        (lifted.tool.as_str(), lifted.reason.as_str()),
+        ("sharedos.escalate", "R")
+    );
+    assert_eq!(
+        record.execution.terminal_reason_code.as_deref(),
+        Some("escalation_requested")
+    );
+}
