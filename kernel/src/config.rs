@@ -80,8 +80,12 @@ impl Default for EscalationConfig {
 }
 
 /// What the host's configuration says to the kernel.
+///
+/// Unknown keys at this level are left to the host, so it can embed this
+/// struct with `#[serde(flatten)]` and keep `[[grants]]` at its top level;
+/// every nested entry (grant, capability, files, escalation) is strict.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct KernelConfig {
     #[serde(default)]
     pub grants: Vec<Grant>,
