@@ -176,20 +176,20 @@ impl Grant {
         {
             return false;
         }
-        let now = context.now.to_offset();
-        if self
-            .not_before
-            .as_ref()
-            .is_some_and(|t| now < t.to_offset())
-        {
-            return false;
-        }
-        if self
-            .expires_at
-            .as_ref()
-            .is_some_and(|t| now > t.to_offset())
-        {
-            return false;
+        if self.not_before.is_some() || self.expires_at.is_some() {
+            // Parsed only for a bounded grant: most grants have no window.
+            let now = context.now.to_offset();
+            let early = self
+                .not_before
+                .as_ref()
+                .is_some_and(|t| now < t.to_offset());
+            let late = self
+                .expires_at
+                .as_ref()
+                .is_some_and(|t| now > t.to_offset());
+            if early || late {
+                return false;
+            }
         }
         if let Some(purposes) = self.constraints.as_ref().and_then(|c| c.purposes.as_ref())
             && !purposes.iter().any(|p| p == &context.purpose)
