@@ -316,3 +316,47 @@ async fn a_full_disk_refuses_decisions_with_audit_unavailable() {
         other => panic!("expected AuditUnavailable, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn g79_an_outage_on_call_2_leaves_call_1_to_be_recorded_interrupted() {
+    let f = fixture(
+        Script::Sleep {
+            ms: 10_000,
+            ignore_abort: false,
+        },
+        vec![records_grant("g1", &[], Scope::Descendants)],
+    );
+    let f = Arc::new(f);
+    let ctx = context("alice");
+    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let hard = CancellationToken::new();
+    let (f1, l1, c1, h1) = (Arc::clone(&f), lease.clone(), ctx.clone(), hard.clone());
+    let call1 = tokio::spawn(async move {
+        let c = call("call-1", "test.records", json!({"record": "a"}));
+        f1.kernel.invoke_tool(&l1, &c1, &c, h1).await
+    });
+    while f.tool.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.sink.fail_on("authorization.checked");
+    let c2 = call("call-2", "test.records", json!({"record": "b"}));
+    let r2 = f.kernel.invoke_tool(&lease, &ctx, &c2, hard.clone()).await;
+    assert!(matches!(
+        r2,
+        Err(KernelError::AuditUnavailable {
+            effect: AuditEffect::None,
+            ..
+        })
+    ));
+    assert_eq!(f.tool.calls(), 1, "call-2 never ran");
+    // The envelope drains with no grace: the hard signal fires.
+    hard.cancel();
+    assert_eq!(call1.await.unwrap(), Err(KernelError::Interrupted));
+    let last = f.sink.records().pop().unwrap();
+    assert_eq!(last.operation_id.as_deref(), Some("call-1"));
+    assert_eq!(
+        (last.outcome, last.reason.as_deref()),
+        (AuditOutcome::Interrupted, Some("operation_aborted"))
+    );
+    assert_eq!(last.grant_id.as_deref(), Some("g1"));
+}
