@@ -144,6 +144,7 @@ pub enum DenyReason {
     UsageStoreUnavailable,
     AuthorityUnavailable,
     InvalidRequest,
+    HostPolicyDenied,
 }
 
 impl DenyReason {
@@ -154,6 +155,7 @@ impl DenyReason {
             DenyReason::UsageStoreUnavailable => "usage_store_unavailable",
             DenyReason::AuthorityUnavailable => "authority_unavailable",
             DenyReason::InvalidRequest => "invalid_request",
+            DenyReason::HostPolicyDenied => "host_policy_denied",
         }
     }
     /// Infrastructure reasons are recorded `failClosed`.

@@ -447,3 +447,77 @@ async fn a_namespace_id_that_is_not_a_name_is_refused() {
     assert_eq!(code(&r), Some("path_not_allowed"));
     assert!(!f.root.path().parent().unwrap().join("x").exists());
 }
+
+#[tokio::test]
+async fn f3_the_host_policy_only_narrows() {
+    let f = files().await;
+    assert_eq!(
+        f.call(
+            "files.write",
+            json!({"path": "vault/k.txt", "content": "v"})
+        )
+        .await
+        .status(),
+        ToolStatus::Succeeded
+    );
+    f.kernel.set_host_policy(sharedos_kernel::HostPolicy {
+        frozen: vec![sharedos_kernel::FrozenSubtree {
+            namespace: sharedos_protocol::ident("files"),
+            path: segs(&["alice", "vault"]),
+        }],
+        freeze_mutations: false,
+    });
+    assert_eq!(
+        code(&f.call("files.read", json!({"path": "vault/k.txt"})).await),
+        Some("host_policy_denied")
+    );
+    assert_eq!(
+        f.call("files.write", json!({"path": "open.txt", "content": "v"}))
+            .await
+            .status(),
+        ToolStatus::Succeeded
+    );
+    f.kernel.set_host_policy(sharedos_kernel::HostPolicy {
+        frozen: vec![],
+        freeze_mutations: true,
+    });
+    let listed: Vec<_> = f
+        .kernel
+        .list_tools(&f.lease, &f.ctx)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(listed, ["files.read", "files.list"]);
+    assert_eq!(
+        code(
+            &f.call("files.write", json!({"path": "open.txt", "content": "w"}))
+                .await
+        ),
+        Some("host_policy_denied")
+    );
+    assert_eq!(
+        code(&f.call("files.delete", json!({"path": "open.txt"})).await),
+        Some("host_policy_denied")
+    );
+    assert_eq!(
+        f.call("files.read", json!({"path": "vault/k.txt"}))
+            .await
+            .status(),
+        ToolStatus::Succeeded
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.agent_dir().join("open.txt")).unwrap(),
+        "v"
+    );
+    let denied: Vec<_> = f
+        .sink
+        .records()
+        .into_iter()
+        .filter(|r| {
+            r.kind == "authorization.checked" && r.reason.as_deref() == Some("host_policy_denied")
+        })
+        .collect();
+    assert_eq!(denied.len(), 3);
+}
