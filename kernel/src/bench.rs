@@ -75,6 +75,7 @@ fn grant(id: &str, namespace: &str, path: Vec<PathSegment>, actions: &[&str]) ->
         expires_at: None,
         revoked: false,
         constraints: None,
+        parent_grant_id: None,
     }
 }
 

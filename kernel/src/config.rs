@@ -171,12 +171,21 @@ impl KernelConfig {
                 )));
             }
         }
+        let all_ids: HashSet<&str> = self.grants.iter().map(|g| g.id.as_str()).collect();
         let mut ids = HashSet::new();
         for (i, g) in self.grants.iter().enumerate() {
             let at = format!("grants[{i}] (id {:?})", g.id.as_str());
             if !ids.insert(g.id.as_str()) {
                 return Err(ConfigError(format!(
                     "{at}: the id is used by an earlier grant"
+                )));
+            }
+            if let Some(parent) = &g.parent_grant_id
+                && (!all_ids.contains(parent.as_str()) || parent == &g.id)
+            {
+                return Err(ConfigError(format!(
+                    "{at}: parentGrantId {:?} names no other grant in the configuration",
+                    parent.as_str()
                 )));
             }
             if g.capabilities.is_empty() {

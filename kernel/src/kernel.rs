@@ -483,18 +483,10 @@ fn checked_record(
 impl TurnKernel for Kernel {
     async fn open_turn_authority(&self, context: &AccessContext) -> Result<TurnLease, KernelError> {
         let loaded = self.grants.load(context).await;
-        let grants: Result<Vec<Grant>, &'static str> = loaded
-            .map(|all| {
-                all.into_iter()
-                    .filter(|g| {
-                        !g.revoked
-                            && g.namespace_id == context.namespace_id
-                            && g.subject == context.actor
-                            && g.issuer == context.authority
-                    })
-                    .collect()
-            })
-            .map_err(|_| "grant_source_failed");
+        // Every loaded grant is kept, ancestors and revoked ones included:
+        // each operation filters by identity and liveness, and a delegation
+        // chain needs its ancestors to be checked.
+        let grants: Result<Vec<Grant>, &'static str> = loaded.map_err(|_| "grant_source_failed");
         let authority_hash = grants.as_ref().ok().map(|g| {
             sha256_hex(&canonical_json(
                 &serde_json::to_value(g).unwrap_or(Value::Null),
@@ -569,7 +561,10 @@ impl TurnKernel for Kernel {
             });
         };
         let mut reach: Vec<ReachEntry> = Vec::new();
-        for g in grants.iter().filter(|g| g.applies(context)) {
+        let usable = grants
+            .iter()
+            .filter(|g| g.applies(context) && g.check_chain(grants, context).is_ok());
+        for g in usable {
             for c in &g.capabilities {
                 let entry = ReachEntry {
                     namespace: c.namespace.clone(),

@@ -143,4 +143,31 @@ proptest! {
         g.revoked = true;
         prop_assert!(matches!(decide(&[g], &r), Decision::Denied { .. }), "revoked root allowed");
     }
+
+    #[test]
+    fn revoking_any_ancestor_of_a_delegation_chain_denies_at_any_depth(
+        depth in 1usize..6, revoke_at in 0usize..6, below in path()
+    ) {
+        // g0 (root, issued by the host to p0) -> g1 (issued by p0 to p1) -> ... -> alice.
+        let principal = |i: usize| sharedos_protocol::Address::Human { user_id: sharedos_protocol::ident(&format!("p{i}")) };
+        let mut chain = Vec::new();
+        for i in 0..depth {
+            let mut g = grant(&format!("g{i}"), "alice", vec![cap("records", &["root"], Scope::Descendants, &["*"])]);
+            g.issuer = if i == 0 { host() } else { principal(i - 1) };
+            g.subject = if i + 1 == depth { agent("alice") } else { principal(i) };
+            g.parent_grant_id = (i > 0).then(|| sharedos_protocol::ident(&format!("g{}", i - 1)));
+            chain.push(g);
+        }
+        let mut ctx = context("alice");
+        ctx.authority = if depth == 1 { host() } else { principal(depth - 2) };
+        let mut full = vec!["root".to_owned()];
+        full.extend(below);
+        let r = req(&full, "read");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let run = |grants: &[Grant]| rt.block_on(authorize(grants, &MemoryUsageStore::new(), &ctx, &r, true));
+        prop_assert!(matches!(run(&chain), Decision::Allowed { .. }), "intact chain refused");
+        let at = revoke_at % depth;
+        chain[at].revoked = true;
+        prop_assert!(matches!(run(&chain), Decision::Denied { .. }), "revoked ancestor allowed");
+    }
 }

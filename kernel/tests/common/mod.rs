@@ -84,6 +84,7 @@ pub fn grant(id: &str, actor: &str, caps: Vec<Capability>) -> Grant {
         expires_at: None,
         revoked: false,
         constraints: None,
+        parent_grant_id: None,
     }
 }
 
