@@ -79,9 +79,55 @@ impl Default for EscalationConfig {
     }
 }
 
-/// What the host's configuration says to the kernel.
+/// A subtree the host has frozen: no action on it is allowed, whatever
+/// the grants say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FrozenSubtree {
+    pub namespace: sharedos_protocol::Identifier,
+    #[serde(default)]
+    pub path: Vec<PathSegment>,
+}
+
+/// The host's ceiling over every grant. It can only narrow: a call it
+/// refuses is `denied host_policy_denied`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostPolicy {
+    #[serde(default)]
+    pub frozen: Vec<FrozenSubtree>,
+    /// Refuses every `write` tool, and withholds them from the catalogue.
+    #[serde(default)]
+    pub freeze_mutations: bool,
+}
+
+impl HostPolicy {
+    /// Whether the policy refuses `action` on `namespace`/`path` by a tool
+    /// of class `read_write`.
+    pub fn refuses(
+        &self,
+        namespace: &str,
+        path: &[String],
+        read_write: sharedos_protocol::ReadWrite,
+    ) -> bool {
+        if self.freeze_mutations && read_write == sharedos_protocol::ReadWrite::Write {
+            return true;
+        }
+        self.frozen.iter().any(|f| {
+            f.namespace.as_str() == namespace
+                && f.path.len() <= path.len()
+                && f.path.iter().zip(path).all(|(a, b)| a.as_str() == b)
+        })
+    }
+}
+
+/// What the host's configuration says to the kernel.
+///
+/// Unknown keys at this level are left to the host, so it can embed this
+/// struct with `#[serde(flatten)]` and keep `[[grants]]` at its top level;
+/// every nested entry (grant, capability, files, escalation) is strict.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct KernelConfig {
     #[serde(default)]
     pub grants: Vec<Grant>,
@@ -93,6 +139,8 @@ pub struct KernelConfig {
     pub files: FilesConfig,
     #[serde(default)]
     pub escalation: EscalationConfig,
+    #[serde(default)]
+    pub host_policy: HostPolicy,
     /// Bound on outcome-path audit writes; none means they are awaited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_write_timeout_ms: Option<u64>,
@@ -123,12 +171,21 @@ impl KernelConfig {
                 )));
             }
         }
+        let all_ids: HashSet<&str> = self.grants.iter().map(|g| g.id.as_str()).collect();
         let mut ids = HashSet::new();
         for (i, g) in self.grants.iter().enumerate() {
             let at = format!("grants[{i}] (id {:?})", g.id.as_str());
             if !ids.insert(g.id.as_str()) {
                 return Err(ConfigError(format!(
                     "{at}: the id is used by an earlier grant"
+                )));
+            }
+            if let Some(parent) = &g.parent_grant_id
+                && (!all_ids.contains(parent.as_str()) || parent == &g.id)
+            {
+                return Err(ConfigError(format!(
+                    "{at}: parentGrantId {:?} names no other grant in the configuration",
+                    parent.as_str()
                 )));
             }
             if g.capabilities.is_empty() {
@@ -181,6 +238,14 @@ impl KernelConfig {
                         )));
                     }
                 }
+            }
+        }
+        for (i, f) in self.host_policy.frozen.iter().enumerate() {
+            if !known.contains(f.namespace.as_str()) {
+                return Err(ConfigError(format!(
+                    "hostPolicy.frozen[{i}]: unknown namespace {:?}",
+                    f.namespace.as_str()
+                )));
             }
         }
         if self.files.max_read_bytes == 0 || self.files.max_write_bytes == 0 {

@@ -74,7 +74,15 @@ pub struct Grant {
     pub revoked: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraints: Option<GrantConstraints>,
+    /// The grant this one was delegated from. The chain is checked at each
+    /// operation: every ancestor must be live, its subject must be the
+    /// child's issuer, and the child must claim nothing beyond it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_grant_id: Option<Identifier>,
 }
+
+/// How deep a delegation chain may go.
+pub const MAX_DELEGATION_DEPTH: usize = 8;
 
 /// What an operation needs, fully resolved: one action on one resource of
 /// one owner.
@@ -114,6 +122,32 @@ impl Capability {
         }
     }
 
+    /// Whether this capability (a delegated child's) claims nothing beyond
+    /// `parent`: same namespace and owner, a path inside the parent's
+    /// scope, and only actions the parent allows.
+    pub fn within(&self, parent: &Capability) -> bool {
+        if self.namespace != parent.namespace
+            || (parent.owner.is_some() && self.owner != parent.owner)
+        {
+            return false;
+        }
+        let path_ok = match (parent.scope, self.scope) {
+            (Scope::Descendants, _) => {
+                parent.path.len() <= self.path.len()
+                    && parent.path.iter().zip(&self.path).all(|(a, b)| a == b)
+            }
+            (Scope::Exact, Scope::Exact) => parent.path == self.path,
+            (Scope::Exact, Scope::Descendants) => false,
+        };
+        let parent_all = parent.actions.iter().any(|a| a.as_str() == "*");
+        path_ok
+            && (parent_all
+                || self
+                    .actions
+                    .iter()
+                    .all(|a| a.as_str() != "*" && parent.allows_action(a.as_str())))
+    }
+
     /// Non-consuming discovery: whether this capability reaches anywhere at
     /// or below `ceiling` (a tool's declared requirement) for its action.
     pub fn reaches(&self, ceiling: &Requirement) -> bool {
@@ -144,6 +178,9 @@ pub enum DenyReason {
     UsageStoreUnavailable,
     AuthorityUnavailable,
     InvalidRequest,
+    HostPolicyDenied,
+    DelegationChainInvalid,
+    DelegationChainUnverified,
 }
 
 impl DenyReason {
@@ -154,13 +191,18 @@ impl DenyReason {
             DenyReason::UsageStoreUnavailable => "usage_store_unavailable",
             DenyReason::AuthorityUnavailable => "authority_unavailable",
             DenyReason::InvalidRequest => "invalid_request",
+            DenyReason::HostPolicyDenied => "host_policy_denied",
+            DenyReason::DelegationChainInvalid => "delegation_chain_invalid",
+            DenyReason::DelegationChainUnverified => "delegation_chain_unverified",
         }
     }
     /// Infrastructure reasons are recorded `failClosed`.
     pub fn fail_closed(self) -> bool {
         matches!(
             self,
-            DenyReason::UsageStoreUnavailable | DenyReason::AuthorityUnavailable
+            DenyReason::UsageStoreUnavailable
+                | DenyReason::AuthorityUnavailable
+                | DenyReason::DelegationChainUnverified
         )
     }
 }
@@ -169,27 +211,32 @@ impl Grant {
     /// The per-operation conditions: subject, issuer, tenant, revocation,
     /// time window at `now`, purpose.
     pub fn applies(&self, context: &AccessContext) -> bool {
-        if self.revoked
-            || self.namespace_id != context.namespace_id
-            || self.subject != context.actor
-            || self.issuer != context.authority
-        {
+        self.namespace_id == context.namespace_id
+            && self.subject == context.actor
+            && self.issuer == context.authority
+            && self.live(context)
+    }
+
+    /// Not revoked, inside its time window at `context.now`, and allowing
+    /// the context's purpose. Checked for the grant and every ancestor.
+    pub fn live(&self, context: &AccessContext) -> bool {
+        if self.revoked {
             return false;
         }
-        let now = context.now.to_offset();
-        if self
-            .not_before
-            .as_ref()
-            .is_some_and(|t| now < t.to_offset())
-        {
-            return false;
-        }
-        if self
-            .expires_at
-            .as_ref()
-            .is_some_and(|t| now > t.to_offset())
-        {
-            return false;
+        if self.not_before.is_some() || self.expires_at.is_some() {
+            // Parsed only for a bounded grant: most grants have no window.
+            let now = context.now.to_offset();
+            let early = self
+                .not_before
+                .as_ref()
+                .is_some_and(|t| now < t.to_offset());
+            let late = self
+                .expires_at
+                .as_ref()
+                .is_some_and(|t| now > t.to_offset());
+            if early || late {
+                return false;
+            }
         }
         if let Some(purposes) = self.constraints.as_ref().and_then(|c| c.purposes.as_ref())
             && !purposes.iter().any(|p| p == &context.purpose)
@@ -197,6 +244,34 @@ impl Grant {
             return false;
         }
         true
+    }
+
+    /// Checks the delegation chain above this grant against `all` (the
+    /// turn's loaded grants) at `context.now`.
+    pub fn check_chain(&self, all: &[Grant], context: &AccessContext) -> Result<(), DenyReason> {
+        let mut child = self;
+        for _ in 0..MAX_DELEGATION_DEPTH {
+            let Some(parent_id) = &child.parent_grant_id else {
+                return Ok(());
+            };
+            // A parent the source did not hand over cannot be verified.
+            let parent = all
+                .iter()
+                .find(|g| &g.id == parent_id)
+                .ok_or(DenyReason::DelegationChainUnverified)?;
+            let sound = parent.live(context)
+                && parent.namespace_id == child.namespace_id
+                && parent.subject == child.issuer
+                && child
+                    .capabilities
+                    .iter()
+                    .all(|c| parent.capabilities.iter().any(|p| c.within(p)));
+            if !sound {
+                return Err(DenyReason::DelegationChainInvalid);
+            }
+            child = parent;
+        }
+        Err(DenyReason::DelegationChainInvalid)
     }
 
     /// The first capability of this grant that alone covers `req`.
@@ -265,10 +340,23 @@ impl GrantSource for ConfigGrantSource {
             .grants
             .lock()
             .map_err(|_| "grant store lock poisoned".to_owned())?;
-        Ok(g.iter()
+        let mut out: Vec<Grant> = g
+            .iter()
             .filter(|g| g.namespace_id == context.namespace_id && g.subject == context.actor)
             .cloned()
-            .collect())
+            .collect();
+        // Hand over the delegation chains too, so the kernel can check them.
+        let mut i = 0;
+        while i < out.len() {
+            if let Some(pid) = out[i].parent_grant_id.clone()
+                && !out.iter().any(|x| x.id == pid)
+                && let Some(parent) = g.iter().find(|x| x.id == pid)
+            {
+                out.push(parent.clone());
+            }
+            i += 1;
+        }
+        Ok(out)
     }
 }
 
@@ -339,7 +427,25 @@ pub async fn authorize(
     req: &Requirement,
     consume: bool,
 ) -> Decision {
-    let covering = covering_grants(grants, context, req);
+    let mut chain_failure = None;
+    let covering: Vec<&Grant> = covering_grants(grants, context, req)
+        .into_iter()
+        .filter(|g| match g.check_chain(grants, context) {
+            Ok(()) => true,
+            Err(reason) => {
+                if chain_failure.is_none() {
+                    chain_failure = Some((reason, g.id.to_string()));
+                }
+                false
+            }
+        })
+        .collect();
+    if let (true, Some((reason, id))) = (covering.is_empty(), chain_failure) {
+        return Decision::Denied {
+            reason,
+            grant_id: Some(id),
+        };
+    }
     if covering.is_empty() {
         return Decision::Denied {
             reason: DenyReason::NoMatchingGrant,
@@ -396,8 +502,13 @@ pub async fn discover(
     ceiling: &Requirement,
 ) -> Result<(), DenyReason> {
     let mut exhausted = false;
+    let mut chain_failure = None;
     for g in grants.iter().filter(|g| g.applies(context)) {
         if !g.capabilities.iter().any(|c| c.reaches(ceiling)) {
+            continue;
+        }
+        if let Err(reason) = g.check_chain(grants, context) {
+            chain_failure = chain_failure.or(Some(reason));
             continue;
         }
         match g.max_uses {
@@ -411,7 +522,7 @@ pub async fn discover(
     Err(if exhausted {
         DenyReason::GrantExhausted
     } else {
-        DenyReason::NoMatchingGrant
+        chain_failure.unwrap_or(DenyReason::NoMatchingGrant)
     })
 }
 

@@ -18,7 +18,7 @@ use sharedos_protocol::{
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource};
-use crate::config::{ConfigError, KernelConfig};
+use crate::config::{ConfigError, HostPolicy, KernelConfig};
 use crate::grant::{
     ConfigGrantSource, Decision, DenyReason, Grant, GrantSource, MemoryUsageStore, Requirement,
     Scope, UsageStore, authorize, discover,
@@ -124,6 +124,7 @@ impl Recorder {
 /// The embedded kernel.
 pub struct Kernel {
     registry: RwLock<Arc<ToolRegistry>>,
+    policy: RwLock<Arc<HostPolicy>>,
     grants: Arc<dyn GrantSource>,
     config_grants: Option<Arc<ConfigGrantSource>>,
     usage: Arc<dyn UsageStore>,
@@ -139,6 +140,7 @@ impl std::fmt::Debug for Kernel {
 /// Builds a [`Kernel`] from its parts.
 pub struct KernelBuilder {
     registry: ToolRegistry,
+    policy: HostPolicy,
     grants: Arc<dyn GrantSource>,
     config_grants: Option<Arc<ConfigGrantSource>>,
     usage: Arc<dyn UsageStore>,
@@ -154,6 +156,11 @@ impl KernelBuilder {
     }
     pub fn error_hook(mut self, hook: Arc<dyn ErrorHook>) -> Self {
         self.hook = hook;
+        self
+    }
+    /// The host's ceiling over every grant.
+    pub fn host_policy(mut self, policy: HostPolicy) -> Self {
+        self.policy = policy;
         self
     }
     /// Bounds outcome-path audit writes (`auditWriteTimeoutMs`).
@@ -197,6 +204,7 @@ impl KernelBuilder {
     pub fn build(self) -> Kernel {
         Kernel {
             registry: RwLock::new(Arc::new(self.registry)),
+            policy: RwLock::new(Arc::new(self.policy)),
             grants: self.grants,
             config_grants: self.config_grants,
             usage: self.usage,
@@ -273,6 +281,7 @@ impl Kernel {
     pub fn builder(grants: Arc<dyn GrantSource>, audit: Arc<dyn AuditSink>) -> KernelBuilder {
         KernelBuilder {
             registry: ToolRegistry::new(),
+            policy: HostPolicy::default(),
             grants,
             config_grants: None,
             usage: Arc::new(MemoryUsageStore::new()),
@@ -303,7 +312,8 @@ impl Kernel {
         config.validate()?;
         let source = Arc::new(ConfigGrantSource::new(config.grants.clone()));
         let mut builder = Self::builder(Arc::clone(&source) as Arc<dyn GrantSource>, audit)
-            .audit_write_timeout(config.audit_write_timeout_ms.map(Duration::from_millis));
+            .audit_write_timeout(config.audit_write_timeout_ms.map(Duration::from_millis))
+            .host_policy(config.host_policy.clone());
         builder.config_grants = Some(source);
         if config.files.enabled {
             builder = builder.file_tools(files_root, config.files.clone())?;
@@ -334,6 +344,22 @@ impl Kernel {
         next.register(definition, handler)?;
         *guard = Arc::new(next);
         Ok(())
+    }
+
+    /// Replaces the host policy; effective at the next operation, also in
+    /// running turns (a ceiling can only narrow what grants allow).
+    pub fn set_host_policy(&self, policy: HostPolicy) {
+        match self.policy.write() {
+            Ok(mut p) => *p = Arc::new(policy),
+            Err(p) => *p.into_inner() = Arc::new(policy),
+        }
+    }
+
+    fn current_policy(&self) -> Arc<HostPolicy> {
+        match self.policy.read() {
+            Ok(p) => Arc::clone(&p),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
     }
 
     fn current_registry(&self) -> Arc<ToolRegistry> {
@@ -457,18 +483,10 @@ fn checked_record(
 impl TurnKernel for Kernel {
     async fn open_turn_authority(&self, context: &AccessContext) -> Result<TurnLease, KernelError> {
         let loaded = self.grants.load(context).await;
-        let grants: Result<Vec<Grant>, &'static str> = loaded
-            .map(|all| {
-                all.into_iter()
-                    .filter(|g| {
-                        !g.revoked
-                            && g.namespace_id == context.namespace_id
-                            && g.subject == context.actor
-                            && g.issuer == context.authority
-                    })
-                    .collect()
-            })
-            .map_err(|_| "grant_source_failed");
+        // Every loaded grant is kept, ancestors and revoked ones included:
+        // each operation filters by identity and liveness, and a delegation
+        // chain needs its ancestors to be checked.
+        let grants: Result<Vec<Grant>, &'static str> = loaded.map_err(|_| "grant_source_failed");
         let authority_hash = grants.as_ref().ok().map(|g| {
             sha256_hex(&canonical_json(
                 &serde_json::to_value(g).unwrap_or(Value::Null),
@@ -543,7 +561,10 @@ impl TurnKernel for Kernel {
             });
         };
         let mut reach: Vec<ReachEntry> = Vec::new();
-        for g in grants.iter().filter(|g| g.applies(context)) {
+        let usable = grants
+            .iter()
+            .filter(|g| g.applies(context) && g.check_chain(grants, context).is_ok());
+        for g in usable {
             for c in &g.capabilities {
                 let entry = ReachEntry {
                     namespace: c.namespace.clone(),
@@ -575,11 +596,14 @@ impl TurnKernel for Kernel {
             .collect();
         let mut listed = Vec::new();
         let mut withheld = 0usize;
+        let policy = self.current_policy();
         if let Ok(grants) = &turn.grants {
             for tool in turn.registry.iter() {
                 let def = &tool.definition;
                 let ceiling = requirement_of(&def.required_capability, context);
+                let frozen = policy.refuses(&ceiling.namespace, &ceiling.path, def.read_write);
                 if enabled.contains(&def.namespace.as_str())
+                    && !frozen
                     && discover(grants, self.usage.as_ref(), context, &ceiling)
                         .await
                         .is_ok()
@@ -761,7 +785,18 @@ impl TurnKernel for Kernel {
             return Ok(self.answer(turn, context, call, r, facts).await);
         }
         // 12. Exact re-authorization, consuming; recorded before any effect.
-        let decision = authorize(&grants, self.usage.as_ref(), context, &req, true).await;
+        // The host's ceiling narrows first and consumes nothing.
+        let decision = if self
+            .current_policy()
+            .refuses(&req.namespace, &req.path, def.read_write)
+        {
+            Decision::Denied {
+                reason: DenyReason::HostPolicyDenied,
+                grant_id: None,
+            }
+        } else {
+            authorize(&grants, self.usage.as_ref(), context, &req, true).await
+        };
         let record = checked_record(
             context,
             &req,

@@ -38,7 +38,9 @@ pub mod tools;
 pub use audit::{
     AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
 };
-pub use config::{ConfigError, EscalationConfig, FilesConfig, KernelConfig};
+pub use config::{
+    ConfigError, EscalationConfig, FilesConfig, FrozenSubtree, HostPolicy, KernelConfig,
+};
 pub use grant::{
     Capability, ConfigGrantSource, Grant, GrantConstraints, GrantSource, MemoryUsageStore, Scope,
     UsageStore,

@@ -232,11 +232,14 @@ impl From<std::io::Error> for FileFail {
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS);
 
+// No `O_NOFOLLOW` here: with `O_DIRECTORY` it turns a symlink into ENOTDIR,
+// while `RESOLVE_NO_SYMLINKS` already refuses one on every component, the
+// last included, with ELOOP (reported `path_not_allowed`).
 fn open_dir(base: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
     rustix::fs::openat2(
         base,
         name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
         RESOLVE,
     )

@@ -1,0 +1,362 @@
+//! The audit trail: decision path vs outcome path (envelope.md B.10, G
+//! 76–83), the JSONL sink's durability and shape.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use common::*;
+use serde_json::json;
+use sharedos_kernel::audit::read_jsonl;
+use sharedos_kernel::{
+    AuditEffect, AuditOutcome, AuditRecord, AuditSink, ConfigGrantSource, HandlerAnswer,
+    JsonlAuditSink, Kernel, KernelError, Scope, ToolError, ToolHandler, TurnEnd, TurnKernel,
+};
+use sharedos_protocol::{
+    AccessContext, ExecutionStatus, ReadWrite, ToolCall, ToolResult, ToolStatus, ident,
+};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn g76_f13_a_failed_decision_write_refuses_the_call_and_nothing_runs() {
+    let f = fixture(
+        Script::Echo,
+        vec![records_grant("g1", &[], Scope::Descendants)],
+    );
+    let ctx = context("alice");
+    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    f.sink.fail_on("authorization.checked");
+    let r = f
+        .kernel
+        .invoke_tool(
+            &lease,
+            &ctx,
+            &call("c1", "test.records", json!({"record": "x"})),
+            CancellationToken::new(),
+        )
+        .await;
+    match r {
+        Err(KernelError::AuditUnavailable { effect, cause }) => {
+            assert_eq!(effect, AuditEffect::None);
+            assert!(cause.contains("disk on fire"));
+        }
+        other => panic!("expected AuditUnavailable, got {other:?}"),
+    }
+    assert_eq!(f.tool.calls(), 0);
+    assert!(
+        f.hook.audit.lock().unwrap().is_empty(),
+        "decision failures do not go to the hook"
+    );
+    // Admission is a decision too.
+    let r = f.kernel.admit_turn(&lease, &ctx, &agent("alice")).await;
+    assert!(matches!(
+        r,
+        Err(KernelError::AuditUnavailable {
+            effect: AuditEffect::None,
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn g81_a_failed_catalogue_write_refuses_the_listing() {
+    let f = fixture(
+        Script::Echo,
+        vec![records_grant("g1", &[], Scope::Descendants)],
+    );
+    let ctx = context("alice");
+    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    f.sink.fail_on("tool.catalog.listed");
+    assert!(matches!(
+        f.kernel.list_tools(&lease, &ctx).await,
+        Err(KernelError::AuditUnavailable { .. })
+    ));
+    f.sink.fail_on("authority.resolved");
+    assert!(matches!(
+        f.kernel.open_turn_authority(&ctx).await,
+        Err(KernelError::AuditUnavailable { .. })
+    ));
+}
+
+#[tokio::test]
+async fn g83_a_failed_outcome_write_goes_to_the_hook_and_changes_nothing() {
+    let f = fixture(
+        Script::Echo,
+        vec![records_grant("g1", &[], Scope::Descendants)],
+    );
+    let ctx = context("alice");
+    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    f.sink.fail_on("tool.invoked");
+    f.sink.fail_on("turn.ended");
+    f.sink.fail_on("escalation.requested");
+    let r = f
+        .kernel
+        .invoke_tool(
+            &lease,
+            &ctx,
+            &call("c1", "test.records", json!({"record": "x"})),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), ToolStatus::Succeeded);
+    assert_eq!(f.tool.calls(), 1);
+    let end = TurnEnd {
+        execution_id: ident("e"),
+        status: ExecutionStatus::Succeeded,
+        reason_code: None,
+        ended_by: None,
+    };
+    assert!(f.kernel.record_turn_end(&ctx, end).await.is_ok());
+    let reason = sharedos_protocol::Reason::new("help").unwrap();
+    assert!(
+        f.kernel
+            .record_escalation(&lease, &ctx, &ident("e"), &reason)
+            .await
+            .is_ok()
+    );
+    let hooked: Vec<String> = f
+        .hook
+        .audit
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(
+        hooked,
+        ["tool.invoked", "turn.ended", "escalation.requested"]
+    );
+}
+
+#[tokio::test]
+async fn outcome_writes_are_bounded_by_the_timeout_and_decisions_are_not() {
+    let sink = Arc::new(FlakySink::default());
+    let hook = Arc::new(RecordingHook::default());
+    let kernel = Kernel::builder(Arc::new(ConfigGrantSource::new(vec![])), sink.clone())
+        .error_hook(hook.clone())
+        .audit_write_timeout(Some(Duration::from_millis(20)))
+        .build();
+    let ctx = context("alice");
+    *sink.delay.lock().unwrap() = Some(Duration::from_millis(150));
+    // Decision path: waits for the slow sink, whatever the timeout.
+    let started = Instant::now();
+    kernel.open_turn_authority(&ctx).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    // Outcome path: released at the timeout, the hook told.
+    let started = Instant::now();
+    let end = TurnEnd {
+        execution_id: ident("e"),
+        status: ExecutionStatus::Succeeded,
+        reason_code: None,
+        ended_by: None,
+    };
+    kernel.record_turn_end(&ctx, end).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(140));
+    let hooked = hook.audit.lock().unwrap().clone();
+    assert_eq!(hooked.len(), 1);
+    assert!(hooked[0].1.contains("20 ms"));
+}
+
+#[tokio::test]
+async fn the_jsonl_file_parses_line_by_line_with_unique_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let sink = Arc::new(JsonlAuditSink::open(&path).unwrap());
+    let tool = ScriptedTool::new(Script::Echo);
+    let kernel = Kernel::builder(
+        Arc::new(ConfigGrantSource::new(vec![
+            admission("alice"),
+            records_grant("g1", &[], Scope::Descendants),
+        ])),
+        sink,
+    )
+    .tool(scripted_definition("test.records", ReadWrite::Read), tool)
+    .unwrap()
+    .build();
+    let ctx = context("alice");
+    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
+    kernel
+        .admit_turn(&lease, &ctx, &agent("alice"))
+        .await
+        .unwrap();
+    kernel.list_tools(&lease, &ctx).await.unwrap();
+    let mut tasks = Vec::new();
+    let kernel = Arc::new(kernel);
+    for i in 0..20 {
+        let (k, l, c) = (Arc::clone(&kernel), lease.clone(), ctx.clone());
+        tasks.push(tokio::spawn(async move {
+            let call = call(
+                &format!("c{i}"),
+                "test.records",
+                json!({"record": format!("r{i}")}),
+            );
+            k.invoke_tool(&l, &c, &call, CancellationToken::new())
+                .await
+                .unwrap()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status(), ToolStatus::Succeeded);
+    }
+    let records = read_jsonl(&path).unwrap();
+    assert_eq!(records.len(), 3 + 40);
+    let ids: std::collections::HashSet<_> = records.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids.len(), records.len());
+    // For every call, its decision precedes its outcome in the file.
+    for i in 0..20 {
+        let op = format!("c{i}");
+        let pos = |kind: &str| {
+            records
+                .iter()
+                .position(|r| r.kind == kind && r.operation_id.as_deref() == Some(&op))
+        };
+        assert!(pos("authorization.checked").unwrap() < pos("tool.invoked").unwrap());
+    }
+    // Reopening (a restart) keeps everything and appends after it.
+    let sink = JsonlAuditSink::open(&path).unwrap();
+    sink.append(&records[0]).await.unwrap();
+    assert_eq!(read_jsonl(&path).unwrap().len(), 44);
+}
+
+#[test]
+fn a_torn_trailing_line_is_cut_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let rec = AuditRecord::new(
+        "turn.ended",
+        AuditOutcome::Succeeded,
+        &context("alice"),
+        sharedos_kernel::AuditSource::Envelope,
+    );
+    let line = serde_json::to_string(&rec).unwrap();
+    std::fs::write(&path, format!("{line}\n{}", &line[..line.len() / 2])).unwrap();
+    JsonlAuditSink::open(&path).unwrap();
+    let records = read_jsonl(&path).unwrap();
+    assert_eq!(records, vec![rec]);
+}
+
+/// A tool that checks, when it runs, that its decision is already on disk.
+struct DiskWitness {
+    path: std::path::PathBuf,
+}
+
+#[async_trait]
+impl ToolHandler for DiskWitness {
+    async fn invoke(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+        _abort: CancellationToken,
+    ) -> Result<HandlerAnswer, ToolError> {
+        let records = read_jsonl(&self.path).map_err(ToolError::Failed)?;
+        let decided = records.iter().any(|r| {
+            r.kind == "authorization.checked"
+                && r.operation_id.as_deref() == Some(call.id.as_str())
+                && r.outcome == AuditOutcome::Allowed
+        });
+        Ok(ToolResult::succeeded(
+            call,
+            json!({"decisionOnDisk": decided}),
+            context.now.clone(),
+        )
+        .into())
+    }
+}
+
+#[tokio::test]
+async fn the_decision_is_on_disk_before_the_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let kernel = Kernel::builder(
+        Arc::new(ConfigGrantSource::new(vec![records_grant(
+            "g1",
+            &[],
+            Scope::Descendants,
+        )])),
+        Arc::new(JsonlAuditSink::open(&path).unwrap()),
+    )
+    .tool(
+        scripted_definition("test.records", ReadWrite::Read),
+        Arc::new(DiskWitness { path: path.clone() }),
+    )
+    .unwrap()
+    .build();
+    let ctx = context("alice");
+    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
+    let r = kernel
+        .invoke_tool(
+            &lease,
+            &ctx,
+            &call("c1", "test.records", json!({"record": "x"})),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.output(), Some(&json!({"decisionOnDisk": true})));
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_decisions_with_audit_unavailable() {
+    // /dev/full answers every write with ENOSPC.
+    if !std::path::Path::new("/dev/full").exists() {
+        return;
+    }
+    let sink = JsonlAuditSink::open("/dev/full").unwrap();
+    let kernel = Kernel::builder(Arc::new(ConfigGrantSource::new(vec![])), Arc::new(sink)).build();
+    match kernel.open_turn_authority(&context("alice")).await {
+        Err(KernelError::AuditUnavailable {
+            effect: AuditEffect::None,
+            cause,
+        }) => {
+            assert!(cause.to_lowercase().contains("space"), "{cause}")
+        }
+        other => panic!("expected AuditUnavailable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn g79_an_outage_on_call_2_leaves_call_1_to_be_recorded_interrupted() {
+    let f = fixture(
+        Script::Sleep {
+            ms: 10_000,
+            ignore_abort: false,
+        },
+        vec![records_grant("g1", &[], Scope::Descendants)],
+    );
+    let f = Arc::new(f);
+    let ctx = context("alice");
+    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let hard = CancellationToken::new();
+    let (f1, l1, c1, h1) = (Arc::clone(&f), lease.clone(), ctx.clone(), hard.clone());
+    let call1 = tokio::spawn(async move {
+        let c = call("call-1", "test.records", json!({"record": "a"}));
+        f1.kernel.invoke_tool(&l1, &c1, &c, h1).await
+    });
+    while f.tool.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.sink.fail_on("authorization.checked");
+    let c2 = call("call-2", "test.records", json!({"record": "b"}));
+    let r2 = f.kernel.invoke_tool(&lease, &ctx, &c2, hard.clone()).await;
+    assert!(matches!(
+        r2,
+        Err(KernelError::AuditUnavailable {
+            effect: AuditEffect::None,
+            ..
+        })
+    ));
+    assert_eq!(f.tool.calls(), 1, "call-2 never ran");
+    // The envelope drains with no grace: the hard signal fires.
+    hard.cancel();
+    assert_eq!(call1.await.unwrap(), Err(KernelError::Interrupted));
+    let last = f.sink.records().pop().unwrap();
+    assert_eq!(last.operation_id.as_deref(), Some("call-1"));
+    assert_eq!(
+        (last.outcome, last.reason.as_deref()),
+        (AuditOutcome::Interrupted, Some("operation_aborted"))
+    );
+    assert_eq!(last.grant_id.as_deref(), Some("g1"));
+}
