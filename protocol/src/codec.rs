@@ -31,7 +31,10 @@ pub struct NdjsonCodec {
 
 impl NdjsonCodec {
     pub fn new(max: usize) -> Self {
-        Self { lines: LinesCodec::new_with_max_length(max), max }
+        Self {
+            lines: LinesCodec::new_with_max_length(max),
+            max,
+        }
     }
     pub fn max_length(&self) -> usize {
         self.max
@@ -47,7 +50,9 @@ impl Default for NdjsonCodec {
 fn map_err(e: LinesCodecError, limit: usize) -> FrameError {
     match e {
         LinesCodecError::MaxLineLengthExceeded => FrameError::TooLarge { limit },
-        LinesCodecError::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => FrameError::InvalidUtf8,
+        LinesCodecError::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            FrameError::InvalidUtf8
+        }
         LinesCodecError::Io(io) => FrameError::Io(io),
     }
 }
@@ -70,7 +75,10 @@ impl<T: AsRef<str>> Encoder<T> for NdjsonCodec {
         if line.len() > self.max {
             return Err(FrameError::TooLarge { limit: self.max });
         }
-        debug_assert!(!line.contains('\n'), "compact JSON never holds a raw newline");
+        debug_assert!(
+            !line.contains('\n'),
+            "compact JSON never holds a raw newline"
+        );
         dst.reserve(line.len() + 1);
         dst.put(line.as_bytes());
         dst.put_u8(b'\n');
@@ -111,7 +119,10 @@ mod tests {
         let mut buf = BytesMut::from(&b"{\"a\":1}\r\n"[..]);
         assert_eq!(c.decode(&mut buf).unwrap().as_deref(), Some("{\"a\":1}"));
         let mut buf = BytesMut::from(&b"123456789012"[..]);
-        assert!(matches!(c.decode(&mut buf), Err(FrameError::TooLarge { limit: 8 })));
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(FrameError::TooLarge { limit: 8 })
+        ));
         let mut c = NdjsonCodec::new(64);
         let mut buf = BytesMut::from(&b"\xff\xfe\n"[..]);
         assert!(matches!(c.decode(&mut buf), Err(FrameError::InvalidUtf8)));

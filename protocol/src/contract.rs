@@ -81,10 +81,16 @@ impl ToolDefinition {
     pub fn check(&self) -> Result<(), ContractError> {
         let ann = self.annotations.clone().unwrap_or_default();
         if self.read_write == ReadWrite::Read && ann.destructive == Some(true) {
-            return Err(ContractError::new(format!("tool {}: a read tool cannot be destructive", self.name)));
+            return Err(ContractError::new(format!(
+                "tool {}: a read tool cannot be destructive",
+                self.name
+            )));
         }
         if self.read_write == ReadWrite::Write && ann.read_only == Some(true) {
-            return Err(ContractError::new(format!("tool {}: a write tool cannot be readOnly", self.name)));
+            return Err(ContractError::new(format!(
+                "tool {}: a write tool cannot be readOnly",
+                self.name
+            )));
         }
         if self.required_capability.resource.path.len() > 64 {
             return Err(ContractError::new(format!(
@@ -135,12 +141,18 @@ impl ProtocolError {
             msg = code.as_str().to_owned();
         }
         let message = ErrorMessage::new(&msg).unwrap_or_else(|_| ident_message(code.as_str()));
-        Self { code, message, retryable, details: None }
+        Self {
+            code,
+            message,
+            retryable,
+            details: None,
+        }
     }
 }
 
 fn ident_message(code: &str) -> ErrorMessage {
-    ErrorMessage::new(code).unwrap_or_else(|_| ErrorMessage::new("error").unwrap_or_else(|_| unreachable!()))
+    ErrorMessage::new(code)
+        .unwrap_or_else(|_| ErrorMessage::new("error").unwrap_or_else(|_| unreachable!()))
 }
 
 /// The three statuses of a tool result. `interrupted` is an audit outcome
@@ -245,9 +257,9 @@ impl ToolResult {
     }
     pub fn tool(&self) -> &Identifier {
         match self {
-            ToolResult::Succeeded { tool, .. } | ToolResult::Denied { tool, .. } | ToolResult::Failed { tool, .. } => {
-                tool
-            }
+            ToolResult::Succeeded { tool, .. }
+            | ToolResult::Denied { tool, .. }
+            | ToolResult::Failed { tool, .. } => tool,
         }
     }
     pub fn error(&self) -> Option<&ProtocolError> {
@@ -296,7 +308,10 @@ pub enum RuntimeTurnOutcome {
 
 impl RuntimeTurnOutcome {
     pub fn complete(output: Value) -> Self {
-        RuntimeTurnOutcome::Complete { output, metadata: None }
+        RuntimeTurnOutcome::Complete {
+            output,
+            metadata: None,
+        }
     }
     pub fn metadata(&self) -> Option<&JsonObject> {
         match self {
@@ -320,7 +335,12 @@ pub struct RuntimeManifest {
 
 impl RuntimeManifest {
     pub fn new(id: &str, version: &str) -> Result<Self, PrimitiveError> {
-        Ok(Self { id: Identifier::new(id)?, version: Identifier::new(version)?, protocol_version: Version::V1, metadata: None })
+        Ok(Self {
+            id: Identifier::new(id)?,
+            version: Identifier::new(version)?,
+            protocol_version: Version::V1,
+            metadata: None,
+        })
     }
 }
 
@@ -355,7 +375,9 @@ pub enum ReachScope {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ReachResult {
-    Computed { reach: Vec<ReachEntry> },
+    Computed {
+        reach: Vec<ReachEntry>,
+    },
     Unavailable {
         #[serde(rename = "reasonCode")]
         reason_code: Identifier,
@@ -420,29 +442,42 @@ mod tests {
         assert_eq!(ok.status(), ToolStatus::Succeeded);
         assert_eq!(ok.output(), Some(&Value::Null));
         // missing output
-        assert!(serde_json::from_value::<ToolResult>(json!({
-            "status":"succeeded","callId":"c1","tool":"t","completedAt":"2026-01-01T00:00:00Z"
-        }))
-        .is_err());
+        assert!(
+            serde_json::from_value::<ToolResult>(json!({
+                "status":"succeeded","callId":"c1","tool":"t","completedAt":"2026-01-01T00:00:00Z"
+            }))
+            .is_err()
+        );
         // unknown key
         assert!(serde_json::from_value::<ToolResult>(json!({
             "status":"succeeded","callId":"c1","tool":"t","completedAt":"2026-01-01T00:00:00Z","output":1,"x":1
         }))
         .is_err());
         // interrupted is not a status
-        assert!(serde_json::from_value::<ToolResult>(json!({
-            "status":"interrupted","callId":"c1","tool":"t","completedAt":"2026-01-01T00:00:00Z"
-        }))
-        .is_err());
+        assert!(
+            serde_json::from_value::<ToolResult>(json!({
+                "status":"interrupted","callId":"c1","tool":"t","completedAt":"2026-01-01T00:00:00Z"
+            }))
+            .is_err()
+        );
     }
 
     #[test]
     fn outcome_strict() {
         assert!(serde_json::from_value::<RuntimeTurnOutcome>(json!({"type":"complete"})).is_err());
-        assert!(serde_json::from_value::<RuntimeTurnOutcome>(json!({"type":"complete","output":1,"extra":1})).is_err());
-        assert!(serde_json::from_value::<RuntimeTurnOutcome>(json!({"type":"escalate","reason":"  "})).is_err());
+        assert!(
+            serde_json::from_value::<RuntimeTurnOutcome>(
+                json!({"type":"complete","output":1,"extra":1})
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_value::<RuntimeTurnOutcome>(json!({"type":"escalate","reason":"  "}))
+                .is_err()
+        );
         assert!(serde_json::from_value::<RuntimeTurnOutcome>(json!({"type":"other"})).is_err());
-        let o: RuntimeTurnOutcome = serde_json::from_value(json!({"type":"complete","output":null})).unwrap();
+        let o: RuntimeTurnOutcome =
+            serde_json::from_value(json!({"type":"complete","output":null})).unwrap();
         assert_eq!(o, RuntimeTurnOutcome::complete(Value::Null));
     }
 
@@ -460,7 +495,17 @@ mod tests {
 
     #[test]
     fn manifest_version_literal() {
-        assert!(serde_json::from_value::<RuntimeManifest>(json!({"id":"a","version":"1","protocolVersion":"2"})).is_err());
-        assert!(serde_json::from_value::<RuntimeManifest>(json!({"id":"a","version":"1","protocolVersion":"1"})).is_ok());
+        assert!(
+            serde_json::from_value::<RuntimeManifest>(
+                json!({"id":"a","version":"1","protocolVersion":"2"})
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_value::<RuntimeManifest>(
+                json!({"id":"a","version":"1","protocolVersion":"1"})
+            )
+            .is_ok()
+        );
     }
 }

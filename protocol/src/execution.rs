@@ -103,34 +103,47 @@ impl ExecutionRequest {
     /// agent address kind. A request that fails here gets no result.
     pub fn check(&self) -> Result<(), ContractError> {
         if !matches!(self.agent, Address::Agent { .. }) {
-            return Err(ContractError::new("agent: must be an agent address ({\"kind\":\"agent\",\"agentId\":…})"));
+            return Err(ContractError::new(
+                "agent: must be an agent address ({\"kind\":\"agent\",\"agentId\":…})",
+            ));
         }
         if self.tools.len() > MAX_REQUESTED_TOOLS {
-            return Err(ContractError::new(format!("tools: at most {MAX_REQUESTED_TOOLS} tools may be requested")));
+            return Err(ContractError::new(format!(
+                "tools: at most {MAX_REQUESTED_TOOLS} tools may be requested"
+            )));
         }
         for (i, t) in self.tools.iter().enumerate() {
-            t.check().map_err(|e| ContractError::new(format!("tools[{i}]: {e}")))?;
+            t.check()
+                .map_err(|e| ContractError::new(format!("tools[{i}]: {e}")))?;
         }
         let ns = &self.context.enabled_tool_namespaces;
         if ns.len() > 256 {
-            return Err(ContractError::new("context.enabledToolNamespaces: at most 256 entries"));
+            return Err(ContractError::new(
+                "context.enabledToolNamespaces: at most 256 entries",
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         for n in ns {
             if !seen.insert(n.as_str()) {
-                return Err(ContractError::new(format!("context.enabledToolNamespaces: {n} appears twice")));
+                return Err(ContractError::new(format!(
+                    "context.enabledToolNamespaces: {n} appears twice"
+                )));
             }
         }
         if let Some(p) = &self.message.provenance
             && p.parent_ids.len() > 64
         {
-            return Err(ContractError::new("message.provenance.parentIds: at most 64 entries"));
+            return Err(ContractError::new(
+                "message.provenance.parentIds: at most 64 entries",
+            ));
         }
         if let Some(o) = &self.options {
             if let Some(v) = o.max_steps
                 && !(1..=MAX_EXECUTION_STEPS).contains(&v)
             {
-                return Err(ContractError::new(format!("options.maxSteps: must be 1..={MAX_EXECUTION_STEPS}, got {v}")));
+                return Err(ContractError::new(format!(
+                    "options.maxSteps: must be 1..={MAX_EXECUTION_STEPS}, got {v}"
+                )));
             }
             if let Some(v) = o.max_tool_calls
                 && !(1..=MAX_EXECUTION_TOOL_CALLS).contains(&v)
@@ -217,7 +230,11 @@ pub struct ExecutionResult {
     pub trace_id: Identifier,
     pub status: ExecutionStatus,
     /// Present exactly when `status` is `succeeded` (it may be `null`).
-    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub output: Option<Value>,
     /// Present for `denied`, `failed` and (always, from the envelope)
     /// `cancelled`.

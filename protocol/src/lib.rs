@@ -17,11 +17,12 @@ pub mod codec;
 pub mod contract;
 pub mod errors;
 pub mod execution;
+pub mod jsonrpc;
 pub mod primitives;
 pub mod schema;
 pub mod wire;
 
-pub use codec::{FrameError, NdjsonCodec, DEFAULT_MAX_MESSAGE_BYTES};
+pub use codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, NdjsonCodec};
 pub use contract::*;
 pub use errors::{ErrorKind, RpcErrorCode};
 pub use execution::*;

@@ -36,7 +36,11 @@ impl<const MIN: usize, const MAX: usize> Text<MIN, MAX> {
         let trimmed = value.as_ref().trim();
         let len = char_len(trimmed);
         if len < MIN || len > MAX {
-            return Err(PrimitiveError::Length { min: MIN, max: MAX, len });
+            return Err(PrimitiveError::Length {
+                min: MIN,
+                max: MAX,
+                len,
+            });
         }
         Ok(Self(trimmed.to_owned()))
     }
@@ -200,7 +204,11 @@ impl PathSegment {
         let t = value.as_ref().trim();
         let len = char_len(t);
         if !(1..=256).contains(&len) {
-            return Err(PrimitiveError::Length { min: 1, max: 256, len });
+            return Err(PrimitiveError::Length {
+                min: 1,
+                max: 256,
+                len,
+            });
         }
         if t == "." || t == ".." || t.chars().any(|c| c == '/' || c == '\\' || c.is_control()) {
             return Err(PrimitiveError::PathSegment);
@@ -271,10 +279,14 @@ impl Address {
         }
     }
     pub fn agent(id: &str) -> Result<Self, PrimitiveError> {
-        Ok(Address::Agent { agent_id: Identifier::new(id)? })
+        Ok(Address::Agent {
+            agent_id: Identifier::new(id)?,
+        })
     }
     pub fn human(id: &str) -> Result<Self, PrimitiveError> {
-        Ok(Address::Human { user_id: Identifier::new(id)? })
+        Ok(Address::Human {
+            user_id: Identifier::new(id)?,
+        })
     }
 }
 
@@ -300,7 +312,9 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
                 }
                 serde_json::Value::Object(out)
             }
-            serde_json::Value::Array(items) => serde_json::Value::Array(items.iter().map(sort).collect()),
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.iter().map(sort).collect())
+            }
             other => other.clone(),
         }
     }
@@ -343,7 +357,9 @@ mod tests {
     fn address_roundtrip_strict() {
         let a: Address = serde_json::from_str(r#"{"kind":"agent","agentId":"alice"}"#).unwrap();
         assert_eq!(a.path(), ["agent".to_string(), "alice".to_string()]);
-        assert!(serde_json::from_str::<Address>(r#"{"kind":"agent","agentId":"a","x":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<Address>(r#"{"kind":"agent","agentId":"a","x":1}"#).is_err()
+        );
     }
 
     #[test]

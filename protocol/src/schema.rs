@@ -16,18 +16,45 @@ pub fn bundle() -> Value {
     let mut generator = SchemaGenerator::new(settings);
     let add = |name: &str, schema: schemars::Schema| (name.to_owned(), schema.to_value());
     let mut entries = vec![
-        add("InitializeParams", generator.subschema_for::<InitializeParams>()),
-        add("InitializeResult", generator.subschema_for::<InitializeResult>()),
+        add(
+            "InitializeParams",
+            generator.subschema_for::<InitializeParams>(),
+        ),
+        add(
+            "InitializeResult",
+            generator.subschema_for::<InitializeResult>(),
+        ),
         add("TurnRunParams", generator.subschema_for::<TurnRunParams>()),
-        add("TurnDrainingParams", generator.subschema_for::<TurnDrainingParams>()),
-        add("TurnAbortParams", generator.subschema_for::<TurnAbortParams>()),
-        add("InvokeToolParams", generator.subschema_for::<InvokeToolParams>()),
+        add(
+            "TurnDrainingParams",
+            generator.subschema_for::<TurnDrainingParams>(),
+        ),
+        add(
+            "TurnAbortParams",
+            generator.subschema_for::<TurnAbortParams>(),
+        ),
+        add(
+            "InvokeToolParams",
+            generator.subschema_for::<InvokeToolParams>(),
+        ),
         add("EmitParams", generator.subschema_for::<EmitParams>()),
-        add("AnnotateParams", generator.subschema_for::<AnnotateParams>()),
-        add("RuntimeTurnOutcome", generator.subschema_for::<RuntimeTurnOutcome>()),
+        add(
+            "AnnotateParams",
+            generator.subschema_for::<AnnotateParams>(),
+        ),
+        add(
+            "RuntimeTurnOutcome",
+            generator.subschema_for::<RuntimeTurnOutcome>(),
+        ),
         add("ToolResult", generator.subschema_for::<ToolResult>()),
-        add("ExecutionRequest", generator.subschema_for::<ExecutionRequest>()),
-        add("ExecutionResult", generator.subschema_for::<ExecutionResult>()),
+        add(
+            "ExecutionRequest",
+            generator.subschema_for::<ExecutionRequest>(),
+        ),
+        add(
+            "ExecutionResult",
+            generator.subschema_for::<ExecutionResult>(),
+        ),
     ];
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let mut defs = serde_json::Map::new();
@@ -97,7 +124,8 @@ mod tests {
 
     #[test]
     fn schema_bundle_matches_checked_in_file() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/sharedos-protocol-v1.schema.json");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../schema/sharedos-protocol-v1.schema.json");
         let text = bundle_text();
         if std::env::var_os("SHAREDOS_BLESS").is_some() {
             std::fs::write(&path, &text).unwrap();

@@ -21,8 +21,17 @@ impl TurnId {
         let v = value.into();
         let ok = !v.is_empty()
             && v.len() <= 128
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
-        if ok { Ok(Self(v)) } else { Err(PrimitiveError::Length { min: 1, max: 128, len: v.len() }) }
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+        if ok {
+            Ok(Self(v))
+        } else {
+            Err(PrimitiveError::Length {
+                min: 1,
+                max: 128,
+                len: v.len(),
+            })
+        }
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -32,7 +41,8 @@ impl TurnId {
 impl<'de> Deserialize<'de> for TurnId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
-        TurnId::new(s.into_owned()).map_err(|_| serde::de::Error::custom("turnId must be 1..128 bytes of [A-Za-z0-9_.:-]"))
+        TurnId::new(s.into_owned())
+            .map_err(|_| serde::de::Error::custom("turnId must be 1..128 bytes of [A-Za-z0-9_.:-]"))
     }
 }
 
