@@ -1,1 +1,4 @@
 //! The sharedos host.
+
+pub mod broker;
+pub mod process;

@@ -104,7 +104,7 @@ pub fn escaped_sample(bytes: &[u8], max: usize) -> String {
         }
     }
     if bytes.len() > max {
-        out.push_str("…");
+        out.push('…');
     }
     out
 }

@@ -100,6 +100,7 @@ impl ErrorKind {
             ErrorKind::MessageTooLarge => "message_too_large",
         }
     }
+    #[allow(clippy::should_implement_trait)] // returns Option, not Result: not FromStr
     pub fn from_str(kind: &str) -> Option<Self> {
         serde_json::from_value(serde_json::Value::String(kind.to_owned())).ok()
     }
