@@ -10,9 +10,11 @@
 //! plugin over its stdin/stdout).
 
 mod host;
+mod serve;
 mod signal;
 
 pub use host::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, check_annotation};
+pub use serve::{RemoteHost, SDK_NAME, ServeError, serve, serve_io};
 pub use signal::{Signal, SignalSource};
 
 pub use sharedos_protocol as protocol;
