@@ -1,8 +1,10 @@
-//! The sharedos host: the envelope, the process runtime, the registry and
-//! the CLI.
+//! The sharedos host: the envelope, the stdio peer, the process runtime,
+//! the registry, the configuration and the CLI.
 
 pub mod bench;
+pub mod broker;
 pub mod config;
 pub mod executor;
 pub mod observe;
+pub mod process;
 pub mod registry;

@@ -10,10 +10,12 @@
 //! plugin over its stdin/stdout).
 
 mod host;
+mod serve;
 mod signal;
 pub mod standard;
 
 pub use host::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, check_annotation};
+pub use serve::{RemoteHost, SDK_NAME, ServeError, serve, serve_io};
 pub use signal::{Signal, SignalSource};
 pub use standard::{
     AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError,

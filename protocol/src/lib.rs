@@ -17,6 +17,7 @@ pub mod codec;
 pub mod contract;
 pub mod errors;
 pub mod execution;
+pub mod jsonrpc;
 pub mod primitives;
 pub mod schema;
 pub mod wire;

@@ -1,1 +1,332 @@
-fn main() {}
+//! `sharedos-testplugin`: a scriptable, deliberately hostile runtime plugin
+//! for the host's tests. It speaks raw NDJSON itself (not through the SDK)
+//! so that it can break every rule on purpose.
+//!
+//! Before the handshake, the first argument selects a mode:
+//! `normal` (default), `silent` (never answers `initialize`), `noise`
+//! (prints to stdout before the handshake), `wrong-manifest` (reports
+//! another runtime id), `bad-version` (chooses protocol version 99),
+//! `exit-early` (exits before reading anything).
+//!
+//! During the turn it runs the script in `request.message.payload.script`,
+//! an array of steps `{"op": ..., ...}`; see [`step`] for the list. Unless a
+//! step already answered `turn/run`, it completes with
+//! `{"results": [...]}` (the answers to its tool calls) at the end, then
+//! reads stdin until EOF.
+//!
+//! `--sleeper [--setsid] [--double] [--pidfile PATH]` is the helper the
+//! `fork` step starts: it keeps the inherited stdio open and sleeps.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Stdin, Stdout, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const ID: &str = "sharedos-testplugin";
+const VERSION: &str = "0.1.0";
+
+struct Plugin {
+    input: BufReader<Stdin>,
+    out: Stdout,
+    turn_id: Value,
+    run_id: Value,
+    next_id: u64,
+    ignore_abort: bool,
+    draining: bool,
+    outcome_sent: bool,
+    results: Vec<Value>,
+}
+
+impl Plugin {
+    fn write_raw(&mut self, bytes: &[u8]) {
+        // A closed stdout means the host is gone: nothing left to do.
+        if self.out.write_all(bytes).and_then(|()| self.out.flush()).is_err() {
+            std::process::exit(0);
+        }
+    }
+
+    fn send(&mut self, v: &Value) {
+        let mut line = v.to_string();
+        line.push('\n');
+        self.write_raw(line.as_bytes());
+    }
+
+    fn notify(&mut self, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc":"2.0","method":method,"params":params}));
+    }
+
+    /// Reads one host message; handles the control notifications. Exits
+    /// on EOF.
+    fn read(&mut self) -> Value {
+        loop {
+            let mut line = String::new();
+            match self.input.read_line(&mut line) {
+                Ok(0) | Err(_) => std::process::exit(0),
+                Ok(_) => {}
+            }
+            let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+                eprintln!("testplugin: host sent a non-JSON line");
+                continue;
+            };
+            match msg.get("method").and_then(Value::as_str) {
+                Some("turn/abort") if !self.ignore_abort => {
+                    eprintln!("testplugin: aborted, exiting");
+                    std::process::exit(0);
+                }
+                Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
+                Some("turn/draining") => self.draining = true,
+                _ => return msg,
+            }
+        }
+    }
+
+    /// Sends `host/invokeTool` and waits for its answer.
+    fn call(&mut self, tool: &str, arguments: Value, step: Option<u64>) -> Value {
+        let id = self.request_call(tool, arguments, step);
+        loop {
+            let msg = self.read();
+            if msg.get("id") == Some(&json!(id)) {
+                return msg;
+            }
+        }
+    }
+
+    fn request_call(&mut self, tool: &str, arguments: Value, step: Option<u64>) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut params = json!({
+            "turnId": self.turn_id,
+            "call": {"id": format!("call-{id}"), "tool": tool, "arguments": arguments,
+                     "traceId": "trace-testplugin", "requestedAt": "2026-01-01T00:00:00Z"}
+        });
+        if let Some(s) = step {
+            params["step"] = json!(s);
+        }
+        self.send(&json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params}));
+        id
+    }
+
+    fn outcome(&mut self, result: Value) {
+        let run_id = self.run_id.clone();
+        self.send(&json!({"jsonrpc":"2.0","id":run_id,"result":result}));
+        self.outcome_sent = true;
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--sleeper") {
+        sleeper(&args[2..]);
+    }
+    let mode = args.get(1).cloned().unwrap_or_else(|| "normal".into());
+    eprintln!("testplugin: pid {} mode {mode}", std::process::id());
+    if mode == "exit-early" {
+        std::process::exit(3);
+    }
+    let mut p = Plugin {
+        input: BufReader::new(std::io::stdin()),
+        out: std::io::stdout(),
+        turn_id: Value::Null,
+        run_id: Value::Null,
+        next_id: 1,
+        ignore_abort: false,
+        draining: false,
+        outcome_sent: false,
+        results: Vec::new(),
+    };
+    if mode == "noise" {
+        p.write_raw(b"Starting testplugin v0.1.0 ... ready\n");
+    }
+    let init = p.read();
+    if mode == "silent" {
+        loop {
+            let _ = p.read();
+        }
+    }
+    let (id, version) = match mode.as_str() {
+        "wrong-manifest" => ("some-other-runtime", 1),
+        "bad-version" => (ID, 99),
+        _ => (ID, 1),
+    };
+    p.send(&json!({"jsonrpc":"2.0","id":init["id"],"result":{
+        "protocolVersion": version,
+        "manifest": {"id": id, "version": VERSION, "protocolVersion": "1"},
+        "sdk": "testplugin-raw", "capabilities": {}
+    }}));
+    let run = loop {
+        let m = p.read();
+        if m.get("method").and_then(Value::as_str) == Some("turn/run") {
+            break m;
+        }
+    };
+    p.turn_id = run["params"]["turnId"].clone();
+    p.run_id = run["id"].clone();
+    let script = run["params"]["request"]["message"]["payload"]["script"].as_array().cloned().unwrap_or_default();
+    for s in &script {
+        step(&mut p, s);
+    }
+    if !p.outcome_sent {
+        let results = std::mem::take(&mut p.results);
+        p.outcome(json!({"type":"complete","output":{"results":results,"draining":p.draining}}));
+    }
+    loop {
+        let _ = p.read();
+    }
+}
+
+fn num(s: &Value, key: &str, default: u64) -> u64 {
+    s.get(key).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// One script step. Ops:
+/// - `emit {type, data}`, `annotate {key, value}`: notifications
+/// - `call {tool, arguments, step?}`: a tool call; its answer goes into results
+/// - `burst_calls {n, tool}`: n calls without waiting, then all n answers
+/// - `flood {n}`: n emits as fast as the pipe takes them
+/// - `sleep {ms}`, `stall` (sleep forever), `spin {ms?}` (busy loop; forever without ms)
+/// - `ignore_abort`: from now on `turn/abort` does not make it exit
+/// - `emit_pid`: emits `{type:"pid", data:{pid}}`
+/// - `fork {n, setsid?, double?, pidfile?}`: starts n sleepers that keep the
+///   pipes open and emits `{type:"forked", data:{pids}}`
+/// - `crash` (abort), `exit {code}`, `close_stdout` (then sleeps)
+/// - `raw {line}`, `invalid_utf8`, `long_line {bytes}`, `batch`,
+///   `bogus_response` (an answer to id 999 never sent)
+/// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
+/// - `error_outcome {code, message}`: answers `turn/run` with an error
+fn step(p: &mut Plugin, s: &Value) {
+    let op = s.get("op").and_then(Value::as_str).unwrap_or_default();
+    match op {
+        "emit" => {
+            let params = json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
+            p.notify("host/emit", params);
+        }
+        "annotate" => {
+            let params = json!({"turnId": p.turn_id, "key": s["key"], "value": s["value"]});
+            p.notify("host/annotate", params);
+        }
+        "call" => {
+            let step = s.get("step").and_then(Value::as_u64);
+            let answer = p.call(s["tool"].as_str().unwrap_or("missing"), s["arguments"].clone(), step);
+            p.results.push(answer);
+        }
+        "burst_calls" => {
+            let n = num(s, "n", 16);
+            let tool = s["tool"].as_str().unwrap_or("echo").to_owned();
+            let ids: Vec<u64> = (0..n).map(|_| p.request_call(&tool, json!({}), None)).collect();
+            let mut answers = Vec::new();
+            while answers.len() < ids.len() {
+                let m = p.read();
+                if m.get("id").and_then(Value::as_u64).is_some_and(|id| ids.contains(&id)) {
+                    answers.push(m);
+                }
+            }
+            p.results.extend(answers);
+        }
+        "flood" => {
+            for i in 0..num(s, "n", 100_000) {
+                let params = json!({"turnId": p.turn_id, "event": {"type": "flood", "data": i}});
+                p.notify("host/emit", params);
+            }
+        }
+        "sleep" => std::thread::sleep(Duration::from_millis(num(s, "ms", 100))),
+        "stall" => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+        "spin" => {
+            let until = s.get("ms").and_then(Value::as_u64).map(|ms| Instant::now() + Duration::from_millis(ms));
+            let mut x: u64 = 0;
+            while until.is_none_or(|u| Instant::now() < u) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "ignore_abort" => p.ignore_abort = true,
+        "emit_pid" => {
+            let params = json!({"turnId": p.turn_id, "event": {"type": "pid", "data": {"pid": std::process::id()}}});
+            p.notify("host/emit", params);
+        }
+        "fork" => {
+            let mut pids = Vec::new();
+            for _ in 0..num(s, "n", 1) {
+                let mut args = vec!["--sleeper".to_owned()];
+                if s["setsid"].as_bool() == Some(true) {
+                    args.push("--setsid".into());
+                }
+                if s["double"].as_bool() == Some(true) {
+                    args.push("--double".into());
+                }
+                if let Some(f) = s["pidfile"].as_str() {
+                    args.push("--pidfile".into());
+                    args.push(f.into());
+                }
+                let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+                match Command::new(exe).args(&args).spawn() {
+                    Ok(child) => pids.push(child.id()),
+                    Err(e) => eprintln!("testplugin: fork failed: {e}"),
+                }
+            }
+            let params = json!({"turnId": p.turn_id, "event": {"type": "forked", "data": {"pids": pids}}});
+            p.notify("host/emit", params);
+        }
+        "crash" => std::process::abort(),
+        "exit" => std::process::exit(i32::try_from(num(s, "code", 0)).unwrap_or(1)),
+        "close_stdout" => {
+            if let Ok(null) = OpenOptions::new().write(true).open("/dev/null") {
+                let _ = rustix::stdio::dup2_stdout(&null);
+            }
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        "raw" => {
+            let line = format!("{}\n", s["line"].as_str().unwrap_or_default());
+            p.write_raw(line.as_bytes());
+        }
+        "invalid_utf8" => p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n"),
+        "long_line" => {
+            let mut line = vec![b'a'; usize::try_from(num(s, "bytes", 9 << 20)).unwrap_or(1 << 20)];
+            line.push(b'\n');
+            p.write_raw(&line);
+        }
+        "batch" => {
+            let one = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":p.turn_id,"event":{"type":"b","data":1}}});
+            p.send(&json!([one]));
+        }
+        "bogus_response" => p.send(&json!({"jsonrpc":"2.0","id":999,"result":{}})),
+        "outcome" => p.outcome(s["value"].clone()),
+        "error_outcome" => {
+            let run_id = p.run_id.clone();
+            let err = json!({"code": s.get("code").cloned().unwrap_or(json!(-32603)), "message": s["message"]});
+            p.send(&json!({"jsonrpc":"2.0","id":run_id,"error":err}));
+            p.outcome_sent = true;
+        }
+        other => eprintln!("testplugin: unknown step {other:?}"),
+    }
+}
+
+fn sleeper(args: &[String]) -> ! {
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    if has("--setsid") {
+        let _ = rustix::process::setsid();
+    }
+    let pidfile = args.iter().position(|a| a == "--pidfile").and_then(|i| args.get(i + 1)).cloned();
+    if has("--double") {
+        let mut next: Vec<String> = vec!["--sleeper".into()];
+        if let Some(f) = &pidfile {
+            next.push("--pidfile".into());
+            next.push(f.clone());
+        }
+        let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+        let _ = Command::new(exe).args(&next).spawn();
+        std::process::exit(0);
+    }
+    if let Some(f) = pidfile
+        && let Ok(mut file) = OpenOptions::new().create(true).append(true).open(f)
+    {
+        let _ = writeln!(file, "{}", std::process::id());
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}

@@ -1,0 +1,707 @@
+//! The peer and the turn driver over `tokio::io::duplex`: a scripted
+//! plugin end writes raw lines, including every hostile input of
+//! protocol.md D that concerns the peer.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_plugin_sdk::{
+    HostCallError, RuntimeError, RuntimeHost, Signal, SignalSource, check_annotation,
+};
+use sharedos_protocol::{
+    ConnectionLimits, RuntimeEvent, RuntimeLimits, RuntimeManifest, Timestamp, ToolCall,
+    ToolResult, TurnId,
+};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+
+use super::peer::{Inbound, Peer, PeerConfig, ViolationReason};
+use super::turn::{HandshakeError, drive_turn, handshake, host_peer_config};
+
+struct PluginEnd {
+    lines: tokio::io::Lines<BufReader<ReadHalf<DuplexStream>>>,
+    w: WriteHalf<DuplexStream>,
+}
+
+impl PluginEnd {
+    async fn write(&mut self, bytes: &[u8]) {
+        self.w.write_all(bytes).await.unwrap();
+    }
+    async fn line(&mut self, v: Value) {
+        let mut s = serde_json::to_string(&v).unwrap();
+        s.push('\n');
+        self.write(s.as_bytes()).await;
+    }
+    async fn read(&mut self) -> Value {
+        let l = tokio::time::timeout(Duration::from_secs(5), self.lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&l).unwrap()
+    }
+}
+
+fn config() -> PeerConfig {
+    host_peer_config(PeerConfig {
+        max_message_bytes: 1024,
+        ..PeerConfig::default()
+    })
+}
+
+fn pair(config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEnd) {
+    let (host, plugin) = tokio::io::duplex(4096);
+    let (hr, hw) = tokio::io::split(host);
+    let (pr, pw) = tokio::io::split(plugin);
+    let (peer, inbound) = Peer::spawn(hr, hw, config);
+    (
+        peer,
+        inbound,
+        PluginEnd {
+            lines: BufReader::new(pr).lines(),
+            w: pw,
+        },
+    )
+}
+
+async fn next(inbound: &mut mpsc::Receiver<Inbound>) -> Inbound {
+    tokio::time::timeout(Duration::from_secs(5), inbound.recv())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn fatal(bytes: &[u8]) -> super::peer::Violation {
+    let (_peer, mut inbound, mut plugin) = pair(config());
+    plugin.write(bytes).await;
+    match next(&mut inbound).await {
+        Inbound::Closed(v) => v,
+        other => panic!("expected a fatal violation, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn non_json_line_is_fatal_with_an_escaped_sample() {
+    let v = fatal(b"hello \x1b[31mworld\n").await;
+    assert_eq!(v.reason, ViolationReason::InvalidJson);
+    assert_eq!(v.sample, "hello \\u{1b}[31mworld");
+}
+
+#[tokio::test]
+async fn line_over_the_limit_is_fatal() {
+    let mut long = vec![b'a'; 3000];
+    long.push(b'\n');
+    assert_eq!(fatal(&long).await.reason, ViolationReason::FrameTooLarge);
+}
+
+#[tokio::test]
+async fn invalid_utf8_is_fatal() {
+    assert_eq!(
+        fatal(b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\xfe\"}\n")
+            .await
+            .reason,
+        ViolationReason::InvalidUtf8
+    );
+}
+
+#[tokio::test]
+async fn batch_is_fatal() {
+    let v = fatal(b"[{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":{}}]\n").await;
+    assert_eq!(v.reason, ViolationReason::BatchNotSupported);
+}
+
+#[tokio::test]
+async fn envelope_violations_are_fatal() {
+    for bad in [
+        &b"{\"jsonrpc\":\"2.0\",\"id\":1,\"id\":2,\"result\":1}\n"[..],
+        b"{\"jsonrpc\":\"1.0\",\"id\":1,\"result\":1}\n",
+        b"{\"jsonrpc\":\"2.0\",\"id\":null,\"method\":\"host/invokeTool\"}\n",
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":1,\"error\":{\"code\":1,\"message\":\"m\"}}\n",
+        b"42\n",
+    ] {
+        assert_eq!(
+            fatal(bad).await.reason,
+            ViolationReason::InvalidEnvelope,
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+    // BOM, two objects on a line, NaN
+    for bad in [
+        &b"\xef\xbb\xbf{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":1}\n"[..],
+        b"{} {}\n",
+        b"{\"a\":NaN}\n",
+    ] {
+        assert_eq!(fatal(bad).await.reason, ViolationReason::InvalidJson);
+    }
+}
+
+#[tokio::test]
+async fn eof_is_death() {
+    let (_peer, mut inbound, plugin) = pair(config());
+    drop(plugin);
+    match next(&mut inbound).await {
+        Inbound::Closed(v) => assert_eq!(v.reason, ViolationReason::PluginExited),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn response_to_an_id_never_sent_is_dropped_and_counted() {
+    let (peer, mut inbound, mut plugin) = pair(config());
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":999,"result":{}}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":"1","result":{}}))
+        .await;
+    plugin.write(b"\r\n").await; // empty line: ignored and counted
+    plugin
+        .line(json!({"jsonrpc":"2.0","method":"host/emit","params":{}}))
+        .await;
+    assert!(matches!(
+        next(&mut inbound).await,
+        Inbound::Notification { .. }
+    ));
+    assert_eq!(peer.violations_counted(), 3);
+}
+
+#[tokio::test]
+async fn late_and_duplicate_responses_are_dropped() {
+    let (mut peer, mut inbound, mut plugin) = pair(config());
+    let id = peer.request("initialize", &json!({})).await.unwrap();
+    let _ = plugin.read().await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":id,"result":1}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":id,"result":2}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","method":"host/emit","params":{}}))
+        .await;
+    assert!(matches!(next(&mut inbound).await, Inbound::Response { id: got, .. } if got == id));
+    assert!(matches!(
+        next(&mut inbound).await,
+        Inbound::Notification { .. }
+    ));
+    assert_eq!(peer.violations_counted(), 1);
+    let late = peer.request("initialize", &json!({})).await.unwrap();
+    peer.forget(late);
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":late,"result":1}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","method":"host/emit","params":{}}))
+        .await;
+    assert!(matches!(
+        next(&mut inbound).await,
+        Inbound::Notification { .. }
+    ));
+    assert_eq!(peer.violations_counted(), 2);
+}
+
+#[tokio::test]
+async fn unknown_request_method_gets_32601_and_unknown_notification_is_dropped() {
+    let (peer, mut inbound, mut plugin) = pair(config());
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":"x","method":"turn/run","params":{}}))
+        .await;
+    let answer = plugin.read().await;
+    assert_eq!(answer["id"], "x");
+    assert_eq!(answer["error"]["code"], -32601);
+    assert_eq!(answer["error"]["data"]["kind"], "method_not_found");
+    plugin
+        .line(json!({"jsonrpc":"2.0","method":"a\u{0}b","params":{}}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","method":"host\\/emit"}))
+        .await;
+    plugin
+        .write(b"{\"jsonrpc\":\"2.0\",\"method\":\"host\\/emit\"}\n")
+        .await;
+    match next(&mut inbound).await {
+        Inbound::Notification { method, .. } => assert_eq!(method, "host/emit"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(peer.violations_counted(), 3);
+}
+
+#[tokio::test]
+async fn duplicate_inflight_request_id_is_fatal() {
+    let (_peer, mut inbound, mut plugin) = pair(config());
+    let req = json!({"jsonrpc":"2.0","id":7,"method":"host/invokeTool","params":{}});
+    plugin.line(req.clone()).await;
+    plugin.line(req).await;
+    let first = next(&mut inbound).await;
+    assert!(matches!(first, Inbound::Request { .. }));
+    match next(&mut inbound).await {
+        Inbound::Closed(v) => assert_eq!(v.reason, ViolationReason::DuplicateInflightId),
+        other => panic!("{other:?}"),
+    }
+    drop(first);
+}
+
+#[tokio::test]
+async fn requests_over_the_inflight_cap_get_32055_without_being_taken() {
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        max_inflight_requests: 2,
+        ..config()
+    });
+    for id in 1..=3 {
+        plugin
+            .line(json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":{}}))
+            .await;
+    }
+    let answer = plugin.read().await;
+    assert_eq!(answer["id"], 3);
+    assert_eq!(answer["error"]["code"], -32055);
+    assert_eq!(answer["error"]["data"]["kind"], "overloaded");
+    let a = next(&mut inbound).await;
+    let b = next(&mut inbound).await;
+    // Answering one frees a slot.
+    if let Inbound::Request { reply, .. } = a {
+        reply.result(&json!(1)).await.unwrap();
+    }
+    assert_eq!(plugin.read().await["id"], 1);
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":4,"method":"host/invokeTool","params":{}}))
+        .await;
+    assert!(matches!(next(&mut inbound).await, Inbound::Request { .. }));
+    drop(b);
+}
+
+#[tokio::test]
+async fn notification_flood_is_fatal_rate_limit_exceeded() {
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        notification_rate: (10, 10),
+        ..config()
+    });
+    let writer = tokio::spawn(async move {
+        for _ in 0..50 {
+            plugin
+                .line(json!({"jsonrpc":"2.0","method":"host/emit","params":{}}))
+                .await;
+        }
+        plugin
+    });
+    let mut seen = 0;
+    loop {
+        match next(&mut inbound).await {
+            Inbound::Notification { .. } => seen += 1,
+            Inbound::Closed(v) => {
+                assert_eq!(v.reason, ViolationReason::RateLimitExceeded);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(seen, 10);
+    writer.abort();
+}
+
+#[tokio::test]
+async fn dropped_messages_over_the_budget_are_fatal() {
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        violation_budget: 3,
+        ..config()
+    });
+    for _ in 0..4 {
+        plugin.line(json!({"jsonrpc":"2.0","method":"nope"})).await;
+    }
+    match next(&mut inbound).await {
+        Inbound::Closed(v) => assert_eq!(v.reason, ViolationReason::ViolationBudgetExceeded),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_plugin_that_never_reads_stdin_is_a_write_stall() {
+    let (host, _plugin) = tokio::io::duplex(256);
+    let (hr, hw) = tokio::io::split(host);
+    let (peer, _inbound) = Peer::spawn(
+        hr,
+        hw,
+        PeerConfig {
+            write_stall_timeout: Duration::from_millis(100),
+            ..config()
+        },
+    );
+    let big = "x".repeat(900);
+    for _ in 0..4 {
+        if peer.notify("turn/draining", &big).await.is_err() {
+            break;
+        }
+    }
+    let v = tokio::time::timeout(Duration::from_secs(5), peer.dead())
+        .await
+        .unwrap();
+    assert_eq!(v.reason, ViolationReason::WriteStall);
+}
+
+#[tokio::test]
+async fn outgoing_lines_over_the_limit_are_refused() {
+    let (peer, _inbound, _plugin) = pair(config());
+    let v = peer
+        .notify("turn/draining", &"x".repeat(2000))
+        .await
+        .unwrap_err();
+    assert_eq!(v.reason, ViolationReason::FrameTooLarge);
+}
+
+// ---------------------------------------------------------------- turns
+
+#[derive(Default)]
+struct Recorder {
+    log: Mutex<Vec<String>>,
+    drain: Mutex<Option<SignalSource>>,
+    slow_tools: bool,
+}
+
+struct TestHost(Arc<Recorder>);
+
+#[async_trait::async_trait]
+impl RuntimeHost for TestHost {
+    fn limits(&self) -> RuntimeLimits {
+        RuntimeLimits {
+            max_steps: 8,
+            max_tool_calls: 8,
+            timeout_ms: 10_000,
+        }
+    }
+    async fn invoke_tool(
+        &self,
+        call: ToolCall,
+        step: Option<u64>,
+    ) -> Result<ToolResult, HostCallError> {
+        self.0
+            .log
+            .lock()
+            .unwrap()
+            .push(format!("tool:{}:{step:?}", call.tool));
+        if self.0.slow_tools {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        if call.tool.as_str() == "forbidden" {
+            return Ok(ToolResult::denied(
+                &call,
+                "tool_unavailable",
+                "not offered",
+                Timestamp::now(),
+            ));
+        }
+        if call.tool.as_str() == "closed" {
+            return Err(HostCallError::closed());
+        }
+        Ok(ToolResult::succeeded(
+            &call,
+            json!({"echo": call.arguments}),
+            Timestamp::now(),
+        ))
+    }
+    fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
+        self.0
+            .log
+            .lock()
+            .unwrap()
+            .push(format!("emit:{}", event.kind));
+        Ok(())
+    }
+    fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
+        check_annotation(key)?;
+        self.0
+            .log
+            .lock()
+            .unwrap()
+            .push(format!("annotate:{key}={value}"));
+        Ok(())
+    }
+    fn draining(&self) -> Signal {
+        let mut slot = self.0.drain.lock().unwrap();
+        slot.get_or_insert_with(SignalSource::new).signal()
+    }
+}
+
+fn manifest() -> RuntimeManifest {
+    RuntimeManifest::new("test-runtime", "1.0.0").unwrap()
+}
+
+fn limits() -> ConnectionLimits {
+    ConnectionLimits {
+        max_message_bytes: 1024,
+        max_inflight_tool_calls: 8,
+        max_concurrent_turns: 1,
+    }
+}
+
+fn turn_id() -> TurnId {
+    TurnId::new("t-1").unwrap()
+}
+
+fn call(id: &str, tool: &str) -> Value {
+    json!({"id":id,"tool":tool,"arguments":{"n":1},"traceId":"tr","requestedAt":"2026-01-01T00:00:00Z"})
+}
+
+async fn answer_initialize(plugin: &mut PluginEnd, result: Value) {
+    let init = plugin.read().await;
+    assert_eq!(init["method"], "initialize");
+    assert_eq!(init["params"]["protocolVersions"], json!([1]));
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":init["id"],"result":result}))
+        .await;
+}
+
+fn good_init() -> Value {
+    json!({"protocolVersion":1,"manifest":{"id":"test-runtime","version":"1.0.0","protocolVersion":"1"},"capabilities":{},"future":1})
+}
+
+async fn handshaken(cfg: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEnd) {
+    let (mut peer, mut inbound, mut plugin) = pair(cfg);
+    let m = manifest();
+    let (r, ()) = tokio::join!(
+        handshake(
+            &mut peer,
+            &mut inbound,
+            &m,
+            limits(),
+            Duration::from_secs(5)
+        ),
+        answer_initialize(&mut plugin, good_init())
+    );
+    r.unwrap();
+    (peer, inbound, plugin)
+}
+
+async fn handshake_error(script: impl AsyncFnOnce(&mut PluginEnd)) -> HandshakeError {
+    let (mut peer, mut inbound, mut plugin) = pair(config());
+    let m = manifest();
+    let (r, ()) = tokio::join!(
+        handshake(
+            &mut peer,
+            &mut inbound,
+            &m,
+            limits(),
+            Duration::from_millis(300)
+        ),
+        script(&mut plugin)
+    );
+    r.unwrap_err()
+}
+
+#[tokio::test]
+async fn handshake_failures_are_typed() {
+    let e = handshake_error(async |p| p.write(b"Starting my plugin v1.0...\n").await).await;
+    assert!(
+        matches!(&e, HandshakeError::StdoutBeforeHandshake { sample, .. } if sample == "Starting my plugin v1.0...")
+    );
+    assert!(e.to_string().contains("log to stderr"), "{e}");
+    let e = handshake_error(async |_| {}).await;
+    assert!(matches!(e, HandshakeError::Timeout(_)));
+    let e = handshake_error(async |p| {
+        let mut init = good_init();
+        init["manifest"]["id"] = json!("other-runtime");
+        answer_initialize(p, init).await
+    })
+    .await;
+    assert!(
+        matches!(&e, HandshakeError::ManifestMismatch { field: "id", .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("other-runtime"));
+    let e = handshake_error(async |p| {
+        let mut init = good_init();
+        init["protocolVersion"] = json!(7);
+        answer_initialize(p, init).await
+    })
+    .await;
+    assert!(matches!(
+        e,
+        HandshakeError::UnsupportedVersion { chosen: 7, .. }
+    ));
+    let e =
+        handshake_error(async |p| answer_initialize(p, json!({"protocolVersion":1})).await).await;
+    assert!(matches!(e, HandshakeError::InvalidResult(_)));
+    let e = handshake_error(async |p| {
+        p.line(json!({"jsonrpc":"2.0","method":"host/emit","params":{}}))
+            .await;
+    })
+    .await;
+    assert!(matches!(
+        e,
+        HandshakeError::StdoutBeforeHandshake {
+            reason: "stdout_before_handshake",
+            ..
+        }
+    ));
+}
+
+async fn run_turn(
+    peer: &mut Peer,
+    inbound: &mut mpsc::Receiver<Inbound>,
+    rec: Arc<Recorder>,
+    abort: Signal,
+) -> Result<sharedos_protocol::RuntimeTurnOutcome, RuntimeError> {
+    let id = peer
+        .request("turn/run", &json!({"turnId":"t-1"}))
+        .await
+        .unwrap();
+    drive_turn(
+        peer,
+        id,
+        inbound,
+        &turn_id(),
+        Arc::new(TestHost(rec)),
+        abort,
+        std::future::pending(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_turn_applies_messages_in_wire_order() {
+    let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+    let rec = Arc::new(Recorder::default());
+    let script = async {
+        let run = plugin.read().await;
+        assert_eq!(run["method"], "turn/run");
+        plugin.line(json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"a","data":1}}})).await;
+        plugin.line(json!({"jsonrpc":"2.0","method":"host/annotate","params":{"turnId":"t-1","key":"k","value":[1]}})).await;
+        plugin.line(json!({"jsonrpc":"2.0","id":"c1","method":"host/invokeTool","params":{"turnId":"t-1","call":call("c1","echo"),"step":0}})).await;
+        let r = plugin.read().await;
+        assert_eq!(r["id"], "c1");
+        assert_eq!(r["result"]["status"], "succeeded");
+        plugin.line(json!({"jsonrpc":"2.0","id":2,"method":"host/invokeTool","params":{"turnId":"t-1","call":call("c2","forbidden")}})).await;
+        let r = plugin.read().await;
+        assert_eq!(r["result"]["status"], "denied", "a refusal is a result");
+        plugin.line(json!({"jsonrpc":"2.0","id":3,"method":"host/invokeTool","params":{"turnId":"t-1","call":call("c3","closed")}})).await;
+        assert_eq!(plugin.read().await["error"]["code"], -32052);
+        // malformed call, wrong turn
+        plugin.line(json!({"jsonrpc":"2.0","id":4,"method":"host/invokeTool","params":{"turnId":"t-1","call":{"id":"x"}}})).await;
+        let r = plugin.read().await;
+        assert_eq!(r["error"]["code"], -32602);
+        assert!(!r.to_string().contains("\"x\"") || r["id"] == 4);
+        plugin.line(json!({"jsonrpc":"2.0","id":5,"method":"host/invokeTool","params":{"turnId":"t-2","call":call("c5","echo")}})).await;
+        assert_eq!(plugin.read().await["error"]["code"], -32052);
+        // bad notifications are dropped and counted
+        plugin.line(json!({"jsonrpc":"2.0","method":"host/annotate","params":{"turnId":"t-1","key":"runtime","value":1}})).await;
+        plugin.line(json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"b","data":1,"x":1}}})).await;
+        plugin.write(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/annotate\",\"params\":{\"turnId\":\"t-1\",\"key\":\"big\",\"value\":1e400}}\n").await;
+        // the last emit is written right before the outcome, in one write
+        let last = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"z","data":null}}});
+        let outcome = json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":{"ok":true}}});
+        plugin
+            .write(format!("{last}\n{outcome}\n").as_bytes())
+            .await;
+        plugin
+    };
+    let (outcome, _plugin) = tokio::join!(
+        run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+        script
+    );
+    assert_eq!(
+        outcome.unwrap(),
+        sharedos_protocol::RuntimeTurnOutcome::complete(json!({"ok":true}))
+    );
+    assert_eq!(
+        *rec.log.lock().unwrap(),
+        [
+            "emit:a",
+            "annotate:k=[1]",
+            "tool:echo:Some(0)",
+            "tool:forbidden:None",
+            "tool:closed:None",
+            "emit:z"
+        ]
+    );
+    assert_eq!(peer.violations_counted(), 5);
+}
+
+#[tokio::test]
+async fn outcome_errors_map_to_runtime_errors() {
+    for (result, expect) in [
+        (json!({"result":{"type":"complete"}}), "invalid"),
+        (
+            json!({"result":{"type":"complete","output":1,"extra":1}}),
+            "invalid",
+        ),
+        (json!({"error":{"code":-32603,"message":"boom"}}), "failed"),
+    ] {
+        let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+        let script = async {
+            let run = plugin.read().await;
+            let mut line = json!({"jsonrpc":"2.0","id":run["id"]});
+            line.as_object_mut()
+                .unwrap()
+                .extend(result.as_object().unwrap().clone());
+            plugin.line(line).await;
+            plugin
+        };
+        let (r, _p) = tokio::join!(
+            run_turn(&mut peer, &mut inbound, Arc::default(), Signal::never()),
+            script
+        );
+        match (expect, r) {
+            ("invalid", Err(RuntimeError::InvalidOutcome(_)))
+            | ("failed", Err(RuntimeError::Failed(_))) => {}
+            (_, other) => panic!("{expect}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn eof_mid_turn_is_a_protocol_error() {
+    let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+    let script = async move {
+        let _ = plugin.read().await;
+        plugin.line(json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"a","data":1}}})).await;
+        drop(plugin);
+    };
+    let rec = Arc::new(Recorder::default());
+    let (r, ()) = tokio::join!(
+        run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+        script
+    );
+    assert!(
+        matches!(r, Err(RuntimeError::Protocol(ref m)) if m.contains("plugin_exited")),
+        "{r:?}"
+    );
+    assert_eq!(*rec.log.lock().unwrap(), ["emit:a"]);
+}
+
+#[tokio::test]
+async fn drain_and_abort_reach_the_plugin_and_pending_calls_get_32800() {
+    let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+    let rec = Arc::new(Recorder {
+        slow_tools: true,
+        ..Recorder::default()
+    });
+    let drain = SignalSource::new();
+    *rec.drain.lock().unwrap() = Some(SignalSource::new());
+    let abort = SignalSource::new();
+    let abort_signal = abort.signal();
+    let rec2 = rec.clone();
+    let script = async {
+        let _ = plugin.read().await;
+        plugin.line(json!({"jsonrpc":"2.0","id":"slow","method":"host/invokeTool","params":{"turnId":"t-1","call":call("c1","echo")}})).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(src) = rec2.drain.lock().unwrap().as_ref() {
+            src.raise();
+        }
+        let d = plugin.read().await;
+        assert_eq!(d["method"], "turn/draining");
+        assert_eq!(d["params"]["turnId"], "t-1");
+        abort.raise();
+        let mut seen = vec![];
+        for _ in 0..2 {
+            seen.push(plugin.read().await);
+        }
+        assert!(seen.iter().any(|m| m["method"] == "turn/abort"), "{seen:?}");
+        let cancelled = seen.iter().find(|m| m["id"] == "slow").unwrap();
+        assert_eq!(cancelled["error"]["code"], -32800);
+        assert_eq!(cancelled["error"]["data"]["kind"], "cancelled");
+    };
+    let (r, ()) = tokio::join!(run_turn(&mut peer, &mut inbound, rec, abort_signal), script);
+    assert!(matches!(r, Err(RuntimeError::Failed(_))), "{r:?}");
+    drop(drain);
+}

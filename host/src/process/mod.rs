@@ -1,0 +1,350 @@
+//! [`ProcessRuntime`]: a [`RuntimePlugin`] whose turns run in a child
+//! process, one process per turn, spoken to over its stdin/stdout.
+//!
+//! Per turn: launch (through a [`Launcher`]) → drain stderr → `initialize`
+//! (version and manifest checked) → `turn/run` → serve the plugin's
+//! `host/*` messages → outcome, or abort → **kill and reap the whole tree,
+//! whatever the ending**. The `run` future may be dropped at any await
+//! point (the executor races it against the hard deadline): a guard then
+//! kills the tree synchronously and reaps it off-thread.
+
+pub mod launcher;
+pub mod stderr;
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
+use sharedos_protocol::jsonrpc::truncate;
+use sharedos_protocol::{
+    ConnectionLimits, DEFAULT_MAX_MESSAGE_BYTES, PLUGIN_COOKIE_ENV, RuntimeManifest,
+    RuntimeTurnOutcome, RuntimeTurnRequest, TurnId, methods,
+};
+use tokio::net::unix::pipe;
+
+pub use launcher::{DirectLauncher, LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use stderr::StderrLimits;
+
+use crate::broker::turn::{drive_turn, handshake, host_peer_config, turn_run_params};
+use crate::broker::{Peer, PeerConfig};
+
+/// How to run one configured runtime.
+#[derive(Debug, Clone)]
+pub struct ProcessRuntimeConfig {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// The environment allowlist the host passes; `SHAREDOS_PLUGIN=1` is
+    /// always added. Nothing else of the host's environment is inherited.
+    pub env: Vec<(String, String)>,
+    /// The trusted registry entry; the plugin's reported manifest must
+    /// equal it.
+    pub manifest: RuntimeManifest,
+    pub handshake_timeout: Duration,
+    pub max_message_bytes: usize,
+    pub max_inflight_tool_calls: usize,
+    pub stderr: StderrLimits,
+    pub write_stall_timeout: Duration,
+}
+
+impl ProcessRuntimeConfig {
+    /// The defaults of protocol.md B.3/B.4.
+    pub fn new(program: impl Into<PathBuf>, manifest: RuntimeManifest) -> Self {
+        Self {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            manifest,
+            handshake_timeout: Duration::from_secs(10),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_inflight_tool_calls: 8,
+            stderr: StderrLimits::default(),
+            write_stall_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a runtime cannot be constructed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("plugin binary {program} does not exist")]
+    NotFound { program: PathBuf },
+    #[error("plugin binary {program} is not a regular file")]
+    NotAFile { program: PathBuf },
+    #[error("plugin binary {program} is not executable")]
+    NotExecutable { program: PathBuf },
+}
+
+/// Reports kept for `take_sandbox_report`; a bound so an executor that
+/// never takes them cannot grow the map without end.
+const MAX_KEPT_REPORTS: usize = 1024;
+
+/// A runtime plugin run as a child process, one process per turn.
+pub struct ProcessRuntime {
+    config: ProcessRuntimeConfig,
+    launcher: Arc<dyn Launcher>,
+    reports: Mutex<HashMap<String, serde_json::Value>>,
+}
+
+impl std::fmt::Debug for ProcessRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessRuntime")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessRuntime {
+    /// Checks that the binary exists and is executable.
+    pub fn new(
+        config: ProcessRuntimeConfig,
+        launcher: Arc<dyn Launcher>,
+    ) -> Result<Self, LoadError> {
+        let program = config.program.clone();
+        let meta = std::fs::metadata(&program).map_err(|_| LoadError::NotFound {
+            program: program.clone(),
+        })?;
+        if !meta.is_file() {
+            return Err(LoadError::NotAFile { program });
+        }
+        if rustix::fs::access(&program, rustix::fs::Access::EXEC_OK).is_err() {
+            return Err(LoadError::NotExecutable { program });
+        }
+        Ok(Self {
+            config,
+            launcher,
+            reports: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn config(&self) -> &ProcessRuntimeConfig {
+        &self.config
+    }
+
+    /// The launcher's report of the turn with this execution id (the
+    /// sandbox report), once; `None` for an unsandboxed launch.
+    pub fn take_sandbox_report(&self, execution_id: &str) -> Option<serde_json::Value> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(execution_id)
+    }
+
+    fn keep_report(&self, execution_id: &str, report: serde_json::Value) {
+        let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        if reports.len() >= MAX_KEPT_REPORTS
+            && let Some(k) = reports.keys().next().cloned()
+        {
+            reports.remove(&k);
+        }
+        reports.insert(execution_id.to_owned(), report);
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "runtime {} ({})",
+            self.config.manifest.id,
+            self.config.program.display()
+        )
+    }
+
+    fn load_error(&self, what: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::Load(format!("{}: {what}", self.name()))
+    }
+}
+
+/// A fresh turn id: `t-` and 32 hex digits, within `[A-Za-z0-9_.:-]`.
+fn new_turn_id() -> TurnId {
+    let raw = format!("t-{}", uuid::Uuid::new_v4().simple());
+    TurnId::new(raw).unwrap_or_else(|_| unreachable_turn_id())
+}
+
+fn unreachable_turn_id() -> TurnId {
+    // `t-` plus hex always passes; keep a constant instead of a panic.
+    match TurnId::new("t-0") {
+        Ok(t) => t,
+        Err(_) => unreachable!("literal turn id is valid"),
+    }
+}
+
+/// Owns the tree for the whole turn. Dropped anywhere (including when the
+/// `run` future is dropped), it SIGKILLs the tree at once and reaps it on
+/// a background thread; [`TreeGuard::finish`] does the same and waits.
+struct TreeGuard {
+    tree: Arc<Mutex<Option<Box<dyn ProcessTree>>>>,
+}
+
+impl TreeGuard {
+    fn new(tree: Box<dyn ProcessTree>) -> Self {
+        Self {
+            tree: Arc::new(Mutex::new(Some(tree))),
+        }
+    }
+
+    /// Resolves when the launched process has exited, with how it ended.
+    fn exited(&self) -> impl std::future::Future<Output = String> + use<> {
+        let tree = self.tree.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(25));
+            loop {
+                tick.tick().await;
+                let mut slot = tree.lock().unwrap_or_else(|p| p.into_inner());
+                match slot.as_mut().map(|t| t.try_wait()) {
+                    Some(Ok(Some(status))) => {
+                        return format!("the plugin process exited ({status})");
+                    }
+                    Some(Ok(None)) => {}
+                    Some(Err(e)) => return format!("the plugin process cannot be waited for: {e}"),
+                    None => return "the plugin process was killed".to_owned(),
+                }
+            }
+        }
+    }
+
+    async fn finish(self) {
+        let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut tree) = taken {
+            tree.start_kill();
+            let reaped = tokio::task::spawn_blocking(move || tree.kill_tree()).await;
+            if let Ok(Err(e)) = reaped {
+                tracing::warn!("reaping the plugin tree failed: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for TreeGuard {
+    fn drop(&mut self) {
+        let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut tree) = taken {
+            tree.start_kill();
+            std::thread::spawn(move || {
+                let _ = tree.kill_tree();
+            });
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
+    pipe::Receiver::from_owned_fd(fd)
+}
+
+fn sender(fd: OwnedFd) -> std::io::Result<pipe::Sender> {
+    pipe::Sender::from_owned_fd(fd)
+}
+
+#[async_trait]
+impl RuntimePlugin for ProcessRuntime {
+    fn manifest(&self) -> RuntimeManifest {
+        self.config.manifest.clone()
+    }
+
+    async fn run(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        if abort.is_raised() {
+            return Err(RuntimeError::Failed(
+                "the turn was aborted before the runtime started".into(),
+            ));
+        }
+        let turn_id = new_turn_id();
+        let execution_id = request.execution_id.as_str().to_owned();
+        let mut env = self.config.env.clone();
+        env.retain(|(k, _)| k != PLUGIN_COOKIE_ENV);
+        env.push((PLUGIN_COOKIE_ENV.to_owned(), "1".to_owned()));
+        let spec = LaunchSpec {
+            program: self.config.program.clone(),
+            args: self.config.args.clone(),
+            env,
+            runtime_id: self.config.manifest.id.as_str().to_owned(),
+            execution_id: execution_id.clone(),
+            turn_id: turn_id.as_str().to_owned(),
+        };
+        let launcher = self.launcher.clone();
+        // If this future is dropped while the launch runs, the blocking
+        // thread drops the `LaunchedChild`, whose tree kills itself.
+        let launched = tokio::task::spawn_blocking(move || launcher.launch(&spec))
+            .await
+            .map_err(|e| self.load_error(format!("the launcher panicked: {e}")))?
+            .map_err(|e| self.load_error(e))?;
+        let LaunchedChild {
+            stdin,
+            stdout,
+            stderr,
+            tree,
+            report,
+        } = launched;
+        let guard = TreeGuard::new(tree);
+        if let Some(report) = report {
+            self.keep_report(&execution_id, report);
+        }
+
+        let outcome = async {
+            let stdin = sender(stdin).map_err(|e| self.load_error(format!("stdin is not a pipe: {e}")))?;
+            let stdout = receiver(stdout).map_err(|e| self.load_error(format!("stdout is not a pipe: {e}")))?;
+            let stderr = receiver(stderr).map_err(|e| self.load_error(format!("stderr is not a pipe: {e}")))?;
+            let _stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr(
+                stderr,
+                self.config.manifest.id.as_str().to_owned(),
+                turn_id.as_str().to_owned(),
+                self.config.stderr,
+            )));
+            let peer_config = host_peer_config(PeerConfig {
+                max_message_bytes: self.config.max_message_bytes,
+                max_inflight_requests: self.config.max_inflight_tool_calls,
+                write_stall_timeout: self.config.write_stall_timeout,
+                ..PeerConfig::default()
+            });
+            let (mut peer, mut inbound) = Peer::spawn(stdout, stdin, peer_config);
+            let limits = ConnectionLimits {
+                max_message_bytes: self.config.max_message_bytes as u64,
+                max_inflight_tool_calls: u32::try_from(self.config.max_inflight_tool_calls).unwrap_or(u32::MAX),
+                max_concurrent_turns: 1,
+            };
+            tokio::select! {
+                r = handshake(&mut peer, &mut inbound, &self.config.manifest, limits, self.config.handshake_timeout) => {
+                    r.map_err(|e| self.load_error(e))?;
+                }
+                _ = abort.raised() => {
+                    return Err(RuntimeError::Failed("the turn was aborted during the handshake".into()));
+                }
+            }
+            let params = turn_run_params(&turn_id, request, host.limits());
+            let run_id = peer.request(methods::TURN_RUN, &params).await.map_err(|v| RuntimeError::Protocol(v.to_string()))?;
+            drive_turn(&peer, run_id, &mut inbound, &turn_id, host, abort, guard.exited()).await
+        }
+        .await;
+        guard.finish().await;
+        if let Err(e) = &outcome {
+            tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", truncate(&e.to_string(), 500));
+        }
+        outcome
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (every turn holds a
+/// few pipe fds). The binary calls it once at start.
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        lim.current = lim.maximum;
+        setrlimit(Resource::Nofile, lim).map_err(std::io::Error::from)?;
+    }
+    Ok(lim.current.unwrap_or(u64::MAX))
+}

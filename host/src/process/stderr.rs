@@ -1,0 +1,75 @@
+//! Draining a plugin's stderr into `tracing`: always read (the plugin
+//! never blocks on it), lines capped and escaped (log injection, terminal
+//! escapes), prefixed with the runtime and turn ids, a byte budget per turn
+//! after which lines are read and dropped (protocol.md D #45, #46).
+
+use futures_util::StreamExt;
+use sharedos_protocol::codec::escaped_sample;
+use tokio::io::AsyncRead;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+
+/// Limits of the stderr drain.
+#[derive(Debug, Clone, Copy)]
+pub struct StderrLimits {
+    /// One logged line, in bytes (longer ones are cut with a marker).
+    pub line_bytes: usize,
+    /// Bytes logged per turn; the rest is read and dropped.
+    pub budget_bytes: u64,
+}
+
+impl Default for StderrLimits {
+    fn default() -> Self {
+        Self {
+            line_bytes: 64 << 10,
+            budget_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Reads `stderr` to EOF, logging within the limits.
+pub async fn drain_stderr<R: AsyncRead + Unpin>(
+    stderr: R,
+    runtime: String,
+    turn: String,
+    limits: StderrLimits,
+) {
+    let mut framed = FramedRead::new(stderr, LinesCodec::new_with_max_length(limits.line_bytes));
+    let mut used: u64 = 0;
+    let mut exhausted = false;
+    let mut after_error = false;
+    loop {
+        let next = framed.next().await;
+        let was_error = std::mem::replace(&mut after_error, matches!(next, Some(Err(_))));
+        let (text, cost) = match next {
+            Some(Ok(line)) => {
+                let cost = line.len() as u64 + 1;
+                (escaped_sample(line.as_bytes(), limits.line_bytes), cost)
+            }
+            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => (
+                "[line longer than the stderr line limit, truncated]".to_owned(),
+                limits.line_bytes as u64,
+            ),
+            Some(Err(LinesCodecError::Io(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
+                ("[a line that is not UTF-8, dropped]".to_owned(), 64)
+            }
+            Some(Err(LinesCodecError::Io(_))) => return,
+            // After a decoder error `FramedRead` yields `None` once, then
+            // resumes (tokio #3976); a `None` right after an error is not EOF.
+            None if was_error => continue,
+            None => return,
+        };
+        used = used.saturating_add(cost);
+        if used <= limits.budget_bytes {
+            tracing::info!(target: "sharedos::plugin", runtime = %runtime, turn = %turn, "{text}");
+        } else if !exhausted {
+            exhausted = true;
+            tracing::warn!(
+                target: "sharedos::plugin",
+                runtime = %runtime,
+                turn = %turn,
+                "stderr budget of {} bytes exhausted; further output is dropped",
+                limits.budget_bytes
+            );
+        }
+    }
+}

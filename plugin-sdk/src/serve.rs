@@ -1,0 +1,408 @@
+//! [`serve`]: makes a binary a runtime plugin over its stdin/stdout.
+//!
+//! ```no_run
+//! # use sharedos_plugin_sdk::*;
+//! # struct MyRuntime;
+//! # #[async_trait::async_trait]
+//! # impl RuntimePlugin for MyRuntime {
+//! #     fn manifest(&self) -> RuntimeManifest { RuntimeManifest::new("mine", "1").unwrap() }
+//! #     async fn run(&self, _: RuntimeTurnRequest, _: std::sync::Arc<dyn RuntimeHost>, _: Signal)
+//! #         -> Result<RuntimeTurnOutcome, RuntimeError> { Ok(RuntimeTurnOutcome::complete(serde_json::Value::Null)) }
+//! # }
+//! fn main() -> std::process::ExitCode {
+//!     sharedos_plugin_sdk::serve(MyRuntime)
+//! }
+//! ```
+//!
+//! The same `RuntimePlugin` runs in process (the host calls it directly)
+//! or here, where [`RemoteHost`] implements `RuntimeHost` as JSON-RPC
+//! messages: `invoke_tool` is a request, `emit` and `annotate` are
+//! notifications checked locally first, `turn/draining` and `turn/abort`
+//! raise the two signals.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use futures_util::{SinkExt, StreamExt};
+use serde::Serialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
+use sharedos_protocol::{
+    AnnotateParams, DEFAULT_MAX_MESSAGE_BYTES, EmitParams, ErrorKind, InitializeParams, InitializeResult,
+    InvokeToolParams, NdjsonCodec, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS, RpcErrorCode, RuntimeEvent, RuntimeLimits,
+    ToolCall, ToolResult, TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams, methods,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::host::{HostCallError, RuntimeHost, RuntimePlugin, check_annotation};
+use crate::signal::{Signal, SignalSource};
+
+/// The SDK's name and version, sent in the `initialize` result.
+pub const SDK_NAME: &str = concat!("sharedos-rust/", env!("CARGO_PKG_VERSION"));
+
+type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
+type BoxWrite = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// Runs `plugin` over this process's stdin/stdout until stdin closes.
+///
+/// Refuses to run (exit code 2) unless `SHAREDOS_PLUGIN` is set: the binary
+/// is meant to be started by a sharedos host, not by hand. After taking
+/// its own handle on stdout it points fd 1 at stderr, so a stray
+/// `println!` in plugin code lands in the log instead of breaking the
+/// protocol.
+pub fn serve(plugin: impl RuntimePlugin + 'static) -> ExitCode {
+    if std::env::var_os(PLUGIN_COOKIE_ENV).is_none() {
+        eprintln!(
+            "This binary is a sharedos runtime plugin. It is meant to be run by a sharedos host, \
+             which talks to it over stdin/stdout; it is not meant to be executed directly."
+        );
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sharedos plugin: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let (reader, writer) = match stdio() {
+            Ok(pair) => pair,
+            Err(e) => {
+                eprintln!("sharedos plugin: cannot open stdio: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match serve_io(plugin, reader, writer).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sharedos plugin: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Epoll-driven pipes on dup'd fds 0 and 1 when they are pipes (protocol.md
+/// C.4); a blocking-thread file handle otherwise (a file, a socket, a
+/// terminal).
+fn stdio() -> io::Result<(BoxRead, BoxWrite)> {
+    let stdin = io::stdin().as_fd().try_clone_to_owned()?;
+    let reader: BoxRead = match stdin.try_clone().and_then(tokio::net::unix::pipe::Receiver::from_owned_fd) {
+        Ok(r) => Box::pin(r),
+        Err(_) => Box::pin(tokio::fs::File::from_std(std::fs::File::from(stdin))),
+    };
+    let stdout = io::stdout().as_fd().try_clone_to_owned()?;
+    let writer: BoxWrite = match stdout.try_clone().and_then(tokio::net::unix::pipe::Sender::from_owned_fd) {
+        Ok(w) => Box::pin(w),
+        Err(_) => Box::pin(tokio::fs::File::from_std(std::fs::File::from(stdout))),
+    };
+    // Protocol bytes go through our handle only; fd 1 now reaches stderr.
+    let _ = rustix::stdio::dup2_stdout(io::stderr().as_fd());
+    Ok((reader, writer))
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("the host sent a malformed line: {0}")]
+    Framing(#[from] sharedos_protocol::FrameError),
+    #[error("the host sent an invalid message: {0}")]
+    Envelope(#[from] jsonrpc::EnvelopeError),
+}
+
+type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Box<RawValue>, WireError>>>>;
+
+struct Conn {
+    out: mpsc::UnboundedSender<String>,
+    pending: Pending,
+    next_id: AtomicU64,
+    max_message_bytes: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Conn {
+    fn max(&self) -> usize {
+        usize::try_from(self.max_message_bytes.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+    }
+    fn send(&self, line: String) {
+        // The writer only stops when stdout is gone; nothing to tell then.
+        let _ = self.out.send(line);
+    }
+    fn respond(&self, id: &RequestId, result: &impl Serialize) {
+        let line = match jsonrpc::response(id, result) {
+            Ok(l) if l.len() <= self.max() => l,
+            Ok(_) => jsonrpc::error_response(
+                id,
+                &WireError::new(ErrorKind::MessageTooLarge, "the response exceeds maxMessageBytes")
+                    .with("limit", Value::from(self.max() as u64)),
+            ),
+            Err(e) => jsonrpc::error_response(id, &WireError::new(ErrorKind::Internal, e.to_string())),
+        };
+        self.send(line);
+    }
+    fn fail(&self, id: &RequestId, error: WireError) {
+        self.send(jsonrpc::error_response(id, &error));
+    }
+    fn cancel_pending(&self) {
+        for (_, tx) in lock(&self.pending).drain() {
+            let _ = tx.send(Err(WireError::new(ErrorKind::Cancelled, "the turn was aborted")));
+        }
+    }
+}
+
+struct ActiveTurn {
+    turn_id: TurnId,
+    drain: SignalSource,
+    abort: SignalSource,
+}
+
+/// Serves `plugin` over any reader/writer pair (a child's stdio, or
+/// `tokio::io::duplex` in tests) until the reader reaches EOF.
+pub async fn serve_io<P, R, W>(plugin: P, reader: R, writer: W) -> Result<(), ServeError>
+where
+    P: RuntimePlugin + 'static,
+    R: AsyncRead + Send + Unpin,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let plugin = Arc::new(plugin);
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<String>();
+    let writer_task = tokio::spawn(async move {
+        let mut framed = FramedWrite::new(writer, NdjsonCodec::new(usize::MAX));
+        while let Some(line) = out_rx.recv().await {
+            if framed.feed(line).await.is_err() {
+                return;
+            }
+            while let Ok(more) = out_rx.try_recv() {
+                if framed.feed(more).await.is_err() {
+                    return;
+                }
+            }
+            if SinkExt::<String>::flush(&mut framed).await.is_err() {
+                return;
+            }
+        }
+    });
+    let conn = Arc::new(Conn {
+        out: out_tx,
+        pending: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        max_message_bytes: AtomicU64::new(DEFAULT_MAX_MESSAGE_BYTES as u64),
+    });
+    let mut lines = FramedRead::new(reader, NdjsonCodec::new(DEFAULT_MAX_MESSAGE_BYTES));
+    let mut initialized = false;
+    let mut turn: Option<ActiveTurn> = None;
+    let result = loop {
+        let line = match lines.next().await {
+            None => break Ok(()),
+            Some(Err(e)) => break Err(ServeError::Framing(e)),
+            Some(Ok(line)) if line.trim().is_empty() => continue,
+            Some(Ok(line)) => line,
+        };
+        let msg = match jsonrpc::classify(&line) {
+            Ok(m) => m,
+            Err(e) => break Err(ServeError::Envelope(e)),
+        };
+        match msg {
+            Incoming::Request { id, method, params } => match method.as_ref() {
+                methods::INITIALIZE => {
+                    let Some(p) = parse::<InitializeParams>(params) else {
+                        conn.fail(&id, WireError::new(ErrorKind::InvalidParams, "invalid initialize params"));
+                        continue;
+                    };
+                    let Some(version) = p.protocol_versions.iter().copied().filter(|v| PROTOCOL_VERSIONS.contains(v)).max()
+                    else {
+                        conn.fail(
+                            &id,
+                            WireError::new(ErrorKind::UnsupportedProtocolVersion, "no common protocol version")
+                                .with("supported", Value::from(PROTOCOL_VERSIONS.to_vec())),
+                        );
+                        continue;
+                    };
+                    conn.max_message_bytes.store(p.limits.max_message_bytes, Ordering::Relaxed);
+                    initialized = true;
+                    conn.respond(
+                        &id,
+                        &InitializeResult {
+                            protocol_version: version,
+                            manifest: plugin.manifest(),
+                            sdk: Some(SDK_NAME.into()),
+                            capabilities: Default::default(),
+                        },
+                    );
+                }
+                methods::TURN_RUN => {
+                    if !initialized {
+                        conn.fail(&id, WireError::new(ErrorKind::NotInitialized, "initialize first"));
+                        continue;
+                    }
+                    if turn.is_some() {
+                        conn.fail(&id, WireError::new(ErrorKind::NotInitialized, "a turn is already running"));
+                        continue;
+                    }
+                    let Some(p) = parse::<TurnRunParams>(params) else {
+                        conn.fail(&id, WireError::new(ErrorKind::InvalidParams, "invalid turn/run params"));
+                        continue;
+                    };
+                    let active = ActiveTurn { turn_id: p.turn_id.clone(), drain: SignalSource::new(), abort: SignalSource::new() };
+                    let host = Arc::new(RemoteHost {
+                        conn: conn.clone(),
+                        turn_id: p.turn_id,
+                        limits: p.limits,
+                        draining: active.drain.signal(),
+                        abort: active.abort.signal(),
+                    });
+                    let abort = active.abort.signal();
+                    turn = Some(active);
+                    let plugin = plugin.clone();
+                    let conn = conn.clone();
+                    tokio::spawn(async move {
+                        match plugin.run(p.request, host, abort).await {
+                            Ok(outcome) => conn.respond(&id, &outcome),
+                            Err(e) => conn.fail(&id, WireError::new(ErrorKind::Internal, e.to_string())),
+                        }
+                    });
+                }
+                _ => conn.fail(&id, WireError::new(ErrorKind::MethodNotFound, "method not found")),
+            },
+            Incoming::Notification { method, params } => match (method.as_ref(), &turn) {
+                (methods::TURN_DRAINING, Some(t)) => {
+                    if parse::<TurnDrainingParams>(params).is_some_and(|p| p.turn_id == t.turn_id) {
+                        t.drain.raise();
+                    }
+                }
+                (methods::TURN_ABORT, Some(t)) => {
+                    if parse::<TurnAbortParams>(params).is_some_and(|p| p.turn_id == t.turn_id) {
+                        // The hard signal implies the soft one.
+                        t.drain.raise();
+                        t.abort.raise();
+                        conn.cancel_pending();
+                    }
+                }
+                // Unknown host notifications are ignored (B.7).
+                _ => {}
+            },
+            Incoming::Response { id: RequestId::Number(n), result } => {
+                if let Some(tx) = lock(&conn.pending).remove(&n) {
+                    let _ = tx.send(result.map(RawValue::to_owned));
+                }
+            }
+            Incoming::Response { .. } => {}
+        }
+    };
+    // Stdin closed: the host is gone or done. Stop the turn.
+    if let Some(t) = &turn {
+        t.drain.raise();
+        t.abort.raise();
+    }
+    conn.cancel_pending();
+    drop(conn);
+    writer_task.abort();
+    result
+}
+
+fn parse<T: serde::de::DeserializeOwned>(params: Option<&RawValue>) -> Option<T> {
+    serde_json::from_str(params?.get()).ok()
+}
+
+/// `RuntimeHost` over the wire, for one turn.
+pub struct RemoteHost {
+    conn: Arc<Conn>,
+    turn_id: TurnId,
+    limits: RuntimeLimits,
+    draining: Signal,
+    abort: Signal,
+}
+
+impl RemoteHost {
+    fn notify(&self, method: &str, params: &impl Serialize) -> Result<(), HostCallError> {
+        let line = jsonrpc::notification(method, params).map_err(|e| HostCallError::invalid(e.to_string()))?;
+        if line.len() > self.conn.max() {
+            return Err(HostCallError::new(ErrorKind::MessageTooLarge, "the message exceeds maxMessageBytes"));
+        }
+        self.conn.send(line);
+        Ok(())
+    }
+}
+
+fn kind_of(e: &WireError) -> ErrorKind {
+    if let Some(k) = e.kind() {
+        return k;
+    }
+    match i32::try_from(e.code).ok().and_then(RpcErrorCode::from_code) {
+        Some(RpcErrorCode::InvalidRequest) => ErrorKind::InvalidRequest,
+        Some(RpcErrorCode::MethodNotFound) => ErrorKind::MethodNotFound,
+        Some(RpcErrorCode::InvalidParams) => ErrorKind::InvalidParams,
+        Some(RpcErrorCode::Cancelled) => ErrorKind::Cancelled,
+        Some(RpcErrorCode::UnsupportedProtocolVersion) => ErrorKind::UnsupportedProtocolVersion,
+        Some(RpcErrorCode::NotInitialized) => ErrorKind::NotInitialized,
+        Some(RpcErrorCode::TurnNotActive) => ErrorKind::TurnNotActive,
+        Some(RpcErrorCode::Overloaded) => ErrorKind::Overloaded,
+        Some(RpcErrorCode::MessageTooLarge) => ErrorKind::MessageTooLarge,
+        Some(RpcErrorCode::Internal) | None => ErrorKind::Internal,
+    }
+}
+
+#[async_trait]
+impl RuntimeHost for RemoteHost {
+    fn limits(&self) -> RuntimeLimits {
+        self.limits
+    }
+
+    async fn invoke_tool(&self, call: ToolCall, step: Option<u64>) -> Result<ToolResult, HostCallError> {
+        if self.abort.is_raised() {
+            return Err(HostCallError::closed());
+        }
+        let id = self.conn.next_id.fetch_add(1, Ordering::Relaxed);
+        let params = InvokeToolParams { turn_id: self.turn_id.clone(), call, step };
+        let line = jsonrpc::request(&RequestId::Number(id), methods::HOST_INVOKE_TOOL, &params)
+            .map_err(|e| HostCallError::invalid(e.to_string()))?;
+        if line.len() > self.conn.max() {
+            return Err(HostCallError::new(ErrorKind::MessageTooLarge, "the tool call exceeds maxMessageBytes"));
+        }
+        let (tx, rx) = oneshot::channel();
+        lock(&self.conn.pending).insert(id, tx);
+        self.conn.send(line);
+        let answer = tokio::select! {
+            a = rx => a,
+            _ = self.abort.raised() => {
+                lock(&self.conn.pending).remove(&id);
+                return Err(HostCallError::new(ErrorKind::Cancelled, "the turn was aborted"));
+            }
+        };
+        match answer {
+            Ok(Ok(raw)) => serde_json::from_str(raw.get())
+                .map_err(|_| HostCallError::new(ErrorKind::Internal, "the host returned an invalid tool result")),
+            Ok(Err(e)) => Err(HostCallError::new(kind_of(&e), e.message)),
+            Err(_) => Err(HostCallError::closed()),
+        }
+    }
+
+    fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
+        if self.abort.is_raised() {
+            return Err(HostCallError::closed());
+        }
+        self.notify(methods::HOST_EMIT, &EmitParams { turn_id: self.turn_id.clone(), event })
+    }
+
+    fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
+        check_annotation(key)?;
+        self.notify(methods::HOST_ANNOTATE, &AnnotateParams { turn_id: self.turn_id.clone(), key: key.to_owned(), value })
+    }
+
+    fn draining(&self) -> Signal {
+        self.draining.clone()
+    }
+}
