@@ -30,6 +30,12 @@ fn last_cap() -> u32 {
 /// before leaving uid 0, and again inside the user namespace).
 pub fn drop_bounding() -> Result<(), String> {
     for cap in 0..=last_cap() {
+        // Only drop what is there: without CAP_SETPCAP (after the uid
+        // change, outside a user namespace) an already-empty set is fine.
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) } == 0 {
+            continue;
+        }
         // SAFETY: prctl with integer arguments only.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
         if rc != 0 {

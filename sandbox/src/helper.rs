@@ -721,6 +721,11 @@ fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe
             .map(PathBuf::from),
         );
         read.push(exe.to_path_buf());
+        // The host's procfs: only the plugin's own /proc/<pid> (the rule is
+        // taken on the directory `/proc/self` resolves to now, before exec,
+        // which keeps the pid). Its children and every host process stay
+        // unreadable through Landlock, though /proc listings stay visible.
+        read.push(PathBuf::from("/proc/self"));
     }
     let devices = ["null", "zero", "full", "random", "urandom"]
         .iter()
