@@ -127,9 +127,11 @@ pub fn join(paths: &[PathBuf], report: &mut CgroupReport) {
     for p in paths {
         match std::fs::write(p.join("cgroup.procs"), &pid) {
             Ok(()) => joined.push(p.display().to_string()),
-            Err(e) => report.status.clone_from(&LayerStatus::Degraded {
-                reason: format!("joining {}: {e}", p.display()),
-            }),
+            Err(e) => {
+                report.status = LayerStatus::Degraded {
+                    reason: format!("joining {}: {e}", p.display()),
+                }
+            }
         }
     }
     report.paths = joined;
@@ -161,17 +163,7 @@ impl PluginCgroup {
     /// SIGKILL every process in the cgroups (`cgroup.kill` when present,
     /// else each pid listed in `cgroup.procs`).
     pub fn kill(&self) {
-        if let Some(v2) = &self.v2 {
-            let _ = std::fs::write(v2.join("cgroup.kill"), "1");
-        }
-        for p in &self.paths {
-            if let Ok(s) = std::fs::read_to_string(p.join("cgroup.procs")) {
-                for pid in s.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                    // SAFETY: kill with a pid read from our own cgroup.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-        }
+        kill_paths(self.v2.as_deref(), &self.paths);
     }
 
     /// True when no process is left in any of the cgroups.
@@ -194,6 +186,22 @@ impl PluginCgroup {
         self.paths = left;
         if self.paths.is_empty() {
             self.v2 = None;
+        }
+    }
+}
+
+/// SIGKILL everything in the given cgroups.
+pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
+    if let Some(v2) = v2 {
+        let _ = std::fs::write(v2.join("cgroup.kill"), "1");
+    }
+    for p in paths {
+        if let Ok(s) = std::fs::read_to_string(p.join("cgroup.procs")) {
+            for pid in s.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill with a pid read from the plugin's own cgroup,
+                // which only holds the plugin's processes.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
         }
     }
 }

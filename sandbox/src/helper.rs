@@ -239,6 +239,12 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     if root && l.drop_uid {
         drop_uid(req.policy.sandbox_uid)?;
         rep.uid_drop = LayerStatus::Applied;
+        // The signal was re-armed after setresuid cleared it: close the
+        // window in which the host could have died unnoticed.
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } != req.host_pid {
+            return Err(fail("lifeline", "the host exited during the uid change"));
+        }
     } else if !root {
         rep.uid_drop = LayerStatus::Applied; // nothing to leave
     }

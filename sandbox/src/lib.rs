@@ -54,4 +54,4 @@ pub use report::{
     CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
     SeccompReport, SelfCheck,
 };
-pub use spawn::{HELPER_SUBCOMMAND, SandboxedChild, SpawnSpec, spawn};
+pub use spawn::{HELPER_SUBCOMMAND, KillHandle, SandboxedChild, SpawnSpec, spawn};

@@ -365,26 +365,23 @@ impl SandboxedChild {
     /// Returns immediately; [`Self::wait`] reaps.
     pub fn kill_tree(&self) {
         if self.status.is_none() {
-            match &self.pidfd {
-                Some(fd) => {
-                    // SAFETY: pidfd_send_signal on a pidfd we own; null info.
-                    unsafe {
-                        libc::syscall(
-                            libc::SYS_pidfd_send_signal,
-                            fd.as_raw_fd(),
-                            libc::SIGKILL,
-                            std::ptr::null::<libc::siginfo_t>(),
-                            0u32,
-                        )
-                    };
-                }
-                None => {
-                    // SAFETY: our own unreaped child, so the pid is not recycled.
-                    unsafe { libc::kill(self.pid, libc::SIGKILL) };
-                }
-            }
+            kill_helper(self.pidfd.as_ref(), self.pid);
         }
         self.cgroup.kill();
+    }
+
+    /// A cloneable handle that can kill the tree from another thread while
+    /// this one blocks in [`Self::wait`] (e.g. the turn's deadline timer).
+    pub fn kill_handle(&self) -> std::io::Result<KillHandle> {
+        Ok(KillHandle {
+            pidfd: match &self.pidfd {
+                Some(fd) => Some(std::sync::Arc::new(fd.try_clone()?)),
+                None => None,
+            },
+            pid: self.pid,
+            cgroup_v2: self.cgroup.v2.clone(),
+            cgroup_paths: self.cgroup.paths.clone(),
+        })
     }
 
     /// Wait for the helper to exit (it exits with the plugin's status, or
@@ -432,6 +429,47 @@ impl SandboxedChild {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.cgroup.remove();
+    }
+}
+
+fn kill_helper(pidfd: Option<&OwnedFd>, pid: i32) {
+    match pidfd {
+        Some(fd) => {
+            // SAFETY: pidfd_send_signal on a pidfd we own; null info. A pidfd
+            // never designates a recycled pid.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0u32,
+                )
+            };
+        }
+        None => {
+            // SAFETY: kill with a pid; only used when pidfd_open is missing
+            // (kernel < 5.3) while the child is unreaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Kills a sandboxed tree from any thread; see [`SandboxedChild::kill_handle`].
+#[derive(Clone, Debug)]
+pub struct KillHandle {
+    pidfd: Option<std::sync::Arc<OwnedFd>>,
+    pid: i32,
+    cgroup_v2: Option<PathBuf>,
+    cgroup_paths: Vec<PathBuf>,
+}
+
+impl KillHandle {
+    /// Same as [`SandboxedChild::kill_tree`]. Without a pidfd (kernel < 5.3)
+    /// this may only be used while the owner has not reaped the helper.
+    pub fn kill_tree(&self) {
+        kill_helper(self.pidfd.as_deref(), self.pid);
+        cgroup::kill_paths(self.cgroup_v2.as_deref(), &self.cgroup_paths);
     }
 }
 

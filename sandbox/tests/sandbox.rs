@@ -450,3 +450,93 @@ fn policy_round_trips_through_toml() {
     );
     assert!(toml::from_str::<SandboxPolicy>("no_such_field = 1").is_err());
 }
+
+#[test]
+fn resource_limits_bound_forks_files_and_tmp() {
+    let mut policy = SandboxPolicy::default();
+    policy.rlimits.nproc = Some(64);
+    policy.rlimits.fsize = Some(8 << 20);
+    policy.tmp_size_bytes = 4 << 20;
+    policy.cgroup.pids_max = Some(100);
+    let (report, out, _) = run(
+        policy,
+        &["fork:300", "fill:/workspace/big:32", "fill:/tmp/big:16"],
+    );
+    assert_eq!(report.rlimits.get("nproc"), Some(&64));
+    assert_eq!(report.rlimits.get("core"), Some(&0));
+    let forks: usize = ok(&out, "fork:300")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(forks < 100, "fork bomb reached {forks} children");
+    // RLIMIT_FSIZE stops the workspace file at 8 MiB with EFBIG.
+    assert_eq!(
+        ok(&out, "fill:/workspace/big:32"),
+        format!("8 err:{}", libc::EFBIG)
+    );
+    // The private /tmp is a 4 MiB tmpfs: ENOSPC.
+    let tmp = ok(&out, "fill:/tmp/big:16");
+    assert!(tmp.ends_with(&format!("err:{}", libc::ENOSPC)), "{tmp}");
+}
+
+#[test]
+fn kill_handle_works_from_another_thread() {
+    let ws = workspace();
+    let token = format!("daemon:handle-{}", std::process::id());
+    let mut child = spawn(&spec(
+        ws.path(),
+        SandboxPolicy::default(),
+        std::slice::from_ref(&token),
+    ))
+    .unwrap();
+    let _stdout = wait_started(&mut child);
+    let handle = child.kill_handle().unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        handle.kill_tree();
+    });
+    let status = child.wait().unwrap();
+    killer.join().unwrap();
+    assert!(!status.success());
+    assert!(eventually(Duration::from_secs(10), || pids_with_token(
+        &token
+    )
+    .is_empty()));
+}
+
+#[test]
+fn host_death_takes_the_sandbox_down() {
+    // A stand-in host spawns a sandboxed daemon tree; SIGKILL the host and
+    // nothing it launched may survive (lifeline socket + parent-death chain).
+    let ws = workspace();
+    let token = format!("lifeline-{}", std::process::id());
+    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_sharedos-sandbox-host-stub"))
+        .arg(helper())
+        .arg(probe())
+        .arg(ws.path())
+        .arg(&token)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(host.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let helper_pid: i32 = line.trim().parse().expect("helper pid");
+    let daemon = format!("daemon:{token}");
+    let mut pids = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        pids = pids_with_token(&daemon);
+        pids.len() >= 2
+    }));
+    host.kill().unwrap();
+    host.wait().unwrap();
+    pids.push(helper_pid);
+    assert!(
+        eventually(Duration::from_secs(10), || pids.iter().all(|p| is_dead(*p))),
+        "survivors after the host died: {:?}",
+        pids.iter().filter(|p| !is_dead(**p)).collect::<Vec<_>>()
+    );
+}

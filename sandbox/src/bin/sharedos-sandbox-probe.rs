@@ -111,6 +111,64 @@ fn daemon(token: &str) -> ! {
     }
 }
 
+/// Fork up to `n` children that wait; returns how many forks succeeded,
+/// then kills and reaps them all.
+fn fork_many(n: usize) -> String {
+    let mut kids = Vec::new();
+    let mut failed = String::new();
+    for _ in 0..n {
+        // SAFETY: the probe is single-threaded; the child only pauses.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            loop {
+                // SAFETY: pause has no preconditions.
+                unsafe { libc::pause() };
+            }
+        }
+        if pid < 0 {
+            failed = errno();
+            break;
+        }
+        kids.push(pid);
+    }
+    for pid in &kids {
+        // SAFETY: killing and reaping our own children.
+        unsafe {
+            libc::kill(*pid, libc::SIGKILL);
+            libc::waitpid(*pid, std::ptr::null_mut(), 0);
+        }
+    }
+    format!(
+        "{}{}",
+        kids.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" {failed}")
+        }
+    )
+}
+
+/// Write `mib` MiB to `path`; returns the MiB written and the error.
+fn fill(path: &str, mib: usize) -> String {
+    // EFBIG instead of death by SIGXFSZ past RLIMIT_FSIZE.
+    // SAFETY: ignoring a signal.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    let mut f = match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(e) => return format!("0 err:{}", e.raw_os_error().unwrap_or(0)),
+    };
+    let chunk = vec![0x5au8; 1 << 20];
+    for i in 0..mib {
+        if let Err(e) = f.write_all(&chunk) {
+            let _ = std::fs::remove_file(path);
+            return format!("{i} err:{}", e.raw_os_error().unwrap_or(0));
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    format!("{mib} ok")
+}
+
 fn main() {
     let mut out = BTreeMap::new();
     for op in std::env::args().skip(1) {
@@ -171,6 +229,11 @@ fn main() {
                 })
                 .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
             "daemon" => daemon(arg),
+            "fork" => fork_many(arg.parse().unwrap_or(1)),
+            "fill" => {
+                let (path, mib) = arg.rsplit_once(':').unwrap_or((arg, "1"));
+                fill(path, mib.parse().unwrap_or(1))
+            }
             "exit" => std::process::exit(arg.parse().unwrap_or(0)),
             _ => "err:unknown-op".into(),
         };
