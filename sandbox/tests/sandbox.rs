@@ -540,3 +540,80 @@ fn host_death_takes_the_sandbox_down() {
         pids.iter().filter(|p| !is_dead(**p)).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn kernel_attack_surface_is_filtered() {
+    let mut ops = vec![
+        "sys:bpf",
+        "sys:perf_event_open",
+        "sys:userfaultfd",
+        "sys:keyctl",
+        "sys:io_uring_setup",
+        "sys:mount",
+        "sys:setns",
+        "sys:pidfd_getfd",
+        "sys:tiocsti",
+        "sys:clone3",
+        "sys:sethostname",
+    ];
+    if cfg!(target_arch = "x86_64") {
+        ops.push("sys:x32");
+    }
+    let (_, out, _) = run(SandboxPolicy::default(), &ops);
+    let eperm = format!("err:{}", libc::EPERM);
+    for op in &ops {
+        let want = if *op == "sys:clone3" {
+            format!("err:{}", libc::ENOSYS)
+        } else {
+            eperm.clone()
+        };
+        assert_eq!(ok(&out, op), want, "{op}: {out}");
+    }
+    // The host's hostname is untouched.
+    assert_ne!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap()
+            .trim(),
+        "pwned"
+    );
+}
+
+#[test]
+fn host_processes_and_devices_are_out_of_reach() {
+    // A victim the test owns; the plugin tries to kill it by its host pid.
+    let mut victim = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let kill = format!("kill:{}", victim.id());
+    let (_, out, _) = run(
+        SandboxPolicy::default(),
+        &[
+            &kill,
+            "kill:-1",
+            "read:/dev/kmsg",
+            "read:/dev/vda",
+            "read:/dev/vsock",
+            "read:/dev/console",
+            "read:/sys/fs/cgroup/cgroup.procs",
+            "write:/proc/sysrq-trigger",
+        ],
+    );
+    for op in [
+        "read:/dev/kmsg",
+        "read:/dev/vda",
+        "read:/dev/vsock",
+        "read:/dev/console",
+        "read:/sys/fs/cgroup/cgroup.procs",
+        "write:/proc/sysrq-trigger",
+    ] {
+        assert!(ok(&out, op).starts_with("err:"), "{op}: {out}");
+    }
+    // Judge from the host side: the victim is alive.
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the victim was killed"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}

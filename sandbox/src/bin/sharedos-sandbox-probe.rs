@@ -169,6 +169,41 @@ fn fill(path: &str, mib: usize) -> String {
     format!("{mib} ok")
 }
 
+/// Call a kernel-attack-surface syscall with harmless dummy arguments.
+fn sys(name: &str) -> String {
+    let null = std::ptr::null::<u8>();
+    // SAFETY: each call gets null/zero/invalid arguments, so even where the
+    // filter lets it through the kernel only returns an error (or, for
+    // userfaultfd, a fd that is leaked until exit).
+    let rc = unsafe {
+        match name {
+            "bpf" => libc::syscall(libc::SYS_bpf, -1i32, null, 0u32),
+            "perf_event_open" => libc::syscall(libc::SYS_perf_event_open, null, 0, -1, -1, 0),
+            "userfaultfd" => libc::syscall(libc::SYS_userfaultfd, 0),
+            "keyctl" => libc::syscall(libc::SYS_keyctl, 0, 0, 0),
+            "io_uring_setup" => libc::syscall(libc::SYS_io_uring_setup, 0u32, null),
+            "mount" => libc::syscall(libc::SYS_mount, null, null, null, 0, null),
+            "setns" => libc::syscall(libc::SYS_setns, -1, 0),
+            "clone3" => libc::syscall(libc::SYS_clone3, null, 0usize),
+            "pidfd_getfd" => libc::syscall(libc::SYS_pidfd_getfd, -1, 0, 0),
+            "sethostname" => libc::syscall(libc::SYS_sethostname, c"pwned".as_ptr(), 5usize),
+            // getpid through the x32 ABI: only the guard denies it with EPERM
+            // (a kernel without x32 says ENOSYS).
+            #[cfg(target_arch = "x86_64")]
+            "x32" => libc::syscall(libc::SYS_getpid | 0x4000_0000),
+            // TIOCSTI with junk in the upper 32 bits (CVE-2019-10063).
+            "tiocsti" => libc::syscall(
+                libc::SYS_ioctl,
+                0,
+                libc::TIOCSTI | (1u64 << 32),
+                c"x".as_ptr(),
+            ),
+            _ => return "err:unknown-syscall".into(),
+        }
+    };
+    if rc < 0 { errno() } else { "ok".into() }
+}
+
 fn main() {
     let mut out = BTreeMap::new();
     for op in std::env::args().skip(1) {
@@ -229,6 +264,15 @@ fn main() {
                 })
                 .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
             "daemon" => daemon(arg),
+            "sys" => sys(arg),
+            "kill" => {
+                // SAFETY: kill with a pid; the test passes a victim it owns.
+                if unsafe { libc::kill(arg.parse().unwrap_or(-2), libc::SIGKILL) } == 0 {
+                    "ok".into()
+                } else {
+                    errno()
+                }
+            }
             "fork" => fork_many(arg.parse().unwrap_or(1)),
             "fill" => {
                 let (path, mib) = arg.rsplit_once(':').unwrap_or((arg, "1"));
