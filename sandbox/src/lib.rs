@@ -30,6 +30,7 @@
 
 #![cfg(target_os = "linux")]
 
+pub mod bench;
 pub mod caps;
 pub mod cgroup;
 pub mod check;
@@ -46,6 +47,7 @@ pub mod rlimits;
 pub mod seccomp;
 mod spawn;
 
+pub use bench::{BenchFigure, BenchReport, LayerCost, bench, bench_current_exe};
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;

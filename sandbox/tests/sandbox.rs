@@ -617,3 +617,19 @@ fn host_processes_and_devices_are_out_of_reach() {
     victim.kill().unwrap();
     victim.wait().unwrap();
 }
+
+#[test]
+fn bench_measures_every_configuration() {
+    let r = sharedos_sandbox::bench(&helper(), 2).unwrap();
+    assert_eq!(r.iterations, 2);
+    assert!(r.configurations.len() >= 10);
+    let full = r
+        .configurations
+        .iter()
+        .find(|c| c.name == "full sandbox")
+        .unwrap();
+    assert_eq!(full.level, Some(SandboxLevel::Strong));
+    assert_eq!(full.runs, 2);
+    assert!(full.exec_min_us > 0);
+    assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
+}
