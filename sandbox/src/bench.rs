@@ -33,11 +33,14 @@ pub struct BenchFigure {
     pub total_median_us: u64,
 }
 
-/// The cost attributed to one layer: median(full) − median(full without it).
+/// The cost attributed to one layer: full − (full without it), on the
+/// medians and on the minimums (the minimum is the steadier figure on a
+/// noisy machine; either can come out negative within the noise).
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct LayerCost {
     pub layer: String,
     pub exec_median_delta_us: i64,
+    pub exec_min_delta_us: i64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -85,34 +88,26 @@ fn true_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/bin/true"))
 }
 
-fn measure(
+/// One launch of `/bin/true`: (time to exec, time to reaped, level).
+fn launch_once(
     helper_exe: &Path,
-    name: &str,
-    policy: SandboxPolicy,
-    iterations: usize,
-) -> Result<BenchFigure, SandboxError> {
-    let ws = TempWorkspace::new()?;
-    let mut exec = Vec::with_capacity(iterations);
-    let mut total = Vec::with_capacity(iterations);
-    let mut level = None;
-    for _ in 0..iterations {
-        let t0 = Instant::now();
-        let mut child = spawn(&SpawnSpec {
-            helper_exe: helper_exe.to_path_buf(),
-            program: true_binary(),
-            args: vec![],
-            env: vec![],
-            policy: policy.clone(),
-            workspace: ws.0.clone(),
-        })?;
-        exec.push(t0.elapsed());
-        level = Some(child.report.level);
-        child
-            .wait()
-            .map_err(SandboxError::io("wait for the benchmark child"))?;
-        total.push(t0.elapsed());
-    }
-    Ok(stats(name, level, exec, total))
+    policy: &SandboxPolicy,
+    ws: &Path,
+) -> Result<(Duration, Duration, SandboxLevel), SandboxError> {
+    let t0 = Instant::now();
+    let mut child = spawn(&SpawnSpec {
+        helper_exe: helper_exe.to_path_buf(),
+        program: true_binary(),
+        args: vec![],
+        env: vec![],
+        policy: policy.clone(),
+        workspace: ws.to_path_buf(),
+    })?;
+    let exec = t0.elapsed();
+    child
+        .wait()
+        .map_err(SandboxError::io("wait for the benchmark child"))?;
+    Ok((exec, t0.elapsed(), child.report.level))
 }
 
 /// Run the benchmark with `helper_exe` as the helper binary.
@@ -161,17 +156,33 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
         p.layers.cgroupns = false;
     }));
 
-    let mut figures = Vec::new();
-    for (name, policy) in configs {
-        figures.push(measure(helper_exe, &name, policy, iterations)?);
+    // Round-robin over the configurations, so that the machine's noise
+    // (other builds, the VM's neighbours) spreads evenly over all of them.
+    let ws = TempWorkspace::new()?;
+    let mut samples: Vec<(Vec<Duration>, Vec<Duration>, Option<SandboxLevel>)> =
+        vec![(Vec::new(), Vec::new(), None); configs.len()];
+    for _ in 0..iterations {
+        for (i, (_, policy)) in configs.iter().enumerate() {
+            let (e, t, l) = launch_once(helper_exe, policy, &ws.0)?;
+            samples[i].0.push(e);
+            samples[i].1.push(t);
+            samples[i].2 = Some(l);
+        }
     }
+    let figures: Vec<BenchFigure> = configs
+        .iter()
+        .zip(samples)
+        .map(|((name, _), (e, t, l))| stats(name, l, e, t))
+        .collect();
     let full_median = figures[1].exec_median_us as i64;
+    let full_min = figures[1].exec_min_us as i64;
     let layer_costs = figures
         .iter()
         .skip(2)
         .map(|f| LayerCost {
             layer: f.name.trim_start_matches("full without ").to_string(),
             exec_median_delta_us: full_median - f.exec_median_us as i64,
+            exec_min_delta_us: full_min - f.exec_min_us as i64,
         })
         .collect();
     Ok(BenchReport {
