@@ -50,8 +50,12 @@ pub fn drop_bounding() -> Result<(), String> {
 }
 
 /// Drop all capabilities and lock the securebits so none can come back.
-pub fn drop_all() -> Result<(), String> {
-    drop_bounding()?;
+/// `Ok(Some(reason))`: everything is gone except the bounding set, which a
+/// non-root process without CAP_SETPCAP cannot clear (a host without user
+/// namespaces running as non-root); with no_new_privs and a non-root uid it
+/// can never be used, so the layer is reported degraded, not missing.
+pub fn drop_all() -> Result<Option<String>, String> {
+    let bounding = drop_bounding();
     // Lock "root is not special" so an exec cannot regain caps via uid 0
     // or file caps, and forbid raising ambient caps.
     let bits = libc::SECBIT_NOROOT
@@ -90,11 +94,25 @@ pub fn drop_all() -> Result<(), String> {
     if unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) } != 0 {
         return Err(format!("capset(0): {}", std::io::Error::last_os_error()));
     }
-    verify()
+    verify_sets()?;
+    match bounding {
+        Ok(()) => verify_bounding().map(|()| None),
+        // SAFETY: getuid has no preconditions.
+        Err(e) if unsafe { libc::getuid() } != 0 => Ok(Some(format!(
+            "bounding set left in place ({e}); unusable without uid 0 under no_new_privs"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Check with the kernel that no capability is left.
 pub fn verify() -> Result<(), String> {
+    verify_sets()?;
+    verify_bounding()
+}
+
+/// Effective, permitted, inheritable and ambient sets are empty.
+fn verify_sets() -> Result<(), String> {
     let mut hdr = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
@@ -115,23 +133,30 @@ pub fn verify() -> Result<(), String> {
     }
     for cap in 0..=last_cap() {
         // SAFETY: prctl with integer arguments only.
+        let amb = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+                cap as libc::c_ulong,
+                0,
+                0,
+            )
+        };
+        if amb > 0 {
+            return Err(format!("ambient capability {cap} is still set"));
+        }
+    }
+    Ok(())
+}
+
+/// The bounding set is empty.
+fn verify_bounding() -> Result<(), String> {
+    for cap in 0..=last_cap() {
+        // SAFETY: prctl with integer arguments only.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) };
         if rc > 0 {
             return Err(format!("capability {cap} still in the bounding set"));
         }
-    }
-    // SAFETY: prctl with integer arguments only.
-    let amb = unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
-    if amb > 0 {
-        return Err("an ambient capability is still set".into());
     }
     Ok(())
 }

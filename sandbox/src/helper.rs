@@ -607,7 +607,8 @@ fn plugin_exec(
     }
     // 13. Capabilities, checked with capget.
     rep.caps = match caps::drop_all() {
-        Ok(()) => LayerStatus::Applied,
+        Ok(None) => LayerStatus::Applied,
+        Ok(Some(reason)) => LayerStatus::Degraded { reason },
         Err(e) => LayerStatus::unavailable(e),
     };
     // 14. no_new_privs: setuid and file-capability binaries are inert.

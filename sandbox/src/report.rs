@@ -287,7 +287,7 @@ impl SandboxReport {
 
         let base = kernel_ok
             && self.seccomp.status.is_enforced()
-            && self.caps == LayerStatus::Applied
+            && self.caps.is_enforced()
             && self.no_new_privs
             && self.rlimits_status.is_enforced();
         // Reduced still needs a filesystem boundary (Landlock, or the

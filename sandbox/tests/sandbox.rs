@@ -209,6 +209,14 @@ fn kill_tree_leaves_nothing(mut policy: SandboxPolicy, tag: &str) {
     let token = format!("daemon:{tag}-{}", std::process::id());
     let mut child = spawn(&spec(ws.path(), policy, std::slice::from_ref(&token))).unwrap();
     let mut stdout = wait_started(&mut child);
+    if child.report.pidns != LayerStatus::Applied {
+        // Without a pid namespace only the cgroup can take the tree down.
+        assert!(
+            child.report.cgroup.kill && !child.report.cgroup.paths.is_empty(),
+            "no pid namespace and no cgroup: {:?}",
+            child.report.cgroup
+        );
+    }
     // The probe and its setsid'd grandchild, by pid, from the host side.
     let mut pids = Vec::new();
     assert!(
@@ -632,4 +640,38 @@ fn bench_measures_every_configuration() {
     assert_eq!(full.runs, 2);
     assert!(full.exec_min_us > 0);
     assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
+}
+
+#[test]
+fn a_shell_and_its_tools_work_inside() {
+    // The minimal root must still run ordinary dynamically linked tools.
+    let ws = workspace();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.program = "/bin/sh".into();
+    s.args = vec![
+        "-c".into(),
+        "set -e; echo hello > /workspace/out; cat /workspace/out; ls /usr/bin >/dev/null; \
+         id -u; hostname 2>/dev/null || cat /proc/sys/kernel/hostname; \
+         echo tmp > /tmp/t && cat /tmp/t; echo $HOME $TMPDIR; pwd"
+            .into(),
+    ];
+    let mut child = spawn(&s).unwrap();
+    drop(child.stdin.take());
+    let err = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || read_all(err));
+    let out = read_all(child.stdout.take().unwrap());
+    let status = child.wait().unwrap();
+    let err = err.join().unwrap();
+    assert!(status.success(), "{status}: {out} {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "hello");
+    assert_eq!(lines[1], "65534");
+    assert_eq!(lines[2], "sandbox");
+    assert_eq!(lines[3], "tmp");
+    assert_eq!(lines[4], "/tmp /tmp");
+    assert_eq!(lines[5], "/workspace");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("out")).unwrap(),
+        "hello\n"
+    );
 }
