@@ -1,1 +1,59 @@
-//! The sandbox.
+//! The sharedos sandbox: how an untrusted runtime plugin is confined.
+//!
+//! The host calls [`spawn`]; it re-executes the `sharedos` binary as
+//! `sharedos __sandbox-exec` ([`helper_main`]), a single-threaded helper that
+//! leaves uid 0, enters user/mount/pid/net/ipc/uts namespaces, builds a
+//! minimal root, applies rlimits, drops every capability, sets
+//! no_new_privs, applies Landlock and then seccomp, and `execve`s the plugin.
+//! Before the exec it sends a [`SandboxReport`]; the host refuses a plugin
+//! below the policy's `min_level`, and never falls back silently.
+//!
+//! One module per layer: [`fds`], [`cgroup`], [`namespaces`], [`mounts`],
+//! [`rlimits`], [`caps`], [`landlock`], [`seccomp`]; the process choreography
+//! is in `helper`, the host side in `spawn`, the probes in [`check`].
+//!
+//! ```no_run
+//! use sharedos_sandbox::{spawn, SandboxPolicy, SpawnSpec};
+//! let ws = std::path::PathBuf::from("/tmp/turn-42"); // created by the host
+//! let child = spawn(&SpawnSpec {
+//!     helper_exe: std::env::current_exe().unwrap(),
+//!     program: "/usr/libexec/sharedos/plugin-standard".into(),
+//!     args: vec![],
+//!     env: vec![("RUST_LOG".into(), "info".into())],
+//!     policy: SandboxPolicy::default(),
+//!     workspace: ws,
+//! })?;
+//! println!("{}", serde_json::to_string(&child.report).unwrap());
+//! child.kill_tree();
+//! # Ok::<(), sharedos_sandbox::SandboxError>(())
+//! ```
+
+#![cfg(target_os = "linux")]
+
+pub mod bench;
+pub mod caps;
+pub mod cgroup;
+pub mod check;
+mod error;
+pub mod fds;
+mod helper;
+pub mod landlock;
+pub mod mounts;
+pub mod namespaces;
+mod policy;
+mod report;
+mod request;
+pub mod rlimits;
+pub mod seccomp;
+mod spawn;
+
+pub use bench::{BenchFigure, BenchReport, LayerCost, bench, bench_current_exe};
+pub use check::check;
+pub use error::SandboxError;
+pub use helper::helper_main;
+pub use policy::{CgroupPolicy, LayerToggles, Rlimits, SandboxPolicy};
+pub use report::{
+    CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
+    SeccompReport, SelfCheck,
+};
+pub use spawn::{HELPER_SUBCOMMAND, KillHandle, SandboxedChild, SpawnSpec, spawn};

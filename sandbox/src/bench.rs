@@ -1,0 +1,204 @@
+//! `sharedos bench`: what the sandbox costs per launch.
+//!
+//! Each configuration launches `/bin/true` `iterations` times through
+//! [`crate::spawn`] and measures (a) the time until the report is in, which
+//! is when the plugin's `execve` succeeded, and (b) the time until the
+//! helper is reaped. The cost of a layer is the median with everything
+//! minus the median with that layer switched off. A direct `fork+exec` of
+//! `/bin/true` is the baseline of the same run. VM noise is large: compare
+//! minimums and medians, not single runs.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::check::TempWorkspace;
+use crate::{SandboxError, SandboxLevel, SandboxPolicy, SpawnSpec, spawn};
+
+/// Timings of one configuration, in microseconds.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct BenchFigure {
+    pub name: String,
+    /// The level this configuration reached.
+    pub level: Option<SandboxLevel>,
+    pub runs: usize,
+    /// Spawn until exec succeeded.
+    pub exec_min_us: u64,
+    pub exec_median_us: u64,
+    pub exec_mean_us: u64,
+    pub exec_p90_us: u64,
+    /// Spawn until the helper was reaped (includes namespace teardown).
+    pub total_median_us: u64,
+}
+
+/// The cost attributed to one layer: full − (full without it), on the
+/// medians and on the minimums (the minimum is the steadier figure on a
+/// noisy machine; either can come out negative within the noise).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct LayerCost {
+    pub layer: String,
+    pub exec_median_delta_us: i64,
+    pub exec_min_delta_us: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct BenchReport {
+    pub kernel: String,
+    pub iterations: usize,
+    /// `fork+exec+wait` of `/bin/true` with no helper at all.
+    pub baseline: BenchFigure,
+    pub configurations: Vec<BenchFigure>,
+    pub layer_costs: Vec<LayerCost>,
+}
+
+fn stats(
+    name: &str,
+    level: Option<SandboxLevel>,
+    mut exec: Vec<Duration>,
+    mut total: Vec<Duration>,
+) -> BenchFigure {
+    exec.sort();
+    total.sort();
+    let us = |d: Duration| d.as_micros() as u64;
+    let n = exec.len().max(1);
+    let pick = |v: &[Duration], q: f64| {
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    BenchFigure {
+        name: name.to_string(),
+        level,
+        runs: exec.len(),
+        exec_min_us: exec.first().copied().map(us).unwrap_or(0),
+        exec_median_us: us(pick(&exec, 0.5)),
+        exec_mean_us: exec.iter().map(|d| us(*d)).sum::<u64>() / n as u64,
+        exec_p90_us: us(pick(&exec, 0.9)),
+        total_median_us: us(pick(&total, 0.5)),
+    }
+}
+
+fn true_binary() -> PathBuf {
+    ["/bin/true", "/usr/bin/true"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("/bin/true"))
+}
+
+/// One launch of `/bin/true`: (time to exec, time to reaped, level).
+fn launch_once(
+    helper_exe: &Path,
+    policy: &SandboxPolicy,
+    ws: &Path,
+) -> Result<(Duration, Duration, SandboxLevel), SandboxError> {
+    let t0 = Instant::now();
+    let mut child = spawn(&SpawnSpec {
+        helper_exe: helper_exe.to_path_buf(),
+        program: true_binary(),
+        args: vec![],
+        env: vec![],
+        policy: policy.clone(),
+        workspace: ws.to_path_buf(),
+    })?;
+    let exec = t0.elapsed();
+    child
+        .wait()
+        .map_err(SandboxError::io("wait for the benchmark child"))?;
+    Ok((exec, t0.elapsed(), child.report.level))
+}
+
+/// Run the benchmark with `helper_exe` as the helper binary.
+pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, SandboxError> {
+    let iterations = iterations.max(1);
+    let mut base = Vec::new();
+    for _ in 0..iterations {
+        let t0 = Instant::now();
+        std::process::Command::new(true_binary())
+            .status()
+            .map_err(SandboxError::io("run /bin/true"))?;
+        base.push(t0.elapsed());
+    }
+    let baseline = stats("fork+exec /bin/true (no helper)", None, base.clone(), base);
+
+    let full = SandboxPolicy {
+        min_level: SandboxLevel::Minimal,
+        ..SandboxPolicy::default()
+    };
+    let mut configs: Vec<(String, SandboxPolicy)> = vec![
+        ("helper, no layers".into(), SandboxPolicy::unconfined()),
+        ("full sandbox".into(), full.clone()),
+    ];
+    let without = |name: &str, f: &dyn Fn(&mut SandboxPolicy)| {
+        let mut p = full.clone();
+        f(&mut p);
+        (format!("full without {name}"), p)
+    };
+    configs.push(without("netns", &|p| p.layers.netns = false));
+    configs.push(without("mountns+root", &|p| p.layers.mountns = false));
+    configs.push(without("pidns+mountns", &|p| {
+        p.layers.pidns = false;
+        p.layers.mountns = false
+    }));
+    configs.push(without("landlock", &|p| p.layers.landlock = false));
+    configs.push(without("seccomp", &|p| p.layers.seccomp = false));
+    configs.push(without("cgroup", &|p| p.cgroup.enabled = false));
+    configs.push(without("rlimits", &|p| p.layers.rlimits = false));
+    configs.push(without("all namespaces", &|p| {
+        p.layers.userns = false;
+        p.layers.mountns = false;
+        p.layers.pidns = false;
+        p.layers.netns = false;
+        p.layers.ipcns = false;
+        p.layers.utsns = false;
+        p.layers.cgroupns = false;
+    }));
+
+    // Round-robin over the configurations, so that the machine's noise
+    // (other builds, the VM's neighbours) spreads evenly over all of them.
+    let ws = TempWorkspace::new()?;
+    let mut samples: Vec<(Vec<Duration>, Vec<Duration>, Option<SandboxLevel>)> =
+        vec![(Vec::new(), Vec::new(), None); configs.len()];
+    for _ in 0..iterations {
+        for (i, (_, policy)) in configs.iter().enumerate() {
+            let (e, t, l) = launch_once(helper_exe, policy, &ws.0)?;
+            samples[i].0.push(e);
+            samples[i].1.push(t);
+            samples[i].2 = Some(l);
+        }
+    }
+    let figures: Vec<BenchFigure> = configs
+        .iter()
+        .zip(samples)
+        .map(|((name, _), (e, t, l))| stats(name, l, e, t))
+        .collect();
+    let full_median = figures[1].exec_median_us as i64;
+    let full_min = figures[1].exec_min_us as i64;
+    let layer_costs = figures
+        .iter()
+        .skip(2)
+        .map(|f| LayerCost {
+            layer: f.name.trim_start_matches("full without ").to_string(),
+            exec_median_delta_us: full_median - f.exec_median_us as i64,
+            exec_min_delta_us: full_min - f.exec_min_us as i64,
+        })
+        .collect();
+    Ok(BenchReport {
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        iterations,
+        baseline,
+        configurations: figures,
+        layer_costs,
+    })
+}
+
+/// [`bench`] with the running binary (the `sharedos` binary) as the helper.
+pub fn bench_current_exe(iterations: usize) -> Result<BenchReport, SandboxError> {
+    let exe = std::env::current_exe().map_err(SandboxError::io("locate the running binary"))?;
+    bench(&exe, iterations)
+}

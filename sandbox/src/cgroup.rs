@@ -1,0 +1,207 @@
+//! Resource accounting and atomic kill through a throwaway cgroup.
+//!
+//! The host creates one cgroup per plugin where it can write a hierarchy:
+//! a cgroup v1 `pids` child (for `pids.max`) and a cgroup v2 child (for
+//! `cgroup.kill`, and `memory.max` when the memory controller is delegated
+//! there). The helper joins them first thing, before it forks. Processes
+//! are never moved between v1 *memory* cgroups. Everything is removed
+//! when the plugin is gone.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::policy::CgroupPolicy;
+use crate::report::{CgroupReport, LayerStatus};
+
+const V1_PIDS: &str = "/sys/fs/cgroup/pids";
+const V2_CANDIDATES: [&str; 2] = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"];
+
+/// The cgroups created for one plugin.
+#[derive(Debug, Default)]
+pub struct PluginCgroup {
+    pub paths: Vec<PathBuf>,
+    /// The v2 directory, where `cgroup.kill` lives.
+    pub v2: Option<PathBuf>,
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<u64>,
+    pub problems: Vec<String>,
+}
+
+fn is_v2_root(p: &Path) -> bool {
+    p.join("cgroup.controllers").exists() && p.join("cgroup.procs").exists()
+}
+
+/// The host's own v2 cgroup, relative to the hierarchy root.
+fn own_v2_path() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_start_matches('/').to_string())
+}
+
+fn unique_name() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "sharedos-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Create the plugin's cgroups. Never fails: what could not be done is in
+/// `problems` and ends up in the report.
+pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
+    let mut cg = PluginCgroup::default();
+    if !policy.enabled {
+        return cg;
+    }
+    let name = unique_name();
+    // v1 pids: a child of the hierarchy root; the pids controller holds no
+    // memory state, so joining it is harmless.
+    if let Some(max) = policy.pids_max
+        && Path::new(V1_PIDS).join("cgroup.procs").exists()
+    {
+        let dir = Path::new(V1_PIDS).join(&name);
+        match std::fs::create_dir(&dir)
+            .and_then(|_| std::fs::write(dir.join("pids.max"), max.to_string()))
+        {
+            Ok(()) => {
+                cg.paths.push(dir);
+                cg.pids_max = Some(max);
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                cg.problems
+                    .push(format!("v1 pids cgroup {}: {e}", dir.display()));
+            }
+        }
+    }
+    // v2: a child of the host's own cgroup.
+    if let Some(root) = V2_CANDIDATES.iter().map(Path::new).find(|p| is_v2_root(p)) {
+        let parent = match own_v2_path() {
+            Some(rel) if !rel.is_empty() => root.join(rel),
+            _ => root.to_path_buf(),
+        };
+        let dir = parent.join(&name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {
+                let subtree = std::fs::read_to_string(parent.join("cgroup.subtree_control"))
+                    .unwrap_or_default();
+                let ctl = |c: &str| subtree.split_whitespace().any(|x| x == c);
+                if let Some(max) = policy.pids_max
+                    && cg.pids_max.is_none()
+                    && ctl("pids")
+                    && std::fs::write(dir.join("pids.max"), max.to_string()).is_ok()
+                {
+                    cg.pids_max = Some(max);
+                }
+                if let Some(max) = policy.memory_max {
+                    if ctl("memory")
+                        && std::fs::write(dir.join("memory.max"), max.to_string()).is_ok()
+                    {
+                        cg.memory_max = Some(max);
+                    } else {
+                        cg.problems
+                            .push("memory.max: the memory controller is not delegated to the v2 hierarchy".into());
+                    }
+                }
+                cg.v2 = dir.join("cgroup.kill").exists().then(|| dir.clone());
+                cg.paths.push(dir);
+            }
+            Err(e) => cg
+                .problems
+                .push(format!("v2 cgroup {}: {e}", dir.display())),
+        }
+    }
+    if cg.paths.is_empty() && cg.problems.is_empty() {
+        cg.problems
+            .push("no writable cgroup hierarchy found".into());
+    }
+    cg
+}
+
+/// In the helper: move the calling process into every plugin cgroup.
+pub fn join(paths: &[PathBuf], report: &mut CgroupReport) {
+    let pid = std::process::id().to_string();
+    let mut joined = Vec::new();
+    for p in paths {
+        match std::fs::write(p.join("cgroup.procs"), &pid) {
+            Ok(()) => joined.push(p.display().to_string()),
+            Err(e) => {
+                report.status = LayerStatus::Degraded {
+                    reason: format!("joining {}: {e}", p.display()),
+                }
+            }
+        }
+    }
+    report.paths = joined;
+}
+
+impl PluginCgroup {
+    /// The report skeleton the host sends to the helper.
+    pub fn report(&self, enabled: bool) -> CgroupReport {
+        let status = if !enabled {
+            LayerStatus::Disabled
+        } else if self.paths.is_empty() {
+            LayerStatus::unavailable(self.problems.join("; "))
+        } else if self.problems.is_empty() {
+            LayerStatus::Applied
+        } else {
+            LayerStatus::Degraded {
+                reason: self.problems.join("; "),
+            }
+        };
+        CgroupReport {
+            status,
+            paths: Vec::new(),
+            kill: self.v2.is_some(),
+            pids_max: self.pids_max,
+            memory_max: self.memory_max,
+        }
+    }
+
+    /// SIGKILL every process in the cgroups (`cgroup.kill` when present,
+    /// else each pid listed in `cgroup.procs`).
+    pub fn kill(&self) {
+        kill_paths(self.v2.as_deref(), &self.paths);
+    }
+
+    /// True when no process is left in any of the cgroups.
+    pub fn is_empty(&self) -> bool {
+        self.paths.iter().all(|p| {
+            std::fs::read_to_string(p.join("cgroup.procs"))
+                .map(|s| s.trim().is_empty())
+                .unwrap_or(true)
+        })
+    }
+
+    /// Remove the directories (they must be empty of processes).
+    pub fn remove(&mut self) {
+        let mut left = Vec::new();
+        for p in self.paths.drain(..) {
+            if std::fs::remove_dir(&p).is_err() && p.exists() {
+                left.push(p);
+            }
+        }
+        self.paths = left;
+        if self.paths.is_empty() {
+            self.v2 = None;
+        }
+    }
+}
+
+/// SIGKILL everything in the given cgroups.
+pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
+    if let Some(v2) = v2 {
+        let _ = std::fs::write(v2.join("cgroup.kill"), "1");
+    }
+    for p in paths {
+        if let Ok(s) = std::fs::read_to_string(p.join("cgroup.procs")) {
+            for pid in s.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill with a pid read from the plugin's own cgroup,
+                // which only holds the plugin's processes.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}

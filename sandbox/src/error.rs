@@ -1,0 +1,57 @@
+//! Errors of the host-side API. Each message says what failed, with which
+//! value, and (where the operator can act) what to change.
+
+use std::path::PathBuf;
+
+use crate::report::{MissingLayer, SandboxLevel};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox {what} path {path:?} is unusable: {reason}")]
+    BadPath {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("compiling the seccomp filter failed: {0}")]
+    Seccomp(String),
+    #[error("{op} failed: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("spawning the sandbox helper {helper:?} failed: {source}")]
+    SpawnHelper {
+        helper: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sandbox helper failed at {stage}: {message}{}", errno.map(|e| format!(" (errno {e})")).unwrap_or_default())]
+    Setup {
+        stage: String,
+        message: String,
+        errno: Option<i32>,
+    },
+    #[error("the sandbox helper exited before sending a report (exit status: {status})")]
+    NoReport { status: String },
+    #[error("the sandbox helper sent an unreadable report: {0}")]
+    BadReport(String),
+    #[error(
+        "the sandbox reached level `{achieved}` but this runtime requires `{required}`; missing: {}",
+        missing.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; ")
+    )]
+    BelowMinimum {
+        required: SandboxLevel,
+        achieved: SandboxLevel,
+        missing: Vec<MissingLayer>,
+    },
+    #[error("the sandbox helper did not finish its setup within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl SandboxError {
+    pub(crate) fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
+        move |source| SandboxError::Io { op, source }
+    }
+}

@@ -1,0 +1,231 @@
+//! The sandbox policy: what the host asks the helper to enforce.
+//!
+//! It is embedded per runtime in the host's TOML config (under
+//! `[runtimes.<name>.sandbox]`), so every field has a default and the whole
+//! struct round-trips through serde. The defaults are the strong sandbox;
+//! the layer toggles exist for tests and for operators who knowingly run a
+//! degraded mode (the report and `min_level` still apply).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::report::SandboxLevel;
+
+/// Everything the helper needs to know about how to confine one plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxPolicy {
+    /// The host refuses to start a plugin whose report is below this level.
+    pub min_level: SandboxLevel,
+    /// Switch individual layers off (tests, degraded hosts).
+    pub layers: LayerToggles,
+    /// Resource limits applied to the plugin process.
+    pub rlimits: Rlimits,
+    /// Cgroup limits, applied only where a cgroup can be delegated.
+    pub cgroup: CgroupPolicy,
+    /// Size of the private `/tmp` tmpfs, in bytes.
+    pub tmp_size_bytes: u64,
+    /// Size of the private `/dev/shm` tmpfs, in bytes.
+    pub shm_size_bytes: u64,
+    /// Inode cap of each private tmpfs.
+    pub tmpfs_nr_inodes: u64,
+    /// The uid (and gid) the plugin runs as when the host is root.
+    pub sandbox_uid: u32,
+    /// Host paths bound read-only into the sandbox root (besides the system
+    /// directories). Each must exist; a missing one is reported and skipped.
+    pub extra_ro_paths: Vec<String>,
+    /// Environment keys the plugin may receive from the host (exact names,
+    /// or prefixes ending in `*`). Anything else the host passes is dropped
+    /// and named in the report's warnings. Credentials never belong here:
+    /// `*_TOKEN`, `*_KEY`, `AWS_*`, `SSH_AUTH_SOCK`, `DOCKER_HOST`, ...
+    pub env_allowlist: Vec<String>,
+    /// Test-only: run the helper under a seccomp filter that refuses
+    /// `unshare(CLONE_NEWUSER)`, as Docker's default profile does, so the
+    /// no-user-namespace path can be exercised on a capable machine.
+    pub emulate_no_userns: bool,
+}
+
+impl Default for SandboxPolicy {
+    fn default() -> Self {
+        SandboxPolicy {
+            min_level: SandboxLevel::Strong,
+            layers: LayerToggles::default(),
+            rlimits: Rlimits::default(),
+            cgroup: CgroupPolicy::default(),
+            tmp_size_bytes: 128 << 20,
+            shm_size_bytes: 64 << 20,
+            tmpfs_nr_inodes: 16_384,
+            sandbox_uid: 65534,
+            extra_ro_paths: Vec::new(),
+            env_allowlist: [
+                "PATH",
+                "HOME",
+                "TMPDIR",
+                "LANG",
+                "LC_*",
+                "TZ",
+                "TERM",
+                "RUST_LOG",
+                "RUST_BACKTRACE",
+                "SHAREDOS_*",
+            ]
+            .map(String::from)
+            .to_vec(),
+            emulate_no_userns: false,
+        }
+    }
+}
+
+/// One switch per layer; all on by default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct LayerToggles {
+    /// Leave uid 0 when the host runs as root.
+    pub drop_uid: bool,
+    /// New user namespace (needed for every other namespace as non-root).
+    pub userns: bool,
+    /// Mount namespace + minimal root via `pivot_root`.
+    pub mountns: bool,
+    /// Pid namespace with a pid-1 reaper (the tree dies with it).
+    pub pidns: bool,
+    /// Empty network namespace.
+    pub netns: bool,
+    /// Private SysV IPC / POSIX mqueue namespace.
+    pub ipcns: bool,
+    /// Private hostname.
+    pub utsns: bool,
+    /// Private cgroup namespace view.
+    pub cgroupns: bool,
+    /// Landlock filesystem, TCP and scope rules.
+    pub landlock: bool,
+    /// The seccomp denylist.
+    pub seccomp: bool,
+    /// Resource limits.
+    pub rlimits: bool,
+}
+
+impl Default for LayerToggles {
+    fn default() -> Self {
+        LayerToggles {
+            drop_uid: true,
+            userns: true,
+            mountns: true,
+            pidns: true,
+            netns: true,
+            ipcns: true,
+            utsns: true,
+            cgroupns: true,
+            landlock: true,
+            seccomp: true,
+            rlimits: true,
+        }
+    }
+}
+
+/// Resource limits (soft = hard). `None` leaves the inherited limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct Rlimits {
+    /// `RLIMIT_CORE`: 0 so a crash never dumps plugin memory to disk.
+    pub core: Option<u64>,
+    /// `RLIMIT_NOFILE`.
+    pub nofile: Option<u64>,
+    /// `RLIMIT_FSIZE`, bytes: the largest file the plugin can write.
+    pub fsize: Option<u64>,
+    /// `RLIMIT_DATA`, bytes. Preferred over `RLIMIT_AS`, which breaks
+    /// runtimes that reserve large address ranges (V8, the JVM).
+    pub data: Option<u64>,
+    /// `RLIMIT_AS`, bytes (off by default, see `data`).
+    pub address_space: Option<u64>,
+    /// `RLIMIT_NPROC` (only effective for a non-root uid).
+    pub nproc: Option<u64>,
+    /// `RLIMIT_CPU`, seconds: a backstop well past any turn deadline.
+    pub cpu_seconds: Option<u64>,
+    /// `RLIMIT_MEMLOCK`, bytes.
+    pub memlock: Option<u64>,
+    /// `RLIMIT_MSGQUEUE`, bytes.
+    pub msgqueue: Option<u64>,
+    /// `RLIMIT_RTPRIO`.
+    pub rtprio: Option<u64>,
+}
+
+impl Default for Rlimits {
+    fn default() -> Self {
+        Rlimits {
+            core: Some(0),
+            nofile: Some(1024),
+            fsize: Some(1 << 30),
+            data: Some(4 << 30),
+            address_space: None,
+            nproc: Some(256),
+            cpu_seconds: Some(3600),
+            memlock: Some(64 << 10),
+            msgqueue: Some(0),
+            rtprio: Some(0),
+        }
+    }
+}
+
+/// Cgroup limits. A throwaway cgroup is created per plugin only when
+/// `enabled` and the host can write the hierarchy; otherwise the report
+/// says `cgroup: unavailable` and the pid namespace + rlimits still hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct CgroupPolicy {
+    /// Try to create a per-plugin cgroup.
+    pub enabled: bool,
+    /// `pids.max` of the plugin's cgroup.
+    pub pids_max: Option<u64>,
+    /// `memory.max`, set only where the memory controller is delegated to
+    /// the cgroup v2 hierarchy in use (never by moving a process between
+    /// v1 memory cgroups).
+    pub memory_max: Option<u64>,
+}
+
+impl Default for CgroupPolicy {
+    fn default() -> Self {
+        CgroupPolicy {
+            enabled: true,
+            pids_max: Some(512),
+            memory_max: None,
+        }
+    }
+}
+
+impl SandboxPolicy {
+    /// Whether `key` may be handed to the plugin.
+    pub fn env_allowed(&self, key: &str) -> bool {
+        self.env_allowlist
+            .iter()
+            .any(|pat| match pat.strip_suffix('*') {
+                Some(prefix) => key.starts_with(prefix),
+                None => key == pat,
+            })
+    }
+
+    /// A policy with every layer off and no minimum: only for measuring
+    /// the cost of the layers (`bench`) and for tests.
+    pub fn unconfined() -> Self {
+        SandboxPolicy {
+            min_level: SandboxLevel::Minimal,
+            layers: LayerToggles {
+                drop_uid: false,
+                userns: false,
+                mountns: false,
+                pidns: false,
+                netns: false,
+                ipcns: false,
+                utsns: false,
+                cgroupns: false,
+                landlock: false,
+                seccomp: false,
+                rlimits: false,
+            },
+            cgroup: CgroupPolicy {
+                enabled: false,
+                ..CgroupPolicy::default()
+            },
+            ..SandboxPolicy::default()
+        }
+    }
+}

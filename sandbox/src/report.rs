@@ -1,0 +1,319 @@
+//! The `SandboxReport`: what the helper really enforced, sent to the host
+//! on a close-on-exec pipe just before `execve`, and the host-side check
+//! against the configured minimum level.
+//!
+//! The level is computed from the layers that were *observed* applied, and
+//! then capped by the self-check the helper reads from `/proc/self/status`
+//! after the last layer: a layer that returned `Ok` but does not show in the
+//! kernel's own view does not count.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How strongly a plugin is confined. Ordered: `Minimal < Reduced < Strong`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxLevel {
+    /// Some of uid drop, filesystem confinement or seccomp is missing: the
+    /// plugin can reach host resources. Refused unless explicitly allowed.
+    #[default]
+    Minimal,
+    /// No namespaces, but a non-root uid, Landlock (filesystem, TCP,
+    /// scopes), the strict seccomp filter, no capabilities and rlimits.
+    /// Host `/proc` and network interfaces stay visible; whole-tree kill
+    /// relies on the cgroup.
+    Reduced,
+    /// Every layer: user, mount, pid, net, ipc and uts namespaces, a minimal
+    /// root, Landlock, seccomp, no capabilities, no_new_privs, rlimits.
+    Strong,
+}
+
+impl fmt::Display for SandboxLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SandboxLevel::Minimal => "minimal",
+            SandboxLevel::Reduced => "reduced",
+            SandboxLevel::Strong => "strong",
+        })
+    }
+}
+
+/// The outcome of one layer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum LayerStatus {
+    /// Enforced as requested.
+    Applied,
+    /// Enforced in part; `reason` says what is missing.
+    Degraded { reason: String },
+    /// The kernel or host could not provide it; `reason` has the errno.
+    Unavailable { reason: String },
+    /// Switched off by the policy.
+    Disabled,
+}
+
+impl Default for LayerStatus {
+    fn default() -> Self {
+        LayerStatus::unavailable("not reported")
+    }
+}
+
+impl LayerStatus {
+    /// True for `Applied` and `Degraded` (something is enforced).
+    pub fn is_enforced(&self) -> bool {
+        matches!(self, LayerStatus::Applied | LayerStatus::Degraded { .. })
+    }
+
+    pub(crate) fn unavailable(reason: impl fmt::Display) -> Self {
+        LayerStatus::Unavailable {
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Landlock details.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LandlockReport {
+    pub status: LayerStatus,
+    /// ABI the running kernel offers (`None` when Landlock is missing).
+    pub kernel_abi: Option<i32>,
+    /// ABI the ruleset is written against (pinned, never derived from the kernel).
+    pub requested_abi: i32,
+    /// `FullyEnforced`, `PartiallyEnforced` or `NotEnforced`, as returned by `restrict_self`.
+    pub ruleset: String,
+    /// Scopes requested (`signal`, `abstract_unix`).
+    pub scopes: Vec<String>,
+    /// `tcp-deny` when TCP bind/connect are handled with no allowed port.
+    pub net: String,
+}
+
+/// Seccomp details.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SeccompReport {
+    pub status: LayerStatus,
+    pub arch: String,
+    /// Number of BPF instructions installed.
+    pub insns: usize,
+    /// The `nr >= 0x40000000` (x32 ABI) guard is present.
+    pub x32_guard: bool,
+    /// `namespace` (non-UNIX socket families denied) or `strict` (no
+    /// `socket()` at all, no SysV IPC, no `pidfd_open`).
+    pub mode: String,
+}
+
+/// Cgroup details.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CgroupReport {
+    pub status: LayerStatus,
+    /// Directories the helper joined.
+    pub paths: Vec<String>,
+    /// Whether `cgroup.kill` (v2) is available for an atomic tree kill.
+    pub kill: bool,
+    pub pids_max: Option<u64>,
+    pub memory_max: Option<u64>,
+}
+
+/// What the kernel itself says about the process just before `execve`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SelfCheck {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub cap_eff: Option<u64>,
+    pub cap_prm: Option<u64>,
+    pub cap_inh: Option<u64>,
+    pub cap_bnd: Option<u64>,
+    pub cap_amb: Option<u64>,
+    pub no_new_privs: Option<bool>,
+    /// 0 = off, 1 = strict, 2 = filter.
+    pub seccomp: Option<u32>,
+    pub seccomp_filters: Option<u32>,
+    /// Contents of `/proc/self/uid_map`, one mapping per entry.
+    pub uid_map: Vec<String>,
+    /// Fds open at the moment of the check, excluding the report pipe and
+    /// the fd used to read `/proc/self/status`.
+    pub fds: Vec<i32>,
+}
+
+/// The report the helper sends before `execve`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SandboxReport {
+    pub level: SandboxLevel,
+    /// Layers that keep this report from `strong`, with the operator's fix.
+    pub missing: Vec<MissingLayer>,
+    pub kernel: String,
+    /// The uid the plugin runs as, seen from the host.
+    pub host_uid: u32,
+    pub uid_drop: LayerStatus,
+    pub userns: LayerStatus,
+    pub mountns: LayerStatus,
+    pub pidns: LayerStatus,
+    pub netns: LayerStatus,
+    pub ipcns: LayerStatus,
+    pub utsns: LayerStatus,
+    pub cgroupns: LayerStatus,
+    /// The minimal root (`pivot_root`).
+    pub root: LayerStatus,
+    pub landlock: LandlockReport,
+    pub seccomp: SeccompReport,
+    pub caps: LayerStatus,
+    pub no_new_privs: bool,
+    pub rlimits: BTreeMap<String, u64>,
+    pub rlimits_status: LayerStatus,
+    pub cgroup: CgroupReport,
+    pub lifeline: LayerStatus,
+    pub setsid: LayerStatus,
+    /// Fds the plugin starts with (expected: 0, 1, 2).
+    pub fds: Vec<i32>,
+    /// Environment keys handed to the plugin (never values).
+    pub env_keys: Vec<String>,
+    pub self_check: SelfCheck,
+    pub warnings: Vec<String>,
+}
+
+/// One layer that is missing for the next level, with what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MissingLayer {
+    pub layer: String,
+    pub reason: String,
+    pub fix: String,
+}
+
+impl fmt::Display for MissingLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} (fix: {})", self.layer, self.reason, self.fix)
+    }
+}
+
+/// What the helper writes on the report pipe, one JSON object per line.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum HelperMessage {
+    Report(Box<SandboxReport>),
+    Error {
+        stage: String,
+        message: String,
+        errno: Option<i32>,
+    },
+}
+
+/// The fix an operator can apply for each layer, used in messages.
+pub(crate) fn fix_for(layer: &str) -> &'static str {
+    match layer {
+        "userns" | "mountns" | "pidns" | "netns" | "ipcns" | "utsns" | "root" => {
+            "allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, \
+             kernel.unprivileged_userns_clone=1, no AppArmor userns restriction) or, in a \
+             container, run with a seccomp profile that permits unshare/clone namespace flags"
+        }
+        "landlock" => {
+            "boot a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and `landlock` in the lsm= list"
+        }
+        "seccomp" => "use a kernel with CONFIG_SECCOMP_FILTER=y",
+        "uid_drop" => "run the host as root or as a dedicated non-root user",
+        "caps" => "do not run the helper with ambient capabilities or a locked bounding set",
+        "no_new_privs" => "use a kernel with PR_SET_NO_NEW_PRIVS (3.5+)",
+        "rlimits" => "enable the rlimits layer in the runtime's sandbox policy",
+        _ => "enable the layer in the runtime's sandbox policy",
+    }
+}
+
+impl SandboxReport {
+    /// Compute `level` and `missing` from the layer fields and the self-check.
+    pub(crate) fn finalize(&mut self) {
+        let mut missing = Vec::new();
+        let mut need = |name: &str, st: &LayerStatus| {
+            if !matches!(st, LayerStatus::Applied) {
+                let reason = match st {
+                    LayerStatus::Disabled => "disabled by the sandbox policy".to_string(),
+                    LayerStatus::Degraded { reason } | LayerStatus::Unavailable { reason } => {
+                        reason.clone()
+                    }
+                    LayerStatus::Applied => unreachable!(),
+                };
+                missing.push(MissingLayer {
+                    layer: name.to_string(),
+                    reason,
+                    fix: fix_for(name).to_string(),
+                });
+            }
+        };
+        need("userns", &self.userns);
+        need("mountns", &self.mountns);
+        need("pidns", &self.pidns);
+        need("netns", &self.netns);
+        need("ipcns", &self.ipcns);
+        need("utsns", &self.utsns);
+        need("root", &self.root);
+        need("landlock", &self.landlock.status);
+        need("seccomp", &self.seccomp.status);
+        need("caps", &self.caps);
+        need("rlimits", &self.rlimits_status);
+        need("uid_drop", &self.uid_drop);
+        if !self.no_new_privs {
+            missing.push(MissingLayer {
+                layer: "no_new_privs".into(),
+                reason: "PR_SET_NO_NEW_PRIVS is not set".into(),
+                fix: fix_for("no_new_privs").into(),
+            });
+        }
+
+        let sc = &self.self_check;
+        let kernel_ok = sc.no_new_privs == Some(true)
+            && sc.seccomp == Some(2)
+            && sc.cap_eff == Some(0)
+            && sc.cap_prm == Some(0)
+            && sc.uid.is_some_and(|u| u != 0);
+        if !kernel_ok {
+            self.warnings.push(format!(
+                "self-check disagrees with the layers: NoNewPrivs={:?} Seccomp={:?} CapEff={:?} CapPrm={:?} Uid={:?}",
+                sc.no_new_privs, sc.seccomp, sc.cap_eff, sc.cap_prm, sc.uid
+            ));
+        }
+
+        let base = kernel_ok
+            && self.seccomp.status.is_enforced()
+            && self.caps.is_enforced()
+            && self.no_new_privs
+            && self.rlimits_status.is_enforced();
+        // Reduced still needs a filesystem boundary (Landlock, or the
+        // minimal root) and no network (the strict filter, or a netns).
+        let fs_boundary = self.landlock.status.is_enforced() || self.root == LayerStatus::Applied;
+        let no_network = self.seccomp.mode == "strict" || self.netns == LayerStatus::Applied;
+        self.level = if base && missing.is_empty() {
+            SandboxLevel::Strong
+        } else if base && fs_boundary && no_network && self.uid_drop != LayerStatus::Disabled {
+            SandboxLevel::Reduced
+        } else {
+            SandboxLevel::Minimal
+        };
+        self.missing = missing;
+    }
+
+    /// Fail closed when the report is below `min`: the error names every
+    /// missing layer and the operator's fix.
+    pub fn require(&self, min: SandboxLevel) -> Result<(), crate::SandboxError> {
+        if self.level >= min {
+            return Ok(());
+        }
+        Err(crate::SandboxError::BelowMinimum {
+            required: min,
+            achieved: self.level,
+            missing: self.missing.clone(),
+        })
+    }
+}

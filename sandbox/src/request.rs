@@ -1,0 +1,112 @@
+//! What the host hands the helper on the control socket: one length-prefixed
+//! JSON object (never argv, which is world-readable in `/proc/<pid>/cmdline`)
+//! plus two fds by SCM_RIGHTS: the plugin's stdin and the report pipe.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::SandboxPolicy;
+use crate::report::CgroupReport;
+use crate::seccomp::Insn;
+
+/// Largest request the helper accepts.
+const MAX_REQUEST: u64 = 16 << 20;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct HelperRequest {
+    pub policy: SandboxPolicy,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    /// Final environment of the plugin (already filtered by the host).
+    pub env: Vec<(String, String)>,
+    pub workspace: PathBuf,
+    /// The host's pid: the helper's parent must still be it once the
+    /// parent-death signal is armed.
+    pub host_pid: i32,
+    /// Filter for the namespaced sandbox.
+    pub seccomp_namespace: Vec<Insn>,
+    /// Filter for the no-user-namespace sandbox.
+    pub seccomp_strict: Vec<Insn>,
+    /// Test-only filter that refuses CLONE_NEWUSER, installed first.
+    pub emulation_filter: Option<Vec<Insn>>,
+    pub cgroup_paths: Vec<PathBuf>,
+    pub cgroup: CgroupReport,
+    /// Environment keys the host dropped (reported as warnings).
+    pub dropped_env: Vec<String>,
+}
+
+/// Host side: send the request and the two fds.
+pub(crate) fn send(
+    sock: &UnixStream,
+    req: &HelperRequest,
+    stdin_r: BorrowedFd,
+    report_w: BorrowedFd,
+) -> std::io::Result<()> {
+    let body = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+    let len = (body.len() as u64).to_le_bytes();
+    let fds = [stdin_r.as_raw_fd(), report_w.as_raw_fd()];
+    let iov = [std::io::IoSlice::new(&len)];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let n = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)?;
+    if n != len.len() {
+        return Err(std::io::Error::other("short write of the request header"));
+    }
+    (&*sock).write_all(&body)
+}
+
+/// Helper side: receive the request and the fds (close-on-exec).
+pub(crate) fn receive(fd: RawFd) -> std::io::Result<(HelperRequest, OwnedFd, OwnedFd)> {
+    let mut len = [0u8; 8];
+    let mut cmsg_buf = nix::cmsg_space!([RawFd; 2]);
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let got = {
+        let mut iov = [std::io::IoSliceMut::new(&mut len)];
+        let msg = recvmsg::<()>(
+            fd,
+            &mut iov,
+            Some(&mut cmsg_buf),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )?;
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                for r in raw {
+                    // SAFETY: the kernel just installed `r` in our table for
+                    // us; nothing else owns it.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(r) });
+                }
+            }
+        }
+        msg.bytes
+    };
+    // SAFETY: `fd` is the control socket, owned by the caller for the whole
+    // life of the helper; ManuallyDrop keeps this temporary from closing it.
+    let sock = std::mem::ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(fd) });
+    let mut s: &UnixStream = &sock;
+    if got < len.len() {
+        s.read_exact(&mut len[got..])?;
+    }
+    let n = u64::from_le_bytes(len);
+    if n > MAX_REQUEST {
+        return Err(std::io::Error::other(format!(
+            "request too large: {n} bytes"
+        )));
+    }
+    let mut body = vec![0u8; n as usize];
+    s.read_exact(&mut body)?;
+    let req: HelperRequest = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
+    if fds.len() != 2 {
+        return Err(std::io::Error::other(format!(
+            "expected 2 fds with the request, got {}",
+            fds.len()
+        )));
+    }
+    let report_w = fds.pop().unwrap();
+    let stdin_r = fds.pop().unwrap();
+    Ok((req, stdin_r, report_w))
+}

@@ -1,0 +1,40 @@
+//! Layer: resource limits on the plugin process. RLIMIT_NPROC only binds a
+//! non-root uid (observed: uid 0 forked past it), which is one more reason
+//! the helper leaves uid 0 first.
+
+use std::collections::BTreeMap;
+
+use crate::policy::Rlimits;
+
+/// Apply every configured limit (soft = hard). Returns what was set.
+pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
+    let table: [(&str, libc::__rlimit_resource_t, Option<u64>); 10] = [
+        ("core", libc::RLIMIT_CORE, r.core),
+        ("nofile", libc::RLIMIT_NOFILE, r.nofile),
+        ("fsize", libc::RLIMIT_FSIZE, r.fsize),
+        ("data", libc::RLIMIT_DATA, r.data),
+        ("as", libc::RLIMIT_AS, r.address_space),
+        ("nproc", libc::RLIMIT_NPROC, r.nproc),
+        ("cpu", libc::RLIMIT_CPU, r.cpu_seconds),
+        ("memlock", libc::RLIMIT_MEMLOCK, r.memlock),
+        ("msgqueue", libc::RLIMIT_MSGQUEUE, r.msgqueue),
+        ("rtprio", libc::RLIMIT_RTPRIO, r.rtprio),
+    ];
+    let mut set = BTreeMap::new();
+    for (name, res, value) in table {
+        let Some(v) = value else { continue };
+        let lim = libc::rlimit {
+            rlim_cur: v,
+            rlim_max: v,
+        };
+        // SAFETY: `lim` is a valid rlimit struct that outlives the call.
+        if unsafe { libc::setrlimit(res, &lim) } != 0 {
+            return Err(format!(
+                "setrlimit({name}, {v}): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        set.insert(name.to_string(), v);
+    }
+    Ok(set)
+}

@@ -1,0 +1,483 @@
+//! Host side: launch a plugin inside the sandbox.
+//!
+//! A plain blocking API (the host calls it from `spawn_blocking` or its own
+//! thread). The helper is started with `std::process::Command` and **no
+//! `pre_exec`** (any `pre_exec` makes std `fork()` the whole host instead
+//! of using `posix_spawn`), from one long-lived spawner thread, because
+//! the helper's parent-death signal fires when the *thread* that created
+//! it exits (bubblewrap#692, OpenDeck#329).
+//!
+//! How the fds reach the helper without leaking into other children: std
+//! has no fd-mapping API, and clearing CLOEXEC on extra fds for the length
+//! of a spawn would leak them into any child another host thread spawns
+//! in that window. So the helper gets exactly three fds through the
+//! `Stdio` slots, which std `dup2`s in the child only: a control socket as
+//! fd 0, the plugin's stdout pipe as fd 1 and its stderr pipe as fd 2.
+//! The request (policy, seccomp program, argv, env) then travels on the
+//! control socket, with the plugin's stdin and the report pipe attached as
+//! SCM_RIGHTS. Every fd in the host stays close-on-exec all the time. The
+//! control socket then serves as the lifeline: when the host closes it (or
+//! dies), the helper SIGKILLs the sandbox.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::SandboxError;
+use crate::cgroup::{self, PluginCgroup};
+use crate::policy::SandboxPolicy;
+use crate::report::{HelperMessage, SandboxReport};
+use crate::request::{self, HelperRequest};
+use crate::seccomp::{self, FilterMode};
+
+/// The subcommand the host binary dispatches to [`crate::helper_main`].
+pub const HELPER_SUBCOMMAND: &str = "__sandbox-exec";
+
+/// How long the helper may take to build the sandbox and send its report.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest report accepted.
+const MAX_REPORT: usize = 1 << 20;
+
+/// What to launch and how.
+#[derive(Clone, Debug)]
+pub struct SpawnSpec {
+    /// The binary that runs [`crate::helper_main`] for `__sandbox-exec`
+    /// (the `sharedos` binary itself, `std::env::current_exe()`).
+    pub helper_exe: PathBuf,
+    /// The plugin binary (host path).
+    pub program: PathBuf,
+    /// Arguments after argv[0].
+    pub args: Vec<OsString>,
+    /// Environment for the plugin; keys outside `policy.env_allowlist` are
+    /// dropped. `PATH`, `HOME`, `TMPDIR` and `LANG` get sandbox defaults
+    /// when absent.
+    pub env: Vec<(String, String)>,
+    pub policy: SandboxPolicy,
+    /// The per-turn workspace, created by the host (a real directory, not
+    /// a symlink). When the host is root it is chowned to the sandbox uid.
+    pub workspace: PathBuf,
+}
+
+/// A running sandboxed plugin. Dropping it kills the whole tree and
+/// removes its cgroup.
+#[derive(Debug)]
+pub struct SandboxedChild {
+    /// Write end of the plugin's stdin (take it with `Option::take`).
+    pub stdin: Option<OwnedFd>,
+    /// Read end of the plugin's stdout.
+    pub stdout: Option<OwnedFd>,
+    /// Read end of the plugin's stderr.
+    pub stderr: Option<OwnedFd>,
+    /// What the sandbox enforced (at least `policy.min_level`).
+    pub report: SandboxReport,
+    /// Pid of the helper (the supervisor); the plugin's tree dies with it.
+    pub pid: i32,
+    pidfd: Option<OwnedFd>,
+    child: Child,
+    lifeline: Option<UnixStream>,
+    cgroup: PluginCgroup,
+    status: Option<ExitStatus>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Run `f` on the long-lived spawner thread.
+fn on_spawner_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let tx = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("sharedos-spawner".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .expect("start the sandbox spawner thread");
+        Mutex::new(tx)
+    });
+    let (rtx, rrx) = mpsc::sync_channel(1);
+    let job: Job = Box::new(move || {
+        let _ = rtx.send(f());
+    });
+    tx.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send(job)
+        .expect("the spawner thread is alive");
+    rrx.recv().expect("the spawner thread answers")
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    let mut p = [0; 2];
+    // SAFETY: `p` has room for the two fds pipe2 writes.
+    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(SandboxError::io("pipe2")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+}
+
+fn check_paths(spec: &SpawnSpec) -> Result<(), SandboxError> {
+    let bad = |what, path: &PathBuf, reason: String| SandboxError::BadPath {
+        what,
+        path: path.clone(),
+        reason,
+    };
+    let md = std::fs::metadata(&spec.helper_exe)
+        .map_err(|e| bad("helper", &spec.helper_exe, e.to_string()))?;
+    if !md.is_file() {
+        return Err(bad("helper", &spec.helper_exe, "not a file".into()));
+    }
+    let md = std::fs::metadata(&spec.program)
+        .map_err(|e| bad("program", &spec.program, e.to_string()))?;
+    if !md.is_file() {
+        return Err(bad("program", &spec.program, "not a file".into()));
+    }
+    if !spec.program.is_absolute() {
+        return Err(bad(
+            "program",
+            &spec.program,
+            "must be an absolute path".into(),
+        ));
+    }
+    let md = std::fs::symlink_metadata(&spec.workspace)
+        .map_err(|e| bad("workspace", &spec.workspace, e.to_string()))?;
+    if !md.is_dir() {
+        return Err(bad(
+            "workspace",
+            &spec.workspace,
+            "must be a directory, not a symlink or file".into(),
+        ));
+    }
+    if !spec.workspace.is_absolute() {
+        return Err(bad(
+            "workspace",
+            &spec.workspace,
+            "must be an absolute path".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Launch `spec.program` in the sandbox. Returns once the helper has built
+/// every layer and the plugin's `execve` succeeded, with the report checked
+/// against `spec.policy.min_level` (below it, the tree is killed and
+/// [`SandboxError::BelowMinimum`] names each missing layer).
+pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
+    check_paths(spec)?;
+    let policy = &spec.policy;
+    let (env, dropped_env): (Vec<_>, Vec<_>) = spec
+        .env
+        .iter()
+        .cloned()
+        .partition(|(k, _)| policy.env_allowed(k));
+    let seccomp_namespace =
+        seccomp::compile(FilterMode::Namespace).map_err(SandboxError::Seccomp)?;
+    let seccomp_strict = seccomp::compile(FilterMode::Strict).map_err(SandboxError::Seccomp)?;
+    let emulation_filter = if policy.emulate_no_userns {
+        Some(seccomp::compile_no_userns_emulation().map_err(SandboxError::Seccomp)?)
+    } else {
+        None
+    };
+
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && policy.layers.drop_uid {
+        // The plugin writes its workspace as the sandbox uid.
+        let uid = policy.sandbox_uid;
+        std::os::unix::fs::chown(&spec.workspace, Some(uid), Some(uid))
+            .map_err(SandboxError::io("chown the workspace to the sandbox uid"))?;
+    }
+
+    let mut cg = cgroup::create(&policy.cgroup);
+    let cgroup_report = cg.report(policy.cgroup.enabled);
+    let req = HelperRequest {
+        policy: policy.clone(),
+        program: spec.program.clone(),
+        args: spec.args.clone(),
+        env,
+        workspace: spec.workspace.clone(),
+        host_pid: std::process::id() as i32,
+        seccomp_namespace,
+        seccomp_strict,
+        emulation_filter,
+        cgroup_paths: cg.paths.clone(),
+        cgroup: cgroup_report,
+        dropped_env: dropped_env.into_iter().map(|(k, _)| k).collect(),
+    };
+
+    let result = launch(spec, &req);
+    match result {
+        Ok((child, lifeline, stdin_w, stdout_r, stderr_r, report_r)) => {
+            let mut sc = SandboxedChild {
+                stdin: Some(stdin_w),
+                stdout: Some(stdout_r),
+                stderr: Some(stderr_r),
+                report: SandboxReport::default(),
+                pid: child.id() as i32,
+                pidfd: None,
+                child,
+                lifeline: Some(lifeline),
+                cgroup: cg,
+                status: None,
+            };
+            // SAFETY: pidfd_open on our own child, not yet reaped.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
+            if fd >= 0 {
+                // SAFETY: `fd` was just returned by pidfd_open.
+                sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            }
+            match read_report(report_r, &mut sc) {
+                Ok(report) => {
+                    sc.report = report;
+                    sc.report.require(policy.min_level)?;
+                    Ok(sc)
+                }
+                Err(e) => Err(e), // `sc` drops: tree killed, cgroup removed
+            }
+        }
+        Err(e) => {
+            cg.kill();
+            cg.remove();
+            Err(e)
+        }
+    }
+}
+
+type Launched = (Child, UnixStream, OwnedFd, OwnedFd, OwnedFd, OwnedFd);
+
+fn launch(spec: &SpawnSpec, req: &HelperRequest) -> Result<Launched, SandboxError> {
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let (stderr_r, stderr_w) = pipe()?;
+    let (report_r, report_w) = pipe()?;
+    let (ctl_host, ctl_child) = UnixStream::pair().map_err(SandboxError::io("socketpair"))?;
+    let helper = spec.helper_exe.clone();
+    let child = on_spawner_thread(move || {
+        Command::new(&helper)
+            .arg(HELPER_SUBCOMMAND)
+            .env_clear()
+            .current_dir("/")
+            .stdin(Stdio::from(OwnedFd::from(ctl_child)))
+            .stdout(Stdio::from(stdout_w))
+            .stderr(Stdio::from(stderr_w))
+            .spawn()
+    })
+    .map_err(|source| SandboxError::SpawnHelper {
+        helper: spec.helper_exe.clone(),
+        source,
+    })?;
+    let sent = request::send(&ctl_host, req, stdin_r.as_fd(), report_w.as_fd());
+    // Our copies must go now: the report pipe's EOF and the plugin's stdin
+    // EOF depend on it.
+    drop(stdin_r);
+    drop(report_w);
+    if let Err(e) = sent {
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(SandboxError::io("send the request to the helper")(e));
+    }
+    Ok((child, ctl_host, stdin_w, stdout_r, stderr_r, report_r))
+}
+
+fn read_report(report_r: OwnedFd, sc: &mut SandboxedChild) -> Result<SandboxReport, SandboxError> {
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    let mut buf = Vec::new();
+    let mut file = std::fs::File::from(report_r);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n == 0 {
+            return Err(SandboxError::Timeout(SETUP_TIMEOUT));
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(SandboxError::io("poll the report pipe")(e));
+        }
+        let mut chunk = [0u8; 16 << 10];
+        let r = file
+            .read(&mut chunk)
+            .map_err(SandboxError::io("read the report pipe"))?;
+        if r == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..r]);
+        if buf.len() > MAX_REPORT {
+            return Err(SandboxError::BadReport("report larger than 1 MiB".into()));
+        }
+    }
+    let mut report = None;
+    for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        match serde_json::from_slice::<HelperMessage>(line) {
+            Ok(HelperMessage::Report(r)) => report = Some(*r),
+            Ok(HelperMessage::Error {
+                stage,
+                message,
+                errno,
+            }) => {
+                return Err(SandboxError::Setup {
+                    stage,
+                    message,
+                    errno,
+                });
+            }
+            Err(e) => return Err(SandboxError::BadReport(e.to_string())),
+        }
+    }
+    match report {
+        Some(r) => Ok(r),
+        None => {
+            let status = sc
+                .wait_timeout(Duration::from_secs(5))
+                .map(|s| format!("{s}"))
+                .unwrap_or_else(|| "still running".into());
+            Err(SandboxError::NoReport { status })
+        }
+    }
+}
+
+impl SandboxedChild {
+    /// The helper's pidfd (poll it for exit; POLLIN when it is gone).
+    pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// SIGKILL the whole tree: the helper (through its pidfd, so a recycled
+    /// pid is never hit), whose pid 1 follows by parent-death signal and
+    /// takes the pid namespace with it; plus `cgroup.kill` (or each pid of
+    /// the cgroup) for what a degraded sandbox left outside a pid ns.
+    /// Returns immediately; [`Self::wait`] reaps.
+    pub fn kill_tree(&self) {
+        if self.status.is_none() {
+            kill_helper(self.pidfd.as_ref(), self.pid);
+        }
+        self.cgroup.kill();
+    }
+
+    /// A cloneable handle that can kill the tree from another thread while
+    /// this one blocks in [`Self::wait`] (e.g. the turn's deadline timer).
+    pub fn kill_handle(&self) -> std::io::Result<KillHandle> {
+        Ok(KillHandle {
+            pidfd: match &self.pidfd {
+                Some(fd) => Some(std::sync::Arc::new(fd.try_clone()?)),
+                None => None,
+            },
+            pid: self.pid,
+            cgroup_v2: self.cgroup.v2.clone(),
+            cgroup_paths: self.cgroup.paths.clone(),
+        })
+    }
+
+    /// Wait for the helper to exit (it exits with the plugin's status, or
+    /// 128 + signal), then for the cgroup to empty, and remove the cgroup.
+    pub fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        let st = match self.status {
+            Some(s) => s,
+            None => {
+                let s = self.child.wait()?;
+                self.status = Some(s);
+                s
+            }
+        };
+        self.lifeline = None;
+        self.cleanup_cgroup();
+        Ok(st)
+    }
+
+    /// Non-blocking [`Self::wait`].
+    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait()?;
+        }
+        Ok(self.status)
+    }
+
+    fn wait_timeout(&mut self, t: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + t;
+        while Instant::now() < end {
+            if let Ok(Some(s)) = self.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    fn cleanup_cgroup(&mut self) {
+        if self.cgroup.paths.is_empty() {
+            return;
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while !self.cgroup.is_empty() && Instant::now() < end {
+            self.cgroup.kill();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.cgroup.remove();
+    }
+}
+
+fn kill_helper(pidfd: Option<&OwnedFd>, pid: i32) {
+    match pidfd {
+        Some(fd) => {
+            // SAFETY: pidfd_send_signal on a pidfd we own; null info. A pidfd
+            // never designates a recycled pid.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0u32,
+                )
+            };
+        }
+        None => {
+            // SAFETY: kill with a pid; only used when pidfd_open is missing
+            // (kernel < 5.3) while the child is unreaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Kills a sandboxed tree from any thread; see [`SandboxedChild::kill_handle`].
+#[derive(Clone, Debug)]
+pub struct KillHandle {
+    pidfd: Option<std::sync::Arc<OwnedFd>>,
+    pid: i32,
+    cgroup_v2: Option<PathBuf>,
+    cgroup_paths: Vec<PathBuf>,
+}
+
+impl KillHandle {
+    /// Same as [`SandboxedChild::kill_tree`]. Without a pidfd (kernel < 5.3)
+    /// this may only be used while the owner has not reaped the helper.
+    pub fn kill_tree(&self) {
+        kill_helper(self.pidfd.as_deref(), self.pid);
+        cgroup::kill_paths(self.cgroup_v2.as_deref(), &self.cgroup_paths);
+    }
+}
+
+impl Drop for SandboxedChild {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            self.kill_tree();
+        }
+        let _ = self.wait();
+    }
+}

@@ -1,0 +1,117 @@
+//! Shared harness: launch the real helper against the probe binary.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sharedos_sandbox::{SandboxPolicy, SandboxedChild, SpawnSpec, spawn};
+
+pub fn helper() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sharedos-sandbox-helper"))
+}
+
+pub fn probe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sharedos-sandbox-probe"))
+}
+
+/// A per-test workspace under the system temp dir, removed by `TempDir`.
+pub fn workspace() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sharedos-sandbox-test-")
+        .tempdir()
+        .expect("create workspace")
+}
+
+pub fn spec(ws: &std::path::Path, policy: SandboxPolicy, ops: &[String]) -> SpawnSpec {
+    SpawnSpec {
+        helper_exe: helper(),
+        program: probe(),
+        args: ops.iter().map(Into::into).collect(),
+        env: vec![],
+        policy,
+        workspace: ws.to_path_buf(),
+    }
+}
+
+pub fn read_all(fd: OwnedFd) -> String {
+    let mut s = String::new();
+    let _ = std::fs::File::from(fd).read_to_string(&mut s);
+    s
+}
+
+/// Run the probe to completion; returns (report, parsed stdout, stderr).
+pub fn run(
+    policy: SandboxPolicy,
+    ops: &[&str],
+) -> (sharedos_sandbox::SandboxReport, serde_json::Value, String) {
+    let ws = workspace();
+    run_in(&ws, policy, ops)
+}
+
+pub fn run_in(
+    ws: &tempfile::TempDir,
+    policy: SandboxPolicy,
+    ops: &[&str],
+) -> (sharedos_sandbox::SandboxReport, serde_json::Value, String) {
+    let ops: Vec<String> = ops.iter().map(|s| s.to_string()).collect();
+    let mut child = spawn(&spec(ws.path(), policy, &ops)).expect("spawn the probe");
+    drop(child.stdin.take());
+    let stderr = child.stderr.take().unwrap();
+    let err_thread = std::thread::spawn(move || read_all(stderr));
+    let out = read_all(child.stdout.take().unwrap());
+    let status = child.wait().expect("wait");
+    let err = err_thread.join().unwrap();
+    assert!(
+        status.success(),
+        "probe failed: {status} stderr={err} stdout={out}"
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("probe output {out:?}: {e}; stderr={err}"));
+    (child.report.clone(), v, err)
+}
+
+/// Poll `cond` until true or `limit` passes (generous bounds only).
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Host pids whose command line contains `token`.
+pub fn pids_with_token(token: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| c.split(|b| *b == 0).any(|a| a == token.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// True when `pid` is gone or a zombie.
+pub fn is_dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => {
+            let state = s.rsplit_once(") ").map(|(_, r)| r.chars().next());
+            matches!(state, Some(Some('Z' | 'X')))
+        }
+    }
+}
+
+pub fn kill_child(c: SandboxedChild) {
+    c.kill_tree();
+    drop(c);
+}

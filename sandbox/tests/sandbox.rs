@@ -1,0 +1,677 @@
+//! Real processes: the real helper against the hostile probe binary. Every
+//! attack is also checked on the host side (the file is absent, the listener
+//! saw nothing, the pid is gone), never only through the probe's word.
+
+// Tests tweak one field of the default policy at a time, which reads best
+// as an assignment.
+#![allow(clippy::field_reassign_with_default)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use common::*;
+use sharedos_sandbox::{LayerStatus, SandboxError, SandboxLevel, SandboxPolicy, spawn};
+
+fn ok(v: &serde_json::Value, key: &str) -> String {
+    v[key].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn probe_sees_a_strong_sandbox() {
+    let (report, out, _err) = run(
+        SandboxPolicy::default(),
+        &["status", "fds", "uid", "hostname", "cwd", "procs"],
+    );
+    assert_eq!(report.level, SandboxLevel::Strong, "{:?}", report.missing);
+    assert!(report.missing.is_empty());
+    assert_eq!(ok(&out, "fds"), "0,1,2");
+    assert_ne!(ok(&out, "uid"), "0");
+    let status = ok(&out, "status");
+    assert!(status.contains("CapEff: 0000000000000000"), "{status}");
+    assert!(status.contains("CapPrm: 0000000000000000"), "{status}");
+    assert!(status.contains("CapBnd: 0000000000000000"), "{status}");
+    assert!(status.contains("NoNewPrivs: 1"), "{status}");
+    assert!(status.contains("Seccomp: 2"), "{status}");
+    assert_eq!(ok(&out, "hostname"), "sandbox");
+    assert_eq!(ok(&out, "cwd"), "/workspace");
+    // Only the reaper and the probe exist in its pid namespace.
+    assert_eq!(ok(&out, "procs"), "2");
+    // The report's own self-check agrees.
+    let sc = &report.self_check;
+    assert_eq!(sc.cap_eff, Some(0));
+    assert_eq!(sc.no_new_privs, Some(true));
+    assert_eq!(sc.seccomp, Some(2));
+    assert_eq!(report.fds, vec![0, 1, 2]);
+    assert!(report.seccomp.x32_guard || !cfg!(target_arch = "x86_64"));
+    assert_eq!(report.landlock.status, LayerStatus::Applied);
+}
+
+#[test]
+fn leaked_host_fd_is_not_inherited() {
+    // A host fd without CLOEXEC (a secret file) must not reach the plugin.
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret").unwrap();
+    let f = std::fs::File::open(&secret).unwrap();
+    // SAFETY: clearing FD_CLOEXEC on an fd this test owns.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, 0) };
+    let (report, out, _) = run(SandboxPolicy::default(), &["fds"]);
+    assert_eq!(ok(&out, "fds"), "0,1,2");
+    assert_eq!(report.fds, vec![0, 1, 2]);
+    drop(f);
+}
+
+#[test]
+fn secret_outside_the_workspace_is_unreadable() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let read_secret = format!("read:{}", secret.display());
+    let (_, out, _) = run(
+        SandboxPolicy::default(),
+        &[
+            &read_secret,
+            "read:/etc/shadow",
+            "read:/root/.bashrc",
+            "read:/proc/1/environ",
+        ],
+    );
+    assert!(ok(&out, &read_secret).starts_with("err:"), "{out}");
+    assert!(ok(&out, "read:/etc/shadow").starts_with("err:"), "{out}");
+    assert!(ok(&out, "read:/root/.bashrc").starts_with("err:"), "{out}");
+}
+
+#[test]
+fn writes_outside_the_workspace_and_tmp_fail() {
+    let ws = workspace();
+    let host_dir = tempfile::tempdir().unwrap();
+    let token = format!("pwned-{}", std::process::id());
+    let host_target = host_dir.path().join(&token);
+    let targets = [
+        format!("write:/etc/{token}"),
+        format!("write:/usr/{token}"),
+        format!("write:/var/tmp/{token}"),
+        format!("write:/{token}"),
+        format!("write:{}", host_target.display()),
+        format!("write:/dev/{token}"),
+    ];
+    let mut ops: Vec<&str> = targets.iter().map(String::as_str).collect();
+    ops.extend(["write:/workspace/ok", "write:/tmp/ok", "write:/dev/shm/ok"]);
+    let (_, out, _) = run_in(&ws, SandboxPolicy::default(), &ops);
+    for t in &targets {
+        assert!(ok(&out, t).starts_with("err:"), "{t}: {out}");
+    }
+    // Host side: nothing appeared anywhere.
+    for p in [
+        format!("/etc/{token}"),
+        format!("/usr/{token}"),
+        format!("/var/tmp/{token}"),
+        format!("/{token}"),
+    ] {
+        assert!(!std::path::Path::new(&p).exists(), "{p} was created");
+    }
+    assert!(!host_target.exists());
+    // The workspace and the private tmp are writable; only the workspace
+    // write is visible on the host.
+    assert_eq!(ok(&out, "write:/workspace/ok"), "ok");
+    assert_eq!(ok(&out, "write:/tmp/ok"), "ok");
+    assert_eq!(ok(&out, "write:/dev/shm/ok"), "ok");
+    assert_eq!(std::fs::read(ws.path().join("ok")).unwrap(), b"pwned");
+}
+
+#[test]
+fn network_sockets_are_denied() {
+    let (_, out, _) = run(
+        SandboxPolicy::default(),
+        &[
+            "socket:inet",
+            "socket:inet6",
+            "socket:udp",
+            "socket:vsock",
+            "socket:netlink",
+            "socket:packet",
+            "socket:unix",
+        ],
+    );
+    let eperm = format!("err:{}", libc::EPERM);
+    for fam in ["inet", "inet6", "udp", "vsock", "netlink", "packet"] {
+        assert_eq!(ok(&out, &format!("socket:{fam}")), eperm, "{fam}: {out}");
+    }
+    // AF_UNIX stays (socketpair-style IPC, Python forkserver, ...).
+    assert_eq!(ok(&out, "socket:unix"), "ok");
+}
+
+#[test]
+fn tcp_listener_on_host_loopback_sees_no_connection() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let op = format!("connect:{port}");
+    let (_, out, _) = run(SandboxPolicy::default(), &[&op]);
+    assert!(ok(&out, &op).starts_with("err:"), "{out}");
+    let accepted = listener.accept();
+    assert!(
+        matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host listener saw a connection: {accepted:?}"
+    );
+}
+
+#[test]
+fn nested_namespaces_and_ptrace_are_denied() {
+    let (_, out, _) = run(SandboxPolicy::default(), &["unshare", "ptrace"]);
+    let eperm = format!("err:{}", libc::EPERM);
+    assert_eq!(ok(&out, "unshare"), eperm);
+    assert_eq!(ok(&out, "ptrace"), eperm);
+}
+
+#[test]
+fn env_holds_only_the_allowlist() {
+    let ws = workspace();
+    let mut spec = spec(ws.path(), SandboxPolicy::default(), &["env".to_string()]);
+    spec.env = vec![
+        ("SECRET_TOKEN".into(), "t0ken".into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), "k3y".into()),
+        ("SSH_AUTH_SOCK".into(), "/tmp/agent".into()),
+        ("RUST_LOG".into(), "debug".into()),
+    ];
+    let mut child = spawn(&spec).unwrap();
+    let out = read_all(child.stdout.take().unwrap());
+    assert!(child.wait().unwrap().success());
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(ok(&v, "env"), "HOME,LANG,PATH,RUST_LOG,TMPDIR");
+    let mut keys = child.report.env_keys.clone();
+    keys.sort();
+    assert_eq!(keys, ["HOME", "LANG", "PATH", "RUST_LOG", "TMPDIR"]);
+    for k in ["SECRET_TOKEN", "AWS_SECRET_ACCESS_KEY", "SSH_AUTH_SOCK"] {
+        assert!(
+            child.report.warnings.iter().any(|w| w.contains(k)),
+            "dropped {k} not reported"
+        );
+    }
+}
+
+/// Read the probe's "started" line, so the daemon tree exists.
+fn wait_started(child: &mut sharedos_sandbox::SandboxedChild) -> BufReader<std::fs::File> {
+    let mut r = BufReader::new(std::fs::File::from(child.stdout.take().unwrap()));
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains("started"), "{line}");
+    r
+}
+
+fn kill_tree_leaves_nothing(mut policy: SandboxPolicy, tag: &str) {
+    policy.min_level = SandboxLevel::Minimal;
+    let ws = workspace();
+    let token = format!("daemon:{tag}-{}", std::process::id());
+    let mut child = spawn(&spec(ws.path(), policy, std::slice::from_ref(&token))).unwrap();
+    let mut stdout = wait_started(&mut child);
+    if child.report.pidns != LayerStatus::Applied {
+        // Without a pid namespace only the cgroup can take the tree down.
+        assert!(
+            child.report.cgroup.kill && !child.report.cgroup.paths.is_empty(),
+            "no pid namespace and no cgroup: {:?}",
+            child.report.cgroup
+        );
+    }
+    // The probe and its setsid'd grandchild, by pid, from the host side.
+    let mut pids = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pids = pids_with_token(&token);
+            pids.len() >= 2
+        }),
+        "daemon tree not found: {pids:?}"
+    );
+    child.kill_tree();
+    child.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || pids.iter().all(|p| is_dead(*p))),
+        "survivors: {:?}",
+        pids.iter().filter(|p| !is_dead(**p)).collect::<Vec<_>>()
+    );
+    // The grandchild held stdout: with it dead, the host sees EOF.
+    let mut rest = String::new();
+    std::io::Read::read_to_string(stdout.get_mut(), &mut rest).unwrap();
+    assert!(pids_with_token(&token).is_empty());
+}
+
+#[test]
+fn kill_tree_kills_a_setsid_grandchild_through_the_pid_namespace() {
+    // No cgroup: the pid namespace alone must take the whole tree down.
+    let mut policy = SandboxPolicy::default();
+    policy.cgroup.enabled = false;
+    kill_tree_leaves_nothing(policy, "pidns");
+}
+
+#[test]
+fn kill_tree_without_a_pid_namespace_uses_the_cgroup() {
+    let mut policy = SandboxPolicy::default();
+    policy.layers.pidns = false;
+    policy.layers.mountns = false;
+    kill_tree_leaves_nothing(policy, "cgroup");
+}
+
+#[test]
+fn dropping_the_child_kills_the_tree() {
+    let ws = workspace();
+    let token = format!("daemon:drop-{}", std::process::id());
+    let mut child = spawn(&spec(
+        ws.path(),
+        SandboxPolicy::default(),
+        std::slice::from_ref(&token),
+    ))
+    .unwrap();
+    let _stdout = wait_started(&mut child);
+    let mut pids = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        pids = pids_with_token(&token);
+        pids.len() >= 2
+    }));
+    let cgroups: Vec<String> = child.report.cgroup.paths.clone();
+    assert!(!cgroups.is_empty());
+    drop(child);
+    assert!(eventually(Duration::from_secs(10), || pids
+        .iter()
+        .all(|p| is_dead(*p))));
+    for cg in cgroups {
+        assert!(
+            !std::path::Path::new(&cg).exists(),
+            "cgroup {cg} left behind"
+        );
+    }
+}
+
+#[test]
+fn disabling_layers_lowers_the_level() {
+    let mut policy = SandboxPolicy::default();
+    policy.min_level = SandboxLevel::Minimal;
+    policy.layers.landlock = false;
+    let (report, _, _) = run(policy, &["status"]);
+    assert!(report.level < SandboxLevel::Strong);
+    assert_eq!(report.landlock.status, LayerStatus::Disabled);
+    assert!(report.missing.iter().any(|m| m.layer == "landlock"));
+
+    let mut policy = SandboxPolicy::default();
+    policy.min_level = SandboxLevel::Minimal;
+    policy.layers.seccomp = false;
+    let (report, out, _) = run(policy, &["status", "socket:inet"]);
+    assert_eq!(report.level, SandboxLevel::Minimal);
+    assert!(ok(&out, "status").contains("Seccomp: 0"));
+}
+
+#[test]
+fn min_level_refuses_below_the_minimum() {
+    let ws = workspace();
+    let mut policy = SandboxPolicy::default();
+    policy.layers.landlock = false; // min_level stays `strong`
+    let token = format!("daemon:refused-{}", std::process::id());
+    let err = spawn(&spec(ws.path(), policy, std::slice::from_ref(&token))).unwrap_err();
+    match &err {
+        SandboxError::BelowMinimum {
+            required,
+            achieved,
+            missing,
+        } => {
+            assert_eq!(*required, SandboxLevel::Strong);
+            assert!(achieved < required);
+            let ll = missing.iter().find(|m| m.layer == "landlock").unwrap();
+            assert!(ll.reason.contains("disabled"));
+            assert!(!ll.fix.is_empty());
+        }
+        other => panic!("expected BelowMinimum, got {other}"),
+    }
+    assert!(err.to_string().contains("landlock"));
+    // Nothing of the refused plugin survives.
+    assert!(eventually(Duration::from_secs(10), || pids_with_token(
+        &token
+    )
+    .is_empty()));
+}
+
+#[test]
+fn no_user_namespace_degrades_to_reduced() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let read_secret = format!("read:{}", secret.display());
+    let write_host = format!("write:{}", dir.path().join("pwned").display());
+
+    let mut policy = SandboxPolicy::default();
+    policy.emulate_no_userns = true;
+    policy.min_level = SandboxLevel::Reduced;
+    let ws = workspace();
+    let (report, out, _) = run_in(
+        &ws,
+        policy.clone(),
+        &[
+            "status",
+            "uid",
+            &read_secret,
+            &write_host,
+            "write:/tmp/pwned-by-degraded",
+            "socket:unix",
+            "socket:inet",
+            "socket:vsock",
+        ],
+    );
+    assert_eq!(report.level, SandboxLevel::Reduced, "{:?}", report.missing);
+    assert!(matches!(report.userns, LayerStatus::Unavailable { .. }));
+    assert_eq!(report.seccomp.mode, "strict");
+    assert!(report.missing.iter().any(|m| m.layer == "userns"));
+    assert_eq!(ok(&out, "uid"), "65534");
+    assert!(ok(&out, "status").contains("Seccomp: 2"));
+    // Landlock is the filesystem boundary now.
+    assert!(ok(&out, &read_secret).starts_with("err:"), "{out}");
+    assert!(ok(&out, &write_host).starts_with("err:"), "{out}");
+    assert!(!dir.path().join("pwned").exists());
+    assert!(ok(&out, "write:/tmp/pwned-by-degraded").starts_with("err:"));
+    assert!(!std::path::Path::new("/tmp/pwned-by-degraded").exists());
+    // Strict seccomp: no socket() at all.
+    let eperm = format!("err:{}", libc::EPERM);
+    for op in ["socket:unix", "socket:inet", "socket:vsock"] {
+        assert_eq!(ok(&out, op), eperm, "{op}");
+    }
+
+    // The same host with the default minimum refuses the plugin.
+    policy.min_level = SandboxLevel::Strong;
+    let ws = workspace();
+    let err = spawn(&spec(ws.path(), policy, &["status".into()])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SandboxError::BelowMinimum {
+                achieved: SandboxLevel::Reduced,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn exec_failure_is_reported() {
+    let ws = workspace();
+    let not_exec = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_exec.path(), "not a program").unwrap();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.program = not_exec.path().to_path_buf();
+    match spawn(&s) {
+        Err(SandboxError::Setup { stage, .. }) => assert!(stage == "exec" || stage == "paths"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a non-executable program was started"),
+    }
+}
+
+#[test]
+fn symlinked_workspace_is_refused() {
+    let ws = workspace();
+    let link_dir = tempfile::tempdir().unwrap();
+    let link = link_dir.path().join("ws");
+    std::os::unix::fs::symlink(ws.path(), &link).unwrap();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.workspace = link;
+    assert!(matches!(spawn(&s), Err(SandboxError::BadPath { .. })));
+}
+
+#[test]
+fn check_reports_every_layer_and_the_level() {
+    let mut out = Vec::new();
+    let level = sharedos_sandbox::check::check_with(&helper(), &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(level, SandboxLevel::Strong, "{text}");
+    for layer in [
+        "userns", "mountns", "pidns", "netns", "landlock", "seccomp", "caps", "rlimits", "cgroup",
+    ] {
+        assert!(text.contains(layer), "{layer} missing from:\n{text}");
+    }
+    assert!(text.contains("level: strong"));
+}
+
+#[test]
+fn policy_round_trips_through_toml() {
+    let toml_text = r#"
+        min_level = "reduced"
+        tmp_size_bytes = 1048576
+        [layers]
+        netns = false
+        [rlimits]
+        nofile = 512
+        [cgroup]
+        pids_max = 64
+    "#;
+    let p: SandboxPolicy = toml::from_str(toml_text).unwrap();
+    assert_eq!(p.min_level, SandboxLevel::Reduced);
+    assert!(!p.layers.netns && p.layers.userns);
+    assert_eq!(p.rlimits.nofile, Some(512));
+    assert_eq!(p.rlimits.core, Some(0));
+    assert_eq!(p.cgroup.pids_max, Some(64));
+    let back: SandboxPolicy = toml::from_str(&toml::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+    assert_eq!(
+        toml::from_str::<SandboxPolicy>("").unwrap(),
+        SandboxPolicy::default()
+    );
+    assert!(toml::from_str::<SandboxPolicy>("no_such_field = 1").is_err());
+}
+
+#[test]
+fn resource_limits_bound_forks_files_and_tmp() {
+    let mut policy = SandboxPolicy::default();
+    policy.rlimits.nproc = Some(64);
+    policy.rlimits.fsize = Some(8 << 20);
+    policy.tmp_size_bytes = 4 << 20;
+    policy.cgroup.pids_max = Some(100);
+    let (report, out, _) = run(
+        policy,
+        &["fork:300", "fill:/workspace/big:32", "fill:/tmp/big:16"],
+    );
+    assert_eq!(report.rlimits.get("nproc"), Some(&64));
+    assert_eq!(report.rlimits.get("core"), Some(&0));
+    let forks: usize = ok(&out, "fork:300")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(forks < 100, "fork bomb reached {forks} children");
+    // RLIMIT_FSIZE stops the workspace file at 8 MiB with EFBIG.
+    assert_eq!(
+        ok(&out, "fill:/workspace/big:32"),
+        format!("8 err:{}", libc::EFBIG)
+    );
+    // The private /tmp is a 4 MiB tmpfs: ENOSPC.
+    let tmp = ok(&out, "fill:/tmp/big:16");
+    assert!(tmp.ends_with(&format!("err:{}", libc::ENOSPC)), "{tmp}");
+}
+
+#[test]
+fn kill_handle_works_from_another_thread() {
+    let ws = workspace();
+    let token = format!("daemon:handle-{}", std::process::id());
+    let mut child = spawn(&spec(
+        ws.path(),
+        SandboxPolicy::default(),
+        std::slice::from_ref(&token),
+    ))
+    .unwrap();
+    let _stdout = wait_started(&mut child);
+    let handle = child.kill_handle().unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        handle.kill_tree();
+    });
+    let status = child.wait().unwrap();
+    killer.join().unwrap();
+    assert!(!status.success());
+    assert!(eventually(Duration::from_secs(10), || pids_with_token(
+        &token
+    )
+    .is_empty()));
+}
+
+#[test]
+fn host_death_takes_the_sandbox_down() {
+    // A stand-in host spawns a sandboxed daemon tree; SIGKILL the host and
+    // nothing it launched may survive (lifeline socket + parent-death chain).
+    let ws = workspace();
+    let token = format!("lifeline-{}", std::process::id());
+    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_sharedos-sandbox-host-stub"))
+        .arg(helper())
+        .arg(probe())
+        .arg(ws.path())
+        .arg(&token)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(host.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let helper_pid: i32 = line.trim().parse().expect("helper pid");
+    let daemon = format!("daemon:{token}");
+    let mut pids = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        pids = pids_with_token(&daemon);
+        pids.len() >= 2
+    }));
+    host.kill().unwrap();
+    host.wait().unwrap();
+    pids.push(helper_pid);
+    assert!(
+        eventually(Duration::from_secs(10), || pids.iter().all(|p| is_dead(*p))),
+        "survivors after the host died: {:?}",
+        pids.iter().filter(|p| !is_dead(**p)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn kernel_attack_surface_is_filtered() {
+    let mut ops = vec![
+        "sys:bpf",
+        "sys:perf_event_open",
+        "sys:userfaultfd",
+        "sys:keyctl",
+        "sys:io_uring_setup",
+        "sys:mount",
+        "sys:setns",
+        "sys:pidfd_getfd",
+        "sys:tiocsti",
+        "sys:clone3",
+        "sys:sethostname",
+    ];
+    if cfg!(target_arch = "x86_64") {
+        ops.push("sys:x32");
+    }
+    let (_, out, _) = run(SandboxPolicy::default(), &ops);
+    let eperm = format!("err:{}", libc::EPERM);
+    for op in &ops {
+        let want = if *op == "sys:clone3" {
+            format!("err:{}", libc::ENOSYS)
+        } else {
+            eperm.clone()
+        };
+        assert_eq!(ok(&out, op), want, "{op}: {out}");
+    }
+    // The host's hostname is untouched.
+    assert_ne!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap()
+            .trim(),
+        "pwned"
+    );
+}
+
+#[test]
+fn host_processes_and_devices_are_out_of_reach() {
+    // A victim the test owns; the plugin tries to kill it by its host pid.
+    let mut victim = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let kill = format!("kill:{}", victim.id());
+    let (_, out, _) = run(
+        SandboxPolicy::default(),
+        &[
+            &kill,
+            "kill:-1",
+            "read:/dev/kmsg",
+            "read:/dev/vda",
+            "read:/dev/vsock",
+            "read:/dev/console",
+            "read:/sys/fs/cgroup/cgroup.procs",
+            "write:/proc/sysrq-trigger",
+        ],
+    );
+    for op in [
+        "read:/dev/kmsg",
+        "read:/dev/vda",
+        "read:/dev/vsock",
+        "read:/dev/console",
+        "read:/sys/fs/cgroup/cgroup.procs",
+        "write:/proc/sysrq-trigger",
+    ] {
+        assert!(ok(&out, op).starts_with("err:"), "{op}: {out}");
+    }
+    // Judge from the host side: the victim is alive.
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the victim was killed"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
+#[test]
+fn bench_measures_every_configuration() {
+    let r = sharedos_sandbox::bench(&helper(), 2).unwrap();
+    assert_eq!(r.iterations, 2);
+    assert!(r.configurations.len() >= 10);
+    let full = r
+        .configurations
+        .iter()
+        .find(|c| c.name == "full sandbox")
+        .unwrap();
+    assert_eq!(full.level, Some(SandboxLevel::Strong));
+    assert_eq!(full.runs, 2);
+    assert!(full.exec_min_us > 0);
+    assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
+}
+
+#[test]
+fn a_shell_and_its_tools_work_inside() {
+    // The minimal root must still run ordinary dynamically linked tools.
+    let ws = workspace();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.program = "/bin/sh".into();
+    s.args = vec![
+        "-c".into(),
+        "set -e; echo hello > /workspace/out; cat /workspace/out; ls /usr/bin >/dev/null; \
+         id -u; hostname 2>/dev/null || cat /proc/sys/kernel/hostname; \
+         echo tmp > /tmp/t && cat /tmp/t; echo $HOME $TMPDIR; pwd"
+            .into(),
+    ];
+    let mut child = spawn(&s).unwrap();
+    drop(child.stdin.take());
+    let err = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || read_all(err));
+    let out = read_all(child.stdout.take().unwrap());
+    let status = child.wait().unwrap();
+    let err = err.join().unwrap();
+    assert!(status.success(), "{status}: {out} {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "hello");
+    assert_eq!(lines[1], "65534");
+    assert_eq!(lines[2], "sandbox");
+    assert_eq!(lines[3], "tmp");
+    assert_eq!(lines[4], "/tmp /tmp");
+    assert_eq!(lines[5], "/workspace");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("out")).unwrap(),
+        "hello\n"
+    );
+}
