@@ -3,8 +3,10 @@
 
 pub mod bench;
 pub mod broker;
+pub mod cli;
 pub mod config;
 pub mod executor;
 pub mod observe;
 pub mod process;
 pub mod registry;
+pub mod seat;

@@ -1,1 +1,122 @@
-fn main() {}
+//! `sharedos`: runs untrusted agent runtimes behind a fixed security
+//! envelope.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use sharedos_host::cli::{self, LauncherFor};
+use sharedos_host::config::HostConfig;
+use sharedos_host::process::{DirectLauncher, Launcher};
+
+#[derive(Parser)]
+#[command(
+    name = "sharedos",
+    version,
+    about = "Runs untrusted agent runtimes behind a fixed security envelope."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one real turn on the embedded defaults: the standard runtime in a
+    /// child process, file tools over a temporary directory, one agent.
+    Demo {
+        /// Keep the temporary directory (files and audit trail).
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Run one turn from a host configuration (TOML) and a request (JSON).
+    Run {
+        #[arg(long, value_name = "host.toml")]
+        config: PathBuf,
+        #[arg(long, value_name = "turn.json")]
+        request: PathBuf,
+    },
+    /// Measure the envelope, the protocol and the sandbox.
+    Bench {
+        /// Iterations of each round-trip measurement.
+        #[arg(long, default_value_t = 2000)]
+        iterations: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    let _exe = args.next();
+    if let Some(first) = args.next()
+        && first == "__bench-echo"
+    {
+        return ExitCode::from(sharedos_host::bench::echo_child() as u8);
+    }
+    init_tracing();
+    if let Err(e) = sharedos_host::process::raise_fd_limit() {
+        eprintln!("sharedos: could not raise the open-file limit: {e}");
+    }
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sharedos: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let launcher_for: Box<LauncherFor> =
+        Box::new(|_entry| Ok(Arc::new(DirectLauncher) as Arc<dyn Launcher>));
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Demo { keep } => cli::demo::demo(keep, &*launcher_for).await,
+            Command::Run { config, request } => {
+                let config = match HostConfig::load(&config) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("sharedos: {e}");
+                        return 2;
+                    }
+                };
+                let text = match cli::read_file(&request) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        eprintln!("sharedos: {e}");
+                        return 2;
+                    }
+                };
+                let printer: Arc<dyn Fn(String) + Send + Sync> =
+                    Arc::new(|line| eprintln!("{line}"));
+                match cli::run_turn(
+                    &config,
+                    &text,
+                    &request.display().to_string(),
+                    &*launcher_for,
+                    Some(printer),
+                )
+                .await
+                {
+                    Ok(run) => cli::print_result(&run.result),
+                    Err(e) => {
+                        eprintln!("sharedos: {e}");
+                        2
+                    }
+                }
+            }
+            Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
+        }
+    });
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHAREDOS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -39,7 +39,11 @@ pub fn describe(event: &ExecutionEvent) -> String {
             d["runtime"]["version"].as_str().unwrap_or(""),
             d["visibleTools"]
                 .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(", "))
+                .map(|a| a
+                    .iter()
+                    .filter_map(|v| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
                 .unwrap_or_default()
         ),
         "tool.requested" => format!("{} ({})", s("tool"), s("callId")),
@@ -57,5 +61,10 @@ pub fn describe(event: &ExecutionEvent) -> String {
         "turn.escalated" => s("reason"),
         _ => String::new(),
     };
-    format!("[{:>3}] {:<16} {}", event.sequence, event.kind.as_str(), detail)
+    format!(
+        "[{:>3}] {:<16} {}",
+        event.sequence,
+        event.kind.as_str(),
+        detail
+    )
 }

@@ -168,3 +168,19 @@ mod tests {
         }
     }
 }
+
+/// A shared plugin is a plugin (so `serve(Arc<dyn RuntimePlugin>)` works).
+#[async_trait]
+impl<T: RuntimePlugin + ?Sized> RuntimePlugin for Arc<T> {
+    fn manifest(&self) -> RuntimeManifest {
+        (**self).manifest()
+    }
+    async fn run(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        (**self).run(request, host, abort).await
+    }
+}

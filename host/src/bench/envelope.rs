@@ -16,7 +16,11 @@ use crate::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
 /// The per-call nanoseconds a timing plugin returned.
 pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {
     if result.status != ExecutionStatus::Succeeded {
-        return Err(format!("the bench turn ended {} {:?}", result.status.as_str(), result.code()));
+        return Err(format!(
+            "the bench turn ended {} {:?}",
+            result.status.as_str(),
+            result.code()
+        ));
     }
     let arr = result
         .output
@@ -24,13 +28,21 @@ pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {
         .and_then(|o| o.get("callNs"))
         .and_then(Value::as_array)
         .ok_or("the bench plugin returned no samples")?;
-    Ok(arr.iter().filter_map(Value::as_u64).map(Duration::from_nanos).collect())
+    Ok(arr
+        .iter()
+        .filter_map(Value::as_u64)
+        .map(Duration::from_nanos)
+        .collect())
 }
 
 /// Emits per second from a timing plugin's result.
 pub fn emit_rate(result: &ExecutionResult) -> Result<f64, String> {
     let out = result.output.as_ref().ok_or("no output")?;
-    let ns = out.get("emitNs").and_then(Value::as_u64).ok_or("no emitNs")?.max(1);
+    let ns = out
+        .get("emitNs")
+        .and_then(Value::as_u64)
+        .ok_or("no emitNs")?
+        .max(1);
     let n = out.get("emits").and_then(Value::as_u64).ok_or("no emits")?;
     Ok(n as f64 / (ns as f64 / 1e9))
 }
@@ -43,13 +55,24 @@ pub async fn inprocess_calls(n: usize) -> Result<Figure, String> {
         ExecutorOptions::default(),
     )
     .map_err(|e| e.to_string())?;
-    let warm = executor.execute(fixture::request("warm", json!({"calls": 50})), ExecuteOptions::default()).await;
+    let warm = executor
+        .execute(
+            fixture::request("warm", json!({"calls": 50})),
+            ExecuteOptions::default(),
+        )
+        .await;
     warm.map_err(|e| e.to_string())?;
     let result = executor
-        .execute(fixture::request("bench-inprocess", json!({"calls": n})), ExecuteOptions::default())
+        .execute(
+            fixture::request("bench-inprocess", json!({"calls": n})),
+            ExecuteOptions::default(),
+        )
         .await
         .map_err(|e| e.to_string())?;
-    Ok(Figure::from_samples("(b) tool call through the envelope, plugin in process", call_samples(&result)?))
+    Ok(Figure::from_samples(
+        "(b) tool call through the envelope, plugin in process",
+        call_samples(&result)?,
+    ))
 }
 
 /// The baseline of (b): the same call made on the kernel directly, with the
@@ -57,8 +80,14 @@ pub async fn inprocess_calls(n: usize) -> Result<Figure, String> {
 pub async fn kernel_direct(n: usize) -> Result<Figure, String> {
     let kernel = fixture::kernel();
     let context = fixture::context();
-    let lease = kernel.open_turn_authority(&context).await.map_err(|e| e.to_string())?;
-    kernel.list_tools(&lease, &context).await.map_err(|e| e.to_string())?;
+    let lease = kernel
+        .open_turn_authority(&context)
+        .await
+        .map_err(|e| e.to_string())?;
+    kernel
+        .list_tools(&lease, &context)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut samples = Vec::with_capacity(n);
     for i in 0..(n + 50) {
         let call = ToolCall {
@@ -69,12 +98,18 @@ pub async fn kernel_direct(n: usize) -> Result<Figure, String> {
             requested_at: context.now.clone(),
         };
         let t = Instant::now();
-        kernel.invoke_tool(&lease, &context, &call, CancellationToken::new()).await.map_err(|e| e.to_string())?;
+        kernel
+            .invoke_tool(&lease, &context, &call, CancellationToken::new())
+            .await
+            .map_err(|e| e.to_string())?;
         if i >= 50 {
             samples.push(t.elapsed());
         }
     }
-    Ok(Figure::from_samples("    baseline: the same call on the kernel directly", samples))
+    Ok(Figure::from_samples(
+        "    baseline: the same call on the kernel directly",
+        samples,
+    ))
 }
 
 /// (e) Emits per second through the envelope, plugin in process.
@@ -86,7 +121,10 @@ pub async fn inprocess_emits(n: usize) -> Result<f64, String> {
     )
     .map_err(|e| e.to_string())?;
     let result = executor
-        .execute(fixture::request("bench-emits", json!({"emits": n})), ExecuteOptions::default())
+        .execute(
+            fixture::request("bench-emits", json!({"emits": n})),
+            ExecuteOptions::default(),
+        )
         .await
         .map_err(|e| e.to_string())?;
     emit_rate(&result)

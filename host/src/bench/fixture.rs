@@ -8,13 +8,14 @@ use std::time::Instant;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_kernel::{
-    Capability, ConfigGrantSource, Grant, HandlerAnswer, Kernel, MemoryAuditSink, Scope, ToolError, ToolHandler,
+    Capability, ConfigGrantSource, Grant, HandlerAnswer, Kernel, MemoryAuditSink, Scope, ToolError,
+    ToolHandler,
 };
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::{
-    AccessContext, Address, CapabilityRequirement, ExecutionOptions, ExecutionRequest, MessageEnvelope, ReadWrite,
-    ResourceRef, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ShortName, Timestamp, ToolCall,
-    ToolDefinition, ToolResult, Version, ident,
+    AccessContext, Address, CapabilityRequirement, ExecutionOptions, ExecutionRequest,
+    MessageEnvelope, ReadWrite, ResourceRef, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, ShortName, Timestamp, ToolCall, ToolDefinition, ToolResult, Version, ident,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -24,15 +25,24 @@ pub const NOOP_TOOL: &str = "bench.noop";
 pub fn noop_definition() -> ToolDefinition {
     ToolDefinition {
         name: ident(NOOP_TOOL),
-        description: sharedos_protocol::Description::new("Does nothing; for measuring the envelope.")
-            .unwrap_or_else(|_| unreachable!()),
+        description: sharedos_protocol::Description::new(
+            "Does nothing; for measuring the envelope.",
+        )
+        .unwrap_or_else(|_| unreachable!()),
         namespace: ident("bench"),
         source: ident("sharedos.bench"),
         read_write: ReadWrite::Read,
-        input_schema: json!({"type": "object"}).as_object().cloned().unwrap_or_default(),
+        input_schema: json!({"type": "object"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
         output_schema: None,
         required_capability: CapabilityRequirement {
-            resource: ResourceRef { namespace: ident("bench"), path: vec![], owner: None },
+            resource: ResourceRef {
+                namespace: ident("bench"),
+                path: vec![],
+                owner: None,
+            },
             action: ShortName::new("invoke").unwrap_or_else(|_| unreachable!()),
         },
         annotations: None,
@@ -55,18 +65,25 @@ impl ToolHandler for Noop {
 }
 
 fn agent() -> Address {
-    Address::Agent { agent_id: ident("bench-agent") }
+    Address::Agent {
+        agent_id: ident("bench-agent"),
+    }
 }
 
 fn grant(id: &str, namespace: &str, path: &[&str], action: &str) -> Grant {
     Grant {
         id: ident(id),
         subject: agent(),
-        issuer: Address::Service { service_id: ident("bench-host") },
+        issuer: Address::Service {
+            service_id: ident("bench-host"),
+        },
         namespace_id: ident("bench"),
         capabilities: vec![Capability {
             namespace: ident(namespace),
-            path: path.iter().map(|s| sharedos_protocol::PathSegment::new(s).unwrap_or_else(|_| unreachable!())).collect(),
+            path: path
+                .iter()
+                .map(|s| sharedos_protocol::PathSegment::new(s).unwrap_or_else(|_| unreachable!()))
+                .collect(),
             owner: None,
             scope: Scope::Descendants,
             actions: vec![ShortName::new(action).unwrap_or_else(|_| unreachable!())],
@@ -76,6 +93,7 @@ fn grant(id: &str, namespace: &str, path: &[&str], action: &str) -> Grant {
         expires_at: None,
         revoked: false,
         constraints: None,
+        parent_grant_id: None,
     }
 }
 
@@ -83,10 +101,18 @@ fn grant(id: &str, namespace: &str, path: &[&str], action: &str) -> Grant {
 /// auditing into memory (the envelope is measured, not the disk).
 pub fn kernel() -> Kernel {
     let grants = vec![
-        grant("bench-admission", "sharedos.execution", &["agent", "bench-agent"], "invoke"),
+        grant(
+            "bench-admission",
+            "sharedos.execution",
+            &["agent", "bench-agent"],
+            "invoke",
+        ),
         grant("bench-noop", "bench", &[], "invoke"),
     ];
-    let builder = Kernel::builder(Arc::new(ConfigGrantSource::new(grants)), Arc::new(MemoryAuditSink::new()));
+    let builder = Kernel::builder(
+        Arc::new(ConfigGrantSource::new(grants)),
+        Arc::new(MemoryAuditSink::new()),
+    );
     match builder.tool(noop_definition(), Arc::new(Noop)) {
         Ok(b) => b.build(),
         Err(e) => unreachable!("the bench tool registers: {e}"),
@@ -98,8 +124,12 @@ pub fn context() -> AccessContext {
     AccessContext {
         namespace_id: ident("bench"),
         actor: agent(),
-        authority: Address::Service { service_id: ident("bench-host") },
-        owner: Address::Human { user_id: ident("bench-owner") },
+        authority: Address::Service {
+            service_id: ident("bench-host"),
+        },
+        owner: Address::Human {
+            user_id: ident("bench-owner"),
+        },
         purpose: sharedos_protocol::Purpose::new("benchmark").unwrap_or_else(|_| unreachable!()),
         trace_id: ident("bench-trace"),
         enabled_tool_namespaces: vec![ident("bench")],
@@ -129,7 +159,11 @@ pub fn request(execution_id: &str, payload: Value) -> ExecutionRequest {
         context,
         tools: vec![noop_definition()],
         state: None,
-        options: Some(ExecutionOptions { max_steps: Some(1000), max_tool_calls: Some(10_000), timeout_ms: Some(600_000) }),
+        options: Some(ExecutionOptions {
+            max_steps: Some(1000),
+            max_tool_calls: Some(10_000),
+            timeout_ms: Some(600_000),
+        }),
         metadata: None,
     }
 }
@@ -142,7 +176,8 @@ pub struct TimingPlugin;
 #[async_trait]
 impl RuntimePlugin for TimingPlugin {
     fn manifest(&self) -> RuntimeManifest {
-        RuntimeManifest::new("sharedos.bench", env!("CARGO_PKG_VERSION")).unwrap_or_else(|_| unreachable!())
+        RuntimeManifest::new("sharedos.bench", env!("CARGO_PKG_VERSION"))
+            .unwrap_or_else(|_| unreachable!())
     }
 
     async fn run(
@@ -164,15 +199,22 @@ impl RuntimePlugin for TimingPlugin {
                 requested_at: request.context.now.clone(),
             };
             let t = Instant::now();
-            host.invoke_tool(call, None).await.map_err(|e| RuntimeError::Failed(e.to_string()))?;
+            host.invoke_tool(call, None)
+                .await
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
             samples.push(t.elapsed().as_nanos() as u64);
         }
         let t = Instant::now();
         for i in 0..emits {
-            host.emit(RuntimeEvent { kind: ident("bench.tick"), data: json!(i) })
-                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+            host.emit(RuntimeEvent {
+                kind: ident("bench.tick"),
+                data: json!(i),
+            })
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         }
         let emit_ns = t.elapsed().as_nanos() as u64;
-        Ok(RuntimeTurnOutcome::complete(json!({"callNs": samples, "emitNs": emit_ns, "emits": emits})))
+        Ok(RuntimeTurnOutcome::complete(
+            json!({"callNs": samples, "emitNs": emit_ns, "emits": emits}),
+        ))
     }
 }

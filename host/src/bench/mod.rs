@@ -26,7 +26,12 @@ impl Figure {
         samples.sort();
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         let n = samples.len().max(1);
-        let at = |q: f64| samples.get(((n as f64 - 1.0) * q).round() as usize).copied().unwrap_or_default();
+        let at = |q: f64| {
+            samples
+                .get(((n as f64 - 1.0) * q).round() as usize)
+                .copied()
+                .unwrap_or_default()
+        };
         Self {
             name: name.to_owned(),
             iterations: samples.len(),
@@ -51,7 +56,9 @@ pub fn echo_child() -> i32 {
     let mut out = std::io::stdout().lock();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { return 1 };
-        let Ok(req) = serde_json::from_str::<serde_json::Value>(&line) else { return 1 };
+        let Ok(req) = serde_json::from_str::<serde_json::Value>(&line) else {
+            return 1;
+        };
         let resp = serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": req["params"]});
         if writeln!(out, "{resp}").and_then(|_| out.flush()).is_err() {
             return 1;
@@ -70,8 +77,16 @@ pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
-    let mut stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin"))?;
-    let mut stdout = BufReader::new(child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?);
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdin"))?;
+    let mut stdout = BufReader::new(
+        child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout"))?,
+    );
     let mut samples = Vec::with_capacity(iterations);
     let mut line = String::new();
     let warmup = iterations / 10 + 10;
@@ -90,7 +105,10 @@ pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result
     }
     drop(stdin);
     let _ = child.wait();
-    Ok(Figure::from_samples("(a) raw NDJSON round trip, two processes (floor)", samples))
+    Ok(Figure::from_samples(
+        "(a) raw NDJSON round trip, two processes (floor)",
+        samples,
+    ))
 }
 
 /// `sharedos bench`: every figure, printed with its ratio to the baseline
@@ -120,7 +138,10 @@ pub async fn run(iterations: usize) -> i32 {
     };
     println!("{}", floor.line());
     let mut failed = false;
-    match (envelope::inprocess_calls(iterations).await, envelope::kernel_direct(iterations).await) {
+    match (
+        envelope::inprocess_calls(iterations).await,
+        envelope::kernel_direct(iterations).await,
+    ) {
         (Ok(b), Ok(k)) => {
             println!("{}", b.line());
             println!("{}", k.line());
@@ -131,12 +152,19 @@ pub async fn run(iterations: usize) -> i32 {
             );
         }
         (b, k) => {
-            eprintln!("sharedos bench: in-process envelope: {:?} / {:?}", b.err(), k.err());
+            eprintln!(
+                "sharedos bench: in-process envelope: {:?} / {:?}",
+                b.err(),
+                k.err()
+            );
             failed = true;
         }
     }
     match envelope::inprocess_emits(iterations * 50).await {
-        Ok(rate) => println!("{:<58} {:>10.0} emits/s", "(e) emits through the envelope, plugin in process", rate),
+        Ok(rate) => println!(
+            "{:<58} {:>10.0} emits/s",
+            "(e) emits through the envelope, plugin in process", rate
+        ),
         Err(e) => {
             eprintln!("sharedos bench: emits: {e}");
             failed = true;

@@ -109,10 +109,5 @@ fn main() -> ExitCode {
             }
         };
     }
-    // PLUGIN MODE — the one line left to write once the SDK's `serve` lands:
-    // return sharedos_plugin_sdk::serve(sharedos_adversary::plugin::AdversaryPlugin);
-    eprintln!(
-        "sharedos-adversary: plugin mode over stdio is not available in this build (the SDK has no `serve` yet); run with --standalone\n{USAGE}"
-    );
-    ExitCode::from(2)
+    sharedos_plugin_sdk::serve(sharedos_adversary::plugin::AdversaryPlugin)
 }

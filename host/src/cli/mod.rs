@@ -1,0 +1,156 @@
+//! The `sharedos` command line: `demo`, `run`, `sandbox check`, `bench`.
+
+pub mod demo;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sharedos_kernel::{JsonlAuditSink, Kernel};
+use sharedos_protocol::{Address, ExecutionRequest, ExecutionResult, ExecutionStatus};
+
+use crate::config::{HostConfig, RuntimeEntry};
+use crate::executor::{ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError};
+use crate::observe;
+use crate::process::Launcher;
+use crate::seat::{SeatError, registry_from_config};
+
+/// An error for the person at the terminal: what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{file}: {message}")]
+    Request { file: String, message: String },
+    #[error("{0}")]
+    Seat(#[from] SeatError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// What `run` prints and returns.
+pub struct TurnRun {
+    pub result: ExecutionResult,
+    pub audit_path: PathBuf,
+}
+
+/// How the runtime of an entry is launched.
+pub type LauncherFor = dyn Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>;
+
+/// Runs one turn from a configuration and a request, streaming readable
+/// events to `events` as they happen.
+pub async fn run_turn(
+    config: &HostConfig,
+    request_json: &str,
+    request_file: &str,
+    launcher_for: &LauncherFor,
+    events: Option<Arc<dyn Fn(String) + Send + Sync>>,
+) -> Result<TurnRun, CliError> {
+    let request: ExecutionRequest =
+        serde_json::from_str(request_json).map_err(|e| CliError::Request {
+            file: request_file.to_owned(),
+            message: format!("does not match the ExecutionRequest v1 contract: {e}"),
+        })?;
+    request.check().map_err(|e| CliError::Request {
+        file: request_file.to_owned(),
+        message: e.0,
+    })?;
+    let Address::Agent { agent_id } = &request.agent else {
+        return Err(CliError::Request {
+            file: request_file.to_owned(),
+            message: "agent: must be an agent address".into(),
+        });
+    };
+    let entry = config.runtime_for(agent_id.as_str()).ok_or_else(|| CliError::Request {
+        file: request_file.to_owned(),
+        message: format!(
+            "agent {:?} is not bound to a runtime in the configuration (add an [[agents]] entry)",
+            agent_id.as_str()
+        ),
+    })?;
+    let registry = registry_from_config(config, launcher_for)?;
+    let seat = registry
+        .resolve(entry.id.as_str())
+        .map_err(SeatError::from)?
+        .clone();
+
+    let audit_path = config.resolve(&config.host.audit_path);
+    if let Some(parent) = audit_path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| CliError::Setup(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    let audit = JsonlAuditSink::open(&audit_path).map_err(|e| {
+        CliError::Setup(format!(
+            "cannot open the audit trail {}: {e}",
+            audit_path.display()
+        ))
+    })?;
+    let files_root = config.resolve(&config.host.files_root);
+    std::fs::create_dir_all(&files_root).map_err(|e| {
+        CliError::Setup(format!(
+            "cannot create the files root {}: {e}",
+            files_root.display()
+        ))
+    })?;
+    let kernel = Kernel::from_config(&config.kernel, &files_root, Arc::new(audit))
+        .map_err(|e| CliError::Setup(format!("kernel: {e}")))?;
+
+    let on_turn_error: OnTurnError = Arc::new(|error: &TurnError, ids| {
+        let what = match error {
+            TurnError::Runtime(e) => e.to_string(),
+            TurnError::AuditUnavailable { cause } => format!("the audit sink failed: {cause}"),
+            TurnError::Kernel(m) => format!("kernel: {m}"),
+        };
+        tracing::error!(execution_id = %ids.execution_id, "turn failed: {what}");
+        eprintln!("sharedos: turn {} failed: {what}", ids.execution_id);
+    });
+    let options = ExecutorOptions {
+        default_max_steps: config.host.default_max_steps,
+        default_max_tool_calls: config.host.default_max_tool_calls,
+        default_timeout_ms: config.host.default_timeout_ms,
+        drain_grace_ms: config.host.drain_grace_ms,
+        on_turn_error: Some(on_turn_error),
+        ..ExecutorOptions::default()
+    };
+    let executor = Executor::new(Arc::new(kernel), seat, options)
+        .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
+    let on_event = events.map(|sink| {
+        let cb: crate::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));
+        cb
+    });
+    let result = executor
+        .execute(
+            request,
+            ExecuteOptions {
+                cancel: None,
+                on_event,
+            },
+        )
+        .await
+        .map_err(|e| CliError::Request {
+            file: request_file.to_owned(),
+            message: e.to_string(),
+        })?;
+    Ok(TurnRun { result, audit_path })
+}
+
+/// Prints the result JSON on stdout; the exit code says whether the turn
+/// succeeded.
+pub fn print_result(result: &ExecutionResult) -> i32 {
+    let mut out = std::io::stdout().lock();
+    let text = serde_json::to_string_pretty(result).unwrap_or_else(|_| "{}".to_owned());
+    let _ = writeln!(out, "{text}");
+    if result.status == ExecutionStatus::Succeeded {
+        0
+    } else {
+        1
+    }
+}
+
+/// Reads a file for a command, naming it in the error.
+pub fn read_file(path: &Path) -> Result<String, CliError> {
+    std::fs::read_to_string(path).map_err(|e| CliError::Request {
+        file: path.display().to_string(),
+        message: format!("cannot be read: {e}"),
+    })
+}

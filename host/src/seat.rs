@@ -1,0 +1,78 @@
+//! Seating a configured runtime: the trusted registry entry, launched as a
+//! child process through the configured launcher.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{HostConfig, RuntimeEntry};
+use crate::executor::{Seat, SeatReports};
+use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
+use crate::registry::{RegistryError, RuntimeRegistry};
+
+impl SeatReports for ProcessRuntime {
+    fn take_sandbox_report(&self, execution_id: &str) -> Option<serde_json::Value> {
+        ProcessRuntime::take_sandbox_report(self, execution_id)
+    }
+}
+
+/// Why a configured runtime could not be seated.
+#[derive(Debug, thiserror::Error)]
+pub enum SeatError {
+    #[error("runtime {runtime:?}: {source}")]
+    Load { runtime: String, source: LoadError },
+    #[error("runtime {runtime:?}: {message}")]
+    Invalid { runtime: String, message: String },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// The process runtime of one entry.
+pub fn process_runtime(
+    config: &HostConfig,
+    entry: &RuntimeEntry,
+    launcher: Arc<dyn Launcher>,
+) -> Result<Arc<ProcessRuntime>, SeatError> {
+    let mut pc = ProcessRuntimeConfig::new(config.program_path(entry), entry.manifest());
+    pc.args = entry.args.clone();
+    if let Some(t) = &entry.transcript {
+        pc.args.push("--transcript".into());
+        pc.args
+            .push(serde_json::to_string(t).map_err(|e| SeatError::Invalid {
+                runtime: entry.id.to_string(),
+                message: format!("transcript: {e}"),
+            })?);
+    }
+    pc.env = entry
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
+    let runtime = ProcessRuntime::new(pc, launcher).map_err(|source| SeatError::Load {
+        runtime: entry.id.to_string(),
+        source,
+    })?;
+    Ok(Arc::new(runtime))
+}
+
+/// A seat for a process runtime.
+pub fn process_seat(runtime: Arc<ProcessRuntime>) -> Seat {
+    Seat {
+        manifest: runtime.config().manifest.clone(),
+        plugin: runtime.clone(),
+        reports: Some(runtime),
+    }
+}
+
+/// The registry of every configured runtime, each through `launcher_for`.
+pub fn registry_from_config(
+    config: &HostConfig,
+    launcher_for: impl Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>,
+) -> Result<RuntimeRegistry, SeatError> {
+    let mut registry = RuntimeRegistry::new();
+    for entry in &config.runtimes {
+        let runtime = process_runtime(config, entry, launcher_for(entry)?)?;
+        registry.register(process_seat(runtime))?;
+    }
+    Ok(registry)
+}
