@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sharedos_kernel::config::KernelConfig;
 use sharedos_protocol::{Identifier, JsonObject, RuntimeManifest, Version};
+use sharedos_sandbox::SandboxPolicy;
 
 /// Limits and paths of the host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,9 +82,26 @@ pub struct RuntimeEntry {
     /// How long `initialize` may take.
     #[serde(default = "default_handshake")]
     pub handshake_timeout_ms: u64,
-    /// The sandbox policy of this runtime (see docs/SECURITY.md).
+    /// How the plugin is launched: `sandbox` (the default) or `direct`
+    /// (no sandbox at all; the result's provenance says so).
     #[serde(default)]
-    pub sandbox: Option<toml::Value>,
+    pub launcher: LauncherKind,
+    /// The sandbox policy of this runtime (see docs/SECURITY.md). Absent:
+    /// the full sandbox, refusing to start below `strong`.
+    #[serde(default)]
+    pub sandbox: SandboxPolicy,
+}
+
+/// How a runtime's plugin process is started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LauncherKind {
+    /// Through the sandbox helper (the default).
+    #[default]
+    Sandbox,
+    /// A plain child process in its own process group: no isolation. For
+    /// trusted plugins and measurements only.
+    Direct,
 }
 
 fn default_handshake() -> u64 {

@@ -9,4 +9,5 @@ pub mod executor;
 pub mod observe;
 pub mod process;
 pub mod registry;
+pub mod sandboxed;
 pub mod seat;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use sharedos_host::cli::{self, LauncherFor};
 use sharedos_host::config::HostConfig;
-use sharedos_host::process::{DirectLauncher, Launcher};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +36,11 @@ enum Command {
         #[arg(long, value_name = "turn.json")]
         request: PathBuf,
     },
+    /// What the sandbox can enforce on this machine.
+    Sandbox {
+        #[command(subcommand)]
+        command: SandboxCommand,
+    },
     /// Measure the envelope, the protocol and the sandbox.
     Bench {
         /// Iterations of each round-trip measurement.
@@ -45,13 +49,25 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum SandboxCommand {
+    /// Print what this kernel and host can enforce, layer by layer, the
+    /// level a plugin would get, and the fix for each missing layer.
+    Check,
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args_os();
     let _exe = args.next();
-    if let Some(first) = args.next()
-        && first == "__bench-echo"
-    {
-        return ExitCode::from(sharedos_host::bench::echo_child() as u8);
+    match args.next() {
+        // The sandbox helper: single-threaded, before anything else runs.
+        Some(first) if first == sharedos_sandbox::HELPER_SUBCOMMAND => {
+            sharedos_sandbox::helper_main(args.collect())
+        }
+        Some(first) if first == "__bench-echo" => {
+            return ExitCode::from(sharedos_host::bench::echo_child() as u8);
+        }
+        _ => {}
     }
     init_tracing();
     if let Err(e) = sharedos_host::process::raise_fd_limit() {
@@ -68,8 +84,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let launcher_for: Box<LauncherFor> =
-        Box::new(|_entry| Ok(Arc::new(DirectLauncher) as Arc<dyn Launcher>));
+    if let Command::Sandbox {
+        command: SandboxCommand::Check,
+    } = cli.command
+    {
+        let mut out = std::io::stdout().lock();
+        return match sharedos_sandbox::check(&mut out) {
+            Ok(sharedos_sandbox::SandboxLevel::Strong) => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("sharedos sandbox check: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let launcher_for: Box<LauncherFor> = Box::new(cli::configured_launcher);
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Demo { keep } => cli::demo::demo(keep, &*launcher_for).await,
@@ -107,6 +136,7 @@ fn main() -> ExitCode {
                 }
             }
             Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
+            Command::Sandbox { .. } => 2,
         }
     });
     ExitCode::from(code.clamp(0, 255) as u8)

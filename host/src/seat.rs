@@ -10,8 +10,14 @@ use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
 use crate::registry::{RegistryError, RuntimeRegistry};
 
 impl SeatReports for ProcessRuntime {
+    /// The sandbox report of the turn; a plugin launched without a sandbox
+    /// says so explicitly rather than carrying no report.
     fn take_sandbox_report(&self, execution_id: &str) -> Option<serde_json::Value> {
-        ProcessRuntime::take_sandbox_report(self, execution_id)
+        Some(
+            ProcessRuntime::take_sandbox_report(self, execution_id).unwrap_or_else(
+                || serde_json::json!({"level": "none", "reason": "launched without a sandbox"}),
+            ),
+        )
     }
 }
 

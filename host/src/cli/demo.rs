@@ -27,7 +27,7 @@ pub async fn demo(keep: bool, launcher_for: &LauncherFor) -> i32 {
         }
     };
     eprintln!(
-        "sharedos demo: agent alice, runtime sharedos.standard (transcript driver) in a child process"
+        "sharedos demo: agent alice, runtime sharedos.standard (transcript driver) in a sandboxed child process"
     );
     eprintln!(
         "sharedos demo: files and audit trail under {}",
@@ -50,6 +50,20 @@ pub async fn demo(keep: bool, launcher_for: &LauncherFor) -> i32 {
         }
     };
     let code = print_result(&run.result);
+    let sandbox = &run
+        .result
+        .metadata
+        .get("runtime")
+        .and_then(|r| r.get("sandbox"))
+        .cloned()
+        .unwrap_or_default();
+    eprintln!(
+        "sharedos demo: the plugin ran in a sandbox of level {} (see metadata.runtime.sandbox)",
+        sandbox
+            .get("level")
+            .and_then(|l| l.as_str())
+            .unwrap_or("unknown")
+    );
     let records = std::fs::read_to_string(&run.audit_path)
         .map(|t| t.lines().count())
         .unwrap_or(0);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{Address, ExecutionRequest, ExecutionResult, ExecutionStatus};
 
-use crate::config::{HostConfig, RuntimeEntry};
+use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
 use crate::executor::{ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError};
 use crate::observe;
 use crate::process::Launcher;
@@ -36,6 +36,24 @@ pub struct TurnRun {
 
 /// How the runtime of an entry is launched.
 pub type LauncherFor = dyn Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>;
+
+/// The launcher an entry configures: the sandbox helper (this binary,
+/// re-executed as `__sandbox-exec`) with the entry's policy, or a direct
+/// child when the entry says `launcher = "direct"`.
+pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError> {
+    match entry.launcher {
+        LauncherKind::Direct => Ok(Arc::new(crate::process::DirectLauncher)),
+        LauncherKind::Sandbox => {
+            let l = crate::sandboxed::SandboxLauncher::current_exe(entry.sandbox.clone()).map_err(
+                |e| SeatError::Invalid {
+                    runtime: entry.id.to_string(),
+                    message: format!("cannot find the sharedos binary: {e}"),
+                },
+            )?;
+            Ok(Arc::new(l))
+        }
+    }
+}
 
 /// Runs one turn from a configuration and a request, streaming readable
 /// events to `events` as they happen.

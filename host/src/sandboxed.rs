@@ -1,0 +1,107 @@
+//! The sandboxed launcher: every plugin through `sharedos __sandbox-exec`,
+//! the single-threaded helper that layers namespaces, a minimal root,
+//! rlimits, capabilities, no_new_privs, Landlock and seccomp, and reports
+//! what it enforced. The host refuses to start a plugin below the policy's
+//! minimum level.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+
+use sharedos_sandbox::{SandboxError, SandboxPolicy, SandboxedChild, SpawnSpec};
+
+use crate::process::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+
+/// Launches plugins inside the sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxLauncher {
+    /// The binary that serves `__sandbox-exec` (the `sharedos` binary).
+    pub helper_exe: PathBuf,
+    pub policy: SandboxPolicy,
+}
+
+impl SandboxLauncher {
+    /// A launcher whose helper is this very binary.
+    pub fn current_exe(policy: SandboxPolicy) -> io::Result<Self> {
+        Ok(Self {
+            helper_exe: std::env::current_exe()?,
+            policy,
+        })
+    }
+}
+
+/// A sandboxed tree and its per-turn workspace, removed with it.
+struct SandboxTree {
+    child: SandboxedChild,
+    workspace: Option<tempfile::TempDir>,
+}
+
+impl ProcessTree for SandboxTree {
+    fn pid(&self) -> u32 {
+        self.child.pid as u32
+    }
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.child.try_wait()
+    }
+    fn start_kill(&mut self) {
+        self.child.kill_tree();
+    }
+    fn kill_tree(&mut self) -> io::Result<()> {
+        self.child.kill_tree();
+        self.child.wait()?;
+        if let Some(ws) = self.workspace.take() {
+            ws.close()?;
+        }
+        Ok(())
+    }
+}
+
+impl Launcher for SandboxLauncher {
+    fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
+        let program = spec.program.clone();
+        let workspace = tempfile::Builder::new()
+            .prefix("sharedos-ws-")
+            .tempdir()
+            .map_err(|source| LaunchError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
+        let sandbox_spec = SpawnSpec {
+            helper_exe: self.helper_exe.clone(),
+            program: spec.program.clone(),
+            args: spec.args.iter().map(OsString::from).collect(),
+            env: spec.env.clone(),
+            policy: self.policy.clone(),
+            workspace: workspace.path().to_path_buf(),
+        };
+        let mut child = sharedos_sandbox::spawn(&sandbox_spec).map_err(|e| match e {
+            e @ SandboxError::BelowMinimum { .. } => LaunchError::Refused {
+                program: program.clone(),
+                reason: e.to_string(),
+            },
+            e => LaunchError::Refused {
+                program: program.clone(),
+                reason: format!("the sandbox could not be built: {e}"),
+            },
+        })?;
+        let report = serde_json::to_value(&child.report).ok();
+        let missing = || LaunchError::Spawn {
+            program: program.clone(),
+            source: io::Error::other("a stdio pipe is missing"),
+        };
+        let stdin = child.stdin.take().ok_or_else(missing)?;
+        let stdout = child.stdout.take().ok_or_else(missing)?;
+        let stderr = child.stderr.take().ok_or_else(missing)?;
+        Ok(LaunchedChild {
+            stdin,
+            stdout,
+            stderr,
+            tree: Box::new(SandboxTree {
+                child,
+                workspace: Some(workspace),
+            }),
+            report,
+        })
+    }
+}
