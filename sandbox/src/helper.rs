@@ -306,10 +306,18 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     if child < 0 {
         return Err(os_fail("fork", "fork pid 1"));
     }
+    let pidns = rep.pidns == LayerStatus::Applied;
     if child == 0 {
         drop(alive_w);
         drop(ctl);
-        arm_parent_death_signal();
+        if pidns {
+            arm_parent_death_signal();
+        } else {
+            // No pid namespace: SIGKILL would leave the plugin's orphans
+            // running, so pid 1 gets SIGTERM and kills its descendants first.
+            block_term_and_chld();
+            prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+        }
         if parent_gone(&alive_r) {
             // SAFETY: _exit in a forked child.
             unsafe { libc::_exit(137) }
@@ -323,7 +331,82 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     drop(alive_r);
     drop(ws_fd);
     drop(prog_fd);
-    wait_and_watch(child, &ctl, pipe)
+    wait_and_watch(child, pidns, &ctl, pipe)
+}
+
+fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigemptyset initializes the zeroed set; sigaddset only adds
+    // valid signal numbers to it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in signals {
+            libc::sigaddset(&mut set, *s);
+        }
+        set
+    }
+}
+
+/// Block SIGTERM and SIGCHLD so pid 1 can wait for either with
+/// `sigtimedwait` without a race between a check and a blocking wait.
+fn block_term_and_chld() {
+    let set = sigset(&[libc::SIGTERM, libc::SIGCHLD]);
+    // SAFETY: `set` is initialized; the old mask is not needed.
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Without a pid namespace: SIGKILL every descendant of this process (a
+/// subreaper, so orphans of the plugin are its children) until none is
+/// left. Best effort: bounded rounds, each scanning `/proc`.
+fn kill_descendants() {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    for _ in 0..500 {
+        let mut parent_of = std::collections::HashMap::new();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    && let Some((_, rest)) = stat.rsplit_once(") ")
+                {
+                    let mut f = rest.split_whitespace();
+                    let state = f.next().unwrap_or("");
+                    let ppid: i32 = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+                    if state != "Z" && state != "X" {
+                        parent_of.insert(pid, ppid);
+                    }
+                }
+            }
+        }
+        let is_descendant = |mut p: i32| {
+            for _ in 0..4096 {
+                match parent_of.get(&p) {
+                    Some(&pp) if pp == me => return true,
+                    Some(&pp) if pp > 1 => p = pp,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        let victims: Vec<i32> = parent_of
+            .keys()
+            .copied()
+            .filter(|p| *p != me && is_descendant(*p))
+            .collect();
+        for p in &victims {
+            // SAFETY: signalling a descendant of this process.
+            unsafe { libc::kill(*p, libc::SIGKILL) };
+        }
+        // Reap whatever died (our children and adopted orphans).
+        // SAFETY: non-blocking waitpid with a null status pointer.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        if victims.is_empty() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 fn drop_uid(uid: u32) -> Result<(), Fail> {
@@ -400,6 +483,7 @@ fn exit_code(status: libc::c_int) -> i32 {
 /// its end of the control socket or dies.
 fn wait_and_watch(
     child: libc::pid_t,
+    pidns: bool,
     ctl: &OwnedFd,
     pipe: &ReportPipe,
 ) -> Result<Infallible, Fail> {
@@ -439,9 +523,12 @@ fn wait_and_watch(
             // SAFETY: reading into a local buffer of the given length.
             let r = unsafe { libc::read(ctl.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if r <= 0 {
-                // The host is gone or wants us gone: take the tree down.
+                // The host is gone or wants us gone: take the tree down
+                // (without a pid namespace, pid 1 kills its descendants on
+                // SIGTERM first).
+                let sig = if pidns { libc::SIGKILL } else { libc::SIGTERM };
                 // SAFETY: signalling our own child.
-                unsafe { libc::kill(child, libc::SIGKILL) };
+                unsafe { libc::kill(child, sig) };
                 break;
             }
         }
@@ -469,10 +556,9 @@ fn pid_one(
     pipe: &ReportPipe,
 ) -> Result<Infallible, Fail> {
     let pidns = rep.pidns == LayerStatus::Applied;
-    if pidns {
-        // Nothing inside may ptrace or read the memory of the reaper.
-        prctl(libc::PR_SET_DUMPABLE, 0);
-    } else {
+    // Nothing inside may ptrace or read the memory of the reaper.
+    prctl(libc::PR_SET_DUMPABLE, 0);
+    if !pidns {
         // Without a pid namespace, orphans of the plugin come back to us.
         prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
     }
@@ -557,18 +643,49 @@ fn pid_one(
             libc::close(null);
         }
     }
-    loop {
-        let mut status = 0;
-        // SAFETY: reaping any child; `status` is a valid out pointer.
-        let w = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if w == plugin {
-            // When pid 1 exits the kernel SIGKILLs the rest of the namespace.
-            // SAFETY: plain exit.
-            unsafe { libc::_exit(exit_code(status)) }
+    if pidns {
+        loop {
+            let mut status = 0;
+            // SAFETY: reaping any child; `status` is a valid out pointer.
+            let w = unsafe { libc::waitpid(-1, &mut status, 0) };
+            if w == plugin {
+                // When pid 1 exits the kernel SIGKILLs the rest of the namespace.
+                // SAFETY: plain exit.
+                unsafe { libc::_exit(exit_code(status)) }
+            }
+            if w < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                // SAFETY: plain exit.
+                unsafe { libc::_exit(1) }
+            }
         }
-        if w < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+    }
+    // No pid namespace: SIGTERM (the supervisor's death signal, or its
+    // request) and the plugin's exit both end with every descendant killed.
+    let wanted = sigset(&[libc::SIGTERM, libc::SIGCHLD]);
+    loop {
+        loop {
+            let mut status = 0;
+            // SAFETY: non-blocking reap; `status` is a valid out pointer.
+            let w = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if w == plugin {
+                kill_descendants();
+                // SAFETY: plain exit.
+                unsafe { libc::_exit(exit_code(status)) }
+            }
+            if w <= 0 {
+                break;
+            }
+        }
+        let timeout = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: `wanted` is initialized and blocked; null info is allowed.
+        let sig = unsafe { libc::sigtimedwait(&wanted, std::ptr::null_mut(), &timeout) };
+        if sig == libc::SIGTERM {
+            kill_descendants();
             // SAFETY: plain exit.
-            unsafe { libc::_exit(1) }
+            unsafe { libc::_exit(128 + libc::SIGTERM) }
         }
     }
 }
@@ -646,9 +763,13 @@ fn plugin_exec(
     }
 
     // SIGPIPE: the helper (a Rust binary) ignores it; an ignored signal
-    // would stay ignored across execve.
-    // SAFETY: resetting a disposition to the default.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // would stay ignored across execve, and so would pid 1's blocked mask.
+    let empty = sigset(&[]);
+    // SAFETY: resetting a disposition to the default and clearing the mask.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
 
     // Self-check: what the kernel itself reports now.
     if let Some(f) = status_fd {
