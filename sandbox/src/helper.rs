@@ -99,6 +99,23 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
         eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
         std::process::exit(2);
     }
+    // unshare(CLONE_NEWUSER) and a safe fork need a single-threaded
+    // process: the host must dispatch here before it starts any runtime.
+    let threads = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        });
+    if threads.is_some_and(|t| t != 1) {
+        eprintln!(
+            "sharedos __sandbox-exec: the helper must run single-threaded, found {} threads; \
+             call sharedos_sandbox::helper_main before starting tokio or any thread",
+            threads.unwrap_or(0)
+        );
+        std::process::exit(125);
+    }
     // Lifeline, part 1: armed before anything else, so a host that dies from
     // here on takes the helper with it (checked against the host pid below).
     arm_parent_death_signal();

@@ -687,3 +687,17 @@ fn kill_tree_without_pid_namespace_or_cgroup_still_reaps_descendants() {
     policy.cgroup.enabled = false;
     kill_tree_leaves_nothing(policy, "subreaper");
 }
+
+#[test]
+fn a_helper_that_never_reports_is_an_error() {
+    // A "helper" that exits without reading its request: EOF on the report
+    // pipe without a report must fail the spawn, never count as success.
+    let ws = workspace();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.helper_exe = "/bin/true".into();
+    match spawn(&s) {
+        Err(SandboxError::NoReport { .. }) | Err(SandboxError::Io { .. }) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("spawn succeeded without a report"),
+    }
+}
