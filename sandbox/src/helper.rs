@@ -588,12 +588,6 @@ fn pid_one(
     // 9. The minimal root.
     let mountns = rep.mountns == LayerStatus::Applied;
     if mountns {
-        if rep.pidns != LayerStatus::Applied {
-            return Err(fail(
-                "root",
-                "the minimal root needs the pid namespace for its /proc",
-            ));
-        }
         let p = &req.policy;
         let warnings = mounts::build(&RootSpec {
             workspace_fd: ws_fd.as_raw_fd(),
@@ -603,6 +597,7 @@ fn pid_one(
             shm_size: p.shm_size_bytes,
             nr_inodes: p.tmpfs_nr_inodes,
             extra_ro: &p.extra_ro_paths,
+            with_proc: pidns,
         })
         .map_err(|e| fail("root", e))?;
         rep.warnings.extend(warnings);

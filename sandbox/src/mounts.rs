@@ -53,6 +53,9 @@ pub struct RootSpec<'a> {
     pub shm_size: u64,
     pub nr_inodes: u64,
     pub extra_ro: &'a [String],
+    /// Mount a procfs (only with a pid namespace: a procfs of the host's pid
+    /// namespace would show every host process).
+    pub with_proc: bool,
 }
 
 fn cstr(p: &Path) -> Result<CString, String> {
@@ -290,13 +293,17 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     // Our own procfs: only the processes of the new pid namespace.
     let proc_dir = inside(root, "/proc");
     std::fs::create_dir_all(&proc_dir).map_err(|e| format!("mkdir {proc_dir:?}: {e}"))?;
-    mount(
-        Some(Path::new("proc")),
-        &proc_dir,
-        Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
-    )?;
+    if !spec.with_proc {
+        warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
+    } else {
+        mount(
+            Some(Path::new("proc")),
+            &proc_dir,
+            Some("proc"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )?;
+    }
 
     // Switch roots and drop the old one entirely.
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root:?}: {e}"))?;

@@ -296,6 +296,17 @@ fn disabling_layers_lowers_the_level() {
     assert_eq!(report.landlock.status, LayerStatus::Disabled);
     assert!(report.missing.iter().any(|m| m.layer == "landlock"));
 
+    // Without a pid namespace the minimal root still holds (no /proc).
+    let mut policy = SandboxPolicy::default();
+    policy.min_level = SandboxLevel::Minimal;
+    policy.layers.pidns = false;
+    let (report, out, _) = run(policy, &["uid", "read:/etc/shadow"]);
+    assert!(report.level < SandboxLevel::Strong);
+    assert_eq!(report.root, LayerStatus::Applied);
+    assert_eq!(report.pidns, LayerStatus::Disabled);
+    assert_eq!(ok(&out, "uid"), "65534");
+    assert!(ok(&out, "read:/etc/shadow").starts_with("err:"));
+
     let mut policy = SandboxPolicy::default();
     policy.min_level = SandboxLevel::Minimal;
     policy.layers.seccomp = false;
