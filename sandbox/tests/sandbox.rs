@@ -712,3 +712,73 @@ fn a_helper_that_never_reports_is_an_error() {
         Ok(_) => panic!("spawn succeeded without a report"),
     }
 }
+
+#[test]
+fn host_ipc_and_unix_sockets_are_unreachable() {
+    use std::os::linux::net::SocketAddrExt;
+    let pid = std::process::id();
+    // Bait: a pathname socket (0777), an abstract socket, a SysV shm
+    // segment and a /dev/shm file, all of the host.
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("host.sock");
+    let path_listener = std::os::unix::net::UnixListener::bind(&sock_path).unwrap();
+    std::fs::set_permissions(
+        &sock_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    path_listener.set_nonblocking(true).unwrap();
+    let abstract_name = format!("sharedos-test-{pid}");
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+    let abs_listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    abs_listener.set_nonblocking(true).unwrap();
+    let key = 0x5d00_0000 + (pid as i32 & 0xffff);
+    // SAFETY: creating a 4 KiB shm segment the test removes below.
+    let shm = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | 0o666) };
+    assert!(shm >= 0);
+    let shm_file = format!("/dev/shm/sharedos-test-{pid}");
+    std::fs::write(&shm_file, "s3cret").unwrap();
+    // Removed even when an assertion fails.
+    struct Bait(i32, String);
+    impl Drop for Bait {
+        fn drop(&mut self) {
+            // SAFETY: removing the segment this test created.
+            unsafe { libc::shmctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
+            let _ = std::fs::remove_file(&self.1);
+        }
+    }
+    let _bait = Bait(shm, shm_file.clone());
+
+    let uconnect = format!("uconnect:{}", sock_path.display());
+    let aconnect = format!("aconnect:{abstract_name}");
+    let shmget = format!("shmget:{key}");
+    let read_shm = format!("read:{shm_file}");
+    let ops = [uconnect.as_str(), &aconnect, &shmget, &read_shm];
+
+    for (mode, policy) in [
+        ("strong", SandboxPolicy::default()),
+        (
+            "reduced",
+            SandboxPolicy {
+                emulate_no_userns: true,
+                min_level: SandboxLevel::Reduced,
+                ..SandboxPolicy::default()
+            },
+        ),
+    ] {
+        let (_, out, _) = run(policy, &ops);
+        for op in ops {
+            assert!(ok(&out, op).starts_with("err:"), "{mode} {op}: {out}");
+        }
+        // Host side: no connection arrived on either socket.
+        assert!(
+            path_listener.accept().is_err(),
+            "{mode}: pathname socket reached"
+        );
+        assert!(
+            abs_listener.accept().is_err(),
+            "{mode}: abstract socket reached"
+        );
+    }
+}

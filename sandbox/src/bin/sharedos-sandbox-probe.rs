@@ -265,6 +265,19 @@ fn main() {
                 .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
             "daemon" => daemon(arg),
             "sys" => sys(arg),
+            "uconnect" => io_res(std::os::unix::net::UnixStream::connect(arg)),
+            "aconnect" => {
+                use std::os::linux::net::SocketAddrExt;
+                match std::os::unix::net::SocketAddr::from_abstract_name(arg.as_bytes()) {
+                    Ok(addr) => io_res(std::os::unix::net::UnixStream::connect_addr(&addr)),
+                    Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
+                }
+            }
+            "shmget" => {
+                // SAFETY: shmget with an integer key and no creation flag.
+                let id = unsafe { libc::shmget(arg.parse().unwrap_or(0), 0, 0) };
+                if id < 0 { errno() } else { "ok".into() }
+            }
             "kill" => {
                 // SAFETY: kill with a pid; the test passes a victim it owns.
                 if unsafe { libc::kill(arg.parse().unwrap_or(-2), libc::SIGKILL) } == 0 {
