@@ -559,6 +559,20 @@ fn host_death_takes_the_sandbox_down() {
         "survivors after the host died: {:?}",
         pids.iter().filter(|p| !is_dead(**p)).collect::<Vec<_>>()
     );
+    // The dead host could not remove its cgroups; the next host sweeps them.
+    let stub = format!("sharedos-{}-", host.id());
+    let stale = |p: &str| {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with(&stub))
+            })
+            .unwrap_or(false)
+    };
+    assert!(eventually(Duration::from_secs(10), || {
+        sharedos_sandbox::cgroup::sweep_stale();
+        !stale("/sys/fs/cgroup/pids") && !stale("/sys/fs/cgroup/unified")
+    }));
 }
 
 #[test]
