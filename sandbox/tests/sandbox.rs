@@ -796,3 +796,38 @@ fn host_ipc_and_unix_sockets_are_unreachable() {
         );
     }
 }
+
+#[test]
+fn a_setuid_root_binary_does_not_escalate() {
+    let ws = workspace();
+    let id = ["/usr/bin/id", "/bin/id"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("id(1) is installed");
+    let suid = ws.path().join("id-suid");
+    std::fs::copy(id, &suid).unwrap();
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    for (mode, policy) in [
+        ("strong", SandboxPolicy::default()),
+        (
+            "reduced",
+            SandboxPolicy {
+                emulate_no_userns: true,
+                min_level: SandboxLevel::Reduced,
+                ..SandboxPolicy::default()
+            },
+        ),
+    ] {
+        let path = if mode == "strong" {
+            "/workspace/id-suid".to_string()
+        } else {
+            suid.display().to_string()
+        };
+        let op = format!("exec:{path}");
+        let (_, out, _) = run_in(&ws, policy, &[&op]);
+        let res = ok(&out, &op);
+        assert!(res.starts_with("ok:uid=65534"), "{mode}: {res}");
+        assert!(!res.contains("euid=0"), "{mode}: setuid took effect: {res}");
+    }
+}

@@ -265,6 +265,10 @@ fn main() {
                 .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
             "daemon" => daemon(arg),
             "sys" => sys(arg),
+            "exec" => match std::process::Command::new(arg).output() {
+                Ok(o) => format!("ok:{}", String::from_utf8_lossy(&o.stdout).trim()),
+                Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
+            },
             "uconnect" => io_res(std::os::unix::net::UnixStream::connect(arg)),
             "aconnect" => {
                 use std::os::linux::net::SocketAddrExt;
