@@ -478,10 +478,27 @@ fn resource_limits_bound_forks_files_and_tmp() {
     policy.rlimits.fsize = Some(8 << 20);
     policy.tmp_size_bytes = 4 << 20;
     policy.cgroup.pids_max = Some(100);
+    policy.rlimits.data = Some(256 << 20);
+    policy.rlimits.nofile = Some(64);
     let (report, out, _) = run(
         policy,
-        &["fork:300", "fill:/workspace/big:32", "fill:/tmp/big:16"],
+        &[
+            "fork:300",
+            "fill:/workspace/big:32",
+            "fill:/tmp/big:16",
+            "mmap:1024",
+            "mmap:16",
+            "fdmax",
+        ],
     );
+    // RLIMIT_DATA refuses a 1 GiB writable mapping, not a small one.
+    assert_eq!(ok(&out, "mmap:1024"), format!("err:{}", libc::ENOMEM));
+    assert_eq!(ok(&out, "mmap:16"), "ok");
+    // RLIMIT_NOFILE: EMFILE before 64 fds.
+    let fdmax = ok(&out, "fdmax");
+    assert!(fdmax.ends_with(&format!("err:{}", libc::EMFILE)), "{fdmax}");
+    let opened: usize = fdmax.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(opened < 64, "{fdmax}");
     assert_eq!(report.rlimits.get("nproc"), Some(&64));
     assert_eq!(report.rlimits.get("core"), Some(&0));
     let forks: usize = ok(&out, "fork:300")
