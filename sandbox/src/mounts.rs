@@ -197,7 +197,19 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         .chain(spec.extra_ro.iter().cloned())
     {
         let src = Path::new(&entry);
-        if !src.exists() {
+        // Paths the sandbox mounts over (or stages its root in) cannot be
+        // extra binds: the bind would be hidden or would hide sandbox state.
+        if spec.extra_ro.contains(&entry)
+            && ["/tmp", "/dev", "/proc", WORKSPACE, PLUGIN_DIR]
+                .iter()
+                .any(|p| src.starts_with(p))
+        {
+            warnings.push(format!(
+                "extra read-only path {entry} is under a sandbox-managed directory; skipped"
+            ));
+            continue;
+        }
+        if !src.is_absolute() || !src.exists() {
             if spec.extra_ro.contains(&entry) {
                 warnings.push(format!(
                     "extra read-only path {entry} does not exist; skipped"

@@ -848,3 +848,33 @@ fn a_setuid_root_binary_does_not_escalate() {
         assert!(!res.contains("euid=0"), "{mode}: setuid took effect: {res}");
     }
 }
+
+#[test]
+fn extra_read_only_paths_are_bound_read_only() {
+    // A host directory outside the system dirs, made visible on purpose.
+    let extra = tempfile::Builder::new()
+        .prefix("sharedos-extra-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(extra.path().join("data"), "shared").unwrap();
+    let mut policy = SandboxPolicy::default();
+    policy.extra_ro_paths = vec![
+        extra.path().display().to_string(),
+        "/tmp/not-allowed".into(),
+    ];
+    let read = format!("read:{}/data", extra.path().display());
+    let write = format!("write:{}/data", extra.path().display());
+    let (report, out, _) = run(policy, &[&read, &write]);
+    assert_eq!(ok(&out, &read), "ok");
+    assert!(ok(&out, &write).starts_with("err:"));
+    assert_eq!(
+        std::fs::read_to_string(extra.path().join("data")).unwrap(),
+        "shared"
+    );
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("/tmp/not-allowed"))
+    );
+}
