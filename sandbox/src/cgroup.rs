@@ -48,6 +48,45 @@ fn unique_name() -> String {
     )
 }
 
+/// Remove the empty cgroups left by sharedos hosts that died before they
+/// could clean up (named `sharedos-<host pid>-<n>`, host pid no longer
+/// alive). Runs once per process from [`create`]; returns what it removed.
+pub fn sweep_stale() -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let mut parents: Vec<PathBuf> = vec![PathBuf::from(V1_PIDS)];
+    if let Some(root) = V2_CANDIDATES.iter().map(Path::new).find(|p| is_v2_root(p)) {
+        parents.push(match own_v2_path() {
+            Some(rel) if !rel.is_empty() => root.join(rel),
+            _ => root.to_path_buf(),
+        });
+    }
+    for parent in parents {
+        let Ok(dir) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("sharedos-"))
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            if alive {
+                continue;
+            }
+            // rmdir only succeeds on a cgroup without processes or children.
+            if std::fs::remove_dir(e.path()).is_ok() {
+                removed.push(e.path());
+            }
+        }
+    }
+    removed
+}
+
 /// Create the plugin's cgroups. Never fails: what could not be done is in
 /// `problems` and ends up in the report.
 pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
@@ -55,6 +94,10 @@ pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
     if !policy.enabled {
         return cg;
     }
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        sweep_stale();
+    });
     let name = unique_name();
     // v1 pids: a child of the hierarchy root; the pids controller holds no
     // memory state, so joining it is harmless.

@@ -125,8 +125,10 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         "seccomp",
         &r.seccomp.status,
         format!(
-            " ({} mode, {} insns, x32 guard {})",
-            r.seccomp.mode, r.seccomp.insns, r.seccomp.x32_guard
+            " ({} mode, {} instructions, x32 guard {})",
+            r.seccomp.mode,
+            r.seccomp.insns,
+            if r.seccomp.x32_guard { "yes" } else { "no" }
         ),
     )?;
     line(
@@ -134,15 +136,21 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         "cgroup",
         &r.cgroup.status,
         format!(
-            " (cgroup.kill {}, pids.max {:?}, memory.max {:?})",
-            r.cgroup.kill, r.cgroup.pids_max, r.cgroup.memory_max
+            " (cgroup.kill {}, pids.max {}, memory.max {})",
+            if r.cgroup.kill { "yes" } else { "no" },
+            opt(r.cgroup.pids_max),
+            opt(r.cgroup.memory_max)
         ),
     )?;
     let sc = &r.self_check;
     writeln!(
         out,
-        "self-check inside: uid {:?}, CapEff {:?}, NoNewPrivs {:?}, Seccomp {:?}, fds {:?}",
-        sc.uid, sc.cap_eff, sc.no_new_privs, sc.seccomp, sc.fds
+        "self-check inside: Uid {}, CapEff {}, NoNewPrivs {}, Seccomp {}, fds {:?}",
+        opt(sc.uid),
+        sc.cap_eff.map_or("?".into(), |c| format!("{c:016x}")),
+        opt(sc.no_new_privs.map(u8::from)),
+        opt(sc.seccomp),
+        sc.fds
     )?;
     writeln!(out, "level: {}", r.level)?;
     for m in &r.missing {
@@ -163,6 +171,10 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         writeln!(out, "  warning: {w}")?;
     }
     Ok(())
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "none".to_string(), |v| v.to_string())
 }
 
 /// A throwaway workspace for the probe, removed on drop.

@@ -53,6 +53,9 @@ pub struct RootSpec<'a> {
     pub shm_size: u64,
     pub nr_inodes: u64,
     pub extra_ro: &'a [String],
+    /// Mount a procfs (only with a pid namespace: a procfs of the host's pid
+    /// namespace would show every host process).
+    pub with_proc: bool,
 }
 
 fn cstr(p: &Path) -> Result<CString, String> {
@@ -194,7 +197,19 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         .chain(spec.extra_ro.iter().cloned())
     {
         let src = Path::new(&entry);
-        if !src.exists() {
+        // Paths the sandbox mounts over (or stages its root in) cannot be
+        // extra binds: the bind would be hidden or would hide sandbox state.
+        if spec.extra_ro.contains(&entry)
+            && ["/tmp", "/dev", "/proc", WORKSPACE, PLUGIN_DIR]
+                .iter()
+                .any(|p| src.starts_with(p))
+        {
+            warnings.push(format!(
+                "extra read-only path {entry} is under a sandbox-managed directory; skipped"
+            ));
+            continue;
+        }
+        if !src.is_absolute() || !src.exists() {
             if spec.extra_ro.contains(&entry) {
                 warnings.push(format!(
                     "extra read-only path {entry} does not exist; skipped"
@@ -290,13 +305,17 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     // Our own procfs: only the processes of the new pid namespace.
     let proc_dir = inside(root, "/proc");
     std::fs::create_dir_all(&proc_dir).map_err(|e| format!("mkdir {proc_dir:?}: {e}"))?;
-    mount(
-        Some(Path::new("proc")),
-        &proc_dir,
-        Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
-    )?;
+    if !spec.with_proc {
+        warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
+    } else {
+        mount(
+            Some(Path::new("proc")),
+            &proc_dir,
+            Some("proc"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )?;
+    }
 
     // Switch roots and drop the old one entirely.
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root:?}: {e}"))?;

@@ -3,7 +3,7 @@
 //! plus two fds by SCM_RIGHTS: the plugin's stdin and the report pipe.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -53,11 +53,21 @@ pub(crate) fn send(
     let fds = [stdin_r.as_raw_fd(), report_w.as_raw_fd()];
     let iov = [std::io::IoSlice::new(&len)];
     let cmsg = [ControlMessage::ScmRights(&fds)];
-    let n = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)?;
+    // MSG_NOSIGNAL: a helper that died early is an error, not a SIGPIPE
+    // for the host.
+    let n = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
     if n != len.len() {
         return Err(std::io::Error::other("short write of the request header"));
     }
-    (&*sock).write_all(&body)
+    let mut rest = &body[..];
+    while !rest.is_empty() {
+        match nix::sys::socket::send(sock.as_raw_fd(), rest, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Helper side: receive the request and the fds (close-on-exec).

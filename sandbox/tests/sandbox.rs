@@ -205,12 +205,13 @@ fn wait_started(child: &mut sharedos_sandbox::SandboxedChild) -> BufReader<std::
 
 fn kill_tree_leaves_nothing(mut policy: SandboxPolicy, tag: &str) {
     policy.min_level = SandboxLevel::Minimal;
+    let policy_wants_cgroup = policy.cgroup.enabled;
     let ws = workspace();
     let token = format!("daemon:{tag}-{}", std::process::id());
     let mut child = spawn(&spec(ws.path(), policy, std::slice::from_ref(&token))).unwrap();
     let mut stdout = wait_started(&mut child);
-    if child.report.pidns != LayerStatus::Applied {
-        // Without a pid namespace only the cgroup can take the tree down.
+    if child.report.pidns != LayerStatus::Applied && policy_wants_cgroup {
+        // This variant is about the cgroup: it must be there.
         assert!(
             child.report.cgroup.kill && !child.report.cgroup.paths.is_empty(),
             "no pid namespace and no cgroup: {:?}",
@@ -294,6 +295,17 @@ fn disabling_layers_lowers_the_level() {
     assert!(report.level < SandboxLevel::Strong);
     assert_eq!(report.landlock.status, LayerStatus::Disabled);
     assert!(report.missing.iter().any(|m| m.layer == "landlock"));
+
+    // Without a pid namespace the minimal root still holds (no /proc).
+    let mut policy = SandboxPolicy::default();
+    policy.min_level = SandboxLevel::Minimal;
+    policy.layers.pidns = false;
+    let (report, out, _) = run(policy, &["uid", "read:/etc/shadow"]);
+    assert!(report.level < SandboxLevel::Strong);
+    assert_eq!(report.root, LayerStatus::Applied);
+    assert_eq!(report.pidns, LayerStatus::Disabled);
+    assert_eq!(ok(&out, "uid"), "65534");
+    assert!(ok(&out, "read:/etc/shadow").starts_with("err:"));
 
     let mut policy = SandboxPolicy::default();
     policy.min_level = SandboxLevel::Minimal;
@@ -466,10 +478,27 @@ fn resource_limits_bound_forks_files_and_tmp() {
     policy.rlimits.fsize = Some(8 << 20);
     policy.tmp_size_bytes = 4 << 20;
     policy.cgroup.pids_max = Some(100);
+    policy.rlimits.data = Some(256 << 20);
+    policy.rlimits.nofile = Some(64);
     let (report, out, _) = run(
         policy,
-        &["fork:300", "fill:/workspace/big:32", "fill:/tmp/big:16"],
+        &[
+            "fork:300",
+            "fill:/workspace/big:32",
+            "fill:/tmp/big:16",
+            "mmap:1024",
+            "mmap:16",
+            "fdmax",
+        ],
     );
+    // RLIMIT_DATA refuses a 1 GiB writable mapping, not a small one.
+    assert_eq!(ok(&out, "mmap:1024"), format!("err:{}", libc::ENOMEM));
+    assert_eq!(ok(&out, "mmap:16"), "ok");
+    // RLIMIT_NOFILE: EMFILE before 64 fds.
+    let fdmax = ok(&out, "fdmax");
+    assert!(fdmax.ends_with(&format!("err:{}", libc::EMFILE)), "{fdmax}");
+    let opened: usize = fdmax.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(opened < 64, "{fdmax}");
     assert_eq!(report.rlimits.get("nproc"), Some(&64));
     assert_eq!(report.rlimits.get("core"), Some(&0));
     let forks: usize = ok(&out, "fork:300")
@@ -547,6 +576,20 @@ fn host_death_takes_the_sandbox_down() {
         "survivors after the host died: {:?}",
         pids.iter().filter(|p| !is_dead(**p)).collect::<Vec<_>>()
     );
+    // The dead host could not remove its cgroups; the next host sweeps them.
+    let stub = format!("sharedos-{}-", host.id());
+    let stale = |p: &str| {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with(&stub))
+            })
+            .unwrap_or(false)
+    };
+    assert!(eventually(Duration::from_secs(10), || {
+        sharedos_sandbox::cgroup::sweep_stale();
+        !stale("/sys/fs/cgroup/pids") && !stale("/sys/fs/cgroup/unified")
+    }));
 }
 
 #[test]
@@ -673,5 +716,165 @@ fn a_shell_and_its_tools_work_inside() {
     assert_eq!(
         std::fs::read_to_string(ws.path().join("out")).unwrap(),
         "hello\n"
+    );
+}
+
+#[test]
+fn kill_tree_without_pid_namespace_or_cgroup_still_reaps_descendants() {
+    // Best effort of the reduced mode: pid 1 is a subreaper and kills every
+    // descendant when the supervisor dies.
+    let mut policy = SandboxPolicy::default();
+    policy.layers.pidns = false;
+    policy.layers.mountns = false;
+    policy.cgroup.enabled = false;
+    kill_tree_leaves_nothing(policy, "subreaper");
+}
+
+#[test]
+fn a_helper_that_never_reports_is_an_error() {
+    // A "helper" that exits without reading its request: EOF on the report
+    // pipe without a report must fail the spawn, never count as success.
+    let ws = workspace();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.helper_exe = "/bin/true".into();
+    match spawn(&s) {
+        Err(SandboxError::NoReport { .. }) | Err(SandboxError::Io { .. }) => {}
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("spawn succeeded without a report"),
+    }
+}
+
+#[test]
+fn host_ipc_and_unix_sockets_are_unreachable() {
+    use std::os::linux::net::SocketAddrExt;
+    let pid = std::process::id();
+    // Bait: a pathname socket (0777), an abstract socket, a SysV shm
+    // segment and a /dev/shm file, all of the host.
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("host.sock");
+    let path_listener = std::os::unix::net::UnixListener::bind(&sock_path).unwrap();
+    std::fs::set_permissions(
+        &sock_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    path_listener.set_nonblocking(true).unwrap();
+    let abstract_name = format!("sharedos-test-{pid}");
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+    let abs_listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    abs_listener.set_nonblocking(true).unwrap();
+    let key = 0x5d00_0000 + (pid as i32 & 0xffff);
+    // SAFETY: creating a 4 KiB shm segment the test removes below.
+    let shm = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | 0o666) };
+    assert!(shm >= 0);
+    let shm_file = format!("/dev/shm/sharedos-test-{pid}");
+    std::fs::write(&shm_file, "s3cret").unwrap();
+    // Removed even when an assertion fails.
+    struct Bait(i32, String);
+    impl Drop for Bait {
+        fn drop(&mut self) {
+            // SAFETY: removing the segment this test created.
+            unsafe { libc::shmctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
+            let _ = std::fs::remove_file(&self.1);
+        }
+    }
+    let _bait = Bait(shm, shm_file.clone());
+
+    let uconnect = format!("uconnect:{}", sock_path.display());
+    let aconnect = format!("aconnect:{abstract_name}");
+    let shmget = format!("shmget:{key}");
+    let read_shm = format!("read:{shm_file}");
+    let ops = [uconnect.as_str(), &aconnect, &shmget, &read_shm];
+
+    for (mode, policy) in [
+        ("strong", SandboxPolicy::default()),
+        (
+            "reduced",
+            SandboxPolicy {
+                emulate_no_userns: true,
+                min_level: SandboxLevel::Reduced,
+                ..SandboxPolicy::default()
+            },
+        ),
+    ] {
+        let (_, out, _) = run(policy, &ops);
+        for op in ops {
+            assert!(ok(&out, op).starts_with("err:"), "{mode} {op}: {out}");
+        }
+        // Host side: no connection arrived on either socket.
+        assert!(
+            path_listener.accept().is_err(),
+            "{mode}: pathname socket reached"
+        );
+        assert!(
+            abs_listener.accept().is_err(),
+            "{mode}: abstract socket reached"
+        );
+    }
+}
+
+#[test]
+fn a_setuid_root_binary_does_not_escalate() {
+    let ws = workspace();
+    let id = ["/usr/bin/id", "/bin/id"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("id(1) is installed");
+    let suid = ws.path().join("id-suid");
+    std::fs::copy(id, &suid).unwrap();
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    for (mode, policy) in [
+        ("strong", SandboxPolicy::default()),
+        (
+            "reduced",
+            SandboxPolicy {
+                emulate_no_userns: true,
+                min_level: SandboxLevel::Reduced,
+                ..SandboxPolicy::default()
+            },
+        ),
+    ] {
+        let path = if mode == "strong" {
+            "/workspace/id-suid".to_string()
+        } else {
+            suid.display().to_string()
+        };
+        let op = format!("exec:{path}");
+        let (_, out, _) = run_in(&ws, policy, &[&op]);
+        let res = ok(&out, &op);
+        assert!(res.starts_with("ok:uid=65534"), "{mode}: {res}");
+        assert!(!res.contains("euid=0"), "{mode}: setuid took effect: {res}");
+    }
+}
+
+#[test]
+fn extra_read_only_paths_are_bound_read_only() {
+    // A host directory outside the system dirs, made visible on purpose.
+    let extra = tempfile::Builder::new()
+        .prefix("sharedos-extra-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(extra.path().join("data"), "shared").unwrap();
+    let mut policy = SandboxPolicy::default();
+    policy.extra_ro_paths = vec![
+        extra.path().display().to_string(),
+        "/tmp/not-allowed".into(),
+    ];
+    let read = format!("read:{}/data", extra.path().display());
+    let write = format!("write:{}/data", extra.path().display());
+    let (report, out, _) = run(policy, &[&read, &write]);
+    assert_eq!(ok(&out, &read), "ok");
+    assert!(ok(&out, &write).starts_with("err:"));
+    assert_eq!(
+        std::fs::read_to_string(extra.path().join("data")).unwrap(),
+        "shared"
+    );
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("/tmp/not-allowed"))
     );
 }

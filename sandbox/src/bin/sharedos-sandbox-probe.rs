@@ -265,6 +265,57 @@ fn main() {
                 .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
             "daemon" => daemon(arg),
             "sys" => sys(arg),
+            "mmap" => {
+                let len = arg.parse::<usize>().unwrap_or(1) << 20;
+                // SAFETY: an anonymous private mapping, unmapped right away;
+                // it is never touched, so it costs no memory.
+                unsafe {
+                    let p = libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    );
+                    if p == libc::MAP_FAILED {
+                        errno()
+                    } else {
+                        libc::munmap(p, len);
+                        "ok".into()
+                    }
+                }
+            }
+            "fdmax" => {
+                let mut files = Vec::new();
+                let err = loop {
+                    match std::fs::File::open("/dev/null") {
+                        Ok(f) => files.push(f),
+                        Err(e) => break e.raw_os_error().unwrap_or(0),
+                    }
+                    if files.len() > 100_000 {
+                        break 0;
+                    }
+                };
+                format!("{} err:{err}", files.len())
+            }
+            "exec" => match std::process::Command::new(arg).output() {
+                Ok(o) => format!("ok:{}", String::from_utf8_lossy(&o.stdout).trim()),
+                Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
+            },
+            "uconnect" => io_res(std::os::unix::net::UnixStream::connect(arg)),
+            "aconnect" => {
+                use std::os::linux::net::SocketAddrExt;
+                match std::os::unix::net::SocketAddr::from_abstract_name(arg.as_bytes()) {
+                    Ok(addr) => io_res(std::os::unix::net::UnixStream::connect_addr(&addr)),
+                    Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
+                }
+            }
+            "shmget" => {
+                // SAFETY: shmget with an integer key and no creation flag.
+                let id = unsafe { libc::shmget(arg.parse().unwrap_or(0), 0, 0) };
+                if id < 0 { errno() } else { "ok".into() }
+            }
             "kill" => {
                 // SAFETY: kill with a pid; the test passes a victim it owns.
                 if unsafe { libc::kill(arg.parse().unwrap_or(-2), libc::SIGKILL) } == 0 {

@@ -16,11 +16,15 @@ use std::ffi::{CString, OsString};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod plugin;
+mod reaper;
+
+use reaper::{block_term_and_chld, pid_one};
 
 use crate::fds;
-use crate::landlock::{self as ll, Grants};
-use crate::mounts::{self, RootSpec};
+use crate::landlock as ll;
 use crate::namespaces;
 use crate::report::{
     HelperMessage, LandlockReport, LayerStatus, SandboxLevel, SandboxReport, SeccompReport,
@@ -28,18 +32,18 @@ use crate::report::{
 };
 use crate::request::{self, HelperRequest};
 use crate::seccomp;
-use crate::{caps, cgroup, rlimits};
+use crate::{caps, cgroup};
 
 /// The control socket arrives as fd 0.
 const CONTROL_FD: RawFd = 0;
 
-struct Fail {
+pub(super) struct Fail {
     stage: &'static str,
     message: String,
     errno: Option<i32>,
 }
 
-fn fail(stage: &'static str, message: impl std::fmt::Display) -> Fail {
+pub(super) fn fail(stage: &'static str, message: impl std::fmt::Display) -> Fail {
     Fail {
         stage,
         message: message.to_string(),
@@ -47,7 +51,7 @@ fn fail(stage: &'static str, message: impl std::fmt::Display) -> Fail {
     }
 }
 
-fn os_fail(stage: &'static str, what: &str) -> Fail {
+pub(super) fn os_fail(stage: &'static str, what: &str) -> Fail {
     let e = std::io::Error::last_os_error();
     Fail {
         stage,
@@ -58,10 +62,10 @@ fn os_fail(stage: &'static str, what: &str) -> Fail {
 
 /// The report pipe (close-on-exec: it closes by itself when `execve`
 /// succeeds, so EOF without a report means the exec failed).
-struct ReportPipe(OwnedFd);
+pub(super) struct ReportPipe(pub(super) OwnedFd);
 
 impl ReportPipe {
-    fn send(&self, msg: &HelperMessage) {
+    pub(super) fn send(&self, msg: &HelperMessage) {
         let mut line = serde_json::to_vec(msg).unwrap_or_default();
         line.push(b'\n');
         // SAFETY: the fd is owned by `self.0` and stays open for the call;
@@ -71,7 +75,7 @@ impl ReportPipe {
         let _ = f.write_all(&line);
     }
 
-    fn fail(&self, f: Fail) -> ! {
+    pub(super) fn fail(&self, f: Fail) -> ! {
         self.send(&HelperMessage::Error {
             stage: f.stage.to_string(),
             message: f.message,
@@ -83,12 +87,12 @@ impl ReportPipe {
     }
 }
 
-fn prctl(opt: libc::c_int, arg: libc::c_ulong) -> libc::c_int {
+pub(super) fn prctl(opt: libc::c_int, arg: libc::c_ulong) -> libc::c_int {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(opt, arg, 0, 0, 0) }
 }
 
-fn arm_parent_death_signal() {
+pub(super) fn arm_parent_death_signal() {
     prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
 }
 
@@ -98,6 +102,23 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
     if !args.is_empty() {
         eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
         std::process::exit(2);
+    }
+    // unshare(CLONE_NEWUSER) and a safe fork need a single-threaded
+    // process: the host must dispatch here before it starts any runtime.
+    let threads = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        });
+    if threads.is_some_and(|t| t != 1) {
+        eprintln!(
+            "sharedos __sandbox-exec: the helper must run single-threaded, found {} threads; \
+             call sharedos_sandbox::helper_main before starting tokio or any thread",
+            threads.unwrap_or(0)
+        );
+        std::process::exit(125);
     }
     // Lifeline, part 1: armed before anything else, so a host that dies from
     // here on takes the helper with it (checked against the host pid below).
@@ -306,10 +327,18 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     if child < 0 {
         return Err(os_fail("fork", "fork pid 1"));
     }
+    let pidns = rep.pidns == LayerStatus::Applied;
     if child == 0 {
         drop(alive_w);
         drop(ctl);
-        arm_parent_death_signal();
+        if pidns {
+            arm_parent_death_signal();
+        } else {
+            // No pid namespace: SIGKILL would leave the plugin's orphans
+            // running, so pid 1 gets SIGTERM and kills its descendants first.
+            block_term_and_chld();
+            prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+        }
         if parent_gone(&alive_r) {
             // SAFETY: _exit in a forked child.
             unsafe { libc::_exit(137) }
@@ -323,7 +352,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     drop(alive_r);
     drop(ws_fd);
     drop(prog_fd);
-    wait_and_watch(child, &ctl, pipe)
+    wait_and_watch(child, pidns, &ctl, pipe)
 }
 
 fn drop_uid(uid: u32) -> Result<(), Fail> {
@@ -385,7 +414,7 @@ fn parent_gone(alive_r: &OwnedFd) -> bool {
     n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLIN) != 0
 }
 
-fn exit_code(status: libc::c_int) -> i32 {
+pub(super) fn exit_code(status: libc::c_int) -> i32 {
     if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else if libc::WIFSIGNALED(status) {
@@ -400,6 +429,7 @@ fn exit_code(status: libc::c_int) -> i32 {
 /// its end of the control socket or dies.
 fn wait_and_watch(
     child: libc::pid_t,
+    pidns: bool,
     ctl: &OwnedFd,
     pipe: &ReportPipe,
 ) -> Result<Infallible, Fail> {
@@ -439,9 +469,12 @@ fn wait_and_watch(
             // SAFETY: reading into a local buffer of the given length.
             let r = unsafe { libc::read(ctl.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if r <= 0 {
-                // The host is gone or wants us gone: take the tree down.
+                // The host is gone or wants us gone: take the tree down
+                // (without a pid namespace, pid 1 kills its descendants on
+                // SIGTERM first).
+                let sig = if pidns { libc::SIGKILL } else { libc::SIGTERM };
                 // SAFETY: signalling our own child.
-                unsafe { libc::kill(child, libc::SIGKILL) };
+                unsafe { libc::kill(child, sig) };
                 break;
             }
         }
@@ -458,330 +491,4 @@ fn wait_and_watch(
     unsafe { libc::waitpid(child, &mut status, 0) };
     // SAFETY: plain exit.
     unsafe { libc::_exit(137) }
-}
-
-/// Pid 1 of the new pid namespace (or a plain reaper without one).
-fn pid_one(
-    req: HelperRequest,
-    mut rep: SandboxReport,
-    ws_fd: OwnedFd,
-    prog_fd: OwnedFd,
-    pipe: &ReportPipe,
-) -> Result<Infallible, Fail> {
-    let pidns = rep.pidns == LayerStatus::Applied;
-    if pidns {
-        // Nothing inside may ptrace or read the memory of the reaper.
-        prctl(libc::PR_SET_DUMPABLE, 0);
-    } else {
-        // Without a pid namespace, orphans of the plugin come back to us.
-        prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
-    }
-    let program_name = req
-        .program
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "plugin".into());
-
-    // 9. The minimal root.
-    let mountns = rep.mountns == LayerStatus::Applied;
-    if mountns {
-        if rep.pidns != LayerStatus::Applied {
-            return Err(fail(
-                "root",
-                "the minimal root needs the pid namespace for its /proc",
-            ));
-        }
-        let p = &req.policy;
-        let warnings = mounts::build(&RootSpec {
-            workspace_fd: ws_fd.as_raw_fd(),
-            program_fd: prog_fd.as_raw_fd(),
-            program_name: &program_name,
-            tmp_size: p.tmp_size_bytes,
-            shm_size: p.shm_size_bytes,
-            nr_inodes: p.tmpfs_nr_inodes,
-            extra_ro: &p.extra_ro_paths,
-        })
-        .map_err(|e| fail("root", e))?;
-        rep.warnings.extend(warnings);
-        rep.root = LayerStatus::Applied;
-    }
-    drop(ws_fd);
-    drop(prog_fd);
-    // 10. Hostname.
-    if rep.utsns == LayerStatus::Applied {
-        // SAFETY: the name pointer and length describe a static buffer.
-        unsafe { libc::sethostname(c"sandbox".as_ptr(), 7) };
-    }
-
-    let (workdir, tmpdir, exe) = if mountns {
-        (
-            PathBuf::from(mounts::WORKSPACE),
-            PathBuf::from("/tmp"),
-            Path::new(mounts::PLUGIN_DIR).join(&program_name),
-        )
-    } else {
-        // No private /tmp: a private dir inside the workspace instead of the
-        // host's /tmp (the degraded reference launcher leaked through it).
-        let t = req.workspace.join(".sharedos-tmp");
-        let _ = std::fs::create_dir(&t);
-        (req.workspace.clone(), t, req.program.clone())
-    };
-
-    // 11. Fork the plugin and reap until it exits.
-    // SAFETY: pid 1 is single-threaded.
-    let plugin = unsafe { libc::fork() };
-    if plugin < 0 {
-        return Err(os_fail("fork", "fork plugin"));
-    }
-    if plugin == 0 {
-        arm_parent_death_signal();
-        let r = plugin_exec(&req, &mut rep, mountns, &workdir, &tmpdir, &exe, pipe);
-        match r {
-            Ok(never) => match never {},
-            Err(f) => pipe.fail(f),
-        }
-    }
-    // SAFETY: closing pid 1's copies of the plugin's stdio and the report
-    // pipe so the host sees EOF when the plugin (tree) closes them.
-    unsafe {
-        libc::close(pipe.0.as_raw_fd());
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        for fd in 0..3 {
-            if null >= 0 {
-                libc::dup2(null, fd);
-            } else {
-                libc::close(fd);
-            }
-        }
-        if null > 2 {
-            libc::close(null);
-        }
-    }
-    loop {
-        let mut status = 0;
-        // SAFETY: reaping any child; `status` is a valid out pointer.
-        let w = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if w == plugin {
-            // When pid 1 exits the kernel SIGKILLs the rest of the namespace.
-            // SAFETY: plain exit.
-            unsafe { libc::_exit(exit_code(status)) }
-        }
-        if w < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            // SAFETY: plain exit.
-            unsafe { libc::_exit(1) }
-        }
-    }
-}
-
-/// Steps 12–17 in the plugin process.
-fn plugin_exec(
-    req: &HelperRequest,
-    rep: &mut SandboxReport,
-    mountns: bool,
-    workdir: &Path,
-    tmpdir: &Path,
-    exe: &Path,
-    pipe: &ReportPipe,
-) -> Result<Infallible, Fail> {
-    let l = &req.policy.layers;
-    std::env::set_current_dir(workdir).map_err(|e| fail("workdir", format!("{workdir:?}: {e}")))?;
-    // Opened before Landlock so the self-check can re-read it at the end.
-    let status_fd = std::fs::File::open("/proc/self/status").ok();
-    rep.self_check.uid_map = std::fs::read_to_string("/proc/self/uid_map")
-        .map(|s| {
-            s.lines()
-                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-                .collect()
-        })
-        .unwrap_or_default();
-
-    // 12. rlimits.
-    if l.rlimits {
-        match rlimits::apply(&req.policy.rlimits) {
-            Ok(set) => {
-                rep.rlimits = set;
-                rep.rlimits_status = LayerStatus::Applied;
-            }
-            Err(e) => return Err(fail("rlimits", e)),
-        }
-    }
-    // 13. Capabilities, checked with capget.
-    rep.caps = match caps::drop_all() {
-        Ok(None) => LayerStatus::Applied,
-        Ok(Some(reason)) => LayerStatus::Degraded { reason },
-        Err(e) => LayerStatus::unavailable(e),
-    };
-    // 14. no_new_privs: setuid and file-capability binaries are inert.
-    if prctl(libc::PR_SET_NO_NEW_PRIVS, 1) != 0 {
-        return Err(os_fail("no_new_privs", "PR_SET_NO_NEW_PRIVS"));
-    }
-    rep.no_new_privs = prctl(libc::PR_GET_NO_NEW_PRIVS, 0) == 1;
-
-    // 15. Landlock, with grants that exist in the namespace we are in.
-    if l.landlock {
-        rep.landlock = ll::apply(&grants(req, mountns, workdir, tmpdir, exe));
-    }
-    // 16. seccomp, last. Strict mode whenever a namespace that the
-    // namespace filter relies on is missing.
-    let strict = [
-        &rep.userns,
-        &rep.mountns,
-        &rep.netns,
-        &rep.ipcns,
-        &rep.pidns,
-    ]
-    .iter()
-    .any(|s| **s != LayerStatus::Applied);
-    if l.seccomp {
-        let prog = if strict {
-            &req.seccomp_strict
-        } else {
-            &req.seccomp_namespace
-        };
-        rep.seccomp.mode = if strict { "strict" } else { "namespace" }.into();
-        rep.seccomp.insns = prog.len();
-        rep.seccomp.x32_guard = seccomp::has_x32_guard(prog);
-        seccomp::install(prog).map_err(|e| fail("seccomp", e))?;
-        rep.seccomp.status = LayerStatus::Applied;
-    }
-
-    // SIGPIPE: the helper (a Rust binary) ignores it; an ignored signal
-    // would stay ignored across execve.
-    // SAFETY: resetting a disposition to the default.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-
-    // Self-check: what the kernel itself reports now.
-    if let Some(f) = status_fd {
-        rep.self_check = SelfCheck {
-            uid_map: std::mem::take(&mut rep.self_check.uid_map),
-            ..parse_status(f)
-        };
-    }
-    // The environment: the host's (already allowlisted) pairs, plus
-    // defaults that point inside the sandbox for the keys it left out.
-    let mut env = req.env.clone();
-    let tmp = tmpdir.to_string_lossy().into_owned();
-    for (k, v) in [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", tmp.as_str()),
-        ("TMPDIR", tmp.as_str()),
-        ("LANG", "C.UTF-8"),
-    ] {
-        if !env.iter().any(|(ek, _)| ek == k) {
-            env.push((k.to_string(), v.to_string()));
-        }
-    }
-    rep.env_keys = env.iter().map(|(k, _)| k.clone()).collect();
-    rep.fds = inheritable_fds();
-    rep.self_check.fds = rep.fds.clone();
-    rep.finalize();
-    pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
-
-    // 17. execve with exactly the environment the host built.
-    let path = CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
-    let mut argv = vec![path.clone()];
-    for a in &req.args {
-        argv.push(CString::new(a.as_bytes()).map_err(|_| fail("exec", "NUL in an argument"))?);
-    }
-    let mut envp = Vec::new();
-    for (k, v) in &env {
-        envp.push(CString::new(format!("{k}={v}")).map_err(|_| fail("exec", "NUL in env"))?);
-    }
-    let argv_p: Vec<*const libc::c_char> = argv
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain([std::ptr::null()])
-        .collect();
-    let envp_p: Vec<*const libc::c_char> = envp
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain([std::ptr::null()])
-        .collect();
-    // SAFETY: all three arrays are NUL-terminated C strings / null-terminated
-    // pointer arrays that outlive the call.
-    unsafe { libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr()) };
-    Err(os_fail("exec", &format!("execve {exe:?}")))
-}
-
-fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe: &Path) -> Grants {
-    let mut read: Vec<PathBuf> = mounts::SYSTEM_DIRS.iter().map(PathBuf::from).collect();
-    read.extend(req.policy.extra_ro_paths.iter().map(PathBuf::from));
-    let mut write = vec![workdir.to_path_buf(), tmpdir.to_path_buf()];
-    if mountns {
-        // Inside the minimal root: /etc holds only the selected entries,
-        // /proc is our own.
-        read.extend(["/etc", "/proc", mounts::PLUGIN_DIR].map(PathBuf::from));
-        write.push(PathBuf::from("/dev/shm"));
-    } else {
-        // Host view: only the selected /etc entries, and the binary.
-        read.extend(
-            [
-                "/etc/passwd",
-                "/etc/group",
-                "/etc/hosts",
-                "/etc/resolv.conf",
-                "/etc/nsswitch.conf",
-                "/etc/ld.so.cache",
-                "/etc/ssl",
-                "/etc/localtime",
-            ]
-            .map(PathBuf::from),
-        );
-        read.push(exe.to_path_buf());
-        // The host's procfs: only the plugin's own /proc/<pid> (the rule is
-        // taken on the directory `/proc/self` resolves to now, before exec,
-        // which keeps the pid). Its children and every host process stay
-        // unreadable through Landlock, though /proc listings stay visible.
-        read.push(PathBuf::from("/proc/self"));
-    }
-    let devices = ["null", "zero", "full", "random", "urandom"]
-        .iter()
-        .map(|n| Path::new("/dev").join(n))
-        .collect();
-    Grants {
-        read,
-        write,
-        devices,
-    }
-}
-
-fn parse_status(mut f: std::fs::File) -> SelfCheck {
-    use std::io::{Read, Seek};
-    let mut s = String::new();
-    let _ = f.rewind();
-    let _ = f.read_to_string(&mut s);
-    let mut c = SelfCheck::default();
-    for line in s.lines() {
-        let Some((k, v)) = line.split_once(':') else {
-            continue;
-        };
-        let v = v.trim();
-        let hex = || u64::from_str_radix(v, 16).ok();
-        let first = || v.split_whitespace().next().and_then(|x| x.parse().ok());
-        match k {
-            "Uid" => c.uid = first(),
-            "Gid" => c.gid = first(),
-            "CapEff" => c.cap_eff = hex(),
-            "CapPrm" => c.cap_prm = hex(),
-            "CapInh" => c.cap_inh = hex(),
-            "CapBnd" => c.cap_bnd = hex(),
-            "CapAmb" => c.cap_amb = hex(),
-            "NoNewPrivs" => c.no_new_privs = Some(v == "1"),
-            "Seccomp" => c.seccomp = v.parse().ok(),
-            "Seccomp_filters" => c.seccomp_filters = v.parse().ok(),
-            _ => {}
-        }
-    }
-    c
-}
-
-/// Fds that survive `execve` (open and not close-on-exec).
-fn inheritable_fds() -> Vec<RawFd> {
-    (0..1024)
-        .filter(|fd| {
-            // SAFETY: F_GETFD only queries the flags of an fd number.
-            let fl = unsafe { libc::fcntl(*fd, libc::F_GETFD) };
-            fl >= 0 && fl & libc::FD_CLOEXEC == 0
-        })
-        .collect()
 }

@@ -1,0 +1,233 @@
+//! The plugin process: steps 12–17 of spec B.2 (rlimits, capabilities,
+//! no_new_privs, Landlock, seccomp, self-check, report, execve).
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::reaper::sigset;
+use super::{Fail, ReportPipe, fail, os_fail, prctl};
+use crate::landlock::{self as ll, Grants};
+use crate::mounts;
+use crate::report::{HelperMessage, LayerStatus, SandboxReport, SelfCheck};
+use crate::request::HelperRequest;
+use crate::{caps, rlimits, seccomp};
+
+/// Steps 12–17 in the plugin process.
+pub(super) fn plugin_exec(
+    req: &HelperRequest,
+    rep: &mut SandboxReport,
+    mountns: bool,
+    workdir: &Path,
+    tmpdir: &Path,
+    exe: &Path,
+    pipe: &ReportPipe,
+) -> Result<Infallible, Fail> {
+    let l = &req.policy.layers;
+    std::env::set_current_dir(workdir).map_err(|e| fail("workdir", format!("{workdir:?}: {e}")))?;
+    // Opened before Landlock so the self-check can re-read it at the end.
+    let status_fd = std::fs::File::open("/proc/self/status").ok();
+    rep.self_check.uid_map = std::fs::read_to_string("/proc/self/uid_map")
+        .map(|s| {
+            s.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    // 12. rlimits.
+    if l.rlimits {
+        match rlimits::apply(&req.policy.rlimits) {
+            Ok(set) => {
+                rep.rlimits = set;
+                rep.rlimits_status = LayerStatus::Applied;
+            }
+            Err(e) => return Err(fail("rlimits", e)),
+        }
+    }
+    // 13. Capabilities, checked with capget.
+    rep.caps = match caps::drop_all() {
+        Ok(None) => LayerStatus::Applied,
+        Ok(Some(reason)) => LayerStatus::Degraded { reason },
+        Err(e) => LayerStatus::unavailable(e),
+    };
+    // 14. no_new_privs: setuid and file-capability binaries are inert.
+    if prctl(libc::PR_SET_NO_NEW_PRIVS, 1) != 0 {
+        return Err(os_fail("no_new_privs", "PR_SET_NO_NEW_PRIVS"));
+    }
+    rep.no_new_privs = prctl(libc::PR_GET_NO_NEW_PRIVS, 0) == 1;
+
+    // 15. Landlock, with grants that exist in the namespace we are in.
+    if l.landlock {
+        rep.landlock = ll::apply(&grants(req, mountns, workdir, tmpdir, exe));
+    }
+    // 16. seccomp, last. Strict mode whenever a namespace that the
+    // namespace filter relies on is missing.
+    let strict = [
+        &rep.userns,
+        &rep.mountns,
+        &rep.netns,
+        &rep.ipcns,
+        &rep.pidns,
+    ]
+    .iter()
+    .any(|s| **s != LayerStatus::Applied);
+    if l.seccomp {
+        let prog = if strict {
+            &req.seccomp_strict
+        } else {
+            &req.seccomp_namespace
+        };
+        rep.seccomp.mode = if strict { "strict" } else { "namespace" }.into();
+        rep.seccomp.insns = prog.len();
+        rep.seccomp.x32_guard = seccomp::has_x32_guard(prog);
+        seccomp::install(prog).map_err(|e| fail("seccomp", e))?;
+        rep.seccomp.status = LayerStatus::Applied;
+    }
+
+    // SIGPIPE: the helper (a Rust binary) ignores it; an ignored signal
+    // would stay ignored across execve, and so would pid 1's blocked mask.
+    let empty = sigset(&[]);
+    // SAFETY: resetting a disposition to the default and clearing the mask.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+
+    // Self-check: what the kernel itself reports now.
+    if let Some(f) = status_fd {
+        rep.self_check = SelfCheck {
+            uid_map: std::mem::take(&mut rep.self_check.uid_map),
+            ..parse_status(f)
+        };
+    }
+    // The environment: the host's (already allowlisted) pairs, plus
+    // defaults that point inside the sandbox for the keys it left out.
+    let mut env = req.env.clone();
+    let tmp = tmpdir.to_string_lossy().into_owned();
+    for (k, v) in [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", tmp.as_str()),
+        ("TMPDIR", tmp.as_str()),
+        ("LANG", "C.UTF-8"),
+    ] {
+        if !env.iter().any(|(ek, _)| ek == k) {
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
+    rep.env_keys = env.iter().map(|(k, _)| k.clone()).collect();
+    rep.fds = inheritable_fds();
+    rep.self_check.fds = rep.fds.clone();
+    rep.finalize();
+    pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
+
+    // 17. execve with exactly the environment the host built.
+    let path = CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
+    let mut argv = vec![path.clone()];
+    for a in &req.args {
+        argv.push(CString::new(a.as_bytes()).map_err(|_| fail("exec", "NUL in an argument"))?);
+    }
+    let mut envp = Vec::new();
+    for (k, v) in &env {
+        envp.push(CString::new(format!("{k}={v}")).map_err(|_| fail("exec", "NUL in env"))?);
+    }
+    let argv_p: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    let envp_p: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    // SAFETY: all three arrays are NUL-terminated C strings / null-terminated
+    // pointer arrays that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr()) };
+    Err(os_fail("exec", &format!("execve {exe:?}")))
+}
+
+fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe: &Path) -> Grants {
+    let mut read: Vec<PathBuf> = mounts::SYSTEM_DIRS.iter().map(PathBuf::from).collect();
+    read.extend(req.policy.extra_ro_paths.iter().map(PathBuf::from));
+    let mut write = vec![workdir.to_path_buf(), tmpdir.to_path_buf()];
+    if mountns {
+        // Inside the minimal root: /etc holds only the selected entries,
+        // /proc is our own.
+        read.extend(["/etc", "/proc", mounts::PLUGIN_DIR].map(PathBuf::from));
+        write.push(PathBuf::from("/dev/shm"));
+    } else {
+        // Host view: only the selected /etc entries, and the binary.
+        read.extend(
+            [
+                "/etc/passwd",
+                "/etc/group",
+                "/etc/hosts",
+                "/etc/resolv.conf",
+                "/etc/nsswitch.conf",
+                "/etc/ld.so.cache",
+                "/etc/ssl",
+                "/etc/localtime",
+            ]
+            .map(PathBuf::from),
+        );
+        read.push(exe.to_path_buf());
+        // The host's procfs: only the plugin's own /proc/<pid> (the rule is
+        // taken on the directory `/proc/self` resolves to now, before exec,
+        // which keeps the pid). Its children and every host process stay
+        // unreadable through Landlock, though /proc listings stay visible.
+        read.push(PathBuf::from("/proc/self"));
+    }
+    let devices = ["null", "zero", "full", "random", "urandom"]
+        .iter()
+        .map(|n| Path::new("/dev").join(n))
+        .collect();
+    Grants {
+        read,
+        write,
+        devices,
+    }
+}
+
+fn parse_status(mut f: std::fs::File) -> SelfCheck {
+    use std::io::{Read, Seek};
+    let mut s = String::new();
+    let _ = f.rewind();
+    let _ = f.read_to_string(&mut s);
+    let mut c = SelfCheck::default();
+    for line in s.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let v = v.trim();
+        let hex = || u64::from_str_radix(v, 16).ok();
+        let first = || v.split_whitespace().next().and_then(|x| x.parse().ok());
+        match k {
+            "Uid" => c.uid = first(),
+            "Gid" => c.gid = first(),
+            "CapEff" => c.cap_eff = hex(),
+            "CapPrm" => c.cap_prm = hex(),
+            "CapInh" => c.cap_inh = hex(),
+            "CapBnd" => c.cap_bnd = hex(),
+            "CapAmb" => c.cap_amb = hex(),
+            "NoNewPrivs" => c.no_new_privs = Some(v == "1"),
+            "Seccomp" => c.seccomp = v.parse().ok(),
+            "Seccomp_filters" => c.seccomp_filters = v.parse().ok(),
+            _ => {}
+        }
+    }
+    c
+}
+
+/// Fds that survive `execve` (open and not close-on-exec).
+fn inheritable_fds() -> Vec<RawFd> {
+    (0..1024)
+        .filter(|fd| {
+            // SAFETY: F_GETFD only queries the flags of an fd number.
+            let fl = unsafe { libc::fcntl(*fd, libc::F_GETFD) };
+            fl >= 0 && fl & libc::FD_CLOEXEC == 0
+        })
+        .collect()
+}
