@@ -166,7 +166,7 @@ impl JsonlAuditSink {
     }
 }
 
-fn repair_tail(file: &mut File) -> std::io::Result<()> {
+pub(crate) fn repair_tail(file: &mut File) -> std::io::Result<()> {
     let len = file.metadata()?.len();
     if len == 0 {
         return Ok(());
@@ -193,7 +193,7 @@ fn repair_tail(file: &mut File) -> std::io::Result<()> {
     file.sync_all()
 }
 
-fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
     let before = file.metadata()?.len();
     let written = rustix::io::write(&*file, line).map_err(std::io::Error::from)?;
     if written != line.len() {

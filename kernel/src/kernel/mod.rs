@@ -63,6 +63,8 @@ pub enum KernelSetupError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     Registration(#[from] RegistrationError),
+    #[error("usage store {path}: {message}")]
+    UsageStore { path: String, message: String },
     #[error("files root {path}: {message}")]
     FilesRoot { path: String, message: String },
 }
@@ -255,6 +257,15 @@ impl Kernel {
             .audit_write_timeout(config.audit_write_timeout_ms.map(Duration::from_millis))
             .host_policy(config.host_policy.clone());
         builder.config_grants = Some(source);
+        if let Some(path) = &config.usage_store_path {
+            let store = crate::usage::JsonlUsageStore::open(path).map_err(|e| {
+                KernelSetupError::UsageStore {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                }
+            })?;
+            builder = builder.usage_store(Arc::new(store));
+        }
         if config.files.enabled {
             builder = builder.file_tools(files_root, config.files.clone())?;
         }
