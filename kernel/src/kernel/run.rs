@@ -43,7 +43,13 @@ impl Run {
                     HandlerAnswer::Raw(v) => serde_json::from_value::<ToolResult>(v).ok(),
                 };
                 match parsed {
-                    Some(r) if r.call_id() == &call.id && r.tool() == &call.tool => r,
+                    Some(r)
+                        if r.call_id() == &call.id
+                            && r.tool() == &call.tool
+                            && r.output().is_none_or(|o| self.tool.output_fits(o)) =>
+                    {
+                        r
+                    }
                     _ => failed(
                         "invalid_tool_result",
                         "The tool answered with an invalid result.",
