@@ -188,6 +188,12 @@ impl KernelBuilder {
     }
 }
 
+/// Runs a handler's synchronous hook; a panic in it is `None`, so a broken
+/// tool fails its call instead of the turn.
+fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
 fn sha256_hex(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -579,9 +585,10 @@ impl TurnKernel for Kernel {
             return Ok(self.answer(turn, context, call, r, facts).await);
         }
         // 8. Arguments: the schema, then the handler's own parse.
-        let parsed = tool
-            .check_arguments(&call.arguments)
-            .and_then(|()| tool.handler.parse_arguments(&call.arguments));
+        let parsed = tool.check_arguments(&call.arguments).and_then(|()| {
+            guarded(|| tool.handler.parse_arguments(&call.arguments))
+                .unwrap_or_else(|| Err("the tool could not parse its arguments".into()))
+        });
         let parsed = match parsed {
             Ok(p) => p,
             Err(message) => {
@@ -595,7 +602,9 @@ impl TurnKernel for Kernel {
             ..call.clone()
         };
         // 9. The exact requirement.
-        let resolved = match tool.handler.resolve_requirement(context, &parsed_call) {
+        let resolved = guarded(|| tool.handler.resolve_requirement(context, &parsed_call))
+            .unwrap_or_else(|| Err("resolve_requirement panicked".into()));
+        let resolved = match resolved {
             Ok(r) => r.unwrap_or_else(|| def.required_capability.clone()),
             Err(text) => {
                 self.recorder
