@@ -5,10 +5,12 @@
 //! driver's manifest as its own (`sharedos.standard` for a driver that
 //! states none).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sharedos_protocol::{
@@ -169,7 +171,10 @@ impl StandardLoop {
         outcome: SessionOutcome,
     ) {
         if let Some(s) = session.as_mut() {
-            let _ = tokio::time::timeout(self.options.close_timeout, s.close(outcome)).await;
+            // Errors and hangs are swallowed: a close that panics (how Rust
+            // code throws) changes nothing about the turn.
+            let closing = AssertUnwindSafe(s.close(outcome)).catch_unwind();
+            let _ = tokio::time::timeout(self.options.close_timeout, closing).await;
         }
     }
 

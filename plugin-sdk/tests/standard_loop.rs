@@ -826,3 +826,20 @@ async fn a_fail_decision_is_passed_through_and_closes_failed() {
     assert_eq!(r.failed(), ("model_refused".into(), Some(true)));
     assert_eq!(r.closed(), vec![SessionOutcome::Failed]);
 }
+#[tokio::test(start_paused = true)]
+async fn a_close_that_fails_is_swallowed() {
+    let t = Timeline::default();
+    let host = RecHost::new(4, Answer::Succeed, &t);
+    let mut driver = ScriptDriver::new(vec![Next::Decide(complete(json!("done")))], &t);
+    driver.close_panics = true;
+    let r = run(driver, &host).await;
+    assert_eq!(
+        r.outcome,
+        Ok(RuntimeTurnOutcome::Complete {
+            output: json!("done"),
+            metadata: None
+        }),
+        "close's failure does not change the turn"
+    );
+    assert_eq!(r.closed(), vec![SessionOutcome::Succeeded]);
+}
