@@ -157,6 +157,17 @@ fn fail(code: &str, message: &str, retryable: bool) -> RuntimeTurnOutcome {
     }
 }
 
+/// A driver call whose panic (how Rust code throws) is caught by the loop
+/// like any other driver failure: `driver_failed`, with the session closed.
+async fn guarded<T>(
+    call: impl std::future::Future<Output = Result<T, DriverError>>,
+) -> Result<T, DriverError> {
+    AssertUnwindSafe(call)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(DriverError::Failed("the driver panicked".into())))
+}
+
 /// Why the loop stopped without an outcome of its own.
 enum Stop {
     Cancelled,
@@ -189,7 +200,7 @@ impl StandardLoop {
         let opened = tokio::select! {
             biased;
             _ = abort.raised() => return Err(Stop::Cancelled),
-            s = self.options.driver.open(request, abort.clone()) => s.map_err(Stop::Driver)?,
+            s = guarded(self.options.driver.open(request, abort.clone())) => s.map_err(Stop::Driver)?,
         };
         let session = session_slot.insert(opened);
         if let Some(hash) = session.prompt_hash() {
@@ -205,7 +216,7 @@ impl StandardLoop {
             let decided = tokio::select! {
                 biased;
                 _ = abort.raised() => return Err(Stop::Cancelled),
-                d = session.next(input, abort.clone()) => d,
+                d = guarded(session.next(input, abort.clone())) => d,
             };
             let decision = match decided {
                 Ok(d) => d,

@@ -843,3 +843,14 @@ async fn a_close_that_fails_is_swallowed() {
     );
     assert_eq!(r.closed(), vec![SessionOutcome::Succeeded]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_driver_that_panics_is_driver_failed_and_its_session_is_closed() {
+    let t = Timeline::default();
+    let host = RecHost::new(4, Answer::Succeed, &t);
+    let driver = ScriptDriver::new(vec![Next::Decide(tool_call("c1", None)), Next::Panic], &t);
+    let r = run(driver, &host).await;
+    assert_eq!(r.failed(), ("driver_failed".into(), Some(true)));
+    assert_eq!(r.closed(), vec![SessionOutcome::Failed]);
+    assert_eq!(lock(&r.errors).len(), 1);
+}
