@@ -360,3 +360,64 @@ async fn the_bounds_have_their_defaults_and_are_checked() {
     );
     assert!(make(ExecutorOptions::default()).is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_stop_aborts_a_call_in_flight_and_keeps_the_annotations() {
+    // One call is in its handler when a concurrent flood goes over the
+    // budget: the handler is aborted as at the deadline (recorded
+    // interrupted, no tool.completed), and what the plugin stated is on the
+    // result.
+    let kernel = TestKernel::new(vec![read_tool("files.read")]).handler(
+        "files.read",
+        Handler::Slow {
+            work_ms: 60_000,
+            honour_abort: true,
+        },
+    );
+    let plugin = FnPlugin(|_req, host: Arc<dyn RuntimeHost>, _abort| async move {
+        host.annotate("promptHash", json!("h")).unwrap();
+        let slow = host.invoke_tool(call("slow", "files.read"), None);
+        let flood = async {
+            tokio::time::sleep(ms(10)).await;
+            loop {
+                if host.emit(tick(0, json!(0))).is_err() {
+                    return;
+                }
+            }
+        };
+        let (called, ()) = tokio::join!(slow, flood);
+        let e = called.expect_err("the call is stopped");
+        Err(RuntimeError::Failed(e.to_string()))
+    });
+    let observed: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let sink = observed.clone();
+    let (o, errors) = budget_options(50, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let h = executor_with(&kernel, Arc::new(plugin), o, errors);
+    let (r, took) = {
+        let start = tokio::time::Instant::now();
+        let r = h
+            .executor
+            .execute(
+                request(&["files.read"]),
+                sharedos_host::executor::ExecuteOptions {
+                    on_event: Some(Arc::new(move |e| lock(&sink).push(e.kind.to_string()))),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        (r, start.elapsed().as_millis() as u64)
+    };
+    assert_stopped_for_the_budget(&h, &kernel, &r);
+    assert_eq!(took, 10);
+    assert_eq!(r.metadata["promptHash"], "h");
+    assert_eq!(events_of(&r, "tool.requested").len(), 1);
+    assert!(events_of(&r, "tool.completed").is_empty());
+    assert!(r.events.len() <= 50);
+    assert_eq!(*lock(&observed), types(&r), "the observer saw the same log");
+    settle().await;
+    let slow = kernel.tool_invoked("slow");
+    assert_eq!(slow.len(), 1);
+    assert_eq!(slow[0].outcome, "interrupted");
+    assert_eq!(r.error.as_ref().unwrap().retryable, Some(true), "a read");
+}
