@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub mod envelope;
-pub mod process;
 pub mod fixture;
+pub mod process;
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
@@ -187,11 +187,17 @@ pub async fn run(iterations: usize) -> i32 {
         &mut failed,
     );
     match envelope::inprocess_emits(iterations * 50).await {
-        Ok(rate) => println!("{:<58} {:>12.0} emits/s", "(e) emits through the envelope, plugin in process", rate),
+        Ok(rate) => println!(
+            "{:<58} {:>12.0} emits/s",
+            "(e) emits through the envelope, plugin in process", rate
+        ),
         Err(e) => println!("    (emits in process not measured: {e})"),
     }
     match process::process_emits(&exe, 5_000).await {
-        Ok(rate) => println!("{:<58} {:>12.0} emits/s", "(e') the same, plugin out of process (5 000 emits)", rate),
+        Ok(rate) => println!(
+            "{:<58} {:>12.0} emits/s",
+            "(e') the same, plugin out of process (5 000 emits)", rate
+        ),
         Err(e) => println!("    (emits out of process not measured: {e})"),
     }
 
@@ -205,7 +211,15 @@ pub async fn run(iterations: usize) -> i32 {
         );
     }
     let runs = 30;
-    match process::deadline_to_result(&exe, std::sync::Arc::new(crate::process::DirectLauncher), 50, runs, true).await {
+    match process::deadline_to_result(
+        &exe,
+        std::sync::Arc::new(crate::process::DirectLauncher),
+        50,
+        runs,
+        true,
+    )
+    .await
+    {
         Ok((r, g)) => {
             println!("{}  [direct launch]", r.line());
             if let Some(g) = g {
@@ -217,7 +231,8 @@ pub async fn run(iterations: usize) -> i32 {
             failed = true;
         }
     }
-    match process::deadline_to_result(&exe, process::sandbox_launcher(&exe), 50, runs, false).await {
+    match process::deadline_to_result(&exe, process::sandbox_launcher(&exe), 50, runs, false).await
+    {
         Ok((r, _)) => println!("{}  [full sandbox]", r.line()),
         Err(e) => {
             println!("    (deadline, sandboxed, not measured: {e})");
@@ -226,19 +241,34 @@ pub async fn run(iterations: usize) -> i32 {
     }
 
     println!("\n== Kernel (issue: kernel)");
-    println!("authorization decision: {}", sharedos_kernel::bench::authorization_decision(iterations * 10).await);
+    println!(
+        "authorization decision: {}",
+        sharedos_kernel::bench::authorization_decision(iterations * 10).await
+    );
     let dir = tempfile::tempdir();
     match dir {
         Ok(dir) => {
-            println!("audited tool call (JSONL + fsync): {}", sharedos_kernel::bench::audited_tool_call(dir.path(), 200).await);
-            println!("100 file tool calls: {}", sharedos_kernel::bench::file_tool_calls(dir.path()).await);
+            println!(
+                "audited tool call (JSONL + fsync): {}",
+                sharedos_kernel::bench::audited_tool_call(dir.path(), 200).await
+            );
+            println!(
+                "100 file tool calls: {}",
+                sharedos_kernel::bench::file_tool_calls(dir.path()).await
+            );
         }
         Err(e) => println!("    (kernel file benches not measured: {e})"),
     }
 
     println!("\n== Sandbox (issue: sandbox)");
     let echo_sandbox = show(
-        process::spawn_to_initialize(process::sandbox_launcher(&exe), &exe, "(d) spawn until initialize, echo, full sandbox", spawns).await,
+        process::spawn_to_initialize(
+            process::sandbox_launcher(&exe),
+            &exe,
+            "(d) spawn until initialize, echo, full sandbox",
+            spawns,
+        )
+        .await,
         &mut failed,
     );
     match process::find_bwrap() {
@@ -254,7 +284,10 @@ pub async fn run(iterations: usize) -> i32 {
                 &mut failed,
             );
             if let (Some(s), Some(b)) = (&echo_sandbox, &bw) {
-                println!("{}", process::ratio_line("full sandbox / bwrap, target ≤ 0.4×", s, b));
+                println!(
+                    "{}",
+                    process::ratio_line("full sandbox / bwrap, target ≤ 0.4×", s, b)
+                );
             }
         }
         None => println!("    (bwrap not installed: `apt-get install bubblewrap` to compare)"),
@@ -264,15 +297,27 @@ pub async fn run(iterations: usize) -> i32 {
     }
     let resident = process::hold_resident(1 << 30);
     let big = show(
-        process::spawn_to_initialize(process::sandbox_launcher(&exe), &exe, "(d) full sandbox, host holding 1 GiB resident", spawns).await,
+        process::spawn_to_initialize(
+            process::sandbox_launcher(&exe),
+            &exe,
+            "(d) full sandbox, host holding 1 GiB resident",
+            spawns,
+        )
+        .await,
         &mut failed,
     );
     drop(resident);
     if let (Some(b), Some(s)) = (&big, &echo_sandbox) {
-        println!("{}", process::ratio_line("1 GiB host / small host, target ≤ 1.2×", b, s));
+        println!(
+            "{}",
+            process::ratio_line("1 GiB host / small host, target ≤ 1.2×", b, s)
+        );
     }
     match tokio::task::spawn_blocking(move || sharedos_sandbox::bench_current_exe(spawns)).await {
-        Ok(Ok(report)) => println!("sandbox cost by layer: {}", serde_json::to_string_pretty(&report).unwrap_or_default()),
+        Ok(Ok(report)) => println!(
+            "sandbox cost by layer: {}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ),
         Ok(Err(e)) => println!("    (sandbox layers not measured: {e})"),
         Err(e) => println!("    (sandbox layers not measured: {e})"),
     }
