@@ -12,7 +12,7 @@ use sharedos_protocol::{ConnectionLimits, RuntimeManifest};
 use tokio::net::unix::pipe;
 
 use super::Figure;
-use super::envelope::{call_samples, emit_rate};
+use super::envelope::call_samples;
 use super::fixture::{self, TimingPlugin};
 use crate::broker::{Peer, PeerConfig, handshake, host_peer_config};
 use crate::executor::{ExecuteOptions, Executor};
@@ -76,19 +76,45 @@ pub async fn process_calls(
     Ok(Figure::from_samples(name, samples))
 }
 
-/// (e) Emits per second through the envelope, plugin out of process. The
-/// host's per-turn token bucket allows a burst of 10 000 notifications;
-/// the measurement stays inside it.
+/// (e) Emits per second through the envelope, plugin out of process,
+/// measured on the host: from the first `runtime.event` the envelope
+/// records to the last. The host's per-turn token bucket allows a burst of
+/// 10 000 notifications; the measurement stays inside it.
 pub async fn process_emits(exe: &Path, n: usize) -> Result<f64, String> {
     let executor = timing_executor(exe, Arc::new(DirectLauncher))?;
+    let seen: Arc<std::sync::Mutex<(Option<Instant>, Option<Instant>, usize)>> = Arc::default();
+    let probe = seen.clone();
+    let on_event: crate::executor::OnEvent = Arc::new(move |e| {
+        if e.kind == "runtime.event" {
+            let now = Instant::now();
+            let mut s = probe.lock().unwrap_or_else(|p| p.into_inner());
+            s.0.get_or_insert(now);
+            s.1 = Some(now);
+            s.2 += 1;
+        }
+    });
     let result = executor
         .execute(
             fixture::request("bench-process-emits", json!({"emits": n})),
-            ExecuteOptions::default(),
+            ExecuteOptions {
+                cancel: None,
+                on_event: Some(on_event),
+            },
         )
         .await
         .map_err(|e| e.to_string())?;
-    emit_rate(&result)
+    if result.status != sharedos_protocol::ExecutionStatus::Succeeded {
+        return Err(format!(
+            "the emit turn ended {} {:?}",
+            result.status.as_str(),
+            result.code()
+        ));
+    }
+    let (first, last, count) = *seen.lock().unwrap_or_else(|p| p.into_inner());
+    match (first, last) {
+        (Some(f), Some(l)) if count > 1 => Ok((count - 1) as f64 / (l - f).as_secs_f64().max(1e-9)),
+        _ => Err(format!("only {count} emits were recorded")),
+    }
 }
 
 /// bubblewrap with every namespace unshared, around a direct launch.

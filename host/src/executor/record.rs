@@ -221,3 +221,122 @@ pub fn assemble(
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sharedos_protocol::{ExecutionRequest, ExecutionResult, RuntimeManifest};
+
+    use super::*;
+
+    fn request() -> ExecutionRequest {
+        serde_json::from_str(include_str!("../../demo/turn.json")).unwrap()
+    }
+
+    fn result(
+        metadata: serde_json::Value,
+        status: &str,
+        error: Option<serde_json::Value>,
+    ) -> ExecutionResult {
+        let mut v = json!({
+            "version": "1", "executionId": "demo-turn-1", "traceId": "trace-demo-1", "status": status,
+            "events": [
+                {"version":"1","eventId":"e0","executionId":"demo-turn-1","traceId":"trace-demo-1","sequence":0,
+                 "type":"turn.started","data":{"visibleTools":["files.read","files.write"]},"occurredAt":"2026-11-30T12:00:00Z"},
+                {"version":"1","eventId":"e1","executionId":"demo-turn-1","traceId":"trace-demo-1","sequence":1,
+                 "type":"tool.requested","data":{"callId":"c1","tool":"files.read","step":0},"occurredAt":"2026-11-30T12:00:00Z"},
+                {"version":"1","eventId":"e2","executionId":"demo-turn-1","traceId":"trace-demo-1","sequence":2,
+                 "type":"tool.completed","data":{"callId":"c1","tool":"files.read","status":"denied","code":"no_matching_grant","step":0},
+                 "occurredAt":"2026-11-30T12:00:00Z"},
+                {"version":"1","eventId":"e3","executionId":"demo-turn-1","traceId":"trace-demo-1","sequence":3,
+                 "type":"tool.requested","data":{"callId":"c2","tool":"files.write"},"occurredAt":"2026-11-30T12:00:01Z"}
+            ],
+            "startedAt": "2026-11-30T12:00:00Z", "completedAt": "2026-11-30T12:00:02.500Z", "metadata": metadata
+        });
+        if status == "succeeded" {
+            v["output"] = json!(null);
+        }
+        if let Some(e) = error {
+            v["error"] = e;
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn manifest() -> RuntimeManifest {
+        RuntimeManifest::new("sharedos.standard", "0.1.0").unwrap()
+    }
+
+    #[test]
+    fn prompt_hash_is_lifted_only_when_it_is_a_content_hash() {
+        let h = "a".repeat(64);
+        let r = assemble(
+            &request(),
+            &result(json!({"promptHash": h, "runtime": {}}), "succeeded", None),
+            &manifest(),
+        );
+        assert_eq!(r.system.prompt_hash.as_deref(), Some(h.as_str()));
+        for bad in [
+            json!("A".repeat(64)),
+            json!("a".repeat(63)),
+            json!(42),
+            json!("g".repeat(64)),
+        ] {
+            let r = assemble(
+                &request(),
+                &result(json!({"promptHash": bad, "runtime": {}}), "succeeded", None),
+                &manifest(),
+            );
+            assert_eq!(r.system.prompt_hash, None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn escalation_asked_is_shape_validated() {
+        let ok = json!({"escalationAsked": {"tool": "sharedos.escalate", "reason": "need a human"}, "runtime": {}});
+        let r = assemble(&request(), &result(ok, "succeeded", None), &manifest());
+        assert_eq!(r.execution.escalation_asked.unwrap().reason, "need a human");
+        for bad in [
+            json!({"tool": "sharedos.escalate"}),
+            json!({"tool": "sharedos.escalate", "reason": "x", "extra": 1}),
+            json!({"tool": "", "reason": "x"}),
+            json!({"tool": "t", "reason": "r".repeat(513)}),
+            json!("sharedos.escalate"),
+        ] {
+            let md = json!({"escalationAsked": bad, "runtime": {}});
+            let r = assemble(&request(), &result(md, "succeeded", None), &manifest());
+            assert!(r.execution.escalation_asked.is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn operations_tools_and_reason_code_come_from_events_and_result() {
+        let err = json!({"code": "turn_cancelled", "message": "cancelled", "retryable": false});
+        let r = assemble(
+            &request(),
+            &result(
+                json!({"runtime": {}, "secret": "x"}),
+                "cancelled",
+                Some(err),
+            ),
+            &manifest(),
+        );
+        assert_eq!(
+            r.execution.terminal_reason_code.as_deref(),
+            Some("turn_cancelled")
+        );
+        assert_eq!(r.execution.exposed_tools, vec!["files.read", "files.write"]);
+        assert_eq!(r.execution.requested_tools.len(), 4);
+        assert_eq!(r.execution.operations.len(), 2);
+        assert_eq!(r.execution.operations[0].outcome, "denied");
+        assert_eq!(
+            r.execution.operations[0].code.as_deref(),
+            Some("no_matching_grant")
+        );
+        // A call with no completion was stopped while with the kernel.
+        assert_eq!(r.execution.operations[1].outcome, "interrupted");
+        assert_eq!(r.cost.tool_calls, 2);
+        assert_eq!(r.cost.elapsed_ms, 2500);
+        // Metadata that is not lifted stays out of the record.
+        assert!(!serde_json::to_string(&r).unwrap().contains("secret"));
+    }
+}
