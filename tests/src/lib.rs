@@ -317,7 +317,13 @@ pub fn isolated<T>(body: impl std::future::Future<Output = T>) -> T {
     // tokio keeps a process-wide socket pair for its signal driver once a
     // runtime with signals was built; create it before the first count.
     static WARM: std::sync::Once = std::sync::Once::new();
-    WARM.call_once(|| drop(tokio::runtime::Builder::new_current_thread().enable_all().build()));
+    WARM.call_once(|| {
+        drop(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build(),
+        )
+    });
     let before = fd_count();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
