@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 use sharedos_protocol::{
-    ANNOTATION_KEY_MESSAGE, ErrorKind, RuntimeEvent, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
-    RuntimeTurnRequest, ToolCall, ToolResult, annotation_key_refused,
+    ANNOTATION_KEY_MESSAGE, ErrorKind, RuntimeEvent, RuntimeLimits, RuntimeManifest,
+    RuntimeTurnOutcome, RuntimeTurnRequest, ToolCall, ToolResult, annotation_key_refused,
 };
 
 use crate::signal::Signal;
@@ -25,7 +25,10 @@ pub struct HostCallError {
 
 impl HostCallError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
     /// "Runtime host is closed": a call after close or after the hard abort.
     pub fn closed() -> Self {
@@ -81,7 +84,11 @@ pub trait RuntimeHost: Send + Sync {
     /// status `denied`; `Err` only for a call after close, a malformed
     /// call, an invalid kernel result, an audit outage on its own decision,
     /// or a call cancelled by the abort.
-    async fn invoke_tool(&self, call: ToolCall, step: Option<u64>) -> Result<ToolResult, HostCallError>;
+    async fn invoke_tool(
+        &self,
+        call: ToolCall,
+        step: Option<u64>,
+    ) -> Result<ToolResult, HostCallError>;
 
     /// Something that happened at a moment. Rejected after close or abort.
     fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError>;
@@ -120,7 +127,13 @@ mod tests {
             .filter(|l| l.starts_with("fn ") || l.starts_with("async fn "))
             .collect();
         assert_eq!(members.len(), 5, "RuntimeHost members: {members:?}");
-        for name in ["fn limits", "fn invoke_tool", "fn emit", "fn annotate", "fn draining"] {
+        for name in [
+            "fn limits",
+            "fn invoke_tool",
+            "fn emit",
+            "fn annotate",
+            "fn draining",
+        ] {
             assert!(members.iter().any(|m| m.contains(name)), "missing {name}");
         }
     }
@@ -131,7 +144,11 @@ mod tests {
     #[async_trait::async_trait]
     impl super::RuntimeHost for FiveMembers {
         fn limits(&self) -> super::RuntimeLimits {
-            super::RuntimeLimits { max_steps: 1, max_tool_calls: 1, timeout_ms: 1 }
+            super::RuntimeLimits {
+                max_steps: 1,
+                max_tool_calls: 1,
+                timeout_ms: 1,
+            }
         }
         async fn invoke_tool(
             &self,

@@ -19,6 +19,6 @@ pub use signal::{Signal, SignalSource};
 
 pub use sharedos_protocol as protocol;
 pub use sharedos_protocol::{
-    JsonObject, RuntimeEvent, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ToolCall,
-    ToolResult,
+    JsonObject, RuntimeEvent, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, ToolCall, ToolResult,
 };

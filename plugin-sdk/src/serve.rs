@@ -35,9 +35,10 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
 use sharedos_protocol::{
-    AnnotateParams, DEFAULT_MAX_MESSAGE_BYTES, EmitParams, ErrorKind, InitializeParams, InitializeResult,
-    InvokeToolParams, NdjsonCodec, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS, RpcErrorCode, RuntimeEvent, RuntimeLimits,
-    ToolCall, ToolResult, TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams, methods,
+    AnnotateParams, DEFAULT_MAX_MESSAGE_BYTES, EmitParams, ErrorKind, InitializeParams,
+    InitializeResult, InvokeToolParams, NdjsonCodec, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS,
+    RpcErrorCode, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, TurnAbortParams,
+    TurnDrainingParams, TurnId, TurnRunParams, methods,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
@@ -67,7 +68,10 @@ pub fn serve(plugin: impl RuntimePlugin + 'static) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sharedos plugin: cannot start the async runtime: {e}");
@@ -97,12 +101,18 @@ pub fn serve(plugin: impl RuntimePlugin + 'static) -> ExitCode {
 /// terminal).
 fn stdio() -> io::Result<(BoxRead, BoxWrite)> {
     let stdin = io::stdin().as_fd().try_clone_to_owned()?;
-    let reader: BoxRead = match stdin.try_clone().and_then(tokio::net::unix::pipe::Receiver::from_owned_fd) {
+    let reader: BoxRead = match stdin
+        .try_clone()
+        .and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)
+    {
         Ok(r) => Box::pin(r),
         Err(_) => Box::pin(tokio::fs::File::from_std(std::fs::File::from(stdin))),
     };
     let stdout = io::stdout().as_fd().try_clone_to_owned()?;
-    let writer: BoxWrite = match stdout.try_clone().and_then(tokio::net::unix::pipe::Sender::from_owned_fd) {
+    let writer: BoxWrite = match stdout
+        .try_clone()
+        .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
+    {
         Ok(w) => Box::pin(w),
         Err(_) => Box::pin(tokio::fs::File::from_std(std::fs::File::from(stdout))),
     };
@@ -146,10 +156,15 @@ impl Conn {
             Ok(l) if l.len() <= self.max() => l,
             Ok(_) => jsonrpc::error_response(
                 id,
-                &WireError::new(ErrorKind::MessageTooLarge, "the response exceeds maxMessageBytes")
-                    .with("limit", Value::from(self.max() as u64)),
+                &WireError::new(
+                    ErrorKind::MessageTooLarge,
+                    "the response exceeds maxMessageBytes",
+                )
+                .with("limit", Value::from(self.max() as u64)),
             ),
-            Err(e) => jsonrpc::error_response(id, &WireError::new(ErrorKind::Internal, e.to_string())),
+            Err(e) => {
+                jsonrpc::error_response(id, &WireError::new(ErrorKind::Internal, e.to_string()))
+            }
         };
         self.send(line);
     }
@@ -158,7 +173,10 @@ impl Conn {
     }
     fn cancel_pending(&self) {
         for (_, tx) in lock(&self.pending).drain() {
-            let _ = tx.send(Err(WireError::new(ErrorKind::Cancelled, "the turn was aborted")));
+            let _ = tx.send(Err(WireError::new(
+                ErrorKind::Cancelled,
+                "the turn was aborted",
+            )));
         }
     }
 }
@@ -219,19 +237,31 @@ where
             Incoming::Request { id, method, params } => match method.as_ref() {
                 methods::INITIALIZE => {
                     let Some(p) = parse::<InitializeParams>(params) else {
-                        conn.fail(&id, WireError::new(ErrorKind::InvalidParams, "invalid initialize params"));
-                        continue;
-                    };
-                    let Some(version) = p.protocol_versions.iter().copied().filter(|v| PROTOCOL_VERSIONS.contains(v)).max()
-                    else {
                         conn.fail(
                             &id,
-                            WireError::new(ErrorKind::UnsupportedProtocolVersion, "no common protocol version")
-                                .with("supported", Value::from(PROTOCOL_VERSIONS.to_vec())),
+                            WireError::new(ErrorKind::InvalidParams, "invalid initialize params"),
                         );
                         continue;
                     };
-                    conn.max_message_bytes.store(p.limits.max_message_bytes, Ordering::Relaxed);
+                    let Some(version) = p
+                        .protocol_versions
+                        .iter()
+                        .copied()
+                        .filter(|v| PROTOCOL_VERSIONS.contains(v))
+                        .max()
+                    else {
+                        conn.fail(
+                            &id,
+                            WireError::new(
+                                ErrorKind::UnsupportedProtocolVersion,
+                                "no common protocol version",
+                            )
+                            .with("supported", Value::from(PROTOCOL_VERSIONS.to_vec())),
+                        );
+                        continue;
+                    };
+                    conn.max_message_bytes
+                        .store(p.limits.max_message_bytes, Ordering::Relaxed);
                     initialized = true;
                     conn.respond(
                         &id,
@@ -245,18 +275,31 @@ where
                 }
                 methods::TURN_RUN => {
                     if !initialized {
-                        conn.fail(&id, WireError::new(ErrorKind::NotInitialized, "initialize first"));
+                        conn.fail(
+                            &id,
+                            WireError::new(ErrorKind::NotInitialized, "initialize first"),
+                        );
                         continue;
                     }
                     if turn.is_some() {
-                        conn.fail(&id, WireError::new(ErrorKind::NotInitialized, "a turn is already running"));
+                        conn.fail(
+                            &id,
+                            WireError::new(ErrorKind::NotInitialized, "a turn is already running"),
+                        );
                         continue;
                     }
                     let Some(p) = parse::<TurnRunParams>(params) else {
-                        conn.fail(&id, WireError::new(ErrorKind::InvalidParams, "invalid turn/run params"));
+                        conn.fail(
+                            &id,
+                            WireError::new(ErrorKind::InvalidParams, "invalid turn/run params"),
+                        );
                         continue;
                     };
-                    let active = ActiveTurn { turn_id: p.turn_id.clone(), drain: SignalSource::new(), abort: SignalSource::new() };
+                    let active = ActiveTurn {
+                        turn_id: p.turn_id.clone(),
+                        drain: SignalSource::new(),
+                        abort: SignalSource::new(),
+                    };
                     let host = Arc::new(RemoteHost {
                         conn: conn.clone(),
                         turn_id: p.turn_id,
@@ -271,30 +314,39 @@ where
                     tokio::spawn(async move {
                         match plugin.run(p.request, host, abort).await {
                             Ok(outcome) => conn.respond(&id, &outcome),
-                            Err(e) => conn.fail(&id, WireError::new(ErrorKind::Internal, e.to_string())),
+                            Err(e) => {
+                                conn.fail(&id, WireError::new(ErrorKind::Internal, e.to_string()))
+                            }
                         }
                     });
                 }
-                _ => conn.fail(&id, WireError::new(ErrorKind::MethodNotFound, "method not found")),
+                _ => conn.fail(
+                    &id,
+                    WireError::new(ErrorKind::MethodNotFound, "method not found"),
+                ),
             },
             Incoming::Notification { method, params } => match (method.as_ref(), &turn) {
-                (methods::TURN_DRAINING, Some(t)) => {
-                    if parse::<TurnDrainingParams>(params).is_some_and(|p| p.turn_id == t.turn_id) {
-                        t.drain.raise();
-                    }
+                (methods::TURN_DRAINING, Some(t))
+                    if parse::<TurnDrainingParams>(params)
+                        .is_some_and(|p| p.turn_id == t.turn_id) =>
+                {
+                    t.drain.raise();
                 }
-                (methods::TURN_ABORT, Some(t)) => {
-                    if parse::<TurnAbortParams>(params).is_some_and(|p| p.turn_id == t.turn_id) {
-                        // The hard signal implies the soft one.
-                        t.drain.raise();
-                        t.abort.raise();
-                        conn.cancel_pending();
-                    }
+                (methods::TURN_ABORT, Some(t))
+                    if parse::<TurnAbortParams>(params).is_some_and(|p| p.turn_id == t.turn_id) =>
+                {
+                    // The hard signal implies the soft one.
+                    t.drain.raise();
+                    t.abort.raise();
+                    conn.cancel_pending();
                 }
                 // Unknown host notifications are ignored (B.7).
                 _ => {}
             },
-            Incoming::Response { id: RequestId::Number(n), result } => {
+            Incoming::Response {
+                id: RequestId::Number(n),
+                result,
+            } => {
                 if let Some(tx) = lock(&conn.pending).remove(&n) {
                     let _ = tx.send(result.map(RawValue::to_owned));
                 }
@@ -328,9 +380,13 @@ pub struct RemoteHost {
 
 impl RemoteHost {
     fn notify(&self, method: &str, params: &impl Serialize) -> Result<(), HostCallError> {
-        let line = jsonrpc::notification(method, params).map_err(|e| HostCallError::invalid(e.to_string()))?;
+        let line = jsonrpc::notification(method, params)
+            .map_err(|e| HostCallError::invalid(e.to_string()))?;
         if line.len() > self.conn.max() {
-            return Err(HostCallError::new(ErrorKind::MessageTooLarge, "the message exceeds maxMessageBytes"));
+            return Err(HostCallError::new(
+                ErrorKind::MessageTooLarge,
+                "the message exceeds maxMessageBytes",
+            ));
         }
         self.conn.send(line);
         Ok(())
@@ -361,16 +417,27 @@ impl RuntimeHost for RemoteHost {
         self.limits
     }
 
-    async fn invoke_tool(&self, call: ToolCall, step: Option<u64>) -> Result<ToolResult, HostCallError> {
+    async fn invoke_tool(
+        &self,
+        call: ToolCall,
+        step: Option<u64>,
+    ) -> Result<ToolResult, HostCallError> {
         if self.abort.is_raised() {
             return Err(HostCallError::closed());
         }
         let id = self.conn.next_id.fetch_add(1, Ordering::Relaxed);
-        let params = InvokeToolParams { turn_id: self.turn_id.clone(), call, step };
+        let params = InvokeToolParams {
+            turn_id: self.turn_id.clone(),
+            call,
+            step,
+        };
         let line = jsonrpc::request(&RequestId::Number(id), methods::HOST_INVOKE_TOOL, &params)
             .map_err(|e| HostCallError::invalid(e.to_string()))?;
         if line.len() > self.conn.max() {
-            return Err(HostCallError::new(ErrorKind::MessageTooLarge, "the tool call exceeds maxMessageBytes"));
+            return Err(HostCallError::new(
+                ErrorKind::MessageTooLarge,
+                "the tool call exceeds maxMessageBytes",
+            ));
         }
         let (tx, rx) = oneshot::channel();
         lock(&self.conn.pending).insert(id, tx);
@@ -383,8 +450,12 @@ impl RuntimeHost for RemoteHost {
             }
         };
         match answer {
-            Ok(Ok(raw)) => serde_json::from_str(raw.get())
-                .map_err(|_| HostCallError::new(ErrorKind::Internal, "the host returned an invalid tool result")),
+            Ok(Ok(raw)) => serde_json::from_str(raw.get()).map_err(|_| {
+                HostCallError::new(
+                    ErrorKind::Internal,
+                    "the host returned an invalid tool result",
+                )
+            }),
             Ok(Err(e)) => Err(HostCallError::new(kind_of(&e), e.message)),
             Err(_) => Err(HostCallError::closed()),
         }
@@ -394,12 +465,25 @@ impl RuntimeHost for RemoteHost {
         if self.abort.is_raised() {
             return Err(HostCallError::closed());
         }
-        self.notify(methods::HOST_EMIT, &EmitParams { turn_id: self.turn_id.clone(), event })
+        self.notify(
+            methods::HOST_EMIT,
+            &EmitParams {
+                turn_id: self.turn_id.clone(),
+                event,
+            },
+        )
     }
 
     fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
         check_annotation(key)?;
-        self.notify(methods::HOST_ANNOTATE, &AnnotateParams { turn_id: self.turn_id.clone(), key: key.to_owned(), value })
+        self.notify(
+            methods::HOST_ANNOTATE,
+            &AnnotateParams {
+                turn_id: self.turn_id.clone(),
+                key: key.to_owned(),
+                value,
+            },
+        )
     }
 
     fn draining(&self) -> Signal {

@@ -34,7 +34,9 @@ impl SignalSource {
     }
     /// A new observing half.
     pub fn signal(&self) -> Signal {
-        Signal { rx: self.tx.subscribe() }
+        Signal {
+            rx: self.tx.subscribe(),
+        }
     }
 }
 
