@@ -17,8 +17,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use sharedos_plugin_sdk::protocol::{Identifier, RuntimeEvent, Timestamp};
 use sharedos_plugin_sdk::{
-    RuntimeError, RuntimeHost, RuntimeManifest, RuntimePlugin, RuntimeTurnOutcome, RuntimeTurnRequest, Signal,
-    ToolCall, serve,
+    RuntimeError, RuntimeHost, RuntimeManifest, RuntimePlugin, RuntimeTurnOutcome,
+    RuntimeTurnRequest, Signal, ToolCall, serve,
 };
 
 /// The runtime. It holds no state between turns: every turn runs in a
@@ -27,7 +27,8 @@ struct Echo;
 
 /// The manifest the host's registry entry must match exactly.
 fn manifest() -> Result<RuntimeManifest, RuntimeError> {
-    RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION")).map_err(|e| RuntimeError::Failed(e.to_string()))
+    RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION"))
+        .map_err(|e| RuntimeError::Failed(e.to_string()))
 }
 
 /// Turns a string from the request into an `Identifier`, or fails the
@@ -49,7 +50,13 @@ impl RuntimePlugin for Echo {
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
     ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        let calls = request.message.payload.get("calls").and_then(Value::as_array).cloned().unwrap_or_default();
+        let calls = request
+            .message
+            .payload
+            .get("calls")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let total = calls.len();
         let mut results = Vec::with_capacity(total);
         for (i, entry) in calls.iter().enumerate() {
@@ -57,8 +64,15 @@ impl RuntimePlugin for Echo {
             if abort.is_raised() || host.draining().is_raised() {
                 break;
             }
-            let tool = entry.get("tool").and_then(Value::as_str).unwrap_or_default();
-            let arguments = entry.get("arguments").and_then(Value::as_object).cloned().unwrap_or_default();
+            let tool = entry
+                .get("tool")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let arguments = entry
+                .get("arguments")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
             let call = ToolCall {
                 id: ident(&format!("call-{i}"), "call id")?,
                 tool: ident(tool, "calls[].tool")?,
@@ -68,13 +82,23 @@ impl RuntimePlugin for Echo {
             };
             // Refusals (`denied`) come back as results, not errors; an
             // `Err` means the host is closed or the call was malformed.
-            let result = host.invoke_tool(call, Some(i as u64)).await.map_err(|e| RuntimeError::Failed(e.to_string()))?;
-            results.push(serde_json::to_value(&result).map_err(|e| RuntimeError::Failed(e.to_string()))?);
-            let progress = RuntimeEvent { kind: ident("progress", "event type")?, data: json!({"done": i + 1, "total": total}) };
-            host.emit(progress).map_err(|e| RuntimeError::Failed(e.to_string()))?;
+            let result = host
+                .invoke_tool(call, Some(i as u64))
+                .await
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+            results.push(
+                serde_json::to_value(&result).map_err(|e| RuntimeError::Failed(e.to_string()))?,
+            );
+            let progress = RuntimeEvent {
+                kind: ident("progress", "event type")?,
+                data: json!({"done": i + 1, "total": total}),
+            };
+            host.emit(progress)
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         }
         // Annotations land in the result's metadata on every ending.
-        host.annotate("echo.calls", json!(results.len())).map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        host.annotate("echo.calls", json!(results.len()))
+            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         Ok(RuntimeTurnOutcome::complete(json!({ "results": results })))
     }
 }

@@ -42,7 +42,12 @@ struct Plugin {
 impl Plugin {
     fn write_raw(&mut self, bytes: &[u8]) {
         // A closed stdout means the host is gone: nothing left to do.
-        if self.out.write_all(bytes).and_then(|()| self.out.flush()).is_err() {
+        if self
+            .out
+            .write_all(bytes)
+            .and_then(|()| self.out.flush())
+            .is_err()
+        {
             std::process::exit(0);
         }
     }
@@ -163,7 +168,10 @@ fn main() {
     };
     p.turn_id = run["params"]["turnId"].clone();
     p.run_id = run["id"].clone();
-    let script = run["params"]["request"]["message"]["payload"]["script"].as_array().cloned().unwrap_or_default();
+    let script = run["params"]["request"]["message"]["payload"]["script"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     for s in &script {
         step(&mut p, s);
     }
@@ -199,7 +207,8 @@ fn step(p: &mut Plugin, s: &Value) {
     let op = s.get("op").and_then(Value::as_str).unwrap_or_default();
     match op {
         "emit" => {
-            let params = json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
+            let params =
+                json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
             p.notify("host/emit", params);
         }
         "annotate" => {
@@ -208,17 +217,26 @@ fn step(p: &mut Plugin, s: &Value) {
         }
         "call" => {
             let step = s.get("step").and_then(Value::as_u64);
-            let answer = p.call(s["tool"].as_str().unwrap_or("missing"), s["arguments"].clone(), step);
+            let answer = p.call(
+                s["tool"].as_str().unwrap_or("missing"),
+                s["arguments"].clone(),
+                step,
+            );
             p.results.push(answer);
         }
         "burst_calls" => {
             let n = num(s, "n", 16);
             let tool = s["tool"].as_str().unwrap_or("echo").to_owned();
-            let ids: Vec<u64> = (0..n).map(|_| p.request_call(&tool, json!({}), None)).collect();
+            let ids: Vec<u64> = (0..n)
+                .map(|_| p.request_call(&tool, json!({}), None))
+                .collect();
             let mut answers = Vec::new();
             while answers.len() < ids.len() {
                 let m = p.read();
-                if m.get("id").and_then(Value::as_u64).is_some_and(|id| ids.contains(&id)) {
+                if m.get("id")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|id| ids.contains(&id))
+                {
                     answers.push(m);
                 }
             }
@@ -235,7 +253,10 @@ fn step(p: &mut Plugin, s: &Value) {
             std::thread::sleep(Duration::from_secs(3600));
         },
         "spin" => {
-            let until = s.get("ms").and_then(Value::as_u64).map(|ms| Instant::now() + Duration::from_millis(ms));
+            let until = s
+                .get("ms")
+                .and_then(Value::as_u64)
+                .map(|ms| Instant::now() + Duration::from_millis(ms));
             let mut x: u64 = 0;
             while until.is_none_or(|u| Instant::now() < u) {
                 x = std::hint::black_box(x.wrapping_add(1));
@@ -266,7 +287,8 @@ fn step(p: &mut Plugin, s: &Value) {
                     Err(e) => eprintln!("testplugin: fork failed: {e}"),
                 }
             }
-            let params = json!({"turnId": p.turn_id, "event": {"type": "forked", "data": {"pids": pids}}});
+            let params =
+                json!({"turnId": p.turn_id, "event": {"type": "forked", "data": {"pids": pids}}});
             p.notify("host/emit", params);
         }
         "crash" => std::process::abort(),
@@ -283,7 +305,9 @@ fn step(p: &mut Plugin, s: &Value) {
             let line = format!("{}\n", s["line"].as_str().unwrap_or_default());
             p.write_raw(line.as_bytes());
         }
-        "invalid_utf8" => p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n"),
+        "invalid_utf8" => {
+            p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n")
+        }
         "long_line" => {
             let mut line = vec![b'a'; usize::try_from(num(s, "bytes", 9 << 20)).unwrap_or(1 << 20)];
             line.push(b'\n');
@@ -310,7 +334,11 @@ fn sleeper(args: &[String]) -> ! {
     if has("--setsid") {
         let _ = rustix::process::setsid();
     }
-    let pidfile = args.iter().position(|a| a == "--pidfile").and_then(|i| args.get(i + 1)).cloned();
+    let pidfile = args
+        .iter()
+        .position(|a| a == "--pidfile")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     if has("--double") {
         let mut next: Vec<String> = vec!["--sleeper".into()];
         if let Some(f) = &pidfile {
