@@ -222,6 +222,7 @@ where
     let mut lines = FramedRead::new(reader, NdjsonCodec::new(DEFAULT_MAX_MESSAGE_BYTES));
     let mut initialized = false;
     let mut turn: Option<ActiveTurn> = None;
+    let mut turn_task: Option<tokio::task::JoinHandle<()>> = None;
     let result = loop {
         let line = match lines.next().await {
             None => break Ok(()),
@@ -311,14 +312,14 @@ where
                     turn = Some(active);
                     let plugin = plugin.clone();
                     let conn = conn.clone();
-                    tokio::spawn(async move {
+                    turn_task = Some(tokio::spawn(async move {
                         match plugin.run(p.request, host, abort).await {
                             Ok(outcome) => conn.respond(&id, &outcome),
                             Err(e) => {
                                 conn.fail(&id, WireError::new(ErrorKind::Internal, e.to_string()))
                             }
                         }
-                    });
+                    }));
                 }
                 _ => conn.fail(
                     &id,
@@ -360,10 +361,24 @@ where
         t.abort.raise();
     }
     conn.cancel_pending();
+    // Let the turn answer (it sees the abort) and the writer flush what is
+    // queued, briefly; then stop.
+    if let Some(task) = turn_task
+        && tokio::time::timeout(EOF_GRACE, task).await.is_err()
+    {
+        tracing::debug!("the turn did not end within the EOF grace");
+    }
     drop(conn);
-    writer_task.abort();
+    let abort_writer = writer_task.abort_handle();
+    if tokio::time::timeout(EOF_GRACE, writer_task).await.is_err() {
+        abort_writer.abort();
+    }
     result
 }
+
+/// After stdin closes: how long the running turn may take to answer and
+/// the writer to flush before `serve_io` returns.
+const EOF_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn parse<T: serde::de::DeserializeOwned>(params: Option<&RawValue>) -> Option<T> {
     serde_json::from_str(params?.get()).ok()

@@ -96,3 +96,41 @@ fn echo_passes_the_manifest_check_and_handles_an_empty_turn() {
         assert!(live_children().is_empty());
     })
 }
+
+#[test]
+fn the_sdk_falls_back_when_stdio_is_a_file() {
+    // stdin and stdout are regular files, not pipes: the SDK cannot use
+    // epoll pipes and falls back to blocking-thread file handles.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.ndjson");
+    let output = dir.path().join("out.ndjson");
+    let limits =
+        json!({"maxMessageBytes": 1 << 20, "maxInflightToolCalls": 8, "maxConcurrentTurns": 1});
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize",
+        "params":{"protocolVersions":[1],"host":{"name":"test","version":"0"},"limits":limits}});
+    let run = json!({"jsonrpc":"2.0","id":2,"method":"turn/run","params":{
+        "turnId":"t-file","request":turn_request("exec-file", json!({})),
+        "limits":{"maxSteps":1,"maxToolCalls":1,"timeoutMs":1000}}});
+    std::fs::write(&input, format!("{init}\n{run}\n")).unwrap();
+    let status = std::process::Command::new(sharedos_tests::plugin_bin("sharedos-echo"))
+        .env_clear()
+        .env("SHAREDOS_PLUGIN", "1")
+        .stdin(std::fs::File::open(&input).unwrap())
+        .stdout(std::fs::File::create(&output).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = std::fs::read_to_string(&output).unwrap();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["id"], 1);
+    assert_eq!(lines[0]["result"]["manifest"]["id"], "sharedos-echo");
+    let outcome = lines
+        .iter()
+        .find(|l| l["id"] == 2)
+        .expect("the turn/run answer");
+    assert_eq!(outcome["result"]["type"], "complete");
+    assert!(lines.iter().any(|l| l["method"] == "host/annotate"));
+}

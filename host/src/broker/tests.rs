@@ -591,7 +591,10 @@ async fn a_turn_applies_messages_in_wire_order() {
         plugin.write(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":{\"turnId\":\"t-1\",\"event\":{\"type\":\"s\",\"data\":\"\\ud800\"}}}\n").await;
         plugin.write(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"host/invokeTool\",\"params\":{\"turnId\":\"t-1\",\"call\":{\"id\":\"\\ud800\",\"tool\":\"echo\",\"arguments\":{},\"traceId\":\"tr\",\"requestedAt\":\"2026-01-01T00:00:00Z\"}}}\n").await;
         let r = plugin.read().await;
-        assert_eq!((r["id"].clone(), r["error"]["code"].clone()), (json!(6), json!(-32602)));
+        assert_eq!(
+            (r["id"].clone(), r["error"]["code"].clone()),
+            (json!(6), json!(-32602))
+        );
         // the last emit is written right before the outcome, in one write
         let last = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"z","data":null}}});
         let outcome = json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":{"ok":true}}});

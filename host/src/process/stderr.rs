@@ -106,28 +106,47 @@ mod tests {
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
         let (mut w, r) = tokio::io::duplex(1024);
-        let limits = StderrLimits { line_bytes: 64, budget_bytes: 4096 };
+        let limits = StderrLimits {
+            line_bytes: 64,
+            budget_bytes: 4096,
+        };
         let drain = tokio::spawn(drain_stderr(r, "rt-1".into(), "t-9".into(), limits));
-        w.write_all(b"hello\n\x1b[31m[ERROR] host: forged\n").await.unwrap();
+        w.write_all(b"hello\n\x1b[31m[ERROR] host: forged\n")
+            .await
+            .unwrap();
         w.write_all(&[b'x'; 200]).await.unwrap();
-        w.write_all(b"\nafter the long line\n\xff\xfe\nafter invalid utf8\n").await.unwrap();
+        w.write_all(b"\nafter the long line\n\xff\xfe\nafter invalid utf8\n")
+            .await
+            .unwrap();
         // Far past the budget: still read to the end, never blocking.
         for _ in 0..200 {
             w.write_all(&[b'y'; 63]).await.unwrap();
             w.write_all(b"\n").await.unwrap();
         }
         drop(w);
-        tokio::time::timeout(std::time::Duration::from_secs(5), drain).await.unwrap().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), drain)
+            .await
+            .unwrap()
+            .unwrap();
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains("runtime=rt-1") && text.contains("turn=t-9"), "{text}");
+        assert!(
+            text.contains("runtime=rt-1") && text.contains("turn=t-9"),
+            "{text}"
+        );
         assert!(text.contains("hello"));
-        assert!(text.contains("\\u{1b}[31m[ERROR] host: forged"), "escape sequences are escaped: {text}");
+        assert!(
+            text.contains("\\u{1b}[31m[ERROR] host: forged"),
+            "escape sequences are escaped: {text}"
+        );
         assert!(!text.contains('\x1b'));
         assert!(text.contains("truncated"));
         assert!(text.contains("after the long line"));
         assert!(text.contains("not UTF-8"));
         assert!(text.contains("after invalid utf8"));
         assert!(text.contains("budget of 4096 bytes exhausted"));
-        assert!(text.matches(&"y".repeat(63)).count() < 100, "output past the budget is dropped");
+        assert!(
+            text.matches(&"y".repeat(63)).count() < 100,
+            "output past the budget is dropped"
+        );
     }
 }
