@@ -99,6 +99,8 @@ fn echo_passes_the_manifest_check_and_handles_an_empty_turn() {
 
 #[test]
 fn the_sdk_falls_back_when_stdio_is_a_file() {
+    // It starts a child: keep it out of the other tests' child checks.
+    let _serial = sharedos_tests::serial();
     // stdin and stdout are regular files, not pipes: the SDK cannot use
     // epoll pipes and falls back to blocking-thread file handles.
     let dir = tempfile::tempdir().unwrap();

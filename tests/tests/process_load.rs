@@ -155,6 +155,8 @@ fn a_plugin_that_exits_before_the_handshake_is_a_load_error() {
 
 #[test]
 fn an_sdk_plugin_run_by_hand_says_so() {
+    // It starts a child: keep it out of the other tests' child checks.
+    let _serial = sharedos_tests::serial();
     let out = std::process::Command::new(plugin_bin("sharedos-echo"))
         .env_remove("SHAREDOS_PLUGIN")
         .output()
