@@ -457,6 +457,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         };
         match tokio::time::timeout(config.write_stall_timeout, write).await {
             Ok(Ok(())) => {}
+            Ok(Err(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                shared.fail(Violation::new(
+                    ViolationReason::PluginExited,
+                    "the plugin closed its stdin (it exited or closed the pipe)",
+                ));
+                return;
+            }
             Ok(Err(e)) => {
                 shared.fail(Violation::new(
                     ViolationReason::Io,
