@@ -374,10 +374,11 @@ fn dropping_the_run_future_kills_the_tree() {
 
 #[test]
 fn setsid_escapees_do_not_hang_the_turn() {
-    // The direct launcher kills by process group, so a `setsid` child
-    // escapes it (the sandbox's pid namespace is what stops that). What
-    // this test pins: the turn still ends promptly although the escapee
-    // holds the pipes, and the plugin itself is gone.
+    // A daemon that calls `setsid` and double-forks is reparented to init
+    // and escapes the direct launcher's kill (the sandbox's pid namespace
+    // is what stops that). What this test pins: the turn still ends
+    // promptly although the escapee holds the pipes, and the plugin itself
+    // is gone.
     isolated(async {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pids");
@@ -404,5 +405,23 @@ fn setsid_escapees_do_not_hang_the_turn() {
         let path = dir.path().to_owned();
         drop(dir);
         assert!(!path.exists(), "temp dir left behind");
+    })
+}
+
+#[test]
+fn a_setsid_child_of_a_live_plugin_is_killed() {
+    isolated(async {
+        let host = RecordingHost::new();
+        let script = json!([{"op":"emit_pid"}, {"op":"fork","n":2,"setsid":true}, {"op":"stall"}]);
+        let rt = testplugin("normal");
+        let abort = SignalSource::new();
+        let stop = async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            abort.raise();
+        };
+        let (r, ()) = tokio::join!(turn(&rt, script, &host, abort.signal()), stop);
+        assert!(matches!(r, Err(RuntimeError::Failed(_))), "{r:?}");
+        assert_eq!(host.reported_pids().len(), 3);
+        assert_clean(&host);
     })
 }

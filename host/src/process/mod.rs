@@ -348,3 +348,14 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
     }
     Ok(lim.current.unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_fd_limit_is_raised_to_the_hard_limit() {
+        let soft = super::raise_fd_limit().unwrap();
+        let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        assert_eq!(lim.current, lim.maximum);
+        assert_eq!(Some(soft), lim.current.or(Some(u64::MAX)));
+    }
+}
