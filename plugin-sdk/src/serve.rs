@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -307,13 +307,20 @@ where
                         limits: p.limits,
                         draining: active.drain.signal(),
                         abort: active.abort.signal(),
+                        closed: AtomicBool::new(false),
                     });
                     let abort = active.abort.signal();
+                    let seat = host.clone();
                     turn = Some(active);
                     let plugin = plugin.clone();
                     let conn = conn.clone();
                     turn_task = Some(tokio::spawn(async move {
-                        match plugin.run(p.request, host, abort).await {
+                        let ended = plugin.run(p.request, host, abort).await;
+                        // The turn is closed once it answered (envelope.md
+                        // B.2-B.4): calls and emits are refused from now on,
+                        // annotations silently dropped.
+                        seat.closed.store(true, Ordering::Relaxed);
+                        match ended {
                             Ok(outcome) => conn.respond(&id, &outcome),
                             Err(e) => {
                                 conn.fail(&id, WireError::new(ErrorKind::Internal, e.to_string()))
@@ -391,9 +398,14 @@ pub struct RemoteHost {
     limits: RuntimeLimits,
     draining: Signal,
     abort: Signal,
+    closed: AtomicBool,
 }
 
 impl RemoteHost {
+    fn is_closed(&self) -> bool {
+        self.abort.is_raised() || self.closed.load(Ordering::Relaxed)
+    }
+
     fn notify(&self, method: &str, params: &impl Serialize) -> Result<(), HostCallError> {
         let line = jsonrpc::notification(method, params)
             .map_err(|e| HostCallError::invalid(e.to_string()))?;
@@ -437,7 +449,7 @@ impl RuntimeHost for RemoteHost {
         call: ToolCall,
         step: Option<u64>,
     ) -> Result<ToolResult, HostCallError> {
-        if self.abort.is_raised() {
+        if self.is_closed() {
             return Err(HostCallError::closed());
         }
         let id = self.conn.next_id.fetch_add(1, Ordering::Relaxed);
@@ -477,7 +489,7 @@ impl RuntimeHost for RemoteHost {
     }
 
     fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
-        if self.abort.is_raised() {
+        if self.is_closed() {
             return Err(HostCallError::closed());
         }
         self.notify(
@@ -491,6 +503,9 @@ impl RuntimeHost for RemoteHost {
 
     fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
         check_annotation(key)?;
+        if self.closed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         self.notify(
             methods::HOST_ANNOTATE,
             &AnnotateParams {

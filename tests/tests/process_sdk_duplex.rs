@@ -22,6 +22,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 /// the SDK answered.
 struct Probe {
     seen: Arc<Mutex<Vec<String>>>,
+    /// The host handed to the last turn, kept past its end.
+    kept: Arc<Mutex<Option<Arc<dyn RuntimeHost>>>>,
 }
 
 fn call(tool: &str) -> ToolCall {
@@ -45,6 +47,7 @@ impl RuntimePlugin for Probe {
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
     ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        *self.kept.lock().unwrap() = Some(host.clone());
         let note = |s: String| self.seen.lock().unwrap().push(s);
         note(format!("limits:{}", host.limits().max_tool_calls));
         let ok = host.invoke_tool(call("echo"), Some(0)).await.unwrap();
@@ -90,7 +93,15 @@ async fn an_sdk_plugin_and_the_host_peer_run_a_turn_over_duplex() {
     let (host_end, plugin_end) = tokio::io::duplex(64 * 1024);
     let (pr, pw) = tokio::io::split(plugin_end);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let plugin = tokio::spawn(serve_io(Probe { seen: seen.clone() }, pr, pw));
+    let kept = Arc::new(Mutex::new(None));
+    let plugin = tokio::spawn(serve_io(
+        Probe {
+            seen: seen.clone(),
+            kept: kept.clone(),
+        },
+        pr,
+        pw,
+    ));
     let (hr, hw) = tokio::io::split(host_end);
     let (mut peer, mut inbound) = Peer::spawn(hr, hw, host_peer_config(PeerConfig::default()));
     let limits = ConnectionLimits {
@@ -143,6 +154,19 @@ async fn an_sdk_plugin_and_the_host_peer_run_a_turn_over_duplex() {
         0,
         "the refused annotation never left the plugin"
     );
+    // After the outcome the SDK's host is closed: emit and tool calls are
+    // refused locally, annotations dropped without error.
+    let late = kept.lock().unwrap().clone().unwrap();
+    let event = RuntimeEvent {
+        kind: Identifier::new("late").unwrap(),
+        data: Value::Null,
+    };
+    assert_eq!(late.emit(event).unwrap_err().kind, ErrorKind::TurnNotActive);
+    assert!(late.annotate("late", json!(1)).is_ok());
+    assert_eq!(
+        late.invoke_tool(call("echo"), None).await.unwrap_err().kind,
+        ErrorKind::TurnNotActive
+    );
     drop(peer);
     drop(inbound);
     assert!(
@@ -156,7 +180,15 @@ async fn abort_cancels_the_sdk_call_and_closes_the_host() {
     let (host_end, plugin_end) = tokio::io::duplex(64 * 1024);
     let (pr, pw) = tokio::io::split(plugin_end);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let plugin = tokio::spawn(serve_io(Probe { seen: seen.clone() }, pr, pw));
+    let kept = Arc::new(Mutex::new(None));
+    let plugin = tokio::spawn(serve_io(
+        Probe {
+            seen: seen.clone(),
+            kept: kept.clone(),
+        },
+        pr,
+        pw,
+    ));
     let (hr, hw) = tokio::io::split(host_end);
     let (mut peer, mut inbound) = Peer::spawn(hr, hw, host_peer_config(PeerConfig::default()));
     let limits = ConnectionLimits {
@@ -229,6 +261,7 @@ async fn serve_io_refuses_unsupported_versions_and_turns_before_initialize() {
     let plugin = tokio::spawn(serve_io(
         Probe {
             seen: Arc::default(),
+            kept: Arc::default(),
         },
         pr,
         pw,
