@@ -92,17 +92,16 @@ async fn non_json_line_is_fatal_with_an_escaped_sample() {
 async fn line_over_the_limit_is_fatal() {
     let mut long = vec![b'a'; 3000];
     long.push(b'\n');
-    assert_eq!(fatal(&long).await.reason, ViolationReason::FrameTooLarge);
+    let v = fatal(&long).await;
+    assert_eq!(v.reason, ViolationReason::FrameTooLarge);
+    assert_eq!(v.sample, format!("{}…", "a".repeat(200)));
 }
 
 #[tokio::test]
 async fn invalid_utf8_is_fatal() {
-    assert_eq!(
-        fatal(b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\xfe\"}\n")
-            .await
-            .reason,
-        ViolationReason::InvalidUtf8
-    );
+    let v = fatal(b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\xfe\"}\n{}\n").await;
+    assert_eq!(v.reason, ViolationReason::InvalidUtf8);
+    assert_eq!(v.sample, "{\"jsonrpc\":\"2.0\",\"method\":\"\\xff\\xfe\"}");
 }
 
 #[tokio::test]
