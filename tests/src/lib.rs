@@ -58,7 +58,8 @@ pub enum Record {
 
 /// A `RuntimeHost` test double: records every call, answers tools with
 /// `succeeded {echo: arguments}`, `denied tool_unavailable` for the tool
-/// `forbidden`, and sleeps first for the tool `slow`.
+/// `forbidden`, sleeps first for the tool `slow`, and answers the tool
+/// `big` with half a megabyte.
 pub struct RecordingHost {
     pub records: Mutex<Vec<Record>>,
     pub drain: SignalSource,
@@ -140,6 +141,10 @@ impl RuntimeHost for RecordingHost {
                 "not offered",
                 Timestamp::now(),
             )),
+            "big" => {
+                let output = json!({"blob": "b".repeat(512 * 1024)});
+                Ok(ToolResult::succeeded(&call, output, Timestamp::now()))
+            }
             "slow" => {
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 Ok(ToolResult::succeeded(&call, Value::Null, Timestamp::now()))

@@ -425,3 +425,24 @@ fn a_setsid_child_of_a_live_plugin_is_killed() {
         assert_clean(&host);
     })
 }
+
+#[test]
+fn a_plugin_that_does_not_read_its_stdin_is_a_write_stall() {
+    isolated(async {
+        let host = RecordingHost::new();
+        let rt = runtime(
+            "sharedos-testplugin",
+            &["normal"],
+            ("sharedos-testplugin", "0.1.0"),
+            |c| c.write_stall_timeout = Duration::from_millis(300),
+        );
+        // The answer to `big` (512 KiB) cannot fit the pipe of a plugin that
+        // stopped reading.
+        let script = json!([{"op":"emit_pid"}, {"op":"call_nowait","tool":"big","arguments":{}}, {"op":"stall"}]);
+        let started = std::time::Instant::now();
+        let r = turn(&rt, script, &host, Signal::never()).await;
+        protocol_error(r, "write_stall");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_clean(&host);
+    })
+}
