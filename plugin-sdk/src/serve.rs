@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -222,6 +222,7 @@ where
     let mut lines = FramedRead::new(reader, NdjsonCodec::new(DEFAULT_MAX_MESSAGE_BYTES));
     let mut initialized = false;
     let mut turn: Option<ActiveTurn> = None;
+    let mut turn_task: Option<tokio::task::JoinHandle<()>> = None;
     let result = loop {
         let line = match lines.next().await {
             None => break Ok(()),
@@ -306,19 +307,26 @@ where
                         limits: p.limits,
                         draining: active.drain.signal(),
                         abort: active.abort.signal(),
+                        closed: AtomicBool::new(false),
                     });
                     let abort = active.abort.signal();
+                    let seat = host.clone();
                     turn = Some(active);
                     let plugin = plugin.clone();
                     let conn = conn.clone();
-                    tokio::spawn(async move {
-                        match plugin.run(p.request, host, abort).await {
+                    turn_task = Some(tokio::spawn(async move {
+                        let ended = plugin.run(p.request, host, abort).await;
+                        // The turn is closed once it answered (envelope.md
+                        // B.2-B.4): calls and emits are refused from now on,
+                        // annotations silently dropped.
+                        seat.closed.store(true, Ordering::Relaxed);
+                        match ended {
                             Ok(outcome) => conn.respond(&id, &outcome),
                             Err(e) => {
                                 conn.fail(&id, WireError::new(ErrorKind::Internal, e.to_string()))
                             }
                         }
-                    });
+                    }));
                 }
                 _ => conn.fail(
                     &id,
@@ -326,18 +334,19 @@ where
                 ),
             },
             Incoming::Notification { method, params } => match (method.as_ref(), &turn) {
-                (methods::TURN_DRAINING, Some(t)) => {
-                    if parse::<TurnDrainingParams>(params).is_some_and(|p| p.turn_id == t.turn_id) {
-                        t.drain.raise();
-                    }
+                (methods::TURN_DRAINING, Some(t))
+                    if parse::<TurnDrainingParams>(params)
+                        .is_some_and(|p| p.turn_id == t.turn_id) =>
+                {
+                    t.drain.raise();
                 }
-                (methods::TURN_ABORT, Some(t)) => {
-                    if parse::<TurnAbortParams>(params).is_some_and(|p| p.turn_id == t.turn_id) {
-                        // The hard signal implies the soft one.
-                        t.drain.raise();
-                        t.abort.raise();
-                        conn.cancel_pending();
-                    }
+                (methods::TURN_ABORT, Some(t))
+                    if parse::<TurnAbortParams>(params).is_some_and(|p| p.turn_id == t.turn_id) =>
+                {
+                    // The hard signal implies the soft one.
+                    t.drain.raise();
+                    t.abort.raise();
+                    conn.cancel_pending();
                 }
                 // Unknown host notifications are ignored (B.7).
                 _ => {}
@@ -359,10 +368,24 @@ where
         t.abort.raise();
     }
     conn.cancel_pending();
+    // Let the turn answer (it sees the abort) and the writer flush what is
+    // queued, briefly; then stop.
+    if let Some(task) = turn_task
+        && tokio::time::timeout(EOF_GRACE, task).await.is_err()
+    {
+        tracing::debug!("the turn did not end within the EOF grace");
+    }
     drop(conn);
-    writer_task.abort();
+    let abort_writer = writer_task.abort_handle();
+    if tokio::time::timeout(EOF_GRACE, writer_task).await.is_err() {
+        abort_writer.abort();
+    }
     result
 }
+
+/// After stdin closes: how long the running turn may take to answer and
+/// the writer to flush before `serve_io` returns.
+const EOF_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn parse<T: serde::de::DeserializeOwned>(params: Option<&RawValue>) -> Option<T> {
     serde_json::from_str(params?.get()).ok()
@@ -375,9 +398,14 @@ pub struct RemoteHost {
     limits: RuntimeLimits,
     draining: Signal,
     abort: Signal,
+    closed: AtomicBool,
 }
 
 impl RemoteHost {
+    fn is_closed(&self) -> bool {
+        self.abort.is_raised() || self.closed.load(Ordering::Relaxed)
+    }
+
     fn notify(&self, method: &str, params: &impl Serialize) -> Result<(), HostCallError> {
         let line = jsonrpc::notification(method, params)
             .map_err(|e| HostCallError::invalid(e.to_string()))?;
@@ -421,7 +449,7 @@ impl RuntimeHost for RemoteHost {
         call: ToolCall,
         step: Option<u64>,
     ) -> Result<ToolResult, HostCallError> {
-        if self.abort.is_raised() {
+        if self.is_closed() {
             return Err(HostCallError::closed());
         }
         let id = self.conn.next_id.fetch_add(1, Ordering::Relaxed);
@@ -461,7 +489,7 @@ impl RuntimeHost for RemoteHost {
     }
 
     fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
-        if self.abort.is_raised() {
+        if self.is_closed() {
             return Err(HostCallError::closed());
         }
         self.notify(
@@ -475,6 +503,9 @@ impl RuntimeHost for RemoteHost {
 
     fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
         check_annotation(key)?;
+        if self.closed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         self.notify(
             methods::HOST_ANNOTATE,
             &AnnotateParams {

@@ -1,1 +1,353 @@
-//! Shared support for the workspace integration tests.
+//! Shared support for the workspace integration tests: locating the built
+//! plugin binaries, a recording `RuntimeHost` test double, a valid
+//! `RuntimeTurnRequest` builder, and leak checks (child processes, fds).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, SignalSource, check_annotation};
+use sharedos_protocol::{
+    RuntimeEvent, RuntimeLimits, RuntimeTurnRequest, Timestamp, ToolCall, ToolResult,
+};
+
+/// A binary of the workspace, next to the test executable's directory
+/// (`target/<profile>/`). The suite runs after `cargo build --workspace`.
+pub fn plugin_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/debug/deps/<test> → target/debug/<name>
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
+/// Serializes the tests of one binary, so fd counts and process checks of
+/// one test are not disturbed by another.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the recording host saw, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    Tool {
+        tool: String,
+        step: Option<u64>,
+        arguments: Value,
+    },
+    Emit {
+        kind: String,
+        data: Value,
+    },
+    Annotate {
+        key: String,
+        value: Value,
+    },
+}
+
+/// A `RuntimeHost` test double: records every call, answers tools with
+/// `succeeded {echo: arguments}`, `denied tool_unavailable` for the tool
+/// `forbidden`, sleeps first for the tool `slow`, and answers the tool
+/// `big` with half a megabyte.
+pub struct RecordingHost {
+    pub records: Mutex<Vec<Record>>,
+    pub drain: SignalSource,
+    pub limits: RuntimeLimits,
+}
+
+impl Default for RecordingHost {
+    fn default() -> Self {
+        Self {
+            records: Mutex::new(Vec::new()),
+            drain: SignalSource::new(),
+            limits: RuntimeLimits {
+                max_steps: 16,
+                max_tool_calls: 64,
+                timeout_ms: 30_000,
+            },
+        }
+    }
+}
+
+impl RecordingHost {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+    pub fn records(&self) -> Vec<Record> {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    fn push(&self, r: Record) {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(r);
+    }
+    /// The pids the testplugin reported through `pid` and `forked` events.
+    pub fn reported_pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        for r in self.records() {
+            if let Record::Emit { kind, data } = r {
+                match kind.as_str() {
+                    "pid" => pids.extend(data["pid"].as_u64().map(|p| p as u32)),
+                    "forked" => pids.extend(
+                        data["pids"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_u64)
+                            .map(|p| p as u32),
+                    ),
+                    _ => {}
+                }
+            }
+        }
+        pids
+    }
+}
+
+#[async_trait::async_trait]
+impl RuntimeHost for RecordingHost {
+    fn limits(&self) -> RuntimeLimits {
+        self.limits
+    }
+    async fn invoke_tool(
+        &self,
+        call: ToolCall,
+        step: Option<u64>,
+    ) -> Result<ToolResult, HostCallError> {
+        self.push(Record::Tool {
+            tool: call.tool.as_str().to_owned(),
+            step,
+            arguments: Value::Object(call.arguments.clone()),
+        });
+        match call.tool.as_str() {
+            "forbidden" => Ok(ToolResult::denied(
+                &call,
+                "tool_unavailable",
+                "not offered",
+                Timestamp::now(),
+            )),
+            "big" => {
+                let output = json!({"blob": "b".repeat(512 * 1024)});
+                Ok(ToolResult::succeeded(&call, output, Timestamp::now()))
+            }
+            "slow" => {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok(ToolResult::succeeded(&call, Value::Null, Timestamp::now()))
+            }
+            _ => Ok(ToolResult::succeeded(
+                &call,
+                json!({"echo": call.arguments}),
+                Timestamp::now(),
+            )),
+        }
+    }
+    fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
+        self.push(Record::Emit {
+            kind: event.kind.as_str().to_owned(),
+            data: event.data,
+        });
+        Ok(())
+    }
+    fn annotate(&self, key: &str, value: Value) -> Result<(), HostCallError> {
+        check_annotation(key)?;
+        self.push(Record::Annotate {
+            key: key.to_owned(),
+            value,
+        });
+        Ok(())
+    }
+    fn draining(&self) -> Signal {
+        self.drain.signal()
+    }
+}
+
+/// A valid sanitized turn request whose message payload is `payload`.
+pub fn turn_request(execution_id: &str, payload: Value) -> RuntimeTurnRequest {
+    let agent = json!({"kind":"agent","agentId":"agent-1"});
+    let v = json!({
+        "version": "1",
+        "executionId": execution_id,
+        "agent": agent,
+        "context": {
+            "actor": {"kind":"human","userId":"u1"},
+            "owner": {"kind":"human","userId":"u1"},
+            "namespaceId": "ns",
+            "purpose": "testing the wire",
+            "traceId": "trace-1",
+            "now": "2026-01-01T00:00:00Z",
+            "reach": {"status":"unavailable","reasonCode":"not_computed"}
+        },
+        "message": {
+            "version": "1", "id": "m1",
+            "sender": {"kind":"human","userId":"u1"}, "receiver": agent,
+            "purpose": "testing the wire", "payload": payload,
+            "traceId": "trace-1", "createdAt": "2026-01-01T00:00:00Z"
+        },
+        "tools": []
+    });
+    match serde_json::from_value(v) {
+        Ok(r) => r,
+        Err(e) => panic!("test request does not parse: {e}"),
+    }
+}
+
+/// Whether a pid is a live (non-zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// Polls until none of `pids` is alive, up to `bound`; returns survivors.
+pub fn survivors(pids: &[u32], bound: Duration) -> Vec<u32> {
+    let until = Instant::now() + bound;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() || Instant::now() >= until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills leftover pids (cleanup after a test that expects survivors).
+pub fn kill_all(pids: &[u32]) {
+    for p in pids {
+        if let Some(pid) = i32::try_from(*p)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// Open fds of this process.
+pub fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Polls until the fd count is back to at most `before + slack`.
+pub fn fds_settle(before: usize, slack: usize, bound: Duration) -> usize {
+    let until = Instant::now() + bound;
+    loop {
+        let now = fd_count();
+        if now <= before + slack || Instant::now() >= until {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Children of this process still alive (from `/proc/*/stat` ppid).
+pub fn live_children() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .is_some_and(|s| {
+                    s.rsplit_once(')').is_some_and(|(_, rest)| {
+                        let mut f = rest.split_whitespace();
+                        let state = f.next().unwrap_or("Z");
+                        let ppid = f.next().and_then(|p| p.parse::<u32>().ok());
+                        ppid == Some(me) && state != "Z" && state != "X"
+                    })
+                })
+        })
+        .collect()
+}
+
+/// A `ProcessRuntime` over a workspace plugin binary, direct launch.
+pub fn runtime(
+    bin: &str,
+    args: &[&str],
+    manifest: (&str, &str),
+    tweak: impl FnOnce(&mut sharedos_host::process::ProcessRuntimeConfig),
+) -> sharedos_host::process::ProcessRuntime {
+    use sharedos_host::process::{DirectLauncher, ProcessRuntime, ProcessRuntimeConfig};
+    let manifest = match sharedos_protocol::RuntimeManifest::new(manifest.0, manifest.1) {
+        Ok(m) => m,
+        Err(e) => panic!("manifest: {e}"),
+    };
+    let mut config = ProcessRuntimeConfig::new(plugin_bin(bin), manifest);
+    config.args = args.iter().map(|a| (*a).to_owned()).collect();
+    tweak(&mut config);
+    match ProcessRuntime::new(config, Arc::new(DirectLauncher)) {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+/// The testplugin's runtime with its mode argument.
+pub fn testplugin(mode: &str) -> sharedos_host::process::ProcessRuntime {
+    runtime(
+        "sharedos-testplugin",
+        &[mode],
+        ("sharedos-testplugin", "0.1.0"),
+        |_| {},
+    )
+}
+
+/// Runs one test body on its own current-thread runtime, serialized with
+/// the other tests of the binary, and checks that it left no fd behind:
+/// the count is taken before the runtime exists and after it is dropped,
+/// so the runtime's own fds do not blur it.
+pub fn isolated<T>(body: impl std::future::Future<Output = T>) -> T {
+    let _guard = serial();
+    // tokio keeps a process-wide socket pair for its signal driver once a
+    // runtime with signals was built; create it before the first count.
+    static WARM: std::sync::Once = std::sync::Once::new();
+    WARM.call_once(|| {
+        drop(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build(),
+        )
+    });
+    let before = fd_count();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("tokio runtime: {e}"),
+    };
+    let out = rt.block_on(body);
+    drop(rt);
+    let after = fds_settle(before, 0, Duration::from_secs(5));
+    if after > before {
+        let fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| format!("{:?}", std::fs::read_link(e.path()).unwrap_or_default()))
+            .collect();
+        panic!("fds leaked: {before} before the test, {after} after: {fds:?}");
+    }
+    out
+}

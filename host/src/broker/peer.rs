@@ -41,7 +41,8 @@ use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::bytes::BytesMut;
+use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 
 /// Bytes of a hostile line kept (escaped) in a violation.
@@ -457,6 +458,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         };
         match tokio::time::timeout(config.write_stall_timeout, write).await {
             Ok(Ok(())) => {}
+            Ok(Err(FrameError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                shared.fail(Violation::new(
+                    ViolationReason::PluginExited,
+                    "the plugin closed its stdin (it exited or closed the pipe)",
+                ));
+                return;
+            }
             Ok(Err(e)) => {
                 shared.fail(Violation::new(
                     ViolationReason::Io,
@@ -475,6 +483,45 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 return;
             }
         }
+    }
+}
+
+/// The NDJSON codec, keeping the first bytes of the line being decoded so
+/// that a framing violation (too long, not UTF-8) can show what it saw.
+/// A line always starts at the front of the buffer.
+struct Sampling {
+    inner: NdjsonCodec,
+    sample: Vec<u8>,
+}
+
+impl Sampling {
+    fn new(max: usize) -> Self {
+        Self {
+            inner: NdjsonCodec::new(max),
+            sample: Vec::with_capacity(SAMPLE_BYTES + 1),
+        }
+    }
+    fn keep(&mut self, src: &BytesMut) {
+        let head = &src[..src.len().min(SAMPLE_BYTES + 1)];
+        let line = head
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(head, |nl| &head[..nl]);
+        self.sample.clear();
+        self.sample.extend_from_slice(line);
+    }
+}
+
+impl Decoder for Sampling {
+    type Item = String;
+    type Error = FrameError;
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<String>, FrameError> {
+        self.keep(src);
+        self.inner.decode(src)
+    }
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<String>, FrameError> {
+        self.keep(src);
+        self.inner.decode_eof(src)
     }
 }
 
@@ -550,7 +597,7 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
     shared: &Arc<Shared>,
     config: &PeerConfig,
 ) -> Violation {
-    let mut framed = FramedRead::new(reader, NdjsonCodec::new(config.max_message_bytes));
+    let mut framed = FramedRead::new(reader, Sampling::new(config.max_message_bytes));
     let permits = Arc::new(Semaphore::new(config.max_inflight_requests));
     let mut budget = Budget::new(config);
     let consumer_gone = || Violation::new(ViolationReason::Io, "the consumer has stopped");
@@ -560,15 +607,15 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
                 return Violation::new(ViolationReason::PluginExited, "EOF on the plugin's stdout");
             }
             Some(Err(FrameError::TooLarge { limit })) => {
-                let sample = framed.read_buffer().clone();
                 return Violation::new(
                     ViolationReason::FrameTooLarge,
                     format!("a line exceeded {limit} bytes"),
                 )
-                .with_sample(&sample);
+                .with_sample(&framed.decoder().sample);
             }
             Some(Err(FrameError::InvalidUtf8)) => {
-                return Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8");
+                return Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8")
+                    .with_sample(&framed.decoder().sample);
             }
             Some(Err(FrameError::Io(e))) => {
                 return Violation::new(

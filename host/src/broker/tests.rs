@@ -92,17 +92,16 @@ async fn non_json_line_is_fatal_with_an_escaped_sample() {
 async fn line_over_the_limit_is_fatal() {
     let mut long = vec![b'a'; 3000];
     long.push(b'\n');
-    assert_eq!(fatal(&long).await.reason, ViolationReason::FrameTooLarge);
+    let v = fatal(&long).await;
+    assert_eq!(v.reason, ViolationReason::FrameTooLarge);
+    assert_eq!(v.sample, format!("{}…", "a".repeat(200)));
 }
 
 #[tokio::test]
 async fn invalid_utf8_is_fatal() {
-    assert_eq!(
-        fatal(b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\xfe\"}\n")
-            .await
-            .reason,
-        ViolationReason::InvalidUtf8
-    );
+    let v = fatal(b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\xfe\"}\n{}\n").await;
+    assert_eq!(v.reason, ViolationReason::InvalidUtf8);
+    assert_eq!(v.sample, "{\"jsonrpc\":\"2.0\",\"method\":\"\\xff\\xfe\"}");
 }
 
 #[tokio::test]
@@ -587,6 +586,14 @@ async fn a_turn_applies_messages_in_wire_order() {
         plugin.line(json!({"jsonrpc":"2.0","method":"host/annotate","params":{"turnId":"t-1","key":"runtime","value":1}})).await;
         plugin.line(json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"b","data":1,"x":1}}})).await;
         plugin.write(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/annotate\",\"params\":{\"turnId\":\"t-1\",\"key\":\"big\",\"value\":1e400}}\n").await;
+        // lone surrogates pass the envelope and fail the typed parse
+        plugin.write(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":{\"turnId\":\"t-1\",\"event\":{\"type\":\"s\",\"data\":\"\\ud800\"}}}\n").await;
+        plugin.write(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"host/invokeTool\",\"params\":{\"turnId\":\"t-1\",\"call\":{\"id\":\"\\ud800\",\"tool\":\"echo\",\"arguments\":{},\"traceId\":\"tr\",\"requestedAt\":\"2026-01-01T00:00:00Z\"}}}\n").await;
+        let r = plugin.read().await;
+        assert_eq!(
+            (r["id"].clone(), r["error"]["code"].clone()),
+            (json!(6), json!(-32602))
+        );
         // the last emit is written right before the outcome, in one write
         let last = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"z","data":null}}});
         let outcome = json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":{"ok":true}}});
@@ -614,7 +621,7 @@ async fn a_turn_applies_messages_in_wire_order() {
             "emit:z"
         ]
     );
-    assert_eq!(peer.violations_counted(), 5);
+    assert_eq!(peer.violations_counted(), 7);
 }
 
 #[tokio::test]

@@ -215,6 +215,7 @@ pub async fn drive_turn(
     let draining = host.draining();
     let mut drain_sent = false;
     let mut exit_deadline: Option<(Instant, String)> = None;
+    let mut dead_seen = false;
     let dead = peer.dead();
     tokio::pin!(dead);
     tokio::pin!(exited);
@@ -296,7 +297,18 @@ pub async fn drive_turn(
                     break Err(protocol_error(&v));
                 }
             }
-            v = &mut dead => break Err(protocol_error(&v)),
+            v = &mut dead, if !dead_seen => {
+                dead_seen = true;
+                // A writer that hit a closed pipe means the plugin is gone;
+                // what it wrote before (its outcome, say) may still be in
+                // the reader's hands, so wait like for an exit.
+                if v.reason != ViolationReason::PluginExited {
+                    break Err(protocol_error(&v));
+                }
+                if exit_deadline.is_none() {
+                    exit_deadline = Some((Instant::now() + EXIT_DRAIN_GRACE, v.detail.clone()));
+                }
+            }
             how = &mut exited, if exit_deadline.is_none() => {
                 exit_deadline = Some((Instant::now() + EXIT_DRAIN_GRACE, how));
             }

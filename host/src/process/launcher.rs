@@ -78,8 +78,10 @@ pub trait Launcher: Send + Sync {
 /// process group, piped stdio, no `pre_exec` (any `pre_exec` forces a
 /// `fork()` of the whole host instead of `posix_spawn`/`vfork`).
 ///
-/// Limit: the kill is a process-group kill, so a descendant that calls
-/// `setsid` (or moves to another group) escapes it. Only the sandbox's pid
+/// Limit: the kill is a process-group kill plus a kill of every process
+/// still parented inside the tree, so a `setsid` child of a live plugin
+/// goes too, but a daemon that double-forked (or whose parent already
+/// exited) was reparented to init and escapes. Only the sandbox's pid
 /// namespace closes that hole.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DirectLauncher;
@@ -108,6 +110,7 @@ impl Launcher for DirectLauncher {
         let mut tree = GroupTree {
             child: Some(child),
             pgid: pid,
+            reaped: false,
         };
         let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
             tree.start_kill();
@@ -127,10 +130,23 @@ impl Launcher for DirectLauncher {
 struct GroupTree {
     child: Option<Child>,
     pgid: u32,
+    /// The leader was reaped (by `try_wait`): its pid may be reused.
+    reaped: bool,
 }
 
 impl GroupTree {
+    /// SIGKILLs the process group, and every descendant still parented
+    /// inside the tree (found through `/proc` before the kill, so a child
+    /// that called `setsid` but was not yet orphaned goes too). A
+    /// double-forked daemon that was already reparented to init is out of
+    /// reach: only a pid namespace catches that.
     fn killpg(&self) {
+        // Only while the leader is unreaped: its pid cannot have been reused.
+        let descendants = if self.child.is_some() && !self.reaped {
+            descendants(self.pgid)
+        } else {
+            Vec::new()
+        };
         if let Some(pid) = i32::try_from(self.pgid)
             .ok()
             .and_then(rustix::process::Pid::from_raw)
@@ -138,7 +154,46 @@ impl GroupTree {
             // ESRCH once everything in the group is gone: nothing to do.
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
+        for d in descendants {
+            if let Some(pid) = i32::try_from(d)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
     }
+}
+
+/// Every live descendant of `root`, from the parent links in `/proc`.
+fn descendants(root: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let links: Vec<(u32, u32)> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may hold spaces and parens.
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            links
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
 }
 
 impl ProcessTree for GroupTree {
@@ -146,10 +201,12 @@ impl ProcessTree for GroupTree {
         self.pgid
     }
     fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        match &mut self.child {
-            Some(c) => c.try_wait(),
-            None => Ok(None),
-        }
+        let status = match &mut self.child {
+            Some(c) => c.try_wait()?,
+            None => None,
+        };
+        self.reaped |= status.is_some();
+        Ok(status)
     }
     fn start_kill(&mut self) {
         self.killpg();

@@ -191,6 +191,7 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// One script step. Ops:
 /// - `emit {type, data}`, `annotate {key, value}`: notifications
 /// - `call {tool, arguments, step?}`: a tool call; its answer goes into results
+/// - `call_nowait {tool, arguments, step?}`: sends the call, never reads the answer
 /// - `burst_calls {n, tool}`: n calls without waiting, then all n answers
 /// - `flood {n}`: n emits as fast as the pipe takes them
 /// - `sleep {ms}`, `stall` (sleep forever), `spin {ms?}` (busy loop; forever without ms)
@@ -223,6 +224,14 @@ fn step(p: &mut Plugin, s: &Value) {
                 step,
             );
             p.results.push(answer);
+        }
+        "call_nowait" => {
+            let step = s.get("step").and_then(Value::as_u64);
+            p.request_call(
+                s["tool"].as_str().unwrap_or("missing"),
+                s["arguments"].clone(),
+                step,
+            );
         }
         "burst_calls" => {
             let n = num(s, "n", 16);
