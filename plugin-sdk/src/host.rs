@@ -110,6 +110,22 @@ pub fn check_annotation(key: &str) -> Result<(), HostCallError> {
     Ok(())
 }
 
+/// A shared plugin is a plugin (so `serve(Arc<dyn RuntimePlugin>)` works).
+#[async_trait]
+impl<T: RuntimePlugin + ?Sized> RuntimePlugin for Arc<T> {
+    fn manifest(&self) -> RuntimeManifest {
+        (**self).manifest()
+    }
+    async fn run(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        (**self).run(request, host, abort).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// The guard on `RuntimeHost`: exactly five members. Adding a sixth,
@@ -166,21 +182,5 @@ mod tests {
         fn draining(&self) -> crate::Signal {
             crate::Signal::never()
         }
-    }
-}
-
-/// A shared plugin is a plugin (so `serve(Arc<dyn RuntimePlugin>)` works).
-#[async_trait]
-impl<T: RuntimePlugin + ?Sized> RuntimePlugin for Arc<T> {
-    fn manifest(&self) -> RuntimeManifest {
-        (**self).manifest()
-    }
-    async fn run(
-        &self,
-        request: RuntimeTurnRequest,
-        host: Arc<dyn RuntimeHost>,
-        abort: Signal,
-    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        (**self).run(request, host, abort).await
     }
 }

@@ -76,13 +76,16 @@ pub async fn process_calls(
     Ok(Figure::from_samples(name, samples))
 }
 
+/// The first and last emit the envelope recorded, and how many.
+type EmitSpan = (Option<Instant>, Option<Instant>, usize);
+
 /// (e) Emits per second through the envelope, plugin out of process,
 /// measured on the host: from the first `runtime.event` the envelope
 /// records to the last. The host's per-turn token bucket allows a burst of
 /// 10 000 notifications; the measurement stays inside it.
 pub async fn process_emits(exe: &Path, n: usize) -> Result<f64, String> {
     let executor = timing_executor(exe, Arc::new(DirectLauncher))?;
-    let seen: Arc<std::sync::Mutex<(Option<Instant>, Option<Instant>, usize)>> = Arc::default();
+    let seen: Arc<std::sync::Mutex<EmitSpan>> = Arc::default();
     let probe = seen.clone();
     let on_event: crate::executor::OnEvent = Arc::new(move |e| {
         if e.kind == "runtime.event" {
