@@ -1,1 +1,4 @@
 //! Shared support for the workspace integration tests.
+
+/// The sandbox suites' bait, turn runner and host-side checks.
+pub mod bait;
