@@ -34,9 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
-use sharedos_host::executor::{
-    ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError,
-};
+use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::{process_runtime, process_seat};
@@ -271,9 +269,7 @@ impl ShmSegment {
         for i in 0..64 {
             let key = 0x5d0b_0000 | ((std::process::id() as i32 + i * 7919) & 0xffff);
             // SAFETY: shmget with integer arguments.
-            let id = unsafe {
-                libc::shmget(key, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o666)
-            };
+            let id = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o666) };
             if id < 0 {
                 continue;
             }
@@ -359,8 +355,9 @@ pub struct HostBait {
     pub victim: Child,
     pub shm: ShmSegment,
     shm_before: libc::shmid_ds,
-    /// An fd of the host without close-on-exec, on the secret file.
-    pub inherited: File,
+    /// An fd of the host without close-on-exec, on the secret file, at a
+    /// number no runtime of the plugin would reuse by chance.
+    pub inherited: std::os::fd::OwnedFd,
     pub hostname: String,
     /// The secret strings that must never show up in a result.
     pub secrets: Vec<String>,
@@ -428,8 +425,7 @@ impl HostBait {
             home_files.push(WatchedFile::create(p, text.as_bytes(), 0o644));
         }
         for d in [".ssh", ".aws", ".codex", ""] {
-            std::fs::set_permissions(home.join(d), std::fs::Permissions::from_mode(0o755))
-                .unwrap();
+            std::fs::set_permissions(home.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let vendor_credential = home.join(".codex/auth.json");
         let host_write_paths = vec![
@@ -441,12 +437,10 @@ impl HostBait {
         // `--report-ids`.
         let setuid_binary = bin_dir.path().join("suid-report-ids");
         std::fs::copy(adversary_exe(), &setuid_binary).unwrap();
-        std::fs::set_permissions(&setuid_binary, std::fs::Permissions::from_mode(0o4755))
-            .unwrap();
+        std::fs::set_permissions(&setuid_binary, std::fs::Permissions::from_mode(0o4755)).unwrap();
         let filecap_binary = bin_dir.path().join("fcap-report-ids");
         std::fs::copy(adversary_exe(), &filecap_binary).unwrap();
-        std::fs::set_permissions(&filecap_binary, std::fs::Permissions::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(&filecap_binary, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(
             set_file_caps(&filecap_binary),
             "setxattr security.capability: {}",
@@ -464,9 +458,8 @@ impl HostBait {
         let abstract_name = unique("abstract");
         let abstract_listener = {
             use std::os::linux::net::SocketAddrExt;
-            let addr =
-                std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())
-                    .unwrap();
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())
+                .unwrap();
             UnixListener::bind_addr(&addr).unwrap()
         };
         abstract_listener.set_nonblocking(true).unwrap();
@@ -480,10 +473,15 @@ impl HostBait {
             .expect("spawn the victim");
         let shm = ShmSegment::create();
         let shm_before = shm.stat();
-        let inherited = File::open(&secret.path).unwrap();
-        // SAFETY: clearing FD_CLOEXEC on an fd this test owns: every child
-        // the host spawns now could inherit it.
-        unsafe { libc::fcntl(inherited.as_raw_fd(), libc::F_SETFD, 0) };
+        let file = File::open(&secret.path).unwrap();
+        // SAFETY: F_DUPFD makes a new fd (>= 300) without FD_CLOEXEC, owned
+        // here: every child the host spawns now could inherit it.
+        let inherited = unsafe {
+            let fd = libc::fcntl(file.as_raw_fd(), libc::F_DUPFD, 300);
+            assert!(fd >= 300, "F_DUPFD");
+            std::os::fd::FromRawFd::from_raw_fd(fd)
+        };
+        drop(file);
         let mut secrets = vec![secret_text];
         secrets.extend(SECRET_ENV.iter().map(|(_, v)| v.to_string()));
         secrets.push(CONFIG_SECRET_ENV.1.to_string());
@@ -543,7 +541,7 @@ impl HostBait {
             "secret_env_names": SECRET_ENV.iter().map(|(k, _)| *k).chain([CONFIG_SECRET_ENV.0]).collect::<Vec<_>>(),
             "shm_key": self.shm.key,
             "hostname": self.hostname,
-            "allow_kill_all": true,
+            "allow_kill_all": false,
             "cleanup": false,
         })
     }
@@ -671,6 +669,34 @@ pub struct HostSide {
     pub hostname: String,
 }
 
+/// The adversary's catalogue (`--list`): `(id, selectable_only)`, in the
+/// order of its default sequence.
+pub fn catalogue() -> Vec<(String, bool)> {
+    let out = Command::new(adversary_exe())
+        .arg("--list")
+        .output()
+        .expect("sharedos-adversary --list");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| {
+            (
+                v["id"].as_str().unwrap_or_default().to_string(),
+                v["selectableOnly"] == true,
+            )
+        })
+        .collect()
+}
+
+/// The ids of the default sequence.
+pub fn default_ids() -> Vec<String> {
+    catalogue()
+        .into_iter()
+        .filter(|(_, sel)| !sel)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 // ------------------------------------------------------------------- turn
 
 /// How to run one turn of the adversary.
@@ -738,7 +764,10 @@ impl TurnRun {
             .to_string()
     }
     pub fn status(&self) -> String {
-        self.json()["status"].as_str().unwrap_or_default().to_string()
+        self.json()["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
     pub fn code(&self) -> Option<String> {
         self.result.code().map(str::to_owned)
@@ -893,7 +922,9 @@ pub fn run_turn(spec: TurnSpec) -> TurnRun {
     let errors: Arc<Mutex<Vec<TurnError>>> = Arc::default();
     let sink = errors.clone();
     let on_turn_error: OnTurnError = Arc::new(move |e: &TurnError, _| {
-        sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.clone());
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.clone());
     });
     let options = ExecutorOptions {
         default_timeout_ms: spec.timeout_ms,
@@ -952,7 +983,12 @@ fn proc_field(pid: u32, name: &str) -> Option<String> {
 
 fn ppid_of(pid: u32) -> Option<u32> {
     let stat = proc_field(pid, "stat")?;
-    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn all_pids() -> Vec<u32> {
@@ -991,7 +1027,10 @@ pub fn survivors() -> Vec<String> {
         let cmdline = proc_field(pid, "cmdline")
             .unwrap_or_default()
             .replace('\0', " ");
-        let comm = proc_field(pid, "comm").unwrap_or_default().trim().to_string();
+        let comm = proc_field(pid, "comm")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
         let mut descends = false;
         let mut p = pid;
         for _ in 0..64 {
