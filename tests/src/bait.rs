@@ -1173,3 +1173,55 @@ pub fn read_text(path: &Path) -> String {
 pub fn is_absent(e: &std::io::Error) -> bool {
     e.kind() == ErrorKind::NotFound
 }
+
+impl HostSide {
+    /// Asserts every host-side trap is untouched, naming the attack and the
+    /// layer of sandbox.md C that must hold in `mode`.
+    pub fn assert_untouched(&self, mode: &str) {
+        for (name, what) in &self.files {
+            let attack = match *name {
+                "secret" => "C01/C06/C07 read, symlink or link the host secret (mountns; Landlock)",
+                "ssh_key" | "aws_credentials" => "C02 read-home-credentials (mountns; Landlock)",
+                "codex_auth" => "C29 vendor-cli-credentials (mountns; Landlock)",
+                "host_tmp" => "C05 write-host-tmp (private tmp; Landlock)",
+                "devshm" => "C57 host-dev-shm-file (private /dev/shm; Landlock)",
+                _ => "a watched file",
+            };
+            assert_eq!(what, &None, "[{mode}] {attack}: {name} was touched");
+        }
+        assert!(
+            self.pwned.is_empty(),
+            "[{mode}] C04/C05 write outside the workspace (ro binds; Landlock): {:?}",
+            self.pwned
+        );
+        assert_eq!(
+            self.tcp_accepts, 0,
+            "[{mode}] C09 tcp-connect-host-loopback (netns; seccomp; Landlock ConnectTcp)"
+        );
+        assert_eq!(
+            self.udp_datagrams, 0,
+            "[{mode}] C11 udp-to-host-port (netns; seccomp)"
+        );
+        assert_eq!(
+            self.unix_accepts, 0,
+            "[{mode}] C13 unix-connect-host-pathname (mountns; strict seccomp)"
+        );
+        assert_eq!(
+            self.abstract_accepts, 0,
+            "[{mode}] C14 unix-connect-host-abstract (netns; Landlock scope; strict seccomp)"
+        );
+        assert!(
+            self.victim_alive,
+            "[{mode}] C24/C26 the victim died (pidns; Landlock Scope::Signal; uid)"
+        );
+        assert_eq!(
+            self.victim_tracer.as_deref(),
+            Some("0"),
+            "[{mode}] C20 ptrace-attach: the victim is traced (pidns; seccomp)"
+        );
+        assert_eq!(
+            self.shm, None,
+            "[{mode}] C56 host-sysv-shm (ipcns; strict seccomp)"
+        );
+    }
+}
