@@ -82,9 +82,46 @@ pub fn workspaces_parent() -> &'static Path {
     })
 }
 
+/// Removes what this test process made for all its turns (the private
+/// `TMPDIR`, the plugin copy): statics are never dropped, so this runs at
+/// exit.
+extern "C" fn remove_process_dirs() {
+    let _ = std::fs::remove_dir_all(workspaces_parent());
+    if let Some(copy) = PLUGIN_COPY.get() {
+        let _ = std::fs::remove_dir_all(copy._dir.path());
+    }
+}
+
+/// Removes the `sharedos-bait-*` entries of test processes that are gone
+/// (a crashed or killed run cannot clean up after itself).
+fn sweep_stale() {
+    for parent in ["/tmp", "/var/tmp", "/dev/shm"] {
+        let Ok(dir) = std::fs::read_dir(parent) else {
+            continue;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix("sharedos-bait-") else {
+                continue;
+            };
+            // `<stem>-<pid>[-<n>]`: the first all-digit field is the pid.
+            let Some(pid) = rest.split('-').find_map(|f| f.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let p = e.path();
+                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+            }
+        }
+    }
+}
+
 fn prepare_process() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        sweep_stale();
+        // SAFETY: registering a plain extern "C" function to run at exit.
+        unsafe { libc::atexit(remove_process_dirs) };
         let tmp = workspaces_parent().to_path_buf();
         // SAFETY: done once, under the serial lock, before this binary's
         // first turn and before any thread of ours reads the environment.
@@ -167,9 +204,10 @@ pub struct PluginCopy {
     pub marker: String,
 }
 
+static PLUGIN_COPY: OnceLock<PluginCopy> = OnceLock::new();
+
 pub fn plugin_copy() -> &'static PluginCopy {
-    static COPY: OnceLock<PluginCopy> = OnceLock::new();
-    COPY.get_or_init(|| {
+    PLUGIN_COPY.get_or_init(|| {
         let dir = Dir::create("/var/tmp", "plugin", 0o755);
         let marker = format!("sdos-adversary-bait-{}", std::process::id());
         let path = dir.path().join(&marker);
@@ -819,7 +857,13 @@ impl Launcher for CountingLauncher {
 /// The host configuration of the turns: the adversary seated for one
 /// agent, admission granted, no tools.
 pub fn host_config(base: &Path) -> HostConfig {
-    let text = format!(
+    HostConfig::parse(&host_config_text(), "sandbox-tests.toml", base)
+        .expect("the test configuration")
+}
+
+/// The TOML of [`host_config`] (the default sandbox policy).
+pub fn host_config_text() -> String {
+    format!(
         r#"
 [host]
 defaultTimeoutMs = 60000
@@ -851,11 +895,11 @@ actions = ["invoke"]
         program = plugin_copy().path.display(),
         ck = CONFIG_SECRET_ENV.0,
         cv = CONFIG_SECRET_ENV.1,
-    );
-    HostConfig::parse(&text, "sandbox-tests.toml", base).expect("the test configuration")
+    )
 }
 
-fn request(spec: &TurnSpec, n: u32) -> Value {
+/// The `ExecutionRequest` of a turn (`n` makes its ids unique).
+pub fn request(spec: &TurnSpec, n: u32) -> Value {
     let agent = json!({"kind": "agent", "agentId": AGENT});
     let mut payload = json!({ "bait": spec.bait });
     if let Some(only) = &spec.only {
@@ -1224,4 +1268,32 @@ impl HostSide {
             "[{mode}] C56 host-sysv-shm (ipcns; strict seccomp)"
         );
     }
+}
+
+/// Processes whose cmdline carries this test process's plugin marker
+/// (every process of its adversary turns): `(pid, comm)`.
+pub fn marked_processes() -> Vec<(u32, String)> {
+    let marker = &plugin_copy().marker;
+    all_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let cmdline = proc_field(pid, "cmdline")?;
+            cmdline.contains(marker.as_str()).then(|| {
+                // The process's comm, or a thread's `sdos-adv-*` name.
+                let mut comm = proc_field(pid, "comm")
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
+                if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+                    for t in tasks.flatten() {
+                        let c = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                        if c.trim().starts_with("sdos-adv-") {
+                            comm = c.trim().to_string();
+                        }
+                    }
+                }
+                (pid, comm)
+            })
+        })
+        .collect()
 }
