@@ -175,6 +175,19 @@ impl HostConfig {
         };
         let mut config: HostConfig =
             toml::from_str(text).map_err(|e| err(describe_toml_error(&e)))?;
+        // The kernel's section accepts unknown keys at its top level (so a
+        // host may flatten it); nested under `[kernel]` it must be strict.
+        let raw: toml::Table = toml::from_str(text).map_err(|e| err(describe_toml_error(&e)))?;
+        if let Some(toml::Value::Table(kernel)) = raw.get("kernel") {
+            for key in kernel.keys() {
+                if !KERNEL_KEYS.contains(&key.as_str()) {
+                    return Err(err(format!(
+                        "kernel.{key}: unknown field, expected one of {}",
+                        KERNEL_KEYS.join(", ")
+                    )));
+                }
+            }
+        }
         config.base_dir = base_dir.to_path_buf();
         config.check().map_err(err)?;
         Ok(config)
@@ -291,6 +304,17 @@ impl HostConfig {
     }
 }
 
+/// The keys of the `[kernel]` section.
+const KERNEL_KEYS: &[&str] = &[
+    "grants",
+    "namespaces",
+    "files",
+    "escalation",
+    "hostPolicy",
+    "usageStorePath",
+    "auditWriteTimeoutMs",
+];
+
 fn describe_toml_error(e: &toml::de::Error) -> String {
     let msg = e.message().trim().to_owned();
     match e.span() {
@@ -341,6 +365,13 @@ runtime = "r"
         let bad = MIN.replace("runtime = \"r\"", "runtime = \"nope\"");
         let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
         assert!(e.message.contains("agents[0].runtime"), "{e}");
+    }
+
+    #[test]
+    fn unknown_kernel_key_is_refused() {
+        let bad = format!("{MIN}\n[kernel]\ngrant = []\n");
+        let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+        assert!(e.message.contains("kernel.grant"), "{e}");
     }
 
     #[test]

@@ -64,6 +64,9 @@ fn main() -> ExitCode {
         Some(first) if first == sharedos_sandbox::HELPER_SUBCOMMAND => {
             sharedos_sandbox::helper_main(args.collect())
         }
+        Some(first) if first == sharedos_host::bench::process::BENCH_PLUGIN_SUBCOMMAND => {
+            return sharedos_host::bench::process::serve_bench_plugin();
+        }
         Some(first) if first == "__bench-echo" => {
             return ExitCode::from(sharedos_host::bench::echo_child() as u8);
         }

@@ -288,11 +288,13 @@ async fn g17_manifest_is_validated_and_snapshotted() {
 }
 
 /// A flood of emits and of calls past the ceiling. What the executor keeps
-/// per turn is bounded where it can be: the kernel is reached at most
-/// `maxToolCalls` times, declared steps are remembered at most `maxSteps`
-/// times, and the annotation store holds one value per key. The event log
-/// is not bounded: it grows with every emit and every refused call (two
-/// events each), as in the TypeScript implementation.
+/// per turn is bounded: the kernel is reached at most `maxToolCalls` times,
+/// declared steps are remembered at most `maxSteps` times, the annotation
+/// store holds one value per key, and the event log is held to the turn's
+/// event budget (`max_events_per_turn`, here 1 000): the plugin action that
+/// would go past it stops the seat and the turn ends `failed
+/// runtime_failed`, its log the events so far plus the ending
+/// (docs/ENVELOPE.md, "Bounded memory"; more in `envelope_budget.rs`).
 #[tokio::test(start_paused = true)]
 async fn flood_of_emits_and_calls() {
     const N: usize = 5_000;
@@ -300,37 +302,63 @@ async fn flood_of_emits_and_calls() {
         .handler("files.read", Handler::Succeed(json!(1)));
     let plugin = FnPlugin(
         |_req, host: Arc<dyn sharedos_plugin_sdk::RuntimeHost>, _abort| async move {
+            let stopped = |e: sharedos_plugin_sdk::HostCallError| {
+                sharedos_plugin_sdk::RuntimeError::Failed(e.to_string())
+            };
             for i in 0..N {
                 host.emit(sharedos_protocol::RuntimeEvent {
                     kind: sharedos_protocol::ident("tick"),
                     data: json!(i),
                 })
-                .unwrap();
+                .map_err(stopped)?;
                 host.annotate("progress", json!(i)).unwrap();
-                let _ = host
-                    .invoke_tool(call(&format!("c{i}"), "files.read"), Some(i as u64))
-                    .await;
+                host.invoke_tool(call(&format!("c{i}"), "files.read"), Some(i as u64))
+                    .await
+                    .map_err(stopped)?;
             }
             Ok(RuntimeTurnOutcome::complete(json!("done")))
         },
     );
-    let h = executor(&kernel, Arc::new(plugin), 0);
+    let (mut opts, errors) = options(0);
+    opts.max_events_per_turn = 1_000;
+    let h = executor_with(&kernel, Arc::new(plugin), opts, errors);
     let r = h
         .run(request_with(&["files.read"], |v| {
             v["options"] = json!({"maxSteps": 4, "maxToolCalls": 8})
         }))
         .await;
-    assert_eq!(r.status, ExecutionStatus::Succeeded);
+    assert_eq!(r.status, ExecutionStatus::Failed);
+    assert_eq!(r.code(), Some("runtime_failed"));
+    assert_eq!(
+        r.events
+            .last()
+            .map(|e| (e.kind.to_string(), e.data.clone())),
+        Some((
+            "turn.failed".to_owned(),
+            json!({"code": "runtime_failed", "source": "envelope"})
+        ))
+    );
     assert_eq!(
         kernel.invoked().len(),
         4,
         "steps 0..4 only; later steps are refused before the kernel"
     );
-    assert_eq!(r.metadata.get("progress"), Some(&json!(N - 1)));
+    // 3 events per iteration: 332 whole iterations and the 333rd's emit
+    // fit; its call, which must keep room for its answer and the ending,
+    // does not. 1 + 3 × 332 + 1 + turn.failed = 999.
+    assert!(r.events.len() <= 1_000, "{}", r.events.len());
+    assert_eq!(r.events.len(), 999);
+    assert_eq!(r.metadata.get("progress"), Some(&json!(332)));
     assert_eq!(r.metadata.len(), 2, "one value per annotation key");
-    // The unbounded part, stated so a change is noticed: 3 events per
-    // iteration plus turn.started and turn.completed.
-    assert_eq!(r.events.len(), 3 * N + 2);
+    assert_eq!(
+        h.turn_errors()
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect::<Vec<_>>(),
+        vec![sharedos_host::executor::TurnError::Violation {
+            reason: "rate_limit_exceeded"
+        }]
+    );
 }
 
 #[test]

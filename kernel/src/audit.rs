@@ -9,11 +9,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef, Timestamp};
+use tokio::sync::oneshot;
 
 /// `AuditOutcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -131,19 +132,28 @@ pub trait AuditSink: Send + Sync {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError>;
 }
 
-/// The embedded sink: an append-only JSONL file, one record per line,
-/// each line written with one `write` on an `O_APPEND` descriptor and
-/// `fsync`ed before `append` returns.
+/// The embedded sink: an append-only JSONL file, one record per line.
+///
+/// One writer thread owns the `O_APPEND` descriptor. It takes every record
+/// waiting, writes them with one `write` (whole lines only; a short write
+/// is cut back), `fsync`s once, and only then answers each `append`: a
+/// group commit, so concurrent turns share an `fsync` and every caller
+/// still returns only once its record is durable.
 #[derive(Debug, Clone)]
 pub struct JsonlAuditSink {
-    inner: Arc<Mutex<File>>,
+    jobs: mpsc::Sender<Job>,
     path: PathBuf,
 }
 
+type Job = (Vec<u8>, oneshot::Sender<Result<(), String>>);
+
+/// At most this many records share one write and one `fsync`.
+const MAX_BATCH: usize = 256;
+
 impl JsonlAuditSink {
-    /// Opens (creating) the file. A trailing partial line left by a crash
-    /// mid-write (never acknowledged, so nothing acted on it) is cut, so a
-    /// reader parses every line.
+    /// Opens (creating) the file and starts its writer thread. A trailing
+    /// partial line left by a crash mid-write (never acknowledged, so
+    /// nothing acted on it) is cut, so a reader parses every line.
     pub fn open(path: impl AsRef<Path>) -> std::io::Result<Self> {
         let path = path.as_ref().to_path_buf();
         let created = !path.exists();
@@ -156,17 +166,39 @@ impl JsonlAuditSink {
         if created && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir)?.sync_all()?;
         }
-        Ok(Self {
-            inner: Arc::new(Mutex::new(file)),
-            path,
-        })
+        let (jobs, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("sharedos-audit".into())
+            .spawn(move || commit_loop(file, rx))?;
+        Ok(Self { jobs, path })
     }
     pub fn path(&self) -> &Path {
         &self.path
     }
 }
 
-fn repair_tail(file: &mut File) -> std::io::Result<()> {
+/// Runs until every sender is gone.
+fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut buf = Vec::with_capacity(batch.iter().map(|(l, _)| l.len()).sum());
+        for (line, _) in &batch {
+            buf.extend_from_slice(line);
+        }
+        let result = write_line(&mut file, &buf).map_err(|e| e.to_string());
+        for (_, reply) in batch {
+            let _ = reply.send(result.clone());
+        }
+    }
+}
+
+pub(crate) fn repair_tail(file: &mut File) -> std::io::Result<()> {
     let len = file.metadata()?.len();
     if len == 0 {
         return Ok(());
@@ -193,12 +225,12 @@ fn repair_tail(file: &mut File) -> std::io::Result<()> {
     file.sync_all()
 }
 
-fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
     let before = file.metadata()?.len();
     let written = rustix::io::write(&*file, line).map_err(std::io::Error::from)?;
     if written != line.len() {
         // A short write would leave a torn line: cut it back before
-        // reporting the failure. Writers are serialized by the mutex.
+        // reporting the failure. Each file has a single writer.
         file.set_len(before)?;
         return Err(std::io::Error::other(format!(
             "short audit write: {written} of {} bytes",
@@ -213,15 +245,14 @@ impl AuditSink for JsonlAuditSink {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
         let mut line = serde_json::to_vec(record).map_err(|e| AuditError::Sink(e.to_string()))?;
         line.push(b'\n');
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            let mut file = inner
-                .lock()
-                .map_err(|_| AuditError::Sink("audit file lock poisoned".into()))?;
-            write_line(&mut file, &line).map_err(|e| AuditError::Sink(e.to_string()))
-        })
-        .await
-        .map_err(|e| AuditError::Sink(format!("audit writer task: {e}")))?
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send((line, reply))
+            .map_err(|_| AuditError::Sink("the audit writer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| AuditError::Sink("the audit writer thread has stopped".into()))?
+            .map_err(AuditError::Sink)
     }
 }
 

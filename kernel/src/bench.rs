@@ -230,10 +230,64 @@ pub async fn audited_tool_call(dir: &Path, iterations: usize) -> Value {
             ));
         }
         let bare = bare_append_us(dir, iterations).await?;
-        Ok::<Value, String>(json!({"runs": out, "bareAppendFsyncUs": bare}))
+        let concurrent =
+            concurrent_calls(dir, &def, &grants, 16, iterations.div_ceil(16).max(1)).await?;
+        Ok::<Value, String>(
+            json!({"runs": out, "bareAppendFsyncUs": bare, "concurrent": concurrent}),
+        )
     };
     run.await
         .unwrap_or_else(|e| json!({"name": "kernel.audited_tool_call", "error": e}))
+}
+
+/// `tasks` concurrent callers on one kernel and one JSONL sink: what the
+/// group commit buys (records of concurrent calls share an `fsync`).
+async fn concurrent_calls(
+    dir: &Path,
+    def: &ToolDefinition,
+    grants: &[Grant],
+    tasks: usize,
+    per_task: usize,
+) -> Result<Value, String> {
+    let sink = JsonlAuditSink::open(dir.join("kernel-audit-concurrent.jsonl"))
+        .map_err(|e| e.to_string())?;
+    let kernel = Arc::new(
+        Kernel::builder(
+            Arc::new(ConfigGrantSource::new(grants.to_vec())),
+            Arc::new(sink),
+        )
+        .tool(def.clone(), Arc::new(Echo))
+        .map_err(|e| e.to_string())?
+        .build(),
+    );
+    let ctx = context();
+    let lease = kernel
+        .open_turn_authority(&ctx)
+        .await
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (kernel, lease, ctx) = (Arc::clone(&kernel), lease.clone(), ctx.clone());
+        handles.push(tokio::spawn(async move {
+            for i in 0..per_task {
+                let c = call(t * per_task + i, "bench.echo", json!({}));
+                kernel
+                    .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let calls = tasks * per_task;
+    Ok(
+        json!({"tasks": tasks, "calls": calls, "totalMs": elapsed * 1e3, "callsPerSecond": calls as f64 / elapsed}),
+    )
 }
 
 /// 100 file tool calls through the kernel (50 `files.write`, then 50

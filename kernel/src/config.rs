@@ -141,6 +141,11 @@ pub struct KernelConfig {
     pub escalation: EscalationConfig,
     #[serde(default)]
     pub host_policy: HostPolicy,
+    /// Where bounded grants' use counts are kept across restarts (a JSONL
+    /// file). Without it they are counted in memory and reset when the host
+    /// restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_store_path: Option<std::path::PathBuf>,
     /// Bound on outcome-path audit writes; none means they are awaited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_write_timeout_ms: Option<u64>,

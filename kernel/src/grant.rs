@@ -7,11 +7,12 @@
 //! segments) and the action together: there is no cross-product between
 //! capabilities or between grants.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+pub use crate::usage::{MemoryUsageStore, UsageStore};
 use sharedos_protocol::{
     AccessContext, Address, Identifier, PathSegment, Purpose, ShortName, Timestamp,
 };
@@ -357,51 +358,6 @@ impl GrantSource for ConfigGrantSource {
             i += 1;
         }
         Ok(out)
-    }
-}
-
-/// Counts the uses of bounded grants. `try_consume` must be atomic: two
-/// concurrent calls on a grant with one use left never both succeed.
-#[async_trait]
-pub trait UsageStore: Send + Sync {
-    /// Takes one use if one is left. `Ok(false)` when exhausted.
-    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String>;
-    /// Uses left, without taking one (discovery).
-    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String>;
-}
-
-/// The embedded usage store: in memory, for one host process.
-#[derive(Debug, Default)]
-pub struct MemoryUsageStore {
-    used: Mutex<HashMap<String, u64>>,
-}
-
-impl MemoryUsageStore {
-    pub fn new() -> Self {
-        Self::default()
-    }
-}
-
-#[async_trait]
-impl UsageStore for MemoryUsageStore {
-    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String> {
-        let mut used = self
-            .used
-            .lock()
-            .map_err(|_| "usage store lock poisoned".to_owned())?;
-        let n = used.entry(grant_id.to_owned()).or_insert(0);
-        if *n >= max_uses {
-            return Ok(false);
-        }
-        *n += 1;
-        Ok(true)
-    }
-    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String> {
-        let used = self
-            .used
-            .lock()
-            .map_err(|_| "usage store lock poisoned".to_owned())?;
-        Ok(max_uses.saturating_sub(used.get(grant_id).copied().unwrap_or(0)))
     }
 }
 

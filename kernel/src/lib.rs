@@ -34,6 +34,7 @@ pub mod kernel;
 pub mod port;
 pub mod registry;
 pub mod tools;
+pub mod usage;
 
 pub use audit::{
     AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
@@ -49,3 +50,4 @@ pub use kernel::{ErrorHook, Kernel, KernelBuilder, KernelSetupError, TracingHook
 pub use port::{Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease};
 pub use registry::{HandlerAnswer, RegistrationError, ToolError, ToolHandler, ToolRegistry};
 pub use tools::escalate::ESCALATE_TOOL;
+pub use usage::JsonlUsageStore;

@@ -69,11 +69,13 @@ pub trait ToolHandler: Send + Sync {
     ) -> Result<HandlerAnswer, ToolError>;
 }
 
-/// A definition with its handler and compiled argument validator.
+/// A definition with its handler and its compiled argument (and output)
+/// validators.
 pub struct RegisteredTool {
     pub definition: ToolDefinition,
     pub handler: Arc<dyn ToolHandler>,
     validator: jsonschema::Validator,
+    output_validator: Option<jsonschema::Validator>,
 }
 
 impl std::fmt::Debug for RegisteredTool {
@@ -85,6 +87,14 @@ impl std::fmt::Debug for RegisteredTool {
 }
 
 impl RegisteredTool {
+    /// Whether a succeeded output fits the definition's `outputSchema`
+    /// (always, when it declares none).
+    pub fn output_fits(&self, output: &Value) -> bool {
+        self.output_validator
+            .as_ref()
+            .is_none_or(|v| v.is_valid(output))
+    }
+
     /// Checks `arguments` against the input schema. The message names the
     /// failing location as a JSON pointer and the violated keyword, never
     /// the value.
@@ -160,10 +170,22 @@ impl ToolRegistry {
                 name: definition.name.to_string(),
                 message: e.to_string(),
             })?;
+        let output_validator = match &definition.output_schema {
+            None => None,
+            Some(o) => Some(
+                jsonschema::validator_for(&Value::Object(o.clone())).map_err(|e| {
+                    RegistrationError::InvalidSchema {
+                        name: definition.name.to_string(),
+                        message: format!("outputSchema: {e}"),
+                    }
+                })?,
+            ),
+        };
         self.tools.push(Arc::new(RegisteredTool {
             definition,
             handler,
             validator,
+            output_validator,
         }));
         Ok(())
     }

@@ -1383,3 +1383,32 @@ async fn a_parent_the_source_does_not_hand_over_is_delegation_chain_unverified()
     );
     assert_eq!(checked[0].fail_closed, Some(true));
 }
+
+#[tokio::test]
+async fn an_output_outside_the_declared_output_schema_is_invalid_tool_result() {
+    let sink = Arc::new(MemoryAuditSink::new());
+    let mut def = scripted_definition("test.records", sharedos_protocol::ReadWrite::Read);
+    def.output_schema =
+        Some(serde_json::from_value(json!({"type": "object", "required": ["rows"]})).unwrap());
+    let kernel = Kernel::builder(
+        Arc::new(sharedos_kernel::ConfigGrantSource::new(vec![
+            records_grant("g1", &[], Scope::Descendants),
+        ])),
+        sink,
+    )
+    .tool(def, ScriptedTool::new(Script::Echo))
+    .unwrap()
+    .build();
+    let ctx = context("alice");
+    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
+    let r = kernel
+        .invoke_tool(
+            &lease,
+            &ctx,
+            &call("c1", "test.records", json!({"record": "x"})),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code(&r), Some("invalid_tool_result"));
+}

@@ -5,10 +5,12 @@
 //! driver's manifest as its own (`sharedos.standard` for a driver that
 //! states none).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sharedos_protocol::{
@@ -155,6 +157,17 @@ fn fail(code: &str, message: &str, retryable: bool) -> RuntimeTurnOutcome {
     }
 }
 
+/// A driver call whose panic (how Rust code throws) is caught by the loop
+/// like any other driver failure: `driver_failed`, with the session closed.
+async fn guarded<T>(
+    call: impl std::future::Future<Output = Result<T, DriverError>>,
+) -> Result<T, DriverError> {
+    AssertUnwindSafe(call)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(DriverError::Failed("the driver panicked".into())))
+}
+
 /// Why the loop stopped without an outcome of its own.
 enum Stop {
     Cancelled,
@@ -169,7 +182,10 @@ impl StandardLoop {
         outcome: SessionOutcome,
     ) {
         if let Some(s) = session.as_mut() {
-            let _ = tokio::time::timeout(self.options.close_timeout, s.close(outcome)).await;
+            // Errors and hangs are swallowed: a close that panics (how Rust
+            // code throws) changes nothing about the turn.
+            let closing = AssertUnwindSafe(s.close(outcome)).catch_unwind();
+            let _ = tokio::time::timeout(self.options.close_timeout, closing).await;
         }
     }
 
@@ -184,7 +200,7 @@ impl StandardLoop {
         let opened = tokio::select! {
             biased;
             _ = abort.raised() => return Err(Stop::Cancelled),
-            s = self.options.driver.open(request, abort.clone()) => s.map_err(Stop::Driver)?,
+            s = guarded(self.options.driver.open(request, abort.clone())) => s.map_err(Stop::Driver)?,
         };
         let session = session_slot.insert(opened);
         if let Some(hash) = session.prompt_hash() {
@@ -200,7 +216,7 @@ impl StandardLoop {
             let decided = tokio::select! {
                 biased;
                 _ = abort.raised() => return Err(Stop::Cancelled),
-                d = session.next(input, abort.clone()) => d,
+                d = guarded(session.next(input, abort.clone())) => d,
             };
             let decision = match decided {
                 Ok(d) => d,

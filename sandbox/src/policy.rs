@@ -13,7 +13,7 @@ use crate::report::SandboxLevel;
 
 /// Everything the helper needs to know about how to confine one plugin.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct SandboxPolicy {
     /// The host refuses to start a plugin whose report is below this level.
     pub min_level: SandboxLevel,
@@ -78,7 +78,7 @@ impl Default for SandboxPolicy {
 
 /// One switch per layer; all on by default.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct LayerToggles {
     /// Leave uid 0 when the host runs as root.
     pub drop_uid: bool,
@@ -124,7 +124,7 @@ impl Default for LayerToggles {
 
 /// Resource limits (soft = hard). `None` leaves the inherited limit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Rlimits {
     /// `RLIMIT_CORE`: 0 so a crash never dumps plugin memory to disk.
     pub core: Option<u64>,
@@ -170,7 +170,7 @@ impl Default for Rlimits {
 /// `enabled` and the host can write the hierarchy; otherwise the report
 /// says `cgroup: unavailable` and the pid namespace + rlimits still hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct CgroupPolicy {
     /// Try to create a per-plugin cgroup.
     pub enabled: bool,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Figure;
 use super::fixture::{self, NOOP_TOOL, TimingPlugin};
-use crate::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
+use crate::executor::{ExecuteOptions, Executor, Seat};
 
 /// The per-call nanoseconds a timing plugin returned.
 pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {
@@ -52,7 +52,7 @@ pub async fn inprocess_calls(n: usize) -> Result<Figure, String> {
     let executor = Executor::new(
         Arc::new(fixture::kernel()),
         Seat::in_process(Arc::new(TimingPlugin)),
-        ExecutorOptions::default(),
+        fixture::options(),
     )
     .map_err(|e| e.to_string())?;
     let warm = executor
@@ -117,7 +117,7 @@ pub async fn inprocess_emits(n: usize) -> Result<f64, String> {
     let executor = Executor::new(
         Arc::new(fixture::kernel()),
         Seat::in_process(Arc::new(TimingPlugin)),
-        ExecutorOptions::default(),
+        fixture::options(),
     )
     .map_err(|e| e.to_string())?;
     let result = executor

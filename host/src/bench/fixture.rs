@@ -218,3 +218,13 @@ impl RuntimePlugin for TimingPlugin {
         ))
     }
 }
+
+/// Executor options for measurements: the event budget raised above what
+/// a measurement turn writes (a benchmark turn is not a flood).
+pub fn options() -> crate::executor::ExecutorOptions {
+    crate::executor::ExecutorOptions {
+        max_events_per_turn: 10_000_000,
+        max_event_bytes_per_turn: 1 << 30,
+        ..Default::default()
+    }
+}

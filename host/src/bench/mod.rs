@@ -9,6 +9,7 @@ use serde::Serialize;
 
 pub mod envelope;
 pub mod fixture;
+pub mod process;
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
@@ -111,6 +112,21 @@ pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result
     ))
 }
 
+/// Prints a figure, or the reason it could not be measured.
+fn show(result: Result<Figure, String>, failed: &mut bool) -> Option<Figure> {
+    match result {
+        Ok(f) => {
+            println!("{}", f.line());
+            Some(f)
+        }
+        Err(e) => {
+            println!("    (not measured: {e})");
+            *failed = true;
+            None
+        }
+    }
+}
+
 /// `sharedos bench`: every figure, printed with its ratio to the baseline
 /// measured in the same run.
 pub async fn run(iterations: usize) -> i32 {
@@ -121,54 +137,189 @@ pub async fn run(iterations: usize) -> i32 {
             return 2;
         }
     };
-    println!("sharedos bench — {iterations} iterations per round-trip figure");
+    let mut failed = false;
+    let spawns = (iterations / 20).clamp(20, 200);
+    println!("sharedos bench: {iterations} iterations per round trip, {spawns} per spawn\n");
+
+    println!("== Protocol and envelope (issue: foundation)");
     let floor = tokio::task::spawn_blocking({
         let exe = exe.clone();
-        move || ndjson_floor(&exe, iterations)
+        move || ndjson_floor(&exe, iterations).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| e.to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()));
-    let floor = match floor {
-        Ok(f) => f,
+    .and_then(|r| r);
+    let floor = show(floor, &mut failed);
+    let inproc = show(envelope::inprocess_calls(iterations).await, &mut failed);
+    let direct = process::process_calls(
+        &exe,
+        std::sync::Arc::new(crate::process::DirectLauncher),
+        "(c) tool call through the envelope, plugin out of process",
+        iterations,
+    )
+    .await;
+    let outproc = show(direct, &mut failed);
+    let sandboxed = process::process_calls(
+        &exe,
+        process::sandbox_launcher(&exe),
+        "(c') the same, plugin in the full sandbox",
+        iterations,
+    )
+    .await;
+    let outsand = show(sandboxed, &mut failed);
+    if let (Some(c), Some(a)) = (&outproc, &floor) {
+        println!("{}", process::ratio_line("(c) / (a), target ≤ 2.5×", c, a));
+    }
+    if let (Some(c), Some(a)) = (&outsand, &floor) {
+        println!("{}", process::ratio_line("(c') / (a)", c, a));
+    }
+    if let (Some(c), Some(b)) = (&outproc, &inproc) {
+        println!("{}", process::ratio_line("(c) / (b)", c, b));
+    }
+    let echo_direct = show(
+        process::spawn_to_initialize(
+            std::sync::Arc::new(crate::process::DirectLauncher),
+            &exe,
+            "(d) spawn until initialize answered, echo, no sandbox",
+            spawns,
+        )
+        .await,
+        &mut failed,
+    );
+    match envelope::inprocess_emits(iterations * 50).await {
+        Ok(rate) => println!(
+            "{:<58} {:>12.0} emits/s",
+            "(e) emits through the envelope, plugin in process", rate
+        ),
+        Err(e) => println!("    (emits in process not measured: {e})"),
+    }
+    match process::process_emits(&exe, 5_000).await {
+        Ok(rate) => println!(
+            "{:<58} {:>12.0} emits/s",
+            "(e') the same, plugin out of process (5 000 emits)", rate
+        ),
+        Err(e) => println!("    (emits out of process not measured: {e})"),
+    }
+
+    println!("\n== Envelope overhead and the deadline (issue: envelope)");
+    let kernel = show(envelope::kernel_direct(iterations).await, &mut failed);
+    if let (Some(b), Some(k)) = (&inproc, &kernel) {
+        println!(
+            "    envelope overhead per call: {:.1} µs median ({:.2}× the direct kernel call)",
+            b.median_us - k.median_us,
+            b.median_us / k.median_us.max(1e-9)
+        );
+    }
+    let runs = 30;
+    match process::deadline_to_result(
+        &exe,
+        std::sync::Arc::new(crate::process::DirectLauncher),
+        50,
+        runs,
+        true,
+    )
+    .await
+    {
+        Ok((r, g)) => {
+            println!("{}  [direct launch]", r.line());
+            if let Some(g) = g {
+                println!("{}", g.line());
+            }
+        }
         Err(e) => {
-            eprintln!("sharedos bench: the floor measurement failed: {e}");
-            return 1;
-        }
-    };
-    println!("{}", floor.line());
-    let mut failed = false;
-    match (
-        envelope::inprocess_calls(iterations).await,
-        envelope::kernel_direct(iterations).await,
-    ) {
-        (Ok(b), Ok(k)) => {
-            println!("{}", b.line());
-            println!("{}", k.line());
-            println!(
-                "    envelope overhead per call: {:.1} µs (median {:.2}× the direct kernel call)",
-                b.median_us - k.median_us,
-                b.median_us / k.median_us.max(1e-9)
-            );
-        }
-        (b, k) => {
-            eprintln!(
-                "sharedos bench: in-process envelope: {:?} / {:?}",
-                b.err(),
-                k.err()
-            );
+            println!("    (deadline, direct launch, not measured: {e})");
             failed = true;
         }
     }
-    match envelope::inprocess_emits(iterations * 50).await {
-        Ok(rate) => println!(
-            "{:<58} {:>10.0} emits/s",
-            "(e) emits through the envelope, plugin in process", rate
-        ),
+    match process::deadline_to_result(&exe, process::sandbox_launcher(&exe), 50, runs, false).await
+    {
+        Ok((r, _)) => println!("{}  [full sandbox]", r.line()),
         Err(e) => {
-            eprintln!("sharedos bench: emits: {e}");
+            println!("    (deadline, sandboxed, not measured: {e})");
             failed = true;
         }
+    }
+
+    println!("\n== Kernel (issue: kernel)");
+    println!(
+        "authorization decision: {}",
+        sharedos_kernel::bench::authorization_decision(iterations * 10).await
+    );
+    let dir = tempfile::tempdir();
+    match dir {
+        Ok(dir) => {
+            println!(
+                "audited tool call (JSONL + fsync): {}",
+                sharedos_kernel::bench::audited_tool_call(dir.path(), 200).await
+            );
+            println!(
+                "100 file tool calls: {}",
+                sharedos_kernel::bench::file_tool_calls(dir.path()).await
+            );
+        }
+        Err(e) => println!("    (kernel file benches not measured: {e})"),
+    }
+
+    println!("\n== Sandbox (issue: sandbox)");
+    let echo_sandbox = show(
+        process::spawn_to_initialize(
+            process::sandbox_launcher(&exe),
+            &exe,
+            "(d) spawn until initialize, echo, full sandbox",
+            spawns,
+        )
+        .await,
+        &mut failed,
+    );
+    match process::find_bwrap() {
+        Some(bwrap) => {
+            let bw = show(
+                process::spawn_to_initialize(
+                    std::sync::Arc::new(process::BwrapLauncher { bwrap }),
+                    &exe,
+                    "(d) spawn until initialize, echo, bwrap --unshare-all",
+                    spawns,
+                )
+                .await,
+                &mut failed,
+            );
+            if let (Some(s), Some(b)) = (&echo_sandbox, &bw) {
+                println!(
+                    "{}",
+                    process::ratio_line("full sandbox / bwrap, target ≤ 0.4×", s, b)
+                );
+            }
+        }
+        None => println!("    (bwrap not installed: `apt-get install bubblewrap` to compare)"),
+    }
+    if let (Some(s), Some(d)) = (&echo_sandbox, &echo_direct) {
+        println!("{}", process::ratio_line("full sandbox / no sandbox", s, d));
+    }
+    let resident = process::hold_resident(1 << 30);
+    let big = show(
+        process::spawn_to_initialize(
+            process::sandbox_launcher(&exe),
+            &exe,
+            "(d) full sandbox, host holding 1 GiB resident",
+            spawns,
+        )
+        .await,
+        &mut failed,
+    );
+    drop(resident);
+    if let (Some(b), Some(s)) = (&big, &echo_sandbox) {
+        println!(
+            "{}",
+            process::ratio_line("1 GiB host / small host, target ≤ 1.2×", b, s)
+        );
+    }
+    match tokio::task::spawn_blocking(move || sharedos_sandbox::bench_current_exe(spawns)).await {
+        Ok(Ok(report)) => println!(
+            "sandbox cost by layer: {}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ),
+        Ok(Err(e)) => println!("    (sandbox layers not measured: {e})"),
+        Err(e) => println!("    (sandbox layers not measured: {e})"),
     }
     if failed { 1 } else { 0 }
 }

@@ -118,6 +118,7 @@ pub async fn run_turn(
             TurnError::Runtime(e) => e.to_string(),
             TurnError::AuditUnavailable { cause } => format!("the audit sink failed: {cause}"),
             TurnError::Kernel(m) => format!("kernel: {m}"),
+            TurnError::Violation { reason } => format!("the runtime broke a host limit ({reason})"),
         };
         tracing::error!(execution_id = %ids.execution_id, "turn failed: {what}");
         eprintln!("sharedos: turn {} failed: {what}", ids.execution_id);

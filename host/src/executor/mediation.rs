@@ -10,7 +10,7 @@ use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
 use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
 
-use super::turn::{Turn, call_event, lock};
+use super::turn::{COMPLETION_EXTRA_BYTES, Turn, call_event, json_len, lock};
 
 pub(crate) const TURN_DRAINING: &str = "turn_draining";
 pub(crate) const STEP_LIMIT: &str = "step_limit_exceeded";
@@ -47,7 +47,7 @@ impl EnvelopeHost {
         let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
         data.insert("status".into(), json!("denied"));
         data.insert("code".into(), json!(code));
-        turn.push_event("tool.completed", Value::Object(data));
+        turn.push_prepaid("tool.completed", Value::Object(data));
         if let Some(lease) = turn.lease() {
             let refused = RefusedCall {
                 call_id: call.id.clone(),
@@ -89,11 +89,14 @@ impl RuntimeHost for EnvelopeHost {
         }
         // 2–3. The call and step shapes are checked by their types (a
         // malformed call never reaches here: the wire answers -32602).
-        // 4.
-        turn.push_event(
-            "tool.requested",
-            Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step)),
-        );
+        // 4. The call pays for its `tool.completed` now, so its answer is
+        // never refused for the budget. Over the budget the turn is stopped
+        // (`rate_limit_exceeded`) and the call rejected as after an abort.
+        let requested = Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step));
+        let completion = json_len(&requested) + COMPLETION_EXTRA_BYTES;
+        if !turn.push_plugin_event("tool.requested", requested, 1, completion) {
+            return Err(HostCallError::closed());
+        }
         // 5. Draining.
         if turn.signals.soft_raised() {
             return Ok(self.refuse(&call, step, TURN_DRAINING, None).await);
@@ -199,7 +202,7 @@ impl RuntimeHost for EnvelopeHost {
                     if let Some(err) = result.error() {
                         data.insert("code".into(), json!(err.code.as_str()));
                     }
-                    turn.push_event("tool.completed", Value::Object(data));
+                    turn.push_prepaid("tool.completed", Value::Object(data));
                 }
             }
             outcome
@@ -257,10 +260,13 @@ impl RuntimeHost for EnvelopeHost {
             return Err(HostCallError::closed());
         }
         let turn = &self.turn;
-        turn.push_event(
-            "runtime.event",
-            json!({"runtime": turn.runtime_ref(), "type": event.kind.as_str(), "data": event.data}),
-        );
+        let data =
+            json!({"runtime": turn.runtime_ref(), "type": event.kind.as_str(), "data": event.data});
+        // Over the turn's event budget the seat is stopped; the emit is
+        // answered as one after the abort.
+        if !turn.push_plugin_event("runtime.event", data, 0, 0) {
+            return Err(HostCallError::closed());
+        }
         Ok(())
     }
 

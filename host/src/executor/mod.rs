@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 pub use mediation::EnvelopeHost;
 
 use ending::*;
-use turn::{Turn, TurnParams, lock};
+use turn::{Turn, TurnBudget, TurnParams, lock};
 
 /// The name of the escalation affordance. Its presence in a turn's
 /// catalogue is what offers escalation.
@@ -74,6 +74,10 @@ pub enum TurnError {
     AuditUnavailable { cause: String },
     /// A kernel port failed for a reason other than the audit.
     Kernel(String),
+    /// The runtime broke a host-side limit and its seat was stopped, e.g.
+    /// `rate_limit_exceeded` for a turn over its event budget. The turn
+    /// ends `failed runtime_failed`; the reason is never in the result.
+    Violation { reason: &'static str },
 }
 
 /// Which turn an error belongs to.
@@ -95,7 +99,31 @@ pub struct ExecutorOptions {
     /// before the deadline. 0 (the default) means one signal only.
     pub drain_grace_ms: u64,
     pub on_turn_error: Option<OnTurnError>,
+    /// The most events one turn holds (default 100 000). A plugin action
+    /// (`emit`, a tool call and its answer) that would go past it, with
+    /// room kept for the envelope's ending, stops the seat and ends the
+    /// turn `failed runtime_failed` (violation `rate_limit_exceeded`).
+    pub max_events_per_turn: usize,
+    /// The most bytes of serialized event `data` one turn holds (default
+    /// 64 MiB); enforced like `max_events_per_turn`.
+    pub max_event_bytes_per_turn: usize,
+    /// The most annotation keys one turn holds (default 1024). Past it a
+    /// new key is dropped and counted, never refused (see `annotate`).
+    pub max_annotation_keys: usize,
+    /// The most annotation bytes (keys plus serialized values) one turn
+    /// holds (default 1 MiB); past it a write is dropped and counted.
+    pub max_annotation_bytes: usize,
 }
+
+/// The defaults of the per-turn bounds (docs/ENVELOPE.md, "Bounded memory").
+pub const DEFAULT_MAX_EVENTS_PER_TURN: usize = 100_000;
+pub const DEFAULT_MAX_EVENT_BYTES_PER_TURN: usize = 64 * 1024 * 1024;
+pub const DEFAULT_MAX_ANNOTATION_KEYS: usize = 1024;
+pub const DEFAULT_MAX_ANNOTATION_BYTES: usize = 1024 * 1024;
+/// The smallest event budget an executor takes: room for `turn.started`,
+/// a few calls and the ending.
+pub const MIN_EVENTS_PER_TURN: usize = 16;
+pub const MIN_EVENT_BYTES_PER_TURN: usize = 64 * 1024;
 
 impl Default for ExecutorOptions {
     fn default() -> Self {
@@ -107,6 +135,10 @@ impl Default for ExecutorOptions {
             default_timeout_ms: 120_000,
             drain_grace_ms: 0,
             on_turn_error: None,
+            max_events_per_turn: DEFAULT_MAX_EVENTS_PER_TURN,
+            max_event_bytes_per_turn: DEFAULT_MAX_EVENT_BYTES_PER_TURN,
+            max_annotation_keys: DEFAULT_MAX_ANNOTATION_KEYS,
+            max_annotation_bytes: DEFAULT_MAX_ANNOTATION_BYTES,
         }
     }
 }
@@ -206,6 +238,16 @@ impl Executor {
                 "defaultMaxToolCalls must be between 1 and 10000".into(),
             ));
         }
+        if options.max_events_per_turn < MIN_EVENTS_PER_TURN {
+            return Err(ExecutorError(format!(
+                "maxEventsPerTurn must be at least {MIN_EVENTS_PER_TURN}"
+            )));
+        }
+        if options.max_event_bytes_per_turn < MIN_EVENT_BYTES_PER_TURN {
+            return Err(ExecutorError(format!(
+                "maxEventBytesPerTurn must be at least {MIN_EVENT_BYTES_PER_TURN}"
+            )));
+        }
         Ok(Self {
             kernel,
             seat,
@@ -287,6 +329,12 @@ impl Executor {
             clock: self.options.clock.clone(),
             ids: self.options.ids.clone(),
             on_event: opts.on_event.clone(),
+            budget: TurnBudget {
+                max_events: self.options.max_events_per_turn,
+                max_event_bytes: self.options.max_event_bytes_per_turn,
+                max_annotation_keys: self.options.max_annotation_keys,
+                max_annotation_bytes: self.options.max_annotation_bytes,
+            },
         });
 
         // Context checks, before any kernel call.
@@ -475,6 +523,11 @@ impl Executor {
         if let Some(outage) = turn.audit_outage() {
             return Err(Caught::Kernel(outage));
         }
+        // A seat stopped for a violation does not end the turn with the
+        // outcome it managed to return in the same breath.
+        if turn.violation().is_some() {
+            return Err(Caught::Aborted);
+        }
         let outcome = match outcome {
             Ok(o) => o,
             Err(RuntimeError::InvalidOutcome(detail)) => {
@@ -586,6 +639,16 @@ impl Executor {
             self.report_turn_error(turn, TurnError::AuditUnavailable { cause });
             return (
                 Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.safe_to_retry()),
+                Some("envelope"),
+            );
+        }
+        // A violation stops the seat like an abort, but the turn failed: it
+        // is the runtime's doing, not the deadline's or the host's.
+        if let Some(reason) = turn.violation() {
+            turn.push_event("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
+            self.report_turn_error(turn, TurnError::Violation { reason });
+            return (
+                Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
                 Some("envelope"),
             );
         }

@@ -112,9 +112,66 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// The ordered event log. Only the envelope writes events.
+/// The violation a plugin commits by going over the turn's event budget
+/// (protocol.md B.4, "Emit budget").
+pub(crate) const RATE_LIMIT_EXCEEDED: &str = "rate_limit_exceeded";
+
+/// Events kept back for the envelope's own ending: whatever a plugin does,
+/// the final `turn.completed | turn.failed | turn.escalated |
+/// turn.cancelled` always fits.
+pub(crate) const RESERVED_EVENTS: usize = 1;
+/// Bytes kept back for that final event (`turn.escalated` carries a reason
+/// of at most 512 characters and the reviewer's address).
+pub(crate) const RESERVED_EVENT_BYTES: usize = 8 * 1024;
+/// What a `tool.completed` may weigh over its `tool.requested`: the status
+/// and a code of at most 256 characters. A call pays for its completion
+/// when it is requested, so a completion is never refused.
+pub(crate) const COMPLETION_EXTRA_BYTES: usize = 1_100;
+
+/// The per-turn bounds on what a plugin can make the envelope hold
+/// (docs/ENVELOPE.md, "Bounded memory").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TurnBudget {
+    pub max_events: usize,
+    pub max_event_bytes: usize,
+    pub max_annotation_keys: usize,
+    pub max_annotation_bytes: usize,
+}
+
+/// The ordered event log. Only the envelope writes events. `charged_*` is
+/// what the budget has counted: every event written, plus the completions
+/// paid for in advance by calls still waiting for theirs.
 pub(crate) struct EventLog {
     events: Vec<ExecutionEvent>,
+    charged_events: usize,
+    charged_bytes: usize,
+}
+
+/// The annotation store: insertion order, last write wins, bounded in keys
+/// and bytes (a key's bytes are its length plus its value's serialized
+/// length).
+#[derive(Default)]
+struct AnnotationStore {
+    entries: Vec<(String, Value, usize)>,
+    bytes: usize,
+    dropped: u64,
+}
+
+/// The serialized length of a JSON value, without building the string.
+pub(crate) fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// Everything one turn shares between the executor and its host.
@@ -140,7 +197,9 @@ pub(crate) struct Turn {
     /// caller delivering.
     delivered: Mutex<usize>,
     delivered_count: std::sync::atomic::AtomicUsize,
-    annotations: Mutex<Vec<(String, Value)>>,
+    annotations: Mutex<AnnotationStore>,
+    budget: TurnBudget,
+    violation: Mutex<Option<&'static str>>,
     clock: Clock,
     ids: IdSource,
     on_event: Option<OnEvent>,
@@ -164,6 +223,7 @@ pub(crate) struct TurnParams {
     pub clock: Clock,
     pub ids: IdSource,
     pub on_event: Option<OnEvent>,
+    pub budget: TurnBudget,
 }
 
 impl Turn {
@@ -185,10 +245,16 @@ impl Turn {
             repeatable: Mutex::new(HashSet::new()),
             calls: Mutex::new(CallBudget::default()),
             runtime_ref: p.runtime_ref,
-            events: Mutex::new(EventLog { events: Vec::new() }),
+            events: Mutex::new(EventLog {
+                events: Vec::new(),
+                charged_events: 0,
+                charged_bytes: 0,
+            }),
             delivered: Mutex::new(0),
             delivered_count: std::sync::atomic::AtomicUsize::new(0),
-            annotations: Mutex::new(Vec::new()),
+            annotations: Mutex::new(AnnotationStore::default()),
+            budget: p.budget,
+            violation: Mutex::new(None),
             clock: p.clock,
             ids: p.ids,
             on_event: p.on_event,
@@ -215,25 +281,100 @@ impl Turn {
         lock(&self.lease).clone()
     }
 
-    /// Appends an authoritative event and hands an immutable copy to the
-    /// observer. A panicking observer changes nothing.
+    /// Appends an event to the log; the caller has charged it already.
+    fn append(&self, log: &mut EventLog, kind: &str, data: Value) {
+        let event = ExecutionEvent {
+            version: Version::V1,
+            event_id: self.ids.next(),
+            execution_id: self.execution_id.clone(),
+            trace_id: self.trace_id.clone(),
+            sequence: log.events.len() as u64,
+            kind: ShortName::new(kind)
+                .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
+            data,
+            occurred_at: self.now(),
+        };
+        log.events.push(event);
+    }
+
+    /// Appends one of the envelope's own events (`turn.*`) and hands an
+    /// immutable copy to the observer. Never refused: the budget keeps room
+    /// for the ending (`RESERVED_EVENTS`), and what comes before the seat
+    /// runs is the envelope's, not the plugin's. A panicking observer
+    /// changes nothing.
     pub fn push_event(&self, kind: &str, data: Value) {
         {
             let mut log = lock(&self.events);
-            let event = ExecutionEvent {
-                version: Version::V1,
-                event_id: self.ids.next(),
-                execution_id: self.execution_id.clone(),
-                trace_id: self.trace_id.clone(),
-                sequence: log.events.len() as u64,
-                kind: ShortName::new(kind)
-                    .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
-                data,
-                occurred_at: self.now(),
-            };
-            log.events.push(event);
+            log.charged_events += 1;
+            log.charged_bytes = log.charged_bytes.saturating_add(json_len(&data));
+            self.append(&mut log, kind, data);
         }
         self.deliver();
+    }
+
+    /// Appends a `tool.completed` whose call paid for it when it was
+    /// requested.
+    pub fn push_prepaid(&self, kind: &str, data: Value) {
+        {
+            let mut log = lock(&self.events);
+            self.append(&mut log, kind, data);
+        }
+        self.deliver();
+    }
+
+    /// Appends an event a plugin's action causes (`runtime.event`,
+    /// `tool.requested`), paying in advance for `prepaid_events` more of
+    /// `prepaid_bytes` (a call's completion). Over the budget, with the
+    /// reserve for the ending kept back, nothing is written: the turn is
+    /// stopped for `rate_limit_exceeded` and `false` returned.
+    pub fn push_plugin_event(
+        &self,
+        kind: &str,
+        data: Value,
+        prepaid_events: usize,
+        prepaid_bytes: usize,
+    ) -> bool {
+        let bytes = json_len(&data);
+        {
+            let mut log = lock(&self.events);
+            let events = log
+                .charged_events
+                .saturating_add(1 + prepaid_events + RESERVED_EVENTS);
+            let total = log
+                .charged_bytes
+                .saturating_add(bytes)
+                .saturating_add(prepaid_bytes)
+                .saturating_add(RESERVED_EVENT_BYTES);
+            if events > self.budget.max_events || total > self.budget.max_event_bytes {
+                drop(log);
+                self.violate(RATE_LIMIT_EXCEEDED);
+                return false;
+            }
+            log.charged_events += 1 + prepaid_events;
+            log.charged_bytes += bytes + prepaid_bytes;
+            self.append(&mut log, kind, data);
+        }
+        self.deliver();
+        true
+    }
+
+    /// A host-side violation: noted once, and the seat is stopped as at an
+    /// abort. The turn then ends `failed runtime_failed`; the reason goes
+    /// to the logs and `on_turn_error`, never to the result.
+    pub fn violate(&self, reason: &'static str) {
+        {
+            let mut v = lock(&self.violation);
+            if v.is_some() {
+                return;
+            }
+            *v = Some(reason);
+        }
+        tracing::warn!(execution_id = %self.execution_id, reason, "the runtime broke a limit of the envelope; stopping the seat");
+        self.signals.raise_hard();
+    }
+
+    pub fn violation(&self) -> Option<&'static str> {
+        *lock(&self.violation)
     }
 
     /// Hands the observer every event it has not seen, in `sequence` order,
@@ -271,20 +412,67 @@ impl Turn {
     /// Stores an annotation: kept while the turn is open (even aborted),
     /// dropped silently after close; the last write to a key wins and the
     /// first write fixes its position.
+    ///
+    /// The store is bounded (`max_annotation_keys`, `max_annotation_bytes`).
+    /// A new key past either bound, or a new value for a key that would
+    /// take the store past its bytes, is dropped and counted, with a
+    /// warning in the log. It is never an error to the plugin: `annotate`
+    /// never refuses on the state of the host (ADR 0007), so a call site
+    /// needs no guard and stating a fact cannot become a failed turn. The
+    /// keys the envelope defines (`promptHash`, `escalationAsked`) are small
+    /// and stated early, so in practice only a plugin that floods the store
+    /// loses anything, and what it loses is its own later writes.
     pub fn annotate(&self, key: &str, value: Value) {
         if !self.is_open() {
             return;
         }
+        let size = key.len().saturating_add(json_len(&value));
         let mut ann = lock(&self.annotations);
-        if let Some(slot) = ann.iter_mut().find(|(k, _)| k == key) {
-            slot.1 = value;
+        let budget = self.budget;
+        let kept = if let Some(i) = ann.entries.iter().position(|(k, _, _)| k == key) {
+            let total = ann.bytes - ann.entries[i].2 + size;
+            if total <= budget.max_annotation_bytes {
+                ann.entries[i].1 = value;
+                ann.entries[i].2 = size;
+                ann.bytes = total;
+                true
+            } else {
+                false
+            }
+        } else if ann.entries.len() < budget.max_annotation_keys
+            && ann.bytes.saturating_add(size) <= budget.max_annotation_bytes
+        {
+            ann.entries.push((key.to_owned(), value, size));
+            ann.bytes += size;
+            true
         } else {
-            ann.push((key.to_owned(), value));
+            false
+        };
+        if !kept {
+            ann.dropped += 1;
+            if ann.dropped == 1 {
+                tracing::warn!(
+                    execution_id = %self.execution_id,
+                    key,
+                    keys = ann.entries.len(),
+                    bytes = ann.bytes,
+                    "the annotation store of the turn is full; dropping the write"
+                );
+            }
         }
     }
 
     pub fn annotations(&self) -> Vec<(String, Value)> {
-        lock(&self.annotations).clone()
+        lock(&self.annotations)
+            .entries
+            .iter()
+            .map(|(k, v, _)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// How many annotation writes the store dropped for its bounds.
+    pub fn dropped_annotations(&self) -> u64 {
+        lock(&self.annotations).dropped
     }
 
     pub fn note_audit_outage(&self, err: &KernelError) {
@@ -333,7 +521,11 @@ impl Turn {
     /// `annotate` is a silent no-op. Aborts every still-running handler and
     /// disposes the timers.
     pub fn close(&self) {
-        self.open.store(false, Ordering::SeqCst);
+        let was_open = self.open.swap(false, Ordering::SeqCst);
+        let dropped = self.dropped_annotations();
+        if was_open && dropped > 1 {
+            tracing::warn!(execution_id = %self.execution_id, dropped, "annotation writes dropped by the store's bounds");
+        }
         self.signals.raise_hard();
         if let Some(t) = lock(&self.hard_timer).take() {
             t.abort();

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sharedos_protocol::{
     AccessContext, Address, CapabilityRequirement, Escalation, EscalationStatus, ExecutionStatus,
-    Identifier, JsonObject, PathSegment, ReachEntry, ReachResult, ReachScope, Reason, ResourceRef,
-    ToolCall, ToolDefinition, ToolResult, ToolStatus, canonical_json, ident,
+    Identifier, JsonObject, ReachEntry, ReachResult, ReachScope, Reason, ToolCall, ToolDefinition,
+    ToolResult, canonical_json, ident,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -26,9 +26,7 @@ use crate::grant::{
 use crate::port::{
     Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease,
 };
-use crate::registry::{
-    HandlerAnswer, RegisteredTool, RegistrationError, ToolError, ToolHandler, ToolRegistry,
-};
+use crate::registry::{RegistrationError, ToolHandler, ToolRegistry};
 use crate::tools::{EXECUTION_NAMESPACE, escalate, files};
 
 /// The message of every `tool_unavailable` the kernel answers: the caller
@@ -65,6 +63,8 @@ pub enum KernelSetupError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     Registration(#[from] RegistrationError),
+    #[error("usage store {path}: {message}")]
+    UsageStore { path: String, message: String },
     #[error("files root {path}: {message}")]
     FilesRoot { path: String, message: String },
 }
@@ -83,43 +83,14 @@ impl TurnAuthority {
     }
 }
 
-/// Writes audit records on both paths.
-struct Recorder {
-    audit: Arc<dyn AuditSink>,
-    hook: Arc<dyn ErrorHook>,
-    timeout: Option<Duration>,
-}
+mod records;
+mod run;
 
-impl Recorder {
-    /// Decision path: before the effect, never time-bounded; a failure
-    /// refuses the operation.
-    async fn decision(&self, record: AuditRecord, effect: AuditEffect) -> Result<(), KernelError> {
-        self.audit
-            .append(&record)
-            .await
-            .map_err(|e| KernelError::AuditUnavailable {
-                effect,
-                cause: e.to_string(),
-            })
-    }
-
-    /// Outcome path: after the effect; a failure or a timeout goes to the
-    /// hook and never changes the result.
-    async fn outcome(&self, record: AuditRecord) {
-        let result = match self.timeout {
-            None => self.audit.append(&record).await,
-            Some(t) => match tokio::time::timeout(t, self.audit.append(&record)).await {
-                Ok(r) => r,
-                Err(_) => Err(AuditError::Timeout {
-                    timeout_ms: t.as_millis() as u64,
-                }),
-            },
-        };
-        if let Err(e) = result {
-            self.hook.audit_error(&e, &record);
-        }
-    }
-}
+use records::{
+    CallFacts, Recorder, catalog_metadata, checked_record, infrastructure_code, invoked_record,
+    resource_of,
+};
+use run::Run;
 
 /// The embedded kernel.
 pub struct Kernel {
@@ -217,6 +188,12 @@ impl KernelBuilder {
     }
 }
 
+/// Runs a handler's synchronous hook; a panic in it is `None`, so a broken
+/// tool fails its call instead of the turn.
+fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
 fn sha256_hex(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -244,35 +221,6 @@ fn requirement_of(cap: &CapabilityRequirement, context: &AccessContext) -> Requi
             .unwrap_or_else(|| context.owner.clone()),
         action: cap.action.to_string(),
     }
-}
-
-fn outcome_of(status: ToolStatus) -> AuditOutcome {
-    match status {
-        ToolStatus::Succeeded => AuditOutcome::Succeeded,
-        ToolStatus::Denied => AuditOutcome::Denied,
-        ToolStatus::Failed => AuditOutcome::Failed,
-    }
-}
-
-/// The codes recorded `failClosed`: refusals because infrastructure was down.
-fn infrastructure_code(code: &str) -> bool {
-    matches!(
-        code,
-        "audit_unavailable"
-            | "authority_unavailable"
-            | "usage_store_unavailable"
-            | "delegation_chain_unverified"
-    )
-}
-
-/// What the kernel knows about a call as it goes through the checks, for
-/// its `tool.invoked` record.
-#[derive(Default, Clone)]
-struct CallFacts {
-    resource: Option<ResourceRef>,
-    action: Option<String>,
-    grant_id: Option<String>,
-    cause: Option<String>,
 }
 
 impl Kernel {
@@ -315,6 +263,15 @@ impl Kernel {
             .audit_write_timeout(config.audit_write_timeout_ms.map(Duration::from_millis))
             .host_policy(config.host_policy.clone());
         builder.config_grants = Some(source);
+        if let Some(path) = &config.usage_store_path {
+            let store = crate::usage::JsonlUsageStore::open(path).map_err(|e| {
+                KernelSetupError::UsageStore {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                }
+            })?;
+            builder = builder.usage_store(Arc::new(store));
+        }
         if config.files.enabled {
             builder = builder.file_tools(files_root, config.files.clone())?;
         }
@@ -388,95 +345,6 @@ impl Kernel {
         self.recorder.outcome(record).await;
         result
     }
-}
-
-fn invoked_record(
-    context: &AccessContext,
-    call: &ToolCall,
-    result: &ToolResult,
-    facts: CallFacts,
-    catalog_hash: Option<String>,
-) -> AuditRecord {
-    let mut r = AuditRecord::new(
-        "tool.invoked",
-        outcome_of(result.status()),
-        context,
-        AuditSource::Kernel,
-    );
-    r.operation_id = Some(call.id.to_string());
-    r.tool = Some(call.tool.to_string());
-    r.resource = facts.resource;
-    r.action = facts.action;
-    r.grant_id = facts.grant_id;
-    r.cause = facts.cause;
-    if let Some(e) = result.error() {
-        r.reason = Some(e.code.to_string());
-        if infrastructure_code(e.code.as_str()) {
-            r.fail_closed = Some(true);
-        }
-    }
-    r.metadata = catalog_metadata(catalog_hash);
-    r
-}
-
-fn catalog_metadata(hash: Option<String>) -> Option<JsonObject> {
-    hash.map(|h| {
-        let mut m = JsonObject::new();
-        m.insert("catalogHash".into(), Value::String(h));
-        m
-    })
-}
-
-fn resource_of(req: &Requirement) -> ResourceRef {
-    ResourceRef {
-        namespace: Identifier::new(&req.namespace).unwrap_or_else(|_| ident("invalid")),
-        path: req
-            .path
-            .iter()
-            .filter_map(|s| PathSegment::new(s).ok())
-            .collect(),
-        owner: Some(req.owner.clone()),
-    }
-}
-
-/// `authorization.checked` for a decision.
-fn checked_record(
-    context: &AccessContext,
-    req: &Requirement,
-    decision: &Decision,
-    operation_id: Option<&str>,
-    tool: Option<&str>,
-) -> AuditRecord {
-    let outcome = if matches!(decision, Decision::Allowed { .. }) {
-        AuditOutcome::Allowed
-    } else {
-        AuditOutcome::Denied
-    };
-    let mut r = AuditRecord::new(
-        "authorization.checked",
-        outcome,
-        context,
-        AuditSource::Kernel,
-    );
-    r.resource = Some(resource_of(req));
-    r.action = Some(req.action.clone());
-    r.operation_id = operation_id.map(str::to_owned);
-    r.tool = tool.map(str::to_owned);
-    match decision {
-        Decision::Allowed { grant_id, consumed } => {
-            r.grant_id = Some(grant_id.clone());
-            r.consumed = Some(*consumed);
-        }
-        Decision::Denied { reason, grant_id } => {
-            r.grant_id = grant_id.clone();
-            r.reason = Some(reason.code().to_owned());
-            r.consumed = Some(false);
-            if reason.fail_closed() {
-                r.fail_closed = Some(true);
-            }
-        }
-    }
-    r
 }
 
 #[async_trait]
@@ -717,9 +585,10 @@ impl TurnKernel for Kernel {
             return Ok(self.answer(turn, context, call, r, facts).await);
         }
         // 8. Arguments: the schema, then the handler's own parse.
-        let parsed = tool
-            .check_arguments(&call.arguments)
-            .and_then(|()| tool.handler.parse_arguments(&call.arguments));
+        let parsed = tool.check_arguments(&call.arguments).and_then(|()| {
+            guarded(|| tool.handler.parse_arguments(&call.arguments))
+                .unwrap_or_else(|| Err("the tool could not parse its arguments".into()))
+        });
         let parsed = match parsed {
             Ok(p) => p,
             Err(message) => {
@@ -733,7 +602,9 @@ impl TurnKernel for Kernel {
             ..call.clone()
         };
         // 9. The exact requirement.
-        let resolved = match tool.handler.resolve_requirement(context, &parsed_call) {
+        let resolved = guarded(|| tool.handler.resolve_requirement(context, &parsed_call))
+            .unwrap_or_else(|| Err("resolve_requirement panicked".into()));
+        let resolved = match resolved {
             Ok(r) => r.unwrap_or_else(|| def.required_capability.clone()),
             Err(text) => {
                 self.recorder
@@ -917,107 +788,5 @@ impl TurnKernel for Kernel {
         r.reason = reason;
         self.recorder.outcome(r).await;
         Ok(())
-    }
-}
-
-/// Steps 13–14 of one allowed call.
-struct Run {
-    tool: Arc<RegisteredTool>,
-    recorder: Arc<Recorder>,
-    context: AccessContext,
-    call: ToolCall,
-    original: ToolCall,
-    facts: CallFacts,
-    catalog_hash: Option<String>,
-}
-
-impl Run {
-    async fn go(self, abort: CancellationToken) -> Result<ToolResult, KernelError> {
-        let handler = Arc::clone(&self.tool.handler);
-        let (context, call, token) = (self.context.clone(), self.call.clone(), abort.clone());
-        // The handler runs in a task of its own so a panic is a failure of
-        // the tool, not of the kernel.
-        let joined =
-            tokio::spawn(async move { handler.invoke(&context, &call, token).await }).await;
-        let call = &self.original;
-        let now = self.context.now.clone();
-        let failed =
-            |code: &str, message: &str| ToolResult::failed(call, code, message, now.clone());
-        let result = match joined {
-            Ok(Ok(answer)) => {
-                let parsed = match answer {
-                    HandlerAnswer::Result(r) => Some(r),
-                    HandlerAnswer::Raw(v) => serde_json::from_value::<ToolResult>(v).ok(),
-                };
-                match parsed {
-                    Some(r) if r.call_id() == &call.id && r.tool() == &call.tool => r,
-                    _ => failed(
-                        "invalid_tool_result",
-                        "The tool answered with an invalid result.",
-                    ),
-                }
-            }
-            Ok(Err(ToolError::Kernel(KernelError::AuditUnavailable { cause, .. }))) => {
-                self.interrupted("audit_unavailable").await;
-                return Err(KernelError::AuditUnavailable {
-                    effect: AuditEffect::Unknown,
-                    cause,
-                });
-            }
-            Ok(Err(_)) if abort.is_cancelled() => {
-                self.interrupted("operation_aborted").await;
-                return Err(KernelError::Interrupted);
-            }
-            Ok(Err(e)) => {
-                let text = match e {
-                    ToolError::Failed(t) => t,
-                    ToolError::Aborted => {
-                        "the handler reported an abort that was not signalled".into()
-                    }
-                    ToolError::Kernel(k) => k.to_string(),
-                };
-                self.recorder
-                    .hook
-                    .tool_error(call.tool.as_str(), call.id.as_str(), &text);
-                failed("tool_execution_failed", EXECUTION_FAILED_MESSAGE)
-            }
-            Err(join) => {
-                self.recorder.hook.tool_error(
-                    call.tool.as_str(),
-                    call.id.as_str(),
-                    &format!("handler task: {join}"),
-                );
-                failed("tool_execution_failed", EXECUTION_FAILED_MESSAGE)
-            }
-        };
-        let record = invoked_record(
-            &self.context,
-            call,
-            &result,
-            self.facts.clone(),
-            self.catalog_hash.clone(),
-        );
-        self.recorder.outcome(record).await;
-        Ok(result)
-    }
-
-    async fn interrupted(&self, reason: &str) {
-        let mut r = AuditRecord::new(
-            "tool.invoked",
-            AuditOutcome::Interrupted,
-            &self.context,
-            AuditSource::Kernel,
-        );
-        r.operation_id = Some(self.original.id.to_string());
-        r.tool = Some(self.original.tool.to_string());
-        r.resource = self.facts.resource.clone();
-        r.action = self.facts.action.clone();
-        r.grant_id = self.facts.grant_id.clone();
-        r.reason = Some(reason.to_owned());
-        if reason == "audit_unavailable" {
-            r.fail_closed = Some(true);
-        }
-        r.metadata = catalog_metadata(self.catalog_hash.clone());
-        self.recorder.outcome(r).await;
     }
 }

@@ -1,0 +1,339 @@
+//! Across the process boundary: tool calls and emits through the whole
+//! envelope with the plugin in a child process, spawn until `initialize`
+//! is answered (no sandbox, the full sandbox, bubblewrap), and the time
+//! from the deadline to the result for a plugin that ignores the abort.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sharedos_protocol::{ConnectionLimits, RuntimeManifest};
+use tokio::net::unix::pipe;
+
+use super::Figure;
+use super::envelope::{call_samples, emit_rate};
+use super::fixture::{self, TimingPlugin};
+use crate::broker::{Peer, PeerConfig, handshake, host_peer_config};
+use crate::executor::{ExecuteOptions, Executor};
+use crate::process::{
+    DirectLauncher, LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessRuntime,
+    ProcessRuntimeConfig,
+};
+use crate::sandboxed::SandboxLauncher;
+use crate::seat::process_seat;
+
+/// The hidden subcommand that serves the timing plugin.
+pub const BENCH_PLUGIN_SUBCOMMAND: &str = "__bench-plugin";
+
+/// Serves the timing plugin over stdio (`sharedos __bench-plugin`).
+pub fn serve_bench_plugin() -> std::process::ExitCode {
+    sharedos_plugin_sdk::serve(TimingPlugin)
+}
+
+fn sibling(exe: &Path, name: &str) -> PathBuf {
+    exe.parent()
+        .map(|d| d.join(name))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+fn timing_executor(exe: &Path, launcher: Arc<dyn Launcher>) -> Result<Executor, String> {
+    let manifest = TimingPlugin.manifest_checked();
+    let mut config = ProcessRuntimeConfig::new(exe, manifest);
+    config.args = vec![BENCH_PLUGIN_SUBCOMMAND.to_owned()];
+    let runtime = ProcessRuntime::new(config, launcher).map_err(|e| e.to_string())?;
+    Executor::new(
+        Arc::new(fixture::kernel()),
+        process_seat(Arc::new(runtime)),
+        fixture::options(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+impl TimingPlugin {
+    fn manifest_checked(&self) -> RuntimeManifest {
+        sharedos_plugin_sdk::RuntimePlugin::manifest(self)
+    }
+}
+
+/// (c) A tool call through the whole envelope, plugin out of process.
+pub async fn process_calls(
+    exe: &Path,
+    launcher: Arc<dyn Launcher>,
+    name: &str,
+    n: usize,
+) -> Result<Figure, String> {
+    let executor = timing_executor(exe, launcher)?;
+    let result = executor
+        .execute(
+            fixture::request("bench-process", json!({"calls": n + 50})),
+            ExecuteOptions::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut samples = call_samples(&result)?;
+    samples.drain(..50.min(samples.len()));
+    Ok(Figure::from_samples(name, samples))
+}
+
+/// (e) Emits per second through the envelope, plugin out of process. The
+/// host's per-turn token bucket allows a burst of 10 000 notifications;
+/// the measurement stays inside it.
+pub async fn process_emits(exe: &Path, n: usize) -> Result<f64, String> {
+    let executor = timing_executor(exe, Arc::new(DirectLauncher))?;
+    let result = executor
+        .execute(
+            fixture::request("bench-process-emits", json!({"emits": n})),
+            ExecuteOptions::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    emit_rate(&result)
+}
+
+/// bubblewrap with every namespace unshared, around a direct launch.
+pub struct BwrapLauncher {
+    pub bwrap: PathBuf,
+}
+
+impl Launcher for BwrapLauncher {
+    fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
+        let mut args: Vec<String> = [
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.push(spec.program.display().to_string());
+        args.extend(spec.args.iter().cloned());
+        let wrapped = LaunchSpec {
+            program: self.bwrap.clone(),
+            args,
+            ..spec.clone()
+        };
+        DirectLauncher.launch(&wrapped)
+    }
+}
+
+/// Finds `bwrap` on the PATH.
+pub fn find_bwrap() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+}
+
+/// One spawn until `initialize` is answered, then the tree is killed
+/// (outside the timed part).
+async fn spawn_once(
+    launcher: &Arc<dyn Launcher>,
+    echo: &Path,
+    manifest: &RuntimeManifest,
+) -> Result<Duration, String> {
+    let spec = LaunchSpec {
+        program: echo.to_path_buf(),
+        args: vec![],
+        env: vec![("SHAREDOS_PLUGIN".into(), "1".into())],
+        runtime_id: manifest.id.to_string(),
+        execution_id: "bench-spawn".into(),
+        turn_id: "t-bench".into(),
+    };
+    let start = Instant::now();
+    let l = launcher.clone();
+    let launched = tokio::task::spawn_blocking(move || l.launch(&spec))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let LaunchedChild {
+        stdin,
+        stdout,
+        stderr,
+        mut tree,
+        ..
+    } = launched;
+    let stdin = pipe::Sender::from_owned_fd(stdin).map_err(|e| e.to_string())?;
+    let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(|e| e.to_string())?;
+    let (mut peer, mut inbound) =
+        Peer::spawn(stdout, stdin, host_peer_config(PeerConfig::default()));
+    let limits = ConnectionLimits {
+        max_message_bytes: 8 << 20,
+        max_inflight_tool_calls: 8,
+        max_concurrent_turns: 1,
+    };
+    let answered = handshake(
+        &mut peer,
+        &mut inbound,
+        manifest,
+        limits,
+        Duration::from_secs(10),
+    )
+    .await;
+    let elapsed = start.elapsed();
+    drop(stderr);
+    tree.start_kill();
+    let _ = tokio::task::spawn_blocking(move || tree.kill_tree()).await;
+    answered.map_err(|e| e.to_string())?;
+    Ok(elapsed)
+}
+
+/// (d) Spawn until `initialize` is answered for `sharedos-echo`.
+pub async fn spawn_to_initialize(
+    launcher: Arc<dyn Launcher>,
+    exe: &Path,
+    name: &str,
+    n: usize,
+) -> Result<Figure, String> {
+    let echo = sibling(exe, "sharedos-echo");
+    let manifest = RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION"))
+        .map_err(|e| e.to_string())?;
+    for _ in 0..3 {
+        spawn_once(&launcher, &echo, &manifest).await?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        samples.push(spawn_once(&launcher, &echo, &manifest).await?);
+    }
+    Ok(Figure::from_samples(name, samples))
+}
+
+/// Holds about 1 GiB resident, touched page by page, for as long as it
+/// lives.
+pub fn hold_resident(bytes: usize) -> Vec<u8> {
+    let mut v = vec![0u8; bytes];
+    for i in (0..bytes).step_by(4096) {
+        v[i] = 1;
+    }
+    std::hint::black_box(&v);
+    v
+}
+
+/// The deadline to the returned result, for a plugin that ignores
+/// `turn/abort` after forking `children` children; and the time until
+/// every child is gone.
+pub async fn deadline_to_result(
+    exe: &Path,
+    launcher: Arc<dyn Launcher>,
+    children: usize,
+    runs: usize,
+    host_pids: bool,
+) -> Result<(Figure, Option<Figure>), String> {
+    let plugin = sibling(exe, "sharedos-testplugin");
+    let manifest =
+        RuntimeManifest::new("sharedos-testplugin", "0.1.0").map_err(|e| e.to_string())?;
+    let runtime = ProcessRuntime::new(ProcessRuntimeConfig::new(plugin, manifest), launcher)
+        .map_err(|e| e.to_string())?;
+    let executor = Executor::new(
+        Arc::new(fixture::kernel()),
+        process_seat(Arc::new(runtime)),
+        fixture::options(),
+    )
+    .map_err(|e| e.to_string())?;
+    let timeout_ms = 800u64;
+    let mut to_result = Vec::with_capacity(runs);
+    let mut to_gone = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let script =
+            json!([{"op": "ignore_abort"}, {"op": "fork", "n": children}, {"op": "stall"}]);
+        let mut request =
+            fixture::request(&format!("bench-deadline-{i}"), json!({"script": script}));
+        request.options = Some(sharedos_protocol::ExecutionOptions {
+            max_steps: Some(16),
+            max_tool_calls: Some(16),
+            timeout_ms: Some(timeout_ms),
+        });
+        let start = Instant::now();
+        let result = executor
+            .execute(request, ExecuteOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let returned = start.elapsed();
+        if result.code() != Some("turn_cancelled") {
+            return Err(format!(
+                "the deadline turn ended {} {:?}",
+                result.status.as_str(),
+                result.code()
+            ));
+        }
+        let pids: Vec<i32> = result
+            .events
+            .iter()
+            .filter(|e| e.kind == "runtime.event" && e.data["type"] == "forked")
+            .flat_map(|e| {
+                e.data["data"]["pids"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|p| p.as_i64().map(|p| p as i32))
+            .collect();
+        if host_pids && pids.len() != children {
+            return Err(format!(
+                "the plugin reported {} children before the deadline, not {children}",
+                pids.len()
+            ));
+        }
+        to_result.push(returned.saturating_sub(Duration::from_millis(timeout_ms)));
+        if !host_pids {
+            // Pids reported from inside a pid namespace name nothing here.
+            continue;
+        }
+        let waited = Instant::now();
+        while !pids.iter().all(|&p| gone(p)) {
+            if waited.elapsed() > Duration::from_secs(10) {
+                return Err("children survived the turn by 10 s".into());
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        to_gone.push(returned + waited.elapsed() - Duration::from_millis(timeout_ms));
+    }
+    Ok((
+        Figure::from_samples(
+            "deadline → result, abort ignored, children forked",
+            to_result,
+        ),
+        host_pids.then(|| Figure::from_samples("deadline → every child gone (host pids)", to_gone)),
+    ))
+}
+
+/// A pid no longer names a live process (a zombie counts as gone).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .map(|rest| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+/// The sandboxed launcher with the default (strong) policy.
+pub fn sandbox_launcher(exe: &Path) -> Arc<dyn Launcher> {
+    Arc::new(SandboxLauncher {
+        helper_exe: exe.to_path_buf(),
+        policy: sharedos_sandbox::SandboxPolicy::default(),
+    })
+}
+
+/// What each (d) figure is compared with.
+pub fn ratio_line(name: &str, a: &Figure, b: &Figure) -> String {
+    format!(
+        "    {name}: {:.2}× (median {:.0} µs / {:.0} µs)",
+        a.median_us / b.median_us.max(1e-9),
+        a.median_us,
+        b.median_us
+    )
+}
+
+/// Pretty JSON of a figure list, for the record.
+pub fn to_json(figures: &[&Figure]) -> Value {
+    json!(figures)
+}
