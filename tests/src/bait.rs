@@ -1297,3 +1297,18 @@ pub fn marked_processes() -> Vec<(u32, String)> {
         })
         .collect()
 }
+
+/// Whether reads of `path` move its atime (a `relatime`/`strictatime`
+/// mount, not `noatime`): the read detector of [`WatchedFile`] depends on
+/// it.
+pub fn atime_is_tracked(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let best = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && path.starts_with(f[1])).then(|| (f[1].len(), f[3].to_string()))
+        })
+        .max_by_key(|(len, _)| *len);
+    best.is_some_and(|(_, opts)| !opts.split(',').any(|o| o == "noatime"))
+}
