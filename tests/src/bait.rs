@@ -863,6 +863,12 @@ pub fn host_config(base: &Path) -> HostConfig {
 
 /// The TOML of [`host_config`] (the default sandbox policy).
 pub fn host_config_text() -> String {
+    host_config_text_with("")
+}
+
+/// [`host_config_text`] with extra keys for the runtime entry, e.g.
+/// `sandbox = { emulateNoUserns = true, minLevel = "reduced" }`.
+pub fn host_config_text_with(runtime_keys: &str) -> String {
     format!(
         r#"
 [host]
@@ -875,6 +881,7 @@ id = "sharedos-adversary"
 version = "{version}"
 program = "{program}"
 env = {{ RUST_BACKTRACE = "0", {ck} = "{cv}" }}
+{runtime_keys}
 
 [[agents]]
 agentId = "{AGENT}"

@@ -134,6 +134,67 @@ fn c38_c39_without_a_pid_namespace_the_subreaper_and_cgroup_still_kill_the_daemo
 }
 
 #[test]
+fn c41b_without_a_pid_namespace_the_grandchild_holding_stdout_dies() {
+    // The plugin exits and leaves a setsid'd grandchild holding its stdio:
+    // without a pid namespace, pid 1 (a subreaper) and the cgroup must
+    // still kill it, and the host must not wait for it.
+    let policy = SandboxPolicy {
+        min_level: SandboxLevel::Minimal,
+        layers: LayerToggles {
+            pidns: false,
+            ..LayerToggles::default()
+        },
+        ..SandboxPolicy::default()
+    };
+    let run = lifetime_turn("C41b", policy, 5000);
+    assert_eq!(
+        run.code().as_deref(),
+        Some("runtime_failed"),
+        "C41b without pidns: {} {}",
+        run.status(),
+        run.error_text()
+    );
+    assert!(
+        run.elapsed < Duration::from_millis(4500),
+        "C41b without pidns: the host waited for the grandchild ({:?})",
+        run.elapsed
+    );
+}
+
+#[test]
+fn reduced_level_without_user_namespaces_still_kills_every_escape() {
+    // No namespaces at all (a host without user namespaces, emulated): the
+    // tree kill relies on the cgroup and pid 1 as a subreaper.
+    let policy = SandboxPolicy {
+        min_level: SandboxLevel::Reduced,
+        emulate_no_userns: true,
+        ..SandboxPolicy::default()
+    };
+    for id in ["C38", "C39"] {
+        let run = lifetime_turn(id, policy.clone(), 5000);
+        assert_eq!(run.level(), "reduced", "{id}");
+        assert_eq!(
+            run.status(),
+            "succeeded",
+            "{id} reduced: {}",
+            run.error_text()
+        );
+    }
+    let run = lifetime_turn("C41b", policy.clone(), 5000);
+    assert_eq!(
+        run.code().as_deref(),
+        Some("runtime_failed"),
+        "C41b reduced"
+    );
+    let run = lifetime_turn("C37", policy, 3000);
+    ended_at_the_deadline(
+        &run,
+        "C37 sleep-ignoring-abort (reduced: cgroup kill)",
+        3000,
+    );
+}
+
+#[test]
 fn c40_plugin_that_clears_pdeathsig_dies_at_the_deadline() {
     let run = lifetime_turn("C40", SandboxPolicy::default(), 3000);
     ended_at_the_deadline(&run, "C40 outlive-the-host (deadline)", 3000);
@@ -146,11 +207,23 @@ fn c40_plugin_that_clears_pdeathsig_dies_at_the_deadline() {
 /// take the whole tree down.
 #[test]
 fn c40_host_death_takes_the_plugin_down() {
+    host_death("");
+}
+
+/// The same without any namespace (a host without user namespaces,
+/// emulated): the lifeline, the cgroup and pid 1 as a subreaper must do
+/// what the pid namespace did.
+#[test]
+fn c40_host_death_takes_the_plugin_down_at_the_reduced_level() {
+    host_death(r#"sandbox = { emulateNoUserns = true, minLevel = "reduced" }"#);
+}
+
+fn host_death(runtime_keys: &str) {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("host.toml");
     let request_file = dir.path().join("turn.json");
-    std::fs::write(&config, host_config_text()).unwrap();
+    std::fs::write(&config, host_config_text_with(runtime_keys)).unwrap();
     let spec = TurnSpec::new(SandboxPolicy::default(), json!({"hang_secs": 120}))
         .only(&["C40"])
         .timeout_ms(60_000);
@@ -190,6 +263,7 @@ fn c40_host_death_takes_the_plugin_down() {
         seen.iter().any(|(_, comm)| comm == "sdos-adv-c40"),
         "C40: the plugin never reached its hang: {seen:?}"
     );
+    eprintln!("C40 [{runtime_keys}]: before the kill: {seen:?}");
     // SIGKILL the host (our own child, by its pid) and reap it.
     host.0.kill().unwrap();
     host.0.wait().unwrap();

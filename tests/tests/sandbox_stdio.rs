@@ -79,12 +79,19 @@ fn stdio_turn(id: &str, bait: Value, timeout_ms: u64) -> Stdio {
     s
 }
 
-fn failed_runtime(s: &Stdio, id: &str, layer: &str) {
+/// The turn failed `runtime_failed`, and `on_turn_error` heard the wire
+/// violation `reason` (the broker's `ViolationReason`).
+fn failed_runtime(s: &Stdio, id: &str, layer: &str, reason: &str) {
     assert_eq!(
         (s.run.status().as_str(), s.run.code().as_deref()),
         ("failed", Some("runtime_failed")),
         "{id} must end the turn runtime_failed ({layer}); errors: {}",
         s.run.error_text()
+    );
+    let errors = s.run.error_text();
+    assert!(
+        errors.contains(reason),
+        "{id}: on_turn_error must name the violation {reason} ({layer}): {errors}"
     );
 }
 
@@ -95,6 +102,7 @@ fn c41_close_stdout_early_ends_the_turn_on_eof() {
         &s,
         "C41 close-stdout-early",
         "host reader: EOF is death; pidns kill",
+        "plugin_exited",
     );
     // EOF ends it, not the deadline.
     assert!(
@@ -111,6 +119,7 @@ fn c41b_grandchild_holding_stdout_does_not_hang_the_host() {
         &s,
         "C41b grandchild-holds-stdout",
         "host reader + exit watch; pidns kill",
+        "plugin_exited",
     );
     assert!(
         s.run.elapsed < Duration::from_millis(3500),
@@ -122,7 +131,12 @@ fn c41b_grandchild_holding_stdout_does_not_hang_the_host() {
 #[test]
 fn c42_two_gib_line_hits_the_framing_limit() {
     let s = stdio_turn("C42", json!({"line_mib": 2048}), 5000);
-    failed_runtime(&s, "C42 huge-stdout-line", "host framing limit");
+    failed_runtime(
+        &s,
+        "C42 huge-stdout-line",
+        "host framing limit",
+        "frame_too_large",
+    );
 }
 
 #[test]
@@ -138,15 +152,16 @@ fn c43_stderr_flood_is_drained_and_the_turn_completes() {
 
 #[test]
 fn c44a_c44b_malformed_frames_are_protocol_errors() {
-    for (id, what) in [
-        ("C44a", "invalid-utf8-frame"),
-        ("C44b", "invalid-json-frame"),
+    for (id, what, reason) in [
+        ("C44a", "invalid-utf8-frame", "invalid_utf8"),
+        ("C44b", "invalid-json-frame", "invalid_json"),
     ] {
         let s = stdio_turn(id, json!({}), 4000);
         failed_runtime(
             &s,
             &format!("{id} {what}"),
             "host framing and parser (UTF-8, JSON)",
+            reason,
         );
     }
 }
