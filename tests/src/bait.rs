@@ -56,6 +56,10 @@ pub const SECRET_ENV: &[(&str, &str)] = &[
 /// sandbox's env allowlist must drop it (and say so in its warnings).
 pub const CONFIG_SECRET_ENV: (&str, &str) = ("OPENAI_API_KEY", "sdos-bait-config-key-3e8f");
 
+/// The uid the sandbox runs plugins as when the host is root (the
+/// policy's default `sandbox_uid`).
+pub const SANDBOX_UID: u32 = 65534;
+
 /// The agent the adversary serves.
 pub const AGENT: &str = "adversary";
 
@@ -502,7 +506,16 @@ impl HostBait {
         };
         abstract_listener.set_nonblocking(true).unwrap();
 
-        let victim = Command::new("sleep")
+        // The victim runs as the sandbox's uid when the test is root, so
+        // only the sandbox's layers (pid namespace, Landlock's signal
+        // scope, seccomp), not plain uid permission checks, protect it.
+        let mut victim = Command::new("sleep");
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            use std::os::unix::process::CommandExt;
+            victim.uid(SANDBOX_UID).gid(SANDBOX_UID);
+        }
+        let victim = victim
             .arg("600")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
