@@ -779,6 +779,11 @@ impl TurnSpec {
         self.timeout_ms = ms;
         self
     }
+    /// `turn/draining` this long before the deadline.
+    pub fn drain_grace_ms(mut self, ms: u64) -> TurnSpec {
+        self.drain_grace_ms = ms;
+        self
+    }
 }
 
 /// What a turn left behind, host side.

@@ -225,4 +225,41 @@ fn c45_never_reading_stdin_is_killed_at_the_deadline() {
         s.run.status(),
         s.run.code()
     );
+    assert!(
+        s.run.elapsed >= Duration::from_millis(2900),
+        "C45: ended before its deadline: {:?}",
+        s.run.elapsed
+    );
+}
+
+#[test]
+fn c45_stopped_plugin_gets_draining_and_abort_without_stalling_the_host() {
+    // With a drain grace the host writes `turn/draining`, then
+    // `turn/abort`, to a process that never reads again: neither write may
+    // hold the turn past its deadline (async writes with a stall timeout).
+    let _serial = serial();
+    let (hwm0, _) = memory_kib();
+    let run = run_turn(
+        TurnSpec::new(SandboxPolicy::default(), json!({}))
+            .only(&["C45"])
+            .timeout_ms(3000)
+            .drain_grace_ms(1500),
+    );
+    let (hwm1, _) = memory_kib();
+    assert_eq!(
+        run.status(),
+        "cancelled",
+        "C45 with drain: {:?} {}",
+        run.code(),
+        run.error_text()
+    );
+    assert!(
+        run.elapsed <= Duration::from_millis(3000) + MARGIN,
+        "C45 with drain: {:?}",
+        run.elapsed
+    );
+    assert!(hwm1.saturating_sub(hwm0) < MEMORY_BOUND_KIB);
+    assert!(run.survivors.is_empty(), "C45: {:?}", run.survivors);
+    assert!(run.leftover_workspaces.is_empty());
+    attempted(&run.receipts(), "C45", "host async stdin writes");
 }
