@@ -21,7 +21,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{ErrorKind, Read};
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -1227,20 +1226,6 @@ pub fn leaked_secrets<'a>(text: &str, secrets: &'a [String]) -> Vec<&'a str> {
         .filter(|s| text.contains(s.as_str()))
         .map(String::as_str)
         .collect()
-}
-
-/// Reads a whole file, for diagnostics.
-pub fn read_text(path: &Path) -> String {
-    let mut s = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let _ = f.read_to_string(&mut s);
-    }
-    s
-}
-
-/// Whether an error kind means "nothing there".
-pub fn is_absent(e: &std::io::Error) -> bool {
-    e.kind() == ErrorKind::NotFound
 }
 
 impl HostSide {
