@@ -198,8 +198,8 @@ fn assert_refused(mode: &Mode, required: SandboxLevel) {
         "{label} cgroup left: {:?}",
         run.leftover_cgroups
     );
-    // Nothing was written into the result's provenance that claims a
-    // launch.
+    // No output: the refusal is the whole ending (the provenance of a
+    // refused launch is `refused_launch_is_not_recorded_as_an_unsandboxed_launch`).
     assert!(run.json()["output"].is_null(), "{label}");
 }
 
