@@ -2,6 +2,9 @@
 //! plugin binaries, a recording `RuntimeHost` test double, a valid
 //! `RuntimeTurnRequest` builder, and leak checks (child processes, fds).
 
+/// The sandbox suites' bait, turn runner and host-side checks.
+pub mod bait;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

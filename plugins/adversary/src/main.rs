@@ -81,6 +81,8 @@ fn standalone(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Before the plugin SDK moves fd 1 (see `sys::record_protocol_stdout`).
+    sharedos_adversary::sys::record_protocol_stdout();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

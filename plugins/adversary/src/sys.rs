@@ -260,9 +260,63 @@ pub fn write_all_fd(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
             if e == libc::EINTR {
                 continue;
             }
+            if e == libc::EAGAIN {
+                // A non-blocking pipe (the plugin transport's): wait until
+                // the reader makes room, as a blocking write would.
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: poll on one live pollfd.
+                unsafe { libc::poll(&mut pfd, 1, -1) };
+                continue;
+            }
             return Err(e);
         }
         bytes = &bytes[n as usize..];
     }
     Ok(())
+}
+
+/// The identity (device, inode) of the pipe fd 1 was when the process
+/// started, recorded by [`record_protocol_stdout`].
+static PROTOCOL_STDOUT: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+
+fn fd_identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: fstat into a zeroed plain-old-data struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on an integer fd and a live struct.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Records what fd 1 is at start. The plugin SDK keeps its own dup of
+/// stdout for the protocol and then points fd 1 at stderr (so a stray
+/// print cannot break the wire): the stdio attacks must aim at that dup,
+/// the host's real stdout reader, not at fd 1.
+pub fn record_protocol_stdout() {
+    if let Some(id) = fd_identity(1) {
+        let _ = PROTOCOL_STDOUT.set(id);
+    }
+}
+
+/// Every open fd on the host's stdout pipe (fd 1 itself when nothing moved
+/// it, else the transport's dup), lowest first.
+pub fn protocol_stdout_fds() -> Vec<i32> {
+    let Some(id) = PROTOCOL_STDOUT.get().copied().or_else(|| fd_identity(1)) else {
+        return Vec::new();
+    };
+    let mut max = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit into a live struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut max) };
+    let top = max.rlim_cur.clamp(64, 65_536) as i32;
+    (0..top).filter(|&fd| fd_identity(fd) == Some(id)).collect()
+}
+
+/// The fd that reaches the host's stdout reader.
+pub fn protocol_stdout() -> i32 {
+    protocol_stdout_fds().first().copied().unwrap_or(1)
 }

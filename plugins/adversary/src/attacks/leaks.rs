@@ -183,6 +183,36 @@ pub fn c29_vendor_credentials(bait: &Bait) -> Receipt {
     Receipt::judged(A, !leaked, format!("{verdict}: {}", obs.join("; ")))
 }
 
+/// The bounding set (`PR_CAPBSET_READ`) or the ambient set
+/// (`PR_CAP_AMBIENT_IS_SET`) as a mask, probing caps 0..64 until the kernel
+/// says EINVAL (past the last capability it knows).
+fn cap_set_by_prctl(ambient: bool) -> u64 {
+    let mut mask = 0u64;
+    for cap in 0..64u64 {
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe {
+            if ambient {
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+                    cap,
+                    0 as libc::c_ulong,
+                    0 as libc::c_ulong,
+                )
+            } else {
+                libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0)
+            }
+        };
+        if r < 0 {
+            break;
+        }
+        if r == 1 {
+            mask |= 1 << cap;
+        }
+    }
+    mask
+}
+
 pub fn c60_capabilities_left(_: &Bait) -> Receipt {
     const A: &str = "C60-capabilities-left";
     // capget(2) works without /proc.
@@ -208,12 +238,11 @@ pub fn c60_capabilities_left(_: &Bait) -> Receipt {
     let eff = (u64::from(data[1].effective) << 32) | u64::from(data[0].effective);
     let prm = (u64::from(data[1].permitted) << 32) | u64::from(data[0].permitted);
     let field = |n: &str| sys::status_field(n).unwrap_or_else(|| "?".into());
-    let (bnd, amb, nnp, seccomp) = (
-        field("CapBnd"),
-        field("CapAmb"),
-        field("NoNewPrivs"),
-        field("Seccomp"),
-    );
+    // The bounding and ambient sets through prctl(2), which needs no /proc
+    // (a sandbox without a pid namespace may leave /proc empty).
+    let (bnd, amb) = (cap_set_by_prctl(false), cap_set_by_prctl(true));
+    let (bnd, amb) = (format!("{bnd:016x}"), format!("{amb:016x}"));
+    let (nnp, seccomp) = (field("NoNewPrivs"), field("Seccomp"));
     let zero = |s: &str| s.trim_start_matches('0').is_empty();
     let obs = if r == 0 {
         format!(

@@ -132,8 +132,13 @@ pub fn c40_outlive_host(bait: &Bait) -> Receipt {
         // SAFETY: setting a signal to SIG_IGN.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
-    // The main thread's name, which /proc/<pid>/comm shows.
-    let named = std::fs::write("/proc/self/comm", "sdos-adv-c40").is_ok();
+    // The main thread's name, which /proc/<pid>/comm shows. A read-only
+    // /proc refuses that write: then name this thread (PR_SET_NAME), which
+    // /proc/<pid>/task/<tid>/comm shows.
+    let named = std::fs::write("/proc/self/comm", "sdos-adv-c40").is_ok() || {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"sdos-adv-c40".as_ptr()) == 0 }
+    };
     Receipt::unjudged(
         A,
         format!(

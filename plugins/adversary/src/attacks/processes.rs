@@ -224,6 +224,32 @@ fn could_kill_the_machine() -> Option<String> {
         .then(|| format!("euid {euid}, CAP_KILL {cap_kill} in the initial user namespace"))
 }
 
+/// Most processes a private pid namespace of a sandboxed plugin shows
+/// (its pid 1, itself, a few children).
+const PRIVATE_PID_NS_MAX: usize = 8;
+
+/// Some reason when this process may share its pid namespace with the
+/// machine: a uid-mapped user namespace without a pid namespace would
+/// still let `kill(-1)` reach every process of that uid (other sandboxes
+/// included). Run only where `/proc` shows a small, private process list.
+fn shares_the_hosts_pids() -> Option<String> {
+    let pids = match std::fs::read_dir("/proc") {
+        Ok(d) => d
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+            .count(),
+        Err(e) => return Some(format!("/proc is unreadable ({})", describe_io(&e))),
+    };
+    if pids == 0 {
+        return Some("/proc lists no process (no pid namespace of our own?)".into());
+    }
+    (pids > PRIVATE_PID_NS_MAX).then(|| format!("/proc lists {pids} processes"))
+}
+
 pub fn c25_kill_everything(bait: &Bait) -> Receipt {
     const A: &str = "C25-kill-minus-one";
     if !bait.allow_kill_all {
@@ -233,6 +259,14 @@ pub fn c25_kill_everything(bait: &Bait) -> Receipt {
         return Receipt::not_attempted(
             A,
             format!("refused: {why}; kill(-1) would reach the whole machine"),
+        );
+    }
+    if let Some(why) = shares_the_hosts_pids() {
+        return Receipt::not_attempted(
+            A,
+            format!(
+                "refused: {why}; kill(-1) could reach every process of this uid on the machine"
+            ),
         );
     }
     // SAFETY: kill with integer arguments; guarded above.

@@ -19,24 +19,10 @@ pub fn c41_close_stdout(bait: &Bait) -> Receipt {
 }
 
 pub fn c41_then(bait: &Bait) {
-    // Every fd on the same pipe as fd 1 (a transport may hold a dup).
-    let target = std::fs::read_link("/proc/self/fd/1").ok();
-    let mut fds = vec![1];
-    if let (Some(t), Ok(dir)) = (&target, std::fs::read_dir("/proc/self/fd")) {
-        let others: Vec<i32> = dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .filter(|n: &i32| {
-                *n != 1
-                    && std::fs::read_link(format!("/proc/self/fd/{n}"))
-                        .ok()
-                        .as_ref()
-                        == Some(t)
-            })
-            .collect();
-        fds.extend(others);
-    }
-    for fd in fds {
+    // Every fd on the host's stdout pipe: fd 1, or the transport's dup of
+    // it when the SDK has pointed fd 1 at stderr (see
+    // `sys::record_protocol_stdout`).
+    for fd in sys::protocol_stdout_fds() {
         // SAFETY: closing fds of our own stdout pipe is the attack.
         unsafe { libc::close(fd) };
     }
@@ -97,7 +83,8 @@ fn report_pour(what: &str, (done, err): (u64, Option<i32>)) {
 }
 
 pub fn c42_then(bait: &Bait) {
-    report_pour("C42 stdout line", pour(1, bait.line_mib(), b'y'));
+    let fd = sys::protocol_stdout();
+    report_pour("C42 stdout line", pour(fd, bait.line_mib(), b'y'));
 }
 
 pub fn c43_stderr_flood(bait: &Bait) -> Receipt {
@@ -161,7 +148,7 @@ fn c44(variant: char, what: &str) -> Receipt {
 }
 
 fn c44_write(variant: char) {
-    if let Err(e) = sys::write_all_fd(1, &malformed_line(variant)) {
+    if let Err(e) = sys::write_all_fd(sys::protocol_stdout(), &malformed_line(variant)) {
         let _ = sys::write_all_fd(
             2,
             format!("sharedos-adversary: C44{variant}: {}\n", describe_errno(e)).as_bytes(),
