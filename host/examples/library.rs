@@ -19,7 +19,11 @@ async fn run_one_turn(
     // The kernel: grants from trusted configuration, an fsync'd audit trail,
     // the built-in file tools over each agent's directory.
     let audit = Arc::new(JsonlAuditSink::open("audit.jsonl")?);
-    let kernel = Arc::new(Kernel::from_config(&kernel_config, "files".as_ref(), audit)?);
+    let kernel = Arc::new(Kernel::from_config(
+        &kernel_config,
+        "files".as_ref(),
+        audit,
+    )?);
 
     // The seat: a plugin binary in the full sandbox, checked against its
     // trusted manifest.
@@ -44,7 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // sandbox helper: dispatch `__sandbox-exec` first, before any thread or
     // async runtime starts.
     let mut argv = std::env::args_os().skip(1);
-    if argv.next().is_some_and(|a| a == sharedos_sandbox::HELPER_SUBCOMMAND) {
+    if argv
+        .next()
+        .is_some_and(|a| a == sharedos_sandbox::HELPER_SUBCOMMAND)
+    {
         sharedos_sandbox::helper_main(argv.collect());
     }
     let mut args = std::env::args().skip(1);

@@ -75,15 +75,33 @@ impl Launcher for SandboxLauncher {
             policy: self.policy.clone(),
             workspace: workspace.path().to_path_buf(),
         };
-        let mut child = sharedos_sandbox::spawn(&sandbox_spec).map_err(|e| match e {
-            e @ SandboxError::BelowMinimum { .. } => LaunchError::Refused {
+        let mut child = sharedos_sandbox::spawn(&sandbox_spec).map_err(|e| {
+            let report = match &e {
+                SandboxError::BelowMinimum {
+                    required,
+                    achieved,
+                    missing,
+                } => Some(serde_json::json!({
+                    "level": achieved,
+                    "refused": true,
+                    "required": required,
+                    "missing": missing.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+                })),
+                other => Some(serde_json::json!({
+                    "level": "none",
+                    "refused": true,
+                    "reason": format!("the sandbox could not be built: {other}"),
+                })),
+            };
+            let reason = match &e {
+                SandboxError::BelowMinimum { .. } => e.to_string(),
+                other => format!("the sandbox could not be built: {other}"),
+            };
+            LaunchError::Refused {
                 program: program.clone(),
-                reason: e.to_string(),
-            },
-            e => LaunchError::Refused {
-                program: program.clone(),
-                reason: format!("the sandbox could not be built: {e}"),
-            },
+                reason,
+                report,
+            }
         })?;
         let report = serde_json::to_value(&child.report).ok();
         let missing = || LaunchError::Spawn {

@@ -111,8 +111,7 @@ const NO_PIDNS: Mode = Mode {
     policy: no_pidns,
     level: "reduced",
     missing: &["pidns"],
-    // BUG (sandbox): see `no_pidns_reports_reduced`.
-    reported: Some("minimal"),
+    reported: None,
 };
 const NO_SECCOMP: Mode = Mode {
     name: "no seccomp",
@@ -411,21 +410,12 @@ fn no_pidns_reduced_still_keeps_the_host_untouched() {
     assert!(w.is_empty(), "[no pidns] attacks that worked: {w:?}");
 }
 
-/// BUG (sandbox, failing, hence ignored): with only the pid namespace
-/// switched off (mount namespace, minimal root, strict seccomp, Landlock,
-/// uid drop, caps, no_new_privs and rlimits all applied) the report says
-/// `minimal`, where docs/SECURITY.md's table makes it `reduced`. The
-/// plugin's self-check opens `/proc/self/status`
-/// (sandbox/src/helper/plugin.rs, `status_fd`) inside the minimal root,
-/// whose `/proc` is left empty without a pid namespace (the report warns
-/// "no pid namespace: /proc is left empty inside the sandbox"), so every
-/// self-check field is `None` and `SandboxReport::finalize` caps the level
-/// at `minimal` ("self-check disagrees with the layers"). An unreadable
-/// self-check is not a disagreeing one; the fix belongs in the helper
-/// (read the status through an fd that survives the pivot, or mount a
-/// private procfs view).
+/// With only the pid namespace switched off (mount namespace, minimal root,
+/// strict seccomp, Landlock, uid drop, caps, no_new_privs and rlimits all
+/// applied) the level is `reduced`, as docs/SECURITY.md's table says. The
+/// minimal root has no `/proc` then, so the helper's self-check reads the
+/// same facts from the syscalls that report them.
 #[test]
-#[ignore = "BUG in sandbox: no pidns reports `minimal` (unreadable self-check), docs say `reduced`"]
 fn no_pidns_reports_reduced() {
     let _serial = serial();
     let policy = SandboxPolicy {
@@ -458,7 +448,6 @@ fn no_userns_and_no_landlock_is_minimal_and_refused_below_reduced() {
 /// refused report (its level and missing layers) is what belongs there,
 /// or at least no claim of a launch.
 #[test]
-#[ignore = "BUG in host: a refused launch is recorded as `launched without a sandbox`"]
 fn refused_launch_is_not_recorded_as_an_unsandboxed_launch() {
     let _serial = serial();
     let run = run_turn(TurnSpec::new(no_netns(), serde_json::json!({})).only(&["C10"]));

@@ -64,8 +64,14 @@ pub enum LaunchError {
     #[error("cannot start {program}: {source}")]
     Spawn { program: PathBuf, source: io::Error },
     /// The launcher refused (e.g. the sandbox is below the required level).
+    /// `report` says what the isolation reached before the refusal; it
+    /// becomes the turn's provenance.
     #[error("refused to start {program}: {reason}")]
-    Refused { program: PathBuf, reason: String },
+    Refused {
+        program: PathBuf,
+        reason: String,
+        report: Option<serde_json::Value>,
+    },
 }
 
 /// Starts plugins. Blocking; the process code calls it on a blocking

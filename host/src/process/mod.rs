@@ -274,7 +274,19 @@ impl RuntimePlugin for ProcessRuntime {
         let launched = tokio::task::spawn_blocking(move || launcher.launch(&spec))
             .await
             .map_err(|e| self.load_error(format!("the launcher panicked: {e}")))?
-            .map_err(|e| self.load_error(e))?;
+            .map_err(|mut e| {
+                // A refusal's report is the turn's provenance: the result
+                // says what the isolation reached and why it was refused.
+                if let LaunchError::Refused {
+                    report: report @ Some(_),
+                    ..
+                } = &mut e
+                    && let Some(report) = report.take()
+                {
+                    self.keep_report(&execution_id, report);
+                }
+                self.load_error(e)
+            })?;
         let LaunchedChild {
             stdin,
             stdout,

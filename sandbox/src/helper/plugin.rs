@@ -96,13 +96,17 @@ pub(super) fn plugin_exec(
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
     }
 
-    // Self-check: what the kernel itself reports now.
-    if let Some(f) = status_fd {
-        rep.self_check = SelfCheck {
-            uid_map: std::mem::take(&mut rep.self_check.uid_map),
-            ..parse_status(f)
-        };
-    }
+    // Self-check: what the kernel itself reports now. Without a /proc in
+    // the root (a mount namespace without a pid namespace cannot mount
+    // one), the same facts come from the syscalls that report them.
+    let checked = match status_fd {
+        Some(f) => parse_status(f),
+        None => syscall_self_check(),
+    };
+    rep.self_check = SelfCheck {
+        uid_map: std::mem::take(&mut rep.self_check.uid_map),
+        ..checked
+    };
     // The environment: the host's (already allowlisted) pairs, plus
     // defaults that point inside the sandbox for the keys it left out.
     let mut env = req.env.clone();
@@ -230,4 +234,55 @@ fn inheritable_fds() -> Vec<RawFd> {
             fl >= 0 && fl & libc::FD_CLOEXEC == 0
         })
         .collect()
+}
+
+/// The self-check from syscalls: uid and gid, `capget` for the capability
+/// sets, `prctl` for no_new_privs and the seccomp mode. The bounding and
+/// ambient sets and the filter count are only in `/proc`, so they stay
+/// unknown here.
+fn syscall_self_check() -> SelfCheck {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget with a valid v3 header and room for the two data
+    // structs a v3 call writes; both outlive the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    let set = |f: fn(&CapData) -> u32| {
+        (r == 0).then(|| u64::from(f(&data[0])) | (u64::from(f(&data[1])) << 32))
+    };
+    let nnp = prctl(libc::PR_GET_NO_NEW_PRIVS, 0);
+    let mode = prctl(libc::PR_GET_SECCOMP, 0);
+    SelfCheck {
+        // SAFETY: getuid and getgid have no preconditions.
+        uid: Some(unsafe { libc::getuid() }),
+        // SAFETY: as above.
+        gid: Some(unsafe { libc::getgid() }),
+        cap_eff: set(|d| d.effective),
+        cap_prm: set(|d| d.permitted),
+        cap_inh: set(|d| d.inheritable),
+        no_new_privs: (nnp >= 0).then_some(nnp == 1),
+        seccomp: u32::try_from(mode).ok(),
+        ..SelfCheck::default()
+    }
 }
