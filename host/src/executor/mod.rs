@@ -8,6 +8,7 @@
 
 mod ending;
 mod mediation;
+mod options;
 pub mod record;
 mod turn;
 
@@ -21,180 +22,16 @@ use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
 use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
 use sharedos_protocol::{
-    AccessContext, Address, ContractError, Escalation, EscalationStatus, ExecutionEvent,
-    ExecutionRequest, ExecutionResult, ExecutionStatus, Identifier, ReachResult, RuntimeLimits,
-    RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, RuntimeVisibleContext, Timestamp,
-    canonical_json,
+    AccessContext, Address, Escalation, EscalationStatus, ExecutionRequest, ExecutionResult,
+    ExecutionStatus, ReachResult, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, RuntimeVisibleContext, canonical_json,
 };
-use tokio_util::sync::CancellationToken;
 
 pub use mediation::EnvelopeHost;
+pub use options::*;
 
 use ending::*;
 use turn::{Turn, TurnBudget, TurnParams, lock};
-
-/// The name of the escalation affordance. Its presence in a turn's
-/// catalogue is what offers escalation.
-pub const ESCALATE_TOOL: &str = "sharedos.escalate";
-
-/// Upper bound of `drain_grace_ms` and `default_timeout_ms`.
-pub const MAX_TIMEOUT_MS: u64 = 600_000;
-
-/// The clock every timestamp of a turn comes from.
-pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
-/// Observes each event, in order, as an immutable value.
-pub type OnEvent = Arc<dyn Fn(&ExecutionEvent) + Send + Sync>;
-/// Hears why a turn failed: a runtime that threw, or an audit outage.
-pub type OnTurnError = Arc<dyn Fn(&TurnError, &TurnIds) + Send + Sync>;
-
-/// Makes event ids.
-#[derive(Clone)]
-pub struct IdSource(Arc<dyn Fn() -> String + Send + Sync>);
-
-impl IdSource {
-    pub fn uuid() -> Self {
-        Self(Arc::new(|| uuid::Uuid::new_v4().to_string()))
-    }
-    pub fn from_fn(f: impl Fn() -> String + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
-    }
-    pub(crate) fn next(&self) -> Identifier {
-        Identifier::new((self.0)()).unwrap_or_else(|_| {
-            Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!())
-        })
-    }
-}
-
-/// Why a turn ended in failure, for `on_turn_error` (never in the result).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TurnError {
-    /// The runtime threw, broke the protocol, or could not be loaded.
-    Runtime(RuntimeError),
-    /// A decision-path audit write failed; `cause` is the sink's message.
-    AuditUnavailable { cause: String },
-    /// A kernel port failed for a reason other than the audit.
-    Kernel(String),
-    /// The runtime broke a host-side limit and its seat was stopped, e.g.
-    /// `rate_limit_exceeded` for a turn over its event budget. The turn
-    /// ends `failed runtime_failed`; the reason is never in the result.
-    Violation { reason: &'static str },
-}
-
-/// Which turn an error belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TurnIds {
-    pub execution_id: String,
-    pub trace_id: String,
-}
-
-/// Options of an executor (envelope.md B.0).
-#[derive(Clone)]
-pub struct ExecutorOptions {
-    pub clock: Clock,
-    pub ids: IdSource,
-    pub default_max_steps: u32,
-    pub default_max_tool_calls: Option<u32>,
-    pub default_timeout_ms: u64,
-    /// The drain grace, inside the limit: `turn/draining` comes this long
-    /// before the deadline. 0 (the default) means one signal only.
-    pub drain_grace_ms: u64,
-    pub on_turn_error: Option<OnTurnError>,
-    /// The most events one turn holds (default 100 000). A plugin action
-    /// (`emit`, a tool call and its answer) that would go past it, with
-    /// room kept for the envelope's ending, stops the seat and ends the
-    /// turn `failed runtime_failed` (violation `rate_limit_exceeded`).
-    pub max_events_per_turn: usize,
-    /// The most bytes of serialized event `data` one turn holds (default
-    /// 64 MiB); enforced like `max_events_per_turn`.
-    pub max_event_bytes_per_turn: usize,
-    /// The most annotation keys one turn holds (default 1024). Past it a
-    /// new key is dropped and counted, never refused (see `annotate`).
-    pub max_annotation_keys: usize,
-    /// The most annotation bytes (keys plus serialized values) one turn
-    /// holds (default 1 MiB); past it a write is dropped and counted.
-    pub max_annotation_bytes: usize,
-}
-
-/// The defaults of the per-turn bounds (docs/ENVELOPE.md, "Bounded memory").
-pub const DEFAULT_MAX_EVENTS_PER_TURN: usize = 100_000;
-pub const DEFAULT_MAX_EVENT_BYTES_PER_TURN: usize = 64 * 1024 * 1024;
-pub const DEFAULT_MAX_ANNOTATION_KEYS: usize = 1024;
-pub const DEFAULT_MAX_ANNOTATION_BYTES: usize = 1024 * 1024;
-/// The smallest event budget an executor takes: room for `turn.started`,
-/// a few calls and the ending.
-pub const MIN_EVENTS_PER_TURN: usize = 16;
-pub const MIN_EVENT_BYTES_PER_TURN: usize = 64 * 1024;
-
-impl Default for ExecutorOptions {
-    fn default() -> Self {
-        Self {
-            clock: Arc::new(Timestamp::now),
-            ids: IdSource::uuid(),
-            default_max_steps: 16,
-            default_max_tool_calls: None,
-            default_timeout_ms: 120_000,
-            drain_grace_ms: 0,
-            on_turn_error: None,
-            max_events_per_turn: DEFAULT_MAX_EVENTS_PER_TURN,
-            max_event_bytes_per_turn: DEFAULT_MAX_EVENT_BYTES_PER_TURN,
-            max_annotation_keys: DEFAULT_MAX_ANNOTATION_KEYS,
-            max_annotation_bytes: DEFAULT_MAX_ANNOTATION_BYTES,
-        }
-    }
-}
-
-/// A configuration error of the executor itself.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ExecutorError(pub String);
-
-/// Why `execute` returned no result at all.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ExecuteError {
-    /// The request does not match the v1 contract; no result, no event, no
-    /// audit record.
-    #[error("ExecutionRequest does not match the SharedOS v1 contract: {0}")]
-    InvalidRequest(String),
-}
-
-impl From<ContractError> for ExecuteError {
-    fn from(e: ContractError) -> Self {
-        ExecuteError::InvalidRequest(e.0)
-    }
-}
-
-/// Per-call options of `execute`.
-#[derive(Clone, Default)]
-pub struct ExecuteOptions {
-    /// The host's own cancellation: an immediate stop, no drain.
-    pub cancel: Option<CancellationToken>,
-    pub on_event: Option<OnEvent>,
-}
-
-/// A runtime the trusted host seated, with the manifest snapshot the
-/// envelope writes into every result.
-#[derive(Clone)]
-pub struct Seat {
-    pub manifest: RuntimeManifest,
-    pub plugin: Arc<dyn RuntimePlugin>,
-    /// Where the seat keeps each turn's sandbox report, if it has one.
-    pub reports: Option<Arc<dyn SeatReports>>,
-}
-
-/// A seat that can say how its turn was isolated.
-pub trait SeatReports: Send + Sync {
-    fn take_sandbox_report(&self, execution_id: &str) -> Option<Value>;
-}
-
-impl Seat {
-    pub fn in_process(plugin: Arc<dyn RuntimePlugin>) -> Self {
-        Self {
-            manifest: plugin.manifest(),
-            plugin,
-            reports: None,
-        }
-    }
-}
 
 /// What the body of a turn threw.
 enum Caught {
