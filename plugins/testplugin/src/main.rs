@@ -195,6 +195,9 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// - `flood {n}`: n emits as fast as the pipe takes them
 /// - `sleep {ms}`, `stall` (sleep forever), `spin {ms?}` (busy loop; forever without ms)
 /// - `ignore_abort`: from now on `turn/abort` does not make it exit
+/// - `hold`: keeps reading (and ignoring) host messages; at stdin EOF it
+///   does not exit but sleeps forever (with `ignore_abort`: a plugin that
+///   ignores both `turn/abort` and EOF)
 /// - `emit_pid`: emits `{type:"pid", data:{pid}}`
 /// - `fork {n, setsid?, double?, pidfile?}`: starts n sleepers that keep the
 ///   pipes open and emits `{type:"forked", data:{pids}}`
@@ -263,6 +266,23 @@ fn step(p: &mut Plugin, s: &Value) {
             }
         }
         "ignore_abort" => p.ignore_abort = true,
+        "hold" => loop {
+            let mut line = String::new();
+            match p.input.read_line(&mut line) {
+                Ok(0) | Err(_) => loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                },
+                Ok(_) => {
+                    let msg = serde_json::from_str::<Value>(&line).unwrap_or(Value::Null);
+                    match msg.get("method").and_then(Value::as_str) {
+                        Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
+                        Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
+                        Some("turn/draining") => p.draining = true,
+                        _ => {}
+                    }
+                }
+            }
+        },
         "emit_pid" => {
             let params = json!({"turnId": p.turn_id, "event": {"type": "pid", "data": {"pid": std::process::id()}}});
             p.notify("host/emit", params);

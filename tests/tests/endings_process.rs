@@ -1,0 +1,808 @@
+//! Every ending of the envelope (envelope.md B.9) across the process
+//! boundary: the real executor, a real kernel with the JSONL audit sink,
+//! and `sharedos-testplugin` seated through `ProcessRuntime`, launched
+//! directly and through the sandbox (default policy, level strong) where
+//! the kill matters. Each ending's result is checked exactly (status,
+//! code, `retryable`, final event, annotations, `metadata.runtime` with
+//! the sandbox report), the audit `turn.ended` record, and that no process
+//! of the turn survives it.
+//!
+//! Deadlines are measured with a generous margin (`timeoutMs` + 3 s): the
+//! machine is shared.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_host::executor::TurnError;
+use sharedos_protocol::ExecutionStatus;
+use sharedos_tests::turns::{Launch, TurnRun, TurnSpec, kill_marked, run_turn, wait_gone};
+
+/// Both launchers for one scenario: `name::direct` and `name::sandbox`.
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn direct() {
+                super::$name(Launch::Direct).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sandbox() {
+                super::$name(Launch::Sandbox).await;
+            }
+        }
+    )*};
+}
+
+/// The generous margin past a deadline within which the turn must end.
+const MARGIN: Duration = Duration::from_secs(3);
+
+fn outcome_str(r: &sharedos_kernel::AuditRecord) -> String {
+    serde_json::to_value(r.outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The audit `turn.ended`: outcome, reason, endedBy.
+fn assert_turn_ended(run: &TurnRun, outcome: &str, reason: Option<&str>, ended_by: Option<&str>) {
+    let r = run.turn_ended();
+    assert_eq!(outcome_str(r), outcome, "turn.ended: {r:?}");
+    assert_eq!(r.reason.as_deref(), reason, "turn.ended reason: {r:?}");
+    assert_eq!(r.ended_by.as_deref(), ended_by, "turn.ended endedBy: {r:?}");
+    assert_eq!(r.operation_id.as_deref(), Some("exec-1"));
+}
+
+fn assert_failed_by_envelope(run: &TurnRun, code: &str) {
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Failed,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.code(), Some(code));
+    assert_eq!(
+        run.last_event(),
+        (
+            "turn.failed".into(),
+            json!({"code": code, "source": "envelope"})
+        )
+    );
+    assert_turn_ended(run, "failed", Some(code), Some("envelope"));
+}
+
+fn assert_cancelled(run: &TurnRun, retryable: bool) {
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Cancelled,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.code(), Some("turn_cancelled"));
+    assert_eq!(run.retryable(), Some(retryable));
+    assert_eq!(run.last_event(), ("turn.cancelled".into(), json!({})));
+    assert!(
+        run.turn_errors.is_empty(),
+        "a cancelled turn is never reported to on_turn_error: {:?}",
+        run.turn_errors
+    );
+    assert_turn_ended(run, "failed", Some("turn_cancelled"), None);
+}
+
+fn assert_runtime_error_reported(run: &TurnRun) {
+    assert!(
+        matches!(run.turn_errors.as_slice(), [TurnError::Runtime(_)]),
+        "on_turn_error: {:?}",
+        run.turn_errors
+    );
+}
+
+/// The deadline held: the turn ended no earlier than (just under) its
+/// limit and well within the margin.
+fn assert_ended_by_deadline(run: &TurnRun, timeout_ms: u64) {
+    let limit = Duration::from_millis(timeout_ms);
+    assert!(
+        run.elapsed + Duration::from_millis(100) >= limit,
+        "ended before the deadline: {:?}",
+        run.elapsed
+    );
+    assert!(
+        run.elapsed < limit + MARGIN,
+        "the deadline of {timeout_ms} ms did not end the turn in time: {:?}",
+        run.elapsed
+    );
+}
+
+fn annotate(key: &str, value: Value) -> Value {
+    json!({"op": "annotate", "key": key, "value": value})
+}
+
+fn write_call(path: &str) -> Value {
+    json!({"op": "call", "tool": "files.write", "arguments": {"path": path, "content": "x"}})
+}
+
+fn ledger_call() -> Value {
+    json!({"op": "call", "tool": "ledger.append", "arguments": {"entry": 1}})
+}
+
+// ---------------------------------------------------------------- completed
+
+async fn completed(launch: Launch) {
+    let run = run_turn(TurnSpec::new(
+        launch,
+        json!([
+            {"op": "emit_pid"},
+            {"op": "emit", "type": "progress", "data": {"n": 1}},
+            annotate("note", json!("kept")),
+            write_call("notes/a.txt"),
+        ]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.result.error, None);
+    let output = run.result.output.clone().expect("output");
+    assert_eq!(
+        output["results"][0]["result"]["status"], "succeeded",
+        "{output}"
+    );
+    assert_eq!(run.last_event(), ("turn.completed".into(), json!({})));
+    assert_eq!(run.runtime_events("progress"), vec![json!({"n": 1})]);
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_provenance(launch);
+    assert!(run.turn_errors.is_empty(), "{:?}", run.turn_errors);
+    assert_turn_ended(&run, "succeeded", None, None);
+    // The write happened, under the agent's directory.
+    let written = run.files_root.join("endings/alice/notes/a.txt");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "x");
+    // The streamed events are the result's events.
+    assert_eq!(run.streamed, run.result.events);
+    run.assert_no_survivor();
+}
+
+// --------------------------------------------------------------- plugin fail
+
+fn fail_outcome() -> Value {
+    json!({"op": "outcome", "value": {"type": "fail",
+        "error": {"code": "harness_failed", "message": "the harness failed", "retryable": true},
+        "metadata": {"harness": "x"}}})
+}
+
+/// A non-idempotent write reached the kernel: the plugin's `retryable:
+/// true` is lowered to `false`.
+async fn plugin_fail_after_write_is_lowered(launch: Launch) {
+    let run = run_turn(TurnSpec::new(
+        launch,
+        json!([ledger_call(), annotate("note", json!(1)), fail_outcome()]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Failed,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.code(), Some("harness_failed"));
+    assert_eq!(run.retryable(), Some(false));
+    assert_eq!(
+        run.last_event(),
+        (
+            "turn.failed".into(),
+            json!({"code": "harness_failed", "source": "runtime"})
+        )
+    );
+    assert_eq!(run.result.metadata.get("harness"), Some(&json!("x")));
+    assert_eq!(run.result.metadata.get("note"), Some(&json!(1)));
+    run.assert_provenance(launch);
+    assert!(run.turn_errors.is_empty(), "{:?}", run.turn_errors);
+    assert_turn_ended(&run, "failed", Some("harness_failed"), Some("runtime"));
+    run.assert_no_survivor();
+}
+
+/// Only an idempotent write (`files.write`) and a read: the plugin's
+/// `retryable: true` stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_fail_after_idempotent_write_keeps_retryable() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([
+            write_call("a.txt"),
+            {"op": "call", "tool": "files.read", "arguments": {"path": "a.txt"}},
+            fail_outcome()
+        ]),
+    ))
+    .await;
+    assert_eq!(run.code(), Some("harness_failed"));
+    assert_eq!(run.retryable(), Some(true));
+    run.assert_no_survivor();
+}
+
+// ---------------------------------------------------------------- escalation
+
+async fn escalated_when_offered(launch: Launch) {
+    let run = run_turn(
+        TurnSpec::new(
+            launch,
+            json!([
+                annotate("note", json!("kept")),
+                {"op": "outcome", "value": {"type": "escalate", "reason": "needs delete rights", "metadata": {"m": 1}}}
+            ]),
+        )
+        .tools(&["files.read", "sharedos.escalate"]),
+    )
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Escalated,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.result.error, None);
+    let esc = serde_json::to_value(run.result.escalation.as_ref().expect("escalation")).unwrap();
+    assert_eq!(esc["reason"], "needs delete rights");
+    assert_eq!(
+        esc["reviewer"],
+        json!({"kind": "human", "userId": "operator"})
+    );
+    assert_eq!(esc["status"], "pending");
+    assert_eq!(
+        run.last_event(),
+        (
+            "turn.escalated".into(),
+            json!({"reason": "needs delete rights", "reviewer": {"kind": "human", "userId": "operator"}})
+        )
+    );
+    assert_eq!(run.result.metadata.get("m"), Some(&json!(1)));
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_provenance(launch);
+    assert!(
+        run.audit
+            .iter()
+            .any(|r| r.kind == "escalation.requested" && outcome_str(r) == "escalated"),
+        "no escalation.requested record"
+    );
+    assert_turn_ended(&run, "escalated", None, None);
+    run.assert_no_survivor();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalate_not_offered_is_tool_unavailable() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([
+            annotate("note", json!("kept")),
+            {"op": "outcome", "value": {"type": "escalate", "reason": "needs delete rights", "metadata": {"m": 1}}}
+        ]),
+    ))
+    .await;
+    assert_failed_by_envelope(&run, "tool_unavailable");
+    assert_eq!(run.retryable(), Some(false));
+    assert_eq!(run.result.escalation, None);
+    assert_eq!(run.result.metadata.get("m"), Some(&json!(1)));
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    assert!(!run.event_types().contains(&"turn.escalated"));
+    assert!(!run.audit.iter().any(|r| r.kind == "escalation.requested"));
+    assert!(run.turn_errors.is_empty());
+    run.assert_provenance(Launch::Direct);
+    run.assert_no_survivor();
+}
+
+// --------------------------------------------------------------- host cancel
+
+/// The host cancels once the plugin has made a non-idempotent write and is
+/// stalled: cancelled, not retryable, annotations kept, tree killed.
+async fn host_cancel_after_write(launch: Launch) {
+    let mut spec = TurnSpec::new(
+        launch,
+        json!([annotate("note", json!("kept")), ledger_call(), {"op": "emit_pid"}, {"op": "stall"}]),
+    );
+    spec.cancel_on_event = Some("pid");
+    let run = run_turn(spec).await;
+    assert_cancelled(&run, false);
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_provenance(launch);
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+    run.assert_no_survivor();
+}
+
+/// A cancel with only reads behind it stays retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_cancel_after_reads_only_is_retryable() {
+    let mut spec = TurnSpec::new(
+        Launch::Direct,
+        json!([{"op": "call", "tool": "files.list", "arguments": {}}, {"op": "emit_pid"}, {"op": "stall"}]),
+    );
+    spec.cancel_on_event = Some("pid");
+    let run = run_turn(spec).await;
+    assert_cancelled(&run, true);
+    run.assert_no_survivor();
+}
+
+// ------------------------------------------------------------------ deadline
+
+/// No grace: one signal at the limit, `turn/abort`, the tree killed.
+async fn deadline_without_grace(launch: Launch) {
+    let run = run_turn(
+        TurnSpec::new(
+            launch,
+            json!([annotate("note", json!("kept")), {"op": "emit_pid"}, {"op": "stall"}]),
+        )
+        .timeout(1500),
+    )
+    .await;
+    assert_cancelled(&run, true);
+    assert_ended_by_deadline(&run, 1500);
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_provenance(launch);
+    run.assert_no_survivor();
+}
+
+/// With a grace: `turn/draining` at `timeout − grace` refuses the next call
+/// `turn_draining`; the plugin stalls and the hard deadline cancels it.
+async fn deadline_with_grace(launch: Launch) {
+    let run = run_turn(
+        TurnSpec::new(
+            launch,
+            json!([
+                annotate("note", json!("kept")),
+                {"op": "emit_pid"},
+                {"op": "sleep", "ms": 1400},
+                {"op": "call", "tool": "files.read", "arguments": {"path": "a.txt"}},
+                {"op": "emit", "type": "after_drain_call", "data": null},
+                {"op": "stall"}
+            ]),
+        )
+        .timeout(2000)
+        .grace(1000),
+    )
+    .await;
+    assert_cancelled(&run, true);
+    assert_ended_by_deadline(&run, 2000);
+    let refused = run
+        .result
+        .events
+        .iter()
+        .find(|e| e.kind.as_str() == "tool.completed")
+        .expect("the call during the drain was answered");
+    assert_eq!(refused.data["status"], "denied", "{}", refused.data);
+    assert_eq!(refused.data["code"], "turn_draining", "{}", refused.data);
+    // emit still works while draining.
+    assert_eq!(run.runtime_events("after_drain_call").len(), 1);
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    // The refused call never reached the kernel's authorization.
+    assert!(
+        !run.audit
+            .iter()
+            .any(|r| r.kind == "authorization.checked" && r.tool.as_deref() == Some("files.read")),
+        "a drained call was authorized"
+    );
+    run.assert_provenance(launch);
+    run.assert_no_survivor();
+}
+
+/// A valid outcome during the drain is honoured; the plugin saw
+/// `turn/draining` on the wire (it reports it in its output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_during_drain_is_honoured() {
+    let run = run_turn(
+        TurnSpec::new(
+            Launch::Direct,
+            json!([
+                {"op": "sleep", "ms": 1400},
+                {"op": "call", "tool": "files.read", "arguments": {"path": "a.txt"}}
+            ]),
+        )
+        .timeout(4000)
+        .grace(3000),
+    )
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    let output = run.result.output.clone().unwrap();
+    assert_eq!(output["draining"], true, "{output}");
+    assert_eq!(
+        output["results"][0]["result"]["status"], "denied",
+        "{output}"
+    );
+    assert_eq!(
+        output["results"][0]["result"]["error"]["code"],
+        "turn_draining"
+    );
+    assert_turn_ended(&run, "succeeded", None, None);
+    run.assert_no_survivor();
+}
+
+// ------------------------------------- hostile plugins stopped by the deadline
+
+async fn deadline_stops(launch: Launch, script: Value) -> TurnRun {
+    let run = run_turn(TurnSpec::new(launch, script).timeout(1500)).await;
+    assert_cancelled(&run, true);
+    assert_ended_by_deadline(&run, 1500);
+    run.assert_provenance(launch);
+    run
+}
+
+/// Ignores `turn/abort` and stdin EOF, keeps reading.
+async fn ignores_abort(launch: Launch) {
+    let run = deadline_stops(
+        launch,
+        json!([{"op": "ignore_abort"}, {"op": "emit_pid"}, {"op": "hold"}]),
+    )
+    .await;
+    assert!(
+        !run.seen_pids.is_empty(),
+        "the plugin was never seen running"
+    );
+    run.assert_no_survivor();
+}
+
+/// Busy-loops forever.
+async fn spins(launch: Launch) {
+    let run = deadline_stops(
+        launch,
+        json!([{"op": "ignore_abort"}, {"op": "emit_pid"}, {"op": "spin"}]),
+    )
+    .await;
+    run.assert_no_survivor();
+}
+
+/// Sleeps far past the deadline.
+async fn sleeps(launch: Launch) {
+    let run = deadline_stops(
+        launch,
+        json!([{"op": "emit_pid"}, {"op": "sleep", "ms": 120000}]),
+    )
+    .await;
+    run.assert_no_survivor();
+}
+
+/// Forks children that keep the pipes open (same process group).
+async fn forked_children(launch: Launch) {
+    let run = deadline_stops(
+        launch,
+        json!([{"op": "fork", "n": 3}, {"op": "emit_pid"}, {"op": "ignore_abort"}, {"op": "hold"}]),
+    )
+    .await;
+    assert!(
+        run.seen_pids.len() >= 4,
+        "expected the plugin and 3 children, saw {:?}",
+        run.seen_pids
+    );
+    if launch == Launch::Direct {
+        // Host pids: each reported pid is gone too.
+        assert_eq!(run.reported_pids.len(), 4, "{:?}", run.reported_pids);
+    }
+    run.assert_no_survivor();
+}
+
+/// `setsid` children and double-forked (orphaned, reparented) grandchildren:
+/// the sandbox's pid namespace takes them all down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setsid_and_double_fork_children_sandbox() {
+    let run = deadline_stops(
+        Launch::Sandbox,
+        json!([
+            {"op": "fork", "n": 2, "setsid": true},
+            {"op": "fork", "n": 2, "double": true},
+            {"op": "fork", "n": 1, "setsid": true, "double": true},
+            {"op": "sleep", "ms": 200},
+            {"op": "emit_pid"},
+            {"op": "ignore_abort"},
+            {"op": "hold"}
+        ]),
+    )
+    .await;
+    // The plugin, 2 + 1 setsid sleepers, 2 + 1 double-forked grandchildren.
+    assert!(
+        run.seen_pids.len() >= 6,
+        "expected the plugin and 6 descendants, saw {:?}",
+        run.seen_pids
+    );
+    run.assert_no_survivor();
+}
+
+/// The direct launcher's documented limit (`DirectLauncher`: a
+/// process-group kill): the turn still ends by its deadline and the plugin
+/// and its same-group children die, but `setsid` descendants escape the
+/// kill. The test proves the deadline and the group kill, records the
+/// escape, and cleans the escapees up itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setsid_children_direct_end_by_deadline_but_escape_the_group_kill() {
+    let run = deadline_stops(
+        Launch::Direct,
+        json!([
+            {"op": "fork", "n": 1},
+            {"op": "fork", "n": 1, "setsid": true},
+            {"op": "emit_pid"},
+            {"op": "ignore_abort"},
+            {"op": "hold"}
+        ]),
+    )
+    .await;
+    // forked [same-group], forked [setsid], pid [plugin].
+    let [same_group, escaped, plugin] = run.reported_pids.as_slice() else {
+        panic!("reported pids: {:?}", run.reported_pids);
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (sharedos_tests::turns::is_alive(*plugin) || sharedos_tests::turns::is_alive(*same_group))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !sharedos_tests::turns::is_alive(*plugin),
+        "the plugin survived"
+    );
+    assert!(
+        !sharedos_tests::turns::is_alive(*same_group),
+        "a same-group child survived"
+    );
+    let escaped_alive = sharedos_tests::turns::is_alive(*escaped);
+    kill_marked(&run.marker);
+    assert!(
+        escaped_alive,
+        "the setsid child no longer escapes the direct launcher: update docs and this test"
+    );
+    assert!(wait_gone(&run.marker, Duration::from_secs(10)).is_empty());
+}
+
+// ---------------------------------------------- plugin broke: runtime_failed
+
+async fn failed_runtime(launch: Launch, script: Value, mode: &'static str) -> TurnRun {
+    let run = run_turn(TurnSpec::new(launch, script).mode(mode)).await;
+    assert_failed_by_envelope(&run, "runtime_failed");
+    assert_runtime_error_reported(&run);
+    run.assert_provenance(launch);
+    run.assert_no_survivor();
+    run
+}
+
+async fn crashed(launch: Launch) {
+    let run = failed_runtime(
+        launch,
+        json!([annotate("note", json!("kept")), {"op": "emit_pid"}, {"op": "crash"}]),
+        "normal",
+    )
+    .await;
+    assert_eq!(run.retryable(), Some(true));
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+}
+
+/// A crash after a non-idempotent write: not retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_after_write_is_not_retryable() {
+    let run = failed_runtime(
+        Launch::Direct,
+        json!([ledger_call(), {"op": "crash"}]),
+        "normal",
+    )
+    .await;
+    assert_eq!(run.retryable(), Some(false));
+}
+
+async fn exited(launch: Launch) {
+    let run = failed_runtime(
+        launch,
+        json!([annotate("note", json!("kept")), {"op": "exit", "code": 3}]),
+        "normal",
+    )
+    .await;
+    assert_eq!(run.retryable(), Some(true));
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+}
+
+/// Closes stdout but keeps running: the host must kill it.
+async fn closed_stdout(launch: Launch) {
+    let run = failed_runtime(
+        launch,
+        json!([annotate("note", json!("kept")), {"op": "emit_pid"}, {"op": "close_stdout"}]),
+        "normal",
+    )
+    .await;
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+/// Closes its stdout while a forked child still holds the pipe: no EOF
+/// ever comes (protocol.md D#47, do not rely on pipe EOF alone), so the
+/// deadline ends the turn and the whole tree is killed.
+async fn closed_stdout_with_a_child_holding_the_pipe(launch: Launch) {
+    let run = deadline_stops(
+        launch,
+        json!([annotate("note", json!("kept")), {"op": "fork", "n": 1}, {"op": "emit_pid"}, {"op": "close_stdout"}]),
+    )
+    .await;
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_no_survivor();
+}
+
+/// The plugin exits before the handshake: a failed load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_before_handshake_is_runtime_failed() {
+    let run = failed_runtime(Launch::Direct, json!([]), "exit-early").await;
+    assert_eq!(run.retryable(), Some(true));
+}
+
+async fn garbage(launch: Launch, step: Value) {
+    let run = failed_runtime(
+        launch,
+        json!([annotate("note", json!("kept")), {"op": "emit_pid"}, {"op": "fork", "n": 1}, step, {"op": "hold"}]),
+        "normal",
+    )
+    .await;
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+async fn non_json_line(launch: Launch) {
+    garbage(launch, json!({"op": "raw", "line": "hello from println!"})).await;
+}
+
+async fn invalid_utf8(launch: Launch) {
+    garbage(launch, json!({"op": "invalid_utf8"})).await;
+}
+
+async fn over_long_line(launch: Launch) {
+    garbage(launch, json!({"op": "long_line", "bytes": 9u64 << 20})).await;
+}
+
+async fn batch(launch: Launch) {
+    garbage(launch, json!({"op": "batch"})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_objects_on_one_line_is_runtime_failed() {
+    garbage(
+        Launch::Direct,
+        json!({"op": "raw", "line": "{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\"} {}"}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_run_answered_with_an_error_is_runtime_failed() {
+    let run = failed_runtime(
+        Launch::Direct,
+        json!([annotate("note", json!("kept")), {"op": "error_outcome", "code": -32603, "message": "boom at /srv/secret.rs:1"}]),
+        "normal",
+    )
+    .await;
+    let text = serde_json::to_string(&run.result).unwrap();
+    assert!(
+        !text.contains("/srv/secret.rs"),
+        "the plugin's text leaked into the result"
+    );
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+}
+
+/// protocol.md D#22: a response with an unknown id is dropped and counted,
+/// not fatal: the turn goes on and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_response_id_is_dropped() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([{"op": "bogus_response"}, {"op": "emit", "type": "after", "data": 1}]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.runtime_events("after"), vec![json!(1)]);
+    run.assert_no_survivor();
+}
+
+// ------------------------------------------------------------- the outcome
+
+async fn invalid_outcome(launch: Launch) {
+    let run = run_turn(TurnSpec::new(
+        launch,
+        json!([annotate("note", json!("kept")), {"op": "outcome", "value": {"type": "complete"}}]),
+    ))
+    .await;
+    assert_failed_by_envelope(&run, "invalid_runtime_outcome");
+    assert_eq!(run.retryable(), Some(false));
+    assert!(run.turn_errors.is_empty(), "{:?}", run.turn_errors);
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_provenance(launch);
+    run.assert_no_survivor();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_with_an_unknown_type_or_extra_key_is_invalid() {
+    for value in [
+        json!({"type": "win", "output": 1}),
+        json!({"type": "complete", "output": 1, "extra": true}),
+        json!({"type": "fail", "error": {"code": "x"}}),
+    ] {
+        let run = run_turn(TurnSpec::new(
+            Launch::Direct,
+            json!([{"op": "outcome", "value": value}]),
+        ))
+        .await;
+        assert_failed_by_envelope(&run, "invalid_runtime_outcome");
+        assert_eq!(run.retryable(), Some(false), "{value}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_answer_to_turn_run_is_ignored() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([
+            {"op": "outcome", "value": {"type": "complete", "output": "first"}},
+            {"op": "outcome", "value": {"type": "fail", "error": {"code": "second", "message": "m"}}}
+        ]),
+    ))
+    .await;
+    assert_eq!(run.result.status, ExecutionStatus::Succeeded);
+    assert_eq!(run.result.output, Some(json!("first")));
+    assert_eq!(run.last_event(), ("turn.completed".into(), json!({})));
+    assert_turn_ended(&run, "succeeded", None, None);
+    run.assert_no_survivor();
+}
+
+async fn emits_after_outcome_are_dropped(launch: Launch) {
+    let run = run_turn(TurnSpec::new(
+        launch,
+        json!([
+            {"op": "emit", "type": "before", "data": 1},
+            annotate("before", json!(1)),
+            {"op": "outcome", "value": {"type": "complete", "output": "done"}},
+            {"op": "emit", "type": "late", "data": 1},
+            annotate("late", json!(1)),
+            {"op": "call", "tool": "files.write", "arguments": {"path": "late.txt", "content": "x"}}
+        ]),
+    ))
+    .await;
+    assert_eq!(run.result.status, ExecutionStatus::Succeeded);
+    assert_eq!(run.runtime_events("before"), vec![json!(1)]);
+    assert!(run.runtime_events("late").is_empty());
+    assert_eq!(run.result.metadata.get("before"), Some(&json!(1)));
+    assert_eq!(run.result.metadata.get("late"), None);
+    assert_eq!(run.last_event(), ("turn.completed".into(), json!({})));
+    // Nothing after the outcome reached the kernel or the disk.
+    assert!(!run.files_root.join("endings/alice/late.txt").exists());
+    assert!(
+        !run.audit
+            .iter()
+            .any(|r| r.tool.as_deref() == Some("files.write")),
+        "a call after the outcome reached the kernel"
+    );
+    // Nothing was appended to the result after it was returned either.
+    assert_eq!(run.streamed, run.result.events);
+    run.assert_no_survivor();
+}
+
+both!(
+    completed,
+    plugin_fail_after_write_is_lowered,
+    escalated_when_offered,
+    host_cancel_after_write,
+    deadline_without_grace,
+    deadline_with_grace,
+    ignores_abort,
+    spins,
+    sleeps,
+    forked_children,
+    crashed,
+    exited,
+    closed_stdout,
+    closed_stdout_with_a_child_holding_the_pipe,
+    non_json_line,
+    invalid_utf8,
+    over_long_line,
+    batch,
+    invalid_outcome,
+    emits_after_outcome_are_dropped,
+);
