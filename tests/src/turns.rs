@@ -97,6 +97,41 @@ impl ToolHandler for LedgerAppend {
     }
 }
 
+/// `ledger.slow`: a non-idempotent write whose handler takes
+/// `arguments.ms` (default 30 s) and stops when the turn's abort fires.
+#[derive(Debug)]
+struct LedgerSlow;
+
+#[async_trait]
+impl ToolHandler for LedgerSlow {
+    async fn invoke(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+        abort: CancellationToken,
+    ) -> Result<HandlerAnswer, ToolError> {
+        let ms = call
+            .arguments
+            .get("ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(30_000);
+        tokio::select! {
+            _ = abort.cancelled() => Err(ToolError::Aborted),
+            _ = tokio::time::sleep(Duration::from_millis(ms)) => {
+                Ok(ToolResult::succeeded(call, json!({"slept": ms}), context.now.clone()).into())
+            }
+        }
+    }
+}
+
+/// The kernel definition of `ledger.slow`.
+pub fn ledger_slow_definition() -> ToolDefinition {
+    let mut d = serde_json::to_value(ledger_definition()).expect("definition");
+    d["name"] = json!("ledger.slow");
+    d["description"] = json!("Append an entry slowly (not idempotent).");
+    serde_json::from_value(d).expect("ledger.slow definition")
+}
+
 /// The kernel definition of `ledger.append`.
 pub fn ledger_definition() -> ToolDefinition {
     serde_json::from_value(json!({
@@ -140,7 +175,7 @@ fn request_tool(name: &str) -> Value {
         "files.write" => ("files", "files", "write", "write"),
         "files.list" => ("files", "files", "list", "read"),
         "files.delete" => ("files", "files", "delete", "write"),
-        "ledger.append" => ("ledger", "ledger", "append", "write"),
+        "ledger.append" | "ledger.slow" => ("ledger", "ledger", "append", "write"),
         "sharedos.escalate" => ("sharedos", "sharedos.escalation", "request", "read"),
         other => panic!("unknown tool {other}"),
     };
@@ -202,6 +237,8 @@ pub struct TurnSpec {
     pub cancel_after: Option<Duration>,
     /// Cancel the turn when the plugin emits an event of this type.
     pub cancel_on_event: Option<&'static str>,
+    /// Cancel the turn before `execute` is called.
+    pub precancel: bool,
 }
 
 impl TurnSpec {
@@ -210,11 +247,18 @@ impl TurnSpec {
             launch,
             mode: "normal",
             script,
-            tools: vec!["files.read", "files.write", "files.list", "ledger.append"],
+            tools: vec![
+                "files.read",
+                "files.write",
+                "files.list",
+                "ledger.append",
+                "ledger.slow",
+            ],
             timeout_ms: 20_000,
             drain_grace_ms: 0,
             cancel_after: None,
             cancel_on_event: None,
+            precancel: false,
         }
     }
     pub fn tools(mut self, tools: &[&'static str]) -> Self {
@@ -251,6 +295,7 @@ pub struct TurnRun {
     pub reported_pids: Vec<u32>,
     pub marker: String,
     pub audit: Vec<AuditRecord>,
+    pub audit_path: PathBuf,
     pub files_root: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -305,6 +350,23 @@ impl TurnRun {
                 "sandbox report: {}",
                 rt["sandbox"]
             ),
+        }
+    }
+    /// Re-reads the audit trail until `pred` holds for some record or
+    /// `bound` passed (outcome-path records of an interrupted handler may
+    /// land after the result); returns whether it held.
+    pub fn wait_audit(&mut self, bound: Duration, pred: impl Fn(&AuditRecord) -> bool) -> bool {
+        let until = Instant::now() + bound;
+        loop {
+            self.audit = sharedos_kernel::audit::read_jsonl(&self.audit_path)
+                .expect("the audit trail parses");
+            if self.audit.iter().any(&pred) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
     /// The audit record `turn.ended`.
@@ -418,6 +480,8 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         .expect("kernel builder")
         .tool(ledger_definition(), Arc::new(LedgerAppend))
         .expect("ledger tool")
+        .tool(ledger_slow_definition(), Arc::new(LedgerSlow))
+        .expect("ledger.slow tool")
         .build();
 
     let marker = format!("m{}", std::process::id()) + &unique_suffix();
@@ -471,6 +535,9 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
             c.cancel();
         });
     }
+    if spec.precancel {
+        cancel.cancel();
+    }
     let req = request("exec-1", spec.script, &spec.tools, spec.timeout_ms);
     let started = Instant::now();
     let result = executor
@@ -506,6 +573,7 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         reported_pids,
         marker,
         audit,
+        audit_path,
         files_root,
         _dir: dir,
     }
