@@ -609,3 +609,91 @@ pub fn parse_jsonl_strict(path: &Path) -> Vec<Value> {
         })
         .collect()
 }
+
+/// A host configuration (TOML) seating the testplugin for agent `alice`
+/// with the grants of [`kernel_config`], the audit trail and files root in
+/// the configuration's directory. `launcher` is `sandbox` or `direct`.
+pub fn testplugin_host_toml(marker: &str, launcher: &str, timeout_ms: u64) -> String {
+    format!(
+        r#"[host]
+defaultTimeoutMs = {timeout_ms}
+defaultMaxSteps = 64
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "sharedos-testplugin"
+version = "0.1.0"
+program = "{program}"
+args = ["normal"]
+env = {{ {MARKER_ENV} = "{marker}" }}
+launcher = "{launcher}"
+
+[[agents]]
+agentId = "{AGENT}"
+runtime = "sharedos-testplugin"
+
+[[kernel.grants]]
+id = "alice-admission"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+[[kernel.grants.capabilities]]
+namespace = "sharedos.execution"
+path = ["agent", "{AGENT}"]
+scope = "exact"
+actions = ["invoke"]
+
+[[kernel.grants]]
+id = "alice-files"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+[[kernel.grants.capabilities]]
+namespace = "files"
+path = ["{AGENT}"]
+scope = "descendants"
+actions = ["read", "write", "list"]
+"#,
+        program = workspace_bin("sharedos-testplugin").display(),
+    )
+}
+
+/// The pids of every live descendant of `root` (children first found by
+/// walking `/proc/<pid>/stat`'s ppid field).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (child, parent) in &parent_of {
+            if *parent == p && !out.contains(child) {
+                out.push(*child);
+                frontier.push(*child);
+            }
+        }
+    }
+    out.retain(|p| is_alive(*p));
+    out
+}
