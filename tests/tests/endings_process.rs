@@ -546,6 +546,167 @@ async fn outcome_during_drain_is_honoured() {
     run.assert_no_survivor();
 }
 
+/// A crash during the drain ends the turn `cancelled` (protocol.md B.3.6),
+/// at once, not at the deadline.
+async fn crash_during_drain_is_cancelled(launch: Launch) {
+    let run = run_turn(
+        TurnSpec::new(
+            launch,
+            json!([annotate("note", json!("kept")), {"op": "sleep", "ms": 1300}, {"op": "crash"}]),
+        )
+        .timeout(4000)
+        .grace(3000),
+    )
+    .await;
+    assert_cancelled(&run, true);
+    assert!(
+        run.elapsed < Duration::from_millis(3500),
+        "{:?}",
+        run.elapsed
+    );
+    assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
+    run.assert_provenance(launch);
+    run.assert_no_survivor();
+}
+
+/// Garbage on stdout during the drain: `cancelled` too (protocol.md D).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_during_drain_is_cancelled() {
+    let run = run_turn(
+        TurnSpec::new(
+            Launch::Direct,
+            json!([{"op": "sleep", "ms": 1300}, {"op": "raw", "line": "not json"}, {"op": "hold"}]),
+        )
+        .timeout(4000)
+        .grace(3000),
+    )
+    .await;
+    assert_cancelled(&run, true);
+    assert!(
+        run.elapsed < Duration::from_millis(3500),
+        "{:?}",
+        run.elapsed
+    );
+    run.assert_no_survivor();
+}
+
+/// The plugin crashes while its non-idempotent call runs in the kernel:
+/// `runtime_failed`, not retryable (a write is still with the kernel),
+/// and the handler is stopped when the turn closes.
+async fn crash_with_a_write_in_flight(launch: Launch) {
+    let mut run = run_turn(TurnSpec::new(
+        launch,
+        json!([
+            {"op": "send_call", "tool": "ledger.slow", "arguments": {"ms": 60000}},
+            {"op": "sleep", "ms": 300},
+            {"op": "crash"}
+        ]),
+    ))
+    .await;
+    assert_failed_by_envelope(&run, "runtime_failed");
+    assert_eq!(run.retryable(), Some(false));
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+    assert!(
+        run.wait_audit(Duration::from_secs(5), |r| r.kind == "tool.invoked"
+            && r.tool.as_deref() == Some("ledger.slow")
+            && outcome_str(r) == "interrupted"),
+        "the running handler was not stopped and recorded interrupted: {:?}",
+        run.audit
+    );
+    run.assert_no_survivor();
+}
+
+/// The plugin crashes during the drain while a call it made before the
+/// drain still runs: the catch path waits for that call (B.5), which
+/// gives its real result; then `cancelled`, not retryable (the write
+/// settled `succeeded`), before the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_during_drain_waits_for_the_call_in_flight() {
+    let run = run_turn(
+        TurnSpec::new(
+            Launch::Direct,
+            json!([
+                {"op": "send_call", "tool": "ledger.slow", "arguments": {"ms": 2200}},
+                {"op": "sleep", "ms": 1300},
+                {"op": "crash"}
+            ]),
+        )
+        .timeout(5000)
+        .grace(4000),
+    )
+    .await;
+    assert_cancelled(&run, false);
+    assert!(
+        run.elapsed >= Duration::from_millis(2000),
+        "the turn did not wait for the call in flight: {:?}",
+        run.elapsed
+    );
+    assert!(
+        run.elapsed < Duration::from_millis(4500),
+        "{:?}",
+        run.elapsed
+    );
+    let rec = run
+        .audit
+        .iter()
+        .find(|r| r.kind == "tool.invoked" && r.tool.as_deref() == Some("ledger.slow"))
+        .expect("the call's outcome was recorded before the result");
+    assert_eq!(outcome_str(rec), "succeeded", "{rec:?}");
+    let done = run
+        .result
+        .events
+        .iter()
+        .find(|e| e.kind.as_str() == "tool.completed")
+        .expect("tool.completed of the call in flight");
+    assert_eq!(done.data["status"], "succeeded", "{}", done.data);
+    run.assert_no_survivor();
+}
+
+/// Every emit and annotate written before the outcome is applied before
+/// it, in wire order, even in a burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emits_before_the_outcome_all_land_in_order() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([{"op": "flood", "n": 500}, annotate("after_flood", json!(true))]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result.error
+    );
+    let flood = run.runtime_events("flood");
+    assert_eq!(flood, (0..500).map(|i| json!(i)).collect::<Vec<_>>());
+    assert_eq!(run.result.metadata.get("after_flood"), Some(&json!(true)));
+    run.assert_no_survivor();
+}
+
+/// A plugin that floods emits without end is stopped (by the emit budget
+/// or by the deadline) and killed; the host's memory stays bounded.
+async fn endless_flood_is_stopped(launch: Launch) {
+    let run = run_turn(
+        TurnSpec::new(
+            launch,
+            json!([{"op": "emit_pid"}, {"op": "flood", "n": 100000000u64}]),
+        )
+        .timeout(1500),
+    )
+    .await;
+    match run.result.status {
+        ExecutionStatus::Cancelled => assert_cancelled(&run, true),
+        ExecutionStatus::Failed => assert_failed_by_envelope(&run, "runtime_failed"),
+        other => panic!("a flood ended {other:?}"),
+    }
+    assert!(
+        run.elapsed < Duration::from_millis(1500) + MARGIN,
+        "{:?}",
+        run.elapsed
+    );
+    run.assert_no_survivor();
+}
+
 // ------------------------------------- hostile plugins stopped by the deadline
 
 async fn deadline_stops(launch: Launch, script: Value) -> TurnRun {
@@ -919,6 +1080,9 @@ both!(
     deadline_during_handshake,
     deadline_interrupts_a_running_handler,
     deadline_with_grace,
+    crash_during_drain_is_cancelled,
+    crash_with_a_write_in_flight,
+    endless_flood_is_stopped,
     ignores_abort,
     spins,
     sleeps,

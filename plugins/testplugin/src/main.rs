@@ -191,6 +191,8 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// One script step. Ops:
 /// - `emit {type, data}`, `annotate {key, value}`: notifications
 /// - `call {tool, arguments, step?}`: a tool call; its answer goes into results
+/// - `send_call {tool, arguments}`: a tool call whose answer it does not
+///   wait for (later reads skip it)
 /// - `burst_calls {n, tool}`: n calls without waiting, then all n answers
 /// - `flood {n}`: n emits as fast as the pipe takes them
 /// - `sleep {ms}`, `stall` (sleep forever), `spin {ms?}` (busy loop; forever without ms)
@@ -226,6 +228,10 @@ fn step(p: &mut Plugin, s: &Value) {
                 step,
             );
             p.results.push(answer);
+        }
+        "send_call" => {
+            let tool = s["tool"].as_str().unwrap_or("missing").to_owned();
+            p.request_call(&tool, s["arguments"].clone(), None);
         }
         "burst_calls" => {
             let n = num(s, "n", 16);
