@@ -989,14 +989,75 @@ async fn unknown_response_id_is_dropped() {
     run.assert_no_survivor();
 }
 
+/// A plugin that cannot be loaded (noise on stdout before the handshake,
+/// another manifest, an unsupported protocol version) ends the turn
+/// `runtime_failed` before `turn.started`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_that_cannot_be_loaded_are_runtime_failed() {
+    for mode in ["noise", "wrong-manifest", "bad-version"] {
+        let run = failed_runtime(Launch::Direct, json!([]), mode).await;
+        assert_eq!(run.retryable(), Some(true), "{mode}");
+        assert!(
+            run.elapsed < Duration::from_secs(5),
+            "{mode}: {:?}",
+            run.elapsed
+        );
+    }
+}
+
+/// The outcome comes, then the plugin stops reading and holds on (with a
+/// `setsid` child): the result does not wait for it, and the tree dies.
+async fn completed_then_stalls(launch: Launch) {
+    let mut script = vec![json!({"op": "emit_pid"}), json!({"op": "fork", "n": 1})];
+    if launch == Launch::Sandbox {
+        script.push(json!({"op": "fork", "n": 1, "setsid": true}));
+    }
+    script.push(json!({"op": "outcome", "value": {"type": "complete", "output": "done"}}));
+    script.push(json!({"op": "stall"}));
+    let run = run_turn(TurnSpec::new(launch, json!(script))).await;
+    assert_eq!(run.result.status, ExecutionStatus::Succeeded);
+    assert_eq!(run.result.output, Some(json!("done")));
+    assert!(run.elapsed < Duration::from_secs(5), "{:?}", run.elapsed);
+    run.assert_no_survivor();
+}
+
+/// Nothing the plugin says replaces `metadata.runtime`: not an annotation
+/// with that key (dropped, the turn goes on), not the outcome's metadata.
+async fn provenance_cannot_be_forged(launch: Launch) {
+    let forged = json!({"id": "forged", "sandbox": {"level": "strong"}});
+    let run = run_turn(TurnSpec::new(
+        launch,
+        json!([
+            annotate("runtime", forged.clone()),
+            annotate("__proto__", json!(1)),
+            annotate("kept", json!(1)),
+            {"op": "outcome", "value": {"type": "complete", "output": 1, "metadata": {"runtime": forged, "own": 2}}}
+        ]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    run.assert_provenance(launch);
+    assert_eq!(run.result.metadata.get("kept"), Some(&json!(1)));
+    assert_eq!(run.result.metadata.get("own"), Some(&json!(2)));
+    assert_eq!(run.result.metadata.get("__proto__"), None);
+    run.assert_no_survivor();
+}
+
 // ------------------------------------------------------------- the outcome
 
 async fn invalid_outcome(launch: Launch) {
     let run = run_turn(TurnSpec::new(
         launch,
-        json!([annotate("note", json!("kept")), {"op": "outcome", "value": {"type": "complete"}}]),
+        json!([annotate("note", json!("kept")), {"op": "outcome", "value": {"type": "complete", "metadata": {"lost": 1}}}]),
     ))
     .await;
+    // The outcome's own metadata is lost with it.
+    assert_eq!(run.result.metadata.get("lost"), None);
     assert_failed_by_envelope(&run, "invalid_runtime_outcome");
     assert_eq!(run.retryable(), Some(false));
     assert!(run.turn_errors.is_empty(), "{:?}", run.turn_errors);
@@ -1096,5 +1157,7 @@ both!(
     over_long_line,
     batch,
     invalid_outcome,
+    completed_then_stalls,
+    provenance_cannot_be_forged,
     emits_after_outcome_are_dropped,
 );
