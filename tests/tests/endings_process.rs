@@ -482,12 +482,12 @@ async fn deadline_with_grace(launch: Launch) {
                 {"op": "stall"}
             ]),
         )
-        .timeout(2000)
-        .grace(1000),
+        .timeout(3000)
+        .grace(2000),
     )
     .await;
     assert_cancelled(&run, true);
-    assert_ended_by_deadline(&run, 2000);
+    assert_ended_by_deadline(&run, 3000);
     let refused = run
         .result
         .events
@@ -554,13 +554,13 @@ async fn crash_during_drain_is_cancelled(launch: Launch) {
             launch,
             json!([annotate("note", json!("kept")), {"op": "sleep", "ms": 1300}, {"op": "crash"}]),
         )
-        .timeout(4000)
-        .grace(3000),
+        .timeout(9000)
+        .grace(8000),
     )
     .await;
     assert_cancelled(&run, true);
     assert!(
-        run.elapsed < Duration::from_millis(3500),
+        run.elapsed < Duration::from_millis(7000),
         "{:?}",
         run.elapsed
     );
@@ -577,13 +577,13 @@ async fn garbage_during_drain_is_cancelled() {
             Launch::Direct,
             json!([{"op": "sleep", "ms": 1300}, {"op": "raw", "line": "not json"}, {"op": "hold"}]),
         )
-        .timeout(4000)
-        .grace(3000),
+        .timeout(9000)
+        .grace(8000),
     )
     .await;
     assert_cancelled(&run, true);
     assert!(
-        run.elapsed < Duration::from_millis(3500),
+        run.elapsed < Duration::from_millis(7000),
         "{:?}",
         run.elapsed
     );
@@ -631,8 +631,8 @@ async fn crash_during_drain_waits_for_the_call_in_flight() {
                 {"op": "crash"}
             ]),
         )
-        .timeout(5000)
-        .grace(4000),
+        .timeout(10000)
+        .grace(9000),
     )
     .await;
     assert_cancelled(&run, false);
@@ -642,7 +642,7 @@ async fn crash_during_drain_waits_for_the_call_in_flight() {
         run.elapsed
     );
     assert!(
-        run.elapsed < Duration::from_millis(4500),
+        run.elapsed < Duration::from_millis(8000),
         "{:?}",
         run.elapsed
     );
