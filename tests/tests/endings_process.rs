@@ -1048,6 +1048,60 @@ async fn provenance_cannot_be_forged(launch: Launch) {
     run.assert_no_survivor();
 }
 
+/// Semantic violations (here: annotations with the reserved key
+/// `runtime`) are dropped and counted; past the budget of 100 the plugin
+/// is killed and the turn ends `runtime_failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn violations_are_dropped_until_the_budget_then_fatal() {
+    let forged = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|_| annotate("runtime", json!("forged")))
+            .collect()
+    };
+    let run = run_turn(TurnSpec::new(Launch::Direct, json!(forged(50)))).await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    run.assert_provenance(Launch::Direct);
+
+    let mut script = forged(150);
+    script.push(json!({"op": "hold"}));
+    let run = failed_runtime(Launch::Direct, json!(script), "normal").await;
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+/// A plugin that stops reading its stdin while the host has an answer to
+/// write (a 256 KiB file read, beyond the pipe's buffer) is killed after
+/// the write-stall timeout (10 s): `runtime_failed`, before the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_that_never_reads_stdin_is_killed_after_the_write_stall() {
+    let big = "x".repeat(256 << 10);
+    let run = run_turn(
+        TurnSpec::new(
+            Launch::Direct,
+            json!([
+                {"op": "call", "tool": "files.write", "arguments": {"path": "big.txt", "content": big}},
+                {"op": "send_call", "tool": "files.read", "arguments": {"path": "big.txt"}},
+                {"op": "emit_pid"},
+                {"op": "stall"}
+            ]),
+        )
+        .timeout(40_000),
+    )
+    .await;
+    assert_failed_by_envelope(&run, "runtime_failed");
+    assert_runtime_error_reported(&run);
+    assert!(
+        run.elapsed < Duration::from_secs(10) + MARGIN,
+        "{:?}",
+        run.elapsed
+    );
+    run.assert_no_survivor();
+}
+
 // ------------------------------------------------------------- the outcome
 
 async fn invalid_outcome(launch: Launch) {
