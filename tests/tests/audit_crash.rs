@@ -114,6 +114,10 @@ fn crash_once(launcher: &str, after_files: usize) -> Crashed {
             tree.push(p);
         }
     }
+    if launcher == "sandbox" {
+        // The helper, its pid 1, the plugin and the two sleepers.
+        assert!(tree.len() >= 5, "turn processes before the crash: {tree:?}");
+    }
     assert!(
         marked_pids(&marker).len() >= 3,
         "the plugin and its two sleepers are not all running (tree {tree:?})"
@@ -304,10 +308,10 @@ fn workspaces_in(tmp: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Three crashes at different points of the turn.
+/// Five crashes at different points of the turn.
 #[test]
 fn host_sigkill_mid_turn_sandboxed() {
-    for after_files in [5, 30, 70] {
+    for after_files in [1, 5, 15, 30, 70] {
         let crashed = crash_once("sandbox", after_files);
         // The dead host could not remove its plugin cgroups (where this
         // machine gives the sandbox a cgroup at all)...
