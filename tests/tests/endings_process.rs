@@ -1102,6 +1102,44 @@ async fn plugin_that_never_reads_stdin_is_killed_after_the_write_stall() {
     run.assert_no_survivor();
 }
 
+/// A burst of calls beyond the in-flight cap (8): the excess is answered
+/// `-32055 overloaded` and never taken (no `tool.requested`), the rest are
+/// mediated; the turn goes on and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_burst_beyond_the_inflight_cap_is_overloaded_not_fatal() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([{"op": "burst_calls", "n": 24, "tool": "files.list"}]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    let answers = run.result.output.as_ref().unwrap()["results"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(answers.len(), 24);
+    let taken = answers.iter().filter(|a| a.get("result").is_some()).count();
+    let overloaded = answers
+        .iter()
+        .filter(|a| a["error"]["code"] == -32055)
+        .count();
+    assert_eq!(taken + overloaded, 24, "{answers:?}");
+    assert!(taken >= 1);
+    assert!(overloaded >= 1, "24 calls at once never hit the cap of 8");
+    let requested = run
+        .event_types()
+        .iter()
+        .filter(|k| **k == "tool.requested")
+        .count();
+    assert_eq!(requested, taken, "an overloaded call was taken");
+    run.assert_no_survivor();
+}
+
 // ------------------------------------------------------------- the outcome
 
 async fn invalid_outcome(launch: Launch) {
