@@ -66,6 +66,10 @@ pub enum Launch {
     Direct,
     /// `SandboxLauncher` with the default policy (minimum level strong).
     Sandbox,
+    /// `SandboxLauncher` whose helper cannot create a user namespace
+    /// (`emulate_no_userns`), so the sandbox comes out below the policy's
+    /// minimum (strong) and the launch is refused.
+    SandboxBelowMinimum,
 }
 
 impl Launch {
@@ -75,6 +79,13 @@ impl Launch {
             Launch::Sandbox => Arc::new(SandboxLauncher {
                 helper_exe: workspace_bin("sharedos"),
                 policy: SandboxPolicy::default(),
+            }),
+            Launch::SandboxBelowMinimum => Arc::new(SandboxLauncher {
+                helper_exe: workspace_bin("sharedos"),
+                policy: SandboxPolicy {
+                    emulate_no_userns: true,
+                    ..SandboxPolicy::default()
+                },
             }),
         }
     }
@@ -345,7 +356,7 @@ impl TurnRun {
                 json!({"level": "none", "reason": "launched without a sandbox"}),
                 "provenance: {rt}"
             ),
-            Launch::Sandbox => assert_eq!(
+            Launch::Sandbox | Launch::SandboxBelowMinimum => assert_eq!(
                 rt["sandbox"]["level"], "strong",
                 "sandbox report: {}",
                 rt["sandbox"]

@@ -101,6 +101,7 @@ fn assert_runtime_error_reported(run: &TurnRun) {
 /// limit and well within the margin.
 fn assert_ended_by_deadline(run: &TurnRun, timeout_ms: u64) {
     let limit = Duration::from_millis(timeout_ms);
+    eprintln!("deadline {timeout_ms} ms: the turn took {:?}", run.elapsed);
     assert!(
         run.elapsed + Duration::from_millis(100) >= limit,
         "ended before the deadline: {:?}",
@@ -1002,6 +1003,68 @@ async fn plugins_that_cannot_be_loaded_are_runtime_failed() {
             "{mode}: {:?}",
             run.elapsed
         );
+    }
+}
+
+/// The sandbox comes out below the policy's minimum: the launch is refused,
+/// nothing runs, the turn ends `runtime_failed` (retryable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_below_minimum_refuses_the_launch() {
+    let run = run_turn(TurnSpec::new(
+        Launch::SandboxBelowMinimum,
+        json!([{"op": "emit_pid"}]),
+    ))
+    .await;
+    assert_failed_by_envelope(&run, "runtime_failed");
+    assert_eq!(run.retryable(), Some(true));
+    assert_runtime_error_reported(&run);
+    assert!(run.runtime_events("pid").is_empty());
+    run.assert_no_survivor();
+}
+
+/// BUG (reported): a sandboxed seat whose launch was refused (the sandbox
+/// came out below the policy's minimum) gets the provenance
+/// `{"level":"none","reason":"launched without a sandbox"}`, which is false:
+/// the seat is sandboxed, the launch was refused, and the report saying
+/// which layers were missing is dropped (`host/src/seat.rs`,
+/// `SeatReports for ProcessRuntime`, falls back to that value whenever no
+/// report was kept; `SandboxLauncher::launch` maps `BelowMinimum` to
+/// `LaunchError::Refused` without its report). sandbox.md: the report goes
+/// into the result's `runtime` provenance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: a refused sandboxed launch is reported 'launched without a sandbox'"]
+async fn refused_sandbox_launch_provenance_does_not_claim_no_sandbox() {
+    let run = run_turn(TurnSpec::new(
+        Launch::SandboxBelowMinimum,
+        json!([{"op": "emit_pid"}]),
+    ))
+    .await;
+    assert_failed_by_envelope(&run, "runtime_failed");
+    let sandbox = &run.runtime_provenance()["sandbox"];
+    assert_ne!(
+        sandbox["reason"], "launched without a sandbox",
+        "provenance of a sandboxed seat: {sandbox}"
+    );
+    assert_eq!(sandbox["level"], "reduced", "the refused report: {sandbox}");
+}
+
+/// BUG (reported, same cause): a sandboxed turn cancelled by the host
+/// while its sandbox is being built is reported "launched without a
+/// sandbox".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: a sandboxed turn cancelled during its launch is reported 'launched without a sandbox'"]
+async fn cancel_during_sandbox_launch_provenance_does_not_claim_no_sandbox() {
+    for ms in [10u64, 20, 30] {
+        let mut spec = TurnSpec::new(Launch::Sandbox, json!([{"op": "stall"}]));
+        spec.cancel_after = Some(Duration::from_millis(ms));
+        let run = run_turn(spec).await;
+        assert_eq!(run.result.status, ExecutionStatus::Cancelled);
+        let sandbox = &run.runtime_provenance()["sandbox"];
+        assert_ne!(
+            sandbox["reason"], "launched without a sandbox",
+            "cancel after {ms} ms: {sandbox}"
+        );
+        run.assert_no_survivor();
     }
 }
 
