@@ -23,7 +23,8 @@ use sharedos_host::process::{DirectLauncher, Launcher, ProcessRuntime, ProcessRu
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
 use sharedos_kernel::{
-    AuditRecord, HandlerAnswer, JsonlAuditSink, Kernel, KernelConfig, ToolError, ToolHandler,
+    AuditError, AuditRecord, AuditSink, HandlerAnswer, JsonlAuditSink, Kernel, KernelConfig,
+    ToolError, ToolHandler,
 };
 use sharedos_protocol::{
     AccessContext, ExecutionEvent, ExecutionResult, RuntimeManifest, ToolCall, ToolDefinition,
@@ -88,6 +89,30 @@ impl Launch {
                 },
             }),
         }
+    }
+}
+
+/// The JSONL sink, with a switch that makes every decision-path write
+/// (`authority.resolved`, `authorization.checked`, `tool.catalog.listed`)
+/// fail while it is on: an audit outage on demand. Outcome-path records
+/// (`tool.invoked`, `turn.ended`, ...) still go through, so the trail shows
+/// how the turn ended.
+pub struct FaultySink {
+    inner: JsonlAuditSink,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait]
+impl AuditSink for FaultySink {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let decision = matches!(
+            record.kind.as_str(),
+            "authority.resolved" | "authorization.checked" | "tool.catalog.listed"
+        );
+        if decision && self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(AuditError::Sink("disk on fire (test fault)".into()));
+        }
+        self.inner.append(record).await
     }
 }
 
@@ -250,6 +275,9 @@ pub struct TurnSpec {
     pub cancel_on_event: Option<&'static str>,
     /// Cancel the turn before `execute` is called.
     pub precancel: bool,
+    /// Break the audit sink's decision path when the plugin emits an event
+    /// of this type.
+    pub audit_fault_on_event: Option<&'static str>,
 }
 
 impl TurnSpec {
@@ -270,6 +298,7 @@ impl TurnSpec {
             cancel_after: None,
             cancel_on_event: None,
             precancel: false,
+            audit_fault_on_event: None,
         }
     }
     pub fn tools(mut self, tools: &[&'static str]) -> Self {
@@ -486,7 +515,11 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     let files_root = dir.path().join("files");
     std::fs::create_dir_all(&files_root).expect("files root");
     let audit_path = dir.path().join("audit.jsonl");
-    let audit = JsonlAuditSink::open(&audit_path).expect("audit sink");
+    let broken: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+    let audit = FaultySink {
+        inner: JsonlAuditSink::open(&audit_path).expect("audit sink"),
+        broken: broken.clone(),
+    };
     let kernel = Kernel::builder_from_config(&kernel_config(), &files_root, Arc::new(audit))
         .expect("kernel builder")
         .tool(ledger_definition(), Arc::new(LedgerAppend))
@@ -516,12 +549,13 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     let cancel = CancellationToken::new();
     let streamed: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
-    let (s2, seen2, marker2, cancel2, cancel_on) = (
+    let (s2, seen2, marker2, cancel2, cancel_on, fault_on) = (
         streamed.clone(),
         seen.clone(),
         marker.clone(),
         cancel.clone(),
         spec.cancel_on_event,
+        spec.audit_fault_on_event,
     );
     let on_event: OnEvent = Arc::new(move |e: &ExecutionEvent| {
         s2.lock().unwrap().push(e.clone());
@@ -536,6 +570,9 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
             }
             if cancel_on.is_some_and(|k| e.data["type"] == k) {
                 cancel2.cancel();
+            }
+            if fault_on.is_some_and(|k| e.data["type"] == k) {
+                broken.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         }
     });
