@@ -278,6 +278,8 @@ pub struct TurnSpec {
     /// Break the audit sink's decision path when the plugin emits an event
     /// of this type.
     pub audit_fault_on_event: Option<&'static str>,
+    /// Changes the request before it is sent.
+    pub patch_request: Option<fn(&mut Value)>,
 }
 
 impl TurnSpec {
@@ -299,6 +301,7 @@ impl TurnSpec {
             cancel_on_event: None,
             precancel: false,
             audit_fault_on_event: None,
+            patch_request: None,
         }
     }
     pub fn tools(mut self, tools: &[&'static str]) -> Self {
@@ -586,7 +589,10 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     if spec.precancel {
         cancel.cancel();
     }
-    let req = request("exec-1", spec.script, &spec.tools, spec.timeout_ms);
+    let mut req = request("exec-1", spec.script, &spec.tools, spec.timeout_ms);
+    if let Some(patch) = spec.patch_request {
+        patch(&mut req);
+    }
     let started = Instant::now();
     let result = executor
         .execute_json(

@@ -708,6 +708,64 @@ async fn endless_flood_is_stopped(launch: Launch) {
     run.assert_no_survivor();
 }
 
+// ------------------------------------------------------------------- denials
+
+/// A denied turn never starts the plugin: `denied`, `turn.denied{code}`,
+/// retryable false, metadata is `runtime` only.
+async fn denied_starts_nothing(patch: fn(&mut Value), code: &str) {
+    let mut spec = TurnSpec::new(
+        Launch::Sandbox,
+        json!([{"op": "emit_pid"}, annotate("note", json!(1))]),
+    );
+    spec.patch_request = Some(patch);
+    let run = run_turn(spec).await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Denied,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.code(), Some(code));
+    assert_eq!(run.retryable(), Some(false));
+    assert_eq!(run.event_types(), ["turn.denied"]);
+    assert_eq!(run.last_event().1, json!({"code": code}));
+    assert_eq!(
+        run.result.metadata.keys().collect::<Vec<_>>(),
+        ["runtime"],
+        "{:?}",
+        run.result.metadata
+    );
+    assert!(run.seen_pids.is_empty());
+    assert!(run.turn_errors.is_empty());
+    let ended = run.turn_ended();
+    assert_eq!(outcome_str(ended), "denied");
+    assert_eq!(ended.reason.as_deref(), Some(code));
+    run.assert_no_survivor();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_denied_starts_nothing() {
+    denied_starts_nothing(
+        |r| {
+            let bob = json!({"kind": "agent", "agentId": "bob"});
+            r["agent"] = bob.clone();
+            r["context"]["actor"] = bob.clone();
+            r["message"]["receiver"] = bob;
+        },
+        "no_matching_grant",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_mismatch_denied_starts_nothing() {
+    denied_starts_nothing(
+        |r| r["context"]["actor"] = json!({"kind": "agent", "agentId": "mallory"}),
+        "actor_mismatch",
+    )
+    .await;
+}
+
 // --------------------------------------------------------------- audit outage
 
 fn break_audit() -> Value {
