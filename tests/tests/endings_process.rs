@@ -1369,6 +1369,67 @@ async fn call_burst_beyond_the_inflight_cap_is_overloaded_not_fatal() {
     run.assert_no_survivor();
 }
 
+/// A flood of stderr (48 MiB, far past the 16 MiB per-turn budget) is
+/// drained and dropped; it never blocks the plugin, whose outcome comes
+/// through.
+async fn stderr_flood_does_not_block(launch: Launch) {
+    let run = run_turn(TurnSpec::new(
+        launch,
+        json!([{"op": "stderr_flood", "bytes": 48u64 << 20}, {"op": "emit", "type": "after", "data": 1}]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.runtime_events("after"), vec![json!(1)]);
+    assert!(run.elapsed < Duration::from_secs(15), "{:?}", run.elapsed);
+    run.assert_no_survivor();
+}
+
+/// Observed, and a question for the protocol: the outcome's line written
+/// without its `\n`, then the plugin exits. protocol.md B.1 says every
+/// message is terminated by `\n`, but the host's line reader hands the
+/// unterminated final frame over at EOF and the turn succeeds. (Harmless
+/// as far as the envelope goes: the frame is complete JSON; a truncated
+/// frame would not parse.) This test pins the behaviour so that a change
+/// is deliberate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unterminated_final_outcome_line_is_accepted_at_eof() {
+    let run = run_turn(TurnSpec::new(
+        Launch::Direct,
+        json!([
+            {"op": "outcome_unterminated", "value": {"type": "complete", "output": 1}},
+            {"op": "exit", "code": 0}
+        ]),
+    ))
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    assert_eq!(run.result.output, Some(json!(1)));
+    run.assert_no_survivor();
+}
+
+/// A frame cut short by the plugin's exit does not parse: `runtime_failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_final_line_is_runtime_failed() {
+    failed_runtime(
+        Launch::Direct,
+        json!([
+            {"op": "raw_unterminated", "line": "{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":{\"turnId\""},
+            {"op": "exit", "code": 0}
+        ]),
+        "normal",
+    )
+    .await;
+}
+
 // ------------------------------------------------------------- the outcome
 
 async fn invalid_outcome(launch: Launch) {
@@ -1480,6 +1541,7 @@ both!(
     batch,
     invalid_outcome,
     completed_then_stalls,
+    stderr_flood_does_not_block,
     provenance_cannot_be_forged,
     emits_after_outcome_are_dropped,
 );

@@ -204,6 +204,10 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// - `fork {n, setsid?, double?, pidfile?}`: starts n sleepers that keep the
 ///   pipes open and emits `{type:"forked", data:{pids}}`
 /// - `crash` (abort), `exit {code}`, `close_stdout` (then sleeps)
+/// - `raw_unterminated {line}`: writes `line` without the `\n`
+/// - `outcome_unterminated {value}`: answers `turn/run` without the `\n`
+/// - `stderr_flood {bytes}`: writes that many bytes to stderr (lines of
+///   1 KiB), as fast as the pipe takes them
 /// - `raw {line}`, `invalid_utf8`, `long_line {bytes}`, `batch`,
 ///   `bogus_response` (an answer to id 999 never sent)
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
@@ -330,6 +334,26 @@ fn step(p: &mut Plugin, s: &Value) {
         "raw" => {
             let line = format!("{}\n", s["line"].as_str().unwrap_or_default());
             p.write_raw(line.as_bytes());
+        }
+        "raw_unterminated" => {
+            let line = s["line"].as_str().unwrap_or_default().to_owned();
+            p.write_raw(line.as_bytes());
+        }
+        "outcome_unterminated" => {
+            let run_id = p.run_id.clone();
+            let line = json!({"jsonrpc":"2.0","id":run_id,"result":s["value"]}).to_string();
+            p.write_raw(line.as_bytes());
+            p.outcome_sent = true;
+        }
+        "stderr_flood" => {
+            let mut line = vec![b'e'; 1023];
+            line.push(b'\n');
+            let mut err = std::io::stderr().lock();
+            for _ in 0..num(s, "bytes", 16 << 20) / 1024 {
+                if err.write_all(&line).is_err() {
+                    break;
+                }
+            }
         }
         "invalid_utf8" => {
             p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n")
