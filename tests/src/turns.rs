@@ -615,7 +615,32 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         .flat_map(|e| pids_of(&e.data["data"]))
         .collect();
     let audit = sharedos_kernel::audit::read_jsonl(&audit_path).expect("the audit trail parses");
+    // Invariants of every ending: the events are numbered 0, 1, 2, ... and
+    // belong to this turn, and `on_event` saw exactly them, in order.
+    for (i, e) in result.events.iter().enumerate() {
+        assert_eq!(
+            e.sequence, i as u64,
+            "event {i} has sequence {}",
+            e.sequence
+        );
+        assert_eq!(e.execution_id.as_str(), "exec-1");
+        assert_eq!(e.trace_id.as_str(), TRACE);
+    }
+    check_audit_invariants(&audit);
+    // Give a straggling callback the chance to show itself.
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let streamed = streamed.lock().unwrap().clone();
+    assert_eq!(
+        streamed.len(),
+        result.events.len(),
+        "on_event saw {} events, the result has {}",
+        streamed.len(),
+        result.events.len()
+    );
+    assert!(
+        streamed == result.events,
+        "on_event saw other events than the result's"
+    );
     let seen_pids = seen.lock().unwrap().clone();
     let turn_errors = errors.lock().unwrap().clone();
     TurnRun {
@@ -630,6 +655,41 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         audit_path,
         files_root,
         _dir: dir,
+    }
+}
+
+/// Invariants of every trail: one `turn.ended` for the turn; every kernel
+/// `tool.invoked` that got past the checks made before authorization has
+/// its `authorization.checked` earlier in the trail; every record is this
+/// turn's.
+pub fn check_audit_invariants(audit: &[AuditRecord]) {
+    let ended: Vec<_> = audit.iter().filter(|r| r.kind == "turn.ended").collect();
+    assert_eq!(ended.len(), 1, "turn.ended records: {ended:?}");
+    assert_eq!(ended[0].operation_id.as_deref(), Some("exec-1"));
+    for r in audit {
+        assert_eq!(r.trace_id, TRACE, "{r:?}");
+        assert_eq!(r.namespace_id, NAMESPACE, "{r:?}");
+    }
+    let before_authorization = [
+        "invalid_tool_arguments",
+        "tool_unavailable",
+        "trace_mismatch",
+        "authority_unavailable",
+        "audit_unavailable",
+    ];
+    for (i, r) in audit.iter().enumerate() {
+        if r.kind != "tool.invoked"
+            || r.source != sharedos_kernel::AuditSource::Kernel
+            || r.reason
+                .as_deref()
+                .is_some_and(|c| before_authorization.contains(&c))
+        {
+            continue;
+        }
+        let decided = audit[..i]
+            .iter()
+            .any(|d| d.kind == "authorization.checked" && d.operation_id == r.operation_id);
+        assert!(decided, "tool.invoked without an earlier decision: {r:?}");
     }
 }
 
