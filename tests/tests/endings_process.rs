@@ -918,6 +918,38 @@ async fn sleeps(launch: Launch) {
     run.assert_no_survivor();
 }
 
+/// Emits and annotations keep arriving when the deadline fires: nothing
+/// lands after `turn.cancelled`, and what landed before stays.
+async fn emits_racing_the_deadline(launch: Launch) {
+    let mut script = vec![json!({"op": "emit_pid"})];
+    for i in 0..400 {
+        script.push(json!({"op": "emit", "type": "tick", "data": i}));
+        script.push(annotate("last_tick", json!(i)));
+        script.push(json!({"op": "sleep", "ms": 10}));
+    }
+    let run = deadline_stops(launch, json!(script)).await;
+    let ticks = run.runtime_events("tick");
+    assert!(!ticks.is_empty(), "no tick before the deadline");
+    assert_eq!(
+        ticks,
+        (0..ticks.len()).map(|i| json!(i)).collect::<Vec<_>>()
+    );
+    // The last annotation is the last tick's or the one before it (an
+    // annotate follows its emit on the wire).
+    let last = run
+        .result
+        .metadata
+        .get("last_tick")
+        .and_then(Value::as_u64)
+        .unwrap();
+    assert!(
+        last as usize + 1 == ticks.len() || last as usize + 2 == ticks.len(),
+        "last_tick {last} with {} ticks",
+        ticks.len()
+    );
+    run.assert_no_survivor();
+}
+
 /// Forks children that keep the pipes open (same process group).
 async fn forked_children(launch: Launch) {
     let run = deadline_stops(
@@ -1528,6 +1560,7 @@ both!(
     crash_with_a_write_in_flight,
     endless_flood_is_stopped,
     ignores_abort,
+    emits_racing_the_deadline,
     spins,
     sleeps,
     forked_children,
