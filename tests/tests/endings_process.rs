@@ -511,6 +511,63 @@ async fn deadline_with_grace(launch: Launch) {
     run.assert_no_survivor();
 }
 
+/// A grace not below the limit: the turn drains from its first instant,
+/// no call is ever taken (ADR 0007), the plugin is told at once, and its
+/// outcome is honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grace_not_below_the_limit_takes_no_call() {
+    let run = run_turn(
+        TurnSpec::new(
+            Launch::Direct,
+            json!([
+                {"op": "call", "tool": "files.list", "arguments": {}},
+                ledger_call()
+            ]),
+        )
+        .timeout(3000)
+        .grace(3000),
+    )
+    .await;
+    assert_eq!(
+        run.result.status,
+        ExecutionStatus::Succeeded,
+        "{:?}",
+        run.result
+    );
+    let output = run.result.output.clone().unwrap();
+    assert_eq!(output["draining"], true, "{output}");
+    for r in output["results"].as_array().unwrap() {
+        assert_eq!(r["result"]["status"], "denied", "{r}");
+        assert_eq!(r["result"]["error"]["code"], "turn_draining", "{r}");
+    }
+    assert!(
+        !run.audit
+            .iter()
+            .any(|r| r.kind == "authorization.checked" && r.tool.is_some()),
+        "a call was authorized during the drain"
+    );
+    run.assert_no_survivor();
+}
+
+/// A limit shorter than the launch itself: the turn is cancelled by its
+/// deadline wherever the launch is, and nothing is left running.
+async fn tiny_deadline_during_launch(launch: Launch) {
+    for ms in [1u64, 5, 20, 60] {
+        let run = run_turn(
+            TurnSpec::new(launch, json!([{"op": "emit_pid"}, {"op": "stall"}])).timeout(ms),
+        )
+        .await;
+        assert_cancelled(&run, true);
+        assert!(
+            run.elapsed < Duration::from_millis(ms) + MARGIN,
+            "{ms}: {:?}",
+            run.elapsed
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        run.assert_no_survivor();
+    }
+}
+
 /// A valid outcome during the drain is honoured; the plugin saw
 /// `turn/draining` on the wire (it reports it in its output).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1560,6 +1617,7 @@ both!(
     crash_with_a_write_in_flight,
     endless_flood_is_stopped,
     ignores_abort,
+    tiny_deadline_during_launch,
     emits_racing_the_deadline,
     spins,
     sleeps,
