@@ -337,6 +337,7 @@ pub struct TurnRun {
     /// The pids the plugin reported itself (`pid` and `forked` events).
     pub reported_pids: Vec<u32>,
     pub marker: String,
+    pub launch: Launch,
     pub audit: Vec<AuditRecord>,
     pub audit_path: PathBuf,
     pub files_root: PathBuf,
@@ -388,11 +389,24 @@ impl TurnRun {
                 json!({"level": "none", "reason": "launched without a sandbox"}),
                 "provenance: {rt}"
             ),
-            Launch::Sandbox | Launch::SandboxBelowMinimum => assert_eq!(
-                rt["sandbox"]["level"], "strong",
-                "sandbox report: {}",
-                rt["sandbox"]
-            ),
+            Launch::Sandbox | Launch::SandboxBelowMinimum => {
+                let report = &rt["sandbox"];
+                assert_eq!(report["level"], "strong", "sandbox report: {report}");
+                assert_eq!(report["missing"], json!([]), "sandbox report: {report}");
+                for layer in ["lifeline", "pidns", "mountns", "netns", "userns", "root"] {
+                    assert_eq!(
+                        report[layer]["state"], "applied",
+                        "{layer} in the sandbox report: {report}"
+                    );
+                }
+                assert_eq!(report["self_check"]["cap_eff"], 0, "{report}");
+                assert_eq!(report["self_check"]["no_new_privs"], true, "{report}");
+                let env = report["env_keys"].as_array().cloned().unwrap_or_default();
+                assert!(
+                    env.contains(&json!(MARKER_ENV)) && env.contains(&json!("SHAREDOS_PLUGIN")),
+                    "env keys in the sandbox report: {env:?}"
+                );
+            }
         }
     }
     /// Re-reads the audit trail until `pred` holds for some record or
@@ -430,6 +444,16 @@ impl TurnRun {
             survivors.is_empty(),
             "processes of the turn survived: {survivors:?} (seen {pids:?})"
         );
+        if self.launch == Launch::Direct {
+            // The plugin's own pids are host pids: each is gone too.
+            let until = Instant::now() + Duration::from_secs(10);
+            let mut alive: Vec<u32> = self.reported_pids.clone();
+            while !alive.is_empty() && Instant::now() < until {
+                alive.retain(|p| is_alive(*p));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(alive.is_empty(), "reported pids still alive: {alive:?}");
+        }
     }
 }
 
@@ -565,10 +589,17 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         if e.kind.as_str() == "runtime.event" {
             // The plugin said something about its processes: look at /proc
             // while they still run.
+            // Two scans a moment apart: one listing of /proc on a loaded
+            // machine has been seen to miss a process.
             let mut s = seen2.lock().unwrap();
-            for p in marked_pids(&marker2) {
-                if !s.contains(&p) {
-                    s.push(p);
+            for round in 0..2 {
+                if round > 0 {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                for p in marked_pids(&marker2) {
+                    if !s.contains(&p) {
+                        s.push(p);
+                    }
                 }
             }
             if cancel_on.is_some_and(|k| e.data["type"] == k) {
@@ -651,6 +682,7 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         seen_pids,
         reported_pids,
         marker,
+        launch: spec.launch,
         audit,
         audit_path,
         files_root,
