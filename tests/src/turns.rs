@@ -285,6 +285,8 @@ pub struct TurnSpec {
     pub slow_observer_ms: Option<u64>,
     /// Do not check the per-turn invariants (for tests of their breach).
     pub skip_invariants: bool,
+    /// Extra environment for the plugin.
+    pub env: Vec<(String, String)>,
 }
 
 impl TurnSpec {
@@ -309,6 +311,7 @@ impl TurnSpec {
             patch_request: None,
             slow_observer_ms: None,
             skip_invariants: false,
+            env: Vec::new(),
         }
     }
     pub fn tools(mut self, tools: &[&'static str]) -> Self {
@@ -577,6 +580,7 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
         ProcessRuntimeConfig::new(workspace_bin("sharedos-testplugin"), testplugin_manifest());
     pc.args = vec![spec.mode.to_owned()];
     pc.env = vec![(MARKER_ENV.to_owned(), marker.clone())];
+    pc.env.extend(spec.env.iter().cloned());
     let runtime = Arc::new(ProcessRuntime::new(pc, spec.launch.launcher()).expect("runtime"));
 
     let errors: Arc<Mutex<Vec<TurnError>>> = Arc::default();

@@ -568,6 +568,77 @@ async fn tiny_deadline_during_launch(launch: Launch) {
     }
 }
 
+/// Runs a turn whose plugin holds on reading and logs the signals it reads;
+/// returns `(method, ms since the turn began)` for each.
+async fn signals_on_the_wire(timeout_ms: u64, grace_ms: u64) -> Vec<(String, u64)> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("signals.log");
+    let mut spec = TurnSpec::new(Launch::Direct, json!([{"op": "hold"}]))
+        .timeout(timeout_ms)
+        .grace(grace_ms);
+    spec.env = vec![("SHAREDOS_TEST_SIGNAL_LOG".into(), log.display().to_string())];
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let run = run_turn(spec).await;
+    assert_cancelled(&run, true);
+    run.assert_no_survivor();
+    std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (m, t) = l.split_once(' ').unwrap();
+            (m.to_owned(), t.parse::<u64>().unwrap() - started_ms)
+        })
+        .collect()
+}
+
+/// On the wire: `turn/draining` reaches the plugin at `timeout − grace`;
+/// the hard stop at the limit kills it (a `turn/abort` it reads before the
+/// kill comes at the limit, never earlier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_sends_draining_on_the_wire_then_stops_at_the_limit() {
+    let signals = signals_on_the_wire(2500, 1500).await;
+    let methods: Vec<&str> = signals.iter().map(|(m, _)| m.as_str()).collect();
+    assert!(
+        methods == ["turn/draining"] || methods == ["turn/draining", "turn/abort"],
+        "{signals:?}"
+    );
+    assert!(
+        (1000..1000 + 3000).contains(&signals[0].1),
+        "turn/draining at {} ms",
+        signals[0].1
+    );
+    if let Some((_, abort_at)) = signals.get(1) {
+        assert!(
+            (2500..2500 + 3000).contains(abort_at),
+            "turn/abort at {abort_at} ms"
+        );
+    }
+}
+
+/// Reported (spec deviation, minor): protocol.md B.3.4 says that at the
+/// limit the host sends `turn/abort`, then kills the tree. The host queues
+/// `turn/abort` (`Peer::try_notify`) and the run future is dropped right
+/// after, whose `TreeGuard` SIGKILLs the tree at once: whether the
+/// message reaches the plugin's stdin first is a race (about half of the
+/// runs on the development VM). The kill is what bounds the turn, so the
+/// envelope is unaffected; a plugin cannot count on seeing the abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "spec deviation: turn/abort is not reliably written before the kill"]
+async fn turn_abort_always_reaches_the_plugin_before_the_kill() {
+    for i in 0..6 {
+        let signals = signals_on_the_wire(1200, 600).await;
+        let methods: Vec<&str> = signals.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(
+            methods,
+            ["turn/draining", "turn/abort"],
+            "run {i}: {signals:?}"
+        );
+    }
+}
+
 /// A valid outcome during the drain is honoured; the plugin saw
 /// `turn/draining` on the wire (it reports it in its output).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

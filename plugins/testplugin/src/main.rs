@@ -16,6 +16,10 @@
 //!
 //! `--sleeper [--setsid] [--double] [--pidfile PATH]` is the helper the
 //! `fork` step starts: it keeps the inherited stdio open and sleeps.
+//!
+//! With `SHAREDOS_TEST_SIGNAL_LOG=<path>` in its environment, it appends a
+//! line `<method> <unix ms>` to that file for every `turn/draining` and
+//! `turn/abort` it reads, so a test can see the host's signals on the wire.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Stdin, Stdout, Write};
@@ -75,6 +79,11 @@ impl Plugin {
                 eprintln!("testplugin: host sent a non-JSON line");
                 continue;
             };
+            if let Some(m @ ("turn/abort" | "turn/draining")) =
+                msg.get("method").and_then(Value::as_str)
+            {
+                log_signal(m);
+            }
             match msg.get("method").and_then(Value::as_str) {
                 Some("turn/abort") if !self.ignore_abort => {
                     eprintln!("testplugin: aborted, exiting");
@@ -117,6 +126,20 @@ impl Plugin {
         let run_id = self.run_id.clone();
         self.send(&json!({"jsonrpc":"2.0","id":run_id,"result":result}));
         self.outcome_sent = true;
+    }
+}
+
+/// Appends `<method> <unix ms>` to `$SHAREDOS_TEST_SIGNAL_LOG`, if set.
+fn log_signal(method: &str) {
+    let Some(path) = std::env::var_os("SHAREDOS_TEST_SIGNAL_LOG") else {
+        return;
+    };
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{method} {ms}");
     }
 }
 
@@ -284,6 +307,11 @@ fn step(p: &mut Plugin, s: &Value) {
                 },
                 Ok(_) => {
                     let msg = serde_json::from_str::<Value>(&line).unwrap_or(Value::Null);
+                    if let Some(m @ ("turn/abort" | "turn/draining")) =
+                        msg.get("method").and_then(Value::as_str)
+                    {
+                        log_signal(m);
+                    }
                     match msg.get("method").and_then(Value::as_str) {
                         Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
                         Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
