@@ -222,6 +222,28 @@ async fn plugin_fail_after_idempotent_write_keeps_retryable() {
     run.assert_no_survivor();
 }
 
+/// The lowering only ever lowers: `false` and an absent `retryable` stay as
+/// the plugin said, even with no effect behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_fail_retryable_false_or_absent_is_kept() {
+    for (error, expected) in [
+        (
+            json!({"code": "harness_failed", "message": "m", "retryable": false}),
+            Some(false),
+        ),
+        (json!({"code": "harness_failed", "message": "m"}), None),
+    ] {
+        let run = run_turn(TurnSpec::new(
+            Launch::Direct,
+            json!([{"op": "outcome", "value": {"type": "fail", "error": error}}]),
+        ))
+        .await;
+        assert_eq!(run.code(), Some("harness_failed"));
+        assert_eq!(run.retryable(), expected, "{error}");
+        run.assert_no_survivor();
+    }
+}
+
 // ---------------------------------------------------------------- escalation
 
 async fn escalated_when_offered(launch: Launch) {
