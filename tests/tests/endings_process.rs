@@ -282,12 +282,21 @@ async fn escalated_when_offered(launch: Launch) {
     assert_eq!(run.result.metadata.get("m"), Some(&json!(1)));
     assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
     run.assert_provenance(launch);
-    assert!(
-        run.audit
-            .iter()
-            .any(|r| r.kind == "escalation.requested" && outcome_str(r) == "escalated"),
-        "no escalation.requested record"
+    let rec = run
+        .audit
+        .iter()
+        .find(|r| r.kind == "escalation.requested")
+        .expect("an escalation.requested record");
+    assert_eq!(outcome_str(rec), "escalated");
+    assert_eq!(rec.reason.as_deref(), Some("escalation_requested"));
+    let md = serde_json::to_value(rec.metadata.as_ref().unwrap()).unwrap();
+    assert_eq!(md["detail"], "needs delete rights", "{md}");
+    assert_eq!(
+        md["reviewer"],
+        json!({"kind": "human", "userId": "operator"})
     );
+    assert_eq!(md["reviewerAssumed"], true);
+    assert_eq!(md["resolution"], "pending");
     assert_turn_ended(&run, "escalated", None, None);
     run.assert_no_survivor();
 }
