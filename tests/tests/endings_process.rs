@@ -1741,6 +1741,11 @@ async fn outcome_with_an_unknown_type_or_extra_key_is_invalid() {
         json!({"type": "win", "output": 1}),
         json!({"type": "complete", "output": 1, "extra": true}),
         json!({"type": "fail", "error": {"code": "x"}}),
+        json!({"type": "fail", "error": {"code": "x", "message": "m", "retryable": "yes"}}),
+        json!({"type": "escalate", "reason": ""}),
+        json!({"type": "escalate"}),
+        json!(null),
+        json!("complete"),
     ] {
         let run = run_turn(TurnSpec::new(
             Launch::Direct,
