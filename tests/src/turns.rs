@@ -100,6 +100,9 @@ impl Launch {
 pub struct FaultySink {
     inner: JsonlAuditSink,
     broken: Arc<std::sync::atomic::AtomicBool>,
+    /// While non-zero, each call's `authorization.checked` takes this many
+    /// milliseconds to become durable (a slow disk).
+    decision_delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[async_trait]
@@ -111,6 +114,12 @@ impl AuditSink for FaultySink {
         );
         if decision && self.broken.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(AuditError::Sink("disk on fire (test fault)".into()));
+        }
+        let delay = self
+            .decision_delay_ms
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if delay > 0 && record.kind == "authorization.checked" && record.tool.is_some() {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         self.inner.append(record).await
     }
@@ -287,6 +296,9 @@ pub struct TurnSpec {
     pub skip_invariants: bool,
     /// Extra environment for the plugin.
     pub env: Vec<(String, String)>,
+    /// When the plugin emits an event of this type, each call's decision
+    /// write starts taking the given time.
+    pub slow_decisions_on_event: Option<(&'static str, u64)>,
 }
 
 impl TurnSpec {
@@ -312,6 +324,7 @@ impl TurnSpec {
             slow_observer_ms: None,
             skip_invariants: false,
             env: Vec::new(),
+            slow_decisions_on_event: None,
         }
     }
     pub fn tools(mut self, tools: &[&'static str]) -> Self {
@@ -563,9 +576,11 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     std::fs::create_dir_all(&files_root).expect("files root");
     let audit_path = dir.path().join("audit.jsonl");
     let broken: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+    let delay: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let audit = FaultySink {
         inner: JsonlAuditSink::open(&audit_path).expect("audit sink"),
         broken: broken.clone(),
+        decision_delay_ms: delay.clone(),
     };
     let kernel = Kernel::builder_from_config(&kernel_config(), &files_root, Arc::new(audit))
         .expect("kernel builder")
@@ -597,6 +612,7 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     let cancel = CancellationToken::new();
     let streamed: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let slow_decisions = spec.slow_decisions_on_event;
     let (s2, seen2, marker2, cancel2, cancel_on, fault_on, slow) = (
         streamed.clone(),
         seen.clone(),
@@ -634,6 +650,11 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
             }
             if fault_on.is_some_and(|k| e.data["type"] == k) {
                 broken.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            if let Some((k, ms)) = slow_decisions
+                && e.data["type"] == k
+            {
+                delay.store(ms, std::sync::atomic::Ordering::SeqCst);
             }
         }
     });

@@ -1020,6 +1020,50 @@ async fn context_mismatch_denied_starts_nothing() {
     .await;
 }
 
+// ------------------------------------------------ a decision that outlives the turn
+
+/// The deadline fires while a call's decision record is still being made
+/// durable (a slow disk): the turn ends at its limit, and when the
+/// decision lands afterwards the handler is never called (C.1 step 13:
+/// "never called if already aborted"), so the file is never written.
+async fn decision_outliving_the_deadline_runs_nothing(launch: Launch) {
+    let mut spec = TurnSpec::new(
+        launch,
+        json!([
+            {"op": "emit", "type": "slow_disk", "data": null},
+            {"op": "call", "tool": "files.write", "arguments": {"path": "late.txt", "content": "x"}},
+            {"op": "stall"}
+        ]),
+    )
+    .timeout(1500);
+    spec.slow_decisions_on_event = Some(("slow_disk", 2500));
+    let mut run = run_turn(spec).await;
+    // files.write is idempotent: it never makes a retry unsafe.
+    assert_cancelled(&run, true);
+    assert_ended_by_deadline(&run, 1500);
+    // Let the decision land and the kernel finish whatever it does next.
+    let landed = run.wait_audit(Duration::from_secs(6), |r| {
+        r.kind == "authorization.checked" && r.tool.as_deref() == Some("files.write")
+    });
+    assert!(landed, "the slow decision never landed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    run.reload();
+    assert!(
+        !run.files_root.join("endings/alice/late.txt").exists(),
+        "the handler ran after the turn was aborted"
+    );
+    let invoked: Vec<_> = run
+        .audit
+        .iter()
+        .filter(|r| r.kind == "tool.invoked" && r.tool.as_deref() == Some("files.write"))
+        .collect();
+    assert!(
+        invoked.is_empty() || outcome_str(invoked[0]) != "succeeded",
+        "a write recorded succeeded after the abort: {invoked:?}"
+    );
+    run.assert_no_survivor();
+}
+
 // --------------------------------------------------------------- audit outage
 
 fn break_audit() -> Value {
@@ -1817,6 +1861,7 @@ both!(
     deadline_with_grace,
     crash_during_drain_is_cancelled,
     audit_outage,
+    decision_outliving_the_deadline_runs_nothing,
     crash_with_a_write_in_flight,
     endless_flood_is_stopped,
     ignores_abort,
