@@ -4,6 +4,8 @@
 
 /// The sandbox suites' bait, turn runner and host-side checks.
 pub mod bait;
+/// Turns through the whole host, and the invariants every turn keeps.
+pub mod turns;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -16,6 +16,10 @@
 //!
 //! `--sleeper [--setsid] [--double] [--pidfile PATH]` is the helper the
 //! `fork` step starts: it keeps the inherited stdio open and sleeps.
+//!
+//! With `SHAREDOS_TEST_SIGNAL_LOG=<path>` in its environment, it appends a
+//! line `<method> <unix ms>` to that file for every `turn/draining` and
+//! `turn/abort` it reads, so a test can see the host's signals on the wire.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Stdin, Stdout, Write};
@@ -75,6 +79,11 @@ impl Plugin {
                 eprintln!("testplugin: host sent a non-JSON line");
                 continue;
             };
+            if let Some(m @ ("turn/abort" | "turn/draining")) =
+                msg.get("method").and_then(Value::as_str)
+            {
+                log_signal(m);
+            }
             match msg.get("method").and_then(Value::as_str) {
                 Some("turn/abort") if !self.ignore_abort => {
                     eprintln!("testplugin: aborted, exiting");
@@ -117,6 +126,20 @@ impl Plugin {
         let run_id = self.run_id.clone();
         self.send(&json!({"jsonrpc":"2.0","id":run_id,"result":result}));
         self.outcome_sent = true;
+    }
+}
+
+/// Appends `<method> <unix ms>` to `$SHAREDOS_TEST_SIGNAL_LOG`, if set.
+fn log_signal(method: &str) {
+    let Some(path) = std::env::var_os("SHAREDOS_TEST_SIGNAL_LOG") else {
+        return;
+    };
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{method} {ms}");
     }
 }
 
@@ -192,14 +215,23 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// - `emit {type, data}`, `annotate {key, value}`: notifications
 /// - `call {tool, arguments, step?}`: a tool call; its answer goes into results
 /// - `call_nowait {tool, arguments, step?}`: sends the call, never reads the answer
+/// - `send_call {tool, arguments}`: a tool call whose answer it does not
+///   wait for (later reads skip it)
 /// - `burst_calls {n, tool}`: n calls without waiting, then all n answers
 /// - `flood {n}`: n emits as fast as the pipe takes them
 /// - `sleep {ms}`, `stall` (sleep forever), `spin {ms?}` (busy loop; forever without ms)
 /// - `ignore_abort`: from now on `turn/abort` does not make it exit
+/// - `hold`: keeps reading (and ignoring) host messages; at stdin EOF it
+///   does not exit but sleeps forever (with `ignore_abort`: a plugin that
+///   ignores both `turn/abort` and EOF)
 /// - `emit_pid`: emits `{type:"pid", data:{pid}}`
 /// - `fork {n, setsid?, double?, pidfile?}`: starts n sleepers that keep the
 ///   pipes open and emits `{type:"forked", data:{pids}}`
 /// - `crash` (abort), `exit {code}`, `close_stdout` (then sleeps)
+/// - `raw_unterminated {line}`: writes `line` without the `\n`
+/// - `outcome_unterminated {value}`: answers `turn/run` without the `\n`
+/// - `stderr_flood {bytes}`: writes that many bytes to stderr (lines of
+///   1 KiB), as fast as the pipe takes them
 /// - `raw {line}`, `invalid_utf8`, `long_line {bytes}`, `batch`,
 ///   `bogus_response` (an answer to id 999 never sent)
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
@@ -232,6 +264,10 @@ fn step(p: &mut Plugin, s: &Value) {
                 s["arguments"].clone(),
                 step,
             );
+        }
+        "send_call" => {
+            let tool = s["tool"].as_str().unwrap_or("missing").to_owned();
+            p.request_call(&tool, s["arguments"].clone(), None);
         }
         "burst_calls" => {
             let n = num(s, "n", 16);
@@ -272,6 +308,28 @@ fn step(p: &mut Plugin, s: &Value) {
             }
         }
         "ignore_abort" => p.ignore_abort = true,
+        "hold" => loop {
+            let mut line = String::new();
+            match p.input.read_line(&mut line) {
+                Ok(0) | Err(_) => loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                },
+                Ok(_) => {
+                    let msg = serde_json::from_str::<Value>(&line).unwrap_or(Value::Null);
+                    if let Some(m @ ("turn/abort" | "turn/draining")) =
+                        msg.get("method").and_then(Value::as_str)
+                    {
+                        log_signal(m);
+                    }
+                    match msg.get("method").and_then(Value::as_str) {
+                        Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
+                        Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
+                        Some("turn/draining") => p.draining = true,
+                        _ => {}
+                    }
+                }
+            }
+        },
         "emit_pid" => {
             let params = json!({"turnId": p.turn_id, "event": {"type": "pid", "data": {"pid": std::process::id()}}});
             p.notify("host/emit", params);
@@ -313,6 +371,26 @@ fn step(p: &mut Plugin, s: &Value) {
         "raw" => {
             let line = format!("{}\n", s["line"].as_str().unwrap_or_default());
             p.write_raw(line.as_bytes());
+        }
+        "raw_unterminated" => {
+            let line = s["line"].as_str().unwrap_or_default().to_owned();
+            p.write_raw(line.as_bytes());
+        }
+        "outcome_unterminated" => {
+            let run_id = p.run_id.clone();
+            let line = json!({"jsonrpc":"2.0","id":run_id,"result":s["value"]}).to_string();
+            p.write_raw(line.as_bytes());
+            p.outcome_sent = true;
+        }
+        "stderr_flood" => {
+            let mut line = vec![b'e'; 1023];
+            line.push(b'\n');
+            let mut err = std::io::stderr().lock();
+            for _ in 0..num(s, "bytes", 16 << 20) / 1024 {
+                if err.write_all(&line).is_err() {
+                    break;
+                }
+            }
         }
         "invalid_utf8" => {
             p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n")
