@@ -61,5 +61,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let kernel_config: KernelConfig = toml::from_str(&std::fs::read_to_string(config)?)?;
     let request: ExecutionRequest = serde_json::from_str(&std::fs::read_to_string(request)?)?;
-    tokio::runtime::Runtime::new()?.block_on(run_one_turn(kernel_config, request))
+    let outcome = tokio::runtime::Runtime::new()?.block_on(run_one_turn(kernel_config, request));
+    // Plugin trees killed at an abort go a moment later (so `turn/abort`
+    // reaches them first); a host waits for that before it exits.
+    sharedos_host::process::settle_kills();
+    outcome
 }

@@ -142,6 +142,9 @@ fn main() -> ExitCode {
             Command::Sandbox { .. } => 2,
         }
     });
+    // No plugin tree outlives its host: wait for kills deferred so that a
+    // `turn/abort` could reach the plugin first.
+    sharedos_host::process::settle_kills();
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 

@@ -13,6 +13,34 @@ use sharedos_sandbox::{SandboxError, SandboxPolicy, SandboxedChild, SpawnSpec};
 
 use crate::process::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 
+/// Per-turn workspaces are named `sharedos-ws-<host pid>-<random>`, so a
+/// host can tell the workspaces a dead host left behind.
+const WORKSPACE_PREFIX: &str = "sharedos-ws-";
+
+/// Removes, once per process, the workspaces of hosts that are gone (a
+/// host killed with SIGKILL cannot remove its own). A workspace of a live
+/// host, or one whose name carries no pid, is left alone.
+fn sweep_stale_workspaces() {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(WORKSPACE_PREFIX)) else { continue };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            // Not a symlink: remove only directories this host kind made.
+            if entry.file_type().is_ok_and(|t| t.is_dir())
+                && let Err(e) = std::fs::remove_dir_all(entry.path())
+            {
+                tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a dead host's workspace");
+            }
+        }
+    });
+}
+
 /// Launches plugins inside the sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxLauncher {
@@ -60,8 +88,9 @@ impl ProcessTree for SandboxTree {
 impl Launcher for SandboxLauncher {
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let program = spec.program.clone();
+        sweep_stale_workspaces();
         let workspace = tempfile::Builder::new()
-            .prefix("sharedos-ws-")
+            .prefix(&format!("{WORKSPACE_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(|source| LaunchError::Spawn {
                 program: program.clone(),

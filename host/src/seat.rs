@@ -10,14 +10,13 @@ use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
 use crate::registry::{RegistryError, RuntimeRegistry};
 
 impl SeatReports for ProcessRuntime {
-    /// The sandbox report of the turn; a plugin launched without a sandbox
-    /// says so explicitly rather than carrying no report.
+    /// The launcher's report of the turn: the sandbox report, the refusal's
+    /// report, or the direct launcher's explicit `level: none`. A turn that
+    /// ended before any launch was tried says that instead.
     fn take_sandbox_report(&self, execution_id: &str) -> Option<serde_json::Value> {
-        Some(
-            ProcessRuntime::take_sandbox_report(self, execution_id).unwrap_or_else(
-                || serde_json::json!({"level": "none", "reason": "launched without a sandbox"}),
-            ),
-        )
+        Some(ProcessRuntime::take_sandbox_report(self, execution_id).unwrap_or_else(|| {
+            serde_json::json!({"level": "none", "reason": "the turn ended before a plugin process was running"})
+        }))
     }
 }
 

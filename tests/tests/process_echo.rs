@@ -89,9 +89,11 @@ fn echo_passes_the_manifest_check_and_handles_an_empty_turn() {
             .await
             .unwrap();
         assert_eq!(out, RuntimeTurnOutcome::complete(json!({"results": []})));
-        assert!(
-            rt.take_sandbox_report("exec-echo").is_none(),
-            "a direct launch has no sandbox report"
+        assert_eq!(
+            rt.take_sandbox_report("exec-echo")
+                .map(|r| r["level"].clone()),
+            Some(json!("none")),
+            "a direct launch says it has no sandbox"
         );
         assert!(live_children().is_empty());
     })

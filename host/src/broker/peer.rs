@@ -311,8 +311,13 @@ pub struct Peer {
 }
 
 impl Drop for Peer {
+    /// Stops the reader at once. The writer is left to write what is
+    /// already queued (a `turn/abort` queued just before the end, above
+    /// all): it ends when the queue is empty and every sender is gone, when
+    /// the plugin's stdin closes (the tree is killed), or at the write
+    /// stall timeout.
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in self.tasks.iter().skip(1) {
             t.abort();
         }
     }

@@ -191,6 +191,7 @@ impl Executor {
                 false,
             );
             self.record_end(&turn, &result, None).await;
+            turn.flush_delivery().await;
             return Ok(result);
         }
 
@@ -219,6 +220,7 @@ impl Executor {
                 false,
             );
             self.record_end(&turn, &result, None).await;
+            turn.flush_delivery().await;
             return Ok(result);
         }
 
@@ -246,6 +248,7 @@ impl Executor {
             with_annotations,
         );
         self.record_end(&turn, &result, ended_by).await;
+        turn.flush_delivery().await;
         Ok(result)
     }
 

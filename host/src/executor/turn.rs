@@ -145,6 +145,9 @@ pub(crate) struct EventLog {
     events: Vec<ExecutionEvent>,
     charged_events: usize,
     charged_bytes: usize,
+    /// Set when the envelope wrote the turn's ending: nothing the seat
+    /// causes is written after it.
+    sealed: bool,
 }
 
 /// The annotation store: insertion order, last write wins, bounded in keys
@@ -206,6 +209,15 @@ pub(crate) struct Turn {
     hard_timer: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+/// The envelope's terminal events: the last of a turn.
+const TERMINAL_EVENTS: &[&str] = &[
+    "turn.completed",
+    "turn.failed",
+    "turn.cancelled",
+    "turn.escalated",
+    "turn.denied",
+];
+
 /// The per-turn call counters of B.2 steps 6–8.
 #[derive(Debug, Default)]
 pub(crate) struct CallBudget {
@@ -249,6 +261,7 @@ impl Turn {
                 events: Vec::new(),
                 charged_events: 0,
                 charged_bytes: 0,
+                sealed: false,
             }),
             delivered: Mutex::new(0),
             delivered_count: std::sync::atomic::AtomicUsize::new(0),
@@ -305,6 +318,11 @@ impl Turn {
     pub fn push_event(&self, kind: &str, data: Value) {
         {
             let mut log = lock(&self.events);
+            if TERMINAL_EVENTS.contains(&kind) {
+                // The ending is the last event: a call still in mediation
+                // or with the kernel writes nothing after it.
+                log.sealed = true;
+            }
             log.charged_events += 1;
             log.charged_bytes = log.charged_bytes.saturating_add(json_len(&data));
             self.append(&mut log, kind, data);
@@ -317,6 +335,9 @@ impl Turn {
     pub fn push_prepaid(&self, kind: &str, data: Value) {
         {
             let mut log = lock(&self.events);
+            if log.sealed {
+                return;
+            }
             self.append(&mut log, kind, data);
         }
         self.deliver();
@@ -337,6 +358,9 @@ impl Turn {
         let bytes = json_len(&data);
         {
             let mut log = lock(&self.events);
+            if log.sealed {
+                return false;
+            }
             let events = log
                 .charged_events
                 .saturating_add(1 + prepaid_events + RESERVED_EVENTS);
@@ -402,6 +426,22 @@ impl Turn {
             if self.delivered_count.load(Ordering::SeqCst) >= lock(&self.events).events.len() {
                 return;
             }
+        }
+    }
+
+    /// Waits until the observer has seen every event, whichever thread is
+    /// delivering them, so `execute` never returns before its observer saw
+    /// the ending.
+    pub async fn flush_delivery(&self) {
+        if self.on_event.is_none() {
+            return;
+        }
+        loop {
+            self.deliver();
+            if self.delivered_count.load(Ordering::SeqCst) >= lock(&self.events).events.len() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 

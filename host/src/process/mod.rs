@@ -197,8 +197,14 @@ impl TreeGuard {
         }
     }
 
-    async fn finish(self) {
+    async fn finish(self, aborted: bool) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if aborted {
+            if let Some(tree) = taken {
+                kill_after_flush(tree);
+            }
+            return;
+        }
         if let Some(mut tree) = taken {
             tree.start_kill();
             let reaped = tokio::task::spawn_blocking(move || tree.kill_tree()).await;
@@ -210,14 +216,60 @@ impl TreeGuard {
 }
 
 impl Drop for TreeGuard {
+    /// Dropped with the `run` future: the turn was abandoned at its abort.
+    /// The kill follows after `ABORT_FLUSH`, off the async threads, so the
+    /// `turn/abort` queued at the abort reaches the plugin first
+    /// (protocol.md B.3.4); the result never waits for it.
     fn drop(&mut self) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(mut tree) = taken {
-            tree.start_kill();
-            std::thread::spawn(move || {
-                let _ = tree.kill_tree();
-            });
+        if let Some(tree) = taken {
+            kill_after_flush(tree);
         }
+    }
+}
+
+/// How long the writer gets to put a queued `turn/abort` on the wire
+/// before the tree is killed.
+const ABORT_FLUSH: Duration = Duration::from_millis(25);
+
+/// Deferred kills still running; [`settle_kills`] waits for them.
+static PENDING_KILLS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+fn kill_after_flush(tree: Box<dyn ProcessTree>) {
+    let slot = Arc::new(Mutex::new(Some(tree)));
+    let deferred = slot.clone();
+    let spawned = std::thread::Builder::new()
+        .name("sharedos-kill".into())
+        .spawn(move || {
+            std::thread::sleep(ABORT_FLUSH);
+            if let Some(mut tree) = deferred.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                tree.start_kill();
+                let _ = tree.kill_tree();
+            }
+        });
+    let mut pending = PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner());
+    pending.retain(|h| !h.is_finished());
+    match spawned {
+        Ok(handle) => pending.push(handle),
+        Err(e) => {
+            // No thread to wait on: kill at once rather than not at all.
+            tracing::warn!("no thread for the deferred kill ({e}); killing at once");
+            if let Some(mut tree) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                tree.start_kill();
+                let _ = tree.kill_tree();
+            }
+        }
+    }
+}
+
+/// Waits until every plugin tree whose kill was deferred (to let a
+/// `turn/abort` reach it) is killed and reaped. A host process calls it
+/// before it exits, so no tree outlives its host; it takes at most
+/// `ABORT_FLUSH` plus the reaping.
+pub fn settle_kills() {
+    let pending = std::mem::take(&mut *PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner()));
+    for handle in pending {
+        let _ = handle.join();
     }
 }
 
@@ -299,6 +351,7 @@ impl RuntimePlugin for ProcessRuntime {
             self.keep_report(&execution_id, report);
         }
 
+        let abort_seen = abort.clone();
         let outcome = async {
             let stdin = sender(stdin).map_err(|e| self.load_error(format!("stdin is not a pipe: {e}")))?;
             let stdout = receiver(stdout).map_err(|e| self.load_error(format!("stdout is not a pipe: {e}")))?;
@@ -334,7 +387,7 @@ impl RuntimePlugin for ProcessRuntime {
             drive_turn(&peer, run_id, &mut inbound, &turn_id, host, abort, guard.exited()).await
         }
         .await;
-        guard.finish().await;
+        guard.finish(abort_seen.is_raised()).await;
         if let Err(e) = &outcome {
             tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", truncate(&e.to_string(), 500));
         }
