@@ -46,6 +46,7 @@ mod request;
 pub mod rlimits;
 pub mod seccomp;
 mod spawn;
+pub mod timing;
 
 pub use bench::{BenchFigure, BenchReport, LayerCost, bench, bench_current_exe};
 pub use check::check;
@@ -57,3 +58,4 @@ pub use report::{
     SeccompReport, SelfCheck,
 };
 pub use spawn::{HELPER_SUBCOMMAND, KillHandle, SandboxedChild, SpawnSpec, spawn};
+pub use timing::StageTiming;

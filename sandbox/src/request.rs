@@ -39,6 +39,9 @@ pub(crate) struct HelperRequest {
     pub cgroup: CgroupReport,
     /// Environment keys the host dropped (reported as warnings).
     pub dropped_env: Vec<String>,
+    /// `CLOCK_MONOTONIC` ns when the host entered `spawn` (the origin of
+    /// the report's `timings_us`).
+    pub origin_ns: u64,
 }
 
 /// Host side: send the request and the two fds.

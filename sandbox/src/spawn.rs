@@ -35,6 +35,7 @@ use crate::policy::SandboxPolicy;
 use crate::report::{HelperMessage, SandboxReport};
 use crate::request::{self, HelperRequest};
 use crate::seccomp::{self, FilterMode};
+use crate::timing::HostClock;
 
 /// The subcommand the host binary dispatches to [`crate::helper_main`].
 pub const HELPER_SUBCOMMAND: &str = "__sandbox-exec";
@@ -170,8 +171,10 @@ fn check_paths(spec: &SpawnSpec) -> Result<(), SandboxError> {
 /// against `spec.policy.min_level` (below it, the tree is killed and
 /// [`SandboxError::BelowMinimum`] names each missing layer).
 pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
-    check_paths(spec)?;
     let policy = &spec.policy;
+    let mut clock = HostClock::new(policy.timings);
+    check_paths(spec)?;
+    clock.stamp("paths_checked");
     let (env, dropped_env): (Vec<_>, Vec<_>) = spec
         .env
         .iter()
@@ -185,6 +188,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
     } else {
         None
     };
+    clock.stamp("seccomp_compiled");
 
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -197,6 +201,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
 
     let mut cg = cgroup::create(&policy.cgroup);
     let cgroup_report = cg.report(policy.cgroup.enabled);
+    clock.stamp("cgroup_created");
     let req = HelperRequest {
         policy: policy.clone(),
         program: spec.program.clone(),
@@ -210,9 +215,10 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
         cgroup_paths: cg.paths.clone(),
         cgroup: cgroup_report,
         dropped_env: dropped_env.into_iter().map(|(k, _)| k).collect(),
+        origin_ns: clock.origin_ns,
     };
 
-    let result = launch(spec, &req);
+    let result = launch(spec, &req, &mut clock);
     match result {
         Ok((child, lifeline, stdin_w, stdout_r, stderr_r, report_r)) => {
             let mut sc = SandboxedChild {
@@ -234,7 +240,14 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
                 sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
             }
             match read_report(report_r, &mut sc) {
-                Ok(report) => {
+                Ok(mut report) => {
+                    clock.stamp("report_eof (plugin exec'd)");
+                    if policy.timings {
+                        let mut all = std::mem::take(&mut clock.stamps);
+                        all.append(&mut report.timings_us);
+                        all.sort_by_key(|t| t.us);
+                        report.timings_us = all;
+                    }
                     sc.report = report;
                     sc.report.require(policy.min_level)?;
                     Ok(sc)
@@ -252,27 +265,47 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
 
 type Launched = (Child, UnixStream, OwnedFd, OwnedFd, OwnedFd, OwnedFd);
 
-fn launch(spec: &SpawnSpec, req: &HelperRequest) -> Result<Launched, SandboxError> {
+fn launch(
+    spec: &SpawnSpec,
+    req: &HelperRequest,
+    clock: &mut HostClock,
+) -> Result<Launched, SandboxError> {
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
     let (report_r, report_w) = pipe()?;
     let (ctl_host, ctl_child) = UnixStream::pair().map_err(SandboxError::io("socketpair"))?;
     let helper = spec.helper_exe.clone();
-    let child = on_spawner_thread(move || {
-        Command::new(&helper)
+    clock.stamp("pipes_created");
+    let (child, on_thread, spawned) = on_spawner_thread(move || {
+        let on_thread = crate::timing::now_ns();
+        let child = Command::new(&helper)
             .arg(HELPER_SUBCOMMAND)
             .env_clear()
             .current_dir("/")
             .stdin(Stdio::from(OwnedFd::from(ctl_child)))
             .stdout(Stdio::from(stdout_w))
             .stderr(Stdio::from(stderr_w))
-            .spawn()
-    })
-    .map_err(|source| SandboxError::SpawnHelper {
+            .spawn();
+        (child, on_thread, crate::timing::now_ns())
+    });
+    let child = child.map_err(|source| SandboxError::SpawnHelper {
         helper: spec.helper_exe.clone(),
         source,
     })?;
+    if req.policy.timings {
+        clock.stamps.push(crate::timing::StageTiming {
+            stage: "spawner_thread_running".into(),
+            process: "host".into(),
+            us: on_thread.saturating_sub(clock.origin_ns) / 1000,
+        });
+        clock.stamps.push(crate::timing::StageTiming {
+            stage: "helper_spawned (its execve done)".into(),
+            process: "host".into(),
+            us: spawned.saturating_sub(clock.origin_ns) / 1000,
+        });
+    }
+    clock.stamp("back_from_spawner_thread");
     let sent = request::send(&ctl_host, req, stdin_r.as_fd(), report_w.as_fd());
     // Our copies must go now: the report pipe's EOF and the plugin's stdin
     // EOF depend on it.
@@ -284,6 +317,7 @@ fn launch(spec: &SpawnSpec, req: &HelperRequest) -> Result<Launched, SandboxErro
         let _ = child.wait();
         return Err(SandboxError::io("send the request to the helper")(e));
     }
+    clock.stamp("request_sent");
     Ok((child, ctl_host, stdin_w, stdout_r, stderr_r, report_r))
 }
 

@@ -32,6 +32,7 @@ use crate::report::{
 };
 use crate::request::{self, HelperRequest};
 use crate::seccomp;
+use crate::timing::{self, stamp};
 use crate::{caps, cgroup};
 
 /// The control socket arrives as fd 0.
@@ -99,6 +100,7 @@ pub(super) fn arm_parent_death_signal() {
 /// Entry point of `sharedos __sandbox-exec`. `args` (after the subcommand)
 /// are not used: everything arrives on the control socket at fd 0.
 pub fn helper_main(args: Vec<OsString>) -> ! {
+    let entered = timing::now_ns();
     if !args.is_empty() {
         eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
         std::process::exit(2);
@@ -133,6 +135,15 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
             std::process::exit(125);
         }
     };
+    if req.policy.timings {
+        timing::enable(
+            req.origin_ns,
+            &[
+                ("main_entered", entered),
+                ("request_received", timing::now_ns()),
+            ],
+        );
+    }
     let pipe = ReportPipe(report_w);
     match supervise(req, stdin_r, &pipe) {
         Ok(never) => match never {},
@@ -195,6 +206,7 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
             .iter()
             .map(|k| format!("environment variable {k} is not in the allowlist; dropped"))
             .collect(),
+        timings_us: Vec::new(),
     }
 }
 
@@ -241,6 +253,8 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     fds::close_all_except(&[ctl.as_raw_fd(), pipe.0.as_raw_fd()])
         .map_err(|e| fail("fds", format!("close inherited fds: {e}")))?;
 
+    stamp("helper", "setsid_fds_done");
+
     // Test-only: emulate a host whose seccomp profile refuses user namespaces.
     if let Some(f) = &req.emulation_filter {
         seccomp::install(f).map_err(|e| fail("emulate_no_userns", e))?;
@@ -251,6 +265,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     // 4. Join the plugin's cgroups before anything forks.
     if !req.cgroup_paths.is_empty() {
         cgroup::join(&req.cgroup_paths, &mut rep.cgroup);
+        stamp("helper", "cgroup_joined");
     }
 
     // 5. Leave uid 0. Root without capabilities still reads /etc/shadow and
@@ -277,12 +292,14 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
             .push("the plugin runs as host uid 0 (drop_uid is off)".into());
     }
 
+    stamp("helper", "uid_dropped");
     // 6. User namespace.
     if l.userns {
         rep.userns = match namespaces::enter_user(uid, gid) {
             Ok(()) => LayerStatus::Applied,
             Err(e) => LayerStatus::unavailable(format!("unshare(CLONE_NEWUSER): {e}")),
         };
+        stamp("helper", "userns_entered");
     }
     // 7. The other namespaces (need the user namespace unless still root).
     let mut wanted = Vec::new();
@@ -309,6 +326,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
         };
         *slot = st;
     }
+    stamp("helper", "other_namespaces_entered");
     if rep.mountns != LayerStatus::Applied && l.mountns {
         rep.root = LayerStatus::unavailable("no mount namespace");
     }
@@ -329,6 +347,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     }
     let pidns = rep.pidns == LayerStatus::Applied;
     if child == 0 {
+        stamp("pid1", "forked");
         drop(alive_w);
         drop(ctl);
         if pidns {
