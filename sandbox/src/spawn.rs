@@ -275,8 +275,17 @@ fn launch(
     let (stderr_r, stderr_w) = pipe()?;
     let (report_r, report_w) = pipe()?;
     let (ctl_host, ctl_child) = UnixStream::pair().map_err(SandboxError::io("socketpair"))?;
+    let body =
+        serde_json::to_vec(req).map_err(|e| SandboxError::io("encode the request")(e.into()))?;
+    // The request goes first: the helper reads it as soon as it starts.
+    let rest = request::send_start(&ctl_host, &body, stdin_r.as_fd(), report_w.as_fd())
+        .map_err(SandboxError::io("send the request to the helper"))?;
+    // Our copies must go now: the report pipe's EOF and the plugin's stdin
+    // EOF depend on it (the helper's copies are in flight on the socket).
+    drop(stdin_r);
+    drop(report_w);
+    clock.stamp("request_queued");
     let helper = spec.helper_exe.clone();
-    clock.stamp("pipes_created");
     let (child, on_thread, spawned) = on_spawner_thread(move || {
         let on_thread = crate::timing::now_ns();
         let child = Command::new(&helper)
@@ -306,18 +315,12 @@ fn launch(
         });
     }
     clock.stamp("back_from_spawner_thread");
-    let sent = request::send(&ctl_host, req, stdin_r.as_fd(), report_w.as_fd());
-    // Our copies must go now: the report pipe's EOF and the plugin's stdin
-    // EOF depend on it.
-    drop(stdin_r);
-    drop(report_w);
-    if let Err(e) = sent {
+    if let Err(e) = request::send_rest(&ctl_host, rest) {
         let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
         return Err(SandboxError::io("send the request to the helper")(e));
     }
-    clock.stamp("request_sent");
     Ok((child, ctl_host, stdin_w, stdout_r, stderr_r, report_r))
 }
 
