@@ -48,7 +48,7 @@ pub mod seccomp;
 mod spawn;
 pub mod timing;
 
-pub use bench::{BenchFigure, BenchReport, LayerCost, bench, bench_current_exe};
+pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_current_exe};
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;

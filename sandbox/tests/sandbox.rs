@@ -683,6 +683,33 @@ fn bench_measures_every_configuration() {
     assert_eq!(full.runs, 2);
     assert!(full.exec_min_us > 0);
     assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
+    // The full sandbox's spawn, stage by stage, host and helper side.
+    let has = |process: &str, prefix: &str| {
+        r.stages
+            .iter()
+            .any(|s| s.process == process && s.stage.starts_with(prefix))
+    };
+    assert!(has("host", "request_queued"), "{:?}", r.stages);
+    assert!(has("helper", "main_entered"));
+    assert!(has("pid1", "root_built"));
+    assert!(has("plugin", "seccomp_installed"));
+    assert!(has("host", "report_eof"));
+}
+
+#[test]
+fn timings_are_recorded_only_when_asked() {
+    let (report, _, _) = run(SandboxPolicy::default(), &["uid"]);
+    assert!(report.timings_us.is_empty());
+    let mut policy = SandboxPolicy::default();
+    policy.timings = true;
+    let (report, _, _) = run(policy, &["uid"]);
+    let t = &report.timings_us;
+    assert!(t.windows(2).all(|w| w[0].us <= w[1].us), "{t:?}");
+    let last = t.last().unwrap();
+    assert!(last.stage.starts_with("report_eof") && last.process == "host");
+    for p in ["host", "helper", "pid1", "plugin"] {
+        assert!(t.iter().any(|s| s.process == p), "{p}: {t:?}");
+    }
 }
 
 #[test]
