@@ -107,13 +107,11 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
     }
     // unshare(CLONE_NEWUSER) and a safe fork need a single-threaded
     // process: the host must dispatch here before it starts any runtime.
-    let threads = std::fs::read_to_string("/proc/self/status")
+    // procfs counts the threads in the link count of /proc/self/task (2 +
+    // threads): one statx instead of generating /proc/self/status.
+    let threads = std::fs::metadata("/proc/self/task")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        });
+        .map(|m| std::os::unix::fs::MetadataExt::nlink(&m).saturating_sub(2));
     if threads.is_some_and(|t| t != 1) {
         eprintln!(
             "sharedos __sandbox-exec: the helper must run single-threaded, found {} threads; \
@@ -151,6 +149,20 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
     }
 }
 
+/// `uname -r` (a syscall, not a procfs read).
+fn kernel_release() -> String {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: uname NUL-terminates `release`, which lives in `u`.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 fn skeleton(req: &HelperRequest) -> SandboxReport {
     let off = |on: bool| {
         if on {
@@ -163,9 +175,7 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
     SandboxReport {
         level: SandboxLevel::Minimal,
         missing: Vec::new(),
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        kernel: kernel_release(),
         host_uid: 0,
         uid_drop: off(l.drop_uid),
         userns: off(l.userns),
