@@ -194,6 +194,23 @@ fn env_holds_only_the_allowlist() {
     }
 }
 
+#[test]
+fn a_request_larger_than_the_socket_buffer_still_arrives() {
+    // The request is queued before the helper starts, as far as the socket
+    // buffer takes it; the rest follows once the helper runs.
+    let ws = workspace();
+    let mut spec = spec(ws.path(), SandboxPolicy::default(), &["env".to_string()]);
+    let big = "x".repeat(100 << 10);
+    spec.env = (0..6)
+        .map(|i| (format!("SHAREDOS_BIG_{i}"), big.clone()))
+        .collect();
+    let mut child = spawn(&spec).unwrap();
+    let out = read_all(child.stdout.take().unwrap());
+    assert!(child.wait().unwrap().success());
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(ok(&v, "env").contains("SHAREDOS_BIG_5"), "{v}");
+}
+
 /// Read the probe's "started" line, so the daemon tree exists.
 fn wait_started(child: &mut sharedos_sandbox::SandboxedChild) -> BufReader<std::fs::File> {
     let mut r = BufReader::new(std::fs::File::from(child.stdout.take().unwrap()));
