@@ -36,6 +36,7 @@ pub mod cgroup;
 pub mod check;
 mod error;
 pub mod fds;
+mod forkserver;
 mod helper;
 pub mod landlock;
 pub mod mounts;

@@ -46,6 +46,10 @@ pub struct SandboxPolicy {
     /// Record per-stage timestamps of the spawn (host and helper side) in
     /// the report's `timings_us`, for operators and the benchmark.
     pub timings: bool,
+    /// Fork each helper from a fork server (one per helper binary, started
+    /// with the first spawn) instead of executing the helper binary per
+    /// spawn. Every layer is still built anew for each spawn.
+    pub fork_server: bool,
 }
 
 impl Default for SandboxPolicy {
@@ -76,6 +80,7 @@ impl Default for SandboxPolicy {
             .to_vec(),
             emulate_no_userns: false,
             timings: false,
+            fork_server: true,
         }
     }
 }

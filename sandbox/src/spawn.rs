@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::SandboxError;
 use crate::cgroup::{self, PluginCgroup};
+use crate::forkserver::{self, ForkError};
 use crate::policy::SandboxPolicy;
 use crate::report::{HelperMessage, SandboxReport};
 use crate::request::{self, HelperRequest};
@@ -80,16 +81,26 @@ pub struct SandboxedChild {
     /// Pid of the helper (the supervisor); the plugin's tree dies with it.
     pub pid: i32,
     pidfd: Option<OwnedFd>,
-    child: Child,
+    helper: HelperProc,
     lifeline: Option<UnixStream>,
     cgroup: PluginCgroup,
     status: Option<ExitStatus>,
 }
 
+/// How the helper was started.
+#[derive(Debug)]
+enum HelperProc {
+    /// Executed by the host: its child, waited for with `waitpid`.
+    Exec(Child),
+    /// Forked by the fork server: watched through its pidfd, exit status
+    /// read from the control socket.
+    Forked,
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Run `f` on the long-lived spawner thread.
-fn on_spawner_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) fn on_spawner_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
     let tx = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Job>();
@@ -220,25 +231,28 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
 
     let result = launch(spec, &req, &mut clock);
     match result {
-        Ok((child, lifeline, stdin_w, stdout_r, stderr_r, report_r)) => {
+        Ok(l) => {
             let mut sc = SandboxedChild {
-                stdin: Some(stdin_w),
-                stdout: Some(stdout_r),
-                stderr: Some(stderr_r),
+                stdin: Some(l.stdin_w),
+                stdout: Some(l.stdout_r),
+                stderr: Some(l.stderr_r),
                 report: SandboxReport::default(),
-                pid: child.id() as i32,
-                pidfd: None,
-                child,
-                lifeline: Some(lifeline),
+                pid: l.pid,
+                pidfd: l.pidfd,
+                helper: l.helper,
+                lifeline: Some(l.lifeline),
                 cgroup: cg,
                 status: None,
             };
-            // SAFETY: pidfd_open on our own child, not yet reaped.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
-            if fd >= 0 {
-                // SAFETY: `fd` was just returned by pidfd_open.
-                sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            if sc.pidfd.is_none() {
+                // SAFETY: pidfd_open on our own child, not yet reaped.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
+                if fd >= 0 {
+                    // SAFETY: `fd` was just returned by pidfd_open.
+                    sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+                }
             }
+            let report_r = l.report_r;
             match read_report(report_r, &mut sc) {
                 Ok(mut report) => {
                     clock.stamp("report_eof (plugin exec'd)");
@@ -263,7 +277,16 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
     }
 }
 
-type Launched = (Child, UnixStream, OwnedFd, OwnedFd, OwnedFd, OwnedFd);
+struct Launched {
+    helper: HelperProc,
+    pid: i32,
+    pidfd: Option<OwnedFd>,
+    lifeline: UnixStream,
+    stdin_w: OwnedFd,
+    stdout_r: OwnedFd,
+    stderr_r: OwnedFd,
+    report_r: OwnedFd,
+}
 
 fn launch(
     spec: &SpawnSpec,
@@ -285,6 +308,38 @@ fn launch(
     drop(stdin_r);
     drop(report_w);
     clock.stamp("request_queued");
+    if req.policy.fork_server {
+        let fds = [ctl_child.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
+        match forkserver::fork_helper(&spec.helper_exe, fds) {
+            Ok(f) => {
+                clock.stamp("helper forked by the fork server");
+                drop((ctl_child, stdout_w, stderr_w));
+                if let Err(e) = request::send_rest(&ctl_host, rest) {
+                    kill_helper(Some(&f.pidfd), f.pid);
+                    return Err(SandboxError::io("send the request to the helper")(e));
+                }
+                return Ok(Launched {
+                    helper: HelperProc::Forked,
+                    pid: f.pid,
+                    pidfd: Some(f.pidfd),
+                    lifeline: ctl_host,
+                    stdin_w,
+                    stdout_r,
+                    stderr_r,
+                    report_r,
+                });
+            }
+            Err(ForkError::Sent(source)) => {
+                return Err(SandboxError::SpawnHelper {
+                    helper: spec.helper_exe.clone(),
+                    source,
+                });
+            }
+            // No server (an old helper binary, or none could start):
+            // execute the helper directly.
+            Err(ForkError::NotSent) => {}
+        }
+    }
     let helper = spec.helper_exe.clone();
     let (child, on_thread, spawned) = on_spawner_thread(move || {
         let on_thread = crate::timing::now_ns();
@@ -321,7 +376,16 @@ fn launch(
         let _ = child.wait();
         return Err(SandboxError::io("send the request to the helper")(e));
     }
-    Ok((child, ctl_host, stdin_w, stdout_r, stderr_r, report_r))
+    Ok(Launched {
+        pid: child.id() as i32,
+        helper: HelperProc::Exec(child),
+        pidfd: None,
+        lifeline: ctl_host,
+        stdin_w,
+        stdout_r,
+        stderr_r,
+        report_r,
+    })
 }
 
 fn read_report(report_r: OwnedFd, sc: &mut SandboxedChild) -> Result<SandboxReport, SandboxError> {
@@ -427,7 +491,13 @@ impl SandboxedChild {
         let st = match self.status {
             Some(s) => s,
             None => {
-                let s = self.child.wait()?;
+                let s = match &mut self.helper {
+                    HelperProc::Exec(child) => child.wait()?,
+                    HelperProc::Forked => {
+                        self.poll_exit(-1)?;
+                        self.forked_status()
+                    }
+                };
                 self.status = Some(s);
                 s
             }
@@ -440,9 +510,58 @@ impl SandboxedChild {
     /// Non-blocking [`Self::wait`].
     pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         if self.status.is_none() {
-            self.status = self.child.try_wait()?;
+            self.status = match &mut self.helper {
+                HelperProc::Exec(child) => child.try_wait()?,
+                HelperProc::Forked => {
+                    if self.poll_exit(0)? {
+                        Some(self.forked_status())
+                    } else {
+                        None
+                    }
+                }
+            };
         }
         Ok(self.status)
+    }
+
+    /// A forked helper: whether it has exited (its pidfd is readable),
+    /// waiting up to `timeout_ms` (-1: forever).
+    fn poll_exit(&self, timeout_ms: i32) -> std::io::Result<bool> {
+        let Some(fd) = &self.pidfd else {
+            return Err(std::io::Error::other("forked helper without a pidfd"));
+        };
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            if n >= 0 {
+                return Ok(n > 0);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+
+    /// A forked helper that has exited: the status it sent on the control
+    /// socket, or SIGKILL when it sent none (killed outright).
+    fn forked_status(&self) -> ExitStatus {
+        use std::os::unix::process::ExitStatusExt;
+        let mut b = [0u8; 1];
+        let got = self.lifeline.as_ref().map_or(-1, |l| {
+            // SAFETY: reading at most one byte into a local buffer.
+            unsafe { libc::recv(l.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) }
+        });
+        if got == 1 {
+            ExitStatus::from_raw((b[0] as i32) << 8)
+        } else {
+            ExitStatus::from_raw(libc::SIGKILL)
+        }
     }
 
     fn wait_timeout(&mut self, t: Duration) -> Option<ExitStatus> {

@@ -707,10 +707,39 @@ fn bench_measures_every_configuration() {
             .any(|s| s.process == process && s.stage.starts_with(prefix))
     };
     assert!(has("host", "request_queued"), "{:?}", r.stages);
-    assert!(has("helper", "main_entered"));
+    assert!(has("helper", "request_received"));
     assert!(has("pid1", "root_built"));
     assert!(has("plugin", "seccomp_installed"));
     assert!(has("host", "report_eof"));
+}
+
+#[test]
+fn exit_status_and_kill_with_and_without_the_fork_server() {
+    for fork_server in [true, false] {
+        let mut policy = SandboxPolicy::default();
+        policy.fork_server = fork_server;
+        policy.timings = true;
+        let ws = workspace();
+        let mut child = spawn(&spec(ws.path(), policy.clone(), &["exit:7".to_string()])).unwrap();
+        let forked = child
+            .report
+            .timings_us
+            .iter()
+            .any(|t| t.stage.contains("fork server"));
+        assert_eq!(forked, fork_server);
+        assert_eq!(
+            child.wait().unwrap().code(),
+            Some(7),
+            "fork_server={fork_server}"
+        );
+        // A tree killed from the host: the helper dies by SIGKILL.
+        let mut child = spawn(&spec(ws.path(), policy, &["daemon:x".to_string()])).unwrap();
+        let _ = wait_started(&mut child);
+        child.kill_tree();
+        let st = child.wait().unwrap();
+        assert!(!st.success(), "fork_server={fork_server}: {st:?}");
+        assert!(child.try_wait().unwrap().is_some());
+    }
 }
 
 #[test]

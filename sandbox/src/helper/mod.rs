@@ -20,6 +20,7 @@ use std::path::Path;
 
 mod plugin;
 mod reaper;
+pub(crate) mod server;
 
 use reaper::{block_term_and_chld, pid_one};
 
@@ -97,14 +98,19 @@ pub(super) fn arm_parent_death_signal() {
     prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
 }
 
-/// Entry point of `sharedos __sandbox-exec`. `args` (after the subcommand)
-/// are not used: everything arrives on the control socket at fd 0.
+/// Entry point of `sharedos __sandbox-exec`. Without arguments, one helper:
+/// everything arrives on the control socket at fd 0. With `--fork-server`,
+/// the fork server ([`server`]), which forks one helper per spawn.
 pub fn helper_main(args: Vec<OsString>) -> ! {
     let entered = timing::now_ns();
-    if !args.is_empty() {
-        eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
-        std::process::exit(2);
-    }
+    let server = match args.as_slice() {
+        [] => false,
+        [a] if a == server::FORK_SERVER_ARG => true,
+        _ => {
+            eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
+            std::process::exit(2);
+        }
+    };
     // unshare(CLONE_NEWUSER) and a safe fork need a single-threaded
     // process: the host must dispatch here before it starts any runtime.
     // procfs counts the threads in the link count of /proc/self/task (2 +
@@ -120,6 +126,16 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
         );
         std::process::exit(125);
     }
+    if server {
+        server::serve();
+    }
+    run(entered, None);
+}
+
+/// One helper, executed by the host or forked by the fork server (then
+/// `parent` is the server's pid, which the lifeline checks against instead
+/// of the host's).
+fn run(entered: u64, parent: Option<i32>) -> ! {
     // Lifeline, part 1: armed before anything else, so a host that dies from
     // here on takes the helper with it (checked against the host pid below).
     arm_parent_death_signal();
@@ -137,13 +153,21 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
         timing::enable(
             req.origin_ns,
             &[
-                ("main_entered", entered),
+                (
+                    if parent.is_some() {
+                        "forked by the fork server"
+                    } else {
+                        "main_entered"
+                    },
+                    entered,
+                ),
                 ("request_received", timing::now_ns()),
             ],
         );
     }
     let pipe = ReportPipe(report_w);
-    match supervise(req, stdin_r, &pipe) {
+    let parent = parent.unwrap_or(req.host_pid);
+    match supervise(req, stdin_r, &pipe, parent) {
         Ok(never) => match never {},
         Err(f) => pipe.fail(f),
     }
@@ -221,14 +245,19 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
 }
 
 /// Steps 1–8, then fork pid 1 and wait.
-fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<Infallible, Fail> {
+fn supervise(
+    req: HelperRequest,
+    stdin_r: OwnedFd,
+    pipe: &ReportPipe,
+    parent: i32,
+) -> Result<Infallible, Fail> {
     let mut rep = skeleton(&req);
     let l = req.policy.layers.clone();
 
     // 1. Lifeline: the parent-death signal is racy (bubblewrap#633): if the
     // host died before it was armed we were reparented; check the pid.
     // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != req.host_pid {
+    if unsafe { libc::getppid() } != parent {
         return Err(fail(
             "lifeline",
             "the host exited before the helper started",
@@ -288,7 +317,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
         // The signal was re-armed after setresuid cleared it: close the
         // window in which the host could have died unnoticed.
         // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != req.host_pid {
+        if unsafe { libc::getppid() } != parent {
             return Err(fail("lifeline", "the host exited during the uid change"));
         }
     } else if !root {
@@ -511,8 +540,22 @@ fn wait_and_watch(
         // SAFETY: waiting on our own child; `status` is a valid out pointer.
         let w = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
         if w == child {
+            let code = exit_code(status);
+            // The exit status also goes on the control socket: a helper
+            // forked by the fork server is not the host's child, so the
+            // host cannot wait for it (a helper killed outright sends
+            // nothing, and the host reports SIGKILL).
+            // SAFETY: sending one byte from a local buffer.
+            unsafe {
+                libc::send(
+                    ctl.as_raw_fd(),
+                    (&(code as u8) as *const u8).cast(),
+                    1,
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
             // SAFETY: plain exit of the supervisor.
-            unsafe { libc::_exit(exit_code(status)) }
+            unsafe { libc::_exit(code) }
         }
     }
     let mut status = 0;
