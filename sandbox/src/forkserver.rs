@@ -16,8 +16,9 @@ use nix::sys::socket::{
 use crate::helper::server::FORK_SERVER_ARG;
 use crate::spawn::{HELPER_SUBCOMMAND, on_spawner_thread};
 
-/// How long a live server may take to answer a fork order.
-const REPLY_TIMEOUT_MS: i32 = 5_000;
+/// How long a live server may take to answer (a spawn that waited this long
+/// fails; the server stays).
+const REPLY_TIMEOUT_MS: i32 = 10_000;
 
 /// A helper forked by the server: not the host's child, so it is watched
 /// through its pidfd, and its exit status comes on its control socket.
@@ -40,6 +41,8 @@ pub(crate) enum ForkError {
 struct Server {
     sock: OwnedFd,
     child: Child,
+    /// Number of the last order.
+    seq: u64,
 }
 
 impl Server {
@@ -65,6 +68,7 @@ impl Server {
         let server = Server {
             sock: host_end,
             child,
+            seq: 0,
         };
         // A fork server says it is ready; anything else (an older helper
         // binary, not a helper at all) is not one.
@@ -112,9 +116,11 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    fn order(&self, fds: [BorrowedFd; 3]) -> Result<Forked, ForkError> {
+    fn order(&mut self, fds: [BorrowedFd; 3]) -> Result<Forked, ForkError> {
+        self.seq += 1;
+        let seq = self.seq.to_le_bytes();
         let raw: [RawFd; 3] = fds.map(|f| f.as_raw_fd());
-        let iov = [std::io::IoSlice::new(b"F")];
+        let iov = [std::io::IoSlice::new(&seq)];
         let cmsg = [ControlMessage::ScmRights(&raw)];
         sendmsg::<()>(
             self.sock.as_raw_fd(),
@@ -125,40 +131,49 @@ impl Server {
         )
         .map_err(|_| ForkError::NotSent)?;
         let sent = |e: std::io::Error| ForkError::Sent(e);
-        self.wait_readable().map_err(sent)?;
-        let mut buf = [0u8; 16];
-        let mut cmsg_buf = nix::cmsg_space!([RawFd; 1]);
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            self.sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_buf),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(|e| sent(e.into()))?;
-        let mut pidfd = None;
-        for c in msg.cmsgs().map_err(|e| sent(e.into()))? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                for r in raw {
-                    // SAFETY: the kernel just installed `r` for us.
-                    let fd = unsafe { OwnedFd::from_raw_fd(r) };
-                    pidfd.get_or_insert(fd);
+        loop {
+            self.wait_readable().map_err(sent)?;
+            let mut buf = [0u8; 16];
+            let mut cmsg_buf = nix::cmsg_space!([RawFd; 1]);
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let msg = recvmsg::<()>(
+                self.sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg_buf),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(|e| sent(e.into()))?;
+            let mut pidfd = None;
+            for c in msg.cmsgs().map_err(|e| sent(e.into()))? {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    for r in raw {
+                        // SAFETY: the kernel just installed `r` for us.
+                        let fd = unsafe { OwnedFd::from_raw_fd(r) };
+                        pidfd.get_or_insert(fd);
+                    }
                 }
             }
-        }
-        let n = msg.bytes;
-        match (n, pidfd) {
-            (4, Some(pidfd)) => {
-                let pid = i32::from_le_bytes(buf[..4].try_into().unwrap_or_default());
-                Ok(Forked { pid, pidfd })
+            let n = msg.bytes;
+            if n == 0 {
+                return Err(sent(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the fork server exited",
+                )));
             }
-            (0, _) => Err(sent(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the fork server exited",
-            ))),
-            _ => Err(sent(std::io::Error::other(
-                "the fork server could not fork",
-            ))),
+            if n < 8 || buf[..8] != seq {
+                // A late answer to an order given up on: its helper finds
+                // its control socket closed and exits.
+                continue;
+            }
+            return match (n, pidfd) {
+                (12, Some(pidfd)) => {
+                    let pid = i32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+                    Ok(Forked { pid, pidfd })
+                }
+                _ => Err(sent(std::io::Error::other(
+                    "the fork server could not fork",
+                ))),
+            };
         }
     }
 }
@@ -190,14 +205,11 @@ pub(crate) fn fork_helper(helper: &Path, fds: [BorrowedFd; 3]) -> Result<Forked,
             }
         };
     }
-    let Some(Some(server)) = servers.get(helper) else {
+    let Some(Some(server)) = servers.get_mut(helper) else {
         return Err(ForkError::NotSent);
     };
-    let result = server.order(fds);
-    if result.is_err()
-        && let Some(Some(s)) = servers.remove(helper)
-    {
-        s.stop();
-    }
-    result
+    // On an error the server stays: stopping it would take the sandboxes
+    // it forked down with it (their parent-death signal). One that has
+    // exited is replaced at the next spawn.
+    server.order(fds)
 }

@@ -9,10 +9,12 @@
 //! right after the fork.
 //!
 //! Protocol on fd 0 (a `SOCK_SEQPACKET` socket): the server first says `R`
-//! (ready; a binary that does not, is no fork server); the host sends one byte
-//! with the three fds (control socket, stdout, stderr); the server answers
-//! with the child's pid (4 bytes, little endian) and a pidfd, or with one
-//! byte `E` when it could not fork. EOF on fd 0 ends the server.
+//! (ready; a binary that does not, is no fork server); the host sends an
+//! order number (8 bytes, little endian) with the three fds (control
+//! socket, stdout, stderr); the server answers with the same number and the
+//! child's pid (4 bytes) plus a pidfd, or with the number alone when it
+//! could not fork. The number lets the host drop a late answer to an order
+//! it gave up on. EOF on fd 0 ends the server.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -35,8 +37,9 @@ fn reply(msg: &[u8], fd: Option<RawFd>) {
     let _ = sendmsg::<()>(SERVER_FD, &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None);
 }
 
-/// Receive one spawn order: `None` on EOF or error (the host is gone).
-fn receive() -> Option<Vec<OwnedFd>> {
+/// Receive one spawn order (its number and fds): `None` on EOF or error
+/// (the host is gone).
+fn receive() -> Option<([u8; 8], Vec<OwnedFd>)> {
     let mut buf = [0u8; 16];
     let mut cmsg_buf = nix::cmsg_space!([RawFd; 3]);
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
@@ -66,7 +69,11 @@ fn receive() -> Option<Vec<OwnedFd>> {
     if msg.bytes == 0 && fds.is_empty() {
         return None;
     }
-    Some(fds)
+    let mut seq = [0u8; 8];
+    if msg.bytes == 8 {
+        seq.copy_from_slice(&buf[..8]);
+    }
+    Some((seq, fds))
 }
 
 /// The server loop; never returns.
@@ -82,9 +89,9 @@ pub(super) fn serve() -> ! {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     reply(b"R", None);
-    while let Some(fds) = receive() {
+    while let Some((seq, fds)) = receive() {
         if fds.len() != 3 {
-            reply(b"E", None);
+            reply(&seq, None);
             continue;
         }
         // SAFETY: the server is single-threaded, so the child may run
@@ -109,7 +116,7 @@ pub(super) fn serve() -> ! {
         }
         drop(fds);
         if pid < 0 {
-            reply(b"E", None);
+            reply(&seq, None);
             continue;
         }
         // SAFETY: pidfd_open on our own child, not yet reaped (it cannot
@@ -120,12 +127,15 @@ pub(super) fn serve() -> ! {
             // Without a pidfd the host could hit a recycled pid: refuse.
             // SAFETY: killing our own child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            reply(b"E", None);
+            reply(&seq, None);
             continue;
         }
         // SAFETY: `pidfd` was just returned by pidfd_open.
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
-        reply(&pid.to_le_bytes(), Some(pidfd.as_raw_fd()));
+        let mut answer = [0u8; 12];
+        answer[..8].copy_from_slice(&seq);
+        answer[8..].copy_from_slice(&pid.to_le_bytes());
+        reply(&answer, Some(pidfd.as_raw_fd()));
     }
     // SAFETY: plain exit; nothing to flush.
     unsafe { libc::_exit(0) }
