@@ -36,6 +36,12 @@ fn main() {
     let mut bw = Vec::new();
     let mut sb: Vec<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> =
         vec![Default::default(); helpers.len()];
+    // The full sandbox with the helper executed per spawn (no fork server).
+    let mut exec_each: Vec<Vec<Duration>> = vec![Vec::new(); helpers.len()];
+    let full_exec = SandboxPolicy {
+        fork_server: false,
+        ..full.clone()
+    };
     for _ in 0..n {
         let t = Instant::now();
         Command::new("/bin/true").status().unwrap();
@@ -86,6 +92,18 @@ fn main() {
             })
             .unwrap();
             sb[i].2.push(t.elapsed());
+            c.wait().unwrap();
+            let t = Instant::now();
+            let mut c = spawn(&SpawnSpec {
+                helper_exe: h.clone(),
+                program: "/bin/true".into(),
+                args: vec![],
+                env: vec![],
+                policy: full_exec.clone(),
+                workspace: ws.path().to_path_buf(),
+            })
+            .unwrap();
+            exec_each[i].push(t.elapsed());
             c.wait().unwrap();
         }
     }
@@ -138,16 +156,20 @@ fn main() {
     } else {
         Some(summary("bwrap --unshare-all ... /bin/true (to exit)", bw).1)
     };
-    for (h, (e, t, u)) in helpers.iter().zip(sb) {
+    for (h, ((e, t, u), x)) in helpers.iter().zip(sb.into_iter().zip(exec_each)) {
         let name = h.file_name().unwrap().to_string_lossy().to_string();
+        let (_, xm) = summary(&format!("full [{name}] exec per spawn, to exec"), x);
         let (_, m) = summary(&format!("full [{name}] to exec"), e);
         let (_, mt) = summary(&format!("full [{name}] to exit"), t);
         summary(&format!("no layers [{name}] to exec"), u);
         println!(
-            "   full/true {:.2}x   full(exec)/bwrap {:.2}x   full(exit)/bwrap {:.2}x",
+            "   full/true {:.2}x   full(exec)/bwrap {:.2}x   full(exit)/bwrap {:.2}x   \
+             exec-per-spawn/true {:.2}x   exec-per-spawn/bwrap {:.2}x",
             m / b,
             bwm.map_or(0.0, |w| m / w),
-            bwm.map_or(0.0, |w| mt / w)
+            bwm.map_or(0.0, |w| mt / w),
+            xm / b,
+            bwm.map_or(0.0, |w| xm / w)
         );
     }
 }
