@@ -83,9 +83,34 @@ impl ReportPipe {
             message: f.message,
             errno: f.errno,
         });
+        exit_status_to_host(125);
         // SAFETY: _exit ends the process without running destructors,
         // which is what a forked child must do.
         unsafe { libc::_exit(125) }
+    }
+}
+
+/// The supervisor's control socket (-1 in pid 1 and the plugin, which do
+/// not hold it).
+static CTL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Tell the host the supervisor's exit code on the control socket: a
+/// helper forked by the fork server is not the host's child, so the host
+/// cannot `waitpid` it (one killed outright sends nothing, and the host
+/// reports SIGKILL). A no-op outside the supervisor.
+fn exit_status_to_host(code: i32) {
+    let fd = CTL_FD.load(std::sync::atomic::Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: sending one byte from a local buffer on the control
+        // socket, which the supervisor holds until it exits.
+        unsafe {
+            libc::send(
+                fd,
+                (&(code as u8) as *const u8).cast(),
+                1,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
     }
 }
 
@@ -139,6 +164,7 @@ fn run(entered: u64, parent: Option<i32>) -> ! {
     // Lifeline, part 1: armed before anything else, so a host that dies from
     // here on takes the helper with it (checked against the host pid below).
     arm_parent_death_signal();
+    CTL_FD.store(CONTROL_FD, std::sync::atomic::Ordering::Relaxed);
     let (req, stdin_r, report_w) = match request::receive(CONTROL_FD) {
         Ok(r) => r,
         Err(e) => {
@@ -146,6 +172,7 @@ fn run(entered: u64, parent: Option<i32>) -> ! {
                 "sharedos __sandbox-exec: no request on fd 0 ({e}). This is the sandbox helper of \
                  sharedos; it is not meant to be run by hand."
             );
+            exit_status_to_host(125);
             std::process::exit(125);
         }
     };
@@ -283,6 +310,7 @@ fn supervise(
     }
     // SAFETY: `ctl` was just created and is owned here from now on.
     let ctl = unsafe { OwnedFd::from_raw_fd(ctl) };
+    CTL_FD.store(ctl.as_raw_fd(), std::sync::atomic::Ordering::Relaxed);
     // SAFETY: dup2 onto 0 replaces the control socket's old slot, which we
     // no longer use; stdin_r stays owned by its OwnedFd and is dropped next.
     if unsafe { libc::dup2(stdin_r.as_raw_fd(), 0) } < 0 {
@@ -387,6 +415,7 @@ fn supervise(
     let pidns = rep.pidns == LayerStatus::Applied;
     if child == 0 {
         stamp("pid1", "forked");
+        CTL_FD.store(-1, std::sync::atomic::Ordering::Relaxed);
         drop(alive_w);
         drop(ctl);
         if pidns {
@@ -541,19 +570,7 @@ fn wait_and_watch(
         let w = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
         if w == child {
             let code = exit_code(status);
-            // The exit status also goes on the control socket: a helper
-            // forked by the fork server is not the host's child, so the
-            // host cannot wait for it (a helper killed outright sends
-            // nothing, and the host reports SIGKILL).
-            // SAFETY: sending one byte from a local buffer.
-            unsafe {
-                libc::send(
-                    ctl.as_raw_fd(),
-                    (&(code as u8) as *const u8).cast(),
-                    1,
-                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-                )
-            };
+            exit_status_to_host(code);
             // SAFETY: plain exit of the supervisor.
             unsafe { libc::_exit(code) }
         }
