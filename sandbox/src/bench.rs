@@ -7,6 +7,10 @@
 //! minus the median with that layer switched off. A direct `fork+exec` of
 //! `/bin/true` is the baseline of the same run. VM noise is large: compare
 //! minimums and medians, not single runs.
+//!
+//! The full sandbox runs with `policy.timings`, so the report also breaks
+//! one spawn down by stage (host and helper side, on one clock): where the
+//! time goes, independently of the layer toggles.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -43,6 +47,20 @@ pub struct LayerCost {
     pub exec_min_delta_us: i64,
 }
 
+/// One stage of the full sandbox's spawn: when it was reached (µs since
+/// the host called `spawn`) and how long it took after the previous stage,
+/// as medians and minimums over the runs.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct StageFigure {
+    /// `host`, `helper` (the supervisor), `pid1` or `plugin`.
+    pub process: String,
+    pub stage: String,
+    pub at_median_us: u64,
+    pub at_min_us: u64,
+    /// Median of (this stage − the previous one) within each run.
+    pub step_median_us: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct BenchReport {
     pub kernel: String,
@@ -51,6 +69,48 @@ pub struct BenchReport {
     pub baseline: BenchFigure,
     pub configurations: Vec<BenchFigure>,
     pub layer_costs: Vec<LayerCost>,
+    /// The full sandbox's spawn, stage by stage, in order.
+    pub stages: Vec<StageFigure>,
+}
+
+/// Per-stage figures from the `timings_us` of many runs (stages keyed by
+/// process and name, in the order of the first run).
+fn stage_figures(runs: &[Vec<crate::StageTiming>]) -> Vec<StageFigure> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut at: Vec<Vec<u64>> = Vec::new();
+    let mut step: Vec<Vec<u64>> = Vec::new();
+    for run in runs {
+        let mut prev = 0;
+        for t in run {
+            let key = (t.process.clone(), t.stage.clone());
+            let i = match keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    keys.push(key);
+                    at.push(Vec::new());
+                    step.push(Vec::new());
+                    keys.len() - 1
+                }
+            };
+            at[i].push(t.us);
+            step[i].push(t.us.saturating_sub(prev));
+            prev = t.us;
+        }
+    }
+    let median = |v: &mut Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    keys.into_iter()
+        .zip(at.iter_mut().zip(step.iter_mut()))
+        .map(|((process, stage), (a, st))| StageFigure {
+            process,
+            stage,
+            at_median_us: median(a),
+            at_min_us: a.first().copied().unwrap_or(0),
+            step_median_us: median(st),
+        })
+        .collect()
 }
 
 fn stats(
@@ -88,12 +148,12 @@ fn true_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/bin/true"))
 }
 
-/// One launch of `/bin/true`: (time to exec, time to reaped, level).
+/// One launch of `/bin/true`: (time to exec, time to reaped, report).
 fn launch_once(
     helper_exe: &Path,
     policy: &SandboxPolicy,
     ws: &Path,
-) -> Result<(Duration, Duration, SandboxLevel), SandboxError> {
+) -> Result<(Duration, Duration, crate::SandboxReport), SandboxError> {
     let t0 = Instant::now();
     let mut child = spawn(&SpawnSpec {
         helper_exe: helper_exe.to_path_buf(),
@@ -107,7 +167,8 @@ fn launch_once(
     child
         .wait()
         .map_err(SandboxError::io("wait for the benchmark child"))?;
-    Ok((exec, t0.elapsed(), child.report.level))
+    let total = t0.elapsed();
+    Ok((exec, total, std::mem::take(&mut child.report)))
 }
 
 /// Run the benchmark with `helper_exe` as the helper binary.
@@ -127,9 +188,14 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
         min_level: SandboxLevel::Minimal,
         ..SandboxPolicy::default()
     };
+    // Only the full sandbox records its stages (a few clock reads).
+    let full_timed = SandboxPolicy {
+        timings: true,
+        ..full.clone()
+    };
     let mut configs: Vec<(String, SandboxPolicy)> = vec![
         ("helper, no layers".into(), SandboxPolicy::unconfined()),
-        ("full sandbox".into(), full.clone()),
+        ("full sandbox".into(), full_timed),
     ];
     let without = |name: &str, f: &dyn Fn(&mut SandboxPolicy)| {
         let mut p = full.clone();
@@ -161,12 +227,16 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
     let ws = TempWorkspace::new()?;
     let mut samples: Vec<(Vec<Duration>, Vec<Duration>, Option<SandboxLevel>)> =
         vec![(Vec::new(), Vec::new(), None); configs.len()];
+    let mut timings = Vec::new();
     for _ in 0..iterations {
         for (i, (_, policy)) in configs.iter().enumerate() {
-            let (e, t, l) = launch_once(helper_exe, policy, &ws.0)?;
+            let (e, t, report) = launch_once(helper_exe, policy, &ws.0)?;
             samples[i].0.push(e);
             samples[i].1.push(t);
-            samples[i].2 = Some(l);
+            samples[i].2 = Some(report.level);
+            if !report.timings_us.is_empty() {
+                timings.push(report.timings_us);
+            }
         }
     }
     let figures: Vec<BenchFigure> = configs
@@ -194,6 +264,7 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
         baseline,
         configurations: figures,
         layer_costs,
+        stages: stage_figures(&timings),
     })
 }
 

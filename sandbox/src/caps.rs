@@ -19,11 +19,17 @@ struct CapData {
     inheritable: u32,
 }
 
+/// The highest capability the kernel knows, read once per process (the
+/// helper asks four times per spawn, from the supervisor and the plugin;
+/// the supervisor's first read is inherited across the forks).
 fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40)
+    static LAST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(40)
+    })
 }
 
 /// Drop every capability from the bounding set (needs CAP_SETPCAP; done

@@ -36,6 +36,7 @@ pub mod cgroup;
 pub mod check;
 mod error;
 pub mod fds;
+mod forkserver;
 mod helper;
 pub mod landlock;
 pub mod mounts;
@@ -46,8 +47,9 @@ mod request;
 pub mod rlimits;
 pub mod seccomp;
 mod spawn;
+pub mod timing;
 
-pub use bench::{BenchFigure, BenchReport, LayerCost, bench, bench_current_exe};
+pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_current_exe};
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;
@@ -57,3 +59,4 @@ pub use report::{
     SeccompReport, SelfCheck,
 };
 pub use spawn::{HELPER_SUBCOMMAND, KillHandle, SandboxedChild, SpawnSpec, spawn};
+pub use timing::StageTiming;

@@ -129,25 +129,41 @@ fn restrict(target: &Path, attrs: u64, recursive: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn bind(src: &Path, target: &Path, ro: bool) -> Result<(), String> {
-    mount(Some(src), target, None, libc::MS_BIND | libc::MS_REC, None)?;
-    let mut attrs = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-    if ro {
-        attrs |= libc::MOUNT_ATTR_RDONLY;
-    }
-    restrict(target, attrs, true)
+/// A recursive bind, without attributes yet: the read-only part of the
+/// root gets them in one recursive `mount_setattr` once it is complete.
+fn bind_rec(src: &Path, target: &Path) -> Result<(), String> {
+    mount(Some(src), target, None, libc::MS_BIND | libc::MS_REC, None)
 }
 
-/// Create an empty file or directory matching `src` at `target`.
-fn mountpoint_for(src: &Path, target: &Path) -> Result<(), String> {
-    if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("mkdir {parent:?}: {e}"))?;
+/// The directories already created in the staging root (one `mkdir` each,
+/// instead of a `create_dir_all` walk per entry).
+#[derive(Default)]
+struct Dirs(std::collections::HashSet<PathBuf>);
+
+impl Dirs {
+    fn ensure(&mut self, dir: &Path) -> Result<(), String> {
+        if self.0.contains(dir) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {dir:?}: {e}"))?;
+        let mut d = Some(dir);
+        while let Some(p) = d {
+            self.0.insert(p.to_path_buf());
+            d = p.parent();
+        }
+        Ok(())
     }
-    let md = std::fs::metadata(src).map_err(|e| format!("stat {src:?}: {e}"))?;
-    if md.is_dir() {
-        std::fs::create_dir_all(target).map_err(|e| format!("mkdir {target:?}: {e}"))
-    } else {
-        std::fs::write(target, b"").map_err(|e| format!("create {target:?}: {e}"))
+
+    /// Create an empty file or directory (`is_dir`) at `target`.
+    fn mountpoint(&mut self, target: &Path, is_dir: bool) -> Result<(), String> {
+        if let Some(parent) = target.parent() {
+            self.ensure(parent)?;
+        }
+        if is_dir {
+            self.ensure(target)
+        } else {
+            std::fs::write(target, b"").map_err(|e| format!("create {target:?}: {e}"))
+        }
     }
 }
 
@@ -156,6 +172,14 @@ fn inside(root: &Path, p: &str) -> PathBuf {
 }
 
 /// Build the root and `pivot_root` into it. Returns warnings.
+///
+/// Two phases: first the read-only part (system directories, `/etc`
+/// entries, extra paths, the plugin binary, and the mountpoints of the rest),
+/// sealed with one recursive `mount_setattr` (read-only, nosuid, nodev) on
+/// the staging root; then the writable and special mounts on top of it
+/// (workspace, `/tmp`, `/dev`, `/proc`), each with its own flags. Nothing
+/// is written below a bind: a path that already exists in the staging root
+/// (because a bound directory holds it) is never created again.
 pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     let mut warnings = Vec::new();
     // Nothing we mount may propagate back to the host.
@@ -174,6 +198,9 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         libc::MS_NOSUID | libc::MS_NODEV,
         Some("size=1m,nr_inodes=4096,mode=0755"),
     )?;
+    crate::timing::stamp("pid1", "root: staging tmpfs");
+    let mut dirs = Dirs::default();
+    dirs.0.insert(root.to_path_buf());
 
     for dir in SYSTEM_DIRS {
         let src = Path::new(dir);
@@ -187,19 +214,21 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
             std::os::unix::fs::symlink(&link, &target)
                 .map_err(|e| format!("symlink {target:?}: {e}"))?;
         } else if md.is_dir() {
-            mountpoint_for(src, &target)?;
-            bind(src, &target, true)?;
+            dirs.mountpoint(&target, true)?;
+            bind_rec(src, &target)?;
         }
     }
+    crate::timing::stamp("pid1", "root: system dirs bound");
     for entry in ETC_ENTRIES
         .iter()
         .map(|s| s.to_string())
         .chain(spec.extra_ro.iter().cloned())
     {
         let src = Path::new(&entry);
+        let extra = spec.extra_ro.contains(&entry);
         // Paths the sandbox mounts over (or stages its root in) cannot be
         // extra binds: the bind would be hidden or would hide sandbox state.
-        if spec.extra_ro.contains(&entry)
+        if extra
             && ["/tmp", "/dev", "/proc", WORKSPACE, PLUGIN_DIR]
                 .iter()
                 .any(|p| src.starts_with(p))
@@ -209,43 +238,64 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
             ));
             continue;
         }
-        if !src.is_absolute() || !src.exists() {
-            if spec.extra_ro.contains(&entry) {
+        let md = if src.is_absolute() {
+            std::fs::metadata(src).ok()
+        } else {
+            None
+        };
+        let Some(md) = md else {
+            if extra {
                 warnings.push(format!(
                     "extra read-only path {entry} does not exist; skipped"
                 ));
             }
             continue;
-        }
+        };
         let target = inside(root, &entry);
         if target.exists() {
             continue; // already visible through a system dir bind
         }
-        mountpoint_for(src, &target)?;
-        bind(src, &target, true)?;
+        dirs.mountpoint(&target, md.is_dir())?;
+        bind_rec(src, &target)?;
     }
 
-    // The plugin binary, read-only, from the fd opened before any tmpfs.
+    crate::timing::stamp("pid1", "root: /etc entries bound");
+    // The plugin binary, from the fd opened before any tmpfs.
     let plugin_target = inside(root, PLUGIN_DIR).join(spec.program_name);
     let prog_src = PathBuf::from(format!("/proc/self/fd/{}", spec.program_fd));
-    mountpoint_for(&prog_src, &plugin_target)?;
+    dirs.mountpoint(&plugin_target, false)?;
     mount(Some(&prog_src), &plugin_target, None, libc::MS_BIND, None)?;
+
+    // Mountpoints of the second phase, while the staging root is writable.
+    let ws_target = inside(root, WORKSPACE);
+    let tmp = inside(root, "/tmp");
+    let dev = inside(root, "/dev");
+    let proc_dir = inside(root, "/proc");
+    for d in [&ws_target, &tmp, &dev, &proc_dir] {
+        dirs.ensure(d)?;
+    }
+    crate::timing::stamp("pid1", "root: plugin bound, mountpoints");
+    // Seal the first phase: the skeleton (mountpoints, /etc files) and every
+    // bind in it become read-only, nosuid and nodev, submounts included.
     restrict(
-        &plugin_target,
+        root,
         libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
-        false,
+        true,
     )?;
 
+    crate::timing::stamp("pid1", "root: sealed read-only");
     // The workspace: rw, but never setuid or device files.
-    let ws_target = inside(root, WORKSPACE);
     let ws_src = PathBuf::from(format!("/proc/self/fd/{}", spec.workspace_fd));
-    mountpoint_for(&ws_src, &ws_target)?;
-    bind(&ws_src, &ws_target, false)?;
+    bind_rec(&ws_src, &ws_target)?;
+    restrict(
+        &ws_target,
+        libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+        true,
+    )?;
 
+    crate::timing::stamp("pid1", "root: workspace bound");
     // Private /tmp with size and inode caps (memory-backed: count it in the
     // memory budget).
-    let tmp = inside(root, "/tmp");
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("mkdir {tmp:?}: {e}"))?;
     mount(
         Some(Path::new("tmpfs")),
         &tmp,
@@ -257,10 +307,9 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         )),
     )?;
 
+    crate::timing::stamp("pid1", "root: /tmp mounted");
     // Minimal /dev: a tmpfs with five nodes bound from the host, the std*
     // links, and a private /dev/shm (POSIX semaphores need it, codex#7251).
-    let dev = inside(root, "/dev");
-    std::fs::create_dir_all(&dev).map_err(|e| format!("mkdir {dev:?}: {e}"))?;
     mount(
         Some(Path::new("tmpfs")),
         &dev,
@@ -273,11 +322,6 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         let target = dev.join(node);
         std::fs::write(&target, b"").map_err(|e| format!("create {target:?}: {e}"))?;
         mount(Some(&src), &target, None, libc::MS_BIND, None)?;
-        restrict(
-            &target,
-            libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
-            false,
-        )?;
     }
     for (name, to) in [
         ("fd", "/proc/self/fd"),
@@ -300,11 +344,17 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
             spec.shm_size, spec.nr_inodes
         )),
     )?;
+    // The node binds (and /dev/shm, already so) nosuid and noexec in one
+    // call; /dev itself read-only.
+    restrict(
+        &dev,
+        libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
+        true,
+    )?;
     restrict(&dev, libc::MOUNT_ATTR_RDONLY, false)?;
 
+    crate::timing::stamp("pid1", "root: /dev built");
     // Our own procfs: only the processes of the new pid namespace.
-    let proc_dir = inside(root, "/proc");
-    std::fs::create_dir_all(&proc_dir).map_err(|e| format!("mkdir {proc_dir:?}: {e}"))?;
     if !spec.with_proc {
         warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
     } else {
@@ -317,9 +367,11 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         )?;
     }
 
-    // Switch roots and drop the old one entirely.
+    crate::timing::stamp("pid1", "root: /proc mounted");
+    // Switch roots and drop the old one entirely. The new root is the
+    // staging tmpfs, sealed read-only above.
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root:?}: {e}"))?;
-    let dot = CString::new(".").unwrap();
+    let dot = c".";
     // SAFETY: both arguments are the NUL-terminated string ".".
     if unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) } != 0 {
         return Err(format!("pivot_root: {}", std::io::Error::last_os_error()));
@@ -332,8 +384,7 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
             std::io::Error::last_os_error()
         ));
     }
+    crate::timing::stamp("pid1", "root: pivoted, old root detached");
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
-    // The skeleton itself (mountpoints, /etc files) becomes read-only.
-    restrict(Path::new("/"), libc::MOUNT_ATTR_RDONLY, false)?;
     Ok(warnings)
 }

@@ -43,6 +43,13 @@ pub struct SandboxPolicy {
     /// `unshare(CLONE_NEWUSER)`, as Docker's default profile does, so the
     /// no-user-namespace path can be exercised on a capable machine.
     pub emulate_no_userns: bool,
+    /// Record per-stage timestamps of the spawn (host and helper side) in
+    /// the report's `timings_us`, for operators and the benchmark.
+    pub timings: bool,
+    /// Fork each helper from a fork server (one per helper binary, started
+    /// with the first spawn) instead of executing the helper binary per
+    /// spawn. Every layer is still built anew for each spawn.
+    pub fork_server: bool,
 }
 
 impl Default for SandboxPolicy {
@@ -72,6 +79,8 @@ impl Default for SandboxPolicy {
             .map(String::from)
             .to_vec(),
             emulate_no_userns: false,
+            timings: false,
+            fork_server: true,
         }
     }
 }

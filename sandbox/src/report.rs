@@ -184,6 +184,10 @@ pub struct SandboxReport {
     pub env_keys: Vec<String>,
     pub self_check: SelfCheck,
     pub warnings: Vec<String>,
+    /// Stage timestamps of this spawn, in microseconds since the host's
+    /// call to `spawn` (only with `policy.timings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timings_us: Vec<crate::timing::StageTiming>,
 }
 
 /// One layer that is missing for the next level, with what to do about it.

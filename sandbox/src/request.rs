@@ -39,16 +39,23 @@ pub(crate) struct HelperRequest {
     pub cgroup: CgroupReport,
     /// Environment keys the host dropped (reported as warnings).
     pub dropped_env: Vec<String>,
+    /// `CLOCK_MONOTONIC` ns when the host entered `spawn` (the origin of
+    /// the report's `timings_us`).
+    pub origin_ns: u64,
 }
 
-/// Host side: send the request and the two fds.
-pub(crate) fn send(
+/// Host side, before the helper exists: queue the request and the two fds
+/// on the control socket, as far as the socket buffer takes it without
+/// blocking (a request is a few KiB, the buffer ~200 KiB: usually all of
+/// it). The helper then finds everything waiting when it starts, instead
+/// of waiting for the host thread to be scheduled again. Returns the
+/// bytes of `body` still to send with [`send_rest`].
+pub(crate) fn send_start<'a>(
     sock: &UnixStream,
-    req: &HelperRequest,
+    body: &'a [u8],
     stdin_r: BorrowedFd,
     report_w: BorrowedFd,
-) -> std::io::Result<()> {
-    let body = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+) -> std::io::Result<&'a [u8]> {
     let len = (body.len() as u64).to_le_bytes();
     let fds = [stdin_r.as_raw_fd(), report_w.as_raw_fd()];
     let iov = [std::io::IoSlice::new(&len)];
@@ -59,7 +66,22 @@ pub(crate) fn send(
     if n != len.len() {
         return Err(std::io::Error::other("short write of the request header"));
     }
-    let mut rest = &body[..];
+    let mut rest = body;
+    while !rest.is_empty() {
+        let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
+        match nix::sys::socket::send(sock.as_raw_fd(), rest, flags) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(rest)
+}
+
+/// Host side, once the helper runs: the part of the request the socket
+/// buffer did not take (blocking).
+pub(crate) fn send_rest(sock: &UnixStream, mut rest: &[u8]) -> std::io::Result<()> {
     while !rest.is_empty() {
         match nix::sys::socket::send(sock.as_raw_fd(), rest, MsgFlags::MSG_NOSIGNAL) {
             Ok(n) => rest = &rest[n..],

@@ -31,10 +31,12 @@ use std::time::{Duration, Instant};
 
 use crate::SandboxError;
 use crate::cgroup::{self, PluginCgroup};
+use crate::forkserver::{self, ForkError};
 use crate::policy::SandboxPolicy;
 use crate::report::{HelperMessage, SandboxReport};
 use crate::request::{self, HelperRequest};
 use crate::seccomp::{self, FilterMode};
+use crate::timing::HostClock;
 
 /// The subcommand the host binary dispatches to [`crate::helper_main`].
 pub const HELPER_SUBCOMMAND: &str = "__sandbox-exec";
@@ -79,16 +81,26 @@ pub struct SandboxedChild {
     /// Pid of the helper (the supervisor); the plugin's tree dies with it.
     pub pid: i32,
     pidfd: Option<OwnedFd>,
-    child: Child,
+    helper: HelperProc,
     lifeline: Option<UnixStream>,
     cgroup: PluginCgroup,
     status: Option<ExitStatus>,
 }
 
+/// How the helper was started.
+#[derive(Debug)]
+enum HelperProc {
+    /// Executed by the host: its child, waited for with `waitpid`.
+    Exec(Child),
+    /// Forked by the fork server: watched through its pidfd, exit status
+    /// read from the control socket.
+    Forked,
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Run `f` on the long-lived spawner thread.
-fn on_spawner_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) fn on_spawner_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
     let tx = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Job>();
@@ -170,8 +182,10 @@ fn check_paths(spec: &SpawnSpec) -> Result<(), SandboxError> {
 /// against `spec.policy.min_level` (below it, the tree is killed and
 /// [`SandboxError::BelowMinimum`] names each missing layer).
 pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
-    check_paths(spec)?;
     let policy = &spec.policy;
+    let mut clock = HostClock::new(policy.timings);
+    check_paths(spec)?;
+    clock.stamp("paths_checked");
     let (env, dropped_env): (Vec<_>, Vec<_>) = spec
         .env
         .iter()
@@ -185,6 +199,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
     } else {
         None
     };
+    clock.stamp("seccomp_compiled");
 
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -197,6 +212,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
 
     let mut cg = cgroup::create(&policy.cgroup);
     let cgroup_report = cg.report(policy.cgroup.enabled);
+    clock.stamp("cgroup_created");
     let req = HelperRequest {
         policy: policy.clone(),
         program: spec.program.clone(),
@@ -210,31 +226,42 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
         cgroup_paths: cg.paths.clone(),
         cgroup: cgroup_report,
         dropped_env: dropped_env.into_iter().map(|(k, _)| k).collect(),
+        origin_ns: clock.origin_ns,
     };
 
-    let result = launch(spec, &req);
+    let result = launch(spec, &req, &mut clock);
     match result {
-        Ok((child, lifeline, stdin_w, stdout_r, stderr_r, report_r)) => {
+        Ok(l) => {
             let mut sc = SandboxedChild {
-                stdin: Some(stdin_w),
-                stdout: Some(stdout_r),
-                stderr: Some(stderr_r),
+                stdin: Some(l.stdin_w),
+                stdout: Some(l.stdout_r),
+                stderr: Some(l.stderr_r),
                 report: SandboxReport::default(),
-                pid: child.id() as i32,
-                pidfd: None,
-                child,
-                lifeline: Some(lifeline),
+                pid: l.pid,
+                pidfd: l.pidfd,
+                helper: l.helper,
+                lifeline: Some(l.lifeline),
                 cgroup: cg,
                 status: None,
             };
-            // SAFETY: pidfd_open on our own child, not yet reaped.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
-            if fd >= 0 {
-                // SAFETY: `fd` was just returned by pidfd_open.
-                sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            if sc.pidfd.is_none() {
+                // SAFETY: pidfd_open on our own child, not yet reaped.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
+                if fd >= 0 {
+                    // SAFETY: `fd` was just returned by pidfd_open.
+                    sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+                }
             }
+            let report_r = l.report_r;
             match read_report(report_r, &mut sc) {
-                Ok(report) => {
+                Ok(mut report) => {
+                    clock.stamp("report_eof (plugin exec'd)");
+                    if policy.timings {
+                        let mut all = std::mem::take(&mut clock.stamps);
+                        all.append(&mut report.timings_us);
+                        all.sort_by_key(|t| t.us);
+                        report.timings_us = all;
+                    }
                     sc.report = report;
                     sc.report.require(policy.min_level)?;
                     Ok(sc)
@@ -250,41 +277,115 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
     }
 }
 
-type Launched = (Child, UnixStream, OwnedFd, OwnedFd, OwnedFd, OwnedFd);
+struct Launched {
+    helper: HelperProc,
+    pid: i32,
+    pidfd: Option<OwnedFd>,
+    lifeline: UnixStream,
+    stdin_w: OwnedFd,
+    stdout_r: OwnedFd,
+    stderr_r: OwnedFd,
+    report_r: OwnedFd,
+}
 
-fn launch(spec: &SpawnSpec, req: &HelperRequest) -> Result<Launched, SandboxError> {
+fn launch(
+    spec: &SpawnSpec,
+    req: &HelperRequest,
+    clock: &mut HostClock,
+) -> Result<Launched, SandboxError> {
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
     let (report_r, report_w) = pipe()?;
     let (ctl_host, ctl_child) = UnixStream::pair().map_err(SandboxError::io("socketpair"))?;
+    let body =
+        serde_json::to_vec(req).map_err(|e| SandboxError::io("encode the request")(e.into()))?;
+    // The request goes first: the helper reads it as soon as it starts.
+    let rest = request::send_start(&ctl_host, &body, stdin_r.as_fd(), report_w.as_fd())
+        .map_err(SandboxError::io("send the request to the helper"))?;
+    // Our copies must go now: the report pipe's EOF and the plugin's stdin
+    // EOF depend on it (the helper's copies are in flight on the socket).
+    drop(stdin_r);
+    drop(report_w);
+    clock.stamp("request_queued");
+    if req.policy.fork_server {
+        let fds = [ctl_child.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
+        match forkserver::fork_helper(&spec.helper_exe, fds) {
+            Ok(f) => {
+                clock.stamp("helper forked by the fork server");
+                drop((ctl_child, stdout_w, stderr_w));
+                if let Err(e) = request::send_rest(&ctl_host, rest) {
+                    kill_helper(Some(&f.pidfd), f.pid);
+                    return Err(SandboxError::io("send the request to the helper")(e));
+                }
+                return Ok(Launched {
+                    helper: HelperProc::Forked,
+                    pid: f.pid,
+                    pidfd: Some(f.pidfd),
+                    lifeline: ctl_host,
+                    stdin_w,
+                    stdout_r,
+                    stderr_r,
+                    report_r,
+                });
+            }
+            Err(ForkError::Sent(source)) => {
+                return Err(SandboxError::SpawnHelper {
+                    helper: spec.helper_exe.clone(),
+                    source,
+                });
+            }
+            // No server (an old helper binary, or none could start):
+            // execute the helper directly.
+            Err(ForkError::NotSent) => {}
+        }
+    }
     let helper = spec.helper_exe.clone();
-    let child = on_spawner_thread(move || {
-        Command::new(&helper)
+    let (child, on_thread, spawned) = on_spawner_thread(move || {
+        let on_thread = crate::timing::now_ns();
+        let child = Command::new(&helper)
             .arg(HELPER_SUBCOMMAND)
             .env_clear()
             .current_dir("/")
             .stdin(Stdio::from(OwnedFd::from(ctl_child)))
             .stdout(Stdio::from(stdout_w))
             .stderr(Stdio::from(stderr_w))
-            .spawn()
-    })
-    .map_err(|source| SandboxError::SpawnHelper {
+            .spawn();
+        (child, on_thread, crate::timing::now_ns())
+    });
+    let child = child.map_err(|source| SandboxError::SpawnHelper {
         helper: spec.helper_exe.clone(),
         source,
     })?;
-    let sent = request::send(&ctl_host, req, stdin_r.as_fd(), report_w.as_fd());
-    // Our copies must go now: the report pipe's EOF and the plugin's stdin
-    // EOF depend on it.
-    drop(stdin_r);
-    drop(report_w);
-    if let Err(e) = sent {
+    if req.policy.timings {
+        clock.stamps.push(crate::timing::StageTiming {
+            stage: "spawner_thread_running".into(),
+            process: "host".into(),
+            us: on_thread.saturating_sub(clock.origin_ns) / 1000,
+        });
+        clock.stamps.push(crate::timing::StageTiming {
+            stage: "helper_spawned (its execve done)".into(),
+            process: "host".into(),
+            us: spawned.saturating_sub(clock.origin_ns) / 1000,
+        });
+    }
+    clock.stamp("back_from_spawner_thread");
+    if let Err(e) = request::send_rest(&ctl_host, rest) {
         let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
         return Err(SandboxError::io("send the request to the helper")(e));
     }
-    Ok((child, ctl_host, stdin_w, stdout_r, stderr_r, report_r))
+    Ok(Launched {
+        pid: child.id() as i32,
+        helper: HelperProc::Exec(child),
+        pidfd: None,
+        lifeline: ctl_host,
+        stdin_w,
+        stdout_r,
+        stderr_r,
+        report_r,
+    })
 }
 
 fn read_report(report_r: OwnedFd, sc: &mut SandboxedChild) -> Result<SandboxReport, SandboxError> {
@@ -390,7 +491,13 @@ impl SandboxedChild {
         let st = match self.status {
             Some(s) => s,
             None => {
-                let s = self.child.wait()?;
+                let s = match &mut self.helper {
+                    HelperProc::Exec(child) => child.wait()?,
+                    HelperProc::Forked => {
+                        self.poll_exit(-1)?;
+                        self.forked_status()
+                    }
+                };
                 self.status = Some(s);
                 s
             }
@@ -403,9 +510,58 @@ impl SandboxedChild {
     /// Non-blocking [`Self::wait`].
     pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         if self.status.is_none() {
-            self.status = self.child.try_wait()?;
+            self.status = match &mut self.helper {
+                HelperProc::Exec(child) => child.try_wait()?,
+                HelperProc::Forked => {
+                    if self.poll_exit(0)? {
+                        Some(self.forked_status())
+                    } else {
+                        None
+                    }
+                }
+            };
         }
         Ok(self.status)
+    }
+
+    /// A forked helper: whether it has exited (its pidfd is readable),
+    /// waiting up to `timeout_ms` (-1: forever).
+    fn poll_exit(&self, timeout_ms: i32) -> std::io::Result<bool> {
+        let Some(fd) = &self.pidfd else {
+            return Err(std::io::Error::other("forked helper without a pidfd"));
+        };
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            if n >= 0 {
+                return Ok(n > 0);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+
+    /// A forked helper that has exited: the status it sent on the control
+    /// socket, or SIGKILL when it sent none (killed outright).
+    fn forked_status(&self) -> ExitStatus {
+        use std::os::unix::process::ExitStatusExt;
+        let mut b = [0u8; 1];
+        let got = self.lifeline.as_ref().map_or(-1, |l| {
+            // SAFETY: reading at most one byte into a local buffer.
+            unsafe { libc::recv(l.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) }
+        });
+        if got == 1 {
+            ExitStatus::from_raw((b[0] as i32) << 8)
+        } else {
+            ExitStatus::from_raw(libc::SIGKILL)
+        }
     }
 
     fn wait_timeout(&mut self, t: Duration) -> Option<ExitStatus> {

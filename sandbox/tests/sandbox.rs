@@ -194,6 +194,23 @@ fn env_holds_only_the_allowlist() {
     }
 }
 
+#[test]
+fn a_request_larger_than_the_socket_buffer_still_arrives() {
+    // The request is queued before the helper starts, as far as the socket
+    // buffer takes it; the rest follows once the helper runs.
+    let ws = workspace();
+    let mut spec = spec(ws.path(), SandboxPolicy::default(), &["env".to_string()]);
+    let big = "x".repeat(100 << 10);
+    spec.env = (0..6)
+        .map(|i| (format!("SHAREDOS_BIG_{i}"), big.clone()))
+        .collect();
+    let mut child = spawn(&spec).unwrap();
+    let out = read_all(child.stdout.take().unwrap());
+    assert!(child.wait().unwrap().success());
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(ok(&v, "env").contains("SHAREDOS_BIG_5"), "{v}");
+}
+
 /// Read the probe's "started" line, so the daemon tree exists.
 fn wait_started(child: &mut sharedos_sandbox::SandboxedChild) -> BufReader<std::fs::File> {
     let mut r = BufReader::new(std::fs::File::from(child.stdout.take().unwrap()));
@@ -683,6 +700,62 @@ fn bench_measures_every_configuration() {
     assert_eq!(full.runs, 2);
     assert!(full.exec_min_us > 0);
     assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
+    // The full sandbox's spawn, stage by stage, host and helper side.
+    let has = |process: &str, prefix: &str| {
+        r.stages
+            .iter()
+            .any(|s| s.process == process && s.stage.starts_with(prefix))
+    };
+    assert!(has("host", "request_queued"), "{:?}", r.stages);
+    assert!(has("helper", "request_received"));
+    assert!(has("pid1", "root_built"));
+    assert!(has("plugin", "seccomp_installed"));
+    assert!(has("host", "report_eof"));
+}
+
+#[test]
+fn exit_status_and_kill_with_and_without_the_fork_server() {
+    for fork_server in [true, false] {
+        let mut policy = SandboxPolicy::default();
+        policy.fork_server = fork_server;
+        policy.timings = true;
+        let ws = workspace();
+        let mut child = spawn(&spec(ws.path(), policy.clone(), &["exit:7".to_string()])).unwrap();
+        let forked = child
+            .report
+            .timings_us
+            .iter()
+            .any(|t| t.stage.contains("fork server"));
+        assert_eq!(forked, fork_server);
+        assert_eq!(
+            child.wait().unwrap().code(),
+            Some(7),
+            "fork_server={fork_server}"
+        );
+        // A tree killed from the host: the helper dies by SIGKILL.
+        let mut child = spawn(&spec(ws.path(), policy, &["daemon:x".to_string()])).unwrap();
+        let _ = wait_started(&mut child);
+        child.kill_tree();
+        let st = child.wait().unwrap();
+        assert!(!st.success(), "fork_server={fork_server}: {st:?}");
+        assert!(child.try_wait().unwrap().is_some());
+    }
+}
+
+#[test]
+fn timings_are_recorded_only_when_asked() {
+    let (report, _, _) = run(SandboxPolicy::default(), &["uid"]);
+    assert!(report.timings_us.is_empty());
+    let mut policy = SandboxPolicy::default();
+    policy.timings = true;
+    let (report, _, _) = run(policy, &["uid"]);
+    let t = &report.timings_us;
+    assert!(t.windows(2).all(|w| w[0].us <= w[1].us), "{t:?}");
+    let last = t.last().unwrap();
+    assert!(last.stage.starts_with("report_eof") && last.process == "host");
+    for p in ["host", "helper", "pid1", "plugin"] {
+        assert!(t.iter().any(|s| s.process == p), "{p}: {t:?}");
+    }
 }
 
 #[test]

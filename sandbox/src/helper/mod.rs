@@ -20,6 +20,7 @@ use std::path::Path;
 
 mod plugin;
 mod reaper;
+pub(crate) mod server;
 
 use reaper::{block_term_and_chld, pid_one};
 
@@ -32,6 +33,7 @@ use crate::report::{
 };
 use crate::request::{self, HelperRequest};
 use crate::seccomp;
+use crate::timing::{self, stamp};
 use crate::{caps, cgroup};
 
 /// The control socket arrives as fd 0.
@@ -81,9 +83,34 @@ impl ReportPipe {
             message: f.message,
             errno: f.errno,
         });
+        exit_status_to_host(125);
         // SAFETY: _exit ends the process without running destructors,
         // which is what a forked child must do.
         unsafe { libc::_exit(125) }
+    }
+}
+
+/// The supervisor's control socket (-1 in pid 1 and the plugin, which do
+/// not hold it).
+static CTL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Tell the host the supervisor's exit code on the control socket: a
+/// helper forked by the fork server is not the host's child, so the host
+/// cannot `waitpid` it (one killed outright sends nothing, and the host
+/// reports SIGKILL). A no-op outside the supervisor.
+fn exit_status_to_host(code: i32) {
+    let fd = CTL_FD.load(std::sync::atomic::Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: sending one byte from a local buffer on the control
+        // socket, which the supervisor holds until it exits.
+        unsafe {
+            libc::send(
+                fd,
+                (&(code as u8) as *const u8).cast(),
+                1,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
     }
 }
 
@@ -96,22 +123,26 @@ pub(super) fn arm_parent_death_signal() {
     prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
 }
 
-/// Entry point of `sharedos __sandbox-exec`. `args` (after the subcommand)
-/// are not used: everything arrives on the control socket at fd 0.
+/// Entry point of `sharedos __sandbox-exec`. Without arguments, one helper:
+/// everything arrives on the control socket at fd 0. With `--fork-server`,
+/// the fork server ([`server`]), which forks one helper per spawn.
 pub fn helper_main(args: Vec<OsString>) -> ! {
-    if !args.is_empty() {
-        eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
-        std::process::exit(2);
-    }
+    let entered = timing::now_ns();
+    let server = match args.as_slice() {
+        [] => false,
+        [a] if a == server::FORK_SERVER_ARG => true,
+        _ => {
+            eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");
+            std::process::exit(2);
+        }
+    };
     // unshare(CLONE_NEWUSER) and a safe fork need a single-threaded
     // process: the host must dispatch here before it starts any runtime.
-    let threads = std::fs::read_to_string("/proc/self/status")
+    // procfs counts the threads in the link count of /proc/self/task (2 +
+    // threads): one statx instead of generating /proc/self/status.
+    let threads = std::fs::metadata("/proc/self/task")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        });
+        .map(|m| std::os::unix::fs::MetadataExt::nlink(&m).saturating_sub(2));
     if threads.is_some_and(|t| t != 1) {
         eprintln!(
             "sharedos __sandbox-exec: the helper must run single-threaded, found {} threads; \
@@ -120,9 +151,20 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
         );
         std::process::exit(125);
     }
+    if server {
+        server::serve();
+    }
+    run(entered, None);
+}
+
+/// One helper, executed by the host or forked by the fork server (then
+/// `parent` is the server's pid, which the lifeline checks against instead
+/// of the host's).
+fn run(entered: u64, parent: Option<i32>) -> ! {
     // Lifeline, part 1: armed before anything else, so a host that dies from
     // here on takes the helper with it (checked against the host pid below).
     arm_parent_death_signal();
+    CTL_FD.store(CONTROL_FD, std::sync::atomic::Ordering::Relaxed);
     let (req, stdin_r, report_w) = match request::receive(CONTROL_FD) {
         Ok(r) => r,
         Err(e) => {
@@ -130,14 +172,46 @@ pub fn helper_main(args: Vec<OsString>) -> ! {
                 "sharedos __sandbox-exec: no request on fd 0 ({e}). This is the sandbox helper of \
                  sharedos; it is not meant to be run by hand."
             );
+            exit_status_to_host(125);
             std::process::exit(125);
         }
     };
+    if req.policy.timings {
+        timing::enable(
+            req.origin_ns,
+            &[
+                (
+                    if parent.is_some() {
+                        "forked by the fork server"
+                    } else {
+                        "main_entered"
+                    },
+                    entered,
+                ),
+                ("request_received", timing::now_ns()),
+            ],
+        );
+    }
     let pipe = ReportPipe(report_w);
-    match supervise(req, stdin_r, &pipe) {
+    let parent = parent.unwrap_or(req.host_pid);
+    match supervise(req, stdin_r, &pipe, parent) {
         Ok(never) => match never {},
         Err(f) => pipe.fail(f),
     }
+}
+
+/// `uname -r` (a syscall, not a procfs read).
+fn kernel_release() -> String {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: uname NUL-terminates `release`, which lives in `u`.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn skeleton(req: &HelperRequest) -> SandboxReport {
@@ -152,9 +226,7 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
     SandboxReport {
         level: SandboxLevel::Minimal,
         missing: Vec::new(),
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        kernel: kernel_release(),
         host_uid: 0,
         uid_drop: off(l.drop_uid),
         userns: off(l.userns),
@@ -195,18 +267,24 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
             .iter()
             .map(|k| format!("environment variable {k} is not in the allowlist; dropped"))
             .collect(),
+        timings_us: Vec::new(),
     }
 }
 
 /// Steps 1–8, then fork pid 1 and wait.
-fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<Infallible, Fail> {
+fn supervise(
+    req: HelperRequest,
+    stdin_r: OwnedFd,
+    pipe: &ReportPipe,
+    parent: i32,
+) -> Result<Infallible, Fail> {
     let mut rep = skeleton(&req);
     let l = req.policy.layers.clone();
 
     // 1. Lifeline: the parent-death signal is racy (bubblewrap#633): if the
     // host died before it was armed we were reparented; check the pid.
     // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != req.host_pid {
+    if unsafe { libc::getppid() } != parent {
         return Err(fail(
             "lifeline",
             "the host exited before the helper started",
@@ -232,6 +310,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     }
     // SAFETY: `ctl` was just created and is owned here from now on.
     let ctl = unsafe { OwnedFd::from_raw_fd(ctl) };
+    CTL_FD.store(ctl.as_raw_fd(), std::sync::atomic::Ordering::Relaxed);
     // SAFETY: dup2 onto 0 replaces the control socket's old slot, which we
     // no longer use; stdin_r stays owned by its OwnedFd and is dropped next.
     if unsafe { libc::dup2(stdin_r.as_raw_fd(), 0) } < 0 {
@@ -240,6 +319,8 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     drop(stdin_r);
     fds::close_all_except(&[ctl.as_raw_fd(), pipe.0.as_raw_fd()])
         .map_err(|e| fail("fds", format!("close inherited fds: {e}")))?;
+
+    stamp("helper", "setsid_fds_done");
 
     // Test-only: emulate a host whose seccomp profile refuses user namespaces.
     if let Some(f) = &req.emulation_filter {
@@ -251,6 +332,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     // 4. Join the plugin's cgroups before anything forks.
     if !req.cgroup_paths.is_empty() {
         cgroup::join(&req.cgroup_paths, &mut rep.cgroup);
+        stamp("helper", "cgroup_joined");
     }
 
     // 5. Leave uid 0. Root without capabilities still reads /etc/shadow and
@@ -263,7 +345,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
         // The signal was re-armed after setresuid cleared it: close the
         // window in which the host could have died unnoticed.
         // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != req.host_pid {
+        if unsafe { libc::getppid() } != parent {
             return Err(fail("lifeline", "the host exited during the uid change"));
         }
     } else if !root {
@@ -277,12 +359,14 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
             .push("the plugin runs as host uid 0 (drop_uid is off)".into());
     }
 
+    stamp("helper", "uid_dropped");
     // 6. User namespace.
     if l.userns {
         rep.userns = match namespaces::enter_user(uid, gid) {
             Ok(()) => LayerStatus::Applied,
             Err(e) => LayerStatus::unavailable(format!("unshare(CLONE_NEWUSER): {e}")),
         };
+        stamp("helper", "userns_entered");
     }
     // 7. The other namespaces (need the user namespace unless still root).
     let mut wanted = Vec::new();
@@ -309,6 +393,7 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
         };
         *slot = st;
     }
+    stamp("helper", "other_namespaces_entered");
     if rep.mountns != LayerStatus::Applied && l.mountns {
         rep.root = LayerStatus::unavailable("no mount namespace");
     }
@@ -329,6 +414,8 @@ fn supervise(req: HelperRequest, stdin_r: OwnedFd, pipe: &ReportPipe) -> Result<
     }
     let pidns = rep.pidns == LayerStatus::Applied;
     if child == 0 {
+        stamp("pid1", "forked");
+        CTL_FD.store(-1, std::sync::atomic::Ordering::Relaxed);
         drop(alive_w);
         drop(ctl);
         if pidns {
@@ -482,8 +569,10 @@ fn wait_and_watch(
         // SAFETY: waiting on our own child; `status` is a valid out pointer.
         let w = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
         if w == child {
+            let code = exit_code(status);
+            exit_status_to_host(code);
             // SAFETY: plain exit of the supervisor.
-            unsafe { libc::_exit(exit_code(status)) }
+            unsafe { libc::_exit(code) }
         }
     }
     let mut status = 0;

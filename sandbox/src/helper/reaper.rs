@@ -11,6 +11,7 @@ use super::{Fail, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail,
 use crate::mounts::{self, RootSpec};
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
+use crate::timing::stamp;
 
 pub(super) fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
     // SAFETY: sigemptyset initializes the zeroed set; sigaddset only adds
@@ -125,6 +126,7 @@ pub(super) fn pid_one(
         .map_err(|e| fail("root", e))?;
         rep.warnings.extend(warnings);
         rep.root = LayerStatus::Applied;
+        stamp("pid1", "root_built");
     }
     drop(ws_fd);
     drop(prog_fd);
@@ -155,6 +157,7 @@ pub(super) fn pid_one(
         return Err(os_fail("fork", "fork plugin"));
     }
     if plugin == 0 {
+        stamp("plugin", "forked");
         arm_parent_death_signal();
         let r = plugin_exec(&req, &mut rep, mountns, &workdir, &tmpdir, &exe, pipe);
         match r {
