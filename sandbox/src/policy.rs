@@ -48,7 +48,10 @@ pub struct SandboxPolicy {
     pub timings: bool,
     /// Fork each helper from a fork server (one per helper binary, started
     /// with the first spawn) instead of executing the helper binary per
-    /// spawn. Every layer is still built anew for each spawn.
+    /// spawn. Every layer is still built anew for each spawn. Off by
+    /// default: the fork server is a long-lived child of the host, which a
+    /// host must account for (no process outlives its turn otherwise); it
+    /// saves about 1 ms a spawn (docs/BENCHMARKS.md).
     pub fork_server: bool,
 }
 
@@ -80,7 +83,7 @@ impl Default for SandboxPolicy {
             .to_vec(),
             emulate_no_userns: false,
             timings: false,
-            fork_server: true,
+            fork_server: false,
         }
     }
 }

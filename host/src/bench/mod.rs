@@ -271,6 +271,16 @@ pub async fn run(iterations: usize) -> i32 {
         .await,
         &mut failed,
     );
+    let echo_forked = show(
+        process::spawn_to_initialize(
+            process::sandbox_launcher_fork_server(&exe),
+            &exe,
+            "(d) spawn until initialize, echo, full sandbox, fork server",
+            spawns,
+        )
+        .await,
+        &mut failed,
+    );
     match process::find_bwrap() {
         Some(bwrap) => {
             let bw = show(
@@ -287,6 +297,12 @@ pub async fn run(iterations: usize) -> i32 {
                 println!(
                     "{}",
                     process::ratio_line("full sandbox / bwrap, target ≤ 0.4×", s, b)
+                );
+            }
+            if let (Some(s), Some(b)) = (&echo_forked, &bw) {
+                println!(
+                    "{}",
+                    process::ratio_line("full sandbox with the fork server / bwrap", s, b)
                 );
             }
         }

@@ -352,6 +352,18 @@ pub fn sandbox_launcher(exe: &Path) -> Arc<dyn Launcher> {
     })
 }
 
+/// The sandboxed launcher with the fork server on.
+pub fn sandbox_launcher_fork_server(exe: &Path) -> Arc<dyn Launcher> {
+    let policy = sharedos_sandbox::SandboxPolicy {
+        fork_server: true,
+        ..Default::default()
+    };
+    Arc::new(SandboxLauncher {
+        helper_exe: exe.to_path_buf(),
+        policy,
+    })
+}
+
 /// What each (d) figure is compared with.
 pub fn ratio_line(name: &str, a: &Figure, b: &Figure) -> String {
     format!(
