@@ -77,10 +77,18 @@ fn main() -> ExitCode {
         eprintln!("sharedos: could not raise the open-file limit: {e}");
     }
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // A command runs one turn at a time, so the host runs on one thread by
+    // default: no cross-thread wake-up on a tool call's path (the bench
+    // measures both, docs/BENCHMARKS.md). Blocking work (sandbox spawns,
+    // file tools, fsync) goes to tokio's blocking pool either way.
+    // `SHAREDOS_RUNTIME=multi` selects the multi-threaded runtime.
+    let multi = std::env::var_os("SHAREDOS_RUNTIME").is_some_and(|v| v == "multi");
+    let built = if multi {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    };
+    let runtime = match built {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sharedos: cannot start the async runtime: {e}");
