@@ -84,9 +84,13 @@ fn main() -> ExitCode {
     // `SHAREDOS_RUNTIME=multi` selects the multi-threaded runtime.
     let multi = std::env::var_os("SHAREDOS_RUNTIME").is_some_and(|v| v == "multi");
     let built = if multi {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     };
     let runtime = match built {
         Ok(r) => r,
