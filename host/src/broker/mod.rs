@@ -4,6 +4,7 @@
 //! descriptor; `process` hands in the child's pipes.
 
 pub mod peer;
+mod read;
 pub mod turn;
 
 pub use peer::{Inbound, Peer, PeerConfig, Replier, Violation, ViolationReason};

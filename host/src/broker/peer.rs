@@ -30,19 +30,18 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sharedos_protocol::codec::escaped_sample;
-use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
+use sharedos_protocol::jsonrpc::{self, RequestId, WireError};
 use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
-use tokio_util::bytes::BytesMut;
-use tokio_util::codec::{Decoder, FramedRead, FramedWrite};
+use tokio_util::codec::FramedWrite;
 use tokio_util::sync::CancellationToken;
 
 /// Bytes of a hostile line kept (escaped) in a violation.
@@ -147,7 +146,7 @@ impl Violation {
             sample: String::new(),
         }
     }
-    fn with_sample(mut self, bytes: &[u8]) -> Self {
+    pub(super) fn with_sample(mut self, bytes: &[u8]) -> Self {
         self.sample = escaped_sample(bytes, SAMPLE_BYTES);
         self
     }
@@ -192,23 +191,23 @@ pub enum Inbound {
     Closed(Violation),
 }
 
-struct Shared {
-    dead: CancellationToken,
-    violation: Mutex<Option<Violation>>,
-    outstanding: Mutex<HashSet<u64>>,
-    inflight: Mutex<HashSet<RequestId>>,
-    counted: AtomicU32,
-    budget: u32,
-    max_message_bytes: usize,
+pub(super) struct Shared {
+    pub(super) dead: CancellationToken,
+    pub(super) violation: Mutex<Option<Violation>>,
+    pub(super) outstanding: Mutex<HashSet<u64>>,
+    pub(super) inflight: Mutex<HashSet<RequestId>>,
+    pub(super) counted: AtomicU32,
+    pub(super) budget: u32,
+    pub(super) max_message_bytes: usize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
     /// Records the first fatal violation and marks the peer dead.
-    fn fail(&self, v: Violation) -> Violation {
+    pub(super) fn fail(&self, v: Violation) -> Violation {
         let mut slot = lock(&self.violation);
         if slot.is_none() {
             tracing::warn!(reason = v.reason.as_str(), sample = %v.sample, "plugin protocol violation: {}", v.detail);
@@ -218,7 +217,7 @@ impl Shared {
         slot.clone().unwrap_or(v)
     }
     /// Counts a dropped message; `Err` once the budget is spent.
-    fn count(&self, what: &str) -> Result<(), Violation> {
+    pub(super) fn count(&self, what: &str) -> Result<(), Violation> {
         let n = self.counted.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::debug!(violation = what, count = n, "plugin message dropped");
         if n > self.budget {
@@ -233,11 +232,11 @@ impl Shared {
 
 /// The answer slot of one incoming request.
 pub struct Replier {
-    id: RequestId,
-    shared: Arc<Shared>,
-    out: mpsc::Sender<String>,
-    _permit: Option<OwnedSemaphorePermit>,
-    answered: bool,
+    pub(super) id: RequestId,
+    pub(super) shared: Arc<Shared>,
+    pub(super) out: mpsc::Sender<String>,
+    pub(super) _permit: Option<OwnedSemaphorePermit>,
+    pub(super) answered: bool,
 }
 
 impl fmt::Debug for Replier {
@@ -342,7 +341,7 @@ impl Peer {
         let (out_tx, out_rx) = mpsc::channel(config.write_queue.max(1));
         let (in_tx, in_rx) = mpsc::channel(config.inbound_queue.max(1));
         let writer_task = tokio::spawn(write_loop(writer, out_rx, shared.clone(), config.clone()));
-        let reader_task = tokio::spawn(read_loop(
+        let reader_task = tokio::spawn(super::read::read_loop(
             reader,
             in_tx,
             out_tx.clone(),
@@ -486,252 +485,6 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                     ),
                 ));
                 return;
-            }
-        }
-    }
-}
-
-/// The NDJSON codec, keeping the first bytes of the line being decoded so
-/// that a framing violation (too long, not UTF-8) can show what it saw.
-/// A line always starts at the front of the buffer.
-struct Sampling {
-    inner: NdjsonCodec,
-    sample: Vec<u8>,
-}
-
-impl Sampling {
-    fn new(max: usize) -> Self {
-        Self {
-            inner: NdjsonCodec::new(max),
-            sample: Vec::with_capacity(SAMPLE_BYTES + 1),
-        }
-    }
-    fn keep(&mut self, src: &BytesMut) {
-        let head = &src[..src.len().min(SAMPLE_BYTES + 1)];
-        let line = head
-            .iter()
-            .position(|b| *b == b'\n')
-            .map_or(head, |nl| &head[..nl]);
-        self.sample.clear();
-        self.sample.extend_from_slice(line);
-    }
-}
-
-impl Decoder for Sampling {
-    type Item = String;
-    type Error = FrameError;
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<String>, FrameError> {
-        self.keep(src);
-        self.inner.decode(src)
-    }
-    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<String>, FrameError> {
-        self.keep(src);
-        self.inner.decode_eof(src)
-    }
-}
-
-/// A token bucket plus absolute count and byte budgets on notifications.
-struct Budget {
-    tokens: f64,
-    rate: f64,
-    burst: f64,
-    last: Instant,
-    count: u64,
-    bytes: u64,
-}
-
-impl Budget {
-    fn new(c: &PeerConfig) -> Self {
-        let (rate, burst) = c.notification_rate;
-        Self {
-            tokens: f64::from(burst),
-            rate: f64::from(rate),
-            burst: f64::from(burst),
-            last: Instant::now(),
-            count: 0,
-            bytes: 0,
-        }
-    }
-    fn take(&mut self, len: usize, c: &PeerConfig) -> Result<(), String> {
-        let now = Instant::now();
-        self.tokens =
-            (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.burst);
-        self.last = now;
-        self.count += 1;
-        self.bytes += len as u64;
-        if self.count > c.notification_budget {
-            return Err(format!(
-                "more than {} notifications in one turn",
-                c.notification_budget
-            ));
-        }
-        if self.bytes > c.notification_bytes_budget {
-            return Err(format!(
-                "more than {} bytes of notifications in one turn",
-                c.notification_bytes_budget
-            ));
-        }
-        if self.tokens < 1.0 {
-            return Err(format!(
-                "notifications faster than {}/s (burst {})",
-                c.notification_rate.0, c.notification_rate.1
-            ));
-        }
-        self.tokens -= 1.0;
-        Ok(())
-    }
-}
-
-async fn read_loop<R: AsyncRead + Unpin>(
-    reader: R,
-    tx: mpsc::Sender<Inbound>,
-    out: mpsc::Sender<String>,
-    shared: Arc<Shared>,
-    config: PeerConfig,
-) {
-    let violation = read_until_fatal(reader, &tx, &out, &shared, &config).await;
-    let v = shared.fail(violation);
-    // The consumer may be gone already; nothing else to do then.
-    let _ = tx.send(Inbound::Closed(v)).await;
-}
-
-async fn read_until_fatal<R: AsyncRead + Unpin>(
-    reader: R,
-    tx: &mpsc::Sender<Inbound>,
-    out: &mpsc::Sender<String>,
-    shared: &Arc<Shared>,
-    config: &PeerConfig,
-) -> Violation {
-    let mut framed = FramedRead::new(reader, Sampling::new(config.max_message_bytes));
-    let permits = Arc::new(Semaphore::new(config.max_inflight_requests));
-    let mut budget = Budget::new(config);
-    let consumer_gone = || Violation::new(ViolationReason::Io, "the consumer has stopped");
-    loop {
-        let line = match framed.next().await {
-            None => {
-                return Violation::new(ViolationReason::PluginExited, "EOF on the plugin's stdout");
-            }
-            Some(Err(FrameError::TooLarge { limit })) => {
-                return Violation::new(
-                    ViolationReason::FrameTooLarge,
-                    format!("a line exceeded {limit} bytes"),
-                )
-                .with_sample(&framed.decoder().sample);
-            }
-            Some(Err(FrameError::InvalidUtf8)) => {
-                return Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8")
-                    .with_sample(&framed.decoder().sample);
-            }
-            Some(Err(FrameError::Io(e))) => {
-                return Violation::new(
-                    ViolationReason::Io,
-                    format!("reading the plugin's stdout failed: {e}"),
-                );
-            }
-            Some(Ok(line)) => line,
-        };
-        if line.trim().is_empty() {
-            if let Err(why) = budget.take(line.len(), config) {
-                return Violation::new(ViolationReason::RateLimitExceeded, why);
-            }
-            if let Err(v) = shared.count(EMPTY_LINE) {
-                return v;
-            }
-            continue;
-        }
-        let msg = match jsonrpc::classify(&line) {
-            Ok(m) => m,
-            Err(e) => {
-                let reason = match e {
-                    jsonrpc::EnvelopeError::InvalidJson => ViolationReason::InvalidJson,
-                    jsonrpc::EnvelopeError::Batch => ViolationReason::BatchNotSupported,
-                    jsonrpc::EnvelopeError::InvalidEnvelope(_) => ViolationReason::InvalidEnvelope,
-                };
-                return Violation::new(reason, e.to_string()).with_sample(line.as_bytes());
-            }
-        };
-        match msg {
-            Incoming::Request { id, method, params } => {
-                if lock(&shared.inflight).contains(&id) {
-                    return Violation::new(
-                        ViolationReason::DuplicateInflightId,
-                        format!("request id {id} reused while still in flight"),
-                    );
-                }
-                if !config.request_methods.contains(&method.as_ref()) {
-                    if let Err(v) = shared.count(UNKNOWN_METHOD) {
-                        return v;
-                    }
-                    let err = WireError::new(ErrorKind::MethodNotFound, "method not found");
-                    if out.send(jsonrpc::error_response(&id, &err)).await.is_err() {
-                        return consumer_gone();
-                    }
-                    continue;
-                }
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    let err = WireError::new(
-                        ErrorKind::Overloaded,
-                        "too many requests in flight; retry later",
-                    )
-                    .with("retryAfterMs", 100.into());
-                    if out.send(jsonrpc::error_response(&id, &err)).await.is_err() {
-                        return consumer_gone();
-                    }
-                    continue;
-                };
-                lock(&shared.inflight).insert(id.clone());
-                let reply = Replier {
-                    id,
-                    shared: shared.clone(),
-                    out: out.clone(),
-                    _permit: Some(permit),
-                    answered: false,
-                };
-                let item = Inbound::Request {
-                    method: method.into_owned(),
-                    params: params.map(RawValue::to_owned),
-                    reply,
-                };
-                if tx.send(item).await.is_err() {
-                    return consumer_gone();
-                }
-            }
-            Incoming::Notification { method, params } => {
-                if let Err(why) = budget.take(line.len(), config) {
-                    return Violation::new(ViolationReason::RateLimitExceeded, why);
-                }
-                if !config.notification_methods.contains(&method.as_ref()) {
-                    if let Err(v) = shared.count(UNKNOWN_NOTIFICATION) {
-                        return v;
-                    }
-                    continue;
-                }
-                let item = Inbound::Notification {
-                    method: method.into_owned(),
-                    params: params.map(RawValue::to_owned),
-                };
-                if tx.send(item).await.is_err() {
-                    return consumer_gone();
-                }
-            }
-            Incoming::Response { id, result } => {
-                let known = match id {
-                    RequestId::Number(n) => lock(&shared.outstanding).remove(&n).then_some(n),
-                    RequestId::String(_) => None,
-                };
-                let Some(n) = known else {
-                    if let Err(v) = shared.count(UNKNOWN_RESPONSE_ID) {
-                        return v;
-                    }
-                    continue;
-                };
-                let item = Inbound::Response {
-                    id: n,
-                    result: result.map(RawValue::to_owned),
-                };
-                if tx.send(item).await.is_err() {
-                    return consumer_gone();
-                }
             }
         }
     }
