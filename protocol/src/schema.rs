@@ -4,7 +4,7 @@
 //! a test fails when the types and the file drift. Regenerate it with
 //! `SHAREDOS_BLESS=1 cargo test -p sharedos-protocol schema`.
 
-use schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
+use schemars::{SchemaGenerator, generate::SchemaSettings};
 use serde_json::{Value, json};
 
 use crate::*;
@@ -14,54 +14,24 @@ use crate::*;
 pub fn bundle() -> Value {
     let settings = SchemaSettings::draft2020_12();
     let mut generator = SchemaGenerator::new(settings);
-    let add = |name: &str, schema: schemars::Schema| (name.to_owned(), schema.to_value());
-    let mut entries = vec![
-        add(
-            "InitializeParams",
-            generator.subschema_for::<InitializeParams>(),
-        ),
-        add(
-            "InitializeResult",
-            generator.subschema_for::<InitializeResult>(),
-        ),
-        add("TurnRunParams", generator.subschema_for::<TurnRunParams>()),
-        add(
-            "TurnDrainingParams",
-            generator.subschema_for::<TurnDrainingParams>(),
-        ),
-        add(
-            "TurnAbortParams",
-            generator.subschema_for::<TurnAbortParams>(),
-        ),
-        add(
-            "InvokeToolParams",
-            generator.subschema_for::<InvokeToolParams>(),
-        ),
-        add("EmitParams", generator.subschema_for::<EmitParams>()),
-        add(
-            "AnnotateParams",
-            generator.subschema_for::<AnnotateParams>(),
-        ),
-        add(
-            "RuntimeTurnOutcome",
-            generator.subschema_for::<RuntimeTurnOutcome>(),
-        ),
-        add("ToolResult", generator.subschema_for::<ToolResult>()),
-        add(
-            "ExecutionRequest",
-            generator.subschema_for::<ExecutionRequest>(),
-        ),
-        add(
-            "ExecutionResult",
-            generator.subschema_for::<ExecutionResult>(),
-        ),
-    ];
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    // Registering each message type puts it, and every type it uses,
+    // under `$defs`; the `methods` index refers to them there.
+    generator.subschema_for::<InitializeParams>();
+    generator.subschema_for::<InitializeResult>();
+    generator.subschema_for::<TurnRunParams>();
+    generator.subschema_for::<TurnDrainingParams>();
+    generator.subschema_for::<TurnAbortParams>();
+    generator.subschema_for::<InvokeToolParams>();
+    generator.subschema_for::<EmitParams>();
+    generator.subschema_for::<AnnotateParams>();
+    generator.subschema_for::<RuntimeTurnOutcome>();
+    generator.subschema_for::<ToolResult>();
+    generator.subschema_for::<ExecutionRequest>();
+    generator.subschema_for::<ExecutionResult>();
     let mut defs = serde_json::Map::new();
     for (name, def) in generator.take_definitions(true) {
         defs.insert(name, def);
     }
-    let _ = entries; // every entry above is a `$ref` into `defs`
     let methods = json!({
         methods::INITIALIZE: {"direction": "host_to_plugin", "kind": "request",
             "params": {"$ref": "#/$defs/InitializeParams"}, "result": {"$ref": "#/$defs/InitializeResult"}},
@@ -114,9 +84,6 @@ pub fn bundle_text() -> String {
     s.push('\n');
     s
 }
-
-#[allow(dead_code)]
-fn _assert_schema<T: JsonSchema>() {}
 
 #[cfg(test)]
 mod tests {

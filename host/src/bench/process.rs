@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sharedos_protocol::{ConnectionLimits, RuntimeManifest};
 use tokio::net::unix::pipe;
 
@@ -372,9 +372,4 @@ pub fn ratio_line(name: &str, a: &Figure, b: &Figure) -> String {
         a.median_us,
         b.median_us
     )
-}
-
-/// Pretty JSON of a figure list, for the record.
-pub fn to_json(figures: &[&Figure]) -> Value {
-    json!(figures)
 }
