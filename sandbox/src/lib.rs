@@ -58,5 +58,7 @@ pub use report::{
     CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
     SeccompReport, SelfCheck,
 };
-pub use spawn::{HELPER_SUBCOMMAND, KillHandle, SandboxedChild, SpawnSpec, spawn};
+pub use spawn::{
+    HELPER_SUBCOMMAND, KillHandle, PreparedSandbox, SandboxedChild, SpawnSpec, prepare, spawn,
+};
 pub use timing::StageTiming;

@@ -188,6 +188,12 @@ pub struct SandboxReport {
     /// call to `spawn` (only with `policy.timings`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timings_us: Vec<crate::timing::StageTiming>,
+    /// The sandbox was prepared ahead of the turn (`policy.warm`): every
+    /// layer was built and this report written before the host asked for
+    /// it; the plugin's `execve` came with the start order. Nothing of the
+    /// plugin ran before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prepared: bool,
 }
 
 /// One layer that is missing for the next level, with what to do about it.

@@ -1,6 +1,7 @@
 //! What the host hands the helper on the control socket: one length-prefixed
 //! JSON object (never argv, which is world-readable in `/proc/<pid>/cmdline`)
-//! plus two fds by SCM_RIGHTS: the plugin's stdin and the report pipe.
+//! plus two or three fds by SCM_RIGHTS: the plugin's stdin, the report
+//! pipe, and for a prepared sandbox the pipe its start order comes on.
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -42,6 +43,22 @@ pub(crate) struct HelperRequest {
     /// `CLOCK_MONOTONIC` ns when the host entered `spawn` (the origin of
     /// the report's `timings_us`).
     pub origin_ns: u64,
+    /// A prepared sandbox: once the report is sent, the plugin process
+    /// waits for one byte on the start pipe (the third fd) before its
+    /// `execve`; EOF instead means the host discarded it, and it exits.
+    #[serde(default)]
+    pub hold: bool,
+}
+
+/// The start order of a prepared sandbox, on its start pipe.
+pub(crate) const START_BYTE: u8 = b'G';
+
+/// The fds that come with a request.
+pub(crate) struct RequestFds {
+    pub stdin_r: OwnedFd,
+    pub report_w: OwnedFd,
+    /// The start pipe of a prepared sandbox (`hold`).
+    pub start_r: Option<OwnedFd>,
 }
 
 /// Host side, before the helper exists: queue the request and the two fds
@@ -55,9 +72,11 @@ pub(crate) fn send_start<'a>(
     body: &'a [u8],
     stdin_r: BorrowedFd,
     report_w: BorrowedFd,
+    start_r: Option<BorrowedFd>,
 ) -> std::io::Result<&'a [u8]> {
     let len = (body.len() as u64).to_le_bytes();
-    let fds = [stdin_r.as_raw_fd(), report_w.as_raw_fd()];
+    let mut fds = vec![stdin_r.as_raw_fd(), report_w.as_raw_fd()];
+    fds.extend(start_r.map(|f| f.as_raw_fd()));
     let iov = [std::io::IoSlice::new(&len)];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     // MSG_NOSIGNAL: a helper that died early is an error, not a SIGPIPE
@@ -93,9 +112,9 @@ pub(crate) fn send_rest(sock: &UnixStream, mut rest: &[u8]) -> std::io::Result<(
 }
 
 /// Helper side: receive the request and the fds (close-on-exec).
-pub(crate) fn receive(fd: RawFd) -> std::io::Result<(HelperRequest, OwnedFd, OwnedFd)> {
+pub(crate) fn receive(fd: RawFd) -> std::io::Result<(HelperRequest, RequestFds)> {
     let mut len = [0u8; 8];
-    let mut cmsg_buf = nix::cmsg_space!([RawFd; 2]);
+    let mut cmsg_buf = nix::cmsg_space!([RawFd; 3]);
     let mut fds: Vec<OwnedFd> = Vec::new();
     let got = {
         let mut iov = [std::io::IoSliceMut::new(&mut len)];
@@ -132,13 +151,23 @@ pub(crate) fn receive(fd: RawFd) -> std::io::Result<(HelperRequest, OwnedFd, Own
     let mut body = vec![0u8; n as usize];
     s.read_exact(&mut body)?;
     let req: HelperRequest = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
-    if fds.len() != 2 {
+    let want = if req.hold { 3 } else { 2 };
+    if fds.len() != want {
         return Err(std::io::Error::other(format!(
-            "expected 2 fds with the request, got {}",
+            "expected {want} fds with the request, got {}",
             fds.len()
         )));
     }
-    let report_w = fds.pop().unwrap();
-    let stdin_r = fds.pop().unwrap();
-    Ok((req, stdin_r, report_w))
+    let mut fds = fds.into_iter();
+    let (Some(stdin_r), Some(report_w)) = (fds.next(), fds.next()) else {
+        return Err(std::io::Error::other("fds missing from the request"));
+    };
+    Ok((
+        req,
+        RequestFds {
+            stdin_r,
+            report_w,
+            start_r: fds.next(),
+        },
+    ))
 }

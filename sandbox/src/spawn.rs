@@ -182,6 +182,81 @@ fn check_paths(spec: &SpawnSpec) -> Result<(), SandboxError> {
 /// against `spec.policy.min_level` (below it, the tree is killed and
 /// [`SandboxError::BelowMinimum`] names each missing layer).
 pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
+    begin(spec, false)?.start()
+}
+
+/// Build a sandbox for `spec` ahead of need: every layer, the report (checked
+/// against `policy.min_level`), the plugin process waiting right before its
+/// `execve`. [`PreparedSandbox::start`] then only execs the plugin. Nothing
+/// of the plugin runs before that; dropping the prepared sandbox kills it.
+pub fn prepare(spec: &SpawnSpec) -> Result<PreparedSandbox, SandboxError> {
+    begin(spec, true)
+}
+
+/// A sandbox built by [`prepare`], its plugin not yet executed.
+#[derive(Debug)]
+pub struct PreparedSandbox {
+    child: SandboxedChild,
+    /// Where the start order goes (`None` for a plain [`spawn`], whose
+    /// plugin execs as soon as its report is written).
+    start: Option<UnixStream>,
+    reader: ReportReader,
+    clock: HostClock,
+    timings: bool,
+}
+
+impl PreparedSandbox {
+    /// What the sandbox enforces (already checked against the minimum).
+    pub fn report(&self) -> &SandboxReport {
+        &self.child.report
+    }
+
+    /// Pid of the helper (the supervisor) of the prepared tree.
+    pub fn pid(&self) -> i32 {
+        self.child.pid
+    }
+
+    /// Whether the prepared tree is still there to be started (a tree
+    /// killed from outside, by the OOM killer or an operator, is not).
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Exec the plugin. Returns once its `execve` succeeded; an exec that
+    /// failed is the helper's error, and the tree is gone.
+    pub fn start(mut self) -> Result<SandboxedChild, SandboxError> {
+        if let Some(start) = self.start.take() {
+            self.clock.stamp("start order sent");
+            let sent = nix::sys::socket::send(
+                start.as_raw_fd(),
+                &[crate::request::START_BYTE],
+                nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+            );
+            if sent != Ok(1) {
+                let status = self
+                    .child
+                    .wait_timeout(Duration::from_secs(5))
+                    .map(|s| format!("{s}"))
+                    .unwrap_or_else(|| "still running".into());
+                return Err(SandboxError::NoReport { status });
+            }
+            self.child.report.prepared = true;
+        }
+        self.reader.deadline = Instant::now() + SETUP_TIMEOUT;
+        self.reader.until_eof()?;
+        self.clock.stamp("report_eof (plugin exec'd)");
+        if self.timings {
+            let report = &mut self.child.report;
+            let mut all = std::mem::take(&mut self.clock.stamps);
+            all.append(&mut report.timings_us);
+            all.sort_by_key(|t| t.us);
+            report.timings_us = all;
+        }
+        Ok(self.child)
+    }
+}
+
+fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> {
     let policy = &spec.policy;
     let mut clock = HostClock::new(policy.timings);
     check_paths(spec)?;
@@ -227,54 +302,53 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
         cgroup: cgroup_report,
         dropped_env: dropped_env.into_iter().map(|(k, _)| k).collect(),
         origin_ns: clock.origin_ns,
+        hold,
     };
 
-    let result = launch(spec, &req, &mut clock);
-    match result {
-        Ok(l) => {
-            let mut sc = SandboxedChild {
-                stdin: Some(l.stdin_w),
-                stdout: Some(l.stdout_r),
-                stderr: Some(l.stderr_r),
-                report: SandboxReport::default(),
-                pid: l.pid,
-                pidfd: l.pidfd,
-                helper: l.helper,
-                lifeline: Some(l.lifeline),
-                cgroup: cg,
-                status: None,
-            };
-            if sc.pidfd.is_none() {
-                // SAFETY: pidfd_open on our own child, not yet reaped.
-                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
-                if fd >= 0 {
-                    // SAFETY: `fd` was just returned by pidfd_open.
-                    sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-                }
-            }
-            let report_r = l.report_r;
-            match read_report(report_r, &mut sc) {
-                Ok(mut report) => {
-                    clock.stamp("report_eof (plugin exec'd)");
-                    if policy.timings {
-                        let mut all = std::mem::take(&mut clock.stamps);
-                        all.append(&mut report.timings_us);
-                        all.sort_by_key(|t| t.us);
-                        report.timings_us = all;
-                    }
-                    sc.report = report;
-                    sc.report.require(policy.min_level)?;
-                    Ok(sc)
-                }
-                Err(e) => Err(e), // `sc` drops: tree killed, cgroup removed
-            }
-        }
+    let l = match launch(spec, &req, &mut clock) {
+        Ok(l) => l,
         Err(e) => {
             cg.kill();
             cg.remove();
-            Err(e)
+            return Err(e);
+        }
+    };
+    let mut sc = SandboxedChild {
+        stdin: Some(l.stdin_w),
+        stdout: Some(l.stdout_r),
+        stderr: Some(l.stderr_r),
+        report: SandboxReport::default(),
+        pid: l.pid,
+        pidfd: l.pidfd,
+        helper: l.helper,
+        lifeline: Some(l.lifeline),
+        cgroup: cg,
+        status: None,
+    };
+    if sc.pidfd.is_none() {
+        // SAFETY: pidfd_open on our own child, not yet reaped.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
+        if fd >= 0 {
+            // SAFETY: `fd` was just returned by pidfd_open.
+            sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
         }
     }
+    // From here on an error drops `sc`: tree killed, cgroup removed.
+    let mut reader = ReportReader {
+        file: std::fs::File::from(l.report_r),
+        buf: Vec::new(),
+        deadline: Instant::now() + SETUP_TIMEOUT,
+    };
+    sc.report = reader.until_report(&mut sc)?;
+    clock.stamp("report received");
+    sc.report.require(policy.min_level)?;
+    Ok(PreparedSandbox {
+        child: sc,
+        start: l.start,
+        reader,
+        clock,
+        timings: policy.timings,
+    })
 }
 
 struct Launched {
@@ -286,6 +360,7 @@ struct Launched {
     stdout_r: OwnedFd,
     stderr_r: OwnedFd,
     report_r: OwnedFd,
+    start: Option<UnixStream>,
 }
 
 fn launch(
@@ -298,15 +373,31 @@ fn launch(
     let (stderr_r, stderr_w) = pipe()?;
     let (report_r, report_w) = pipe()?;
     let (ctl_host, ctl_child) = UnixStream::pair().map_err(SandboxError::io("socketpair"))?;
+    // A prepared sandbox's start order travels on a socket, not a pipe: a
+    // send with MSG_NOSIGNAL never raises SIGPIPE in a host whose plugin
+    // tree died.
+    let (start, start_r) = if req.hold {
+        let (host, child) = UnixStream::pair().map_err(SandboxError::io("socketpair"))?;
+        (Some(host), Some(child))
+    } else {
+        (None, None)
+    };
     let body =
         serde_json::to_vec(req).map_err(|e| SandboxError::io("encode the request")(e.into()))?;
     // The request goes first: the helper reads it as soon as it starts.
-    let rest = request::send_start(&ctl_host, &body, stdin_r.as_fd(), report_w.as_fd())
-        .map_err(SandboxError::io("send the request to the helper"))?;
+    let rest = request::send_start(
+        &ctl_host,
+        &body,
+        stdin_r.as_fd(),
+        report_w.as_fd(),
+        start_r.as_ref().map(|s| s.as_fd()),
+    )
+    .map_err(SandboxError::io("send the request to the helper"))?;
     // Our copies must go now: the report pipe's EOF and the plugin's stdin
     // EOF depend on it (the helper's copies are in flight on the socket).
     drop(stdin_r);
     drop(report_w);
+    drop(start_r);
     clock.stamp("request_queued");
     if req.policy.fork_server {
         let fds = [ctl_child.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
@@ -327,6 +418,7 @@ fn launch(
                     stdout_r,
                     stderr_r,
                     report_r,
+                    start,
                 });
             }
             Err(ForkError::Sent(source)) => {
@@ -385,72 +477,124 @@ fn launch(
         stdout_r,
         stderr_r,
         report_r,
+        start,
     })
 }
 
-fn read_report(report_r: OwnedFd, sc: &mut SandboxedChild) -> Result<SandboxReport, SandboxError> {
-    let deadline = Instant::now() + SETUP_TIMEOUT;
-    let mut buf = Vec::new();
-    let mut file = std::fs::File::from(report_r);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut pfd = libc::pollfd {
-            fd: file.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n == 0 {
-            return Err(SandboxError::Timeout(SETUP_TIMEOUT));
-        }
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
+/// The host's end of the report pipe: newline-delimited messages, then EOF
+/// when the plugin's `execve` closes the helper's close-on-exec copy.
+#[derive(Debug)]
+struct ReportReader {
+    file: std::fs::File,
+    buf: Vec<u8>,
+    deadline: Instant,
+}
+
+impl ReportReader {
+    /// The next whole line, or `None` at EOF.
+    fn next_line(&mut self) -> Result<Option<Vec<u8>>, SandboxError> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Ok(Some(line));
             }
-            return Err(SandboxError::io("poll the report pipe")(e));
-        }
-        let mut chunk = [0u8; 16 << 10];
-        let r = file
-            .read(&mut chunk)
-            .map_err(SandboxError::io("read the report pipe"))?;
-        if r == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..r]);
-        if buf.len() > MAX_REPORT {
-            return Err(SandboxError::BadReport("report larger than 1 MiB".into()));
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: self.file.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n =
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            if n == 0 {
+                return Err(SandboxError::Timeout(SETUP_TIMEOUT));
+            }
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(SandboxError::io("poll the report pipe")(e));
+            }
+            let mut chunk = [0u8; 16 << 10];
+            let r = self
+                .file
+                .read(&mut chunk)
+                .map_err(SandboxError::io("read the report pipe"))?;
+            if r == 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                // A last line without its newline.
+                return Ok(Some(std::mem::take(&mut self.buf)));
+            }
+            self.buf.extend_from_slice(&chunk[..r]);
+            if self.buf.len() > MAX_REPORT {
+                return Err(SandboxError::BadReport("report larger than 1 MiB".into()));
+            }
         }
     }
-    let mut report = None;
-    for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        match serde_json::from_slice::<HelperMessage>(line) {
-            Ok(HelperMessage::Report(r)) => report = Some(*r),
-            Ok(HelperMessage::Error {
-                stage,
-                message,
-                errno,
-            }) => {
-                return Err(SandboxError::Setup {
+
+    /// The next message, skipping empty lines; `None` at EOF.
+    fn next_message(&mut self) -> Result<Option<HelperMessage>, SandboxError> {
+        loop {
+            let Some(line) = self.next_line()? else {
+                return Ok(None);
+            };
+            let line = line.trim_ascii();
+            if line.is_empty() {
+                continue;
+            }
+            return match serde_json::from_slice::<HelperMessage>(line) {
+                Ok(HelperMessage::Error {
                     stage,
                     message,
                     errno,
-                });
+                }) => Err(SandboxError::Setup {
+                    stage,
+                    message,
+                    errno,
+                }),
+                Ok(m) => Ok(Some(m)),
+                Err(e) => Err(SandboxError::BadReport(e.to_string())),
+            };
+        }
+    }
+
+    /// Read until the helper's report (written right before `execve`).
+    fn until_report(&mut self, sc: &mut SandboxedChild) -> Result<SandboxReport, SandboxError> {
+        match self.next_message()? {
+            Some(HelperMessage::Report(r)) => Ok(*r),
+            Some(HelperMessage::Error { .. }) => unreachable_error(),
+            None => Err(no_report(sc)),
+        }
+    }
+
+    /// After the report: EOF means the `execve` succeeded; an error
+    /// message means it failed.
+    fn until_eof(&mut self) -> Result<(), SandboxError> {
+        match self.next_message()? {
+            None => Ok(()),
+            Some(HelperMessage::Report(_)) => {
+                Err(SandboxError::BadReport("a second report".into()))
             }
-            Err(e) => return Err(SandboxError::BadReport(e.to_string())),
+            Some(HelperMessage::Error { .. }) => unreachable_error(),
         }
     }
-    match report {
-        Some(r) => Ok(r),
-        None => {
-            let status = sc
-                .wait_timeout(Duration::from_secs(5))
-                .map(|s| format!("{s}"))
-                .unwrap_or_else(|| "still running".into());
-            Err(SandboxError::NoReport { status })
-        }
-    }
+}
+
+/// `next_message` turns error messages into errors: never reached.
+fn unreachable_error<T>() -> Result<T, SandboxError> {
+    Err(SandboxError::BadReport("unexpected error message".into()))
+}
+
+fn no_report(sc: &mut SandboxedChild) -> SandboxError {
+    let status = sc
+        .wait_timeout(Duration::from_secs(5))
+        .map(|s| format!("{s}"))
+        .unwrap_or_else(|| "still running".into());
+    SandboxError::NoReport { status }
 }
 
 impl SandboxedChild {

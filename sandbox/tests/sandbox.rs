@@ -951,3 +951,91 @@ fn extra_read_only_paths_are_bound_read_only() {
             .any(|w| w.contains("/tmp/not-allowed"))
     );
 }
+
+/// A prepared sandbox (`prepare`): every layer and the report exist before
+/// the plugin does; nothing of it runs until `start`, and then it runs with
+/// the same report, marked as prepared.
+#[test]
+fn a_prepared_sandbox_runs_nothing_until_started() {
+    let ws = workspace();
+    let token = format!("daemon:prepared-{}", std::process::id());
+    let mut prepared = sharedos_sandbox::prepare(&spec(
+        ws.path(),
+        SandboxPolicy::default(),
+        std::slice::from_ref(&token),
+    ))
+    .unwrap();
+    assert_eq!(prepared.report().level, SandboxLevel::Strong);
+    assert!(!prepared.report().prepared);
+    assert!(prepared.is_alive());
+    // The helper is up; the plugin binary is not running.
+    assert!(!is_dead(prepared.pid()));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(pids_with_token(&token).is_empty(), "the plugin ran early");
+    let mut child = prepared.start().unwrap();
+    assert!(child.report.prepared);
+    assert_eq!(child.report.level, SandboxLevel::Strong);
+    let _stdout = wait_started(&mut child);
+    let mut pids = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        pids = pids_with_token(&token);
+        pids.len() >= 2
+    }));
+    drop(child);
+    assert!(eventually(Duration::from_secs(10), || pids
+        .iter()
+        .all(|p| is_dead(*p))));
+}
+
+#[test]
+fn a_prepared_sandbox_runs_the_probe_with_every_layer() {
+    let ws = workspace();
+    let ops = ["uid", "status", "fds", "procs", "cwd"].map(String::from);
+    let prepared =
+        sharedos_sandbox::prepare(&spec(ws.path(), SandboxPolicy::default(), &ops)).unwrap();
+    let mut child = prepared.start().unwrap();
+    drop(child.stdin.take());
+    let out = read_all(child.stdout.take().unwrap());
+    assert!(child.wait().unwrap().success(), "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    // The plugin sees the same sandbox a plain spawn gives: no root, no
+    // capabilities, seccomp filter mode, only fds 0-2.
+    assert_ne!(ok(&v, "uid"), "0", "{v}");
+    let status = ok(&v, "status");
+    assert!(status.contains("CapEff: 0000000000000000"), "{status}");
+    assert!(status.contains("CapBnd: 0000000000000000"), "{status}");
+    assert!(status.contains("NoNewPrivs: 1"), "{status}");
+    assert!(status.contains("Seccomp: 2"), "{status}");
+    assert_eq!(ok(&v, "fds"), "0,1,2", "{v}");
+    assert_eq!(ok(&v, "cwd"), "/workspace");
+    // The start pipe did not follow the plugin, and only the reaper and
+    // the probe exist in its pid namespace.
+    assert_eq!(ok(&v, "procs"), "2");
+    assert_eq!(child.report.fds, vec![0, 1, 2]);
+}
+
+#[test]
+fn dropping_a_prepared_sandbox_leaves_nothing() {
+    let ws = workspace();
+    let token = format!("daemon:discarded-{}", std::process::id());
+    let prepared = sharedos_sandbox::prepare(&spec(
+        ws.path(),
+        SandboxPolicy::default(),
+        std::slice::from_ref(&token),
+    ))
+    .unwrap();
+    let helper = prepared.pid();
+    let cgroups = prepared.report().cgroup.paths.clone();
+    drop(prepared);
+    assert!(eventually(Duration::from_secs(10), || is_dead(helper)));
+    for cg in cgroups {
+        assert!(
+            !std::path::Path::new(&cg).exists(),
+            "cgroup {cg} left behind"
+        );
+    }
+    assert!(
+        pids_with_token(&token).is_empty(),
+        "the discarded plugin ran"
+    );
+}

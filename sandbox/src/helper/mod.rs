@@ -63,8 +63,9 @@ pub(super) fn os_fail(stage: &'static str, what: &str) -> Fail {
 }
 
 /// The report pipe (close-on-exec: it closes by itself when `execve`
-/// succeeds, so EOF without a report means the exec failed).
-pub(super) struct ReportPipe(pub(super) OwnedFd);
+/// succeeds, so EOF without a report means the exec failed), and the start
+/// pipe of a prepared sandbox (read end, close-on-exec too).
+pub(super) struct ReportPipe(pub(super) OwnedFd, pub(super) Option<OwnedFd>);
 
 impl ReportPipe {
     pub(super) fn send(&self, msg: &HelperMessage) {
@@ -165,7 +166,7 @@ fn run(entered: u64, parent: Option<i32>) -> ! {
     // here on takes the helper with it (checked against the host pid below).
     arm_parent_death_signal();
     CTL_FD.store(CONTROL_FD, std::sync::atomic::Ordering::Relaxed);
-    let (req, stdin_r, report_w) = match request::receive(CONTROL_FD) {
+    let (req, fds) = match request::receive(CONTROL_FD) {
         Ok(r) => r,
         Err(e) => {
             eprintln!(
@@ -192,9 +193,9 @@ fn run(entered: u64, parent: Option<i32>) -> ! {
             ],
         );
     }
-    let pipe = ReportPipe(report_w);
+    let pipe = ReportPipe(fds.report_w, fds.start_r);
     let parent = parent.unwrap_or(req.host_pid);
-    match supervise(req, stdin_r, &pipe, parent) {
+    match supervise(req, fds.stdin_r, &pipe, parent) {
         Ok(never) => match never {},
         Err(f) => pipe.fail(f),
     }
@@ -268,6 +269,7 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
             .map(|k| format!("environment variable {k} is not in the allowlist; dropped"))
             .collect(),
         timings_us: Vec::new(),
+        prepared: false,
     }
 }
 
@@ -317,8 +319,9 @@ fn supervise(
         return Err(os_fail("fds", "dup2 plugin stdin"));
     }
     drop(stdin_r);
-    fds::close_all_except(&[ctl.as_raw_fd(), pipe.0.as_raw_fd()])
-        .map_err(|e| fail("fds", format!("close inherited fds: {e}")))?;
+    let mut keep = vec![ctl.as_raw_fd(), pipe.0.as_raw_fd()];
+    keep.extend(pipe.1.as_ref().map(|f| f.as_raw_fd()));
+    fds::close_all_except(&keep).map_err(|e| fail("fds", format!("close inherited fds: {e}")))?;
 
     stamp("helper", "setsid_fds_done");
 
@@ -522,10 +525,13 @@ fn wait_and_watch(
 ) -> Result<Infallible, Fail> {
     // The plugin's pipes and the report pipe belong to pid 1 and the plugin
     // now: holding them would keep the host from ever seeing EOF.
-    // SAFETY: closing our copies of fds 0-2 and of the report pipe; the
-    // report fd's owner (`pipe`) is never used again in this process.
+    // SAFETY: closing our copies of fds 0-2 and of the report and start
+    // pipes; their owner (`pipe`) is never used again in this process.
     unsafe {
         libc::close(pipe.0.as_raw_fd());
+        if let Some(start) = &pipe.1 {
+            libc::close(start.as_raw_fd());
+        }
         for fd in 0..3 {
             libc::close(fd);
         }

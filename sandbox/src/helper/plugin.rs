@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::ffi::CString;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -12,7 +12,7 @@ use super::{Fail, ReportPipe, fail, os_fail, prctl};
 use crate::landlock::{self as ll, Grants};
 use crate::mounts;
 use crate::report::{HelperMessage, LayerStatus, SandboxReport, SelfCheck};
-use crate::request::HelperRequest;
+use crate::request::{HelperRequest, START_BYTE};
 use crate::timing::stamp;
 use crate::{caps, rlimits, seccomp};
 
@@ -134,6 +134,9 @@ pub(super) fn plugin_exec(
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();
     pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
+    if req.hold {
+        wait_for_start(pipe);
+    }
 
     // 17. execve with exactly the environment the host built.
     let path = CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
@@ -159,6 +162,31 @@ pub(super) fn plugin_exec(
     // pointer arrays that outlive the call.
     unsafe { libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr()) };
     Err(os_fail("exec", &format!("execve {exe:?}")))
+}
+
+/// A prepared sandbox: every layer is in place and the report is sent;
+/// wait for the host's start order (one byte on the start pipe). EOF (the
+/// host discarded this sandbox) or anything else ends the process before
+/// the plugin ever runs. `read` is the only syscall made here, and the
+/// seccomp filter allows it.
+fn wait_for_start(pipe: &ReportPipe) {
+    let Some(start) = &pipe.1 else {
+        // SAFETY: _exit in a forked child.
+        unsafe { libc::_exit(125) }
+    };
+    let mut b = [0u8; 1];
+    loop {
+        // SAFETY: reading at most one byte into a local buffer.
+        let n = unsafe { libc::read(start.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        if n == 1 && b[0] == START_BYTE {
+            return;
+        }
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        // SAFETY: _exit in a forked child: the plugin never ran.
+        unsafe { libc::_exit(0) }
+    }
 }
 
 fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe: &Path) -> Grants {
