@@ -238,6 +238,13 @@ impl HostConfig {
                     "runtimes[{i}].handshakeTimeoutMs: must be positive"
                 ));
             }
+            if r.sandbox.warm > sharedos_sandbox::MAX_WARM {
+                return Err(format!(
+                    "runtimes[{i}].sandbox.warm: must be 0..={}, got {}",
+                    sharedos_sandbox::MAX_WARM,
+                    r.sandbox.warm
+                ));
+            }
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {
                     return Err(format!(

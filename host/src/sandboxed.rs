@@ -8,8 +8,10 @@ use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use sharedos_sandbox::{SandboxError, SandboxPolicy, SandboxedChild, SpawnSpec};
+use sharedos_sandbox::{PreparedSandbox, SandboxError, SandboxPolicy, SandboxedChild, SpawnSpec};
 
 use crate::process::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 
@@ -41,22 +43,317 @@ fn sweep_stale_workspaces() {
     });
 }
 
-/// Launches plugins inside the sandbox.
+/// Launches plugins inside the sandbox. With `policy.warm > 0` it keeps
+/// that many sandboxes prepared for the last spec it launched (see
+/// [`WarmPool`]); clones share them.
 #[derive(Debug, Clone)]
 pub struct SandboxLauncher {
     /// The binary that serves `__sandbox-exec` (the `sharedos` binary).
     pub helper_exe: PathBuf,
     pub policy: SandboxPolicy,
+    warm: Arc<WarmPool>,
 }
 
 impl SandboxLauncher {
+    /// A launcher whose helper is `helper_exe`.
+    pub fn new(helper_exe: PathBuf, policy: SandboxPolicy) -> Self {
+        Self {
+            helper_exe,
+            policy,
+            warm: Arc::default(),
+        }
+    }
+
     /// A launcher whose helper is this very binary.
     pub fn current_exe(policy: SandboxPolicy) -> io::Result<Self> {
-        Ok(Self {
-            helper_exe: std::env::current_exe()?,
-            policy,
-        })
+        Ok(Self::new(std::env::current_exe()?, policy))
     }
+
+    /// Start preparing `policy.warm` sandboxes for `spec` now, so that even
+    /// the first turn finds one ready. Returns at once.
+    pub fn prewarm(&self, spec: &LaunchSpec) {
+        let key = self.key(spec);
+        self.warm.adopt(&key);
+        self.warm.refill(&key, self.warm_target());
+    }
+
+    /// How many prepared sandboxes are ready now.
+    pub fn warm_ready(&self) -> usize {
+        self.warm.lock().ready.len()
+    }
+
+    /// Wait up to `timeout` until no preparation is in flight; returns how
+    /// many prepared sandboxes are ready then.
+    pub fn wait_warm(&self, timeout: Duration) -> usize {
+        let end = Instant::now() + timeout;
+        let mut st = self.warm.lock();
+        while st.preparing > 0 {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self
+                .warm
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        st.ready.len()
+    }
+
+    fn warm_target(&self) -> usize {
+        self.policy.warm.min(sharedos_sandbox::MAX_WARM) as usize
+    }
+
+    fn key(&self, spec: &LaunchSpec) -> WarmKey {
+        WarmKey {
+            helper_exe: self.helper_exe.clone(),
+            policy: self.policy.clone(),
+            program: spec.program.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+        }
+    }
+
+    /// Build a sandbox now, in a fresh workspace, and start its plugin.
+    fn launch_now(&self, key: &WarmKey) -> Result<LaunchedChild, LaunchError> {
+        let workspace = new_workspace().map_err(|source| LaunchError::Spawn {
+            program: key.program.clone(),
+            source,
+        })?;
+        let child = sharedos_sandbox::spawn(&key.spawn_spec(workspace.path()))
+            .map_err(|e| refused(&key.program, e))?;
+        launched(&key.program, child, workspace)
+    }
+}
+
+/// What a prepared sandbox was built for: it serves only a launch with the
+/// same helper, policy, program, arguments and environment.
+#[derive(Debug, Clone, PartialEq)]
+struct WarmKey {
+    helper_exe: PathBuf,
+    policy: SandboxPolicy,
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl WarmKey {
+    fn spawn_spec(&self, workspace: &std::path::Path) -> SpawnSpec {
+        SpawnSpec {
+            helper_exe: self.helper_exe.clone(),
+            program: self.program.clone(),
+            args: self.args.iter().map(OsString::from).collect(),
+            env: self.env.clone(),
+            policy: self.policy.clone(),
+            workspace: workspace.to_path_buf(),
+        }
+    }
+}
+
+/// A prepared sandbox and the fresh workspace it was built around.
+#[derive(Debug)]
+struct Spare {
+    sandbox: PreparedSandbox,
+    workspace: tempfile::TempDir,
+}
+
+/// Sandboxes prepared ahead of turns (`policy.warm`). Each is built by a
+/// thread of its own, off the turn's path, for the spec of the last
+/// launch; a launch takes a ready one (or waits for one being built rather
+/// than building a second), starts its plugin and orders a replacement. A
+/// spec change discards the old ones; a failing preparation stops the
+/// refills until a launch built in the turn's path succeeds (which reports
+/// the real error otherwise). Dropping the last launcher kills every
+/// prepared tree and removes its workspace.
+#[derive(Debug, Default)]
+pub struct WarmPool {
+    state: Mutex<WarmState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct WarmState {
+    key: Option<WarmKey>,
+    ready: Vec<Spare>,
+    preparing: usize,
+    failing: bool,
+}
+
+/// The longest a launch waits for a sandbox being prepared.
+const WARM_WAIT: Duration = Duration::from_secs(30);
+
+impl WarmPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WarmState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make `key` the spec to prepare for; spares of another go.
+    fn adopt(&self, key: &WarmKey) {
+        let stale = {
+            let mut st = self.lock();
+            if st.key.as_ref() == Some(key) {
+                return;
+            }
+            st.key = Some(key.clone());
+            st.failing = false;
+            std::mem::take(&mut st.ready)
+        };
+        drop(stale); // killed and reaped outside the lock
+    }
+
+    /// A live spare for `key`, waiting for one in preparation if there is
+    /// no ready one.
+    fn take(&self, key: &WarmKey) -> Option<Spare> {
+        self.adopt(key);
+        let mut dead = Vec::new();
+        let end = Instant::now() + WARM_WAIT;
+        let mut st = self.lock();
+        let found = loop {
+            if let Some(mut spare) = st.ready.pop() {
+                if spare.sandbox.is_alive() {
+                    break Some(spare);
+                }
+                dead.push(spare);
+                continue;
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if st.preparing == 0 || st.failing || left.is_zero() {
+                break None;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        };
+        drop(st);
+        drop(dead);
+        found
+    }
+
+    /// Order preparations until `target` are ready or being built.
+    fn refill(self: &Arc<Self>, key: &WarmKey, target: usize) {
+        let need = {
+            let mut st = self.lock();
+            if st.key.as_ref() != Some(key) || st.failing {
+                return;
+            }
+            let need = target.saturating_sub(st.ready.len() + st.preparing);
+            st.preparing += need;
+            need
+        };
+        for _ in 0..need {
+            let pool = Arc::clone(self);
+            let k = key.clone();
+            let started = std::thread::Builder::new()
+                .name("sharedos-warm".into())
+                .spawn(move || pool.prepare_one(k));
+            if let Err(e) = started {
+                tracing::warn!(error = %e, "could not start preparing a sandbox");
+                let mut st = self.lock();
+                st.preparing -= 1;
+                self.changed.notify_all();
+            }
+        }
+    }
+
+    fn prepare_one(&self, key: WarmKey) {
+        let made = new_workspace()
+            .map_err(|e| e.to_string())
+            .and_then(|workspace| {
+                sharedos_sandbox::prepare(&key.spawn_spec(workspace.path()))
+                    .map(|sandbox| Spare { sandbox, workspace })
+                    .map_err(|e| e.to_string())
+            });
+        let stale = {
+            let mut st = self.lock();
+            st.preparing -= 1;
+            let stale = match made {
+                Ok(spare) if st.key.as_ref() == Some(&key) => {
+                    st.ready.push(spare);
+                    None
+                }
+                Ok(spare) => Some(spare),
+                Err(e) => {
+                    tracing::warn!(error = %e, program = %key.program.display(), "preparing a sandbox ahead of its turn failed; turns build theirs until one succeeds");
+                    st.failing = true;
+                    None
+                }
+            };
+            self.changed.notify_all();
+            stale
+        };
+        drop(stale);
+    }
+
+    fn succeeded(&self) {
+        self.lock().failing = false;
+    }
+}
+
+fn new_workspace() -> io::Result<tempfile::TempDir> {
+    sweep_stale_workspaces();
+    tempfile::Builder::new()
+        .prefix(&format!("{WORKSPACE_PREFIX}{}-", std::process::id()))
+        .tempdir()
+}
+
+/// A sandbox that could not be built (or is below the minimum) refuses the
+/// launch, with the report of what was missing as provenance.
+fn refused(program: &std::path::Path, e: SandboxError) -> LaunchError {
+    let report = match &e {
+        SandboxError::BelowMinimum {
+            required,
+            achieved,
+            missing,
+        } => Some(serde_json::json!({
+            "level": achieved,
+            "refused": true,
+            "required": required,
+            "missing": missing.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+        })),
+        other => Some(serde_json::json!({
+            "level": "none",
+            "refused": true,
+            "reason": format!("the sandbox could not be built: {other}"),
+        })),
+    };
+    let reason = match &e {
+        SandboxError::BelowMinimum { .. } => e.to_string(),
+        other => format!("the sandbox could not be built: {other}"),
+    };
+    LaunchError::Refused {
+        program: program.to_path_buf(),
+        reason,
+        report,
+    }
+}
+
+fn launched(
+    program: &std::path::Path,
+    mut child: SandboxedChild,
+    workspace: tempfile::TempDir,
+) -> Result<LaunchedChild, LaunchError> {
+    let report = serde_json::to_value(&child.report).ok();
+    let missing = || LaunchError::Spawn {
+        program: program.to_path_buf(),
+        source: io::Error::other("a stdio pipe is missing"),
+    };
+    let stdin = child.stdin.take().ok_or_else(missing)?;
+    let stdout = child.stdout.take().ok_or_else(missing)?;
+    let stderr = child.stderr.take().ok_or_else(missing)?;
+    Ok(LaunchedChild {
+        stdin,
+        stdout,
+        stderr,
+        tree: Box::new(SandboxTree {
+            child,
+            workspace: Some(workspace),
+        }),
+        report,
+    })
 }
 
 /// A sandboxed tree and its per-turn workspace, removed with it.
@@ -87,68 +384,31 @@ impl ProcessTree for SandboxTree {
 
 impl Launcher for SandboxLauncher {
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        let program = spec.program.clone();
-        sweep_stale_workspaces();
-        let workspace = tempfile::Builder::new()
-            .prefix(&format!("{WORKSPACE_PREFIX}{}-", std::process::id()))
-            .tempdir()
-            .map_err(|source| LaunchError::Spawn {
-                program: program.clone(),
-                source,
-            })?;
-        let sandbox_spec = SpawnSpec {
-            helper_exe: self.helper_exe.clone(),
-            program: spec.program.clone(),
-            args: spec.args.iter().map(OsString::from).collect(),
-            env: spec.env.clone(),
-            policy: self.policy.clone(),
-            workspace: workspace.path().to_path_buf(),
-        };
-        let mut child = sharedos_sandbox::spawn(&sandbox_spec).map_err(|e| {
-            let report = match &e {
-                SandboxError::BelowMinimum {
-                    required,
-                    achieved,
-                    missing,
-                } => Some(serde_json::json!({
-                    "level": achieved,
-                    "refused": true,
-                    "required": required,
-                    "missing": missing.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
-                })),
-                other => Some(serde_json::json!({
-                    "level": "none",
-                    "refused": true,
-                    "reason": format!("the sandbox could not be built: {other}"),
-                })),
-            };
-            let reason = match &e {
-                SandboxError::BelowMinimum { .. } => e.to_string(),
-                other => format!("the sandbox could not be built: {other}"),
-            };
-            LaunchError::Refused {
-                program: program.clone(),
-                reason,
-                report,
+        let key = self.key(spec);
+        let target = self.warm_target();
+        if target == 0 {
+            return self.launch_now(&key);
+        }
+        if let Some(spare) = self.warm.take(&key) {
+            let Spare { sandbox, workspace } = spare;
+            match sandbox.start() {
+                Ok(child) => {
+                    let out = launched(&key.program, child, workspace);
+                    self.warm.refill(&key, target);
+                    return out;
+                }
+                // A prepared tree that died before its start: build one in
+                // the turn's path, which reports a real error if any.
+                Err(e) => {
+                    tracing::warn!(error = %e, "a prepared sandbox could not start; building one now")
+                }
             }
-        })?;
-        let report = serde_json::to_value(&child.report).ok();
-        let missing = || LaunchError::Spawn {
-            program: program.clone(),
-            source: io::Error::other("a stdio pipe is missing"),
-        };
-        let stdin = child.stdin.take().ok_or_else(missing)?;
-        let stdout = child.stdout.take().ok_or_else(missing)?;
-        let stderr = child.stderr.take().ok_or_else(missing)?;
-        Ok(LaunchedChild {
-            stdin,
-            stdout,
-            stderr,
-            tree: Box::new(SandboxTree {
-                child,
-                workspace: Some(workspace),
-            }),
-            report,
-        })
+        }
+        let out = self.launch_now(&key);
+        if out.is_ok() {
+            self.warm.succeeded();
+        }
+        self.warm.refill(&key, target);
+        out
     }
 }

@@ -53,7 +53,18 @@ pub struct SandboxPolicy {
     /// host must account for (no process outlives its turn otherwise); it
     /// saves about 1 ms a spawn (docs/BENCHMARKS.md).
     pub fork_server: bool,
+    /// Sandboxes the host keeps prepared ahead of turns (0 to
+    /// [`MAX_WARM`]): each has every layer built, its report checked and a
+    /// fresh workspace, and waits right before the plugin's `execve`, so a
+    /// turn that takes one pays only that `execve`. A taken one is replaced
+    /// in the background. Each is a live process tree of the host between
+    /// turns (no plugin code runs in it); 0, the default, builds every
+    /// sandbox when its turn asks for it.
+    pub warm: u32,
 }
+
+/// The most sandboxes a runtime may keep prepared ([`SandboxPolicy::warm`]).
+pub const MAX_WARM: u32 = 8;
 
 impl Default for SandboxPolicy {
     fn default() -> Self {
@@ -84,6 +95,7 @@ impl Default for SandboxPolicy {
             emulate_no_userns: false,
             timings: false,
             fork_server: false,
+            warm: 0,
         }
     }
 }

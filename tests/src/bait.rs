@@ -971,10 +971,7 @@ pub fn run_turn(spec: TurnSpec) -> TurnRun {
     let entry = config.runtimes[0].clone();
     let launches = Arc::new(AtomicU32::new(0));
     let launcher = Arc::new(CountingLauncher {
-        inner: SandboxLauncher {
-            helper_exe: helper_exe(),
-            policy: spec.policy.clone(),
-        },
+        inner: SandboxLauncher::new(helper_exe(), spec.policy.clone()),
         launches: launches.clone(),
     });
     let runtime = process_runtime(&config, &entry, launcher).expect("seat the adversary");

@@ -77,17 +77,17 @@ impl Launch {
     pub fn launcher(self) -> Arc<dyn Launcher> {
         match self {
             Launch::Direct => Arc::new(DirectLauncher),
-            Launch::Sandbox => Arc::new(SandboxLauncher {
-                helper_exe: workspace_bin("sharedos"),
-                policy: SandboxPolicy::default(),
-            }),
-            Launch::SandboxBelowMinimum => Arc::new(SandboxLauncher {
-                helper_exe: workspace_bin("sharedos"),
-                policy: SandboxPolicy {
+            Launch::Sandbox => Arc::new(SandboxLauncher::new(
+                workspace_bin("sharedos"),
+                SandboxPolicy::default(),
+            )),
+            Launch::SandboxBelowMinimum => Arc::new(SandboxLauncher::new(
+                workspace_bin("sharedos"),
+                SandboxPolicy {
                     emulate_no_userns: true,
                     ..SandboxPolicy::default()
                 },
-            }),
+            )),
         }
     }
 }

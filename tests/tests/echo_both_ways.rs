@@ -98,10 +98,7 @@ fn echo_runs_unchanged_in_process_and_out_of_process() {
     rt.block_on(async {
         let (inproc, dir1) = run(Seat::in_process(Arc::new(sharedos_echo::Echo))).await;
         let (direct, dir2) = run(process(Arc::new(DirectLauncher))).await;
-        let sandbox = SandboxLauncher {
-            helper_exe: plugin_bin("sharedos"),
-            policy: Default::default(),
-        };
+        let sandbox = SandboxLauncher::new(plugin_bin("sharedos"), Default::default());
         let (sandboxed, dir3) = run(process(Arc::new(sandbox))).await;
 
         assert_eq!(inproc.status, ExecutionStatus::Succeeded, "{inproc:#?}");

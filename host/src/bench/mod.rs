@@ -281,6 +281,26 @@ pub async fn run(iterations: usize) -> i32 {
         .await,
         &mut failed,
     );
+    let echo_warm = show(
+        process::spawn_to_initialize_warm(
+            &exe,
+            "(d) spawn until initialize, echo, full sandbox prepared ahead (warm = 1)",
+            spawns,
+            true,
+        )
+        .await,
+        &mut failed,
+    );
+    let echo_warm_b2b = show(
+        process::spawn_to_initialize_warm(
+            &exe,
+            "(d) the same, spawns back to back (replacement may be in flight)",
+            spawns,
+            false,
+        )
+        .await,
+        &mut failed,
+    );
     match process::find_bwrap() {
         Some(bwrap) => {
             let bw = show(
@@ -293,10 +313,26 @@ pub async fn run(iterations: usize) -> i32 {
                 .await,
                 &mut failed,
             );
+            if let (Some(s), Some(b)) = (&echo_warm, &bw) {
+                println!(
+                    "{}",
+                    process::ratio_line(
+                        "full sandbox prepared ahead (warm = 1) / bwrap, target ≤ 0.4×",
+                        s,
+                        b
+                    )
+                );
+            }
+            if let (Some(s), Some(b)) = (&echo_warm_b2b, &bw) {
+                println!(
+                    "{}",
+                    process::ratio_line("the same, back to back / bwrap", s, b)
+                );
+            }
             if let (Some(s), Some(b)) = (&echo_sandbox, &bw) {
                 println!(
                     "{}",
-                    process::ratio_line("full sandbox / bwrap, target ≤ 0.4×", s, b)
+                    process::ratio_line("full sandbox built in the turn's path / bwrap", s, b)
                 );
             }
             if let (Some(s), Some(b)) = (&echo_forked, &bw) {

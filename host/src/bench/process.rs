@@ -220,6 +220,17 @@ pub async fn spawn_to_initialize(
     name: &str,
     n: usize,
 ) -> Result<Figure, String> {
+    spawn_to_initialize_after(launcher, exe, name, n, || Ok(())).await
+}
+
+/// (d) with `before` run ahead of each timed spawn, outside the timing.
+async fn spawn_to_initialize_after(
+    launcher: Arc<dyn Launcher>,
+    exe: &Path,
+    name: &str,
+    n: usize,
+    before: impl Fn() -> Result<(), String>,
+) -> Result<Figure, String> {
     let echo = sibling(exe, "sharedos-echo");
     let manifest = RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION"))
         .map_err(|e| e.to_string())?;
@@ -228,9 +239,38 @@ pub async fn spawn_to_initialize(
     }
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
+        before()?;
         samples.push(spawn_once(&launcher, &echo, &manifest).await?);
     }
     Ok(Figure::from_samples(name, samples))
+}
+
+/// (d) The full sandbox with one sandbox kept prepared (`warm = 1`). With
+/// `wait_ready`, each timed spawn starts once the replacement of the last
+/// one is ready (a host whose turns are further apart than a preparation,
+/// ~3–5 ms here); without it spawns follow each other at once, and a spawn
+/// may wait for a preparation still in flight.
+pub async fn spawn_to_initialize_warm(
+    exe: &Path,
+    name: &str,
+    n: usize,
+    wait_ready: bool,
+) -> Result<Figure, String> {
+    let launcher = Arc::new(SandboxLauncher::new(
+        exe.to_path_buf(),
+        sharedos_sandbox::SandboxPolicy {
+            warm: 1,
+            ..Default::default()
+        },
+    ));
+    let waiter = launcher.clone();
+    spawn_to_initialize_after(launcher, exe, name, n, move || {
+        if wait_ready && waiter.wait_warm(Duration::from_secs(30)) == 0 {
+            return Err("no prepared sandbox became ready".into());
+        }
+        Ok(())
+    })
+    .await
 }
 
 /// Holds about 1 GiB resident, touched page by page, for as long as it
@@ -346,10 +386,10 @@ fn gone(pid: i32) -> bool {
 
 /// The sandboxed launcher with the default (strong) policy.
 pub fn sandbox_launcher(exe: &Path) -> Arc<dyn Launcher> {
-    Arc::new(SandboxLauncher {
-        helper_exe: exe.to_path_buf(),
-        policy: sharedos_sandbox::SandboxPolicy::default(),
-    })
+    Arc::new(SandboxLauncher::new(
+        exe.to_path_buf(),
+        sharedos_sandbox::SandboxPolicy::default(),
+    ))
 }
 
 /// The sandboxed launcher with the fork server on.
@@ -358,10 +398,7 @@ pub fn sandbox_launcher_fork_server(exe: &Path) -> Arc<dyn Launcher> {
         fork_server: true,
         ..Default::default()
     };
-    Arc::new(SandboxLauncher {
-        helper_exe: exe.to_path_buf(),
-        policy,
-    })
+    Arc::new(SandboxLauncher::new(exe.to_path_buf(), policy))
 }
 
 /// What each (d) figure is compared with.

@@ -1,0 +1,198 @@
+//! Sandboxes prepared ahead of turns (`warm` in a runtime's sandbox
+//! policy), through the whole host with the real helper: the first turn
+//! builds its sandbox, later ones take a prepared one (and say so in their
+//! provenance) at the same level; each prepared sandbox has its own fresh
+//! workspace, removed with its turn; dropping the runtime leaves no
+//! process and no workspace; a sandbox that cannot be built refuses every
+//! turn without a prepared one ever standing in for it. One test per
+//! binary: it counts every descendant of this process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
+use sharedos_host::process::{ProcessRuntime, ProcessRuntimeConfig};
+use sharedos_host::sandboxed::SandboxLauncher;
+use sharedos_host::seat::process_seat;
+use sharedos_kernel::{Kernel, KernelConfig, MemoryAuditSink};
+use sharedos_protocol::{ExecutionRequest, ExecutionResult, ExecutionStatus, RuntimeManifest};
+use sharedos_sandbox::SandboxPolicy;
+use sharedos_tests::plugin_bin;
+use sharedos_tests::turns::descendants;
+
+const KERNEL: &str = r#"
+[[grants]]
+id = "admission"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "demo-host" }
+namespaceId = "demo"
+capabilities = [{ namespace = "sharedos.execution", path = ["agent", "alice"], scope = "exact", actions = ["invoke"] }]
+"#;
+
+fn request(id: &str) -> ExecutionRequest {
+    let mut r: ExecutionRequest =
+        serde_json::from_str(include_str!("../../host/demo/turn.json")).unwrap();
+    r.execution_id = sharedos_protocol::ident(id);
+    r.message.payload = json!({"calls": []});
+    r
+}
+
+/// This host's per-turn workspaces (`sharedos-ws-<pid>-*`).
+fn workspaces() -> Vec<PathBuf> {
+    let prefix = format!("sharedos-ws-{}-", std::process::id());
+    let mut v: Vec<PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+fn sandbox_of(r: &ExecutionResult) -> serde_json::Value {
+    r.metadata["runtime"]["sandbox"].clone()
+}
+
+fn executor(launcher: Arc<SandboxLauncher>, dir: &std::path::Path) -> Executor {
+    let config: KernelConfig = toml::from_str(KERNEL).unwrap();
+    let kernel = Kernel::from_config(&config, dir, Arc::new(MemoryAuditSink::new())).unwrap();
+    let manifest = RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION")).unwrap();
+    let runtime = ProcessRuntime::new(
+        ProcessRuntimeConfig::new(plugin_bin("sharedos-echo"), manifest),
+        launcher,
+    )
+    .unwrap();
+    Executor::new(
+        Arc::new(kernel),
+        process_seat(Arc::new(runtime)),
+        ExecutorOptions::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let me = std::process::id();
+    let dir = tempfile::tempdir().unwrap();
+    rt.block_on(async {
+        let policy = SandboxPolicy {
+            warm: 1,
+            ..Default::default()
+        };
+        let launcher = Arc::new(SandboxLauncher::new(plugin_bin("sharedos"), policy));
+        let exec = executor(launcher.clone(), dir.path());
+
+        // Nothing is prepared before the runtime's first launch names it.
+        assert_eq!(launcher.warm_ready(), 0);
+        assert!(workspaces().is_empty());
+        let first = exec
+            .execute(request("warm-1"), ExecuteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(first.status, ExecutionStatus::Succeeded, "{first:#?}");
+        assert_eq!(sandbox_of(&first)["level"], "strong");
+        assert!(sandbox_of(&first).get("prepared").is_none());
+
+        // Its replacement is prepared in the background: a live tree of
+        // this host with a fresh workspace of its own.
+        assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
+        let mut spare_ws = workspaces();
+        assert_eq!(spare_ws.len(), 1, "{spare_ws:?}");
+        assert!(std::fs::read_dir(&spare_ws[0]).unwrap().next().is_none());
+        assert!(!descendants(me).is_empty(), "no prepared tree is alive");
+
+        for i in 2..=4 {
+            let r = exec
+                .execute(request(&format!("warm-{i}")), ExecuteOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
+            let sb = sandbox_of(&r);
+            assert_eq!(sb["prepared"], true, "turn {i}: {sb}");
+            assert_eq!(sb["level"], "strong", "{sb}");
+            assert_eq!(sb["missing"], json!([]), "{sb}");
+            assert_eq!(sb["fds"], json!([0, 1, 2]), "{sb}");
+            assert_eq!(r.output, first.output);
+            sharedos_host::process::settle_kills();
+            // The turn's workspace went with it; the next one is new.
+            assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
+            let now = workspaces();
+            assert_eq!(now.len(), 1, "{now:?}");
+            assert_ne!(now, spare_ws, "turn {i}: a workspace was reused");
+            spare_ws = now;
+        }
+
+        drop(exec);
+        drop(launcher);
+    });
+    drop(rt);
+    sharedos_host::process::settle_kills();
+    // The last launcher gone: every prepared tree killed, every workspace
+    // removed.
+    assert!(
+        eventually(Duration::from_secs(10), || descendants(me).is_empty()),
+        "survivors: {:?}",
+        descendants(me)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || workspaces().is_empty()),
+        "{:?}",
+        workspaces()
+    );
+
+    // A warm runtime whose sandbox is below its minimum: every turn is
+    // refused with the report, and no prepared sandbox ever stands in.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let policy = SandboxPolicy {
+            warm: 2,
+            emulate_no_userns: true,
+            ..Default::default()
+        };
+        let launcher = Arc::new(SandboxLauncher::new(plugin_bin("sharedos"), policy));
+        let exec = executor(launcher.clone(), dir.path());
+        for i in 0..3 {
+            let r = exec
+                .execute(request(&format!("refused-{i}")), ExecuteOptions::default())
+                .await
+                .unwrap();
+            assert_ne!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
+            let sb = sandbox_of(&r);
+            assert_eq!(sb["refused"], true, "{sb}");
+            assert_eq!(sb["required"], "strong", "{sb}");
+            launcher.wait_warm(Duration::from_secs(30));
+            assert_eq!(launcher.warm_ready(), 0);
+        }
+        drop(exec);
+        drop(launcher);
+    });
+    drop(rt);
+    sharedos_host::process::settle_kills();
+    assert!(
+        eventually(Duration::from_secs(10), || descendants(me).is_empty()),
+        "survivors: {:?}",
+        descendants(me)
+    );
+    assert!(workspaces().is_empty(), "{:?}", workspaces());
+}
