@@ -387,4 +387,18 @@ runtime = "r"
         let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
         assert!(e.message.contains("drainGraceMs"), "{e}");
     }
+
+    #[test]
+    fn warm_sandboxes_are_bounded() {
+        let ok = MIN.replace(
+            "program = \"sharedos-echo\"\n",
+            "program = \"sharedos-echo\"\nsandbox = { warm = 2 }\n",
+        );
+        let c = HostConfig::parse(&ok, "host.toml", Path::new(".")).unwrap();
+        assert_eq!(c.runtimes[0].sandbox.warm, 2);
+        let bad = ok.replace("warm = 2", "warm = 9");
+        let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+        assert!(e.message.contains("runtimes[0].sandbox.warm"), "{e}");
+        assert!(e.message.contains("0..=8"), "{e}");
+    }
 }

@@ -250,11 +250,17 @@ impl WarmPool {
             let started = std::thread::Builder::new()
                 .name("sharedos-warm".into())
                 .spawn(move || pool.prepare_one(k));
-            if let Err(e) = started {
-                tracing::warn!(error = %e, "could not start preparing a sandbox");
-                let mut st = self.lock();
-                st.preparing -= 1;
-                self.changed.notify_all();
+            match started {
+                // The thread may end up owning the last reference to the
+                // pool, and so the kill of its trees: the host waits for it
+                // in `settle_kills` before it exits.
+                Ok(handle) => crate::process::track_thread(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start preparing a sandbox");
+                    let mut st = self.lock();
+                    st.preparing -= 1;
+                    self.changed.notify_all();
+                }
             }
         }
     }

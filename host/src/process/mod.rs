@@ -232,7 +232,8 @@ impl Drop for TreeGuard {
 /// before the tree is killed.
 const ABORT_FLUSH: Duration = Duration::from_millis(25);
 
-/// Deferred kills still running; [`settle_kills`] waits for them.
+/// Deferred kills and sandbox preparations still running; [`settle_kills`]
+/// waits for them.
 static PENDING_KILLS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
 fn kill_after_flush(tree: Box<dyn ProcessTree>) {
@@ -262,8 +263,17 @@ fn kill_after_flush(tree: Box<dyn ProcessTree>) {
     }
 }
 
+/// Keeps `handle` for [`settle_kills`] to join (a thread that may own a
+/// plugin tree: a deferred kill, a sandbox being prepared ahead).
+pub(crate) fn track_thread(handle: std::thread::JoinHandle<()>) {
+    let mut pending = PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner());
+    pending.retain(|h| !h.is_finished());
+    pending.push(handle);
+}
+
 /// Waits until every plugin tree whose kill was deferred (to let a
-/// `turn/abort` reach it) is killed and reaped. A host process calls it
+/// `turn/abort` reach it) is killed and reaped, and every sandbox being
+/// prepared ahead is ready (or, its launchers gone, killed and removed). A host process calls it
 /// before it exits, so no tree outlives its host; it takes at most
 /// `ABORT_FLUSH` plus the reaping.
 pub fn settle_kills() {
