@@ -176,7 +176,7 @@ pub async fn run(iterations: usize) -> i32 {
     if let (Some(c), Some(b)) = (&outproc, &inproc) {
         println!("{}", process::ratio_line("(c) / (b)", c, b));
     }
-    let echo_direct = show(
+    let _ = show(
         process::spawn_to_initialize(
             std::sync::Arc::new(crate::process::DirectLauncher),
             &exe,
@@ -261,92 +261,84 @@ pub async fn run(iterations: usize) -> i32 {
     }
 
     println!("\n== Sandbox (issue: sandbox)");
-    let echo_sandbox = show(
-        process::spawn_to_initialize(
+    println!("    (d) interleaved: each round spawns once with every launcher in turn");
+    let mut configs = vec![
+        process::SpawnConfig::new(
+            "(d) spawn until initialize, echo, no sandbox (interleaved)",
+            std::sync::Arc::new(crate::process::DirectLauncher),
+        ),
+        process::SpawnConfig::warm("(d) full sandbox prepared ahead (warm = 1)", &exe),
+        process::SpawnConfig::new(
+            "(d) full sandbox built in the turn's path",
             process::sandbox_launcher(&exe),
-            &exe,
-            "(d) spawn until initialize, echo, full sandbox",
-            spawns,
-        )
-        .await,
-        &mut failed,
-    );
-    let echo_forked = show(
-        process::spawn_to_initialize(
+        ),
+        process::SpawnConfig::new(
+            "(d) the same, helper forked by the fork server",
             process::sandbox_launcher_fork_server(&exe),
-            &exe,
-            "(d) spawn until initialize, echo, full sandbox, fork server",
-            spawns,
-        )
-        .await,
-        &mut failed,
-    );
-    let echo_warm = show(
-        process::spawn_to_initialize_warm(
-            &exe,
-            "(d) spawn until initialize, echo, full sandbox prepared ahead (warm = 1)",
-            spawns,
-            true,
-        )
-        .await,
-        &mut failed,
-    );
+        ),
+    ];
+    let bwrap = process::find_bwrap();
+    if let Some(bwrap) = bwrap {
+        configs.push(process::SpawnConfig::new(
+            "(d) bwrap --unshare-all",
+            std::sync::Arc::new(process::BwrapLauncher { bwrap }),
+        ));
+    }
+    let figures: Vec<Option<Figure>> =
+        process::spawn_to_initialize_interleaved(&exe, &configs, spawns)
+            .await
+            .into_iter()
+            .map(|f| show(f, &mut failed))
+            .collect();
+    drop(configs);
+    let fig = |i: usize| figures.get(i).and_then(|f| f.as_ref());
+    let (bare, echo_warm, echo_sandbox, echo_forked, bw) = (fig(0), fig(1), fig(2), fig(3), fig(4));
     let echo_warm_b2b = show(
-        process::spawn_to_initialize_warm(
+        process::spawn_to_initialize_warm_back_to_back(
             &exe,
-            "(d) the same, spawns back to back (replacement may be in flight)",
+            "(d) prepared ahead, spawns back to back (may wait for the replacement)",
             spawns,
-            false,
         )
         .await,
         &mut failed,
     );
-    match process::find_bwrap() {
-        Some(bwrap) => {
-            let bw = show(
-                process::spawn_to_initialize(
-                    std::sync::Arc::new(process::BwrapLauncher { bwrap }),
-                    &exe,
-                    "(d) spawn until initialize, echo, bwrap --unshare-all",
-                    spawns,
-                )
-                .await,
-                &mut failed,
-            );
-            if let (Some(s), Some(b)) = (&echo_warm, &bw) {
-                println!(
-                    "{}",
-                    process::ratio_line(
-                        "full sandbox prepared ahead (warm = 1) / bwrap, target ≤ 0.4×",
-                        s,
-                        b
-                    )
-                );
-            }
-            if let (Some(s), Some(b)) = (&echo_warm_b2b, &bw) {
-                println!(
-                    "{}",
-                    process::ratio_line("the same, back to back / bwrap", s, b)
-                );
-            }
-            if let (Some(s), Some(b)) = (&echo_sandbox, &bw) {
-                println!(
-                    "{}",
-                    process::ratio_line("full sandbox built in the turn's path / bwrap", s, b)
-                );
-            }
-            if let (Some(s), Some(b)) = (&echo_forked, &bw) {
-                println!(
-                    "{}",
-                    process::ratio_line("full sandbox with the fork server / bwrap", s, b)
-                );
+    match bw {
+        Some(b) => {
+            for (name, f) in [
+                (
+                    "full sandbox prepared ahead (warm = 1) / bwrap, target ≤ 0.4×",
+                    echo_warm,
+                ),
+                (
+                    "full sandbox built in the turn's path / bwrap",
+                    echo_sandbox,
+                ),
+                ("the same, fork server / bwrap", echo_forked),
+                ("no sandbox / bwrap", bare),
+                (
+                    "prepared ahead, back to back / bwrap (not interleaved)",
+                    echo_warm_b2b.as_ref(),
+                ),
+            ] {
+                if let Some(f) = f {
+                    println!("{}", process::ratio_line(name, f, b));
+                }
             }
         }
         None => println!("    (bwrap not installed: `apt-get install bubblewrap` to compare)"),
     }
-    if let (Some(s), Some(d)) = (&echo_sandbox, &echo_direct) {
-        println!("{}", process::ratio_line("full sandbox / no sandbox", s, d));
+    for (name, f) in [
+        ("full sandbox prepared ahead / no sandbox", echo_warm),
+        (
+            "full sandbox built in the turn's path / no sandbox",
+            echo_sandbox,
+        ),
+    ] {
+        if let (Some(f), Some(d)) = (f, bare) {
+            println!("{}", process::ratio_line(name, f, d));
+        }
     }
+    let echo_sandbox = echo_sandbox.cloned();
     let resident = process::hold_resident(1 << 30);
     let big = show(
         process::spawn_to_initialize(

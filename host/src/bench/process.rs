@@ -220,17 +220,6 @@ pub async fn spawn_to_initialize(
     name: &str,
     n: usize,
 ) -> Result<Figure, String> {
-    spawn_to_initialize_after(launcher, exe, name, n, || Ok(())).await
-}
-
-/// (d) with `before` run ahead of each timed spawn, outside the timing.
-async fn spawn_to_initialize_after(
-    launcher: Arc<dyn Launcher>,
-    exe: &Path,
-    name: &str,
-    n: usize,
-    before: impl Fn() -> Result<(), String>,
-) -> Result<Figure, String> {
     let echo = sibling(exe, "sharedos-echo");
     let manifest = RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION"))
         .map_err(|e| e.to_string())?;
@@ -239,22 +228,18 @@ async fn spawn_to_initialize_after(
     }
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
-        before()?;
         samples.push(spawn_once(&launcher, &echo, &manifest).await?);
     }
     Ok(Figure::from_samples(name, samples))
 }
 
-/// (d) The full sandbox with one sandbox kept prepared (`warm = 1`). With
-/// `wait_ready`, each timed spawn starts once the replacement of the last
-/// one is ready (a host whose turns are further apart than a preparation,
-/// ~3–5 ms here); without it spawns follow each other at once, and a spawn
-/// may wait for a preparation still in flight.
-pub async fn spawn_to_initialize_warm(
+/// (d) The full sandbox with one sandbox kept prepared (`warm = 1`), spawns
+/// back to back: a spawn may find the replacement of the previous one still
+/// being prepared, and wait for it.
+pub async fn spawn_to_initialize_warm_back_to_back(
     exe: &Path,
     name: &str,
     n: usize,
-    wait_ready: bool,
 ) -> Result<Figure, String> {
     let launcher = Arc::new(SandboxLauncher::new(
         exe.to_path_buf(),
@@ -263,14 +248,83 @@ pub async fn spawn_to_initialize_warm(
             ..Default::default()
         },
     ));
-    let waiter = launcher.clone();
-    spawn_to_initialize_after(launcher, exe, name, n, move || {
-        if wait_ready && waiter.wait_warm(Duration::from_secs(30)) == 0 {
-            return Err("no prepared sandbox became ready".into());
+    spawn_to_initialize(launcher, exe, name, n).await
+}
+
+/// One launcher of an interleaved (d) measurement.
+pub struct SpawnConfig {
+    pub name: String,
+    pub launcher: Arc<dyn Launcher>,
+    /// Run after each of this launcher's spawns (outside the timing), so
+    /// that no background work of it runs into the next launcher's spawn:
+    /// a warm launcher waits until its replacement is prepared.
+    pub settle: Box<dyn Fn()>,
+}
+
+impl SpawnConfig {
+    pub fn new(name: &str, launcher: Arc<dyn Launcher>) -> Self {
+        Self {
+            name: name.to_owned(),
+            launcher,
+            settle: Box::new(|| {}),
         }
-        Ok(())
-    })
-    .await
+    }
+
+    /// The full sandbox with one sandbox kept prepared (`warm = 1`); each
+    /// timed spawn finds the replacement of the previous one ready (turns
+    /// further apart than one preparation, ~3–6 ms of CPU here).
+    pub fn warm(name: &str, exe: &Path) -> Self {
+        let launcher = Arc::new(SandboxLauncher::new(
+            exe.to_path_buf(),
+            sharedos_sandbox::SandboxPolicy {
+                warm: 1,
+                ..Default::default()
+            },
+        ));
+        let waiter = launcher.clone();
+        Self {
+            name: name.to_owned(),
+            launcher,
+            settle: Box::new(move || {
+                waiter.wait_warm(Duration::from_secs(30));
+            }),
+        }
+    }
+}
+
+/// (d) for several launchers at once, interleaved: round `i` spawns once
+/// with each launcher in turn, so a change of load on the shared machine
+/// weighs on every figure alike and the ratios between them hold.
+pub async fn spawn_to_initialize_interleaved(
+    exe: &Path,
+    configs: &[SpawnConfig],
+    n: usize,
+) -> Vec<Result<Figure, String>> {
+    let echo = sibling(exe, "sharedos-echo");
+    let manifest = match RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION")) {
+        Ok(m) => m,
+        Err(e) => return configs.iter().map(|_| Err(e.to_string())).collect(),
+    };
+    let mut samples: Vec<Result<Vec<Duration>, String>> =
+        configs.iter().map(|_| Ok(Vec::with_capacity(n))).collect();
+    for round in 0..n + 3 {
+        for (c, out) in configs.iter().zip(samples.iter_mut()) {
+            let Ok(v) = out else { continue };
+            let once = spawn_once(&c.launcher, &echo, &manifest).await;
+            (c.settle)();
+            match once {
+                // The first three rounds warm caches up and are not kept.
+                Ok(d) if round >= 3 => v.push(d),
+                Ok(_) => {}
+                Err(e) => *out = Err(e),
+            }
+        }
+    }
+    configs
+        .iter()
+        .zip(samples)
+        .map(|(c, s)| s.map(|s| Figure::from_samples(&c.name, s)))
+        .collect()
 }
 
 /// Holds about 1 GiB resident, touched page by page, for as long as it

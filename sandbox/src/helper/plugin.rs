@@ -133,12 +133,9 @@ pub(super) fn plugin_exec(
     rep.finalize();
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();
-    pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
-    if req.hold {
-        wait_for_start(pipe);
-    }
-
-    // 17. execve with exactly the environment the host built.
+    // 17. The exec's arguments, built before the report goes out, so a
+    // prepared sandbox only calls execve once started (no allocation, no
+    // copy-on-write fault on the way).
     let path = CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
     let mut argv = vec![path.clone()];
     for a in &req.args {
@@ -158,6 +155,12 @@ pub(super) fn plugin_exec(
         .map(|c| c.as_ptr())
         .chain([std::ptr::null()])
         .collect();
+    pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
+    if req.hold {
+        wait_for_start(pipe);
+    }
+
+    // Then execve with exactly the environment the host built.
     // SAFETY: all three arrays are NUL-terminated C strings / null-terminated
     // pointer arrays that outlive the call.
     unsafe { libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr()) };
