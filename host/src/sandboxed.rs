@@ -69,14 +69,6 @@ impl SandboxLauncher {
         Ok(Self::new(std::env::current_exe()?, policy))
     }
 
-    /// Start preparing `policy.warm` sandboxes for `spec` now, so that even
-    /// the first turn finds one ready. Returns at once.
-    pub fn prewarm(&self, spec: &LaunchSpec) {
-        let key = self.key(spec);
-        self.warm.adopt(&key);
-        self.warm.refill(&key, self.warm_target());
-    }
-
     /// How many prepared sandboxes are ready now.
     pub fn warm_ready(&self) -> usize {
         self.warm.lock().ready.len()
@@ -389,6 +381,18 @@ impl ProcessTree for SandboxTree {
 }
 
 impl Launcher for SandboxLauncher {
+    /// Start preparing `policy.warm` sandboxes for `spec` now, so that even
+    /// the first turn finds one ready (`ProcessRuntime::new` calls it).
+    fn prewarm(&self, spec: &LaunchSpec) {
+        let target = self.warm_target();
+        if target == 0 {
+            return;
+        }
+        let key = self.key(spec);
+        self.warm.adopt(&key);
+        self.warm.refill(&key, target);
+    }
+
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let key = self.key(spec);
         let target = self.warm_target();

@@ -100,24 +100,47 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         let launcher = Arc::new(SandboxLauncher::new(plugin_bin("sharedos"), policy));
         let exec = executor(launcher.clone(), dir.path());
 
-        // Nothing is prepared before the runtime's first launch names it.
-        assert_eq!(launcher.warm_ready(), 0);
-        assert!(workspaces().is_empty());
+        // The runtime prepares its sandbox as soon as it exists: a live
+        // tree of this host with a fresh, empty workspace of its own.
+        assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
+        let mut spare_ws = workspaces();
+        assert_eq!(spare_ws.len(), 1, "{spare_ws:?}");
+        assert!(std::fs::read_dir(&spare_ws[0]).unwrap().next().is_none());
+        assert!(!descendants(me).is_empty(), "no prepared tree is alive");
         let first = exec
             .execute(request("warm-1"), ExecuteOptions::default())
             .await
             .unwrap();
         assert_eq!(first.status, ExecutionStatus::Succeeded, "{first:#?}");
         assert_eq!(sandbox_of(&first)["level"], "strong");
-        assert!(sandbox_of(&first).get("prepared").is_none());
-
-        // Its replacement is prepared in the background: a live tree of
-        // this host with a fresh workspace of its own.
+        assert_eq!(sandbox_of(&first)["prepared"], true);
+        sharedos_host::process::settle_kills();
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
-        let mut spare_ws = workspaces();
-        assert_eq!(spare_ws.len(), 1, "{spare_ws:?}");
-        assert!(std::fs::read_dir(&spare_ws[0]).unwrap().next().is_none());
-        assert!(!descendants(me).is_empty(), "no prepared tree is alive");
+        let now = workspaces();
+        assert_eq!(now.len(), 1, "{now:?}");
+        assert_ne!(now, spare_ws, "a workspace was reused");
+        spare_ws = now;
+
+        // The same from a plain launcher that never prepares: the report
+        // is the same but for `prepared`.
+        let cold = SandboxLauncher::new(plugin_bin("sharedos"), SandboxPolicy::default());
+        let cold_dir = tempfile::tempdir().unwrap();
+        let plain = executor(Arc::new(cold), cold_dir.path())
+            .execute(request("cold-1"), ExecuteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(plain.status, ExecutionStatus::Succeeded, "{plain:#?}");
+        assert!(sandbox_of(&plain).get("prepared").is_none());
+        assert_eq!(plain.output, first.output);
+        let strip = |mut v: serde_json::Value| {
+            let o = v.as_object_mut().unwrap();
+            for k in ["prepared", "cgroup", "timings_us"] {
+                o.remove(k);
+            }
+            v
+        };
+        assert_eq!(strip(sandbox_of(&plain)), strip(sandbox_of(&first)));
+        sharedos_host::process::settle_kills();
 
         for i in 2..=4 {
             let r = exec

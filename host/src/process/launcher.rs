@@ -78,6 +78,11 @@ pub enum LaunchError {
 /// thread.
 pub trait Launcher: Send + Sync {
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError>;
+
+    /// Get ready for launches of `spec` (its per-turn ids aside): a
+    /// launcher that keeps sandboxes prepared starts building them now.
+    /// Returns at once; the default does nothing.
+    fn prewarm(&self, _spec: &LaunchSpec) {}
 }
 
 /// An unsandboxed launch: cleared environment plus the spec's, its own

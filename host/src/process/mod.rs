@@ -113,11 +113,33 @@ impl ProcessRuntime {
         if rustix::fs::access(&program, rustix::fs::Access::EXEC_OK).is_err() {
             return Err(LoadError::NotExecutable { program });
         }
-        Ok(Self {
+        let runtime = Self {
             config,
             launcher,
             reports: Mutex::new(HashMap::new()),
-        })
+        };
+        // A launcher that keeps sandboxes prepared (`warm`) builds them
+        // from now on, so even the first turn finds one.
+        runtime
+            .launcher
+            .prewarm(&runtime.launch_spec(String::new(), String::new()));
+        Ok(runtime)
+    }
+
+    /// What the launcher gets for one turn: the configured program,
+    /// arguments and environment, plus the plugin cookie.
+    fn launch_spec(&self, execution_id: String, turn_id: String) -> LaunchSpec {
+        let mut env = self.config.env.clone();
+        env.retain(|(k, _)| k != PLUGIN_COOKIE_ENV);
+        env.push((PLUGIN_COOKIE_ENV.to_owned(), "1".to_owned()));
+        LaunchSpec {
+            program: self.config.program.clone(),
+            args: self.config.args.clone(),
+            env,
+            runtime_id: self.config.manifest.id.as_str().to_owned(),
+            execution_id,
+            turn_id,
+        }
     }
 
     pub fn config(&self) -> &ProcessRuntimeConfig {
@@ -319,17 +341,7 @@ impl RuntimePlugin for ProcessRuntime {
         }
         let turn_id = new_turn_id();
         let execution_id = request.execution_id.as_str().to_owned();
-        let mut env = self.config.env.clone();
-        env.retain(|(k, _)| k != PLUGIN_COOKIE_ENV);
-        env.push((PLUGIN_COOKIE_ENV.to_owned(), "1".to_owned()));
-        let spec = LaunchSpec {
-            program: self.config.program.clone(),
-            args: self.config.args.clone(),
-            env,
-            runtime_id: self.config.manifest.id.as_str().to_owned(),
-            execution_id: execution_id.clone(),
-            turn_id: turn_id.as_str().to_owned(),
-        };
+        let spec = self.launch_spec(execution_id.clone(), turn_id.as_str().to_owned());
         let launcher = self.launcher.clone();
         // If this future is dropped while the launch runs, the blocking
         // thread drops the `LaunchedChild`, whose tree kills itself.
