@@ -44,7 +44,8 @@ fn sweep_stale_workspaces() {
 }
 
 /// Launches plugins inside the sandbox. With `policy.warm > 0` it keeps
-/// that many sandboxes prepared for the last spec it launched (see
+/// that many sandboxes prepared for the spec it was last given (by
+/// `prewarm`, which `ProcessRuntime::new` calls, or by a launch; see
 /// [`WarmPool`]); clones share them.
 #[derive(Debug, Clone)]
 pub struct SandboxLauncher {
@@ -152,8 +153,8 @@ struct Spare {
 }
 
 /// Sandboxes prepared ahead of turns (`policy.warm`). Each is built by a
-/// thread of its own, off the turn's path, for the spec of the last
-/// launch; a launch takes a ready one (or waits for one being built rather
+/// thread of its own, off the turn's path, for the spec last given; a
+/// launch takes a ready one (or waits for one being built rather
 /// than building a second), starts its plugin and orders a replacement. A
 /// spec change discards the old ones; a failing preparation stops the
 /// refills until a launch built in the turn's path succeeds (which reports
