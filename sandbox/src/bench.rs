@@ -68,6 +68,10 @@ pub struct BenchReport {
     /// `fork+exec+wait` of `/bin/true` with no helper at all.
     pub baseline: BenchFigure,
     pub configurations: Vec<BenchFigure>,
+    /// The full sandbox prepared ahead ([`crate::prepare`], untimed): from
+    /// the start order until the plugin's `execve` (what a turn that takes
+    /// a prepared sandbox waits for), and until it was reaped.
+    pub prepared: BenchFigure,
     pub layer_costs: Vec<LayerCost>,
     /// The full sandbox's spawn, stage by stage, in order.
     pub stages: Vec<StageFigure>,
@@ -171,6 +175,29 @@ fn launch_once(
     Ok((exec, total, std::mem::take(&mut child.report)))
 }
 
+/// One prepared launch of `/bin/true`: (start to exec, start to reaped).
+fn start_prepared_once(
+    helper_exe: &Path,
+    policy: &SandboxPolicy,
+    ws: &Path,
+) -> Result<(Duration, Duration, SandboxLevel), SandboxError> {
+    let prepared = crate::prepare(&SpawnSpec {
+        helper_exe: helper_exe.to_path_buf(),
+        program: true_binary(),
+        args: vec![],
+        env: vec![],
+        policy: policy.clone(),
+        workspace: ws.to_path_buf(),
+    })?;
+    let t0 = Instant::now();
+    let mut child = prepared.start()?;
+    let exec = t0.elapsed();
+    child
+        .wait()
+        .map_err(SandboxError::io("wait for the benchmark child"))?;
+    Ok((exec, t0.elapsed(), child.report.level))
+}
+
 /// Run the benchmark with `helper_exe` as the helper binary.
 pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, SandboxError> {
     let iterations = iterations.max(1);
@@ -228,7 +255,13 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
     let mut samples: Vec<(Vec<Duration>, Vec<Duration>, Option<SandboxLevel>)> =
         vec![(Vec::new(), Vec::new(), None); configs.len()];
     let mut timings = Vec::new();
+    let (mut prepared_exec, mut prepared_total) = (Vec::new(), Vec::new());
+    let mut prepared_level = None;
     for _ in 0..iterations {
+        let (e, t, level) = start_prepared_once(helper_exe, &full, &ws.0)?;
+        prepared_exec.push(e);
+        prepared_total.push(t);
+        prepared_level = Some(level);
         for (i, (_, policy)) in configs.iter().enumerate() {
             let (e, t, report) = launch_once(helper_exe, policy, &ws.0)?;
             samples[i].0.push(e);
@@ -263,6 +296,12 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
         iterations,
         baseline,
         configurations: figures,
+        prepared: stats(
+            "full sandbox prepared ahead: start order until execve",
+            prepared_level,
+            prepared_exec,
+            prepared_total,
+        ),
         layer_costs,
         stages: stage_figures(&timings),
     })

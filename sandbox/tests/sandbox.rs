@@ -699,6 +699,9 @@ fn bench_measures_every_configuration() {
     assert_eq!(full.level, Some(SandboxLevel::Strong));
     assert_eq!(full.runs, 2);
     assert!(full.exec_min_us > 0);
+    assert_eq!(r.prepared.level, Some(SandboxLevel::Strong));
+    assert_eq!(r.prepared.runs, 2);
+    assert!(r.prepared.exec_min_us > 0);
     assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
     // The full sandbox's spawn, stage by stage, host and helper side.
     let has = |process: &str, prefix: &str| {
