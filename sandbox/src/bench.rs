@@ -152,6 +152,18 @@ fn true_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/bin/true"))
 }
 
+/// `/bin/true` in `ws` under `policy`.
+fn true_spec(helper_exe: &Path, policy: &SandboxPolicy, ws: &Path) -> SpawnSpec {
+    SpawnSpec {
+        helper_exe: helper_exe.to_path_buf(),
+        program: true_binary(),
+        args: vec![],
+        env: vec![],
+        policy: policy.clone(),
+        workspace: ws.to_path_buf(),
+    }
+}
+
 /// One launch of `/bin/true`: (time to exec, time to reaped, report).
 fn launch_once(
     helper_exe: &Path,
@@ -159,14 +171,7 @@ fn launch_once(
     ws: &Path,
 ) -> Result<(Duration, Duration, crate::SandboxReport), SandboxError> {
     let t0 = Instant::now();
-    let mut child = spawn(&SpawnSpec {
-        helper_exe: helper_exe.to_path_buf(),
-        program: true_binary(),
-        args: vec![],
-        env: vec![],
-        policy: policy.clone(),
-        workspace: ws.to_path_buf(),
-    })?;
+    let mut child = spawn(&true_spec(helper_exe, policy, ws))?;
     let exec = t0.elapsed();
     child
         .wait()
@@ -181,14 +186,7 @@ fn start_prepared_once(
     policy: &SandboxPolicy,
     ws: &Path,
 ) -> Result<(Duration, Duration, SandboxLevel), SandboxError> {
-    let prepared = crate::prepare(&SpawnSpec {
-        helper_exe: helper_exe.to_path_buf(),
-        program: true_binary(),
-        args: vec![],
-        env: vec![],
-        policy: policy.clone(),
-        workspace: ws.to_path_buf(),
-    })?;
+    let prepared = crate::prepare(&true_spec(helper_exe, policy, ws))?;
     let t0 = Instant::now();
     let mut child = prepared.start()?;
     let exec = t0.elapsed();

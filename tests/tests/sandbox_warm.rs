@@ -63,6 +63,21 @@ fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// No process of this test's host and no workspace of it is left.
+fn nothing_left(me: u32) {
+    sharedos_host::process::settle_kills();
+    assert!(
+        eventually(Duration::from_secs(10), || descendants(me).is_empty()),
+        "survivors: {:?}",
+        descendants(me)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || workspaces().is_empty()),
+        "{:?}",
+        workspaces()
+    );
+}
+
 fn sandbox_of(r: &ExecutionResult) -> serde_json::Value {
     r.metadata["runtime"]["sandbox"].clone()
 }
@@ -167,19 +182,9 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         drop(launcher);
     });
     drop(rt);
-    sharedos_host::process::settle_kills();
     // The last launcher gone: every prepared tree killed, every workspace
     // removed.
-    assert!(
-        eventually(Duration::from_secs(10), || descendants(me).is_empty()),
-        "survivors: {:?}",
-        descendants(me)
-    );
-    assert!(
-        eventually(Duration::from_secs(10), || workspaces().is_empty()),
-        "{:?}",
-        workspaces()
-    );
+    nothing_left(me);
 
     // A warm runtime whose sandbox is below its minimum: every turn is
     // refused with the report, and no prepared sandbox ever stands in.
@@ -211,11 +216,5 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         drop(launcher);
     });
     drop(rt);
-    sharedos_host::process::settle_kills();
-    assert!(
-        eventually(Duration::from_secs(10), || descendants(me).is_empty()),
-        "survivors: {:?}",
-        descendants(me)
-    );
-    assert!(workspaces().is_empty(), "{:?}", workspaces());
+    nothing_left(me);
 }
