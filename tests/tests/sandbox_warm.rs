@@ -178,6 +178,33 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             spare_ws = now;
         }
 
+        // Turns at once: each gets a sandbox of its own, prepared or built
+        // in its path, never one shared.
+        let exec = Arc::new(exec);
+        let mut tasks = Vec::new();
+        for i in 0..6 {
+            let ex = exec.clone();
+            tasks.push(tokio::spawn(async move {
+                ex.execute(request(&format!("warm-c{i}")), ExecuteOptions::default())
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut prepared = 0;
+        let mut cgroups = std::collections::HashSet::new();
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert_eq!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
+            let sb = sandbox_of(&r);
+            assert_eq!(sb["level"], "strong", "{sb}");
+            prepared += usize::from(sb["prepared"] == true);
+            assert!(cgroups.insert(sb["cgroup"]["paths"].to_string()), "{sb}");
+        }
+        assert!(
+            prepared >= 1,
+            "no concurrent turn took the prepared sandbox"
+        );
+
         drop(exec);
         drop(launcher);
     });
