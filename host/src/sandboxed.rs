@@ -75,6 +75,17 @@ impl SandboxLauncher {
         self.warm.lock().ready.len()
     }
 
+    /// The helper pids of the prepared sandboxes ready now (for operators'
+    /// process accounting).
+    pub fn warm_pids(&self) -> Vec<i32> {
+        self.warm
+            .lock()
+            .ready
+            .iter()
+            .map(|s| s.sandbox.pid())
+            .collect()
+    }
+
     /// Wait up to `timeout` until no preparation is in flight; returns how
     /// many prepared sandboxes are ready then.
     pub fn wait_warm(&self, timeout: Duration) -> usize {

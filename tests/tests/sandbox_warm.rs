@@ -178,6 +178,27 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             spare_ws = now;
         }
 
+        // A prepared tree killed from outside while it waits is noticed
+        // when taken: the turn builds its own, and succeeds.
+        let pids = launcher.warm_pids();
+        assert_eq!(pids.len(), 1, "{pids:?}");
+        // SAFETY: signalling a helper this test's host started, by pid.
+        assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+        let r = exec
+            .execute(request("warm-killed"), ExecuteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
+        assert!(
+            sandbox_of(&r).get("prepared").is_none(),
+            "{}",
+            sandbox_of(&r)
+        );
+        assert_eq!(sandbox_of(&r)["level"], "strong");
+        sharedos_host::process::settle_kills();
+        assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
+        assert_eq!(workspaces().len(), 1, "{:?}", workspaces());
+
         // Turns at once: each gets a sandbox of its own, prepared or built
         // in its path, never one shared.
         let exec = Arc::new(exec);
