@@ -170,7 +170,8 @@ struct Spare {
 /// spec change discards the old ones; a failing preparation stops the
 /// refills until a launch built in the turn's path succeeds (which reports
 /// the real error otherwise). Dropping the last launcher kills every
-/// prepared tree and removes its workspace.
+/// prepared tree and removes its workspace, on a thread of its own that
+/// `process::settle_kills` waits for.
 #[derive(Debug, Default)]
 pub struct WarmPool {
     state: Mutex<WarmState>,
@@ -300,6 +301,28 @@ impl WarmPool {
 
     fn succeeded(&self) {
         self.lock().failing = false;
+    }
+}
+
+impl Drop for WarmPool {
+    /// Killing and reaping a prepared tree blocks for a moment, and the last
+    /// launcher may be dropped on an async worker: the trees go on a thread
+    /// of their own, which `settle_kills` waits for.
+    fn drop(&mut self) {
+        let spares = std::mem::take(&mut self.lock().ready);
+        if spares.is_empty() {
+            return;
+        }
+        let slot = Arc::new(Mutex::new(Some(spares)));
+        let on_thread = Arc::clone(&slot);
+        let spawned = std::thread::Builder::new()
+            .name("sharedos-warm-drop".into())
+            .spawn(move || drop(on_thread.lock().unwrap_or_else(|p| p.into_inner()).take()));
+        match spawned {
+            Ok(handle) => crate::process::track_thread(handle),
+            // No thread: kill them here rather than not at all.
+            Err(_) => drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take()),
+        }
     }
 }
 

@@ -184,6 +184,13 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         assert_eq!(pids.len(), 1, "{pids:?}");
         // SAFETY: signalling a helper this test's host started, by pid.
         assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+        // Dead for sure (a zombie until the launcher reaps it) before the
+        // turn asks: a tree that dies while being taken fails that turn.
+        assert!(eventually(Duration::from_secs(10), || {
+            std::fs::read_to_string(format!("/proc/{}/stat", pids[0]))
+                .map(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+                .unwrap_or(true)
+        }));
         let r = exec
             .execute(request("warm-killed"), ExecuteOptions::default())
             .await
