@@ -202,7 +202,6 @@ pub struct PreparedSandbox {
     start: Option<UnixStream>,
     reader: ReportReader,
     clock: HostClock,
-    timings: bool,
 }
 
 impl PreparedSandbox {
@@ -233,19 +232,14 @@ impl PreparedSandbox {
                 nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
             );
             if sent != Ok(1) {
-                let status = self
-                    .child
-                    .wait_timeout(Duration::from_secs(5))
-                    .map(|s| format!("{s}"))
-                    .unwrap_or_else(|| "still running".into());
-                return Err(SandboxError::NoReport { status });
+                return Err(no_report(&mut self.child));
             }
             self.child.report.prepared = true;
         }
         self.reader.deadline = Instant::now() + SETUP_TIMEOUT;
         self.reader.until_eof()?;
         self.clock.stamp("report_eof (plugin exec'd)");
-        if self.timings {
+        if !self.clock.stamps.is_empty() {
             let report = &mut self.child.report;
             let mut all = std::mem::take(&mut self.clock.stamps);
             all.append(&mut report.timings_us);
@@ -347,7 +341,6 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         start: l.start,
         reader,
         clock,
-        timings: policy.timings,
     })
 }
 
@@ -536,8 +529,9 @@ impl ReportReader {
         }
     }
 
-    /// The next message, skipping empty lines; `None` at EOF.
-    fn next_message(&mut self) -> Result<Option<HelperMessage>, SandboxError> {
+    /// The next report, skipping empty lines; `None` at EOF. An error
+    /// message from the helper is returned as that error.
+    fn next_report(&mut self) -> Result<Option<SandboxReport>, SandboxError> {
         loop {
             let Some(line) = self.next_line()? else {
                 return Ok(None);
@@ -547,6 +541,7 @@ impl ReportReader {
                 continue;
             }
             return match serde_json::from_slice::<HelperMessage>(line) {
+                Ok(HelperMessage::Report(r)) => Ok(Some(*r)),
                 Ok(HelperMessage::Error {
                     stage,
                     message,
@@ -556,7 +551,6 @@ impl ReportReader {
                     message,
                     errno,
                 }),
-                Ok(m) => Ok(Some(m)),
                 Err(e) => Err(SandboxError::BadReport(e.to_string())),
             };
         }
@@ -564,31 +558,20 @@ impl ReportReader {
 
     /// Read until the helper's report (written right before `execve`).
     fn until_report(&mut self, sc: &mut SandboxedChild) -> Result<SandboxReport, SandboxError> {
-        match self.next_message()? {
-            Some(HelperMessage::Report(r)) => Ok(*r),
-            Some(HelperMessage::Error { .. }) => unreachable_error(),
-            None => Err(no_report(sc)),
-        }
+        self.next_report()?.ok_or_else(|| no_report(sc))
     }
 
     /// After the report: EOF means the `execve` succeeded; an error
     /// message means it failed.
     fn until_eof(&mut self) -> Result<(), SandboxError> {
-        match self.next_message()? {
+        match self.next_report()? {
             None => Ok(()),
-            Some(HelperMessage::Report(_)) => {
-                Err(SandboxError::BadReport("a second report".into()))
-            }
-            Some(HelperMessage::Error { .. }) => unreachable_error(),
+            Some(_) => Err(SandboxError::BadReport("a second report".into())),
         }
     }
 }
 
-/// `next_message` turns error messages into errors: never reached.
-fn unreachable_error<T>() -> Result<T, SandboxError> {
-    Err(SandboxError::BadReport("unexpected error message".into()))
-}
-
+/// The helper sent no report: why, as far as its exit status tells.
 fn no_report(sc: &mut SandboxedChild) -> SandboxError {
     let status = sc
         .wait_timeout(Duration::from_secs(5))
