@@ -36,6 +36,37 @@ pub fn plugin_bin(name: &str) -> PathBuf {
     path
 }
 
+/// Grants of the demo agent `alice`: admission, and read/write/list over
+/// her own file memory (namespace `demo`).
+pub const DEMO_KERNEL: &str = r#"
+[[grants]]
+id = "admission"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "demo-host" }
+namespaceId = "demo"
+capabilities = [{ namespace = "sharedos.execution", path = ["agent", "alice"], scope = "exact", actions = ["invoke"] }]
+
+[[grants]]
+id = "memory"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "demo-host" }
+namespaceId = "demo"
+capabilities = [{ namespace = "files", path = ["alice"], scope = "descendants", actions = ["read", "write", "list"] }]
+"#;
+
+/// The real kernel with [`DEMO_KERNEL`]'s grants, its file tools over
+/// `files_root`, and an in-memory audit sink.
+pub fn demo_kernel(files_root: &std::path::Path) -> sharedos_kernel::Kernel {
+    let config: sharedos_kernel::KernelConfig =
+        toml::from_str(DEMO_KERNEL).expect("DEMO_KERNEL parses");
+    sharedos_kernel::Kernel::from_config(
+        &config,
+        files_root,
+        Arc::new(sharedos_kernel::MemoryAuditSink::new()),
+    )
+    .expect("DEMO_KERNEL builds")
+}
+
 /// Serializes the tests of one binary, so fd counts and process checks of
 /// one test are not disturbed by another.
 pub fn serial() -> MutexGuard<'static, ()> {

@@ -11,25 +11,8 @@ use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
 use sharedos_host::process::{DirectLauncher, Launcher, ProcessRuntime, ProcessRuntimeConfig};
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
-use sharedos_kernel::{Kernel, KernelConfig, MemoryAuditSink};
 use sharedos_protocol::{ExecutionRequest, ExecutionResult, ExecutionStatus, RuntimeManifest};
-use sharedos_tests::plugin_bin;
-
-const KERNEL: &str = r#"
-[[grants]]
-id = "admission"
-subject = { kind = "agent", agentId = "alice" }
-issuer = { kind = "service", serviceId = "demo-host" }
-namespaceId = "demo"
-capabilities = [{ namespace = "sharedos.execution", path = ["agent", "alice"], scope = "exact", actions = ["invoke"] }]
-
-[[grants]]
-id = "memory"
-subject = { kind = "agent", agentId = "alice" }
-issuer = { kind = "service", serviceId = "demo-host" }
-namespaceId = "demo"
-capabilities = [{ namespace = "files", path = ["alice"], scope = "descendants", actions = ["read", "write", "list"] }]
-"#;
+use sharedos_tests::{demo_kernel, plugin_bin};
 
 fn request() -> ExecutionRequest {
     let mut r: ExecutionRequest =
@@ -45,9 +28,7 @@ fn request() -> ExecutionRequest {
 
 async fn run(seat: Seat) -> (ExecutionResult, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let config: KernelConfig = toml::from_str(KERNEL).unwrap();
-    let kernel =
-        Kernel::from_config(&config, dir.path(), Arc::new(MemoryAuditSink::new())).unwrap();
+    let kernel = demo_kernel(dir.path());
     let executor = Executor::new(Arc::new(kernel), seat, ExecutorOptions::default()).unwrap();
     let result = executor
         .execute(request(), ExecuteOptions::default())

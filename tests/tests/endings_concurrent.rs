@@ -8,25 +8,8 @@ use serde_json::json;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
 use sharedos_host::process::{DirectLauncher, ProcessRuntime, ProcessRuntimeConfig};
 use sharedos_host::seat::process_seat;
-use sharedos_kernel::{Kernel, KernelConfig, MemoryAuditSink};
 use sharedos_protocol::{ExecutionRequest, ExecutionStatus, RuntimeManifest};
-use sharedos_tests::plugin_bin;
-
-const KERNEL: &str = r#"
-[[grants]]
-id = "admission"
-subject = { kind = "agent", agentId = "alice" }
-issuer = { kind = "service", serviceId = "demo-host" }
-namespaceId = "demo"
-capabilities = [{ namespace = "sharedos.execution", path = ["agent", "alice"], scope = "exact", actions = ["invoke"] }]
-
-[[grants]]
-id = "memory"
-subject = { kind = "agent", agentId = "alice" }
-issuer = { kind = "service", serviceId = "demo-host" }
-namespaceId = "demo"
-capabilities = [{ namespace = "files", path = ["alice"], scope = "descendants", actions = ["read", "write", "list"] }]
-"#;
+use sharedos_tests::{demo_kernel, plugin_bin};
 
 fn request(execution_id: &str, script: serde_json::Value) -> ExecutionRequest {
     let mut r: ExecutionRequest =
@@ -52,8 +35,7 @@ fn hostile_turns_do_not_disturb_the_turns_beside_them() {
         .unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let config: KernelConfig = toml::from_str(KERNEL).unwrap();
-        let kernel = Kernel::from_config(&config, dir.path(), Arc::new(MemoryAuditSink::new())).unwrap();
+        let kernel = demo_kernel(dir.path());
         let manifest = RuntimeManifest::new("sharedos-testplugin", "0.1.0").unwrap();
         let runtime =
             ProcessRuntime::new(ProcessRuntimeConfig::new(plugin_bin("sharedos-testplugin"), manifest), Arc::new(DirectLauncher))

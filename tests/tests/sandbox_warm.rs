@@ -16,20 +16,10 @@ use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
 use sharedos_host::process::{ProcessRuntime, ProcessRuntimeConfig};
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
-use sharedos_kernel::{Kernel, KernelConfig, MemoryAuditSink};
 use sharedos_protocol::{ExecutionRequest, ExecutionResult, ExecutionStatus, RuntimeManifest};
 use sharedos_sandbox::SandboxPolicy;
-use sharedos_tests::plugin_bin;
 use sharedos_tests::turns::descendants;
-
-const KERNEL: &str = r#"
-[[grants]]
-id = "admission"
-subject = { kind = "agent", agentId = "alice" }
-issuer = { kind = "service", serviceId = "demo-host" }
-namespaceId = "demo"
-capabilities = [{ namespace = "sharedos.execution", path = ["agent", "alice"], scope = "exact", actions = ["invoke"] }]
-"#;
+use sharedos_tests::{demo_kernel, plugin_bin};
 
 fn request(id: &str) -> ExecutionRequest {
     let mut r: ExecutionRequest =
@@ -83,8 +73,7 @@ fn sandbox_of(r: &ExecutionResult) -> serde_json::Value {
 }
 
 fn executor(launcher: Arc<SandboxLauncher>, dir: &std::path::Path) -> Executor {
-    let config: KernelConfig = toml::from_str(KERNEL).unwrap();
-    let kernel = Kernel::from_config(&config, dir, Arc::new(MemoryAuditSink::new())).unwrap();
+    let kernel = demo_kernel(dir);
     let manifest = RuntimeManifest::new("sharedos-echo", env!("CARGO_PKG_VERSION")).unwrap();
     let runtime = ProcessRuntime::new(
         ProcessRuntimeConfig::new(plugin_bin("sharedos-echo"), manifest),

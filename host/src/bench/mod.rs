@@ -176,16 +176,6 @@ pub async fn run(iterations: usize) -> i32 {
     if let (Some(c), Some(b)) = (&outproc, &inproc) {
         println!("{}", process::ratio_line("(c) / (b)", c, b));
     }
-    let _ = show(
-        process::spawn_to_initialize(
-            std::sync::Arc::new(crate::process::DirectLauncher),
-            &exe,
-            "(d) spawn until initialize answered, echo, no sandbox",
-            spawns,
-        )
-        .await,
-        &mut failed,
-    );
     match envelope::inprocess_emits(iterations * 50).await {
         Ok(rate) => println!(
             "{:<58} {:>12.0} emits/s",
