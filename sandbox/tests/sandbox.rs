@@ -436,6 +436,25 @@ fn exec_failure_is_reported() {
     }
 }
 
+/// A prepared sandbox whose `execve` fails at its start: the start says
+/// so, and the tree is gone.
+#[test]
+fn exec_failure_of_a_prepared_sandbox_is_reported_at_start() {
+    let ws = workspace();
+    let not_exec = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_exec.path(), "not a program").unwrap();
+    let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
+    s.program = not_exec.path().to_path_buf();
+    let prepared = sharedos_sandbox::prepare(&s).expect("every layer builds");
+    let helper = prepared.pid();
+    match prepared.start() {
+        Err(SandboxError::Setup { stage, .. }) => assert_eq!(stage, "exec"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a non-executable program was started"),
+    }
+    assert!(eventually(Duration::from_secs(10), || is_dead(helper)));
+}
+
 #[test]
 fn symlinked_workspace_is_refused() {
     let ws = workspace();
