@@ -1,6 +1,6 @@
 //! `sharedos-adversary`: a hostile runtime plugin for proving the sandbox.
 //!
-//! It attempts the attacks of `shared/spec/sandbox.md` section C, each once,
+//! It attempts the attacks of `docs/spec/sandbox.md` section C, each once,
 //! and reports a [`Receipt`] per attempt. Run unsandboxed (standalone
 //! mode), most attempts succeed: that shows they are real. Run as a plugin
 //! inside the sandbox, the tests expect them refused, and check the effect
