@@ -53,7 +53,7 @@ pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_c
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;
-pub use policy::{CgroupPolicy, LayerToggles, MAX_WARM, Rlimits, SandboxPolicy};
+pub use policy::{CgroupPolicy, LayerToggles, MAX_WARM, MemfdPolicy, Rlimits, SandboxPolicy};
 pub use report::{
     CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
     SeccompReport, SelfCheck,

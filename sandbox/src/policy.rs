@@ -61,6 +61,23 @@ pub struct SandboxPolicy {
     /// turns (no plugin code runs in it); 0, the default, builds every
     /// sandbox when its turn asks for it.
     pub warm: u32,
+    /// What the seccomp filter does with `memfd_create` (docs/SECURITY.md,
+    /// "The seccomp filter").
+    pub memfd_create: MemfdPolicy,
+}
+
+/// `memfd_create` under the seccomp filter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum MemfdPolicy {
+    /// Refused with ENOSYS (runtimes fall back to a file in the capped
+    /// `/dev/shm` or `/tmp`): a memfd that is never mapped is bounded only
+    /// by `RLIMIT_FSIZE` per file times the open files, not by `RLIMIT_AS`.
+    #[default]
+    Deny,
+    /// Allowed, except with `MFD_EXEC`: for runtimes that need a memfd
+    /// and whose memory the operator bounds otherwise (a memory cgroup).
+    AllowNoExec,
 }
 
 /// The most sandboxes a runtime may keep prepared ([`SandboxPolicy::warm`]).
@@ -96,6 +113,7 @@ impl Default for SandboxPolicy {
             timings: false,
             fork_server: false,
             warm: 0,
+            memfd_create: MemfdPolicy::Deny,
         }
     }
 }
@@ -122,7 +140,7 @@ pub struct LayerToggles {
     pub cgroupns: bool,
     /// Landlock filesystem, TCP and scope rules.
     pub landlock: bool,
-    /// The seccomp denylist.
+    /// The seccomp allowlist.
     pub seccomp: bool,
     /// Resource limits.
     pub rlimits: bool,

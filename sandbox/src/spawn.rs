@@ -260,9 +260,11 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         .iter()
         .cloned()
         .partition(|(k, _)| policy.env_allowed(k));
+    let memfd = policy.memfd_create;
     let seccomp_namespace =
-        seccomp::compile(FilterMode::Namespace).map_err(SandboxError::Seccomp)?;
-    let seccomp_strict = seccomp::compile(FilterMode::Strict).map_err(SandboxError::Seccomp)?;
+        seccomp::compile(FilterMode::Namespace, memfd).map_err(SandboxError::Seccomp)?;
+    let seccomp_strict =
+        seccomp::compile(FilterMode::Strict, memfd).map_err(SandboxError::Seccomp)?;
     let emulation_filter = if policy.emulate_no_userns {
         Some(seccomp::compile_no_userns_emulation().map_err(SandboxError::Seccomp)?)
     } else {

@@ -1,0 +1,106 @@
+//! Layer: seccomp, applied last, just before `execve`.
+//!
+//! The filter is an allowlist (default deny): every syscall the table in
+//! [`table`] does not list returns `ENOSYS`, so a syscall a future kernel
+//! adds is closed by default and runtimes take their old-kernel fallback;
+//! the explicitly dangerous ones return `EPERM`; a few are allowed only
+//! with given arguments (clone without namespace flags, socket with
+//! AF_UNIX, ioctl without TIOCSTI/TIOCLINUX, prlimit64 on itself,
+//! personality query/PER_LINUX, memfd_create by policy). It is compiled
+//! once per host process and handed to the helper, which installs it with
+//! one `seccomp(2)` call.
+//!
+//! The program is emitted by [`emit`] rather than by `seccompiler`, as a
+//! binary search; the verdicts are unit-tested with a small BPF interpreter
+//! and checked equal, for every syscall number and a set of arguments, to
+//! `seccompiler` programs built from the same table.
+//!
+//! Deliberately allowed: `sendto`, `sendmsg`, `recvmsg`, `setsockopt`,
+//! `getsockopt`, `bind`, `listen`, `accept`, `getsockname`. Denying them
+//! broke Node `spawnSync`, Python asyncio, the Python 3.14 forkserver and
+//! Chromium in Codex (openai/codex#41175, #24933, #24943, #47452); inside
+//! an empty network namespace they reach nothing anyway, and in strict
+//! mode `socket()` itself is denied.
+
+mod allowed;
+mod emit;
+mod numbers;
+mod table;
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::MemfdPolicy;
+use emit::{BPF_JMP_JGE_K, X32_SYSCALL_BIT};
+use table::Action;
+
+/// One classic BPF instruction, serializable so the host can hand the
+/// compiled program to the helper inside the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Insn(pub u16, pub u8, pub u8, pub u32);
+
+/// Which filter to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterMode {
+    /// With namespaces: non-UNIX socket families denied.
+    Namespace,
+    /// Without a user namespace: no `socket()` at all, no SysV IPC, no
+    /// POSIX mqueue, no `pidfd_open` (spec B.3, degraded mode).
+    Strict,
+}
+
+pub(crate) fn arch_name() -> &'static str {
+    std::env::consts::ARCH
+}
+
+type Cell = OnceLock<Result<Vec<Insn>, String>>;
+
+/// Build the plugin's filter for `mode` and the `memfd_create` policy.
+/// Compiled once per process: the program only depends on these and the
+/// architecture.
+pub fn compile(mode: FilterMode, memfd: MemfdPolicy) -> Result<Vec<Insn>, String> {
+    static CELLS: [Cell; 4] = [const { OnceLock::new() }; 4];
+    let i = match mode {
+        FilterMode::Namespace => 0,
+        FilterMode::Strict => 2,
+    } + match memfd {
+        MemfdPolicy::Deny => 0,
+        MemfdPolicy::AllowNoExec => 1,
+    };
+    CELLS[i]
+        .get_or_init(|| emit::emit(&table::rules(mode, memfd), Action::Errno(libc::ENOSYS)))
+        .clone()
+}
+
+/// The test-only filter that emulates a host without user namespaces.
+pub fn compile_no_userns_emulation() -> Result<Vec<Insn>, String> {
+    emit::emit(&table::emulation_rules(), Action::Allow)
+}
+
+/// Whether the program carries the x32 guard (for the report).
+pub fn has_x32_guard(prog: &[Insn]) -> bool {
+    prog.iter()
+        .any(|i| i.0 == BPF_JMP_JGE_K && i.3 == X32_SYSCALL_BIT)
+}
+
+/// Install `prog` on the calling thread (the helper is single-threaded).
+/// Also sets no_new_privs, which an unprivileged filter requires.
+pub fn install(prog: &[Insn]) -> std::io::Result<()> {
+    let bpf: Vec<seccompiler::sock_filter> = prog
+        .iter()
+        .map(|i| seccompiler::sock_filter {
+            code: i.0,
+            jt: i.1,
+            jf: i.2,
+            k: i.3,
+        })
+        .collect();
+    seccompiler::apply_filter(&bpf).map_err(|e| match e {
+        seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => io,
+        other => std::io::Error::other(other.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod tests;
