@@ -125,8 +125,10 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         "seccomp",
         &r.seccomp.status,
         format!(
-            " ({} mode, {} instructions, x32 guard {})",
+            " ({} mode, allowlist, unlisted -> {}, memfd_create {}, {} instructions, x32 guard {})",
             r.seccomp.mode,
+            r.seccomp.default_action,
+            r.seccomp.memfd_create,
             r.seccomp.insns,
             if r.seccomp.x32_guard { "yes" } else { "no" }
         ),

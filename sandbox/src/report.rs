@@ -115,6 +115,11 @@ pub struct SeccompReport {
     /// `namespace` (non-UNIX socket families denied) or `strict` (no
     /// `socket()` at all, no SysV IPC, no `pidfd_open`).
     pub mode: String,
+    /// What an unlisted syscall gets: `ENOSYS` (the filter is an
+    /// allowlist).
+    pub default_action: String,
+    /// `memfd_create` under the policy: `deny` or `allowNoExec`.
+    pub memfd_create: String,
 }
 
 /// Cgroup details.

@@ -43,6 +43,8 @@ fn run_program(program: &Path, args: &[&str], ws: &tempfile::TempDir) -> serde_j
     assert_eq!(child.report.level, SandboxLevel::Strong);
     assert_eq!(child.report.seccomp.status, LayerStatus::Applied);
     assert_eq!(child.report.seccomp.mode, "namespace");
+    assert_eq!(child.report.seccomp.default_action, "ENOSYS");
+    assert_eq!(child.report.seccomp.memfd_create, "deny");
     drop(child.stdin.take());
     let stderr = child.stderr.take().unwrap();
     let err_thread = std::thread::spawn(move || read_all(stderr));

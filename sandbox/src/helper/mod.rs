@@ -252,6 +252,8 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
             insns: 0,
             x32_guard: false,
             mode: "none".into(),
+            default_action: "none".into(),
+            memfd_create: "none".into(),
         },
         caps: LayerStatus::unavailable("not reached"),
         no_new_privs: false,

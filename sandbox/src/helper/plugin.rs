@@ -11,6 +11,7 @@ use super::reaper::sigset;
 use super::{Fail, ReportPipe, fail, os_fail, prctl};
 use crate::landlock::{self as ll, Grants};
 use crate::mounts;
+use crate::policy::MemfdPolicy;
 use crate::report::{HelperMessage, LayerStatus, SandboxReport, SelfCheck};
 use crate::request::{HelperRequest, START_BYTE};
 use crate::timing::stamp;
@@ -88,6 +89,12 @@ pub(super) fn plugin_exec(
         rep.seccomp.mode = if strict { "strict" } else { "namespace" }.into();
         rep.seccomp.insns = prog.len();
         rep.seccomp.x32_guard = seccomp::has_x32_guard(prog);
+        rep.seccomp.default_action = "ENOSYS".into();
+        rep.seccomp.memfd_create = match req.policy.memfd_create {
+            MemfdPolicy::Deny => "deny",
+            MemfdPolicy::AllowNoExec => "allowNoExec",
+        }
+        .into();
         seccomp::install(prog).map_err(|e| fail("seccomp", e))?;
         rep.seccomp.status = LayerStatus::Applied;
         stamp("plugin", "seccomp_installed");
