@@ -643,15 +643,36 @@ fn kernel_attack_surface_is_filtered() {
         "sys:clone3",
         "sys:sethostname",
     ];
+    // The allowlist's newer refusals.
+    ops.extend([
+        "sys:open_tree_attr",
+        "sys:listmount",
+        "sys:statmount",
+        "sys:quotactl_fd",
+        "sys:memfd_secret",
+        "sys:setxattrat",
+        "sys:lsm_list_modules",
+        "sys:personality_rie",
+        "sys:prlimit_pid1",
+    ]);
     if cfg!(target_arch = "x86_64") {
-        ops.push("sys:x32");
+        ops.extend(["sys:x32", "sys:modify_ldt"]);
     }
+    // Unlisted: ENOSYS, as from a kernel without them.
+    let unlisted = [
+        "sys:clone3",
+        "sys:sethostname",
+        "sys:unknown470",
+        "sys:fanotify_init",
+        "sys:memfd_create",
+    ];
+    ops.extend(&unlisted[2..]);
     let (_, out, _) = run(SandboxPolicy::default(), &ops);
     let eperm = format!("err:{}", libc::EPERM);
     for op in &ops {
-        // clone3 for the libc fallback, sethostname because the allowlist
-        // does not list it (an unlisted syscall is ENOSYS).
-        let want = if ["sys:clone3", "sys:sethostname"].contains(op) {
+        // clone3 for the libc fallback; the others because the allowlist
+        // does not list them (memfd_create by the default policy).
+        let want = if unlisted.contains(op) {
             format!("err:{}", libc::ENOSYS)
         } else {
             eperm.clone()
@@ -665,6 +686,47 @@ fn kernel_attack_surface_is_filtered() {
             .trim(),
         "pwned"
     );
+}
+
+/// The host pid of the sandbox's pid 1: the process in a child pid
+/// namespace whose NSpid ends in 1, below the helper `helper`.
+fn sandbox_pid1(helper: i32) -> Option<i32> {
+    let mut pid = helper;
+    for _ in 0..4 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+        let ids: Vec<&str> = nspid.split_whitespace().collect();
+        if ids.len() > 1 && ids.last() == Some(&"1") {
+            return Some(pid);
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        pid = children.split_whitespace().next()?.parse().ok()?;
+    }
+    None
+}
+
+#[test]
+fn prlimit64_cannot_change_pid_1s_limits() {
+    // The probe tries to lower pid 1's RLIMIT_NOFILE to 17, then waits; the
+    // host reads pid 1's limits while it is alive.
+    let ws = workspace();
+    let ops = ["sys:prlimit_pid1".to_string(), "daemon:x".to_string()];
+    let mut child = spawn(&spec(ws.path(), SandboxPolicy::default(), &ops)).unwrap();
+    let mut lines = BufReader::new(std::fs::File::from(child.stdout.take().unwrap())).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("started"), "{first}");
+    let pid1 = sandbox_pid1(child.pid).expect("the sandbox's pid 1 on the host");
+    let limits = std::fs::read_to_string(format!("/proc/{pid1}/limits")).unwrap();
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .to_string();
+    kill_child(child);
+    assert_ne!(nofile, "17", "pid 1's limits were changed: {limits}");
 }
 
 #[test]

@@ -319,6 +319,16 @@ fn kernel_surface_c46_to_c55_c58_c59_c61_is_closed() {
         "C55 change-hostname-and-time: the host's hostname changed (utsns; seccomp)"
     );
     blocked(r, "C58", "seccomp");
+    blocked(r, "C58a", "seccomp allowlist (mount/LSM/xattrat refused)");
+    blocked(r, "C58b", "seccomp (prlimit64 on pid 0 only)");
+    blocked(r, "C58c", "seccomp (personality query and PER_LINUX only)");
+    blocked(r, "C58d", "seccomp (memfd_create refused by default)");
+    blocked(r, "C58e", "seccomp allowlist (unlisted -> ENOSYS)");
+    let unlisted = &r["C58e"]["observed"];
+    assert!(
+        unlisted.to_string().matches("ENOSYS").count() == 3,
+        "C58e: every unlisted syscall answers ENOSYS: {unlisted}"
+    );
     blocked(r, "C59", "x32 guard; seccompiler arch check = KILL_PROCESS");
     blocked(r, "C61", "RLIMIT_CORE=0");
 }

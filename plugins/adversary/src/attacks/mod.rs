@@ -14,6 +14,7 @@ pub mod network;
 pub mod processes;
 pub mod resources;
 pub mod stdio;
+pub mod syscalls;
 
 use crate::bait::Bait;
 use crate::receipt::Receipt;
@@ -103,6 +104,7 @@ use network::*;
 use processes::*;
 use resources::*;
 use stdio::*;
+use syscalls::*;
 
 /// Every attack, in the fixed order of the default sequence. The victim is
 /// killed last (C24), after the attacks that need it alive.
@@ -390,6 +392,26 @@ pub const CATALOGUE: &[Attack] = &[
         "C58",
         "kernel-attack-surface-syscalls",
         c58_kernel_surface,
+        "",
+    ),
+    a(
+        "C58a",
+        "mount-lsm-xattrat-syscalls",
+        c58a_mount_and_lsm_introspection,
+        "",
+    ),
+    a("C58b", "prlimit64-on-pid-1", c58b_prlimit_pid_1, ""),
+    a(
+        "C58c",
+        "personality-read-implies-exec",
+        c58c_personality,
+        "",
+    ),
+    a("C58d", "memfd-outside-the-memory-bound", c58d_memfd, ""),
+    a(
+        "C58e",
+        "unlisted-syscalls-are-enosys",
+        c58e_unlisted_syscalls,
         "",
     ),
     a("C59", "x32-and-i386-abi", c59_x32_and_i386, ""),
