@@ -2,10 +2,12 @@
 //! with what needs it. The evidence: `strace -f -c` of Python 3.11, Node 20,
 //! `/bin/sh` and the static Rust plugins doing real work (threads,
 //! processes, file I/O, timers, asyncio / promises, a Unix socket, inotify;
-//! sandbox/tests/runtimes/), plus what the vendor CLIs need (Codex CLI: a
-//! static Rust binary on tokio that applies its own Landlock and seccomp;
-//! Claude Code: Node spawning ripgrep and shells), plus the legacy x86_64
-//! forms of the same calls that static binaries and other libcs use.
+//! sandbox/tests/runtimes/, whose syscalls-seen.txt lists them), plus what
+//! the vendor CLIs need (Codex CLI 0.171: a static musl binary on tokio
+//! that applies its own Landlock and seccomp; Claude Code 2.1: a Bun
+//! binary spawning ripgrep and shells; both were run under the filter),
+//! plus the legacy x86_64 forms of the same calls that static binaries and
+//! other libcs use.
 
 use super::numbers as nr;
 
@@ -64,6 +66,10 @@ pub(super) fn allowed() -> Vec<(i64, &'static str)> {
         (SYS_sched_getaffinity, "CPU count (nproc, tokio, libuv)"),
         (SYS_sched_getparam, "read own scheduling parameters"),
         (SYS_sched_getscheduler, "read own scheduling policy"),
+        (
+            SYS_sched_setscheduler,
+            "Bun (Claude Code) sets its threads' policy; RT needs RLIMIT_RTPRIO, which is 0",
+        ),
         (SYS_sched_get_priority_max, "static range query"),
         (SYS_sched_get_priority_min, "static range query"),
         (SYS_getpriority, "read a nice value"),
