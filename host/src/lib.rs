@@ -5,6 +5,7 @@ pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod conformance;
 pub mod executor;
 pub mod observe;
 pub mod process;

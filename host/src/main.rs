@@ -41,6 +41,9 @@ enum Command {
         #[command(subcommand)]
         command: SandboxCommand,
     },
+    /// Check that a plugin speaks the protocol: a battery of checks, each
+    /// naming the section of docs/PROTOCOL.md it enforces and the fix.
+    Conformance(cli::ConformanceArgs),
     /// Measure the envelope, the protocol and the sandbox.
     Bench {
         /// Iterations of each round-trip measurement.
@@ -113,6 +116,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Conformance(args) = &cli.command {
+        return ExitCode::from(cli::conformance(args) as u8);
+    }
     let launcher_for: Box<LauncherFor> = Box::new(cli::configured_launcher);
     let code = runtime.block_on(async move {
         match cli.command {
@@ -151,7 +157,7 @@ fn main() -> ExitCode {
                 }
             }
             Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
-            Command::Sandbox { .. } => 2,
+            Command::Sandbox { .. } | Command::Conformance(_) => 2,
         }
     });
     // No plugin tree outlives its host: wait for kills deferred so that a

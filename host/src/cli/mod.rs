@@ -173,3 +173,63 @@ pub fn read_file(path: &Path) -> Result<String, CliError> {
         message: format!("cannot be read: {e}"),
     })
 }
+
+/// `sharedos conformance [--launcher sandbox|direct] [--json] [--ro PATH]... -- PROGRAM [ARGS]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConformanceArgs {
+    /// `sandbox` (the default, the full sandbox) or `direct` (no isolation).
+    #[arg(long, value_enum, default_value = "sandbox")]
+    pub launcher: ConformanceLauncher,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// A host path to bind read-only into the sandbox (repeatable); a
+    /// script argument's package directory is bound without asking.
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// How long `initialize` may take.
+    #[arg(long, default_value_t = 10_000)]
+    pub handshake_timeout_ms: u64,
+    /// How long the plugin may stay silent while a turn is running.
+    #[arg(long, default_value_t = 10_000)]
+    pub step_timeout_ms: u64,
+    /// The plugin's command line.
+    #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ConformanceLauncher {
+    Sandbox,
+    Direct,
+}
+
+/// Runs the conformance battery; the exit code is 0 when the plugin
+/// conforms, 1 when a check failed, 2 on a usage or setup error.
+pub fn conformance(args: &ConformanceArgs) -> i32 {
+    let opts = crate::conformance::Options {
+        command: args.command.clone(),
+        launcher: match args.launcher {
+            ConformanceLauncher::Sandbox => LauncherKind::Sandbox,
+            ConformanceLauncher::Direct => LauncherKind::Direct,
+        },
+        ro_paths: args.ro.clone(),
+        handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
+        step_timeout: std::time::Duration::from_millis(args.step_timeout_ms),
+    };
+    let report = match crate::conformance::run(&opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sharedos conformance: {e}");
+            return 2;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let text = serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".into());
+        let _ = writeln!(out, "{text}");
+        i32::from(!report.passed)
+    } else {
+        crate::conformance::print_human(&report, &mut out)
+    }
+}

@@ -1,0 +1,281 @@
+//! `sharedos conformance -- PROGRAM [ARGS]`: runs any plugin through a
+//! battery of checks, in the full sandbox (or `--launcher direct`), and
+//! says for each what section of docs/PROTOCOL.md it enforces and what to
+//! fix. Every check launches the plugin afresh and kills its tree after.
+//!
+//! The checks that need the plugin to call tools drive it with the echo
+//! payload (`{"calls": [...], "parallel", "outcome", "noise"}`) that the
+//! three SDKs' echo examples follow; a plugin that ignores it gets "not
+//! applicable" for those, never a pass it did not earn.
+
+mod checks;
+mod lifecycle;
+mod load;
+mod session;
+mod sweep;
+mod turn;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sharedos_protocol::PLUGIN_COOKIE_ENV;
+use sharedos_sandbox::SandboxPolicy;
+
+pub use checks::{Check, Status};
+
+use crate::config::LauncherKind;
+use crate::process::{DirectLauncher, LaunchSpec, Launcher};
+use crate::sandboxed::SandboxLauncher;
+
+/// Where a bare program name is looked up for a sandboxed run: the system
+/// directories the sandbox binds (an interpreter under a private home, such
+/// as pyenv's or nvm's, is not visible inside).
+const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub command: Vec<String>,
+    pub launcher: LauncherKind,
+    /// Extra host paths bound read-only into the sandbox.
+    pub ro_paths: Vec<PathBuf>,
+    pub handshake_timeout: Duration,
+    pub step_timeout: Duration,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub command: Vec<String>,
+    pub program: String,
+    pub launcher: &'static str,
+    pub read_only_paths: Vec<String>,
+    pub passed: bool,
+    pub checks: Vec<Check>,
+}
+
+/// Runs the battery. `Err` is a usage or setup error (exit 2).
+pub fn run(opts: &Options) -> Result<Report, String> {
+    let (spec, ro) = launch_spec(opts)?;
+    let launcher: Arc<dyn Launcher> = match opts.launcher {
+        LauncherKind::Direct => Arc::new(DirectLauncher),
+        LauncherKind::Sandbox => {
+            let policy = SandboxPolicy {
+                extra_ro_paths: ro.clone(),
+                ..SandboxPolicy::default()
+            };
+            Arc::new(
+                SandboxLauncher::current_exe(policy)
+                    .map_err(|e| format!("cannot find the sharedos binary: {e}"))?,
+            )
+        }
+    };
+    let subreaper = sweep::become_subreaper();
+    let battery = checks::Battery {
+        launcher: &*launcher,
+        spec: spec.clone(),
+        handshake: opts.handshake_timeout,
+        step: opts.step_timeout,
+        leftovers: Default::default(),
+    };
+    let (mut results, spoken) = battery.handshake();
+    if spoken {
+        results.extend(battery.versions());
+        results.extend(battery.round_trip());
+        results.push(battery.concurrent());
+        results.push(battery.drain());
+        results.push(battery.abort());
+        results.push(battery.outcome_kinds());
+        results.push(battery.large());
+        results.push(battery.noise());
+    } else {
+        for (id, section) in NOT_RUN_AFTER_HANDSHAKE {
+            results.push(Check {
+                id,
+                section,
+                status: Status::NotRun,
+                detail: "not run: the handshake failed".into(),
+                fix: "fix the handshake first",
+            });
+        }
+    }
+    results.push(battery.by_hand());
+    results.push(battery.nothing_left(subreaper));
+    Ok(Report {
+        command: opts.command.clone(),
+        program: spec.program.display().to_string(),
+        launcher: match opts.launcher {
+            LauncherKind::Direct => "direct",
+            LauncherKind::Sandbox => "sandbox",
+        },
+        read_only_paths: ro,
+        passed: results
+            .iter()
+            .all(|c| c.status != Status::Fail && c.status != Status::NotRun),
+        checks: results,
+    })
+}
+
+const NOT_RUN_AFTER_HANDSHAKE: [(&str, &str); 10] = [
+    ("version_newer_host", "4.1"),
+    ("version_unsupported", "4.1, 6"),
+    ("tool_call_round_trip", "4.2, 4.3"),
+    ("emit_annotate", "4.4, 5"),
+    ("concurrent_calls_out_of_order", "4.3, 5"),
+    ("drain", "4.5"),
+    ("abort", "1, 4.5"),
+    ("outcome_kinds", "4.2"),
+    ("large_messages", "2, 6"),
+    ("stderr_noise", "1"),
+];
+
+/// The launch of `opts.command`: the program resolved, path arguments made
+/// absolute, and (for the sandbox) the read-only paths that make a script
+/// and its SDK visible inside.
+fn launch_spec(opts: &Options) -> Result<(LaunchSpec, Vec<String>), String> {
+    let (first, rest) = opts
+        .command
+        .split_first()
+        .ok_or("give the plugin's command after --, e.g. sharedos conformance -- ./my-plugin")?;
+    let search = match opts.launcher {
+        LauncherKind::Sandbox => SANDBOX_PATH.to_owned(),
+        LauncherKind::Direct => std::env::var("PATH").unwrap_or_else(|_| SANDBOX_PATH.into()),
+    };
+    let program = resolve_program(first, &search)?;
+    let mut ro: Vec<String> = Vec::new();
+    let mut args = Vec::with_capacity(rest.len());
+    for a in rest {
+        let p = Path::new(a);
+        match p.canonicalize() {
+            Ok(abs) if p.exists() && !a.starts_with('-') => {
+                let root = package_root(&abs);
+                push_unique(&mut ro, root.display().to_string());
+                args.push(abs.display().to_string());
+            }
+            _ => args.push(a.clone()),
+        }
+    }
+    for extra in &opts.ro_paths {
+        let abs = extra
+            .canonicalize()
+            .map_err(|e| format!("--ro {}: {e}", extra.display()))?;
+        push_unique(&mut ro, abs.display().to_string());
+    }
+    let env = vec![
+        (PLUGIN_COOKIE_ENV.to_owned(), "1".to_owned()),
+        ("PATH".to_owned(), SANDBOX_PATH.to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+    ];
+    let spec = LaunchSpec {
+        program,
+        args,
+        env,
+        runtime_id: "conformance".into(),
+        execution_id: "exec-conformance".into(),
+        turn_id: turn::TURN_ID.into(),
+    };
+    Ok((spec, ro))
+}
+
+fn push_unique(v: &mut Vec<String>, s: String) {
+    if !v.contains(&s) {
+        v.push(s);
+    }
+}
+
+fn resolve_program(name: &str, search: &str) -> Result<PathBuf, String> {
+    if name.contains('/') {
+        return Path::new(name)
+            .canonicalize()
+            .map_err(|e| format!("{name}: {e}"));
+    }
+    search
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("{name}: not found in {search} (give a path)"))
+}
+
+/// The directory a script belongs to: the nearest ancestor (up to four
+/// levels) holding a package manifest, so the SDK next to an example is
+/// visible too; otherwise the script's own directory.
+fn package_root(file: &Path) -> PathBuf {
+    let start = if file.is_dir() {
+        file
+    } else {
+        file.parent().unwrap_or(file)
+    };
+    let mut dir = start;
+    for _ in 0..4 {
+        if ["pyproject.toml", "package.json", "Cargo.toml", "setup.py"]
+            .iter()
+            .any(|m| dir.join(m).is_file())
+        {
+            return dir.to_path_buf();
+        }
+        match dir.parent() {
+            Some(p) => dir = p,
+            None => break,
+        }
+    }
+    start.to_path_buf()
+}
+
+/// The human report; returns the exit code (0 passed, 1 failed).
+pub fn print_human(report: &Report, out: &mut dyn Write) -> i32 {
+    let _ = writeln!(
+        out,
+        "sharedos conformance: {} ({} launcher)",
+        report.command.join(" "),
+        report.launcher
+    );
+    if !report.read_only_paths.is_empty() {
+        let _ = writeln!(
+            out,
+            "  read-only inside the sandbox: {}",
+            report.read_only_paths.join(", ")
+        );
+    }
+    for c in report.checks.iter().filter(|c| c.status != Status::NotRun) {
+        let tag = match c.status {
+            Status::Pass => "PASS",
+            Status::Fail => "FAIL",
+            _ => "N/A ",
+        };
+        let _ = writeln!(out, "  {tag} {:<30} §{:<8} {}", c.id, c.section, c.detail);
+        if c.status == Status::Fail {
+            let _ = writeln!(out, "       fix: {}", c.fix);
+        }
+    }
+    let not_run: Vec<&str> = report
+        .checks
+        .iter()
+        .filter(|c| c.status == Status::NotRun)
+        .map(|c| c.id)
+        .collect();
+    if !not_run.is_empty() {
+        let _ = writeln!(
+            out,
+            "  not run, the handshake failed: {}",
+            not_run.join(", ")
+        );
+    }
+    let count = |s| report.checks.iter().filter(|c| c.status == s).count();
+    let _ = writeln!(
+        out,
+        "{}: {} passed, {} failed, {} not applicable, {} not run",
+        if report.passed {
+            "CONFORMS"
+        } else {
+            "DOES NOT CONFORM"
+        },
+        count(Status::Pass),
+        count(Status::Fail),
+        count(Status::NotApplicable),
+        count(Status::NotRun)
+    );
+    i32::from(!report.passed)
+}

@@ -1,0 +1,212 @@
+//! One launch of the plugin under test, spoken to line by line: a reader
+//! thread per output stream, blocking sends, and a tree killed on drop.
+
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::ExitStatus;
+use std::rc::Rc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::process::{LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+
+/// What the plugin wrote on stdout, one line at a time.
+#[derive(Debug)]
+pub enum Line {
+    /// A JSON-RPC 2.0 object, and the length of its line in bytes.
+    Message(Value, usize),
+    /// A line the host would end the turn over, and why.
+    Invalid(String),
+    /// End of stdout.
+    Eof,
+}
+
+/// What `recv` saw.
+#[derive(Debug)]
+pub enum Recv {
+    Message(Value, usize),
+    Invalid(String),
+    Eof,
+    Timeout,
+}
+
+/// The last lines of the plugin's stderr and how much it wrote.
+#[derive(Debug, Default)]
+pub struct StderrLog {
+    pub bytes: usize,
+    pub last: Vec<String>,
+}
+
+/// The longest line the reader accepts (the host's frame limit is smaller).
+const MAX_READ_LINE: u64 = 64 << 20;
+const KEPT_STDERR_LINES: usize = 5;
+
+pub struct Session {
+    tree: Box<dyn ProcessTree>,
+    stdin: Option<File>,
+    lines: Receiver<Line>,
+    pub stderr: Arc<Mutex<StderrLog>>,
+    pub sandbox_report: Option<Value>,
+    exited: Option<ExitStatus>,
+    /// Where the processes that outlive this launch are counted.
+    leftovers: Rc<Cell<usize>>,
+}
+
+impl Session {
+    pub fn launch(
+        launcher: &dyn Launcher,
+        spec: &LaunchSpec,
+        leftovers: &Rc<Cell<usize>>,
+    ) -> Result<Self, String> {
+        let LaunchedChild {
+            stdin,
+            stdout,
+            stderr,
+            tree,
+            report,
+        } = launcher.launch(spec).map_err(|e| e.to_string())?;
+        let (tx, lines) = mpsc::channel();
+        let out = File::from(stdout);
+        std::thread::spawn(move || read_stdout(out, tx));
+        let log = Arc::new(Mutex::new(StderrLog::default()));
+        let sink = log.clone();
+        let err = File::from(stderr);
+        std::thread::spawn(move || read_stderr(err, sink));
+        Ok(Self {
+            tree,
+            stdin: Some(File::from(stdin)),
+            lines,
+            stderr: log,
+            sandbox_report: report,
+            exited: None,
+            leftovers: leftovers.clone(),
+        })
+    }
+
+    /// Writes one message; an error means the plugin closed its stdin.
+    pub fn send(&mut self, message: &Value) -> Result<(), String> {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err("stdin is already closed".into());
+        };
+        let mut line = message.to_string();
+        line.push('\n');
+        stdin
+            .write_all(line.as_bytes())
+            .map_err(|e| format!("cannot write to the plugin's stdin: {e}"))
+    }
+
+    pub fn recv(&self, timeout: Duration) -> Recv {
+        match self.lines.recv_timeout(timeout) {
+            Ok(Line::Message(v, n)) => Recv::Message(v, n),
+            Ok(Line::Invalid(why)) => Recv::Invalid(why),
+            Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => Recv::Eof,
+            Err(RecvTimeoutError::Timeout) => Recv::Timeout,
+        }
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Waits up to `timeout` for the launched process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + timeout;
+        loop {
+            if self.exited.is_none() {
+                self.exited = self.tree.try_wait().ok().flatten();
+            }
+            if self.exited.is_some() || Instant::now() >= end {
+                return self.exited;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.tree.pid()
+    }
+
+    /// The last stderr lines, for a report.
+    pub fn stderr_tail(&self) -> String {
+        let log = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        if log.last.is_empty() {
+            return "(nothing on stderr)".into();
+        }
+        log.last.join(" | ")
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stdin = None;
+        let _ = self.tree.kill_tree();
+        let left = super::sweep::sweep();
+        self.leftovers.set(self.leftovers.get() + left);
+    }
+}
+
+fn read_stdout(out: File, tx: mpsc::Sender<Line>) {
+    let mut reader = BufReader::with_capacity(1 << 16, out);
+    loop {
+        let mut buf = Vec::new();
+        let n = match (&mut reader)
+            .take(MAX_READ_LINE)
+            .read_until(b'\n', &mut buf)
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let line = classify(&buf[..n]);
+        if tx.send(line).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(Line::Eof);
+}
+
+/// The checks the host's reader makes on a line (docs/PROTOCOL.md, 2-3).
+fn classify(raw: &[u8]) -> Line {
+    let body = raw.strip_suffix(b"\n").unwrap_or(raw);
+    let body = body.strip_suffix(b"\r").unwrap_or(body);
+    let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Line::Invalid(format!("a line that is not UTF-8: {shown:?}"));
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if v.get("jsonrpc") == Some(&Value::from("2.0")) && v.is_object() => {
+            Line::Message(v, body.len())
+        }
+        Ok(_) => Line::Invalid(format!("JSON that is not a JSON-RPC 2.0 object: {shown:?}")),
+        Err(_) => Line::Invalid(format!("a line that is not JSON: {shown:?}")),
+    }
+}
+
+fn read_stderr(err: File, log: Arc<Mutex<StderrLog>>) {
+    let mut reader = BufReader::new(err);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match (&mut reader).take(1 << 20).read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                l.bytes += n;
+                let text: String = String::from_utf8_lossy(&buf)
+                    .trim()
+                    .chars()
+                    .take(200)
+                    .collect();
+                if !text.is_empty() {
+                    l.last.push(text);
+                    if l.last.len() > KEPT_STDERR_LINES {
+                        l.last.remove(0);
+                    }
+                }
+            }
+        }
+    }
+}
