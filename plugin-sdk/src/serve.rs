@@ -21,7 +21,7 @@
 //! raise the two signals.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, IsTerminal};
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::process::ExitCode;
@@ -55,13 +55,14 @@ type BoxWrite = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// Runs `plugin` over this process's stdin/stdout until stdin closes.
 ///
-/// Refuses to run (exit code 2) unless `SHAREDOS_PLUGIN` is set: the binary
-/// is meant to be started by a sharedos host, not by hand. After taking
+/// Refuses to run (exit code 2) unless `SHAREDOS_PLUGIN` is set and stdin
+/// is not a terminal: the binary is meant to be started by a sharedos host,
+/// not by hand. After taking
 /// its own handle on stdout it points fd 1 at stderr, so a stray
 /// `println!` in plugin code lands in the log instead of breaking the
 /// protocol.
 pub fn serve(plugin: impl RuntimePlugin + 'static) -> ExitCode {
-    if std::env::var_os(PLUGIN_COOKIE_ENV).is_none() {
+    if std::env::var_os(PLUGIN_COOKIE_ENV).is_none() || io::stdin().is_terminal() {
         eprintln!(
             "This binary is a sharedos runtime plugin. It is meant to be run by a sharedos host, \
              which talks to it over stdin/stdout; it is not meant to be executed directly."

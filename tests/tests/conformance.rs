@@ -167,3 +167,19 @@ sys.stdin.read()
     // Run by hand it does not say what it is: it waits on stdin.
     assert_eq!(status(&report, "run_by_hand"), "fail");
 }
+
+#[test]
+fn the_fifty_line_plugin_of_protocol_md_conforms_in_the_sandbox() {
+    let (out, report) = conformance(&["--", "python3", "sdk/python/examples/no_sdk.py"]);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["passed"], true);
+    for c in report["checks"].as_array().expect("checks") {
+        // It ignores payload.outcome: every other check passes.
+        let expected = if c["id"] == "outcome_kinds" {
+            "not_applicable"
+        } else {
+            "pass"
+        };
+        assert_eq!(c["status"], expected, "{c}");
+    }
+}

@@ -193,6 +193,10 @@ pub struct ConformanceArgs {
     /// How long the plugin may stay silent while a turn is running.
     #[arg(long, default_value_t = 10_000)]
     pub step_timeout_ms: u64,
+    /// Measure the tool-call round trip instead, over this many calls per
+    /// turn; several plugins may be given, separated by `:::`.
+    #[arg(long, value_name = "CALLS")]
+    pub bench: Option<usize>,
     /// The plugin's command line.
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
@@ -217,6 +221,9 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
         handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
         step_timeout: std::time::Duration::from_millis(args.step_timeout_ms),
     };
+    if let Some(calls) = args.bench {
+        return conformance_bench(&opts, calls, args.json);
+    }
     let report = match crate::conformance::run(&opts) {
         Ok(r) => r,
         Err(e) => {
@@ -232,4 +239,26 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
     } else {
         crate::conformance::print_human(&report, &mut out)
     }
+}
+
+fn conformance_bench(opts: &crate::conformance::Options, calls: usize, json: bool) -> i32 {
+    let rows = match crate::conformance::bench(opts, calls.max(2)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sharedos conformance --bench: {e}");
+            return 1;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
+        let _ = writeln!(out, "{text}");
+    } else {
+        let launcher = match opts.launcher {
+            LauncherKind::Direct => "direct",
+            LauncherKind::Sandbox => "sandbox",
+        };
+        crate::conformance::print_bench(&rows, launcher, &mut out);
+    }
+    0
 }

@@ -8,6 +8,7 @@
 //! three SDKs' echo examples follow; a plugin that ignores it gets "not
 //! applicable" for those, never a pass it did not earn.
 
+mod bench;
 mod checks;
 mod lifecycle;
 mod load;
@@ -57,14 +58,12 @@ pub struct Report {
     pub checks: Vec<Check>,
 }
 
-/// Runs the battery. `Err` is a usage or setup error (exit 2).
-pub fn run(opts: &Options) -> Result<Report, String> {
-    let (spec, ro) = launch_spec(opts)?;
-    let launcher: Arc<dyn Launcher> = match opts.launcher {
+fn launcher_for(kind: LauncherKind, ro: &[String]) -> Result<Arc<dyn Launcher>, String> {
+    Ok(match kind {
         LauncherKind::Direct => Arc::new(DirectLauncher),
         LauncherKind::Sandbox => {
             let policy = SandboxPolicy {
-                extra_ro_paths: ro.clone(),
+                extra_ro_paths: ro.to_vec(),
                 ..SandboxPolicy::default()
             };
             Arc::new(
@@ -72,7 +71,13 @@ pub fn run(opts: &Options) -> Result<Report, String> {
                     .map_err(|e| format!("cannot find the sharedos binary: {e}"))?,
             )
         }
-    };
+    })
+}
+
+/// Runs the battery. `Err` is a usage or setup error (exit 2).
+pub fn run(opts: &Options) -> Result<Report, String> {
+    let (spec, ro) = launch_spec(&opts.command, opts)?;
+    let launcher = launcher_for(opts.launcher, &ro)?;
     let subreaper = sweep::become_subreaper();
     let battery = checks::Battery {
         launcher: &*launcher,
@@ -119,6 +124,45 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     })
 }
 
+/// `--bench CALLS`: the round trip of each command (separated by `:::`),
+/// printed as a table; the rows for `--json`.
+pub fn bench(opts: &Options, calls: usize) -> Result<Vec<bench::BenchRow>, String> {
+    let commands: Vec<Vec<String>> = opts
+        .command
+        .split(|a| a == ":::")
+        .filter(|c| !c.is_empty())
+        .map(<[String]>::to_vec)
+        .collect();
+    let mut seats = Vec::new();
+    for c in &commands {
+        let (spec, ro) = launch_spec(c, opts)?;
+        seats.push((c.join(" "), spec, launcher_for(opts.launcher, &ro)?));
+    }
+    let _ = sweep::become_subreaper();
+    let leftovers = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut samples = vec![Vec::new(); seats.len()];
+    for _ in 0..bench::ROUND_COUNT {
+        for (i, (name, spec, launcher)) in seats.iter().enumerate() {
+            let battery = checks::Battery {
+                launcher: &**launcher,
+                spec: spec.clone(),
+                handshake: opts.handshake_timeout,
+                step: opts.step_timeout,
+                leftovers: leftovers.clone(),
+            };
+            let round = bench::one_round(&battery, calls).map_err(|e| format!("{name}: {e}"))?;
+            samples[i].extend(round);
+        }
+    }
+    Ok(seats
+        .into_iter()
+        .zip(samples)
+        .map(|((name, _, _), s)| bench::row(name, s))
+        .collect())
+}
+
+pub use bench::{BenchRow, print_table as print_bench};
+
 const NOT_RUN_AFTER_HANDSHAKE: [(&str, &str); 10] = [
     ("version_newer_host", "4.1"),
     ("version_unsupported", "4.1, 6"),
@@ -135,9 +179,8 @@ const NOT_RUN_AFTER_HANDSHAKE: [(&str, &str); 10] = [
 /// The launch of `opts.command`: the program resolved, path arguments made
 /// absolute, and (for the sandbox) the read-only paths that make a script
 /// and its SDK visible inside.
-fn launch_spec(opts: &Options) -> Result<(LaunchSpec, Vec<String>), String> {
-    let (first, rest) = opts
-        .command
+fn launch_spec(command: &[String], opts: &Options) -> Result<(LaunchSpec, Vec<String>), String> {
+    let (first, rest) = command
         .split_first()
         .ok_or("give the plugin's command after --, e.g. sharedos conformance -- ./my-plugin")?;
     let search = match opts.launcher {
