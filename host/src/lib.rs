@@ -11,3 +11,4 @@ pub mod process;
 pub mod registry;
 pub mod sandboxed;
 pub mod seat;
+pub mod session;
