@@ -11,4 +11,5 @@ pub mod process;
 pub mod registry;
 pub mod sandboxed;
 pub mod seat;
+pub mod serve;
 pub mod session;
