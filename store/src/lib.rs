@@ -7,6 +7,8 @@
 //! one file, WAL, migrations applied at open. [`recovery::recover`] marks
 //! the runs a crashed host left in flight without executing anything.
 
+pub mod cluster;
+mod postgres;
 pub mod recovery;
 mod sqlite;
 
@@ -16,15 +18,19 @@ use serde_json::Value;
 use sharedos_kernel::{AuditRecord, AuditSink, UsageStore};
 use sharedos_protocol::ExecutionEvent;
 
+pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 
 /// The schema version this build writes; a database with a higher one is
 /// refused at open.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// The checked-in migrations, in order: migration `i` takes a database
-/// from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_initial.sql")];
+/// The checked-in SQLite migrations, in order: migration `i` takes a
+/// database from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_initial.sql")];
+
+/// The same schema for PostgreSQL, version for version.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_initial.sql")];
 
 /// Why the store could not do what was asked. Each message says what to
 /// fix.
@@ -113,7 +119,7 @@ impl RunState {
             RunState::Interrupted => "interrupted",
         }
     }
-    fn parse(text: &str) -> Result<Self, StoreError> {
+    pub(crate) fn parse(text: &str) -> Result<Self, StoreError> {
         match text {
             "in_flight" => Ok(RunState::InFlight),
             "ended" => Ok(RunState::Ended),
@@ -196,4 +202,10 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     ) -> Result<Vec<ExecutionEvent>, StoreError>;
     /// The audit records of one trace, in the order they were committed.
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError>;
+    /// Ids of runs whose journal or state changed, as other processes
+    /// commit them (PostgreSQL `LISTEN/NOTIFY`); `None` when the backend
+    /// cannot say (observers then look again periodically).
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use sharedos_store::SqliteOptions;
 use tokio_util::sync::CancellationToken;
 
-use super::{Listen, MIN_TOKEN_LEN, ServeOptions, serve};
+use super::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
 use crate::cli::LauncherFor;
 use crate::config::HostConfig;
 
@@ -25,8 +25,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// The SQLite database (default: sharedos.db next to the configuration).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "postgres")]
     pub database: Option<PathBuf>,
+    /// Keep the state in PostgreSQL instead (a libpq connection string,
+    /// e.g. "host=/run/postgresql dbname=sharedos user=sharedos"), shared
+    /// with other hosts.
+    #[arg(long, value_name = "CONNINFO")]
+    pub postgres: Option<String>,
     /// This host's id: the in-flight runs it reconciles at start are its own.
     #[arg(long, default_value = "local")]
     pub host_id: String,
@@ -57,17 +62,22 @@ fn options(args: &ServeArgs, config: &HostConfig) -> Result<ServeOptions, String
                 .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.sock"))),
         ),
     };
+    let store = match &args.postgres {
+        Some(conninfo) => StoreChoice::Postgres(conninfo.clone(), args.keep_events),
+        None => StoreChoice::Sqlite(
+            args.database
+                .clone()
+                .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.db"))),
+            SqliteOptions {
+                keep_events_per_run: args.keep_events,
+                ..SqliteOptions::default()
+            },
+        ),
+    };
     Ok(ServeOptions {
         listen,
-        database: args
-            .database
-            .clone()
-            .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.db"))),
+        store,
         host_id: args.host_id.clone(),
-        sqlite: SqliteOptions {
-            keep_events_per_run: args.keep_events,
-            ..SqliteOptions::default()
-        },
     })
 }
 

@@ -25,7 +25,7 @@ use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use sharedos_kernel::{AuditSink, Kernel, UsageStore};
-use sharedos_store::{SqliteOptions, SqliteStore, Store};
+use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -48,15 +48,40 @@ pub enum Listen {
     },
 }
 
+/// Which store the server keeps its state in.
+#[derive(Debug, Clone)]
+pub enum StoreChoice {
+    /// The SQLite file (created if missing).
+    Sqlite(PathBuf, SqliteOptions),
+    /// A PostgreSQL server (libpq connection string), shared with other
+    /// hosts; events kept per ended run.
+    Postgres(String, Option<u64>),
+}
+
+impl StoreChoice {
+    async fn open(&self) -> Result<Arc<dyn Store>, CliError> {
+        let store: Arc<dyn Store> = match self {
+            StoreChoice::Sqlite(path, options) => Arc::new(
+                SqliteStore::open(path, options.clone())
+                    .map_err(|e| CliError::Setup(e.to_string()))?,
+            ),
+            StoreChoice::Postgres(conninfo, keep) => Arc::new(
+                PostgresStore::connect(conninfo, *keep)
+                    .await
+                    .map_err(|e| CliError::Setup(e.to_string()))?,
+            ),
+        };
+        Ok(store)
+    }
+}
+
 /// What `serve` needs beyond the host configuration.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub listen: Listen,
-    /// The SQLite database (created if missing).
-    pub database: PathBuf,
+    pub store: StoreChoice,
     /// Whose in-flight runs this process reconciles at start.
     pub host_id: String,
-    pub sqlite: SqliteOptions,
 }
 
 /// The shortest bearer token accepted.
@@ -65,7 +90,7 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// Builds the sessions of a configuration over `store`.
 pub fn sessions_from_config(
     config: &HostConfig,
-    store: Arc<SqliteStore>,
+    store: Arc<dyn Store>,
     launcher_for: &LauncherFor,
     host_id: &str,
 ) -> Result<Sessions, CliError> {
@@ -123,11 +148,10 @@ pub async fn serve(
     launcher_for: &LauncherFor,
     shutdown: CancellationToken,
 ) -> Result<(), CliError> {
-    let store = SqliteStore::open(&options.database, options.sqlite.clone())
-        .map_err(|e| CliError::Setup(e.to_string()))?;
+    let store = options.store.open().await?;
     let sessions = Arc::new(sessions_from_config(
         config,
-        Arc::new(store),
+        store,
         launcher_for,
         &options.host_id,
     )?);

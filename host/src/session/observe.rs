@@ -4,19 +4,24 @@
 //! Every event comes from the store, read after the sequence last handed
 //! out, so the stream has no gap and no duplicate whether an event was
 //! stored before the observer started or while it waited. A live run's
-//! writer wakes the observer; a run not live in this process (another
-//! host's, or one left by a crash) is looked at again every `POLL`.
+//! writer wakes the observer; for a run not live in this process (another
+//! host's, or one left by a crash) the store's change notifications wake
+//! it (PostgreSQL `LISTEN/NOTIFY`), and without them it looks again every
+//! `POLL` (and at least every `POLL_NOTIFIED` as a safety net).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use sharedos_protocol::ExecutionEvent;
 use sharedos_store::{RunState, Store};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use super::{POLL, Progress, SessionError};
 
 const BATCH: usize = 256;
+/// With change notifications, still look every so often: a notification
+/// lost with a dropped connection must not stall an observer.
+const POLL_NOTIFIED: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One observer of one run.
 pub struct Observer {
@@ -24,6 +29,7 @@ pub struct Observer {
     run_id: String,
     after: Option<u64>,
     progress: Option<watch::Receiver<Progress>>,
+    changes: Option<broadcast::Receiver<String>>,
     buffer: VecDeque<ExecutionEvent>,
 }
 
@@ -39,12 +45,16 @@ impl Observer {
         if let Some(p) = progress.as_mut() {
             p.borrow_and_update();
         }
+        // Subscribed before the first read: a change committed after it
+        // is never missed.
+        let changes = store.changes();
         let first = store.events_after(run_id, after, BATCH).await?;
         Ok(Self {
             store,
             run_id: run_id.to_owned(),
             after,
             progress,
+            changes,
             buffer: first.into(),
         })
     }
@@ -102,7 +112,26 @@ impl Observer {
                     self.progress = None;
                 }
             }
-            None => tokio::time::sleep(POLL).await,
+            None => match self.changes.as_mut() {
+                Some(rx) => {
+                    let run_id = &self.run_id;
+                    let woken = tokio::time::timeout(POLL_NOTIFIED, async {
+                        loop {
+                            match rx.recv().await {
+                                Ok(id) if &id == run_id => return true,
+                                Ok(_) => {}
+                                Err(broadcast::error::RecvError::Lagged(_)) => return true,
+                                Err(broadcast::error::RecvError::Closed) => return false,
+                            }
+                        }
+                    })
+                    .await;
+                    if woken == Ok(false) {
+                        self.changes = None;
+                    }
+                }
+                None => tokio::time::sleep(POLL).await,
+            },
         }
     }
 }

@@ -1,22 +1,77 @@
-//! The SQLite store on real files: migrations, counters, the audit trail,
-//! sessions, runs, the journal and recovery.
+//! Every store test against both backends: SQLite on real files and a
+//! real PostgreSQL server (`sharedos_store::cluster`): migrations,
+//! counters, the audit trail, sessions, runs, the journal and recovery.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use sharedos_kernel::{AuditOutcome, AuditRecord, AuditSink, AuditSource, UsageStore};
+use sharedos_kernel::{AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{
     AccessContext, Address, ExecutionEvent, Identifier, Purpose, ShortName, Timestamp, Version,
 };
+use sharedos_store::cluster::TestDatabase;
 use sharedos_store::recovery::recover;
 use sharedos_store::{
-    Admission, NewRun, RunState, SCHEMA_VERSION, SessionRecord, SqliteOptions, SqliteStore, Store,
-    StoreError,
+    Admission, NewRun, PostgresStore, RunState, SCHEMA_VERSION, SessionRecord, SqliteOptions,
+    SqliteStore, Store, StoreError,
 };
 
-fn open(dir: &tempfile::TempDir) -> SqliteStore {
-    SqliteStore::open(dir.path().join("sharedos.db"), SqliteOptions::default()).unwrap()
+enum Backend {
+    Sqlite(tempfile::TempDir),
+    Postgres(TestDatabase),
 }
+
+impl Backend {
+    fn sqlite() -> Self {
+        Backend::Sqlite(tempfile::tempdir().unwrap())
+    }
+    async fn postgres() -> Self {
+        Backend::Postgres(TestDatabase::new().await.unwrap())
+    }
+    /// A new store (a new connection) on the same database.
+    async fn open_keeping(&self, keep: Option<u64>) -> Arc<dyn Store> {
+        match self {
+            Backend::Sqlite(dir) => Arc::new(
+                SqliteStore::open(
+                    dir.path().join("sharedos.db"),
+                    SqliteOptions {
+                        keep_events_per_run: keep,
+                        ..SqliteOptions::default()
+                    },
+                )
+                .unwrap(),
+            ),
+            Backend::Postgres(db) => {
+                Arc::new(PostgresStore::connect(&db.conninfo, keep).await.unwrap())
+            }
+        }
+    }
+    async fn open(&self) -> Arc<dyn Store> {
+        self.open_keeping(None).await
+    }
+}
+
+/// Runs one test body against each backend.
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(super::Backend::sqlite()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(super::Backend::postgres().await).await
+            }
+        }
+    };
+}
+
+both!(max_uses_is_exact_across_two_connections_and_survives_reopen);
+both!(audit_records_are_durable_and_read_back_by_trace);
+both!(a_repeated_request_id_returns_the_original_and_a_different_payload_is_refused);
+both!(the_journal_replays_in_order_and_names_bad_sequences);
+both!(recovery_marks_in_flight_runs_without_replaying_and_only_once);
 
 fn session(id: &str) -> SessionRecord {
     SessionRecord {
@@ -70,9 +125,34 @@ fn context(trace: &str) -> AccessContext {
 }
 
 #[tokio::test]
-async fn a_database_from_a_newer_version_is_refused_at_open() {
+async fn a_postgres_database_from_a_newer_version_is_refused_at_start() {
+    let db = TestDatabase::new().await.unwrap();
+    drop(PostgresStore::connect(&db.conninfo, None).await.unwrap());
+    let (client, conn) = tokio_postgres::connect(&db.conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let version: i64 = client
+        .query_one("SELECT version FROM sharedos_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION, "migrations applied at start");
+    client
+        .execute("UPDATE sharedos_schema SET version = version + 1", &[])
+        .await
+        .unwrap();
+    let err = PostgresStore::connect(&db.conninfo, None)
+        .await
+        .err()
+        .expect("a newer schema must be refused");
+    assert!(matches!(err, StoreError::NewerSchema { found, .. } if found == SCHEMA_VERSION + 1));
+}
+
+#[tokio::test]
+async fn a_sqlite_database_from_a_newer_version_is_refused_at_open() {
     let dir = tempfile::tempdir().unwrap();
-    drop(open(&dir));
+    drop(SqliteStore::open(dir.path().join("sharedos.db"), SqliteOptions::default()).unwrap());
     let path = dir.path().join("sharedos.db");
     let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn
@@ -92,11 +172,9 @@ async fn a_database_from_a_newer_version_is_refused_at_open() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn max_uses_is_exact_across_two_connections_and_survives_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = Arc::new(open(&dir));
-    let b = Arc::new(open(&dir));
+async fn max_uses_is_exact_across_two_connections_and_survives_reopen(backend: Backend) {
+    let a = backend.open().await;
+    let b = backend.open().await;
     let mut tasks = Vec::new();
     for i in 0..40 {
         let s = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -110,16 +188,14 @@ async fn max_uses_is_exact_across_two_connections_and_survives_reopen() {
     }
     assert_eq!(won, 7, "exactly maxUses consumes win");
     drop((a, b));
-    let reopened = open(&dir);
+    let reopened = backend.open().await;
     assert_eq!(reopened.remaining("g-last", 7).await.unwrap(), 0);
     assert!(!reopened.try_consume("g-last", 7).await.unwrap());
     assert_eq!(reopened.remaining("g-other", 3).await.unwrap(), 3);
 }
 
-#[tokio::test]
-async fn audit_records_are_durable_and_read_back_by_trace() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn audit_records_are_durable_and_read_back_by_trace(backend: Backend) {
+    let store = backend.open().await;
     let mut r = AuditRecord::new(
         "authorization.checked",
         AuditOutcome::Allowed,
@@ -136,14 +212,14 @@ async fn audit_records_are_durable_and_read_back_by_trace() {
     );
     store.append(&other).await.unwrap();
     drop(store);
-    let trail = open(&dir).audit_trail("t-1").await.unwrap();
+    let trail = backend.open().await.audit_trail("t-1").await.unwrap();
     assert_eq!(trail, vec![r]);
 }
 
-#[tokio::test]
-async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_refused(
+    backend: Backend,
+) {
+    let store = backend.open().await;
     store.open_session(&session("s1")).await.unwrap();
     let first = store
         .admit_run(&new_run("r1", "req-1", "d1"))
@@ -184,7 +260,7 @@ async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_r
         .unwrap_err();
     assert_eq!(err, StoreError::SessionClosed("s1".into()));
     drop(store);
-    let reopened = open(&dir);
+    let reopened = backend.open().await;
     let read = reopened.run("r1").await.unwrap();
     assert_eq!(read.result, Some(json!({"status": "succeeded"})));
     let repeat = reopened
@@ -197,17 +273,8 @@ async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_r
     );
 }
 
-#[tokio::test]
-async fn the_journal_replays_in_order_and_names_bad_sequences() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(
-        dir.path().join("sharedos.db"),
-        SqliteOptions {
-            keep_events_per_run: Some(3),
-            ..SqliteOptions::default()
-        },
-    )
-    .unwrap();
+async fn the_journal_replays_in_order_and_names_bad_sequences(backend: Backend) {
+    let store = backend.open_keeping(Some(3)).await;
     store.open_session(&session("s1")).await.unwrap();
     store
         .admit_run(&new_run("r1", "req-1", "d1"))
@@ -268,10 +335,8 @@ async fn the_journal_replays_in_order_and_names_bad_sequences() {
     assert_eq!(kept, vec![3, 4, 5]);
 }
 
-#[tokio::test]
-async fn recovery_marks_in_flight_runs_without_replaying_and_only_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: Backend) {
+    let store = backend.open().await;
     store.open_session(&session("s1")).await.unwrap();
     store
         .admit_run(&new_run("r1", "req-1", "d1"))
@@ -301,9 +366,9 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once() {
         }
     }
     drop(store);
-    let store = open(&dir);
+    let store = backend.open().await;
     let at = Timestamp::parse("2026-12-01T01:00:00Z").unwrap();
-    let report = recover(&store, "host-a", &at).await.unwrap();
+    let report = recover(store.as_ref(), "host-a", &at).await.unwrap();
     assert_eq!(report.len(), 1);
     assert_eq!(report[0].interrupted, vec!["call-2".to_owned()]);
     assert_eq!(report[0].decisions, 2);
@@ -332,6 +397,11 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once() {
     );
 
     // Nothing left to recover; another host's runs are not touched.
-    assert!(recover(&store, "host-a", &at).await.unwrap().is_empty());
+    assert!(
+        recover(store.as_ref(), "host-a", &at)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(store.audit_trail("r1").await.unwrap().len(), trail.len());
 }
