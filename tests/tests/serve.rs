@@ -353,3 +353,81 @@ async fn sigterm_drains_the_runs_in_flight_before_exiting() {
     );
     assert!(!socket.exists(), "the socket is removed on exit");
 }
+
+/// One request over TCP with an optional bearer token; the status.
+async fn tcp_status(addr: std::net::SocketAddr, token: Option<&str>) -> u16 {
+    use http_body_util::Full;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/v1/sessions"))
+        .header("sharedos-scope", sharedos_tests::served::scope("operator"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let body = sharedos_tests::served::session_spec().to_string();
+    let resp = sender
+        .send_request(req.body(Full::new(bytes::Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_is_opt_in_and_every_request_needs_the_bearer_token() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let token = "0123456789abcdef-serve-token";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let db = dir.path().join("sharedos.db").display().to_string();
+    let listen = addr.to_string();
+    let token_file = dir.path().join("token").display().to_string();
+    let mut child = std::process::Command::new(sharedos_tests::turns::workspace_bin("sharedos"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("host.toml"))
+        .args([
+            "--database",
+            &db,
+            "--listen",
+            &listen,
+            "--token-file",
+            &token_file,
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "serve did not listen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tcp_status(addr, None).await, 401);
+    assert_eq!(
+        tcp_status(addr, Some("0123456789abcdef-wrong-token")).await,
+        401
+    );
+    assert_eq!(tcp_status(addr, Some(token)).await, 201);
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Without a token file, --listen is refused at start.
+    let out = std::process::Command::new(sharedos_tests::turns::workspace_bin("sharedos"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("host.toml"))
+        .args(["--listen", &listen])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token-file"));
+}
