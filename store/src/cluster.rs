@@ -105,14 +105,7 @@ impl TestDatabase {
             .arg(&data)
             .arg("-k")
             .arg(dir.path())
-            .args([
-                "-c",
-                "listen_addresses=",
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=50",
-            ])
+            .args(["-c", "listen_addresses=", "-c", "max_connections=50"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -335,3 +335,46 @@ async fn a_cancelled_run_ends_cancelled_and_observers_see_the_end() {
     assert_eq!(status(&ended), "cancelled");
     h.sessions.drain().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_database_refuses_the_run_before_dispatch() {
+    let h = host(SqliteOptions {
+        busy_timeout: Duration::from_millis(200),
+        ..SqliteOptions::default()
+    });
+    let s = h.sessions.open_session(&scope(), spec()).await.unwrap();
+    // Another process's writer holds the database.
+    let other = rusqlite::Connection::open(h.store.path()).unwrap();
+    other.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let write = json!([{"op": "call", "tool": "files.write",
+                        "arguments": {"path": "locked.txt", "content": "x"}}]);
+    let err = h
+        .sessions
+        .run(&scope(), &s.id, "req-1", input(write.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SessionError::Store(StoreError::Unavailable(_))),
+        "{err}"
+    );
+    other.execute_batch("ROLLBACK").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !h.files
+            .path()
+            .join(NAMESPACE)
+            .join(AGENT)
+            .join("locked.txt")
+            .exists(),
+        "nothing was dispatched"
+    );
+    // Once the lock is gone the same requestId is admitted afresh.
+    let run = h
+        .sessions
+        .run(&scope(), &s.id, "req-1", input(write))
+        .await
+        .unwrap();
+    assert!(!run.repeated);
+    let ended = h.sessions.wait(&scope(), &run.run.id).await.unwrap();
+    assert_eq!(status(&ended), "succeeded");
+}
