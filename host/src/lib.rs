@@ -12,3 +12,5 @@ pub mod process;
 pub mod registry;
 pub mod sandboxed;
 pub mod seat;
+pub mod serve;
+pub mod session;

@@ -36,6 +36,8 @@ enum Command {
         #[arg(long, value_name = "turn.json")]
         request: PathBuf,
     },
+    /// Serve sessions and runs over HTTP+JSON on a unix socket (docs/SERVE.md).
+    Serve(sharedos_host::serve::ServeArgs),
     /// What the sandbox can enforce on this machine.
     Sandbox {
         #[command(subcommand)]
@@ -156,6 +158,7 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            Command::Serve(args) => sharedos_host::serve::command(args, &*launcher_for).await,
             Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
             Command::Sandbox { .. } | Command::Conformance(_) => 2,
         }

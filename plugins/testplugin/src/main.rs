@@ -8,7 +8,9 @@
 //! another runtime id), `bad-version` (chooses protocol version 99),
 //! `exit-early` (exits before reading anything).
 //!
-//! During the turn it runs the script in `request.message.payload.script`,
+//! During the turn it runs the script in `request.message.payload.script`
+//! (its tool calls carry the trace id `trace-testplugin`, or the turn's own
+//! when the payload has `"traceFromTurn": true`),
 //! an array of steps `{"op": ..., ...}`; see [`step`] for the list. Unless a
 //! step already answered `turn/run`, it completes with
 //! `{"results": [...]}` (the answers to its tool calls) at the end, then
@@ -41,6 +43,9 @@ struct Plugin {
     draining: bool,
     outcome_sent: bool,
     results: Vec<Value>,
+    /// The trace id put on tool calls: `trace-testplugin`, or the turn's
+    /// own when the payload says `"traceFromTurn": true`.
+    trace: Value,
 }
 
 impl Plugin {
@@ -113,7 +118,7 @@ impl Plugin {
         let mut params = json!({
             "turnId": self.turn_id,
             "call": {"id": format!("call-{id}"), "tool": tool, "arguments": arguments,
-                     "traceId": "trace-testplugin", "requestedAt": "2026-01-01T00:00:00Z"}
+                     "traceId": self.trace, "requestedAt": "2026-01-01T00:00:00Z"}
         });
         if let Some(s) = step {
             params["step"] = json!(s);
@@ -163,6 +168,7 @@ fn main() {
         draining: false,
         outcome_sent: false,
         results: Vec::new(),
+        trace: json!("trace-testplugin"),
     };
     if mode == "noise" {
         p.write_raw(b"Starting testplugin v0.1.0 ... ready\n");
@@ -191,6 +197,9 @@ fn main() {
     };
     p.turn_id = run["params"]["turnId"].clone();
     p.run_id = run["id"].clone();
+    if run["params"]["request"]["message"]["payload"]["traceFromTurn"] == json!(true) {
+        p.trace = run["params"]["request"]["context"]["traceId"].clone();
+    }
     let script = run["params"]["request"]["message"]["payload"]["script"]
         .as_array()
         .cloned()

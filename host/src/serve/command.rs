@@ -1,0 +1,123 @@
+//! The `sharedos serve` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use sharedos_store::SqliteOptions;
+use tokio_util::sync::CancellationToken;
+
+use super::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
+use crate::cli::LauncherFor;
+use crate::config::HostConfig;
+
+/// `sharedos serve` arguments.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[arg(long, value_name = "host.toml")]
+    pub config: PathBuf,
+    /// The unix socket (default: sharedos.sock next to the configuration).
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP instead (opt-in); requires --token-file.
+    #[arg(long, value_name = "ADDR:PORT", requires = "token_file")]
+    pub listen: Option<SocketAddr>,
+    /// A file holding the bearer token TCP clients must send.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// The SQLite database (default: sharedos.db next to the configuration).
+    #[arg(long, value_name = "PATH", conflicts_with = "postgres")]
+    pub database: Option<PathBuf>,
+    /// Keep the state in PostgreSQL instead (a libpq connection string,
+    /// e.g. "host=/run/postgresql dbname=sharedos user=sharedos"), shared
+    /// with other hosts.
+    #[arg(long, value_name = "CONNINFO")]
+    pub postgres: Option<String>,
+    /// This host's id: the in-flight runs it reconciles at start are its own.
+    #[arg(long, default_value = "local")]
+    pub host_id: String,
+    /// Events kept per ended run (the latest); default: all.
+    #[arg(long, value_name = "N")]
+    pub keep_events: Option<u64>,
+}
+
+fn options(args: &ServeArgs, config: &HostConfig) -> Result<ServeOptions, String> {
+    let listen = match (&args.listen, &args.token_file) {
+        (Some(addr), Some(file)) => {
+            let token = std::fs::read_to_string(file)
+                .map_err(|e| format!("--token-file {}: {e}", file.display()))?
+                .trim()
+                .to_owned();
+            if token.len() < MIN_TOKEN_LEN {
+                return Err(format!(
+                    "--token-file {}: the token must have at least {MIN_TOKEN_LEN} characters",
+                    file.display()
+                ));
+            }
+            Listen::Tcp { addr: *addr, token }
+        }
+        (Some(_), None) => return Err("--listen needs --token-file".into()),
+        (None, _) => Listen::Unix(
+            args.socket
+                .clone()
+                .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.sock"))),
+        ),
+    };
+    let store = match &args.postgres {
+        Some(conninfo) => StoreChoice::Postgres(conninfo.clone(), args.keep_events),
+        None => StoreChoice::Sqlite(
+            args.database
+                .clone()
+                .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.db"))),
+            SqliteOptions {
+                keep_events_per_run: args.keep_events,
+                ..SqliteOptions::default()
+            },
+        ),
+    };
+    Ok(ServeOptions {
+        listen,
+        store,
+        host_id: args.host_id.clone(),
+    })
+}
+
+/// Runs `sharedos serve`; returns the exit code.
+pub async fn command(args: ServeArgs, launcher_for: &LauncherFor) -> i32 {
+    let config = match HostConfig::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sharedos serve: {e}");
+            return 2;
+        }
+    };
+    let options = match options(&args, &config) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("sharedos serve: {e}");
+            return 2;
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let signalled = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        signalled.cancel();
+    });
+    match serve(&config, options, launcher_for, shutdown).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sharedos serve: {e}");
+            2
+        }
+    }
+}

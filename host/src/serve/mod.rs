@@ -1,0 +1,280 @@
+//! `sharedos serve`: sessions and runs over HTTP+JSON, for a host
+//! application in any language (docs/SERVE.md).
+//!
+//! A unix socket by default (its file mode 0600: whoever can open it is
+//! the trusted host application); TCP only when asked, and then every
+//! request must carry the bearer token. The kernel audits into the store
+//! and counts `maxUses` in it. At start, the runs this host left in
+//! flight are reconciled (never re-run); on SIGTERM or SIGINT the server
+//! stops accepting and waits for every run in flight to end (each ends by
+//! its own deadline at the latest).
+
+mod command;
+pub mod routes;
+
+pub use command::{ServeArgs, command};
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use sharedos_kernel::{AuditSink, Kernel, UsageStore};
+use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{CliError, LauncherFor};
+use crate::config::HostConfig;
+use crate::executor::{Executor, ExecutorOptions, OnTurnError};
+use crate::seat::{process_runtime, process_seat};
+use crate::session::Sessions;
+use routes::Failure;
+
+/// Where the server listens.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    Unix(PathBuf),
+    /// TCP, every request authenticated with this bearer token.
+    Tcp {
+        addr: SocketAddr,
+        token: String,
+    },
+}
+
+/// Which store the server keeps its state in.
+#[derive(Debug, Clone)]
+pub enum StoreChoice {
+    /// The SQLite file (created if missing).
+    Sqlite(PathBuf, SqliteOptions),
+    /// A PostgreSQL server (libpq connection string), shared with other
+    /// hosts; events kept per ended run.
+    Postgres(String, Option<u64>),
+}
+
+impl StoreChoice {
+    async fn open(&self) -> Result<Arc<dyn Store>, CliError> {
+        let store: Arc<dyn Store> = match self {
+            StoreChoice::Sqlite(path, options) => Arc::new(
+                SqliteStore::open(path, options.clone())
+                    .map_err(|e| CliError::Setup(e.to_string()))?,
+            ),
+            StoreChoice::Postgres(conninfo, keep) => Arc::new(
+                PostgresStore::connect(conninfo, *keep)
+                    .await
+                    .map_err(|e| CliError::Setup(e.to_string()))?,
+            ),
+        };
+        Ok(store)
+    }
+}
+
+/// What `serve` needs beyond the host configuration.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: Listen,
+    pub store: StoreChoice,
+    /// Whose in-flight runs this process reconciles at start.
+    pub host_id: String,
+}
+
+/// The shortest bearer token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Builds the sessions of a configuration over `store`.
+pub fn sessions_from_config(
+    config: &HostConfig,
+    store: Arc<dyn Store>,
+    launcher_for: &LauncherFor,
+    host_id: &str,
+) -> Result<Sessions, CliError> {
+    let files_root = config.resolve(&config.host.files_root);
+    std::fs::create_dir_all(&files_root).map_err(|e| {
+        CliError::Setup(format!(
+            "cannot create the files root {}: {e}",
+            files_root.display()
+        ))
+    })?;
+    let kernel = Kernel::builder_from_config(
+        &config.kernel,
+        &files_root,
+        Arc::clone(&store) as Arc<dyn AuditSink>,
+    )
+    .map_err(|e| CliError::Setup(format!("kernel: {e}")))?
+    .usage_store(Arc::clone(&store) as Arc<dyn UsageStore>)
+    .build();
+    let kernel = Arc::new(kernel);
+    let on_turn_error: OnTurnError = Arc::new(|error, ids| {
+        tracing::error!(execution_id = %ids.execution_id, "turn failed: {error:?}");
+    });
+    let options = ExecutorOptions {
+        default_max_steps: config.host.default_max_steps,
+        default_max_tool_calls: config.host.default_max_tool_calls,
+        default_timeout_ms: config.host.default_timeout_ms,
+        drain_grace_ms: config.host.drain_grace_ms,
+        on_turn_error: Some(on_turn_error),
+        ..ExecutorOptions::default()
+    };
+    let mut executors = HashMap::new();
+    for entry in &config.runtimes {
+        let runtime = process_runtime(config, entry, launcher_for(entry)?)?;
+        let executor = Executor::new(kernel.clone(), process_seat(runtime), options.clone())
+            .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
+        executors.insert(entry.id.to_string(), Arc::new(executor));
+    }
+    let agents = config
+        .agents
+        .iter()
+        .map(|a| (a.agent_id.to_string(), a.runtime.to_string()))
+        .collect();
+    Ok(Sessions::new(
+        store as Arc<dyn Store>,
+        executors,
+        agents,
+        host_id,
+    ))
+}
+
+/// Runs the server until `shutdown` fires, then drains.
+pub async fn serve(
+    config: &HostConfig,
+    options: ServeOptions,
+    launcher_for: &LauncherFor,
+    shutdown: CancellationToken,
+) -> Result<(), CliError> {
+    let store = options.store.open().await?;
+    let sessions = Arc::new(sessions_from_config(
+        config,
+        store,
+        launcher_for,
+        &options.host_id,
+    )?);
+    let recovered = sessions
+        .recover()
+        .await
+        .map_err(|e| CliError::Setup(format!("recovery: {e}")))?;
+    for run in &recovered {
+        eprintln!(
+            "sharedos serve: recovered run {}: {}",
+            run.run_id,
+            serde_json::to_string(run).unwrap_or_default()
+        );
+    }
+    let token = match &options.listen {
+        Listen::Tcp { token, .. } => Some(Arc::new(token.clone())),
+        Listen::Unix(_) => None,
+    };
+    match &options.listen {
+        Listen::Unix(path) => {
+            let listener = bind_unix(path)?;
+            eprintln!("sharedos serve: listening on unix:{}", path.display());
+            accept_loop(&sessions, None, &shutdown, || listener.accept()).await;
+            let _ = std::fs::remove_file(path);
+        }
+        Listen::Tcp { addr, .. } => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| CliError::Setup(format!("cannot listen on {addr}: {e}")))?;
+            eprintln!("sharedos serve: listening on tcp:{addr} (bearer token required)");
+            accept_loop(&sessions, token, &shutdown, || listener.accept()).await;
+        }
+    }
+    eprintln!("sharedos serve: draining runs in flight");
+    sessions.drain().await;
+    eprintln!("sharedos serve: stopped");
+    Ok(())
+}
+
+fn bind_unix(path: &PathBuf) -> Result<UnixListener, CliError> {
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(CliError::Setup(format!(
+                "{} is in use by a running server: stop it or choose another --socket",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path).map_err(|e| {
+            CliError::Setup(format!(
+                "cannot remove the stale socket {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| CliError::Setup(format!("cannot listen on {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| CliError::Setup(format!("cannot restrict {}: {e}", path.display())))?;
+    Ok(listener)
+}
+
+async fn accept_loop<S, A, F, Fut>(
+    sessions: &Arc<Sessions>,
+    token: Option<Arc<String>>,
+    shutdown: &CancellationToken,
+    accept: F,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = std::io::Result<(S, A)>>,
+{
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    continue;
+                }
+            },
+        };
+        let sessions = Arc::clone(sessions);
+        let token = token.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let sessions = Arc::clone(&sessions);
+                let token = token.clone();
+                async move {
+                    if let Some(t) = &token
+                        && !authorized(&req, t)
+                    {
+                        let f = Failure::new(
+                            StatusCode::UNAUTHORIZED,
+                            "unauthorized",
+                            "send Authorization: Bearer <token>",
+                        );
+                        return Ok::<_, std::convert::Infallible>(f.into_response());
+                    }
+                    Ok(routes::route(sessions, req).await)
+                }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Compares the bearer token in constant time.
+fn authorized(req: &Request<hyper::body::Incoming>, token: &str) -> bool {
+    let Some(given) = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}

@@ -1,0 +1,258 @@
+//! The HTTP+JSON surface of `sharedos serve` (docs/SERVE.md).
+//!
+//! Every request names its trusted scope in the `Sharedos-Scope` header
+//! (JSON: namespaceId, authority, owner); ids in paths are locators only.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sharedos_store::StoreError;
+
+use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessions};
+
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The most bytes a request body may have.
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// An error answer: a status, a stable code, a message saying what to fix.
+pub struct Failure {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Failure {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn into_response(self) -> Response<Body> {
+        json_response(
+            self.status,
+            &json!({"error": {"code": self.code, "message": self.message}}),
+        )
+    }
+}
+
+impl From<SessionError> for Failure {
+    fn from(e: SessionError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            SessionError::Store(s) => match s {
+                StoreError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                StoreError::RequestConflict { .. } => (StatusCode::CONFLICT, "request_conflict"),
+                StoreError::SessionClosed(_) => (StatusCode::CONFLICT, "session_closed"),
+                StoreError::RunEnded(_) => (StatusCode::CONFLICT, "run_ended"),
+                StoreError::BeyondEnd { .. } => (StatusCode::BAD_REQUEST, "sequence_beyond_end"),
+                StoreError::Dropped { .. } => (StatusCode::GONE, "sequence_dropped"),
+                StoreError::NewerSchema { .. }
+                | StoreError::Unavailable(_)
+                | StoreError::Corrupt(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            },
+            SessionError::UnknownAgent(_) => (StatusCode::BAD_REQUEST, "unknown_agent"),
+            SessionError::NoSeat(_) => (StatusCode::SERVICE_UNAVAILABLE, "runtime_unavailable"),
+            SessionError::InvalidInput(_) | SessionError::InvalidRequestId => {
+                (StatusCode::BAD_REQUEST, "invalid_input")
+            }
+            SessionError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        };
+        Failure::new(status, code, message)
+    }
+}
+
+pub fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(value.to_string())).boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn scope_of(req: &Request<Incoming>) -> Result<Scope, Failure> {
+    let text = req
+        .headers()
+        .get("sharedos-scope")
+        .ok_or_else(|| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                "missing_scope",
+                "the Sharedos-Scope header is required: {\"namespaceId\":…,\"authority\":…,\"owner\":…}",
+            )
+        })?
+        .to_str()
+        .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_scope", "Sharedos-Scope is not text"))?;
+    serde_json::from_str(text).map_err(|e| {
+        Failure::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_scope",
+            format!("Sharedos-Scope: {e}"),
+        )
+    })
+}
+
+async fn body_of<T: for<'de> Deserialize<'de>>(req: Request<Incoming>) -> Result<T, Failure> {
+    let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
+    let bytes = limited
+        .collect()
+        .await
+        .map_err(|e| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                format!("the body could not be read (at most {MAX_BODY} bytes): {e}"),
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid_body", e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RunBody {
+    request_id: String,
+    #[serde(flatten)]
+    input: RunInput,
+}
+
+/// Routes one request.
+pub async fn route(sessions: Arc<Sessions>, req: Request<Incoming>) -> Response<Body> {
+    match handle(&sessions, req).await {
+        Ok(r) => r,
+        Err(f) => f.into_response(),
+    }
+}
+
+async fn handle(
+    sessions: &Arc<Sessions>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Failure> {
+    let path: Vec<String> = req
+        .uri()
+        .path()
+        .trim_matches('/')
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    let parts: Vec<&str> = path.iter().map(String::as_str).collect();
+    let method = req.method().clone();
+    let scope = scope_of(&req)?;
+    match (method, parts.as_slice()) {
+        (Method::POST, ["v1", "sessions"]) => {
+            let spec: OpenSession = body_of(req).await?;
+            let s = sessions.open_session(&scope, spec).await?;
+            Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
+        }
+        (Method::GET, ["v1", "sessions", id]) => {
+            let s = sessions.session(&scope, id).await?;
+            Ok(json_response(StatusCode::OK, &json!({"session": s})))
+        }
+        (Method::DELETE, ["v1", "sessions", id]) => {
+            sessions.close_session(&scope, id).await?;
+            Ok(json_response(StatusCode::OK, &json!({"closed": id})))
+        }
+        (Method::POST, ["v1", "sessions", id, "runs"]) => {
+            let id = id.to_string();
+            let body: RunBody = body_of(req).await?;
+            let h = sessions
+                .run(&scope, &id, &body.request_id, body.input)
+                .await?;
+            let status = if h.repeated {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            Ok(json_response(
+                status,
+                &json!({"run": h.run, "repeated": h.repeated}),
+            ))
+        }
+        (Method::GET, ["v1", "runs", id]) => {
+            let run = sessions.get_run(&scope, id).await?;
+            Ok(json_response(StatusCode::OK, &json!({"run": run})))
+        }
+        (Method::POST, ["v1", "runs", id, "cancel"]) => {
+            let cancelled = sessions.cancel(&scope, id).await?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"cancelled": cancelled}),
+            ))
+        }
+        (Method::GET, ["v1", "runs", id, "events"]) => {
+            let after = after_sequence(&req)?;
+            let observer = sessions.observe(&scope, id, after).await?;
+            Ok(sse(observer))
+        }
+        _ => Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            "no_route",
+            "no such endpoint: see docs/SERVE.md",
+        )),
+    }
+}
+
+/// `afterSequence` from the query, or the SSE `Last-Event-ID` header a
+/// reconnecting client sends.
+fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
+    let bad = |what: &str| {
+        Failure::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_sequence",
+            format!("{what} must be a non-negative integer"),
+        )
+    };
+    for pair in req.uri().query().unwrap_or_default().split('&') {
+        if let Some(v) = pair.strip_prefix("afterSequence=") {
+            return v.parse().map(Some).map_err(|_| bad("afterSequence"));
+        }
+    }
+    match req.headers().get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .map(Some)
+            .ok_or_else(|| bad("Last-Event-ID")),
+        None => Ok(None),
+    }
+}
+
+/// The events as server-sent events: `id` is the sequence, `event` the
+/// type, `data` the event; a last `end` event once the run has ended. A
+/// client that goes away drops the stream, and with it the observer.
+fn sse(observer: Observer) -> Response<Body> {
+    let stream = futures_util::stream::unfold(Some(observer), |state| async move {
+        let mut observer = state?;
+        let (frame, next) = match observer.next().await {
+            Ok(Some(e)) => {
+                let data = serde_json::to_string(&e).unwrap_or_default();
+                let text = format!("id: {}\nevent: {}\ndata: {data}\n\n", e.sequence, e.kind);
+                (text, Some(observer))
+            }
+            Ok(None) => ("event: end\ndata: {}\n\n".to_owned(), None),
+            Err(e) => {
+                let data = json!({"message": e.to_string()});
+                (format!("event: error\ndata: {data}\n\n"), None)
+            }
+        };
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(frame))), next))
+    });
+    let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}

@@ -1,0 +1,108 @@
+//! Running one admitted turn and journaling its events.
+//!
+//! The executor hands each event to `on_event` in sequence order. Each
+//! goes through a channel to one writer, which stores it and only then
+//! publishes its sequence to observers: nothing an observer sees is
+//! missing from the store. After `execute` returns, a marker through the
+//! same channel waits for every earlier event to be stored before the run
+//! is ended in the store.
+//!
+//! A journal write that fails cancels the turn (no event may be published
+//! unstored); the run ends with the turn's result and `journalError`.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use sharedos_protocol::{ExecutionEvent, ExecutionRequest, Timestamp};
+use sharedos_store::Store;
+use tokio::sync::{mpsc, oneshot};
+
+use super::LiveRun;
+use crate::executor::{ExecuteOptions, Executor, OnEvent};
+
+enum Entry {
+    Event(ExecutionEvent),
+    Flushed(oneshot::Sender<Option<String>>),
+}
+
+/// Runs the turn, journals it, ends the run in the store.
+pub(super) async fn drive(
+    store: &Arc<dyn Store>,
+    executor: Arc<Executor>,
+    request: ExecutionRequest,
+    live: &Arc<LiveRun>,
+) {
+    let run_id = request.execution_id.to_string();
+    let (tx, rx) = mpsc::unbounded_channel::<Entry>();
+    let writer = tokio::spawn(write(
+        Arc::clone(store),
+        Arc::clone(live),
+        run_id.clone(),
+        rx,
+    ));
+    let events = tx.clone();
+    let on_event: OnEvent = Arc::new(move |e: &ExecutionEvent| {
+        let _ = events.send(Entry::Event(e.clone()));
+    });
+    let opts = ExecuteOptions {
+        cancel: Some(live.cancel.clone()),
+        on_event: Some(on_event),
+    };
+    let outcome = executor.execute(request, opts).await;
+    let (done, flushed) = oneshot::channel();
+    let _ = tx.send(Entry::Flushed(done));
+    let journal_error = flushed
+        .await
+        .unwrap_or_else(|_| Some("the journal writer stopped".into()));
+    drop(tx);
+    let _ = writer.await;
+    let mut result = match outcome {
+        Ok(mut result) => {
+            // The events live in the journal (under its retention).
+            result.events.clear();
+            serde_json::to_value(&result).unwrap_or_else(|e| json!({"error": e.to_string()}))
+        }
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    if let (Some(error), Value::Object(map)) = (journal_error, &mut result) {
+        map.insert("journalError".into(), Value::String(error));
+    }
+    if let Err(e) = store
+        .end_run(&run_id, &result, Timestamp::now().as_str())
+        .await
+    {
+        // The run stays in flight in the store; the next start of this
+        // host reconciles it as interrupted.
+        tracing::error!(run_id, "could not record the end of the run: {e}");
+    }
+}
+
+/// The single writer of a run's journal.
+async fn write(
+    store: Arc<dyn Store>,
+    live: Arc<LiveRun>,
+    run_id: String,
+    mut rx: mpsc::UnboundedReceiver<Entry>,
+) {
+    let mut error: Option<String> = None;
+    while let Some(entry) = rx.recv().await {
+        match entry {
+            Entry::Event(event) if error.is_none() => {
+                match store.append_event(&run_id, &event).await {
+                    Ok(()) => live
+                        .progress
+                        .send_modify(|p| p.last_sequence = Some(event.sequence)),
+                    Err(e) => {
+                        tracing::error!(run_id, "journal write failed, cancelling the turn: {e}");
+                        error = Some(e.to_string());
+                        live.cancel.cancel();
+                    }
+                }
+            }
+            Entry::Event(_) => {}
+            Entry::Flushed(reply) => {
+                let _ = reply.send(error.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! Sessions and runs, on top of [`Executor::execute`].
+//!
+//! A session binds an agent, the runtime the host configured for it and a
+//! trusted [`Scope`]. `run(input, requestId)` admits the run in the store
+//! before anything is dispatched; a repeat of the same requestId with the
+//! same payload returns the original run, a different payload is refused.
+//! Each event of the turn is stored under its sequence before observers
+//! are woken ([`journal`]), so an observer reading from `afterSequence`
+//! gets stored history, then live events, with no gap and no duplicate.
+//!
+//! Session and run ids are locators, never authorization: every call
+//! carries the caller's scope and is refused, as if the id did not exist,
+//! when it differs from the scope the session was opened with.
+
+mod journal;
+mod observe;
+mod request;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sharedos_protocol::{Address, ExecutionOptions, Identifier, Timestamp, ToolDefinition};
+use sharedos_store::recovery::{RecoveredRun, recover};
+use sharedos_store::{Admission, NewRun, RunRecord, RunState, SessionRecord, Store, StoreError};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::Executor;
+
+pub use observe::Observer;
+
+/// The trusted scope a session is opened under and every call re-checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Scope {
+    pub namespace_id: Identifier,
+    /// Under whose authority the turns run (grant issuers match it).
+    pub authority: Address,
+    /// On whose behalf (the message sender).
+    pub owner: Address,
+}
+
+/// What a session fixes for all its runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OpenSession {
+    pub agent_id: Identifier,
+    pub purpose: String,
+    #[serde(default)]
+    pub enabled_tool_namespaces: Vec<Identifier>,
+    #[serde(default)]
+    pub tools: Vec<ToolDefinition>,
+}
+
+/// One run's input: the message payload and optional limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RunInput {
+    pub payload: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<ExecutionOptions>,
+}
+
+/// What `run` answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunHandle {
+    pub run: RunRecord,
+    /// The requestId was seen before: this is the original run.
+    pub repeated: bool,
+}
+
+/// Why a session call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("agent {0:?} is not bound to a runtime in the configuration (add an [[agents]] entry)")]
+    UnknownAgent(String),
+    #[error("the runtime {0:?} of this session is not seated on this host")]
+    NoSeat(String),
+    #[error("the run input is invalid: {0}")]
+    InvalidInput(String),
+    #[error("requestId must be 1 to 256 characters")]
+    InvalidRequestId,
+    #[error("the host is shutting down and admits no new run")]
+    ShuttingDown,
+}
+
+/// Where a live run is: the last stored sequence, and whether it ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Progress {
+    pub(crate) last_sequence: Option<u64>,
+    pub(crate) ended: bool,
+}
+
+/// A run whose turn is running in this process.
+pub(crate) struct LiveRun {
+    cancel: CancellationToken,
+    progress: watch::Sender<Progress>,
+}
+
+/// The sessions of one host: the store, the seated executors, the runs
+/// live here.
+pub struct Sessions {
+    store: Arc<dyn Store>,
+    executors: HashMap<String, Arc<Executor>>,
+    agents: HashMap<String, String>,
+    host_id: String,
+    live: Mutex<HashMap<String, Arc<LiveRun>>>,
+    idle: Notify,
+    closing: CancellationToken,
+}
+
+/// How often an observer of a run that is not live in this process looks
+/// at the store again.
+const POLL: Duration = Duration::from_millis(100);
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+impl Sessions {
+    /// `executors` by runtime id; `agents` maps an agent id to its runtime
+    /// id (the host's choice, never a request's).
+    pub fn new(
+        store: Arc<dyn Store>,
+        executors: HashMap<String, Arc<Executor>>,
+        agents: HashMap<String, String>,
+        host_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            store,
+            executors,
+            agents,
+            host_id: host_id.into(),
+            live: Mutex::new(HashMap::new()),
+            idle: Notify::new(),
+            closing: CancellationToken::new(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Reconciles the runs this host left in flight when it stopped:
+    /// marked `interrupted` with what the audit trail knows, never re-run.
+    pub async fn recover(&self) -> Result<Vec<RecoveredRun>, SessionError> {
+        Ok(recover(self.store.as_ref(), &self.host_id, &now()).await?)
+    }
+
+    pub async fn open_session(
+        &self,
+        scope: &Scope,
+        spec: OpenSession,
+    ) -> Result<SessionRecord, SessionError> {
+        let runtime = self
+            .agents
+            .get(spec.agent_id.as_str())
+            .ok_or_else(|| SessionError::UnknownAgent(spec.agent_id.to_string()))?;
+        request::check_binding(scope, &spec)?;
+        let record = SessionRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            agent_id: spec.agent_id.to_string(),
+            runtime_id: runtime.clone(),
+            scope: to_value(scope)?,
+            binding: to_value(&spec)?,
+            open: true,
+            created_at: now().to_string(),
+            closed_at: None,
+        };
+        self.store.open_session(&record).await?;
+        Ok(record)
+    }
+
+    /// The session, if `scope` may see it; `NotFound` otherwise.
+    pub async fn session(&self, scope: &Scope, id: &str) -> Result<SessionRecord, SessionError> {
+        let not_found = || StoreError::NotFound {
+            what: "session",
+            id: id.to_owned(),
+        };
+        let record = match self.store.session(id).await {
+            Err(StoreError::NotFound { .. }) => return Err(not_found().into()),
+            other => other?,
+        };
+        let stored: Scope = serde_json::from_value(record.scope.clone())
+            .map_err(|e| StoreError::Corrupt(format!("session {id} scope: {e}")))?;
+        if &stored != scope {
+            return Err(not_found().into());
+        }
+        Ok(record)
+    }
+
+    pub async fn close_session(&self, scope: &Scope, id: &str) -> Result<(), SessionError> {
+        self.session(scope, id).await?;
+        Ok(self.store.close_session(id, &now().to_string()).await?)
+    }
+
+    /// Admits a run durably, then dispatches it in the background. A
+    /// repeated requestId with the same payload returns the original run.
+    pub async fn run(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session_id: &str,
+        request_id: &str,
+        input: RunInput,
+    ) -> Result<RunHandle, SessionError> {
+        if request_id.is_empty() || request_id.len() > 256 {
+            return Err(SessionError::InvalidRequestId);
+        }
+        let session = self.session(scope, session_id).await?;
+        let executor = self
+            .executors
+            .get(&session.runtime_id)
+            .cloned()
+            .ok_or_else(|| SessionError::NoSeat(session.runtime_id.clone()))?;
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let request = request::build(&session, scope, &run_id, &input, now())?;
+        let input_value = to_value(&input)?;
+        let new = NewRun {
+            id: run_id.clone(),
+            session_id: session.id.clone(),
+            request_id: request_id.to_owned(),
+            payload_digest: request::digest(&input_value),
+            input: input_value,
+            host_id: self.host_id.clone(),
+            admitted_at: now().to_string(),
+        };
+        if self.closing.is_cancelled() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let run = match self.store.admit_run(&new).await? {
+            Admission::Existing(run) => {
+                return Ok(RunHandle {
+                    run,
+                    repeated: true,
+                });
+            }
+            Admission::New(run) => run,
+        };
+        let live = Arc::new(LiveRun {
+            cancel: CancellationToken::new(),
+            progress: watch::Sender::new(Progress::default()),
+        });
+        self.lock_live().insert(run_id.clone(), Arc::clone(&live));
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            journal::drive(&this.store, executor, request, &live).await;
+            this.lock_live().remove(&run_id);
+            live.progress.send_modify(|p| p.ended = true);
+            this.idle.notify_waiters();
+        });
+        Ok(RunHandle {
+            run,
+            repeated: false,
+        })
+    }
+
+    /// The run, if `scope` may see its session.
+    pub async fn get_run(&self, scope: &Scope, run_id: &str) -> Result<RunRecord, SessionError> {
+        let run = self.store.run(run_id).await?;
+        match self.session(scope, &run.session_id).await {
+            Ok(_) => Ok(run),
+            Err(SessionError::Store(StoreError::NotFound { .. })) => Err(StoreError::NotFound {
+                what: "run",
+                id: run_id.to_owned(),
+            }
+            .into()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits for the run to end (or be marked interrupted) and returns it.
+    pub async fn wait(&self, scope: &Scope, run_id: &str) -> Result<RunRecord, SessionError> {
+        let mut observer = self.observe(scope, run_id, None).await;
+        if let Err(SessionError::Store(StoreError::Dropped { .. })) = &observer {
+            observer = self.observe(scope, run_id, Some(u64::MAX)).await;
+        }
+        if let Ok(mut o) = observer {
+            while o.next().await?.is_some() {}
+        }
+        let run = self.get_run(scope, run_id).await?;
+        if run.state == RunState::InFlight {
+            // Retention kept nothing to follow: wait on the store.
+            loop {
+                tokio::time::sleep(POLL).await;
+                let run = self.get_run(scope, run_id).await?;
+                if run.state != RunState::InFlight {
+                    return Ok(run);
+                }
+            }
+        }
+        Ok(run)
+    }
+
+    /// Observes the run's events after `after` (from the start when
+    /// `None`): stored history, then live events until the run ends.
+    pub async fn observe(
+        &self,
+        scope: &Scope,
+        run_id: &str,
+        after: Option<u64>,
+    ) -> Result<Observer, SessionError> {
+        self.get_run(scope, run_id).await?;
+        let progress = self.lock_live().get(run_id).map(|l| l.progress.subscribe());
+        Observer::start(Arc::clone(&self.store), run_id, after, progress).await
+    }
+
+    /// Cancels a live run; `false` when it is not running here.
+    pub async fn cancel(&self, scope: &Scope, run_id: &str) -> Result<bool, SessionError> {
+        self.get_run(scope, run_id).await?;
+        Ok(match self.lock_live().get(run_id) {
+            Some(live) => {
+                live.cancel.cancel();
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Stops admitting runs and waits until every run live here has ended
+    /// (each ends by its own deadline at the latest).
+    pub async fn drain(&self) {
+        self.closing.cancel();
+        loop {
+            let idle = self.idle.notified();
+            if self.lock_live().is_empty() {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LiveRun>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn to_value(v: &impl Serialize) -> Result<Value, SessionError> {
+    serde_json::to_value(v).map_err(|e| SessionError::InvalidInput(e.to_string()))
+}

@@ -1,0 +1,201 @@
+//! The store's figures (docs/BENCHMARKS.md, "Store"), in one run:
+//!
+//! - one audited tool call (`files.list` through the real kernel) with the
+//!   JSONL sink, the SQLite store and the PostgreSQL store;
+//! - runs admitted per second and events journaled per second, SQLite and
+//!   PostgreSQL (one caller, each write committed before the next);
+//! - observation latency on PostgreSQL: from the start of one host's
+//!   journal write to another host (another connection) holding the event
+//!   (woken by `NOTIFY`, then reading the journal).
+//!
+//! `cargo run --release -p sharedos-store --example store_bench [N]`; the
+//! PostgreSQL server is `SHAREDOS_TEST_POSTGRES`'s or a private cluster
+//! (`sharedos_store::cluster`). Prints one JSON object per figure.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sharedos_kernel::{AuditSink, JsonlAuditSink, Kernel, KernelConfig, TurnKernel};
+use sharedos_protocol::{AccessContext, ExecutionEvent, ToolCall};
+use sharedos_store::cluster::TestDatabase;
+use sharedos_store::{NewRun, PostgresStore, SessionRecord, SqliteOptions, SqliteStore, Store};
+use tokio_util::sync::CancellationToken;
+
+fn summary(name: &str, mut samples: Vec<Duration>) -> Value {
+    samples.sort_unstable();
+    let n = samples.len().max(1);
+    let total: Duration = samples.iter().sum();
+    let pick = |q: f64| {
+        samples
+            .get(((n as f64 - 1.0) * q) as usize)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    json!({"name": name, "iterations": samples.len(), "p50Us": pick(0.5), "p99Us": pick(0.99),
+           "perSecond": n as f64 / total.as_secs_f64()})
+}
+
+fn context() -> AccessContext {
+    serde_json::from_value(json!({
+        "namespaceId": "bench", "actor": {"kind": "agent", "agentId": "bench"},
+        "authority": {"kind": "service", "serviceId": "host"},
+        "owner": {"kind": "service", "serviceId": "host"}, "purpose": "benchmark",
+        "traceId": "bench-trace", "enabledToolNamespaces": ["files"], "now": "2026-12-01T00:00:00Z"
+    }))
+    .expect("context")
+}
+
+async fn audited_call(
+    name: &str,
+    audit: Arc<dyn AuditSink>,
+    dir: &std::path::Path,
+    n: usize,
+) -> Value {
+    let config: KernelConfig = serde_json::from_value(json!({"grants": [{
+        "id": "bench", "subject": {"kind": "agent", "agentId": "bench"},
+        "issuer": {"kind": "service", "serviceId": "host"}, "namespaceId": "bench",
+        "capabilities": [{"namespace": "files", "path": ["bench"], "scope": "descendants", "actions": ["list"]}]
+    }]}))
+    .expect("config");
+    let kernel = Kernel::from_config(&config, dir, audit).expect("kernel");
+    let ctx = context();
+    let lease = kernel.open_turn_authority(&ctx).await.expect("lease");
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let call: ToolCall = serde_json::from_value(json!({"id": format!("c{i}"), "tool": "files.list",
+            "arguments": {"path": ""}, "traceId": "bench-trace", "requestedAt": "2026-12-01T00:00:00Z"}))
+        .expect("call");
+        let t = Instant::now();
+        kernel
+            .invoke_tool(&lease, &ctx, &call, CancellationToken::new())
+            .await
+            .expect("invoke");
+        samples.push(t.elapsed());
+    }
+    summary(name, samples)
+}
+
+fn event(run: &str, sequence: u64) -> ExecutionEvent {
+    serde_json::from_value(json!({"version": "1", "eventId": format!("e{sequence}"),
+        "executionId": run, "traceId": run, "sequence": sequence, "type": "bench.step",
+        "data": {"n": sequence}, "occurredAt": "2026-12-01T00:00:00Z"}))
+    .expect("event")
+}
+
+async fn admissions_and_journal(label: &str, store: &dyn Store, n: usize) -> Vec<Value> {
+    let session = SessionRecord {
+        id: format!("s-{label}"),
+        agent_id: "bench".into(),
+        runtime_id: "bench".into(),
+        scope: json!({}),
+        binding: json!({}),
+        open: true,
+        created_at: "2026-12-01T00:00:00Z".into(),
+        closed_at: None,
+    };
+    store.open_session(&session).await.expect("session");
+    let mut admits = Vec::with_capacity(n);
+    for i in 0..n {
+        let run = NewRun {
+            id: format!("r-{label}-{i}"),
+            session_id: session.id.clone(),
+            request_id: format!("q{i}"),
+            payload_digest: "d".into(),
+            input: json!({"payload": {"i": i}}),
+            host_id: "bench".into(),
+            admitted_at: "2026-12-01T00:00:00Z".into(),
+        };
+        let t = Instant::now();
+        store.admit_run(&run).await.expect("admit");
+        admits.push(t.elapsed());
+    }
+    let run = format!("r-{label}-0");
+    let mut appends = Vec::with_capacity(n);
+    for s in 0..n as u64 {
+        let e = event(&run, s);
+        let t = Instant::now();
+        store.append_event(&run, &e).await.expect("append");
+        appends.push(t.elapsed());
+    }
+    vec![
+        summary(&format!("store.admit_run.{label}"), admits),
+        summary(&format!("store.append_event.{label}"), appends),
+    ]
+}
+
+/// Host A writes, host B (its own connection and LISTEN) holds the event.
+async fn observation_latency(db: &TestDatabase, n: usize) -> Value {
+    let a = PostgresStore::connect(&db.conninfo, None).await.expect("a");
+    let b = PostgresStore::connect(&db.conninfo, None).await.expect("b");
+    let session = SessionRecord {
+        id: "s-observe".into(),
+        agent_id: "bench".into(),
+        runtime_id: "bench".into(),
+        scope: json!({}),
+        binding: json!({}),
+        open: true,
+        created_at: "t".into(),
+        closed_at: None,
+    };
+    a.open_session(&session).await.expect("session");
+    let run = NewRun {
+        id: "r-observe".into(),
+        session_id: session.id.clone(),
+        request_id: "q".into(),
+        payload_digest: "d".into(),
+        input: json!({}),
+        host_id: "a".into(),
+        admitted_at: "t".into(),
+    };
+    a.admit_run(&run).await.expect("admit");
+    let mut changes = b.changes().expect("postgres notifies");
+    let mut samples = Vec::with_capacity(n);
+    for s in 0..n as u64 {
+        let t = Instant::now();
+        a.append_event(&run.id, &event(&run.id, s))
+            .await
+            .expect("append");
+        loop {
+            if changes.recv().await.expect("notification") == run.id {
+                break;
+            }
+        }
+        let after = s.checked_sub(1);
+        let got = b.events_after(&run.id, after, 10).await.expect("read");
+        assert_eq!(got.first().map(|e| e.sequence), Some(s));
+        samples.push(t.elapsed());
+    }
+    summary("store.observation_latency.postgres_cross_host", samples)
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = TestDatabase::new().await.expect("postgres");
+    let sqlite = Arc::new(
+        SqliteStore::open(dir.path().join("bench.db"), SqliteOptions::default()).expect("sqlite"),
+    );
+    let pg = Arc::new(
+        PostgresStore::connect(&db.conninfo, None)
+            .await
+            .expect("pg"),
+    );
+    let jsonl = Arc::new(JsonlAuditSink::open(dir.path().join("audit.jsonl")).expect("jsonl"));
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).expect("files");
+    let mut out = vec![
+        audited_call("kernel.audited_tool_call.jsonl", jsonl, &files, n).await,
+        audited_call("kernel.audited_tool_call.sqlite", sqlite.clone(), &files, n).await,
+        audited_call("kernel.audited_tool_call.postgres", pg.clone(), &files, n).await,
+    ];
+    out.extend(admissions_and_journal("sqlite", sqlite.as_ref(), n).await);
+    out.extend(admissions_and_journal("postgres", pg.as_ref(), n).await);
+    out.push(observation_latency(&db, n.min(1000)).await);
+    for v in out {
+        println!("{v}");
+    }
+}

@@ -1,0 +1,211 @@
+//! The sharedos durable store: the state a host keeps beyond one turn.
+//!
+//! One trait, [`Store`], holds what the kernel needs (usage counters of
+//! `maxUses` grants, the audit trail: it is also a kernel `AuditSink` and
+//! `UsageStore`) and what sessions need (sessions, runs admitted before
+//! dispatch, the event journal). [`SqliteStore`] is the embedded backend:
+//! one file, WAL, migrations applied at open. [`recovery::recover`] marks
+//! the runs a crashed host left in flight without executing anything.
+
+pub mod cluster;
+mod postgres;
+pub mod recovery;
+mod sqlite;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sharedos_kernel::{AuditRecord, AuditSink, UsageStore};
+use sharedos_protocol::ExecutionEvent;
+
+pub use postgres::PostgresStore;
+pub use sqlite::{SqliteOptions, SqliteStore};
+
+/// The schema version this build writes; a database with a higher one is
+/// refused at open.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The checked-in SQLite migrations, in order: migration `i` takes a
+/// database from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_initial.sql")];
+
+/// The same schema for PostgreSQL, version for version.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_initial.sql")];
+
+/// Why the store could not do what was asked. Each message says what to
+/// fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "the database {path} has schema version {found}, newer than this sharedos supports ({supported}): run a newer sharedos, or point it at another database"
+    )]
+    NewerSchema {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
+    #[error(
+        "requestId {request_id:?} was already used in session {session_id} with a different payload: repeat the original payload, or send a new requestId for a new run"
+    )]
+    RequestConflict {
+        session_id: String,
+        request_id: String,
+    },
+    #[error(
+        "run {run_id}: afterSequence {requested} is beyond the end of its journal (last sequence: {last})"
+    )]
+    BeyondEnd {
+        run_id: String,
+        requested: u64,
+        /// The last stored sequence, `none` for an empty journal.
+        last: String,
+    },
+    #[error(
+        "run {run_id}: events through sequence {dropped_through} were dropped by retention; observe with afterSequence of at least {dropped_through} (asked for {requested})"
+    )]
+    Dropped {
+        run_id: String,
+        /// What the observer asked for: a sequence, or `the start`.
+        requested: String,
+        dropped_through: u64,
+    },
+    #[error("{what} {id:?} does not exist")]
+    NotFound { what: &'static str, id: String },
+    #[error("session {0:?} is closed: open a new session")]
+    SessionClosed(String),
+    #[error("run {0:?} has already ended")]
+    RunEnded(String),
+    /// The database could not be reached, is full or locked, or failed.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// A stored value does not parse back.
+    #[error("the store holds a value it cannot read: {0}")]
+    Corrupt(String),
+}
+
+/// A session as stored. `scope` is the trusted scope the host bound it
+/// to; the store keeps it and never interprets it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRecord {
+    pub id: String,
+    pub agent_id: String,
+    pub runtime_id: String,
+    pub scope: Value,
+    /// What the session fixes for every run (context template, tools).
+    pub binding: Value,
+    pub open: bool,
+    pub created_at: String,
+    pub closed_at: Option<String>,
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Admitted; its turn may be running on `host_id`.
+    InFlight,
+    /// The turn ended; `result` holds its `ExecutionResult`.
+    Ended,
+    /// Its host stopped mid-run; `recovery` says what is known.
+    Interrupted,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::InFlight => "in_flight",
+            RunState::Ended => "ended",
+            RunState::Interrupted => "interrupted",
+        }
+    }
+    pub(crate) fn parse(text: &str) -> Result<Self, StoreError> {
+        match text {
+            "in_flight" => Ok(RunState::InFlight),
+            "ended" => Ok(RunState::Ended),
+            "interrupted" => Ok(RunState::Interrupted),
+            other => Err(StoreError::Corrupt(format!("unknown run state {other:?}"))),
+        }
+    }
+}
+
+/// A run to admit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    pub id: String,
+    pub session_id: String,
+    pub request_id: String,
+    /// Digest of the canonical payload: what makes a repeat identical.
+    pub payload_digest: String,
+    pub input: Value,
+    pub host_id: String,
+    pub admitted_at: String,
+}
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    pub id: String,
+    pub session_id: String,
+    pub request_id: String,
+    pub payload_digest: String,
+    pub input: Value,
+    pub state: RunState,
+    pub host_id: String,
+    pub result: Option<Value>,
+    pub recovery: Option<Value>,
+    /// Events through this sequence were dropped by retention.
+    pub dropped_through: Option<u64>,
+    pub admitted_at: String,
+    pub ended_at: Option<String>,
+}
+
+/// What `admit_run` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// The run is new and stored; dispatch it.
+    New(RunRecord),
+    /// The same requestId with the same payload: the original run.
+    Existing(RunRecord),
+}
+
+/// The state a host keeps beyond one turn. Every write is durable when
+/// it returns `Ok`.
+#[async_trait]
+pub trait Store: AuditSink + UsageStore + Send + Sync {
+    async fn open_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
+    async fn session(&self, id: &str) -> Result<SessionRecord, StoreError>;
+    async fn close_session(&self, id: &str, at: &str) -> Result<(), StoreError>;
+    /// Admits a run under its session's `requestId`, atomically: a new
+    /// requestId stores the run; the same one with the same digest returns
+    /// the original; a different digest is `RequestConflict`.
+    async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError>;
+    async fn run(&self, id: &str) -> Result<RunRecord, StoreError>;
+    /// Ends an in-flight run with its result, then applies retention.
+    async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
+    /// Marks an in-flight run interrupted with what recovery found.
+    async fn interrupt_run(&self, id: &str, recovery: &Value, at: &str) -> Result<(), StoreError>;
+    /// Runs in flight on `host_id` (after a crash: the ones to recover).
+    async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError>;
+    /// Stores one event under its sequence. A sequence stored twice is an
+    /// error (no duplicate ever reaches an observer).
+    async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError>;
+    /// Up to `limit` events with a sequence above `after` (all when
+    /// `None`), in order. `Dropped` when retention removed some of them,
+    /// `BeyondEnd` when `after` is past the last stored sequence.
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<ExecutionEvent>, StoreError>;
+    /// The audit records of one trace, in the order they were committed.
+    async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError>;
+    /// Ids of runs whose journal or state changed, as other processes
+    /// commit them (PostgreSQL `LISTEN/NOTIFY`); `None` when the backend
+    /// cannot say (observers then look again periodically).
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
+}

@@ -1,0 +1,540 @@
+//! The PostgreSQL backend, for several hosts sharing one database.
+//!
+//! Counters are exact under concurrent hosts: a use is one
+//! `INSERT … ON CONFLICT DO UPDATE … WHERE used < max` statement, which
+//! locks the grant's row and re-checks the bound on its latest version.
+//! Admission locks the session's row (`FOR UPDATE`), so two hosts
+//! admitting the same requestId serialize. Each journal write and each
+//! run end sends `NOTIFY sharedos_runs, '<run id>'` in its transaction;
+//! every store listens, so an observer on one host is woken by an event
+//! another host committed.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use serde_json::Value;
+use sharedos_kernel::{AuditError, AuditRecord, AuditSink, UsageStore};
+use sharedos_protocol::ExecutionEvent;
+use tokio::sync::{Mutex, broadcast};
+use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Row};
+
+use crate::{
+    Admission, NewRun, POSTGRES_MIGRATIONS, RunRecord, RunState, SessionRecord, Store, StoreError,
+};
+
+const CHANNEL: &str = "sharedos_runs";
+/// Serializes schema migrations between hosts starting together.
+const MIGRATION_LOCK: i64 = 0x5348_4152_4544;
+
+/// The PostgreSQL store.
+#[derive(Clone)]
+pub struct PostgresStore {
+    client: Arc<Mutex<Client>>,
+    changes: broadcast::Sender<String>,
+    keep_events_per_run: Option<u64>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// A PostgreSQL error with the server's own message, when it sent one.
+fn pg(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Unavailable(pg_text(&e))
+}
+
+fn pg_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("PostgreSQL {}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+impl PostgresStore {
+    /// Connects (a libpq connection string, e.g. `host=/run/pg dbname=sharedos
+    /// user=sharedos`), applies pending migrations, refuses a newer schema,
+    /// and starts listening for other hosts' changes.
+    pub async fn connect(
+        config: &str,
+        keep_events_per_run: Option<u64>,
+    ) -> Result<Self, StoreError> {
+        let (mut client, mut connection) = tokio_postgres::connect(config, NoTls)
+            .await
+            .map_err(|e| unavailable(format!("cannot connect to PostgreSQL: {}", pg_text(&e))))?;
+        let (changes, _) = broadcast::channel(4096);
+        let notify = changes.clone();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        let _ = notify.send(n.payload().to_owned());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!("the PostgreSQL connection failed: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+        migrate(&mut client, config).await?;
+        client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
+            .await
+            .map_err(pg)?;
+        Ok(Self {
+            client: Arc::new(Mutex::new(client)),
+            changes,
+            keep_events_per_run,
+        })
+    }
+}
+
+async fn migrate(client: &mut Client, config: &str) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(pg)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(pg)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS sharedos_schema (version BIGINT NOT NULL)")
+        .await
+        .map_err(pg)?;
+    let found: i64 = tx
+        .query_opt("SELECT version FROM sharedos_schema", &[])
+        .await
+        .map_err(pg)?
+        .map_or(0, |r| r.get(0));
+    let supported = POSTGRES_MIGRATIONS.len() as i64;
+    if found > supported {
+        return Err(StoreError::NewerSchema {
+            path: redact(config),
+            found,
+            supported,
+        });
+    }
+    for (i, sql) in POSTGRES_MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| unavailable(format!("migration {}: {}", i + 1, pg_text(&e))))?;
+    }
+    if found < supported {
+        tx.execute("DELETE FROM sharedos_schema", &[])
+            .await
+            .map_err(pg)?;
+        tx.execute(
+            "INSERT INTO sharedos_schema (version) VALUES ($1)",
+            &[&supported],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    tx.commit().await.map_err(pg)
+}
+
+/// The connection string without its password, for error messages.
+fn redact(config: &str) -> String {
+    config
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with("password="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+const RUN_COLUMNS: &str = "id, session_id, request_id, payload_digest, input, state, host_id, \
+     result, recovery, dropped_through, admitted_at, ended_at";
+
+fn run_of(row: &Row) -> Result<RunRecord, StoreError> {
+    let text = |i: usize| -> Result<Option<Value>, StoreError> {
+        row.get::<_, Option<String>>(i)
+            .map(|t| serde_json::from_str(&t).map_err(corrupt))
+            .transpose()
+    };
+    Ok(RunRecord {
+        id: row.get(0),
+        session_id: row.get(1),
+        request_id: row.get(2),
+        payload_digest: row.get(3),
+        input: text(4)?.unwrap_or(Value::Null),
+        state: RunState::parse(row.get(5))?,
+        host_id: row.get(6),
+        result: text(7)?,
+        recovery: text(8)?,
+        dropped_through: row.get::<_, Option<i64>>(9).map(|d| d as u64),
+        admitted_at: row.get(10),
+        ended_at: row.get(11),
+    })
+}
+
+async fn read_run(c: &impl GenericClient, id: &str) -> Result<RunRecord, StoreError> {
+    let row = c
+        .query_opt(
+            &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"),
+            &[&id],
+        )
+        .await
+        .map_err(pg)?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "run",
+            id: id.to_owned(),
+        })?;
+    run_of(&row)
+}
+
+async fn notify(c: &impl GenericClient, run_id: &str) -> Result<(), StoreError> {
+    c.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &run_id])
+        .await
+        .map_err(pg)?;
+    Ok(())
+}
+
+async fn last_sequence(c: &impl GenericClient, run_id: &str) -> Result<Option<i64>, StoreError> {
+    Ok(c.query_one(
+        "SELECT MAX(sequence) FROM run_events WHERE run_id = $1",
+        &[&run_id],
+    )
+    .await
+    .map_err(pg)?
+    .get(0))
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn open_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
+        let client = self.client.lock().await;
+        client
+            .execute(
+                "INSERT INTO sessions (id, agent_id, runtime_id, scope, binding, open, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, TRUE, $6)",
+                &[
+                    &s.id,
+                    &s.agent_id,
+                    &s.runtime_id,
+                    &s.scope.to_string(),
+                    &s.binding.to_string(),
+                    &s.created_at,
+                ],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
+    async fn session(&self, id: &str) -> Result<SessionRecord, StoreError> {
+        let client = self.client.lock().await;
+        let row = client
+            .query_opt(
+                "SELECT id, agent_id, runtime_id, scope, binding, open, created_at, closed_at \
+                 FROM sessions WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(pg)?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "session",
+                id: id.to_owned(),
+            })?;
+        Ok(SessionRecord {
+            id: row.get(0),
+            agent_id: row.get(1),
+            runtime_id: row.get(2),
+            scope: serde_json::from_str(row.get(3)).map_err(corrupt)?,
+            binding: serde_json::from_str(row.get(4)).map_err(corrupt)?,
+            open: row.get(5),
+            created_at: row.get(6),
+            closed_at: row.get(7),
+        })
+    }
+
+    async fn close_session(&self, id: &str, at: &str) -> Result<(), StoreError> {
+        let client = self.client.lock().await;
+        let n = client
+            .execute(
+                "UPDATE sessions SET open = FALSE, closed_at = COALESCE(closed_at, $2) WHERE id = $1",
+                &[&id, &at],
+            )
+            .await
+            .map_err(pg)?;
+        if n == 0 {
+            return Err(StoreError::NotFound {
+                what: "session",
+                id: id.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
+        let mut client = self.client.lock().await;
+        let tx = client.transaction().await.map_err(pg)?;
+        let open: bool = tx
+            .query_opt(
+                "SELECT open FROM sessions WHERE id = $1 FOR UPDATE",
+                &[&run.session_id],
+            )
+            .await
+            .map_err(pg)?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "session",
+                id: run.session_id.clone(),
+            })?
+            .get(0);
+        let existing = tx
+            .query_opt(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE session_id = $1 AND request_id = $2"
+                ),
+                &[&run.session_id, &run.request_id],
+            )
+            .await
+            .map_err(pg)?;
+        if let Some(row) = existing {
+            let original = run_of(&row)?;
+            if original.payload_digest != run.payload_digest {
+                return Err(StoreError::RequestConflict {
+                    session_id: run.session_id.clone(),
+                    request_id: run.request_id.clone(),
+                });
+            }
+            return Ok(Admission::Existing(original));
+        }
+        if !open {
+            return Err(StoreError::SessionClosed(run.session_id.clone()));
+        }
+        tx.execute(
+            "INSERT INTO runs (id, session_id, request_id, payload_digest, input, state, host_id, admitted_at) \
+             VALUES ($1, $2, $3, $4, $5, 'in_flight', $6, $7)",
+            &[
+                &run.id,
+                &run.session_id,
+                &run.request_id,
+                &run.payload_digest,
+                &run.input.to_string(),
+                &run.host_id,
+                &run.admitted_at,
+            ],
+        )
+        .await
+        .map_err(pg)?;
+        let stored = read_run(&tx, &run.id).await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(Admission::New(stored))
+    }
+
+    async fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        let client = self.client.lock().await;
+        read_run(&*client, id).await
+    }
+
+    async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError> {
+        let mut client = self.client.lock().await;
+        let tx = client.transaction().await.map_err(pg)?;
+        let n = tx
+            .execute(
+                "UPDATE runs SET state = 'ended', result = $2, ended_at = $3 \
+                 WHERE id = $1 AND state = 'in_flight'",
+                &[&id, &result.to_string(), &at],
+            )
+            .await
+            .map_err(pg)?;
+        if n == 0 {
+            read_run(&tx, id).await?;
+            return Err(StoreError::RunEnded(id.to_owned()));
+        }
+        if let (Some(keep), Some(last)) = (self.keep_events_per_run, last_sequence(&tx, id).await?)
+            && last + 1 > keep as i64
+        {
+            let through = last - keep as i64;
+            tx.execute(
+                "DELETE FROM run_events WHERE run_id = $1 AND sequence <= $2",
+                &[&id, &through],
+            )
+            .await
+            .map_err(pg)?;
+            tx.execute(
+                "UPDATE runs SET dropped_through = $2 WHERE id = $1",
+                &[&id, &through],
+            )
+            .await
+            .map_err(pg)?;
+        }
+        notify(&tx, id).await?;
+        let stored = read_run(&tx, id).await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(stored)
+    }
+
+    async fn interrupt_run(&self, id: &str, recovery: &Value, at: &str) -> Result<(), StoreError> {
+        let mut client = self.client.lock().await;
+        let tx = client.transaction().await.map_err(pg)?;
+        let n = tx
+            .execute(
+                "UPDATE runs SET state = 'interrupted', recovery = $2, ended_at = $3 \
+                 WHERE id = $1 AND state = 'in_flight'",
+                &[&id, &recovery.to_string(), &at],
+            )
+            .await
+            .map_err(pg)?;
+        if n == 0 {
+            read_run(&tx, id).await?;
+            return Err(StoreError::RunEnded(id.to_owned()));
+        }
+        notify(&tx, id).await?;
+        tx.commit().await.map_err(pg)
+    }
+
+    async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let client = self.client.lock().await;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE host_id = $1 AND state = 'in_flight' \
+                     ORDER BY admitted_at, id"
+                ),
+                &[&host_id],
+            )
+            .await
+            .map_err(pg)?;
+        rows.iter().map(run_of).collect()
+    }
+
+    async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError> {
+        let text = serde_json::to_string(event).map_err(corrupt)?;
+        let sequence = event.sequence as i64;
+        let mut client = self.client.lock().await;
+        let tx = client.transaction().await.map_err(pg)?;
+        tx.execute(
+            "INSERT INTO run_events (run_id, sequence, event) VALUES ($1, $2, $3)",
+            &[&run_id, &sequence, &text],
+        )
+        .await
+        .map_err(pg)?;
+        notify(&tx, run_id).await?;
+        tx.commit().await.map_err(pg)
+    }
+
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<ExecutionEvent>, StoreError> {
+        let client = self.client.lock().await;
+        let run = read_run(&*client, run_id).await?;
+        if let Some(dropped) = run.dropped_through
+            && after.is_none_or(|a| a < dropped)
+        {
+            return Err(StoreError::Dropped {
+                run_id: run_id.to_owned(),
+                requested: after.map_or_else(|| "the start".to_owned(), |a| a.to_string()),
+                dropped_through: dropped,
+            });
+        }
+        let last = last_sequence(&*client, run_id).await?;
+        if let Some(a) = after
+            && last.is_none_or(|l| a as i64 > l)
+        {
+            return Err(StoreError::BeyondEnd {
+                run_id: run_id.to_owned(),
+                requested: a,
+                last: last.map_or_else(|| "none".to_owned(), |l| l.to_string()),
+            });
+        }
+        let from = after.map_or(-1, |a| a as i64);
+        let rows = client
+            .query(
+                "SELECT event FROM run_events WHERE run_id = $1 AND sequence > $2 \
+                 ORDER BY sequence LIMIT $3",
+                &[&run_id, &from, &(limit as i64)],
+            )
+            .await
+            .map_err(pg)?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect()
+    }
+
+    async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
+        let client = self.client.lock().await;
+        let rows = client
+            .query(
+                "SELECT record FROM audit_records WHERE trace_id = $1 ORDER BY seq",
+                &[&trace_id],
+            )
+            .await
+            .map_err(pg)?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+            .collect()
+    }
+
+    fn changes(&self) -> Option<broadcast::Receiver<String>> {
+        Some(self.changes.subscribe())
+    }
+}
+
+#[async_trait]
+impl AuditSink for PostgresStore {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let text = serde_json::to_string(record).map_err(|e| AuditError::Sink(e.to_string()))?;
+        let outcome = serde_json::to_value(record.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let client = self.client.lock().await;
+        client
+            .execute(
+                "INSERT INTO audit_records (id, trace_id, kind, outcome, operation_id, record) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[
+                    &record.id,
+                    &record.trace_id,
+                    &record.kind,
+                    &outcome,
+                    &record.operation_id,
+                    &text,
+                ],
+            )
+            .await
+            .map_err(|e| AuditError::Sink(pg(e).to_string()))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl UsageStore for PostgresStore {
+    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String> {
+        if max_uses == 0 {
+            return Ok(false);
+        }
+        let max = i64::try_from(max_uses).unwrap_or(i64::MAX);
+        let client = self.client.lock().await;
+        let row = client
+            .query_opt(
+                "INSERT INTO usage_counters (grant_id, used) VALUES ($1, 1) \
+                 ON CONFLICT (grant_id) DO UPDATE SET used = usage_counters.used + 1 \
+                 WHERE usage_counters.used < $2 RETURNING used",
+                &[&grant_id, &max],
+            )
+            .await
+            .map_err(|e| pg(e).to_string())?;
+        Ok(row.is_some())
+    }
+
+    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String> {
+        let client = self.client.lock().await;
+        let used: i64 = client
+            .query_opt(
+                "SELECT used FROM usage_counters WHERE grant_id = $1",
+                &[&grant_id],
+            )
+            .await
+            .map_err(|e| pg(e).to_string())?
+            .map_or(0, |r| r.get(0));
+        Ok(max_uses.saturating_sub(used as u64))
+    }
+}

@@ -1,0 +1,622 @@
+//! The embedded backend: one SQLite file in WAL mode with
+//! `synchronous = FULL`, so a commit is on disk when it returns (the audit
+//! trail's decision-before-effect rule depends on it).
+//!
+//! One connection per store, behind a mutex, used from blocking tasks.
+//! Writes that read first (`maxUses`, admission) run in `BEGIN IMMEDIATE`
+//! transactions: they hold SQLite's write lock from the start, so two
+//! processes sharing the file cannot both take the last use.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde_json::Value;
+use sharedos_kernel::{AuditError, AuditRecord, AuditSink, UsageStore};
+use sharedos_protocol::ExecutionEvent;
+
+use crate::{
+    Admission, MIGRATIONS, NewRun, RunRecord, RunState, SCHEMA_VERSION, SessionRecord, Store,
+    StoreError,
+};
+
+/// How the SQLite store behaves.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// Events kept per ended run (the latest ones); `None` keeps all.
+    pub keep_events_per_run: Option<u64>,
+    /// How long a write waits for another process's lock before the
+    /// store reports itself unavailable.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            keep_events_per_run: None,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The SQLite store.
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    options: SqliteOptions,
+    path: PathBuf,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+impl SqliteStore {
+    /// Opens (creating) the database, applies pending migrations, and
+    /// refuses a database written by a newer sharedos.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut conn = Connection::open(&path)
+            .map_err(|e| unavailable(format!("cannot open {}: {e}", path.display())))?;
+        conn.busy_timeout(options.busy_timeout)
+            .map_err(unavailable)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(unavailable)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(unavailable(format!(
+                "{} cannot use WAL mode (got {mode})",
+                path.display()
+            )));
+        }
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+            .map_err(unavailable)?;
+        migrate(&mut conn, &path)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            options,
+            path,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the connection in a blocking task.
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection, &SqliteOptions) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = Arc::clone(&self.conn);
+        let options = self.options.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn
+                .lock()
+                .map_err(|_| unavailable("the store's connection lock is poisoned"))?;
+            f(&mut guard, &options)
+        })
+        .await
+        .map_err(|e| unavailable(format!("store task: {e}")))?
+    }
+}
+
+/// Applies the migrations the database has not seen, each in its own
+/// transaction that also bumps `user_version`.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let found: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(unavailable)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.display().to_string(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(unavailable)?;
+        tx.execute_batch(sql)
+            .map_err(|e| unavailable(format!("migration {}: {e}", i + 1)))?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(unavailable)?;
+        tx.commit().map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+const RUN_COLUMNS: &str = "id, session_id, request_id, payload_digest, input, state, host_id, \
+     result, recovery, dropped_through, admitted_at, ended_at";
+
+type RawRun = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    String,
+    Option<String>,
+);
+
+fn raw_run(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRun> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+        r.get(8)?,
+        r.get(9)?,
+        r.get(10)?,
+        r.get(11)?,
+    ))
+}
+
+fn parse_json(text: &str) -> Result<Value, StoreError> {
+    serde_json::from_str(text).map_err(corrupt)
+}
+
+fn run_of(raw: RawRun) -> Result<RunRecord, StoreError> {
+    let (
+        id,
+        session_id,
+        request_id,
+        digest,
+        input,
+        state,
+        host_id,
+        result,
+        recovery,
+        dropped,
+        at,
+        end,
+    ) = raw;
+    Ok(RunRecord {
+        id,
+        session_id,
+        request_id,
+        payload_digest: digest,
+        input: parse_json(&input)?,
+        state: RunState::parse(&state)?,
+        host_id,
+        result: result.as_deref().map(parse_json).transpose()?,
+        recovery: recovery.as_deref().map(parse_json).transpose()?,
+        dropped_through: dropped.map(|d| d as u64),
+        admitted_at: at,
+        ended_at: end,
+    })
+}
+
+fn read_run(conn: &Connection, id: &str) -> Result<RunRecord, StoreError> {
+    let raw = conn
+        .query_row(
+            &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+            [id],
+            raw_run,
+        )
+        .optional()
+        .map_err(unavailable)?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "run",
+            id: id.to_owned(),
+        })?;
+    run_of(raw)
+}
+
+fn read_session(conn: &Connection, id: &str) -> Result<SessionRecord, StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT id, agent_id, runtime_id, scope, binding, open, created_at, closed_at \
+             FROM sessions WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, bool>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, Option<String>>(7)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(unavailable)?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "session",
+            id: id.to_owned(),
+        })?;
+    Ok(SessionRecord {
+        id: row.0,
+        agent_id: row.1,
+        runtime_id: row.2,
+        scope: parse_json(&row.3)?,
+        binding: parse_json(&row.4)?,
+        open: row.5,
+        created_at: row.6,
+        closed_at: row.7,
+    })
+}
+
+fn admit(conn: &mut Connection, run: &NewRun) -> Result<Admission, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(unavailable)?;
+    let session = read_session(&tx, &run.session_id)?;
+    let existing: Option<String> = tx
+        .query_row(
+            "SELECT id FROM runs WHERE session_id = ?1 AND request_id = ?2",
+            params![run.session_id, run.request_id],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(unavailable)?;
+    if let Some(id) = existing {
+        let original = read_run(&tx, &id)?;
+        if original.payload_digest != run.payload_digest {
+            return Err(StoreError::RequestConflict {
+                session_id: run.session_id.clone(),
+                request_id: run.request_id.clone(),
+            });
+        }
+        return Ok(Admission::Existing(original));
+    }
+    if !session.open {
+        return Err(StoreError::SessionClosed(session.id));
+    }
+    tx.execute(
+        "INSERT INTO runs (id, session_id, request_id, payload_digest, input, state, host_id, admitted_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, 'in_flight', ?6, ?7)",
+        params![
+            run.id,
+            run.session_id,
+            run.request_id,
+            run.payload_digest,
+            run.input.to_string(),
+            run.host_id,
+            run.admitted_at
+        ],
+    )
+    .map_err(unavailable)?;
+    let stored = read_run(&tx, &run.id)?;
+    tx.commit().map_err(unavailable)?;
+    Ok(Admission::New(stored))
+}
+
+fn end(
+    conn: &mut Connection,
+    options: &SqliteOptions,
+    id: &str,
+    result: &Value,
+    at: &str,
+) -> Result<RunRecord, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(unavailable)?;
+    let run = read_run(&tx, id)?;
+    if run.state != RunState::InFlight {
+        return Err(StoreError::RunEnded(id.to_owned()));
+    }
+    tx.execute(
+        "UPDATE runs SET state = 'ended', result = ?2, ended_at = ?3 WHERE id = ?1",
+        params![id, result.to_string(), at],
+    )
+    .map_err(unavailable)?;
+    if let Some(keep) = options.keep_events_per_run {
+        let last: Option<i64> = tx
+            .query_row(
+                "SELECT MAX(sequence) FROM run_events WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .map_err(unavailable)?;
+        if let Some(last) = last
+            && last + 1 > keep as i64
+        {
+            let through = last - keep as i64;
+            tx.execute(
+                "DELETE FROM run_events WHERE run_id = ?1 AND sequence <= ?2",
+                params![id, through],
+            )
+            .map_err(unavailable)?;
+            tx.execute(
+                "UPDATE runs SET dropped_through = ?2 WHERE id = ?1",
+                params![id, through],
+            )
+            .map_err(unavailable)?;
+        }
+    }
+    let stored = read_run(&tx, id)?;
+    tx.commit().map_err(unavailable)?;
+    Ok(stored)
+}
+
+fn events(
+    conn: &Connection,
+    run_id: &str,
+    after: Option<u64>,
+    limit: usize,
+) -> Result<Vec<ExecutionEvent>, StoreError> {
+    let run = read_run(conn, run_id)?;
+    if let Some(dropped) = run.dropped_through
+        && after.is_none_or(|a| a < dropped)
+    {
+        return Err(StoreError::Dropped {
+            run_id: run_id.to_owned(),
+            requested: after.map_or_else(|| "the start".to_owned(), |a| a.to_string()),
+            dropped_through: dropped,
+        });
+    }
+    let last: Option<i64> = conn
+        .query_row(
+            "SELECT MAX(sequence) FROM run_events WHERE run_id = ?1",
+            [run_id],
+            |r| r.get(0),
+        )
+        .map_err(unavailable)?;
+    if let Some(a) = after
+        && last.is_none_or(|l| a as i64 > l)
+    {
+        return Err(StoreError::BeyondEnd {
+            run_id: run_id.to_owned(),
+            requested: a,
+            last: last.map_or_else(|| "none".to_owned(), |l| l.to_string()),
+        });
+    }
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT event FROM run_events WHERE run_id = ?1 AND sequence > ?2 \
+             ORDER BY sequence LIMIT ?3",
+        )
+        .map_err(unavailable)?;
+    let from = after.map_or(-1, |a| a as i64);
+    let rows = stmt
+        .query_map(params![run_id, from, limit as i64], |r| {
+            r.get::<_, String>(0)
+        })
+        .map_err(unavailable)?;
+    rows.map(|row| {
+        let text = row.map_err(unavailable)?;
+        serde_json::from_str(&text).map_err(corrupt)
+    })
+    .collect()
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn open_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
+        let s = session.clone();
+        self.with(move |conn, _| {
+            conn.execute(
+                "INSERT INTO sessions (id, agent_id, runtime_id, scope, binding, open, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6)",
+                params![
+                    s.id,
+                    s.agent_id,
+                    s.runtime_id,
+                    s.scope.to_string(),
+                    s.binding.to_string(),
+                    s.created_at
+                ],
+            )
+            .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn session(&self, id: &str) -> Result<SessionRecord, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, _| read_session(conn, &id)).await
+    }
+
+    async fn close_session(&self, id: &str, at: &str) -> Result<(), StoreError> {
+        let (id, at) = (id.to_owned(), at.to_owned());
+        self.with(move |conn, _| {
+            let n = conn
+                .execute(
+                    "UPDATE sessions SET open = 0, closed_at = COALESCE(closed_at, ?2) WHERE id = ?1",
+                    params![id, at],
+                )
+                .map_err(unavailable)?;
+            if n == 0 {
+                return Err(StoreError::NotFound { what: "session", id });
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
+        let run = run.clone();
+        self.with(move |conn, _| admit(conn, &run)).await
+    }
+
+    async fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, _| read_run(conn, &id)).await
+    }
+
+    async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError> {
+        let (id, result, at) = (id.to_owned(), result.clone(), at.to_owned());
+        self.with(move |conn, options| end(conn, options, &id, &result, &at))
+            .await
+    }
+
+    async fn interrupt_run(&self, id: &str, recovery: &Value, at: &str) -> Result<(), StoreError> {
+        let (id, recovery, at) = (id.to_owned(), recovery.clone(), at.to_owned());
+        self.with(move |conn, _| {
+            let n = conn
+                .execute(
+                    "UPDATE runs SET state = 'interrupted', recovery = ?2, ended_at = ?3 \
+                     WHERE id = ?1 AND state = 'in_flight'",
+                    params![id, recovery.to_string(), at],
+                )
+                .map_err(unavailable)?;
+            if n == 0 {
+                read_run(conn, &id)?;
+                return Err(StoreError::RunEnded(id));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let host = host_id.to_owned();
+        self.with(move |conn, _| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE host_id = ?1 AND state = 'in_flight' \
+                     ORDER BY admitted_at, id"
+                ))
+                .map_err(unavailable)?;
+            let rows = stmt.query_map([host], raw_run).map_err(unavailable)?;
+            rows.map(|r| run_of(r.map_err(unavailable)?)).collect()
+        })
+        .await
+    }
+
+    async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError> {
+        let run_id = run_id.to_owned();
+        let sequence = event.sequence as i64;
+        let text = serde_json::to_string(event).map_err(corrupt)?;
+        self.with(move |conn, _| {
+            conn.prepare_cached(
+                "INSERT INTO run_events (run_id, sequence, event) VALUES (?1, ?2, ?3)",
+            )
+            .and_then(|mut s| s.execute(params![run_id, sequence, text]))
+            .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn events_after(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<ExecutionEvent>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.with(move |conn, _| events(conn, &run_id, after, limit))
+            .await
+    }
+
+    async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
+        let trace = trace_id.to_owned();
+        self.with(move |conn, _| {
+            let mut stmt = conn
+                .prepare("SELECT record FROM audit_records WHERE trace_id = ?1 ORDER BY seq")
+                .map_err(unavailable)?;
+            let rows = stmt
+                .query_map([trace], |r| r.get::<_, String>(0))
+                .map_err(unavailable)?;
+            rows.map(|r| serde_json::from_str(&r.map_err(unavailable)?).map_err(corrupt))
+                .collect()
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl AuditSink for SqliteStore {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let text = serde_json::to_string(record).map_err(|e| AuditError::Sink(e.to_string()))?;
+        let outcome = serde_json::to_value(record.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let r = record.clone();
+        self.with(move |conn, _| {
+            conn.prepare_cached(
+                "INSERT INTO audit_records (id, trace_id, kind, outcome, operation_id, record) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    r.id,
+                    r.trace_id,
+                    r.kind,
+                    outcome,
+                    r.operation_id,
+                    text
+                ])
+            })
+            .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| AuditError::Sink(e.to_string()))
+    }
+}
+
+#[async_trait]
+impl UsageStore for SqliteStore {
+    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String> {
+        let grant = grant_id.to_owned();
+        self.with(move |conn, _| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            let used: i64 = tx
+                .query_row(
+                    "SELECT used FROM usage_counters WHERE grant_id = ?1",
+                    [&grant],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(unavailable)?
+                .unwrap_or(0);
+            if used as u64 >= max_uses {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO usage_counters (grant_id, used) VALUES (?1, 1) \
+                 ON CONFLICT (grant_id) DO UPDATE SET used = used + 1",
+                [&grant],
+            )
+            .map_err(unavailable)?;
+            tx.commit().map_err(unavailable)?;
+            Ok(true)
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String> {
+        let grant = grant_id.to_owned();
+        self.with(move |conn, _| {
+            let used: i64 = conn
+                .query_row(
+                    "SELECT used FROM usage_counters WHERE grant_id = ?1",
+                    [&grant],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(unavailable)?
+                .unwrap_or(0);
+            Ok(max_uses.saturating_sub(used as u64))
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,248 @@
+//! `sharedos serve` as a real process, and a real HTTP client (hyper over
+//! its unix socket) for the tests that drive it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::UnixStream;
+
+use crate::turns::{AGENT, NAMESPACE, workspace_bin};
+
+/// A running `sharedos serve`, killed (SIGKILL) and reaped on drop.
+pub struct Server {
+    pub child: Child,
+    socket: PathBuf,
+}
+
+impl Server {
+    pub fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `host.toml` in `dir`: the testplugin (direct launcher) for `alice`,
+/// admission and file grants in the `endings` namespace.
+pub fn write_config(dir: &Path) {
+    write_config_with(dir, "");
+}
+
+/// [`write_config`] with `extra` TOML appended (more grants).
+pub fn write_config_with(dir: &Path, extra: &str) {
+    let config = format!(
+        r#"
+[host]
+defaultTimeoutMs = 20000
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "sharedos-testplugin"
+version = "0.1.0"
+program = "{program}"
+launcher = "direct"
+
+[[agents]]
+agentId = "{AGENT}"
+runtime = "sharedos-testplugin"
+
+[[kernel.grants]]
+id = "admission"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+capabilities = [{{ namespace = "sharedos.execution", path = ["agent", "{AGENT}"], scope = "exact", actions = ["invoke"] }}]
+
+[[kernel.grants]]
+id = "files"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+capabilities = [{{ namespace = "files", path = ["{AGENT}"], scope = "descendants", actions = ["read", "write", "list"] }}]
+{extra}
+"#,
+        program = workspace_bin("sharedos-testplugin").display()
+    );
+    std::fs::write(dir.join("host.toml"), config).unwrap();
+}
+
+/// `sharedos serve` on `dir/serve.sock` with the SQLite store `dir/sharedos.db`.
+pub fn start(dir: &Path) -> Server {
+    let db = dir.join("sharedos.db");
+    start_with(
+        dir,
+        "serve.sock",
+        &["--database", &db.display().to_string()],
+    )
+}
+
+/// `sharedos serve` on `dir/<socket>`, with `args` added.
+pub fn start_with(dir: &Path, socket: &str, args: &[&str]) -> Server {
+    let socket = dir.join(socket);
+    let child = Command::new(workspace_bin("sharedos"))
+        .args(["serve", "--config"])
+        .arg(dir.join("host.toml"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("serve-{}.log", uuid_ish()))).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "sharedos serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server { child, socket }
+}
+
+pub fn uuid_ish() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+pub fn scope(user: &str) -> String {
+    json!({"namespaceId": NAMESPACE, "authority": {"kind": "service", "serviceId": "test-host"},
+           "owner": {"kind": "human", "userId": user}})
+    .to_string()
+}
+
+pub async fn send(socket: &Path, req: Request<Full<Bytes>>) -> Response<Incoming> {
+    let stream = UnixStream::connect(socket).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender.send_request(req).await.unwrap()
+}
+
+pub async fn call(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    user: &str,
+    body: Value,
+) -> (u16, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://sharedos{path}"))
+        .header("sharedos-scope", scope(user))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = send(socket, req).await;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// One SSE event: `id` (the sequence), `event`, `data`.
+pub type Sse = (Option<u64>, String, Value);
+
+pub struct Events {
+    body: Incoming,
+    buf: String,
+}
+
+impl Events {
+    pub async fn open(socket: &Path, run: &str, last_event_id: Option<u64>) -> Events {
+        let mut req = Request::builder()
+            .uri(format!("http://sharedos/v1/runs/{run}/events"))
+            .header("sharedos-scope", scope("operator"));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id.to_string());
+        }
+        let resp = send(socket, req.body(Full::new(Bytes::new())).unwrap()).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        Events {
+            body: resp.into_body(),
+            buf: String::new(),
+        }
+    }
+
+    pub async fn next(&mut self) -> Option<Sse> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (None, String::new(), Value::Null);
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        id = v.parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data = serde_json::from_str(v).unwrap();
+                    }
+                }
+                return Some((id, event, data));
+            }
+            let frame = self.body.frame().await?.ok()?;
+            if let Ok(bytes) = frame.into_data() {
+                self.buf.push_str(std::str::from_utf8(&bytes).unwrap());
+            }
+        }
+    }
+}
+
+pub fn session_spec() -> Value {
+    json!({"agentId": AGENT, "purpose": "Exercise the server", "enabledToolNamespaces": ["files"],
+           "tools": [{"name": "files.write", "description": "w", "namespace": "files", "source": "request",
+                      "readWrite": "write", "inputSchema": {},
+                      "requiredCapability": {"resource": {"namespace": "files", "path": []}, "action": "write"}},
+                     {"name": "files.delete", "description": "d", "namespace": "files", "source": "request",
+                      "readWrite": "write", "inputSchema": {},
+                      "requiredCapability": {"resource": {"namespace": "files", "path": []}, "action": "delete"}}]})
+}
+
+pub fn run_body(request_id: &str, script: Value) -> Value {
+    json!({"requestId": request_id, "payload": {"script": script, "traceFromTurn": true},
+           "options": {"timeoutMs": 20000}})
+}
+
+pub async fn open_session(socket: &Path) -> String {
+    let (status, body) = call(socket, "POST", "/v1/sessions", "operator", session_spec()).await;
+    assert_eq!(status, 201, "{body}");
+    body["session"]["id"].as_str().unwrap().to_owned()
+}
+
+pub async fn wait_state(socket: &Path, run: &str, state: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = call(
+            socket,
+            "GET",
+            &format!("/v1/runs/{run}"),
+            "operator",
+            Value::Null,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        if body["run"]["state"] == state {
+            return body["run"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} never reached {state}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

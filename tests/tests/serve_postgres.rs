@@ -1,0 +1,204 @@
+//! Two `sharedos serve` processes against one PostgreSQL: the last use of
+//! a `maxUses` grant raced from both hosts (exactly one wins), one host's
+//! events observed from the other, and a host SIGKILLed mid-run recovered
+//! by its replacement without replaying an effect.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_store::cluster::TestDatabase;
+use sharedos_tests::served::{
+    Events, Server, call, open_session, run_body, start_with, wait_state, write_config_with,
+};
+use sharedos_tests::turns::{AGENT, NAMESPACE};
+
+/// One use of `files.delete` under `once/`, shared by every host (the
+/// base configuration grants no delete).
+const ONE_WRITE: &str = r#"
+[[kernel.grants]]
+id = "notes-once"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "test-host" }
+namespaceId = "endings"
+maxUses = 1
+capabilities = [{ namespace = "files", path = ["alice", "once"], scope = "descendants", actions = ["delete"] }]
+"#;
+
+fn host(dir: &std::path::Path, db: &TestDatabase, name: &str) -> Server {
+    start_with(
+        dir,
+        &format!("{name}.sock"),
+        &["--postgres", &db.conninfo, "--host-id", name],
+    )
+}
+
+fn delete_script(path: &str) -> Value {
+    json!([{"op": "call", "tool": "files.delete", "arguments": {"path": path}}])
+}
+
+/// The status the tool call of a finished run got.
+fn call_status(run: &Value) -> String {
+    run["result"]["output"]["results"][0]["result"]["status"]
+        .as_str()
+        .unwrap_or("none")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_share_counters_and_events_through_postgres() {
+    let db = TestDatabase::new().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(dir.path(), ONE_WRITE);
+    let a = host(dir.path(), &db, "a");
+    let b = host(dir.path(), &db, "b");
+    let (sa, sb) = (a.socket(), b.socket());
+    let session = open_session(&sa).await;
+    let files = dir
+        .path()
+        .join("files")
+        .join(NAMESPACE)
+        .join(AGENT)
+        .join("once");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join("a.txt"), "a").unwrap();
+    std::fs::write(files.join("b.txt"), "b").unwrap();
+
+    // The session opened on A is usable on B: one store.
+    let runs = format!("/v1/sessions/{session}/runs");
+    let (ra, rb) = tokio::join!(
+        call(
+            &sa,
+            "POST",
+            &runs,
+            "operator",
+            run_body("race-a", delete_script("once/a.txt"))
+        ),
+        call(
+            &sb,
+            "POST",
+            &runs,
+            "operator",
+            run_body("race-b", delete_script("once/b.txt"))
+        ),
+    );
+    assert_eq!((ra.0, rb.0), (201, 201), "{ra:?} {rb:?}");
+    let id_a = ra.1["run"]["id"].as_str().unwrap().to_owned();
+    let id_b = rb.1["run"]["id"].as_str().unwrap().to_owned();
+    let end_a = wait_state(&sa, &id_a, "ended").await;
+    let end_b = wait_state(&sb, &id_b, "ended").await;
+    let statuses = [call_status(&end_a), call_status(&end_b)];
+    let won = statuses.iter().filter(|s| *s == "succeeded").count();
+    assert_eq!(won, 1, "exactly one host takes the last use: {statuses:?}");
+    assert!(statuses.iter().any(|s| s == "denied"), "{statuses:?}");
+    let files = dir
+        .path()
+        .join("files")
+        .join(NAMESPACE)
+        .join(AGENT)
+        .join("once");
+    let written = std::fs::read_dir(&files).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(written, 1, "one file written in all");
+
+    // A run on A, observed live from B (woken by LISTEN/NOTIFY).
+    let mut script = Vec::new();
+    for i in 0..8 {
+        script.push(json!({"op": "emit", "type": "step", "data": {"i": i}}));
+        script.push(json!({"op": "sleep", "ms": 40}));
+    }
+    let (status, body) = call(
+        &sa,
+        "POST",
+        &runs,
+        "operator",
+        run_body("live", Value::Array(script)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().unwrap().to_owned();
+    let mut from_b = Events::open(&sb, &run, None).await;
+    let mut seen = Vec::new();
+    let mut steps = 0;
+    let all = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some((id, kind, data)) = from_b.next().await {
+            if kind == "end" {
+                return true;
+            }
+            seen.push(id.unwrap());
+            if data["data"]["type"] == "step" {
+                steps += 1;
+            }
+        }
+        false
+    })
+    .await
+    .expect("B sees A's run to its end");
+    assert!(all, "the stream ended with an end event");
+    assert_eq!(steps, 8);
+    let expected: Vec<u64> = (0..seen.len() as u64).collect();
+    assert_eq!(seen, expected, "no gap, no duplicate across hosts");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_mid_run_is_recovered_by_its_replacement_without_replay() {
+    let db = TestDatabase::new().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(dir.path(), "");
+    let mut a = host(dir.path(), &db, "a");
+    let b = host(dir.path(), &db, "b");
+    let session = open_session(&a.socket()).await;
+    let script = json!([
+        {"op": "emit_pid"},
+        {"op": "call", "tool": "files.write", "arguments": {"path": "effect.txt", "content": "once"}},
+        {"op": "emit", "type": "written", "data": {}},
+        {"op": "stall"}
+    ]);
+    let (_, body) = call(
+        &a.socket(),
+        "POST",
+        &format!("/v1/sessions/{session}/runs"),
+        "operator",
+        run_body("req-1", script),
+    )
+    .await;
+    let run = body["run"]["id"].as_str().unwrap().to_owned();
+    // Watched from B while A runs it.
+    let mut events = Events::open(&b.socket(), &run, None).await;
+    let mut plugin = None;
+    loop {
+        let (_, _, e) = events.next().await.expect("events before the stall");
+        if e["data"]["type"] == "pid" {
+            plugin = e["data"]["data"]["pid"].as_i64();
+        }
+        if e["data"]["type"] == "written" {
+            break;
+        }
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    if let Some(pid) = plugin.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+    let effect = dir
+        .path()
+        .join("files")
+        .join(NAMESPACE)
+        .join(AGENT)
+        .join("effect.txt");
+    std::fs::remove_file(&effect).unwrap();
+
+    // A's replacement (same host id, another process) reconciles at start;
+    // B's observer sees the run end.
+    let replacement = host(dir.path(), &db, "a");
+    let run_now = wait_state(&replacement.socket(), &run, "interrupted").await;
+    assert_eq!(run_now["recovery"]["calls"][0]["outcome"], "succeeded");
+    let mut tail = Vec::new();
+    while let Some((_, kind, _)) = events.next().await {
+        tail.push(kind.clone());
+        if kind == "end" {
+            break;
+        }
+    }
+    assert_eq!(tail, vec!["run.interrupted".to_owned(), "end".to_owned()]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!effect.exists(), "the effect was not replayed");
+}
