@@ -15,32 +15,113 @@ use sharedos_sandbox::{PreparedSandbox, SandboxError, SandboxPolicy, SandboxedCh
 
 use crate::process::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 
-/// Per-turn workspaces are named `sharedos-ws-<host pid>-<random>`, so a
-/// host can tell the workspaces a dead host left behind.
+/// Host workspaces are named `sharedos-ws-<host pid>-<random>`, so a host
+/// can tell the workspaces a dead host left behind. Only a sandbox without
+/// a mount namespace gets one; every other sandbox's workspace is a tmpfs
+/// in its own mount namespace, which the host never sees or removes.
 const WORKSPACE_PREFIX: &str = "sharedos-ws-";
 
-/// Removes, once per process, the workspaces of hosts that are gone (a
-/// host killed with SIGKILL cannot remove its own). A workspace of a live
-/// host, or one whose name carries no pid, is left alone.
-fn sweep_stale_workspaces() {
-    static SWEPT: std::sync::Once = std::sync::Once::new();
-    SWEPT.call_once(|| {
-        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(WORKSPACE_PREFIX)) else { continue };
-            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-            if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                continue;
-            }
-            // Not a symlink: remove only directories this host kind made.
-            if entry.file_type().is_ok_and(|t| t.is_dir())
-                && let Err(e) = std::fs::remove_dir_all(entry.path())
-            {
+/// Set once a sandbox reported that it could not have a mount namespace
+/// (and so no tmpfs workspace): later launches of this process give their
+/// sandbox a host workspace from the start.
+static NO_PRIVATE_WORKSPACE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// What a sweep of stale workspaces did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Sweep {
+    /// Workspaces of dead hosts removed.
+    pub removed: Vec<PathBuf>,
+    /// Workspaces that could not be removed, with the reason (also logged).
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+/// Removes from `dir` the workspaces of hosts that are gone (a host killed
+/// with SIGKILL cannot remove its own, and older host versions kept every
+/// workspace there). A workspace of a live host, or one whose name carries
+/// no pid, is left alone. Each removal is iterative, holds a few fds
+/// whatever the depth of the tree, and a failure is logged and reported,
+/// never a panic: a tree a plugin built cannot take the host down.
+pub fn sweep_stale_workspaces(dir: &std::path::Path) -> Sweep {
+    let mut sweep = Sweep::default();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return sweep;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(WORKSPACE_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        // Not a symlink: remove only directories this host kind made.
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        match sharedos_sandbox::removal::remove_tree(&entry.path()) {
+            Ok(_) => sweep.removed.push(entry.path()),
+            Err(e) => {
                 tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a dead host's workspace");
+                sweep.failed.push((entry.path(), e.to_string()));
             }
         }
+    }
+    sweep
+}
+
+/// Once per process, sweep the temp directory on a thread of its own: a
+/// large tree takes a while on a slow disk, and no launch waits for it.
+fn sweep_in_background() {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        let dir = std::env::temp_dir();
+        let spawned = std::thread::Builder::new()
+            .name("sharedos-sweep".into())
+            .spawn(move || {
+                sweep_stale_workspaces(&dir);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the stale-workspace sweep");
+        }
     });
+}
+
+/// A host workspace: created in the temp directory, removed (iteratively)
+/// on drop, a failure logged.
+#[derive(Debug)]
+struct HostWorkspace(PathBuf);
+
+impl HostWorkspace {
+    /// A host workspace when `policy` needs one, else `None` (the sandbox
+    /// mounts its own).
+    fn for_policy(policy: &SandboxPolicy) -> io::Result<Option<HostWorkspace>> {
+        sweep_in_background();
+        if !sharedos_sandbox::needs_host_workspace(policy)
+            && !NO_PRIVATE_WORKSPACE.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(None);
+        }
+        HostWorkspace::create().map(Some)
+    }
+
+    fn create() -> io::Result<HostWorkspace> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{WORKSPACE_PREFIX}{}-", std::process::id()))
+            .tempdir()?;
+        Ok(HostWorkspace(dir.keep()))
+    }
+}
+
+impl Drop for HostWorkspace {
+    fn drop(&mut self) {
+        if let Err(e) = sharedos_sandbox::removal::remove_tree(&self.0) {
+            tracing::warn!(path = %self.0.display(), error = %e, "could not remove a workspace");
+        }
+    }
 }
 
 /// Launches plugins inside the sandbox. With `policy.warm > 0` it keeps
@@ -120,14 +201,34 @@ impl SandboxLauncher {
         }
     }
 
-    /// Build a sandbox now, in a fresh workspace, and start its plugin.
+    /// Build a sandbox now, with a fresh workspace, and start its plugin.
+    /// A sandbox that cannot have a mount namespace on this host (and so no
+    /// tmpfs workspace) is built again with a host workspace, and so is
+    /// every later one of this process.
     fn launch_now(&self, key: &WarmKey) -> Result<LaunchedChild, LaunchError> {
-        let workspace = new_workspace().map_err(|source| LaunchError::Spawn {
-            program: key.program.clone(),
-            source,
-        })?;
-        let child = sharedos_sandbox::spawn(&key.spawn_spec(workspace.path()))
-            .map_err(|e| refused(&key.program, e))?;
+        let make = || {
+            HostWorkspace::for_policy(&key.policy).map_err(|source| LaunchError::Spawn {
+                program: key.program.clone(),
+                source,
+            })
+        };
+        let workspace = make()?;
+        let spawned = sharedos_sandbox::spawn(&key.spawn_spec(workspace.as_ref()));
+        let (child, workspace) = match spawned {
+            Err(SandboxError::Setup { stage, .. })
+                if stage == "workspace" && workspace.is_none() =>
+            {
+                tracing::warn!(
+                    "this host gives sandboxes no mount namespace: their workspaces are host directories from now on"
+                );
+                NO_PRIVATE_WORKSPACE.store(true, std::sync::atomic::Ordering::Relaxed);
+                let workspace = make()?;
+                let child = sharedos_sandbox::spawn(&key.spawn_spec(workspace.as_ref()));
+                (child, workspace)
+            }
+            other => (other, workspace),
+        };
+        let child = child.map_err(|e| refused(&key.program, e))?;
         launched(&key.program, child, workspace)
     }
 }
@@ -144,23 +245,23 @@ struct WarmKey {
 }
 
 impl WarmKey {
-    fn spawn_spec(&self, workspace: &std::path::Path) -> SpawnSpec {
+    fn spawn_spec(&self, workspace: Option<&HostWorkspace>) -> SpawnSpec {
         SpawnSpec {
             helper_exe: self.helper_exe.clone(),
             program: self.program.clone(),
             args: self.args.iter().map(OsString::from).collect(),
             env: self.env.clone(),
             policy: self.policy.clone(),
-            workspace: workspace.to_path_buf(),
+            workspace: workspace.map(|w| w.0.clone()),
         }
     }
 }
 
-/// A prepared sandbox and the fresh workspace it was built around.
+/// A prepared sandbox and the host workspace it was built around, if any.
 #[derive(Debug)]
 struct Spare {
     sandbox: PreparedSandbox,
-    workspace: tempfile::TempDir,
+    workspace: Option<HostWorkspace>,
 }
 
 /// Sandboxes prepared ahead of turns (`policy.warm`). Each is built by a
@@ -271,10 +372,10 @@ impl WarmPool {
     }
 
     fn prepare_one(&self, key: WarmKey) {
-        let made = new_workspace()
+        let made = HostWorkspace::for_policy(&key.policy)
             .map_err(|e| e.to_string())
             .and_then(|workspace| {
-                sharedos_sandbox::prepare(&key.spawn_spec(workspace.path()))
+                sharedos_sandbox::prepare(&key.spawn_spec(workspace.as_ref()))
                     .map(|sandbox| Spare { sandbox, workspace })
                     .map_err(|e| e.to_string())
             });
@@ -326,13 +427,6 @@ impl Drop for WarmPool {
     }
 }
 
-fn new_workspace() -> io::Result<tempfile::TempDir> {
-    sweep_stale_workspaces();
-    tempfile::Builder::new()
-        .prefix(&format!("{WORKSPACE_PREFIX}{}-", std::process::id()))
-        .tempdir()
-}
-
 /// A sandbox that could not be built (or is below the minimum) refuses the
 /// launch, with the report of what was missing as provenance.
 fn refused(program: &std::path::Path, e: SandboxError) -> LaunchError {
@@ -367,7 +461,7 @@ fn refused(program: &std::path::Path, e: SandboxError) -> LaunchError {
 fn launched(
     program: &std::path::Path,
     mut child: SandboxedChild,
-    workspace: tempfile::TempDir,
+    workspace: Option<HostWorkspace>,
 ) -> Result<LaunchedChild, LaunchError> {
     let report = serde_json::to_value(&child.report).ok();
     let missing = || LaunchError::Spawn {
@@ -381,18 +475,15 @@ fn launched(
         stdin,
         stdout,
         stderr,
-        tree: Box::new(SandboxTree {
-            child,
-            workspace: Some(workspace),
-        }),
+        tree: Box::new(SandboxTree { child, workspace }),
         report,
     })
 }
 
-/// A sandboxed tree and its per-turn workspace, removed with it.
+/// A sandboxed tree and its host workspace if it has one, removed with it.
 struct SandboxTree {
     child: SandboxedChild,
-    workspace: Option<tempfile::TempDir>,
+    workspace: Option<HostWorkspace>,
 }
 
 impl ProcessTree for SandboxTree {
@@ -408,9 +499,8 @@ impl ProcessTree for SandboxTree {
     fn kill_tree(&mut self) -> io::Result<()> {
         self.child.kill_tree();
         self.child.wait()?;
-        if let Some(ws) = self.workspace.take() {
-            ws.close()?;
-        }
+        // Removed iteratively; a failure is logged, never the turn's error.
+        drop(self.workspace.take());
         Ok(())
     }
 }

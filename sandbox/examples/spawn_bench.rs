@@ -75,7 +75,7 @@ fn main() {
                 args: vec![],
                 env: vec![],
                 policy: full.clone(),
-                workspace: ws.path().to_path_buf(),
+                workspace: Some(ws.path().to_path_buf()),
             })
             .unwrap();
             sb[i].0.push(t.elapsed());
@@ -88,7 +88,7 @@ fn main() {
                 args: vec![],
                 env: vec![],
                 policy: SandboxPolicy::unconfined(),
-                workspace: ws.path().to_path_buf(),
+                workspace: Some(ws.path().to_path_buf()),
             })
             .unwrap();
             sb[i].2.push(t.elapsed());
@@ -100,7 +100,7 @@ fn main() {
                 args: vec![],
                 env: vec![],
                 policy: full_exec.clone(),
-                workspace: ws.path().to_path_buf(),
+                workspace: Some(ws.path().to_path_buf()),
             })
             .unwrap();
             exec_each[i].push(t.elapsed());
@@ -120,7 +120,7 @@ fn main() {
                     timings: true,
                     ..full.clone()
                 },
-                workspace: ws.path().to_path_buf(),
+                workspace: Some(ws.path().to_path_buf()),
             })
             .unwrap();
             for t in &c.report.timings_us {

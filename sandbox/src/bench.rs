@@ -152,7 +152,8 @@ fn true_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/bin/true"))
 }
 
-/// `/bin/true` in `ws` under `policy`.
+/// `/bin/true` under `policy`, with `ws` as its workspace only where the
+/// policy cannot have a tmpfs one (as the host launches it).
 fn true_spec(helper_exe: &Path, policy: &SandboxPolicy, ws: &Path) -> SpawnSpec {
     SpawnSpec {
         helper_exe: helper_exe.to_path_buf(),
@@ -160,7 +161,7 @@ fn true_spec(helper_exe: &Path, policy: &SandboxPolicy, ws: &Path) -> SpawnSpec 
         args: vec![],
         env: vec![],
         policy: policy.clone(),
-        workspace: ws.to_path_buf(),
+        workspace: crate::needs_host_workspace(policy).then(|| ws.to_path_buf()),
     }
 }
 

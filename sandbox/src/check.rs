@@ -59,7 +59,9 @@ fn probe(
         args: vec![],
         env: vec![],
         policy,
-        workspace: ws.0.clone(),
+        // A host directory, so the probe reports the layers even where no
+        // mount namespace (and so no tmpfs workspace) can be had.
+        workspace: Some(ws.0.clone()),
     })?;
     let report = child.report.clone();
     let _ = child.wait();

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -56,6 +57,7 @@ impl Server {
         let helper = helper.to_path_buf();
         let child = on_spawner_thread(move || {
             Command::new(&helper)
+                .arg0(crate::spawn::NEUTRAL_NAME)
                 .arg(HELPER_SUBCOMMAND)
                 .arg(FORK_SERVER_ARG)
                 .env_clear()

@@ -14,14 +14,13 @@
 //!
 //! ```no_run
 //! use sharedos_sandbox::{spawn, SandboxPolicy, SpawnSpec};
-//! let ws = std::path::PathBuf::from("/tmp/turn-42"); // created by the host
 //! let child = spawn(&SpawnSpec {
 //!     helper_exe: std::env::current_exe().unwrap(),
 //!     program: "/usr/libexec/sharedos/plugin-standard".into(),
 //!     args: vec![],
 //!     env: vec![("RUST_LOG".into(), "info".into())],
 //!     policy: SandboxPolicy::default(),
-//!     workspace: ws,
+//!     workspace: None, // a tmpfs in the sandbox's own mount namespace
 //! })?;
 //! println!("{}", serde_json::to_string(&child.report).unwrap());
 //! child.kill_tree();
@@ -42,11 +41,15 @@ pub mod landlock;
 pub mod mounts;
 pub mod namespaces;
 mod policy;
+pub mod procmask;
+pub mod removal;
 mod report;
 mod request;
 pub mod rlimits;
 pub mod seccomp;
 mod spawn;
+pub mod staging;
+pub mod statedir;
 pub mod timing;
 
 pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_current_exe};
@@ -59,6 +62,7 @@ pub use report::{
     SeccompReport, SelfCheck,
 };
 pub use spawn::{
-    HELPER_SUBCOMMAND, KillHandle, PreparedSandbox, SandboxedChild, SpawnSpec, prepare, spawn,
+    HELPER_SUBCOMMAND, KillHandle, PreparedSandbox, SandboxedChild, SpawnSpec,
+    needs_host_workspace, prepare, spawn,
 };
 pub use timing::StageTiming;

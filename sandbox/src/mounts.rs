@@ -1,12 +1,15 @@
 //! Layer: the minimal root. Runs in pid 1 of the new namespaces, inside the
-//! new user and mount namespaces. The plugin sees read-only system
-//! directories, a handful of `/etc` files, its own binary, a private rw
-//! workspace, private size-capped `/tmp` and `/dev/shm`, a minimal `/dev`
-//! and its own `/proc`; nothing else of the host exists for it.
+//! new user and mount namespaces. The plugin sees the read-only paths of the
+//! policy (parts of `/usr`, a handful of `/etc` files, what its runtime
+//! adds), its own binary, a workspace that is a size- and inode-capped tmpfs
+//! of its own, private size-capped `/tmp` and `/dev/shm`, a minimal `/dev`
+//! and its own `/proc` with the host-wide files masked ([`crate::procmask`]);
+//! nothing else of the host exists for it, and nothing it writes exists on
+//! the host.
 //!
 //! Order matters (claude-code#64182: a later tmpfs hid earlier binds): the
-//! workspace and the binary are bound from O_PATH fds opened before any
-//! tmpfs is mounted, so a workspace under the host's `/tmp` is never hidden.
+//! binary (and a host workspace, where one is given) come from fds opened
+//! before any tmpfs is mounted.
 
 use std::ffi::CString;
 use std::os::fd::RawFd;
@@ -16,43 +19,38 @@ use std::path::{Path, PathBuf};
 /// Where the new root is assembled (in the private mount namespace, so the
 /// host's `/tmp` is untouched).
 const STAGING: &str = "/tmp";
-/// System directories bound read-only (or mirrored as symlinks on
-/// merged-usr systems).
-pub const SYSTEM_DIRS: [&str; 7] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32",
-];
-/// `/etc` entries a dynamically linked program, a TLS client or a shell
-/// commonly needs; nothing with secrets (no shadow, no ssh, no machine-id).
-const ETC_ENTRIES: [&str; 14] = [
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/hosts",
-    "/etc/resolv.conf",
-    "/etc/nsswitch.conf",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/ssl",
-    "/etc/ca-certificates",
-    "/etc/alternatives",
-    "/etc/localtime",
-    "/etc/mime.types",
-    "/etc/protocols",
-];
 const DEV_NODES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
 /// Where the workspace appears inside.
 pub const WORKSPACE: &str = "/workspace";
 /// Where the plugin binary appears inside.
 pub const PLUGIN_DIR: &str = "/plugin";
 
+/// Where a host file or directory that goes into the root comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source {
+    /// A detached clone of it (`open_tree(OPEN_TREE_CLONE)`, taken by the
+    /// supervisor before it left uid 0, so a path only root can traverse
+    /// works), attached with `move_mount`.
+    Tree(RawFd),
+    /// An `O_PATH` fd opened inside the new mount namespace, bound through
+    /// `/proc/self/fd`.
+    Path(RawFd),
+}
+
 pub struct RootSpec<'a> {
-    pub workspace_fd: RawFd,
-    pub program_fd: RawFd,
+    /// A host directory for the workspace; `None` (the default) makes the
+    /// workspace a tmpfs of the sandbox's own.
+    pub workspace: Option<Source>,
+    pub workspace_size: u64,
+    pub program: Source,
     pub program_name: &'a str,
     pub tmp_size: u64,
     pub shm_size: u64,
     pub nr_inodes: u64,
+    pub ro_paths: &'a [String],
     pub extra_ro: &'a [String],
+    /// What the masked `/proc` shows instead of host-wide figures.
+    pub proc_replacements: crate::procmask::Replacements,
     /// Mount a procfs (only with a pid namespace: a procfs of the host's pid
     /// namespace would show every host process).
     pub with_proc: bool,
@@ -62,7 +60,7 @@ fn cstr(p: &Path) -> Result<CString, String> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{p:?} contains NUL"))
 }
 
-fn mount(
+pub(crate) fn mount(
     src: Option<&Path>,
     target: &Path,
     fstype: Option<&str>,
@@ -99,7 +97,7 @@ fn mount(
 /// its submounts). Only adds restrictions, so the flags a user namespace
 /// locks on the source (nosuid, nodev, noexec) are never cleared
 /// (openai/codex#9254 hit EPERM remounting without them).
-fn restrict(target: &Path, attrs: u64, recursive: bool) -> Result<(), String> {
+pub(crate) fn restrict(target: &Path, attrs: u64, recursive: bool) -> Result<(), String> {
     let t = cstr(target)?;
     let attr = libc::mount_attr {
         attr_set: attrs,
@@ -127,6 +125,35 @@ fn restrict(target: &Path, attrs: u64, recursive: bool) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Attach `src` at `target` (an existing file or directory).
+fn attach(src: Source, target: &Path) -> Result<(), String> {
+    match src {
+        Source::Path(fd) => bind_rec(&PathBuf::from(format!("/proc/self/fd/{fd}")), target),
+        Source::Tree(fd) => {
+            let t = cstr(target)?;
+            // SAFETY: `fd` is a detached mount we own, "" and `t` are
+            // NUL-terminated; the kernel only reads them.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_move_mount,
+                    fd,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    t.as_ptr(),
+                    libc::MOVE_MOUNT_F_EMPTY_PATH,
+                )
+            };
+            if rc != 0 {
+                return Err(format!(
+                    "move_mount(-> {target:?}): {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            Ok(())
+        }
+    }
 }
 
 /// A recursive bind, without attributes yet: the read-only part of the
@@ -173,15 +200,14 @@ fn inside(root: &Path, p: &str) -> PathBuf {
 
 /// Build the root and `pivot_root` into it. Returns warnings.
 ///
-/// Two phases: first the read-only part (system directories, `/etc`
-/// entries, extra paths, the plugin binary, and the mountpoints of the rest),
-/// sealed with one recursive `mount_setattr` (read-only, nosuid, nodev) on
-/// the staging root; then the writable and special mounts on top of it
-/// (workspace, `/tmp`, `/dev`, `/proc`), each with its own flags. Nothing
-/// is written below a bind: a path that already exists in the staging root
-/// (because a bound directory holds it) is never created again.
+/// Two phases: first the read-only part (the policy's paths, the plugin
+/// binary, and the mountpoints of the rest), sealed with one recursive
+/// `mount_setattr` (read-only, nosuid, nodev) on the staging root; then the
+/// writable and special mounts on top of it (workspace, `/tmp`, `/dev`,
+/// `/proc`), each with its own flags. Nothing is written below a bind: a
+/// path that already exists in the staging root (because a bound directory
+/// holds it) is never created again.
 pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
-    let mut warnings = Vec::new();
     // Nothing we mount may propagate back to the host.
     mount(
         None,
@@ -201,70 +227,12 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     crate::timing::stamp("pid1", "root: staging tmpfs");
     let mut dirs = Dirs::default();
     dirs.0.insert(root.to_path_buf());
-
-    for dir in SYSTEM_DIRS {
-        let src = Path::new(dir);
-        let Ok(md) = std::fs::symlink_metadata(src) else {
-            continue;
-        };
-        let target = inside(root, dir);
-        if md.file_type().is_symlink() {
-            // Merged /usr: mirror the link, the target is bound anyway.
-            let link = std::fs::read_link(src).map_err(|e| format!("readlink {dir}: {e}"))?;
-            std::os::unix::fs::symlink(&link, &target)
-                .map_err(|e| format!("symlink {target:?}: {e}"))?;
-        } else if md.is_dir() {
-            dirs.mountpoint(&target, true)?;
-            bind_rec(src, &target)?;
-        }
-    }
-    crate::timing::stamp("pid1", "root: system dirs bound");
-    for entry in ETC_ENTRIES
-        .iter()
-        .map(|s| s.to_string())
-        .chain(spec.extra_ro.iter().cloned())
-    {
-        let src = Path::new(&entry);
-        let extra = spec.extra_ro.contains(&entry);
-        // Paths the sandbox mounts over (or stages its root in) cannot be
-        // extra binds: the bind would be hidden or would hide sandbox state.
-        if extra
-            && ["/tmp", "/dev", "/proc", WORKSPACE, PLUGIN_DIR]
-                .iter()
-                .any(|p| src.starts_with(p))
-        {
-            warnings.push(format!(
-                "extra read-only path {entry} is under a sandbox-managed directory; skipped"
-            ));
-            continue;
-        }
-        let md = if src.is_absolute() {
-            std::fs::metadata(src).ok()
-        } else {
-            None
-        };
-        let Some(md) = md else {
-            if extra {
-                warnings.push(format!(
-                    "extra read-only path {entry} does not exist; skipped"
-                ));
-            }
-            continue;
-        };
-        let target = inside(root, &entry);
-        if target.exists() {
-            continue; // already visible through a system dir bind
-        }
-        dirs.mountpoint(&target, md.is_dir())?;
-        bind_rec(src, &target)?;
-    }
-
-    crate::timing::stamp("pid1", "root: /etc entries bound");
-    // The plugin binary, from the fd opened before any tmpfs.
+    let warnings = bind_read_only(spec, root, &mut dirs)?;
+    crate::timing::stamp("pid1", "root: read-only paths bound");
+    // The plugin binary, from the fd taken before any tmpfs.
     let plugin_target = inside(root, PLUGIN_DIR).join(spec.program_name);
-    let prog_src = PathBuf::from(format!("/proc/self/fd/{}", spec.program_fd));
     dirs.mountpoint(&plugin_target, false)?;
-    mount(Some(&prog_src), &plugin_target, None, libc::MS_BIND, None)?;
+    attach(spec.program, &plugin_target)?;
 
     // Mountpoints of the second phase, while the staging root is writable.
     let ws_target = inside(root, WORKSPACE);
@@ -282,18 +250,9 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
         true,
     )?;
-
     crate::timing::stamp("pid1", "root: sealed read-only");
-    // The workspace: rw, but never setuid or device files.
-    let ws_src = PathBuf::from(format!("/proc/self/fd/{}", spec.workspace_fd));
-    bind_rec(&ws_src, &ws_target)?;
-    restrict(
-        &ws_target,
-        libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
-        true,
-    )?;
-
-    crate::timing::stamp("pid1", "root: workspace bound");
+    workspace(spec, &ws_target)?;
+    crate::timing::stamp("pid1", "root: workspace mounted");
     // Private /tmp with size and inode caps (memory-backed: count it in the
     // memory budget).
     mount(
@@ -306,13 +265,114 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
             spec.tmp_size, spec.nr_inodes
         )),
     )?;
-
     crate::timing::stamp("pid1", "root: /tmp mounted");
-    // Minimal /dev: a tmpfs with five nodes bound from the host, the std*
-    // links, and a private /dev/shm (POSIX semaphores need it, codex#7251).
+    build_dev(spec, &dev)?;
+    crate::timing::stamp("pid1", "root: /dev built");
+    let mut warnings = warnings;
+    // Our own procfs: only the processes of the new pid namespace, its
+    // host-wide files masked (the scratch dir lives in /dev, writable until
+    // it is sealed below).
+    if !spec.with_proc {
+        warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
+    } else {
+        mount(
+            Some(Path::new("proc")),
+            &proc_dir,
+            Some("proc"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )?;
+        crate::procmask::mask(&proc_dir, &dev.join(".mask"), &spec.proc_replacements)?;
+    }
+    restrict(&dev, libc::MOUNT_ATTR_RDONLY, false)?;
+    crate::timing::stamp("pid1", "root: /proc mounted and masked");
+    pivot(root)?;
+    Ok(warnings)
+}
+
+/// The policy's read-only paths (and the runtime's extra ones), bound at
+/// the same path in the staging root; a top-level symlink is mirrored.
+fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<String>, String> {
+    let mut warnings = Vec::new();
+    let all = spec.ro_paths.iter().map(|p| (p, false));
+    for (entry, extra) in all.chain(spec.extra_ro.iter().map(|p| (p, true))) {
+        let src = Path::new(entry);
+        // Paths the sandbox mounts over (or stages its root in) cannot be
+        // binds: the bind would be hidden or would hide sandbox state.
+        if !src.is_absolute()
+            || ["/tmp", "/dev", "/proc", WORKSPACE, PLUGIN_DIR]
+                .iter()
+                .any(|p| src.starts_with(p))
+        {
+            if extra {
+                warnings.push(format!(
+                    "extra read-only path {entry} is relative or under a sandbox-managed \
+                     directory; skipped"
+                ));
+            }
+            continue;
+        }
+        let target = inside(root, entry);
+        if std::fs::symlink_metadata(&target).is_ok() {
+            continue; // already visible through another bind
+        }
+        let top_level = src.parent() == Some(Path::new("/"));
+        match std::fs::symlink_metadata(src) {
+            Ok(md) if md.file_type().is_symlink() && top_level => {
+                // Merged /usr: mirror the link, its target is bound anyway.
+                let link = std::fs::read_link(src).map_err(|e| format!("readlink {entry}: {e}"))?;
+                std::os::unix::fs::symlink(&link, &target)
+                    .map_err(|e| format!("symlink {target:?}: {e}"))?;
+                continue;
+            }
+            _ => {}
+        }
+        let Ok(md) = std::fs::metadata(src) else {
+            if extra {
+                warnings.push(format!(
+                    "extra read-only path {entry} does not exist; skipped"
+                ));
+            }
+            continue;
+        };
+        dirs.mountpoint(&target, md.is_dir())?;
+        bind_rec(src, &target)?;
+    }
+    Ok(warnings)
+}
+
+/// The workspace: a tmpfs of its own (or the host directory given), rw,
+/// never setuid or device files.
+fn workspace(spec: &RootSpec, target: &Path) -> Result<(), String> {
+    match spec.workspace {
+        None => mount(
+            Some(Path::new("tmpfs")),
+            target,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&format!(
+                "size={},nr_inodes={},mode=0755",
+                spec.workspace_size, spec.nr_inodes
+            )),
+        ),
+        Some(src) => {
+            attach(src, target)?;
+            restrict(
+                target,
+                libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+                true,
+            )
+        }
+    }
+}
+
+/// Minimal /dev: a tmpfs with five nodes bound from the host, the std*
+/// links, and a private /dev/shm (POSIX semaphores need it, codex#7251).
+/// Left writable: the caller seals it read-only once `/proc` is masked.
+fn build_dev(spec: &RootSpec, dev: &Path) -> Result<(), String> {
     mount(
         Some(Path::new("tmpfs")),
-        &dev,
+        dev,
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("size=64k,nr_inodes=64,mode=0755"),
@@ -345,31 +405,13 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         )),
     )?;
     // The node binds (and /dev/shm, already so) nosuid and noexec in one
-    // call; /dev itself read-only.
-    restrict(
-        &dev,
-        libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
-        true,
-    )?;
-    restrict(&dev, libc::MOUNT_ATTR_RDONLY, false)?;
+    // call.
+    restrict(dev, libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC, true)
+}
 
-    crate::timing::stamp("pid1", "root: /dev built");
-    // Our own procfs: only the processes of the new pid namespace.
-    if !spec.with_proc {
-        warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
-    } else {
-        mount(
-            Some(Path::new("proc")),
-            &proc_dir,
-            Some("proc"),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            None,
-        )?;
-    }
-
-    crate::timing::stamp("pid1", "root: /proc mounted");
-    // Switch roots and drop the old one entirely. The new root is the
-    // staging tmpfs, sealed read-only above.
+/// Switch roots and drop the old one entirely. The new root is the staging
+/// tmpfs, sealed read-only.
+fn pivot(root: &Path) -> Result<(), String> {
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root:?}: {e}"))?;
     let dot = c".";
     // SAFETY: both arguments are the NUL-terminated string ".".
@@ -386,5 +428,5 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     }
     crate::timing::stamp("pid1", "root: pivoted, old root detached");
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
-    Ok(warnings)
+    Ok(())
 }

@@ -27,12 +27,24 @@ pub struct SandboxPolicy {
     pub tmp_size_bytes: u64,
     /// Size of the private `/dev/shm` tmpfs, in bytes.
     pub shm_size_bytes: u64,
-    /// Inode cap of each private tmpfs.
+    /// Inode cap of each private tmpfs (the workspace's too: it bounds
+    /// how many files and how deep a directory chain the plugin can make).
     pub tmpfs_nr_inodes: u64,
+    /// Size of the workspace, a tmpfs of the sandbox's own that goes away
+    /// with it (memory-backed: count it in the memory budget).
+    pub workspace_size_bytes: u64,
     /// The uid (and gid) the plugin runs as when the host is root.
     pub sandbox_uid: u32,
-    /// Host paths bound read-only into the sandbox root (besides the system
-    /// directories). Each must exist; a missing one is reported and skipped.
+    /// The host paths bound read-only into the sandbox root, at the same
+    /// path: system directories and the `/etc` entries programs need. A
+    /// missing one is skipped silently; a top-level one that is a symlink
+    /// (`/bin` on merged-usr systems) is mirrored as that symlink. Only
+    /// parts of `/usr` are listed, so `/usr/local/etc` and other host
+    /// configuration never appear inside unless a runtime names them.
+    pub ro_paths: Vec<String>,
+    /// Host paths a runtime adds to `ro_paths` (an install directory, an
+    /// interpreter, CA certificates). Each must exist; a missing one is
+    /// reported and skipped.
     pub extra_ro_paths: Vec<String>,
     /// Environment keys the plugin may receive from the host (exact names,
     /// or prefixes ending in `*`). Anything else the host passes is dropped
@@ -80,6 +92,44 @@ pub enum MemfdPolicy {
     AllowNoExec,
 }
 
+/// The default of [`SandboxPolicy::ro_paths`]: the program and library
+/// directories of `/usr` (not `/usr/local`, `/usr/include`, `/usr/src`),
+/// the top-level links or directories into them, and the `/etc` entries a
+/// dynamically linked program, a TLS client or a shell commonly needs;
+/// nothing with secrets (no shadow, no ssh, no machine-id).
+pub const DEFAULT_RO_PATHS: [&str; 30] = [
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libx32",
+    "/usr/libexec",
+    "/usr/share",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/libx32",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/resolv.conf",
+    "/etc/nsswitch.conf",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/alternatives",
+    "/etc/localtime",
+    "/etc/mime.types",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/host.conf",
+];
+
 /// The most sandboxes a runtime may keep prepared ([`SandboxPolicy::warm`]).
 pub const MAX_WARM: u32 = 8;
 
@@ -93,7 +143,9 @@ impl Default for SandboxPolicy {
             tmp_size_bytes: 128 << 20,
             shm_size_bytes: 64 << 20,
             tmpfs_nr_inodes: 16_384,
+            workspace_size_bytes: 256 << 20,
             sandbox_uid: 65534,
+            ro_paths: DEFAULT_RO_PATHS.map(String::from).to_vec(),
             extra_ro_paths: Vec::new(),
             env_allowlist: [
                 "PATH",

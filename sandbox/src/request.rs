@@ -26,7 +26,14 @@ pub(crate) struct HelperRequest {
     pub args: Vec<OsString>,
     /// Final environment of the plugin (already filtered by the host).
     pub env: Vec<(String, String)>,
-    pub workspace: PathBuf,
+    /// A host directory for the workspace; `None`: a tmpfs of the
+    /// sandbox's own.
+    pub workspace: Option<PathBuf>,
+    /// The copy of `program` in the host-private state directory that the
+    /// minimal root binds (its path reveals nothing of the host); `None`
+    /// without a mount namespace, where `program` is executed in place.
+    #[serde(default)]
+    pub program_staged: Option<PathBuf>,
     /// The host's pid: the helper's parent must still be it once the
     /// parent-death signal is armed.
     pub host_pid: i32,

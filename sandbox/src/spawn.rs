@@ -23,6 +23,7 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -40,6 +41,11 @@ use crate::timing::HostClock;
 
 /// The subcommand the host binary dispatches to [`crate::helper_main`].
 pub const HELPER_SUBCOMMAND: &str = "__sandbox-exec";
+
+/// The helper's argv[0] (and pid 1's name inside the sandbox): the host
+/// path of the `sharedos` binary never appears in a command line the plugin
+/// can read.
+pub(crate) const NEUTRAL_NAME: &str = "sandbox-init";
 
 /// How long the helper may take to build the sandbox and send its report.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,9 +67,13 @@ pub struct SpawnSpec {
     /// when absent.
     pub env: Vec<(String, String)>,
     pub policy: SandboxPolicy,
-    /// The per-turn workspace, created by the host (a real directory, not
-    /// a symlink). When the host is root it is chowned to the sandbox uid.
-    pub workspace: PathBuf,
+    /// A host directory for the workspace (a real directory, not a
+    /// symlink; chowned to the sandbox uid when the host is root). `None`,
+    /// the default: the workspace is a size- and inode-capped tmpfs in the
+    /// sandbox's mount namespace that goes away with it, so nothing the
+    /// plugin writes is ever on the host. Only a sandbox without a mount
+    /// namespace needs a host directory (and refuses to start without one).
+    pub workspace: Option<PathBuf>,
 }
 
 /// A running sandboxed plugin. Dropping it kills the whole tree and
@@ -158,23 +168,33 @@ fn check_paths(spec: &SpawnSpec) -> Result<(), SandboxError> {
             "must be an absolute path".into(),
         ));
     }
-    let md = std::fs::symlink_metadata(&spec.workspace)
-        .map_err(|e| bad("workspace", &spec.workspace, e.to_string()))?;
+    let Some(ws) = &spec.workspace else {
+        return Ok(());
+    };
+    let md = std::fs::symlink_metadata(ws).map_err(|e| bad("workspace", ws, e.to_string()))?;
     if !md.is_dir() {
         return Err(bad(
             "workspace",
-            &spec.workspace,
+            ws,
             "must be a directory, not a symlink or file".into(),
         ));
     }
-    if !spec.workspace.is_absolute() {
-        return Err(bad(
-            "workspace",
-            &spec.workspace,
-            "must be an absolute path".into(),
-        ));
+    if !ws.is_absolute() {
+        return Err(bad("workspace", ws, "must be an absolute path".into()));
     }
     Ok(())
+}
+
+/// Whether a sandbox under `policy` needs a host workspace directory: only
+/// when it cannot have a mount namespace (the layer is off, or it would need
+/// a user namespace the policy switches off or emulates away). Otherwise
+/// [`SpawnSpec::workspace`] should be `None`.
+pub fn needs_host_workspace(policy: &SandboxPolicy) -> bool {
+    let l = &policy.layers;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let userns = l.userns && !policy.emulate_no_userns;
+    !(l.mountns && (userns || (root && !l.drop_uid)))
 }
 
 /// Launch `spec.program` in the sandbox. Returns once the helper has built
@@ -274,12 +294,23 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
 
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if root && policy.layers.drop_uid {
+    if let Some(ws) = &spec.workspace
+        && root
+        && policy.layers.drop_uid
+    {
         // The plugin writes its workspace as the sandbox uid.
         let uid = policy.sandbox_uid;
-        std::os::unix::fs::chown(&spec.workspace, Some(uid), Some(uid))
+        std::os::unix::fs::chown(ws, Some(uid), Some(uid))
             .map_err(SandboxError::io("chown the workspace to the sandbox uid"))?;
     }
+    // The minimal root binds a copy of the plugin from the host-private
+    // state directory, so the mount table names no host path of it.
+    let program_staged = if policy.layers.mountns {
+        Some(crate::staging::stage_program(&spec.program)?)
+    } else {
+        None
+    };
+    clock.stamp("program_staged");
 
     let mut cg = cgroup::create(&policy.cgroup);
     let cgroup_report = cg.report(policy.cgroup.enabled);
@@ -290,6 +321,7 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         args: spec.args.clone(),
         env,
         workspace: spec.workspace.clone(),
+        program_staged,
         host_pid: std::process::id() as i32,
         seccomp_namespace,
         seccomp_strict,
@@ -431,6 +463,7 @@ fn launch(
     let (child, on_thread, spawned) = on_spawner_thread(move || {
         let on_thread = crate::timing::now_ns();
         let child = Command::new(&helper)
+            .arg0(NEUTRAL_NAME)
             .arg(HELPER_SUBCOMMAND)
             .env_clear()
             .current_dir("/")

@@ -462,7 +462,7 @@ fn symlinked_workspace_is_refused() {
     let link = link_dir.path().join("ws");
     std::os::unix::fs::symlink(ws.path(), &link).unwrap();
     let mut s = spec(ws.path(), SandboxPolicy::default(), &[]);
-    s.workspace = link;
+    s.workspace = Some(link);
     assert!(matches!(spawn(&s), Err(SandboxError::BadPath { .. })));
 }
 

@@ -18,7 +18,7 @@ fn main() {
         args: vec![format!("daemon:{}", a[3]).into()],
         env: vec![],
         policy: SandboxPolicy::default(),
-        workspace: a[2].clone().into(),
+        workspace: Some(a[2].clone().into()),
     })
     .expect("spawn");
     println!("{}", child.pid);

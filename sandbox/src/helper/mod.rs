@@ -26,6 +26,7 @@ use reaper::{block_term_and_chld, pid_one};
 
 use crate::fds;
 use crate::landlock as ll;
+use crate::mounts;
 use crate::namespaces;
 use crate::report::{
     HelperMessage, LandlockReport, LayerStatus, SandboxLevel, SandboxReport, SeccompReport,
@@ -344,6 +345,14 @@ fn supervise(
     // writes root-owned files (DAC owner), and RLIMIT_NPROC ignores uid 0.
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    // What the root needs of the host, taken while still uid 0 (a path
+    // under a directory only root may traverse, e.g. the state directory or
+    // a private TMPDIR, works).
+    let early = if root && l.drop_uid && l.mountns {
+        Some(HostSources::clone_trees(&req)?)
+    } else {
+        None
+    };
     if root && l.drop_uid {
         drop_uid(req.policy.sandbox_uid)?;
         rep.uid_drop = LayerStatus::Applied;
@@ -403,10 +412,11 @@ fn supervise(
         rep.root = LayerStatus::unavailable("no mount namespace");
     }
 
-    // Open the workspace and the plugin binary now, with the host's view of
-    // the filesystem, refusing a symlinked workspace (spec C#62).
-    let ws_fd = open_path(&req.workspace, true)?;
-    let prog_fd = open_path(&req.program, false)?;
+    // Otherwise open them now, with the host's view of the filesystem.
+    let sources = match early {
+        Some(s) => s,
+        None => HostSources::open_paths(&req)?,
+    };
 
     // 8. Fork pid 1. `alive` lets the child detect a supervisor that died
     // before its parent-death signal was armed (getppid is 0 across pid ns).
@@ -436,14 +446,13 @@ fn supervise(
             unsafe { libc::_exit(137) }
         }
         drop(alive_r);
-        match pid_one(req, rep, ws_fd, prog_fd, pipe) {
+        match pid_one(req, rep, sources, pipe) {
             Ok(never) => match never {},
             Err(f) => pipe.fail(f),
         }
     }
     drop(alive_r);
-    drop(ws_fd);
-    drop(prog_fd);
+    drop(sources);
     wait_and_watch(child, pidns, &ctl, pipe)
 }
 
@@ -468,6 +477,74 @@ fn drop_uid(uid: u32) -> Result<(), Fail> {
     arm_parent_death_signal();
     prctl(libc::PR_SET_DUMPABLE, 1);
     Ok(())
+}
+
+/// The host files the root is built from: the plugin binary (its staged
+/// copy when there is one) and a host workspace if the request names one,
+/// each as a [`mounts::Source`] fd.
+pub(super) struct HostSources {
+    pub(super) program: (mounts::Source, OwnedFd),
+    pub(super) workspace: Option<(mounts::Source, OwnedFd)>,
+}
+
+impl HostSources {
+    /// Detached clones (`open_tree`), taken as uid 0 before the uid drop;
+    /// they attach with `move_mount` in the new mount namespace.
+    fn clone_trees(req: &HelperRequest) -> Result<HostSources, Fail> {
+        let program = req.program_staged.as_ref().unwrap_or(&req.program);
+        let tree = |p: &Path, dir: bool| {
+            let fd = open_tree(p, dir)?;
+            Ok::<_, Fail>((mounts::Source::Tree(fd.as_raw_fd()), fd))
+        };
+        Ok(HostSources {
+            program: tree(program, false)?,
+            workspace: req
+                .workspace
+                .as_deref()
+                .map(|w| tree(w, true))
+                .transpose()?,
+        })
+    }
+
+    /// `O_PATH` fds opened inside the new mount namespace (no uid change:
+    /// the helper reaches what the host could), refusing a symlinked
+    /// workspace (spec C#62).
+    fn open_paths(req: &HelperRequest) -> Result<HostSources, Fail> {
+        let path = |p: &Path, dir: bool| {
+            let fd = open_path(p, dir)?;
+            Ok::<_, Fail>((mounts::Source::Path(fd.as_raw_fd()), fd))
+        };
+        // Without a mount namespace the program runs in place, by path.
+        let program = match (&req.program_staged, req.policy.layers.mountns) {
+            (Some(staged), true) => staged,
+            _ => &req.program,
+        };
+        Ok(HostSources {
+            program: path(program, false)?,
+            workspace: req
+                .workspace
+                .as_deref()
+                .map(|w| path(w, true))
+                .transpose()?,
+        })
+    }
+}
+
+/// `open_tree(OPEN_TREE_CLONE)`: a detached copy of the mount of `p`,
+/// limited to `p` (a directory must not be a symlink).
+fn open_tree(p: &Path, dir: bool) -> Result<OwnedFd, Fail> {
+    let c = CString::new(p.as_os_str().as_bytes()).map_err(|_| fail("paths", "NUL in path"))?;
+    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
+    if dir {
+        flags |= libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
+    }
+    // SAFETY: `c` is NUL-terminated; the returned fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(os_fail("paths", &format!("open_tree {p:?}")));
+    }
+    // SAFETY: `fd` was just returned by open_tree and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 fn open_path(p: &Path, dir: bool) -> Result<OwnedFd, Fail> {

@@ -124,6 +124,16 @@ pub(super) fn plugin_exec(
     // defaults that point inside the sandbox for the keys it left out.
     let mut env = req.env.clone();
     let tmp = tmpdir.to_string_lossy().into_owned();
+    if mountns {
+        // A host's HOME or TMPDIR names a host path, which does not exist
+        // inside: the sandbox's own /tmp replaces it.
+        let before = env.len();
+        env.retain(|(k, _)| k != "HOME" && k != "TMPDIR");
+        if env.len() != before {
+            rep.warnings
+                .push("HOME/TMPDIR from the host replaced by the sandbox's /tmp".into());
+        }
+    }
     for (k, v) in [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", tmp.as_str()),
@@ -200,7 +210,7 @@ fn wait_for_start(pipe: &ReportPipe) {
 }
 
 fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe: &Path) -> Grants {
-    let mut read: Vec<PathBuf> = mounts::SYSTEM_DIRS.iter().map(PathBuf::from).collect();
+    let mut read: Vec<PathBuf> = req.policy.ro_paths.iter().map(PathBuf::from).collect();
     read.extend(req.policy.extra_ro_paths.iter().map(PathBuf::from));
     let mut write = vec![workdir.to_path_buf(), tmpdir.to_path_buf()];
     if mountns {

@@ -3,11 +3,13 @@
 //! without one it is a subreaper that kills every descendant itself.
 
 use std::convert::Infallible;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::plugin::plugin_exec;
-use super::{Fail, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail, prctl};
+use super::{
+    Fail, HostSources, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail, prctl,
+};
 use crate::mounts::{self, RootSpec};
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
@@ -92,13 +94,15 @@ fn kill_descendants() {
 pub(super) fn pid_one(
     req: HelperRequest,
     mut rep: SandboxReport,
-    ws_fd: OwnedFd,
-    prog_fd: OwnedFd,
+    sources: HostSources,
     pipe: &ReportPipe,
 ) -> Result<Infallible, Fail> {
     let pidns = rep.pidns == LayerStatus::Applied;
     // Nothing inside may ptrace or read the memory of the reaper.
     prctl(libc::PR_SET_DUMPABLE, 0);
+    // A neutral name (its argv[0] is already `sandbox-init`): the plugin
+    // reads pid 1's comm, never the host binary's name.
+    prctl(libc::PR_SET_NAME, c"sandbox-init".as_ptr() as libc::c_ulong);
     if !pidns {
         // Without a pid namespace, orphans of the plugin come back to us.
         prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
@@ -113,14 +117,22 @@ pub(super) fn pid_one(
     let mountns = rep.mountns == LayerStatus::Applied;
     if mountns {
         let p = &req.policy;
+        let mem_total = p
+            .rlimits
+            .address_space
+            .or(p.rlimits.data)
+            .unwrap_or(4 << 30);
         let warnings = mounts::build(&RootSpec {
-            workspace_fd: ws_fd.as_raw_fd(),
-            program_fd: prog_fd.as_raw_fd(),
+            workspace: sources.workspace.as_ref().map(|w| w.0),
+            workspace_size: p.workspace_size_bytes,
+            program: sources.program.0,
             program_name: &program_name,
             tmp_size: p.tmp_size_bytes,
             shm_size: p.shm_size_bytes,
             nr_inodes: p.tmpfs_nr_inodes,
+            ro_paths: &p.ro_paths,
             extra_ro: &p.extra_ro_paths,
+            proc_replacements: crate::procmask::Replacements::new(mem_total >> 10),
             with_proc: pidns,
         })
         .map_err(|e| fail("root", e))?;
@@ -128,8 +140,7 @@ pub(super) fn pid_one(
         rep.root = LayerStatus::Applied;
         stamp("pid1", "root_built");
     }
-    drop(ws_fd);
-    drop(prog_fd);
+    drop(sources);
     // 10. Hostname.
     if rep.utsns == LayerStatus::Applied {
         // SAFETY: the name pointer and length describe a static buffer.
@@ -143,11 +154,19 @@ pub(super) fn pid_one(
             Path::new(mounts::PLUGIN_DIR).join(&program_name),
         )
     } else {
+        // No mount namespace, so no tmpfs workspace: the host's directory.
+        let Some(ws) = req.workspace.clone() else {
+            return Err(fail(
+                "workspace",
+                "this sandbox has no mount namespace, so its workspace cannot be a tmpfs of \
+                 its own; the host must give it a workspace directory",
+            ));
+        };
         // No private /tmp: a private dir inside the workspace instead of the
         // host's /tmp (the degraded reference launcher leaked through it).
-        let t = req.workspace.join(".sharedos-tmp");
+        let t = ws.join(".sharedos-tmp");
         let _ = std::fs::create_dir(&t);
-        (req.workspace.clone(), t, req.program.clone())
+        (ws, t, req.program.clone())
     };
 
     // 11. Fork the plugin and reap until it exits.

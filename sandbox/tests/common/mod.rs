@@ -32,7 +32,7 @@ pub fn spec(ws: &std::path::Path, policy: SandboxPolicy, ops: &[String]) -> Spaw
         args: ops.iter().map(Into::into).collect(),
         env: vec![],
         policy,
-        workspace: ws.to_path_buf(),
+        workspace: Some(ws.to_path_buf()),
     }
 }
 

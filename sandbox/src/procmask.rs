@@ -1,0 +1,152 @@
+//! Layer: the host-wide files of the sandbox's own `/proc`, masked or
+//! replaced. The procfs of a new pid namespace shows only the sandbox's
+//! processes, but some of its files describe the whole machine: the boot
+//! id, the kernel command line, load, pressure, memory, disks, interrupts,
+//! kernel symbols and modules. Each is covered by a read-only bind of a file
+//! of a tiny tmpfs of our own (a fresh boot id, a small `meminfo` with the
+//! sandbox's own bound, empty files for the rest), and the directories of
+//! host-wide figures by an empty read-only tmpfs. Runs in pid 1 after the
+//! procfs is mounted, before `pivot_root`.
+
+use std::path::Path;
+
+use crate::mounts::{mount, restrict};
+
+/// Files replaced by an empty one (those that exist on this kernel).
+pub const EMPTIED: [&str; 25] = [
+    "cmdline",
+    "loadavg",
+    "stat",
+    "config.gz",
+    "interrupts",
+    "softirqs",
+    "zoneinfo",
+    "buddyinfo",
+    "pagetypeinfo",
+    "slabinfo",
+    "vmstat",
+    "diskstats",
+    "partitions",
+    "swaps",
+    "sched_debug",
+    "schedstat",
+    "timer_list",
+    "kallsyms",
+    "modules",
+    "keys",
+    "key-users",
+    "kcore",
+    "sysrq-trigger",
+    "iomem",
+    "ioports",
+];
+
+/// Directories of host-wide figures, covered by an empty read-only tmpfs.
+pub const HIDDEN_DIRS: [&str; 8] = [
+    "pressure", "acpi", "scsi", "irq", "bus", "fs", "driver", "tty",
+];
+
+/// What the masked `/proc` shows instead of the host's.
+pub struct Replacements {
+    /// `sys/kernel/random/boot_id`: a fresh id per sandbox.
+    pub boot_id: String,
+    /// `MemTotal` of the replaced `meminfo`, KiB.
+    pub mem_total_kib: u64,
+}
+
+impl Replacements {
+    /// A fresh boot id and `mem_total_kib`.
+    pub fn new(mem_total_kib: u64) -> Replacements {
+        let mut b = [0u8; 16];
+        // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        if n != b.len() as isize {
+            // A boot id only has to differ from the host's, which a
+            // per-process value does.
+            let t = crate::timing::now_ns().to_le_bytes();
+            b[..8].copy_from_slice(&t);
+        }
+        b[6] = (b[6] & 0x0f) | 0x40;
+        b[8] = (b[8] & 0x3f) | 0x80;
+        let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+        let boot_id = format!(
+            "{}-{}-{}-{}-{}\n",
+            h[..4].concat(),
+            h[4..6].concat(),
+            h[6..8].concat(),
+            h[8..10].concat(),
+            h[10..].concat()
+        );
+        Replacements {
+            boot_id,
+            mem_total_kib,
+        }
+    }
+}
+
+/// Mask the host-wide files of the procfs mounted at `proc_dir`, using
+/// `scratch` (an empty directory on a writable mount, removed again) for
+/// the replacement files.
+pub fn mask(proc_dir: &Path, scratch: &Path, with: &Replacements) -> Result<(), String> {
+    std::fs::create_dir(scratch).map_err(|e| format!("mkdir {scratch:?}: {e}"))?;
+    mount(
+        Some(Path::new("tmpfs")),
+        scratch,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some("size=64k,nr_inodes=16,mode=0755"),
+    )?;
+    let result = mask_with(proc_dir, scratch, with);
+    let c = std::ffi::CString::new(scratch.as_os_str().as_encoded_bytes())
+        .map_err(|_| "NUL in the scratch path".to_string())?;
+    // SAFETY: `c` is NUL-terminated; detaching the scratch tmpfs leaves the
+    // binds made from it in place.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    let _ = std::fs::remove_dir(scratch);
+    result
+}
+
+fn mask_with(proc_dir: &Path, scratch: &Path, with: &Replacements) -> Result<(), String> {
+    let write = |name: &str, body: &str| {
+        let p = scratch.join(name);
+        std::fs::write(&p, body).map_err(|e| format!("write {p:?}: {e}"))?;
+        Ok::<_, String>(p)
+    };
+    let empty = write("empty", "")?;
+    let boot_id = write("boot_id", &with.boot_id)?;
+    let kib = with.mem_total_kib;
+    let meminfo = write(
+        "meminfo",
+        &format!("MemTotal: {kib:>15} kB\nMemFree: {kib:>16} kB\nMemAvailable: {kib:>11} kB\n"),
+    )?;
+    let seal = libc::MOUNT_ATTR_RDONLY
+        | libc::MOUNT_ATTR_NOSUID
+        | libc::MOUNT_ATTR_NODEV
+        | libc::MOUNT_ATTR_NOEXEC;
+    let cover = |src: &Path, target: &Path| -> Result<(), String> {
+        if std::fs::symlink_metadata(target).is_err() {
+            return Ok(()); // not on this kernel
+        }
+        mount(Some(src), target, None, libc::MS_BIND, None)?;
+        restrict(target, seal, false)
+    };
+    for name in EMPTIED {
+        cover(&empty, &proc_dir.join(name))?;
+    }
+    cover(&meminfo, &proc_dir.join("meminfo"))?;
+    cover(&boot_id, &proc_dir.join("sys/kernel/random/boot_id"))?;
+    for dir in HIDDEN_DIRS {
+        let target = proc_dir.join(dir);
+        if !target.is_dir() {
+            continue;
+        }
+        mount(
+            Some(Path::new("tmpfs")),
+            &target,
+            Some("tmpfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some("size=4k,nr_inodes=2,mode=0555"),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! The plugin binary, staged in the host-private state directory.
+//!
+//! A bind mount shows its source's path within the source filesystem in
+//! the sandbox's mount table (`/proc/self/mountinfo`), so binding the
+//! plugin from where the operator installed it would tell the plugin that
+//! host path. The sandbox binds a copy instead, kept under
+//! `<state dir>/plugins/<key>/<name>`: the key is derived from the
+//! program's identity (device, inode, size, mtime, ctime), so the copy is
+//! made once per program version and the path reveals nothing of the host.
+
+use std::hash::{Hash, Hasher};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::{SandboxError, statedir};
+
+/// The staged copy of `program` (made now if there is none for this
+/// version of it).
+pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
+    let bad = |reason: String| SandboxError::BadPath {
+        what: "program",
+        path: program.to_path_buf(),
+        reason,
+    };
+    let md = std::fs::metadata(program).map_err(|e| bad(e.to_string()))?;
+    let name = program
+        .file_name()
+        .ok_or_else(|| bad("has no file name".into()))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        md.dev(),
+        md.ino(),
+        md.size(),
+        md.mtime(),
+        md.mtime_nsec(),
+        md.ctime(),
+        md.ctime_nsec(),
+    )
+        .hash(&mut h);
+    let plugins = statedir::subdir("plugins")?;
+    let dir = plugins.join(format!("{:016x}", h.finish()));
+    let staged = dir.join(name);
+    if std::fs::symlink_metadata(&staged).is_ok_and(|s| s.is_file() && s.size() == md.size()) {
+        return Ok(staged);
+    }
+    // Copy under a name of our own, then rename into place: a concurrent
+    // host staging the same program never sees a half-written file.
+    static N: AtomicU32 = AtomicU32::new(0);
+    let tmp = plugins.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let copy = || -> std::io::Result<()> {
+        std::fs::copy(program, &tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::rename(&tmp, &staged)
+    };
+    copy().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        SandboxError::Io {
+            op: "stage the plugin binary in the state directory",
+            source: e,
+        }
+    })?;
+    Ok(staged)
+}
