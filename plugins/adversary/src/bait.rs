@@ -78,6 +78,12 @@ pub struct Bait {
     pub fill_mib: Option<u64>,
     /// Empty files to create (C34), at most 1 000 000.
     pub inode_count: Option<u64>,
+    /// Levels of the directory chain (C34b), at most 100 000.
+    pub chain_depth: Option<u64>,
+    /// Host facts that must not be visible inside (C53b): host paths (of
+    /// the plugin, the workspace, the `sharedos` binary, TMPDIR, the
+    /// repository), the host's boot id and kernel command line.
+    pub host_facts: Vec<String>,
     /// fds to open (C35), at most 1 048 576.
     pub fd_count: Option<u64>,
     /// Seconds a hanging attack lasts if nobody kills it (C36–C41, C45), at most 3600.
@@ -103,6 +109,9 @@ impl Bait {
     }
     pub fn inode_count(&self) -> u64 {
         self.inode_count.unwrap_or(100_000).min(1_000_000)
+    }
+    pub fn chain_depth(&self) -> u64 {
+        self.chain_depth.unwrap_or(20_000).min(100_000)
     }
     pub fn fd_count(&self) -> u64 {
         self.fd_count.unwrap_or(65_536).min(1 << 20)

@@ -2,6 +2,7 @@
 //! workspace (sandbox.md C01–C08).
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -242,4 +243,106 @@ pub fn c08_protected_metadata(bait: &Bait) -> Receipt {
     let worked = config_ok || hook_ok;
     let verdict = if worked { "succeeded" } else { "blocked" };
     Receipt::judged(A, !worked, format!("{verdict}: {}", obs.join("; ")))
+}
+
+/// Issue 14, finding 1: a directory chain deep enough that a host removing
+/// the workspace with a recursive walk overflows its stack, and one that
+/// holds an fd per level runs out. Built with `mkdirat`/`openat` one level
+/// at a time (no recursion, two fds). The verdict is the host's: it must
+/// survive, return a result, and a later host must start cleanly.
+pub fn c34b_deep_directory_chain(bait: &Bait) -> Receipt {
+    const A: &str = "C34b-deep-directory-chain";
+    let want = bait.chain_depth();
+    let ws = bait.workspace();
+    let top = ws.join(format!("sharedos-chain-{}", std::process::id()));
+    let mut made = 0u64;
+    let stop = (|| -> Result<(), i32> {
+        let name = c"d";
+        let first = sys::cstring(&top);
+        // SAFETY: `first` is NUL-terminated.
+        if unsafe { libc::mkdir(first.as_ptr(), 0o755) } != 0 {
+            return Err(sys::errno());
+        }
+        let mut cur = sys::open(&top, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        while made < want {
+            // SAFETY: `cur` is an open directory fd, `name` NUL-terminated.
+            if unsafe { libc::mkdirat(cur.as_raw_fd(), name.as_ptr(), 0o755) } != 0 {
+                return Err(sys::errno());
+            }
+            made += 1;
+            // SAFETY: as above; the new fd is owned right away.
+            let fd = unsafe {
+                libc::openat(
+                    cur.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            cur = sys::owned(fd.into())?;
+        }
+        Ok(())
+    })();
+    let how = match stop {
+        Ok(()) => "built in full".to_string(),
+        Err(e) => format!("stopped by {}", describe_errno(e)),
+    };
+    Receipt::unjudged(
+        A,
+        format!(
+            "built a chain of {made} of {want} directories in {} ({how}); the host judges: \
+             it must survive the end of the turn and leave nothing",
+            ws.display()
+        ),
+    )
+}
+
+/// Issue 14, finding 2: files a later host user could run to become the
+/// sandbox uid. Plants a setuid (4755) and a plain executable (0755) script
+/// in every writable place (workspace, /tmp, /dev/shm), named with a marker
+/// the host searches for, then holds (the `then` half) so the host can
+/// look while the sandbox is alive. The verdict is the host's.
+pub fn c49b_plant_setuid_and_executable(bait: &Bait) -> Receipt {
+    const A: &str = "C49b-plant-setuid-and-executable";
+    let marker = format!("sharedos-planted-{}", std::process::id());
+    let mut notes = Vec::new();
+    for dir in [
+        bait.workspace(),
+        PathBuf::from("/tmp"),
+        PathBuf::from("/dev/shm"),
+    ] {
+        for (kind, mode) in [("setuid", 0o4755), ("exec", 0o755)] {
+            let p = dir.join(format!("{marker}-{kind}"));
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o755)
+                .open(&p)
+                .and_then(|mut f| f.write_all(b"#!/bin/sh\nid\n"))
+                .and_then(|()| {
+                    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                });
+            let mode_now = std::fs::metadata(&p)
+                .map(|m| {
+                    format!(
+                        "{:o}",
+                        std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777
+                    )
+                })
+                .unwrap_or_else(|e| describe_io(&e));
+            notes.push(match made {
+                Ok(()) => format!("planted {} mode {mode_now}", p.display()),
+                Err(e) => format!("{}: {}", p.display(), describe_io(&e)),
+            });
+        }
+    }
+    Receipt::unjudged(
+        A,
+        format!("marker {marker}; {}; the host judges", notes.join("; ")),
+    )
+}
+
+/// Hold the planted files in place while the host looks for them.
+pub fn c49b_then(bait: &Bait) {
+    std::thread::sleep(std::time::Duration::from_secs(bait.hang_secs()));
 }

@@ -261,3 +261,145 @@ pub fn c60_capabilities_left(_: &Bait) -> Receipt {
         format!("{}: {obs}", if none_left { "blocked" } else { "succeeded" }),
     )
 }
+
+/// Top-level `/proc` files never read by the walk: they block, are huge,
+/// or act on being opened.
+const PROC_SKIP: &[&str] = &[
+    "kmsg",
+    "kcore",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "sysrq-trigger",
+    "pagemap",
+    "mem",
+    "clear_refs",
+];
+
+/// Up to 64 KiB of `path`, opened non-blocking; `None` if unreadable.
+fn peek(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    buf.truncate(n);
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Everything of `/proc` a plugin can read, as (source, text): the
+/// top-level files, every process's cmdline, environ, comm, mount tables
+/// and exe/cwd/root links, and `/proc/sys` (at most 4000 files).
+fn proc_view() -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    let mut dirs = vec![PathBuf::from("/proc/sys")];
+    if let Ok(top) = std::fs::read_dir("/proc") {
+        for e in top.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let p = e.path();
+            if name.chars().all(|c| c.is_ascii_digit()) || name == "self" || name == "thread-self" {
+                for f in [
+                    "cmdline",
+                    "environ",
+                    "comm",
+                    "mountinfo",
+                    "mounts",
+                    "mountstats",
+                    "status",
+                ] {
+                    if let Some(t) = peek(&p.join(f)) {
+                        seen.push((format!("{}/{f}", p.display()), t));
+                    }
+                }
+                for l in ["exe", "cwd", "root"] {
+                    if let Ok(t) = std::fs::read_link(p.join(l)) {
+                        seen.push((format!("{}/{l}", p.display()), t.display().to_string()));
+                    }
+                }
+            } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+                if name != "sys" {
+                    dirs.push(p);
+                }
+            } else if !PROC_SKIP.contains(&name.as_str())
+                && let Some(t) = peek(&p)
+            {
+                seen.push((p.display().to_string(), t));
+            }
+        }
+    }
+    let mut budget = 4000;
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if budget == 0 {
+                return seen;
+            }
+            budget -= 1;
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => dirs.push(p),
+                Ok(t) if t.is_file() => {
+                    if let Some(t) = peek(&p) {
+                        seen.push((p.display().to_string(), t));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    seen
+}
+
+/// Issue 14, finding 5: host facts the plugin can read. Reads its whole
+/// `/proc` view and its environment, and looks for each host fact the host
+/// put in the bait (host paths, boot id, kernel command line). The mount
+/// table, every command line and the environment go into the receipt
+/// verbatim, so the host checks them itself.
+pub fn c53b_host_facts(bait: &Bait) -> Receipt {
+    const A: &str = "C53b-host-facts-in-proc";
+    let mut seen = proc_view();
+    seen.extend(std::env::vars().map(|(k, v)| (format!("env {k}"), v)));
+    let facts: Vec<&String> = bait.host_facts.iter().filter(|f| f.len() >= 4).collect();
+    let hits: Vec<String> = seen
+        .iter()
+        .flat_map(|(src, text)| {
+            facts
+                .iter()
+                .filter(|f| text.contains(f.as_str()))
+                .map(move |f| format!("{f:?} in {src}"))
+        })
+        .collect();
+    let verbatim: Vec<String> = seen
+        .iter()
+        .filter(|(src, _)| {
+            src.starts_with("env ")
+                || ["mountinfo", "cmdline", "/exe", "/comm", "boot_id"]
+                    .iter()
+                    .any(|s| src.ends_with(s))
+        })
+        .map(|(src, t)| format!("[{src}] {}", t.replace('\0', " ")))
+        .collect();
+    let observed = format!(
+        "read {} sources; host facts found: [{}]; verbatim: {}",
+        seen.len(),
+        hits.join(", "),
+        verbatim.join(" ")
+    );
+    if facts.is_empty() {
+        Receipt::unjudged(A, observed)
+    } else {
+        Receipt::judged(A, hits.is_empty(), observed)
+    }
+}

@@ -256,6 +256,13 @@ pub const CATALOGUE: &[Attack] = &[
         None,
         "inode_count, workspace",
     ),
+    sel(
+        "C34b",
+        "deep-directory-chain",
+        c34b_deep_directory_chain,
+        None,
+        "chain_depth, workspace",
+    ),
     sel("C35", "fd-exhaustion", c35_fd_exhaustion, None, "fd_count"),
     sel(
         "C36",
@@ -370,6 +377,13 @@ pub const CATALOGUE: &[Attack] = &[
         c49_setuid_binary,
         "setuid_binary, setuid_args",
     ),
+    sel(
+        "C49b",
+        "plant-setuid-and-executable",
+        c49b_plant_setuid_and_executable,
+        Some(c49b_then),
+        "workspace, hang_secs",
+    ),
     a(
         "C50",
         "file-capabilities-binary",
@@ -379,6 +393,7 @@ pub const CATALOGUE: &[Attack] = &[
     a("C51", "dev-node-access", c51_dev_access, ""),
     a("C52", "proc-sysrq-and-sys-writes", c52_proc_sys_writes, ""),
     a("C53", "sys-access", c53_sys_access, ""),
+    a("C53b", "host-facts-in-proc", c53b_host_facts, "host_facts"),
     a("C54", "tiocsti-tioclinux-injection", c54_tiocsti, ""),
     a(
         "C55",
