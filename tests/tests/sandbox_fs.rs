@@ -280,3 +280,65 @@ fn no_host_fact_is_visible_inside() {
     // ...and the plugin's, over its whole /proc view.
     assert_eq!(r["blocked"], true, "{observed}");
 }
+
+/// Run `program args` in the default sandbox (tmpfs workspace); its stdout.
+fn run_in_sandbox(program: &str, args: &[&str]) -> String {
+    use std::io::Read;
+    let mut child = sharedos_sandbox::spawn(&SpawnSpec {
+        helper_exe: helper_exe(),
+        program: program.into(),
+        args: args.iter().map(Into::into).collect(),
+        env: vec![],
+        policy: SandboxPolicy::default(),
+        workspace: None,
+    })
+    .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+    let mut out = String::new();
+    std::fs::File::from(child.stdout.take().unwrap())
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut err = String::new();
+    std::fs::File::from(child.stderr.take().unwrap())
+        .read_to_string(&mut err)
+        .unwrap();
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{program}: {st}; stderr: {err}");
+    out
+}
+
+#[test]
+fn python_and_node_run_with_the_default_binds_and_host_config_stays_out() {
+    // The host has the configuration the default binds leave out.
+    assert!(Path::new("/usr/local/etc").is_dir());
+    let py = run_in_sandbox(
+        "/usr/bin/python3.11",
+        &[
+            "-c",
+            "import json, os, threading, subprocess, tempfile\n\
+             t = threading.Thread(target=lambda: None); t.start(); t.join()\n\
+             open('/workspace/f', 'w').write('x')\n\
+             r = subprocess.run(['/bin/sh', '-c', 'echo sub'], capture_output=True, text=True)\n\
+             print(json.dumps({'sub': r.stdout.strip(), 'ws': os.listdir('/workspace'),\n\
+               'usr_local_etc': os.path.exists('/usr/local/etc'), 'tmp': tempfile.gettempdir()}))",
+        ],
+    );
+    let v: Value = serde_json::from_str(py.trim()).unwrap_or_else(|e| panic!("{e}: {py}"));
+    assert_eq!(v["sub"], "sub", "{py}");
+    assert_eq!(v["ws"], json!(["f"]), "{py}");
+    assert_eq!(v["usr_local_etc"], false, "{py}");
+    assert_eq!(v["tmp"], "/tmp", "{py}");
+    let node = run_in_sandbox(
+        "/usr/bin/node",
+        &[
+            "-e",
+            "const fs = require('fs'); const cp = require('child_process');\n\
+             fs.writeFileSync('/workspace/n', 'y');\n\
+             setTimeout(() => console.log(JSON.stringify({sub: cp.execFileSync('/bin/sh', ['-c', 'echo sub']).toString().trim(),\n\
+               ws: fs.readdirSync('/workspace'), usrLocalEtc: fs.existsSync('/usr/local/etc')})), 10);",
+        ],
+    );
+    let v: Value = serde_json::from_str(node.trim()).unwrap_or_else(|e| panic!("{e}: {node}"));
+    assert_eq!(v["sub"], "sub", "{node}");
+    assert_eq!(v["ws"], json!(["n"]), "{node}");
+    assert_eq!(v["usrLocalEtc"], false, "{node}");
+}

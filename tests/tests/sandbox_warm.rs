@@ -2,8 +2,8 @@
 //! policy), through the whole host with the real helper: the first turn
 //! builds its sandbox, later ones take a prepared one (and say so in their
 //! provenance) at the same level; each prepared sandbox has its own fresh
-//! workspace, removed with its turn; dropping the runtime leaves no
-//! process and no workspace; a sandbox that cannot be built refuses every
+//! workspace (a tmpfs in its own mount namespace, never on the host), gone
+//! with its turn; dropping the runtime leaves no process and no workspace; a sandbox that cannot be built refuses every
 //! turn without a prepared one ever standing in for it. One test per
 //! binary: it counts every descendant of this process.
 
@@ -29,7 +29,57 @@ fn request(id: &str) -> ExecutionRequest {
     r
 }
 
-/// This host's per-turn workspaces (`sharedos-ws-<pid>-*`).
+/// The deepest process below `pid` (the prepared tree's waiting plugin
+/// process), following first children.
+fn deepest(pid: u32) -> u32 {
+    let mut p = pid;
+    for _ in 0..8 {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        match kids.split_whitespace().next().and_then(|k| k.parse().ok()) {
+            Some(k) => p = k,
+            None => break,
+        }
+    }
+    p
+}
+
+/// The workspace of each prepared sandbox ready now, seen from the host
+/// through its waiting process's root: (unique mount id, empty). Mount ids
+/// from `STATX_MNT_ID_UNIQUE` are never reused, so a new id is a new tmpfs.
+fn spare_workspaces(launcher: &SandboxLauncher) -> Vec<(u64, bool)> {
+    launcher
+        .warm_pids()
+        .iter()
+        .map(|&pid| {
+            let ws = format!("/proc/{}/root/workspace", deepest(pid as u32));
+            let entries = std::fs::read_dir(&ws).unwrap_or_else(|e| panic!("{ws}: {e}"));
+            let c = std::ffi::CString::new(ws.clone()).unwrap();
+            // SAFETY: statx is plain old data; the kernel fills it.
+            let mut st: libc::statx = unsafe { std::mem::zeroed() };
+            // SAFETY: `c` is NUL-terminated and `st` a valid out pointer.
+            let rc = unsafe {
+                libc::statx(
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    0,
+                    libc::STATX_MNT_ID_UNIQUE,
+                    &mut st,
+                )
+            };
+            assert_eq!(rc, 0, "statx {ws}: {}", std::io::Error::last_os_error());
+            assert_ne!(
+                st.stx_mask & libc::STATX_MNT_ID_UNIQUE,
+                0,
+                "no unique mount id"
+            );
+            (st.stx_mnt_id, entries.count() == 0)
+        })
+        .collect()
+}
+
+/// Host workspaces of this host (`sharedos-ws-<pid>-*`): a sandbox with a
+/// mount namespace never has one.
 fn workspaces() -> Vec<PathBuf> {
     let prefix = format!("sharedos-ws-{}-", std::process::id());
     let mut v: Vec<PathBuf> = std::fs::read_dir(std::env::temp_dir())
@@ -105,11 +155,13 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         let exec = executor(launcher.clone(), dir.path());
 
         // The runtime prepares its sandbox as soon as it exists: a live
-        // tree of this host with a fresh, empty workspace of its own.
+        // tree of this host with a fresh, empty workspace of its own, which
+        // is not on the host.
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
-        let mut spare_ws = workspaces();
+        let mut spare_ws = spare_workspaces(&launcher);
         assert_eq!(spare_ws.len(), 1, "{spare_ws:?}");
-        assert!(std::fs::read_dir(&spare_ws[0]).unwrap().next().is_none());
+        assert!(spare_ws[0].1, "the workspace is not empty");
+        assert!(workspaces().is_empty(), "{:?}", workspaces());
         assert!(!descendants(me).is_empty(), "no prepared tree is alive");
         let first = exec
             .execute(request("warm-1"), ExecuteOptions::default())
@@ -120,9 +172,12 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         assert_eq!(sandbox_of(&first)["prepared"], true);
         sharedos_host::process::settle_kills();
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
-        let now = workspaces();
+        let now = spare_workspaces(&launcher);
         assert_eq!(now.len(), 1, "{now:?}");
-        assert_ne!(now, spare_ws, "a workspace was reused");
+        assert!(
+            now[0].1 && now[0].0 != spare_ws[0].0,
+            "a workspace was reused"
+        );
         spare_ws = now;
 
         // The same from a plain launcher that never prepares: the report
@@ -161,9 +216,12 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             sharedos_host::process::settle_kills();
             // The turn's workspace went with it; the next one is new.
             assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
-            let now = workspaces();
+            let now = spare_workspaces(&launcher);
             assert_eq!(now.len(), 1, "{now:?}");
-            assert_ne!(now, spare_ws, "turn {i}: a workspace was reused");
+            assert!(
+                now[0].1 && now[0].0 != spare_ws[0].0,
+                "turn {i}: a workspace was reused"
+            );
             spare_ws = now;
         }
 
@@ -193,7 +251,8 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         assert_eq!(sandbox_of(&r)["level"], "strong");
         sharedos_host::process::settle_kills();
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
-        assert_eq!(workspaces().len(), 1, "{:?}", workspaces());
+        assert_eq!(spare_workspaces(&launcher).len(), 1);
+        assert!(workspaces().is_empty(), "{:?}", workspaces());
 
         // Turns at once: each gets a sandbox of its own, prepared or built
         // in its path, never one shared.
