@@ -13,7 +13,9 @@ use std::path::Path;
 use crate::mounts::{mount, restrict};
 
 /// Files replaced by an empty one (those that exist on this kernel).
-pub const EMPTIED: [&str; 25] = [
+/// Files only root can read (`kcore`, `slabinfo`, `pagetypeinfo`, ...)
+/// stay unreadable without a mask.
+pub const EMPTIED: [&str; 19] = [
     "cmdline",
     "loadavg",
     "stat",
@@ -22,8 +24,6 @@ pub const EMPTIED: [&str; 25] = [
     "softirqs",
     "zoneinfo",
     "buddyinfo",
-    "pagetypeinfo",
-    "slabinfo",
     "vmstat",
     "diskstats",
     "partitions",
@@ -35,13 +35,10 @@ pub const EMPTIED: [&str; 25] = [
     "modules",
     "keys",
     "key-users",
-    "kcore",
-    "sysrq-trigger",
-    "iomem",
-    "ioports",
 ];
 
-/// Directories of host-wide figures, covered by an empty read-only tmpfs.
+/// Directories of host-wide figures, covered by an empty read-only
+/// directory.
 pub const HIDDEN_DIRS: [&str; 8] = [
     "pressure", "acpi", "scsi", "irq", "bus", "fs", "driver", "tty",
 ];
@@ -113,22 +110,29 @@ fn mask_with(proc_dir: &Path, scratch: &Path, with: &Replacements) -> Result<(),
         Ok::<_, String>(p)
     };
     let empty = write("empty", "")?;
+    let empty_dir = scratch.join("dir");
+    std::fs::create_dir(&empty_dir).map_err(|e| format!("mkdir {empty_dir:?}: {e}"))?;
     let boot_id = write("boot_id", &with.boot_id)?;
     let kib = with.mem_total_kib;
     let meminfo = write(
         "meminfo",
         &format!("MemTotal: {kib:>15} kB\nMemFree: {kib:>16} kB\nMemAvailable: {kib:>11} kB\n"),
     )?;
-    let seal = libc::MOUNT_ATTR_RDONLY
-        | libc::MOUNT_ATTR_NOSUID
-        | libc::MOUNT_ATTR_NODEV
-        | libc::MOUNT_ATTR_NOEXEC;
+    // Sealed once: every bind below copies the scratch mount's flags
+    // (read-only, nosuid, nodev, noexec), so no bind needs its own call.
+    restrict(
+        scratch,
+        libc::MOUNT_ATTR_RDONLY
+            | libc::MOUNT_ATTR_NOSUID
+            | libc::MOUNT_ATTR_NODEV
+            | libc::MOUNT_ATTR_NOEXEC,
+        false,
+    )?;
     let cover = |src: &Path, target: &Path| -> Result<(), String> {
-        if std::fs::symlink_metadata(target).is_err() {
-            return Ok(()); // not on this kernel
+        match std::fs::symlink_metadata(target) {
+            Ok(_) => mount(Some(src), target, None, libc::MS_BIND, None),
+            Err(_) => Ok(()), // not on this kernel
         }
-        mount(Some(src), target, None, libc::MS_BIND, None)?;
-        restrict(target, seal, false)
     };
     for name in EMPTIED {
         cover(&empty, &proc_dir.join(name))?;
@@ -136,17 +140,7 @@ fn mask_with(proc_dir: &Path, scratch: &Path, with: &Replacements) -> Result<(),
     cover(&meminfo, &proc_dir.join("meminfo"))?;
     cover(&boot_id, &proc_dir.join("sys/kernel/random/boot_id"))?;
     for dir in HIDDEN_DIRS {
-        let target = proc_dir.join(dir);
-        if !target.is_dir() {
-            continue;
-        }
-        mount(
-            Some(Path::new("tmpfs")),
-            &target,
-            Some("tmpfs"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            Some("size=4k,nr_inodes=2,mode=0555"),
-        )?;
+        cover(&empty_dir, &proc_dir.join(dir))?;
     }
     Ok(())
 }

@@ -37,7 +37,8 @@ fn run_program(program: &Path, args: &[&str], ws: &tempfile::TempDir) -> serde_j
         args: args.iter().map(Into::into).collect(),
         env: vec![("SHAREDOS_RUNTIME_PROBE".into(), "from-the-host".into())],
         policy: SandboxPolicy::default(),
-        workspace: ws.path().to_path_buf(),
+        // A host workspace: the scripts are written there before the spawn.
+        workspace: Some(ws.path().to_path_buf()),
     };
     let mut child = spawn(&spec).expect("spawn the runtime");
     assert_eq!(child.report.level, SandboxLevel::Strong);

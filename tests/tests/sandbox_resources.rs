@@ -135,19 +135,19 @@ fn c34_inode_exhaustion_stops_at_the_tmpfs_inode_cap() {
 }
 
 #[test]
-fn c34_inode_exhaustion_of_the_workspace_is_bounded_only_by_the_turn() {
-    // The workspace is a host directory with no inode quota (sandbox.md C
-    // row 34: no layer; docs/SECURITY.md "Known limits": a plugin can leave
-    // many files). What the host guarantees is that it goes with the turn.
-    let (_, r) = resource_turn(
-        "C34",
-        SandboxPolicy::default(),
-        json!({"inode_count": 5000}),
-    );
-    assert_eq!(r["attempted"], true, "C34: {r}");
-    assert_eq!(
-        r["blocked"], false,
-        "C34 on the workspace: no quota exists; if this starts failing, a quota was added: {r}"
+fn c34_inode_exhaustion_of_the_workspace_stops_at_its_tmpfs_inode_cap() {
+    // The workspace is a tmpfs of the sandbox's own (sandbox.md C34), with
+    // the same inode cap as /tmp.
+    let policy = SandboxPolicy {
+        tmpfs_nr_inodes: 2048,
+        ..SandboxPolicy::default()
+    };
+    let (_, r) = resource_turn("C34", policy, json!({"inode_count": 5000}));
+    stopped(
+        &r,
+        "C34 inode-exhaustion (workspace)",
+        "tmpfs nr_inodes",
+        "ENOSPC",
     );
 }
 

@@ -210,15 +210,35 @@ fn wait_for_start(pipe: &ReportPipe) {
 }
 
 fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe: &Path) -> Grants {
-    let mut read: Vec<PathBuf> = req.policy.ro_paths.iter().map(PathBuf::from).collect();
-    read.extend(req.policy.extra_ro_paths.iter().map(PathBuf::from));
+    let mut read: Vec<PathBuf> = Vec::new();
     let mut write = vec![workdir.to_path_buf(), tmpdir.to_path_buf()];
     if mountns {
-        // Inside the minimal root: /etc holds only the selected entries,
-        // /proc is our own.
-        read.extend(["/etc", "/proc", mounts::PLUGIN_DIR].map(PathBuf::from));
+        // Inside the minimal root, a top directory holds only what the
+        // policy bound there: one rule per top directory instead of one
+        // per bound path (each rule costs an open), /etc holding only the
+        // selected entries, /proc our own.
+        const TOPS: [&str; 10] = [
+            "/usr",
+            "/bin",
+            "/sbin",
+            "/lib",
+            "/lib64",
+            "/lib32",
+            "/libx32",
+            "/etc",
+            "/proc",
+            mounts::PLUGIN_DIR,
+        ];
+        read.extend(TOPS.map(PathBuf::from));
+        let all = req.policy.ro_paths.iter().chain(&req.policy.extra_ro_paths);
+        read.extend(
+            all.map(PathBuf::from)
+                .filter(|p| !TOPS.iter().any(|t| p.starts_with(t))),
+        );
         write.push(PathBuf::from("/dev/shm"));
     } else {
+        read.extend(req.policy.ro_paths.iter().map(PathBuf::from));
+        read.extend(req.policy.extra_ro_paths.iter().map(PathBuf::from));
         // Host view: only the selected /etc entries, and the binary.
         read.extend(
             [
