@@ -270,19 +270,11 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     crate::timing::stamp("pid1", "root: /dev built");
     let mut warnings = warnings;
     // Our own procfs: only the processes of the new pid namespace, its
-    // host-wide files masked (the scratch dir lives in /dev, writable until
-    // it is sealed below).
+    // host-wide files masked.
     if !spec.with_proc {
         warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
     } else {
-        mount(
-            Some(Path::new("proc")),
-            &proc_dir,
-            Some("proc"),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            None,
-        )?;
-        crate::procmask::mask(&proc_dir, &dev.join(".mask"), &spec.proc_replacements)?;
+        crate::procmask::mount_masked(&proc_dir, &spec.proc_replacements)?;
     }
     restrict(&dev, libc::MOUNT_ATTR_RDONLY, false)?;
     crate::timing::stamp("pid1", "root: /proc mounted and masked");

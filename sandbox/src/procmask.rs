@@ -5,8 +5,8 @@
 //! kernel symbols and modules. Each is covered by a read-only bind of a file
 //! of a tiny tmpfs of our own (a fresh boot id, a small `meminfo` with the
 //! sandbox's own bound, empty files for the rest), and the directories of
-//! host-wide figures by an empty read-only tmpfs. Runs in pid 1 after the
-//! procfs is mounted, before `pivot_root`.
+//! host-wide figures by an empty read-only directory of the same tmpfs.
+//! Runs in pid 1, before `pivot_root`.
 
 use std::path::Path;
 
@@ -81,66 +81,78 @@ impl Replacements {
     }
 }
 
-/// Mask the host-wide files of the procfs mounted at `proc_dir`, using
-/// `scratch` (an empty directory on a writable mount, removed again) for
-/// the replacement files.
-pub fn mask(proc_dir: &Path, scratch: &Path, with: &Replacements) -> Result<(), String> {
-    std::fs::create_dir(scratch).map_err(|e| format!("mkdir {scratch:?}: {e}"))?;
+/// Mount the sandbox's procfs at `proc_dir` with its host-wide files
+/// masked. The replacement files live on a tiny tmpfs mounted at
+/// `proc_dir` first and sealed read-only; the procfs is mounted over it and
+/// each file is bound from an fd taken before. The tmpfs stays below the
+/// procfs, unreachable by path: no unmount, which would cost an RCU grace
+/// period per spawn.
+pub fn mount_masked(proc_dir: &Path, with: &Replacements) -> Result<(), String> {
     mount(
         Some(Path::new("tmpfs")),
-        scratch,
+        proc_dir,
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        Some("size=64k,nr_inodes=16,mode=0755"),
+        Some("size=64k,nr_inodes=16,mode=0555"),
     )?;
-    let result = mask_with(proc_dir, scratch, with);
-    let c = std::ffi::CString::new(scratch.as_os_str().as_encoded_bytes())
-        .map_err(|_| "NUL in the scratch path".to_string())?;
-    // SAFETY: `c` is NUL-terminated; detaching the scratch tmpfs leaves the
-    // binds made from it in place.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    let _ = std::fs::remove_dir(scratch);
-    result
-}
-
-fn mask_with(proc_dir: &Path, scratch: &Path, with: &Replacements) -> Result<(), String> {
     let write = |name: &str, body: &str| {
-        let p = scratch.join(name);
+        let p = proc_dir.join(name);
         std::fs::write(&p, body).map_err(|e| format!("write {p:?}: {e}"))?;
         Ok::<_, String>(p)
     };
-    let empty = write("empty", "")?;
-    let empty_dir = scratch.join("dir");
-    std::fs::create_dir(&empty_dir).map_err(|e| format!("mkdir {empty_dir:?}: {e}"))?;
-    let boot_id = write("boot_id", &with.boot_id)?;
     let kib = with.mem_total_kib;
-    let meminfo = write(
-        "meminfo",
-        &format!("MemTotal: {kib:>15} kB\nMemFree: {kib:>16} kB\nMemAvailable: {kib:>11} kB\n"),
-    )?;
-    // Sealed once: every bind below copies the scratch mount's flags
-    // (read-only, nosuid, nodev, noexec), so no bind needs its own call.
+    let sources = [
+        write("empty", "")?,
+        write("boot_id", &with.boot_id)?,
+        write(
+            "meminfo",
+            &format!("MemTotal: {kib:>15} kB\nMemFree: {kib:>16} kB\nMemAvailable: {kib:>11} kB\n"),
+        )?,
+        {
+            let d = proc_dir.join("dir");
+            std::fs::create_dir(&d).map_err(|e| format!("mkdir {d:?}: {e}"))?;
+            d
+        },
+    ];
+    // Sealed once: every bind below copies this mount's flags (read-only,
+    // nosuid, nodev, noexec), so no bind needs its own call.
     restrict(
-        scratch,
+        proc_dir,
         libc::MOUNT_ATTR_RDONLY
             | libc::MOUNT_ATTR_NOSUID
             | libc::MOUNT_ATTR_NODEV
             | libc::MOUNT_ATTR_NOEXEC,
         false,
     )?;
-    let cover = |src: &Path, target: &Path| -> Result<(), String> {
+    let mut fds = Vec::with_capacity(sources.len());
+    for p in &sources {
+        let f = std::fs::File::open(p).map_err(|e| format!("open {p:?}: {e}"))?;
+        fds.push(f);
+    }
+    mount(
+        Some(Path::new("proc")),
+        proc_dir,
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )?;
+    let src = |i: usize| {
+        use std::os::fd::AsRawFd;
+        std::path::PathBuf::from(format!("/proc/self/fd/{}", fds[i].as_raw_fd()))
+    };
+    let cover = |i: usize, target: &Path| -> Result<(), String> {
         match std::fs::symlink_metadata(target) {
-            Ok(_) => mount(Some(src), target, None, libc::MS_BIND, None),
+            Ok(_) => mount(Some(&src(i)), target, None, libc::MS_BIND, None),
             Err(_) => Ok(()), // not on this kernel
         }
     };
     for name in EMPTIED {
-        cover(&empty, &proc_dir.join(name))?;
+        cover(0, &proc_dir.join(name))?;
     }
-    cover(&meminfo, &proc_dir.join("meminfo"))?;
-    cover(&boot_id, &proc_dir.join("sys/kernel/random/boot_id"))?;
+    cover(1, &proc_dir.join("sys/kernel/random/boot_id"))?;
+    cover(2, &proc_dir.join("meminfo"))?;
     for dir in HIDDEN_DIRS {
-        cover(&empty_dir, &proc_dir.join(dir))?;
+        cover(3, &proc_dir.join(dir))?;
     }
     Ok(())
 }
