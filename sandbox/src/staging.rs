@@ -3,7 +3,8 @@
 //! A bind mount shows its source's path within the source filesystem in
 //! the sandbox's mount table (`/proc/self/mountinfo`), so binding the
 //! plugin from where the operator installed it would tell the plugin that
-//! host path. The sandbox binds a copy instead, kept under
+//! host path. The sandbox binds a hard link to it (a copy across
+//! filesystems) instead, kept under
 //! `<state dir>/plugins/<key>/<name>`: the key is derived from the
 //! program's identity (device, inode, size, mtime, ctime), so the copy is
 //! made once per program version and the path reveals nothing of the host.
@@ -39,6 +40,8 @@ pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
     )
         .hash(&mut h);
     let plugins = statedir::subdir("plugins")?;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_orphans(&plugins));
     let dir = plugins.join(format!("{:016x}", h.finish()));
     let staged = dir.join(name);
     if std::fs::symlink_metadata(&staged).is_ok_and(|s| s.is_file() && s.size() == md.size()) {
@@ -53,8 +56,13 @@ pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
         N.fetch_add(1, Ordering::Relaxed)
     ));
     let copy = || -> std::io::Result<()> {
-        std::fs::copy(program, &tmp)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        // A hard link where the program is on the same filesystem (no
+        // space used; the mount table shows the link's path all the same),
+        // else a copy.
+        if std::fs::hard_link(program, &tmp).is_err() {
+            std::fs::copy(program, &tmp)?;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        }
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -70,4 +78,29 @@ pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
         }
     })?;
     Ok(staged)
+}
+
+/// Once per process: remove staged binaries nothing else links to any
+/// more (the program they link to was deleted, or a copy) and whose inode
+/// has not changed for an hour. A host still using one stages it again
+/// at its next spawn.
+fn sweep_orphans(plugins: &Path) {
+    let Ok(entries) = std::fs::read_dir(plugins) else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    for dir in entries.flatten() {
+        let Ok(files) = std::fs::read_dir(dir.path()) else {
+            continue;
+        };
+        let orphaned = files.flatten().all(|f| {
+            f.metadata()
+                .is_ok_and(|m| m.nlink() == 1 && now - m.ctime() > 3600)
+        });
+        if orphaned && !dir.file_name().to_string_lossy().starts_with('.') {
+            let _ = crate::removal::remove_tree(&dir.path());
+        }
+    }
 }
