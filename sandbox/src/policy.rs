@@ -29,8 +29,15 @@ pub struct SandboxPolicy {
     pub shm_size_bytes: u64,
     /// Inode cap of each private tmpfs.
     pub tmpfs_nr_inodes: u64,
-    /// The uid (and gid) the plugin runs as when the host is root.
-    pub sandbox_uid: u32,
+    /// The uids (and gids) sandboxes run as when the host is root: one
+    /// per live sandbox, machine-wide (docs/SECURITY.md, "One uid per
+    /// sandbox").
+    pub uids: UidPolicy,
+    /// SysV IPC limits written into the sandbox's own ipc namespace.
+    pub ipc: IpcLimits,
+    /// Per-user-namespace ceilings written into the sandbox's own user
+    /// namespace (`/proc/sys/user/*`).
+    pub ceilings: NsCeilings,
     /// Host paths bound read-only into the sandbox root (besides the system
     /// directories). Each must exist; a missing one is reported and skipped.
     pub extra_ro_paths: Vec<String>,
@@ -93,7 +100,9 @@ impl Default for SandboxPolicy {
             tmp_size_bytes: 128 << 20,
             shm_size_bytes: 64 << 20,
             tmpfs_nr_inodes: 16_384,
-            sandbox_uid: 65534,
+            uids: UidPolicy::default(),
+            ipc: IpcLimits::default(),
+            ceilings: NsCeilings::default(),
             extra_ro_paths: Vec::new(),
             env_allowlist: [
                 "PATH",
@@ -174,10 +183,12 @@ pub struct Rlimits {
     pub nofile: Option<u64>,
     /// `RLIMIT_FSIZE`, bytes: the largest file the plugin can write.
     pub fsize: Option<u64>,
-    /// `RLIMIT_DATA`, bytes. Preferred over `RLIMIT_AS`, which breaks
-    /// runtimes that reserve large address ranges (V8, the JVM).
+    /// `RLIMIT_DATA`, bytes (private memory only: shared mappings, SysV
+    /// shm and memfd escape it, which is why `address_space` is on too).
     pub data: Option<u64>,
-    /// `RLIMIT_AS`, bytes (off by default, see `data`).
+    /// `RLIMIT_AS`, bytes: every mapping of a process, shared or private,
+    /// counts. Measured (docs/SECURITY.md): Node 20 with a worker thread
+    /// needs 2 GiB (V8 reserves address space), Python 3.11 runs in 1 GiB.
     pub address_space: Option<u64>,
     /// `RLIMIT_NPROC` (only effective for a non-root uid).
     pub nproc: Option<u64>,
@@ -189,6 +200,8 @@ pub struct Rlimits {
     pub msgqueue: Option<u64>,
     /// `RLIMIT_RTPRIO`.
     pub rtprio: Option<u64>,
+    /// `RLIMIT_SIGPENDING`: queued signals of the sandbox uid.
+    pub sigpending: Option<u64>,
 }
 
 impl Default for Rlimits {
@@ -198,12 +211,13 @@ impl Default for Rlimits {
             nofile: Some(1024),
             fsize: Some(1 << 30),
             data: Some(4 << 30),
-            address_space: None,
+            address_space: Some(4 << 30),
             nproc: Some(256),
             cpu_seconds: Some(3600),
             memlock: Some(64 << 10),
             msgqueue: Some(0),
             rtprio: Some(0),
+            sigpending: Some(512),
         }
     }
 }
@@ -230,6 +244,89 @@ impl Default for CgroupPolicy {
             enabled: true,
             pids_max: Some(512),
             memory_max: None,
+        }
+    }
+}
+
+/// Where sandbox uids come from. Uid and gid are the same number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct UidPolicy {
+    /// First uid of the range.
+    pub first: u32,
+    /// Number of uids (the most sandboxes alive at once on the machine).
+    pub count: u32,
+    /// Refuse to spawn when no uid of its own can be given (a host not
+    /// running as root shares its own uid with every sandbox; without
+    /// this the report says so and the spawn goes ahead).
+    pub required: bool,
+}
+
+impl Default for UidPolicy {
+    fn default() -> Self {
+        UidPolicy {
+            first: 0x6000_0000,
+            count: 4096,
+            required: false,
+        }
+    }
+}
+
+/// SysV IPC limits of the sandbox's ipc namespace (`kernel.shm*`,
+/// `kernel.msg*`). `None` leaves the kernel's default for a new namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct IpcLimits {
+    /// `kernel.shmmax`: largest segment, bytes.
+    pub shmmax: Option<u64>,
+    /// `kernel.shmall`: all segments together, bytes (written in pages).
+    pub shmall_bytes: Option<u64>,
+    /// `kernel.shmmni`: number of segments.
+    pub shmmni: Option<u64>,
+    /// `kernel.msgmax`: largest message, bytes.
+    pub msgmax: Option<u64>,
+    /// `kernel.msgmnb`: bytes one queue holds.
+    pub msgmnb: Option<u64>,
+    /// `kernel.msgmni`: number of queues.
+    pub msgmni: Option<u64>,
+}
+
+impl Default for IpcLimits {
+    fn default() -> Self {
+        IpcLimits {
+            shmmax: Some(16 << 20),
+            shmall_bytes: Some(32 << 20),
+            shmmni: Some(32),
+            msgmax: Some(8192),
+            msgmnb: Some(16384),
+            msgmni: Some(16),
+        }
+    }
+}
+
+/// Ceilings of the sandbox's user namespace (`/proc/sys/user/<name>`).
+/// They bind the sandbox below the per-uid limits of the host. `None`
+/// leaves the value the kernel gives a new namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct NsCeilings {
+    pub max_inotify_instances: Option<u64>,
+    pub max_inotify_watches: Option<u64>,
+    pub max_fanotify_groups: Option<u64>,
+    pub max_fanotify_marks: Option<u64>,
+    /// Applied to every `max_*_namespaces` (user, mnt, pid, net, ipc,
+    /// uts, cgroup, time): the plugin never needs a namespace of its own.
+    pub max_namespaces: Option<u64>,
+}
+
+impl Default for NsCeilings {
+    fn default() -> Self {
+        NsCeilings {
+            max_inotify_instances: Some(64),
+            max_inotify_watches: Some(8192),
+            max_fanotify_groups: Some(0),
+            max_fanotify_marks: Some(0),
+            max_namespaces: Some(0),
         }
     }
 }
