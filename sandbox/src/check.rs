@@ -86,7 +86,12 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         &r.uid_drop,
         format!(" (plugin uid {})", r.host_uid),
     )?;
-    line(out, "own_uid", &r.own_uid, " (no other live sandbox has it)".into())?;
+    line(
+        out,
+        "own_uid",
+        &r.own_uid,
+        " (no other live sandbox has it)".into(),
+    )?;
     writeln!(
         out,
         "  {:<14} {}",
@@ -112,7 +117,12 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
     line(out, "cgroupns", &r.cgroupns, String::new())?;
     line(out, "rlimits", &r.rlimits_status, String::new())?;
     line(out, "ceilings", &r.ceilings_status, listing(&r.ceilings))?;
-    line(out, "ipc_limits", &r.ipc_limits_status, listing(&r.ipc_limits))?;
+    line(
+        out,
+        "ipc_limits",
+        &r.ipc_limits_status,
+        listing(&r.ipc_limits),
+    )?;
     line(out, "caps", &r.caps, String::new())?;
     writeln!(
         out,

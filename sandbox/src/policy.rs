@@ -236,6 +236,9 @@ pub struct CgroupPolicy {
     /// the cgroup v2 hierarchy in use (never by moving a process between
     /// v1 memory cgroups).
     pub memory_max: Option<u64>,
+    /// `memory.swap.max`, written with `memory_max` (0: the tree's pages
+    /// are never swapped out from under the bound).
+    pub memory_swap_max: Option<u64>,
 }
 
 impl Default for CgroupPolicy {
@@ -244,6 +247,7 @@ impl Default for CgroupPolicy {
             enabled: true,
             pids_max: Some(512),
             memory_max: None,
+            memory_swap_max: Some(0),
         }
     }
 }

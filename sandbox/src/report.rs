@@ -268,7 +268,9 @@ pub(crate) fn fix_for(layer: &str) -> &'static str {
         "caps" => "do not run the helper with ambient capabilities or a locked bounding set",
         "no_new_privs" => "use a kernel with PR_SET_NO_NEW_PRIVS (3.5+)",
         "rlimits" => "enable the rlimits layer in the runtime's sandbox policy",
-        "ceilings" => "give the sandbox a user namespace of its own (layers.userns) on a kernel with /proc/sys/user",
+        "ceilings" => {
+            "give the sandbox a user namespace of its own (layers.userns) on a kernel with /proc/sys/user"
+        }
         _ => "enable the layer in the runtime's sandbox policy",
     }
 }

@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use crate::SandboxError;
 use crate::cgroup::{self, PluginCgroup};
-use crate::uid::{self, UidLease};
 use crate::forkserver::{self, ForkError};
 use crate::policy::SandboxPolicy;
 use crate::report::{HelperMessage, SandboxReport};
 use crate::request::{self, HelperRequest};
 use crate::seccomp::{self, FilterMode};
 use crate::timing::HostClock;
+use crate::uid::{self, UidLease};
 
 /// The subcommand the host binary dispatches to [`crate::helper_main`].
 pub const HELPER_SUBCOMMAND: &str = "__sandbox-exec";

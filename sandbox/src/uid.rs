@@ -25,7 +25,11 @@ pub enum UidError {
         "sandbox uid range {first}..{end} is unusable: {reason}; \
          fix: set sandbox.uids.first/count in host.toml to a range no account or host id uses"
     )]
-    BadRange { first: u32, end: u64, reason: String },
+    BadRange {
+        first: u32,
+        end: u64,
+        reason: String,
+    },
     #[error("every uid of the sandbox range {first}..{end} is held by a live sandbox")]
     Exhausted { first: u32, end: u64 },
     #[error("the host state directory {path:?} is unusable: {reason}")]
@@ -104,10 +108,7 @@ fn private_dir(dir: &Path, euid: u32) -> Result<(), UidError> {
         return Err(bad(format!("owned by uid {}, not {euid}", md.uid())));
     }
     if md.mode() & 0o077 != 0 {
-        return Err(bad(format!(
-            "mode {:o}, must be 0700",
-            md.mode() & 0o7777
-        )));
+        return Err(bad(format!("mode {:o}, must be 0700", md.mode() & 0o7777)));
     }
     Ok(())
 }
@@ -132,25 +133,25 @@ pub(crate) fn check_range_once(p: &UidPolicy) -> Result<(), UidError> {
         return Ok(());
     }
     check_range(p)?;
-    CHECKED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(key);
+    CHECKED.lock().unwrap_or_else(|e| e.into_inner()).push(key);
     Ok(())
 }
 
 fn host_ids() -> Vec<u32> {
     // SAFETY: the id getters have no preconditions.
-    let mut ids = unsafe { vec![libc::getuid(), libc::geteuid(), libc::getgid(), libc::getegid()] };
+    let mut ids = unsafe {
+        vec![
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+        ]
+    };
     ids.push(65534);
     ids
 }
 
-pub(crate) fn check_range_against(
-    p: &UidPolicy,
-    etc: &Path,
-    host: &[u32],
-) -> Result<(), UidError> {
+pub(crate) fn check_range_against(p: &UidPolicy, etc: &Path, host: &[u32]) -> Result<(), UidError> {
     let end = p.first as u64 + p.count as u64;
     let bad = |reason: String| UidError::BadRange {
         first: p.first,
@@ -166,7 +167,9 @@ pub(crate) fn check_range_against(
     }
     let inside = |id: u64| (p.first as u64..end).contains(&id);
     if let Some(id) = host.iter().find(|id| inside(**id as u64)) {
-        return Err(bad(format!("it contains id {id}, which the host itself uses")));
+        return Err(bad(format!(
+            "it contains id {id}, which the host itself uses"
+        )));
     }
     for file in ["passwd", "group"] {
         let text = std::fs::read_to_string(etc.join(file)).unwrap_or_default();
@@ -277,7 +280,10 @@ mod tests {
 
     #[test]
     fn a_range_with_an_account_a_host_id_or_a_subuid_is_refused() {
-        let e = etc("root:x:0:0::/root:/bin/sh\nsvc:x:1610612800:1::/:/bin/false\n", "");
+        let e = etc(
+            "root:x:0:0::/root:/bin/sh\nsvc:x:1610612800:1::/:/bin/false\n",
+            "",
+        );
         let err = check_range_against(&range(0x6000_0000, 4096), e.path(), &[0]).unwrap_err();
         assert!(err.to_string().contains("`svc`"), "{err}");
         let e = etc("root:x:0:0::/root:/bin/sh\n", "");
