@@ -247,3 +247,47 @@ fn the_supervisor_is_neither_readable_nor_enterable_by_the_sandbox_uid_or_anothe
     child.kill_tree();
     child.wait().unwrap();
 }
+
+#[test]
+fn a_policy_requiring_its_own_uid_is_refused_when_none_can_be_given() {
+    let mut policy = SandboxPolicy::default();
+    policy.layers.drop_uid = false;
+    policy.uids.required = true;
+    let ws = tempfile::tempdir().unwrap();
+    let err = spawn(&SpawnSpec {
+        helper_exe: plugin_bin("sharedos"),
+        program: "/usr/bin/true".into(),
+        args: vec![],
+        env: vec![],
+        policy,
+        workspace: ws.path().to_path_buf(),
+    })
+    .expect_err("no uid of its own, and the policy requires one");
+    let text = err.to_string();
+    assert!(text.contains("sandbox.uids.required"), "{text}");
+}
+
+#[test]
+fn sandbox_check_states_the_uid_the_ceilings_and_what_bounds_memory() {
+    let _serial = serial();
+    let out = Command::new(plugin_bin("sharedos"))
+        .args(["sandbox", "check"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for needle in [
+        "own_uid        ok",
+        "supervisor     ok (non-dumpable)",
+        "ceilings       ok (",
+        "max_inotify_instances=64",
+        "ipc_limits     ok (",
+        "shmall=8192",
+        "memory:",
+        "RLIMIT_AS x RLIMIT_NPROC",
+        "none: no delegated memory controller",
+        "bound: 4.0 GiB a process, ",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
