@@ -4,10 +4,11 @@
 //!
 //! ```text
 //! supervisor (the helper itself, outside the pid ns): lifeline, setsid, fds,
-//!   │  cgroup, uid drop, userns, other namespaces; then waits and watches the
+//!   │  cgroup, ipc ns + limits, own uid, userns, non-dumpable, other
+//!   │  namespaces, ceilings, rlimits ([`credentials`]); then waits and watches the
 //!   │  lifeline (host gone → SIGKILL pid 1)
 //!   └─ pid 1 (non-dumpable reaper): minimal root, hostname
-//!       └─ plugin: rlimits → caps → no_new_privs → Landlock → seccomp
+//!       └─ plugin: caps → no_new_privs → Landlock → seccomp
 //!          → self-check → report → execve
 //! ```
 
