@@ -52,7 +52,13 @@ fn row(name: &str, bytes: Option<u64>, detail: String) -> MemoryLayer {
 }
 
 /// The memory section for a report whose layers are filled in.
-pub(crate) fn assess(rep: &SandboxReport, tmp_size: u64, shm_size: u64) -> MemoryReport {
+/// `memfd_refused`: the seccomp filter in force refuses `memfd_create`.
+pub(crate) fn assess(
+    rep: &SandboxReport,
+    tmp_size: u64,
+    shm_size: u64,
+    memfd_refused: bool,
+) -> MemoryReport {
     let rl = |k: &str| rep.rlimits.get(k).copied();
     let (as_, nproc, fsize, nofile) = (rl("as"), rl("nproc"), rl("fsize"), rl("nofile"));
     let mut layers = vec![row(
@@ -89,18 +95,28 @@ pub(crate) fn assess(rep: &SandboxReport, tmp_size: u64, shm_size: u64) -> Memor
             }
         });
     }
-    layers.push(row(
-        "memfd written, not mapped (RLIMIT_FSIZE x RLIMIT_NOFILE x RLIMIT_NPROC)",
-        [fsize, nofile, nproc]
-            .into_iter()
-            .try_fold(1u64, |acc, v| v.map(|v| acc.saturating_mul(v))),
-        format!(
-            "{} bytes a file x {} fds x {} processes",
-            opt(fsize),
-            opt(nofile),
-            opt(nproc)
-        ),
-    ));
+    let memfd_name = "memfd written, not mapped (RLIMIT_FSIZE x RLIMIT_NOFILE x RLIMIT_NPROC)";
+    layers.push(if memfd_refused {
+        MemoryLayer {
+            name: memfd_name.into(),
+            status: LayerStatus::Applied,
+            bytes: Some(0),
+            detail: "memfd_create refused by the seccomp filter (policy memfdCreate = deny)".into(),
+        }
+    } else {
+        row(
+            memfd_name,
+            [fsize, nofile, nproc]
+                .into_iter()
+                .try_fold(1u64, |acc, v| v.map(|v| acc.saturating_mul(v))),
+            format!(
+                "{} bytes a file x {} fds x {} processes",
+                opt(fsize),
+                opt(nofile),
+                opt(nproc)
+            ),
+        )
+    });
     let sum = layers
         .iter()
         .try_fold(0u64, |acc, l| l.bytes.map(|b| acc.saturating_add(b)));

@@ -110,6 +110,9 @@ fn c31b_every_kind_of_memory_stops_at_its_bound_and_the_tree_stays_under_it() {
     policy.ipc.shmall_bytes = Some(32 * MIB);
     policy.tmp_size_bytes = 64 * MIB;
     policy.shm_size_bytes = 32 * MIB;
+    // The worst case: memfd allowed (the default refuses memfd_create, see
+    // `sandbox_check_states_...`), bounded per file by RLIMIT_FSIZE.
+    policy.memfd_create = sharedos_sandbox::MemfdPolicy::AllowNoExec;
     let bound = 256 * MIB + 32 * MIB + 64 * MIB + 32 * MIB + 128 * MIB;
     let shmem0 = shmem_bytes();
     let mut h = hold(policy, "C31b", json!({"alloc_mib": 1024, "hang_secs": 300}));

@@ -286,6 +286,7 @@ fn sandbox_check_states_the_uid_the_ceilings_and_what_bounds_memory() {
         "memory:",
         "RLIMIT_AS x RLIMIT_NPROC",
         "none: no delegated memory controller",
+        "memfd_create refused by the seccomp filter",
         "bound: 4.0 GiB a process, ",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");

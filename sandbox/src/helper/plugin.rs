@@ -128,7 +128,9 @@ pub(super) fn plugin_exec(
     rep.fds = inheritable_fds();
     rep.self_check.fds = rep.fds.clone();
     let p = &req.policy;
-    rep.memory = crate::memory::assess(rep, p.tmp_size_bytes, p.shm_size_bytes);
+    let memfd_refused =
+        rep.seccomp.status.is_enforced() && p.memfd_create == crate::policy::MemfdPolicy::Deny;
+    rep.memory = crate::memory::assess(rep, p.tmp_size_bytes, p.shm_size_bytes, memfd_refused);
     rep.finalize();
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();
