@@ -245,6 +245,13 @@ impl HostConfig {
                     r.sandbox.warm
                 ));
             }
+            // The sandbox uid range is checked at start, against this
+            // machine's accounts and the host's own ids: a bad range
+            // refuses the config rather than sharing a uid with anyone.
+            if matches!(r.launcher, LauncherKind::Sandbox) {
+                sharedos_sandbox::uid::check_range(&r.sandbox.uids)
+                    .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
+            }
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {
                     return Err(format!(
@@ -386,6 +393,19 @@ runtime = "r"
         let bad = MIN.replace("[host]", "[host]\ndrainGraceMs = 700000");
         let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
         assert!(e.message.contains("drainGraceMs"), "{e}");
+    }
+
+    #[test]
+    fn a_sandbox_uid_range_with_a_host_account_is_refused() {
+        // uid 0 (root) is in every passwd; 65534 is never a sandbox uid.
+        for range in ["first = 0, count = 10", "first = 65530, count = 10"] {
+            let text = MIN.replace(
+                "program = \"sharedos-echo\"\n",
+                &format!("program = \"sharedos-echo\"\nsandbox = {{ uids = {{ {range} }} }}\n"),
+            );
+            let e = HostConfig::parse(&text, "host.toml", Path::new("/")).unwrap_err();
+            assert!(e.message.contains("runtimes[0].sandbox.uids"), "{e}");
+        }
     }
 
     #[test]

@@ -89,6 +89,38 @@ pub fn sweep_stale() -> Vec<PathBuf> {
 
 /// Create the plugin's cgroups. Never fails: what could not be done is in
 /// `problems` and ends up in the report.
+/// `memory.max` and `memory.swap.max` of a fresh v2 cgroup `dir` whose
+/// parent delegates the memory controller (`delegated`). The files must
+/// already exist (the kernel makes them with the controller): nothing is
+/// created, and no process is moved here. Without `memory.swap.max` (no
+/// swap accounting) the swap limit is refused rather than skipped, since
+/// swapped-out pages would escape `memory.max`.
+pub(crate) fn write_memory_limits(
+    dir: &Path,
+    delegated: bool,
+    max: u64,
+    swap: Option<u64>,
+) -> Result<(), String> {
+    if !delegated {
+        return Err(
+            "memory.max: the memory controller is not delegated to the v2 hierarchy".into(),
+        );
+    }
+    let write = |file: &str, v: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(dir.join(file))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, v.to_string().as_bytes()))
+            .map_err(|e| format!("{file} in {}: {e}", dir.display()))
+    };
+    write("memory.max", max)?;
+    if let Some(sw) = swap {
+        write("memory.swap.max", sw)?;
+    }
+    Ok(())
+}
+
 pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
     let mut cg = PluginCgroup::default();
     if !policy.enabled {
@@ -139,13 +171,9 @@ pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
                     cg.pids_max = Some(max);
                 }
                 if let Some(max) = policy.memory_max {
-                    if ctl("memory")
-                        && std::fs::write(dir.join("memory.max"), max.to_string()).is_ok()
-                    {
-                        cg.memory_max = Some(max);
-                    } else {
-                        cg.problems
-                            .push("memory.max: the memory controller is not delegated to the v2 hierarchy".into());
+                    match write_memory_limits(&dir, ctl("memory"), max, policy.memory_swap_max) {
+                        Ok(()) => cg.memory_max = Some(max),
+                        Err(e) => cg.problems.push(e),
                     }
                 }
                 cg.v2 = dir.join("cgroup.kill").exists().then(|| dir.clone());
@@ -246,5 +274,48 @@ pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_memory_limits;
+
+    /// An emulated cgroup directory (plain files): this machine has no
+    /// delegated memory controller, and no process may be moved between
+    /// memory cgroups here.
+    fn emulated(files: &[&str]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for f in files {
+            std::fs::write(d.path().join(f), "max\n").unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn memory_max_and_swap_are_written_where_the_controller_is_delegated() {
+        let d = emulated(&["memory.max", "memory.swap.max"]);
+        write_memory_limits(d.path(), true, 512 << 20, Some(0)).unwrap();
+        let read = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap();
+        assert_eq!(read("memory.max"), (512u64 << 20).to_string());
+        assert_eq!(read("memory.swap.max"), "0");
+    }
+
+    #[test]
+    fn memory_limits_are_refused_without_the_controller_or_swap_accounting() {
+        let d = emulated(&["memory.max", "memory.swap.max"]);
+        let e = write_memory_limits(d.path(), false, 1 << 30, Some(0)).unwrap_err();
+        assert!(e.contains("not delegated"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("memory.max")).unwrap(),
+            "max\n"
+        );
+        let d = emulated(&["memory.max"]);
+        let e = write_memory_limits(d.path(), true, 1 << 30, Some(0)).unwrap_err();
+        assert!(e.contains("memory.swap.max"), "{e}");
+        // Nothing is created in a directory without the controller's files.
+        let d = emulated(&[]);
+        assert!(write_memory_limits(d.path(), true, 1 << 30, None).is_err());
+        assert!(!d.path().join("memory.max").exists());
     }
 }

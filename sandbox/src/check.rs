@@ -88,6 +88,22 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         &r.uid_drop,
         format!(" (plugin uid {})", r.host_uid),
     )?;
+    line(
+        out,
+        "own_uid",
+        &r.own_uid,
+        " (no other live sandbox has it)".into(),
+    )?;
+    writeln!(
+        out,
+        "  {:<14} {}",
+        "supervisor",
+        if r.supervisor_non_dumpable {
+            "ok (non-dumpable)"
+        } else {
+            "MISSING: dumpable"
+        }
+    )?;
     line(out, "userns", &r.userns, String::new())?;
     line(out, "mountns", &r.mountns, String::new())?;
     line(
@@ -102,6 +118,13 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
     line(out, "utsns", &r.utsns, String::new())?;
     line(out, "cgroupns", &r.cgroupns, String::new())?;
     line(out, "rlimits", &r.rlimits_status, String::new())?;
+    line(out, "ceilings", &r.ceilings_status, listing(&r.ceilings))?;
+    line(
+        out,
+        "ipc_limits",
+        &r.ipc_limits_status,
+        listing(&r.ipc_limits),
+    )?;
     line(out, "caps", &r.caps, String::new())?;
     writeln!(
         out,
@@ -146,6 +169,7 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
             opt(r.cgroup.memory_max)
         ),
     )?;
+    print_memory(&r.memory, out)?;
     let sc = &r.self_check;
     writeln!(
         out,
@@ -175,6 +199,37 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         writeln!(out, "  warning: {w}")?;
     }
     Ok(())
+}
+
+fn listing(m: &std::collections::BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(" ({})", items.join(", "))
+}
+
+/// What bounds memory on this host, one mechanism a line, and the result.
+fn print_memory(m: &crate::memory::MemoryReport, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(out, "memory:")?;
+    for l in &m.layers {
+        let state = match &l.status {
+            LayerStatus::Applied => "ok".to_string(),
+            LayerStatus::Degraded { reason } => format!("degraded: {reason}"),
+            LayerStatus::Unavailable { reason } => format!("none: {reason}"),
+            LayerStatus::Disabled => "off".to_string(),
+        };
+        let bytes = l.bytes.map_or("-".into(), crate::memory::human);
+        writeln!(out, "  {:<10} {state} ({}) {}", bytes, l.detail, l.name)?;
+    }
+    writeln!(
+        out,
+        "  bound: {} a process, {} the whole tree",
+        m.per_process_bytes
+            .map_or("unbounded".into(), crate::memory::human),
+        m.tree_bound_bytes
+            .map_or("unbounded".into(), crate::memory::human)
+    )
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {

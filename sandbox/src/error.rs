@@ -46,6 +46,13 @@ pub enum SandboxError {
         achieved: SandboxLevel,
         missing: Vec<MissingLayer>,
     },
+    #[error(transparent)]
+    Uid(#[from] crate::uid::UidError),
+    #[error(
+        "this runtime's policy requires a uid of its own per sandbox (sandbox.uids.required) \
+         but {0}; fix: run the host as root, or set sandbox.uids.required = false"
+    )]
+    NoOwnUid(String),
     #[error("the sandbox helper did not finish its setup within {0:?}")]
     Timeout(std::time::Duration),
 }

@@ -38,6 +38,7 @@ pub mod fds;
 mod forkserver;
 mod helper;
 pub mod landlock;
+mod memory;
 pub mod mounts;
 pub mod namespaces;
 mod policy;
@@ -51,12 +52,17 @@ mod spawn;
 pub mod staging;
 pub mod statedir;
 pub mod timing;
+pub mod uid;
 
 pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_current_exe};
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;
-pub use policy::{CgroupPolicy, LayerToggles, MAX_WARM, MemfdPolicy, Rlimits, SandboxPolicy};
+pub use memory::{MemoryLayer, MemoryReport};
+pub use policy::{
+    CgroupPolicy, IpcLimits, LayerToggles, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits,
+    SandboxPolicy, UidPolicy,
+};
 pub use report::{
     CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
     SeccompReport, SelfCheck,

@@ -63,3 +63,80 @@ pub fn enter_others(wanted: &[&str]) -> Vec<(&'static str, LayerStatus)> {
         })
         .collect()
 }
+
+/// Write `(file, value)` pairs under `/proc/sys/<dir>/`: the values of the
+/// namespace the caller is in (user sysctls follow the caller's user
+/// namespace, ipc ones its ipc namespace). The caller must own both
+/// namespaces, or it would change the host's values. Returns what was
+/// written; a file the kernel lacks degrades the layer, any other failure
+/// fails it.
+pub fn write_sysctls(
+    dir: &str,
+    values: &[(&'static str, u64)],
+) -> (std::collections::BTreeMap<String, u64>, LayerStatus) {
+    let mut set = std::collections::BTreeMap::new();
+    let mut missing = Vec::new();
+    for (name, v) in values {
+        let path = format!("/proc/sys/{dir}/{name}");
+        match std::fs::write(&path, v.to_string()) {
+            Ok(()) => {
+                set.insert((*name).to_string(), *v);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(*name),
+            Err(e) => return (set, LayerStatus::unavailable(format!("write {path}: {e}"))),
+        }
+    }
+    let st = if missing.is_empty() {
+        LayerStatus::Applied
+    } else {
+        LayerStatus::Degraded {
+            reason: format!("this kernel has no /proc/sys/{dir}/{}", missing.join(", ")),
+        }
+    };
+    (set, st)
+}
+
+/// The user-namespace ceilings of the policy, as `/proc/sys/user` files.
+pub fn ceiling_values(c: &crate::policy::NsCeilings) -> Vec<(&'static str, u64)> {
+    let mut v = Vec::new();
+    let mut add = |name, value: Option<u64>| {
+        if let Some(x) = value {
+            v.push((name, x));
+        }
+    };
+    add("max_inotify_instances", c.max_inotify_instances);
+    add("max_inotify_watches", c.max_inotify_watches);
+    add("max_fanotify_groups", c.max_fanotify_groups);
+    add("max_fanotify_marks", c.max_fanotify_marks);
+    for ns in [
+        "max_user_namespaces",
+        "max_mnt_namespaces",
+        "max_pid_namespaces",
+        "max_net_namespaces",
+        "max_ipc_namespaces",
+        "max_uts_namespaces",
+        "max_cgroup_namespaces",
+        "max_time_namespaces",
+    ] {
+        add(ns, c.max_namespaces);
+    }
+    v
+}
+
+/// The SysV IPC limits of the policy, as `/proc/sys/kernel` files
+/// (`shmall` in pages).
+pub fn ipc_values(l: &crate::policy::IpcLimits) -> Vec<(&'static str, u64)> {
+    // SAFETY: sysconf has no memory preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    [
+        ("shmmax", l.shmmax),
+        ("shmall", l.shmall_bytes.map(|b| b.div_ceil(page))),
+        ("shmmni", l.shmmni),
+        ("msgmax", l.msgmax),
+        ("msgmnb", l.msgmnb),
+        ("msgmni", l.msgmni),
+    ]
+    .into_iter()
+    .filter_map(|(n, v)| v.map(|v| (n, v)))
+    .collect()
+}

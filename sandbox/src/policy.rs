@@ -33,8 +33,6 @@ pub struct SandboxPolicy {
     /// Size of the workspace, a tmpfs of the sandbox's own that goes away
     /// with it (memory-backed: count it in the memory budget).
     pub workspace_size_bytes: u64,
-    /// The uid (and gid) the plugin runs as when the host is root.
-    pub sandbox_uid: u32,
     /// The host paths bound read-only into the sandbox root, at the same
     /// path: system directories and the `/etc` entries programs need. A
     /// missing one is skipped silently; a top-level one that is a symlink
@@ -42,6 +40,15 @@ pub struct SandboxPolicy {
     /// parts of `/usr` are listed, so `/usr/local/etc` and other host
     /// configuration never appear inside unless a runtime names them.
     pub ro_paths: Vec<String>,
+    /// The uids (and gids) sandboxes run as when the host is root: one
+    /// per live sandbox, machine-wide (docs/SECURITY.md, "One uid per
+    /// sandbox").
+    pub uids: UidPolicy,
+    /// SysV IPC limits written into the sandbox's own ipc namespace.
+    pub ipc: IpcLimits,
+    /// Per-user-namespace ceilings written into the sandbox's own user
+    /// namespace (`/proc/sys/user/*`).
+    pub ceilings: NsCeilings,
     /// Host paths a runtime adds to `ro_paths` (an install directory, an
     /// interpreter, CA certificates). Each must exist; a missing one is
     /// reported and skipped.
@@ -144,8 +151,10 @@ impl Default for SandboxPolicy {
             shm_size_bytes: 64 << 20,
             tmpfs_nr_inodes: 16_384,
             workspace_size_bytes: 256 << 20,
-            sandbox_uid: 65534,
             ro_paths: DEFAULT_RO_PATHS.map(String::from).to_vec(),
+            uids: UidPolicy::default(),
+            ipc: IpcLimits::default(),
+            ceilings: NsCeilings::default(),
             extra_ro_paths: Vec::new(),
             env_allowlist: [
                 "PATH",
@@ -226,10 +235,12 @@ pub struct Rlimits {
     pub nofile: Option<u64>,
     /// `RLIMIT_FSIZE`, bytes: the largest file the plugin can write.
     pub fsize: Option<u64>,
-    /// `RLIMIT_DATA`, bytes. Preferred over `RLIMIT_AS`, which breaks
-    /// runtimes that reserve large address ranges (V8, the JVM).
+    /// `RLIMIT_DATA`, bytes (private memory only: shared mappings, SysV
+    /// shm and memfd escape it, which is why `address_space` is on too).
     pub data: Option<u64>,
-    /// `RLIMIT_AS`, bytes (off by default, see `data`).
+    /// `RLIMIT_AS`, bytes: every mapping of a process, shared or private,
+    /// counts. Measured (docs/SECURITY.md): Node 20 with a worker thread
+    /// needs 2 GiB (V8 reserves address space), Python 3.11 runs in 1 GiB.
     pub address_space: Option<u64>,
     /// `RLIMIT_NPROC` (only effective for a non-root uid).
     pub nproc: Option<u64>,
@@ -241,6 +252,8 @@ pub struct Rlimits {
     pub msgqueue: Option<u64>,
     /// `RLIMIT_RTPRIO`.
     pub rtprio: Option<u64>,
+    /// `RLIMIT_SIGPENDING`: queued signals of the sandbox uid.
+    pub sigpending: Option<u64>,
 }
 
 impl Default for Rlimits {
@@ -250,12 +263,13 @@ impl Default for Rlimits {
             nofile: Some(1024),
             fsize: Some(1 << 30),
             data: Some(4 << 30),
-            address_space: None,
+            address_space: Some(4 << 30),
             nproc: Some(256),
             cpu_seconds: Some(3600),
             memlock: Some(64 << 10),
             msgqueue: Some(0),
             rtprio: Some(0),
+            sigpending: Some(512),
         }
     }
 }
@@ -274,6 +288,9 @@ pub struct CgroupPolicy {
     /// the cgroup v2 hierarchy in use (never by moving a process between
     /// v1 memory cgroups).
     pub memory_max: Option<u64>,
+    /// `memory.swap.max`, written with `memory_max` (0: the tree's pages
+    /// are never swapped out from under the bound).
+    pub memory_swap_max: Option<u64>,
 }
 
 impl Default for CgroupPolicy {
@@ -282,6 +299,90 @@ impl Default for CgroupPolicy {
             enabled: true,
             pids_max: Some(512),
             memory_max: None,
+            memory_swap_max: Some(0),
+        }
+    }
+}
+
+/// Where sandbox uids come from. Uid and gid are the same number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct UidPolicy {
+    /// First uid of the range.
+    pub first: u32,
+    /// Number of uids (the most sandboxes alive at once on the machine).
+    pub count: u32,
+    /// Refuse to spawn when no uid of its own can be given (a host not
+    /// running as root shares its own uid with every sandbox; without
+    /// this the report says so and the spawn goes ahead).
+    pub required: bool,
+}
+
+impl Default for UidPolicy {
+    fn default() -> Self {
+        UidPolicy {
+            first: 0x6000_0000,
+            count: 4096,
+            required: false,
+        }
+    }
+}
+
+/// SysV IPC limits of the sandbox's ipc namespace (`kernel.shm*`,
+/// `kernel.msg*`). `None` leaves the kernel's default for a new namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct IpcLimits {
+    /// `kernel.shmmax`: largest segment, bytes.
+    pub shmmax: Option<u64>,
+    /// `kernel.shmall`: all segments together, bytes (written in pages).
+    pub shmall_bytes: Option<u64>,
+    /// `kernel.shmmni`: number of segments.
+    pub shmmni: Option<u64>,
+    /// `kernel.msgmax`: largest message, bytes.
+    pub msgmax: Option<u64>,
+    /// `kernel.msgmnb`: bytes one queue holds.
+    pub msgmnb: Option<u64>,
+    /// `kernel.msgmni`: number of queues.
+    pub msgmni: Option<u64>,
+}
+
+impl Default for IpcLimits {
+    fn default() -> Self {
+        IpcLimits {
+            shmmax: Some(16 << 20),
+            shmall_bytes: Some(32 << 20),
+            shmmni: Some(32),
+            msgmax: Some(8192),
+            msgmnb: Some(16384),
+            msgmni: Some(16),
+        }
+    }
+}
+
+/// Ceilings of the sandbox's user namespace (`/proc/sys/user/<name>`).
+/// They bind the sandbox below the per-uid limits of the host. `None`
+/// leaves the value the kernel gives a new namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct NsCeilings {
+    pub max_inotify_instances: Option<u64>,
+    pub max_inotify_watches: Option<u64>,
+    pub max_fanotify_groups: Option<u64>,
+    pub max_fanotify_marks: Option<u64>,
+    /// Applied to every `max_*_namespaces` (user, mnt, pid, net, ipc,
+    /// uts, cgroup, time): the plugin never needs a namespace of its own.
+    pub max_namespaces: Option<u64>,
+}
+
+impl Default for NsCeilings {
+    fn default() -> Self {
+        NsCeilings {
+            max_inotify_instances: Some(64),
+            max_inotify_watches: Some(8192),
+            max_fanotify_groups: Some(0),
+            max_fanotify_marks: Some(0),
+            max_namespaces: Some(0),
         }
     }
 }

@@ -165,6 +165,16 @@ pub struct SandboxReport {
     /// The uid the plugin runs as, seen from the host.
     pub host_uid: u32,
     pub uid_drop: LayerStatus,
+    /// A uid of this sandbox's own (no other live sandbox has it).
+    /// Unavailable when the host is not root: then every sandbox runs as
+    /// the host's uid, which the reason names.
+    #[serde(default)]
+    pub own_uid: LayerStatus,
+    /// The supervisor (outside the pid namespace, holding the control
+    /// socket) is non-dumpable: its memory, environment and fds cannot be
+    /// read, nor its namespaces entered, by any non-root host user.
+    #[serde(default)]
+    pub supervisor_non_dumpable: bool,
     pub userns: LayerStatus,
     pub mountns: LayerStatus,
     pub pidns: LayerStatus,
@@ -180,6 +190,21 @@ pub struct SandboxReport {
     pub no_new_privs: bool,
     pub rlimits: BTreeMap<String, u64>,
     pub rlimits_status: LayerStatus,
+    /// Ceilings written into the sandbox's user namespace
+    /// (`/proc/sys/user/*`: inotify, fanotify, namespaces).
+    #[serde(default)]
+    pub ceilings: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub ceilings_status: LayerStatus,
+    /// SysV IPC limits written into the sandbox's ipc namespace
+    /// (`/proc/sys/kernel/shm*`, `msg*`).
+    #[serde(default)]
+    pub ipc_limits: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub ipc_limits_status: LayerStatus,
+    /// What bounds memory here and the resulting bound.
+    #[serde(default)]
+    pub memory: crate::memory::MemoryReport,
     pub cgroup: CgroupReport,
     pub lifeline: LayerStatus,
     pub setsid: LayerStatus,
@@ -243,6 +268,9 @@ pub(crate) fn fix_for(layer: &str) -> &'static str {
         "caps" => "do not run the helper with ambient capabilities or a locked bounding set",
         "no_new_privs" => "use a kernel with PR_SET_NO_NEW_PRIVS (3.5+)",
         "rlimits" => "enable the rlimits layer in the runtime's sandbox policy",
+        "ceilings" => {
+            "give the sandbox a user namespace of its own (layers.userns) on a kernel with /proc/sys/user"
+        }
         _ => "enable the layer in the runtime's sandbox policy",
     }
 }
@@ -278,6 +306,11 @@ impl SandboxReport {
         need("seccomp", &self.seccomp.status);
         need("caps", &self.caps);
         need("rlimits", &self.rlimits_status);
+        // A kernel without some of the files (older than fanotify's or the
+        // time namespace's) keeps the rest: degraded, reported, not missing.
+        if !matches!(self.ceilings_status, LayerStatus::Degraded { .. }) {
+            need("ceilings", &self.ceilings_status);
+        }
         need("uid_drop", &self.uid_drop);
         if !self.no_new_privs {
             missing.push(MissingLayer {

@@ -34,6 +34,9 @@ pub(crate) struct HelperRequest {
     /// without a mount namespace, where `program` is executed in place.
     #[serde(default)]
     pub program_staged: Option<PathBuf>,
+    /// The uid (and gid) of this sandbox, held by the host for the
+    /// sandbox's life (`None`: the host is not root, or `drop_uid` is off).
+    pub uid: Option<u32>,
     /// The host's pid: the helper's parent must still be it once the
     /// parent-death signal is armed.
     pub host_pid: i32,

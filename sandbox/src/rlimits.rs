@@ -1,4 +1,5 @@
-//! Layer: resource limits on the plugin process. RLIMIT_NPROC only binds a
+//! Layer: resource limits, set by the supervisor on itself before it forks
+//! pid 1, so the whole tree inherits them as hard limits. RLIMIT_NPROC only binds a
 //! non-root uid (observed: uid 0 forked past it), which is one more reason
 //! the helper leaves uid 0 first.
 
@@ -8,7 +9,7 @@ use crate::policy::Rlimits;
 
 /// Apply every configured limit (soft = hard). Returns what was set.
 pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
-    let table: [(&str, libc::__rlimit_resource_t, Option<u64>); 10] = [
+    let table: [(&str, libc::__rlimit_resource_t, Option<u64>); 11] = [
         ("core", libc::RLIMIT_CORE, r.core),
         ("nofile", libc::RLIMIT_NOFILE, r.nofile),
         ("fsize", libc::RLIMIT_FSIZE, r.fsize),
@@ -19,6 +20,7 @@ pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
         ("memlock", libc::RLIMIT_MEMLOCK, r.memlock),
         ("msgqueue", libc::RLIMIT_MSGQUEUE, r.msgqueue),
         ("rtprio", libc::RLIMIT_RTPRIO, r.rtprio),
+        ("sigpending", libc::RLIMIT_SIGPENDING, r.sigpending),
     ];
     let mut set = BTreeMap::new();
     for (name, res, value) in table {

@@ -38,6 +38,7 @@ use crate::report::{HelperMessage, SandboxReport};
 use crate::request::{self, HelperRequest};
 use crate::seccomp::{self, FilterMode};
 use crate::timing::HostClock;
+use crate::uid::{self, UidLease};
 
 /// The subcommand the host binary dispatches to [`crate::helper_main`].
 pub const HELPER_SUBCOMMAND: &str = "__sandbox-exec";
@@ -95,6 +96,9 @@ pub struct SandboxedChild {
     lifeline: Option<UnixStream>,
     cgroup: PluginCgroup,
     status: Option<ExitStatus>,
+    /// The sandbox's own uid, released when this drops, after `Drop` has
+    /// killed and waited for the tree (fields drop after `drop` runs).
+    uid: Option<UidLease>,
 }
 
 /// How the helper was started.
@@ -270,6 +274,26 @@ impl PreparedSandbox {
     }
 }
 
+/// The sandbox's own uid when the host can give one (root, `drop_uid` on);
+/// a policy that requires one is refused otherwise, never run as a uid
+/// shared with other sandboxes.
+fn own_uid(policy: &SandboxPolicy) -> Result<Option<UidLease>, SandboxError> {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid == 0 && policy.layers.drop_uid {
+        uid::check_range_once(&policy.uids)?;
+        return Ok(Some(uid::allocate(&policy.uids)?));
+    }
+    if policy.uids.required {
+        return Err(SandboxError::NoOwnUid(if euid == 0 {
+            "drop_uid is off".into()
+        } else {
+            format!("the host runs as uid {euid}, not root, and cannot change uid")
+        }));
+    }
+    Ok(None)
+}
+
 fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> {
     let policy = &spec.policy;
     let mut clock = HostClock::new(policy.timings);
@@ -292,17 +316,14 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
     };
     clock.stamp("seccomp_compiled");
 
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if let Some(ws) = &spec.workspace
-        && root
-        && policy.layers.drop_uid
-    {
-        // The plugin writes its workspace as the sandbox uid.
-        let uid = policy.sandbox_uid;
+    let lease = own_uid(policy)?;
+    if let (Some(ws), Some(lease)) = (&spec.workspace, &lease) {
+        // The plugin writes its host workspace as its sandbox uid.
+        let uid = lease.uid();
         std::os::unix::fs::chown(ws, Some(uid), Some(uid))
             .map_err(SandboxError::io("chown the workspace to the sandbox uid"))?;
     }
+    clock.stamp("uid_allocated");
     // The minimal root binds a copy of the plugin from the host-private
     // state directory, so the mount table names no host path of it.
     let program_staged = if policy.layers.mountns {
@@ -322,6 +343,7 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         env,
         workspace: spec.workspace.clone(),
         program_staged,
+        uid: lease.as_ref().map(UidLease::uid),
         host_pid: std::process::id() as i32,
         seccomp_namespace,
         seccomp_strict,
@@ -352,6 +374,7 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         lifeline: Some(l.lifeline),
         cgroup: cg,
         status: None,
+        uid: lease,
     };
     if sc.pidfd.is_none() {
         // SAFETY: pidfd_open on our own child, not yet reaped.
@@ -616,6 +639,12 @@ fn no_report(sc: &mut SandboxedChild) -> SandboxError {
 }
 
 impl SandboxedChild {
+    /// The uid (and gid) held for this sandbox alone, when the host could
+    /// give one (root, `drop_uid` on).
+    pub fn own_uid(&self) -> Option<u32> {
+        self.uid.as_ref().map(UidLease::uid)
+    }
+
     /// The helper's pidfd (poll it for exit; POLLIN when it is gone).
     pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
         self.pidfd.as_ref().map(|f| f.as_fd())

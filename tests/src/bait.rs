@@ -55,9 +55,11 @@ pub const SECRET_ENV: &[(&str, &str)] = &[
 /// sandbox's env allowlist must drop it (and say so in its warnings).
 pub const CONFIG_SECRET_ENV: (&str, &str) = ("OPENAI_API_KEY", "sdos-bait-config-key-3e8f");
 
-/// The uid the sandbox runs plugins as when the host is root (the
-/// policy's default `sandbox_uid`).
-pub const SANDBOX_UID: u32 = 65534;
+/// The uid the sandbox runs the adversary as when the test is root: every
+/// sandbox has a uid of its own, so [`run_turn`] pins the runtime's uid
+/// range to this one uid (one sandbox at a time), and the victim runs as
+/// the same uid.
+pub const SANDBOX_UID: u32 = 0x6fff_0000;
 
 /// The agent the adversary serves.
 pub const AGENT: &str = "adversary";
@@ -967,6 +969,14 @@ pub fn run_turn(spec: TurnSpec) -> TurnRun {
     let base = tempfile::tempdir().expect("config dir");
     let mut config = host_config(base.path());
     config.host.drain_grace_ms = spec.drain_grace_ms;
+    let mut spec = spec;
+    if spec.policy.warm == 0 && spec.policy.uids == sharedos_sandbox::UidPolicy::default() {
+        spec.policy.uids = sharedos_sandbox::UidPolicy {
+            first: SANDBOX_UID,
+            count: 1,
+            required: false,
+        };
+    }
     config.runtimes[0].sandbox = spec.policy.clone();
     let entry = config.runtimes[0].clone();
     let launches = Arc::new(AtomicU32::new(0));

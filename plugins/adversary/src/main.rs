@@ -1,7 +1,7 @@
 //! `sharedos-adversary`: a hostile runtime plugin for the sandbox tests.
 //!
 //! ```text
-//! sharedos-adversary --standalone [--bait bait.json] [--only C42[,C43]]
+//! sharedos-adversary --standalone [--bait bait.json | --bait-json '{..}'] [--only C42[,C43]]
 //!     runs the attacks unsandboxed and prints one receipt per line (JSON)
 //! sharedos-adversary --list        the catalogue, one attack per line (JSON)
 //! sharedos-adversary --report-ids  prints `uid=.. euid=.. CapEff=..` (for C49/C50 bait copies)
@@ -15,13 +15,14 @@ use sharedos_adversary::attacks::{CATALOGUE, kernel};
 use sharedos_adversary::run::{self, Selection};
 use sharedos_adversary::{Bait, Receipt};
 
-const USAGE: &str = "usage: sharedos-adversary --standalone [--bait FILE] [--only ID[,ID...]] | --list | --report-ids";
+const USAGE: &str = "usage: sharedos-adversary --standalone [--bait FILE | --bait-json JSON] [--only ID[,ID...]] | --list | --report-ids";
 
 struct Args {
     standalone: bool,
     list: bool,
     report_ids: bool,
     bait: Option<String>,
+    bait_json: Option<String>,
     only: Vec<String>,
 }
 
@@ -31,6 +32,7 @@ fn parse_args() -> Result<Args, String> {
         list: false,
         report_ids: false,
         bait: None,
+        bait_json: None,
         only: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -40,6 +42,8 @@ fn parse_args() -> Result<Args, String> {
             "--list" => args.list = true,
             "--report-ids" => args.report_ids = true,
             "--bait" => args.bait = Some(it.next().ok_or("--bait needs a file")?),
+            // Inline, for a sandbox whose workspace the host cannot write.
+            "--bait-json" => args.bait_json = Some(it.next().ok_or("--bait-json needs JSON")?),
             "--only" => args.only.extend(
                 it.next()
                     .ok_or("--only needs an attack id")?
@@ -61,9 +65,11 @@ fn print_line(value: &impl serde::Serialize) {
 }
 
 fn standalone(args: &Args) -> Result<(), String> {
-    let bait: Bait = match &args.bait {
-        None => Bait::default(),
-        Some(path) => {
+    let bait: Bait = match (&args.bait, &args.bait_json) {
+        (None, Some(json)) => serde_json::from_str(json)
+            .map_err(|e| format!("--bait-json is not valid bait JSON: {e}"))?,
+        (None, None) => Bait::default(),
+        (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the bait {path}: {e}"))?;
             serde_json::from_str(&text)

@@ -4,10 +4,11 @@
 //!
 //! ```text
 //! supervisor (the helper itself, outside the pid ns): lifeline, setsid, fds,
-//!   │  cgroup, uid drop, userns, other namespaces; then waits and watches the
+//!   │  cgroup, ipc ns + limits, own uid, userns, non-dumpable, other
+//!   │  namespaces, ceilings, rlimits ([`credentials`]); then waits and watches the
 //!   │  lifeline (host gone → SIGKILL pid 1)
 //!   └─ pid 1 (non-dumpable reaper): minimal root, hostname
-//!       └─ plugin: rlimits → caps → no_new_privs → Landlock → seccomp
+//!       └─ plugin: caps → no_new_privs → Landlock → seccomp
 //!          → self-check → report → execve
 //! ```
 
@@ -18,16 +19,17 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+mod credentials;
 mod plugin;
 mod reaper;
 pub(crate) mod server;
 
 use reaper::{block_term_and_chld, pid_one};
 
+use crate::cgroup;
 use crate::fds;
 use crate::landlock as ll;
 use crate::mounts;
-use crate::namespaces;
 use crate::report::{
     HelperMessage, LandlockReport, LayerStatus, SandboxLevel, SandboxReport, SeccompReport,
     SelfCheck,
@@ -35,7 +37,6 @@ use crate::report::{
 use crate::request::{self, HelperRequest};
 use crate::seccomp;
 use crate::timing::{self, stamp};
-use crate::{caps, cgroup};
 
 /// The control socket arrives as fd 0.
 const CONTROL_FD: RawFd = 0;
@@ -231,6 +232,8 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
         kernel: kernel_release(),
         host_uid: 0,
         uid_drop: off(l.drop_uid),
+        own_uid: off(l.drop_uid),
+        supervisor_non_dumpable: false,
         userns: off(l.userns),
         mountns: off(l.mountns),
         pidns: off(l.pidns),
@@ -260,6 +263,11 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
         no_new_privs: false,
         rlimits: Default::default(),
         rlimits_status: off(l.rlimits),
+        ceilings: Default::default(),
+        ceilings_status: off(l.userns),
+        ipc_limits: Default::default(),
+        ipc_limits_status: off(l.ipcns),
+        memory: Default::default(),
         cgroup: req.cgroup.clone(),
         lifeline: LayerStatus::unavailable("not reached"),
         setsid: LayerStatus::unavailable("not reached"),
@@ -284,7 +292,6 @@ fn supervise(
     parent: i32,
 ) -> Result<Infallible, Fail> {
     let mut rep = skeleton(&req);
-    let l = req.policy.layers.clone();
 
     // 1. Lifeline: the parent-death signal is racy (bubblewrap#633): if the
     // host died before it was armed we were reparented; check the pid.
@@ -341,76 +348,18 @@ fn supervise(
         stamp("helper", "cgroup_joined");
     }
 
-    // 5. Leave uid 0. Root without capabilities still reads /etc/shadow and
-    // writes root-owned files (DAC owner), and RLIMIT_NPROC ignores uid 0.
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
     // What the root needs of the host, taken while still uid 0 (a path
     // under a directory only root may traverse, e.g. the state directory or
     // a private TMPDIR, works).
-    let early = if root && l.drop_uid && l.mountns {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let early = if root && req.policy.layers.drop_uid && req.policy.layers.mountns {
         Some(HostSources::clone_trees(&req)?)
     } else {
         None
     };
-    if root && l.drop_uid {
-        drop_uid(req.policy.sandbox_uid)?;
-        rep.uid_drop = LayerStatus::Applied;
-        // The signal was re-armed after setresuid cleared it: close the
-        // window in which the host could have died unnoticed.
-        // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != parent {
-            return Err(fail("lifeline", "the host exited during the uid change"));
-        }
-    } else if !root {
-        rep.uid_drop = LayerStatus::Applied; // nothing to leave
-    }
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    rep.host_uid = uid;
-    if uid == 0 {
-        rep.warnings
-            .push("the plugin runs as host uid 0 (drop_uid is off)".into());
-    }
-
-    stamp("helper", "uid_dropped");
-    // 6. User namespace.
-    if l.userns {
-        rep.userns = match namespaces::enter_user(uid, gid) {
-            Ok(()) => LayerStatus::Applied,
-            Err(e) => LayerStatus::unavailable(format!("unshare(CLONE_NEWUSER): {e}")),
-        };
-        stamp("helper", "userns_entered");
-    }
-    // 7. The other namespaces (need the user namespace unless still root).
-    let mut wanted = Vec::new();
-    for (name, on) in [
-        ("mountns", l.mountns),
-        ("pidns", l.pidns),
-        ("netns", l.netns),
-        ("ipcns", l.ipcns),
-        ("utsns", l.utsns),
-        ("cgroupns", l.cgroupns),
-    ] {
-        if on {
-            wanted.push(name);
-        }
-    }
-    for (name, st) in namespaces::enter_others(&wanted) {
-        let slot = match name {
-            "mountns" => &mut rep.mountns,
-            "pidns" => &mut rep.pidns,
-            "netns" => &mut rep.netns,
-            "ipcns" => &mut rep.ipcns,
-            "utsns" => &mut rep.utsns,
-            _ => &mut rep.cgroupns,
-        };
-        *slot = st;
-    }
-    stamp("helper", "other_namespaces_entered");
-    if rep.mountns != LayerStatus::Applied && l.mountns {
-        rep.root = LayerStatus::unavailable("no mount namespace");
-    }
+    // 5–7. The sandbox's own uid, its namespaces and limits.
+    credentials::identity_and_namespaces(&req, &mut rep, parent)?;
 
     // Otherwise open them now, with the host's view of the filesystem.
     let sources = match early {
@@ -454,29 +403,6 @@ fn supervise(
     drop(alive_r);
     drop(sources);
     wait_and_watch(child, pidns, &ctl, pipe)
-}
-
-fn drop_uid(uid: u32) -> Result<(), Fail> {
-    // The bounding set must go before the uid change: PR_CAPBSET_DROP needs
-    // CAP_SETPCAP, which setresuid takes away (observed: CapBnd stayed full).
-    caps::drop_bounding().map_err(|e| fail("uid_drop", e))?;
-    // SAFETY: setgroups with size 0 does not read the list pointer.
-    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
-        return Err(os_fail("uid_drop", "setgroups([])"));
-    }
-    // SAFETY: plain id arguments.
-    if unsafe { libc::setresgid(uid, uid, uid) } != 0 {
-        return Err(os_fail("uid_drop", "setresgid"));
-    }
-    // SAFETY: plain id arguments.
-    if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
-        return Err(os_fail("uid_drop", "setresuid"));
-    }
-    // setresuid clears the parent-death signal and dumpability: re-arm the
-    // first, and restore the second so /proc/self/uid_map stays ours.
-    arm_parent_death_signal();
-    prctl(libc::PR_SET_DUMPABLE, 1);
-    Ok(())
 }
 
 /// The host files the root is built from: the plugin binary (its staged

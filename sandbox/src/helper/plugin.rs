@@ -15,7 +15,7 @@ use crate::policy::MemfdPolicy;
 use crate::report::{HelperMessage, LayerStatus, SandboxReport, SelfCheck};
 use crate::request::{HelperRequest, START_BYTE};
 use crate::timing::stamp;
-use crate::{caps, rlimits, seccomp};
+use crate::{caps, seccomp};
 
 /// Steps 12–17 in the plugin process.
 pub(super) fn plugin_exec(
@@ -40,17 +40,7 @@ pub(super) fn plugin_exec(
         .unwrap_or_default();
 
     stamp("plugin", "workdir_and_status_opened");
-    // 12. rlimits.
-    if l.rlimits {
-        match rlimits::apply(&req.policy.rlimits) {
-            Ok(set) => {
-                rep.rlimits = set;
-                rep.rlimits_status = LayerStatus::Applied;
-            }
-            Err(e) => return Err(fail("rlimits", e)),
-        }
-    }
-    stamp("plugin", "rlimits_applied");
+    // 12. rlimits: set by the supervisor, inherited as hard limits.
     // 13. Capabilities, checked with capget.
     rep.caps = match caps::drop_all() {
         Ok(None) => LayerStatus::Applied,
@@ -147,6 +137,10 @@ pub(super) fn plugin_exec(
     rep.env_keys = env.iter().map(|(k, _)| k.clone()).collect();
     rep.fds = inheritable_fds();
     rep.self_check.fds = rep.fds.clone();
+    let p = &req.policy;
+    let memfd_refused =
+        rep.seccomp.status.is_enforced() && p.memfd_create == crate::policy::MemfdPolicy::Deny;
+    rep.memory = crate::memory::assess(rep, p.tmp_size_bytes, p.shm_size_bytes, memfd_refused);
     rep.finalize();
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();

@@ -115,3 +115,10 @@ pub fn kill_child(c: SandboxedChild) {
     c.kill_tree();
     drop(c);
 }
+
+/// Whether `uid` (decimal) is one of the policy's default per-sandbox uids.
+pub fn is_sandbox_uid(uid: &str) -> bool {
+    let r = sharedos_sandbox::UidPolicy::default();
+    uid.parse::<u32>()
+        .is_ok_and(|u| (r.first..r.first + r.count).contains(&u))
+}

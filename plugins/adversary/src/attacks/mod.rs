@@ -4,12 +4,14 @@
 //! ones that hang, kill the process, abuse stdio or exhaust a resource are
 //! `selectable_only`: a test runs them one per turn (`--only C42`).
 
+pub mod counters;
 pub mod devices;
 pub mod filesystem;
 pub mod ipc;
 pub mod kernel;
 pub mod leaks;
 pub mod lifetime;
+pub mod memory;
 pub mod network;
 pub mod processes;
 pub mod resources;
@@ -94,12 +96,14 @@ const fn sel(
     }
 }
 
+use counters::*;
 use devices::*;
 use filesystem::*;
 use ipc::*;
 use kernel::*;
 use leaks::*;
 use lifetime::*;
+use memory::*;
 use network::*;
 use processes::*;
 use resources::*;
@@ -236,6 +240,13 @@ pub const CATALOGUE: &[Attack] = &[
     sel("C30", "fork-bomb", c30_fork_bomb, None, "fork_count"),
     sel("C31", "memory-bomb", c31_memory_bomb, None, "alloc_mib"),
     sel(
+        "C31b",
+        "memory-past-the-bound",
+        c31b_memory_past_the_bound,
+        Some(hold),
+        "alloc_mib hang_secs",
+    ),
+    sel(
         "C32",
         "disk-fill-workspace",
         c32_disk_fill_workspace,
@@ -264,6 +275,13 @@ pub const CATALOGUE: &[Attack] = &[
         "chain_depth, workspace",
     ),
     sel("C35", "fd-exhaustion", c35_fd_exhaustion, None, "fd_count"),
+    sel(
+        "C35b",
+        "inotify-and-signal-queue",
+        c35b_inotify_and_signal_queue,
+        Some(hold),
+        "fd_count hang_secs",
+    ),
     sel(
         "C36",
         "cpu-spin-ignoring-abort",
