@@ -43,7 +43,16 @@ impl PluginEnd {
     }
 }
 
+/// The host's configuration without the handshake rule, for tests of the
+/// reader that start mid-connection.
 fn config() -> PeerConfig {
+    PeerConfig {
+        handshake_first: false,
+        ..handshake_config()
+    }
+}
+
+fn handshake_config() -> PeerConfig {
     host_peer_config(PeerConfig {
         max_message_bytes: 1024,
         ..PeerConfig::default()
@@ -473,7 +482,7 @@ async fn handshaken(cfg: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEn
 }
 
 async fn handshake_error(script: impl AsyncFnOnce(&mut PluginEnd)) -> HandshakeError {
-    let (mut peer, mut inbound, mut plugin) = pair(config());
+    let (mut peer, mut inbound, mut plugin) = pair(handshake_config());
     let m = manifest();
     let (r, ()) = tokio::join!(
         handshake(
@@ -533,6 +542,117 @@ async fn handshake_failures_are_typed() {
             ..
         }
     ));
+}
+
+/// protocol.md 4.1: nothing before the answer to `initialize`, whatever
+/// it is (an unknown-method request used to be answered -32601 and
+/// tolerated).
+#[tokio::test]
+async fn anything_before_the_initialize_answer_breaks_the_handshake() {
+    let early: [&[u8]; 5] = [
+        b"{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"method\":\"probe/unknown\",\"params\":{}}\n",
+        b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"host/invokeTool\",\"params\":{}}\n",
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"probe/unknown\"}\n",
+        b"{\"jsonrpc\":\"2.0\",\"id\":999,\"result\":{}}\n",
+        b"\n",
+    ];
+    for line in early {
+        let e = handshake_error(async |p| {
+            p.write(line).await;
+            answer_initialize(p, good_init()).await
+        })
+        .await;
+        assert!(
+            matches!(
+                &e,
+                HandshakeError::StdoutBeforeHandshake {
+                    reason: "stdout_before_handshake",
+                    ..
+                }
+            ),
+            "{}: {e}",
+            String::from_utf8_lossy(line)
+        );
+        assert!(e.to_string().contains("log to stderr"), "{e}");
+    }
+}
+
+/// Requests take from the same per-turn budgets as notifications: refused
+/// ones (over the in-flight cap, unknown methods) included.
+#[tokio::test]
+async fn requests_count_against_the_message_budgets() {
+    for (budget, expect) in [
+        (
+            PeerConfig {
+                notification_bytes_budget: 4096,
+                violation_budget: 10_000,
+                max_inflight_requests: 1,
+                ..config()
+            },
+            "bytes",
+        ),
+        (
+            PeerConfig {
+                notification_budget: 20,
+                violation_budget: 10_000,
+                max_inflight_requests: 1,
+                ..config()
+            },
+            "more than 20",
+        ),
+    ] {
+        let (_peer, mut inbound, mut plugin) = pair(budget);
+        let pad = "p".repeat(200);
+        let writer = tokio::spawn(async move {
+            for id in 0..200 {
+                let method = if id % 2 == 0 {
+                    "host/invokeTool"
+                } else {
+                    "probe/unknown"
+                };
+                plugin
+                    .line(json!({"jsonrpc":"2.0","id":id,"method":method,"params":{"pad":pad}}))
+                    .await;
+            }
+            // Keep reading the refusals so the host never stalls on us.
+            while plugin.lines.next_line().await.is_ok_and(|l| l.is_some()) {}
+        });
+        let mut taken = Vec::new();
+        let v = loop {
+            match next(&mut inbound).await {
+                // Never answered: the rest are refused as overloaded.
+                Inbound::Request { reply, .. } => taken.push(reply),
+                Inbound::Closed(v) => break v,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(v.reason, ViolationReason::RateLimitExceeded, "{v}");
+        assert!(v.detail.contains(expect), "{v}");
+        assert_eq!(taken.len(), 1);
+        writer.abort();
+    }
+}
+
+/// `host/invokeTool` without an id cannot be answered: it is counted (and
+/// logged), never served, never silently dropped.
+#[tokio::test]
+async fn a_request_sent_as_a_notification_is_counted() {
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        violation_budget: 2,
+        ..config()
+    });
+    for _ in 0..3 {
+        plugin
+            .line(json!({"jsonrpc":"2.0","method":"host/invokeTool","params":{}}))
+            .await;
+    }
+    match next(&mut inbound).await {
+        Inbound::Closed(v) => {
+            assert_eq!(v.reason, ViolationReason::ViolationBudgetExceeded);
+            assert!(v.detail.contains("request_without_id"), "{v}");
+        }
+        other => panic!("a request without an id reached the consumer: {other:?}"),
+    }
 }
 
 async fn run_turn(
