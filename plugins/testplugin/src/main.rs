@@ -243,6 +243,8 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 ///   id, n times (default 1)
 /// - `big_calls {n, bytes, tool}`: n tool calls one after the other, each
 ///   carrying `bytes` bytes of padding in its arguments
+/// - `write_files {n, bytes}`: n `files.write` calls one after the other,
+///   `bulk/fNNNN.bin`, each `bytes` bytes long
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
 /// - `error_outcome {code, message}`: answers `turn/run` with an error
 fn step(p: &mut Plugin, s: &Value) {
@@ -429,6 +431,17 @@ fn step(p: &mut Plugin, s: &Value) {
                 let answer = p.call(&tool, json!({ "pad": pad }), None);
                 p.results
                     .push(json!({"id": answer["id"], "error": answer.get("error")}));
+            }
+        }
+        "write_files" => {
+            let content = "w".repeat(usize::try_from(num(s, "bytes", 1 << 20)).unwrap_or(1 << 20));
+            for i in 0..num(s, "n", 1) {
+                let path = format!("bulk/f{i:04}.bin");
+                p.call(
+                    "files.write",
+                    json!({"path": path, "content": content}),
+                    None,
+                );
             }
         }
         "bogus_response" => p.send(&json!({"jsonrpc":"2.0","id":999,"result":{}})),
