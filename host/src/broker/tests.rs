@@ -696,10 +696,12 @@ async fn a_turn_applies_messages_in_wire_order() {
         plugin.line(json!({"jsonrpc":"2.0","id":3,"method":"host/invokeTool","params":{"turnId":"t-1","call":call("c3","closed")}})).await;
         assert_eq!(plugin.read().await["error"]["code"], -32052);
         // malformed call, wrong turn
-        plugin.line(json!({"jsonrpc":"2.0","id":4,"method":"host/invokeTool","params":{"turnId":"t-1","call":{"id":"x"}}})).await;
+        plugin.line(json!({"jsonrpc":"2.0","id":4,"method":"host/invokeTool","params":{"turnId":"t-1","call":{"id":"INPUT-7f3a","tool":{"nested":"INPUT-9c1e"}}}})).await;
         let r = plugin.read().await;
+        assert_eq!(r["id"], 4);
         assert_eq!(r["error"]["code"], -32602);
-        assert!(!r.to_string().contains("\"x\"") || r["id"] == 4);
+        // The input is never echoed: not in the message, not in the data.
+        assert!(!r["error"].to_string().contains("INPUT-"), "{r}");
         plugin.line(json!({"jsonrpc":"2.0","id":5,"method":"host/invokeTool","params":{"turnId":"t-2","call":call("c5","echo")}})).await;
         assert_eq!(plugin.read().await["error"]["code"], -32052);
         // bad notifications are dropped and counted
@@ -714,6 +716,7 @@ async fn a_turn_applies_messages_in_wire_order() {
             (r["id"].clone(), r["error"]["code"].clone()),
             (json!(6), json!(-32602))
         );
+        assert!(!r["error"].to_string().contains("ud800"), "{r}");
         // the last emit is written right before the outcome, in one write
         let last = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"z","data":null}}});
         let outcome = json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":{"ok":true}}});
@@ -831,4 +834,101 @@ async fn drain_and_abort_reach_the_plugin_and_pending_calls_get_32800() {
     let (r, ()) = tokio::join!(run_turn(&mut peer, &mut inbound, rec, abort_signal), script);
     assert!(matches!(r, Err(RuntimeError::Failed(_))), "{r:?}");
     drop(drain);
+}
+
+/// G47 on the wire: `NaN`, `Infinity`, `-Infinity` and `undefined` are not
+/// JSON, so a plugin cannot annotate (or emit) them: the line is fatal
+/// (`invalid_json`) and nothing of it is applied. A number JSON can write
+/// but a double cannot hold (`1e400`, a bigint) is dropped and counted.
+#[tokio::test]
+async fn g47_non_json_values_are_unrepresentable() {
+    for value in ["NaN", "Infinity", "-Infinity", "undefined"] {
+        let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+        let rec = Arc::new(Recorder::default());
+        let script = async {
+            let run = plugin.read().await;
+            let line = format!(
+                "{{\"jsonrpc\":\"2.0\",\"method\":\"host/annotate\",\"params\":{{\"turnId\":\"t-1\",\"key\":\"k\",\"value\":{value}}}}}\n"
+            );
+            plugin.write(line.as_bytes()).await;
+            let outcome =
+                json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":null}});
+            plugin.line(outcome).await;
+            plugin
+        };
+        let (outcome, _plugin) = tokio::join!(
+            run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+            script
+        );
+        match outcome {
+            Err(RuntimeError::Protocol(m)) => assert!(m.contains("invalid_json"), "{value}: {m}"),
+            other => panic!("{value}: {other:?}"),
+        }
+        assert!(rec.log.lock().unwrap().is_empty(), "{value} was applied");
+    }
+    for value in ["1e400", "-1e400", "123456789012345678901234567890e300"] {
+        let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+        let rec = Arc::new(Recorder::default());
+        let script = async {
+            let run = plugin.read().await;
+            let line = format!(
+                "{{\"jsonrpc\":\"2.0\",\"method\":\"host/annotate\",\"params\":{{\"turnId\":\"t-1\",\"key\":\"k\",\"value\":{value}}}}}\n"
+            );
+            plugin.write(line.as_bytes()).await;
+            let outcome =
+                json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":null}});
+            plugin.line(outcome).await;
+            plugin
+        };
+        let (outcome, _plugin) = tokio::join!(
+            run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+            script
+        );
+        assert!(outcome.is_ok(), "{value}: {outcome:?}");
+        assert!(rec.log.lock().unwrap().is_empty(), "{value} was applied");
+        assert_eq!(peer.violations_counted(), 1, "{value}");
+    }
+}
+
+/// G25/G26 on the wire: a call missing `traceId`, and a step of -1, 1.5 or
+/// a string, are answered -32602 and never reach the host's mediation.
+#[tokio::test]
+async fn g25_g26_malformed_call_and_step_are_invalid_params() {
+    let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+    let rec = Arc::new(Recorder::default());
+    let script = async {
+        let run = plugin.read().await;
+        let mut no_trace = call("c0", "echo");
+        no_trace.as_object_mut().unwrap().remove("traceId");
+        let mut bad = vec![json!({"turnId":"t-1","call":no_trace})];
+        for step in [json!(-1), json!(1.5), json!("1"), json!(true)] {
+            bad.push(json!({"turnId":"t-1","call":call("c1","echo"),"step":step}));
+        }
+        for (id, params) in bad.iter().enumerate() {
+            plugin
+                .line(json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params}))
+                .await;
+            let r = plugin.read().await;
+            assert_eq!(
+                (r["id"].clone(), r["error"]["code"].clone()),
+                (json!(id), json!(-32602)),
+                "{params}"
+            );
+        }
+        // A good step goes through.
+        plugin
+            .line(json!({"jsonrpc":"2.0","id":99,"method":"host/invokeTool","params":{"turnId":"t-1","call":call("c2","echo"),"step":3}}))
+            .await;
+        assert_eq!(plugin.read().await["result"]["status"], "succeeded");
+        let outcome =
+            json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":null}});
+        plugin.line(outcome).await;
+        plugin
+    };
+    let (outcome, _plugin) = tokio::join!(
+        run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+        script
+    );
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(*rec.log.lock().unwrap(), ["tool:echo:Some(3)"]);
 }
