@@ -44,6 +44,23 @@ enum Command {
     /// Check that a plugin speaks the protocol: a battery of checks, each
     /// naming the section of docs/PROTOCOL.md it enforces and the fix.
     Conformance(cli::ConformanceArgs),
+    /// Run many turns of hostile plugins in the full sandbox and report the
+    /// host's memory, descriptors, processes, workspaces and cgroups; exits
+    /// 1 on a leftover or on growth.
+    Soak {
+        /// Turns to run.
+        #[arg(long, default_value_t = 1000)]
+        turns: u32,
+        /// Report every this many turns.
+        #[arg(long, default_value_t = 200)]
+        every: u32,
+        /// The testplugin binary (default: next to this one).
+        #[arg(long)]
+        testplugin: Option<PathBuf>,
+        /// The adversary binary (default: next to this one).
+        #[arg(long)]
+        adversary: Option<PathBuf>,
+    },
     /// Measure the envelope, the protocol and the sandbox.
     Bench {
         /// Iterations of each round-trip measurement.
@@ -157,6 +174,28 @@ fn main() -> ExitCode {
                 }
             }
             Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
+            Command::Soak {
+                turns,
+                every,
+                testplugin,
+                adversary,
+            } => {
+                let soak = sharedos_host::cli::soak::SoakOptions {
+                    turns,
+                    every,
+                    testplugin: testplugin
+                        .unwrap_or_else(|| cli::soak::sibling("sharedos-testplugin")),
+                    adversary: adversary
+                        .unwrap_or_else(|| cli::soak::sibling("sharedos-adversary")),
+                };
+                match cli::soak::soak(&soak).await {
+                    Ok(code) => code,
+                    Err(e) => {
+                        eprintln!("sharedos soak: {e}");
+                        2
+                    }
+                }
+            }
             Command::Sandbox { .. } | Command::Conformance(_) => 2,
         }
     });

@@ -1,6 +1,8 @@
-//! The `sharedos` command line: `demo`, `run`, `sandbox check`, `bench`.
+//! The `sharedos` command line: `demo`, `run`, `sandbox check`, `bench`,
+//! `soak`.
 
 pub mod demo;
+pub mod soak;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
