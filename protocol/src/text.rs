@@ -76,6 +76,9 @@ pub fn is_format(c: char) -> bool {
 /// separators (U+2028, U+2029), which some terminals and editors break
 /// lines on.
 pub fn needs_escape(c: char) -> bool {
+    if c.is_ascii() {
+        return c.is_ascii_control();
+    }
     c.is_control() || is_format(c) || c == '\u{2028}' || c == '\u{2029}'
 }
 
@@ -97,12 +100,11 @@ pub fn escape_for_operator(bytes: &[u8], max: usize) -> String {
     let cut = &bytes[..bytes.len().min(max)];
     let mut out = String::with_capacity(cut.len() + 8);
     for chunk in cut.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if needs_escape(c) {
-                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-            } else {
-                out.push(c);
-            }
+        let valid = chunk.valid();
+        if valid.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            out.push_str(valid);
+        } else {
+            escape_chars(valid, &mut out);
         }
         for b in chunk.invalid() {
             let _ = write!(out, "\\x{b:02x}");
@@ -112,6 +114,16 @@ pub fn escape_for_operator(bytes: &[u8], max: usize) -> String {
         out.push('…');
     }
     out
+}
+
+fn escape_chars(valid: &str, out: &mut String) {
+    for c in valid.chars() {
+        if needs_escape(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
 }
 
 /// [`escape_for_operator`] on a whole string.
