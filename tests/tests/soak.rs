@@ -12,6 +12,12 @@ use sharedos_tests::turns::workspace_bin;
 #[test]
 fn a_short_soak_leaves_nothing_and_does_not_grow() {
     let tmp = tempfile::tempdir().unwrap();
+    // The sandbox uid enters TMPDIR to reach its workspace.
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let out = Command::new(workspace_bin("sharedos"))
         .args(["soak", "--turns", "200", "--every", "50"])
         .env("TMPDIR", tmp.path())
@@ -27,6 +33,15 @@ fn a_short_soak_leaves_nothing_and_does_not_grow() {
         assert!(r.contains("descendants 0  workspaces 0  cgroups 0"), "{r}");
     }
     assert!(reports[3].contains("turn    200/200"), "{stdout}");
+    // The hostile plugins really ran: some turns succeeded, some failed
+    // (the crashes, floods and framing violations), one was cancelled.
+    let last = reports[3];
+    assert!(
+        !last.contains("(succeeded 0,")
+            && !last.contains("failed 0,")
+            && !last.contains("cancelled 0,"),
+        "{last}"
+    );
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
 }

@@ -3,7 +3,8 @@
 //! leave behind. Every `every` turns it prints the host's resident memory,
 //! open descriptors, live descendant processes, leftover workspaces and
 //! cgroups; it exits 1 on any leftover at a report or on growth of memory
-//! or descriptors between the first report and the last.
+//! or descriptors between the first report and the last, and when no turn
+//! succeeded at all (the plugins never ran).
 //!
 //! The mix: the testplugin's hostile scripts (setsid escapees, floods,
 //! crashes, framing violations, stderr floods, a stall to the deadline,
@@ -376,6 +377,14 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
             }
             first.get_or_insert(last);
         }
+    }
+    // A soak whose plugins never ran proves nothing (a TMPDIR the sandbox
+    // uid cannot enter fails every launch, for one).
+    if ended[0] == 0 && o.turns >= 10 {
+        eprintln!(
+            "sharedos soak: no turn succeeded; the plugins did not run (see the log with SHAREDOS_LOG=warn)"
+        );
+        failed = true;
     }
     if let Some(first) = first
         && let Some(why) = growth(&first, &last)
