@@ -46,6 +46,23 @@ enum Command {
     /// Check that a plugin speaks the protocol: a battery of checks, each
     /// naming the section of docs/PROTOCOL.md it enforces and the fix.
     Conformance(cli::ConformanceArgs),
+    /// Run many turns of hostile plugins in the full sandbox and report the
+    /// host's memory, descriptors, processes, workspaces and cgroups; exits
+    /// 1 on a leftover or on growth.
+    Soak {
+        /// Turns to run.
+        #[arg(long, default_value_t = 1000)]
+        turns: u32,
+        /// Report every this many turns.
+        #[arg(long, default_value_t = 200)]
+        every: u32,
+        /// The testplugin binary (default: next to this one).
+        #[arg(long)]
+        testplugin: Option<PathBuf>,
+        /// The adversary binary (default: next to this one).
+        #[arg(long)]
+        adversary: Option<PathBuf>,
+    },
     /// Measure the envelope, the protocol and the sandbox.
     Bench {
         /// Iterations of each round-trip measurement.
@@ -160,6 +177,28 @@ fn main() -> ExitCode {
             }
             Command::Serve(args) => sharedos_host::serve::command(args, &*launcher_for).await,
             Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
+            Command::Soak {
+                turns,
+                every,
+                testplugin,
+                adversary,
+            } => {
+                let soak = sharedos_host::cli::soak::SoakOptions {
+                    turns,
+                    every,
+                    testplugin: testplugin
+                        .unwrap_or_else(|| cli::soak::sibling("sharedos-testplugin")),
+                    adversary: adversary
+                        .unwrap_or_else(|| cli::soak::sibling("sharedos-adversary")),
+                };
+                match cli::soak::soak(&soak).await {
+                    Ok(code) => code,
+                    Err(e) => {
+                        eprintln!("sharedos soak: {e}");
+                        2
+                    }
+                }
+            }
             Command::Sandbox { .. } | Command::Conformance(_) => 2,
         }
     });
@@ -172,8 +211,11 @@ fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHAREDOS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colour codes only for a terminal: a log file or a pipe gets plain
+    // text, so that any escape byte in it is a finding, never ours.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

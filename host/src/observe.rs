@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use sharedos_protocol::ExecutionEvent;
+use sharedos_protocol::text::escape_text;
 use tokio::sync::mpsc;
 
 use crate::executor::OnEvent;
@@ -28,7 +29,10 @@ pub fn event_stream() -> (OnEvent, mpsc::UnboundedReceiver<ExecutionEvent>) {
     (cb, rx)
 }
 
-/// One readable line for a terminal.
+/// One readable line for a terminal. Everything in it may come from the
+/// plugin (an emitted event, a reason), so the line is escaped
+/// ([`escape_text`]): no control, format or bidi character reaches the
+/// terminal raw.
 pub fn describe(event: &ExecutionEvent) -> String {
     let d = &event.data;
     let s = |k: &str| d.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
@@ -61,10 +65,10 @@ pub fn describe(event: &ExecutionEvent) -> String {
         "turn.escalated" => s("reason"),
         _ => String::new(),
     };
-    format!(
+    escape_text(&format!(
         "[{:>3}] {:<16} {}",
         event.sequence,
         event.kind.as_str(),
         detail
-    )
+    ))
 }

@@ -2,8 +2,10 @@
 
 mod support;
 
+use std::sync::Arc;
+
 use serde_json::json;
-use sharedos_host::executor::{ExecuteError, ExecuteOptions};
+use sharedos_host::executor::{ExecuteError, ExecuteOptions, Executor, Seat};
 use sharedos_kernel::{Admission, KernelError};
 use sharedos_protocol::ExecutionStatus;
 use support::*;
@@ -152,20 +154,45 @@ async fn g05_admission_refused_is_denied_with_its_code() {
     );
 }
 
-/// Nearest equivalent of G6 for a scripted kernel: the grant store cannot
-/// be read, which the kernel answers as an `authority_unavailable` refusal
-/// at admission. (The real kernel's grant source is tested with the
-/// kernel.)
-#[tokio::test(start_paused = true)]
+/// G6: the real kernel whose grant store throws. The kernel answers the
+/// admission `authority_unavailable` (recorded fail-closed), the envelope
+/// turns that into `denied`, and the runtime is never opened.
+#[tokio::test]
 async fn g06_authority_unavailable_at_admission_never_opens_the_runtime() {
-    let kernel = TestKernel::new(vec![read_tool("files.read")]);
-    *lock(&kernel.admission) = Admission::refused("authority_unavailable");
+    struct Throws;
+    #[async_trait::async_trait]
+    impl sharedos_kernel::GrantSource for Throws {
+        async fn load(
+            &self,
+            _: &sharedos_protocol::AccessContext,
+        ) -> Result<Vec<sharedos_kernel::Grant>, String> {
+            Err("grant store unreachable".into())
+        }
+    }
+    let audit = Arc::new(sharedos_kernel::MemoryAuditSink::new());
+    let kernel =
+        Arc::new(sharedos_kernel::Kernel::builder(Arc::new(Throws), audit.clone()).build());
     let (plugin, log) = ScriptPlugin::new(vec![]);
-    let h = executor(&kernel, plugin, 0);
+    let (opts, turn_errors) = options(0);
+    let h = Harness {
+        executor: Executor::new(kernel, Seat::in_process(plugin), opts).unwrap(),
+        turn_errors,
+    };
     let r = h.run(request(&["files.read"])).await;
     assert_eq!(r.status, ExecutionStatus::Denied);
     assert_eq!(code(&r), "authority_unavailable");
     assert!(!log.ran());
+    let records = audit.records();
+    let admission = records
+        .iter()
+        .find(|r| r.kind == "authorization.checked")
+        .expect("the admission decision is recorded");
+    assert_eq!(admission.reason.as_deref(), Some("authority_unavailable"));
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(
+        !text.contains("grant store unreachable"),
+        "the cause stays in the audit"
+    );
 }
 
 /// G6, the other shape: the authority load itself fails (a non-audit

@@ -4,7 +4,7 @@ mod support;
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost};
 use sharedos_protocol::{ErrorKind, ExecutionStatus, ProtocolError, Reason, RuntimeTurnOutcome};
 use support::*;
@@ -140,36 +140,51 @@ async fn g46_refused_keys_are_invalid() {
     assert!(!r.metadata.contains_key("__proto__"));
 }
 
-/// Nearest equivalent of G47: `undefined`, `NaN`, `Infinity`, functions and
-/// bigints are not representable as `serde_json::Value`, which is what
-/// `annotate` takes; the conversions that would produce them fail before a
-/// value exists.
-#[test]
-fn g47_non_json_values_are_unrepresentable() {
-    assert!(serde_json::Number::from_f64(f64::NAN).is_none());
-    assert!(serde_json::Number::from_f64(f64::INFINITY).is_none());
-    assert!(
-        serde_json::to_value(f64::NAN).unwrap().is_null(),
-        "serde maps NaN to null, never to a number"
-    );
-    assert!(serde_json::from_str::<Value>("NaN").is_err());
-    assert!(serde_json::from_str::<Value>("Infinity").is_err());
-}
+// G47 (non-JSON values) is a property of the wire: a plugin can only
+// annotate what arrives as JSON. `g47_non_json_values_are_unrepresentable`
+// in host/src/broker/tests.rs drives NaN, Infinity and undefined through
+// the host's reader.
 
+/// G48: a host captured during a turn and used after the turn closed
+/// annotates without an error, and the write goes nowhere: not into the
+/// result already returned (a value, it cannot change), and not into the
+/// next turn of the same executor and plugin, which runs while the stale
+/// host writes. The stale host is closed for tool calls too.
 #[tokio::test(start_paused = true)]
 async fn g48_annotate_after_close_is_dropped_without_error() {
-    let kernel = TestKernel::new(vec![]);
-    let (plugin, log) = ScriptPlugin::new(vec![Step::CaptureHost, Step::Annotate("k", json!(0))]);
+    let kernel = TestKernel::new(vec![read_tool("files.read")]);
+    let (plugin, log) = ScriptPlugin::new(vec![
+        Step::CaptureHost,
+        Step::Annotate("k", json!(0)),
+        Step::Sleep(1_000),
+    ]);
     let h = executor(&kernel, plugin, 0);
-    let r = h.run(request(&[])).await;
-    let before = r.metadata.clone();
-    let host = log.host();
-    assert!(host.annotate("k", json!(1)).is_ok());
-    assert!(host.annotate("late", json!(1)).is_ok());
-    // Refused keys are still refused: they are plugin bugs, whatever the state.
-    assert!(host.annotate("runtime", json!(1)).is_err());
-    assert_eq!(r.metadata, before);
-    assert_eq!(r.metadata.get("k"), Some(&json!(0)));
+    let first = h.run(request(&["files.read"])).await;
+    assert_eq!(first.metadata.get("k"), Some(&json!(0)));
+    let stale = log.host();
+    let late = async {
+        // Mid-way through the second turn (virtual time).
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(
+            stale.annotate("k", json!(1)).is_ok(),
+            "no error after close"
+        );
+        assert!(stale.annotate("late", json!(1)).is_ok());
+        // Refused keys are still refused: they are plugin bugs, whatever the state.
+        assert!(stale.annotate("runtime", json!(1)).is_err());
+        let err = stale
+            .invoke_tool(call("late-call", "files.read"), None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.message, "Runtime host is closed");
+    };
+    let (second, ()) = tokio::join!(h.run(request(&["files.read"])), late);
+    assert_eq!(second.metadata.get("k"), Some(&json!(0)), "{second:?}");
+    assert!(!second.metadata.contains_key("late"));
+    assert!(
+        kernel.invoked().is_empty(),
+        "the stale host reached the kernel"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -202,17 +202,120 @@ async fn g82_plugin_claiming_an_outage_is_runtime_failed() {
     assert_eq!(code(&r), "runtime_failed");
 }
 
-/// G83, the envelope's side: an outcome-path write failure is the kernel's
-/// to report (`onAuditError`); the kernel hands the result back, and the
-/// turn goes on and succeeds with the transfer made once.
-#[tokio::test(start_paused = true)]
+/// G83: the real kernel over a sink that fails only on `tool.invoked`
+/// (the write after the effect). The failure goes to the kernel's error
+/// hook (`onAuditError`) with the `tool.invoked` record, the kernel hands
+/// the result back, and the turn goes on and succeeds with the transfer
+/// made once.
+#[tokio::test]
 async fn g83_outcome_path_failure_does_not_end_the_turn() {
-    let kernel = bank(transfer());
+    let (kernel, ledger, reported, _files) = outcome_failing_kernel();
     let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
-    let h = executor(&kernel, plugin, 0);
-    let r = h.run(req()).await;
-    assert_eq!(r.status, ExecutionStatus::Succeeded);
-    assert_eq!(kernel.ledger(), ["debit:c1", "credit:c1"]);
+    let (opts, turn_errors) = options(0);
+    let executor = sharedos_host::executor::Executor::new(
+        kernel,
+        sharedos_host::executor::Seat::in_process(plugin),
+        opts,
+    )
+    .unwrap();
+    let r = Harness {
+        executor,
+        turn_errors,
+    }
+    .run(req())
+    .await;
+    assert_eq!(r.status, ExecutionStatus::Succeeded, "{r:?}");
+    assert_eq!(
+        *lock(&ledger),
+        ["transfer:c1"],
+        "the transfer happened once"
+    );
+    assert_eq!(
+        *lock(&reported),
+        ["tool.invoked"],
+        "the error hook got the outcome-path failure"
+    );
+    let completed = events_of(&r, "tool.completed");
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0]["status"], "succeeded", "{completed:?}");
+}
+
+type Shared = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// The real kernel: `transfer_funds` granted to the request's agent, an
+/// audit sink whose `tool.invoked` writes fail, an error hook that records
+/// what it was told.
+fn outcome_failing_kernel() -> (
+    Arc<sharedos_kernel::Kernel>,
+    Shared,
+    Shared,
+    tempfile::TempDir,
+) {
+    use sharedos_kernel::{AuditError, AuditRecord, AuditSink, ErrorHook, MemoryAuditSink};
+
+    struct FailsAfterEffect(MemoryAuditSink);
+    #[async_trait::async_trait]
+    impl AuditSink for FailsAfterEffect {
+        async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+            if record.kind == "tool.invoked" {
+                return Err(AuditError::Sink("disk full after the effect".into()));
+            }
+            self.0.append(record).await
+        }
+    }
+    struct Reported(Shared);
+    impl ErrorHook for Reported {
+        fn audit_error(&self, _: &AuditError, record: &AuditRecord) {
+            lock(&self.0).push(record.kind.to_string());
+        }
+    }
+    struct Transfer(Shared);
+    #[async_trait::async_trait]
+    impl sharedos_kernel::ToolHandler for Transfer {
+        async fn invoke(
+            &self,
+            context: &sharedos_protocol::AccessContext,
+            call: &sharedos_protocol::ToolCall,
+            _: tokio_util::sync::CancellationToken,
+        ) -> Result<sharedos_kernel::HandlerAnswer, sharedos_kernel::ToolError> {
+            lock(&self.0).push(format!("transfer:{}", call.id));
+            Ok(sharedos_protocol::ToolResult::succeeded(
+                call,
+                json!({"transferred": true}),
+                context.now.clone(),
+            )
+            .into())
+        }
+    }
+
+    let subject = json!({"kind": "agent", "agentId": AGENT});
+    let issuer = json!({"kind": "human", "userId": "issuer"});
+    let config: sharedos_kernel::KernelConfig = serde_json::from_value(json!({
+        "namespaces": ["bank"],
+        "grants": [{"id": "g", "subject": subject, "issuer": issuer, "namespaceId": "ns-1",
+            "capabilities": [
+                {"namespace": "sharedos.execution", "path": ["agent", AGENT], "scope": "exact", "actions": ["invoke"]},
+                {"namespace": "bank", "path": [], "scope": "descendants", "actions": ["write"]}
+            ]}]
+    }))
+    .unwrap();
+    let ledger = Shared::default();
+    let reported = Shared::default();
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = sharedos_kernel::Kernel::builder_from_config(
+        &config,
+        dir.path(),
+        Arc::new(FailsAfterEffect(MemoryAuditSink::new())),
+    )
+    .unwrap()
+    .error_hook(Arc::new(Reported(reported.clone())))
+    .tool(
+        write_tool("transfer_funds"),
+        Arc::new(Transfer(ledger.clone())),
+    )
+    .unwrap()
+    .build();
+    (Arc::new(kernel), ledger, reported, dir)
 }
 
 /// B.10: an outage on any kernel call the envelope makes itself (authority,

@@ -151,10 +151,27 @@ async fn g74_write_that_failed_counts() {
 
 #[tokio::test(start_paused = true)]
 async fn g75_envelope_refused_write_does_not_count() {
-    // Unlisted: the caller names it, the kernel did not list it.
-    let k = kernel(vec![], Handler::Succeed(json!(1)));
-    let (plugin, _) = ScriptPlugin::new(vec![Step::TryCall("c1", "transfer_funds"), Step::Stall]);
-    let r = executor(&k, plugin, 0).run(req(&["transfer_funds"])).await;
+    // Unlisted: the caller names it and declares it a write; the kernel
+    // did not list it but would run it (a handler is registered), so an
+    // envelope that forwarded or counted it would make the turn
+    // non-retryable.
+    let k = TestKernel::new(vec![]).handler(
+        "transfer_funds",
+        Handler::Transfer {
+            work_ms: 0,
+            honour_abort: true,
+        },
+    );
+    let (plugin, log) = ScriptPlugin::new(vec![Step::TryCall("c1", "transfer_funds"), Step::Stall]);
+    let declared_write = request_with(&["transfer_funds"], |v| {
+        v["options"] = json!({"timeoutMs": 10_000});
+        v["tools"][0]["readWrite"] = json!("write");
+        v["tools"][0]["namespace"] = json!("bank");
+    });
+    let r = executor(&k, plugin, 0).run(declared_write).await;
+    assert_eq!(log.code("c1").as_deref(), Some("tool_unavailable"));
+    assert!(k.invoked().is_empty(), "the envelope never forwards it");
+    assert!(k.ledger().is_empty());
     assert_eq!(r.retryable(), Some(true));
 
     // Over budget: the first (read) call uses the budget, the write is refused.

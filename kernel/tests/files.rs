@@ -521,3 +521,47 @@ async fn f3_the_host_policy_only_narrows() {
         .collect();
     assert_eq!(denied.len(), 3);
 }
+
+#[tokio::test]
+async fn names_with_control_format_bidi_or_invisible_characters_are_refused() {
+    let f = files().await;
+    f.call("files.write", json!({"path": "seed.txt", "content": "x"}))
+        .await;
+    for (path, shown) in [
+        ("invoice\u{202e}fdp.exe", "U+202E"),
+        ("a/\u{2066}b\u{2069}", "U+2066"),
+        ("zero\u{200b}width.txt", "U+200B"),
+        ("\u{feff}bom.txt", "U+FEFF"),
+        ("soft\u{ad}hyphen", "U+00AD"),
+        ("tag\u{e0041}.txt", "U+E0041"),
+        ("nbsp\u{a0}name", "U+00A0"),
+        ("hangul\u{3164}filler", "U+3164"),
+        ("line\u{2028}sep", "U+2028"),
+        ("c1\u{9b}x", "U+009B"),
+        ("esc\u{1b}[31m", "U+001B"),
+    ] {
+        for (tool, args) in [
+            ("files.write", json!({"path": path, "content": "pwned"})),
+            ("files.read", json!({"path": path})),
+            ("files.delete", json!({"path": path})),
+        ] {
+            let r = f.call(tool, args).await;
+            assert_eq!(code(&r), Some("invalid_tool_arguments"), "{tool} {path:?}");
+            let msg = r.error().unwrap().message.to_string();
+            assert!(msg.contains(shown), "{tool} {path:?}: {msg}");
+            assert!(
+                !msg.contains(path),
+                "the refused name is never echoed: {msg}"
+            );
+        }
+    }
+    assert_eq!(tree(&f.agent_dir()), vec!["seed.txt".to_owned()]);
+    // Letters of any script are names like any other.
+    let r = f
+        .call(
+            "files.write",
+            json!({"path": "résumé 漢字.md", "content": "ok"}),
+        )
+        .await;
+    assert_eq!(r.status(), ToolStatus::Succeeded, "{r:?}");
+}

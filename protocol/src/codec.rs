@@ -87,26 +87,10 @@ impl<T: AsRef<str>> Encoder<T> for NdjsonCodec {
 }
 
 /// Escapes a sample of hostile bytes for a log line: at most `max` bytes,
-/// control characters and non-UTF-8 escaped.
+/// control, format and bidi characters and non-UTF-8 escaped
+/// ([`crate::text::escape_for_operator`], the one escaping function).
 pub fn escaped_sample(bytes: &[u8], max: usize) -> String {
-    let cut = &bytes[..bytes.len().min(max)];
-    let mut out = String::with_capacity(cut.len() + 8);
-    for chunk in cut.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if c.is_control() {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    if bytes.len() > max {
-        out.push('…');
-    }
-    out
+    crate::text::escape_for_operator(bytes, max)
 }
 
 #[cfg(test)]

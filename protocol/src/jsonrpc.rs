@@ -476,14 +476,32 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_classified_without_recursion() {
-        let deep = format!(
-            r#"{{"jsonrpc":"2.0","method":"host/emit","params":{}{}}}"#,
-            "[".repeat(100_000),
-            "]".repeat(100_000)
-        );
-        // Either accepted as a notification (params stay raw) or refused;
-        // never a stack overflow.
-        let _ = classify(&deep);
+        let nested = |depth: usize| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"host/emit","params":{{"a":{}{}}}}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        // On a 128 KiB stack: a parser that recursed once per level would
+        // overflow long before 100 000 levels (and abort the test binary).
+        // The envelope keeps `params` raw (its typed parse, later, stops at
+        // serde_json's depth limit), so both are notifications whose params
+        // are the bytes sent.
+        let params_len = std::thread::Builder::new()
+            .stack_size(128 << 10)
+            .spawn(move || {
+                [100, 100_000].map(|depth| match classify(&nested(depth)) {
+                    Ok(Incoming::Notification { method, params }) if method == "host/emit" => {
+                        params.map(|p| p.get().len())
+                    }
+                    _ => None,
+                })
+            })
+            .unwrap()
+            .join()
+            .expect("classified without overflowing a small stack");
+        assert_eq!(params_len, [Some(206), Some(200_006)]);
     }
 
     #[test]

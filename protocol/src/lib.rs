@@ -20,6 +20,7 @@ pub mod execution;
 pub mod jsonrpc;
 pub mod primitives;
 pub mod schema;
+pub mod text;
 pub mod wire;
 
 pub use codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, NdjsonCodec};

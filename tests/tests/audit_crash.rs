@@ -327,12 +327,10 @@ fn host_sigkill_mid_turn_sandboxed() {
     }
 }
 
-/// BUG (reported): a host killed mid-turn leaves its sandbox workspace
-/// (`$TMPDIR/sharedos-ws-*`, owned by the sandbox uid, holding whatever
-/// the plugin wrote) behind, and nothing ever removes it: unlike the
-/// cgroups (`sweep_stale`), the workspace name does not carry the host's
-/// pid, so the next host cannot even tell it is stale. Each host crash
-/// leaks one directory per running sandboxed turn.
+/// A host killed mid-turn leaves its sandbox workspace
+/// (`$TMPDIR/sharedos-ws-*`, holding whatever the plugin wrote) behind;
+/// the next host to start removes it, so host crashes do not leak one
+/// directory per running sandboxed turn.
 #[test]
 fn host_sigkill_leaves_no_sandbox_workspace_after_the_next_host_starts() {
     let crashed = crash_once("sandbox", 5);

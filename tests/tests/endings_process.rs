@@ -891,16 +891,11 @@ async fn slow_observer_race() -> TurnRun {
     run
 }
 
-/// BUG (reported): a call whose mediation was held up (here by a slow
-/// `on_event` over its `tool.requested`) while the turn ended goes on
-/// after the turn closed: `EnvelopeHost::invoke_tool` checks `closed()`
-/// only at step 1 and step 12, so step 5 sees the soft signal (raised with
-/// the hard one at close) and refuses the call `turn_draining` through
-/// `refuse`, which pushes `tool.completed` (`denied turn_draining`, though
-/// the turn never drained) after the terminal `turn.failed`: an event the
-/// observer receives but the returned result does not contain. (The
-/// refusal is not audited: the lease is gone by then; the test checks
-/// that no audit record follows `turn.ended` too.)
+/// A call whose mediation was held up (here by a slow `on_event` over its
+/// `tool.requested`) while the turn ended does not go on after the turn
+/// closed: no `tool.completed` (a `denied turn_draining` refusal, say)
+/// reaches the observer after the terminal `turn.failed`, and no audit
+/// record follows `turn.ended`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_observed_or_audited_after_the_turn_ended() {
     let run = slow_observer_race().await;
@@ -936,14 +931,11 @@ async fn nothing_is_observed_or_audited_after_the_turn_ended() {
     assert!(breaches.is_empty(), "{breaches:#?}");
 }
 
-/// BUG (reported, same area): `on_event` can still be running, and the
-/// turn's last events undelivered, when `execute` has returned: the
-/// executor's `turn.failed` finds delivery busy (`Turn::deliver`:
-/// `try_lock` → `WouldBlock` → return) and is delivered later on the call
-/// task's thread. A host that prints the result and exits (`sharedos run`
-/// streams events to stderr) loses the final events or shows them after
-/// the result; in the reference (B.1) every event is delivered before
-/// `execute` resolves.
+/// Every event of the turn, its terminal `turn.failed` included, is
+/// delivered to `on_event` before `execute` resolves (reference B.1), even
+/// when a slow observer keeps delivery busy: a host that prints the result
+/// and exits (`sharedos run` streams events to stderr) loses none and shows
+/// none after the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_is_observed_before_execute_returns() {
     let run = slow_observer_race().await;
@@ -1517,15 +1509,11 @@ async fn sandbox_below_minimum_refuses_the_launch() {
     run.assert_no_survivor();
 }
 
-/// BUG (reported): a sandboxed seat whose launch was refused (the sandbox
-/// came out below the policy's minimum) gets the provenance
-/// `{"level":"none","reason":"launched without a sandbox"}`, which is false:
-/// the seat is sandboxed, the launch was refused, and the report saying
-/// which layers were missing is dropped (`host/src/seat.rs`,
-/// `SeatReports for ProcessRuntime`, falls back to that value whenever no
-/// report was kept; `SandboxLauncher::launch` maps `BelowMinimum` to
-/// `LaunchError::Refused` without its report). sandbox.md: the report goes
-/// into the result's `runtime` provenance.
+/// A sandboxed seat whose launch was refused (the sandbox came out below
+/// the policy's minimum) never gets the provenance
+/// `{"level":"none","reason":"launched without a sandbox"}`: the refused
+/// report, saying which layers were missing, goes into the result's
+/// `runtime` provenance (sandbox.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_sandbox_launch_provenance_does_not_claim_no_sandbox() {
     let run = run_turn(TurnSpec::new(
@@ -1542,9 +1530,8 @@ async fn refused_sandbox_launch_provenance_does_not_claim_no_sandbox() {
     assert_eq!(sandbox["level"], "reduced", "the refused report: {sandbox}");
 }
 
-/// BUG (reported, same cause): a sandboxed turn cancelled by the host
-/// while its sandbox is being built is reported "launched without a
-/// sandbox".
+/// A sandboxed turn cancelled by the host while its sandbox is being built
+/// is never reported "launched without a sandbox".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_during_sandbox_launch_provenance_does_not_claim_no_sandbox() {
     for ms in [10u64, 20, 30] {

@@ -104,6 +104,20 @@ fn stdout_noise_before_the_handshake_says_log_to_stderr() {
     assert!(msg.contains("log to stderr"), "{msg}");
 }
 
+/// protocol.md 4.1: a request of any method, known or not, written before
+/// the `initialize` answer fails the load (it used to be answered -32601
+/// and the handshake went on).
+#[test]
+fn a_request_before_the_initialize_answer_fails_the_load() {
+    let msg = load_error("early-request", |_| {});
+    assert!(msg.contains("stdout_before_handshake"), "{msg}");
+    assert!(
+        msg.contains("probe/unknown"),
+        "the sample shows the line: {msg}"
+    );
+    assert!(msg.contains("log to stderr"), "{msg}");
+}
+
 #[test]
 fn a_different_manifest_names_the_field() {
     let msg = load_error("wrong-manifest", |_| {});

@@ -307,6 +307,53 @@ fn an_emit_flood_is_fatal() {
     })
 }
 
+/// Tool calls take from the per-turn byte budget of notifications (64 MiB
+/// by default): 80 MiB of calls, each answered, end the turn. Before, a
+/// plugin could push any volume through requests uncounted.
+#[test]
+fn tool_calls_count_against_the_byte_budget() {
+    isolated(async {
+        let host = RecordingHost::new();
+        let rt = runtime(
+            "sharedos-testplugin",
+            &["normal"],
+            ("sharedos-testplugin", "0.1.0"),
+            |_| {},
+        );
+        let script =
+            json!([{"op":"emit_pid"}, {"op":"big_calls","n":40,"bytes":2 << 20,"tool":"echo"}]);
+        let r = turn(&rt, script, &host, Signal::never()).await;
+        protocol_error(r, "rate_limit_exceeded");
+        let served = tool_calls(&host);
+        assert!(
+            (30..40).contains(&served),
+            "the calls within the budget were served, the rest not: {served}"
+        );
+        assert_clean(&host);
+    })
+}
+
+/// `host/invokeTool` without an id is never served and counts against the
+/// dropped-message budget (100 per turn).
+#[test]
+fn tool_calls_sent_without_an_id_are_counted_not_served() {
+    isolated(async {
+        let host = RecordingHost::new();
+        let rt = runtime(
+            "sharedos-testplugin",
+            &["normal"],
+            ("sharedos-testplugin", "0.1.0"),
+            |_| {},
+        );
+        let script =
+            json!([{"op":"emit_pid"}, {"op":"invoke_as_notification","tool":"echo","n":101}]);
+        let r = turn(&rt, script, &host, Signal::never()).await;
+        protocol_error(r, "violation_budget_exceeded");
+        assert_eq!(tool_calls(&host), 0);
+        assert_clean(&host);
+    })
+}
+
 #[test]
 fn tool_calls_over_the_inflight_cap_are_not_taken() {
     isolated(async {

@@ -198,6 +198,10 @@ fn network_c09_to_c19_reaches_nothing() {
         "C11 udp-to-host-port: the host socket got datagrams (netns; seccomp)"
     );
     blocked(r, "C12", "seccomp; Landlock BindTcp; netns");
+    // Beyond the receipt: the helper's report (written before the plugin
+    // ran, delivered to the host) says the plugin had its own network
+    // namespace, so no listener it bound can be in the host's.
+    layer_applied(s, "netns", "C12 bind-tcp-listener / C19");
     blocked(r, "C13", "mountns; strict seccomp; Landlock ResolveUnix");
     assert_eq!(
         h.unix_accepts, 0,
@@ -229,6 +233,8 @@ fn processes_c20_to_c26_cannot_touch_the_victim() {
     blocked(r, "C21", "seccomp; pidns");
     blocked(r, "C22", "pidns + own procfs; uid != 0");
     blocked(r, "C23", "pidns");
+    layer_applied(s, "pidns", "C21/C22/C23");
+    layer_applied(s, "uid_drop", "C22");
     blocked(r, "C24", "pidns; Landlock Scope::Signal; uid");
     assert!(
         h.victim_alive,
@@ -331,6 +337,37 @@ fn kernel_surface_c46_to_c55_c58_c59_c61_is_closed() {
     );
     blocked(r, "C59", "x32 guard; seccompiler arch check = KILL_PROCESS");
     blocked(r, "C61", "RLIMIT_CORE=0");
+    // Beyond the receipt: the helper set the core limit to 0 (soft and
+    // hard, so the plugin cannot raise it) before the plugin ran.
+    let report = s.run.sandbox_report();
+    assert_eq!(
+        report["rlimits"]["core"], 0,
+        "C61 core-dump: RLIMIT_CORE is not 0 in the helper's report: {}",
+        report["rlimits"]
+    );
+    layer_applied(s, "rlimits_status", "C61 core-dump");
+    layer_applied(s, "utsns", "C55");
+    layer_applied(s, "caps", "C46/C48/C55 (no capabilities)");
+    layer_applied(
+        s,
+        "root",
+        "C51/C53 (minimal root: /sys not mounted, minimal /dev)",
+    );
+    assert_eq!(
+        report["no_new_privs"], true,
+        "C49/C50: no_new_privs not set in the helper's report"
+    );
+}
+
+/// A layer the helper reports `applied` (its report is written by the
+/// helper before `execve` and delivered to the host, never by the plugin).
+fn layer_applied(s: &Strong, layer: &str, attacks: &str) {
+    let report = s.run.sandbox_report();
+    assert_eq!(
+        report[layer]["state"], "applied",
+        "{attacks}: the helper reports {layer} {}",
+        report[layer]
+    );
 }
 
 #[test]
@@ -338,6 +375,7 @@ fn ipc_c56_c57_host_shared_memory_is_untouched() {
     let s = strong();
     let (r, h) = (&s.receipts, &s.host);
     blocked(r, "C56", "ipcns; seccomp in reduced mode");
+    layer_applied(s, "ipcns", "C56 host-sysv-shm");
     assert_eq!(
         h.shm, None,
         "C56 host-sysv-shm: the host segment was attached or changed (ipcns)"

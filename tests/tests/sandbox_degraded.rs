@@ -437,16 +437,11 @@ fn no_userns_and_no_landlock_is_minimal_and_refused_below_reduced() {
     assert_refused(&NO_USERNS_NO_LANDLOCK, SandboxLevel::Reduced);
 }
 
-/// BUG (host, failing, hence ignored): when the sandbox launcher refuses a
-/// plugin below `min_level`, the result's provenance says
-/// `metadata.runtime.sandbox = {"level": "none", "reason": "launched without
-/// a sandbox"}`. Nothing was launched without a sandbox: the helper built
-/// the sandbox, reported `reduced`, and the host refused it. The fallback
-/// in host/src/seat.rs (`impl SeatReports for ProcessRuntime`) answers for
-/// every turn without a kept report, including refused launches, so an
-/// auditor reading the result is told the plugin ran unconfined. The
-/// refused report (its level and missing layers) is what belongs there,
-/// or at least no claim of a launch.
+/// When the sandbox launcher refuses a plugin below `min_level`, the
+/// result's provenance does not say `{"level": "none", "reason": "launched
+/// without a sandbox"}` (nothing was launched without a sandbox: the
+/// helper built the sandbox, reported `reduced`, and the host refused it);
+/// it carries the refused report, its level and missing layers.
 #[test]
 fn refused_launch_is_not_recorded_as_an_unsandboxed_launch() {
     let _serial = serial();

@@ -37,6 +37,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use sharedos_protocol::codec::escaped_sample;
 use sharedos_protocol::jsonrpc::{self, RequestId, WireError};
+use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -64,16 +65,21 @@ pub struct PeerConfig {
     pub inbound_queue: usize,
     /// Semantic violations (dropped and counted) before the peer is killed.
     pub violation_budget: u32,
-    /// Notifications (and empty lines) allowed in total.
+    /// Notifications, requests and empty lines allowed in total.
     pub notification_budget: u64,
-    /// Bytes of notifications allowed in total.
+    /// Bytes of notifications, requests and empty lines allowed in total.
     pub notification_bytes_budget: u64,
-    /// Token bucket on notifications: refill rate per second and burst.
+    /// Token bucket on notifications, requests and empty lines: refill
+    /// rate per second and burst.
     pub notification_rate: (u32, u32),
     /// Request methods the consumer serves; others get `-32601`.
     pub request_methods: &'static [&'static str],
     /// Notification methods the consumer takes; others are dropped.
     pub notification_methods: &'static [&'static str],
+    /// The plugin speaks only after answering the host's first request
+    /// (`initialize`): until a response to a pending host request is
+    /// read, any other line is fatal (`stdout_before_handshake`).
+    pub handshake_first: bool,
 }
 
 impl Default for PeerConfig {
@@ -90,6 +96,7 @@ impl Default for PeerConfig {
             notification_rate: (2_000, 10_000),
             request_methods: &[],
             notification_methods: &[],
+            handshake_first: false,
         }
     }
 }
@@ -106,6 +113,8 @@ pub enum ViolationReason {
     RateLimitExceeded,
     WriteStall,
     ViolationBudgetExceeded,
+    /// A line before the answer to `initialize`.
+    StdoutBeforeHandshake,
     /// EOF on the plugin's stdout, or the process exited.
     PluginExited,
     Io,
@@ -123,6 +132,7 @@ impl ViolationReason {
             ViolationReason::RateLimitExceeded => "rate_limit_exceeded",
             ViolationReason::WriteStall => "write_stall",
             ViolationReason::ViolationBudgetExceeded => "violation_budget_exceeded",
+            ViolationReason::StdoutBeforeHandshake => "stdout_before_handshake",
             ViolationReason::PluginExited => "plugin_exited",
             ViolationReason::Io => "io",
         }
@@ -167,6 +177,8 @@ pub const UNKNOWN_RESPONSE_ID: &str = "unknown_response_id";
 pub const UNKNOWN_NOTIFICATION: &str = "unknown_notification";
 pub const UNKNOWN_METHOD: &str = "method_not_found";
 pub const EMPTY_LINE: &str = "empty_line";
+/// A request method sent without an id (as a notification): never served.
+pub const REQUEST_WITHOUT_ID: &str = "request_without_id";
 
 /// One accepted incoming message, in wire order.
 #[derive(Debug)]
@@ -210,7 +222,7 @@ impl Shared {
     pub(super) fn fail(&self, v: Violation) -> Violation {
         let mut slot = lock(&self.violation);
         if slot.is_none() {
-            tracing::warn!(reason = v.reason.as_str(), sample = %v.sample, "plugin protocol violation: {}", v.detail);
+            tracing::warn!(reason = v.reason.as_str(), sample = %v.sample, "plugin protocol violation: {}", escape_text(&v.detail));
             *slot = Some(v.clone());
         }
         self.dead.cancel();

@@ -1,6 +1,13 @@
 //! The peer's reader: one task that classifies every line the plugin
 //! writes and applies it strictly in wire order, with the framing,
 //! envelope and budget checks of protocol.md B and D.
+//!
+//! Budgets: every line the plugin writes that is not an answer to the
+//! host (notifications, requests of any method, taken or refused, and
+//! empty lines) takes from one per-turn count, byte and rate budget, so no
+//! kind of message passes uncounted. Handshake: with
+//! `handshake_first`, nothing but the answer to a pending host request
+//! (`initialize`) may come first; anything else is fatal.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,6 +15,7 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
+use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
 use tokio::io::AsyncRead;
 use tokio::sync::{Semaphore, mpsc};
@@ -55,7 +63,8 @@ impl Decoder for Sampling {
     }
 }
 
-/// A token bucket plus absolute count and byte budgets on notifications.
+/// A token bucket plus absolute count and byte budgets on the plugin's
+/// notifications, requests and empty lines.
 struct Budget {
     tokens: f64,
     rate: f64,
@@ -86,19 +95,19 @@ impl Budget {
         self.bytes += len as u64;
         if self.count > c.notification_budget {
             return Err(format!(
-                "more than {} notifications in one turn",
+                "more than {} notifications and requests in one turn",
                 c.notification_budget
             ));
         }
         if self.bytes > c.notification_bytes_budget {
             return Err(format!(
-                "more than {} bytes of notifications in one turn",
+                "more than {} bytes of notifications and requests in one turn",
                 c.notification_bytes_budget
             ));
         }
         if self.tokens < 1.0 {
             return Err(format!(
-                "notifications faster than {}/s (burst {})",
+                "notifications and requests faster than {}/s (burst {})",
                 c.notification_rate.0, c.notification_rate.1
             ));
         }
@@ -130,6 +139,7 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
     let mut framed = FramedRead::new(reader, Sampling::new(config.max_message_bytes));
     let permits = Arc::new(Semaphore::new(config.max_inflight_requests));
     let mut budget = Budget::new(config);
+    let mut answered_first = !config.handshake_first;
     let consumer_gone = || Violation::new(ViolationReason::Io, "the consumer has stopped");
     loop {
         let line = match framed.next().await {
@@ -155,6 +165,14 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
             }
             Some(Ok(line)) => line,
         };
+        if !answered_first && !answers_pending(&line, shared) {
+            return Violation::new(
+                ViolationReason::StdoutBeforeHandshake,
+                "the plugin wrote before answering initialize",
+            )
+            .with_sample(line.as_bytes());
+        }
+        answered_first = true;
         if line.trim().is_empty() {
             if let Err(why) = budget.take(line.len(), config) {
                 return Violation::new(ViolationReason::RateLimitExceeded, why);
@@ -177,6 +195,9 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
         };
         match msg {
             Incoming::Request { id, method, params } => {
+                if let Err(why) = budget.take(line.len(), config) {
+                    return Violation::new(ViolationReason::RateLimitExceeded, why);
+                }
                 if lock(&shared.inflight).contains(&id) {
                     return Violation::new(
                         ViolationReason::DuplicateInflightId,
@@ -225,6 +246,20 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
                 if let Err(why) = budget.take(line.len(), config) {
                     return Violation::new(ViolationReason::RateLimitExceeded, why);
                 }
+                if config.request_methods.contains(&method.as_ref()) {
+                    // Never served (there is no id to answer), but never
+                    // silent either: logged, and counted like any dropped
+                    // message.
+                    tracing::warn!(
+                        violation = REQUEST_WITHOUT_ID,
+                        "the plugin sent {} without an id (as a notification); it is not served",
+                        escape_text(&method)
+                    );
+                    if let Err(v) = shared.count(REQUEST_WITHOUT_ID) {
+                        return v;
+                    }
+                    continue;
+                }
                 if !config.notification_methods.contains(&method.as_ref()) {
                     if let Err(v) = shared.count(UNKNOWN_NOTIFICATION) {
                         return v;
@@ -259,5 +294,19 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
                 }
             }
         }
+    }
+}
+
+/// Whether `line` is a response to a request the host is waiting for (the
+/// only line allowed before the handshake is done). The full
+/// classification runs again after this check; this one only decides
+/// whether the line may come first.
+fn answers_pending(line: &str, shared: &Shared) -> bool {
+    match jsonrpc::classify(line) {
+        Ok(Incoming::Response {
+            id: RequestId::Number(n),
+            ..
+        }) => lock(&shared.outstanding).contains(&n),
+        _ => false,
     }
 }

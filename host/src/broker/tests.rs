@@ -43,7 +43,16 @@ impl PluginEnd {
     }
 }
 
+/// The host's configuration without the handshake rule, for tests of the
+/// reader that start mid-connection.
 fn config() -> PeerConfig {
+    PeerConfig {
+        handshake_first: false,
+        ..handshake_config()
+    }
+}
+
+fn handshake_config() -> PeerConfig {
     host_peer_config(PeerConfig {
         max_message_bytes: 1024,
         ..PeerConfig::default()
@@ -473,7 +482,7 @@ async fn handshaken(cfg: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEn
 }
 
 async fn handshake_error(script: impl AsyncFnOnce(&mut PluginEnd)) -> HandshakeError {
-    let (mut peer, mut inbound, mut plugin) = pair(config());
+    let (mut peer, mut inbound, mut plugin) = pair(handshake_config());
     let m = manifest();
     let (r, ()) = tokio::join!(
         handshake(
@@ -535,6 +544,117 @@ async fn handshake_failures_are_typed() {
     ));
 }
 
+/// protocol.md 4.1: nothing before the answer to `initialize`, whatever
+/// it is (an unknown-method request used to be answered -32601 and
+/// tolerated).
+#[tokio::test]
+async fn anything_before_the_initialize_answer_breaks_the_handshake() {
+    let early: [&[u8]; 5] = [
+        b"{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"method\":\"probe/unknown\",\"params\":{}}\n",
+        b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"host/invokeTool\",\"params\":{}}\n",
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"probe/unknown\"}\n",
+        b"{\"jsonrpc\":\"2.0\",\"id\":999,\"result\":{}}\n",
+        b"\n",
+    ];
+    for line in early {
+        let e = handshake_error(async |p| {
+            p.write(line).await;
+            answer_initialize(p, good_init()).await
+        })
+        .await;
+        assert!(
+            matches!(
+                &e,
+                HandshakeError::StdoutBeforeHandshake {
+                    reason: "stdout_before_handshake",
+                    ..
+                }
+            ),
+            "{}: {e}",
+            String::from_utf8_lossy(line)
+        );
+        assert!(e.to_string().contains("log to stderr"), "{e}");
+    }
+}
+
+/// Requests take from the same per-turn budgets as notifications: refused
+/// ones (over the in-flight cap, unknown methods) included.
+#[tokio::test]
+async fn requests_count_against_the_message_budgets() {
+    for (budget, expect) in [
+        (
+            PeerConfig {
+                notification_bytes_budget: 4096,
+                violation_budget: 10_000,
+                max_inflight_requests: 1,
+                ..config()
+            },
+            "bytes",
+        ),
+        (
+            PeerConfig {
+                notification_budget: 20,
+                violation_budget: 10_000,
+                max_inflight_requests: 1,
+                ..config()
+            },
+            "more than 20",
+        ),
+    ] {
+        let (_peer, mut inbound, mut plugin) = pair(budget);
+        let pad = "p".repeat(200);
+        let writer = tokio::spawn(async move {
+            for id in 0..200 {
+                let method = if id % 2 == 0 {
+                    "host/invokeTool"
+                } else {
+                    "probe/unknown"
+                };
+                plugin
+                    .line(json!({"jsonrpc":"2.0","id":id,"method":method,"params":{"pad":pad}}))
+                    .await;
+            }
+            // Keep reading the refusals so the host never stalls on us.
+            while plugin.lines.next_line().await.is_ok_and(|l| l.is_some()) {}
+        });
+        let mut taken = Vec::new();
+        let v = loop {
+            match next(&mut inbound).await {
+                // Never answered: the rest are refused as overloaded.
+                Inbound::Request { reply, .. } => taken.push(reply),
+                Inbound::Closed(v) => break v,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(v.reason, ViolationReason::RateLimitExceeded, "{v}");
+        assert!(v.detail.contains(expect), "{v}");
+        assert_eq!(taken.len(), 1);
+        writer.abort();
+    }
+}
+
+/// `host/invokeTool` without an id cannot be answered: it is counted (and
+/// logged), never served, never silently dropped.
+#[tokio::test]
+async fn a_request_sent_as_a_notification_is_counted() {
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        violation_budget: 2,
+        ..config()
+    });
+    for _ in 0..3 {
+        plugin
+            .line(json!({"jsonrpc":"2.0","method":"host/invokeTool","params":{}}))
+            .await;
+    }
+    match next(&mut inbound).await {
+        Inbound::Closed(v) => {
+            assert_eq!(v.reason, ViolationReason::ViolationBudgetExceeded);
+            assert!(v.detail.contains("request_without_id"), "{v}");
+        }
+        other => panic!("a request without an id reached the consumer: {other:?}"),
+    }
+}
+
 async fn run_turn(
     peer: &mut Peer,
     inbound: &mut mpsc::Receiver<Inbound>,
@@ -576,10 +696,12 @@ async fn a_turn_applies_messages_in_wire_order() {
         plugin.line(json!({"jsonrpc":"2.0","id":3,"method":"host/invokeTool","params":{"turnId":"t-1","call":call("c3","closed")}})).await;
         assert_eq!(plugin.read().await["error"]["code"], -32052);
         // malformed call, wrong turn
-        plugin.line(json!({"jsonrpc":"2.0","id":4,"method":"host/invokeTool","params":{"turnId":"t-1","call":{"id":"x"}}})).await;
+        plugin.line(json!({"jsonrpc":"2.0","id":4,"method":"host/invokeTool","params":{"turnId":"t-1","call":{"id":"INPUT-7f3a","tool":{"nested":"INPUT-9c1e"}}}})).await;
         let r = plugin.read().await;
+        assert_eq!(r["id"], 4);
         assert_eq!(r["error"]["code"], -32602);
-        assert!(!r.to_string().contains("\"x\"") || r["id"] == 4);
+        // The input is never echoed: not in the message, not in the data.
+        assert!(!r["error"].to_string().contains("INPUT-"), "{r}");
         plugin.line(json!({"jsonrpc":"2.0","id":5,"method":"host/invokeTool","params":{"turnId":"t-2","call":call("c5","echo")}})).await;
         assert_eq!(plugin.read().await["error"]["code"], -32052);
         // bad notifications are dropped and counted
@@ -594,6 +716,7 @@ async fn a_turn_applies_messages_in_wire_order() {
             (r["id"].clone(), r["error"]["code"].clone()),
             (json!(6), json!(-32602))
         );
+        assert!(!r["error"].to_string().contains("ud800"), "{r}");
         // the last emit is written right before the outcome, in one write
         let last = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":"t-1","event":{"type":"z","data":null}}});
         let outcome = json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":{"ok":true}}});
@@ -711,4 +834,101 @@ async fn drain_and_abort_reach_the_plugin_and_pending_calls_get_32800() {
     let (r, ()) = tokio::join!(run_turn(&mut peer, &mut inbound, rec, abort_signal), script);
     assert!(matches!(r, Err(RuntimeError::Failed(_))), "{r:?}");
     drop(drain);
+}
+
+/// G47 on the wire: `NaN`, `Infinity`, `-Infinity` and `undefined` are not
+/// JSON, so a plugin cannot annotate (or emit) them: the line is fatal
+/// (`invalid_json`) and nothing of it is applied. A number JSON can write
+/// but a double cannot hold (`1e400`, a bigint) is dropped and counted.
+#[tokio::test]
+async fn g47_non_json_values_are_unrepresentable() {
+    for value in ["NaN", "Infinity", "-Infinity", "undefined"] {
+        let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+        let rec = Arc::new(Recorder::default());
+        let script = async {
+            let run = plugin.read().await;
+            let line = format!(
+                "{{\"jsonrpc\":\"2.0\",\"method\":\"host/annotate\",\"params\":{{\"turnId\":\"t-1\",\"key\":\"k\",\"value\":{value}}}}}\n"
+            );
+            plugin.write(line.as_bytes()).await;
+            let outcome =
+                json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":null}});
+            plugin.line(outcome).await;
+            plugin
+        };
+        let (outcome, _plugin) = tokio::join!(
+            run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+            script
+        );
+        match outcome {
+            Err(RuntimeError::Protocol(m)) => assert!(m.contains("invalid_json"), "{value}: {m}"),
+            other => panic!("{value}: {other:?}"),
+        }
+        assert!(rec.log.lock().unwrap().is_empty(), "{value} was applied");
+    }
+    for value in ["1e400", "-1e400", "123456789012345678901234567890e300"] {
+        let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+        let rec = Arc::new(Recorder::default());
+        let script = async {
+            let run = plugin.read().await;
+            let line = format!(
+                "{{\"jsonrpc\":\"2.0\",\"method\":\"host/annotate\",\"params\":{{\"turnId\":\"t-1\",\"key\":\"k\",\"value\":{value}}}}}\n"
+            );
+            plugin.write(line.as_bytes()).await;
+            let outcome =
+                json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":null}});
+            plugin.line(outcome).await;
+            plugin
+        };
+        let (outcome, _plugin) = tokio::join!(
+            run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+            script
+        );
+        assert!(outcome.is_ok(), "{value}: {outcome:?}");
+        assert!(rec.log.lock().unwrap().is_empty(), "{value} was applied");
+        assert_eq!(peer.violations_counted(), 1, "{value}");
+    }
+}
+
+/// G25/G26 on the wire: a call missing `traceId`, and a step of -1, 1.5 or
+/// a string, are answered -32602 and never reach the host's mediation.
+#[tokio::test]
+async fn g25_g26_malformed_call_and_step_are_invalid_params() {
+    let (mut peer, mut inbound, mut plugin) = handshaken(config()).await;
+    let rec = Arc::new(Recorder::default());
+    let script = async {
+        let run = plugin.read().await;
+        let mut no_trace = call("c0", "echo");
+        no_trace.as_object_mut().unwrap().remove("traceId");
+        let mut bad = vec![json!({"turnId":"t-1","call":no_trace})];
+        for step in [json!(-1), json!(1.5), json!("1"), json!(true)] {
+            bad.push(json!({"turnId":"t-1","call":call("c1","echo"),"step":step}));
+        }
+        for (id, params) in bad.iter().enumerate() {
+            plugin
+                .line(json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params}))
+                .await;
+            let r = plugin.read().await;
+            assert_eq!(
+                (r["id"].clone(), r["error"]["code"].clone()),
+                (json!(id), json!(-32602)),
+                "{params}"
+            );
+        }
+        // A good step goes through.
+        plugin
+            .line(json!({"jsonrpc":"2.0","id":99,"method":"host/invokeTool","params":{"turnId":"t-1","call":call("c2","echo"),"step":3}}))
+            .await;
+        assert_eq!(plugin.read().await["result"]["status"], "succeeded");
+        let outcome =
+            json!({"jsonrpc":"2.0","id":run["id"],"result":{"type":"complete","output":null}});
+        plugin.line(outcome).await;
+        plugin
+    };
+    let (outcome, _plugin) = tokio::join!(
+        run_turn(&mut peer, &mut inbound, rec.clone(), Signal::never()),
+        script
+    );
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(*rec.log.lock().unwrap(), ["tool:echo:Some(3)"]);
 }

@@ -37,6 +37,7 @@ pub fn host_peer_config(base: PeerConfig) -> PeerConfig {
     PeerConfig {
         request_methods: REQUEST_METHODS,
         notification_methods: NOTIFICATION_METHODS,
+        handshake_first: true,
         ..base
     }
 }
@@ -136,6 +137,7 @@ async fn wait_handshake(
             Some(Inbound::Closed(v)) => {
                 return Err(match v.reason {
                     ViolationReason::InvalidJson
+                    | ViolationReason::StdoutBeforeHandshake
                     | ViolationReason::InvalidEnvelope
                     | ViolationReason::BatchNotSupported
                     | ViolationReason::InvalidUtf8

@@ -1,12 +1,15 @@
-//! The `sharedos` command line: `demo`, `run`, `sandbox check`, `bench`.
+//! The `sharedos` command line: `demo`, `run`, `sandbox check`, `bench`,
+//! `soak`.
 
 pub mod demo;
+pub mod soak;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sharedos_kernel::{JsonlAuditSink, Kernel};
+use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{Address, ExecutionRequest, ExecutionResult, ExecutionStatus};
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
@@ -120,6 +123,8 @@ pub async fn run_turn(
             TurnError::Kernel(m) => format!("kernel: {m}"),
             TurnError::Violation { reason } => format!("the runtime broke a host limit ({reason})"),
         };
+        // The text may quote the plugin (its error message, its outcome).
+        let what = escape_text(&what);
         tracing::error!(execution_id = %ids.execution_id, "turn failed: {what}");
         eprintln!("sharedos: turn {} failed: {what}", ids.execution_id);
     });

@@ -371,7 +371,7 @@ impl Executor {
         let outcome = match outcome {
             Ok(o) => o,
             Err(RuntimeError::InvalidOutcome(detail)) => {
-                tracing::warn!(execution_id = %turn.execution_id, %detail, "the runtime's outcome does not parse");
+                tracing::warn!(execution_id = %turn.execution_id, detail = %sharedos_protocol::text::escape_text(&detail), "the runtime's outcome does not parse");
                 turn.push_event(
                     "turn.failed",
                     failed_event(INVALID_RUNTIME_OUTCOME, "envelope"),

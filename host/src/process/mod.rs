@@ -20,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::jsonrpc::truncate;
+use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{
     ConnectionLimits, DEFAULT_MAX_MESSAGE_BYTES, PLUGIN_COOKIE_ENV, RuntimeManifest,
     RuntimeTurnOutcome, RuntimeTurnRequest, TurnId, methods,
@@ -411,7 +412,7 @@ impl RuntimePlugin for ProcessRuntime {
         .await;
         guard.finish(abort_seen.is_raised()).await;
         if let Err(e) = &outcome {
-            tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", truncate(&e.to_string(), 500));
+            tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", escape_text(&truncate(&e.to_string(), 500)));
         }
         outcome
     }

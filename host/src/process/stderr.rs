@@ -30,6 +30,13 @@ impl Default for StderrLimits {
     }
 }
 
+/// One line of the drain: the plugin's (escaped before it is logged) or
+/// the host's own note about it.
+enum Line {
+    Plugin(String),
+    Host(&'static str),
+}
+
 /// Reads `stderr` to EOF, logging within the limits.
 pub async fn drain_stderr<R: AsyncRead + Unpin>(
     stderr: R,
@@ -48,17 +55,19 @@ pub async fn drain_stderr<R: AsyncRead + Unpin>(
     loop {
         let next = framed.next().await;
         let was_error = std::mem::replace(&mut after_error, matches!(next, Some(Err(_))));
+        // Escaped only once it is known to be logged: a flood past the
+        // budget or the rate costs a read, never an escape.
         let (text, cost) = match next {
             Some(Ok(line)) => {
                 let cost = line.len() as u64 + 1;
-                (escaped_sample(line.as_bytes(), limits.line_bytes), cost)
+                (Line::Plugin(line), cost)
             }
             Some(Err(LinesCodecError::MaxLineLengthExceeded)) => (
-                "[line longer than the stderr line limit, truncated]".to_owned(),
+                Line::Host("[line longer than the stderr line limit, truncated]"),
                 limits.line_bytes as u64,
             ),
             Some(Err(LinesCodecError::Io(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
-                ("[a line that is not UTF-8, dropped]".to_owned(), 64)
+                (Line::Host("[a line that is not UTF-8, dropped]"), 64)
             }
             Some(Err(LinesCodecError::Io(_))) => return,
             // After a decoder error `FramedRead` yields `None` once, then
@@ -97,6 +106,10 @@ pub async fn drain_stderr<R: AsyncRead + Unpin>(
             continue;
         }
         tokens -= cost as f64;
+        let text = match text {
+            Line::Plugin(line) => escaped_sample(line.as_bytes(), limits.line_bytes),
+            Line::Host(note) => note.to_owned(),
+        };
         tracing::info!(target: "sharedos::plugin", runtime = %runtime, turn = %turn, "{text}");
     }
 }

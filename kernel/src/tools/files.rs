@@ -9,7 +9,9 @@
 //! The leaf is then acted on by name relative to its parent's descriptor
 //! (`renameat`, `unlinkat`, `O_NOFOLLOW` opens), which never follows it.
 //! Writes are atomic: a temp file, `fsync`, `renameat`, `fsync` of the
-//! directory.
+//! directory. The temp file holds an exclusive `flock` while it exists, so
+//! a host opening the root later removes the ones a crash left behind
+//! (their lock died with the writer) and no live one ([`super::leftovers`]).
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -20,6 +22,7 @@ use async_trait::async_trait;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use serde_json::{Value, json};
+use sharedos_protocol::text::first_unsafe_in_name;
 use sharedos_protocol::{
     AccessContext, CapabilityRequirement, JsonObject, PathSegment, ReadWrite, ResourceRef,
     ShortName, ToolAnnotations, ToolCall, ToolDefinition, ToolResult, ident,
@@ -31,7 +34,7 @@ use crate::config::FilesConfig;
 use crate::registry::{HandlerAnswer, ToolError, ToolHandler};
 
 /// Temp files of in-flight writes start with this; user paths may not.
-const TEMP_PREFIX: &str = ".sharedos-tmp-";
+pub(crate) const TEMP_PREFIX: &str = ".sharedos-tmp-";
 /// At most this many segments below the agent's directory.
 const MAX_SEGMENTS: usize = 63;
 
@@ -164,6 +167,14 @@ pub fn parse_path(path: &str, allow_empty: bool) -> Result<Vec<String>, String> 
     }
     let mut out = Vec::with_capacity(segments.len());
     for s in segments {
+        if let Some(c) = first_unsafe_in_name(s) {
+            return Err(format!(
+                "/path: contains U+{:04X}; file names may not hold control, Unicode format or \
+                 bidi characters, or characters that look like a space or like nothing \
+                 (docs/KERNEL.md, file names)",
+                u32::from(c)
+            ));
+        }
         let ok = PathSegment::new(s).is_ok_and(|p| p.as_str() == s);
         if !ok {
             return Err(
@@ -257,7 +268,8 @@ fn ensure_dir(base: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
 }
 
 impl FilesRoot {
-    /// Opens (creating) the root directory.
+    /// Opens (creating) the root directory and removes the temp files of
+    /// writes a crashed host left behind.
     pub fn open(root: &Path, config: FilesConfig) -> std::io::Result<Self> {
         std::fs::create_dir_all(root)?;
         let root = rustix::fs::open(
@@ -265,6 +277,18 @@ impl FilesRoot {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
+        let swept = super::leftovers::sweep(&root);
+        if swept.truncated || swept.errors > 0 {
+            tracing::warn!(
+                ?swept,
+                "the sweep of interrupted writes' temp files was incomplete"
+            );
+        } else if swept.removed > 0 {
+            tracing::info!(
+                removed = swept.removed,
+                "removed temp files of interrupted writes"
+            );
+        }
         Ok(Self { root, config })
     }
 
@@ -275,7 +299,10 @@ impl FilesRoot {
         create: bool,
     ) -> Result<OwnedFd, FileFail> {
         for s in [namespace_id, agent] {
-            if !PathSegment::new(s).is_ok_and(|p| p.as_str() == s) || s.starts_with(TEMP_PREFIX) {
+            if !PathSegment::new(s).is_ok_and(|p| p.as_str() == s)
+                || s.starts_with(TEMP_PREFIX)
+                || first_unsafe_in_name(s).is_some()
+            {
                 return Err(FileFail::Result(
                     "path_not_allowed",
                     "The namespace or agent id cannot name a directory.",
@@ -363,6 +390,9 @@ impl FilesRoot {
             RESOLVE,
         )?;
         let result = (|| -> Result<(), FileFail> {
+            // Held until the file is closed: a sweep never takes a live
+            // write's temp file.
+            rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)?;
             let mut file = std::fs::File::from(fd);
             file.write_all(content.as_bytes())?;
             file.sync_all()?;

@@ -3,6 +3,7 @@
 
 pub mod escalate;
 pub mod files;
+pub mod leftovers;
 
 use serde_json::Value;
 use sharedos_protocol::{

@@ -6,7 +6,8 @@
 //! `normal` (default), `silent` (never answers `initialize`), `noise`
 //! (prints to stdout before the handshake), `wrong-manifest` (reports
 //! another runtime id), `bad-version` (chooses protocol version 99),
-//! `exit-early` (exits before reading anything).
+//! `exit-early` (exits before reading anything), `early-request` (sends a
+//! request of an unknown method before answering `initialize`).
 //!
 //! During the turn it runs the script in `request.message.payload.script`
 //! (its tool calls carry the trace id `trace-testplugin`, or the turn's own
@@ -174,6 +175,9 @@ fn main() {
         p.write_raw(b"Starting testplugin v0.1.0 ... ready\n");
     }
     let init = p.read();
+    if mode == "early-request" {
+        p.send(&json!({"jsonrpc":"2.0","id":"probe","method":"probe/unknown","params":{}}));
+    }
     if mode == "silent" {
         loop {
             let _ = p.read();
@@ -243,6 +247,13 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 ///   1 KiB), as fast as the pipe takes them
 /// - `raw {line}`, `invalid_utf8`, `long_line {bytes}`, `batch`,
 ///   `bogus_response` (an answer to id 999 never sent)
+/// - `stderr {text}`: writes `text` and a newline to stderr
+/// - `invoke_as_notification {tool, n?}`: sends `host/invokeTool` without an
+///   id, n times (default 1)
+/// - `big_calls {n, bytes, tool}`: n tool calls one after the other, each
+///   carrying `bytes` bytes of padding in its arguments
+/// - `write_files {n, bytes}`: n `files.write` calls one after the other,
+///   `bulk/fNNNN.bin`, each `bytes` bytes long
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
 /// - `error_outcome {code, message}`: answers `turn/run` with an error
 fn step(p: &mut Plugin, s: &Value) {
@@ -412,6 +423,35 @@ fn step(p: &mut Plugin, s: &Value) {
         "batch" => {
             let one = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":p.turn_id,"event":{"type":"b","data":1}}});
             p.send(&json!([one]));
+        }
+        "stderr" => eprintln!("{}", s["text"].as_str().unwrap_or_default()),
+        "invoke_as_notification" => {
+            for _ in 0..num(s, "n", 1) {
+                let params = json!({"turnId": p.turn_id, "call": {"id": "call-noid",
+                    "tool": s["tool"], "arguments": {}, "traceId": "trace-testplugin",
+                    "requestedAt": "2026-01-01T00:00:00Z"}});
+                p.notify("host/invokeTool", params);
+            }
+        }
+        "big_calls" => {
+            let pad = "p".repeat(usize::try_from(num(s, "bytes", 1 << 20)).unwrap_or(1 << 20));
+            let tool = s["tool"].as_str().unwrap_or("echo").to_owned();
+            for _ in 0..num(s, "n", 1) {
+                let answer = p.call(&tool, json!({ "pad": pad }), None);
+                p.results
+                    .push(json!({"id": answer["id"], "error": answer.get("error")}));
+            }
+        }
+        "write_files" => {
+            let content = "w".repeat(usize::try_from(num(s, "bytes", 1 << 20)).unwrap_or(1 << 20));
+            for i in 0..num(s, "n", 1) {
+                let path = format!("bulk/f{i:04}.bin");
+                p.call(
+                    "files.write",
+                    json!({"path": path, "content": content}),
+                    None,
+                );
+            }
         }
         "bogus_response" => p.send(&json!({"jsonrpc":"2.0","id":999,"result":{}})),
         "outcome" => p.outcome(s["value"].clone()),
