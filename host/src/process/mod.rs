@@ -3,12 +3,15 @@
 //!
 //! Per turn: launch (through a [`Launcher`]) → drain stderr → `initialize`
 //! (version and manifest checked) → `turn/run` → serve the plugin's
-//! `host/*` messages → outcome, or abort → **kill and reap the whole tree,
-//! whatever the ending**. The `run` future may be dropped at any await
-//! point (the executor races it against the hard deadline): a guard then
-//! kills the tree synchronously and reaps it off-thread.
+//! `host/*` messages → outcome, or abort → **kill the whole tree, whatever
+//! the ending**. The kill signal is sent before `run` returns; the reaping
+//! and the removal of the workspace and cgroup happen off the caller's
+//! path ([`reaper`]), and [`settle_kills`] waits for them. The `run`
+//! future may be dropped at any await point (the executor races it against
+//! the hard deadline): a guard then kills the tree and reaps it off-thread.
 
 pub mod launcher;
+mod reaper;
 pub mod stderr;
 
 use std::collections::HashMap;
@@ -219,19 +222,16 @@ impl TreeGuard {
         }
     }
 
-    async fn finish(self, aborted: bool) {
+    /// The outcome is settled: the tree is signalled now and reaped off
+    /// the caller's path (after `ABORT_FLUSH` when a `turn/abort` may still
+    /// be on its way to the plugin).
+    fn finish(self, aborted: bool) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if aborted {
-            if let Some(tree) = taken {
+        if let Some(tree) = taken {
+            if aborted {
                 kill_after_flush(tree);
-            }
-            return;
-        }
-        if let Some(mut tree) = taken {
-            tree.start_kill();
-            let reaped = tokio::task::spawn_blocking(move || tree.kill_tree()).await;
-            if let Ok(Err(e)) = reaped {
-                tracing::warn!("reaping the plugin tree failed: {e}");
+            } else {
+                reaper::reap_later(tree);
             }
         }
     }
@@ -293,16 +293,19 @@ pub(crate) fn track_thread(handle: std::thread::JoinHandle<()>) {
     pending.push(handle);
 }
 
-/// Waits until every plugin tree whose kill was deferred (to let a
-/// `turn/abort` reach it) is killed and reaped, and every sandbox being
-/// prepared ahead is ready (or, its launchers gone, killed and removed). A host process calls it
-/// before it exits, so no tree outlives its host; it takes at most
-/// `ABORT_FLUSH` plus the reaping.
+/// Waits until every plugin tree of a finished turn is killed and reaped
+/// and its workspace and cgroup removed (the reaping runs off the turn's
+/// path), every tree whose kill was deferred (to let a `turn/abort` reach
+/// it) likewise, and every sandbox being prepared ahead is ready (or, its
+/// launchers gone, killed and removed). A host process calls it before it
+/// exits, so no tree outlives its host; it takes at most `ABORT_FLUSH`
+/// plus the reaping.
 pub fn settle_kills() {
     let pending = std::mem::take(&mut *PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner()));
     for handle in pending {
         let _ = handle.join();
     }
+    reaper::settle();
 }
 
 /// Aborts a task when dropped.
@@ -409,7 +412,7 @@ impl RuntimePlugin for ProcessRuntime {
             drive_turn(&peer, run_id, &mut inbound, &turn_id, host, abort, guard.exited()).await
         }
         .await;
-        guard.finish(abort_seen.is_raised()).await;
+        guard.finish(abort_seen.is_raised());
         if let Err(e) = &outcome {
             tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", truncate(&e.to_string(), 500));
         }
