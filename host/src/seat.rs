@@ -53,6 +53,7 @@ pub fn process_runtime(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
+    pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;
     let runtime = ProcessRuntime::new(pc, launcher).map_err(|source| SeatError::Load {
         runtime: entry.id.to_string(),
         source,

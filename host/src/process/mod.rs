@@ -51,6 +51,23 @@ pub struct ProcessRuntimeConfig {
     pub max_inflight_tool_calls: usize,
     pub stderr: StderrLimits,
     pub write_stall_timeout: Duration,
+    /// Where each turn stamps the end of its stages (`sharedos bench`'s
+    /// per-turn breakdown); `None`, the default, stamps nothing.
+    pub stages: Option<StageLog>,
+}
+
+/// The stages of a process turn, as stamped into a [`StageLog`]: `run`
+/// entered, `launched`, `initialized` (handshake done), `settled` (the
+/// outcome or error is known), `signalled` (the tree is killed; its
+/// reaping continues off the turn's path).
+pub type StageLog = Arc<Mutex<Vec<(&'static str, std::time::Instant)>>>;
+
+fn stamp(log: Option<&StageLog>, stage: &'static str) {
+    if let Some(log) = log {
+        log.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((stage, std::time::Instant::now()));
+    }
 }
 
 impl ProcessRuntimeConfig {
@@ -63,9 +80,10 @@ impl ProcessRuntimeConfig {
             manifest,
             handshake_timeout: Duration::from_secs(10),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            max_inflight_tool_calls: 8,
+            max_inflight_tool_calls: crate::config::DEFAULT_INFLIGHT_TOOL_CALLS as usize,
             stderr: StderrLimits::default(),
             write_stall_timeout: Duration::from_secs(10),
+            stages: None,
         }
     }
 }
@@ -308,6 +326,13 @@ pub fn settle_kills() {
     reaper::settle();
 }
 
+/// Waits only for the teardown of finished turns handed off the turn's
+/// path (what `sharedos bench` times as the teardown stage); see
+/// [`settle_kills`] for everything.
+pub fn settle_teardown() {
+    reaper::settle();
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -342,6 +367,8 @@ impl RuntimePlugin for ProcessRuntime {
                 "the turn was aborted before the runtime started".into(),
             ));
         }
+        let stages = self.config.stages.as_ref();
+        stamp(stages, "run");
         let turn_id = new_turn_id();
         let execution_id = request.execution_id.as_str().to_owned();
         let spec = self.launch_spec(execution_id.clone(), turn_id.as_str().to_owned());
@@ -372,6 +399,7 @@ impl RuntimePlugin for ProcessRuntime {
             report,
         } = launched;
         let guard = TreeGuard::new(tree);
+        stamp(stages, "launched");
         if let Some(report) = report {
             self.keep_report(&execution_id, report);
         }
@@ -402,6 +430,7 @@ impl RuntimePlugin for ProcessRuntime {
             tokio::select! {
                 r = handshake(&mut peer, &mut inbound, &self.config.manifest, limits, self.config.handshake_timeout) => {
                     r.map_err(|e| self.load_error(e))?;
+                    stamp(stages, "initialized");
                 }
                 _ = abort.raised() => {
                     return Err(RuntimeError::Failed("the turn was aborted during the handshake".into()));
@@ -412,7 +441,9 @@ impl RuntimePlugin for ProcessRuntime {
             drive_turn(&peer, run_id, &mut inbound, &turn_id, host, abort, guard.exited()).await
         }
         .await;
+        stamp(stages, "settled");
         guard.finish(abort_seen.is_raised());
+        stamp(stages, "signalled");
         if let Err(e) = &outcome {
             tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", truncate(&e.to_string(), 500));
         }
