@@ -89,7 +89,7 @@ pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result
         .stderr(Stdio::inherit())
         .spawn()?;
     let no = |what: &str| std::io::Error::other(format!("no {what}"));
-    let mut stdin = child.stdin.take().ok_or_else(|| no("stdin"))?;
+    let mut stdin = std::io::BufWriter::new(child.stdin.take().ok_or_else(|| no("stdin"))?);
     let mut stdout = BufReader::new(child.stdout.take().ok_or_else(|| no("stdout"))?);
     let (tokens, permits) = std::sync::mpsc::sync_channel::<()>(inflight);
     for _ in 0..inflight {
@@ -107,12 +107,16 @@ pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result
         Ok(())
     });
     for i in 0..n {
-        permits.recv().map_err(std::io::Error::other)?;
+        // Requests are written in batches: flushed when no more may go out.
+        if permits.try_recv().is_err() {
+            stdin.flush()?;
+            permits.recv().map_err(std::io::Error::other)?;
+        }
         let req = json!({"jsonrpc": "2.0", "id": i, "method": "host/invokeTool",
             "params": {"turnId": "t-1", "call": {"id": "c", "tool": "bench.noop", "arguments": {}}}});
         writeln!(stdin, "{req}")?;
-        stdin.flush()?;
     }
+    stdin.flush()?;
     reader
         .join()
         .map_err(|_| std::io::Error::other("the reader panicked"))??;
