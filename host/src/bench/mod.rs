@@ -157,13 +157,25 @@ pub enum Only {
 async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
     let mut failed = false;
     match only {
-        Only::Turns => match turn::zero_call_turns(exe, (iterations / 20).clamp(20, 200)).await {
-            Ok(figures) => turn::print(&figures),
-            Err(e) => {
-                println!("    (zero-call turns not measured: {e})");
-                failed = true;
+        Only::Turns => {
+            match turn::zero_call_turns(exe, (iterations / 20).clamp(20, 200)).await {
+                Ok(figures) => turn::print(&figures),
+                Err(e) => {
+                    println!("    (zero-call turns not measured: {e})");
+                    failed = true;
+                }
             }
-        },
+            match turn::kill_many_direct(exe, 500) {
+                Ok(d) => println!(
+                    "    killing and reaping 500 unsandboxed plugins: {:.1} ms",
+                    d.as_secs_f64() * 1e3
+                ),
+                Err(e) => {
+                    println!("    (killing 500 plugins not measured: {e})");
+                    failed = true;
+                }
+            }
+        }
         Only::Calls => {
             let e2 = exe.to_path_buf();
             let floor = tokio::task::spawn_blocking(move || ndjson_floor(&e2, iterations))

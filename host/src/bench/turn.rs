@@ -40,6 +40,10 @@ pub const STAGES: [&str; 7] = [
 /// their own samples), then launch + handshake (spawn until initialize).
 pub struct TurnFigures {
     pub name: String,
+    /// Per turn: its total over its own spawn until `initialize` plus the
+    /// in-process turn of the same round (a ratio per round holds better
+    /// than a ratio of medians when the load drifts); as µs×1000 samples.
+    pub ratio: Figure,
     pub total: Figure,
     pub stages: Vec<Figure>,
     pub spawn_to_initialize: Figure,
@@ -186,9 +190,24 @@ pub async fn zero_call_turns(exe: &Path, n: usize) -> Result<Vec<TurnFigures>, S
             }
         }
     }
+    let floor: Vec<Duration> = modes
+        .first()
+        .map(|m| m.samples[0].clone())
+        .unwrap_or_default();
     let figures = modes
         .into_iter()
         .map(|m| {
+            let spawn_i = STAGES.len() + 1;
+            let ratio = m.samples[0]
+                .iter()
+                .zip(m.samples.get(spawn_i).map(Vec::as_slice).unwrap_or(&[]))
+                .zip(&floor)
+                .map(|((t, s), f)| {
+                    let r = t.as_secs_f64() / (*s + *f).as_secs_f64().max(1e-9);
+                    Duration::from_nanos((r * 1e6) as u64)
+                })
+                .collect();
+            let ratio = Figure::from_samples(&format!("{}: ratio", m.name), ratio);
             let mut figs = m
                 .samples
                 .into_iter()
@@ -208,6 +227,7 @@ pub async fn zero_call_turns(exe: &Path, n: usize) -> Result<Vec<TurnFigures>, S
             let total = figs.remove(0);
             TurnFigures {
                 name: m.name.to_owned(),
+                ratio,
                 total,
                 stages: figs,
                 spawn_to_initialize: spawn,
@@ -239,12 +259,42 @@ pub fn print(figures: &[TurnFigures]) {
     for f in figures.iter().skip(1) {
         let base = f.spawn_to_initialize.median_us + floor.total.median_us;
         println!(
-            "    {:<58} {:>6.2}×   (total {:.2} ms, spawn until initialize {:.2} ms, min total {:.2} ms)",
-            format!("{} / (spawn until initialize + in process)", f.name),
+            "    {}: total / (spawn until initialize + in-process turn): {:.2}× per-round median, {:.2}× of medians \
+             (total {:.2} ms, spawn until initialize {:.2} ms; minimums {:.2} / {:.2} ms)",
+            f.name,
+            f.ratio.median_us / 1000.0,
             f.total.median_us / base.max(1e-9),
             f.total.median_us / 1000.0,
             f.spawn_to_initialize.median_us / 1000.0,
             f.total.min_us / 1000.0,
+            f.spawn_to_initialize.min_us / 1000.0,
         );
     }
+}
+
+/// Starts `n` unsandboxed children (`sharedos __bench-echo`, waiting on
+/// their stdin), then kills and reaps every tree; returns the time the
+/// kills and reaps took in all. The direct launcher's kill is one
+/// process-group kill, whatever else runs on the machine.
+pub fn kill_many_direct(exe: &Path, n: usize) -> Result<Duration, String> {
+    let spec = crate::process::LaunchSpec {
+        program: exe.to_path_buf(),
+        args: vec!["__bench-echo".into()],
+        env: Vec::new(),
+        runtime_id: "bench".into(),
+        execution_id: "bench-kill".into(),
+        turn_id: "t-bench".into(),
+    };
+    let mut children = Vec::with_capacity(n);
+    for _ in 0..n {
+        children.push(DirectLauncher.launch(&spec).map_err(|e| e.to_string())?);
+    }
+    let start = Instant::now();
+    for c in children.iter_mut() {
+        c.tree.start_kill();
+    }
+    for c in children.iter_mut() {
+        c.tree.kill_tree().map_err(|e| e.to_string())?;
+    }
+    Ok(start.elapsed())
 }
