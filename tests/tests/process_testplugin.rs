@@ -52,6 +52,8 @@ fn assert_clean(host: &RecordingHost) {
     let left = survivors(&pids, BOUND);
     kill_all(&left);
     assert!(left.is_empty(), "processes survived the turn: {left:?}");
+    // The teardown runs off the turn's path; settle_kills waits for it.
+    sharedos_host::process::settle_kills();
     let children = live_children();
     assert!(children.is_empty(), "live children remain: {children:?}");
 }
