@@ -14,6 +14,7 @@
 //! version = "0.1.0"
 //! program = "sharedos-standard" # a bare name is looked up next to the sharedos binary
 //! transcript = [ { type = "complete", output = "done" } ]
+//! maxInflightToolCalls = 64     # host/invokeTool requests of one turn waiting at once
 //!
 //! [[agents]]
 //! agentId = "alice"
@@ -82,6 +83,11 @@ pub struct RuntimeEntry {
     /// How long `initialize` may take.
     #[serde(default = "default_handshake")]
     pub handshake_timeout_ms: u64,
+    /// How many `host/invokeTool` requests of one turn may wait at once
+    /// (protocol.md B.4); one more is answered `-32055` overloaded. Real
+    /// harnesses issue many parallel calls, hence 64 by default; 1..=1024.
+    #[serde(default = "default_inflight")]
+    pub max_inflight_tool_calls: u32,
     /// How the plugin is launched: `sandbox` (the default) or `direct`
     /// (no sandbox at all; the result's provenance says so).
     #[serde(default)]
@@ -106,6 +112,15 @@ pub enum LauncherKind {
 
 fn default_handshake() -> u64 {
     10_000
+}
+
+/// The per-turn in-flight tool call limit when a runtime entry sets none.
+pub const DEFAULT_INFLIGHT_TOOL_CALLS: u32 = 64;
+/// The highest `maxInflightToolCalls` a runtime entry may set.
+pub const MAX_INFLIGHT_TOOL_CALLS: u32 = 1024;
+
+fn default_inflight() -> u32 {
+    DEFAULT_INFLIGHT_TOOL_CALLS
 }
 
 impl RuntimeEntry {
@@ -236,6 +251,12 @@ impl HostConfig {
             if r.handshake_timeout_ms == 0 {
                 return Err(format!(
                     "runtimes[{i}].handshakeTimeoutMs: must be positive"
+                ));
+            }
+            if !(1..=MAX_INFLIGHT_TOOL_CALLS).contains(&r.max_inflight_tool_calls) {
+                return Err(format!(
+                    "runtimes[{i}].maxInflightToolCalls: must be 1..={MAX_INFLIGHT_TOOL_CALLS}, got {}",
+                    r.max_inflight_tool_calls
                 ));
             }
             if r.sandbox.warm > sharedos_sandbox::MAX_WARM {
@@ -405,6 +426,27 @@ runtime = "r"
             );
             let e = HostConfig::parse(&text, "host.toml", Path::new("/")).unwrap_err();
             assert!(e.message.contains("runtimes[0].sandbox.uids"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_inflight_tool_call_limit_is_per_runtime_and_bounded() {
+        let c = HostConfig::parse(MIN, "host.toml", Path::new(".")).unwrap();
+        assert_eq!(c.runtimes[0].max_inflight_tool_calls, 64);
+        let set = MIN.replace(
+            "program = \"sharedos-echo\"\n",
+            "program = \"sharedos-echo\"\nmaxInflightToolCalls = 256\n",
+        );
+        let c = HostConfig::parse(&set, "host.toml", Path::new(".")).unwrap();
+        assert_eq!(c.runtimes[0].max_inflight_tool_calls, 256);
+        for bad in ["0", "1025"] {
+            let text = set.replace("256", bad);
+            let e = HostConfig::parse(&text, "host.toml", Path::new(".")).unwrap_err();
+            assert!(
+                e.message
+                    .contains("runtimes[0].maxInflightToolCalls: must be 1..=1024"),
+                "{e}"
+            );
         }
     }
 

@@ -68,6 +68,10 @@ enum Command {
         /// Iterations of each round-trip measurement.
         #[arg(long, default_value_t = 2000)]
         iterations: usize,
+        /// Only one part: `turns` (a zero-call turn stage by stage) or
+        /// `calls` (sequential and concurrent tool calls).
+        #[arg(long)]
+        only: Option<sharedos_host::bench::Only>,
     },
 }
 
@@ -176,7 +180,9 @@ fn main() -> ExitCode {
                 }
             }
             Command::Serve(args) => sharedos_host::serve::command(args, &*launcher_for).await,
-            Command::Bench { iterations } => sharedos_host::bench::run(iterations).await,
+            Command::Bench { iterations, only } => {
+                sharedos_host::bench::run(iterations, only).await
+            }
             Command::Soak {
                 turns,
                 every,

@@ -53,6 +53,7 @@ pub fn process_runtime(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
+    pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;
     let runtime = ProcessRuntime::new(pc, launcher).map_err(|source| SeatError::Load {
         runtime: entry.id.to_string(),
         source,
@@ -80,4 +81,40 @@ pub fn registry_from_config(
         registry.register(process_seat(runtime))?;
     }
     Ok(registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::process_runtime;
+    use crate::config::HostConfig;
+    use crate::process::DirectLauncher;
+
+    #[test]
+    fn the_runtime_gets_its_configured_inflight_limit() {
+        let text = r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "/bin/true"
+maxInflightToolCalls = 200
+"#;
+        let config = HostConfig::parse(text, "host.toml", Path::new("/tmp")).unwrap();
+        let rt = process_runtime(&config, &config.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        assert_eq!(rt.config().max_inflight_tool_calls, 200);
+        let default = HostConfig::parse(
+            &text.replace("maxInflightToolCalls = 200\n", ""),
+            "host.toml",
+            Path::new("/tmp"),
+        )
+        .unwrap();
+        let rt = process_runtime(&default, &default.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        assert_eq!(rt.config().max_inflight_tool_calls, 64);
+    }
 }

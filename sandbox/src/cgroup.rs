@@ -246,6 +246,28 @@ impl PluginCgroup {
         })
     }
 
+    /// Wait, up to `timeout`, until no process is left. With a v2 cgroup
+    /// this is one wait on `cgroup.events` (`populated 0`; the kernel
+    /// notifies the file, so `poll` wakes on the change, no sleep loop);
+    /// the v1 `pids` cgroup holds the same processes and is empty then.
+    /// Without one, `cgroup.procs` is re-read every few milliseconds.
+    pub fn wait_empty(&self, timeout: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        if let Some(v2) = &self.v2
+            && let Ok(events) = std::fs::File::open(v2.join("cgroup.events"))
+        {
+            return wait_unpopulated(&events, end);
+        }
+        while !self.is_empty() {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            self.kill();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        true
+    }
+
     /// Remove the directories (they must be empty of processes).
     pub fn remove(&mut self) {
         let mut left = Vec::new();
@@ -261,10 +283,14 @@ impl PluginCgroup {
     }
 }
 
-/// SIGKILL everything in the given cgroups.
+/// SIGKILL everything in the given cgroups: one write to `cgroup.kill`
+/// when there is a v2 cgroup (every plugin process is in it, so the v1
+/// `pids` cgroup needs no pass of its own); else each pid listed.
 pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
-    if let Some(v2) = v2 {
-        let _ = std::fs::write(v2.join("cgroup.kill"), "1");
+    if let Some(v2) = v2
+        && std::fs::write(v2.join("cgroup.kill"), "1").is_ok()
+    {
+        return;
     }
     for p in paths {
         if let Ok(s) = std::fs::read_to_string(p.join("cgroup.procs")) {
@@ -273,6 +299,45 @@ pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
                 // which only holds the plugin's processes.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
+        }
+    }
+}
+
+/// Whether `cgroup.events` says `populated 0`, read from the start.
+fn unpopulated(events: &std::fs::File) -> Option<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 256];
+    let n = events.read_at(&mut buf, 0).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("populated "))
+        .map(|v| v.trim() == "0")
+}
+
+/// Blocks until `cgroup.events` reports `populated 0` or `end` passes.
+/// The kernel raises POLLPRI on the file at each change of its content.
+fn wait_unpopulated(events: &std::fs::File, end: std::time::Instant) -> bool {
+    use std::os::fd::AsRawFd;
+    loop {
+        match unpopulated(events) {
+            Some(true) => return true,
+            Some(false) => {}
+            None => return false,
+        }
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut pfd = libc::pollfd {
+            fd: events.as_raw_fd(),
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd on a file this function borrows.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
         }
     }
 }

@@ -770,12 +770,17 @@ impl SandboxedChild {
         if self.cgroup.paths.is_empty() {
             return;
         }
+        // One `cgroup.kill`, one wait for `populated 0`; rmdir of a v1
+        // cgroup whose last task is still exiting may need a retry.
+        self.cgroup.kill();
         let end = Instant::now() + Duration::from_secs(10);
-        while !self.cgroup.is_empty() && Instant::now() < end {
-            self.cgroup.kill();
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.cgroup.wait_empty(Duration::from_secs(10));
         self.cgroup.remove();
+        while !self.cgroup.paths.is_empty() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+            self.cgroup.kill();
+            self.cgroup.remove();
+        }
     }
 }
 

@@ -66,6 +66,8 @@ fn echo_calls_each_tool_then_completes_with_the_results() {
                 },
             ]
         );
+        // The teardown runs off the turn's path; settle_kills waits for it.
+        sharedos_host::process::settle_kills();
         assert!(live_children().is_empty());
     })
 }
@@ -95,6 +97,8 @@ fn echo_passes_the_manifest_check_and_handles_an_empty_turn() {
             Some(json!("none")),
             "a direct launch says it has no sandbox"
         );
+        // The teardown runs off the turn's path; settle_kills waits for it.
+        sharedos_host::process::settle_kills();
         assert!(live_children().is_empty());
     })
 }

@@ -81,6 +81,8 @@ fn load_error(mode: &str, tweak: impl FnOnce(&mut ProcessRuntimeConfig)) -> Stri
             msg.contains(plugin_bin("sharedos-testplugin").to_str().unwrap()),
             "names the binary: {msg}"
         );
+        // The teardown runs off the turn's path; settle_kills waits for it.
+        sharedos_host::process::settle_kills();
         assert!(live_children().is_empty(), "{mode}: a child survived");
         msg
     })

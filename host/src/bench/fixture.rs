@@ -204,6 +204,13 @@ impl RuntimePlugin for TimingPlugin {
                 .map_err(|e| RuntimeError::Failed(e.to_string()))?;
             samples.push(t.elapsed().as_nanos() as u64);
         }
+        let parallel = payload.get("parallel").and_then(Value::as_u64).unwrap_or(0);
+        let inflight = payload
+            .get("inflight")
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
+            .max(1);
+        let parallel_ns = parallel_calls(&request, &host, parallel, inflight as usize).await?;
         let t = Instant::now();
         for i in 0..emits {
             host.emit(RuntimeEvent {
@@ -214,9 +221,39 @@ impl RuntimePlugin for TimingPlugin {
         }
         let emit_ns = t.elapsed().as_nanos() as u64;
         Ok(RuntimeTurnOutcome::complete(
-            json!({"callNs": samples, "emitNs": emit_ns, "emits": emits}),
+            json!({"callNs": samples, "emitNs": emit_ns, "emits": emits, "parallelNs": parallel_ns}),
         ))
     }
+}
+
+/// `n` calls of `bench.noop`, `inflight` at a time; the nanoseconds they
+/// took in all.
+async fn parallel_calls(
+    request: &RuntimeTurnRequest,
+    host: &Arc<dyn RuntimeHost>,
+    n: u64,
+    inflight: usize,
+) -> Result<u64, RuntimeError> {
+    use futures_util::StreamExt;
+    if n == 0 {
+        return Ok(0);
+    }
+    let t = Instant::now();
+    let calls = futures_util::stream::iter(0..n).map(|i| {
+        let call = ToolCall {
+            id: ident(&format!("p{i}")),
+            tool: ident(NOOP_TOOL),
+            arguments: Default::default(),
+            trace_id: request.context.trace_id.clone(),
+            requested_at: request.context.now.clone(),
+        };
+        host.invoke_tool(call, None)
+    });
+    let mut done = calls.buffer_unordered(inflight);
+    while let Some(r) = done.next().await {
+        r.map_err(|e| RuntimeError::Failed(e.to_string()))?;
+    }
+    Ok(t.elapsed().as_nanos() as u64)
 }
 
 /// Executor options for measurements: the event budget raised above what

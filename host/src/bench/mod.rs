@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub mod calls;
 pub mod envelope;
 pub mod fixture;
 pub mod process;
+pub mod turn;
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
@@ -53,19 +55,34 @@ impl Figure {
 /// The child side of the floor: echoes each NDJSON request as a response,
 /// with plain blocking std I/O. Entered as `sharedos __bench-echo`.
 pub fn echo_child() -> i32 {
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout().lock();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { return 1 };
+    use std::os::fd::AsFd;
+    // Our own buffer over fd 0, so that "nothing more read yet" is visible.
+    let Ok(fd) = std::io::stdin().as_fd().try_clone_to_owned() else {
+        return 1;
+    };
+    let mut input = BufReader::new(std::fs::File::from(fd));
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) => return 0,
+            Ok(_) => {}
+            Err(_) => return 1,
+        }
         let Ok(req) = serde_json::from_str::<serde_json::Value>(&line) else {
             return 1;
         };
         let resp = serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": req["params"]});
-        if writeln!(out, "{resp}").and_then(|_| out.flush()).is_err() {
+        if writeln!(out, "{resp}").is_err() {
+            return 1;
+        }
+        // Answers to requests already read are written in one go: a floor
+        // with as few syscalls as the host side may use.
+        if input.buffer().is_empty() && out.flush().is_err() {
             return 1;
         }
     }
-    0
 }
 
 /// (a) The floor: a raw NDJSON request/response round trip between two
@@ -127,9 +144,64 @@ fn show(result: Result<Figure, String>, failed: &mut bool) -> Option<Figure> {
     }
 }
 
+/// One part of `sharedos bench` (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Only {
+    /// A zero-call turn, stage by stage, in every mode.
+    Turns,
+    /// Sequential and concurrent tool calls against their floors.
+    Calls,
+}
+
+/// Issue 15's figures alone.
+async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
+    let mut failed = false;
+    match only {
+        Only::Turns => {
+            match turn::zero_call_turns(exe, (iterations / 20).clamp(20, 200)).await {
+                Ok(figures) => turn::print(&figures),
+                Err(e) => {
+                    println!("    (zero-call turns not measured: {e})");
+                    failed = true;
+                }
+            }
+            match turn::kill_many_direct(exe, 500) {
+                Ok(d) => println!(
+                    "    killing and reaping 500 unsandboxed plugins: {:.1} ms",
+                    d.as_secs_f64() * 1e3
+                ),
+                Err(e) => {
+                    println!("    (killing 500 plugins not measured: {e})");
+                    failed = true;
+                }
+            }
+        }
+        Only::Calls => {
+            let e2 = exe.to_path_buf();
+            let floor = tokio::task::spawn_blocking(move || ndjson_floor(&e2, iterations))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let floor = show(floor, &mut failed);
+            let direct = process::process_calls(
+                exe,
+                std::sync::Arc::new(crate::process::DirectLauncher),
+                "(c) tool call through the envelope, plugin out of process",
+                iterations,
+            )
+            .await;
+            if let (Some(c), Some(a)) = (show(direct, &mut failed), &floor) {
+                println!("{}", process::ratio_line("(c) / (a), target ≤ 1.5×", &c, a));
+            }
+            failed |= !calls::print(exe, 64, 5).await;
+        }
+    }
+    i32::from(failed)
+}
+
 /// `sharedos bench`: every figure, printed with its ratio to the baseline
 /// measured in the same run.
-pub async fn run(iterations: usize) -> i32 {
+pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -137,6 +209,9 @@ pub async fn run(iterations: usize) -> i32 {
             return 2;
         }
     };
+    if let Some(only) = only {
+        return run_only(&exe, iterations, only).await;
+    }
     let mut failed = false;
     let spawns = (iterations / 20).clamp(20, 200);
     println!("sharedos bench: {iterations} iterations per round trip, {spawns} per spawn\n");
@@ -176,6 +251,8 @@ pub async fn run(iterations: usize) -> i32 {
     if let (Some(c), Some(b)) = (&outproc, &inproc) {
         println!("{}", process::ratio_line("(c) / (b)", c, b));
     }
+    println!("\n== Concurrent tool calls from one plugin (issue 15)");
+    failed |= !calls::print(&exe, 64, 5).await;
     match envelope::inprocess_emits(iterations * 50).await {
         Ok(rate) => println!(
             "{:<58} {:>12.0} emits/s",
@@ -189,6 +266,15 @@ pub async fn run(iterations: usize) -> i32 {
             "(e') the same, plugin out of process (9 000 emits, host side)", rate
         ),
         Err(e) => println!("    (emits out of process not measured: {e})"),
+    }
+
+    println!("\n== Per-turn fixed cost, stage by stage (issue 15), interleaved");
+    match turn::zero_call_turns(&exe, spawns).await {
+        Ok(figures) => turn::print(&figures),
+        Err(e) => {
+            println!("    (zero-call turns not measured: {e})");
+            failed = true;
+        }
     }
 
     println!("\n== Envelope overhead and the deadline (issue: envelope)");

@@ -37,7 +37,7 @@ fn sibling(exe: &Path, name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
-fn timing_executor(exe: &Path, launcher: Arc<dyn Launcher>) -> Result<Executor, String> {
+pub(super) fn timing_executor(exe: &Path, launcher: Arc<dyn Launcher>) -> Result<Executor, String> {
     let manifest = TimingPlugin.manifest_checked();
     let mut config = ProcessRuntimeConfig::new(exe, manifest);
     config.args = vec![BENCH_PLUGIN_SUBCOMMAND.to_owned()];

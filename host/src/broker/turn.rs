@@ -7,6 +7,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
@@ -18,7 +20,6 @@ use sharedos_protocol::{
     TurnId, TurnRunParams, methods,
 };
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::peer::{Inbound, Peer, PeerConfig, Replier, Violation, ViolationReason, wire_error};
@@ -31,6 +32,10 @@ pub const NOTIFICATION_METHODS: &[&str] = &[methods::HOST_EMIT, methods::HOST_AN
 /// After the process exits, how long the reader may still deliver what the
 /// plugin wrote before it died (its outcome, typically).
 pub const EXIT_DRAIN_GRACE: Duration = Duration::from_millis(250);
+
+/// One tool call being served, tagged with its slot in `pending`.
+type CallFuture =
+    std::pin::Pin<Box<dyn Future<Output = (u64, Result<ToolResult, HostCallError>)> + Send>>;
 
 /// A peer configuration for the host end of a plugin connection.
 pub fn host_peer_config(base: PeerConfig) -> PeerConfig {
@@ -211,7 +216,9 @@ pub async fn drive_turn(
     abort: Signal,
     exited: impl Future<Output = String>,
 ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-    let mut calls: JoinSet<(u64, Result<ToolResult, HostCallError>)> = JoinSet::new();
+    // The calls run inside this task (no spawn, no cross-thread wake-up
+    // per call); whatever is still running at the end is spawned then.
+    let mut calls: FuturesUnordered<CallFuture> = FuturesUnordered::new();
     let mut pending: HashMap<u64, Replier> = HashMap::new();
     let mut next_call = 0u64;
     let draining = host.draining();
@@ -275,14 +282,13 @@ pub async fn drive_turn(
                                 pending.insert(next_call, reply);
                                 let host = host.clone();
                                 let n = next_call;
-                                calls.spawn(async move { (n, host.invoke_tool(p.call, p.step).await) });
+                                calls.push(Box::pin(async move { (n, host.invoke_tool(p.call, p.step).await) }));
                             }
                         }
                     }
                 }
             }
-            Some(done) = calls.join_next(), if !calls.is_empty() => {
-                let Ok((n, result)) = done else { continue };
+            Some((n, result)) = calls.next(), if !calls.is_empty() => {
                 let Some(reply) = pending.remove(&n) else { continue };
                 let sent = match result {
                     // A ToolResult is always a result, refusals included.
@@ -323,7 +329,9 @@ pub async fn drive_turn(
     };
     // Tool calls still running are left to finish on the host side: the
     // executor accounts for the kernel's completion, not for our reply.
-    calls.detach_all();
+    if !calls.is_empty() {
+        tokio::spawn(async move { while calls.next().await.is_some() {} });
+    }
     ending
 }
 

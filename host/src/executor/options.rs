@@ -26,8 +26,18 @@ pub type OnTurnError = Arc<dyn Fn(&TurnError, &TurnIds) + Send + Sync>;
 pub struct IdSource(Arc<dyn Fn() -> String + Send + Sync>);
 
 impl IdSource {
+    /// Ids shaped like v4 UUIDs, without a `getrandom` per id: one random
+    /// base per source, then the base with a counter in its low 62 bits
+    /// (version and variant bits untouched). Distinct within a source by
+    /// the counter, across sources by the random base; never secret.
     pub fn uuid() -> Self {
-        Self(Arc::new(|| uuid::Uuid::new_v4().to_string()))
+        let base = uuid::Uuid::new_v4().as_u128();
+        let next = std::sync::atomic::AtomicU64::new(0);
+        Self(Arc::new(move || {
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let low = u128::from(n) & ((1u128 << 62) - 1);
+            uuid::Uuid::from_u128(base ^ low).to_string()
+        }))
     }
     pub fn from_fn(f: impl Fn() -> String + Send + Sync + 'static) -> Self {
         Self(Arc::new(f))

@@ -89,11 +89,10 @@ pub trait Launcher: Send + Sync {
 /// process group, piped stdio, no `pre_exec` (any `pre_exec` forces a
 /// `fork()` of the whole host instead of `posix_spawn`/`vfork`).
 ///
-/// Limit: the kill is a process-group kill plus a kill of every process
-/// still parented inside the tree, so a `setsid` child of a live plugin
-/// goes too, but a daemon that double-forked (or whose parent already
-/// exited) was reparented to init and escapes. Only the sandbox's pid
-/// namespace closes that hole.
+/// Limit: the kill is a process-group kill (one `kill(-pgid)`, so killing
+/// a turn's tree costs the same whatever runs on the machine), so a
+/// descendant that left the group (`setsid`, `setpgid`) escapes it. Only
+/// the sandbox's pid namespace and cgroup close that hole.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DirectLauncher;
 
@@ -149,18 +148,11 @@ struct GroupTree {
 }
 
 impl GroupTree {
-    /// SIGKILLs the process group, and every descendant still parented
-    /// inside the tree (found through `/proc` before the kill, so a child
-    /// that called `setsid` but was not yet orphaned goes too). A
-    /// double-forked daemon that was already reparented to init is out of
-    /// reach: only a pid namespace catches that.
+    /// SIGKILLs the process group: one syscall, whatever the number of
+    /// processes on the machine (no walk of `/proc`). A descendant that
+    /// left the group (`setsid`, `setpgid`) is out of its reach: only the
+    /// sandbox's pid namespace and cgroup catch that.
     fn killpg(&self) {
-        // Only while the leader is unreaped: its pid cannot have been reused.
-        let descendants = if self.child.is_some() && !self.reaped {
-            descendants(self.pgid)
-        } else {
-            Vec::new()
-        };
         if let Some(pid) = i32::try_from(self.pgid)
             .ok()
             .and_then(rustix::process::Pid::from_raw)
@@ -168,46 +160,7 @@ impl GroupTree {
             // ESRCH once everything in the group is gone: nothing to do.
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
-        for d in descendants {
-            if let Some(pid) = i32::try_from(d)
-                .ok()
-                .and_then(rustix::process::Pid::from_raw)
-            {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
     }
-}
-
-/// Every live descendant of `root`, from the parent links in `/proc`.
-fn descendants(root: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let links: Vec<(u32, u32)> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // `pid (comm) state ppid ...`; comm may hold spaces and parens.
-            let (_, rest) = stat.rsplit_once(')')?;
-            let ppid = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            links
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    found.remove(0);
-    found
 }
 
 impl ProcessTree for GroupTree {

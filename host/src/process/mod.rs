@@ -3,12 +3,15 @@
 //!
 //! Per turn: launch (through a [`Launcher`]) → drain stderr → `initialize`
 //! (version and manifest checked) → `turn/run` → serve the plugin's
-//! `host/*` messages → outcome, or abort → **kill and reap the whole tree,
-//! whatever the ending**. The `run` future may be dropped at any await
-//! point (the executor races it against the hard deadline): a guard then
-//! kills the tree synchronously and reaps it off-thread.
+//! `host/*` messages → outcome, or abort → **kill the whole tree, whatever
+//! the ending**. The kill signal is sent before `run` returns; the reaping
+//! and the removal of the workspace and cgroup happen off the caller's
+//! path ([`reaper`]), and [`settle_kills`] waits for them. The `run`
+//! future may be dropped at any await point (the executor races it against
+//! the hard deadline): a guard then kills the tree and reaps it off-thread.
 
 pub mod launcher;
+mod reaper;
 pub mod stderr;
 
 use std::collections::HashMap;
@@ -49,6 +52,23 @@ pub struct ProcessRuntimeConfig {
     pub max_inflight_tool_calls: usize,
     pub stderr: StderrLimits,
     pub write_stall_timeout: Duration,
+    /// Where each turn stamps the end of its stages (`sharedos bench`'s
+    /// per-turn breakdown); `None`, the default, stamps nothing.
+    pub stages: Option<StageLog>,
+}
+
+/// The stages of a process turn, as stamped into a [`StageLog`]: `run`
+/// entered, `launched`, `initialized` (handshake done), `settled` (the
+/// outcome or error is known), `signalled` (the tree is killed; its
+/// reaping continues off the turn's path).
+pub type StageLog = Arc<Mutex<Vec<(&'static str, std::time::Instant)>>>;
+
+fn stamp(log: Option<&StageLog>, stage: &'static str) {
+    if let Some(log) = log {
+        log.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((stage, std::time::Instant::now()));
+    }
 }
 
 impl ProcessRuntimeConfig {
@@ -61,9 +81,10 @@ impl ProcessRuntimeConfig {
             manifest,
             handshake_timeout: Duration::from_secs(10),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            max_inflight_tool_calls: 8,
+            max_inflight_tool_calls: crate::config::DEFAULT_INFLIGHT_TOOL_CALLS as usize,
             stderr: StderrLimits::default(),
             write_stall_timeout: Duration::from_secs(10),
+            stages: None,
         }
     }
 }
@@ -220,19 +241,16 @@ impl TreeGuard {
         }
     }
 
-    async fn finish(self, aborted: bool) {
+    /// The outcome is settled: the tree is signalled now and reaped off
+    /// the caller's path (after `ABORT_FLUSH` when a `turn/abort` may still
+    /// be on its way to the plugin).
+    fn finish(self, aborted: bool) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if aborted {
-            if let Some(tree) = taken {
+        if let Some(tree) = taken {
+            if aborted {
                 kill_after_flush(tree);
-            }
-            return;
-        }
-        if let Some(mut tree) = taken {
-            tree.start_kill();
-            let reaped = tokio::task::spawn_blocking(move || tree.kill_tree()).await;
-            if let Ok(Err(e)) = reaped {
-                tracing::warn!("reaping the plugin tree failed: {e}");
+            } else {
+                reaper::reap_later(tree);
             }
         }
     }
@@ -294,16 +312,26 @@ pub(crate) fn track_thread(handle: std::thread::JoinHandle<()>) {
     pending.push(handle);
 }
 
-/// Waits until every plugin tree whose kill was deferred (to let a
-/// `turn/abort` reach it) is killed and reaped, and every sandbox being
-/// prepared ahead is ready (or, its launchers gone, killed and removed). A host process calls it
-/// before it exits, so no tree outlives its host; it takes at most
-/// `ABORT_FLUSH` plus the reaping.
+/// Waits until every plugin tree of a finished turn is killed and reaped
+/// and its workspace and cgroup removed (the reaping runs off the turn's
+/// path), every tree whose kill was deferred (to let a `turn/abort` reach
+/// it) likewise, and every sandbox being prepared ahead is ready (or, its
+/// launchers gone, killed and removed). A host process calls it before it
+/// exits, so no tree outlives its host; it takes at most `ABORT_FLUSH`
+/// plus the reaping.
 pub fn settle_kills() {
     let pending = std::mem::take(&mut *PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner()));
     for handle in pending {
         let _ = handle.join();
     }
+    reaper::settle();
+}
+
+/// Waits only for the teardown of finished turns handed off the turn's
+/// path (what `sharedos bench` times as the teardown stage); see
+/// [`settle_kills`] for everything.
+pub fn settle_teardown() {
+    reaper::settle();
 }
 
 /// Aborts a task when dropped.
@@ -340,6 +368,8 @@ impl RuntimePlugin for ProcessRuntime {
                 "the turn was aborted before the runtime started".into(),
             ));
         }
+        let stages = self.config.stages.as_ref();
+        stamp(stages, "run");
         let turn_id = new_turn_id();
         let execution_id = request.execution_id.as_str().to_owned();
         let spec = self.launch_spec(execution_id.clone(), turn_id.as_str().to_owned());
@@ -370,6 +400,7 @@ impl RuntimePlugin for ProcessRuntime {
             report,
         } = launched;
         let guard = TreeGuard::new(tree);
+        stamp(stages, "launched");
         if let Some(report) = report {
             self.keep_report(&execution_id, report);
         }
@@ -400,6 +431,7 @@ impl RuntimePlugin for ProcessRuntime {
             tokio::select! {
                 r = handshake(&mut peer, &mut inbound, &self.config.manifest, limits, self.config.handshake_timeout) => {
                     r.map_err(|e| self.load_error(e))?;
+                    stamp(stages, "initialized");
                 }
                 _ = abort.raised() => {
                     return Err(RuntimeError::Failed("the turn was aborted during the handshake".into()));
@@ -410,7 +442,9 @@ impl RuntimePlugin for ProcessRuntime {
             drive_turn(&peer, run_id, &mut inbound, &turn_id, host, abort, guard.exited()).await
         }
         .await;
-        guard.finish(abort_seen.is_raised()).await;
+        stamp(stages, "settled");
+        guard.finish(abort_seen.is_raised());
+        stamp(stages, "signalled");
         if let Err(e) = &outcome {
             tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", escape_text(&truncate(&e.to_string(), 500)));
         }
