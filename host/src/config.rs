@@ -90,6 +90,10 @@ pub struct RuntimeEntry {
     /// the full sandbox, refusing to start below `strong`.
     #[serde(default)]
     pub sandbox: SandboxPolicy,
+    /// Egress: `"none"` (the default) or model routes and destinations
+    /// served by the host's gateway (docs/EGRESS.md).
+    #[serde(default)]
+    pub network: crate::egress::NetworkPolicy,
 }
 
 /// How a runtime's plugin process is started.
@@ -245,6 +249,7 @@ impl HostConfig {
                     r.sandbox.warm
                 ));
             }
+            r.network.check(&format!("runtimes[{i}].network"))?;
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {
                     return Err(format!(
