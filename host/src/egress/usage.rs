@@ -24,15 +24,25 @@ impl TokenUsage {
 /// Scans response bytes for usage objects.
 #[derive(Debug, Default)]
 pub struct UsageScanner {
-    held: Vec<u8>,
-    overflowed: bool,
+    /// The current line (SSE `data:` lines, NDJSON).
+    line: Vec<u8>,
+    line_overflowed: bool,
+    /// The whole body, for a (possibly pretty-printed) JSON answer; given
+    /// up once the body is seen to be an event stream or too large.
+    body: Vec<u8>,
+    body_dropped: bool,
     found: Option<TokenUsage>,
 }
 
 impl UsageScanner {
     pub fn feed(&mut self, mut chunk: &[u8]) {
-        // Lines are parsed as they complete (SSE `data:` lines, or NDJSON);
-        // a plain JSON body is parsed at the end.
+        if !self.body_dropped {
+            if self.body.len() + chunk.len() > MAX_HELD {
+                self.drop_body();
+            } else {
+                self.body.extend_from_slice(chunk);
+            }
+        }
         while let Some(i) = chunk.iter().position(|b| *b == b'\n') {
             self.push(&chunk[..i]);
             self.line_done();
@@ -41,39 +51,45 @@ impl UsageScanner {
         self.push(chunk);
     }
 
+    fn drop_body(&mut self) {
+        self.body_dropped = true;
+        self.body = Vec::new();
+    }
+
     fn push(&mut self, bytes: &[u8]) {
-        if self.held.len() + bytes.len() > MAX_HELD {
-            self.overflowed = true;
-            self.held.clear();
-        } else if !self.overflowed {
-            self.held.extend_from_slice(bytes);
+        if self.line.len() + bytes.len() > MAX_HELD {
+            self.line_overflowed = true;
+            self.line.clear();
+        } else if !self.line_overflowed {
+            self.line.extend_from_slice(bytes);
         }
     }
 
     fn line_done(&mut self) {
-        let line = std::mem::take(&mut self.held);
-        let skip = std::mem::replace(&mut self.overflowed, false);
-        if skip {
+        let line = std::mem::take(&mut self.line);
+        if std::mem::replace(&mut self.line_overflowed, false) {
             return;
         }
         let text = String::from_utf8_lossy(&line);
         let text = text.trim();
+        let sse = text.starts_with("data:") || text.starts_with("event:");
+        if sse {
+            // An event stream: usage comes in its data lines only.
+            self.drop_body();
+        }
         let json = text.strip_prefix("data:").map(str::trim).unwrap_or(text);
-        if json.starts_with('{')
+        if (sse || text.starts_with('{'))
+            && json.starts_with('{')
             && let Ok(v) = serde_json::from_str::<Value>(json)
         {
             self.observe(&v);
-        } else if !json.is_empty() && !text.starts_with("data:") {
-            // A pretty-printed JSON body: keep it whole for `finish`.
-            self.held = line;
-            self.held.push(b'\n');
         }
     }
 
     /// The usage seen, after the body ended.
     pub fn finish(mut self) -> Option<TokenUsage> {
-        if !self.overflowed
-            && let Ok(v) = serde_json::from_slice::<Value>(&self.held)
+        if !self.body_dropped
+            && let Ok(v) = serde_json::from_slice::<Value>(&self.body)
         {
             self.observe(&v);
         }
@@ -172,7 +188,7 @@ mod tests {
         assert_eq!(scan(&["{\"choices\":[]}"]), None);
         let mut s = UsageScanner::default();
         s.feed(&vec![b'x'; MAX_HELD + 10]);
-        assert!(s.held.is_empty());
+        assert!(s.line.is_empty() && s.body.is_empty());
         assert_eq!(s.finish(), None);
     }
 }
