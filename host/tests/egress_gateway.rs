@@ -306,3 +306,59 @@ async fn try_post(addr: std::net::SocketAddr) -> Option<u16> {
         .ok()?;
     Some(sender.send_request(req).await.ok()?.status().as_u16())
 }
+
+#[tokio::test]
+async fn connect_reaches_an_allowed_destination_only_with_the_grant() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dest = echo.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let policy = json!({"destinations": [{"address": dest, "allow": ["loopback"]}]});
+    let grants = vec![egress_grant("alice", &dest, "connect", None)];
+    let mut s = serve(policy.clone(), grants, "alice", GatewayLimits::default()).await;
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let req = format!("CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut head = vec![0u8; 1024];
+    let n = tcp.read(&mut head).await.unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
+    tcp.write_all(b"ping").await.unwrap();
+    let mut pong = [0u8; 4];
+    tcp.read_exact(&mut pong).await.unwrap();
+    assert_eq!(&pong, b"ping");
+    drop(tcp);
+    let e = wait_for(&mut s, |e| matches!(e, EgressEvent::Connection { .. })).await;
+    assert!(
+        matches!(
+            e,
+            EgressEvent::Connection {
+                bytes_up: 4,
+                bytes_down: 4,
+                code: None,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        s.records("effect.completed")[0].outcome,
+        AuditOutcome::Succeeded
+    );
+
+    // The same destination for an agent whose grant is for requests only.
+    let grants = vec![egress_grant("bob", &dest, "request", None)];
+    let s = serve(policy, grants, "bob", GatewayLimits::default()).await;
+    let (status, body) = connect(s.addr, &dest).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        s.records("effect.authorized")[0].outcome,
+        AuditOutcome::Denied
+    );
+}
