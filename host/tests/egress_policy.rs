@@ -6,6 +6,10 @@ use sharedos_host::config::HostConfig;
 use sharedos_host::egress::{NetworkPolicy, SecretRef};
 
 fn config(network: &str) -> Result<HostConfig, String> {
+    config_for("sharedos-standard", network)
+}
+
+fn config_for(program: &str, network: &str) -> Result<HostConfig, String> {
     let text = format!(
         r#"
 [host]
@@ -15,7 +19,7 @@ filesRoot = "files"
 [[runtimes]]
 id = "r"
 version = "1"
-program = "sharedos-standard"
+program = "{program}"
 {network}
 
 [[agents]]
@@ -119,4 +123,39 @@ fn a_secret_is_a_reference_and_never_printed() {
         e.contains("env:SHAREDOS_TEST_UNSET_KEY") && e.contains("not set"),
         "{e}"
     );
+}
+
+#[test]
+fn a_model_driver_needs_a_route_and_is_passed_with_a_placeholder_key() {
+    let driver = "driver = { kind = \"openai-chat\", baseUrl = \"http://127.0.0.1:8787/openai\", model = \"m\" }";
+    let e = refused(driver);
+    assert!(
+        e.contains("runtimes[0].driver: a model driver needs a route"),
+        "{e}"
+    );
+    let e = refused(&driver.replace("openai-chat", "gpt"));
+    assert!(e.contains("runtimes[0].driver.kind"), "{e}");
+    let with_route = format!(
+        "{driver}\n[runtimes.network]\nroutes = [{{ name = \"openai\", upstream = \"https://api.openai.com/v1\", secret = \"env:OPENAI_API_KEY\", api = \"openai\" }}]"
+    );
+    // Any existing program: only the arguments and environment are read.
+    let c = config_for("/bin/true", &with_route).unwrap();
+    let launcher: std::sync::Arc<dyn sharedos_host::process::Launcher> =
+        std::sync::Arc::new(sharedos_host::process::DirectLauncher);
+    let rt = sharedos_host::seat::process_runtime(&c, &c.runtimes[0], launcher).unwrap();
+    let args = &rt.config().args;
+    assert_eq!(
+        args,
+        &[
+            "--driver",
+            "openai-chat",
+            "--base-url",
+            "http://127.0.0.1:8787/openai",
+            "--model",
+            "m"
+        ]
+    );
+    let env = &rt.config().env;
+    assert!(env.contains(&("SHAREDOS_MODEL_KEY".into(), "sharedos-placeholder".into())));
+    assert!(!env.iter().any(|(k, _)| k == "OPENAI_API_KEY"));
 }
