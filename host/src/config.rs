@@ -96,6 +96,53 @@ pub struct RuntimeEntry {
     /// the full sandbox, refusing to start below `strong`.
     #[serde(default)]
     pub sandbox: SandboxPolicy,
+    /// Egress: `"none"` (the default) or model routes and destinations
+    /// served by the host's gateway (docs/EGRESS.md).
+    #[serde(default)]
+    pub network: crate::egress::NetworkPolicy,
+    /// For the standard runtime: a model driver instead of a transcript.
+    #[serde(default)]
+    pub driver: Option<ModelDriver>,
+}
+
+/// A model driver of the standard runtime, passed as
+/// `--driver <kind> --base-url <url> --model <model>`; the plugin gets a
+/// placeholder key only (`SHAREDOS_MODEL_KEY`), the gateway adds the real
+/// one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModelDriver {
+    /// `openai-chat` (the only driver built so far).
+    pub kind: String,
+    /// The gateway's route as the plugin sees it,
+    /// `http://127.0.0.1:<port>/<route>`.
+    pub base_url: String,
+    pub model: String,
+}
+
+impl ModelDriver {
+    fn check(&self, entry: &str, network: &crate::egress::NetworkPolicy) -> Result<(), String> {
+        if self.kind != "openai-chat" {
+            return Err(format!(
+                "{entry}.driver.kind: {:?} is not a driver (built: \"openai-chat\")",
+                self.kind
+            ));
+        }
+        if !self.base_url.starts_with("http://") {
+            return Err(format!(
+                "{entry}.driver.baseUrl: must be the gateway's http:// route (the host adds TLS)"
+            ));
+        }
+        if self.model.trim().is_empty() {
+            return Err(format!("{entry}.driver.model: must name the model"));
+        }
+        if *network == crate::egress::NetworkPolicy::None {
+            return Err(format!(
+                "{entry}.driver: a model driver needs a route; set {entry}.network"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a runtime's plugin process is started.
@@ -272,6 +319,15 @@ impl HostConfig {
             if matches!(r.launcher, LauncherKind::Sandbox) {
                 sharedos_sandbox::uid::check_range(&r.sandbox.uids)
                     .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
+            }
+            r.network.check(&format!("runtimes[{i}].network"))?;
+            if let Some(d) = &r.driver {
+                if r.transcript.is_some() {
+                    return Err(format!(
+                        "runtimes[{i}]: give a transcript or a driver, not both"
+                    ));
+                }
+                d.check(&format!("runtimes[{i}]"), &r.network)?;
             }
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {

@@ -6,6 +6,7 @@ pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod conformance;
+pub mod egress;
 pub mod executor;
 pub mod observe;
 pub mod process;

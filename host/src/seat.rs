@@ -52,6 +52,20 @@ pub fn process_runtime(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    if let Some(d) = &entry.driver {
+        pc.args.extend([
+            "--driver".into(),
+            d.kind.clone(),
+            "--base-url".into(),
+            d.base_url.clone(),
+            "--model".into(),
+            d.model.clone(),
+        ]);
+        // A placeholder, so a program that insists on a key has one; the
+        // real key stays in the host's gateway.
+        pc.env
+            .push(("SHAREDOS_MODEL_KEY".into(), "sharedos-placeholder".into()));
+    }
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
     pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;
     let runtime = ProcessRuntime::new(pc, launcher).map_err(|source| SeatError::Load {

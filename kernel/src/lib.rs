@@ -47,7 +47,10 @@ pub use grant::{
     UsageStore,
 };
 pub use kernel::{ErrorHook, Kernel, KernelBuilder, KernelSetupError, TracingHook, catalog_hash};
-pub use port::{Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease};
+pub use port::{
+    Admission, AuditEffect, EffectDecision, EffectPort, KernelError, RefusedCall, TurnEnd,
+    TurnKernel, TurnLease,
+};
 pub use registry::{HandlerAnswer, RegistrationError, ToolError, ToolHandler, ToolRegistry};
 pub use tools::escalate::ESCALATE_TOOL;
 pub use usage::JsonlUsageStore;

@@ -171,3 +171,43 @@ pub trait TurnKernel: Send + Sync {
         end: TurnEnd,
     ) -> Result<(), KernelError>;
 }
+
+/// The kernel's answer on an effect outside the tool catalogue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectDecision {
+    Allowed {
+        grant_id: String,
+    },
+    /// `no_matching_grant`, `grant_exhausted`, `authority_unavailable`, ...
+    Denied {
+        reason_code: String,
+    },
+}
+
+/// Effects that are not tool calls (the egress gateway's requests and
+/// connections): authorized against the turn's grants, each decision
+/// audited before the effect (`effect.authorized`) and each outcome after
+/// it (`effect.completed`).
+#[async_trait]
+pub trait EffectPort: Send + Sync {
+    /// Consumes a use of a bounded grant when allowed.
+    async fn authorize_effect(
+        &self,
+        lease: &TurnLease,
+        context: &AccessContext,
+        namespace: &str,
+        path: &[String],
+        action: &str,
+    ) -> Result<EffectDecision, KernelError>;
+
+    /// Records what happened (`metadata` holds no payload and no secret).
+    async fn record_effect_outcome(
+        &self,
+        context: &AccessContext,
+        namespace: &str,
+        path: &[String],
+        action: &str,
+        succeeded: bool,
+        metadata: sharedos_protocol::JsonObject,
+    );
+}

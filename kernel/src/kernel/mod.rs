@@ -82,6 +82,7 @@ impl TurnAuthority {
 }
 
 mod build;
+mod effect;
 mod records;
 mod run;
 

@@ -13,6 +13,9 @@
 //! The driver states no manifest, so the runtime reports itself as
 //! `sharedos.standard`.
 
+pub mod chat;
+mod sse;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -147,6 +150,24 @@ impl AgentTurnSession for TranscriptSession {
 /// The standard runtime with this transcript seated.
 pub fn plugin(transcript: Value) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
     let driver = TranscriptDriver::new(transcript)?;
+    Ok(create_standard_runtime(StandardRuntimeOptions::new(
+        Arc::new(driver),
+    )))
+}
+
+/// The standard runtime with the Chat Completions driver seated, reaching
+/// the model at `base_url` (the gateway's route) with a placeholder key.
+pub fn chat_plugin(
+    base_url: &str,
+    model: &str,
+    key: &str,
+) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
+    let base = sse::BaseUrl::parse(base_url).map_err(TranscriptError)?;
+    let driver = chat::ChatDriver::new(chat::ChatConfig {
+        base,
+        model: model.to_owned(),
+        key: key.to_owned(),
+    });
     Ok(create_standard_runtime(StandardRuntimeOptions::new(
         Arc::new(driver),
     )))

@@ -1,0 +1,133 @@
+//! Added latency of the egress gateway: the same request sent directly to
+//! a mock upstream on loopback and through the gateway (kernel
+//! authorization, audit to memory, key injection, streaming copy), both
+//! over a fresh connection per request as the gateway makes upstream.
+//!
+//! cargo run --release -p sharedos-host --example egress_latency [N]
+
+#[path = "../tests/egress_support/mod.rs"]
+mod egress_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egress_support::*;
+use http_body_util::BodyExt;
+use serde_json::json;
+use sharedos_host::egress::GatewayLimits;
+use tokio::sync::Notify;
+
+fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+}
+
+async fn run(addr: std::net::SocketAddr, path: &str, n: usize) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let (status, _) = post(addr, path, "{\"model\":\"m\"}").await;
+        assert_eq!(status, 200);
+        out.push(t.elapsed());
+    }
+    out
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream(Script::Json, None).await;
+    let policy = json!({"routes": [{"name": "m", "upstream": format!("http://127.0.0.1:{}/v1", up.port),
+        "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
+    let s = serve(
+        policy,
+        vec![egress_grant("alice", "m", "request", None)],
+        "alice",
+        GatewayLimits::default(),
+    )
+    .await;
+    let direct_addr: std::net::SocketAddr = format!("127.0.0.1:{}", up.port).parse().unwrap();
+    // Warm up both paths.
+    run(direct_addr, "/v1/chat/completions", 200).await;
+    run(s.addr, "/m/chat/completions", 200).await;
+    let (d_med, d_p99) = stats(run(direct_addr, "/v1/chat/completions", n).await);
+    let (g_med, g_p99) = stats(run(s.addr, "/m/chat/completions", n).await);
+    println!("requests: {n} sequential, fresh connection each");
+    println!("direct : median {d_med:?}  p99 {d_p99:?}");
+    println!("gateway: median {g_med:?}  p99 {g_p99:?}");
+    println!(
+        "added  : median {:?}  p99 {:?}",
+        g_med.saturating_sub(d_med),
+        g_p99.saturating_sub(d_p99)
+    );
+
+    // Requests per second through the gateway, 16 clients.
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let addr = s.addr;
+        tasks.push(tokio::spawn(async move {
+            run(addr, "/m/chat/completions", n / 16).await
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let done = (n / 16) * 16;
+    println!(
+        "gateway: {:.0} requests/s with 16 concurrent clients",
+        done as f64 / t.elapsed().as_secs_f64()
+    );
+
+    // Time to the first streamed byte: the upstream sends its first event
+    // at once and holds the rest.
+    let mut direct_ttfb = Vec::new();
+    let mut gw_ttfb = Vec::new();
+    let mut keep = Vec::new();
+    for _ in 0..200 {
+        for (addr, path, out) in [
+            (None, "/v1/chat/completions", &mut direct_ttfb),
+            (Some(()), "/m/chat/completions", &mut gw_ttfb),
+        ] {
+            let release = Arc::new(Notify::new());
+            let sse = upstream(
+                Script::Sse {
+                    release: release.clone(),
+                },
+                None,
+            )
+            .await;
+            let target = match addr {
+                None => format!("127.0.0.1:{}", sse.port).parse().unwrap(),
+                Some(()) => {
+                    let policy = json!({"routes": [{"name": "m", "upstream": format!("http://127.0.0.1:{}/v1", sse.port),
+                        "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
+                    let g = serve(
+                        policy,
+                        vec![egress_grant("alice", "m", "request", None)],
+                        "alice",
+                        GatewayLimits::default(),
+                    )
+                    .await;
+                    let a = g.addr;
+                    keep.push(g);
+                    a
+                }
+            };
+            let t = Instant::now();
+            let (_, mut body) = open(target, path, "{}".into()).await;
+            let _ = body.frame().await;
+            out.push(t.elapsed());
+            release.notify_one();
+        }
+    }
+    let (dt, dt99) = stats(direct_ttfb);
+    let (gt, gt99) = stats(gw_ttfb);
+    println!(
+        "first streamed byte: direct median {dt:?} p99 {dt99:?}; gateway median {gt:?} p99 {gt99:?}"
+    );
+}
