@@ -24,7 +24,10 @@ pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
         path: program.to_path_buf(),
         reason,
     };
-    let md = std::fs::metadata(program).map_err(|e| bad(e.to_string()))?;
+    // The file itself, not a symlink to it (`/bin/sh -> dash`): a hard
+    // link to a relative symlink would dangle in the staging directory.
+    let real = std::fs::canonicalize(program).map_err(|e| bad(e.to_string()))?;
+    let md = std::fs::metadata(&real).map_err(|e| bad(e.to_string()))?;
     let name = program
         .file_name()
         .ok_or_else(|| bad("has no file name".into()))?;
@@ -59,8 +62,8 @@ pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
         // A hard link where the program is on the same filesystem (no
         // space used; the mount table shows the link's path all the same),
         // else a copy.
-        if std::fs::hard_link(program, &tmp).is_err() {
-            std::fs::copy(program, &tmp)?;
+        if std::fs::hard_link(&real, &tmp).is_err() {
+            std::fs::copy(&real, &tmp)?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
         }
         match std::fs::create_dir(&dir) {
