@@ -28,7 +28,10 @@ fn helpers() -> HashSet<u32> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains("__sandbox-exec") && cmd.contains(&exe) && is_alive(pid) {
+        // A helper runs under a neutral argv[0]: find it by its executable.
+        let runs_exe =
+            std::fs::read_link(e.path().join("exe")).is_ok_and(|p| p.to_string_lossy() == exe);
+        if cmd.contains("__sandbox-exec") && runs_exe && is_alive(pid) {
             out.insert(pid);
         }
     }
