@@ -49,6 +49,9 @@ pub struct RootSpec<'a> {
     pub nr_inodes: u64,
     pub ro_paths: &'a [String],
     pub extra_ro: &'a [String],
+    /// Detached clones of the `extra_ro` entries under `/tmp` (path, is a
+    /// directory, fd), taken by the helper before the uid drop.
+    pub tmp_extras: Vec<(PathBuf, bool, RawFd)>,
     /// What the masked `/proc` shows instead of host-wide figures.
     pub proc_replacements: crate::procmask::Replacements,
     /// Mount a procfs (only with a pid namespace: a procfs of the host's pid
@@ -265,6 +268,9 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
             spec.tmp_size, spec.nr_inodes
         )),
     )?;
+    // A runtime's extra paths under /tmp (a checkout in a temp dir), on
+    // top of the private /tmp.
+    attach_tmp_extras(root, &spec.tmp_extras)?;
     crate::timing::stamp("pid1", "root: /tmp mounted");
     build_dev(spec, &dev)?;
     crate::timing::stamp("pid1", "root: /dev built");
@@ -282,6 +288,42 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     Ok(warnings)
 }
 
+/// An extra read-only path strictly below `/tmp`, made absolute and clean.
+pub(crate) fn is_tmp_extra(entry: &str) -> bool {
+    let p = Path::new(entry);
+    p.is_absolute()
+        && p != Path::new("/tmp")
+        && p.starts_with("/tmp")
+        && !p
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+}
+
+/// The helper's clones of the extra paths under `/tmp` (taken before
+/// anything hides the host's `/tmp`), attached at their own path inside
+/// the private `/tmp` and made read-only, nosuid and nodev.
+fn attach_tmp_extras(root: &Path, binds: &[(PathBuf, bool, RawFd)]) -> Result<(), String> {
+    for (entry, is_dir, fd) in binds {
+        let target = inside(root, &entry.to_string_lossy());
+        let made = if *is_dir {
+            std::fs::create_dir_all(&target)
+        } else {
+            target
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::File::create(&target).map(drop))
+        };
+        made.map_err(|e| format!("mountpoint {target:?}: {e}"))?;
+        attach(Source::Tree(*fd), &target)?;
+        restrict(
+            &target,
+            libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+            true,
+        )?;
+    }
+    Ok(())
+}
+
 /// The policy's read-only paths (and the runtime's extra ones), bound at
 /// the same path in the staging root; a top-level symlink is mirrored.
 fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<String>, String> {
@@ -289,6 +331,17 @@ fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<S
     let all = spec.ro_paths.iter().map(|p| (p, false));
     for (entry, extra) in all.chain(spec.extra_ro.iter().map(|p| (p, true))) {
         let src = Path::new(entry);
+        if extra && is_tmp_extra(entry) {
+            // Attached on top of the private /tmp from the helper's clone,
+            // which only a root host takes.
+            if !spec.tmp_extras.iter().any(|(p, _, _)| p == src) && src.exists() {
+                warnings.push(format!(
+                    "extra read-only path {entry} is under /tmp, which only a host \
+                     running as root can bind; skipped"
+                ));
+            }
+            continue;
+        }
         // Paths the sandbox mounts over (or stages its root in) cannot be
         // binds: the bind would be hidden or would hide sandbox state.
         if !src.is_absolute()

@@ -1129,3 +1129,48 @@ fn dropping_a_prepared_sandbox_leaves_nothing() {
         "the discarded plugin ran"
     );
 }
+
+#[test]
+fn an_extra_read_only_path_under_tmp_is_visible_read_only() {
+    // A checkout in a temp dir (an interpreted plugin's script, its SDK):
+    // the sandbox's own /tmp must not hide it, and it stays read-only.
+    let src = tempfile::Builder::new()
+        .prefix("sharedos-extra-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::create_dir(src.path().join("pkg")).unwrap();
+    std::fs::write(src.path().join("pkg/script.txt"), "from the host\n").unwrap();
+    // The sandbox uid must be able to traverse and read it.
+    for p in [src.path(), &src.path().join("pkg")] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let dir = src.path().join("pkg");
+    let mut policy = SandboxPolicy::default();
+    policy.extra_ro_paths = vec![dir.display().to_string()];
+    let ws = workspace();
+    let mut s = spec(ws.path(), policy, &[]);
+    s.program = "/bin/sh".into();
+    s.args = vec![
+        "-c".into(),
+        format!(
+            "cat {d}/script.txt; echo x > {d}/new 2>/dev/null && echo writable || echo read-only; \
+             echo private > /tmp/mine && cat /tmp/mine",
+            d = dir.display()
+        )
+        .into(),
+    ];
+    let mut child = spawn(&s).unwrap();
+    drop(child.stdin.take());
+    let err = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || read_all(err));
+    let out = read_all(child.stdout.take().unwrap());
+    let status = child.wait().unwrap();
+    let err = err.join().unwrap();
+    assert!(status.success(), "{status}: {out} {err}");
+    assert_eq!(out, "from the host\nread-only\nprivate\n", "{err}");
+    assert!(!dir.join("new").exists(), "nothing was written to the host");
+    assert!(
+        !std::path::Path::new("/tmp/mine").exists(),
+        "the sandbox's /tmp is its own"
+    );
+}

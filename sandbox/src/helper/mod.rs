@@ -17,7 +17,7 @@ use std::ffi::{CString, OsString};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 mod credentials;
 mod plugin;
@@ -411,6 +411,9 @@ fn supervise(
 pub(super) struct HostSources {
     pub(super) program: (mounts::Source, OwnedFd),
     pub(super) workspace: Option<(mounts::Source, OwnedFd)>,
+    /// Clones of the runtime's extra read-only paths under `/tmp` (path,
+    /// is a directory, fd): pid 1 hides the host's `/tmp` before it binds.
+    pub(super) tmp_extras: Vec<(PathBuf, bool, OwnedFd)>,
 }
 
 impl HostSources {
@@ -422,6 +425,18 @@ impl HostSources {
             let fd = open_tree(p, dir)?;
             Ok::<_, Fail>((mounts::Source::Tree(fd.as_raw_fd()), fd))
         };
+        let mut tmp_extras = Vec::new();
+        for entry in req.policy.extra_ro_paths.iter() {
+            if !mounts::is_tmp_extra(entry) {
+                continue;
+            }
+            // A missing one is reported by the root's builder.
+            let Ok(md) = std::fs::metadata(entry) else {
+                continue;
+            };
+            let fd = open_tree(Path::new(entry), md.is_dir())?;
+            tmp_extras.push((PathBuf::from(entry), md.is_dir(), fd));
+        }
         Ok(HostSources {
             program: tree(program, false)?,
             workspace: req
@@ -429,6 +444,7 @@ impl HostSources {
                 .as_deref()
                 .map(|w| tree(w, true))
                 .transpose()?,
+            tmp_extras,
         })
     }
 
@@ -452,6 +468,7 @@ impl HostSources {
                 .as_deref()
                 .map(|w| path(w, true))
                 .transpose()?,
+            tmp_extras: Vec::new(),
         })
     }
 }

@@ -132,6 +132,11 @@ pub(super) fn pid_one(
             nr_inodes: p.tmpfs_nr_inodes,
             ro_paths: &p.ro_paths,
             extra_ro: &p.extra_ro_paths,
+            tmp_extras: sources
+                .tmp_extras
+                .iter()
+                .map(|(path, dir, fd)| (path.clone(), *dir, fd.as_raw_fd()))
+                .collect(),
             proc_replacements: crate::procmask::Replacements::new(mem_total >> 10),
             with_proc: pidns,
         })
