@@ -334,10 +334,10 @@ fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<S
         if extra && is_tmp_extra(entry) {
             // Attached on top of the private /tmp from the helper's clone,
             // which only a root host takes.
-            if !spec.tmp_extras.iter().any(|(p, _, _)| p == src) && src.exists() {
+            if !spec.tmp_extras.iter().any(|(p, _, _)| p == src) {
                 warnings.push(format!(
-                    "extra read-only path {entry} is under /tmp, which only a host \
-                     running as root can bind; skipped"
+                    "extra read-only path {entry} does not exist, or is under /tmp on a host \
+                     not running as root (only root can clone it before /tmp is hidden); skipped"
                 ));
             }
             continue;
