@@ -1,6 +1,8 @@
 //! The sharedos host: the envelope, the stdio peer, the process runtime,
 //! the registry, the configuration and the CLI.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod broker;
 pub mod cli;

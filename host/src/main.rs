@@ -1,6 +1,8 @@
 //! `sharedos`: runs untrusted agent runtimes behind a fixed security
 //! envelope.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -26,6 +26,8 @@
 //! # let _ = kernel; Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod audit;
 pub mod bench;
 pub mod config;

@@ -9,6 +9,8 @@
 //! directly) or out-of-process (untrusted: `serve` turns a binary into a
 //! plugin over its stdin/stdout).
 
+#![forbid(unsafe_code)]
+
 mod host;
 mod serve;
 mod signal;

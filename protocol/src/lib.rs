@@ -13,6 +13,8 @@
 //! protocol versions, JSON-RPC error codes and the bounded NDJSON codec.
 //! No process, no policy.
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 pub mod contract;
 pub mod errors;

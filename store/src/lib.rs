@@ -7,6 +7,8 @@
 //! one file, WAL, migrations applied at open. [`recovery::recover`] marks
 //! the runs a crashed host left in flight without executing anything.
 
+#![forbid(unsafe_code)]
+
 pub mod cluster;
 mod postgres;
 pub mod recovery;

@@ -16,6 +16,8 @@
 //! TypeScript echo examples read the same payload, and `sharedos
 //! conformance` drives all three with it.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use serde_json::{Value, json};

@@ -3,6 +3,8 @@
 //! process); `main` hands it to `serve`, which speaks the protocol over
 //! stdin/stdout and refuses to run when started by hand.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

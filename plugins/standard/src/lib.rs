@@ -13,6 +13,8 @@
 //! The driver states no manifest, so the runtime reports itself as
 //! `sharedos.standard`.
 
+#![forbid(unsafe_code)]
+
 pub mod chat;
 mod sse;
 

@@ -7,6 +7,8 @@
 //!   `SHAREDOS_MODEL_KEY` from the environment, a placeholder the gateway
 //!   replaces; the real key never reaches this process.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: sharedos-standard --transcript '<JSON array of decisions>'\n   \

@@ -24,6 +24,8 @@
 //! line `<method> <unix ms>` to that file for every `turn/draining` and
 //! `turn/abort` it reads, so a test can see the host's signals on the wire.
 
+#![forbid(unsafe_code)]
+
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Stdin, Stdout, Write};
 use std::process::Command;
