@@ -1,7 +1,7 @@
 //! The sharedos host: the envelope, the stdio peer, the process runtime,
 //! the registry, the configuration and the CLI.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod bench;
 pub mod broker;
