@@ -67,6 +67,11 @@ pub struct Bait {
     /// Remove what the attacks created (files, links) once observed. Off by
     /// default so that the host can find the evidence.
     pub cleanup: bool,
+    /// Keep what each attack obtained (sockets, a listener, io_uring and
+    /// bpf fds, a mount, the C61 crash directory) and, standalone, print
+    /// `{"holding":true}` after the last receipt and sleep `hang_secs`, so
+    /// the host can look from `/proc` while the attack is held.
+    pub hold: bool,
     /// Allow C25 `kill(-1, SIGKILL)`. It also refuses to run as root of the
     /// initial user namespace, whatever this says.
     pub allow_kill_all: bool,

@@ -83,6 +83,10 @@ fn standalone(args: &Args) -> Result<(), String> {
     };
     let attacks = selection.attacks()?;
     run::run(&attacks, &bait, &|| false, &mut |r: &Receipt| print_line(r));
+    if bait.hold {
+        print_line(&serde_json::json!({ "holding": true }));
+        sharedos_adversary::sys::raw_sleep(bait.hang_secs());
+    }
     Ok(())
 }
 

@@ -37,6 +37,7 @@ pub fn run(
     stop: &dyn Fn() -> bool,
     out: &mut dyn FnMut(&Receipt),
 ) -> Vec<Receipt> {
+    crate::sys::set_holding(bait.hold);
     let mut receipts = Vec::with_capacity(attacks.len());
     for attack in attacks {
         if stop() {

@@ -6,6 +6,37 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// Hold mode (bait `hold`): what an attack obtained (a socket, a listener,
+/// an io_uring or a bpf fd, a mount, a crash directory) is kept until the
+/// process ends, so the host can look for it from `/proc` while the
+/// attack is held.
+static HOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static KEPT: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
+
+pub fn set_holding(on: bool) {
+    HOLD.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn holding() -> bool {
+    HOLD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Keeps `fd` open while holding; closes it otherwise.
+pub fn keep(fd: OwnedFd) {
+    if holding() {
+        KEPT.lock().unwrap_or_else(|p| p.into_inner()).push(fd);
+    }
+}
+
+/// How an attack left what it obtained, for its receipt.
+pub fn kept_or_closed() -> &'static str {
+    if holding() {
+        "kept open while held"
+    } else {
+        "closed at once"
+    }
+}
+
 pub fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }

@@ -10,16 +10,16 @@ use crate::bait::Bait;
 use crate::receipt::{Receipt, describe_errno, describe_io};
 use crate::sys;
 
-/// `socket(2)` only; the fd is closed at once.
+/// `socket(2)` only; the fd is closed at once (kept while holding).
 fn create_only(attack: &str, what: &str, domain: i32, ty: i32, proto: i32) -> Receipt {
     // SAFETY: plain syscall with integer arguments.
     let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, proto) };
     match sys::owned(fd as i64) {
         Ok(fd) => {
-            drop(fd);
+            sys::keep(fd);
             Receipt::succeeded(
                 attack,
-                format!("succeeded: created {what} (closed at once)"),
+                format!("succeeded: created {what} ({})", sys::kept_or_closed()),
             )
         }
         Err(e) => Receipt::blocked(
@@ -96,9 +96,13 @@ pub fn c12_bind_tcp_listener(_: &Bait) -> Receipt {
     match TcpListener::bind((Ipv4Addr::LOCALHOST, 0)) {
         Ok(l) => {
             let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+            sys::keep(l.into());
             Receipt::succeeded(
                 A,
-                format!("succeeded: listening on 127.0.0.1:{port} (closed at once)"),
+                format!(
+                    "succeeded: listening on 127.0.0.1:{port} ({})",
+                    sys::kept_or_closed()
+                ),
             )
         }
         Err(e) => Receipt::blocked(A, format!("blocked: bind 127.0.0.1:0: {}", describe_io(&e))),
@@ -207,10 +211,13 @@ pub fn c18_io_uring(_: &Bait) -> Receipt {
     let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
     match sys::owned(fd) {
         Ok(fd) => {
-            drop(fd);
+            sys::keep(fd);
             Receipt::succeeded(
                 A,
-                "succeeded: io_uring instance created (closed, no ops submitted)",
+                format!(
+                    "succeeded: io_uring instance created (no ops submitted; {})",
+                    sys::kept_or_closed()
+                ),
             )
         }
         Err(e) => Receipt::blocked(A, format!("blocked: io_uring_setup: {}", describe_errno(e))),

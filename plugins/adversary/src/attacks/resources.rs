@@ -274,9 +274,15 @@ pub fn c61_core_dump(bait: &Bait) -> Receipt {
         }
     });
     let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
-    let _ = std::fs::remove_dir_all(&dir);
+    // While held, the host looks into the crash directory itself.
+    let fate = if sys::holding() {
+        format!("kept while held: {}", dir.display())
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+        "removed".to_owned()
+    };
     let obs = format!(
-        "RLIMIT_CORE {}/{}, core_pattern {pattern:?}, {files} files left in the crash dir (removed)",
+        "RLIMIT_CORE {}/{}, core_pattern {pattern:?}, {files} files left in the crash dir ({fate})",
         limit.rlim_cur, limit.rlim_max
     );
     match child {
