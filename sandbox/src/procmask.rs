@@ -2,9 +2,11 @@
 //! replaced. The procfs of a new pid namespace shows only the sandbox's
 //! processes, but some of its files describe the whole machine: the boot
 //! id, the kernel command line, load, pressure, memory, disks, interrupts,
-//! kernel symbols and modules. Each is covered by a read-only bind of a file
-//! of a tiny tmpfs of our own (a fresh boot id, a small `meminfo` with the
-//! sandbox's own bound, empty files for the rest), and the directories of
+//! kernel symbols and modules, the kernel's build host, the uptime. Each is
+//! covered by a read-only bind of a file of a tiny tmpfs of our own (a fresh
+//! boot id, a small `meminfo` with the sandbox's own bound, a `version`
+//! with only what `uname(2)` says, a zero `uptime`, empty files for the
+//! rest), and the directories of
 //! host-wide figures by an empty read-only directory of the same tmpfs.
 //! Runs in pid 1, before `pivot_root`.
 
@@ -49,6 +51,38 @@ pub struct Replacements {
     pub boot_id: String,
     /// `MemTotal` of the replaced `meminfo`, KiB.
     pub mem_total_kib: u64,
+    /// `version`: the kernel's release and version as `uname(2)` gives
+    /// them anyway, without the builder's user, host and compiler.
+    pub version: String,
+}
+
+/// `/proc/uptime` inside: the sandbox has just started. A fixed file (a
+/// time namespace would make the first figure live, but the second, the
+/// idle time summed over every CPU, stays the host's).
+const UPTIME: &str = "0.00 0.00\n";
+
+/// `Linux version <release> <version>` from `uname(2)`, which the seccomp
+/// filter allows (glibc, Python and Node read it), so it adds nothing.
+fn uname_version() -> String {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "Linux version\n".to_owned();
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    format!(
+        "Linux version {} {}\n",
+        field(&u.release),
+        field(&u.version)
+    )
 }
 
 impl Replacements {
@@ -77,6 +111,7 @@ impl Replacements {
         Replacements {
             boot_id,
             mem_total_kib,
+            version: uname_version(),
         }
     }
 }
@@ -108,6 +143,8 @@ pub fn mount_masked(proc_dir: &Path, with: &Replacements) -> Result<(), String> 
             "meminfo",
             &format!("MemTotal: {kib:>15} kB\nMemFree: {kib:>16} kB\nMemAvailable: {kib:>11} kB\n"),
         )?,
+        write("version", &with.version)?,
+        write("uptime", UPTIME)?,
         {
             let d = proc_dir.join("dir");
             std::fs::create_dir(&d).map_err(|e| format!("mkdir {d:?}: {e}"))?;
@@ -151,8 +188,10 @@ pub fn mount_masked(proc_dir: &Path, with: &Replacements) -> Result<(), String> 
     }
     cover(1, &proc_dir.join("sys/kernel/random/boot_id"))?;
     cover(2, &proc_dir.join("meminfo"))?;
+    cover(3, &proc_dir.join("version"))?;
+    cover(4, &proc_dir.join("uptime"))?;
     for dir in HIDDEN_DIRS {
-        cover(3, &proc_dir.join(dir))?;
+        cover(5, &proc_dir.join(dir))?;
     }
     Ok(())
 }

@@ -241,10 +241,22 @@ fn host_facts() -> Vec<String> {
     .iter()
     .map(|p: &PathBuf| p.display().to_string())
     .collect();
-    for f in ["/proc/sys/kernel/random/boot_id", "/proc/cmdline"] {
+    // `/proc/version` carries the kernel builder's user, host and compiler
+    // beyond what uname(2) says.
+    for f in [
+        "/proc/sys/kernel/random/boot_id",
+        "/proc/cmdline",
+        "/proc/version",
+    ] {
         let v = std::fs::read_to_string(f).unwrap().trim().to_string();
         assert!(v.len() >= 8, "{f} is too short to look for: {v:?}");
         facts.push(v);
+    }
+    // The host's name, where it is long enough to look for (the plugin's
+    // hostname is checked exactly below).
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    if name.trim().len() >= 4 {
+        facts.push(name.trim().to_string());
     }
     facts
 }
@@ -270,6 +282,23 @@ fn no_host_fact_is_visible_inside() {
         "{observed}"
     );
     assert!(observed.contains("[env PATH]"), "{observed}");
+    // The hostname is the sandbox's; uptime starts with the sandbox;
+    // `version` says only what uname(2) does.
+    assert!(
+        observed.contains("[/proc/sys/kernel/hostname] sandbox"),
+        "{observed}"
+    );
+    assert!(observed.contains("[/proc/uptime] 0.00 0.00"), "{observed}");
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let version = std::fs::read_to_string("/proc/sys/kernel/version").unwrap();
+    assert!(
+        observed.contains(&format!(
+            "[/proc/version] Linux version {} {}",
+            release.trim(),
+            version.trim()
+        )),
+        "{observed}"
+    );
     // The host's own check of what was read verbatim...
     for fact in &facts {
         assert!(

@@ -385,9 +385,20 @@ pub fn c53b_host_facts(bait: &Bait) -> Receipt {
         .iter()
         .filter(|(src, _)| {
             src.starts_with("env ")
-                || ["mountinfo", "cmdline", "/exe", "/comm", "boot_id"]
-                    .iter()
-                    .any(|s| src.ends_with(s))
+                || [
+                    "mountinfo",
+                    "cmdline",
+                    "/exe",
+                    "/comm",
+                    "boot_id",
+                    "/proc/version",
+                    "/proc/uptime",
+                    "kernel/hostname",
+                    "kernel/osrelease",
+                    "kernel/version",
+                ]
+                .iter()
+                .any(|s| src.ends_with(s))
         })
         .map(|(src, t)| format!("[{src}] {}", t.replace('\0', " ")))
         .collect();
