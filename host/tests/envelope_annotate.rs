@@ -145,11 +145,39 @@ async fn g46_refused_keys_are_invalid() {
 // in host/src/broker/tests.rs drives NaN, Infinity and undefined through
 // the host's reader.
 
-/// G48: a host captured during a turn and used after the turn closed
-/// annotates without an error, and the write goes nowhere: not into the
-/// result already returned (a value, it cannot change), and not into the
-/// next turn of the same executor and plugin, which runs while the stale
-/// host writes. The stale host is closed for tool calls too.
+/// Writes through the turn's captured host at the last moment a write could
+/// still reach the result: the seat's sandbox report is taken after the
+/// host closes and before the result is built from the annotation store.
+struct LateWriter {
+    log: Arc<PluginLog>,
+    /// Per turn: (the host refused an emit, so it was closed; annotate
+    /// answered without an error).
+    seen: std::sync::Mutex<Vec<(bool, bool)>>,
+}
+
+impl sharedos_host::executor::SeatReports for LateWriter {
+    fn take_sandbox_report(&self, _: &str) -> Option<serde_json::Value> {
+        let host = self.log.host();
+        let closed = host
+            .emit(sharedos_protocol::RuntimeEvent {
+                kind: sharedos_protocol::ident("late"),
+                data: json!(1),
+            })
+            .is_err();
+        let ok =
+            host.annotate("k", json!("late")).is_ok() && host.annotate("late", json!(1)).is_ok();
+        self.seen.lock().unwrap().push((closed, ok));
+        None
+    }
+}
+
+/// G48: after the turn closed, `annotate` answers without an error and the
+/// write goes nowhere. Through every branch:
+/// - the write made once the host is closed but before the result is built
+///   (the seat's report step) does not reach that result;
+/// - a host captured during a turn and used during the next turn of the
+///   same executor and plugin writes into neither;
+/// - refused keys stay refused, and the stale host is closed for tool calls.
 #[tokio::test(start_paused = true)]
 async fn g48_annotate_after_close_is_dropped_without_error() {
     let kernel = TestKernel::new(vec![read_tool("files.read")]);
@@ -158,11 +186,31 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
         Step::Annotate("k", json!(0)),
         Step::Sleep(1_000),
     ]);
-    let h = executor(&kernel, plugin, 0);
+    let late = Arc::new(LateWriter {
+        log: log.clone(),
+        seen: Default::default(),
+    });
+    let seat = sharedos_host::executor::Seat {
+        manifest: sharedos_plugin_sdk::RuntimePlugin::manifest(&*plugin),
+        plugin,
+        reports: Some(late.clone()),
+    };
+    let (opts, turn_errors) = options(0);
+    let h = Harness {
+        executor: sharedos_host::executor::Executor::new(kernel.clone(), seat, opts)
+            .expect("executor"),
+        turn_errors,
+    };
     let first = h.run(request(&["files.read"])).await;
-    assert_eq!(first.metadata.get("k"), Some(&json!(0)));
+    assert_eq!(
+        *late.seen.lock().unwrap(),
+        [(true, true)],
+        "the late write must come after close, and be answered"
+    );
+    assert_eq!(first.metadata.get("k"), Some(&json!(0)), "{first:?}");
+    assert!(!first.metadata.contains_key("late"), "{first:?}");
     let stale = log.host();
-    let late = async {
+    let during_next = async {
         // Mid-way through the second turn (virtual time).
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         assert!(
@@ -178,9 +226,10 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
             .unwrap_err();
         assert_eq!(err.message, "Runtime host is closed");
     };
-    let (second, ()) = tokio::join!(h.run(request(&["files.read"])), late);
+    let (second, ()) = tokio::join!(h.run(request(&["files.read"])), during_next);
     assert_eq!(second.metadata.get("k"), Some(&json!(0)), "{second:?}");
     assert!(!second.metadata.contains_key("late"));
+    assert_eq!(late.seen.lock().unwrap().len(), 2);
     assert!(
         kernel.invoked().is_empty(),
         "the stale host reached the kernel"
