@@ -70,8 +70,9 @@ enum Command {
         /// Iterations of each round-trip measurement.
         #[arg(long, default_value_t = 2000)]
         iterations: usize,
-        /// Only one part: `turns` (a zero-call turn stage by stage) or
-        /// `calls` (sequential and concurrent tool calls).
+        /// Only one part: `turns` (a zero-call turn stage by stage),
+        /// `calls` (sequential and concurrent tool calls) or `spawn` (every
+        /// sandbox mode against bwrap, layer costs and stage timings).
         #[arg(long)]
         only: Option<sharedos_host::bench::Only>,
     },

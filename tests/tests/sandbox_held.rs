@@ -20,10 +20,13 @@ use sharedos_sandbox::{LayerToggles, SandboxLevel, SandboxPolicy, SandboxedChild
 use sharedos_tests::bait::{adversary_exe, helper_exe, serial};
 
 /// Attacks held in the strong sandbox, each with a host-side check below.
-const HELD: [&str; 23] = [
-    "C03", "C10", "C12", "C15", "C16", "C17", "C18", "C19", "C21", "C22", "C23", "C46", "C47",
-    "C48", "C49", "C50", "C51", "C52", "C53", "C54", "C58", "C59", "C61",
+const HELD: [&str; 26] = [
+    "C03", "C10", "C12", "C15", "C16", "C17", "C18", "C19", "C21", "C22", "C23", "C27", "C28",
+    "C46", "C47", "C48", "C49", "C50", "C51", "C52", "C53", "C54", "C58", "C59", "C60", "C61",
 ];
+
+/// A credential the host passes in the plugin's environment (C28).
+const SECRET: (&str, &str) = ("SECRET_TOKEN", "sharedos-held-secret-4b1d");
 
 /// Held with the layers off: no vsock (never created outside the filter
 /// on this machine type, see docs/SECURITY.md) and nothing that mounts.
@@ -62,7 +65,7 @@ fn hold(policy: SandboxPolicy, ids: &[&str]) -> Held {
             "--bait-json".into(),
             bait.to_string().into(),
         ],
-        env: vec![],
+        env: vec![(SECRET.0.into(), SECRET.1.into())],
         policy,
         workspace: Some(ws.path().to_path_buf()),
     })
@@ -338,6 +341,22 @@ fn held_attacks_leave_nothing_the_host_can_find() {
         "2",
         "C47/C48/C59 (seccomp filter)"
     );
+    // C27: only stdio open; C28: the credential the host passed is not in
+    // the plugin's environment; C60: no capability in any set.
+    let fds = names(format!("/proc/{p}/fd"));
+    assert_eq!(fds, ["0", "1", "2"], "C27 inherited-fds (close_range)");
+    let environ = read(format!("/proc/{p}/environ"));
+    assert!(
+        !environ.contains(SECRET.1) && !environ.contains(SECRET.0),
+        "C28 env-credential-leak (env allowlist): {environ:?}"
+    );
+    for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+        assert_eq!(
+            status_field(p, set),
+            "0000000000000000",
+            "C60 capabilities-left: {set}"
+        );
+    }
     // C54: no controlling terminal, stdin a pipe.
     assert_eq!(
         tty_nr(p),
@@ -381,6 +400,7 @@ fn detectors_see_each_attack_when_its_layers_are_off() {
         ..SandboxPolicy::default()
     };
     policy.rlimits.core = Some(64 << 20);
+    policy.env_allowlist.push(SECRET.0.into());
     let h = hold(policy, &UNGUARDED);
     let p = h.plugin;
     let uid: u32 = status_field(p, "Uid")
@@ -419,6 +439,7 @@ fn detectors_see_each_attack_when_its_layers_are_off() {
     assert!(names(format!("{root}/proc")).len() > 20);
     assert_ne!(status_field(p, "Seccomp"), "2");
     assert_eq!(core_limit(p), format!("{0} {0}", 64 << 20));
+    assert!(read(format!("/proc/{p}/environ")).contains(SECRET.1));
     let (dir, files) = crash_dir(p);
     assert!(
         !files.is_empty(),

@@ -151,6 +151,9 @@ pub enum Only {
     Turns,
     /// Sequential and concurrent tool calls against their floors.
     Calls,
+    /// Spawn until `initialize` in every sandbox mode against bwrap, the
+    /// layer costs and the stage timings.
+    Spawn,
 }
 
 /// Issue 15's figures alone.
@@ -194,6 +197,10 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
                 println!("{}", process::ratio_line("(c) / (a), target ≤ 1.5×", &c, a));
             }
             failed |= !calls::print(exe, 64, 5).await;
+        }
+        Only::Spawn => {
+            let spawns = (iterations / 20).clamp(20, 200);
+            failed |= spawn_figures(exe, spawns).await;
         }
     }
     i32::from(failed)
@@ -336,6 +343,17 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
         Err(e) => println!("    (kernel file benches not measured: {e})"),
     }
 
+    failed |= spawn_figures(&exe, spawns).await;
+    if failed { 1 } else { 0 }
+}
+
+/// Section (d): spawn until `initialize` in every sandbox mode, interleaved
+/// with bwrap in the same rounds, then the sandbox crate's layer costs and
+/// stage timings (`--only spawn` runs this alone).
+/// True when a figure could not be measured.
+async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
+    let exe = exe.to_path_buf();
+    let mut failed = false;
     println!("\n== Sandbox (issue: sandbox)");
     println!("    (d) interleaved: each round spawns once with every launcher in turn");
     let mut configs = vec![
@@ -441,5 +459,5 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
         Ok(Err(e)) => println!("    (sandbox layers not measured: {e})"),
         Err(e) => println!("    (sandbox layers not measured: {e})"),
     }
-    if failed { 1 } else { 0 }
+    failed
 }
