@@ -59,7 +59,7 @@ pub struct RootSpec<'a> {
     pub with_proc: bool,
 }
 
-fn cstr(p: &Path) -> Result<CString, String> {
+pub(crate) fn cstr(p: &Path) -> Result<CString, String> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{p:?} contains NUL"))
 }
 

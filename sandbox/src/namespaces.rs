@@ -76,14 +76,22 @@ pub fn write_sysctls(
 ) -> (std::collections::BTreeMap<String, u64>, LayerStatus) {
     let mut set = std::collections::BTreeMap::new();
     let mut missing = Vec::new();
+    // Each file opened relative to the directory, looked up once.
+    let parent = format!("/proc/sys/{dir}");
+    let d = match std::fs::File::open(&parent) {
+        Ok(d) => d,
+        Err(e) => return (set, LayerStatus::unavailable(format!("open {parent}: {e}"))),
+    };
     for (name, v) in values {
-        let path = format!("/proc/sys/{dir}/{name}");
-        match std::fs::write(&path, v.to_string()) {
+        match write_at(&d, name, &v.to_string()) {
             Ok(()) => {
                 set.insert((*name).to_string(), *v);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(*name),
-            Err(e) => return (set, LayerStatus::unavailable(format!("write {path}: {e}"))),
+            Err(e) => {
+                let path = format!("{parent}/{name}");
+                return (set, LayerStatus::unavailable(format!("write {path}: {e}")));
+            }
         }
     }
     let st = if missing.is_empty() {
@@ -94,6 +102,29 @@ pub fn write_sysctls(
         }
     };
     (set, st)
+}
+
+/// `name` under the directory `d`, opened for writing and given `text` in
+/// one `write`.
+fn write_at(d: &std::fs::File, name: &str, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+    // SAFETY: `d` is an open directory and `c` a NUL-terminated name that
+    // outlives the call.
+    let fd = unsafe {
+        libc::openat(
+            d.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened here and is owned by nobody else.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.write_all(text.as_bytes())
 }
 
 /// The user-namespace ceilings of the policy, as `/proc/sys/user` files.

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use crate::mounts::{mount, restrict};
+use crate::mounts::{cstr, mount, restrict};
 
 /// Files replaced by an empty one (those that exist on this kernel).
 /// Files only root can read (`kcore`, `slabinfo`, `pagetypeinfo`, ...)
@@ -173,14 +173,33 @@ pub fn mount_masked(proc_dir: &Path, with: &Replacements) -> Result<(), String> 
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
         None,
     )?;
-    let src = |i: usize| {
-        use std::os::fd::AsRawFd;
-        std::path::PathBuf::from(format!("/proc/self/fd/{}", fds[i].as_raw_fd()))
-    };
+    let srcs = fds
+        .iter()
+        .map(|f| {
+            use std::os::fd::AsRawFd;
+            cstr(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // One `mount` per file, no `stat` first: a file this kernel does not
+    // have answers ENOENT, which is skipped.
     let cover = |i: usize, target: &Path| -> Result<(), String> {
-        match std::fs::symlink_metadata(target) {
-            Ok(_) => mount(Some(&src(i)), target, None, libc::MS_BIND, None),
-            Err(_) => Ok(()), // not on this kernel
+        let t = cstr(target)?;
+        // SAFETY: both strings are NUL-terminated and outlive the call; a
+        // bind takes no fstype or data.
+        let rc = unsafe {
+            libc::mount(
+                srcs[i].as_ptr(),
+                t.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        };
+        let e = std::io::Error::last_os_error();
+        match rc {
+            0 => Ok(()),
+            _ if e.raw_os_error() == Some(libc::ENOENT) => Ok(()), // not on this kernel
+            _ => Err(format!("bind over {target:?}: {e}")),
         }
     };
     for name in EMPTIED {
