@@ -6,8 +6,9 @@
 //! host path. The sandbox binds a hard link to it (a copy across
 //! filesystems) instead, kept under
 //! `<state dir>/plugins/<key>/<name>`: the key is derived from the
-//! program's identity (device, inode, size, mtime, ctime), so the copy is
-//! made once per program version and the path reveals nothing of the host.
+//! program's identity (device, inode, size, mtime; not ctime, which the
+//! hard link itself changes), so the copy is made once per program version
+//! and the path reveals nothing of the host.
 
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -15,6 +16,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::{SandboxError, statedir};
+
+/// Programs this process staged: (program as given, its identity key,
+/// the staged path). A spawn of the same version of a program then costs a
+/// `stat` of it and an `lstat` of the staged file (another host's sweep
+/// may have removed it), not the path walk and the directory checks.
+type StagedCache = std::sync::Mutex<Vec<(PathBuf, u64, PathBuf)>>;
+static STAGED: StagedCache = std::sync::Mutex::new(Vec::new());
 
 /// The staged copy of `program` (made now if there is none for this
 /// version of it).
@@ -24,28 +32,49 @@ pub fn stage_program(program: &Path) -> Result<PathBuf, SandboxError> {
         path: program.to_path_buf(),
         reason,
     };
+    // The identity of the file itself (`metadata` follows symlinks). Not
+    // its ctime: the hard link staging makes changes it, so every spawn
+    // would have staged the program again under a new key.
+    let md = std::fs::metadata(program).map_err(|e| bad(e.to_string()))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (md.dev(), md.ino(), md.size(), md.mtime(), md.mtime_nsec()).hash(&mut h);
+    let key = h.finish();
+    let cached = STAGED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(p, k, _)| p == program && *k == key)
+        .map(|(_, _, staged)| staged.clone());
+    if let Some(staged) = cached
+        && std::fs::symlink_metadata(&staged).is_ok_and(|s| s.is_file() && s.size() == md.size())
+    {
+        return Ok(staged);
+    }
+    let staged = stage_anew(program, &md, key)?;
+    let mut cache = STAGED.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|(p, _, _)| p != program);
+    cache.push((program.to_path_buf(), key, staged.clone()));
+    Ok(staged)
+}
+
+/// Stages `program` (identity `md`, `key`) in the state directory unless
+/// a copy of this version is there already.
+fn stage_anew(program: &Path, md: &std::fs::Metadata, key: u64) -> Result<PathBuf, SandboxError> {
+    let bad = |reason: String| SandboxError::BadPath {
+        what: "program",
+        path: program.to_path_buf(),
+        reason,
+    };
     // The file itself, not a symlink to it (`/bin/sh -> dash`): a hard
     // link to a relative symlink would dangle in the staging directory.
     let real = std::fs::canonicalize(program).map_err(|e| bad(e.to_string()))?;
-    let md = std::fs::metadata(&real).map_err(|e| bad(e.to_string()))?;
     let name = program
         .file_name()
         .ok_or_else(|| bad("has no file name".into()))?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (
-        md.dev(),
-        md.ino(),
-        md.size(),
-        md.mtime(),
-        md.mtime_nsec(),
-        md.ctime(),
-        md.ctime_nsec(),
-    )
-        .hash(&mut h);
     let plugins = statedir::subdir("plugins")?;
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(|| sweep_orphans(&plugins));
-    let dir = plugins.join(format!("{:016x}", h.finish()));
+    let dir = plugins.join(format!("{key:016x}"));
     let staged = dir.join(name);
     if std::fs::symlink_metadata(&staged).is_ok_and(|s| s.is_file() && s.size() == md.size()) {
         return Ok(staged);
@@ -104,6 +133,34 @@ fn sweep_orphans(plugins: &Path) {
         });
         if orphaned && !dir.file_name().to_string_lossy().starts_with('.') {
             let _ = crate::removal::remove_tree(&dir.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_is_staged_once_per_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("plugin");
+        std::fs::write(&program, b"#!/bin/sh\n").unwrap();
+        let first = stage_program(&program).unwrap();
+        assert_eq!(std::fs::read(&first).unwrap(), b"#!/bin/sh\n");
+        assert_eq!(stage_program(&program).unwrap(), first, "cached");
+        // A new version is staged anew, under a new key.
+        std::fs::write(&program, b"#!/bin/sh\nexit 0\n").unwrap();
+        let second = stage_program(&program).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(std::fs::read(&second).unwrap(), b"#!/bin/sh\nexit 0\n");
+        // A staged copy removed meanwhile (another host's sweep) is made
+        // again.
+        std::fs::remove_file(&second).unwrap();
+        assert_eq!(stage_program(&program).unwrap(), second);
+        assert!(second.is_file());
+        for p in [&first, &second] {
+            let _ = std::fs::remove_dir_all(p.parent().unwrap());
         }
     }
 }
