@@ -229,11 +229,14 @@ fn push_unique(v: &mut Vec<String>, s: String) {
     }
 }
 
+/// The program's absolute path, its symlinks kept: a venv's `bin/python`
+/// must be executed by that path to find its `pyvenv.cfg` (the sandbox runs
+/// it from there when it lies inside a `--ro` path).
 fn resolve_program(name: &str, search: &str) -> Result<PathBuf, String> {
     if name.contains('/') {
-        return Path::new(name)
-            .canonicalize()
-            .map_err(|e| format!("{name}: {e}"));
+        let abs = std::path::absolute(name).map_err(|e| format!("{name}: {e}"))?;
+        std::fs::metadata(&abs).map_err(|e| format!("{name}: {e}"))?;
+        return Ok(abs);
     }
     search
         .split(':')
