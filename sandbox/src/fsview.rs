@@ -322,12 +322,19 @@ fn resolve_visibly(policy: &SandboxPolicy, program: &Path) -> Result<PathBuf, St
     let mut p = program.to_path_buf();
     for _ in 0..40 {
         if !visible(policy, &p) {
-            let dir = p.parent().unwrap_or(&p).display().to_string();
+            // An interpreter's bin/ directory: name its installation, which
+            // holds its libraries too.
+            let dir = p.parent().unwrap_or(&p);
+            let install = match dir.file_name() {
+                Some(n) if n == "bin" => dir.parent().unwrap_or(dir),
+                _ => dir,
+            };
             return Err(format!(
-                "{} leads to {}, which the sandbox does not see; add {dir} (or the directory \
-                 the interpreter is installed in) to sandbox.extraRoPaths",
+                "{} leads to {}, which the sandbox does not see; add {} (where it is \
+                 installed, with its libraries) to sandbox.extraRoPaths",
                 program.display(),
-                p.display()
+                p.display(),
+                install.display()
             ));
         }
         let md = std::fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
