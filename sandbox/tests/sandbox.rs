@@ -870,7 +870,7 @@ fn a_shell_and_its_tools_work_inside() {
     assert!(is_sandbox_uid(lines[1]), "{lines:?}");
     assert_eq!(lines[2], "sandbox");
     assert_eq!(lines[3], "tmp");
-    assert_eq!(lines[4], "/tmp /tmp");
+    assert_eq!(lines[4], "/sandbox/home /tmp");
     assert_eq!(lines[5], "/workspace");
     assert_eq!(
         std::fs::read_to_string(ws.path().join("out")).unwrap(),
