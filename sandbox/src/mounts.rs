@@ -300,6 +300,24 @@ pub fn build(spec: &RootSpec) -> Result<Built, String> {
         true,
     )?;
     crate::timing::stamp("pid1", "root: sealed read-only");
+    let warnings = writable_part(spec, root, &mut view)?;
+    pivot(root)?;
+    Ok(Built {
+        warnings,
+        view: view.mounts,
+    })
+}
+
+/// The second phase, on top of the sealed read-only part: the workspace,
+/// the home, `/tmp` (and the runtime's paths under it), `/dev` and
+/// `/proc`, each with its own flags. Returns warnings.
+fn writable_part(spec: &RootSpec, root: &Path, view: &mut View) -> Result<Vec<String>, String> {
+    let ws_target = inside(root, WORKSPACE);
+    let home = inside(root, crate::fsview::HOME);
+    let tmp = inside(root, "/tmp");
+    let dev = inside(root, "/dev");
+    let proc_dir = inside(root, "/proc");
+    let mut warnings = Vec::new();
     workspace(spec, &ws_target)?;
     view.add(WORKSPACE, "rw", || match spec.workspace {
         None => format!("tmpfs {}, the working directory", mib(spec.workspace_size)),
@@ -319,7 +337,7 @@ pub fn build(spec: &RootSpec) -> Result<Built, String> {
     });
     // A runtime's extra paths under /tmp (a checkout in a temp dir), on
     // top of the private /tmp.
-    attach_tmp_extras(root, &spec.extras, &mut view)?;
+    attach_tmp_extras(root, &spec.extras, view)?;
     crate::timing::stamp("pid1", "root: /tmp mounted");
     build_dev(spec, &dev)?;
     view.add("/dev", "ro", || {
@@ -327,7 +345,6 @@ pub fn build(spec: &RootSpec) -> Result<Built, String> {
     });
     view.add("/dev/shm", "rw", || format!("tmpfs {}", mib(spec.shm_size)));
     crate::timing::stamp("pid1", "root: /dev built");
-    let mut warnings = Vec::new();
     // Our own procfs: only the processes of the new pid namespace, its
     // host-wide files masked.
     if !spec.with_proc {
@@ -340,11 +357,7 @@ pub fn build(spec: &RootSpec) -> Result<Built, String> {
     }
     restrict(&dev, libc::MOUNT_ATTR_RDONLY, false)?;
     crate::timing::stamp("pid1", "root: /proc mounted and masked");
-    pivot(root)?;
-    Ok(Built {
-        warnings,
-        view: view.mounts,
-    })
+    Ok(warnings)
 }
 
 /// A private tmpfs (nosuid, nodev) with size and inode caps.

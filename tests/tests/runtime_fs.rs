@@ -519,3 +519,21 @@ fn sandbox_check_runtime_shows_every_mount_the_program_and_the_env_keys() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn what_only_the_sandbox_can_tell_is_logged_where_the_operator_sees_it() {
+    // A degraded sandbox (user namespaces refused, as under Docker's
+    // profile) reports warnings no load-time check can foresee: the CLI
+    // shows them at its default log level, not only in the result.
+    let base = tempfile::tempdir().unwrap();
+    let body = "program = \"/bin/true\"\n\
+                sandbox = { emulateNoUserns = true, minLevel = \"reduced\" }";
+    let (code, result, err) = run_turn(base.path(), &host_toml("fixture", body));
+    assert_ne!(code, Some(0), "/bin/true is no plugin: {result:#}");
+    let warned = err
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("sandbox: test mode: user namespaces refused"));
+    assert!(warned.is_some(), "{err}");
+    let warnings = result["metadata"]["runtime"]["sandbox"]["warnings"].to_string();
+    assert!(warnings.contains("test mode"), "{result:#}");
+}
