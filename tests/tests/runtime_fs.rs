@@ -537,3 +537,39 @@ fn what_only_the_sandbox_can_tell_is_logged_where_the_operator_sees_it() {
     let warnings = result["metadata"]["runtime"]["sandbox"]["warnings"].to_string();
     assert!(warnings.contains("test mode"), "{result:#}");
 }
+
+#[test]
+fn an_installation_under_a_private_parent_runs_in_place_when_named() {
+    // Like an interpreter under /root/.pyenv: the parent is 0700, the
+    // installation itself readable by others. A root host clones it before
+    // the uid drop, and the program runs from its own path inside it.
+    let private = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let install = private.path().join("versions/1.0");
+    std::fs::create_dir_all(install.join("bin")).unwrap();
+    std::fs::create_dir_all(install.join("share")).unwrap();
+    for d in [private.path().join("versions"), install.clone()] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::copy("/bin/cat", install.join("bin/tool")).unwrap();
+    std::fs::write(install.join("share/data.txt"), "from-the-installation\n").unwrap();
+    let policy = SandboxPolicy {
+        extra_ro_paths: vec![install.display().to_string()],
+        ..SandboxPolicy::default()
+    };
+    let program = install.join("bin/tool");
+    assert!(sharedos_sandbox::fsview::check_runtime(&policy, &program).is_empty());
+    let mut child = sharedos_sandbox::spawn(&SpawnSpec {
+        helper_exe: plugin_bin("sharedos"),
+        program: program.clone(),
+        args: vec![install.join("share/data.txt").into()],
+        env: vec![],
+        policy,
+        workspace: None,
+    })
+    .expect("spawn");
+    drop(child.stdin.take());
+    let out = std::io::read_to_string(std::fs::File::from(child.stdout.take().unwrap())).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(out, "from-the-installation\n");
+}
