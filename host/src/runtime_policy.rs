@@ -175,7 +175,7 @@ mod tests {
             "{e}"
         );
         assert!(
-            e.contains("not readable and searchable by the sandbox uid"),
+            e.contains("is not readable by the sandbox uid (it needs o+rx, a directory"),
             "{e}"
         );
         assert!(e.contains("mode 0700"), "{e}");

@@ -262,15 +262,15 @@ fn others_may(p: &Path, md: &std::fs::Metadata, need: u32) -> Result<(), String>
     if mode & need == need {
         return Ok(());
     }
-    let what = match need {
-        0o001 => "searchable",
-        0o004 => "readable",
-        _ => "readable and searchable",
+    let (what, bits) = match need {
+        0o001 => ("searchable", "o+x"),
+        0o004 => ("readable", "o+r"),
+        _ => ("readable", "o+rx, a directory"),
     };
     Err(format!(
-        "{} is not {what} by the sandbox uid (mode {mode:04o}, owner uid {}, group {}; a \
-         sandbox runs as a uid of its own, in no group, so only the \"other\" bits count): \
-         make it so with chmod o+rX {}, or name a copy that is",
+        "{} is not {what} by the sandbox uid (it needs {bits}; mode {mode:04o}, owner uid {}, \
+         group {}; a sandbox runs as a uid of its own, in no group, so only the \"other\" bits \
+         count): make it so with chmod o+rX {}, or name a copy that is",
         p.display(),
         md.uid(),
         md.gid(),

@@ -396,7 +396,9 @@ fn paths_and_keys_the_sandbox_cannot_honour_are_load_errors_naming_the_entry() {
                 ),
                 2 => {
                     assert!(
-                        err.contains("is not readable and searchable by the sandbox uid"),
+                        err.contains(
+                            "is not readable by the sandbox uid (it needs o+rx, a directory"
+                        ),
                         "{err}"
                     );
                     assert!(!err.contains("does not exist"), "{err}");
