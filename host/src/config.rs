@@ -336,6 +336,16 @@ impl HostConfig {
                     ));
                 }
             }
+            // What the sandbox would drop or skip when the plugin starts
+            // is refused now, naming the entry (docs/PLUGINS.md, section 4).
+            if matches!(r.launcher, LauncherKind::Sandbox) {
+                crate::runtime_policy::check_sandboxed(
+                    i,
+                    &r.env,
+                    &r.sandbox,
+                    &self.program_path(r),
+                )?;
+            }
         }
         let mut agents = std::collections::HashSet::new();
         for (i, a) in self.agents.iter().enumerate() {

@@ -13,6 +13,7 @@ pub mod executor;
 pub mod observe;
 pub mod process;
 pub mod registry;
+mod runtime_policy;
 pub mod sandboxed;
 pub mod seat;
 pub mod serve;

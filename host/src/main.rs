@@ -81,8 +81,18 @@ enum Command {
 #[derive(Subcommand)]
 enum SandboxCommand {
     /// Print what this kernel and host can enforce, layer by layer, the
-    /// level a plugin would get, and the fix for each missing layer.
-    Check,
+    /// level a plugin would get, and the fix for each missing layer. With
+    /// `--runtime`, exactly what that runtime of `--config` will see: every
+    /// bound path (ro/rw), the program's path inside, the environment keys
+    /// and the layers (its sandbox is built, its plugin never started).
+    Check {
+        /// The runtime to describe (its `id` in the configuration).
+        #[arg(long, requires = "config")]
+        runtime: Option<String>,
+        /// The host configuration the runtime is defined in.
+        #[arg(long, value_name = "host.toml", requires = "runtime")]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -129,10 +139,16 @@ fn main() -> ExitCode {
         }
     };
     if let Command::Sandbox {
-        command: SandboxCommand::Check,
-    } = cli.command
+        command: SandboxCommand::Check { runtime, config },
+    } = &cli.command
     {
         let mut out = std::io::stdout().lock();
+        if let (Some(runtime), Some(config)) = (runtime, config) {
+            let code = cli::sandbox_check::check_runtime(config, runtime, &mut out);
+            drop(out);
+            sharedos_host::process::settle_kills();
+            return ExitCode::from(code as u8);
+        }
         return match sharedos_sandbox::check(&mut out) {
             Ok(sharedos_sandbox::SandboxLevel::Strong) => ExitCode::SUCCESS,
             Ok(_) => ExitCode::from(1),

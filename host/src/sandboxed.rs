@@ -463,6 +463,12 @@ fn launched(
     mut child: SandboxedChild,
     workspace: Option<HostWorkspace>,
 ) -> Result<LaunchedChild, LaunchError> {
+    // What could not be checked when the configuration was loaded (a
+    // key a caller passed outside the allowlist, a degraded layer) is
+    // shown to the operator, not only kept in the result's metadata.
+    for w in &child.report.warnings {
+        tracing::warn!(program = %program.display(), "sandbox: {w}");
+    }
     let report = serde_json::to_value(&child.report).ok();
     let missing = || LaunchError::Spawn {
         program: program.to_path_buf(),

@@ -36,6 +36,7 @@ pub mod check;
 mod error;
 pub mod fds;
 mod forkserver;
+pub mod fsview;
 mod helper;
 pub mod landlock;
 mod memory;

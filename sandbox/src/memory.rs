@@ -5,7 +5,7 @@
 //! attached, memfd mapped) count in `RLIMIT_AS` per process, and the
 //! processes are capped by `RLIMIT_NPROC`; SysV segments outlive their
 //! mappings, so the ipc namespace's `shmall` caps them; tmpfs files
-//! (`/tmp`, `/dev/shm`) are capped by their mount's size; a memfd that is
+//! (`/tmp`, `/dev/shm`, the home) are capped by their mount's size; a memfd that is
 //! written but never mapped is capped per file by `RLIMIT_FSIZE`, and the
 //! number of them by `RLIMIT_NOFILE` per process. `memory.max` caps the
 //! whole tree where a memory controller is delegated.
@@ -57,6 +57,7 @@ pub(crate) fn assess(
     rep: &SandboxReport,
     tmp_size: u64,
     shm_size: u64,
+    home_size: u64,
     memfd_refused: bool,
 ) -> MemoryReport {
     let rl = |k: &str| rep.rlimits.get(k).copied();
@@ -83,7 +84,11 @@ pub(crate) fn assess(
         }
     });
     let root = rep.root == LayerStatus::Applied;
-    for (name, size) in [("tmpfs /tmp", tmp_size), ("tmpfs /dev/shm", shm_size)] {
+    for (name, size) in [
+        ("tmpfs /tmp", tmp_size),
+        ("tmpfs /dev/shm", shm_size),
+        ("tmpfs HOME (/sandbox/home)", home_size),
+    ] {
         layers.push(if root {
             row(name, Some(size), "size= of the private mount".into())
         } else {

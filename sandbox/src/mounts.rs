@@ -42,21 +42,57 @@ pub struct RootSpec<'a> {
     /// workspace a tmpfs of the sandbox's own.
     pub workspace: Option<Source>,
     pub workspace_size: u64,
-    pub program: Source,
+    /// The staged plugin binary, bound at `/plugin/<program_name>`; `None`
+    /// when the program is executed from its own path inside a read-only
+    /// path ([`crate::fsview::program_in_place`]).
+    pub program: Option<Source>,
     pub program_name: &'a str,
     pub tmp_size: u64,
     pub shm_size: u64,
+    pub home_size: u64,
     pub nr_inodes: u64,
     pub ro_paths: &'a [String],
     pub extra_ro: &'a [String],
-    /// Detached clones of the `extra_ro` entries under `/tmp` (path, is a
-    /// directory, fd), taken by the helper before the uid drop.
-    pub tmp_extras: Vec<(PathBuf, bool, RawFd)>,
+    /// Detached clones of the `extra_ro` entries (path, is a directory,
+    /// fd), taken by a root helper before the uid drop; empty otherwise,
+    /// and then the entries are bound by path.
+    pub extras: Vec<(PathBuf, bool, RawFd)>,
     /// What the masked `/proc` shows instead of host-wide figures.
     pub proc_replacements: crate::procmask::Replacements,
     /// Mount a procfs (only with a pid namespace: a procfs of the host's pid
     /// namespace would show every host process).
     pub with_proc: bool,
+    /// Record every mount in [`Built::view`] (`policy.describe`).
+    pub describe: bool,
+}
+
+/// What [`build`] made.
+pub struct Built {
+    pub warnings: Vec<String>,
+    /// Every mount of the root, in the order made (only with `describe`).
+    pub view: Vec<crate::fsview::ViewMount>,
+}
+
+/// The record of the root being built, kept only when asked for.
+struct View {
+    on: bool,
+    mounts: Vec<crate::fsview::ViewMount>,
+}
+
+impl View {
+    fn add(&mut self, path: &str, access: &str, source: impl FnOnce() -> String) {
+        if self.on {
+            self.mounts.push(crate::fsview::ViewMount {
+                path: path.to_string(),
+                access: access.to_string(),
+                source: source(),
+            });
+        }
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{} MiB", b >> 20)
 }
 
 pub(crate) fn cstr(p: &Path) -> Result<CString, String> {
@@ -201,16 +237,16 @@ fn inside(root: &Path, p: &str) -> PathBuf {
     root.join(p.trim_start_matches('/'))
 }
 
-/// Build the root and `pivot_root` into it. Returns warnings.
+/// Build the root and `pivot_root` into it.
 ///
 /// Two phases: first the read-only part (the policy's paths, the plugin
 /// binary, and the mountpoints of the rest), sealed with one recursive
 /// `mount_setattr` (read-only, nosuid, nodev) on the staging root; then the
-/// writable and special mounts on top of it (workspace, `/tmp`, `/dev`,
-/// `/proc`), each with its own flags. Nothing is written below a bind: a
-/// path that already exists in the staging root (because a bound directory
-/// holds it) is never created again.
-pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
+/// writable and special mounts on top of it (workspace, home, `/tmp`,
+/// `/dev`, `/proc`), each with its own flags. Nothing is written below a
+/// bind: a path that already exists in the staging root (because a bound
+/// directory holds it) is never created again.
+pub fn build(spec: &RootSpec) -> Result<Built, String> {
     // Nothing we mount may propagate back to the host.
     mount(
         None,
@@ -230,19 +266,29 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
     crate::timing::stamp("pid1", "root: staging tmpfs");
     let mut dirs = Dirs::default();
     dirs.0.insert(root.to_path_buf());
-    let warnings = bind_read_only(spec, root, &mut dirs)?;
+    let mut view = View {
+        on: spec.describe,
+        mounts: Vec::new(),
+    };
+    bind_read_only(spec, root, &mut dirs, &mut view)?;
     crate::timing::stamp("pid1", "root: read-only paths bound");
-    // The plugin binary, from the fd taken before any tmpfs.
-    let plugin_target = inside(root, PLUGIN_DIR).join(spec.program_name);
-    dirs.mountpoint(&plugin_target, false)?;
-    attach(spec.program, &plugin_target)?;
+    // The staged plugin binary, from the fd taken before any tmpfs.
+    if let Some(program) = spec.program {
+        let plugin_target = inside(root, PLUGIN_DIR).join(spec.program_name);
+        dirs.mountpoint(&plugin_target, false)?;
+        attach(program, &plugin_target)?;
+        view.add(&format!("{PLUGIN_DIR}/{}", spec.program_name), "ro", || {
+            "the program, staged (a copy in the host's state directory)".into()
+        });
+    }
 
     // Mountpoints of the second phase, while the staging root is writable.
     let ws_target = inside(root, WORKSPACE);
+    let home = inside(root, crate::fsview::HOME);
     let tmp = inside(root, "/tmp");
     let dev = inside(root, "/dev");
     let proc_dir = inside(root, "/proc");
-    for d in [&ws_target, &tmp, &dev, &proc_dir] {
+    for d in [&ws_target, &home, &tmp, &dev, &proc_dir] {
         dirs.ensure(d)?;
     }
     crate::timing::stamp("pid1", "root: plugin bound, mountpoints");
@@ -254,38 +300,75 @@ pub fn build(spec: &RootSpec) -> Result<Vec<String>, String> {
         true,
     )?;
     crate::timing::stamp("pid1", "root: sealed read-only");
+    let warnings = writable_part(spec, root, &mut view)?;
+    pivot(root)?;
+    Ok(Built {
+        warnings,
+        view: view.mounts,
+    })
+}
+
+/// The second phase, on top of the sealed read-only part: the workspace,
+/// the home, `/tmp` (and the runtime's paths under it), `/dev` and
+/// `/proc`, each with its own flags. Returns warnings.
+fn writable_part(spec: &RootSpec, root: &Path, view: &mut View) -> Result<Vec<String>, String> {
+    let ws_target = inside(root, WORKSPACE);
+    let home = inside(root, crate::fsview::HOME);
+    let tmp = inside(root, "/tmp");
+    let dev = inside(root, "/dev");
+    let proc_dir = inside(root, "/proc");
+    let mut warnings = Vec::new();
     workspace(spec, &ws_target)?;
+    view.add(WORKSPACE, "rw", || match spec.workspace {
+        None => format!("tmpfs {}, the working directory", mib(spec.workspace_size)),
+        Some(_) => "a host directory given by the host, the working directory".into(),
+    });
     crate::timing::stamp("pid1", "root: workspace mounted");
+    // The per-turn home, private and capped like /tmp.
+    private_tmpfs(&home, spec.home_size, spec.nr_inodes, "0777")?;
+    view.add(crate::fsview::HOME, "rw", || {
+        format!("tmpfs {}, HOME", mib(spec.home_size))
+    });
     // Private /tmp with size and inode caps (memory-backed: count it in the
     // memory budget).
-    mount(
-        Some(Path::new("tmpfs")),
-        &tmp,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(&format!(
-            "size={},nr_inodes={},mode=1777",
-            spec.tmp_size, spec.nr_inodes
-        )),
-    )?;
+    private_tmpfs(&tmp, spec.tmp_size, spec.nr_inodes, "1777")?;
+    view.add("/tmp", "rw", || {
+        format!("tmpfs {}, TMPDIR", mib(spec.tmp_size))
+    });
     // A runtime's extra paths under /tmp (a checkout in a temp dir), on
     // top of the private /tmp.
-    attach_tmp_extras(root, &spec.tmp_extras)?;
+    attach_tmp_extras(root, &spec.extras, view)?;
     crate::timing::stamp("pid1", "root: /tmp mounted");
     build_dev(spec, &dev)?;
+    view.add("/dev", "ro", || {
+        format!("tmpfs: {} and the std links", DEV_NODES.join(" "))
+    });
+    view.add("/dev/shm", "rw", || format!("tmpfs {}", mib(spec.shm_size)));
     crate::timing::stamp("pid1", "root: /dev built");
-    let mut warnings = warnings;
     // Our own procfs: only the processes of the new pid namespace, its
     // host-wide files masked.
     if !spec.with_proc {
         warnings.push("no pid namespace: /proc is left empty inside the sandbox".into());
     } else {
         crate::procmask::mount_masked(&proc_dir, &spec.proc_replacements)?;
+        view.add("/proc", "rw", || {
+            "the sandbox's own procfs, host-wide files masked".into()
+        });
     }
     restrict(&dev, libc::MOUNT_ATTR_RDONLY, false)?;
     crate::timing::stamp("pid1", "root: /proc mounted and masked");
-    pivot(root)?;
     Ok(warnings)
+}
+
+/// A private tmpfs (nosuid, nodev) with size and inode caps.
+fn private_tmpfs(target: &Path, size: u64, nr_inodes: u64, mode: &str) -> Result<(), String> {
+    mount(
+        Some(Path::new("tmpfs")),
+        target,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&format!("size={size},nr_inodes={nr_inodes},mode={mode}")),
+    )
 }
 
 /// An extra read-only path strictly below `/tmp`, made absolute and clean.
@@ -299,11 +382,31 @@ pub(crate) fn is_tmp_extra(entry: &str) -> bool {
             .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
+/// Whether `entry` lies strictly below another of `all` (whose bind holds
+/// it already, whatever the order the runtime listed them in).
+fn below_another(entry: &str, all: &[String]) -> bool {
+    let p = Path::new(entry);
+    all.iter()
+        .any(|o| Path::new(o) != p && p.starts_with(Path::new(o)))
+}
+
 /// The helper's clones of the extra paths under `/tmp` (taken before
 /// anything hides the host's `/tmp`), attached at their own path inside
 /// the private `/tmp` and made read-only, nosuid and nodev.
-fn attach_tmp_extras(root: &Path, binds: &[(PathBuf, bool, RawFd)]) -> Result<(), String> {
+fn attach_tmp_extras(
+    root: &Path,
+    binds: &[(PathBuf, bool, RawFd)],
+    view: &mut View,
+) -> Result<(), String> {
+    let names: Vec<String> = binds
+        .iter()
+        .map(|(p, _, _)| p.to_string_lossy().into_owned())
+        .collect();
     for (entry, is_dir, fd) in binds {
+        let name = entry.to_string_lossy();
+        if !is_tmp_extra(&name) || below_another(&name, &names) {
+            continue;
+        }
         let target = inside(root, &entry.to_string_lossy());
         let made = if *is_dir {
             std::fs::create_dir_all(&target)
@@ -320,39 +423,51 @@ fn attach_tmp_extras(root: &Path, binds: &[(PathBuf, bool, RawFd)]) -> Result<()
             libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
             true,
         )?;
+        view.add(&entry.to_string_lossy(), "ro", || {
+            "extraRoPaths (on top of the private /tmp)".into()
+        });
     }
     Ok(())
 }
 
 /// The policy's read-only paths (and the runtime's extra ones), bound at
-/// the same path in the staging root; a top-level symlink is mirrored.
-fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<String>, String> {
-    let mut warnings = Vec::new();
+/// the same path in the staging root; a top-level symlink is mirrored. A
+/// missing system path is skipped (they differ between distributions); a
+/// runtime's extra path must be there (the host checked it at load, so
+/// one missing now vanished since: the spawn fails, never runs without it).
+fn bind_read_only(
+    spec: &RootSpec,
+    root: &Path,
+    dirs: &mut Dirs,
+    view: &mut View,
+) -> Result<(), String> {
     let all = spec.ro_paths.iter().map(|p| (p, false));
     for (entry, extra) in all.chain(spec.extra_ro.iter().map(|p| (p, true))) {
         let src = Path::new(entry);
+        let label = if extra { "extraRoPaths" } else { "roPaths" };
+        if extra && below_another(entry, spec.extra_ro) {
+            continue; // bound with the directory that holds it
+        }
         if extra && is_tmp_extra(entry) {
             // Attached on top of the private /tmp from the helper's clone,
             // which only a root host takes.
-            if !spec.tmp_extras.iter().any(|(p, _, _)| p == src) {
-                warnings.push(format!(
-                    "extra read-only path {entry} does not exist, or is under /tmp on a host \
-                     not running as root (only root can clone it before /tmp is hidden); skipped"
+            if !spec.extras.iter().any(|(p, _, _)| p == src) {
+                return Err(format!(
+                    "extra read-only path {entry} is under /tmp on a host not running as root                      (only root can clone it before /tmp is hidden)"
                 ));
             }
             continue;
         }
         // Paths the sandbox mounts over (or stages its root in) cannot be
         // binds: the bind would be hidden or would hide sandbox state.
-        if !src.is_absolute()
-            || ["/tmp", "/dev", "/proc", WORKSPACE, PLUGIN_DIR]
+        if crate::fsview::clean(entry).is_none()
+            || ["/tmp", "/dev", "/proc", "/sandbox", WORKSPACE, PLUGIN_DIR]
                 .iter()
                 .any(|p| src.starts_with(p))
         {
             if extra {
-                warnings.push(format!(
-                    "extra read-only path {entry} is relative or under a sandbox-managed \
-                     directory; skipped"
+                return Err(format!(
+                    "extra read-only path {entry} is relative or under a directory the sandbox                      mounts itself"
                 ));
             }
             continue;
@@ -361,6 +476,14 @@ fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<S
         if std::fs::symlink_metadata(&target).is_ok() {
             continue; // already visible through another bind
         }
+        if let Some((_, is_dir, fd)) = spec.extras.iter().find(|(p, _, _)| p == src) {
+            // The helper's clone, taken as root (a parent only root may
+            // traverse is no obstacle).
+            dirs.mountpoint(&target, *is_dir)?;
+            attach(Source::Tree(*fd), &target)?;
+            view.add(entry, "ro", || label.into());
+            continue;
+        }
         let top_level = src.parent() == Some(Path::new("/"));
         match std::fs::symlink_metadata(src) {
             Ok(md) if md.file_type().is_symlink() && top_level => {
@@ -368,22 +491,23 @@ fn bind_read_only(spec: &RootSpec, root: &Path, dirs: &mut Dirs) -> Result<Vec<S
                 let link = std::fs::read_link(src).map_err(|e| format!("readlink {entry}: {e}"))?;
                 std::os::unix::fs::symlink(&link, &target)
                     .map_err(|e| format!("symlink {target:?}: {e}"))?;
+                view.add(entry, "ro", || {
+                    format!("{label}: a link to {}", link.display())
+                });
                 continue;
             }
             _ => {}
         }
-        let Ok(md) = std::fs::metadata(src) else {
-            if extra {
-                warnings.push(format!(
-                    "extra read-only path {entry} does not exist; skipped"
-                ));
-            }
-            continue;
+        let md = match std::fs::metadata(src) {
+            Ok(md) => md,
+            Err(e) if extra => return Err(format!("extra read-only path {entry}: {e}")),
+            Err(_) => continue,
         };
         dirs.mountpoint(&target, md.is_dir())?;
         bind_rec(src, &target)?;
+        view.add(entry, "ro", || label.into());
     }
-    Ok(warnings)
+    Ok(())
 }
 
 /// The workspace: a tmpfs of its own (or the host directory given), rw,

@@ -33,6 +33,10 @@ pub struct SandboxPolicy {
     /// Size of the workspace, a tmpfs of the sandbox's own that goes away
     /// with it (memory-backed: count it in the memory budget).
     pub workspace_size_bytes: u64,
+    /// Size of the per-turn home (`HOME`, at [`crate::fsview::HOME`]), a
+    /// tmpfs of the sandbox's own like the workspace: where a program
+    /// keeps its dotfiles and caches for the turn.
+    pub home_size_bytes: u64,
     /// The host paths bound read-only into the sandbox root, at the same
     /// path: system directories and the `/etc` entries programs need. A
     /// missing one is skipped silently; a top-level one that is a symlink
@@ -49,15 +53,29 @@ pub struct SandboxPolicy {
     /// Per-user-namespace ceilings written into the sandbox's own user
     /// namespace (`/proc/sys/user/*`).
     pub ceilings: NsCeilings,
-    /// Host paths a runtime adds to `ro_paths` (an install directory, an
-    /// interpreter, CA certificates). Each must exist; a missing one is
-    /// reported and skipped.
+    /// Host paths a runtime adds to `ro_paths`, bound read-only at the
+    /// same path inside (an install directory, a venv, an interpreter and
+    /// its libraries, CA certificates). A program inside one is executed
+    /// from its own path ([`crate::fsview::program_in_place`]). Each must
+    /// exist and be readable by the sandbox uid: the host refuses a
+    /// configuration that names one that is not
+    /// ([`crate::fsview::check_runtime`]), and a spawn fails if one
+    /// vanished since. A root host clones them before the uid drop, so a
+    /// directory under a private parent (`/root/.pyenv/versions/3.12.1`)
+    /// can be named as long as it is readable by others itself.
     pub extra_ro_paths: Vec<String>,
     /// Environment keys the plugin may receive from the host (exact names,
-    /// or prefixes ending in `*`). Anything else the host passes is dropped
-    /// and named in the report's warnings. Credentials never belong here:
-    /// `*_TOKEN`, `*_KEY`, `AWS_*`, `SSH_AUTH_SOCK`, `DOCKER_HOST`, ...
+    /// or prefixes ending in `*`); `SHAREDOS_*` (the host's own variables,
+    /// such as `SHAREDOS_PLUGIN`) is always admitted. Anything else the
+    /// host passes is dropped and named in the report's warnings (the host
+    /// refuses a configured `env` key outside it at load). Credentials
+    /// never belong here: `*_TOKEN`, `*_KEY`, `AWS_*`, `SSH_AUTH_SOCK`,
+    /// `DOCKER_HOST`, ...
     pub env_allowlist: Vec<String>,
+    /// Record in the report's `view` what the plugin sees: every mount of
+    /// its root, the program's path, the working directory (`sharedos
+    /// sandbox check --runtime` sets it; off, the report stays small).
+    pub describe: bool,
     /// Test-only: run the helper under a seccomp filter that refuses
     /// `unshare(CLONE_NEWUSER)`, as Docker's default profile does, so the
     /// no-user-namespace path can be exercised on a capable machine.
@@ -151,6 +169,7 @@ impl Default for SandboxPolicy {
             shm_size_bytes: 64 << 20,
             tmpfs_nr_inodes: 16_384,
             workspace_size_bytes: 256 << 20,
+            home_size_bytes: 128 << 20,
             ro_paths: DEFAULT_RO_PATHS.map(String::from).to_vec(),
             uids: UidPolicy::default(),
             ipc: IpcLimits::default(),
@@ -170,6 +189,7 @@ impl Default for SandboxPolicy {
             ]
             .map(String::from)
             .to_vec(),
+            describe: false,
             emulate_no_userns: false,
             timings: false,
             fork_server: false,
@@ -388,14 +408,18 @@ impl Default for NsCeilings {
 }
 
 impl SandboxPolicy {
-    /// Whether `key` may be handed to the plugin.
+    /// Whether `key` may be handed to the plugin: `SHAREDOS_*` always (a
+    /// custom allowlist without it would drop `SHAREDOS_PLUGIN`, and the
+    /// plugin would refuse to run as if started by hand).
     pub fn env_allowed(&self, key: &str) -> bool {
-        self.env_allowlist
-            .iter()
-            .any(|pat| match pat.strip_suffix('*') {
-                Some(prefix) => key.starts_with(prefix),
-                None => key == pat,
-            })
+        key.starts_with("SHAREDOS_")
+            || self
+                .env_allowlist
+                .iter()
+                .any(|pat| match pat.strip_suffix('*') {
+                    Some(prefix) => key.starts_with(prefix),
+                    None => key == pat,
+                })
     }
 
     /// A policy with every layer off and no minimum: only for measuring

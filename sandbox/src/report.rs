@@ -224,6 +224,10 @@ pub struct SandboxReport {
     /// plugin ran before it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prepared: bool,
+    /// What the plugin sees of the filesystem (only with
+    /// `policy.describe`: `sharedos sandbox check --runtime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<crate::fsview::RootView>,
 }
 
 /// One layer that is missing for the next level, with what to do about it.

@@ -34,6 +34,10 @@ pub(crate) struct HelperRequest {
     /// without a mount namespace, where `program` is executed in place.
     #[serde(default)]
     pub program_staged: Option<PathBuf>,
+    /// The program lies inside one of the policy's read-only paths and is
+    /// executed from its own path (nothing staged, nothing at `/plugin`).
+    #[serde(default)]
+    pub program_in_place: bool,
     /// The uid (and gid) of this sandbox, held by the host for the
     /// sandbox's life (`None`: the host is not root, or `drop_uid` is off).
     pub uid: Option<u32>,

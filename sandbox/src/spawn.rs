@@ -324,9 +324,12 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
             .map_err(SandboxError::io("chown the workspace to the sandbox uid"))?;
     }
     clock.stamp("uid_allocated");
-    // The minimal root binds a copy of the plugin from the host-private
-    // state directory, so the mount table names no host path of it.
-    let program_staged = if policy.layers.mountns {
+    // A program inside one of the runtime's read-only paths runs from its
+    // own path (a venv's interpreter finds its pyvenv.cfg). Any other is
+    // bound from a copy in the host-private state directory, so the mount
+    // table names no host path of it.
+    let program_in_place = crate::fsview::program_in_place(policy, &spec.program);
+    let program_staged = if policy.layers.mountns && !program_in_place {
         Some(crate::staging::stage_program(&spec.program)?)
     } else {
         None
@@ -343,6 +346,7 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         env,
         workspace: spec.workspace.clone(),
         program_staged,
+        program_in_place,
         uid: lease.as_ref().map(UidLease::uid),
         host_pid: std::process::id() as i32,
         seccomp_namespace,

@@ -870,7 +870,7 @@ fn a_shell_and_its_tools_work_inside() {
     assert!(is_sandbox_uid(lines[1]), "{lines:?}");
     assert_eq!(lines[2], "sandbox");
     assert_eq!(lines[3], "tmp");
-    assert_eq!(lines[4], "/tmp /tmp");
+    assert_eq!(lines[4], "/sandbox/home /tmp");
     assert_eq!(lines[5], "/workspace");
     assert_eq!(
         std::fs::read_to_string(ws.path().join("out")).unwrap(),
@@ -1021,25 +1021,26 @@ fn extra_read_only_paths_are_bound_read_only() {
         .unwrap();
     std::fs::write(extra.path().join("data"), "shared").unwrap();
     let mut policy = SandboxPolicy::default();
-    policy.extra_ro_paths = vec![
-        extra.path().display().to_string(),
-        "/tmp/not-allowed".into(),
-    ];
+    policy.extra_ro_paths = vec![extra.path().display().to_string()];
     let read = format!("read:{}/data", extra.path().display());
     let write = format!("write:{}/data", extra.path().display());
-    let (report, out, _) = run(policy, &[&read, &write]);
+    let (_, out, _) = run(policy.clone(), &[&read, &write]);
     assert_eq!(ok(&out, &read), "ok");
     assert!(ok(&out, &write).starts_with("err:"));
     assert_eq!(
         std::fs::read_to_string(extra.path().join("data")).unwrap(),
         "shared"
     );
-    assert!(
-        report
-            .warnings
-            .iter()
-            .any(|w| w.contains("/tmp/not-allowed"))
-    );
+    // A named path that is gone fails the spawn, naming it: the plugin
+    // never runs without what its runtime said it needs.
+    for gone in ["/tmp/not-allowed", "/var/tmp/sharedos-gone-extra"] {
+        let mut p = policy.clone();
+        p.extra_ro_paths.push(gone.into());
+        let ws = workspace();
+        let e = spawn(&spec(ws.path(), p, std::slice::from_ref(&read)))
+            .expect_err("a missing extra path");
+        assert!(e.to_string().contains(gone), "{e}");
+    }
 }
 
 /// A prepared sandbox (`prepare`): every layer and the report exist before

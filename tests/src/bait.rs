@@ -899,7 +899,7 @@ filesRoot = "files"
 id = "sharedos-adversary"
 version = "{version}"
 program = "{program}"
-env = {{ RUST_BACKTRACE = "0", {ck} = "{cv}" }}
+env = {{ RUST_BACKTRACE = "0" }}
 {runtime_keys}
 
 [[agents]]
@@ -919,8 +919,6 @@ actions = ["invoke"]
 "#,
         version = env!("CARGO_PKG_VERSION"),
         program = plugin_copy().path.display(),
-        ck = CONFIG_SECRET_ENV.0,
-        cv = CONFIG_SECRET_ENV.1,
     )
 }
 
@@ -978,6 +976,13 @@ pub fn run_turn(spec: TurnSpec) -> TurnRun {
         };
     }
     config.runtimes[0].sandbox = spec.policy.clone();
+    // A configured credential is refused at load (`runtimes[0].env.*`);
+    // one a host passes anyway, past the load check, must still be dropped
+    // by the sandbox's allowlist (C28).
+    config.runtimes[0].env.insert(
+        CONFIG_SECRET_ENV.0.to_owned(),
+        CONFIG_SECRET_ENV.1.to_owned(),
+    );
     let entry = config.runtimes[0].clone();
     let launches = Arc::new(AtomicU32::new(0));
     let launcher = Arc::new(CountingLauncher {

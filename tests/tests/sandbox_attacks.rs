@@ -7,6 +7,7 @@
 //! plugin's receipt where the plugin can judge.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -289,6 +290,24 @@ fn leaks_c27_c28_c60_nothing_is_inherited() {
     assert!(
         warnings.contains(CONFIG_SECRET_ENV.0),
         "C28: the dropped configured credential must be named in the report's warnings: {warnings}"
+    );
+    // Configured in the host's file, the credential never gets that far:
+    // the configuration is refused at load, naming the key.
+    let text = host_config_text().replace(
+        "env = { RUST_BACKTRACE = \"0\" }",
+        &format!(
+            "env = {{ RUST_BACKTRACE = \"0\", {} = \"{}\" }}",
+            CONFIG_SECRET_ENV.0, CONFIG_SECRET_ENV.1
+        ),
+    );
+    let refused = sharedos_host::config::HostConfig::parse(&text, "c28.toml", Path::new("/"))
+        .expect_err("a configured credential outside the allowlist is refused at load");
+    assert!(
+        refused.message.contains(&format!(
+            "runtimes[0].env.{}: not admitted",
+            CONFIG_SECRET_ENV.0
+        )),
+        "{refused}"
     );
     let leaked = leaked_secrets(&s.result_text, &s.secrets);
     assert!(

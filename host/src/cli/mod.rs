@@ -2,6 +2,7 @@
 //! `soak`.
 
 pub mod demo;
+pub mod sandbox_check;
 pub mod soak;
 
 use std::io::Write;

@@ -58,7 +58,15 @@ pub struct Report {
     pub checks: Vec<Check>,
 }
 
-fn launcher_for(kind: LauncherKind, ro: &[String]) -> Result<Arc<dyn Launcher>, String> {
+/// The launcher of a run; for the sandbox, the read-only paths and the
+/// program are checked as a host configuration's would be, so a path the
+/// sandbox cannot bind or read is a usage error naming it, not a plugin
+/// that fails every check.
+fn launcher_for(
+    kind: LauncherKind,
+    ro: &[String],
+    program: &Path,
+) -> Result<Arc<dyn Launcher>, String> {
     Ok(match kind {
         LauncherKind::Direct => Arc::new(DirectLauncher),
         LauncherKind::Sandbox => {
@@ -66,6 +74,14 @@ fn launcher_for(kind: LauncherKind, ro: &[String]) -> Result<Arc<dyn Launcher>, 
                 extra_ro_paths: ro.to_vec(),
                 ..SandboxPolicy::default()
             };
+            let problems = sharedos_sandbox::fsview::check_runtime(&policy, program);
+            if !problems.is_empty() {
+                let lines: Vec<String> = problems
+                    .iter()
+                    .map(|p| p.message.replace("sandbox.extraRoPaths", "--ro"))
+                    .collect();
+                return Err(lines.join("\n"));
+            }
             Arc::new(
                 SandboxLauncher::current_exe(policy)
                     .map_err(|e| format!("cannot find the sharedos binary: {e}"))?,
@@ -77,7 +93,7 @@ fn launcher_for(kind: LauncherKind, ro: &[String]) -> Result<Arc<dyn Launcher>, 
 /// Runs the battery. `Err` is a usage or setup error (exit 2).
 pub fn run(opts: &Options) -> Result<Report, String> {
     let (spec, ro) = launch_spec(&opts.command, opts)?;
-    let launcher = launcher_for(opts.launcher, &ro)?;
+    let launcher = launcher_for(opts.launcher, &ro, &spec.program)?;
     let subreaper = sweep::become_subreaper();
     let battery = checks::Battery {
         launcher: &*launcher,
@@ -136,7 +152,8 @@ pub fn bench(opts: &Options, calls: usize) -> Result<Vec<bench::BenchRow>, Strin
     let mut seats = Vec::new();
     for c in &commands {
         let (spec, ro) = launch_spec(c, opts)?;
-        seats.push((c.join(" "), spec, launcher_for(opts.launcher, &ro)?));
+        let launcher = launcher_for(opts.launcher, &ro, &spec.program)?;
+        seats.push((c.join(" "), spec, launcher));
     }
     let _ = sweep::become_subreaper();
     let leftovers = std::rc::Rc::new(std::cell::Cell::new(0));
@@ -229,11 +246,14 @@ fn push_unique(v: &mut Vec<String>, s: String) {
     }
 }
 
+/// The program's absolute path, its symlinks kept: a venv's `bin/python`
+/// must be executed by that path to find its `pyvenv.cfg` (the sandbox runs
+/// it from there when it lies inside a `--ro` path).
 fn resolve_program(name: &str, search: &str) -> Result<PathBuf, String> {
     if name.contains('/') {
-        return Path::new(name)
-            .canonicalize()
-            .map_err(|e| format!("{name}: {e}"));
+        let abs = std::path::absolute(name).map_err(|e| format!("{name}: {e}"))?;
+        std::fs::metadata(&abs).map_err(|e| format!("{name}: {e}"))?;
+        return Ok(abs);
     }
     search
         .split(':')

@@ -150,7 +150,7 @@ impl ProcessRuntime {
 
     /// What the launcher gets for one turn: the configured program,
     /// arguments and environment, plus the plugin cookie.
-    fn launch_spec(&self, execution_id: String, turn_id: String) -> LaunchSpec {
+    pub fn launch_spec(&self, execution_id: String, turn_id: String) -> LaunchSpec {
         let mut env = self.config.env.clone();
         env.retain(|(k, _)| k != PLUGIN_COOKIE_ENV);
         env.push((PLUGIN_COOKIE_ENV.to_owned(), "1".to_owned()));

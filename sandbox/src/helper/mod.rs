@@ -281,6 +281,7 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
             .collect(),
         timings_us: Vec::new(),
         prepared: false,
+        view: None,
     }
 }
 
@@ -406,45 +407,50 @@ fn supervise(
 }
 
 /// The host files the root is built from: the plugin binary (its staged
-/// copy when there is one) and a host workspace if the request names one,
-/// each as a [`mounts::Source`] fd.
+/// copy, unless it is executed in place), a host workspace if the request
+/// names one, and the runtime's extra read-only paths, each as a
+/// [`mounts::Source`] fd.
 pub(super) struct HostSources {
-    pub(super) program: (mounts::Source, OwnedFd),
+    pub(super) program: Option<(mounts::Source, OwnedFd)>,
     pub(super) workspace: Option<(mounts::Source, OwnedFd)>,
-    /// Clones of the runtime's extra read-only paths under `/tmp` (path,
-    /// is a directory, fd): pid 1 hides the host's `/tmp` before it binds.
-    pub(super) tmp_extras: Vec<(PathBuf, bool, OwnedFd)>,
+    /// Clones of the runtime's extra read-only paths (path, is a
+    /// directory, fd), taken as root before the uid drop: the sandbox uid
+    /// needs no right on their parents, and pid 1 hides the host's `/tmp`
+    /// before it binds. Empty when the helper is not root (then pid 1
+    /// binds them by path).
+    pub(super) extras: Vec<(PathBuf, bool, OwnedFd)>,
 }
 
 impl HostSources {
     /// Detached clones (`open_tree`), taken as uid 0 before the uid drop;
     /// they attach with `move_mount` in the new mount namespace.
     fn clone_trees(req: &HelperRequest) -> Result<HostSources, Fail> {
-        let program = req.program_staged.as_ref().unwrap_or(&req.program);
         let tree = |p: &Path, dir: bool| {
             let fd = open_tree(p, dir)?;
             Ok::<_, Fail>((mounts::Source::Tree(fd.as_raw_fd()), fd))
         };
-        let mut tmp_extras = Vec::new();
+        let mut extras = Vec::new();
         for entry in req.policy.extra_ro_paths.iter() {
-            if !mounts::is_tmp_extra(entry) {
-                continue;
-            }
-            // A missing one is reported by the root's builder.
-            let Ok(md) = std::fs::metadata(entry) else {
-                continue;
-            };
-            let fd = open_tree(Path::new(entry), md.is_dir())?;
-            tmp_extras.push((PathBuf::from(entry), md.is_dir(), fd));
+            // The host checked each at load; one that is gone now fails
+            // the spawn rather than running the plugin without it.
+            let real = std::fs::canonicalize(entry)
+                .map_err(|e| fail("paths", format!("extra read-only path {entry}: {e}")))?;
+            let md = std::fs::metadata(&real)
+                .map_err(|e| fail("paths", format!("extra read-only path {entry}: {e}")))?;
+            let fd = open_tree(&real, md.is_dir())?;
+            extras.push((PathBuf::from(entry), md.is_dir(), fd));
         }
         Ok(HostSources {
-            program: tree(program, false)?,
+            program: match program_source(req) {
+                Some(p) => Some(tree(p, false)?),
+                None => None,
+            },
             workspace: req
                 .workspace
                 .as_deref()
                 .map(|w| tree(w, true))
                 .transpose()?,
-            tmp_extras,
+            extras,
         })
     }
 
@@ -456,28 +462,39 @@ impl HostSources {
             let fd = open_path(p, dir)?;
             Ok::<_, Fail>((mounts::Source::Path(fd.as_raw_fd()), fd))
         };
-        // Without a mount namespace the program runs in place, by path.
-        let program = match (&req.program_staged, req.policy.layers.mountns) {
-            (Some(staged), true) => staged,
-            _ => &req.program,
-        };
         Ok(HostSources {
-            program: path(program, false)?,
+            program: match program_source(req) {
+                Some(p) if req.policy.layers.mountns => Some(path(p, false)?),
+                _ => None,
+            },
             workspace: req
                 .workspace
                 .as_deref()
                 .map(|w| path(w, true))
                 .transpose()?,
-            tmp_extras: Vec::new(),
+            extras: Vec::new(),
         })
     }
+}
+
+/// The file bound at `/plugin/<name>`: the staged copy, or the program
+/// itself where nothing was staged; `None` when the program is executed
+/// from its own path inside a read-only path.
+fn program_source(req: &HelperRequest) -> Option<&Path> {
+    if req.program_in_place {
+        return None;
+    }
+    Some(req.program_staged.as_deref().unwrap_or(&req.program))
 }
 
 /// `open_tree(OPEN_TREE_CLONE)`: a detached copy of the mount of `p`,
 /// limited to `p` (a directory must not be a symlink).
 fn open_tree(p: &Path, dir: bool) -> Result<OwnedFd, Fail> {
     let c = CString::new(p.as_os_str().as_bytes()).map_err(|_| fail("paths", "NUL in path"))?;
-    let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC;
+    // Recursive, as the binds by path are: a mount below an install
+    // directory stays visible.
+    let mut flags =
+        libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint;
     if dir {
         flags |= libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
     }

@@ -114,19 +114,27 @@ pub(super) fn plugin_exec(
     // defaults that point inside the sandbox for the keys it left out.
     let mut env = req.env.clone();
     let tmp = tmpdir.to_string_lossy().into_owned();
+    // The per-turn home, a tmpfs of its own; without a mount namespace,
+    // the private temp directory in the workspace.
+    let home = if mountns {
+        crate::fsview::HOME.to_string()
+    } else {
+        tmp.clone()
+    };
     if mountns {
         // A host's HOME or TMPDIR names a host path, which does not exist
-        // inside: the sandbox's own /tmp replaces it.
+        // inside: the sandbox's own home and /tmp replace it.
         let before = env.len();
         env.retain(|(k, _)| k != "HOME" && k != "TMPDIR");
         if env.len() != before {
-            rep.warnings
-                .push("HOME/TMPDIR from the host replaced by the sandbox's /tmp".into());
+            rep.warnings.push(format!(
+                "HOME/TMPDIR from the host replaced by the sandbox's {home} and {tmp}"
+            ));
         }
     }
     for (k, v) in [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", tmp.as_str()),
+        ("HOME", home.as_str()),
         ("TMPDIR", tmp.as_str()),
         ("LANG", "C.UTF-8"),
     ] {
@@ -140,7 +148,13 @@ pub(super) fn plugin_exec(
     let p = &req.policy;
     let memfd_refused =
         rep.seccomp.status.is_enforced() && p.memfd_create == crate::policy::MemfdPolicy::Deny;
-    rep.memory = crate::memory::assess(rep, p.tmp_size_bytes, p.shm_size_bytes, memfd_refused);
+    rep.memory = crate::memory::assess(
+        rep,
+        p.tmp_size_bytes,
+        p.shm_size_bytes,
+        p.home_size_bytes,
+        memfd_refused,
+    );
     rep.finalize();
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();
@@ -230,6 +244,7 @@ fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe
                 .filter(|p| !TOPS.iter().any(|t| p.starts_with(t))),
         );
         write.push(PathBuf::from("/dev/shm"));
+        write.push(PathBuf::from(crate::fsview::HOME));
     } else {
         read.extend(req.policy.ro_paths.iter().map(PathBuf::from));
         read.extend(req.policy.extra_ro_paths.iter().map(PathBuf::from));

@@ -122,26 +122,34 @@ pub(super) fn pid_one(
             .address_space
             .or(p.rlimits.data)
             .unwrap_or(4 << 30);
-        let warnings = mounts::build(&RootSpec {
+        let built = mounts::build(&RootSpec {
             workspace: sources.workspace.as_ref().map(|w| w.0),
             workspace_size: p.workspace_size_bytes,
-            program: sources.program.0,
+            program: sources.program.as_ref().map(|s| s.0),
             program_name: &program_name,
             tmp_size: p.tmp_size_bytes,
             shm_size: p.shm_size_bytes,
+            home_size: p.home_size_bytes,
             nr_inodes: p.tmpfs_nr_inodes,
             ro_paths: &p.ro_paths,
             extra_ro: &p.extra_ro_paths,
-            tmp_extras: sources
-                .tmp_extras
+            extras: sources
+                .extras
                 .iter()
                 .map(|(path, dir, fd)| (path.clone(), *dir, fd.as_raw_fd()))
                 .collect(),
             proc_replacements: crate::procmask::Replacements::new(mem_total >> 10),
             with_proc: pidns,
+            describe: p.describe,
         })
         .map_err(|e| fail("root", e))?;
-        rep.warnings.extend(warnings);
+        rep.warnings.extend(built.warnings);
+        if p.describe {
+            rep.view = Some(crate::fsview::RootView {
+                mounts: built.view,
+                ..Default::default()
+            });
+        }
         rep.root = LayerStatus::Applied;
         stamp("pid1", "root_built");
     }
@@ -153,10 +161,15 @@ pub(super) fn pid_one(
     }
 
     let (workdir, tmpdir, exe) = if mountns {
+        let exe = if req.program_in_place {
+            req.program.clone()
+        } else {
+            Path::new(mounts::PLUGIN_DIR).join(&program_name)
+        };
         (
             PathBuf::from(mounts::WORKSPACE),
-            PathBuf::from("/tmp"),
-            Path::new(mounts::PLUGIN_DIR).join(&program_name),
+            PathBuf::from(crate::fsview::TMP),
+            exe,
         )
     } else {
         // No mount namespace, so no tmpfs workspace: the host's directory.
@@ -173,6 +186,11 @@ pub(super) fn pid_one(
         let _ = std::fs::create_dir(&t);
         (ws, t, req.program.clone())
     };
+    if let Some(view) = rep.view.as_mut() {
+        view.program = exe.display().to_string();
+        view.program_in_place = req.program_in_place;
+        view.workdir = workdir.display().to_string();
+    }
 
     // 11. Fork the plugin and reap until it exits.
     // SAFETY: pid 1 is single-threaded.

@@ -1,0 +1,155 @@
+//! `sharedos sandbox check --runtime ID --config host.toml`: exactly what
+//! one configured runtime will see. The sandbox is built for real, with
+//! the runtime's policy, program, arguments and environment, and the
+//! plugin process stops right before its `execve` (a prepared sandbox
+//! that is never started): every bound path, the program's path inside,
+//! the environment keys and the layers are what a turn would get, and no
+//! plugin code runs.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use sharedos_sandbox::{SandboxLevel, SandboxReport, SpawnSpec};
+
+use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
+use crate::process::DirectLauncher;
+use crate::seat::process_runtime;
+
+/// Prints what runtime `id` of `config_path` sees. Exit code: 0 when its
+/// sandbox reaches the runtime's `minLevel`, 1 when it does not, 2 on a
+/// configuration or setup error.
+pub fn check_runtime(config_path: &Path, id: &str, out: &mut dyn Write) -> i32 {
+    match check(config_path, id, out) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sharedos sandbox check: {e}");
+            2
+        }
+    }
+}
+
+fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, String> {
+    let config = HostConfig::load(config_path).map_err(|e| e.to_string())?;
+    let entry = config
+        .runtimes
+        .iter()
+        .find(|r| r.id.as_str() == id)
+        .ok_or_else(|| {
+            let ids: Vec<&str> = config.runtimes.iter().map(|r| r.id.as_str()).collect();
+            format!(
+                "{}: no runtime {id:?} (defined: {})",
+                config_path.display(),
+                ids.join(", ")
+            )
+        })?;
+    // The seat's own launch spec: program, arguments, environment and the
+    // plugin cookie exactly as a turn gets them.
+    let runtime =
+        process_runtime(&config, entry, Arc::new(DirectLauncher)).map_err(|e| e.to_string())?;
+    let spec = runtime.launch_spec(String::new(), String::new());
+    let w = |e: std::io::Error| e.to_string();
+    writeln!(
+        out,
+        "sharedos sandbox check --runtime {id} ({})",
+        config_path.display()
+    )
+    .map_err(w)?;
+    if entry.launcher == LauncherKind::Direct {
+        writeln!(
+            out,
+            "launcher: direct: NO sandbox. The plugin runs as the host's uid ({}) in the host's \
+             working directory and sees the host's whole filesystem (docs/PLUGINS.md, section 6).\n\
+             program: {}\nenvironment keys: {}",
+            rustix::process::geteuid().as_raw(),
+            spec.program.display(),
+            keys(spec.env.iter().map(|(k, _)| k.as_str()))
+        )
+        .map_err(w)?;
+        return Ok(1);
+    }
+    let report = build(entry, &spec)?;
+    print_view(entry, &spec.args, &report, out).map_err(w)?;
+    sharedos_sandbox::check::print_report(&report, out).map_err(w)?;
+    let required = entry.sandbox.min_level;
+    writeln!(out, "required: {required} (runtimes.sandbox.minLevel)").map_err(w)?;
+    Ok(if report.level >= required { 0 } else { 1 })
+}
+
+/// Builds the runtime's sandbox up to the plugin's `execve` and returns
+/// its report, with the root described; the plugin never runs.
+fn build(entry: &RuntimeEntry, spec: &crate::process::LaunchSpec) -> Result<SandboxReport, String> {
+    let mut policy = entry.sandbox.clone();
+    policy.describe = true;
+    // The report must come back whatever the level; it is compared with
+    // the runtime's minimum below.
+    policy.min_level = SandboxLevel::Minimal;
+    policy.warm = 0;
+    let workspace = if sharedos_sandbox::needs_host_workspace(&policy) {
+        Some(tempfile::tempdir().map_err(|e| format!("a probe workspace: {e}"))?)
+    } else {
+        None
+    };
+    let helper_exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the sharedos binary: {e}"))?;
+    let prepared = sharedos_sandbox::prepare(&SpawnSpec {
+        helper_exe,
+        program: spec.program.clone(),
+        args: spec.args.iter().map(Into::into).collect(),
+        env: spec.env.clone(),
+        policy,
+        workspace: workspace.as_ref().map(|w| w.path().to_path_buf()),
+    })
+    .map_err(|e| format!("the sandbox could not be built: {e}"))?;
+    let report = prepared.report().clone();
+    // Discarded before its start order: killed, never executed.
+    drop(prepared);
+    Ok(report)
+}
+
+fn keys<'a>(k: impl Iterator<Item = &'a str>) -> String {
+    let mut v: Vec<&str> = k.collect();
+    v.sort_unstable();
+    v.join(", ")
+}
+
+fn print_view(
+    entry: &RuntimeEntry,
+    args: &[String],
+    r: &SandboxReport,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    writeln!(out, "launcher: sandbox")?;
+    let Some(view) = &r.view else {
+        writeln!(
+            out,
+            "filesystem: no minimal root on this host (the mount namespace is missing: see the \
+             layers below); the plugin sees the host's filesystem through Landlock only"
+        )?;
+        return Ok(());
+    };
+    let how = if view.program_in_place {
+        "executed from its own path: it lies inside a read-only path"
+    } else {
+        "a staged copy of the configured file, bound read-only"
+    };
+    writeln!(out, "program: {} ({how})", view.program)?;
+    writeln!(out, "  configured: {}", entry.program)?;
+    writeln!(out, "args: {args:?}")?;
+    writeln!(out, "working directory: {}", view.workdir)?;
+    writeln!(
+        out,
+        "environment keys: {} (HOME={}, TMPDIR={})",
+        keys(r.env_keys.iter().map(String::as_str)),
+        sharedos_sandbox::fsview::HOME,
+        sharedos_sandbox::fsview::TMP
+    )?;
+    writeln!(
+        out,
+        "filesystem (every mount; nothing else of the host exists inside):"
+    )?;
+    for m in &view.mounts {
+        writeln!(out, "  {:<3} {:<40} {}", m.access, m.path, m.source)?;
+    }
+    Ok(())
+}
