@@ -91,6 +91,10 @@ pub struct SandboxedChild {
     pub report: SandboxReport,
     /// Pid of the helper (the supervisor); the plugin's tree dies with it.
     pub pid: i32,
+    /// The egress gateway's listening socket, bound to 127.0.0.1 in the
+    /// sandbox's network namespace (`policy.egress_port`); no process of
+    /// the sandbox holds a copy. Take it with `Option::take`.
+    pub egress_listener: Option<OwnedFd>,
     pidfd: Option<OwnedFd>,
     helper: HelperProc,
     lifeline: Option<UnixStream>,
@@ -305,8 +309,14 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         .cloned()
         .partition(|(k, _)| policy.env_allowed(k));
     let memfd = policy.memfd_create;
+    // Only a runtime with an egress listener may create TCP sockets.
+    let namespace_mode = if policy.egress_port.is_some() {
+        FilterMode::NamespaceEgress
+    } else {
+        FilterMode::Namespace
+    };
     let seccomp_namespace =
-        seccomp::compile(FilterMode::Namespace, memfd).map_err(SandboxError::Seccomp)?;
+        seccomp::compile(namespace_mode, memfd).map_err(SandboxError::Seccomp)?;
     let seccomp_strict =
         seccomp::compile(FilterMode::Strict, memfd).map_err(SandboxError::Seccomp)?;
     let emulation_filter = if policy.emulate_no_userns {
@@ -369,6 +379,7 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         stderr: Some(l.stderr_r),
         report: SandboxReport::default(),
         pid: l.pid,
+        egress_listener: None,
         pidfd: l.pidfd,
         helper: l.helper,
         lifeline: Some(l.lifeline),
@@ -392,6 +403,15 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
     };
     sc.report = reader.until_report(&mut sc)?;
     clock.stamp("report received");
+    if policy.egress_port.is_some() {
+        // Sent by the supervisor before it forked pid 1, so it is queued
+        // by the time the report (written by the plugin's process) is read.
+        let listener = match sc.lifeline.as_ref() {
+            Some(lifeline) => receive_listener(lifeline)?,
+            None => return Err(no_report(&mut sc)),
+        };
+        sc.egress_listener = Some(listener);
+    }
     sc.report.require(policy.min_level)?;
     Ok(PreparedSandbox {
         child: sc,
@@ -627,6 +647,45 @@ impl ReportReader {
             Some(_) => Err(SandboxError::BadReport("a second report".into())),
         }
     }
+}
+
+/// The egress listener the supervisor queued on the control socket.
+fn receive_listener(lifeline: &UnixStream) -> Result<OwnedFd, SandboxError> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let missing = |message: String| SandboxError::Setup {
+        stage: "egress".into(),
+        message,
+        errno: None,
+    };
+    let mut byte = [0u8; 1];
+    let mut cmsg_buf = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let msg = recvmsg::<()>(
+        lifeline.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg_buf),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| missing(format!("no listener from the helper: {e}")))?;
+    let mut fds = Vec::new();
+    for c in msg
+        .cmsgs()
+        .map_err(|e| missing(format!("control message: {e}")))?
+    {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel just installed these fds for us; nobody
+            // else owns them.
+            fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
+        }
+    }
+    let bytes = msg.bytes;
+    if bytes != 1 || byte[0] != crate::helper::egress::LISTENER_BYTE || fds.len() != 1 {
+        return Err(missing(format!(
+            "expected the listener, got {bytes} byte(s) and {} fd(s)",
+            fds.len()
+        )));
+    }
+    Ok(fds.remove(0))
 }
 
 /// The helper sent no report: why, as far as its exit status tells.
