@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
 use sharedos_host::egress::mock::{MockModel, OnRequest, plan_script};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
@@ -18,7 +18,9 @@ use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult, ExecutionStatus};
 use sharedos_tests::bait::helper_exe;
-use sharedos_tests::turns::workspace_bin;
+use sharedos_tests::turns::{
+    AGENT, NAMESPACE, request as testplugin_request, testplugin_host_toml, workspace_bin,
+};
 
 const REAL_KEY: &str = "sk-real-e2e-91f0c3aa6d";
 const PLACEHOLDER: &str = "sharedos-placeholder";
@@ -68,13 +70,18 @@ struct Turn {
 /// from the configuration, the sandbox launcher, the kernel with a JSONL
 /// audit file, the executor with the kernel as effects.
 async fn run(dir: &Path, text: &str) -> Turn {
+    let request = include_str!("../../host/demo/turn.json");
+    run_request(dir, text, "sharedos.standard", request).await
+}
+
+async fn run_request(dir: &Path, text: &str, runtime: &str, request: &str) -> Turn {
     let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
     let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
         let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
         Ok(l)
     };
     let registry = registry_from_config(&config, launcher_for).expect("the seats");
-    let seat = registry.resolve("sharedos.standard").unwrap().clone();
+    let seat = registry.resolve(runtime).unwrap().clone();
     let files_root = config.resolve(&config.host.files_root);
     std::fs::create_dir_all(&files_root).unwrap();
     let audit_path = dir.join("audit.jsonl");
@@ -89,7 +96,6 @@ async fn run(dir: &Path, text: &str) -> Turn {
     let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let sink = events.clone();
     let on_event: OnEvent = Arc::new(move |e| sink.lock().unwrap().push(e.clone()));
-    let request = include_str!("../../host/demo/turn.json");
     let result = executor
         .execute_json(
             request,
@@ -287,4 +293,156 @@ async fn a_spent_request_budget_ends_the_turn_egress_budget_exceeded() {
     let exceeded = codes(&turn.events, "egress.budget_exceeded");
     assert_eq!(exceeded.len(), 1, "{:?}", turn.events);
     assert_eq!(exceeded[0]["budget"], "requests");
+}
+
+/// The testplugin in the full sandbox with a route to `upstream`, granted
+/// to its agent.
+fn testplugin_text(upstream: &str, key_file: &Path) -> String {
+    let network = format!(
+        "launcher = \"sandbox\"\nnetwork = {{ routes = [{{ name = \"openai\", upstream = \"{upstream}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"] }}] }}\n",
+        key_file.display()
+    );
+    let grant = format!(
+        r#"
+[[kernel.grants]]
+id = "alice-model"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+[[kernel.grants.capabilities]]
+namespace = "egress"
+path = ["openai"]
+scope = "exact"
+actions = ["request"]
+"#
+    );
+    testplugin_host_toml("egress-e2e", "sandbox", 60_000)
+        .replace("launcher = \"sandbox\"\n", &network)
+        + &grant
+}
+
+async fn testplugin_turn(dir: &Path, upstream: &str, script: Value) -> (Turn, Vec<Value>) {
+    let text = testplugin_text(upstream, &key_file(dir));
+    let request = testplugin_request("egress-e2e-1", script, &[], 60_000).to_string();
+    let turn = run_request(dir, &text, "sharedos-testplugin", &request).await;
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        turn.result
+    );
+    let emitted = turn
+        .events
+        .iter()
+        .filter(|e| e.kind.as_str() == "runtime.event")
+        .map(|e| e.data.clone())
+        .collect();
+    (turn, emitted)
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_connections_dns_and_raw_sockets_fail_and_the_host_listener_sees_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(plan_script(), None).await.unwrap();
+    // A listener on the host's loopback that no policy allows.
+    let bystander = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = bystander.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while bystander.accept().await.is_ok() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let targets = [
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.1:{}", model.port),
+        "10.0.0.1:443".to_owned(),
+        "1.1.1.1:443".to_owned(),
+        "127.0.0.1:8787".to_owned(),
+    ];
+    let script = json!([{"op": "net_probe", "targets": targets, "resolve": "example.com"}]);
+    let (_turn, emitted) = testplugin_turn(dir.path(), &model.base_url(), script).await;
+    let probe = &emitted
+        .iter()
+        .find(|e| e["type"] == "net_probe")
+        .expect("the probe's event")["data"];
+    // Only the gateway's own listener answers.
+    assert_eq!(probe["127.0.0.1:8787"], "connected", "{probe}");
+    for t in &targets[..4] {
+        let got = probe[t.as_str()].as_str().unwrap_or_default();
+        assert_ne!(got, "connected", "{t}: {probe}");
+    }
+    assert!(probe["resolve example.com"].is_string(), "{probe}");
+    assert!(
+        !probe["resolve example.com"]
+            .as_str()
+            .unwrap()
+            .starts_with("resolved"),
+        "{probe}"
+    );
+    assert!(
+        probe["udp"].as_str().unwrap().contains("os error 1"),
+        "{probe}"
+    );
+    assert!(
+        probe["raw"].as_str().unwrap().contains("os error 1"),
+        "{probe}"
+    );
+    // Observed on the host: nothing reached the bystander or the model.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(model.seen().is_empty(), "{:?}", model.seen());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_connections_and_a_gigabyte_body_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(plan_script(), None).await.unwrap();
+    let fds_before = open_fds();
+    let script = json!([
+        {"op": "egress_flood", "n": 10_000, "path": "/openai/chat/completions"},
+        {"op": "egress_body", "bytes": 1u64 << 30, "path": "/openai/chat/completions"},
+    ]);
+    let (turn, emitted) = testplugin_turn(dir.path(), &model.base_url(), script).await;
+    let data = |op: &str| {
+        emitted
+            .iter()
+            .find(|e| e["type"] == op)
+            .map(|e| e["data"].clone())
+            .unwrap_or_else(|| panic!("no {op} event: {emitted:?}"))
+    };
+    let flood = data("egress_flood");
+    assert_eq!(
+        flood["connected"].as_u64().unwrap() + flood["failed"].as_u64().unwrap(),
+        10_000,
+        "{flood}"
+    );
+    // After the flood the gateway still serves an ordinary request.
+    assert_eq!(flood["status"], "200", "{flood}");
+    let body = data("egress_body");
+    assert_eq!(body["status"], "413", "{body}");
+    // The gateway stopped reading long before the gigabyte.
+    assert!(body["sent"].as_u64().unwrap() < 256 << 20, "{body}");
+    // Only the one ordinary request reached the model.
+    assert_eq!(model.seen().len(), 1, "{:?}", model.seen().len());
+    let requests = codes(&turn.events, "egress.request");
+    assert!(
+        requests
+            .iter()
+            .any(|r| r["code"] == "egress_body_too_large"),
+        "{requests:?}"
+    );
+    // Every connection of the turn is closed in the host.
+    let fds_after = open_fds();
+    assert!(
+        fds_after <= fds_before + 8,
+        "fds {fds_before} -> {fds_after}"
+    );
 }
