@@ -362,3 +362,38 @@ async fn connect_reaches_an_allowed_destination_only_with_the_grant() {
         AuditOutcome::Denied
     );
 }
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_per_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = sharedos_host::egress::mock::MockModel::start(
+        sharedos_host::egress::mock::plan_script(),
+        None,
+    )
+    .await
+    .unwrap();
+    let policy = serde_json::json!({"routes": [{"name": "m", "upstream": model.base_url(),
+        "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
+    let s = serve(
+        policy,
+        vec![egress_grant("alice", "m", "request", None)],
+        "alice",
+        GatewayLimits::default(),
+    )
+    .await;
+    // Three requests, each on a fresh client connection: one upstream
+    // connection carries them all, each with the real key.
+    for _ in 0..3 {
+        let (status, body) = post(s.addr, "/m/chat/completions", "{}").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("[DONE]"), "{body}");
+    }
+    assert_eq!(model.seen().len(), 3);
+    assert_eq!(model.connections(), 1);
+    for seen in model.seen() {
+        assert_eq!(
+            seen.authorization.as_deref(),
+            Some(format!("Bearer {REAL_KEY}").as_str())
+        );
+    }
+}

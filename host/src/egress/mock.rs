@@ -34,6 +34,7 @@ pub type OnRequest = Arc<dyn Fn(usize) + Send + Sync>;
 pub struct MockModel {
     pub port: u16,
     seen: Arc<Mutex<Vec<SeenRequest>>>,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl MockModel {
@@ -47,8 +48,11 @@ impl MockModel {
         let port = listener.local_addr()?.port();
         let seen: Arc<Mutex<Vec<SeenRequest>>> = Arc::default();
         let state = (Arc::new(script), Arc::clone(&seen), on_request);
+        let connections: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let accepted = Arc::clone(&connections);
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let (script, seen, hook) = state.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
@@ -61,12 +65,21 @@ impl MockModel {
                 });
             }
         });
-        Ok(MockModel { port, seen })
+        Ok(MockModel {
+            port,
+            seen,
+            connections,
+        })
     }
 
     /// Every request so far, in order.
     pub fn seen(&self) -> Vec<SeenRequest> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// How many TCP connections it accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The upstream base URL of a route to this model.

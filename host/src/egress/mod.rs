@@ -4,6 +4,7 @@
 pub mod gateway;
 pub mod mock;
 pub mod policy;
+mod pool;
 mod proxy;
 pub mod seat;
 pub mod secret;
