@@ -446,3 +446,21 @@ async fn ten_thousand_connections_and_a_gigabyte_body_are_bounded() {
         "fds {fds_before} -> {fds_after}"
     );
 }
+
+#[test]
+fn demo_model_mock_runs_a_model_turn_through_the_gateway() {
+    let out = std::process::Command::new(helper_exe())
+        .args(["demo", "--model", "--mock"])
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .expect("sharedos runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let result: Value = serde_json::from_str(&stdout).expect("the result JSON");
+    assert_eq!(result["status"], "succeeded", "{stdout}");
+    assert_eq!(result["output"]["text"], "Plan written.");
+    assert!(stderr.contains("egress.request   openai → 200"), "{stderr}");
+    assert!(stderr.contains("40+6 tokens"), "{stderr}");
+    assert!(!format!("{stdout}{stderr}").contains("sharedos-mock-key"));
+}
