@@ -71,10 +71,16 @@ struct Turn {
 /// audit file, the executor with the kernel as effects.
 async fn run(dir: &Path, text: &str) -> Turn {
     let request = include_str!("../../host/demo/turn.json");
-    run_request(dir, text, "sharedos.standard", request).await
+    run_request(dir, text, "sharedos.standard", request, None).await
 }
 
-async fn run_request(dir: &Path, text: &str, runtime: &str, request: &str) -> Turn {
+async fn run_request(
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    request: &str,
+    watch: Option<OnEvent>,
+) -> Turn {
     let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
     let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
         let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
@@ -95,7 +101,12 @@ async fn run_request(dir: &Path, text: &str, runtime: &str, request: &str) -> Tu
     let executor = Executor::new(kernel, seat, options).expect("the executor");
     let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let sink = events.clone();
-    let on_event: OnEvent = Arc::new(move |e| sink.lock().unwrap().push(e.clone()));
+    let on_event: OnEvent = Arc::new(move |e| {
+        sink.lock().unwrap().push(e.clone());
+        if let Some(watch) = &watch {
+            watch(e);
+        }
+    });
     let result = executor
         .execute_json(
             request,
@@ -322,9 +333,18 @@ actions = ["request"]
 }
 
 async fn testplugin_turn(dir: &Path, upstream: &str, script: Value) -> (Turn, Vec<Value>) {
+    testplugin_turn_watched(dir, upstream, script, None).await
+}
+
+async fn testplugin_turn_watched(
+    dir: &Path,
+    upstream: &str,
+    script: Value,
+    watch: Option<OnEvent>,
+) -> (Turn, Vec<Value>) {
     let text = testplugin_text(upstream, &key_file(dir));
     let request = testplugin_request("egress-e2e-1", script, &[], 60_000).to_string();
-    let turn = run_request(dir, &text, "sharedos-testplugin", &request).await;
+    let turn = run_request(dir, &text, "sharedos-testplugin", &request, watch).await;
     assert_eq!(
         turn.result.status,
         ExecutionStatus::Succeeded,
@@ -463,4 +483,63 @@ fn demo_model_mock_runs_a_model_turn_through_the_gateway() {
     assert!(stderr.contains("egress.request   openai → 200"), "{stderr}");
     assert!(stderr.contains("40+6 tokens"), "{stderr}");
     assert!(!format!("{stdout}{stderr}").contains("sharedos-mock-key"));
+}
+
+/// The socket inodes a process holds (`socket:[N]` links in its fd table).
+fn socket_inodes(pid: &str) -> Vec<String> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .map(|l| l.to_string_lossy().into_owned())
+        .filter(|l| l.starts_with("socket:"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_process_of_the_sandbox_holds_the_gateway_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(plan_script(), None).await.unwrap();
+    // While the plugin runs: every socket of the host (this process, which
+    // holds the gateway's listener) against every socket of each process
+    // of the sandbox (its supervisor, pid 1 and the plugin). A shared
+    // inode would be the listener left open inside.
+    let shared: Arc<Mutex<Option<Vec<String>>>> = Arc::default();
+    let found = shared.clone();
+    let watch: OnEvent = Arc::new(move |e| {
+        if e.kind.as_str() != "runtime.event" || e.data["type"] != "check" {
+            return;
+        }
+        let host = socket_inodes("self");
+        let mut inside = Vec::new();
+        let mut processes = 0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains("sharedos-testplugin") || cmdline.starts_with("sandbox-init") {
+                processes += 1;
+                inside.extend(socket_inodes(&pid).into_iter().filter(|s| host.contains(s)));
+            }
+        }
+        assert!(processes >= 3, "only {processes} sandbox processes found");
+        *found.lock().unwrap() = Some(inside);
+    });
+    let script = json!([
+        {"op": "net_probe", "targets": ["127.0.0.1:8787"]},
+        {"op": "emit", "type": "check", "data": {}},
+    ]);
+    let (_turn, emitted) =
+        testplugin_turn_watched(dir.path(), &model.base_url(), script, Some(watch)).await;
+    // The listener was there and served the plugin.
+    assert_eq!(
+        emitted[0]["data"]["127.0.0.1:8787"], "connected",
+        "{emitted:?}"
+    );
+    let shared = shared.lock().unwrap().clone().expect("the check ran");
+    assert!(
+        shared.is_empty(),
+        "sockets shared with the sandbox: {shared:?}"
+    );
 }
