@@ -38,6 +38,7 @@ pub mod fds;
 mod forkserver;
 mod helper;
 pub mod landlock;
+mod listener;
 mod memory;
 pub mod mounts;
 pub mod namespaces;
