@@ -1,7 +1,8 @@
 //! Added latency of the egress gateway: the same request sent directly to
 //! a mock upstream on loopback and through the gateway (kernel
-//! authorization, audit to memory, key injection, streaming copy), both
-//! over a fresh connection per request as the gateway makes upstream.
+//! authorization, audit to memory, key injection, streaming copy). The
+//! client opens a fresh connection per request on both paths; the gateway
+//! keeps its upstream connection alive between requests (its pool).
 //!
 //! cargo run --release -p sharedos-host --example egress_latency [N]
 
@@ -56,7 +57,7 @@ async fn main() {
     run(s.addr, "/m/chat/completions", 200).await;
     let (d_med, d_p99) = stats(run(direct_addr, "/v1/chat/completions", n).await);
     let (g_med, g_p99) = stats(run(s.addr, "/m/chat/completions", n).await);
-    println!("requests: {n} sequential, fresh connection each");
+    println!("requests: {n} sequential, fresh client connection each");
     println!("direct : median {d_med:?}  p99 {d_p99:?}");
     println!("gateway: median {g_med:?}  p99 {g_p99:?}");
     println!(

@@ -105,6 +105,19 @@ pub struct RuntimeEntry {
     pub driver: Option<ModelDriver>,
 }
 
+impl RuntimeEntry {
+    /// The sandbox policy the launcher gets: the configured one, with the
+    /// egress gateway's listener when the runtime has a network policy.
+    pub fn sandbox_policy(&self) -> SandboxPolicy {
+        let mut policy = self.sandbox.clone();
+        policy.egress_port = match self.network {
+            crate::egress::NetworkPolicy::None => None,
+            crate::egress::NetworkPolicy::Routes(_) => Some(crate::egress::EGRESS_PORT),
+        };
+        policy
+    }
+}
+
 /// A model driver of the standard runtime, passed as
 /// `--driver <kind> --base-url <url> --model <model>`; the plugin gets a
 /// placeholder key only (`SHAREDOS_MODEL_KEY`), the gateway adds the real
@@ -251,6 +264,17 @@ impl HostConfig {
             }
         }
         config.base_dir = base_dir.to_path_buf();
+        // The gateway's effects are the host's own namespace: grants may
+        // name it wherever a runtime has a network policy.
+        let egress = crate::egress::EGRESS_NAMESPACE;
+        if config
+            .runtimes
+            .iter()
+            .any(|r| r.network != crate::egress::NetworkPolicy::None)
+            && !config.kernel.namespaces.iter().any(|n| n == egress)
+        {
+            config.kernel.namespaces.push(egress.to_owned());
+        }
         config.check().map_err(err)?;
         Ok(config)
     }
@@ -321,6 +345,18 @@ impl HostConfig {
                     .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
             }
             r.network.check(&format!("runtimes[{i}].network"))?;
+            if r.sandbox.egress_port.is_some() {
+                return Err(format!(
+                    "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
+                ));
+            }
+            if r.network != crate::egress::NetworkPolicy::None
+                && matches!(r.launcher, LauncherKind::Direct)
+            {
+                return Err(format!(
+                    "runtimes[{i}].network: needs launcher = \"sandbox\" (the gateway's listener lives in the sandbox's own network namespace; a direct launch would have the host's network)"
+                ));
+            }
             if let Some(d) = &r.driver {
                 if r.transcript.is_some() {
                     return Err(format!(

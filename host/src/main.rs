@@ -30,6 +30,8 @@ enum Command {
         /// Keep the temporary directory (files and audit trail).
         #[arg(long)]
         keep: bool,
+        #[command(flatten)]
+        model: cli::demo::ModelArgs,
     },
     /// Run one turn from a host configuration (TOML) and a request (JSON).
     Run {
@@ -164,7 +166,7 @@ fn main() -> ExitCode {
     let launcher_for: Box<LauncherFor> = Box::new(cli::configured_launcher);
     let code = runtime.block_on(async move {
         match cli.command {
-            Command::Demo { keep } => cli::demo::demo(keep, &*launcher_for).await,
+            Command::Demo { keep, model } => cli::demo::demo(keep, &model, &*launcher_for).await,
             Command::Run { config, request } => {
                 let config = match HostConfig::load(&config) {
                     Ok(c) => c,

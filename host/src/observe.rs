@@ -63,6 +63,20 @@ pub fn describe(event: &ExecutionEvent) -> String {
         "turn.failed" => format!("{} (source {})", s("code"), s("source")),
         "turn.denied" => s("code"),
         "turn.escalated" => s("reason"),
+        "egress.request" => {
+            let outcome = match (d["status"].as_u64(), d["code"].as_str()) {
+                (_, Some(code)) => code.to_owned(),
+                (Some(status), None) => status.to_string(),
+                (None, None) => String::new(),
+            };
+            let mut line = format!("{} → {outcome}", s("route"));
+            if let (Some(i), Some(o)) = (d["inputTokens"].as_u64(), d["outputTokens"].as_u64()) {
+                line.push_str(&format!(", {i}+{o} tokens"));
+            }
+            line
+        }
+        "egress.connection" => format!("{} {}", s("destination"), s("code")),
+        "egress.budget_exceeded" => s("budget"),
         _ => String::new(),
     };
     escape_text(&format!(

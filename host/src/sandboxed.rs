@@ -477,10 +477,12 @@ fn launched(
     let stdin = child.stdin.take().ok_or_else(missing)?;
     let stdout = child.stdout.take().ok_or_else(missing)?;
     let stderr = child.stderr.take().ok_or_else(missing)?;
+    let egress_listener = child.egress_listener.take();
     Ok(LaunchedChild {
         stdin,
         stdout,
         stderr,
+        egress_listener,
         tree: Box::new(SandboxTree { child, workspace }),
         report,
     })

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{HostConfig, RuntimeEntry};
+use crate::egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
 use crate::executor::{Seat, SeatReports};
 use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
 use crate::registry::{RegistryError, RuntimeRegistry};
@@ -64,7 +65,12 @@ pub fn process_runtime(
         // A placeholder, so a program that insists on a key has one; the
         // real key stays in the host's gateway.
         pc.env
-            .push(("SHAREDOS_MODEL_KEY".into(), "sharedos-placeholder".into()));
+            .push(("SHAREDOS_MODEL_KEY".into(), PLACEHOLDER_KEY.into()));
+    }
+    pc.egress = egress_seat(entry)?;
+    if pc.egress.is_some() {
+        pc.env
+            .push(("SHAREDOS_EGRESS_URL".into(), crate::egress::egress_url()));
     }
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
     pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;
@@ -75,11 +81,27 @@ pub fn process_runtime(
     Ok(Arc::new(runtime))
 }
 
+/// The entry's gateway, built now so a missing secret or CA file fails the
+/// start, not a turn; `None` for `network = "none"`.
+fn egress_seat(entry: &RuntimeEntry) -> Result<Option<Arc<EgressSeat>>, SeatError> {
+    let NetworkPolicy::Routes(routes) = &entry.network else {
+        return Ok(None);
+    };
+    let gateway = Gateway::from_policy(routes, GatewayLimits::default()).map_err(|message| {
+        SeatError::Invalid {
+            runtime: entry.id.to_string(),
+            message: format!("network: {message}"),
+        }
+    })?;
+    Ok(Some(Arc::new(EgressSeat::new(gateway))))
+}
+
 /// A seat for a process runtime.
 pub fn process_seat(runtime: Arc<ProcessRuntime>) -> Seat {
     Seat {
         manifest: runtime.config().manifest.clone(),
         plugin: runtime.clone(),
+        egress: runtime.config().egress.clone(),
         reports: Some(runtime),
     }
 }

@@ -362,3 +362,84 @@ async fn connect_reaches_an_allowed_destination_only_with_the_grant() {
         AuditOutcome::Denied
     );
 }
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_per_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = sharedos_host::egress::mock::MockModel::start(
+        sharedos_host::egress::mock::plan_script(),
+        None,
+    )
+    .await
+    .unwrap();
+    let policy = serde_json::json!({"routes": [{"name": "m", "upstream": model.base_url(),
+        "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
+    let s = serve(
+        policy,
+        vec![egress_grant("alice", "m", "request", None)],
+        "alice",
+        GatewayLimits::default(),
+    )
+    .await;
+    // Three requests, each on a fresh client connection: one upstream
+    // connection carries them all, each with the real key.
+    for _ in 0..3 {
+        let (status, body) = post(s.addr, "/m/chat/completions", "{}").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("[DONE]"), "{body}");
+    }
+    assert_eq!(model.seen().len(), 3);
+    assert_eq!(model.connections(), 1);
+    for seen in model.seen() {
+        assert_eq!(
+            seen.authorization.as_deref(),
+            Some(format!("Bearer {REAL_KEY}").as_str())
+        );
+    }
+}
+
+#[tokio::test]
+async fn connect_bytes_count_in_the_byte_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dest = echo.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let policy = json!({"destinations": [{"address": dest, "allow": ["loopback"]}],
+        "budget": {"bytes": 10_000}});
+    let grants = vec![egress_grant("alice", &dest, "connect", None)];
+    let mut s = serve(policy, grants, "alice", GatewayLimits::default()).await;
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let req = format!("CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut head = vec![0u8; 1024];
+    let n = tcp.read(&mut head).await.unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
+    // 4 KiB echoed (8 KiB counted) fits; the next 4 KiB does not.
+    let chunk = vec![b'x'; 4096];
+    tcp.write_all(&chunk).await.unwrap();
+    let mut back = vec![0u8; 4096];
+    tcp.read_exact(&mut back).await.unwrap();
+    let _ = tcp.write_all(&chunk).await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tcp.read_to_end(&mut rest),
+    )
+    .await
+    .expect("the tunnel is cut");
+    assert!(rest.len() < 4096, "{} bytes came back", rest.len());
+    let e = wait_for(&mut s, |e| matches!(e, EgressEvent::BudgetExceeded { .. })).await;
+    assert_eq!(e, EgressEvent::BudgetExceeded { budget: "bytes" });
+    let e = wait_for(&mut s, |e| matches!(e, EgressEvent::Connection { .. })).await;
+    assert!(
+        matches!(&e, EgressEvent::Connection { code: Some(c), .. } if c == "egress_budget_exceeded"),
+        "{e:?}"
+    );
+}

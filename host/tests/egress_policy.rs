@@ -139,9 +139,23 @@ fn a_model_driver_needs_a_route_and_is_passed_with_a_placeholder_key() {
         "{driver}\n[runtimes.network]\nroutes = [{{ name = \"openai\", upstream = \"https://api.openai.com/v1\", secret = \"env:OPENAI_API_KEY\", api = \"openai\" }}]"
     );
     // Any existing program: only the arguments and environment are read.
+    // The gateway is built with the seat: a secret the host lacks fails
+    // the start, naming the route and the reference.
     let c = config_for("/bin/true", &with_route).unwrap();
     let launcher: std::sync::Arc<dyn sharedos_host::process::Launcher> =
         std::sync::Arc::new(sharedos_host::process::DirectLauncher);
+    let e = sharedos_host::seat::process_runtime(&c, &c.runtimes[0], launcher.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("route openai") && e.contains("env:OPENAI_API_KEY") && e.contains("not set"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-live-abc123").unwrap();
+    let with_file = with_route.replace("env:OPENAI_API_KEY", &format!("file:{}", key.display()));
+    let c = config_for("/bin/true", &with_file).unwrap();
     let rt = sharedos_host::seat::process_runtime(&c, &c.runtimes[0], launcher).unwrap();
     let args = &rt.config().args;
     assert_eq!(
@@ -157,5 +171,28 @@ fn a_model_driver_needs_a_route_and_is_passed_with_a_placeholder_key() {
     );
     let env = &rt.config().env;
     assert!(env.contains(&("SHAREDOS_MODEL_KEY".into(), "sharedos-placeholder".into())));
+    assert!(env.contains(&("SHAREDOS_EGRESS_URL".into(), "http://127.0.0.1:8787".into())));
     assert!(!env.iter().any(|(k, _)| k == "OPENAI_API_KEY"));
+    assert!(!format!("{env:?}").contains("sk-live"));
+}
+
+#[test]
+fn the_listener_port_is_the_hosts_and_a_network_needs_the_sandbox() {
+    let route = "[runtimes.network]\nroutes = [{ name = \"m\", upstream = \"https://api.example.com/v1\", secret = \"env:K\", api = \"openai\" }]";
+    // Only a runtime with a network policy gets the gateway's listener,
+    // and the port is never configured by hand.
+    let c = config(route).unwrap();
+    assert_eq!(c.runtimes[0].sandbox_policy().egress_port, Some(8787));
+    assert!(c.kernel.namespaces.iter().any(|n| n == "egress"));
+    let c = config("").unwrap();
+    assert_eq!(c.runtimes[0].sandbox_policy().egress_port, None);
+    assert!(!c.kernel.namespaces.iter().any(|n| n == "egress"));
+    let e = refused(&format!("sandbox = {{ egressPort = 80 }}\n{route}"));
+    assert!(e.contains("runtimes[0].sandbox.egressPort"), "{e}");
+    // A direct launch would have the host's network: refused.
+    let e = refused(&format!("launcher = \"direct\"\n{route}"));
+    assert!(
+        e.contains("runtimes[0].network") && e.contains("launcher = \"sandbox\""),
+        "{e}"
+    );
 }

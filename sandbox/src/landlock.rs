@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, NetPort,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 
 use crate::report::{LandlockReport, LayerStatus};
@@ -25,6 +25,9 @@ pub struct Grants {
     pub write: Vec<PathBuf>,
     /// Single device nodes: read and write the file.
     pub devices: Vec<PathBuf>,
+    /// The one TCP port the plugin may connect to (the egress gateway's
+    /// listener); `None`: no TCP connect at all. Binding is never granted.
+    pub connect_tcp: Option<u16>,
 }
 
 /// The ABI of the running kernel, or `None` when Landlock is missing or
@@ -52,13 +55,17 @@ pub fn apply(g: &Grants) -> LandlockReport {
         requested_abi: 6,
         ruleset: "NotEnforced".into(),
         scopes: vec!["signal".into(), "abstract_unix".into()],
-        net: "tcp-deny".into(),
+        net: match g.connect_tcp {
+            Some(port) => format!("tcp-connect:{port}"),
+            None => "tcp-deny".into(),
+        },
     };
     let result = (|| -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
         landlock::Ruleset::default()
             .set_compatibility(CompatLevel::BestEffort)
             .handle_access(AccessFs::from_all(abi))?
-            // No NetPort rule follows: every TCP bind and connect is denied.
+            // No NetPort rule for BindTcp follows: every TCP bind is
+            // denied, and every connect but to the egress port, if any.
             .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
             // Signals and abstract unix sockets cannot leave the domain.
             .scope(Scope::AbstractUnixSocket | Scope::Signal)?
@@ -66,6 +73,9 @@ pub fn apply(g: &Grants) -> LandlockReport {
             .add_rules(path_beneath_rules(&g.read, AccessFs::from_read(abi)))?
             .add_rules(path_beneath_rules(&g.write, AccessFs::from_all(abi)))?
             .add_rules(path_beneath_rules(&g.devices, AccessFs::from_file(abi)))?
+            .add_rules(g.connect_tcp.map(|port| {
+                Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
+            }))?
             .restrict_self()
     })();
     match result {

@@ -39,6 +39,7 @@ mod forkserver;
 pub mod fsview;
 mod helper;
 pub mod landlock;
+mod listener;
 mod memory;
 pub mod mounts;
 pub mod namespaces;

@@ -101,6 +101,13 @@ pub struct SandboxPolicy {
     /// What the seccomp filter does with `memfd_create` (docs/SECURITY.md,
     /// "The seccomp filter").
     pub memfd_create: MemfdPolicy,
+    /// The egress gateway's listener (docs/EGRESS.md): the helper binds
+    /// `127.0.0.1:<port>` in the sandbox's network namespace, hands the
+    /// listening socket to the host and keeps no copy; the plugin may
+    /// create TCP sockets and connect to that one port only. `None`, the
+    /// default: no socket at all. Set by the host from the runtime's
+    /// `network` policy, never by hand.
+    pub egress_port: Option<u16>,
 }
 
 /// `memfd_create` under the seccomp filter.
@@ -195,6 +202,7 @@ impl Default for SandboxPolicy {
             fork_server: false,
             warm: 0,
             memfd_create: MemfdPolicy::Deny,
+            egress_port: None,
         }
     }
 }

@@ -91,6 +91,10 @@ pub struct SandboxedChild {
     pub report: SandboxReport,
     /// Pid of the helper (the supervisor); the plugin's tree dies with it.
     pub pid: i32,
+    /// The egress gateway's listening socket, bound to 127.0.0.1 in the
+    /// sandbox's network namespace (`policy.egress_port`); no process of
+    /// the sandbox holds a copy. Take it with `Option::take`.
+    pub egress_listener: Option<OwnedFd>,
     pidfd: Option<OwnedFd>,
     helper: HelperProc,
     lifeline: Option<UnixStream>,
@@ -305,8 +309,14 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         .cloned()
         .partition(|(k, _)| policy.env_allowed(k));
     let memfd = policy.memfd_create;
+    // Only a runtime with an egress listener may create TCP sockets.
+    let namespace_mode = if policy.egress_port.is_some() {
+        FilterMode::NamespaceEgress
+    } else {
+        FilterMode::Namespace
+    };
     let seccomp_namespace =
-        seccomp::compile(FilterMode::Namespace, memfd).map_err(SandboxError::Seccomp)?;
+        seccomp::compile(namespace_mode, memfd).map_err(SandboxError::Seccomp)?;
     let seccomp_strict =
         seccomp::compile(FilterMode::Strict, memfd).map_err(SandboxError::Seccomp)?;
     let emulation_filter = if policy.emulate_no_userns {
@@ -373,6 +383,7 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         stderr: Some(l.stderr_r),
         report: SandboxReport::default(),
         pid: l.pid,
+        egress_listener: None,
         pidfd: l.pidfd,
         helper: l.helper,
         lifeline: Some(l.lifeline),
@@ -396,6 +407,15 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
     };
     sc.report = reader.until_report(&mut sc)?;
     clock.stamp("report received");
+    if policy.egress_port.is_some() {
+        // Sent by the supervisor before it forked pid 1, so it is queued
+        // by the time the report (written by the plugin's process) is read.
+        let listener = match sc.lifeline.as_ref() {
+            Some(lifeline) => crate::listener::receive(lifeline)?,
+            None => return Err(no_report(&mut sc)),
+        };
+        sc.egress_listener = Some(listener);
+    }
     sc.report.require(policy.min_level)?;
     Ok(PreparedSandbox {
         child: sc,

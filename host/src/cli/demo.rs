@@ -10,8 +10,129 @@ pub const DEMO_CONFIG: &str = include_str!("../../demo/host.toml");
 /// The embedded demo request.
 pub const DEMO_REQUEST: &str = include_str!("../../demo/turn.json");
 
+/// `sharedos demo --model`: the standard runtime on the Chat Completions
+/// driver, reaching its model only through the host's egress gateway.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ModelArgs {
+    /// Drive the turn with a model instead of the transcript.
+    #[arg(long)]
+    pub model: bool,
+    /// With --model: a scripted OpenAI-compatible model started in this
+    /// process on loopback (needs nothing: no network, no key).
+    #[arg(long, requires = "model")]
+    pub mock: bool,
+    /// With --model: any OpenAI-compatible base URL (https; http only to
+    /// a local server, with --allow).
+    #[arg(long, requires = "model", conflicts_with = "mock", value_name = "URL")]
+    pub base_url: Option<String>,
+    /// The host environment variable holding the key; only the gateway
+    /// reads it, the plugin gets a placeholder.
+    #[arg(long, default_value = "OPENAI_API_KEY", value_name = "VAR")]
+    pub key_env: String,
+    /// The model name sent to the endpoint.
+    #[arg(long, default_value = "gpt-4o-mini")]
+    pub model_name: String,
+    /// Address classes the base URL may be in besides public ones
+    /// (`loopback`, `private`, `link-local`), e.g. a local Ollama.
+    #[arg(long, value_name = "CLASS")]
+    pub allow: Vec<String>,
+}
+
+/// The embedded demo configuration with the chat driver instead of the
+/// transcript, a route `openai` to `upstream` and a grant of it to alice.
+pub fn model_config(
+    upstream: &str,
+    secret: &str,
+    allow: &[String],
+    model: &str,
+) -> Result<String, String> {
+    let start = DEMO_CONFIG
+        .find("transcript = [")
+        .ok_or("the demo configuration has no transcript")?;
+    let end = DEMO_CONFIG[start..]
+        .find("\n]\n")
+        .ok_or("the demo transcript does not end")?
+        + start
+        + 3;
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let allow: Vec<String> = allow.iter().map(|a| quote(a)).collect();
+    let runtime = format!(
+        "driver = {{ kind = \"openai-chat\", baseUrl = \"{gateway}/openai\", model = {model} }}\n\
+         [runtimes.network]\n\
+         routes = [{{ name = \"openai\", upstream = {upstream}, secret = {secret}, api = \"openai\", allow = [{allow}] }}]\n",
+        gateway = crate::egress::egress_url(),
+        model = quote(model),
+        upstream = quote(upstream),
+        secret = quote(secret),
+        allow = allow.join(", "),
+    );
+    Ok(format!(
+        "{}{runtime}{}{MODEL_GRANT}",
+        &DEMO_CONFIG[..start],
+        &DEMO_CONFIG[end..]
+    ))
+}
+
+/// Alice may send requests on the route `openai`.
+const MODEL_GRANT: &str = r#"
+[[kernel.grants]]
+id = "alice-model"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "demo-host" }
+namespaceId = "demo"
+[[kernel.grants.capabilities]]
+namespace = "egress"
+path = ["openai"]
+scope = "exact"
+actions = ["request"]
+"#;
+
+/// The configuration text of the demo for `model`, and a description.
+async fn config_text(
+    model: &ModelArgs,
+    dir: &std::path::Path,
+) -> Result<(String, String, Option<crate::egress::mock::MockModel>), String> {
+    if !model.model {
+        return Ok((
+            DEMO_CONFIG.to_owned(),
+            "sharedos.standard (transcript driver)".into(),
+            None,
+        ));
+    }
+    if model.mock {
+        let mock = crate::egress::mock::MockModel::start(crate::egress::mock::plan_script(), None)
+            .await
+            .map_err(|e| format!("cannot start the mock model: {e}"))?;
+        let key = dir.join("mock-model.key");
+        std::fs::write(&key, "sharedos-mock-key").map_err(|e| format!("{}: {e}", key.display()))?;
+        let secret = format!("file:{}", key.display());
+        let text = model_config(
+            &mock.base_url(),
+            &secret,
+            &["loopback".into()],
+            &model.model_name,
+        )?;
+        let what = format!(
+            "sharedos.standard (chat driver) -> gateway -> mock model on 127.0.0.1:{}",
+            mock.port
+        );
+        return Ok((text, what, Some(mock)));
+    }
+    let url = model
+        .base_url
+        .as_deref()
+        .ok_or("--model needs --mock or --base-url URL")?;
+    let secret = format!("env:{}", model.key_env);
+    let text = model_config(url, &secret, &model.allow, &model.model_name)?;
+    Ok((
+        text,
+        format!("sharedos.standard (chat driver) -> gateway -> {url}"),
+        None,
+    ))
+}
+
 /// Runs the demo; returns the exit code.
-pub async fn demo(keep: bool, launcher_for: &LauncherFor) -> i32 {
+pub async fn demo(keep: bool, model: &ModelArgs, launcher_for: &LauncherFor) -> i32 {
     let dir = match tempfile::Builder::new().prefix("sharedos-demo-").tempdir() {
         Ok(d) => d,
         Err(e) => {
@@ -19,16 +140,21 @@ pub async fn demo(keep: bool, launcher_for: &LauncherFor) -> i32 {
             return 2;
         }
     };
-    let config = match HostConfig::parse(DEMO_CONFIG, "<embedded demo/host.toml>", dir.path()) {
+    let (text, what, _mock) = match config_text(model, dir.path()).await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sharedos demo: {e}");
+            return 2;
+        }
+    };
+    let config = match HostConfig::parse(&text, "<embedded demo/host.toml>", dir.path()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sharedos demo: {e}");
             return 2;
         }
     };
-    eprintln!(
-        "sharedos demo: agent alice, runtime sharedos.standard (transcript driver) in a sandboxed child process"
-    );
+    eprintln!("sharedos demo: agent alice, runtime {what}, in a sandboxed child process");
     eprintln!(
         "sharedos demo: files and audit trail under {}",
         dir.path().display()

@@ -48,12 +48,11 @@ pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, Se
     match entry.launcher {
         LauncherKind::Direct => Ok(Arc::new(crate::process::DirectLauncher)),
         LauncherKind::Sandbox => {
-            let l = crate::sandboxed::SandboxLauncher::current_exe(entry.sandbox.clone()).map_err(
-                |e| SeatError::Invalid {
+            let l = crate::sandboxed::SandboxLauncher::current_exe(entry.sandbox_policy())
+                .map_err(|e| SeatError::Invalid {
                     runtime: entry.id.to_string(),
                     message: format!("cannot find the sharedos binary: {e}"),
-                },
-            )?;
+                })?;
             Ok(Arc::new(l))
         }
     }
@@ -137,7 +136,12 @@ pub async fn run_turn(
         on_turn_error: Some(on_turn_error),
         ..ExecutorOptions::default()
     };
-    let executor = Executor::new(Arc::new(kernel), seat, options)
+    let kernel = Arc::new(kernel);
+    let options = ExecutorOptions {
+        effects: Some(kernel.clone()),
+        ..options
+    };
+    let executor = Executor::new(kernel, seat, options)
         .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
     let on_event = events.map(|sink| {
         let cb: crate::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));

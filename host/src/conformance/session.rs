@@ -68,6 +68,7 @@ impl Session {
             stderr,
             tree,
             report,
+            ..
         } = launcher.launch(spec).map_err(|e| e.to_string())?;
         let (tx, lines) = mpsc::channel();
         let out = File::from(stdout);

@@ -157,6 +157,8 @@ pub struct Gateway {
     pub(super) budget: EgressBudget,
     pub(super) tls: Arc<rustls::ClientConfig>,
     pub(super) limits: GatewayLimits,
+    /// Keep-alive upstream connections, per route.
+    pub(super) pool: Arc<super::pool::UpstreamPool>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -221,6 +223,7 @@ impl Gateway {
             }),
             tls: super::upstream::tls_config(policy.ca_file.as_deref())?,
             limits,
+            pool: Arc::default(),
         })
     }
 

@@ -2,8 +2,11 @@
 //! the host. See docs/EGRESS.md.
 
 pub mod gateway;
+pub mod mock;
 pub mod policy;
+mod pool;
 mod proxy;
+pub mod seat;
 pub mod secret;
 mod tunnel;
 pub mod upstream;
@@ -12,5 +15,8 @@ pub mod usage;
 pub use gateway::{EgressEvent, Gateway, GatewayLimits, ServeHandle, TurnBinding};
 pub use policy::{
     AddressClass, ApiShape, Destination, EgressBudget, ModelRoute, NetworkPolicy, NetworkRoutes,
+};
+pub use seat::{
+    BoundTurn, EGRESS_NAMESPACE, EGRESS_PORT, EgressSeat, PLACEHOLDER_KEY, ServeError, egress_url,
 };
 pub use secret::{Secret, SecretRef};

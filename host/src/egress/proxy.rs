@@ -11,13 +11,13 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use sharedos_protocol::JsonObject;
 use tokio::sync::mpsc;
 
 use super::gateway::{EgressEvent, Gateway, GatewayBody, Route, TurnBinding, refusal};
 use super::policy::ApiShape;
+use super::pool::{Sender, UpstreamPool, handshake};
 use super::upstream::{connect_tcp, connect_tls};
 use super::usage::UsageScanner;
 
@@ -163,33 +163,22 @@ impl Gateway {
             binding.emit(EgressEvent::BudgetExceeded { budget: "bytes" });
             return Err(failed("egress_budget_exceeded", request_bytes));
         }
-        let upstream = upstream_request(&head, route, target, body)
-            .map_err(|_| failed("egress_bad_request", request_bytes))?;
-        let timeout = self.limits.upstream_timeout;
-        let url = &route.url;
-        let tcp = connect_tcp(&url.host, url.port, &route.allow, timeout)
+        let (sender, response) = self
+            .exchange(&head, route, target, body)
             .await
-            .map_err(|e| failed(e.code(), request_bytes))?;
-        let response = if url.tls {
-            let tls = connect_tls(tcp, &url.host, self.tls.clone(), timeout)
-                .await
-                .map_err(|e| failed(e.code(), request_bytes))?;
-            send(TokioIo::new(tls), upstream, timeout).await
-        } else {
-            send(TokioIo::new(tcp), upstream, timeout).await
-        }
-        .map_err(|code| failed(code, request_bytes))?;
+            .map_err(|code| failed(code, request_bytes))?;
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let status = parts.status.as_u16();
         let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(2);
         let pump = Pump {
+            keep: Some((Arc::clone(&self.pool), sender)),
             binding: Arc::clone(binding),
             route: route.name.clone(),
             status,
             request_bytes,
             started,
-            timeout,
+            timeout: self.limits.upstream_timeout,
         };
         tokio::spawn(pump.run_owned(body, tx, self.budget.clone()));
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -201,6 +190,9 @@ impl Gateway {
 
 /// Copies the answer to the client frame by frame and records it.
 struct Pump {
+    /// The connection, kept for the route's next request once the answer
+    /// was read to its end.
+    keep: Option<(Arc<UpstreamPool>, Sender)>,
     binding: Arc<TurnBinding>,
     route: String,
     status: u16,
@@ -216,7 +208,8 @@ impl Pump {
         tx: mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
         budget: super::policy::EgressBudget,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (binding, route, status, request_bytes, started, timeout) = (
+        let (keep, binding, route, status, request_bytes, started, timeout) = (
+            self.keep,
             self.binding,
             self.route,
             self.status,
@@ -255,6 +248,11 @@ impl Pump {
                     code = Some("client_closed");
                     break;
                 }
+            }
+            if code.is_none()
+                && let Some((pool, sender)) = keep
+            {
+                pool.put(&route, sender);
             }
             if let Some(c) = code.filter(|c| *c != "client_closed") {
                 // The client sees the stream cut, not a clean end.
@@ -392,24 +390,45 @@ fn upstream_request(
         .body(Full::new(body))
 }
 
-async fn send<IO>(
-    io: TokioIo<IO>,
-    req: Request<Full<Bytes>>,
-    timeout: std::time::Duration,
-) -> Result<Response<Incoming>, &'static str>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sender, conn) =
-        tokio::time::timeout(timeout, hyper::client::conn::http1::handshake(io))
+impl Gateway {
+    /// Sends the request on a kept connection of the route, or on a fresh
+    /// one; a kept connection the upstream closed before taking the
+    /// request is replaced by a fresh one once.
+    async fn exchange(
+        &self,
+        head: &hyper::http::request::Parts,
+        route: &Route,
+        target: &str,
+        body: Bytes,
+    ) -> Result<(Sender, Response<Incoming>), &'static str> {
+        let timeout = self.limits.upstream_timeout;
+        let request = || upstream_request(head, route, target, body.clone());
+        if let Some(mut sender) = self.pool.take(&route.name).await {
+            let req = request().map_err(|_| "egress_bad_request")?;
+            match tokio::time::timeout(timeout, sender.send_request(req)).await {
+                Err(_) => return Err("upstream_timeout"),
+                Ok(Ok(resp)) => return Ok((sender, resp)),
+                Ok(Err(e)) if e.is_canceled() || e.is_closed() => {}
+                Ok(Err(_)) => return Err("upstream_failed"),
+            }
+        }
+        let url = &route.url;
+        let tcp = connect_tcp(&url.host, url.port, &route.allow, timeout)
+            .await
+            .map_err(|e| e.code())?;
+        let mut sender = if url.tls {
+            let tls = connect_tls(tcp, &url.host, self.tls.clone(), timeout)
+                .await
+                .map_err(|e| e.code())?;
+            handshake(tls, timeout).await?
+        } else {
+            handshake(tcp, timeout).await?
+        };
+        let req = request().map_err(|_| "egress_bad_request")?;
+        let resp = tokio::time::timeout(timeout, sender.send_request(req))
             .await
             .map_err(|_| "upstream_timeout")?
-            .map_err(|_| "upstream_unreachable")?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    tokio::time::timeout(timeout, sender.send_request(req))
-        .await
-        .map_err(|_| "upstream_timeout")?
-        .map_err(|_| "upstream_failed")
+            .map_err(|_| "upstream_failed")?;
+        Ok((sender, resp))
+    }
 }

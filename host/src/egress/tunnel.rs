@@ -1,19 +1,23 @@
 //! Destinations: `CONNECT host:port` to an entry of the policy, resolved
 //! by the host, authorized by the kernel (`egress` / `[host:port]` /
-//! `connect`), bytes copied both ways (TLS stays end to end), one event
-//! and audit record per connection.
+//! `connect`), bytes copied both ways (TLS stays end to end) and held
+//! against the turn's byte budget as they pass, one event and audit record
+//! per connection.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::gateway::{EgressEvent, Gateway, GatewayBody, TurnBinding, refusal};
-use super::policy::split_host_port;
-use super::proxy::meta_of;
+use super::policy::{EgressBudget, split_host_port};
+use super::proxy::{meta_of, take};
 use super::upstream::connect_tcp;
 
 impl Gateway {
@@ -77,15 +81,26 @@ impl Gateway {
             }
         };
         let upgrade = hyper::upgrade::on(&mut req);
+        let budget = self.budget.clone();
         tokio::spawn(async move {
             let (code, up, down) = match upgrade.await {
                 Ok(upgraded) => {
-                    let mut client = TokioIo::new(upgraded);
+                    let mut client = Metered {
+                        inner: TokioIo::new(upgraded),
+                        binding: Arc::clone(&binding),
+                        budget,
+                        up: 0,
+                        down: 0,
+                        over: false,
+                    };
                     let mut tcp = tcp;
-                    match tokio::io::copy_bidirectional(&mut client, &mut tcp).await {
-                        Ok((up, down)) => (None, up, down),
-                        Err(_) => (Some("connection_reset".to_owned()), 0, 0),
-                    }
+                    let copied = tokio::io::copy_bidirectional(&mut client, &mut tcp).await;
+                    let code = match copied {
+                        Ok(_) => None,
+                        Err(_) if client.over => Some("egress_budget_exceeded".to_owned()),
+                        Err(_) => Some("connection_reset".to_owned()),
+                    };
+                    (code, client.up, client.down)
                 }
                 Err(_) => (Some("upgrade_failed".to_owned()), 0, 0),
             };
@@ -106,5 +121,74 @@ impl Gateway {
                 .map_err(|never| match never {})
                 .boxed(),
         )
+    }
+}
+
+/// The client's side of a tunnel, counting the bytes both ways against the
+/// turn's byte budget as they pass: over it, the tunnel is cut (the
+/// copy fails) and the budget is reported spent, once.
+struct Metered<S> {
+    inner: S,
+    binding: Arc<TurnBinding>,
+    budget: EgressBudget,
+    up: u64,
+    down: u64,
+    over: bool,
+}
+
+impl<S> Metered<S> {
+    fn charge(&mut self, n: usize) -> std::io::Result<()> {
+        if self.over || !take(&self.binding, &self.budget, n as u64) {
+            if !self.over {
+                self.over = true;
+                self.binding
+                    .emit(EgressEvent::BudgetExceeded { budget: "bytes" });
+            }
+            return Err(std::io::Error::other("egress_budget_exceeded"));
+        }
+        Ok(())
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let n = buf.filled().len() - before;
+            self.up += n as u64;
+            self.charge(n)?;
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.over {
+            return Poll::Ready(Err(std::io::Error::other("egress_budget_exceeded")));
+        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.down += n as u64;
+            self.charge(n)?;
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -12,8 +12,11 @@ pub(crate) const RUNTIME_FAILED: &str = "runtime_failed";
 pub(crate) const TURN_CANCELLED: &str = "turn_cancelled";
 pub(crate) const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 pub(crate) const INVALID_RUNTIME_OUTCOME: &str = "invalid_runtime_outcome";
+/// A per-turn egress budget (requests, bytes, tokens) ran out.
+pub(crate) const EGRESS_BUDGET_EXCEEDED: &str = "egress_budget_exceeded";
 
 pub(crate) const MSG_RUNTIME_FAILED: &str = "The runtime plugin failed.";
+pub(crate) const MSG_EGRESS_BUDGET: &str = "The turn used up its egress budget (model requests, bytes or tokens); raise runtimes.network.budget or ask for less.";
 pub(crate) const MSG_CANCELLED: &str = "The turn was cancelled before it completed.";
 pub(crate) const MSG_AUDIT: &str =
     "The audit sink could not record a decision, so the turn was ended.";

@@ -6,6 +6,7 @@
 //! names), hand the runtime a sanitized request, mediate every effect, and
 //! build the result on every way out with the envelope's provenance.
 
+mod egress;
 mod ending;
 mod mediation;
 mod options;
@@ -79,6 +80,11 @@ impl Executor {
             return Err(ExecutorError(format!(
                 "maxEventsPerTurn must be at least {MIN_EVENTS_PER_TURN}"
             )));
+        }
+        if seat.egress.is_some() && options.effects.is_none() {
+            return Err(ExecutorError(
+                "the seat has a network policy: its gateway needs the kernel as effects (ExecutorOptions::effects)".into(),
+            ));
         }
         if options.max_event_bytes_per_turn < MIN_EVENT_BYTES_PER_TURN {
             return Err(ExecutorError(format!(
@@ -342,6 +348,9 @@ impl Executor {
         );
 
         let host = Arc::new(EnvelopeHost { turn: turn.clone() });
+        // Held until the seat's run ends: the gateway serves this turn
+        // only while it runs.
+        let mut egress = self.bind_egress(turn, &lease, &context);
         // A panic is how an in-process plugin throws: it ends the turn
         // `runtime_failed` like any throw, never unwinding through the host.
         let run = AssertUnwindSafe(self.seat.plugin.run(runtime_request, host, hard.clone()))
@@ -360,6 +369,9 @@ impl Executor {
             }
             r = &mut run => r,
         };
+        if let Some(egress) = &mut egress {
+            egress.settle().await;
+        }
         if let Some(outage) = turn.audit_outage() {
             return Err(Caught::Kernel(outage));
         }
@@ -485,10 +497,15 @@ impl Executor {
         // A violation stops the seat like an abort, but the turn failed: it
         // is the runtime's doing, not the deadline's or the host's.
         if let Some(reason) = turn.violation() {
-            turn.push_event("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
+            let (code, message) = if reason == EGRESS_BUDGET_EXCEEDED {
+                (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET)
+            } else {
+                (RUNTIME_FAILED, MSG_RUNTIME_FAILED)
+            };
+            turn.push_event("turn.failed", failed_event(code, "envelope"));
             self.report_turn_error(turn, TurnError::Violation { reason });
             return (
-                Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
+                Ending::failed(code, message, turn.safe_to_retry()),
                 Some("envelope"),
             );
         }

@@ -47,6 +47,9 @@ pub struct LaunchedChild {
     pub tree: Box<dyn ProcessTree>,
     /// What the sandbox applied (`None` for an unsandboxed launch).
     pub report: Option<serde_json::Value>,
+    /// The egress gateway's listener in the sandbox's network namespace
+    /// (a runtime with a network policy, sandboxed); `None` otherwise.
+    pub egress_listener: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for LaunchedChild {
@@ -135,6 +138,7 @@ impl Launcher for DirectLauncher {
             report: Some(
                 serde_json::json!({"level": "none", "reason": "launched without a sandbox"}),
             ),
+            egress_listener: None,
         })
     }
 }

@@ -55,6 +55,9 @@ pub struct ProcessRuntimeConfig {
     /// Where each turn stamps the end of its stages (`sharedos bench`'s
     /// per-turn breakdown); `None`, the default, stamps nothing.
     pub stages: Option<StageLog>,
+    /// The runtime's egress gateway (a `network` policy): each turn's
+    /// sandbox hands over its listener, served for the turn's length.
+    pub egress: Option<Arc<crate::egress::EgressSeat>>,
 }
 
 /// The stages of a process turn, as stamped into a [`StageLog`]: `run`
@@ -85,6 +88,7 @@ impl ProcessRuntimeConfig {
             stderr: StderrLimits::default(),
             write_stall_timeout: Duration::from_secs(10),
             stages: None,
+            egress: None,
         }
     }
 }
@@ -197,6 +201,30 @@ impl ProcessRuntime {
 
     fn load_error(&self, what: impl std::fmt::Display) -> RuntimeError {
         RuntimeError::Load(format!("{}: {what}", self.name()))
+    }
+}
+
+impl ProcessRuntime {
+    /// Serves the turn's egress listener when the runtime has a gateway;
+    /// a runtime with one whose launch gave no listener (a direct launch)
+    /// is refused rather than run without its gateway or with the host's
+    /// network.
+    fn serve_egress(
+        &self,
+        execution_id: &str,
+        listener: Option<OwnedFd>,
+    ) -> Result<Option<crate::egress::ServeHandle>, RuntimeError> {
+        match (&self.config.egress, listener) {
+            (None, _) => Ok(None),
+            (Some(_), None) => Err(self.load_error(
+                "the runtime has a network policy but its launch gave no gateway listener \
+                 (only the sandbox launcher makes one)",
+            )),
+            (Some(seat), Some(fd)) => seat
+                .serve(execution_id, fd)
+                .map(Some)
+                .map_err(|e| self.load_error(e)),
+        }
     }
 }
 
@@ -398,12 +426,16 @@ impl RuntimePlugin for ProcessRuntime {
             stderr,
             tree,
             report,
+            egress_listener,
         } = launched;
         let guard = TreeGuard::new(tree);
         stamp(stages, "launched");
         if let Some(report) = report {
             self.keep_report(&execution_id, report);
         }
+        // Dropped when `run` returns (or is dropped): the gateway stops
+        // accepting and closes every connection of the turn.
+        let _gateway = self.serve_egress(&execution_id, egress_listener)?;
 
         let abort_seen = abort.clone();
         let outcome = async {

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod egress;
+
 const ID: &str = "sharedos-testplugin";
 const VERSION: &str = "0.1.0";
 
@@ -258,6 +260,9 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 ///   `bulk/fNNNN.bin`, each `bytes` bytes long
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
 /// - `error_outcome {code, message}`: answers `turn/run` with an error
+/// - `net_probe {targets, resolve?}`, `egress_flood {n, path}`,
+///   `egress_body {bytes, path}`: network steps (see `egress.rs`), each
+///   emitting `{type: <op>, data: <what it observed>}`
 fn step(p: &mut Plugin, s: &Value) {
     let op = s.get("op").and_then(Value::as_str).unwrap_or_default();
     match op {
@@ -454,6 +459,16 @@ fn step(p: &mut Plugin, s: &Value) {
                     None,
                 );
             }
+        }
+        "net_probe" | "egress_flood" | "egress_body" => {
+            let path = s["path"].as_str().unwrap_or("/");
+            let data = match op {
+                "net_probe" => egress::probe(s),
+                "egress_flood" => egress::flood(num(s, "n", 10_000), path),
+                _ => egress::big_body(num(s, "bytes", 1 << 30), path),
+            };
+            let params = json!({"turnId": p.turn_id, "event": {"type": op, "data": data}});
+            p.notify("host/emit", params);
         }
         "bogus_response" => p.send(&json!({"jsonrpc":"2.0","id":999,"result":{}})),
         "outcome" => p.outcome(s["value"].clone()),

@@ -20,6 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 mod credentials;
+pub(crate) mod egress;
 mod plugin;
 mod reaper;
 pub(crate) mod server;
@@ -361,6 +362,20 @@ fn supervise(
     };
     // 5–7. The sandbox's own uid, its namespaces and limits.
     credentials::identity_and_namespaces(&req, &mut rep, parent)?;
+
+    // The egress gateway's listener, in the sandbox's own network
+    // namespace only: never one bound in the host's.
+    if let Some(port) = req.policy.egress_port {
+        if rep.netns != LayerStatus::Applied {
+            return Err(fail(
+                "egress",
+                "the sandbox has no network namespace of its own; the gateway's listener is \
+                 never bound in the host's",
+            ));
+        }
+        egress::hand_to_host(&ctl, egress::listen(port)?)?;
+        stamp("helper", "egress_listener_sent");
+    }
 
     // Otherwise open them now, with the host's view of the filesystem.
     let sources = match early {

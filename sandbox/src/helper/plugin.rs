@@ -76,7 +76,14 @@ pub(super) fn plugin_exec(
         } else {
             &req.seccomp_namespace
         };
-        rep.seccomp.mode = if strict { "strict" } else { "namespace" }.into();
+        rep.seccomp.mode = if strict {
+            "strict"
+        } else if req.policy.egress_port.is_some() {
+            "namespace+egress"
+        } else {
+            "namespace"
+        }
+        .into();
         rep.seccomp.insns = prog.len();
         rep.seccomp.x32_guard = seccomp::has_x32_guard(prog);
         rep.seccomp.default_action = "ENOSYS".into();
@@ -277,6 +284,7 @@ fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe
         read,
         write,
         devices,
+        connect_tcp: req.policy.egress_port,
     }
 }
 

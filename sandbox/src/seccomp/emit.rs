@@ -90,6 +90,25 @@ fn body(rule: &Rule) -> Vec<Insn> {
             v.push(ret(Action::Errno(*errno)));
             v
         }
+        Rule::UnixOrTcp { errno } => {
+            let deny = ret(Action::Errno(*errno));
+            vec![
+                load(0),
+                Insn(BPF_JMP_JEQ_K, 0, 1, libc::AF_UNIX as u32),
+                allow,
+                Insn(BPF_JMP_JEQ_K, 1, 0, libc::AF_INET as u32),
+                deny,
+                load(1),
+                Insn(BPF_ALU_AND_K, 0, 0, super::table::SOCK_TYPE_MASK),
+                Insn(BPF_JMP_JEQ_K, 1, 0, libc::SOCK_STREAM as u32),
+                deny,
+                load(2),
+                Insn(BPF_JMP_JEQ_K, 2, 0, 0),
+                Insn(BPF_JMP_JEQ_K, 1, 0, libc::IPPROTO_TCP as u32),
+                deny,
+                allow,
+            ]
+        }
     }
 }
 

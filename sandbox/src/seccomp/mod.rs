@@ -5,7 +5,8 @@
 //! adds is closed by default and runtimes take their old-kernel fallback;
 //! the explicitly dangerous ones return `EPERM`; a few are allowed only
 //! with given arguments (clone without namespace flags, socket with
-//! AF_UNIX, ioctl without TIOCSTI/TIOCLINUX, prlimit64 on itself,
+//! AF_UNIX (and AF_INET stream sockets for a runtime with an egress
+//! gateway), ioctl without TIOCSTI/TIOCLINUX, prlimit64 on itself,
 //! personality query/PER_LINUX, memfd_create by policy). It is compiled
 //! once per host process and handed to the helper, which installs it with
 //! one `seccomp(2)` call.
@@ -45,6 +46,10 @@ pub struct Insn(pub u16, pub u8, pub u8, pub u32);
 pub enum FilterMode {
     /// With namespaces: non-UNIX socket families denied.
     Namespace,
+    /// With namespaces, for a runtime with an egress gateway: also TCP
+    /// sockets (`AF_INET`, `SOCK_STREAM`, protocol 0 or TCP), which
+    /// Landlock then lets connect to the gateway's port only.
+    NamespaceEgress,
     /// Without a user namespace: no `socket()` at all, no SysV IPC, no
     /// POSIX mqueue, no `pidfd_open` (spec B.3, degraded mode).
     Strict,
@@ -60,10 +65,11 @@ type Cell = OnceLock<Result<Vec<Insn>, String>>;
 /// Compiled once per process: the program only depends on these and the
 /// architecture.
 pub fn compile(mode: FilterMode, memfd: MemfdPolicy) -> Result<Vec<Insn>, String> {
-    static CELLS: [Cell; 4] = [const { OnceLock::new() }; 4];
+    static CELLS: [Cell; 6] = [const { OnceLock::new() }; 6];
     let i = match mode {
         FilterMode::Namespace => 0,
         FilterMode::Strict => 2,
+        FilterMode::NamespaceEgress => 4,
     } + match memfd {
         MemfdPolicy::Deny => 0,
         MemfdPolicy::AllowNoExec => 1,

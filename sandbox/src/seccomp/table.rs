@@ -47,7 +47,15 @@ pub(crate) enum Rule {
         values: Vec<u32>,
         errno: i32,
     },
+    /// `socket(2)` for the egress runtimes: allowed for `AF_UNIX`, and for
+    /// `AF_INET` only with type `SOCK_STREAM` (flags aside) and protocol 0
+    /// or `IPPROTO_TCP`; `errno` otherwise.
+    UnixOrTcp { errno: i32 },
 }
+
+/// `SOCK_TYPE_MASK`: the type of `socket(2)` without `SOCK_NONBLOCK` /
+/// `SOCK_CLOEXEC`.
+pub(crate) const SOCK_TYPE_MASK: u32 = 0xf;
 
 const EPERM: i32 = libc::EPERM;
 const DENY: Rule = Rule::Always(Action::Errno(EPERM));
@@ -222,7 +230,7 @@ pub(crate) fn rules(mode: FilterMode, memfd: MemfdPolicy) -> BTreeMap<u32, Rule>
     // the uid layer's), and pidfds reach only the sandbox's own pids.
     for (nr, _why) in strict_denied() {
         let rule = match mode {
-            FilterMode::Namespace => ALLOW,
+            FilterMode::Namespace | FilterMode::NamespaceEgress => ALLOW,
             FilterMode::Strict => DENY,
         };
         rules.insert(nr as u32, rule);
@@ -275,6 +283,11 @@ pub(crate) fn rules(mode: FilterMode, memfd: MemfdPolicy) -> BTreeMap<u32, Rule>
         // reaches the hypervisor host, and AF_NETLINK / AF_PACKET /
         // AF_INET*, which are useless in the empty netns.
         FilterMode::Namespace => unix_only,
+        // The egress gateway's runtimes: TCP as well, nothing else of
+        // AF_INET (no UDP, no raw, no MPTCP); the empty netns holds only
+        // the gateway's listener, and Landlock allows connecting to its
+        // port only.
+        FilterMode::NamespaceEgress => Rule::UnixOrTcp { errno: EPERM },
         // No netns: even AF_UNIX would reach host pathname sockets, which
         // Landlock < ABI 9 does not mediate. socketpair stays.
         FilterMode::Strict => DENY,

@@ -74,6 +74,24 @@ fn denials(r: &Rule) -> Vec<(i32, Vec<seccompiler::SeccompRule>)> {
                     .collect(),
             )],
         )],
+        // Not AF_UNIX nor AF_INET; AF_INET with another type (one rule per
+        // masked type value); AF_INET with another protocol.
+        Rule::UnixOrTcp { errno } => {
+            let (unix, inet) = (libc::AF_UNIX as u64, libc::AF_INET as u64);
+            let mut rules = vec![rule(vec![cond(0, Op::Ne, unix), cond(0, Op::Ne, inet)])];
+            for t in (0..16u64).filter(|t| *t != libc::SOCK_STREAM as u64) {
+                rules.push(rule(vec![
+                    cond(0, Op::Eq, inet),
+                    cond(1, Op::MaskedEq(table::SOCK_TYPE_MASK as u64), t),
+                ]));
+            }
+            rules.push(rule(vec![
+                cond(0, Op::Eq, inet),
+                cond(2, Op::Ne, 0),
+                cond(2, Op::Ne, libc::IPPROTO_TCP as u64),
+            ]));
+            vec![(*errno, rules)]
+        }
     }
 }
 
@@ -158,6 +176,20 @@ fn argsets() -> Vec<[u64; 6]> {
     ];
     let mut sets: Vec<[u64; 6]> = a0.iter().map(|x| [*x, 1, 0, 0, 0, 0]).collect();
     sets.extend(a1.iter().map(|y| [0, *y, 0, 0, 0, 0]));
+    // socket(AF_INET, type, protocol) on both sides of the egress rule.
+    let stream = libc::SOCK_STREAM as u64;
+    for ty in [
+        stream,
+        stream | libc::SOCK_CLOEXEC as u64,
+        2,
+        3,
+        5,
+        stream | 1 << 32,
+    ] {
+        for proto in [0, 6, 17, 262, 6 | 1 << 32] {
+            sets.push([2, ty, proto, 0, 0, 0]);
+        }
+    }
     sets
 }
 
@@ -178,6 +210,11 @@ fn every_filter() -> Vec<(BTreeMap<u32, Rule>, Action, &'static str)> {
             table::rules(FilterMode::Namespace, MemfdPolicy::AllowNoExec),
             enosys,
             "namespace+memfd",
+        ),
+        (
+            table::rules(FilterMode::NamespaceEgress, MemfdPolicy::Deny),
+            enosys,
+            "namespace+egress",
         ),
         (table::emulation_rules(), Action::Allow, "emulation"),
     ]
@@ -314,6 +351,19 @@ fn argument_rules() {
     assert_eq!(call(libc::SYS_socket, unix, 1), ALLOW);
     assert_eq!(call(libc::SYS_socket, vsock, 1), EPERM);
     assert_eq!(call(libc::SYS_socket, 2, 1), EPERM);
+    // The egress runtimes' filter: TCP over AF_INET as well, nothing else.
+    let egress = compile(FilterMode::NamespaceEgress, MemfdPolicy::Deny).unwrap();
+    let sock = |a0: u64, a1: u64, a2: u64| run(&egress, n(libc::SYS_socket), [a0, a1, a2, 0, 0, 0]);
+    let (inet, stream) = (libc::AF_INET as u64, libc::SOCK_STREAM as u64);
+    assert_eq!(sock(unix, stream, 0), ALLOW);
+    assert_eq!(sock(inet, stream, 0), ALLOW);
+    assert_eq!(sock(inet, stream | libc::SOCK_CLOEXEC as u64, 6), ALLOW);
+    assert_eq!(sock(inet, libc::SOCK_DGRAM as u64, 0), EPERM);
+    assert_eq!(sock(inet, libc::SOCK_RAW as u64, 1), EPERM);
+    assert_eq!(sock(inet, stream, 262), EPERM, "MPTCP");
+    assert_eq!(sock(libc::AF_INET6 as u64, stream, 0), EPERM);
+    assert_eq!(sock(libc::AF_NETLINK as u64, 3, 0), EPERM);
+    assert_eq!(sock(vsock, stream, 0), EPERM);
     // TIOCSTI with garbage in the upper 32 bits is still denied.
     assert_eq!(call(libc::SYS_ioctl, 0, libc::TIOCSTI), EPERM);
     assert_eq!(call(libc::SYS_ioctl, 0, libc::TIOCSTI | 1 << 32), EPERM);
