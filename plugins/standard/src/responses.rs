@@ -83,7 +83,11 @@ impl ResponsesApi {
         let call = Self::call_from(item);
         match self.by_output.get(&index).copied() {
             // The finished item is authoritative over the fragments.
-            Some(at) if done => answer.calls[at] = call,
+            Some(at) if done => {
+                if let Some(slot) = answer.calls.get_mut(at) {
+                    *slot = call;
+                }
+            }
             Some(_) => {}
             None => {
                 self.by_output.insert(index, answer.calls.len());
