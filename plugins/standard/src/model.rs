@@ -210,6 +210,26 @@ struct ModelSession {
     usage: Map<String, Value>,
 }
 
+/// The catalogue name the model meant: the function name mapped back,
+/// or, for a namespaced call, the namespace and name joined; a name the
+/// catalogue does not hold is passed on for the envelope to refuse.
+fn catalogue_name(names: &HashMap<String, String>, call: &Call) -> String {
+    if let Some(t) = names.get(&call.name) {
+        return t.clone();
+    }
+    if let Some(ns) = call.namespace.as_deref().filter(|n| !n.is_empty()) {
+        for joined in [
+            format!("{ns}__{}", call.name),
+            format!("{ns}.{}", call.name),
+        ] {
+            if let Some(t) = names.get(&joined) {
+                return t.clone();
+            }
+        }
+    }
+    call.name.clone()
+}
+
 /// Splits `code: message`.
 fn failure(e: &str) -> (&str, &str) {
     e.split_once(": ").unwrap_or((e, ""))
@@ -253,25 +273,6 @@ impl ModelSession {
         }
     }
 
-    /// The catalogue name the model meant: the function name mapped back,
-    /// or, for a namespaced call, the namespace and name joined.
-    fn tool_name(&self, call: &Call) -> String {
-        if let Some(t) = self.names.get(&call.name) {
-            return t.clone();
-        }
-        if let Some(ns) = call.namespace.as_deref().filter(|n| !n.is_empty()) {
-            for joined in [
-                format!("{ns}__{}", call.name),
-                format!("{ns}.{}", call.name),
-            ] {
-                if let Some(t) = self.names.get(&joined) {
-                    return t.clone();
-                }
-            }
-        }
-        call.name.clone()
-    }
-
     fn decide_call(&mut self) -> Option<AgentTurnDecision> {
         let call = self.pending.front().cloned()?;
         self.calls += 1;
@@ -289,7 +290,7 @@ impl ModelSession {
                 ),
             ));
         };
-        let tool = self.tool_name(&call);
+        let tool = catalogue_name(&self.names, &call);
         let decision = json!({"type": "tool_call", "call": {
             "id": format!("{}.{}", self.execution_id, self.calls),
             "tool": tool,
@@ -375,5 +376,45 @@ impl AgentTurnSession for ModelSession {
         Ok(self
             .decide_call()
             .unwrap_or_else(|| self.fail("model_call_invalid", "no tool call to make")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_back_to_the_catalogue_with_or_without_a_namespace() {
+        let names = HashMap::from([("files__read".to_owned(), "files.read".to_owned())]);
+        let call = |name: &str, ns: Option<&str>| Call {
+            name: name.into(),
+            namespace: ns.map(str::to_owned),
+            ..Call::default()
+        };
+        assert_eq!(
+            catalogue_name(&names, &call("files__read", None)),
+            "files.read"
+        );
+        assert_eq!(
+            catalogue_name(&names, &call("read", Some("files"))),
+            "files.read"
+        );
+        assert_eq!(catalogue_name(&names, &call("read", None)), "read");
+        assert_eq!(
+            catalogue_name(&names, &call("transfer", Some("bank"))),
+            "transfer"
+        );
+    }
+
+    #[test]
+    fn kinds_parse_from_their_names_only() {
+        for k in DriverKind::ALL {
+            assert_eq!(DriverKind::parse(k.as_str()), Ok(k));
+        }
+        assert!(
+            DriverKind::parse("openai")
+                .unwrap_err()
+                .contains("openai-responses")
+        );
     }
 }
