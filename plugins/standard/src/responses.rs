@@ -25,6 +25,9 @@ pub struct ResponsesApi {
     items: Vec<Value>,
     /// Output index → position in the answer's calls.
     by_output: HashMap<u64, usize>,
+    /// Item id → position in the answer's calls (argument events name
+    /// both; either is enough).
+    by_item: HashMap<String, usize>,
 }
 
 impl ResponsesApi {
@@ -41,6 +44,7 @@ impl ResponsesApi {
             tools,
             items: Vec::new(),
             by_output: HashMap::new(),
+            by_item: HashMap::new(),
         }
     }
 
@@ -57,10 +61,12 @@ impl ResponsesApi {
         }
     }
 
-    /// The call at this output index, opened by `output_item.added`.
+    /// The call an arguments event is for (by its item id, or else its
+    /// output index), opened by `output_item.added`.
     fn slot<'a>(&self, event: &Value, answer: &'a mut Answer) -> Result<&'a mut Call, String> {
         let index = event["output_index"].as_u64().unwrap_or(0);
-        let at = self.by_output.get(&index).copied().ok_or_else(|| {
+        let by_item = event["item_id"].as_str().and_then(|i| self.by_item.get(i));
+        let at = by_item.or_else(|| self.by_output.get(&index)).copied().ok_or_else(|| {
             format!(
                 "model_stream_invalid: arguments for output {index}, which is not a function call"
             )
@@ -91,6 +97,9 @@ impl ResponsesApi {
             Some(_) => {}
             None => {
                 self.by_output.insert(index, answer.calls.len());
+                if let Some(id) = item["id"].as_str() {
+                    self.by_item.insert(id.to_owned(), answer.calls.len());
+                }
                 answer.calls.push(call);
             }
         }
@@ -150,6 +159,7 @@ impl ModelApi for ResponsesApi {
             "response.created" => {
                 self.items.clear();
                 self.by_output.clear();
+                self.by_item.clear();
             }
             "response.output_item.added" => self.item_event(&event, answer, false),
             "response.output_item.done" => self.item_event(&event, answer, true),
@@ -189,6 +199,7 @@ impl ModelApi for ResponsesApi {
         }
         self.input.extend(items);
         self.by_output.clear();
+        self.by_item.clear();
     }
 
     fn record_result(&mut self, call: &Call, content: String, _ok: bool) {
