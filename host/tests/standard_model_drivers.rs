@@ -387,6 +387,8 @@ async fn an_answer_in_flight_when_the_drain_begins_lands() {
             ran.result.output.as_ref().unwrap()["text"],
             "Late but whole."
         );
+        // Emits still work while draining: the text streamed as events.
+        assert_eq!(ran.deltas().concat(), "Late but whole.", "{kind:?}");
     }
 }
 
