@@ -125,7 +125,7 @@ impl RuntimeEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ModelDriver {
-    /// `openai-chat` (the only driver built so far).
+    /// `openai-chat`, `openai-responses` or `anthropic-messages`.
     pub kind: String,
     /// The gateway's route as the plugin sees it,
     /// `http://127.0.0.1:<port>/<route>`.
@@ -133,12 +133,16 @@ pub struct ModelDriver {
     pub model: String,
 }
 
+/// The kinds `sharedos-standard --driver` takes (its `DriverKind`).
+pub const DRIVER_KINDS: [&str; 3] = ["openai-chat", "openai-responses", "anthropic-messages"];
+
 impl ModelDriver {
     fn check(&self, entry: &str, network: &crate::egress::NetworkPolicy) -> Result<(), String> {
-        if self.kind != "openai-chat" {
+        if !DRIVER_KINDS.contains(&self.kind.as_str()) {
             return Err(format!(
-                "{entry}.driver.kind: {:?} is not a driver (built: \"openai-chat\")",
-                self.kind
+                "{entry}.driver.kind: {:?} is not a driver kind (one of {})",
+                self.kind,
+                DRIVER_KINDS.map(|k| format!("{k:?}")).join(", ")
             ));
         }
         if !self.base_url.starts_with("http://") {

@@ -1,4 +1,6 @@
-//! The standard runtime with a transcript driver seated.
+//! The standard runtime with a transcript driver or a model driver
+//! (`model`: OpenAI Chat Completions, OpenAI Responses, Anthropic
+//! Messages) seated.
 //!
 //! The transcript is a scripted sequence of decisions named by the
 //! runtime's trusted registry entry (never by a request). Each entry is an
@@ -15,8 +17,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod anthropic;
 pub mod chat;
+pub mod deltas;
+pub mod model;
+pub mod responses;
 mod sse;
+
+pub use model::DriverKind;
 
 use std::sync::Arc;
 
@@ -157,22 +165,36 @@ pub fn plugin(transcript: Value) -> Result<Arc<dyn RuntimePlugin>, TranscriptErr
     )))
 }
 
-/// The standard runtime with the Chat Completions driver seated, reaching
-/// the model at `base_url` (the gateway's route) with a placeholder key.
-pub fn chat_plugin(
+/// The standard runtime with a model driver of `kind` seated, reaching
+/// the model at `base_url` (the gateway's route) with a placeholder key;
+/// the text the model streams is emitted as `text_delta` events.
+pub fn model_plugin(
+    kind: DriverKind,
     base_url: &str,
     model: &str,
     key: &str,
 ) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
     let base = sse::BaseUrl::parse(base_url).map_err(TranscriptError)?;
-    let driver = chat::ChatDriver::new(chat::ChatConfig {
+    if model.trim().is_empty() {
+        return Err(TranscriptError("the model must be named".into()));
+    }
+    let driver = model::ModelDriver::new(model::ModelConfig {
+        kind,
         base,
         model: model.to_owned(),
         key: key.to_owned(),
     });
-    Ok(create_standard_runtime(StandardRuntimeOptions::new(
-        Arc::new(driver),
-    )))
+    let inner = create_standard_runtime(StandardRuntimeOptions::new(Arc::new(driver)));
+    Ok(Arc::new(deltas::Streaming { inner }))
+}
+
+/// The standard runtime with the Chat Completions driver seated.
+pub fn chat_plugin(
+    base_url: &str,
+    model: &str,
+    key: &str,
+) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
+    model_plugin(DriverKind::OpenaiChat, base_url, model, key)
 }
 
 #[cfg(test)]

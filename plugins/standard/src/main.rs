@@ -2,8 +2,9 @@
 //! driver the trusted registry entry names:
 //!
 //! - `--transcript <json>`: a scripted sequence of decisions;
-//! - `--driver openai-chat --base-url http://<gateway>/<route> --model M`:
-//!   OpenAI Chat Completions through the host's egress gateway. The key is
+//! - `--driver <kind> --base-url http://<gateway>/<route> --model M`, kind
+//!   `openai-chat`, `openai-responses` or `anthropic-messages`: the model
+//!   API through the host's egress gateway. The key is
 //!   `SHAREDOS_MODEL_KEY` from the environment, a placeholder the gateway
 //!   replaces; the real key never reaches this process.
 
@@ -12,7 +13,7 @@
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: sharedos-standard --transcript '<JSON array of decisions>'\n   \
-     or: sharedos-standard --driver openai-chat --base-url http://<gateway>/<route> --model <name>";
+     or: sharedos-standard --driver openai-chat|openai-responses|anthropic-messages --base-url http://<gateway>/<route> --model <name>";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -37,19 +38,24 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        (None, Some("openai-chat")) => {
+        (None, Some(kind)) => {
+            let kind = match sharedos_standard::DriverKind::parse(kind) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("sharedos-standard: --driver {e}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            };
             let (Some(base), Some(model)) = (base, model) else {
-                eprintln!("sharedos-standard: openai-chat needs --base-url and --model\n{USAGE}");
+                eprintln!("sharedos-standard: --driver needs --base-url and --model\n{USAGE}");
                 return ExitCode::from(2);
             };
             let key = std::env::var("SHAREDOS_MODEL_KEY")
                 .unwrap_or_else(|_| "sharedos-placeholder".into());
-            sharedos_standard::chat_plugin(&base, &model, &key)
+            sharedos_standard::model_plugin(kind, &base, &model, &key)
         }
         _ => {
-            eprintln!(
-                "sharedos-standard: give exactly one of --transcript or --driver openai-chat\n{USAGE}"
-            );
+            eprintln!("sharedos-standard: give exactly one of --transcript or --driver\n{USAGE}");
             return ExitCode::from(2);
         }
     };

@@ -1,4 +1,5 @@
-//! The `sharedos-standard` binary on its own, over real pipes (../../handshake_check.rs).
+//! The `sharedos-standard` binary on its own, over real pipes (../../handshake_check.rs),
+//! with a transcript and with each model driver kind the host's config accepts.
 
 #[path = "../../handshake_check.rs"]
 mod handshake_check;
@@ -17,4 +18,43 @@ fn run_by_hand_it_says_it_is_a_plugin_and_exits_non_zero() {
 #[test]
 fn started_by_a_host_it_answers_initialize_with_its_manifest() {
     handshake_check::answers_initialize(BIN, ARGS, "sharedos.standard");
+}
+
+fn args(kind: &str) -> [&str; 6] {
+    [
+        "--driver",
+        kind,
+        "--base-url",
+        "http://127.0.0.1:9/model",
+        "--model",
+        "m",
+    ]
+}
+
+#[test]
+fn each_driver_kind_starts_and_answers_initialize() {
+    for kind in sharedos_standard::DriverKind::ALL {
+        handshake_check::answers_initialize(BIN, &args(kind.as_str()), "sharedos.standard");
+    }
+}
+
+#[test]
+fn an_unknown_kind_or_a_missing_model_is_refused_with_what_to_fix() {
+    let out = std::process::Command::new(BIN)
+        .args(args("gpt"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"gpt\" is not a driver kind") && err.contains("anthropic-messages"),
+        "{err}"
+    );
+    let out = std::process::Command::new(BIN)
+        .args(&args("openai-responses")[..4])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs --base-url and --model"), "{err}");
 }

@@ -1,0 +1,465 @@
+//! The standard runtime's three model drivers (`openai-chat`,
+//! `openai-responses`, `anthropic-messages`), each in process against the
+//! real kernel, reaching a mock model (scripted turn by turn, plain HTTP
+//! or TLS with the test CA) only through the real egress gateway: a turn
+//! with a tool call and streamed text, and each kind of bad input.
+
+mod egress_support;
+mod model_support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use egress_support::*;
+use model_support::*;
+use serde_json::{Value, json};
+use sharedos_host::config::HostConfig;
+use sharedos_host::egress::GatewayLimits;
+use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
+use sharedos_kernel::{Kernel, MemoryAuditSink};
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
+use sharedos_protocol::{
+    ExecutionRequest, ExecutionResult, ExecutionStatus, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest,
+};
+use sharedos_standard::DriverKind;
+use tokio::sync::Notify;
+
+/// Raises `drained` when the turn's host starts draining: how a test
+/// holds the model's answer until the drain has begun.
+struct DrainWatch {
+    inner: Arc<dyn RuntimePlugin>,
+    drained: Arc<Notify>,
+}
+
+#[async_trait]
+impl RuntimePlugin for DrainWatch {
+    fn manifest(&self) -> RuntimeManifest {
+        self.inner.manifest()
+    }
+    async fn run(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        let (draining, drained) = (host.draining(), self.drained.clone());
+        tokio::spawn(async move {
+            draining.raised().await;
+            drained.notify_one();
+        });
+        self.inner.run(request, host, abort).await
+    }
+}
+
+#[derive(Default)]
+struct Setup {
+    tls: bool,
+    /// The request's `options`.
+    options: Option<Value>,
+    drain_grace_ms: u64,
+    drained: Option<Arc<Notify>>,
+}
+
+struct Ran {
+    result: ExecutionResult,
+    seen: Vec<SeenRequest>,
+    files_root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Ran {
+    fn code(&self) -> &str {
+        self.result.error.as_ref().map_or("", |e| e.code.as_str())
+    }
+    fn message(&self) -> &str {
+        self.result
+            .error
+            .as_ref()
+            .map_or("", |e| e.message.as_str())
+    }
+    fn deltas(&self) -> Vec<String> {
+        self.result
+            .events
+            .iter()
+            .filter(|e| e.kind.as_str() == "runtime.event" && e.data["type"] == "text_delta")
+            .map(|e| e.data["data"]["text"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, upstream, ca) = if setup.tls {
+        let (acceptor, ca) = test_ca(dir.path());
+        let m = mock_model(script, Some(acceptor)).await;
+        let url = format!("https://localhost:{}/v1", m.port);
+        (m, url, Some(ca))
+    } else {
+        let m = mock_model(script, None).await;
+        let url = format!("http://127.0.0.1:{}/v1", m.port);
+        (m, url, None)
+    };
+    let mut policy = json!({"routes": [{"name": "model", "upstream": upstream,
+        "secret": key_file(dir.path()), "api": route_api(kind), "allow": ["loopback"]}]});
+    if let Some(ca) = ca {
+        policy["caFile"] = json!(ca);
+    }
+    let grants = vec![egress_grant("alice", "model", "request", None)];
+    let gw = serve(policy, grants, "alice", GatewayLimits::default()).await;
+
+    let config = HostConfig::parse(
+        include_str!("../demo/host.toml"),
+        "demo/host.toml",
+        dir.path(),
+    )
+    .unwrap();
+    let files_root = config.resolve(&config.host.files_root);
+    std::fs::create_dir_all(&files_root).unwrap();
+    let kernel = Arc::new(
+        Kernel::from_config(
+            &config.kernel,
+            &files_root,
+            Arc::new(MemoryAuditSink::new()),
+        )
+        .unwrap(),
+    );
+    let base = format!("http://{}/model", gw.addr);
+    let mut plugin =
+        sharedos_standard::model_plugin(kind, &base, "test-model", PLACEHOLDER).unwrap();
+    if let Some(drained) = setup.drained {
+        plugin = Arc::new(DrainWatch {
+            inner: plugin,
+            drained,
+        });
+    }
+    let options = ExecutorOptions {
+        drain_grace_ms: setup.drain_grace_ms,
+        ..ExecutorOptions::default()
+    };
+    let executor = Executor::new(kernel, Seat::in_process(plugin), options).unwrap();
+    let mut request: Value = serde_json::from_str(include_str!("../demo/turn.json")).unwrap();
+    if let Some(o) = setup.options {
+        request["options"] = o;
+    }
+    let request: ExecutionRequest = serde_json::from_value(request).unwrap();
+    let result = executor
+        .execute(request, ExecuteOptions::default())
+        .await
+        .unwrap();
+    Ran {
+        result,
+        seen: model.seen(),
+        files_root,
+        _dir: dir,
+    }
+}
+
+const WRITE_ARGS: &str = r#"{"path": "notes/plan.md", "content": "step one"}"#;
+
+fn call(kind: DriverKind, name: &str, arguments: &str) -> Vec<String> {
+    calls_turn(
+        kind,
+        &[ScriptedCall {
+            id: "call_1",
+            name,
+            arguments,
+        }],
+    )
+}
+
+fn written(ran: &Ran) -> Option<String> {
+    std::fs::read_to_string(ran.files_root.join("demo/alice/notes/plan.md")).ok()
+}
+
+#[tokio::test]
+async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answers() {
+    for tls in [false, true] {
+        for kind in DriverKind::ALL {
+            let k = kind.as_str();
+            let script = vec![
+                Reply::Stream(call(kind, "files__write", WRITE_ARGS)),
+                Reply::Stream(text_turn(kind, &["Plan ", "writ", "ten."])),
+            ];
+            let setup = Setup {
+                tls,
+                ..Setup::default()
+            };
+            let ran = run(kind, script, setup).await;
+            let r = &ran.result;
+            assert_eq!(
+                r.status,
+                ExecutionStatus::Succeeded,
+                "{k} tls={tls}: {r:#?}"
+            );
+            assert_eq!(r.output.as_ref().unwrap()["text"], "Plan written.", "{k}");
+            // The tool call ran through the kernel: the file exists.
+            assert_eq!(written(&ran).as_deref(), Some("step one"), "{k}");
+
+            assert_eq!(ran.seen.len(), 2, "{k}");
+            for s in &ran.seen {
+                assert_eq!(s.path, upstream_path(kind), "{k}");
+                assert_eq!(s.body["model"], "test-model", "{k}");
+                assert_eq!(s.body["stream"], true, "{k}");
+                // The upstream saw the real key, in the API's own header.
+                match kind {
+                    DriverKind::AnthropicMessages => {
+                        assert_eq!(s.api_key.as_deref(), Some(REAL_KEY), "{k}");
+                        assert_eq!(s.authorization, None, "{k}");
+                        assert_eq!(s.anthropic_version.as_deref(), Some("2023-06-01"));
+                    }
+                    _ => {
+                        let bearer = format!("Bearer {REAL_KEY}");
+                        assert_eq!(s.authorization.as_deref(), Some(bearer.as_str()), "{k}");
+                        assert_eq!(s.api_key, None, "{k}");
+                    }
+                }
+            }
+            // The catalogue was offered as functions; the result went back
+            // with the call's id.
+            let offered = tools_offered(kind, &ran.seen[0].body);
+            assert!(
+                offered.contains(&"files__write".to_owned()),
+                "{k}: {offered:?}"
+            );
+            let results = results_sent(kind, &ran.seen[1].body);
+            assert_eq!(results.len(), 1, "{k}");
+            assert_eq!(results[0].0, "call_1", "{k}");
+            assert!(results[0].1.contains("succeeded"), "{k}: {results:?}");
+
+            // The text streamed as runtime events, coalesced, in order.
+            let deltas = ran.deltas();
+            assert!(!deltas.is_empty() && deltas.len() <= 3, "{k}: {deltas:?}");
+            assert_eq!(deltas.concat(), "Plan written.", "{k}");
+
+            // Usage (both answers added up) and the finish reason.
+            let md = serde_json::to_value(&r.metadata).unwrap();
+            let dump = format!("{md}");
+            assert!(dump.contains(&format!("\"driver\":\"{k}\"")), "{k}: {dump}");
+            let finish = format!("\"finishReason\":\"{}\"", stop_reason(kind));
+            assert!(dump.contains(&finish), "{k}: {dump}");
+            let total = match kind {
+                DriverKind::AnthropicMessages => "\"input_tokens\":80",
+                DriverKind::OpenaiResponses => "\"total_tokens\":96",
+                DriverKind::OpenaiChat => "\"total_tokens\":96",
+            };
+            assert!(dump.contains(total), "{k}: {dump}");
+            assert!(!format!("{r:?}").contains(REAL_KEY), "{k}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_http_error_ends_the_turn_with_its_status_and_the_upstream_answer() {
+    for kind in DriverKind::ALL {
+        for status in [401, 500] {
+            let body = json!({"error": {"message": format!("upstream says {status}")}});
+            let ran = run(kind, vec![Reply::Status(status, body)], Setup::default()).await;
+            let k = kind.as_str();
+            assert_eq!(ran.result.status, ExecutionStatus::Failed, "{k}");
+            assert_eq!(ran.code(), format!("model_http_{status}"), "{k}");
+            assert!(
+                ran.message().contains(&format!("upstream says {status}")),
+                "{k}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_or_ended_before_the_answer_is_done_ends_the_turn() {
+    for kind in DriverKind::ALL {
+        let k = kind.as_str();
+        let mut events = text_turn(kind, &["Half ", "an ", "answer"]);
+        events.truncate(3);
+        for reply in [Reply::Cut(events.clone()), Reply::Stream(events)] {
+            let ran = run(kind, vec![reply], Setup::default()).await;
+            assert_eq!(ran.result.status, ExecutionStatus::Failed, "{k}");
+            assert_eq!(ran.code(), "model_stream_cut", "{k}: {}", ran.message());
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_ends_the_turn_at_its_deadline() {
+    for kind in DriverKind::ALL {
+        let started = Instant::now();
+        let setup = Setup {
+            options: Some(json!({"timeoutMs": 1000})),
+            ..Setup::default()
+        };
+        let ran = run(kind, vec![Reply::Hang], setup).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Cancelled, "{kind:?}");
+        assert_eq!(ran.code(), "turn_cancelled");
+        assert_eq!(ran.seen.len(), 1);
+        // Generous: the deadline is 1 s; the bound only catches a hang.
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+}
+
+#[tokio::test]
+async fn a_tool_outside_the_catalogue_is_refused_by_the_envelope_and_the_model_told() {
+    for kind in DriverKind::ALL {
+        let k = kind.as_str();
+        let script = vec![
+            Reply::Stream(call(kind, "transfer_funds", r#"{"amount": 100}"#)),
+            Reply::Stream(text_turn(kind, &["I cannot do that."])),
+        ];
+        let ran = run(kind, script, Setup::default()).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Succeeded, "{k}");
+        assert_eq!(ran.seen.len(), 2, "{k}");
+        let results = results_sent(kind, &ran.seen[1].body);
+        assert_eq!(results.len(), 1, "{k}");
+        assert!(results[0].1.contains("denied"), "{k}: {results:?}");
+        let completed: Vec<&Value> = ran
+            .result
+            .events
+            .iter()
+            .filter(|e| e.kind.as_str() == "tool.completed")
+            .map(|e| &e.data)
+            .collect();
+        assert_eq!(completed.len(), 1, "{k}");
+        assert_eq!(completed[0]["tool"], "transfer_funds");
+        assert_eq!(completed[0]["status"], "denied");
+    }
+}
+
+#[tokio::test]
+async fn arguments_that_are_not_a_json_object_end_the_turn_before_any_effect() {
+    for kind in DriverKind::ALL {
+        for args in [r#"{"path": "notes/plan.md", "#, "[1, 2]"] {
+            let ran = run(
+                kind,
+                vec![Reply::Stream(call(kind, "files__write", args))],
+                Setup::default(),
+            )
+            .await;
+            let k = kind.as_str();
+            assert_eq!(ran.result.status, ExecutionStatus::Failed, "{k}");
+            assert_eq!(ran.code(), "model_arguments_invalid", "{k}");
+            assert!(ran.message().contains("files__write"), "{k}");
+            assert_eq!(written(&ran), None, "{k}");
+            assert_eq!(ran.seen.len(), 1, "{k}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_model_that_never_stops_calling_tools_meets_the_step_ceiling() {
+    for kind in DriverKind::ALL {
+        // The mock repeats its last reply: a call, forever.
+        let script = vec![Reply::Stream(call(kind, "files__write", WRITE_ARGS))];
+        let setup = Setup {
+            options: Some(json!({"maxSteps": 3})),
+            ..Setup::default()
+        };
+        let ran = run(kind, script, setup).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Failed, "{kind:?}");
+        assert_eq!(ran.code(), "step_limit_exceeded");
+        assert_eq!(ran.seen.len(), 3, "one decision per step, none past it");
+    }
+}
+
+/// Drain from 1 s of a 10 s turn: the model's answer is held until the
+/// drain began.
+fn draining(drained: &Arc<Notify>) -> Setup {
+    Setup {
+        options: Some(json!({"timeoutMs": 10_000})),
+        drain_grace_ms: 9_000,
+        drained: Some(drained.clone()),
+        ..Setup::default()
+    }
+}
+
+#[tokio::test]
+async fn an_answer_in_flight_when_the_drain_begins_lands() {
+    for kind in DriverKind::ALL {
+        let drained = Arc::new(Notify::new());
+        let script = vec![Reply::Held(
+            text_turn(kind, &["Late ", "but whole."]),
+            drained.clone(),
+        )];
+        let ran = run(kind, script, draining(&drained)).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Succeeded, "{kind:?}");
+        assert_eq!(
+            ran.result.output.as_ref().unwrap()["text"],
+            "Late but whole."
+        );
+        // Emits still work while draining: the text streamed as events.
+        assert_eq!(ran.deltas().concat(), "Late but whole.", "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_call_landing_during_the_drain_is_refused_and_the_model_not_asked_again() {
+    for kind in DriverKind::ALL {
+        let drained = Arc::new(Notify::new());
+        let script = vec![
+            Reply::Held(call(kind, "files__write", WRITE_ARGS), drained.clone()),
+            Reply::Stream(text_turn(kind, &["never"])),
+        ];
+        let ran = run(kind, script, draining(&drained)).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Cancelled, "{kind:?}");
+        assert_eq!(written(&ran), None, "no effect once draining");
+        assert_eq!(ran.seen.len(), 1, "no new decision once draining");
+    }
+}
+
+#[test]
+fn the_config_takes_exactly_the_driver_kinds_the_runtime_has() {
+    let kinds: Vec<&str> = DriverKind::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(kinds, sharedos_host::config::DRIVER_KINDS);
+    for kind in kinds.iter().chain(["gpt"].iter()) {
+        let text = format!(
+            r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "/bin/true"
+driver = {{ kind = "{kind}", baseUrl = "http://127.0.0.1:8787/model", model = "m" }}
+[runtimes.network]
+routes = [{{ name = "model", upstream = "https://api.example.com/v1", secret = "env:MODEL_KEY", api = "openai" }}]
+
+[[agents]]
+agentId = "alice"
+runtime = "r"
+"#
+        );
+        let parsed = HostConfig::parse(&text, "host.toml", std::path::Path::new("/tmp"));
+        if *kind == "gpt" {
+            let e = parsed.unwrap_err().to_string();
+            assert!(e.contains("runtimes[0].driver.kind"), "{e}");
+            assert!(
+                e.contains("anthropic-messages"),
+                "the error names the kinds: {e}"
+            );
+        } else {
+            assert!(parsed.is_ok(), "{kind}: {parsed:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn many_small_deltas_are_coalesced_into_few_events() {
+    for kind in DriverKind::ALL {
+        let pieces = vec!["ab"; 4000];
+        let ran = run(
+            kind,
+            vec![Reply::Stream(text_turn(kind, &pieces))],
+            Setup::default(),
+        )
+        .await;
+        assert_eq!(ran.result.status, ExecutionStatus::Succeeded, "{kind:?}");
+        let deltas = ran.deltas();
+        assert_eq!(deltas.concat(), "ab".repeat(4000));
+        // 8,000 bytes at 1 KiB a delta is 8 events, plus one per 100 ms
+        // the stream took: far under one per piece.
+        assert!(deltas.len() <= 100, "{kind:?}: {} events", deltas.len());
+    }
+}

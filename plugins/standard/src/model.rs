@@ -1,0 +1,420 @@
+//! The model drivers of the standard runtime: one session shape for the
+//! three APIs (OpenAI Chat Completions, OpenAI Responses, Anthropic
+//! Messages), each reached through the host's egress gateway with a
+//! placeholder key the gateway replaces.
+//!
+//! A [`ModelApi`] knows one wire: how the conversation so far is written
+//! as a request, how a streamed answer is read, how the answer and each
+//! tool result are kept for the next request. [`ModelSession`] does the
+//! rest the same way for all three: the catalogue as tool definitions, one
+//! `ToolCall` per model call (in the order the model made them), text
+//! deltas as runtime events, usage and finish reason in the outcome's
+//! metadata, and a typed failure for each way the model can go wrong.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+use sharedos_plugin_sdk::protocol::{ProtocolError, RuntimeTurnRequest};
+use sharedos_plugin_sdk::{
+    AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError, Signal,
+};
+
+use crate::deltas::TextDeltas;
+use crate::sse::{BaseUrl, EventReader, post};
+
+/// The driver kinds a runtime entry may name (`driver.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverKind {
+    OpenaiChat,
+    OpenaiResponses,
+    AnthropicMessages,
+}
+
+impl DriverKind {
+    pub const ALL: [DriverKind; 3] = [
+        DriverKind::OpenaiChat,
+        DriverKind::OpenaiResponses,
+        DriverKind::AnthropicMessages,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverKind::OpenaiChat => "openai-chat",
+            DriverKind::OpenaiResponses => "openai-responses",
+            DriverKind::AnthropicMessages => "anthropic-messages",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == text)
+            .ok_or_else(|| {
+                format!(
+                    "{text:?} is not a driver kind (one of \"openai-chat\", \"openai-responses\", \"anthropic-messages\")"
+                )
+            })
+    }
+}
+
+/// Where and how to reach the model.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub kind: DriverKind,
+    pub base: BaseUrl,
+    pub model: String,
+    /// A placeholder: the gateway replaces it.
+    pub key: String,
+}
+
+/// One tool of the catalogue as the model sees it.
+pub struct ToolSpec {
+    /// The function name (`.` written `__`, which function names may not
+    /// hold).
+    pub name: String,
+    pub description: String,
+    /// The tool's input JSON Schema, an object schema.
+    pub schema: Value,
+}
+
+/// One tool call the model made.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Call {
+    /// The API's id for it, echoed with its result.
+    pub id: String,
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text, in fragments).
+    pub arguments: String,
+    /// A namespace the model put the function in (Codex-style Responses
+    /// calls carry one).
+    pub namespace: Option<String>,
+}
+
+/// What one streamed answer said.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub text: String,
+    pub calls: Vec<Call>,
+    pub finish: Option<String>,
+    /// The answer's usage, as the API reports it (later reports win).
+    pub usage: Map<String, Value>,
+    /// The API's own end of the answer was seen.
+    pub done: bool,
+}
+
+/// One model API's wire.
+pub trait ModelApi: Send {
+    /// The path under the base URL, the headers and the body of the next
+    /// request, for the conversation so far.
+    fn request(&self, model: &str, key: &str)
+    -> (&'static str, Vec<(&'static str, String)>, Value);
+    /// Reads one streamed event's `data` into the answer; returns the
+    /// text it added. `Err` is a code and a message.
+    fn absorb(&mut self, data: &str, answer: &mut Answer) -> Result<String, String>;
+    /// Keeps the answer (with its calls) as the model's turn.
+    fn record_answer(&mut self, answer: &Answer);
+    /// Keeps the result of one of the answer's calls (`ok`: it
+    /// succeeded).
+    fn record_result(&mut self, call: &Call, content: String, ok: bool);
+}
+
+/// The driver: one session per turn, on the configured API.
+pub struct ModelDriver {
+    config: Arc<ModelConfig>,
+}
+
+impl ModelDriver {
+    pub fn new(config: ModelConfig) -> Self {
+        Self {
+            config: Arc::new(config),
+        }
+    }
+}
+
+fn function_name(tool: &str) -> String {
+    tool.replace('.', "__")
+}
+
+/// A tool's schema as an object schema (`{}` says nothing; the APIs want
+/// `"type": "object"`).
+fn object_schema(schema: &Map<String, Value>) -> Value {
+    let mut s = schema.clone();
+    s.entry("type").or_insert_with(|| json!("object"));
+    Value::Object(s)
+}
+
+fn open_api(kind: DriverKind, prompt: String, tools: Vec<ToolSpec>) -> Box<dyn ModelApi> {
+    match kind {
+        DriverKind::OpenaiChat => Box::new(crate::chat::ChatApi::new(prompt, tools)),
+        DriverKind::OpenaiResponses => Box::new(crate::responses::ResponsesApi::new(prompt, tools)),
+        DriverKind::AnthropicMessages => {
+            Box::new(crate::anthropic::AnthropicApi::new(prompt, tools))
+        }
+    }
+}
+
+#[async_trait]
+impl AgentTurnDriver for ModelDriver {
+    async fn open(
+        &self,
+        request: &RuntimeTurnRequest,
+        _signal: Signal,
+    ) -> Result<Box<dyn AgentTurnSession>, DriverError> {
+        let mut names = HashMap::new();
+        let tools = request
+            .tools
+            .iter()
+            .map(|t| {
+                let name = function_name(t.name.as_str());
+                names.insert(name.clone(), t.name.to_string());
+                ToolSpec {
+                    name,
+                    description: t.description.to_string(),
+                    schema: object_schema(&t.input_schema),
+                }
+            })
+            .collect();
+        let prompt = match &request.message.payload {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        Ok(Box::new(ModelSession {
+            api: open_api(self.config.kind, prompt, tools),
+            config: self.config.clone(),
+            names,
+            pending: VecDeque::new(),
+            execution_id: request.execution_id.to_string(),
+            trace_id: request.context.trace_id.to_string(),
+            now: request.context.now.to_string(),
+            calls: 0,
+            usage: Map::new(),
+        }))
+    }
+}
+
+struct ModelSession {
+    config: Arc<ModelConfig>,
+    api: Box<dyn ModelApi>,
+    /// Function name → catalogue name.
+    names: HashMap<String, String>,
+    /// The calls of the last answer not yet handed to the loop (the front
+    /// one is in flight once decided).
+    pending: VecDeque<Call>,
+    execution_id: String,
+    trace_id: String,
+    now: String,
+    calls: u64,
+    /// The turn's usage: each answer's counts added up.
+    usage: Map<String, Value>,
+}
+
+/// The catalogue name the model meant: the function name mapped back,
+/// or, for a namespaced call, the namespace and name joined; a name the
+/// catalogue does not hold is passed on for the envelope to refuse.
+fn catalogue_name(names: &HashMap<String, String>, call: &Call) -> String {
+    if let Some(t) = names.get(&call.name) {
+        return t.clone();
+    }
+    if let Some(ns) = call.namespace.as_deref().filter(|n| !n.is_empty()) {
+        for joined in [
+            format!("{ns}__{}", call.name),
+            format!("{ns}.{}", call.name),
+        ] {
+            if let Some(t) = names.get(&joined) {
+                return t.clone();
+            }
+        }
+    }
+    call.name.clone()
+}
+
+/// Splits `code: message`.
+fn failure(e: &str) -> (&str, &str) {
+    e.split_once(": ").unwrap_or((e, ""))
+}
+
+impl ModelSession {
+    async fn ask(&mut self) -> Result<Answer, String> {
+        let (path, headers, body) = self.api.request(&self.config.model, &self.config.key);
+        let (status, body) = post(&self.config.base, path, &headers, &body).await?;
+        let mut events = EventReader::new(body);
+        if status >= 400 {
+            let text = events.rest().await;
+            return Err(format!("model_http_{status}: {text}"));
+        }
+        let mut answer = Answer::default();
+        let mut deltas = TextDeltas::for_this_turn();
+        let read = async {
+            while let Some(data) = events.next_data().await? {
+                let text = self.api.absorb(&data, &mut answer)?;
+                deltas.push(&text);
+                if answer.done {
+                    return Ok(());
+                }
+            }
+            Err("model_stream_cut: the stream ended before the model finished its answer".into())
+        };
+        let read: Result<(), String> = read.await;
+        deltas.flush();
+        read?;
+        self.add_usage(&answer.usage);
+        Ok(answer)
+    }
+
+    fn add_usage(&mut self, usage: &Map<String, Value>) {
+        for (k, v) in usage {
+            let sum = match (self.usage.get(k).and_then(Value::as_u64), v.as_u64()) {
+                (Some(a), Some(b)) => json!(a.saturating_add(b)),
+                _ => v.clone(),
+            };
+            self.usage.insert(k.clone(), sum);
+        }
+    }
+
+    fn decide_call(&mut self) -> Option<AgentTurnDecision> {
+        let call = self.pending.front().cloned()?;
+        self.calls += 1;
+        let text = if call.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            &call.arguments
+        };
+        let Ok(arguments @ Value::Object(_)) = serde_json::from_str::<Value>(text) else {
+            return Some(self.fail(
+                "model_arguments_invalid",
+                &format!(
+                    "the model called {} with arguments that are not a JSON object",
+                    call.name
+                ),
+            ));
+        };
+        let tool = catalogue_name(&self.names, &call);
+        let decision = json!({"type": "tool_call", "call": {
+            "id": format!("{}.{}", self.execution_id, self.calls),
+            "tool": tool,
+            "arguments": arguments,
+            "traceId": self.trace_id,
+            "requestedAt": self.now,
+        }});
+        Some(serde_json::from_value(decision).unwrap_or_else(|e| {
+            self.fail(
+                "model_call_invalid",
+                &format!("the model called {tool:?}, which cannot name a tool: {e}"),
+            )
+        }))
+    }
+
+    fn fail(&self, code: &str, message: &str) -> AgentTurnDecision {
+        AgentTurnDecision::Fail {
+            error: ProtocolError::new(code, message, Some(false)),
+            metadata: Some(self.metadata(None)),
+        }
+    }
+
+    fn metadata(&self, finish: Option<&str>) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("driver".into(), json!(self.config.kind.as_str()));
+        m.insert("model".into(), json!(self.config.model));
+        if !self.usage.is_empty() {
+            m.insert("usage".into(), Value::Object(self.usage.clone()));
+        }
+        if let Some(f) = finish {
+            m.insert("finishReason".into(), json!(f));
+        }
+        m
+    }
+}
+
+/// A tool result as the model reads it: status and output, or the code
+/// (and message) of a refusal or failure.
+fn result_content(r: &sharedos_plugin_sdk::protocol::ToolResult) -> String {
+    let content = match r.output() {
+        Some(o) => json!({"status": r.status().as_str(), "output": o}),
+        None => json!({
+            "status": r.status().as_str(),
+            "code": r.error().map(|e| e.code.as_str()),
+            "message": r.error().map(|e| e.message.as_str()),
+        }),
+    };
+    content.to_string()
+}
+
+#[async_trait]
+impl AgentTurnSession for ModelSession {
+    async fn next(
+        &mut self,
+        input: AgentTurnInput,
+        _signal: Signal,
+    ) -> Result<AgentTurnDecision, DriverError> {
+        if let AgentTurnInput::ToolResult(r) = input
+            && let Some(call) = self.pending.pop_front()
+        {
+            let ok = r.status().as_str() == "succeeded";
+            self.api.record_result(&call, result_content(&r), ok);
+        }
+        if let Some(d) = self.decide_call() {
+            return Ok(d);
+        }
+        let answer = match self.ask().await {
+            Ok(a) => a,
+            Err(e) => {
+                let (code, message) = failure(&e);
+                return Ok(self.fail(code, message));
+            }
+        };
+        if answer.calls.is_empty() {
+            let finish = answer.finish.as_deref().unwrap_or("stop");
+            return Ok(AgentTurnDecision::Complete {
+                output: json!({"text": answer.text}),
+                metadata: Some(self.metadata(Some(finish))),
+            });
+        }
+        self.api.record_answer(&answer);
+        self.pending.extend(answer.calls);
+        Ok(self
+            .decide_call()
+            .unwrap_or_else(|| self.fail("model_call_invalid", "no tool call to make")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_back_to_the_catalogue_with_or_without_a_namespace() {
+        let names = HashMap::from([("files__read".to_owned(), "files.read".to_owned())]);
+        let call = |name: &str, ns: Option<&str>| Call {
+            name: name.into(),
+            namespace: ns.map(str::to_owned),
+            ..Call::default()
+        };
+        assert_eq!(
+            catalogue_name(&names, &call("files__read", None)),
+            "files.read"
+        );
+        assert_eq!(
+            catalogue_name(&names, &call("read", Some("files"))),
+            "files.read"
+        );
+        assert_eq!(catalogue_name(&names, &call("read", None)), "read");
+        assert_eq!(
+            catalogue_name(&names, &call("transfer", Some("bank"))),
+            "transfer"
+        );
+    }
+
+    #[test]
+    fn kinds_parse_from_their_names_only() {
+        for k in DriverKind::ALL {
+            assert_eq!(DriverKind::parse(k.as_str()), Ok(k));
+        }
+        assert!(
+            DriverKind::parse("openai")
+                .unwrap_err()
+                .contains("openai-responses")
+        );
+    }
+}
