@@ -1,7 +1,8 @@
 //! The sharedos durable store: the state a host keeps beyond one turn.
 //!
-//! One trait, [`Store`], holds what the kernel needs (usage counters of
-//! `maxUses` grants, the audit trail: it is also a kernel `AuditSink` and
+//! One trait, [`Store`], holds what the kernel needs (grants, read through
+//! [`StoreGrants`], the kernel's `GrantSource`; usage counters of `maxUses`
+//! grants; the audit trail: it is also a kernel `AuditSink` and
 //! `UsageStore`) and what sessions need (sessions, runs admitted before
 //! dispatch, the event journal). [`SqliteStore`] is the embedded backend:
 //! one file, WAL, migrations applied at open. [`recovery::recover`] marks
