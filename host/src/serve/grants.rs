@@ -200,3 +200,44 @@ pub async fn command(args: GrantsArgs) -> i32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_grants;
+
+    const ONE: &str = r#"{"id": "g1", "subject": {"kind": "agent", "agentId": "alice"},
+        "issuer": {"kind": "service", "serviceId": "host"}, "namespaceId": "t",
+        "capabilities": [{"namespace": "files", "path": ["alice"], "scope": "descendants", "actions": ["read"]}]}"#;
+
+    #[test]
+    fn a_grant_file_is_one_json_grant_an_array_or_toml_grants() {
+        assert_eq!(parse_grants(ONE, "f").unwrap()[0].id.as_str(), "g1");
+        let two = format!("[{ONE}, {}]", ONE.replace("\"g1\"", "\"g2\""));
+        let ids: Vec<String> = parse_grants(&two, "f")
+            .unwrap()
+            .iter()
+            .map(|g| g.id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, ["g1", "g2"]);
+        let toml = r#"
+[[grants]]
+id = "g3"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "host" }
+namespaceId = "t"
+maxUses = 2
+capabilities = [{ namespace = "files", path = ["alice"], scope = "exact", actions = ["read"] }]
+"#;
+        let g = parse_grants(toml, "f").unwrap();
+        assert_eq!((g[0].id.as_str(), g[0].max_uses), ("g3", Some(2)));
+    }
+
+    #[test]
+    fn a_grant_file_with_an_unknown_field_or_neither_shape_is_refused_by_name() {
+        let typo = ONE.replace("\"capabilities\"", "\"capabilites\"");
+        let err = parse_grants(&typo, "grant.json").unwrap_err();
+        assert!(err.starts_with("grant.json: not a grant"), "{err}");
+        let err = parse_grants("hello", "g.txt").unwrap_err();
+        assert!(err.contains("neither a JSON grant nor TOML"), "{err}");
+    }
+}
