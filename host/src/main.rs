@@ -42,6 +42,9 @@ enum Command {
     },
     /// Serve sessions and runs over HTTP+JSON on a unix socket (docs/SERVE.md).
     Serve(sharedos_host::serve::ServeArgs),
+    /// List, add or revoke the grants a served host reads from its store
+    /// (docs/STORE.md).
+    Grants(sharedos_host::serve::GrantsArgs),
     /// What the sandbox can enforce on this machine.
     Sandbox {
         #[command(subcommand)]
@@ -201,6 +204,7 @@ fn main() -> ExitCode {
                 }
             }
             Command::Serve(args) => sharedos_host::serve::command(args, &*launcher_for).await,
+            Command::Grants(args) => sharedos_host::serve::grants_command(args).await,
             Command::Bench { iterations, only } => {
                 sharedos_host::bench::run(iterations, only).await
             }

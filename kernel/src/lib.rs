@@ -45,8 +45,8 @@ pub use config::{
     ConfigError, EscalationConfig, FilesConfig, FrozenSubtree, HostPolicy, KernelConfig,
 };
 pub use grant::{
-    Capability, ConfigGrantSource, Grant, GrantConstraints, GrantSource, MemoryUsageStore, Scope,
-    UsageStore,
+    Capability, ConfigGrantSource, Grant, GrantConstraints, GrantSource, MAX_DELEGATION_DEPTH,
+    MemoryUsageStore, Scope, UsageStore,
 };
 pub use kernel::{ErrorHook, Kernel, KernelBuilder, KernelSetupError, TracingHook, catalog_hash};
 pub use port::{

@@ -4,6 +4,9 @@
 //!   JSONL sink, the SQLite store and the PostgreSQL store;
 //! - runs admitted per second and events journaled per second, SQLite and
 //!   PostgreSQL (one caller, each write committed before the next);
+//! - a turn's grant load (the kernel's `GrantSource::load`, 8 grants of
+//!   the actor): the configuration's in-memory source against the store's
+//!   (`StoreGrants`), SQLite and PostgreSQL;
 //! - observation latency on PostgreSQL: from the start of one host's
 //!   journal write to another host (another connection) holding the event
 //!   (woken by `NOTIFY`, then reading the journal).
@@ -16,10 +19,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sharedos_kernel::{AuditSink, JsonlAuditSink, Kernel, KernelConfig, TurnKernel};
+use sharedos_kernel::{
+    AuditSink, ConfigGrantSource, Grant, GrantSource, JsonlAuditSink, Kernel, KernelConfig,
+    TurnKernel,
+};
 use sharedos_protocol::{AccessContext, ExecutionEvent, ToolCall};
 use sharedos_store::cluster::TestDatabase;
-use sharedos_store::{NewRun, PostgresStore, SessionRecord, SqliteOptions, SqliteStore, Store};
+use sharedos_store::{
+    GrantOrigin, NewRun, PostgresStore, SessionRecord, SqliteOptions, SqliteStore, Store,
+    StoreGrants,
+};
 use tokio_util::sync::CancellationToken;
 
 fn summary(name: &str, mut samples: Vec<Duration>) -> Value {
@@ -123,6 +132,44 @@ async fn admissions_and_journal(label: &str, store: &dyn Store, n: usize) -> Vec
     ]
 }
 
+fn bench_grants() -> Vec<Grant> {
+    (0..8)
+        .map(|i| {
+            serde_json::from_value(json!({
+                "id": format!("g{i}"), "subject": {"kind": "agent", "agentId": "bench"},
+                "issuer": {"kind": "service", "serviceId": "host"}, "namespaceId": "bench",
+                "capabilities": [{"namespace": "files", "path": ["bench", format!("d{i}")],
+                                  "scope": "descendants", "actions": ["read", "list"]}]
+            }))
+            .expect("grant")
+        })
+        .collect()
+}
+
+/// What a turn's start pays to load its actor's grants.
+async fn grant_load(name: &str, source: &dyn GrantSource, n: usize) -> Value {
+    let ctx = context();
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let loaded = source.load(&ctx).await.expect("load");
+        samples.push(t.elapsed());
+        assert_eq!(loaded.len(), 8);
+    }
+    summary(name, samples)
+}
+
+async fn stored_grant_load(label: &str, store: Arc<dyn Store>, n: usize) -> Value {
+    for g in bench_grants() {
+        store
+            .add_grant(&g, GrantOrigin::Operator, "2026-12-01T00:00:00Z")
+            .await
+            .expect("add");
+    }
+    let source = StoreGrants::new(store);
+    grant_load(&format!("kernel.grant_load.store_{label}"), &source, n).await
+}
+
 /// Host A writes, host B (its own connection and LISTEN) holds the event.
 async fn observation_latency(db: &TestDatabase, n: usize) -> Value {
     let a = PostgresStore::connect(&db.conninfo, None).await.expect("a");
@@ -194,6 +241,10 @@ async fn main() {
     ];
     out.extend(admissions_and_journal("sqlite", sqlite.as_ref(), n).await);
     out.extend(admissions_and_journal("postgres", pg.as_ref(), n).await);
+    let config = ConfigGrantSource::new(bench_grants());
+    out.push(grant_load("kernel.grant_load.config", &config, n).await);
+    out.push(stored_grant_load("sqlite", sqlite.clone(), n).await);
+    out.push(stored_grant_load("postgres", pg.clone(), n).await);
     out.push(observation_latency(&db, n.min(1000)).await);
     for v in out {
         println!("{v}");

@@ -17,6 +17,7 @@ pub struct TestDatabase {
     /// The libpq connection string of the fresh database.
     pub conninfo: String,
     cluster: Option<(Child, tempfile::TempDir)>,
+    stopped: bool,
 }
 
 const NOBODY: u32 = 65534;
@@ -69,11 +70,34 @@ impl TestDatabase {
             return Ok(Self {
                 conninfo: format!("{server} dbname={name}"),
                 cluster: None,
+                stopped: false,
             });
         }
+        Self::private().await
+    }
+
+    /// A private cluster even when `SHAREDOS_TEST_POSTGRES` names a shared
+    /// server: for a test that stops the server under a host.
+    pub async fn private() -> Result<Self, String> {
         tokio::task::spawn_blocking(Self::private_cluster)
             .await
             .map_err(|e| e.to_string())?
+    }
+
+    /// Stops a private cluster now (fast shutdown: its backends end, so
+    /// every client's connection breaks). Does nothing for a shared server.
+    pub fn stop(&mut self) {
+        if let Some((child, _)) = self.cluster.as_mut()
+            && !self.stopped
+        {
+            // SIGINT: PostgreSQL's fast shutdown, which also ends its
+            // backends; then reap it before the directory goes.
+            if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+            }
+            let _ = child.wait();
+            self.stopped = true;
+        }
     }
 
     fn private_cluster() -> Result<Self, String> {
@@ -116,6 +140,7 @@ impl TestDatabase {
                 dir.path().display()
             ),
             cluster: Some((child, dir)),
+            stopped: false,
         };
         let ready = || {
             Command::new(bin.join("pg_isready"))
@@ -148,13 +173,6 @@ fn counter() -> u64 {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        if let Some((child, _)) = self.cluster.as_mut() {
-            // SIGINT: PostgreSQL's fast shutdown, which also ends its
-            // backends; then reap it before the directory goes.
-            if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
-            }
-            let _ = child.wait();
-        }
+        self.stop();
     }
 }

@@ -1,7 +1,8 @@
 //! The sharedos durable store: the state a host keeps beyond one turn.
 //!
-//! One trait, [`Store`], holds what the kernel needs (usage counters of
-//! `maxUses` grants, the audit trail: it is also a kernel `AuditSink` and
+//! One trait, [`Store`], holds what the kernel needs (grants, read through
+//! [`StoreGrants`], the kernel's `GrantSource`; usage counters of `maxUses`
+//! grants; the audit trail: it is also a kernel `AuditSink` and
 //! `UsageStore`) and what sessions need (sessions, runs admitted before
 //! dispatch, the event journal). [`SqliteStore`] is the embedded backend:
 //! one file, WAL, migrations applied at open. [`recovery::recover`] marks
@@ -10,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod grants;
 mod postgres;
 pub mod recovery;
 mod sqlite;
@@ -17,9 +19,10 @@ mod sqlite;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sharedos_kernel::{AuditRecord, AuditSink, UsageStore};
-use sharedos_protocol::ExecutionEvent;
+use sharedos_kernel::{AuditRecord, AuditSink, Grant, UsageStore};
+use sharedos_protocol::{Address, ExecutionEvent};
 
+pub use grants::{GrantImport, GrantOrigin, StoreGrants, StoredGrant};
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 
@@ -29,10 +32,16 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// The checked-in SQLite migrations, in order: migration `i` takes a
 /// database from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_initial.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/sqlite/0001_initial.sql"),
+    include_str!("../migrations/sqlite/0002_grants.sql"),
+];
 
 /// The same schema for PostgreSQL, version for version.
-pub const POSTGRES_MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_initial.sql")];
+pub const POSTGRES_MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/postgres/0001_initial.sql"),
+    include_str!("../migrations/postgres/0002_grants.sql"),
+];
 
 /// Why the store could not do what was asked. Each message says what to
 /// fix.
@@ -75,6 +84,10 @@ pub enum StoreError {
     NotFound { what: &'static str, id: String },
     #[error("session {0:?} is closed: open a new session")]
     SessionClosed(String),
+    /// A grant id that is taken, or a configured grant that clashes with
+    /// an operator's.
+    #[error("{0}")]
+    GrantConflict(String),
     #[error("run {0:?} has already ended")]
     RunEnded(String),
     /// The database could not be reached, is full or locked, or failed.
@@ -202,6 +215,37 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<ExecutionEvent>, StoreError>;
+    /// Stores a new grant; `GrantConflict` when its id exists (revoked
+    /// ids included: a revoked grant is never live again).
+    async fn add_grant(
+        &self,
+        grant: &Grant,
+        origin: GrantOrigin,
+        at: &str,
+    ) -> Result<(), StoreError>;
+    /// Revokes a grant for every later turn of every host; `Ok(false)` when
+    /// it was already revoked.
+    async fn revoke_grant(&self, id: &str, at: &str) -> Result<bool, StoreError>;
+    /// One grant by id, revoked or not.
+    async fn grant(&self, id: &str) -> Result<Option<StoredGrant>, StoreError>;
+    /// Every stored grant, in the order they were added.
+    async fn grants(&self) -> Result<Vec<StoredGrant>, StoreError>;
+    /// The grants of `subject` in `namespace_id`, revoked ones included
+    /// (the kernel filters; a delegation chain needs them).
+    async fn grants_for(
+        &self,
+        namespace_id: &str,
+        subject: &Address,
+    ) -> Result<Vec<Grant>, StoreError>;
+    /// Imports the configuration's grants in one transaction: new ids are
+    /// added, changed ones updated, revoked ones left revoked, and grants
+    /// imported earlier but no longer configured are revoked. An id an
+    /// operator added is a `GrantConflict`.
+    async fn import_config_grants(
+        &self,
+        grants: &[Grant],
+        at: &str,
+    ) -> Result<GrantImport, StoreError>;
     /// The audit records of one trace, in the order they were committed.
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError>;
     /// Ids of runs whose journal or state changed, as other processes

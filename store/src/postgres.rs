@@ -14,13 +14,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde_json::Value;
-use sharedos_kernel::{AuditError, AuditRecord, AuditSink, UsageStore};
-use sharedos_protocol::ExecutionEvent;
+use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
+use sharedos_protocol::{Address, ExecutionEvent};
 use tokio::sync::{Mutex, broadcast};
 use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Row};
 
+use crate::grants::postgres as grants;
 use crate::{
-    Admission, NewRun, POSTGRES_MIGRATIONS, RunRecord, RunState, SessionRecord, Store, StoreError,
+    Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunRecord, RunState,
+    SessionRecord, Store, StoreError, StoredGrant,
 };
 
 const CHANNEL: &str = "sharedos_runs";
@@ -456,6 +458,43 @@ impl Store for PostgresStore {
         rows.iter()
             .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
             .collect()
+    }
+
+    async fn add_grant(
+        &self,
+        grant: &Grant,
+        origin: GrantOrigin,
+        at: &str,
+    ) -> Result<(), StoreError> {
+        grants::add(&mut *self.client.lock().await, grant, origin, at).await
+    }
+
+    async fn revoke_grant(&self, id: &str, at: &str) -> Result<bool, StoreError> {
+        grants::revoke(&mut *self.client.lock().await, id, at).await
+    }
+
+    async fn grant(&self, id: &str) -> Result<Option<StoredGrant>, StoreError> {
+        grants::grant(&*self.client.lock().await, id).await
+    }
+
+    async fn grants(&self) -> Result<Vec<StoredGrant>, StoreError> {
+        grants::all(&*self.client.lock().await).await
+    }
+
+    async fn grants_for(
+        &self,
+        namespace_id: &str,
+        subject: &Address,
+    ) -> Result<Vec<Grant>, StoreError> {
+        grants::grants_for(&*self.client.lock().await, namespace_id, subject).await
+    }
+
+    async fn import_config_grants(
+        &self,
+        list: &[Grant],
+        at: &str,
+    ) -> Result<GrantImport, StoreError> {
+        grants::import(&mut *self.client.lock().await, list, at).await
     }
 
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {

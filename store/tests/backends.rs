@@ -2,8 +2,10 @@
 //! real PostgreSQL server (`sharedos_store::cluster`): migrations,
 //! counters, the audit trail, sessions, runs, the journal and recovery.
 
-use std::sync::Arc;
+#[macro_use]
+mod backend;
 
+use backend::Backend;
 use serde_json::{Value, json};
 use sharedos_kernel::{AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{
@@ -13,59 +15,8 @@ use sharedos_store::cluster::TestDatabase;
 use sharedos_store::recovery::recover;
 use sharedos_store::{
     Admission, NewRun, PostgresStore, RunState, SCHEMA_VERSION, SessionRecord, SqliteOptions,
-    SqliteStore, Store, StoreError,
+    SqliteStore, StoreError,
 };
-
-enum Backend {
-    Sqlite(tempfile::TempDir),
-    Postgres(TestDatabase),
-}
-
-impl Backend {
-    fn sqlite() -> Self {
-        Backend::Sqlite(tempfile::tempdir().unwrap())
-    }
-    async fn postgres() -> Self {
-        Backend::Postgres(TestDatabase::new().await.unwrap())
-    }
-    /// A new store (a new connection) on the same database.
-    async fn open_keeping(&self, keep: Option<u64>) -> Arc<dyn Store> {
-        match self {
-            Backend::Sqlite(dir) => Arc::new(
-                SqliteStore::open(
-                    dir.path().join("sharedos.db"),
-                    SqliteOptions {
-                        keep_events_per_run: keep,
-                        ..SqliteOptions::default()
-                    },
-                )
-                .unwrap(),
-            ),
-            Backend::Postgres(db) => {
-                Arc::new(PostgresStore::connect(&db.conninfo, keep).await.unwrap())
-            }
-        }
-    }
-    async fn open(&self) -> Arc<dyn Store> {
-        self.open_keeping(None).await
-    }
-}
-
-/// Runs one test body against each backend.
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name(super::Backend::sqlite()).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(super::Backend::postgres().await).await
-            }
-        }
-    };
-}
 
 both!(max_uses_is_exact_across_two_connections_and_survives_reopen);
 both!(audit_records_are_durable_and_read_back_by_trace);

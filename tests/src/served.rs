@@ -246,3 +246,34 @@ pub async fn wait_state(socket: &Path, run: &str, state: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `sharedos grants --config dir/host.toml <store_args> <action>`: its exit
+/// code, stdout and stderr.
+pub fn grants_cli(dir: &Path, store_args: &[&str], action: &[&str]) -> (i32, String, String) {
+    let out = Command::new(workspace_bin("sharedos"))
+        .args(["grants", "--config"])
+        .arg(dir.join("host.toml"))
+        .args(store_args)
+        .args(action)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A grant of `actions` on `files` under `alice/<path>` in the test
+/// namespace, as JSON for `sharedos grants add`.
+pub fn files_grant(id: &str, path: &str, actions: &[&str], max_uses: Option<u64>) -> Value {
+    json!({
+        "id": id,
+        "subject": {"kind": "agent", "agentId": AGENT},
+        "issuer": {"kind": "service", "serviceId": "test-host"},
+        "namespaceId": NAMESPACE,
+        "maxUses": max_uses,
+        "capabilities": [{"namespace": "files", "path": [AGENT, path], "scope": "descendants", "actions": actions}],
+    })
+}

@@ -1,14 +1,17 @@
 //! Two `sharedos serve` processes against one PostgreSQL: the last use of
 //! a `maxUses` grant raced from both hosts (exactly one wins), one host's
 //! events observed from the other, and a host SIGKILLed mid-run recovered
-//! by its replacement without replaying an effect.
+//! by its replacement without replaying an effect; grants added and
+//! revoked with `sharedos grants` while both hosts run, the last use of a
+//! store-held grant raced from both.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_store::cluster::TestDatabase;
 use sharedos_tests::served::{
-    Events, Server, call, open_session, run_body, start_with, wait_state, write_config_with,
+    Events, Server, call, files_grant, grants_cli, open_session, run_body, start_with, wait_state,
+    write_config_with,
 };
 use sharedos_tests::turns::{AGENT, NAMESPACE};
 
@@ -201,4 +204,119 @@ async fn a_host_killed_mid_run_is_recovered_by_its_replacement_without_replay() 
     assert_eq!(tail, vec!["run.interrupted".to_owned(), "end".to_owned()]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!effect.exists(), "the effect was not replayed");
+}
+
+/// Runs `script` as a new run on `socket` and waits for its end.
+async fn run_to_end(
+    socket: &std::path::Path,
+    session: &str,
+    request: &str,
+    script: Value,
+) -> Value {
+    let (status, body) = call(
+        socket,
+        "POST",
+        &format!("/v1/sessions/{session}/runs"),
+        "operator",
+        run_body(request, script),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    wait_state(socket, body["run"]["id"].as_str().unwrap(), "ended").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_added_and_revoked_by_an_operator_reach_both_hosts() {
+    let db = TestDatabase::new().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(dir.path(), "");
+    let (a, b) = (host(dir.path(), &db, "a"), host(dir.path(), &db, "b"));
+    let (sa, sb) = (a.socket(), b.socket());
+    let session = open_session(&sa).await;
+    let once = dir
+        .path()
+        .join("files")
+        .join(NAMESPACE)
+        .join(AGENT)
+        .join("once");
+    std::fs::create_dir_all(&once).unwrap();
+    for f in ["a.txt", "b.txt", "c.txt", "d.txt"] {
+        std::fs::write(once.join(f), f).unwrap();
+    }
+    let store = ["--postgres", db.conninfo.as_str()];
+    let add = |grant: Value| {
+        let file = dir
+            .path()
+            .join(format!("grant-{}.json", grant["id"].as_str().unwrap()));
+        std::fs::write(&file, grant.to_string()).unwrap();
+        grants_cli(dir.path(), &store, &["add", file.to_str().unwrap()])
+    };
+
+    // No delete grant yet: refused.
+    let before = run_to_end(&sa, &session, "before", delete_script("once/a.txt")).await;
+    assert_eq!(call_status(&before), "denied");
+
+    // A grant that names a namespace the configuration does not know is
+    // refused by the CLI, and nothing is stored.
+    let mut bad = files_grant("bad", "once", &["delete"], None);
+    bad["capabilities"][0]["namespace"] = json!("nowhere");
+    let (code, _, err) = add(bad);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unknown namespace \"nowhere\""), "{err}");
+
+    // One use, added while both hosts run, raced from both: one wins.
+    let (code, out, err) = add(files_grant("del-once", "once", &["delete"], Some(1)));
+    assert_eq!((code, out.trim()), (0, "added del-once"), "{err}");
+    let (ra, rb) = tokio::join!(
+        run_to_end(&sa, &session, "race-a", delete_script("once/a.txt")),
+        run_to_end(&sb, &session, "race-b", delete_script("once/b.txt")),
+    );
+    let statuses = [call_status(&ra), call_status(&rb)];
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "succeeded").count(),
+        1,
+        "exactly one host takes the store-held grant's only use: {statuses:?}"
+    );
+    let left = ["a.txt", "b.txt"]
+        .iter()
+        .filter(|f| once.join(f).exists())
+        .count();
+    assert_eq!(left, 1, "one file deleted in all");
+
+    // Unbounded, used on B, revoked with the CLI, then refused on A.
+    let (code, _, err) = add(files_grant("del-any", "once", &["delete"], None));
+    assert_eq!(code, 0, "{err}");
+    let used = run_to_end(&sb, &session, "use-b", delete_script("once/c.txt")).await;
+    assert_eq!(call_status(&used), "succeeded");
+    assert!(!once.join("c.txt").exists());
+    let (code, out, err) = grants_cli(dir.path(), &store, &["revoke", "del-any"]);
+    assert_eq!((code, out.trim()), (0, "revoked del-any"), "{err}");
+    let after = run_to_end(&sa, &session, "after-revoke", delete_script("once/d.txt")).await;
+    assert_eq!(call_status(&after), "denied");
+    assert!(
+        once.join("d.txt").exists(),
+        "the revoked grant allowed nothing"
+    );
+
+    let (code, out, _) = grants_cli(dir.path(), &store, &["list", "--json"]);
+    assert_eq!(code, 0);
+    let listed: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let find = |id: &str| {
+        listed
+            .iter()
+            .find(|g| g["grant"]["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(find("del-once")["remainingUses"], 0);
+    assert_eq!(find("del-any")["grant"]["revoked"], true);
+    assert_eq!(
+        find("files")["origin"],
+        "configuration",
+        "imported at start"
+    );
+    assert!(listed.iter().all(|g| g["grant"]["id"] != "bad"));
+    let (code, _, err) = grants_cli(dir.path(), &store, &["revoke", "no-such"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("sharedos grants list"), "{err}");
 }

@@ -159,6 +159,17 @@ impl Executor {
         request: ExecutionRequest,
         opts: ExecuteOptions,
     ) -> Result<ExecutionResult, ExecuteError> {
+        self.execute_recorded(request, opts, None).await
+    }
+
+    /// [`Executor::execute`] for a host that keeps its own record of the
+    /// turn: raising `outage` is an audit outage (B.10).
+    pub async fn execute_recorded(
+        &self,
+        request: ExecutionRequest,
+        opts: ExecuteOptions,
+        outage: Option<RecordOutage>,
+    ) -> Result<ExecutionResult, ExecuteError> {
         request.check()?;
         let started_at = (self.options.clock)();
         let limits = self.limits(&request);
@@ -212,9 +223,22 @@ impl Executor {
                 }
             })
         });
+        let outage_watch = outage.map(|o| {
+            let t = Arc::downgrade(&turn);
+            tokio::spawn(async move {
+                o.raised().await;
+                if let Some(t) = t.upgrade() {
+                    t.note_audit_outage(&KernelError::AuditUnavailable {
+                        effect: sharedos_kernel::AuditEffect::None,
+                        cause: o.cause().unwrap_or_default(),
+                    });
+                    t.drain_for_outage();
+                }
+            })
+        });
         if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             timers.abort();
-            if let Some(w) = cancel_watch {
+            for w in [cancel_watch, outage_watch].into_iter().flatten() {
                 w.abort();
             }
             turn.close();
@@ -237,7 +261,7 @@ impl Executor {
         };
         turn.close();
         timers.abort();
-        if let Some(w) = cancel_watch {
+        for w in [cancel_watch, outage_watch].into_iter().flatten() {
             w.abort();
         }
         let report = self

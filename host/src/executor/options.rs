@@ -152,6 +152,39 @@ impl From<ContractError> for ExecuteError {
     }
 }
 
+/// A record of the turn that the host keeps outside the kernel (a
+/// session's event journal) could not be written. Given to
+/// [`Executor::execute_recorded`](super::Executor::execute_recorded), its
+/// raising is an audit outage (docs/spec/envelope.md B.10): the turn is
+/// drained and ends `failed audit_unavailable`, exactly as when the kernel's
+/// own decision write fails.
+#[derive(Clone, Default)]
+pub struct RecordOutage {
+    raised: CancellationToken,
+    cause: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl RecordOutage {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Notes the first cause and raises the outage.
+    pub fn raise(&self, cause: impl Into<String>) {
+        if let Ok(mut slot) = self.cause.lock()
+            && slot.is_none()
+        {
+            *slot = Some(cause.into());
+        }
+        self.raised.cancel();
+    }
+    pub fn cause(&self) -> Option<String> {
+        self.cause.lock().ok().and_then(|c| c.clone())
+    }
+    pub(crate) async fn raised(&self) {
+        self.raised.cancelled().await
+    }
+}
+
 /// Per-call options of `execute`.
 #[derive(Clone, Default)]
 pub struct ExecuteOptions {

@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use sharedos_store::SqliteOptions;
 use tokio_util::sync::CancellationToken;
 
 use super::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
@@ -62,18 +61,11 @@ fn options(args: &ServeArgs, config: &HostConfig) -> Result<ServeOptions, String
                 .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.sock"))),
         ),
     };
-    let store = match &args.postgres {
-        Some(conninfo) => StoreChoice::Postgres(conninfo.clone(), args.keep_events),
-        None => StoreChoice::Sqlite(
-            args.database
-                .clone()
-                .unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.db"))),
-            SqliteOptions {
-                keep_events_per_run: args.keep_events,
-                ..SqliteOptions::default()
-            },
-        ),
-    };
+    let mut store = StoreChoice::from_flags(config, args.database.clone(), args.postgres.clone());
+    match &mut store {
+        StoreChoice::Sqlite(_, options) => options.keep_events_per_run = args.keep_events,
+        StoreChoice::Postgres(_, keep) => *keep = args.keep_events,
+    }
     Ok(ServeOptions {
         listen,
         store,

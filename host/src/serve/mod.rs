@@ -10,9 +10,11 @@
 //! its own deadline at the latest).
 
 mod command;
+mod grants;
 pub mod routes;
 
 pub use command::{ServeArgs, command};
+pub use grants::{GrantsAction, GrantsArgs, command as grants_command};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,7 +27,8 @@ use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use sharedos_kernel::{AuditSink, Kernel, UsageStore};
-use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store};
+use sharedos_protocol::Timestamp;
+use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store, StoreGrants};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -59,6 +62,21 @@ pub enum StoreChoice {
 }
 
 impl StoreChoice {
+    /// `--postgres`, else `--database`, else `sharedos.db` next to the
+    /// configuration; every event kept.
+    pub fn from_flags(
+        config: &HostConfig,
+        database: Option<PathBuf>,
+        postgres: Option<String>,
+    ) -> Self {
+        match postgres {
+            Some(conninfo) => StoreChoice::Postgres(conninfo, None),
+            None => StoreChoice::Sqlite(
+                database.unwrap_or_else(|| config.resolve(std::path::Path::new("sharedos.db"))),
+                SqliteOptions::default(),
+            ),
+        }
+    }
     async fn open(&self) -> Result<Arc<dyn Store>, CliError> {
         let store: Arc<dyn Store> = match self {
             StoreChoice::Sqlite(path, options) => Arc::new(
@@ -87,7 +105,32 @@ pub struct ServeOptions {
 /// The shortest bearer token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
 
-/// Builds the sessions of a configuration over `store`.
+/// Imports the configuration's `[kernel].grants` into the store
+/// (docs/STORE.md, "Grants"), and reports what changed on stderr.
+pub async fn import_grants(config: &HostConfig, store: &dyn Store) -> Result<(), CliError> {
+    let report = store
+        .import_config_grants(&config.kernel.grants, &Timestamp::now().to_string())
+        .await
+        .map_err(|e| CliError::Setup(format!("importing the configuration's grants: {e}")))?;
+    for (what, ids) in [
+        ("added", &report.added),
+        ("updated", &report.updated),
+        ("revoked (no longer configured)", &report.revoked),
+        ("left revoked (revoked in the store)", &report.still_revoked),
+    ] {
+        if !ids.is_empty() {
+            eprintln!(
+                "sharedos serve: configured grants {what}: {}",
+                ids.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Builds the sessions of a configuration over `store`. The kernel's
+/// grants are the store's (import the configuration's first:
+/// [`import_grants`]).
 pub fn sessions_from_config(
     config: &HostConfig,
     store: Arc<dyn Store>,
@@ -107,6 +150,7 @@ pub fn sessions_from_config(
         Arc::clone(&store) as Arc<dyn AuditSink>,
     )
     .map_err(|e| CliError::Setup(format!("kernel: {e}")))?
+    .grant_source(Arc::new(StoreGrants::new(Arc::clone(&store))))
     .usage_store(Arc::clone(&store) as Arc<dyn UsageStore>)
     .build();
     let kernel = Arc::new(kernel);
@@ -150,6 +194,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), CliError> {
     let store = options.store.open().await?;
+    import_grants(config, store.as_ref()).await?;
     let sessions = Arc::new(sessions_from_config(
         config,
         store,

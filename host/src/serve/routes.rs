@@ -55,6 +55,7 @@ impl From<SessionError> for Failure {
                 StoreError::RequestConflict { .. } => (StatusCode::CONFLICT, "request_conflict"),
                 StoreError::SessionClosed(_) => (StatusCode::CONFLICT, "session_closed"),
                 StoreError::RunEnded(_) => (StatusCode::CONFLICT, "run_ended"),
+                StoreError::GrantConflict(_) => (StatusCode::CONFLICT, "grant_conflict"),
                 StoreError::BeyondEnd { .. } => (StatusCode::BAD_REQUEST, "sequence_beyond_end"),
                 StoreError::Dropped { .. } => (StatusCode::GONE, "sequence_dropped"),
                 StoreError::NewerSchema { .. }

@@ -7,8 +7,12 @@
 //! same channel waits for every earlier event to be stored before the run
 //! is ended in the store.
 //!
-//! A journal write that fails cancels the turn (no event may be published
-//! unstored); the run ends with the turn's result and `journalError`.
+//! A journal write that fails is an audit outage for the turn (no event
+//! may be published unstored, and the run's record is the host's audit of
+//! it): the envelope drains the turn and ends it `audit_unavailable`
+//! (docs/spec/envelope.md B.10); the run ends with that result and
+//! `journalError`. A failed end-of-run write is retried while the host
+//! runs (the store may come back: a disk freed, a server restarted).
 
 use std::sync::Arc;
 
@@ -16,9 +20,15 @@ use serde_json::{Value, json};
 use sharedos_protocol::{ExecutionEvent, ExecutionRequest, Timestamp};
 use sharedos_store::Store;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::LiveRun;
-use crate::executor::{ExecuteOptions, Executor, OnEvent};
+use crate::executor::{ExecuteOptions, Executor, OnEvent, RecordOutage};
+
+/// How often, and how many times, a failed end-of-run write is retried
+/// before the run is left in flight for the next start to reconcile.
+const END_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+const END_ATTEMPTS: u32 = 120;
 
 enum Entry {
     Event(ExecutionEvent),
@@ -31,12 +41,15 @@ pub(super) async fn drive(
     executor: Arc<Executor>,
     request: ExecutionRequest,
     live: &Arc<LiveRun>,
+    closing: &CancellationToken,
 ) {
     let run_id = request.execution_id.to_string();
     let (tx, rx) = mpsc::unbounded_channel::<Entry>();
+    let outage = RecordOutage::new();
     let writer = tokio::spawn(write(
         Arc::clone(store),
         Arc::clone(live),
+        outage.clone(),
         run_id.clone(),
         rx,
     ));
@@ -48,7 +61,7 @@ pub(super) async fn drive(
         cancel: Some(live.cancel.clone()),
         on_event: Some(on_event),
     };
-    let outcome = executor.execute(request, opts).await;
+    let outcome = executor.execute_recorded(request, opts, Some(outage)).await;
     let (done, flushed) = oneshot::channel();
     let _ = tx.send(Entry::Flushed(done));
     let journal_error = flushed
@@ -67,20 +80,46 @@ pub(super) async fn drive(
     if let (Some(error), Value::Object(map)) = (journal_error, &mut result) {
         map.insert("journalError".into(), Value::String(error));
     }
-    if let Err(e) = store
-        .end_run(&run_id, &result, Timestamp::now().as_str())
-        .await
-    {
-        // The run stays in flight in the store; the next start of this
-        // host reconciles it as interrupted.
-        tracing::error!(run_id, "could not record the end of the run: {e}");
+    end(store, closing, &run_id, &result).await;
+}
+
+/// Stores the run's end, retrying while the store is unavailable. If it
+/// never succeeds, the run stays in flight in the store and the next
+/// start of this host reconciles it as interrupted.
+async fn end(store: &Arc<dyn Store>, closing: &CancellationToken, run_id: &str, result: &Value) {
+    for attempt in 1..=END_ATTEMPTS {
+        match store
+            .end_run(run_id, result, Timestamp::now().as_str())
+            .await
+        {
+            Ok(_) => return,
+            Err(e @ sharedos_store::StoreError::Unavailable(_)) if attempt < END_ATTEMPTS => {
+                tracing::warn!(run_id, "could not record the end of the run, retrying: {e}");
+                if closing.is_cancelled() {
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(END_RETRY) => {}
+                    _ = closing.cancelled() => {}
+                }
+            }
+            Err(e) => {
+                tracing::error!(run_id, "could not record the end of the run: {e}");
+                return;
+            }
+        }
     }
+    tracing::error!(
+        run_id,
+        "the end of the run was not recorded; the next start reconciles it"
+    );
 }
 
 /// The single writer of a run's journal.
 async fn write(
     store: Arc<dyn Store>,
     live: Arc<LiveRun>,
+    outage: RecordOutage,
     run_id: String,
     mut rx: mpsc::UnboundedReceiver<Entry>,
 ) {
@@ -93,9 +132,9 @@ async fn write(
                         .progress
                         .send_modify(|p| p.last_sequence = Some(event.sequence)),
                     Err(e) => {
-                        tracing::error!(run_id, "journal write failed, cancelling the turn: {e}");
+                        tracing::error!(run_id, "journal write failed, an audit outage: {e}");
                         error = Some(e.to_string());
-                        live.cancel.cancel();
+                        outage.raise(format!("the run's journal could not be written: {e}"));
                     }
                 }
             }

@@ -248,7 +248,7 @@ impl Sessions {
         self.lock_live().insert(run_id.clone(), Arc::clone(&live));
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            journal::drive(&this.store, executor, request, &live).await;
+            journal::drive(&this.store, executor, request, &live, &this.closing).await;
             this.lock_live().remove(&run_id);
             live.progress.send_modify(|p| p.ended = true);
             this.idle.notify_waiters();

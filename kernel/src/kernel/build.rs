@@ -24,6 +24,13 @@ impl KernelBuilder {
         self.usage = usage;
         self
     }
+    /// Replaces the trusted grant source (a served host reads grants from
+    /// its store); the configuration's in-memory source is dropped.
+    pub fn grant_source(mut self, grants: Arc<dyn GrantSource>) -> Self {
+        self.grants = grants;
+        self.config_grants = None;
+        self
+    }
     pub fn error_hook(mut self, hook: Arc<dyn ErrorHook>) -> Self {
         self.hook = hook;
         self

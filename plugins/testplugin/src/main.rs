@@ -321,6 +321,14 @@ fn step(p: &mut Plugin, s: &Value) {
             }
         }
         "sleep" => std::thread::sleep(Duration::from_millis(num(s, "ms", 100))),
+        // Waits until a host path exists (direct launch only): a test's
+        // signal that it has set the stage for the next step.
+        "wait_path" => {
+            let path = std::path::PathBuf::from(s["path"].as_str().unwrap_or("/nonexistent"));
+            while !path.exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         "stall" => loop {
             std::thread::sleep(Duration::from_secs(3600));
         },

@@ -1,0 +1,225 @@
+//! `sharedos serve` when its database fails for real: SQLite on a small
+//! tmpfs this test mounts and fills (ENOSPC), and a PostgreSQL server that
+//! is stopped. Checked from the outside: the status codes, the files on
+//! disk, the rows in the database.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+use sharedos_store::cluster::TestDatabase;
+use sharedos_store::{SqliteOptions, SqliteStore, Store};
+use sharedos_tests::served::{
+    Events, call, open_session, run_body, start_with, wait_state, write_config,
+};
+use sharedos_tests::turns::{AGENT, NAMESPACE};
+
+/// A tmpfs of `size` mounted on `path`, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(path).unwrap();
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mounting a tmpfs needs root");
+        Tmpfs(path.to_path_buf())
+    }
+
+    /// Writes a filler file until the file system is full; returns it.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        while f.write_all(&[0]).is_ok() {}
+        let _ = f.sync_all();
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn file(dir: &Path, name: &str) -> PathBuf {
+    dir.join("files").join(NAMESPACE).join(AGENT).join(name)
+}
+
+fn write_script(name: &str) -> Value {
+    json!([{"op": "call", "tool": "files.write", "arguments": {"path": name, "content": "x"}}])
+}
+
+async fn post_run(socket: &Path, session: &str, request: &str, script: Value) -> (u16, Value) {
+    call(
+        socket,
+        "POST",
+        &format!("/v1/sessions/{session}/runs"),
+        "operator",
+        run_body(request, script),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_sqlite_disk_refuses_runs_and_fails_a_run_in_flight_audit_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let disk = Tmpfs::mount(&dir.path().join("db"), "4m");
+    let db = dir.path().join("db").join("sharedos.db");
+    let server = start_with(
+        dir.path(),
+        "serve.sock",
+        &["--database", db.to_str().unwrap()],
+    );
+    let socket = server.socket();
+    let session = open_session(&socket).await;
+
+    // Full at admission: refused before dispatch, nothing stored.
+    let filler = disk.fill();
+    let (status, body) = post_run(&socket, &session, "full-1", write_script("refused.txt")).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("full"),
+        "{body}"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    let (status, body) = post_run(&socket, &session, "full-1", write_script("later.txt")).await;
+    assert_eq!(
+        (status, &body["repeated"]),
+        (201, &json!(false)),
+        "the refused admission stored nothing: {body}"
+    );
+    assert!(!file(dir.path(), "refused.txt").exists());
+    wait_state(&socket, body["run"]["id"].as_str().unwrap(), "ended").await;
+
+    // Full mid-run, twice: the turn has started and waits; the disk fills.
+    // First its next decision (the write's authorization) cannot be
+    // recorded; then, in another run, its next journal write cannot.
+    mid_run(&socket, &session, dir.path(), &disk, "decision", json!([])).await;
+    let pause = json!([{"op": "emit", "type": "note", "data": {}}, {"op": "sleep", "ms": 5000}]);
+    let journal = mid_run(&socket, &session, dir.path(), &disk, "journal", pause).await;
+    let why = journal["result"]["journalError"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("full"), "{journal}");
+    drop(server);
+}
+
+/// Starts a run that emits `ready`, waits for the test's signal, runs
+/// `between`, then writes a file. Fills the disk, signals, and lets the
+/// disk free again after a while. Returns the ended run, checked.
+async fn mid_run(
+    socket: &Path,
+    session: &str,
+    dir: &Path,
+    disk: &Tmpfs,
+    name: &str,
+    between: Value,
+) -> Value {
+    let go = dir.join(format!("go-{name}"));
+    let effect = format!("effect-{name}.txt");
+    let mut script = vec![
+        json!({"op": "emit", "type": "ready", "data": {}}),
+        json!({"op": "wait_path", "path": go.to_str().unwrap()}),
+    ];
+    script.extend(between.as_array().unwrap().iter().cloned());
+    script.push(
+        json!({"op": "call", "tool": "files.write", "arguments": {"path": effect, "content": "x"}}),
+    );
+    script.push(json!({"op": "emit", "type": "after", "data": {}}));
+    let (status, body) = post_run(socket, session, name, Value::Array(script)).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().unwrap().to_owned();
+    let mut events = Events::open(socket, &run, None).await;
+    while let Some((_, _, e)) = events.next().await {
+        if e["data"]["type"] == "ready" {
+            break;
+        }
+    }
+    let filler = disk.fill();
+    std::fs::write(&go, "").unwrap();
+    // While the disk is full the run's end cannot be stored either; it is
+    // retried, and lands once space is back.
+    let in_flight = wait_state(socket, &run, "in_flight").await;
+    assert!(in_flight["result"].is_null());
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    std::fs::remove_file(&filler).unwrap();
+    let ended = wait_state(socket, &run, "ended").await;
+    assert_eq!(ended["result"]["status"], "failed", "{ended}");
+    assert_eq!(
+        ended["result"]["error"]["code"], "audit_unavailable",
+        "{ended}"
+    );
+    assert!(
+        !file(dir, &effect).exists(),
+        "no effect ran without its decision committed"
+    );
+
+    // The rows: every stored audit record and event reads back whole; no
+    // allowed decision for the write, no `after` event, the journal has no
+    // gap.
+    let store =
+        SqliteStore::open(dir.join("db").join("sharedos.db"), SqliteOptions::default()).unwrap();
+    let trail = store.audit_trail(&run).await.unwrap();
+    assert!(
+        !trail.iter().any(|r| r.kind == "authorization.checked"
+            && serde_json::to_value(r.outcome).unwrap() == "allowed"
+            && r.operation_id.is_some()),
+        "{trail:?}"
+    );
+    let journal = store.events_after(&run, None, 10_000).await.unwrap();
+    let sequences: Vec<u64> = journal.iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences, (0..journal.len() as u64).collect::<Vec<_>>());
+    assert!(!journal.iter().any(|e| e.data["type"] == "after"));
+    ended
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_server_that_is_down_refuses_runs_before_dispatch() {
+    let mut db = TestDatabase::private().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let server = start_with(dir.path(), "serve.sock", &["--postgres", &db.conninfo]);
+    let socket = server.socket();
+    let session = open_session(&socket).await;
+
+    db.stop();
+    let (status, body) = post_run(&socket, &session, "down-1", write_script("down.txt")).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the store is unavailable"), "{message}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !file(dir.path(), "down.txt").exists(),
+        "nothing was dispatched"
+    );
+
+    // A fresh start against the stopped server is refused with the reason.
+    let out = Command::new(sharedos_tests::turns::workspace_bin("sharedos"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("host.toml"))
+        .arg("--socket")
+        .arg(dir.path().join("second.sock"))
+        .args(["--postgres", &db.conninfo])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot connect to PostgreSQL"), "{err}");
+    drop(server);
+}
