@@ -52,6 +52,17 @@ pub fn process_runtime(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    if entry.launcher == crate::config::LauncherKind::Direct {
+        // The sandbox filters by its policy's allowlist; a direct child
+        // gets the same environment.
+        pc.env.retain(|(k, _)| {
+            let allowed = entry.sandbox.env_allowed(k);
+            if !allowed {
+                tracing::warn!(runtime = %entry.id, "env key {k:?} is not in envAllowlist; it is not passed to the plugin");
+            }
+            allowed
+        });
+    }
     if let Some(d) = &entry.driver {
         pc.args.extend([
             "--driver".into(),

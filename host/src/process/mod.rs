@@ -10,6 +10,7 @@
 //! future may be dropped at any await point (the executor races it against
 //! the hard deadline): a guard then kills the tree and reaps it off-thread.
 
+mod direct;
 pub mod launcher;
 mod reaper;
 pub mod stderr;
@@ -30,7 +31,8 @@ use sharedos_protocol::{
 };
 use tokio::net::unix::pipe;
 
-pub use launcher::{DirectLauncher, LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use direct::DirectLauncher;
+pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 pub use stderr::StderrLimits;
 
 use crate::broker::turn::{drive_turn, handshake, host_peer_config, turn_run_params};
