@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{HostConfig, RuntimeEntry};
-use crate::executor::{Seat, SeatReports};
+use crate::executor::{RuntimeDiagnosis, Seat, SeatReports};
 use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
 use crate::registry::{RegistryError, RuntimeRegistry};
 
@@ -17,6 +17,14 @@ impl SeatReports for ProcessRuntime {
         Some(ProcessRuntime::take_sandbox_report(self, execution_id).unwrap_or_else(|| {
             serde_json::json!({"level": "none", "reason": "the turn ended before a plugin process was running"})
         }))
+    }
+
+    fn take_diagnosis(&self, execution_id: &str) -> Option<RuntimeDiagnosis> {
+        ProcessRuntime::take_diagnosis(self, execution_id).map(|d| RuntimeDiagnosis {
+            reason: d.reason,
+            deterministic: d.deterministic,
+            process: d.process,
+        })
     }
 }
 
