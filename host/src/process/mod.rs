@@ -35,6 +35,7 @@ use tokio::net::unix::pipe;
 pub use diagnosis::{Diagnosis, is_deterministic};
 pub use direct::DirectLauncher;
 pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use reaper::{adopt_orphans, reap_orphans};
 pub use stderr::StderrLimits;
 
 use crate::broker::turn::{drive_turn, handshake, host_peer_config, turn_run_params};
