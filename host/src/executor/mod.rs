@@ -138,6 +138,19 @@ impl Executor {
         }
     }
 
+    /// A grace no smaller than the turn's limit leaves it no working time:
+    /// it drains from its first instant and every call is refused. ADR 0007
+    /// leaves that choice to the host, so it is not clamped; it is said, in
+    /// the log and in `metadata.runtime.warnings`.
+    fn no_working_time(&self, timeout_ms: u64) -> Option<String> {
+        let grace = self.options.drain_grace_ms;
+        (grace > 0 && grace >= timeout_ms).then(|| {
+            format!(
+                "timeoutMs {timeout_ms} is not above drainGraceMs {grace}: the turn drained from its first instant and every tool call was refused"
+            )
+        })
+    }
+
     fn report_turn_error(&self, turn: &Turn, error: TurnError) {
         if let Some(cb) = &self.options.on_turn_error {
             let ids = TurnIds {
@@ -198,6 +211,9 @@ impl Executor {
         }
 
         // The deadline machinery starts now.
+        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+            tracing::warn!(execution_id = %turn.execution_id, "{w}");
+        }
         let stop = Arc::new(StopCause::default());
         let timers = spawn_deadlines(
             &turn,
@@ -261,6 +277,9 @@ impl Executor {
         let mut runtime = self.runtime_provenance(report);
         if let Some(d) = diagnosis {
             runtime["process"] = d.process;
+        }
+        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+            runtime["warnings"] = json!([w]);
         }
         let result = build(&turn, ending, started_at, &runtime, with_annotations);
         self.record_end(&turn, &result, ended_by).await;

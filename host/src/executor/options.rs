@@ -60,7 +60,8 @@ pub enum TurnError {
     Kernel(String),
     /// The runtime broke a host-side limit and its seat was stopped, e.g.
     /// `rate_limit_exceeded` for a turn over its event budget. The turn
-    /// ends `failed runtime_failed`; the reason is never in the result.
+    /// ends `failed runtime_failed`, not retryable, with the reason (a
+    /// fixed token) in `error.details.reason`.
     Violation { reason: &'static str },
 }
 
