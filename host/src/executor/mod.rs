@@ -128,13 +128,23 @@ impl Executor {
     fn limits(&self, request: &ExecutionRequest) -> RuntimeLimits {
         let o = request.options.unwrap_or_default();
         let max_steps = o.max_steps.unwrap_or(self.options.default_max_steps);
+        let timeout_ms = o.timeout_ms.unwrap_or(self.options.default_timeout_ms);
+        // The plugin is told the drain point, so it can plan its work.
+        let grace = self.options.drain_grace_ms;
+        let (drain_grace_ms, drain_at_ms) = if grace > 0 {
+            (Some(grace), Some(timeout_ms.saturating_sub(grace)))
+        } else {
+            (None, None)
+        };
         RuntimeLimits {
             max_steps,
             max_tool_calls: o
                 .max_tool_calls
                 .or(self.options.default_max_tool_calls)
                 .unwrap_or(max_steps),
-            timeout_ms: o.timeout_ms.unwrap_or(self.options.default_timeout_ms),
+            timeout_ms,
+            drain_grace_ms,
+            drain_at_ms,
         }
     }
 
