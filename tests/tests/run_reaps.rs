@@ -39,10 +39,8 @@ fn zombie_children() -> Vec<(u32, String)> {
 #[test]
 fn sharedos_run_reaps_its_orphans_before_it_exits() {
     // SAFETY: prctl with integer arguments only.
-    assert_eq!(
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
-        0
-    );
+    let set = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(set, 0);
     for launcher in ["sandbox", "direct"] {
         let dir = tempfile::tempdir().unwrap();
         let marker = format!("run-reaps-{launcher}-{}", std::process::id());

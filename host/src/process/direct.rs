@@ -123,6 +123,9 @@ fn unique(kind: &str) -> String {
     )
 }
 
+// The child's `pre_exec` (cgroup join, parent-death signal) is a system
+// call sequence std has no safe form for.
+#[allow(unsafe_code)]
 fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
     let spawn_err = |source| LaunchError::Spawn {
         program: spec.program.clone(),

@@ -91,6 +91,7 @@ pub(crate) fn settle() {
 /// For a command that runs a bounded number of turns and then exits
 /// (`sharedos run`, `demo`): a long-running host would hold the zombies
 /// until it exits.
+#[allow(unsafe_code)]
 pub fn adopt_orphans() -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments only; no memory is passed.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
@@ -103,6 +104,7 @@ pub fn adopt_orphans() -> std::io::Result<()> {
 /// still dying. Call it only when no `std::process::Child` is still waited
 /// for (after `settle_kills`): it waits for any child. Returns how many it
 /// reaped.
+#[allow(unsafe_code)]
 pub fn reap_orphans(bound: std::time::Duration) -> usize {
     let end = std::time::Instant::now() + bound;
     let mut reaped = 0;
