@@ -167,6 +167,17 @@ fn main() -> ExitCode {
         return ExitCode::from(cli::conformance(args) as u8);
     }
     let launcher_for: Box<LauncherFor> = Box::new(cli::configured_launcher);
+    // A command that runs its turns and exits adopts its orphans (a
+    // sandbox's pid 1 that outlives its helper by an instant), so it can
+    // reap them before it exits and leave no zombie behind.
+    let adopted = matches!(cli.command, Command::Run { .. } | Command::Demo { .. })
+        && match sharedos_host::process::adopt_orphans() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("sharedos: cannot become the reaper of its orphans: {e}");
+                false
+            }
+        };
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Demo { keep, model } => cli::demo::demo(keep, &model, &*launcher_for).await,
@@ -236,6 +247,9 @@ fn main() -> ExitCode {
     // No plugin tree outlives its host: wait for kills deferred so that a
     // `turn/abort` could reach the plugin first.
     sharedos_host::process::settle_kills();
+    if adopted {
+        sharedos_host::process::reap_orphans(std::time::Duration::from_secs(2));
+    }
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 

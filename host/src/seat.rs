@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::{HostConfig, RuntimeEntry};
 use crate::egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
-use crate::executor::{Seat, SeatReports};
+use crate::executor::{RuntimeDiagnosis, Seat, SeatReports};
 use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
 use crate::registry::{RegistryError, RuntimeRegistry};
 
@@ -18,6 +18,14 @@ impl SeatReports for ProcessRuntime {
         Some(ProcessRuntime::take_sandbox_report(self, execution_id).unwrap_or_else(|| {
             serde_json::json!({"level": "none", "reason": "the turn ended before a plugin process was running"})
         }))
+    }
+
+    fn take_diagnosis(&self, execution_id: &str) -> Option<RuntimeDiagnosis> {
+        ProcessRuntime::take_diagnosis(self, execution_id).map(|d| RuntimeDiagnosis {
+            reason: d.reason,
+            deterministic: d.deterministic,
+            process: d.process,
+        })
     }
 }
 
@@ -53,6 +61,17 @@ pub fn process_runtime(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    if entry.launcher == crate::config::LauncherKind::Direct {
+        // The sandbox filters by its policy's allowlist; a direct child
+        // gets the same environment.
+        pc.env.retain(|(k, _)| {
+            let allowed = entry.sandbox.env_allowed(k);
+            if !allowed {
+                tracing::warn!(runtime = %entry.id, "env key {k:?} is not in envAllowlist; it is not passed to the plugin");
+            }
+            allowed
+        });
+    }
     if let Some(d) = &entry.driver {
         pc.args.extend([
             "--driver".into(),

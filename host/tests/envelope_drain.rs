@@ -505,3 +505,36 @@ async fn emit_works_while_draining_and_not_after_the_abort() {
         Some(&json!("Runtime host is closed"))
     );
 }
+
+/// `limits` carry the drain point: the grace and when the drain starts, so
+/// a plugin can plan its work instead of finding out by refusals; a turn
+/// without a grace says nothing of a drain.
+#[tokio::test(start_paused = true)]
+async fn the_limits_carry_the_drain_point() {
+    for (grace, expected) in [
+        (
+            GRACE,
+            json!({"drainGraceMs": GRACE, "drainAtMs": LIMIT - GRACE}),
+        ),
+        (0, json!({})),
+    ] {
+        let kernel = bank(0);
+        let plugin = FnPlugin(|_req, host: Arc<dyn RuntimeHost>, _abort| async move {
+            Ok(RuntimeTurnOutcome::complete(
+                serde_json::to_value(host.limits()).unwrap(),
+            ))
+        });
+        let (opts, errs) = options(grace);
+        let h = executor_with(&kernel, Arc::new(plugin), opts, errs);
+        let r = h.run(req()).await;
+        let limits = r.output.clone().unwrap();
+        assert_eq!(limits["timeoutMs"], json!(LIMIT), "{limits}");
+        for key in ["drainGraceMs", "drainAtMs"] {
+            assert_eq!(
+                limits.get(key),
+                expected.get(key),
+                "grace {grace}: {limits}"
+            );
+        }
+    }
+}

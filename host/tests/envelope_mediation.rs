@@ -272,6 +272,14 @@ async fn g29_grace_not_below_timeout_refuses_every_call() {
         "an outcome the seat returns while draining is honoured"
     );
     assert_eq!(took, 0);
+    // Not clamped (ADR 0007), but said.
+    let warnings = &r.metadata["runtime"]["warnings"];
+    assert!(
+        warnings[0]
+            .as_str()
+            .is_some_and(|w| w.contains("is not above drainGraceMs 5000")),
+        "{warnings}"
+    );
     let refused = kernel.refused();
     assert_eq!(refused.len(), 2);
     assert!(

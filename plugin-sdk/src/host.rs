@@ -164,6 +164,8 @@ mod tests {
                 max_steps: 1,
                 max_tool_calls: 1,
                 timeout_ms: 1,
+                drain_grace_ms: None,
+                drain_at_ms: None,
             }
         }
         async fn invoke_tool(

@@ -115,6 +115,8 @@ impl RecHost {
                 max_steps,
                 max_tool_calls: 100,
                 timeout_ms: 120_000,
+                drain_grace_ms: None,
+                drain_at_ms: None,
             },
             timeline: timeline.clone(),
             draining: SignalSource::new(),

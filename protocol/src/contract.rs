@@ -350,7 +350,17 @@ impl RuntimeManifest {
 pub struct RuntimeLimits {
     pub max_steps: u32,
     pub max_tool_calls: u32,
+    /// The deadline, in milliseconds from the start of the turn.
     pub timeout_ms: u64,
+    /// The host's drain grace: `turn/draining` comes this long before the
+    /// deadline. Absent when the host drains only on an audit outage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_grace_ms: Option<u64>,
+    /// When the drain starts, in milliseconds from the start of the turn
+    /// (`timeoutMs - drainGraceMs`, 0 when the grace is not below the
+    /// limit: the turn drains from its first instant). Absent with no grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_at_ms: Option<u64>,
 }
 
 /// One descriptive reach entry. It grants nothing and carries no grant id,

@@ -113,6 +113,8 @@ impl Default for RecordingHost {
                 max_steps: 16,
                 max_tool_calls: 64,
                 timeout_ms: 30_000,
+                drain_grace_ms: None,
+                drain_at_ms: None,
             },
         }
     }

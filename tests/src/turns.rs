@@ -413,7 +413,8 @@ impl TurnRun {
         match launch {
             Launch::Direct => assert_eq!(
                 rt["sandbox"],
-                json!({"level": "none", "reason": "launched without a sandbox"}),
+                json!({"launcher": "direct", "level": "none", "reason": "launched without a sandbox",
+                       "use": "development only", "containment": "cgroup"}),
                 "provenance: {rt}"
             ),
             Launch::Sandbox | Launch::SandboxBelowMinimum => {

@@ -61,11 +61,11 @@ fn run_cli(
 }
 
 fn deadline(launcher: &str) {
+    // Both launchers contain the whole tree: a `setsid` daemon and a
+    // double-forked one included.
     let mut script = vec![json!({"op": "fork", "n": 2})];
-    if launcher == "sandbox" {
-        script.push(json!({"op": "fork", "n": 1, "setsid": true}));
-        script.push(json!({"op": "fork", "n": 1, "double": true}));
-    }
+    script.push(json!({"op": "fork", "n": 1, "setsid": true}));
+    script.push(json!({"op": "fork", "n": 1, "setsid": true, "double": true}));
     script.push(json!({"op": "annotate", "key": "note", "value": "kept"}));
     script.push(json!({"op": "ignore_abort"}));
     script.push(json!({"op": "hold"}));
@@ -84,6 +84,11 @@ fn deadline(launcher: &str) {
         result["metadata"]["runtime"]["sandbox"]["level"],
         expected_level
     );
+    if launcher == "direct" {
+        let sandbox = &result["metadata"]["runtime"]["sandbox"];
+        assert_eq!(sandbox["launcher"], "direct", "{sandbox}");
+        assert_eq!(sandbox["containment"], "cgroup", "{sandbox}");
+    }
     assert_eq!(
         result["events"].as_array().unwrap().last().unwrap()["type"],
         "turn.cancelled"

@@ -99,7 +99,17 @@ fn assert_runtime_error_reported(run: &TurnRun) {
 
 /// The deadline held: the turn ended no earlier than (just under) its
 /// limit and well within the margin.
+/// `error.details`, as JSON.
+fn details(run: &TurnRun) -> Value {
+    json!(run.result.error.as_ref().and_then(|e| e.details.clone()))
+}
+
 fn assert_ended_by_deadline(run: &TurnRun, timeout_ms: u64) {
+    assert_eq!(
+        details(run),
+        json!({"cause": "deadline"}),
+        "a deadline says so, unlike a cancellation"
+    );
     let limit = Duration::from_millis(timeout_ms);
     eprintln!("deadline {timeout_ms} ms: the turn took {:?}", run.elapsed);
     assert!(
@@ -335,6 +345,7 @@ async fn host_cancel_after_write(launch: Launch) {
     spec.cancel_on_event = Some("pid");
     let run = run_turn(spec).await;
     assert_cancelled(&run, false);
+    assert_eq!(details(&run), json!({"cause": "caller"}));
     assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
     run.assert_provenance(launch);
     assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
@@ -1283,13 +1294,11 @@ async fn setsid_and_double_fork_children_sandbox() {
     run.assert_no_survivor();
 }
 
-/// The direct launcher's documented limit (`DirectLauncher`: a
-/// process-group kill): the turn still ends by its deadline and the plugin
-/// and its same-group children die, but `setsid` descendants escape the
-/// kill. The test proves the deadline and the group kill, records the
-/// escape, and cleans the escapees up itself.
+/// The direct launcher contains its tree in a cgroup: the turn ends by its
+/// deadline and the plugin, its same-group children and a `setsid` child
+/// all die.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn setsid_children_direct_end_by_deadline_but_escape_the_group_kill() {
+async fn setsid_children_direct_end_by_deadline_and_die_with_the_tree() {
     let run = deadline_stops(
         Launch::Direct,
         json!([
@@ -1306,7 +1315,8 @@ async fn setsid_children_direct_end_by_deadline_but_escape_the_group_kill() {
         panic!("reported pids: {:?}", run.reported_pids);
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while (sharedos_tests::turns::is_alive(*plugin) || sharedos_tests::turns::is_alive(*same_group))
+    let alive = sharedos_tests::turns::is_alive;
+    while (alive(*plugin) || alive(*same_group) || alive(*escaped))
         && std::time::Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(50));
@@ -1319,13 +1329,9 @@ async fn setsid_children_direct_end_by_deadline_but_escape_the_group_kill() {
         !sharedos_tests::turns::is_alive(*same_group),
         "a same-group child survived"
     );
-    // A `setsid` child still parented by the live plugin is killed with
-    // the tree (the direct launcher kills every process parented in it,
-    // and the kill comes while the plugin is alive); one that was
-    // reparented to init before the kill escapes the direct launcher, which
-    // only the sandbox's pid namespace stops. Either way the test cleans up.
-    let _ = sharedos_tests::turns::is_alive(*escaped);
+    let escaped_alive = alive(*escaped);
     kill_marked(&run.marker);
+    assert!(!escaped_alive, "the setsid child survived the turn");
     assert!(wait_gone(&run.marker, Duration::from_secs(10)).is_empty());
 }
 
@@ -1340,14 +1346,36 @@ async fn failed_runtime(launch: Launch, script: Value, mode: &'static str) -> Tu
     run
 }
 
+/// `metadata.runtime.process`: how the plugin ended, its last stderr lines.
+fn process(run: &TurnRun) -> Value {
+    run.runtime_provenance()["process"].clone()
+}
+
 async fn crashed(launch: Launch) {
     let run = failed_runtime(
         launch,
-        json!([annotate("note", json!("kept")), {"op": "emit_pid"}, {"op": "crash"}]),
+        json!([annotate("note", json!("kept")), {"op": "emit_pid"},
+               {"op": "stderr", "text": "about to crash \u{1b}[31m"}, {"op": "crash"}]),
         "normal",
     )
     .await;
+    // A crash may pass on a retry: retryable, and it says what happened.
     assert_eq!(run.retryable(), Some(true));
+    assert_eq!(details(&run), json!({"reason": "plugin_exited"}));
+    let process = process(&run);
+    let tail = process["stderrTail"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        tail.iter()
+            .any(|l| l.as_str().is_some_and(|l| l.starts_with("about to crash"))),
+        "the last stderr lines: {process}"
+    );
+    assert!(!process.to_string().contains('\x1b'), "escaped: {process}");
+    if launch == Launch::Direct {
+        assert_eq!(process["exit"]["name"], "SIGABRT", "{process}");
+    }
     assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
 }
 
@@ -1371,6 +1399,9 @@ async fn exited(launch: Launch) {
     )
     .await;
     assert_eq!(run.retryable(), Some(true));
+    if launch == Launch::Direct {
+        assert_eq!(process(&run)["exit"], json!({"code": 3}));
+    }
     assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
 }
 
@@ -1406,19 +1437,23 @@ async fn exit_before_handshake_is_runtime_failed() {
     assert_eq!(run.retryable(), Some(true));
 }
 
-async fn garbage(launch: Launch, step: Value) {
+async fn garbage(launch: Launch, step: Value) -> TurnRun {
     let run = failed_runtime(
         launch,
         json!([annotate("note", json!("kept")), {"op": "emit_pid"}, {"op": "fork", "n": 1}, step, {"op": "hold"}]),
         "normal",
     )
     .await;
+    // The same plugin breaks the stream the same way on a retry.
+    assert_eq!(run.retryable(), Some(false), "{:?}", run.result.error);
     assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
     assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+    run
 }
 
 async fn non_json_line(launch: Launch) {
-    garbage(launch, json!({"op": "raw", "line": "hello from println!"})).await;
+    let run = garbage(launch, json!({"op": "raw", "line": "hello from println!"})).await;
+    assert_eq!(details(&run), json!({"reason": "invalid_json"}));
 }
 
 async fn invalid_utf8(launch: Launch) {
@@ -1482,9 +1517,15 @@ async fn unknown_response_id_is_dropped() {
 /// `runtime_failed` before `turn.started`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_that_cannot_be_loaded_are_runtime_failed() {
-    for mode in ["noise", "wrong-manifest", "bad-version"] {
+    for (mode, reason) in [
+        ("noise", "stdout_before_handshake"),
+        ("wrong-manifest", "manifest_mismatch"),
+        ("bad-version", "handshake_rejected"),
+    ] {
         let run = failed_runtime(Launch::Direct, json!([]), mode).await;
-        assert_eq!(run.retryable(), Some(true), "{mode}");
+        // Each fails the same way on every try: not retryable.
+        assert_eq!(run.retryable(), Some(false), "{mode}");
+        assert_eq!(details(&run), json!({"reason": reason}), "{mode}");
         assert!(
             run.elapsed < Duration::from_secs(5),
             "{mode}: {:?}",
@@ -1494,7 +1535,8 @@ async fn plugins_that_cannot_be_loaded_are_runtime_failed() {
 }
 
 /// The sandbox comes out below the policy's minimum: the launch is refused,
-/// nothing runs, the turn ends `runtime_failed` (retryable).
+/// nothing runs, the turn ends `runtime_failed`, not retryable (the same
+/// machine refuses it again), `launch_refused`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_below_minimum_refuses_the_launch() {
     let run = run_turn(TurnSpec::new(
@@ -1503,7 +1545,8 @@ async fn sandbox_below_minimum_refuses_the_launch() {
     ))
     .await;
     assert_failed_by_envelope(&run, "runtime_failed");
-    assert_eq!(run.retryable(), Some(true));
+    assert_eq!(run.retryable(), Some(false));
+    assert_eq!(details(&run), json!({"reason": "launch_refused"}));
     assert_runtime_error_reported(&run);
     assert!(run.runtime_events("pid").is_empty());
     run.assert_no_survivor();

@@ -2,6 +2,7 @@
 //! turn, every bad input of the wire, exits, aborts, forks, floods. After
 //! each test: no child survived, no fd leaked.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -493,12 +494,12 @@ fn setsid_escapees_do_not_hang_the_turn() {
     })
 }
 
-/// The direct launcher's kill is one process-group kill (no walk of
-/// `/proc`, issue 15): the plugin and every child in its group die, and a
-/// child that left the group with `setsid` escapes it, the documented limit
-/// that only the sandbox closes. The test kills the escapee itself.
+/// The direct launcher contains the whole tree in a cgroup of its own: the
+/// plugin, the children in its group and a child that left the group with
+/// `setsid` all die with the turn, and the cgroup and the plugin's working
+/// directory are gone once the kills are settled.
 #[test]
-fn the_direct_group_kill_takes_the_group_but_not_a_setsid_child() {
+fn the_direct_launch_kills_the_whole_tree_a_setsid_child_included() {
     isolated(async {
         let host = RecordingHost::new();
         let script = json!([{"op":"emit_pid"}, {"op":"fork","n":2}, {"op":"fork","n":1,"setsid":true}, {"op":"stall"}]);
@@ -512,25 +513,25 @@ fn the_direct_group_kill_takes_the_group_but_not_a_setsid_child() {
         assert!(matches!(r, Err(RuntimeError::Failed(_))), "{r:?}");
         sharedos_host::process::settle_kills();
         let pids = host.reported_pids();
-        let [plugin, a, b, escaped] = pids.as_slice() else {
-            panic!("reported pids: {pids:?}");
-        };
-        let group_left = survivors(&[*plugin, *a, *b], BOUND);
-        kill_all(&group_left);
-        let escaped_alive = survivors(&[*escaped], Duration::ZERO);
-        kill_all(&[*escaped]);
-        assert!(
-            group_left.is_empty(),
-            "the plugin's group survived: {group_left:?}"
-        );
-        assert_eq!(
-            escaped_alive,
-            vec![*escaped],
-            "the setsid child was not outside the group kill"
-        );
-        assert!(survivors(&[*escaped], BOUND).is_empty());
+        assert_eq!(pids.len(), 4, "reported pids: {pids:?}");
+        let left = survivors(&pids, BOUND);
+        kill_all(&left);
+        assert!(left.is_empty(), "the plugin's tree survived: {left:?}");
         let children = live_children();
         assert!(children.is_empty(), "live children remain: {children:?}");
+        // Nothing of this host's direct launches is left: no cgroup, no
+        // working directory.
+        let mine = format!("sharedos-direct-{}-", std::process::id());
+        for dir in [Path::new("/sys/fs/cgroup/unified"), &std::env::temp_dir()] {
+            let left: Vec<_> = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "left behind: {left:?}");
+        }
     })
 }
 

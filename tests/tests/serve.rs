@@ -224,8 +224,10 @@ async fn a_host_killed_mid_run_is_recovered_at_restart_without_replay() {
     let mut server = start(dir.path());
     let socket = server.socket();
     let session = open_session(&socket).await;
+    let pidfile = dir.path().join("daemon.pid");
     let script = json!([
         {"op": "emit_pid"},
+        {"op": "fork", "n": 1, "setsid": true, "double": true, "pidfile": pidfile.display().to_string()},
         {"op": "call", "tool": "files.write", "arguments": {"path": "effect.txt", "content": "once"}},
         {"op": "emit", "type": "written", "data": {}},
         {"op": "stall"}
@@ -246,21 +248,45 @@ async fn a_host_killed_mid_run_is_recovered_at_restart_without_replay() {
         let (id, _, e) = events.next().await.expect("events before the stall");
         last = id.or(last);
         if e["data"]["type"] == "pid" {
-            plugin_pid = e["data"]["data"]["pid"].as_i64();
+            plugin_pid = e["data"]["data"]["pid"].as_u64();
         }
         if e["data"]["type"] == "written" {
             break;
         }
     }
+    let plugin_pid = u32::try_from(plugin_pid.expect("the plugin emitted its pid")).unwrap();
+    // The double-forked `setsid` daemon writes its own pid.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let forked: u32 = loop {
+        let text = std::fs::read_to_string(&pidfile).unwrap_or_default();
+        if let Ok(pid) = text.trim().parse() {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < until, "the daemon wrote no pid");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     // SIGKILL: no drain, no cleanup.
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    if let Some(pid) = plugin_pid {
-        // The plugin we started, orphaned by the kill.
-        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    // The plugin dies with its host (its parent-death signal), on its own.
+    let gone = |pid: u32| {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while sharedos_tests::turns::is_alive(pid) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
         }
+        !sharedos_tests::turns::is_alive(pid)
+    };
+    let plugin_gone = gone(plugin_pid);
+    if !plugin_gone {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(plugin_pid as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
     }
+    assert!(
+        plugin_gone,
+        "the plugin {plugin_pid} outlived its SIGKILLed host"
+    );
     let effect = dir
         .path()
         .join("files")
@@ -272,6 +298,19 @@ async fn a_host_killed_mid_run_is_recovered_at_restart_without_replay() {
 
     let server = start(dir.path());
     let socket = server.socket();
+    // The daemon the plugin left in its cgroup is killed when the next
+    // host seats the runtime (the sweep of dead hosts' cgroups).
+    let forked_gone = gone(forked);
+    if !forked_gone {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(forked as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
+    assert!(
+        forked_gone,
+        "the plugin's setsid daemon {forked} outlived its SIGKILLed host and the restart"
+    );
     let run_now = wait_state(&socket, &run, "interrupted").await;
     let recovery = &run_now["recovery"];
     assert_eq!(recovery["reason"], "host_restarted");

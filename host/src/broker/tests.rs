@@ -376,6 +376,8 @@ impl RuntimeHost for TestHost {
             max_steps: 8,
             max_tool_calls: 8,
             timeout_ms: 10_000,
+            drain_grace_ms: None,
+            drain_at_ms: None,
         }
     }
     async fn invoke_tool(

@@ -122,7 +122,7 @@ impl Battery<'_> {
         let c = check(
             "nothing_left_behind",
             "1",
-            "start no process that outlives the turn (no daemon, no double fork); the sandbox's pid namespace kills them, a direct launch cannot",
+            "start no process that outlives the turn (no daemon, no double fork); the sandbox's pid namespace and the direct launcher's cgroup kill them",
         );
         match (self.leftovers.get(), subreaper) {
             (0, Ok(())) => c.pass("no process outlived any launch"),

@@ -18,6 +18,7 @@ pub(crate) const EGRESS_BUDGET_EXCEEDED: &str = "egress_budget_exceeded";
 pub(crate) const MSG_RUNTIME_FAILED: &str = "The runtime plugin failed.";
 pub(crate) const MSG_EGRESS_BUDGET: &str = "The turn used up its egress budget (model requests, bytes or tokens); raise runtimes.network.budget or ask for less.";
 pub(crate) const MSG_CANCELLED: &str = "The turn was cancelled before it completed.";
+pub(crate) const MSG_DEADLINE: &str = "The turn reached its deadline before it completed.";
 pub(crate) const MSG_AUDIT: &str =
     "The audit sink could not record a decision, so the turn was ended.";
 pub(crate) const MSG_INVALID_OUTCOME: &str =
@@ -67,18 +68,32 @@ impl Ending {
             outcome_metadata: None,
         }
     }
-    pub fn cancelled(retryable: bool) -> Self {
+    /// `cancelled turn_cancelled` (ADR 0007's one code for every stop),
+    /// with `error.details.cause` saying which stop: `deadline` (the
+    /// turn's `timeoutMs`), `caller` (the host's own cancellation) or
+    /// `drain` (the runtime ended while the turn drained).
+    pub fn cancelled(retryable: bool, cause: &'static str) -> Self {
+        let message = if cause == "deadline" {
+            MSG_DEADLINE
+        } else {
+            MSG_CANCELLED
+        };
         Self {
             status: ExecutionStatus::Cancelled,
             output: None,
-            error: Some(ProtocolError::new(
-                TURN_CANCELLED,
-                MSG_CANCELLED,
-                Some(retryable),
-            )),
+            error: Some(ProtocolError::new(TURN_CANCELLED, message, Some(retryable))),
             escalation: None,
             outcome_metadata: None,
         }
+        .with_details(json!({"cause": cause}))
+    }
+    /// Adds `error.details` (fixed tokens of the host's, never a plugin's
+    /// text).
+    pub fn with_details(mut self, details: Value) -> Self {
+        if let (Some(error), Value::Object(d)) = (self.error.as_mut(), details) {
+            error.details = Some(d);
+        }
+        self
     }
     pub fn denied(code: &str, message: &str) -> Self {
         Self {

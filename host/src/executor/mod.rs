@@ -6,6 +6,7 @@
 //! names), hand the runtime a sanitized request, mediate every effect, and
 //! build the result on every way out with the envelope's provenance.
 
+mod deadline;
 mod egress;
 mod ending;
 mod mediation;
@@ -31,6 +32,7 @@ use sharedos_protocol::{
 pub use mediation::EnvelopeHost;
 pub use options::*;
 
+use deadline::{StopCause, spawn_deadlines};
 use ending::*;
 use turn::{Turn, TurnBudget, TurnParams, lock};
 
@@ -132,14 +134,37 @@ impl Executor {
     fn limits(&self, request: &ExecutionRequest) -> RuntimeLimits {
         let o = request.options.unwrap_or_default();
         let max_steps = o.max_steps.unwrap_or(self.options.default_max_steps);
+        let timeout_ms = o.timeout_ms.unwrap_or(self.options.default_timeout_ms);
+        // The plugin is told the drain point, so it can plan its work.
+        let grace = self.options.drain_grace_ms;
+        let (drain_grace_ms, drain_at_ms) = if grace > 0 {
+            (Some(grace), Some(timeout_ms.saturating_sub(grace)))
+        } else {
+            (None, None)
+        };
         RuntimeLimits {
             max_steps,
             max_tool_calls: o
                 .max_tool_calls
                 .or(self.options.default_max_tool_calls)
                 .unwrap_or(max_steps),
-            timeout_ms: o.timeout_ms.unwrap_or(self.options.default_timeout_ms),
+            timeout_ms,
+            drain_grace_ms,
+            drain_at_ms,
         }
+    }
+
+    /// A grace no smaller than the turn's limit leaves it no working time:
+    /// it drains from its first instant and every call is refused. ADR 0007
+    /// leaves that choice to the host, so it is not clamped; it is said, in
+    /// the log and in `metadata.runtime.warnings`.
+    fn no_working_time(&self, timeout_ms: u64) -> Option<String> {
+        let grace = self.options.drain_grace_ms;
+        (grace > 0 && grace >= timeout_ms).then(|| {
+            format!(
+                "timeoutMs {timeout_ms} is not above drainGraceMs {grace}: the turn drained from its first instant and every tool call was refused"
+            )
+        })
     }
 
     fn report_turn_error(&self, turn: &Turn, error: TurnError) {
@@ -213,12 +238,26 @@ impl Executor {
         }
 
         // The deadline machinery starts now.
-        let timers = spawn_deadlines(&turn, limits.timeout_ms, self.options.drain_grace_ms);
+        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+            tracing::warn!(execution_id = %turn.execution_id, "{w}");
+        }
+        let stop = Arc::new(StopCause::default());
+        let timers = spawn_deadlines(
+            &turn,
+            limits.timeout_ms,
+            self.options.drain_grace_ms,
+            stop.clone(),
+        );
         let cancel_watch = opts.cancel.clone().map(|c| {
             let t = Arc::downgrade(&turn);
+            let stop = stop.clone();
             tokio::spawn(async move {
                 c.cancelled().await;
                 if let Some(t) = t.upgrade() {
+                    stop.set("caller");
+                    if !t.signals.hard_raised() {
+                        tracing::info!(execution_id = %t.execution_id, "the caller cancelled the turn");
+                    }
                     t.signals.raise_hard();
                 }
             })
@@ -244,7 +283,7 @@ impl Executor {
             turn.close();
             let result = build(
                 &turn,
-                Ending::cancelled(true),
+                Ending::cancelled(true, "caller"),
                 started_at,
                 &self.runtime_provenance(None),
                 false,
@@ -255,9 +294,14 @@ impl Executor {
         }
 
         let body = self.body(&turn, request).await;
+        let diagnosis = self
+            .seat
+            .reports
+            .as_ref()
+            .and_then(|r| r.take_diagnosis(turn.execution_id.as_str()));
         let (ending, ended_by) = match body {
             Ok(done) => done,
-            Err(caught) => self.catch(&turn, caught).await,
+            Err(caught) => self.catch(&turn, caught, diagnosis.as_ref(), &stop).await,
         };
         turn.close();
         timers.abort();
@@ -270,13 +314,14 @@ impl Executor {
             .as_ref()
             .and_then(|r| r.take_sandbox_report(turn.execution_id.as_str()));
         let with_annotations = ending.status != ExecutionStatus::Denied;
-        let result = build(
-            &turn,
-            ending,
-            started_at,
-            &self.runtime_provenance(report),
-            with_annotations,
-        );
+        let mut runtime = self.runtime_provenance(report);
+        if let Some(d) = diagnosis {
+            runtime["process"] = d.process;
+        }
+        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+            runtime["warnings"] = json!([w]);
+        }
+        let result = build(&turn, ending, started_at, &runtime, with_annotations);
         self.record_end(&turn, &result, ended_by).await;
         turn.flush_delivery().await;
         Ok(result)
@@ -501,7 +546,13 @@ impl Executor {
     }
 
     /// The catch path of B.1 step 17.
-    async fn catch(&self, turn: &Arc<Turn>, caught: Caught) -> (Ending, Option<&'static str>) {
+    async fn catch(
+        &self,
+        turn: &Arc<Turn>,
+        caught: Caught,
+        diagnosis: Option<&RuntimeDiagnosis>,
+        stop: &StopCause,
+    ) -> (Ending, Option<&'static str>) {
         let signals = &turn.signals;
         if signals.soft_raised() && !signals.hard_raised() && !turn.in_flight.is_empty() {
             let hard = signals.hard_signal();
@@ -520,6 +571,8 @@ impl Executor {
         }
         // A violation stops the seat like an abort, but the turn failed: it
         // is the runtime's doing, not the deadline's or the host's.
+        // Every envelope violation is the plugin's doing and repeats on a
+        // retry: never retryable.
         if let Some(reason) = turn.violation() {
             let (code, message) = if reason == EGRESS_BUDGET_EXCEEDED {
                 (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET)
@@ -529,13 +582,14 @@ impl Executor {
             turn.push_event("turn.failed", failed_event(code, "envelope"));
             self.report_turn_error(turn, TurnError::Violation { reason });
             return (
-                Ending::failed(code, message, turn.safe_to_retry()),
+                Ending::failed(code, message, false).with_details(json!({"reason": reason})),
                 Some("envelope"),
             );
         }
         if signals.soft_raised() {
             turn.push_event("turn.cancelled", json!({}));
-            return (Ending::cancelled(turn.safe_to_retry()), None);
+            let cause = stop.get().unwrap_or("drain");
+            return (Ending::cancelled(turn.safe_to_retry(), cause), None);
         }
         turn.push_event("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
         let error = match caught {
@@ -544,10 +598,18 @@ impl Executor {
             Caught::Aborted => TurnError::Kernel("aborted".into()),
         };
         self.report_turn_error(turn, error);
-        (
-            Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
-            Some("envelope"),
-        )
+        // A deterministic failure (a stream violation, a refused
+        // handshake) would happen again: not retryable whatever the turn did.
+        let ending = match diagnosis {
+            Some(d) => Ending::failed(
+                RUNTIME_FAILED,
+                MSG_RUNTIME_FAILED,
+                turn.safe_to_retry() && !d.deterministic,
+            )
+            .with_details(json!({"reason": d.reason})),
+            None => Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
+        };
+        (ending, Some("envelope"))
     }
 }
 
@@ -613,39 +675,4 @@ fn sanitize(
         options: request.options,
         metadata: request.metadata.clone(),
     }
-}
-
-/// The two timers of B.5: `draining` at `timeout − grace` (when grace > 0)
-/// and the hard stop at `timeout`.
-fn spawn_deadlines(
-    turn: &Arc<Turn>,
-    timeout_ms: u64,
-    grace_ms: u64,
-) -> tokio::task::JoinHandle<()> {
-    // The clock starts now, not when the timer task is first polled.
-    let start = tokio::time::Instant::now();
-    // A grace no smaller than the limit leaves no time in which a call is
-    // taken: the turn is draining from its first instant, before the seat
-    // can make a call (ADR 0007).
-    if grace_ms > 0 && grace_ms >= timeout_ms {
-        turn.signals.raise_soft();
-    }
-    let weak = Arc::downgrade(turn);
-    tokio::spawn(async move {
-        let deadline = start + Duration::from_millis(timeout_ms);
-        if grace_ms > 0 && grace_ms < timeout_ms {
-            tokio::time::sleep_until(
-                start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms)),
-            )
-            .await;
-            match weak.upgrade() {
-                Some(t) => t.signals.raise_soft(),
-                None => return,
-            }
-        }
-        tokio::time::sleep_until(deadline).await;
-        if let Some(t) = weak.upgrade() {
-            t.signals.raise_hard();
-        }
-    })
 }

@@ -60,7 +60,8 @@ pub enum TurnError {
     Kernel(String),
     /// The runtime broke a host-side limit and its seat was stopped, e.g.
     /// `rate_limit_exceeded` for a turn over its event budget. The turn
-    /// ends `failed runtime_failed`; the reason is never in the result.
+    /// ends `failed runtime_failed`, not retryable, with the reason (a
+    /// fixed token) in `error.details.reason`.
     Violation { reason: &'static str },
 }
 
@@ -209,6 +210,26 @@ pub struct Seat {
 /// A seat that can say how its turn was isolated.
 pub trait SeatReports: Send + Sync {
     fn take_sandbox_report(&self, execution_id: &str) -> Option<Value>;
+
+    /// Why the turn ended without an outcome, when the seat knows (a
+    /// process seat: the violation, the exit status, the last stderr
+    /// lines). Taken once.
+    fn take_diagnosis(&self, _execution_id: &str) -> Option<RuntimeDiagnosis> {
+        None
+    }
+}
+
+/// A seat's account of a turn that ended without an outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeDiagnosis {
+    /// A fixed token of the host's (never the plugin's text):
+    /// `invalid_json`, `plugin_exited`, `handshake_timeout`, ...
+    pub reason: &'static str,
+    /// A retry would fail the same way: the ending is never retryable.
+    pub deterministic: bool,
+    /// `metadata.runtime.process`: the exit status and the last stderr
+    /// lines, escaped and bounded.
+    pub process: Value,
 }
 
 impl Seat {

@@ -2,15 +2,14 @@
 //!
 //! [`Launcher`] is the seam the sandbox plugs into: a blocking function
 //! that returns the child's three pipe ends as `OwnedFd`s, a handle that
-//! kills and reaps the whole tree, and the sandbox report. [`DirectLauncher`]
-//! starts the plugin unsandboxed, in its own process group.
+//! kills and reaps the whole tree, and the sandbox report.
+//! [`DirectLauncher`](super::DirectLauncher) starts the plugin unsandboxed
+//! (development only), contained by a cgroup.
 
-use std::ffi::OsString;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 
 /// What to start. `env` is the complete environment of the child (the host
 /// has already applied its allowlist and added `SHAREDOS_PLUGIN=1`).
@@ -86,123 +85,4 @@ pub trait Launcher: Send + Sync {
     /// launcher that keeps sandboxes prepared starts building them now.
     /// Returns at once; the default does nothing.
     fn prewarm(&self, _spec: &LaunchSpec) {}
-}
-
-/// An unsandboxed launch: cleared environment plus the spec's, its own
-/// process group, piped stdio, no `pre_exec` (any `pre_exec` forces a
-/// `fork()` of the whole host instead of `posix_spawn`/`vfork`).
-///
-/// Limit: the kill is a process-group kill (one `kill(-pgid)`, so killing
-/// a turn's tree costs the same whatever runs on the machine), so a
-/// descendant that left the group (`setsid`, `setpgid`) escapes it. Only
-/// the sandbox's pid namespace and cgroup close that hole.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DirectLauncher;
-
-impl Launcher for DirectLauncher {
-    fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        let spawn_err = |source| LaunchError::Spawn {
-            program: spec.program.clone(),
-            source,
-        };
-        let mut cmd = Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .env_clear()
-            .envs(
-                spec.env
-                    .iter()
-                    .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        let mut child = cmd.spawn().map_err(spawn_err)?;
-        let pid = child.id();
-        let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-        let mut tree = GroupTree {
-            child: Some(child),
-            pgid: pid,
-            reaped: false,
-        };
-        let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
-            tree.start_kill();
-            return Err(spawn_err(io::Error::other("stdio was not piped")));
-        };
-        Ok(LaunchedChild {
-            stdin: stdin.into(),
-            stdout: stdout.into(),
-            stderr: stderr.into(),
-            tree: Box::new(tree),
-            // Said explicitly, so a result never leaves its isolation unsaid.
-            report: Some(
-                serde_json::json!({"level": "none", "reason": "launched without a sandbox"}),
-            ),
-            egress_listener: None,
-        })
-    }
-}
-
-/// The direct launch's tree: the plugin leads its own process group.
-struct GroupTree {
-    child: Option<Child>,
-    pgid: u32,
-    /// The leader was reaped (by `try_wait`): its pid may be reused.
-    reaped: bool,
-}
-
-impl GroupTree {
-    /// SIGKILLs the process group: one syscall, whatever the number of
-    /// processes on the machine (no walk of `/proc`). A descendant that
-    /// left the group (`setsid`, `setpgid`) is out of its reach: only the
-    /// sandbox's pid namespace and cgroup catch that.
-    fn killpg(&self) {
-        if let Some(pid) = i32::try_from(self.pgid)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            // ESRCH once everything in the group is gone: nothing to do.
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
-    }
-}
-
-impl ProcessTree for GroupTree {
-    fn pid(&self) -> u32 {
-        self.pgid
-    }
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        let status = match &mut self.child {
-            Some(c) => c.try_wait()?,
-            None => None,
-        };
-        self.reaped |= status.is_some();
-        Ok(status)
-    }
-    fn start_kill(&mut self) {
-        self.killpg();
-    }
-    fn kill_tree(&mut self) -> io::Result<()> {
-        self.killpg();
-        if let Some(mut c) = self.child.take() {
-            c.wait()?;
-        }
-        // Members that were mid-fork when the first signal landed.
-        self.killpg();
-        Ok(())
-    }
-}
-
-impl Drop for GroupTree {
-    fn drop(&mut self) {
-        self.killpg();
-        if let Some(mut c) = self.child.take()
-            && !matches!(c.try_wait(), Ok(Some(_)))
-        {
-            // SIGKILL is on its way; reap off the async thread.
-            std::thread::spawn(move || {
-                let _ = c.wait();
-            });
-        }
-    }
 }

@@ -10,6 +10,8 @@
 //! future may be dropped at any await point (the executor races it against
 //! the hard deadline): a guard then kills the tree and reaps it off-thread.
 
+mod diagnosis;
+mod direct;
 pub mod launcher;
 mod reaper;
 pub mod stderr;
@@ -30,7 +32,10 @@ use sharedos_protocol::{
 };
 use tokio::net::unix::pipe;
 
-pub use launcher::{DirectLauncher, LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use diagnosis::{Diagnosis, is_deterministic};
+pub use direct::DirectLauncher;
+pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use reaper::{adopt_orphans, reap_orphans};
 pub use stderr::StderrLimits;
 
 use crate::broker::turn::{drive_turn, handshake, host_peer_config, turn_run_params};
@@ -113,6 +118,7 @@ pub struct ProcessRuntime {
     config: ProcessRuntimeConfig,
     launcher: Arc<dyn Launcher>,
     reports: Mutex<HashMap<String, serde_json::Value>>,
+    diagnoses: Mutex<HashMap<String, Diagnosis>>,
 }
 
 impl std::fmt::Debug for ProcessRuntime {
@@ -143,6 +149,7 @@ impl ProcessRuntime {
             config,
             launcher,
             reports: Mutex::new(HashMap::new()),
+            diagnoses: Mutex::new(HashMap::new()),
         };
         // A launcher that keeps sandboxes prepared (`warm`) builds them
         // from now on, so even the first turn finds one.
@@ -182,13 +189,41 @@ impl ProcessRuntime {
     }
 
     fn keep_report(&self, execution_id: &str, report: serde_json::Value) {
-        let mut reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
-        if reports.len() >= MAX_KEPT_REPORTS
-            && let Some(k) = reports.keys().next().cloned()
-        {
-            reports.remove(&k);
-        }
-        reports.insert(execution_id.to_owned(), report);
+        keep_bounded(&self.reports, execution_id, report);
+    }
+
+    /// Why the turn with this execution id ended without an outcome, once;
+    /// `None` when it had one (or was dropped at its abort).
+    pub fn take_diagnosis(&self, execution_id: &str) -> Option<Diagnosis> {
+        self.diagnoses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(execution_id)
+    }
+
+    /// Keeps why the turn ended without an outcome, and logs it with the
+    /// plugin's exit status and last stderr lines.
+    fn keep_diagnosis(
+        &self,
+        execution_id: &str,
+        reason: &'static str,
+        status: Option<std::process::ExitStatus>,
+        tail: Vec<String>,
+    ) {
+        let process = diagnosis::process_json(status, tail);
+        tracing::warn!(
+            runtime = %self.config.manifest.id,
+            execution_id = %escape_text(execution_id),
+            reason,
+            process = %process,
+            "the plugin ended its turn without an outcome"
+        );
+        let d = Diagnosis {
+            reason,
+            deterministic: is_deterministic(reason),
+            process,
+        };
+        keep_bounded(&self.diagnoses, execution_id, d);
     }
 
     fn name(&self) -> String {
@@ -228,6 +263,17 @@ impl ProcessRuntime {
     }
 }
 
+/// Inserts into a map that never holds more than `MAX_KEPT_REPORTS`.
+fn keep_bounded<T>(map: &Mutex<HashMap<String, T>>, key: &str, value: T) {
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    if map.len() >= MAX_KEPT_REPORTS
+        && let Some(k) = map.keys().next().cloned()
+    {
+        map.remove(&k);
+    }
+    map.insert(key.to_owned(), value);
+}
+
 /// A fresh turn id: `t-` and 32 hex digits, within `[A-Za-z0-9_.:-]`.
 fn new_turn_id() -> TurnId {
     let raw = format!("t-{}", uuid::Uuid::new_v4().simple());
@@ -240,18 +286,34 @@ fn new_turn_id() -> TurnId {
 /// a background thread; [`TreeGuard::finish`] does the same and waits.
 struct TreeGuard {
     tree: Arc<Mutex<Option<Box<dyn ProcessTree>>>>,
+    /// How the launched process ended, once seen.
+    status: Arc<Mutex<Option<std::process::ExitStatus>>>,
 }
 
 impl TreeGuard {
     fn new(tree: Box<dyn ProcessTree>) -> Self {
         Self {
             tree: Arc::new(Mutex::new(Some(tree))),
+            status: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// How the launched process ended, if it has (a non-blocking look).
+    fn status_now(&self) -> Option<std::process::ExitStatus> {
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        if status.is_none()
+            && let Some(tree) = self.tree.lock().unwrap_or_else(|p| p.into_inner()).as_mut()
+            && let Ok(Some(s)) = tree.try_wait()
+        {
+            *status = Some(s);
+        }
+        *status
     }
 
     /// Resolves when the launched process has exited, with how it ended.
     fn exited(&self) -> impl std::future::Future<Output = String> + use<> {
         let tree = self.tree.clone();
+        let seen = self.status.clone();
         async move {
             let mut tick = tokio::time::interval(Duration::from_millis(25));
             loop {
@@ -259,6 +321,7 @@ impl TreeGuard {
                 let mut slot = tree.lock().unwrap_or_else(|p| p.into_inner());
                 match slot.as_mut().map(|t| t.try_wait()) {
                     Some(Ok(Some(status))) => {
+                        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
                         return format!("the plugin process exited ({status})");
                     }
                     Some(Ok(None)) => {}
@@ -402,6 +465,11 @@ impl RuntimePlugin for ProcessRuntime {
         let execution_id = request.execution_id.as_str().to_owned();
         let spec = self.launch_spec(execution_id.clone(), turn_id.as_str().to_owned());
         let launcher = self.launcher.clone();
+        // The reason of an ending without an outcome, where the error's
+        // type says it (the launch, the handshake).
+        let cause: Mutex<Option<&'static str>> = Mutex::new(None);
+        let set_cause =
+            |r: &'static str| *cause.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         // If this future is dropped while the launch runs, the blocking
         // thread drops the `LaunchedChild`, whose tree kills itself.
         let launched = tokio::task::spawn_blocking(move || launcher.launch(&spec))
@@ -418,6 +486,11 @@ impl RuntimePlugin for ProcessRuntime {
                 {
                     self.keep_report(&execution_id, report);
                 }
+                let reason = match e {
+                    LaunchError::Refused { .. } => "launch_refused",
+                    LaunchError::Spawn { .. } => "launch_failed",
+                };
+                self.keep_diagnosis(&execution_id, reason, None, Vec::new());
                 self.load_error(e)
             })?;
         let LaunchedChild {
@@ -438,15 +511,17 @@ impl RuntimePlugin for ProcessRuntime {
         let _gateway = self.serve_egress(&execution_id, egress_listener)?;
 
         let abort_seen = abort.clone();
+        let tail = stderr::SharedTail::default();
         let outcome = async {
             let stdin = sender(stdin).map_err(|e| self.load_error(format!("stdin is not a pipe: {e}")))?;
             let stdout = receiver(stdout).map_err(|e| self.load_error(format!("stdout is not a pipe: {e}")))?;
             let stderr = receiver(stderr).map_err(|e| self.load_error(format!("stderr is not a pipe: {e}")))?;
-            let _stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr(
+            let _stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr_with_tail(
                 stderr,
                 self.config.manifest.id.as_str().to_owned(),
                 turn_id.as_str().to_owned(),
                 self.config.stderr,
+                tail.clone(),
             )));
             let peer_config = host_peer_config(PeerConfig {
                 max_message_bytes: self.config.max_message_bytes,
@@ -462,7 +537,10 @@ impl RuntimePlugin for ProcessRuntime {
             };
             tokio::select! {
                 r = handshake(&mut peer, &mut inbound, &self.config.manifest, limits, self.config.handshake_timeout) => {
-                    r.map_err(|e| self.load_error(e))?;
+                    r.map_err(|e| {
+                        set_cause(diagnosis::handshake_reason(&e));
+                        self.load_error(e)
+                    })?;
                     stamp(stages, "initialized");
                 }
                 _ = abort.raised() => {
@@ -475,6 +553,18 @@ impl RuntimePlugin for ProcessRuntime {
         }
         .await;
         stamp(stages, "settled");
+        if let Err(e) = &outcome {
+            let reason = cause.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let reason = reason.or(match e {
+                RuntimeError::Protocol(text) => Some(diagnosis::stream_reason(text)),
+                RuntimeError::Failed(_) if !abort_seen.is_raised() => Some("runtime_error"),
+                _ => None,
+            });
+            if let Some(reason) = reason {
+                let lines = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+                self.keep_diagnosis(&execution_id, reason, guard.status_now(), lines);
+            }
+        }
         guard.finish(abort_seen.is_raised());
         stamp(stages, "signalled");
         if let Err(e) = &outcome {

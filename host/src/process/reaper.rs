@@ -83,3 +83,44 @@ pub(crate) fn settle() {
         n = r.idle.wait(n).unwrap_or_else(|p| p.into_inner());
     }
 }
+
+/// Makes this process the reaper of every orphan among its descendants
+/// (`PR_SET_CHILD_SUBREAPER`): a sandbox's pid 1 that outlives its helper
+/// by an instant, or a direct plugin's daemon, is re-parented here instead
+/// of to init, so [`reap_orphans`] can collect it before the host exits.
+/// For a command that runs a bounded number of turns and then exits
+/// (`sharedos run`, `demo`): a long-running host would hold the zombies
+/// until it exits.
+#[allow(unsafe_code)]
+pub fn adopt_orphans() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only; no memory is passed.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reaps every child that has exited, waiting up to `bound` for children
+/// still dying. Call it only when no `std::process::Child` is still waited
+/// for (after `settle_kills`): it waits for any child. Returns how many it
+/// reaped.
+#[allow(unsafe_code)]
+pub fn reap_orphans(bound: std::time::Duration) -> usize {
+    let end = std::time::Instant::now() + bound;
+    let mut reaped = 0;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child with a valid pointer to a local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            reaped += 1;
+            continue;
+        }
+        // No child left (ECHILD), or an error: nothing more to reap.
+        if pid < 0 || std::time::Instant::now() >= end {
+            return reaped;
+        }
+        // Children remain and none has exited yet.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -37,12 +37,57 @@ enum Line {
     Host(&'static str),
 }
 
+/// The last lines a plugin wrote on stderr, escaped and bounded: what a
+/// result says about a plugin that died (`metadata.runtime.process`).
+#[derive(Debug, Default)]
+pub struct StderrTail {
+    /// Raw (cut to `TAIL_LINE_BYTES`): escaped only when read, so a flood
+    /// costs a copy per line, never an escape.
+    lines: std::collections::VecDeque<Vec<u8>>,
+}
+
+/// Lines kept in a [`StderrTail`], and bytes of one kept line.
+pub const TAIL_LINES: usize = 20;
+pub const TAIL_LINE_BYTES: usize = 512;
+
+impl StderrTail {
+    fn push(&mut self, line: &[u8]) {
+        if self.lines.len() == TAIL_LINES {
+            self.lines.pop_front();
+        }
+        self.lines
+            .push_back(line[..line.len().min(TAIL_LINE_BYTES + 1)].to_vec());
+    }
+
+    /// The kept lines, oldest first, escaped and cut.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines
+            .iter()
+            .map(|l| escaped_sample(l, TAIL_LINE_BYTES))
+            .collect()
+    }
+}
+
+/// A tail shared between the drain and whoever reports the turn.
+pub type SharedTail = std::sync::Arc<std::sync::Mutex<StderrTail>>;
+
 /// Reads `stderr` to EOF, logging within the limits.
 pub async fn drain_stderr<R: AsyncRead + Unpin>(
     stderr: R,
     runtime: String,
     turn: String,
     limits: StderrLimits,
+) {
+    drain_stderr_with_tail(stderr, runtime, turn, limits, SharedTail::default()).await
+}
+
+/// [`drain_stderr`], keeping every line read (logged or not) in `tail`.
+pub async fn drain_stderr_with_tail<R: AsyncRead + Unpin>(
+    stderr: R,
+    runtime: String,
+    turn: String,
+    limits: StderrLimits,
+    tail: SharedTail,
 ) {
     let mut framed = FramedRead::new(stderr, LinesCodec::new_with_max_length(limits.line_bytes));
     let mut used: u64 = 0;
@@ -59,6 +104,9 @@ pub async fn drain_stderr<R: AsyncRead + Unpin>(
         // budget or the rate costs a read, never an escape.
         let (text, cost) = match next {
             Some(Ok(line)) => {
+                tail.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(line.as_bytes());
                 let cost = line.len() as u64 + 1;
                 (Line::Plugin(line), cost)
             }

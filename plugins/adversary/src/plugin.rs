@@ -112,6 +112,8 @@ mod tests {
                 max_steps: 1,
                 max_tool_calls: 0,
                 timeout_ms: 10_000,
+                drain_grace_ms: None,
+                drain_at_ms: None,
             }
         }
         async fn invoke_tool(

@@ -68,14 +68,24 @@ class RuntimeLimits:
 
     SCHEMA_DEF = "RuntimeLimits"
     WIRE: ClassVar[Wire] = (("max_steps", "maxSteps", True), ("max_tool_calls", "maxToolCalls", True),
-                  ("timeout_ms", "timeoutMs", True))
+                  ("timeout_ms", "timeoutMs", True), ("drain_grace_ms", "drainGraceMs", False),
+                  ("drain_at_ms", "drainAtMs", False))
     max_steps: int
     max_tool_calls: int
+    #: The deadline, in ms from the start of the turn.
     timeout_ms: int
+    #: The host's drain grace (``turn/draining`` comes this long before the
+    #: deadline); None when the host has none.
+    drain_grace_ms: Optional[int] = None
+    #: When the drain starts, in ms from the start of the turn; None with no grace.
+    drain_at_ms: Optional[int] = None
 
     @classmethod
     def from_json(cls, v: Dict[str, Any]) -> "RuntimeLimits":
-        return cls(int(v["maxSteps"]), int(v["maxToolCalls"]), int(v["timeoutMs"]))
+        def opt(key: str) -> Optional[int]:
+            return None if v.get(key) is None else int(v[key])
+        return cls(int(v["maxSteps"]), int(v["maxToolCalls"]), int(v["timeoutMs"]),
+                   opt("drainGraceMs"), opt("drainAtMs"))
 
 
 @dataclass

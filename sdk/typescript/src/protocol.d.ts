@@ -389,8 +389,22 @@ export type RuntimeEvent = {
  * The turn's bounded step, tool-call and deadline limits (A.3).
  */
 export type RuntimeLimits = {
+  /**
+   * When the drain starts, in milliseconds from the start of the turn
+   * (`timeoutMs - drainGraceMs`, 0 when the grace is not below the
+   * limit: the turn drains from its first instant). Absent with no grace.
+   */
+  drainAtMs?: number | null;
+  /**
+   * The host's drain grace: `turn/draining` comes this long before the
+   * deadline. Absent when the host drains only on an audit outage.
+   */
+  drainGraceMs?: number | null;
   maxSteps: number;
   maxToolCalls: number;
+  /**
+   * The deadline, in milliseconds from the start of the turn.
+   */
   timeoutMs: number;
 };
 
