@@ -127,7 +127,8 @@ pub(crate) fn build(
         output: ending.output,
         error: ending.error,
         escalation: ending.escalation,
-        events: turn.events(),
+        // Moved in by the executor once the observer has seen them all.
+        events: Vec::new(),
         started_at,
         completed_at: turn.now(),
         metadata: merge_metadata(ending.outcome_metadata.as_ref(), &annotations, runtime),

@@ -232,9 +232,7 @@ impl Executor {
                 &self.runtime_provenance(None),
                 false,
             );
-            self.record_end(&turn, &result, None).await;
-            turn.flush_delivery().await;
-            return Ok(result);
+            return Ok(self.finish(&turn, result, None).await);
         }
 
         // The deadline machinery starts now.
@@ -288,9 +286,7 @@ impl Executor {
                 &self.runtime_provenance(None),
                 false,
             );
-            self.record_end(&turn, &result, None).await;
-            turn.flush_delivery().await;
-            return Ok(result);
+            return Ok(self.finish(&turn, result, None).await);
         }
 
         let body = self.body(&turn, request).await;
@@ -322,9 +318,23 @@ impl Executor {
             runtime["warnings"] = json!([w]);
         }
         let result = build(&turn, ending, started_at, &runtime, with_annotations);
-        self.record_end(&turn, &result, ended_by).await;
+        Ok(self.finish(&turn, result, ended_by).await)
+    }
+
+    /// Records the end, waits until the observer has seen every event, and
+    /// only then moves the (sealed) event log into the result: the log of
+    /// a busy turn holds two events a tool call, and a copy of it was a
+    /// tenth of the host's work per call.
+    async fn finish(
+        &self,
+        turn: &Turn,
+        mut result: ExecutionResult,
+        ended_by: Option<&'static str>,
+    ) -> ExecutionResult {
+        self.record_end(turn, &result, ended_by).await;
         turn.flush_delivery().await;
-        Ok(result)
+        result.events = turn.take_events();
+        result
     }
 
     async fn record_end(

@@ -148,6 +148,8 @@ pub(crate) struct EventLog {
     /// Set when the envelope wrote the turn's ending: nothing the seat
     /// causes is written after it.
     sealed: bool,
+    /// Set when the result took the events: nothing is written after it.
+    taken: bool,
 }
 
 /// The annotation store: insertion order, last write wins, bounded in keys
@@ -262,6 +264,7 @@ impl Turn {
                 charged_events: 0,
                 charged_bytes: 0,
                 sealed: false,
+                taken: false,
             }),
             delivered: Mutex::new(0),
             delivered_count: std::sync::atomic::AtomicUsize::new(0),
@@ -318,6 +321,9 @@ impl Turn {
     pub fn push_event(&self, kind: &str, data: Value) {
         {
             let mut log = lock(&self.events);
+            if log.taken {
+                return;
+            }
             if TERMINAL_EVENTS.contains(&kind) {
                 // The ending is the last event: a call still in mediation
                 // or with the kernel writes nothing after it.
@@ -445,8 +451,15 @@ impl Turn {
         }
     }
 
-    pub fn events(&self) -> Vec<ExecutionEvent> {
-        lock(&self.events).events.clone()
+    /// Seals the log and takes its events out: the last read of a turn's
+    /// log (its result), after the observer has been served. Nothing is
+    /// written after it (a late call's completion is refused by the seal,
+    /// an envelope event by `taken`).
+    pub fn take_events(&self) -> Vec<ExecutionEvent> {
+        let mut log = lock(&self.events);
+        log.sealed = true;
+        log.taken = true;
+        std::mem::take(&mut log.events)
     }
 
     /// Stores an annotation: kept while the turn is open (even aborted),

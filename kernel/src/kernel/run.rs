@@ -2,7 +2,9 @@
 //! They run in a task of their own so the outcome is recorded even when the
 //! caller stops waiting.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::Poll;
 
 use sharedos_protocol::{AccessContext, ToolCall, ToolResult};
 use tokio_util::sync::CancellationToken;
@@ -26,12 +28,24 @@ pub(super) struct Run {
 
 impl Run {
     pub(super) async fn go(self, abort: CancellationToken) -> Result<ToolResult, KernelError> {
-        let handler = Arc::clone(&self.tool.handler);
-        let (context, call, token) = (self.context.clone(), self.call.clone(), abort.clone());
-        // The handler runs in a task of its own so a panic is a failure of
-        // the tool, not of the kernel.
-        let joined =
-            tokio::spawn(async move { handler.invoke(&context, &call, token).await }).await;
+        // A panic in the handler is a failure of the tool, not of the
+        // kernel: every poll of its future is guarded. (No task of its
+        // own: this `Run` is already one, so the handler borrows the
+        // call and the context instead of taking copies.)
+        let joined = {
+            let mut invoked = self
+                .tool
+                .handler
+                .invoke(&self.context, &self.call, abort.clone());
+            std::future::poll_fn(|cx| {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| invoked.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Err(_) => Poll::Ready(Err(())),
+                }
+            })
+            .await
+        };
         let call = &self.original;
         let now = self.context.now.clone();
         let failed =
@@ -80,11 +94,11 @@ impl Run {
                     .tool_error(call.tool.as_str(), call.id.as_str(), &text);
                 failed("tool_execution_failed", EXECUTION_FAILED_MESSAGE)
             }
-            Err(join) => {
+            Err(()) => {
                 self.recorder.hook.tool_error(
                     call.tool.as_str(),
                     call.id.as_str(),
-                    &format!("handler task: {join}"),
+                    "the handler panicked",
                 );
                 failed("tool_execution_failed", EXECUTION_FAILED_MESSAGE)
             }
