@@ -194,6 +194,7 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
         manifest: sharedos_plugin_sdk::RuntimePlugin::manifest(&*plugin),
         plugin,
         reports: Some(late.clone()),
+        egress: None,
     };
     let (opts, turn_errors) = options(0);
     let h = Harness {
