@@ -132,6 +132,7 @@ impl Battery<'_> {
             s.recv(Duration::from_millis(200)),
             Recv::Message(..) | Recv::Invalid(_)
         );
+        s.wait_stderr_end(Duration::from_secs(2));
         let tail = s.stderr_tail();
         if status.success() {
             c.fail(format!(

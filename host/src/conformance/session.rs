@@ -39,6 +39,8 @@ pub enum Recv {
 pub struct StderrLog {
     pub bytes: usize,
     pub last: Vec<String>,
+    /// The reader saw the end of the pipe: nothing more will come.
+    pub ended: bool,
 }
 
 /// The longest line the reader accepts (the host's frame limit is smaller).
@@ -131,6 +133,16 @@ impl Session {
         self.tree.pid()
     }
 
+    /// Waits up to `timeout` for the stderr reader to reach the end of the
+    /// pipe, so a line written just before exit is in the tail: the reader
+    /// is a thread of its own and may lag behind the exit under load.
+    pub fn wait_stderr_end(&self, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end && !self.stderr.lock().unwrap_or_else(|p| p.into_inner()).ended {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The last stderr lines, for a report.
     pub fn stderr_tail(&self) -> String {
         let log = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,7 +204,10 @@ fn read_stderr(err: File, log: Arc<Mutex<StderrLog>>) {
     loop {
         buf.clear();
         match (&mut reader).take(1 << 20).read_until(b'\n', &mut buf) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                log.lock().unwrap_or_else(|p| p.into_inner()).ended = true;
+                return;
+            }
             Ok(n) => {
                 let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
                 l.bytes += n;
