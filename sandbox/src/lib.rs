@@ -30,31 +30,21 @@
 #![cfg(target_os = "linux")]
 
 pub mod bench;
-pub mod caps;
-pub mod cgroup;
 pub mod check;
 mod error;
-pub mod fds;
-mod forkserver;
-pub mod fsview;
 mod helper;
-pub mod landlock;
-mod listener;
-mod memory;
-pub mod mounts;
-pub mod namespaces;
+mod host;
+mod layers;
 mod policy;
-pub mod procmask;
-pub mod removal;
 mod report;
 mod request;
-pub mod rlimits;
-pub mod seccomp;
-mod spawn;
-pub mod staging;
-pub mod statedir;
 pub mod timing;
-pub mod uid;
+
+pub use helper::fds;
+pub use host::{cgroup, removal, staging, statedir, uid};
+pub(crate) use host::{forkserver, listener, spawn};
+pub(crate) use layers::memory;
+pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp};
 
 pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_current_exe};
 pub use check::check;

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 mod credentials;
 pub(crate) mod egress;
+pub mod fds;
 mod plugin;
 mod reaper;
 pub(crate) mod server;
@@ -28,7 +29,6 @@ pub(crate) mod server;
 use reaper::{block_term_and_chld, pid_one};
 
 use crate::cgroup;
-use crate::fds;
 use crate::landlock as ll;
 use crate::mounts;
 use crate::report::{
