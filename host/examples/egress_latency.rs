@@ -41,7 +41,7 @@ async fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Script::Json, None).await;
+    let up = json_upstream(None).await;
     let policy = json!({"routes": [{"name": "m", "upstream": format!("http://127.0.0.1:{}/v1", up.port),
         "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
     let s = serve(
@@ -95,13 +95,7 @@ async fn main() {
             (Some(()), "/m/chat/completions", &mut gw_ttfb),
         ] {
             let release = Arc::new(Notify::new());
-            let sse = upstream(
-                Script::Sse {
-                    release: release.clone(),
-                },
-                None,
-            )
-            .await;
+            let sse = sse_upstream(release.clone()).await;
             let target = match addr {
                 None => format!("127.0.0.1:{}", sse.port).parse().unwrap(),
                 Some(()) => {

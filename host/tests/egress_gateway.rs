@@ -7,6 +7,7 @@ use std::sync::Arc;
 use egress_support::*;
 use http_body_util::BodyExt;
 use serde_json::json;
+use sharedos_host::egress::mock::{Wire, plan_script};
 use sharedos_host::egress::{EgressEvent, GatewayLimits};
 use sharedos_kernel::AuditOutcome;
 use tokio::sync::Notify;
@@ -18,7 +19,7 @@ fn route(name: &str, upstream: String, secret: String) -> serde_json::Value {
 #[tokio::test]
 async fn plain_route_adds_the_real_key_and_hides_it() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Script::Json, None).await;
+    let up = json_upstream(None).await;
     let policy = json!({"routes": [route("openai", format!("http://127.0.0.1:{}/v1", up.port), key_file(dir.path()))]});
     let mut s = serve(
         policy,
@@ -30,14 +31,15 @@ async fn plain_route_adds_the_real_key_and_hides_it() {
     let (status, body) = post(s.addr, "/openai/chat/completions?x=1", "{\"model\":\"m\"}").await;
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains(REAL_KEY));
-    let seen = up.seen.lock().unwrap().clone();
+    let seen = up.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].path, "/v1/chat/completions");
     assert_eq!(
-        seen[0].authorization.as_deref(),
+        seen[0].authorization(),
         Some(format!("Bearer {REAL_KEY}").as_str())
     );
-    assert_eq!(seen[0].body, b"{\"model\":\"m\"}");
+    assert_eq!(seen[0].body, json!({"model": "m"}));
+    assert_eq!(seen[0].body_len, 13);
     // The outcome is recorded once the body has ended.
     let done = wait_for(&mut s, |e| matches!(e, EgressEvent::Request { .. })).await;
     let EgressEvent::Request {
@@ -77,7 +79,7 @@ async fn wait_for(s: &mut Served, f: impl Fn(&EgressEvent) -> bool) -> EgressEve
 async fn tls_upstream_with_a_test_ca() {
     let dir = tempfile::tempdir().unwrap();
     let (acceptor, ca) = test_ca(dir.path());
-    let up = upstream(Script::Json, Some(acceptor)).await;
+    let up = json_upstream(Some(acceptor)).await;
     let policy = json!({
         "routes": [route("m", format!("https://localhost:{}/v1", up.port), key_file(dir.path()))],
         "caFile": ca,
@@ -91,9 +93,9 @@ async fn tls_upstream_with_a_test_ca() {
     .await;
     let (status, body) = post(s.addr, "/m/chat/completions", "{}").await;
     assert_eq!(status, 200, "{body}");
-    let seen = up.seen.lock().unwrap().clone();
+    let seen = up.seen();
     assert_eq!(
-        seen[0].authorization.as_deref(),
+        seen[0].authorization(),
         Some(format!("Bearer {REAL_KEY}").as_str())
     );
 
@@ -109,13 +111,13 @@ async fn tls_upstream_with_a_test_ca() {
     let (status, body) = post(s.addr, "/m/chat/completions", "{}").await;
     assert_eq!(status, 502);
     assert!(body.contains("upstream_tls_failed"), "{body}");
-    assert_eq!(up.seen.lock().unwrap().len(), 1);
+    assert_eq!(up.seen().len(), 1);
 }
 
 #[tokio::test]
 async fn no_grant_and_unknown_routes_are_refused_and_audited() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Script::Json, None).await;
+    let up = json_upstream(None).await;
     // A second loopback listener the policy does not name.
     let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     other.set_nonblocking(true).unwrap();
@@ -145,10 +147,7 @@ async fn no_grant_and_unknown_routes_are_refused_and_audited() {
     );
     let (status, body) = connect(s.addr, &other_addr.to_string()).await;
     assert_eq!(status, 403, "{body}");
-    assert!(
-        up.seen.lock().unwrap().is_empty(),
-        "the upstream saw a refused request"
-    );
+    assert!(up.seen().is_empty(), "the upstream saw a refused request");
     // Nothing ever connected to the listener the policy does not name.
     let e = other.accept().unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
@@ -170,13 +169,7 @@ async fn connect(addr: std::net::SocketAddr, target: &str) -> (u16, String) {
 async fn server_sent_events_pass_through_before_the_upstream_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let release = Arc::new(Notify::new());
-    let up = upstream(
-        Script::Sse {
-            release: release.clone(),
-        },
-        None,
-    )
-    .await;
+    let up = sse_upstream(release.clone()).await;
     let policy = json!({"routes": [route("openai", format!("http://127.0.0.1:{}/v1", up.port), key_file(dir.path()))]});
     let mut s = serve(
         policy,
@@ -213,7 +206,7 @@ async fn server_sent_events_pass_through_before_the_upstream_finishes() {
 #[tokio::test]
 async fn budgets_and_body_cap_end_requests_with_a_code() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Script::Json, None).await;
+    let up = json_upstream(None).await;
     let policy = json!({
         "routes": [route("openai", format!("http://127.0.0.1:{}/v1", up.port), key_file(dir.path()))],
         "budget": {"requests": 2},
@@ -233,12 +226,12 @@ async fn budgets_and_body_cap_end_requests_with_a_code() {
     let (status, body) = post(s.addr, "/openai/chat/completions", &big).await;
     assert_eq!(status, 413, "{body}");
     assert!(body.contains("egress_body_too_large"));
-    assert!(up.seen.lock().unwrap().is_empty());
+    assert!(up.seen().is_empty());
     assert_eq!(post(s.addr, "/openai/chat/completions", "{}").await.0, 200);
     let (status, body) = post(s.addr, "/openai/chat/completions", "{}").await;
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("egress_budget_exceeded"));
-    assert_eq!(up.seen.lock().unwrap().len(), 1);
+    assert_eq!(up.seen().len(), 1);
     let events = s.drain_events();
     assert!(
         events.contains(&EgressEvent::BudgetExceeded { budget: "requests" }),
@@ -249,7 +242,7 @@ async fn budgets_and_body_cap_end_requests_with_a_code() {
 #[tokio::test]
 async fn connections_over_the_cap_are_closed_and_the_gateway_still_serves() {
     let dir = tempfile::tempdir().unwrap();
-    let up = upstream(Script::Json, None).await;
+    let up = json_upstream(None).await;
     let policy = json!({"routes": [route("openai", format!("http://127.0.0.1:{}/v1", up.port), key_file(dir.path()))]});
     let limits = GatewayLimits {
         max_connections: 8,
@@ -366,12 +359,9 @@ async fn connect_reaches_an_allowed_destination_only_with_the_grant() {
 #[tokio::test]
 async fn upstream_connections_are_kept_alive_per_route() {
     let dir = tempfile::tempdir().unwrap();
-    let model = sharedos_host::egress::mock::MockModel::start(
-        sharedos_host::egress::mock::plan_script(),
-        None,
-    )
-    .await
-    .unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
     let policy = serde_json::json!({"routes": [{"name": "m", "upstream": model.base_url(),
         "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
     let s = serve(
@@ -392,7 +382,7 @@ async fn upstream_connections_are_kept_alive_per_route() {
     assert_eq!(model.connections(), 1);
     for seen in model.seen() {
         assert_eq!(
-            seen.authorization.as_deref(),
+            seen.authorization(),
             Some(format!("Bearer {REAL_KEY}").as_str())
         );
     }

@@ -5,7 +5,6 @@
 //! with a tool call and streamed text, and each kind of bad input.
 
 mod egress_support;
-mod model_support;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use egress_support::*;
-use model_support::*;
 use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
 use sharedos_host::egress::GatewayLimits;
+use sharedos_host::egress::mock::{ScriptedCall, SeenRequest, Wire, wire};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
 use sharedos_kernel::{Kernel, MemoryAuditSink};
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
@@ -90,20 +89,37 @@ impl Ran {
     }
 }
 
+/// The mock's wire for a driver kind.
+fn wire_of(kind: DriverKind) -> Wire {
+    Wire::from_kind(kind.as_str()).expect("a wire for each driver kind")
+}
+
+fn text_turn(kind: DriverKind, pieces: &[&str]) -> Vec<String> {
+    wire::text_turn(wire_of(kind), pieces)
+}
+
+fn results_sent(kind: DriverKind, body: &Value) -> Vec<(String, String)> {
+    wire::results_sent(wire_of(kind), body)
+}
+
 async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     let (model, upstream, ca) = if setup.tls {
         let (acceptor, ca) = test_ca(dir.path());
-        let m = mock_model(script, Some(acceptor)).await;
-        let url = format!("https://localhost:{}/v1", m.port);
+        let options = MockOptions {
+            tls: Some(acceptor),
+            on_request: None,
+        };
+        let m = MockModel::start_with(script, options).await.unwrap();
+        let url = m.base_url();
         (m, url, Some(ca))
     } else {
-        let m = mock_model(script, None).await;
-        let url = format!("http://127.0.0.1:{}/v1", m.port);
+        let m = MockModel::start(script).await.unwrap();
+        let url = m.base_url();
         (m, url, None)
     };
     let mut policy = json!({"routes": [{"name": "model", "upstream": upstream,
-        "secret": key_file(dir.path()), "api": route_api(kind), "allow": ["loopback"]}]});
+        "secret": key_file(dir.path()), "api": wire_of(kind).route_api(), "allow": ["loopback"]}]});
     if let Some(ca) = ca {
         policy["caFile"] = json!(ca);
     }
@@ -160,10 +176,11 @@ async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
 const WRITE_ARGS: &str = r#"{"path": "notes/plan.md", "content": "step one"}"#;
 
 fn call(kind: DriverKind, name: &str, arguments: &str) -> Vec<String> {
-    calls_turn(
-        kind,
+    wire::calls_turn(
+        wire_of(kind),
         &[ScriptedCall {
             id: "call_1",
+            namespace: None,
             name,
             arguments,
         }],
@@ -200,26 +217,26 @@ async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answer
 
             assert_eq!(ran.seen.len(), 2, "{k}");
             for s in &ran.seen {
-                assert_eq!(s.path, upstream_path(kind), "{k}");
+                assert_eq!(s.path, wire_of(kind).upstream_path(), "{k}");
                 assert_eq!(s.body["model"], "test-model", "{k}");
                 assert_eq!(s.body["stream"], true, "{k}");
                 // The upstream saw the real key, in the API's own header.
                 match kind {
                     DriverKind::AnthropicMessages => {
-                        assert_eq!(s.api_key.as_deref(), Some(REAL_KEY), "{k}");
-                        assert_eq!(s.authorization, None, "{k}");
-                        assert_eq!(s.anthropic_version.as_deref(), Some("2023-06-01"));
+                        assert_eq!(s.api_key(), Some(REAL_KEY), "{k}");
+                        assert_eq!(s.authorization(), None, "{k}");
+                        assert_eq!(s.header("anthropic-version"), Some("2023-06-01"));
                     }
                     _ => {
                         let bearer = format!("Bearer {REAL_KEY}");
-                        assert_eq!(s.authorization.as_deref(), Some(bearer.as_str()), "{k}");
-                        assert_eq!(s.api_key, None, "{k}");
+                        assert_eq!(s.authorization(), Some(bearer.as_str()), "{k}");
+                        assert_eq!(s.api_key(), None, "{k}");
                     }
                 }
             }
             // The catalogue was offered as functions; the result went back
             // with the call's id.
-            let offered = tools_offered(kind, &ran.seen[0].body);
+            let offered = wire::tools_offered(wire_of(kind), &ran.seen[0].body);
             assert!(
                 offered.contains(&"files__write".to_owned()),
                 "{k}: {offered:?}"
@@ -238,7 +255,7 @@ async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answer
             let md = serde_json::to_value(&r.metadata).unwrap();
             let dump = format!("{md}");
             assert!(dump.contains(&format!("\"driver\":\"{k}\"")), "{k}: {dump}");
-            let finish = format!("\"finishReason\":\"{}\"", stop_reason(kind));
+            let finish = format!("\"finishReason\":\"{}\"", wire_of(kind).stop_reason());
             assert!(dump.contains(&finish), "{k}: {dump}");
             let total = match kind {
                 DriverKind::AnthropicMessages => "\"input_tokens\":80",
@@ -377,7 +394,7 @@ fn draining(drained: &Arc<Notify>) -> Setup {
 async fn an_answer_in_flight_when_the_drain_begins_lands() {
     for kind in DriverKind::ALL {
         let drained = Arc::new(Notify::new());
-        let script = vec![Reply::Held(
+        let script = vec![Reply::held(
             text_turn(kind, &["Late ", "but whole."]),
             drained.clone(),
         )];
@@ -397,7 +414,7 @@ async fn a_call_landing_during_the_drain_is_refused_and_the_model_not_asked_agai
     for kind in DriverKind::ALL {
         let drained = Arc::new(Notify::new());
         let script = vec![
-            Reply::Held(call(kind, "files__write", WRITE_ARGS), drained.clone()),
+            Reply::held(call(kind, "files__write", WRITE_ARGS), drained.clone()),
             Reply::Stream(text_turn(kind, &["never"])),
         ];
         let ran = run(kind, script, draining(&drained)).await;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
-use sharedos_host::egress::mock::{MockModel, OnRequest, plan_script};
+use sharedos_host::egress::mock::{MockModel, MockOptions, OnRequest, Wire, plan_script};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;
@@ -165,7 +165,15 @@ async fn the_sandboxed_chat_driver_reaches_its_model_only_through_the_gateway() 
     let environs: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen_env = environs.clone();
     let hook: OnRequest = Arc::new(move |_| seen_env.lock().unwrap().extend(driver_environments()));
-    let model = MockModel::start(plan_script(), Some(hook)).await.unwrap();
+    let model = MockModel::start_with(
+        plan_script(Wire::OpenaiChat),
+        MockOptions {
+            tls: None,
+            on_request: Some(hook),
+        },
+    )
+    .await
+    .unwrap();
     let text = config_text(&model.base_url(), &key_file(dir.path()), "", MODEL_GRANT);
     let turn = run(dir.path(), &text).await;
 
@@ -186,7 +194,7 @@ async fn the_sandboxed_chat_driver_reaches_its_model_only_through_the_gateway() 
     assert_eq!(seen.len(), 2, "{seen:?}");
     for s in &seen {
         assert_eq!(
-            s.authorization.as_deref(),
+            s.authorization(),
             Some(format!("Bearer {REAL_KEY}").as_str())
         );
         assert_eq!(s.path, "/v1/chat/completions");
@@ -250,7 +258,9 @@ async fn the_sandboxed_chat_driver_reaches_its_model_only_through_the_gateway() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_without_the_egress_grant_is_refused_and_audited() {
     let dir = tempfile::tempdir().unwrap();
-    let model = MockModel::start(plan_script(), None).await.unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
     let text = config_text(&model.base_url(), &key_file(dir.path()), "", "");
     let turn = run(dir.path(), &text).await;
 
@@ -281,7 +291,9 @@ async fn an_agent_without_the_egress_grant_is_refused_and_audited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_request_budget_ends_the_turn_egress_budget_exceeded() {
     let dir = tempfile::tempdir().unwrap();
-    let model = MockModel::start(plan_script(), None).await.unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
     let budget = "budget = { requests = 1 }";
     let text = config_text(
         &model.base_url(),
@@ -369,7 +381,9 @@ fn open_fds() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_connections_dns_and_raw_sockets_fail_and_the_host_listener_sees_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let model = MockModel::start(plan_script(), None).await.unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
     // A listener on the host's loopback that no policy allows.
     let bystander = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = bystander.local_addr().unwrap().port();
@@ -424,7 +438,9 @@ async fn direct_connections_dns_and_raw_sockets_fail_and_the_host_listener_sees_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_connections_and_a_gigabyte_body_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let model = MockModel::start(plan_script(), None).await.unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
     let fds_before = open_fds();
     let script = json!([
         {"op": "egress_flood", "n": 10_000, "path": "/openai/chat/completions"},
@@ -500,7 +516,9 @@ fn socket_inodes(pid: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_process_of_the_sandbox_holds_the_gateway_listener() {
     let dir = tempfile::tempdir().unwrap();
-    let model = MockModel::start(plan_script(), None).await.unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
     // While the plugin runs: every socket of the host (this process, which
     // holds the gateway's listener) against every socket of each process
     // of the sandbox (its supervisor, pid 1 and the plugin). A shared

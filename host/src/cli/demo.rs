@@ -100,7 +100,8 @@ async fn config_text(
         ));
     }
     if model.mock {
-        let mock = crate::egress::mock::MockModel::start(crate::egress::mock::plan_script(), None)
+        let script = crate::egress::mock::plan_script(crate::egress::mock::Wire::OpenaiChat);
+        let mock = crate::egress::mock::MockModel::start(script)
             .await
             .map_err(|e| format!("cannot start the mock model: {e}"))?;
         let key = dir.join("mock-model.key");

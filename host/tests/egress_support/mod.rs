@@ -1,15 +1,16 @@
-//! Mock upstreams on the host's loopback, a real kernel with a memory
-//! audit sink, and a gateway bound to a turn, for the egress tests.
+//! A real kernel with a memory audit sink and a gateway bound to a turn,
+//! for the egress tests; the mock model is `sharedos_host::egress::mock`.
 #![allow(dead_code)]
 
-use std::convert::Infallible;
+mod ca;
+
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Frame, Incoming};
-use hyper::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use sharedos_host::egress::{
@@ -20,145 +21,13 @@ use sharedos_protocol::{AccessContext, Address, Identifier, Purpose, Timestamp};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 
+pub use sharedos_host::egress::mock::{MockModel, MockOptions, Reply};
+
+#[allow(unused_imports)]
+pub use ca::test_ca;
+
 pub const REAL_KEY: &str = "sk-real-4f1c9e0b7d2a";
 pub const PLACEHOLDER: &str = "sk-placeholder";
-
-/// What the upstream saw of one request.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub path: String,
-    pub authorization: Option<String>,
-    pub api_key: Option<String>,
-    pub body: Vec<u8>,
-}
-
-/// How the mock upstream answers.
-#[derive(Clone)]
-pub enum Script {
-    /// A JSON body with OpenAI usage.
-    Json,
-    /// Two SSE events; the second only after `release` is notified.
-    Sse { release: Arc<Notify> },
-}
-
-pub struct Upstream {
-    pub port: u16,
-    pub seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-type Body = BoxBody<Bytes, Infallible>;
-
-async fn answer(
-    req: Request<Incoming>,
-    script: Script,
-    seen: Arc<Mutex<Vec<Seen>>>,
-) -> Response<Body> {
-    let header = |n: &str| {
-        req.headers()
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let (authorization, api_key) = (header("authorization"), header("x-api-key"));
-    let path = req.uri().path().to_owned();
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes().to_vec())
-        .unwrap_or_default();
-    seen.lock().unwrap().push(Seen {
-        path,
-        authorization,
-        api_key,
-        body,
-    });
-    match script {
-        Script::Json => {
-            let body = json!({"choices": [{"message": {"content": "hi"}}],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 7}});
-            Response::new(Full::new(Bytes::from(body.to_string())).boxed())
-        }
-        Script::Sse { release } => {
-            let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
-            tokio::spawn(async move {
-                let first = "data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n";
-                let _ = tx.send(Ok(Frame::data(Bytes::from(first)))).await;
-                release.notified().await;
-                let last = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
-                let _ = tx.send(Ok(Frame::data(Bytes::from(last)))).await;
-            });
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|i| (i, rx))
-            });
-            let mut resp = Response::new(StreamBody::new(stream).boxed());
-            resp.headers_mut()
-                .insert("content-type", "text/event-stream".parse().unwrap());
-            resp
-        }
-    }
-}
-
-/// A mock model server on 127.0.0.1; with `tls`, served with `tls`'s
-/// certificate.
-pub async fn upstream(script: Script, tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let seen2 = Arc::clone(&seen);
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let (script, seen, tls) = (script.clone(), Arc::clone(&seen2), tls.clone());
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let (script, seen) = (script.clone(), Arc::clone(&seen));
-                    async move { Ok::<_, Infallible>(answer(req, script, seen).await) }
-                });
-                let http = hyper::server::conn::http1::Builder::new();
-                match tls {
-                    Some(acceptor) => {
-                        if let Ok(s) = acceptor.accept(tcp).await {
-                            let _ = http.serve_connection(TokioIo::new(s), svc).await;
-                        }
-                    }
-                    None => {
-                        let _ = http.serve_connection(TokioIo::new(tcp), svc).await;
-                    }
-                }
-            });
-        }
-    });
-    Upstream { port, seen }
-}
-
-/// A test CA and a `localhost` certificate it signed: the acceptor for
-/// the upstream, and the CA's PEM written to `dir/ca.pem`.
-pub fn test_ca(dir: &Path) -> (tokio_rustls::TlsAcceptor, std::path::PathBuf) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
-        .unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca)
-        .unwrap();
-    let ca_path = dir.join("ca.pem");
-    std::fs::write(&ca_path, ca.pem()).unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![leaf.der().clone()], key)
-    .unwrap();
-    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_path)
-}
 
 fn ident(s: &str) -> Identifier {
     Identifier::new(s).unwrap()
@@ -280,4 +149,31 @@ pub fn key_file(dir: &Path) -> String {
     let p = dir.join("key");
     std::fs::write(&p, REAL_KEY).unwrap();
     format!("file:{}", p.display())
+}
+
+/// A mock model answering every request with a JSON body reporting
+/// OpenAI usage (11 input, 7 output tokens).
+pub async fn json_upstream(tls: Option<tokio_rustls::TlsAcceptor>) -> MockModel {
+    let body = json!({"choices": [{"message": {"content": "hi"}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7}});
+    let options = MockOptions {
+        tls,
+        on_request: None,
+    };
+    MockModel::start_with(vec![Reply::Json(body)], options)
+        .await
+        .unwrap()
+}
+
+/// A mock model streaming one SSE event at once and the rest (usage 3+2,
+/// `[DONE]`) only once `release` is notified.
+pub async fn sse_upstream(release: Arc<Notify>) -> MockModel {
+    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n".to_owned();
+    let last = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n".to_owned();
+    let reply = Reply::Gated {
+        before: vec![first],
+        gate: release,
+        after: vec![last],
+    };
+    MockModel::start(vec![reply]).await.unwrap()
 }

@@ -1,0 +1,293 @@
+//! The streamed answers of the three model APIs as their wires write them
+//! (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages), and
+//! readers of what a driver sent: the tools it offered, the results it
+//! returned.
+
+use serde_json::{Value, json};
+
+/// A model API's wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    OpenaiChat,
+    OpenaiResponses,
+    AnthropicMessages,
+}
+
+impl Wire {
+    pub const ALL: [Wire; 3] = [
+        Wire::OpenaiChat,
+        Wire::OpenaiResponses,
+        Wire::AnthropicMessages,
+    ];
+
+    /// From a driver's `kind` in host.toml (`openai-chat`, ...).
+    pub fn from_kind(kind: &str) -> Option<Wire> {
+        Some(match kind {
+            "openai-chat" => Wire::OpenaiChat,
+            "openai-responses" => Wire::OpenaiResponses,
+            "anthropic-messages" => Wire::AnthropicMessages,
+            _ => return None,
+        })
+    }
+
+    /// The driver `kind` in host.toml.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Wire::OpenaiChat => "openai-chat",
+            Wire::OpenaiResponses => "openai-responses",
+            Wire::AnthropicMessages => "anthropic-messages",
+        }
+    }
+
+    /// The path a driver posts to, under the route's upstream `/v1`.
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Wire::OpenaiChat => "/v1/chat/completions",
+            Wire::OpenaiResponses => "/v1/responses",
+            Wire::AnthropicMessages => "/v1/messages",
+        }
+    }
+
+    /// The gateway route's `api` (how the real key is added).
+    pub fn route_api(self) -> &'static str {
+        match self {
+            Wire::AnthropicMessages => "anthropic",
+            _ => "openai",
+        }
+    }
+
+    /// The finish reason the wire states for a text answer.
+    pub fn stop_reason(self) -> &'static str {
+        match self {
+            Wire::OpenaiChat => "stop",
+            Wire::OpenaiResponses => "completed",
+            Wire::AnthropicMessages => "end_turn",
+        }
+    }
+}
+
+/// A tool call the scripted model makes: its id, its function name (and,
+/// on the Responses wire, the namespace Codex puts it in), and its
+/// arguments as text, sent in two fragments.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptedCall<'a> {
+    pub id: &'a str,
+    /// Written on the Responses wire only (`namespace` next to `name`).
+    pub namespace: Option<&'a str>,
+    pub name: &'a str,
+    pub arguments: &'a str,
+}
+
+fn halves(s: &str) -> (&str, &str) {
+    let mut at = s.len() / 2;
+    while !s.is_char_boundary(at) {
+        at += 1;
+    }
+    s.split_at(at)
+}
+
+fn data(v: Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+fn typed(v: Value) -> String {
+    let kind = v["type"].as_str().unwrap_or("").to_owned();
+    format!("event: {kind}\ndata: {v}\n\n")
+}
+
+/// An answer that calls these tools (usage 30+10).
+pub fn calls_turn(wire: Wire, calls: &[ScriptedCall]) -> Vec<String> {
+    match wire {
+        Wire::OpenaiChat => chat_calls(calls),
+        Wire::OpenaiResponses => responses_calls(calls),
+        Wire::AnthropicMessages => anthropic_calls(calls),
+    }
+}
+
+fn chat_calls(calls: &[ScriptedCall]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        let (a, b) = halves(c.arguments);
+        out.push(data(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": a}}]}}]}),
+        ));
+        out.push(data(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": b}}]}}]}),
+        ));
+    }
+    out.push(data(
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+    ));
+    out.push(data(
+        json!({"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 10, "total_tokens": 40}}),
+    ));
+    out.push("data: [DONE]\n\n".into());
+    out
+}
+
+fn responses_calls(calls: &[ScriptedCall]) -> Vec<String> {
+    let mut out = vec![typed(
+        json!({"type": "response.created", "response": {"status": "in_progress"}}),
+    )];
+    for (i, c) in calls.iter().enumerate() {
+        let (a, b) = halves(c.arguments);
+        let item_id = format!("fc_{i}");
+        let mut item = json!({"type": "function_call", "id": item_id, "call_id": c.id,
+            "name": c.name, "arguments": "", "status": "in_progress"});
+        if let Some(ns) = c.namespace {
+            item["namespace"] = json!(ns);
+        }
+        out.push(typed(
+            json!({"type": "response.output_item.added", "output_index": i, "item": item}),
+        ));
+        for d in [a, b] {
+            out.push(typed(
+                json!({"type": "response.function_call_arguments.delta", "output_index": i, "item_id": item_id, "delta": d}),
+            ));
+        }
+        out.push(typed(
+            json!({"type": "response.function_call_arguments.done", "output_index": i, "item_id": item_id, "arguments": c.arguments}),
+        ));
+        item["arguments"] = json!(c.arguments);
+        item["status"] = json!("completed");
+        out.push(typed(
+            json!({"type": "response.output_item.done", "output_index": i, "item": item}),
+        ));
+    }
+    out.push(typed(
+        json!({"type": "response.completed", "response": {"status": "completed", "usage": {"input_tokens": 30, "output_tokens": 10, "total_tokens": 40}}}),
+    ));
+    out
+}
+
+fn anthropic_calls(calls: &[ScriptedCall]) -> Vec<String> {
+    let mut out = vec![typed(
+        json!({"type": "message_start", "message": {"id": "msg_1", "role": "assistant", "content": [], "usage": {"input_tokens": 30, "output_tokens": 1}}}),
+    )];
+    for (i, c) in calls.iter().enumerate() {
+        let (a, b) = halves(c.arguments);
+        out.push(typed(
+            json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}}),
+        ));
+        for d in [a, b] {
+            out.push(typed(
+                json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": d}}),
+            ));
+        }
+        out.push(typed(json!({"type": "content_block_stop", "index": i})));
+    }
+    out.push(typed(
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 10}}),
+    ));
+    out.push(typed(json!({"type": "message_stop"})));
+    out
+}
+
+/// An answer that writes these pieces of text and stops (usage 50+6).
+pub fn text_turn(wire: Wire, pieces: &[&str]) -> Vec<String> {
+    text_turn_with_usage(wire, pieces, (50, 6))
+}
+
+/// An answer that writes these pieces of text and stops, reporting
+/// `(input, output)` tokens.
+pub fn text_turn_with_usage(wire: Wire, pieces: &[&str], usage: (u64, u64)) -> Vec<String> {
+    let (input, output) = usage;
+    let mut out = Vec::new();
+    match wire {
+        Wire::OpenaiChat => {
+            for p in pieces {
+                out.push(data(
+                    json!({"choices": [{"index": 0, "delta": {"content": p}}]}),
+                ));
+            }
+            out.push(data(
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            ));
+            out.push(data(
+                json!({"choices": [], "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output}}),
+            ));
+            out.push("data: [DONE]\n\n".into());
+        }
+        Wire::OpenaiResponses => {
+            out.push(typed(
+                json!({"type": "response.created", "response": {"status": "in_progress"}}),
+            ));
+            let item = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []});
+            out.push(typed(
+                json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+            ));
+            for p in pieces {
+                out.push(typed(
+                    json!({"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1", "content_index": 0, "delta": p}),
+                ));
+            }
+            let text: String = pieces.concat();
+            out.push(typed(
+                json!({"type": "response.output_item.done", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
+            ));
+            out.push(typed(
+                json!({"type": "response.completed", "response": {"status": "completed", "usage": {"input_tokens": input, "output_tokens": output, "total_tokens": input + output}}}),
+            ));
+        }
+        Wire::AnthropicMessages => {
+            out.push(typed(
+                json!({"type": "message_start", "message": {"id": "msg_2", "role": "assistant", "content": [], "usage": {"input_tokens": input, "output_tokens": 1}}}),
+            ));
+            out.push(typed(
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            out.push(typed(json!({"type": "ping"})));
+            for p in pieces {
+                out.push(typed(
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}),
+                ));
+            }
+            out.push(typed(json!({"type": "content_block_stop", "index": 0})));
+            out.push(typed(
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}}),
+            ));
+            out.push(typed(json!({"type": "message_stop"})));
+        }
+    }
+    out
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_owned()
+}
+
+fn items(v: &Value) -> impl Iterator<Item = &Value> {
+    v.as_array().into_iter().flatten()
+}
+
+/// The tool results a driver sent back, in order, as `(call id, content
+/// text)`, read from a request body.
+pub fn results_sent(wire: Wire, body: &Value) -> Vec<(String, String)> {
+    match wire {
+        Wire::OpenaiChat => items(&body["messages"])
+            .filter(|m| m["role"] == "tool")
+            .map(|m| (text(&m["tool_call_id"]), text(&m["content"])))
+            .collect(),
+        Wire::OpenaiResponses => items(&body["input"])
+            .filter(|i| i["type"] == "function_call_output")
+            .map(|i| (text(&i["call_id"]), text(&i["output"])))
+            .collect(),
+        Wire::AnthropicMessages => items(&body["messages"])
+            .filter(|m| m["role"] == "user")
+            .flat_map(|m| items(&m["content"]))
+            .filter(|b| b["type"] == "tool_result")
+            .map(|b| (text(&b["tool_use_id"]), text(&b["content"])))
+            .collect(),
+    }
+}
+
+/// The function names a driver offered the model, read from a request
+/// body.
+pub fn tools_offered(wire: Wire, body: &Value) -> Vec<String> {
+    items(&body["tools"])
+        .map(|t| match wire {
+            Wire::OpenaiChat => text(&t["function"]["name"]),
+            _ => text(&t["name"]),
+        })
+        .collect()
+}
