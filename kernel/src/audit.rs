@@ -36,6 +36,72 @@ pub enum AuditSource {
     Envelope,
 }
 
+/// What an audit record records. Serialized as the dotted names the audit
+/// file has always carried (`tool.invoked`, ...), so readers of old files and
+/// the store's `kind` column see the same strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AuditKind {
+    /// The turn's authority was loaded (`open_turn`).
+    #[serde(rename = "authority.resolved")]
+    AuthorityResolved,
+    /// A decision: admission, discovery refusal, world boundary, exact
+    /// re-authorization.
+    #[serde(rename = "authorization.checked")]
+    AuthorizationChecked,
+    /// The turn's catalogue was listed.
+    #[serde(rename = "tool.catalog.listed")]
+    ToolCatalogListed,
+    /// A tool call's outcome, or a refusal the envelope recorded.
+    #[serde(rename = "tool.invoked")]
+    ToolInvoked,
+    /// An escalation outcome.
+    #[serde(rename = "escalation.requested")]
+    EscalationRequested,
+    /// The end of a turn.
+    #[serde(rename = "turn.ended")]
+    TurnEnded,
+    /// An effect outside the catalogue was decided (egress).
+    #[serde(rename = "effect.authorized")]
+    EffectAuthorized,
+    /// An effect outside the catalogue finished.
+    #[serde(rename = "effect.completed")]
+    EffectCompleted,
+}
+
+impl AuditKind {
+    /// The name the audit file carries.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AuthorityResolved => "authority.resolved",
+            Self::AuthorizationChecked => "authorization.checked",
+            Self::ToolCatalogListed => "tool.catalog.listed",
+            Self::ToolInvoked => "tool.invoked",
+            Self::EscalationRequested => "escalation.requested",
+            Self::TurnEnded => "turn.ended",
+            Self::EffectAuthorized => "effect.authorized",
+            Self::EffectCompleted => "effect.completed",
+        }
+    }
+}
+
+impl std::fmt::Display for AuditKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for AuditKind {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for AuditKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// One audit record (envelope.md C.3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -43,7 +109,7 @@ pub struct AuditRecord {
     /// Unique per record: the only safe idempotency key.
     pub id: String,
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: AuditKind,
     pub outcome: AuditOutcome,
     pub at: Timestamp,
     pub trace_id: String,
@@ -82,14 +148,14 @@ pub struct AuditRecord {
 impl AuditRecord {
     /// A record with the context's identity fields and a fresh id.
     pub fn new(
-        kind: &str,
+        kind: AuditKind,
         outcome: AuditOutcome,
         context: &AccessContext,
         source: AuditSource,
     ) -> Self {
         Self {
-            id: uuid::Uuid::new_v4().to_string(),
-            kind: kind.to_owned(),
+            id: record_id(),
+            kind,
             outcome,
             at: context.now.clone(),
             trace_id: context.trace_id.to_string(),
@@ -113,6 +179,11 @@ impl AuditRecord {
             metadata: None,
         }
     }
+}
+
+/// A fresh record id (a UUID v4).
+pub(crate) fn record_id() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// Why a sink could not record.

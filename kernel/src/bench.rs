@@ -19,7 +19,7 @@ use sharedos_protocol::{
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{
-    AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
+    AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
 };
 use crate::config::KernelConfig;
 use crate::grant::{
@@ -174,7 +174,7 @@ fn call(i: usize, tool: &str, arguments: Value) -> ToolCall {
 async fn bare_append_us(dir: &Path, iterations: usize) -> Result<f64, String> {
     let sink = JsonlAuditSink::open(dir.join("bare-audit.jsonl")).map_err(|e| e.to_string())?;
     let record = AuditRecord::new(
-        "tool.invoked",
+        AuditKind::ToolInvoked,
         AuditOutcome::Succeeded,
         &context(),
         AuditSource::Kernel,
@@ -209,16 +209,12 @@ pub async fn audited_tool_call(dir: &Path, iterations: usize) -> Value {
                 .map_err(|e| e.to_string())?
                 .build();
             let ctx = context();
-            let lease = kernel
-                .open_turn_authority(&ctx)
-                .await
-                .map_err(|e| e.to_string())?;
+            let turn = kernel.open_turn(&ctx).await.map_err(|e| e.to_string())?;
             let mut samples = Vec::with_capacity(iterations);
             for i in 0..iterations {
                 let c = call(i, "bench.echo", json!({}));
                 let t = Instant::now();
-                kernel
-                    .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+                turn.invoke_tool(&ctx, &c, CancellationToken::new())
                     .await
                     .map_err(|e| e.to_string())?;
                 samples.push(t.elapsed());
@@ -261,19 +257,15 @@ async fn concurrent_calls(
         .build(),
     );
     let ctx = context();
-    let lease = kernel
-        .open_turn_authority(&ctx)
-        .await
-        .map_err(|e| e.to_string())?;
+    let turn = kernel.open_turn(&ctx).await.map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let (kernel, lease, ctx) = (Arc::clone(&kernel), lease.clone(), ctx.clone());
+        let (turn, ctx) = (Arc::clone(&turn), ctx.clone());
         handles.push(tokio::spawn(async move {
             for i in 0..per_task {
                 let c = call(t * per_task + i, "bench.echo", json!({}));
-                kernel
-                    .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+                turn.invoke_tool(&ctx, &c, CancellationToken::new())
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -304,10 +296,7 @@ pub async fn file_tool_calls(dir: &Path) -> Value {
         );
         let kernel =
             Kernel::from_config(&config, &dir.join("files"), audit).map_err(|e| e.to_string())?;
-        let lease = kernel
-            .open_turn_authority(&ctx)
-            .await
-            .map_err(|e| e.to_string())?;
+        let turn = kernel.open_turn(&ctx).await.map_err(|e| e.to_string())?;
         let mut samples = Vec::with_capacity(100);
         let mut failures = 0;
         for i in 0..100 {
@@ -325,8 +314,8 @@ pub async fn file_tool_calls(dir: &Path) -> Value {
                 )
             };
             let t = Instant::now();
-            let r = kernel
-                .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+            let r = turn
+                .invoke_tool(&ctx, &c, CancellationToken::new())
                 .await
                 .map_err(|e| e.to_string())?;
             samples.push(t.elapsed());

@@ -6,7 +6,7 @@
 //! the audit trail before any effect, every outcome after it.
 //!
 //! The envelope (in `sharedos-host`) reaches the kernel only through
-//! [`TurnKernel`]. A host builds the embedded default with
+//! [`TurnKernel`] and the [`KernelTurn`] it opens per turn. A host builds the embedded default with
 //! [`Kernel::from_config`]:
 //!
 //! ```no_run
@@ -39,7 +39,8 @@ pub mod tools;
 pub mod usage;
 
 pub use audit::{
-    AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
+    AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink,
+    MemoryAuditSink,
 };
 pub use config::{
     ConfigError, EscalationConfig, FilesConfig, FrozenSubtree, HostPolicy, KernelConfig,
@@ -50,8 +51,8 @@ pub use grant::{
 };
 pub use kernel::{ErrorHook, Kernel, KernelBuilder, KernelSetupError, TracingHook, catalog_hash};
 pub use port::{
-    Admission, AuditEffect, EffectDecision, EffectPort, KernelError, RefusedCall, TurnEnd,
-    TurnKernel, TurnLease,
+    Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, RefusedCall, TurnEnd,
+    TurnKernel,
 };
 pub use registry::{HandlerAnswer, RegistrationError, ToolError, ToolHandler, ToolRegistry};
 pub use tools::escalate::ESCALATE_TOOL;

@@ -1,9 +1,14 @@
-//! The kernel surface the envelope uses (envelope.md B.0): `TurnKernel`.
+//! The kernel surface the envelope uses (envelope.md B.0): a [`TurnKernel`]
+//! opens one [`KernelTurn`] per turn, and every operation of the turn goes
+//! through that object.
 //!
-//! All eight ports are required (ADR 0023): the envelope records its own
-//! refusals, the escalation and the end of every turn through the kernel.
+//! The turn object is typed: a kernel keeps whatever it loaded for the turn
+//! (authority, registry snapshot, catalogue hash) in its own type behind
+//! `dyn KernelTurn`, so a second kernel is one `impl TurnKernel` and one
+//! `impl KernelTurn`, with nothing to downcast. Every port is required
+//! (ADR 0023): the envelope records its own refusals, the escalation and the
+//! end of every turn through the kernel.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -12,26 +17,6 @@ use sharedos_protocol::{
     ToolDefinition, ToolResult,
 };
 use tokio_util::sync::CancellationToken;
-
-/// The authority a kernel loaded for one turn, held until the turn ends.
-/// Opaque to the envelope; each kernel stores what it needs in it.
-#[derive(Clone)]
-pub struct TurnLease(pub Arc<dyn Any + Send + Sync>);
-
-impl std::fmt::Debug for TurnLease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TurnLease(..)")
-    }
-}
-
-impl TurnLease {
-    pub fn new<T: Any + Send + Sync>(value: T) -> Self {
-        Self(Arc::new(value))
-    }
-    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
-        self.0.downcast_ref::<T>()
-    }
-}
 
 /// The decision on admitting a turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +49,12 @@ pub struct RefusedCall {
     pub reason_code: String,
     /// `not_offered` for a tool outside the turn's catalogue.
     pub cause: Option<String>,
+}
+
+impl std::fmt::Debug for dyn KernelTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KernelTurn(..)")
+    }
 }
 
 /// How a turn ended, for the audit's `turn.ended`.
@@ -104,43 +95,54 @@ pub enum KernelError {
     Failed(String),
 }
 
-/// The kernel surface the envelope uses for one turn.
+/// The kernel: opens turns, and records how they ended.
 #[async_trait]
 pub trait TurnKernel: Send + Sync {
-    /// Loads authority once from the trusted grant source and holds it for
-    /// the turn. Revocation in the store takes effect at the next turn.
-    async fn open_turn_authority(&self, context: &AccessContext) -> Result<TurnLease, KernelError>;
+    /// Loads authority once from the trusted grant source and holds it in
+    /// the returned turn. Revocation in the store takes effect at the next
+    /// turn. Refuses only when the decision record cannot be written.
+    async fn open_turn(&self, context: &AccessContext) -> Result<Arc<dyn KernelTurn>, KernelError>;
 
+    /// Records the end of a turn (`turn.ended`), on the outcome path. On the
+    /// kernel rather than the turn: a turn whose authority could not be
+    /// opened still ends, and that end is recorded.
+    async fn record_turn_end(
+        &self,
+        context: &AccessContext,
+        end: TurnEnd,
+    ) -> Result<(), KernelError>;
+}
+
+/// One turn's view of the kernel. Every operation gets the context with the
+/// operation's `now` (expiry is checked against it); its identity fields are
+/// the ones the turn was opened with.
+///
+/// A port future must be driven to its end for its outcome to be recorded:
+/// the envelope's mediation runs each call in a task of its own, the one
+/// place that guarantees "finish and record even when nobody waits".
+#[async_trait]
+pub trait KernelTurn: Send + Sync {
     /// Admission: consumes a use of `sharedos.execution` / the agent's
     /// address path / `invoke`, owner = `context.owner`.
-    async fn admit_turn(
+    async fn admit(
         &self,
-        lease: &TurnLease,
         context: &AccessContext,
         agent: &Address,
     ) -> Result<Admission, KernelError>;
 
     /// The descriptive reach of the turn's authority (grants nothing).
-    async fn reach(
-        &self,
-        lease: &TurnLease,
-        context: &AccessContext,
-    ) -> Result<ReachResult, KernelError>;
+    async fn reach(&self, context: &AccessContext) -> Result<ReachResult, KernelError>;
 
     /// Tools in enabled namespaces that pass non-consuming discovery, in
     /// the kernel's order, with the kernel's definitions.
-    async fn list_tools(
-        &self,
-        lease: &TurnLease,
-        context: &AccessContext,
-    ) -> Result<Vec<ToolDefinition>, KernelError>;
+    async fn list_tools(&self, context: &AccessContext)
+    -> Result<Vec<ToolDefinition>, KernelError>;
 
     /// Finds the handler, validates arguments, re-authorizes the exact
     /// resource and action, audits, runs. `abort` is the turn's hard
     /// signal, the only one a handler is given.
     async fn invoke_tool(
         &self,
-        lease: &TurnLease,
         context: &AccessContext,
         call: &ToolCall,
         abort: CancellationToken,
@@ -149,7 +151,6 @@ pub trait TurnKernel: Send + Sync {
     /// Records an escalation (`escalation.requested`); grants nothing.
     async fn record_escalation(
         &self,
-        lease: &TurnLease,
         context: &AccessContext,
         execution_id: &Identifier,
         reason: &Reason,
@@ -159,17 +160,41 @@ pub trait TurnKernel: Send + Sync {
     /// `envelope`).
     async fn record_refused_call(
         &self,
-        lease: &TurnLease,
         context: &AccessContext,
         refused: RefusedCall,
     ) -> Result<(), KernelError>;
 
-    /// Records the end of a turn (`turn.ended`), on the outcome path.
-    async fn record_turn_end(
+    /// An effect outside the tool catalogue (the egress gateway's requests
+    /// and connections), authorized against the turn's grants and audited
+    /// before the effect (`effect.authorized`); consumes a use of a bounded
+    /// grant when allowed. A kernel without effects keeps this default,
+    /// which refuses (fail closed).
+    async fn authorize_effect(
         &self,
         context: &AccessContext,
-        end: TurnEnd,
-    ) -> Result<(), KernelError>;
+        namespace: &str,
+        path: &[String],
+        action: &str,
+    ) -> Result<EffectDecision, KernelError> {
+        let _ = (context, namespace, path, action);
+        Ok(EffectDecision::Denied {
+            reason_code: "effects_unsupported".into(),
+        })
+    }
+
+    /// Records what an effect did (`effect.completed`; `metadata` holds no
+    /// payload and no secret).
+    async fn record_effect_outcome(
+        &self,
+        context: &AccessContext,
+        namespace: &str,
+        path: &[String],
+        action: &str,
+        succeeded: bool,
+        metadata: sharedos_protocol::JsonObject,
+    ) {
+        let _ = (context, namespace, path, action, succeeded, metadata);
+    }
 }
 
 /// The kernel's answer on an effect outside the tool catalogue.
@@ -182,32 +207,4 @@ pub enum EffectDecision {
     Denied {
         reason_code: String,
     },
-}
-
-/// Effects that are not tool calls (the egress gateway's requests and
-/// connections): authorized against the turn's grants, each decision
-/// audited before the effect (`effect.authorized`) and each outcome after
-/// it (`effect.completed`).
-#[async_trait]
-pub trait EffectPort: Send + Sync {
-    /// Consumes a use of a bounded grant when allowed.
-    async fn authorize_effect(
-        &self,
-        lease: &TurnLease,
-        context: &AccessContext,
-        namespace: &str,
-        path: &[String],
-        action: &str,
-    ) -> Result<EffectDecision, KernelError>;
-
-    /// Records what happened (`metadata` holds no payload and no secret).
-    async fn record_effect_outcome(
-        &self,
-        context: &AccessContext,
-        namespace: &str,
-        path: &[String],
-        action: &str,
-        succeeded: bool,
-        metadata: sharedos_protocol::JsonObject,
-    );
 }

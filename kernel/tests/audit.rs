@@ -11,7 +11,7 @@ use common::*;
 use serde_json::json;
 use sharedos_kernel::audit::read_jsonl;
 use sharedos_kernel::{
-    AuditEffect, AuditOutcome, AuditRecord, AuditSink, ConfigGrantSource, HandlerAnswer,
+    AuditEffect, AuditKind, AuditOutcome, AuditRecord, AuditSink, ConfigGrantSource, HandlerAnswer,
     JsonlAuditSink, Kernel, KernelError, Scope, ToolError, ToolHandler, TurnEnd, TurnKernel,
 };
 use sharedos_protocol::{
@@ -26,12 +26,10 @@ async fn g76_f13_a_failed_decision_write_refuses_the_call_and_nothing_runs() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     f.sink.fail_on("authorization.checked");
-    let r = f
-        .kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -50,7 +48,7 @@ async fn g76_f13_a_failed_decision_write_refuses_the_call_and_nothing_runs() {
         "decision failures do not go to the hook"
     );
     // Admission is a decision too.
-    let r = f.kernel.admit_turn(&lease, &ctx, &agent("alice")).await;
+    let r = turn.admit(&ctx, &agent("alice")).await;
     assert!(matches!(
         r,
         Err(KernelError::AuditUnavailable {
@@ -67,15 +65,15 @@ async fn g81_a_failed_catalogue_write_refuses_the_listing() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     f.sink.fail_on("tool.catalog.listed");
     assert!(matches!(
-        f.kernel.list_tools(&lease, &ctx).await,
+        turn.list_tools(&ctx).await,
         Err(KernelError::AuditUnavailable { .. })
     ));
     f.sink.fail_on("authority.resolved");
     assert!(matches!(
-        f.kernel.open_turn_authority(&ctx).await,
+        f.kernel.open_turn(&ctx).await,
         Err(KernelError::AuditUnavailable { .. })
     ));
 }
@@ -87,14 +85,12 @@ async fn g83_a_failed_outcome_write_goes_to_the_hook_and_changes_nothing() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     f.sink.fail_on("tool.invoked");
     f.sink.fail_on("turn.ended");
     f.sink.fail_on("escalation.requested");
-    let r = f
-        .kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -112,8 +108,7 @@ async fn g83_a_failed_outcome_write_goes_to_the_hook_and_changes_nothing() {
     assert!(f.kernel.record_turn_end(&ctx, end).await.is_ok());
     let reason = sharedos_protocol::Reason::new("help").unwrap();
     assert!(
-        f.kernel
-            .record_escalation(&lease, &ctx, &ident("e"), &reason)
+        turn.record_escalation(&ctx, &ident("e"), &reason)
             .await
             .is_ok()
     );
@@ -143,7 +138,7 @@ async fn outcome_writes_are_bounded_by_the_timeout_and_decisions_are_not() {
     *sink.delay.lock().unwrap() = Some(Duration::from_millis(150));
     // Decision path: waits for the slow sink, whatever the timeout.
     let started = Instant::now();
-    kernel.open_turn_authority(&ctx).await.unwrap();
+    kernel.open_turn(&ctx).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(150));
     // Outcome path: released at the timeout, the hook told.
     let started = Instant::now();
@@ -177,23 +172,19 @@ async fn the_jsonl_file_parses_line_by_line_with_unique_ids() {
     .unwrap()
     .build();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    kernel
-        .admit_turn(&lease, &ctx, &agent("alice"))
-        .await
-        .unwrap();
-    kernel.list_tools(&lease, &ctx).await.unwrap();
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    turn.admit(&ctx, &agent("alice")).await.unwrap();
+    turn.list_tools(&ctx).await.unwrap();
     let mut tasks = Vec::new();
-    let kernel = Arc::new(kernel);
     for i in 0..20 {
-        let (k, l, c) = (Arc::clone(&kernel), lease.clone(), ctx.clone());
+        let (t, c) = (turn.clone(), ctx.clone());
         tasks.push(tokio::spawn(async move {
             let call = call(
                 &format!("c{i}"),
                 "test.records",
                 json!({"record": format!("r{i}")}),
             );
-            k.invoke_tool(&l, &c, &call, CancellationToken::new())
+            t.invoke_tool(&c, &call, CancellationToken::new())
                 .await
                 .unwrap()
         }));
@@ -226,7 +217,7 @@ fn a_torn_trailing_line_is_cut_on_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     let rec = AuditRecord::new(
-        "turn.ended",
+        AuditKind::TurnEnded,
         AuditOutcome::Succeeded,
         &context("alice"),
         sharedos_kernel::AuditSource::Envelope,
@@ -285,10 +276,9 @@ async fn the_decision_is_on_disk_before_the_effect() {
     .unwrap()
     .build();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = kernel
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -306,7 +296,7 @@ async fn a_full_disk_refuses_decisions_with_audit_unavailable() {
     }
     let sink = JsonlAuditSink::open("/dev/full").unwrap();
     let kernel = Kernel::builder(Arc::new(ConfigGrantSource::new(vec![])), Arc::new(sink)).build();
-    match kernel.open_turn_authority(&context("alice")).await {
+    match kernel.open_turn(&context("alice")).await {
         Err(KernelError::AuditUnavailable {
             effect: AuditEffect::None,
             cause,
@@ -328,19 +318,19 @@ async fn g79_an_outage_on_call_2_leaves_call_1_to_be_recorded_interrupted() {
     );
     let f = Arc::new(f);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let hard = CancellationToken::new();
-    let (f1, l1, c1, h1) = (Arc::clone(&f), lease.clone(), ctx.clone(), hard.clone());
+    let (t1, c1, h1) = (turn.clone(), ctx.clone(), hard.clone());
     let call1 = tokio::spawn(async move {
         let c = call("call-1", "test.records", json!({"record": "a"}));
-        f1.kernel.invoke_tool(&l1, &c1, &c, h1).await
+        t1.invoke_tool(&c1, &c, h1).await
     });
     while f.tool.calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     f.sink.fail_on("authorization.checked");
     let c2 = call("call-2", "test.records", json!({"record": "b"}));
-    let r2 = f.kernel.invoke_tool(&lease, &ctx, &c2, hard.clone()).await;
+    let r2 = turn.invoke_tool(&ctx, &c2, hard.clone()).await;
     assert!(matches!(
         r2,
         Err(KernelError::AuditUnavailable {

@@ -65,15 +65,9 @@ async fn the_documented_toml_builds_a_kernel_that_admits_alice() {
     let kernel =
         Kernel::from_config(&config, root.path(), Arc::new(MemoryAuditSink::new())).unwrap();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    assert!(
-        kernel
-            .admit_turn(&lease, &ctx, &agent("alice"))
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert_eq!(kernel.list_tools(&lease, &ctx).await.unwrap().len(), 4);
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    assert!(turn.admit(&ctx, &agent("alice")).await.unwrap().allowed);
+    assert_eq!(turn.list_tools(&ctx).await.unwrap().len(), 4);
 }
 
 fn refused(toml_text: &str) -> String {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use common::*;
 use serde_json::{Value, json};
 use sharedos_kernel::{
-    FilesConfig, Kernel, KernelConfig, MemoryAuditSink, Scope, TurnKernel, TurnLease,
+    FilesConfig, Kernel, KernelConfig, KernelTurn, MemoryAuditSink, Scope, TurnKernel,
 };
 use sharedos_protocol::{AccessContext, ToolResult, ToolStatus};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +22,7 @@ struct Files {
     root: tempfile::TempDir,
     outside: tempfile::TempDir,
     ctx: AccessContext,
-    lease: TurnLease,
+    turn: Arc<dyn KernelTurn>,
 }
 
 impl Files {
@@ -31,13 +31,8 @@ impl Files {
     }
     async fn call(&self, tool: &str, args: Value) -> ToolResult {
         let id = uuid::Uuid::new_v4().to_string();
-        self.kernel
-            .invoke_tool(
-                &self.lease,
-                &self.ctx,
-                &call(&id, tool, args),
-                CancellationToken::new(),
-            )
+        self.turn
+            .invoke_tool(&self.ctx, &call(&id, tool, args), CancellationToken::new())
             .await
             .unwrap()
     }
@@ -59,14 +54,14 @@ async fn files_with(config: FilesConfig) -> Files {
     let sink = Arc::new(MemoryAuditSink::new());
     let kernel = Kernel::from_config(&config, root.path(), sink.clone()).unwrap();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = kernel.open_turn(&ctx).await.unwrap();
     Files {
         kernel,
         sink,
         root,
         outside,
         ctx,
-        lease,
+        turn,
     }
 }
 
@@ -91,7 +86,7 @@ fn tree(dir: &Path) -> Vec<String> {
 #[tokio::test]
 async fn write_read_list_delete_round_trip() {
     let f = files().await;
-    let listed = f.kernel.list_tools(&f.lease, &f.ctx).await.unwrap();
+    let listed = f.turn.list_tools(&f.ctx).await.unwrap();
     let names: Vec<_> = listed.iter().map(|t| t.name.to_string()).collect();
     assert_eq!(
         names,
@@ -203,7 +198,7 @@ async fn a_read_only_grant_cannot_write_and_another_agents_files_are_out_of_reac
     let kernel =
         Kernel::from_config(&config, root.path(), Arc::new(MemoryAuditSink::new())).unwrap();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = kernel.open_turn(&ctx).await.unwrap();
     std::fs::create_dir_all(root.path().join("tenant-1/bob")).unwrap();
     std::fs::write(root.path().join("tenant-1/bob/diary.txt"), "bob's").unwrap();
     let w = call(
@@ -211,14 +206,14 @@ async fn a_read_only_grant_cannot_write_and_another_agents_files_are_out_of_reac
         "files.write",
         json!({"path": "x.txt", "content": "y"}),
     );
-    let r = kernel
-        .invoke_tool(&lease, &ctx, &w, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &w, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("no_matching_grant"));
     let r = call("c2", "files.read", json!({"path": "diary.txt"}));
-    let r = kernel
-        .invoke_tool(&lease, &ctx, &r, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &r, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("file_not_found"));
@@ -437,11 +432,10 @@ async fn a_namespace_id_that_is_not_a_name_is_refused() {
     );
     g.namespace_id = ctx.namespace_id.clone();
     f.kernel.config_grants().unwrap().replace(vec![g]);
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let c = call("c1", "files.write", json!({"path": "x", "content": "y"}));
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("path_not_allowed"));
@@ -482,8 +476,8 @@ async fn f3_the_host_policy_only_narrows() {
         freeze_mutations: true,
     });
     let listed: Vec<_> = f
-        .kernel
-        .list_tools(&f.lease, &f.ctx)
+        .turn
+        .list_tools(&f.ctx)
         .await
         .unwrap()
         .into_iter()

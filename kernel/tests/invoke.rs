@@ -25,16 +25,14 @@ async fn invoke(
     id: &str,
     record: &str,
 ) -> sharedos_protocol::ToolResult {
-    let lease = f.kernel.open_turn_authority(ctx).await.unwrap();
-    f.kernel
-        .invoke_tool(
-            &lease,
-            ctx,
-            &call(id, "test.records", json!({"record": record})),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap()
+    let turn = f.kernel.open_turn(ctx).await.unwrap();
+    turn.invoke_tool(
+        ctx,
+        &call(id, "test.records", json!({"record": record})),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -43,22 +41,20 @@ async fn g84_listing_never_consumes_and_an_exhausted_grant_hides_the_tool() {
     g.max_uses = Some(1);
     let f = fixture(Script::Echo, vec![g]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     for _ in 0..2 {
-        let listed = f.kernel.list_tools(&lease, &ctx).await.unwrap();
+        let listed = turn.list_tools(&ctx).await.unwrap();
         assert!(listed.iter().any(|t| t.name == "test.records"));
     }
     let c1 = call("c1", "test.records", json!({"record": "r1"}));
-    let r1 = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &c1, CancellationToken::new())
+    let r1 = turn
+        .invoke_tool(&ctx, &c1, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(r1.status(), ToolStatus::Succeeded);
     let c2 = call("c2", "test.records", json!({"record": "r1"}));
-    let r2 = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &c2, CancellationToken::new())
+    let r2 = turn
+        .invoke_tool(&ctx, &c2, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r2), Some("tool_unavailable"));
@@ -99,19 +95,17 @@ async fn g85_trace_mismatch_is_denied_and_spends_nothing() {
     g.max_uses = Some(1);
     let f = fixture(Script::Echo, vec![g]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let mut bad = call("c1", "test.records", json!({"record": "r1"}));
     bad.trace_id = ident("other-trace");
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &bad, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &bad, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("trace_mismatch"));
     let ok = call("c2", "test.records", json!({"record": "r1"}));
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &ok, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &ok, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(r.status(), ToolStatus::Succeeded);
@@ -236,7 +230,7 @@ async fn g89_invalid_arguments_name_the_field_and_never_the_value() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let cases = [
         (json!({"record": "r", "count": "SECRET-VALUE"}), "/count"),
         (json!({"count": 3}), "/record"),
@@ -248,9 +242,8 @@ async fn g89_invalid_arguments_name_the_field_and_never_the_value() {
     ];
     for (i, (args, pointer)) in cases.into_iter().enumerate() {
         let c = call(&format!("c{i}"), "test.records", args);
-        let r = f
-            .kernel
-            .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+        let r = turn
+            .invoke_tool(&ctx, &c, CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(r.status(), ToolStatus::Failed);
@@ -268,21 +261,17 @@ async fn g89_invalid_arguments_name_the_field_and_never_the_value() {
 async fn g90_unregistered_disabled_and_undiscoverable_answer_alike() {
     let f = fixture(Script::Echo, vec![admission("alice")]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let a = f
-        .kernel
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let a = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
         )
         .await
         .unwrap();
-    let b = f
-        .kernel
+    let b = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c2", "no.such.tool", json!({})),
             CancellationToken::new(),
@@ -291,10 +280,8 @@ async fn g90_unregistered_disabled_and_undiscoverable_answer_alike() {
         .unwrap();
     let mut disabled = ctx.clone();
     disabled.enabled_tool_namespaces = vec![ident("files")];
-    let c = f
-        .kernel
+    let c = turn
         .invoke_tool(
-            &lease,
             &disabled,
             &call("c3", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -333,30 +320,14 @@ async fn g90_unregistered_disabled_and_undiscoverable_answer_alike() {
 async fn g91_admission_needs_this_agents_invoke_grant() {
     let f = fixture(Script::Echo, vec![admission("alice")]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    assert!(
-        f.kernel
-            .admit_turn(&lease, &ctx, &agent("alice"))
-            .await
-            .unwrap()
-            .allowed
-    );
-    let other = f
-        .kernel
-        .admit_turn(&lease, &ctx, &agent("bob"))
-        .await
-        .unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    assert!(turn.admit(&ctx, &agent("alice")).await.unwrap().allowed);
+    let other = turn.admit(&ctx, &agent("bob")).await.unwrap();
     assert_eq!(other.reason_code.as_deref(), Some("no_matching_grant"));
     // A grant issued to bob does not admit alice either.
     let f = fixture(Script::Echo, vec![admission("bob")]);
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    assert!(
-        !f.kernel
-            .admit_turn(&lease, &ctx, &agent("alice"))
-            .await
-            .unwrap()
-            .allowed
-    );
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    assert!(!turn.admit(&ctx, &agent("alice")).await.unwrap().allowed);
 }
 
 #[tokio::test]
@@ -371,16 +342,15 @@ async fn g92_f1_a_grant_shaped_object_in_arguments_is_data() {
         vec![records_grant("g1", &["public"], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     // Carrying it is fine.
     let carry = call(
         "c1",
         "test.records",
         json!({"record": "public", "grant": forged, "grants": [forged]}),
     );
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &carry, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &carry, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(r.status(), ToolStatus::Succeeded);
@@ -390,9 +360,8 @@ async fn g92_f1_a_grant_shaped_object_in_arguments_is_data() {
         "test.records",
         json!({"record": "vault", "grant": forged}),
     );
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &usec, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &usec, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("no_matching_grant"));
@@ -405,15 +374,14 @@ async fn g93_a_plain_call_audits_decision_then_outcome_without_arguments() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    f.kernel.list_tools(&lease, &ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    turn.list_tools(&ctx).await.unwrap();
     let c = call(
         "c1",
         "test.records",
         json!({"record": "needle-value", "count": 424242}),
     );
-    f.kernel
-        .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+    turn.invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     let records = f.sink.records();
@@ -465,11 +433,9 @@ async fn f5_f8_expiry_is_checked_at_each_operations_now() {
         vec![records_grant("control", &["r0"], Scope::Exact), timed],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let first = f
-        .kernel
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let first = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "r1"})),
             CancellationToken::new(),
@@ -478,10 +444,8 @@ async fn f5_f8_expiry_is_checked_at_each_operations_now() {
         .unwrap();
     assert_eq!(first.status(), ToolStatus::Succeeded);
     let later = at(&ctx, "2026-10-01T12:01:00Z");
-    let second = f
-        .kernel
+    let second = turn
         .invoke_tool(
-            &lease,
             &later,
             &call("c2", "test.records", json!({"record": "r1"})),
             CancellationToken::new(),
@@ -489,10 +453,8 @@ async fn f5_f8_expiry_is_checked_at_each_operations_now() {
         .await
         .unwrap();
     assert_eq!(code(&second), Some("no_matching_grant"));
-    let control = f
-        .kernel
+    let control = turn
         .invoke_tool(
-            &lease,
             &later,
             &call("c3", "test.records", json!({"record": "r0"})),
             CancellationToken::new(),
@@ -536,11 +498,10 @@ async fn f6_f7_revocation_takes_effect_at_the_next_turn() {
         vec![records_grant("g1", &["r1"], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let c1 = call("c1", "test.records", json!({"record": "r1"}));
     assert_eq!(
-        f.kernel
-            .invoke_tool(&lease, &ctx, &c1, CancellationToken::new())
+        turn.invoke_tool(&ctx, &c1, CancellationToken::new())
             .await
             .unwrap()
             .status(),
@@ -550,19 +511,16 @@ async fn f6_f7_revocation_takes_effect_at_the_next_turn() {
     // Turn 1 holds its authority.
     let c2 = call("c2", "test.records", json!({"record": "r1"}));
     assert_eq!(
-        f.kernel
-            .invoke_tool(&lease, &ctx, &c2, CancellationToken::new())
+        turn.invoke_tool(&ctx, &c2, CancellationToken::new())
             .await
             .unwrap()
             .status(),
         ToolStatus::Succeeded
     );
     // Turn 2 does not.
-    let lease2 = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = f
-        .kernel
+    let turn2 = f.kernel.open_turn(&ctx).await.unwrap();
+    let r = turn2
         .invoke_tool(
-            &lease2,
             &ctx,
             &call("c3", "test.records", json!({"record": "r1"})),
             CancellationToken::new(),
@@ -609,10 +567,9 @@ async fn f11_a_down_usage_store_refuses_bounded_grants_only() {
     .unwrap()
     .build();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = kernel
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "r1"})),
             CancellationToken::new(),
@@ -620,9 +577,8 @@ async fn f11_a_down_usage_store_refuses_bounded_grants_only() {
         .await
         .unwrap();
     assert_eq!(code(&r), Some("usage_store_unavailable"));
-    let r = kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c2", "test.records", json!({"record": "r0"})),
             CancellationToken::new(),
@@ -659,25 +615,21 @@ async fn g6_f12_a_down_grant_source_denies_the_turn_authority_unavailable() {
         .unwrap()
         .build();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    let admission = kernel
-        .admit_turn(&lease, &ctx, &agent("alice"))
-        .await
-        .unwrap();
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    let admission = turn.admit(&ctx, &agent("alice")).await.unwrap();
     assert_eq!(
         admission.reason_code.as_deref(),
         Some("authority_unavailable")
     );
-    assert!(kernel.list_tools(&lease, &ctx).await.unwrap().is_empty());
+    assert!(turn.list_tools(&ctx).await.unwrap().is_empty());
     assert_eq!(
-        kernel.reach(&lease, &ctx).await.unwrap(),
+        turn.reach(&ctx).await.unwrap(),
         ReachResult::Unavailable {
             reason_code: ident("authority_unavailable")
         }
     );
-    let r = kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -738,37 +690,27 @@ async fn f18_nothing_the_kernel_hands_out_carries_grant_material() {
     );
     let f = fixture(Script::Echo, vec![g, esc, admission("alice")]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let tools = f.kernel.list_tools(&lease, &ctx).await.unwrap();
-    let reach = f.kernel.reach(&lease, &ctx).await.unwrap();
-    let ok = f
-        .kernel
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let tools = turn.list_tools(&ctx).await.unwrap();
+    let reach = turn.reach(&ctx).await.unwrap();
+    let ok = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
         )
         .await
         .unwrap();
-    let denied = f
-        .kernel
+    let denied = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c2", "test.records", json!({})),
             CancellationToken::new(),
         )
         .await
         .unwrap();
-    let escalation = f
-        .kernel
-        .record_escalation(
-            &lease,
-            &ctx,
-            &ident("exec-1"),
-            &Reason::new("need more").unwrap(),
-        )
+    let escalation = turn
+        .record_escalation(&ctx, &ident("exec-1"), &Reason::new("need more").unwrap())
         .await
         .unwrap();
     let handed = json!({"tools": tools, "reach": reach, "ok": ok, "denied": denied, "escalation": escalation});
@@ -784,11 +726,9 @@ async fn f18_nothing_the_kernel_hands_out_carries_grant_material() {
 async fn g36_f23_an_escalation_is_recorded_and_grants_nothing() {
     let f = fixture(Script::Echo, vec![admission("alice")]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let e = f
-        .kernel
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let e = turn
         .record_escalation(
-            &lease,
             &ctx,
             &ident("exec-1"),
             &Reason::new("need the vault").unwrap(),
@@ -812,10 +752,8 @@ async fn g36_f23_an_escalation_is_recorded_and_grants_nothing() {
     assert_eq!(m["resolution"], json!("pending"));
     assert_eq!(m["reviewer"], serde_json::to_value(owner()).unwrap());
     // Nothing was granted: a tool still needs its grant.
-    let r = f
-        .kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -834,35 +772,32 @@ async fn g39_g104_the_escalate_affordance_is_granted_and_never_terminates_by_cal
     );
     let f = fixture(Script::Echo, vec![esc]);
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let listed = f.kernel.list_tools(&lease, &ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let listed = turn.list_tools(&ctx).await.unwrap();
     assert!(
         listed
             .iter()
             .any(|t| t.name == sharedos_kernel::ESCALATE_TOOL)
     );
     let c = call("c1", "sharedos.escalate", json!({"reason": "please"}));
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(r.status(), ToolStatus::Failed);
     assert_eq!(code(&r), Some("escalation_not_terminated"));
     // Without the grant it is neither offered nor callable.
     let f = fixture(Script::Echo, vec![admission("alice")]);
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     assert!(
-        f.kernel
-            .list_tools(&lease, &ctx)
+        turn.list_tools(&ctx)
             .await
             .unwrap()
             .iter()
             .all(|t| t.name != "sharedos.escalate")
     );
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("tool_unavailable"));
@@ -875,40 +810,34 @@ async fn f27_allowed_kernel_denied_and_envelope_refused_calls_are_all_recorded()
         vec![records_grant("g1", &["ok"], Scope::Exact)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let listed = f.kernel.list_tools(&lease, &ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let listed = turn.list_tools(&ctx).await.unwrap();
     let hash = catalog_hash(&listed);
-    f.kernel
-        .invoke_tool(
-            &lease,
-            &ctx,
-            &call("c1", "test.records", json!({"record": "ok"})),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    f.kernel
-        .invoke_tool(
-            &lease,
-            &ctx,
-            &call("c2", "test.records", json!({"record": "no"})),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    f.kernel
-        .record_refused_call(
-            &lease,
-            &ctx,
-            RefusedCall {
-                call_id: ident("c3"),
-                tool: ident("files.delete"),
-                reason_code: "tool_unavailable".into(),
-                cause: Some("not_offered".into()),
-            },
-        )
-        .await
-        .unwrap();
+    turn.invoke_tool(
+        &ctx,
+        &call("c1", "test.records", json!({"record": "ok"})),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    turn.invoke_tool(
+        &ctx,
+        &call("c2", "test.records", json!({"record": "no"})),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    turn.record_refused_call(
+        &ctx,
+        RefusedCall {
+            call_id: ident("c3"),
+            tool: ident("files.delete"),
+            reason_code: "tool_unavailable".into(),
+            cause: Some("not_offered".into()),
+        },
+    )
+    .await
+    .unwrap();
     let invoked: Vec<_> = f
         .sink
         .records()
@@ -1013,17 +942,15 @@ async fn an_aborted_handler_is_recorded_interrupted_and_rejects() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let abort = CancellationToken::new();
     let trigger = abort.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
         trigger.cancel();
     });
-    let err = f
-        .kernel
+    let err = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             abort,
@@ -1049,17 +976,15 @@ async fn a_handler_that_answers_despite_the_abort_keeps_its_real_outcome() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let abort = CancellationToken::new();
     let trigger = abort.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(10)).await;
         trigger.cancel();
     });
-    let r = f
-        .kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             abort,
@@ -1073,38 +998,9 @@ async fn a_handler_that_answers_despite_the_abort_keeps_its_real_outcome() {
     );
 }
 
-#[tokio::test]
-async fn g55_the_outcome_is_recorded_even_when_the_caller_stops_waiting() {
-    let f = fixture(
-        Script::Sleep {
-            ms: 10_000,
-            ignore_abort: false,
-        },
-        vec![records_grant("g1", &[], Scope::Descendants)],
-    );
-    let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let abort = CancellationToken::new();
-    let c = call("c1", "test.records", json!({"record": "x"}));
-    let waited = tokio::time::timeout(
-        Duration::from_millis(30),
-        f.kernel.invoke_tool(&lease, &ctx, &c, abort.clone()),
-    )
-    .await;
-    assert!(waited.is_err(), "the caller gave up");
-    abort.cancel();
-    for _ in 0..100 {
-        if f.sink.types().last().map(String::as_str) == Some("tool.invoked") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let last = f.sink.records().pop().unwrap();
-    assert_eq!(
-        (last.kind.as_str(), last.outcome),
-        ("tool.invoked", AuditOutcome::Interrupted)
-    );
-}
+// G55, "the outcome is recorded even when the caller stops waiting", is
+// owned by the envelope's mediation (it runs each kernel call in a task of
+// its own) and tested there with this kernel: host/tests/envelope_outcome.rs.
 
 #[tokio::test]
 async fn an_abort_before_the_port_is_entered_writes_nothing() {
@@ -1113,14 +1009,12 @@ async fn an_abort_before_the_port_is_entered_writes_nothing() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     let before = f.sink.records().len();
     let abort = CancellationToken::new();
     abort.cancel();
-    let r = f
-        .kernel
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             abort,
@@ -1138,11 +1032,9 @@ async fn a_nested_audit_outage_is_interrupted_with_effect_unknown() {
         vec![records_grant("g1", &[], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = f
-        .kernel
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),
@@ -1173,7 +1065,7 @@ async fn f22_a_turn_keeps_the_registry_it_started_with() {
         )],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
     f.kernel
         .register(
             scripted_definition("test.late", sharedos_protocol::ReadWrite::Read),
@@ -1181,16 +1073,14 @@ async fn f22_a_turn_keeps_the_registry_it_started_with() {
         )
         .unwrap();
     let c = call("c1", "test.late", json!({"record": "x"}));
-    let r = f
-        .kernel
-        .invoke_tool(&lease, &ctx, &c, CancellationToken::new())
+    let r = turn
+        .invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("tool_unavailable"));
-    let lease2 = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = f
-        .kernel
-        .invoke_tool(&lease2, &ctx, &c, CancellationToken::new())
+    let turn2 = f.kernel.open_turn(&ctx).await.unwrap();
+    let r = turn2
+        .invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(r.status(), ToolStatus::Succeeded);
@@ -1203,8 +1093,8 @@ async fn reach_describes_scope_without_grant_identity() {
         vec![records_grant("g1", &["a"], Scope::Descendants)],
     );
     let ctx = context("alice");
-    let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
-    let reach = serde_json::to_value(f.kernel.reach(&lease, &ctx).await.unwrap()).unwrap();
+    let turn = f.kernel.open_turn(&ctx).await.unwrap();
+    let reach = serde_json::to_value(turn.reach(&ctx).await.unwrap()).unwrap();
     assert_eq!(
         reach,
         json!({"status": "computed", "reach": [{"namespace": "records", "path": ["a"], "actions": ["read"], "scope": "descendants"}]})
@@ -1286,12 +1176,10 @@ async fn f19_a_child_claiming_more_than_its_parent_is_delegation_chain_invalid()
         *tool.resolve.lock().unwrap() = Some(requirement("records", &["a", "z"], "read", None));
         let (grants, ctx) = delegated(vec![over]);
         let f = fixture_with(tool, grants);
-        let lease = f.kernel.open_turn_authority(&ctx).await.unwrap();
+        let turn = f.kernel.open_turn(&ctx).await.unwrap();
         // With a control grant keeping the tool discoverable, the exact check decides.
-        let r = f
-            .kernel
+        let r = turn
             .invoke_tool(
-                &lease,
                 &ctx,
                 &call("c1", "test.records", json!({"record": "x"})),
                 CancellationToken::new(),
@@ -1361,10 +1249,9 @@ async fn a_parent_the_source_does_not_hand_over_is_delegation_chain_unverified()
         )
         .unwrap()
         .build();
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = kernel
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "a"})),
             CancellationToken::new(),
@@ -1400,10 +1287,9 @@ async fn an_output_outside_the_declared_output_schema_is_invalid_tool_result() {
     .unwrap()
     .build();
     let ctx = context("alice");
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-    let r = kernel
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    let r = turn
         .invoke_tool(
-            &lease,
             &ctx,
             &call("c1", "test.records", json!({"record": "x"})),
             CancellationToken::new(),

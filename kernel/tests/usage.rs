@@ -86,9 +86,9 @@ async fn from_config_uses_the_durable_store_when_configured() {
             Arc::new(MemoryAuditSink::new()),
         )
         .unwrap();
-        let lease = kernel.open_turn_authority(&ctx).await.unwrap();
-        let r = kernel
-            .invoke_tool(&lease, &ctx, &write, CancellationToken::new())
+        let turn = kernel.open_turn(&ctx).await.unwrap();
+        let r = turn
+            .invoke_tool(&ctx, &write, CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(r.status(), expected);

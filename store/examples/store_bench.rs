@@ -68,15 +68,14 @@ async fn audited_call(
     .expect("config");
     let kernel = Kernel::from_config(&config, dir, audit).expect("kernel");
     let ctx = context();
-    let lease = kernel.open_turn_authority(&ctx).await.expect("lease");
+    let turn = kernel.open_turn(&ctx).await.expect("turn");
     let mut samples = Vec::with_capacity(n);
     for i in 0..n {
         let call: ToolCall = serde_json::from_value(json!({"id": format!("c{i}"), "tool": "files.list",
             "arguments": {"path": ""}, "traceId": "bench-trace", "requestedAt": "2026-12-01T00:00:00Z"}))
         .expect("call");
         let t = Instant::now();
-        kernel
-            .invoke_tool(&lease, &ctx, &call, CancellationToken::new())
+        turn.invoke_tool(&ctx, &call, CancellationToken::new())
             .await
             .expect("invoke");
         samples.push(t.elapsed());

@@ -532,7 +532,7 @@ impl AuditSink for PostgresStore {
                 &[
                     &record.id,
                     &record.trace_id,
-                    &record.kind,
+                    &record.kind.as_str(),
                     &outcome,
                     &record.operation_id,
                     &text,

@@ -14,7 +14,7 @@
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use sharedos_kernel::{AuditOutcome, AuditRecord, AuditSource};
+use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{ExecutionEvent, Identifier, ShortName, Timestamp, Version};
 
 use crate::{RunRecord, Store, StoreError};
@@ -140,7 +140,7 @@ async fn last_sequence(store: &dyn Store, run: &RunRecord) -> Result<Option<u64>
 fn interrupted_record(decision: &AuditRecord, at: &Timestamp) -> AuditRecord {
     let mut r = decision.clone();
     r.id = uuid_like(&decision.id);
-    r.kind = "tool.invoked".into();
+    r.kind = AuditKind::ToolInvoked;
     r.outcome = AuditOutcome::Interrupted;
     r.at = at.clone();
     r.source = AuditSource::Envelope;

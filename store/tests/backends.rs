@@ -7,7 +7,7 @@ mod backend;
 
 use backend::Backend;
 use serde_json::{Value, json};
-use sharedos_kernel::{AuditOutcome, AuditRecord, AuditSource};
+use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{
     AccessContext, Address, ExecutionEvent, Identifier, Purpose, ShortName, Timestamp, Version,
 };
@@ -148,7 +148,7 @@ async fn max_uses_is_exact_across_two_connections_and_survives_reopen(backend: B
 async fn audit_records_are_durable_and_read_back_by_trace(backend: Backend) {
     let store = backend.open().await;
     let mut r = AuditRecord::new(
-        "authorization.checked",
+        AuditKind::AuthorizationChecked,
         AuditOutcome::Allowed,
         &context("t-1"),
         AuditSource::Kernel,
@@ -156,7 +156,7 @@ async fn audit_records_are_durable_and_read_back_by_trace(backend: Backend) {
     r.operation_id = Some("call-1".into());
     store.append(&r).await.unwrap();
     let other = AuditRecord::new(
-        "turn.ended",
+        AuditKind::TurnEnded,
         AuditOutcome::Succeeded,
         &context("t-2"),
         AuditSource::Kernel,
@@ -297,7 +297,7 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: 
     // Call 1 decided and completed; call 2 decided, then the host died.
     for (op, done) in [("call-1", true), ("call-2", false)] {
         let mut d = AuditRecord::new(
-            "authorization.checked",
+            AuditKind::AuthorizationChecked,
             AuditOutcome::Allowed,
             &context("r1"),
             AuditSource::Kernel,
@@ -307,7 +307,7 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: 
         store.append(&d).await.unwrap();
         if done {
             let mut o = AuditRecord::new(
-                "tool.invoked",
+                AuditKind::ToolInvoked,
                 AuditOutcome::Succeeded,
                 &context("r1"),
                 AuditSource::Kernel,

@@ -68,7 +68,7 @@ struct Turn {
 
 /// One turn of `demo/turn.json` through the real host path: the registry
 /// from the configuration, the sandbox launcher, the kernel with a JSONL
-/// audit file, the executor with the kernel as effects.
+/// audit file; the turn the executor opens is the gateway's authority.
 async fn run(dir: &Path, text: &str) -> Turn {
     let request = include_str!("../../host/demo/turn.json");
     run_request(dir, text, "sharedos.standard", request, None).await
@@ -94,11 +94,7 @@ async fn run_request(
     let audit = JsonlAuditSink::open(&audit_path).unwrap();
     let kernel =
         Arc::new(Kernel::from_config(&config.kernel, &files_root, Arc::new(audit)).unwrap());
-    let options = ExecutorOptions {
-        effects: Some(kernel.clone()),
-        ..ExecutorOptions::default()
-    };
-    let executor = Executor::new(kernel, seat, options).expect("the executor");
+    let executor = Executor::new(kernel, seat, ExecutorOptions::default()).expect("the executor");
     let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let sink = events.clone();
     let on_event: OnEvent = Arc::new(move |e| {

@@ -80,14 +80,11 @@ pub async fn inprocess_calls(n: usize) -> Result<Figure, String> {
 pub async fn kernel_direct(n: usize) -> Result<Figure, String> {
     let kernel = fixture::kernel();
     let context = fixture::context();
-    let lease = kernel
-        .open_turn_authority(&context)
+    let turn = kernel
+        .open_turn(&context)
         .await
         .map_err(|e| e.to_string())?;
-    kernel
-        .list_tools(&lease, &context)
-        .await
-        .map_err(|e| e.to_string())?;
+    turn.list_tools(&context).await.map_err(|e| e.to_string())?;
     let mut samples = Vec::with_capacity(n);
     for i in 0..(n + 50) {
         let call = ToolCall {
@@ -98,8 +95,7 @@ pub async fn kernel_direct(n: usize) -> Result<Figure, String> {
             requested_at: context.now.clone(),
         };
         let t = Instant::now();
-        kernel
-            .invoke_tool(&lease, &context, &call, CancellationToken::new())
+        turn.invoke_tool(&context, &call, CancellationToken::new())
             .await
             .map_err(|e| e.to_string())?;
         if i >= 50 {

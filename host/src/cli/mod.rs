@@ -137,10 +137,7 @@ pub async fn run_turn(
         ..ExecutorOptions::default()
     };
     let kernel = Arc::new(kernel);
-    let options = ExecutorOptions {
-        effects: Some(kernel.clone()),
-        ..options
-    };
+    let options = ExecutorOptions { ..options };
     let executor = Executor::new(kernel, seat, options)
         .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
     let on_event = events.map(|sink| {

@@ -318,7 +318,6 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
             .clone();
         let options = ExecutorOptions {
             drain_grace_ms: config.host.drain_grace_ms,
-            effects: Some(kernel.clone()),
             ..ExecutorOptions::default()
         };
         Executor::new(kernel.clone(), seat, options)

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
-use sharedos_kernel::{EffectDecision, EffectPort, TurnLease};
+use sharedos_kernel::{EffectDecision, KernelTurn};
 use sharedos_protocol::{AccessContext, JsonObject};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
@@ -101,8 +101,7 @@ pub(super) struct Spent {
 /// The turn a listener's traffic belongs to: whose grants decide, where
 /// events go, what is left of the budget.
 pub struct TurnBinding {
-    pub(super) kernel: Arc<dyn EffectPort>,
-    pub(super) lease: TurnLease,
+    pub(super) kernel: Arc<dyn KernelTurn>,
     pub(super) context: AccessContext,
     pub(super) events: mpsc::UnboundedSender<EgressEvent>,
     pub(super) spent: Mutex<Spent>,
@@ -110,14 +109,12 @@ pub struct TurnBinding {
 
 impl TurnBinding {
     pub fn new(
-        kernel: Arc<dyn EffectPort>,
-        lease: TurnLease,
+        kernel: Arc<dyn KernelTurn>,
         context: AccessContext,
         events: mpsc::UnboundedSender<EgressEvent>,
     ) -> Self {
         Self {
             kernel,
-            lease,
             context,
             events,
             spent: Mutex::new(Spent::default()),
@@ -134,7 +131,7 @@ impl TurnBinding {
     pub(super) async fn authorize(&self, path: &[String], action: &str) -> Result<(), String> {
         match self
             .kernel
-            .authorize_effect(&self.lease, &self.context, "egress", path, action)
+            .authorize_effect(&self.context, "egress", path, action)
             .await
         {
             Ok(EffectDecision::Allowed { .. }) => Ok(()),

@@ -1,6 +1,6 @@
 //! One runtime's gateway as the seat holds it: built at config load (a
 //! missing secret fails the start), bound to a turn by the envelope (the
-//! kernel as `EffectPort`, the turn's lease and context) and served by the
+//! kernel's turn as the authority of its effects, and the turn's context) and served by the
 //! process runtime on the listener its sandbox handed over.
 
 use std::collections::HashMap;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sharedos_kernel::TurnLease;
+use sharedos_kernel::KernelTurn;
 use sharedos_protocol::AccessContext;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -55,14 +55,12 @@ impl Executor {
     pub(super) fn bind_egress(
         &self,
         turn: &Arc<Turn>,
-        lease: &TurnLease,
+        kernel_turn: &Arc<dyn KernelTurn>,
         context: &AccessContext,
     ) -> Option<EgressTurn> {
         let seat = self.seat.egress.as_ref()?;
-        // Checked in `Executor::new`: a seat with egress has effects.
-        let effects = self.options.effects.clone()?;
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let binding = TurnBinding::new(effects, lease.clone(), context.clone(), tx);
+        let binding = TurnBinding::new(Arc::clone(kernel_turn), context.clone(), tx);
         let bound = seat.bind(turn.execution_id.as_str(), Arc::new(binding));
         let turn = Arc::clone(turn);
         let stop = CancellationToken::new();

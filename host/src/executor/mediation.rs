@@ -48,16 +48,15 @@ impl EnvelopeHost {
         data.insert("status".into(), json!("denied"));
         data.insert("code".into(), json!(code));
         turn.push_prepaid("tool.completed", Value::Object(data));
-        if let Some(lease) = turn.lease() {
+        if let Some(kernel_turn) = turn.kernel_turn() {
             let refused = RefusedCall {
                 call_id: call.id.clone(),
                 tool: call.tool.clone(),
                 reason_code: code.to_owned(),
                 cause: cause.map(str::to_owned),
             };
-            if let Err(e) = turn
-                .kernel
-                .record_refused_call(&lease, &turn.context_now(), refused)
+            if let Err(e) = kernel_turn
+                .record_refused_call(&turn.context_now(), refused)
                 .await
             {
                 tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording an envelope refusal failed");
@@ -146,21 +145,18 @@ impl RuntimeHost for EnvelopeHost {
         if !repeatable {
             lock(&turn.retry).writes_with_kernel += 1;
         }
-        let Some(lease) = turn.lease() else {
+        let Some(kernel_turn) = turn.kernel_turn() else {
             return Err(HostCallError::closed());
         };
         let guard = turn.in_flight.enter();
-        let kernel_turn = turn.clone();
+        let mediated = turn.clone();
         let kernel_call = call.clone();
         let token = turn.signals.hard_token.clone();
         let context = turn.context_now();
         let work = tokio::spawn(async move {
             let _guard = guard;
-            let turn = kernel_turn;
-            let outcome = turn
-                .kernel
-                .invoke_tool(&lease, &context, &kernel_call, token)
-                .await;
+            let turn = mediated;
+            let outcome = kernel_turn.invoke_tool(&context, &kernel_call, token).await;
             let mut retry = lock(&turn.retry);
             if !repeatable {
                 retry.writes_with_kernel = retry.writes_with_kernel.saturating_sub(1);

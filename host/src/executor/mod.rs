@@ -83,11 +83,6 @@ impl Executor {
                 "maxEventsPerTurn must be at least {MIN_EVENTS_PER_TURN}"
             )));
         }
-        if seat.egress.is_some() && options.effects.is_none() {
-            return Err(ExecutorError(
-                "the seat has a network policy: its gateway needs the kernel as effects (ExecutorOptions::effects)".into(),
-            ));
-        }
         if options.max_event_bytes_per_turn < MIN_EVENT_BYTES_PER_TURN {
             return Err(ExecutorError(format!(
                 "maxEventBytesPerTurn must be at least {MIN_EVENT_BYTES_PER_TURN}"
@@ -203,7 +198,6 @@ impl Executor {
             context: request.context.clone(),
             limits,
             drain_grace_ms: self.options.drain_grace_ms,
-            kernel: self.kernel.clone(),
             runtime_ref: self.runtime_ref(),
             clock: self.options.clock.clone(),
             ids: self.options.ids.clone(),
@@ -390,10 +384,10 @@ impl Executor {
             }};
         }
         let context = turn.context_now();
-        let lease = kernel_call!(self.kernel.open_turn_authority(&context));
-        *lock(&turn.lease) = Some(lease.clone());
+        let kernel_turn = kernel_call!(self.kernel.open_turn(&context));
+        *lock(&turn.kernel_turn) = Some(Arc::clone(&kernel_turn));
 
-        let admission = kernel_call!(self.kernel.admit_turn(&lease, &context, &request.agent));
+        let admission = kernel_call!(kernel_turn.admit(&context, &request.agent));
         if !admission.allowed {
             let code = admission
                 .reason_code
@@ -401,8 +395,8 @@ impl Executor {
             turn.push_event("turn.denied", json!({"code": code}));
             return Ok((Ending::denied(&code, MSG_ADMISSION), None));
         }
-        let reach = kernel_call!(self.kernel.reach(&lease, &context));
-        let allowed = kernel_call!(self.kernel.list_tools(&lease, &context));
+        let reach = kernel_call!(kernel_turn.reach(&context));
+        let allowed = kernel_call!(kernel_turn.list_tools(&context));
 
         let requested: HashSet<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
         let effective: Vec<_> = allowed
@@ -429,7 +423,7 @@ impl Executor {
         let host = Arc::new(EnvelopeHost { turn: turn.clone() });
         // Held until the seat's run ends: the gateway serves this turn
         // only while it runs.
-        let mut egress = self.bind_egress(turn, &lease, &context);
+        let mut egress = self.bind_egress(turn, &kernel_turn, &context);
         // A panic is how an in-process plugin throws: it ends the turn
         // `runtime_failed` like any throw, never unwinding through the host.
         let run = AssertUnwindSafe(self.seat.plugin.run(runtime_request, host, hard.clone()))
@@ -518,7 +512,7 @@ impl Executor {
                 let recorded = tokio::select! {
                     biased;
                     _ = hard.raised() => return Err(Caught::Aborted),
-                    r = self.kernel.record_escalation(&lease, &context, &turn.execution_id, &reason) => r,
+                    r = kernel_turn.record_escalation(&context, &turn.execution_id, &reason) => r,
                 };
                 let escalation = match recorded {
                     Ok(e) => e,

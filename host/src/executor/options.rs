@@ -98,10 +98,6 @@ pub struct ExecutorOptions {
     /// The most annotation bytes (keys plus serialized values) one turn
     /// holds (default 1 MiB); past it a write is dropped and counted.
     pub max_annotation_bytes: usize,
-    /// The kernel as the authority of effects outside the catalogue (the
-    /// egress gateway's requests and connections). Required by a seat with
-    /// a network policy; `None`, the default, for every other seat.
-    pub effects: Option<Arc<dyn sharedos_kernel::EffectPort>>,
 }
 
 /// The defaults of the per-turn bounds (docs/ENVELOPE.md, "Bounded memory").
@@ -128,7 +124,6 @@ impl Default for ExecutorOptions {
             max_event_bytes_per_turn: DEFAULT_MAX_EVENT_BYTES_PER_TURN,
             max_annotation_keys: DEFAULT_MAX_ANNOTATION_KEYS,
             max_annotation_bytes: DEFAULT_MAX_ANNOTATION_BYTES,
-            effects: None,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
-use sharedos_kernel::{KernelError, TurnKernel, TurnLease};
+use sharedos_kernel::{KernelError, KernelTurn};
 use sharedos_plugin_sdk::{Signal, SignalSource};
 use sharedos_protocol::{
     AccessContext, ExecutionEvent, Identifier, RuntimeLimits, ShortName, Timestamp, ToolDefinition,
@@ -191,8 +191,12 @@ pub(crate) struct Turn {
     pub retry: Mutex<RetryBook>,
     pub in_flight: Arc<InFlight>,
     pub audit_outage: Mutex<Option<KernelError>>,
-    pub kernel: Arc<dyn TurnKernel>,
-    pub lease: Mutex<Option<TurnLease>>,
+    /// The kernel's side of this turn, from `open_turn` until the turn
+    /// closes (dropping it releases the turn's authority).
+    pub kernel_turn: Mutex<Option<Arc<dyn KernelTurn>>>,
+    /// The context as of the last kernel call: shared by every call that
+    /// reads the same `now`, so a call copies no context.
+    context_at: Mutex<Arc<AccessContext>>,
     pub catalogue: Mutex<Vec<ToolDefinition>>,
     pub repeatable: Mutex<HashSet<String>>,
     pub calls: Mutex<CallBudget>,
@@ -232,7 +236,6 @@ pub(crate) struct TurnParams {
     pub context: AccessContext,
     pub limits: RuntimeLimits,
     pub drain_grace_ms: u64,
-    pub kernel: Arc<dyn TurnKernel>,
     pub runtime_ref: Value,
     pub clock: Clock,
     pub ids: IdSource,
@@ -242,6 +245,7 @@ pub(crate) struct TurnParams {
 
 impl Turn {
     pub fn new(p: TurnParams) -> Arc<Self> {
+        let context_at = Mutex::new(Arc::new(p.context.clone()));
         Arc::new(Self {
             execution_id: p.execution_id,
             trace_id: p.context.trace_id.clone(),
@@ -253,8 +257,8 @@ impl Turn {
             retry: Mutex::new(RetryBook::default()),
             in_flight: Arc::new(InFlight::default()),
             audit_outage: Mutex::new(None),
-            kernel: p.kernel,
-            lease: Mutex::new(None),
+            kernel_turn: Mutex::new(None),
+            context_at,
             catalogue: Mutex::new(Vec::new()),
             repeatable: Mutex::new(HashSet::new()),
             calls: Mutex::new(CallBudget::default()),
@@ -282,19 +286,25 @@ impl Turn {
         (self.clock)()
     }
 
-    /// The context with `now` set to the clock, as every kernel call gets it.
-    pub fn context_now(&self) -> AccessContext {
-        let mut c = self.context.clone();
-        c.now = self.now();
-        c
+    /// The context with `now` set to the clock, as every kernel call gets
+    /// it. A new copy only when the clock moved since the last call.
+    pub fn context_now(&self) -> Arc<AccessContext> {
+        let now = self.now();
+        let mut at = lock(&self.context_at);
+        if at.now != now {
+            let mut c = self.context.clone();
+            c.now = now;
+            *at = Arc::new(c);
+        }
+        Arc::clone(&at)
     }
 
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::SeqCst)
     }
 
-    pub fn lease(&self) -> Option<TurnLease> {
-        lock(&self.lease).clone()
+    pub fn kernel_turn(&self) -> Option<Arc<dyn KernelTurn>> {
+        lock(&self.kernel_turn).clone()
     }
 
     /// Appends an event to the log; the caller has charged it already.
@@ -583,7 +593,7 @@ impl Turn {
         if let Some(t) = lock(&self.hard_timer).take() {
             t.abort();
         }
-        lock(&self.lease).take();
+        lock(&self.kernel_turn).take();
     }
 
     /// The `runtime` reference carried in `turn.started` and

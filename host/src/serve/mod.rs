@@ -163,7 +163,6 @@ pub fn sessions_from_config(
         default_timeout_ms: config.host.default_timeout_ms,
         drain_grace_ms: config.host.drain_grace_ms,
         on_turn_error: Some(on_turn_error),
-        effects: Some(kernel.clone()),
         ..ExecutorOptions::default()
     };
     let mut executors = HashMap::new();

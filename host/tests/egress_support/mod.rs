@@ -102,9 +102,9 @@ pub async fn serve(
     let kernel =
         Arc::new(Kernel::builder(Arc::new(ConfigGrantSource::new(grants)), audit.clone()).build());
     let ctx = context(agent);
-    let lease = kernel.open_turn_authority(&ctx).await.unwrap();
+    let turn = kernel.open_turn(&ctx).await.unwrap();
     let (tx, events) = mpsc::unbounded_channel();
-    let binding = Arc::new(TurnBinding::new(kernel, lease, ctx, tx));
+    let binding = Arc::new(TurnBinding::new(turn, ctx, tx));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let handle = gateway.serve(listener, binding);

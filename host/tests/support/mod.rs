@@ -19,7 +19,7 @@ use sharedos_host::executor::{
     ExecuteOptions, Executor, ExecutorOptions, Seat, TurnError, TurnIds,
 };
 use sharedos_kernel::{
-    Admission, AuditEffect, KernelError, RefusedCall, TurnEnd, TurnKernel, TurnLease,
+    Admission, AuditEffect, KernelError, KernelTurn, RefusedCall, TurnEnd, TurnKernel,
 };
 use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::{
@@ -241,13 +241,15 @@ pub struct TestKernel {
     pub log: Mutex<Vec<KernelCall>>,
     pub audit: Mutex<Vec<Audit>>,
     pub ledger: Mutex<Vec<String>>,
-    pub leases: Mutex<Vec<Weak<dyn std::any::Any + Send + Sync>>>,
+    pub leases: Mutex<Vec<Weak<TestTurn>>>,
     pub loads: AtomicUsize,
+    me: Weak<TestKernel>,
 }
 
 impl TestKernel {
     pub fn new(listing: Vec<ToolDefinition>) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             base: Instant::now(),
             admission: Mutex::new(Admission::allowed()),
             open_error: Mutex::new(None),
@@ -384,12 +386,67 @@ impl TestKernel {
     }
 }
 
+/// A turn of the test kernel: each port is the kernel's, logged there.
+pub struct TestTurn(Arc<TestKernel>);
+
+#[async_trait]
+impl KernelTurn for TestTurn {
+    async fn admit(&self, _: &AccessContext, _: &Address) -> Result<Admission, KernelError> {
+        self.0.admit().await
+    }
+    async fn reach(&self, _: &AccessContext) -> Result<ReachResult, KernelError> {
+        self.0.reach().await
+    }
+    async fn list_tools(&self, _: &AccessContext) -> Result<Vec<ToolDefinition>, KernelError> {
+        self.0.list_tools().await
+    }
+    async fn invoke_tool(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+        abort: CancellationToken,
+    ) -> Result<ToolResult, KernelError> {
+        self.0.invoke_tool(context, call, abort).await
+    }
+    async fn record_escalation(
+        &self,
+        context: &AccessContext,
+        execution_id: &Identifier,
+        reason: &Reason,
+    ) -> Result<Escalation, KernelError> {
+        self.0
+            .record_escalation(context, execution_id, reason)
+            .await
+    }
+    async fn record_refused_call(
+        &self,
+        _: &AccessContext,
+        refused: RefusedCall,
+    ) -> Result<(), KernelError> {
+        self.0.record_refused_call(refused).await
+    }
+}
+
 #[async_trait]
 impl TurnKernel for TestKernel {
-    async fn open_turn_authority(
-        &self,
-        _context: &AccessContext,
-    ) -> Result<TurnLease, KernelError> {
+    async fn open_turn(&self, _: &AccessContext) -> Result<Arc<dyn KernelTurn>, KernelError> {
+        self.open().await?;
+        let kernel = self
+            .me
+            .upgrade()
+            .ok_or_else(|| KernelError::Failed("the test kernel is gone".into()))?;
+        let turn = Arc::new(TestTurn(kernel));
+        lock(&self.leases).push(Arc::downgrade(&turn));
+        Ok(turn)
+    }
+
+    async fn record_turn_end(&self, _: &AccessContext, end: TurnEnd) -> Result<(), KernelError> {
+        self.end_turn(end).await
+    }
+}
+
+impl TestKernel {
+    async fn open(&self) -> Result<(), KernelError> {
         lock(&self.log).push(KernelCall::Open);
         self.loads.fetch_add(1, Ordering::SeqCst);
         if *lock(&self.open_hangs) {
@@ -398,31 +455,20 @@ impl TurnKernel for TestKernel {
         if let Some(e) = lock(&self.open_error).clone() {
             return Err(e);
         }
-        let lease = TurnLease::new(format!("lease-{}", self.loads.load(Ordering::SeqCst)));
-        lock(&self.leases).push(Arc::downgrade(&lease.0));
-        Ok(lease)
+        Ok(())
     }
 
-    async fn admit_turn(
-        &self,
-        _: &TurnLease,
-        _: &AccessContext,
-        _: &Address,
-    ) -> Result<Admission, KernelError> {
+    async fn admit(&self) -> Result<Admission, KernelError> {
         lock(&self.log).push(KernelCall::Admit);
         Ok(lock(&self.admission).clone())
     }
 
-    async fn reach(&self, _: &TurnLease, _: &AccessContext) -> Result<ReachResult, KernelError> {
+    async fn reach(&self) -> Result<ReachResult, KernelError> {
         lock(&self.log).push(KernelCall::Reach);
         Ok(lock(&self.reach).clone())
     }
 
-    async fn list_tools(
-        &self,
-        _: &TurnLease,
-        _: &AccessContext,
-    ) -> Result<Vec<ToolDefinition>, KernelError> {
+    async fn list_tools(&self) -> Result<Vec<ToolDefinition>, KernelError> {
         lock(&self.log).push(KernelCall::List);
         if *lock(&self.listing_hangs) {
             std::future::pending::<()>().await;
@@ -441,7 +487,6 @@ impl TurnKernel for TestKernel {
 
     async fn invoke_tool(
         &self,
-        _: &TurnLease,
         context: &AccessContext,
         call: &ToolCall,
         abort: CancellationToken,
@@ -544,7 +589,6 @@ impl TurnKernel for TestKernel {
 
     async fn record_escalation(
         &self,
-        _: &TurnLease,
         context: &AccessContext,
         _: &Identifier,
         reason: &Reason,
@@ -570,12 +614,7 @@ impl TurnKernel for TestKernel {
         })
     }
 
-    async fn record_refused_call(
-        &self,
-        _: &TurnLease,
-        _: &AccessContext,
-        refused: RefusedCall,
-    ) -> Result<(), KernelError> {
+    async fn record_refused_call(&self, refused: RefusedCall) -> Result<(), KernelError> {
         lock(&self.log).push(KernelCall::Refused(refused.clone()));
         self.audit_full(
             "tool.invoked",
@@ -591,7 +630,7 @@ impl TurnKernel for TestKernel {
         Ok(())
     }
 
-    async fn record_turn_end(&self, _: &AccessContext, end: TurnEnd) -> Result<(), KernelError> {
+    async fn end_turn(&self, end: TurnEnd) -> Result<(), KernelError> {
         lock(&self.log).push(KernelCall::TurnEnd(end.clone()));
         let outcome = match end.status.as_str() {
             "cancelled" => "failed",

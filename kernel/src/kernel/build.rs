@@ -81,14 +81,16 @@ impl KernelBuilder {
     pub fn build(self) -> Kernel {
         Kernel {
             registry: RwLock::new(Arc::new(self.registry)),
-            policy: RwLock::new(Arc::new(self.policy)),
             grants: self.grants,
             config_grants: self.config_grants,
-            usage: self.usage,
-            recorder: Arc::new(Recorder {
-                audit: self.audit,
-                hook: self.hook,
-                timeout: self.timeout,
+            shared: Arc::new(Shared {
+                policy: RwLock::new(Arc::new(self.policy)),
+                usage: self.usage,
+                recorder: Recorder {
+                    audit: self.audit,
+                    hook: self.hook,
+                    timeout: self.timeout,
+                },
             }),
         }
     }

@@ -12,7 +12,7 @@ use sharedos_protocol::{
 };
 
 use super::ErrorHook;
-use crate::audit::{AuditError, AuditOutcome, AuditRecord, AuditSink, AuditSource};
+use crate::audit::{AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource};
 use crate::grant::{Decision, Requirement};
 use crate::port::{AuditEffect, KernelError};
 
@@ -28,11 +28,11 @@ impl Recorder {
     /// refuses the operation.
     pub(super) async fn decision(
         &self,
-        record: AuditRecord,
+        record: &AuditRecord,
         effect: AuditEffect,
     ) -> Result<(), KernelError> {
         self.audit
-            .append(&record)
+            .append(record)
             .await
             .map_err(|e| KernelError::AuditUnavailable {
                 effect,
@@ -79,41 +79,68 @@ pub(super) fn infrastructure_code(code: &str) -> bool {
 
 /// What the kernel knows about a call as it goes through the checks, for
 /// its `tool.invoked` record.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub(super) struct CallFacts {
     pub(super) resource: Option<ResourceRef>,
     pub(super) action: Option<String>,
     pub(super) grant_id: Option<String>,
     pub(super) cause: Option<String>,
+    /// The step-12 decision record once written: the outcome record is
+    /// made from it (its identity fields, resource, action, grant and call
+    /// are already there), so the second record of a call costs a new id
+    /// and a few fields, not a second copy of the context.
+    pub(super) decided: Option<AuditRecord>,
 }
 
+/// `tool.invoked` for a call: `outcome` with `reason` (and `failClosed`
+/// for an infrastructure code), after the effect.
 pub(super) fn invoked_record(
     context: &AccessContext,
     call: &ToolCall,
-    result: &ToolResult,
+    outcome: AuditOutcome,
+    reason: Option<&str>,
     facts: CallFacts,
     catalog_hash: Option<String>,
 ) -> AuditRecord {
-    let mut r = AuditRecord::new(
-        "tool.invoked",
-        outcome_of(result.status()),
-        context,
-        AuditSource::Kernel,
-    );
-    r.operation_id = Some(call.id.to_string());
-    r.tool = Some(call.tool.to_string());
-    r.resource = facts.resource;
-    r.action = facts.action;
-    r.grant_id = facts.grant_id;
-    r.cause = facts.cause;
-    if let Some(e) = result.error() {
-        r.reason = Some(e.code.to_string());
-        if infrastructure_code(e.code.as_str()) {
-            r.fail_closed = Some(true);
+    let mut r = match facts.decided {
+        Some(mut decided) => {
+            decided.id = crate::audit::record_id();
+            decided.kind = AuditKind::ToolInvoked;
+            decided.outcome = outcome;
+            decided.consumed = None;
+            decided.fail_closed = None;
+            decided
         }
+        None => {
+            let mut r = AuditRecord::new(
+                AuditKind::ToolInvoked,
+                outcome,
+                context,
+                AuditSource::Kernel,
+            );
+            r.operation_id = Some(call.id.to_string());
+            r.tool = Some(call.tool.to_string());
+            r.resource = facts.resource;
+            r.action = facts.action;
+            r.grant_id = facts.grant_id;
+            r
+        }
+    };
+    r.cause = facts.cause;
+    r.reason = reason.map(str::to_owned);
+    if reason.is_some_and(infrastructure_code) {
+        r.fail_closed = Some(true);
     }
     r.metadata = catalog_metadata(catalog_hash);
     r
+}
+
+/// The `tool.invoked` outcome of a result.
+pub(super) fn result_outcome(result: &ToolResult) -> (AuditOutcome, Option<&str>) {
+    (
+        outcome_of(result.status()),
+        result.error().map(|e| e.code.as_str()),
+    )
 }
 
 pub(super) fn catalog_metadata(hash: Option<String>) -> Option<JsonObject> {
@@ -150,7 +177,7 @@ pub(super) fn checked_record(
         AuditOutcome::Denied
     };
     let mut r = AuditRecord::new(
-        "authorization.checked",
+        AuditKind::AuthorizationChecked,
         outcome,
         context,
         AuditSource::Kernel,

@@ -273,7 +273,10 @@ impl FlakySink {
         self.inner.records()
     }
     pub fn types(&self) -> Vec<String> {
-        self.records().into_iter().map(|r| r.kind).collect()
+        self.records()
+            .into_iter()
+            .map(|r| r.kind.to_string())
+            .collect()
     }
 }
 
@@ -289,7 +292,7 @@ impl AuditSink for FlakySink {
             .lock()
             .unwrap()
             .iter()
-            .any(|t| t == &record.kind)
+            .any(|t| record.kind == t.as_str())
         {
             return Err(AuditError::Sink("disk on fire".into()));
         }
@@ -309,7 +312,7 @@ impl ErrorHook for RecordingHook {
         self.audit
             .lock()
             .unwrap()
-            .push((record.kind.clone(), error.to_string()));
+            .push((record.kind.to_string(), error.to_string()));
     }
     fn tool_error(&self, _tool: &str, _call_id: &str, error: &str) {
         self.tool.lock().unwrap().push(error.to_owned());

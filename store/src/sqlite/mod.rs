@@ -338,7 +338,7 @@ impl AuditSink for SqliteStore {
                 s.execute(params![
                     r.id,
                     r.trace_id,
-                    r.kind,
+                    r.kind.as_str(),
                     outcome,
                     r.operation_id,
                     text

@@ -1,0 +1,337 @@
+//! `invoke_tool` in the check order of envelope.md C.1 (docs/KERNEL.md,
+//! "the check order"): one function per step, each returning
+//! `Result<_, Refusal>`, and one answer at the end (step 14), which is the
+//! only place a call's `tool.invoked` is written.
+
+use std::sync::Arc;
+
+use sharedos_protocol::{AccessContext, CapabilityRequirement, ToolCall, ToolResult};
+use tokio_util::sync::CancellationToken;
+
+use super::records::{CallFacts, checked_record, invoked_record, resource_of, result_outcome};
+use super::turn::OpenTurn;
+use super::{NOT_GRANTED_MESSAGE, TOOL_UNAVAILABLE_MESSAGE, guarded, requirement_of, run};
+use crate::audit::AuditOutcome;
+use crate::grant::{Decision, DenyReason, Grant, Requirement, authorize, discover};
+use crate::port::{AuditEffect, KernelError};
+use crate::registry::RegisteredTool;
+
+/// Why a call did not reach a result of its handler.
+pub(super) enum Refusal {
+    /// The kernel answers the call itself (recorded `tool.invoked` with the
+    /// result's status and code). Boxed: the common path is `Ok`, and a
+    /// small `Err` keeps every step's return cheap.
+    Answer(Box<ToolResult>),
+    /// The handler was entered and then stopped: recorded `interrupted`
+    /// with `reason`, and the call rejects with `error` (envelope.md C.4).
+    Interrupted {
+        reason: &'static str,
+        error: KernelError,
+    },
+    /// The call rejects with nothing more recorded: stopped before its port
+    /// was entered, or its decision could not be written.
+    Reject(KernelError),
+}
+
+impl From<KernelError> for Refusal {
+    fn from(e: KernelError) -> Self {
+        Refusal::Reject(e)
+    }
+}
+
+/// One call going through the checks.
+struct Checks<'a> {
+    turn: &'a OpenTurn,
+    context: &'a AccessContext,
+    call: &'a ToolCall,
+    facts: CallFacts,
+}
+
+pub(super) async fn invoke_tool(
+    turn: &OpenTurn,
+    context: &AccessContext,
+    call: &ToolCall,
+    abort: CancellationToken,
+) -> Result<ToolResult, KernelError> {
+    // 1. Stopped before the port was entered: nothing written.
+    if abort.is_cancelled() {
+        return Err(KernelError::Aborted);
+    }
+    let mut checks = Checks {
+        turn,
+        context,
+        call,
+        facts: CallFacts::default(),
+    };
+    let answer = checks.pipeline(abort).await;
+    checks.finish(answer).await
+}
+
+impl<'a> Checks<'a> {
+    async fn pipeline(&mut self, abort: CancellationToken) -> Result<ToolResult, Refusal> {
+        self.same_trace()?; // 2
+        let grants = self.authority()?; // 3 (4: the turn's registry snapshot)
+        let tool = self.registered()?; // 5
+        self.enabled(tool)?; // 6
+        let ceiling = self.discoverable(grants, tool).await?; // 7
+        let parsed = self.arguments(tool)?; // 8
+        let req = self.requirement(tool, &parsed)?; // 9
+        self.same_owner(&req).await?; // 10
+        self.within_ceiling(&req, &ceiling)?; // 11
+        self.authorized(grants, tool, &req).await?; // 12
+        if abort.is_cancelled() {
+            return Err(Refusal::Reject(KernelError::Aborted));
+        }
+        let hook = self.turn.shared.recorder.hook.as_ref();
+        run::handler(tool, self.context, &parsed, self.call, hook, abort).await // 13
+    }
+
+    /// Step 14, the one answer: `tool.invoked` (outcome path), then the
+    /// result or the rejection.
+    async fn finish(self, answer: Result<ToolResult, Refusal>) -> Result<ToolResult, KernelError> {
+        let (outcome, reason, reply) = match answer {
+            Ok(result) => {
+                let (outcome, reason) = result_outcome(&result);
+                (outcome, reason.map(str::to_owned), Ok(result))
+            }
+            Err(Refusal::Answer(result)) => {
+                let (outcome, reason) = result_outcome(&result);
+                (outcome, reason.map(str::to_owned), Ok(*result))
+            }
+            Err(Refusal::Interrupted { reason, error }) => (
+                AuditOutcome::Interrupted,
+                Some(reason.to_owned()),
+                Err(error),
+            ),
+            Err(Refusal::Reject(error)) => return Err(error),
+        };
+        let record = invoked_record(
+            self.context,
+            self.call,
+            outcome,
+            reason.as_deref(),
+            self.facts,
+            self.turn.catalog_hash(),
+        );
+        self.turn.shared.recorder.outcome(record).await;
+        reply
+    }
+
+    fn denied(&self, code: &str, message: &str) -> Refusal {
+        Refusal::Answer(Box::new(ToolResult::denied(
+            self.call,
+            code,
+            message,
+            self.context.now.clone(),
+        )))
+    }
+
+    fn failed(&self, code: &str, message: &str) -> Refusal {
+        Refusal::Answer(Box::new(ToolResult::failed(
+            self.call,
+            code,
+            message,
+            self.context.now.clone(),
+        )))
+    }
+
+    /// Steps 5–7 answer alike; the audit's `cause` tells them apart.
+    fn unavailable(&mut self, cause: &str) -> Refusal {
+        self.facts.cause = Some(cause.to_owned());
+        self.denied("tool_unavailable", TOOL_UNAVAILABLE_MESSAGE)
+    }
+
+    /// Writes a denied `authorization.checked` that consumed nothing.
+    async fn record_refusal(&self, req: &Requirement, reason: DenyReason) -> Result<(), Refusal> {
+        let decision = Decision::Denied {
+            reason,
+            grant_id: None,
+        };
+        let record = checked_record(
+            self.context,
+            req,
+            &decision,
+            Some(self.call.id.as_str()),
+            Some(self.call.tool.as_str()),
+        );
+        let recorder = &self.turn.shared.recorder;
+        Ok(recorder.decision(&record, AuditEffect::None).await?)
+    }
+
+    /// Step 2: the call belongs to this trace (no use spent).
+    fn same_trace(&self) -> Result<(), Refusal> {
+        if self.call.trace_id != self.context.trace_id {
+            return Err(self.denied("trace_mismatch", "The tool call belongs to another trace."));
+        }
+        Ok(())
+    }
+
+    /// Step 3: the turn's authority was loaded.
+    fn authority(&mut self) -> Result<&'a [Grant], Refusal> {
+        let turn: &'a OpenTurn = self.turn;
+        match &turn.grants {
+            Ok(grants) => Ok(grants.as_slice()),
+            Err(cause) => {
+                self.facts.cause = Some((*cause).to_owned());
+                Err(self.denied("authority_unavailable", NOT_GRANTED_MESSAGE))
+            }
+        }
+    }
+
+    /// Step 5: A handler in the turn's registry.
+    fn registered(&mut self) -> Result<&'a Arc<RegisteredTool>, Refusal> {
+        let turn: &'a OpenTurn = self.turn;
+        turn.registry
+            .get(self.call.tool.as_str())
+            .ok_or_else(|| self.unavailable("not_registered"))
+    }
+
+    /// Step 6: its namespace is enabled for the turn.
+    fn enabled(&mut self, tool: &RegisteredTool) -> Result<(), Refusal> {
+        let namespace = &tool.definition.namespace;
+        if !self
+            .context
+            .enabled_tool_namespaces
+            .iter()
+            .any(|n| n == namespace)
+        {
+            return Err(self.unavailable("namespace_disabled"));
+        }
+        Ok(())
+    }
+
+    /// Step 7: discovery, non-consuming. Answers the declared requirement, the
+    /// ceiling of step 11.
+    async fn discoverable(
+        &mut self,
+        grants: &[Grant],
+        tool: &RegisteredTool,
+    ) -> Result<Requirement, Refusal> {
+        let ceiling = requirement_of(&tool.definition.required_capability, self.context);
+        let usage = self.turn.shared.usage.as_ref();
+        if let Err(reason) = discover(grants, usage, self.context, &ceiling).await {
+            self.record_refusal(&ceiling, reason).await?;
+            return Err(self.unavailable(reason.code()));
+        }
+        Ok(ceiling)
+    }
+
+    /// Step 8: arguments: the schema (compiled once), then the handler's own
+    /// parse. No authorization is attempted when they fail. What runs is
+    /// the parsed call.
+    fn arguments(&self, tool: &RegisteredTool) -> Result<ToolCall, Refusal> {
+        let arguments = &self.call.arguments;
+        let parsed = tool.check_arguments(arguments).and_then(|()| {
+            guarded(|| tool.handler.parse_arguments(arguments))
+                .unwrap_or_else(|| Err("the tool could not parse its arguments".into()))
+        });
+        match parsed {
+            Ok(arguments) => Ok(ToolCall {
+                id: self.call.id.clone(),
+                tool: self.call.tool.clone(),
+                arguments,
+                trace_id: self.call.trace_id.clone(),
+                requested_at: self.call.requested_at.clone(),
+            }),
+            Err(message) => Err(self.failed(
+                "invalid_tool_arguments",
+                &format!("Invalid tool arguments: {message}"),
+            )),
+        }
+    }
+
+    /// Step 9: the exact requirement of this call (the declared one when the
+    /// handler names none). Its text on failure goes to the error hook.
+    fn requirement(
+        &mut self,
+        tool: &RegisteredTool,
+        parsed: &ToolCall,
+    ) -> Result<Requirement, Refusal> {
+        let resolved = guarded(|| tool.handler.resolve_requirement(self.context, parsed))
+            .unwrap_or_else(|| Err("resolve_requirement panicked".into()));
+        let resolved: CapabilityRequirement = match resolved {
+            Ok(r) => r.unwrap_or_else(|| tool.definition.required_capability.clone()),
+            Err(text) => {
+                let hook = &self.turn.shared.recorder.hook;
+                hook.tool_error(self.call.tool.as_str(), self.call.id.as_str(), &text);
+                return Err(self.failed(
+                    "tool_requirement_resolution_failed",
+                    "The tool could not resolve what this call needs.",
+                ));
+            }
+        };
+        let req = requirement_of(&resolved, self.context);
+        self.facts.resource = Some(resource_of(&req));
+        self.facts.action = Some(req.action.clone());
+        Ok(req)
+    }
+
+    /// Step 10: world boundary: the owner is the context's.
+    async fn same_owner(&self, req: &Requirement) -> Result<(), Refusal> {
+        if req.owner != self.context.owner {
+            self.record_refusal(req, DenyReason::InvalidRequest).await?;
+            return Err(self.denied("invalid_request", NOT_GRANTED_MESSAGE));
+        }
+        Ok(())
+    }
+
+    /// Step 11: ceiling: same namespace, action and owner as declared; the
+    /// declared path is a segment prefix of the requested one.
+    fn within_ceiling(&self, req: &Requirement, ceiling: &Requirement) -> Result<(), Refusal> {
+        let within = req.namespace == ceiling.namespace
+            && req.action == ceiling.action
+            && req.owner == ceiling.owner
+            && ceiling.path.len() <= req.path.len()
+            && ceiling.path.iter().zip(&req.path).all(|(a, b)| a == b);
+        if !within {
+            return Err(self.failed(
+                "invalid_tool_requirement",
+                "The tool asked for more than its declared capability.",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Step 12: the host's ceiling (consumes nothing), then exact
+    /// re-authorization, consuming; `authorization.checked` is written
+    /// before anything runs, and kept as the base of the outcome record.
+    async fn authorized(
+        &mut self,
+        grants: &[Grant],
+        tool: &RegisteredTool,
+        req: &Requirement,
+    ) -> Result<(), Refusal> {
+        let shared = &self.turn.shared;
+        let frozen =
+            shared
+                .current_policy()
+                .refuses(&req.namespace, &req.path, tool.definition.read_write);
+        let decision = if frozen {
+            Decision::Denied {
+                reason: DenyReason::HostPolicyDenied,
+                grant_id: None,
+            }
+        } else {
+            authorize(grants, shared.usage.as_ref(), self.context, req, true).await
+        };
+        let record = checked_record(
+            self.context,
+            req,
+            &decision,
+            Some(self.call.id.as_str()),
+            Some(self.call.tool.as_str()),
+        );
+        shared.recorder.decision(&record, AuditEffect::None).await?;
+        self.facts.decided = Some(record);
+        match decision {
+            Decision::Allowed { grant_id, .. } => {
+                self.facts.grant_id = Some(grant_id);
+                Ok(())
+            }
+            Decision::Denied { reason, grant_id } => {
+                self.facts.grant_id = grant_id;
+                Err(self.denied(reason.code(), NOT_GRANTED_MESSAGE))
+            }
+        }
+    }
+}

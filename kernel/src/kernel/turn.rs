@@ -1,0 +1,284 @@
+//! [`OpenTurn`]: the embedded kernel's [`KernelTurn`]. It holds what the
+//! turn loaded once (its authority, a snapshot of the tool registry) and
+//! the hash of the catalogue it listed.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sharedos_protocol::{
+    AccessContext, Address, Escalation, EscalationStatus, Identifier, JsonObject, ReachEntry,
+    ReachResult, ReachScope, Reason, ToolCall, ToolDefinition, ToolResult, ident,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::records::{catalog_metadata, checked_record, infrastructure_code};
+use super::{Shared, catalog_hash, requirement_of};
+use crate::audit::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
+use crate::grant::{Decision, DenyReason, Grant, Requirement, Scope, authorize, discover};
+use crate::port::{Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, RefusedCall};
+use crate::registry::ToolRegistry;
+use crate::tools::EXECUTION_NAMESPACE;
+
+/// One turn of the embedded kernel.
+pub(super) struct OpenTurn {
+    pub(super) shared: Arc<Shared>,
+    /// The turn's grants, or why they could not be loaded
+    /// (`grant_source_failed`): every operation then refuses.
+    pub(super) grants: Result<Arc<Vec<Grant>>, &'static str>,
+    pub(super) authority_hash: Option<String>,
+    pub(super) registry: Arc<ToolRegistry>,
+    catalog_hash: Mutex<Option<String>>,
+}
+
+impl OpenTurn {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        grants: Result<Arc<Vec<Grant>>, &'static str>,
+        authority_hash: Option<String>,
+        registry: Arc<ToolRegistry>,
+    ) -> Self {
+        Self {
+            shared,
+            grants,
+            authority_hash,
+            registry,
+            catalog_hash: Mutex::new(None),
+        }
+    }
+
+    /// The hash of the catalogue `list_tools` answered, once listed.
+    pub(super) fn catalog_hash(&self) -> Option<String> {
+        self.catalog_hash.lock().ok().and_then(|h| h.clone())
+    }
+
+    /// Writes `tool.catalog.listed` (decision path).
+    async fn record_listing(
+        &self,
+        context: &AccessContext,
+        enabled: &[&str],
+        listed: &[ToolDefinition],
+        withheld: usize,
+    ) -> Result<String, KernelError> {
+        let hash = catalog_hash(listed);
+        let outcome = if self.grants.is_ok() {
+            AuditOutcome::Allowed
+        } else {
+            AuditOutcome::Denied
+        };
+        let mut record = AuditRecord::new(
+            AuditKind::ToolCatalogListed,
+            outcome,
+            context,
+            AuditSource::Kernel,
+        );
+        record.authority_hash = self.authority_hash.clone();
+        if self.grants.is_err() {
+            record.reason = Some("authority_unavailable".into());
+            record.fail_closed = Some(true);
+        }
+        let mut metadata = catalog_metadata(Some(hash.clone())).unwrap_or_default();
+        metadata.insert("enabledNamespaces".into(), json!(enabled));
+        metadata.insert("withheldCount".into(), json!(withheld));
+        metadata.insert("listedCount".into(), json!(listed.len()));
+        record.metadata = Some(metadata);
+        self.shared
+            .recorder
+            .decision(&record, AuditEffect::None)
+            .await?;
+        Ok(hash)
+    }
+}
+
+#[async_trait]
+impl KernelTurn for OpenTurn {
+    async fn admit(
+        &self,
+        context: &AccessContext,
+        agent: &Address,
+    ) -> Result<Admission, KernelError> {
+        let [kind, id] = agent.path();
+        let req = Requirement {
+            namespace: EXECUTION_NAMESPACE.into(),
+            path: vec![kind, id],
+            owner: context.owner.clone(),
+            action: "invoke".into(),
+        };
+        let decision = match &self.grants {
+            Ok(grants) => authorize(grants, self.shared.usage.as_ref(), context, &req, true).await,
+            Err(_) => Decision::Denied {
+                reason: DenyReason::AuthorityUnavailable,
+                grant_id: None,
+            },
+        };
+        let mut record = checked_record(context, &req, &decision, None, None);
+        if let Err(cause) = &self.grants {
+            record.cause = Some((*cause).to_owned());
+        }
+        self.shared
+            .recorder
+            .decision(&record, AuditEffect::None)
+            .await?;
+        Ok(match decision {
+            Decision::Allowed { .. } => Admission::allowed(),
+            Decision::Denied { reason, .. } => Admission::refused(reason.code()),
+        })
+    }
+
+    async fn reach(&self, context: &AccessContext) -> Result<ReachResult, KernelError> {
+        let Ok(grants) = &self.grants else {
+            return Ok(ReachResult::Unavailable {
+                reason_code: ident("authority_unavailable"),
+            });
+        };
+        let mut reach: Vec<ReachEntry> = Vec::new();
+        let usable = grants
+            .iter()
+            .filter(|g| g.applies(context) && g.check_chain(grants, context).is_ok());
+        for g in usable {
+            for c in &g.capabilities {
+                let entry = ReachEntry {
+                    namespace: c.namespace.clone(),
+                    path: c.path.clone(),
+                    actions: c.actions.clone(),
+                    scope: match c.scope {
+                        Scope::Exact => ReachScope::Exact,
+                        Scope::Descendants => ReachScope::Descendants,
+                    },
+                };
+                if !reach.contains(&entry) {
+                    reach.push(entry);
+                }
+            }
+        }
+        Ok(ReachResult::Computed { reach })
+    }
+
+    async fn list_tools(
+        &self,
+        context: &AccessContext,
+    ) -> Result<Vec<ToolDefinition>, KernelError> {
+        let enabled: Vec<&str> = context
+            .enabled_tool_namespaces
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        let mut listed = Vec::new();
+        let mut withheld = 0usize;
+        let policy = self.shared.current_policy();
+        if let Ok(grants) = &self.grants {
+            for tool in self.registry.iter() {
+                let def = &tool.definition;
+                let ceiling = requirement_of(&def.required_capability, context);
+                let frozen = policy.refuses(&ceiling.namespace, &ceiling.path, def.read_write);
+                if enabled.contains(&def.namespace.as_str())
+                    && !frozen
+                    && discover(grants, self.shared.usage.as_ref(), context, &ceiling)
+                        .await
+                        .is_ok()
+                {
+                    listed.push(def.clone());
+                } else {
+                    withheld += 1;
+                }
+            }
+        }
+        let hash = self
+            .record_listing(context, &enabled, &listed, withheld)
+            .await?;
+        if let Ok(mut h) = self.catalog_hash.lock() {
+            *h = Some(hash);
+        }
+        Ok(listed)
+    }
+
+    async fn invoke_tool(
+        &self,
+        context: &AccessContext,
+        call: &ToolCall,
+        abort: CancellationToken,
+    ) -> Result<ToolResult, KernelError> {
+        super::invoke::invoke_tool(self, context, call, abort).await
+    }
+
+    async fn record_escalation(
+        &self,
+        context: &AccessContext,
+        execution_id: &Identifier,
+        reason: &Reason,
+    ) -> Result<Escalation, KernelError> {
+        let mut r = AuditRecord::new(
+            AuditKind::EscalationRequested,
+            AuditOutcome::Escalated,
+            context,
+            AuditSource::Kernel,
+        );
+        r.operation_id = Some(execution_id.to_string());
+        r.reason = Some("escalation_requested".into());
+        let mut m = JsonObject::new();
+        m.insert("detail".into(), json!(reason.as_str()));
+        m.insert(
+            "reviewer".into(),
+            serde_json::to_value(&context.owner).unwrap_or(Value::Null),
+        );
+        m.insert("reviewerAssumed".into(), json!(true));
+        m.insert("resolution".into(), json!("pending"));
+        r.metadata = Some(m);
+        self.shared.recorder.outcome(r).await;
+        Ok(Escalation {
+            reason: reason.clone(),
+            reviewer: context.owner.clone(),
+            requested_at: context.now.clone(),
+            requested_authority: None,
+            status: EscalationStatus::Pending,
+        })
+    }
+
+    async fn record_refused_call(
+        &self,
+        context: &AccessContext,
+        refused: RefusedCall,
+    ) -> Result<(), KernelError> {
+        let mut r = AuditRecord::new(
+            AuditKind::ToolInvoked,
+            AuditOutcome::Denied,
+            context,
+            AuditSource::Envelope,
+        );
+        r.operation_id = Some(refused.call_id.to_string());
+        r.tool = Some(refused.tool.to_string());
+        if infrastructure_code(&refused.reason_code) {
+            r.fail_closed = Some(true);
+        }
+        r.reason = Some(refused.reason_code);
+        r.cause = refused.cause;
+        r.metadata = catalog_metadata(self.catalog_hash());
+        self.shared.recorder.outcome(r).await;
+        Ok(())
+    }
+
+    async fn authorize_effect(
+        &self,
+        context: &AccessContext,
+        namespace: &str,
+        path: &[String],
+        action: &str,
+    ) -> Result<EffectDecision, KernelError> {
+        super::effect::authorize_effect(self, context, namespace, path, action).await
+    }
+
+    async fn record_effect_outcome(
+        &self,
+        context: &AccessContext,
+        namespace: &str,
+        path: &[String],
+        action: &str,
+        succeeded: bool,
+        metadata: JsonObject,
+    ) {
+        super::effect::record_effect_outcome(
+            self, context, namespace, path, action, succeeded, metadata,
+        )
+        .await
+    }
+}
