@@ -3,9 +3,10 @@
 //! `Result<_, Refusal>`, and one answer at the end (step 14), which is the
 //! only place a call's `tool.invoked` is written.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use sharedos_protocol::{AccessContext, CapabilityRequirement, ToolCall, ToolResult};
+use sharedos_protocol::{AccessContext, CapabilityRequirement, ResourceRef, ToolCall, ToolResult};
 use tokio_util::sync::CancellationToken;
 
 use super::records::{CallFacts, checked_record, invoked_record, resource_of, result_outcome};
@@ -141,6 +142,15 @@ impl<'a> Checks<'a> {
         self.denied("tool_unavailable", TOOL_UNAVAILABLE_MESSAGE)
     }
 
+    /// The resource of `req` for a record: the call's own once step 9 made
+    /// it (no second validation of its segments).
+    fn resource(&self, req: &Requirement) -> ResourceRef {
+        match &self.facts.resource {
+            Some(resource) => resource.clone(),
+            None => resource_of(req),
+        }
+    }
+
     /// Writes a denied `authorization.checked` that consumed nothing.
     async fn record_refusal(&self, req: &Requirement, reason: DenyReason) -> Result<(), Refusal> {
         let decision = Decision::Denied {
@@ -150,6 +160,7 @@ impl<'a> Checks<'a> {
         let record = checked_record(
             self.context,
             req,
+            self.resource(req),
             &decision,
             Some(self.call.id.as_str()),
             Some(self.call.tool.as_str()),
@@ -249,8 +260,9 @@ impl<'a> Checks<'a> {
     ) -> Result<Requirement, Refusal> {
         let resolved = guarded(|| tool.handler.resolve_requirement(self.context, parsed))
             .unwrap_or_else(|| Err("resolve_requirement panicked".into()));
-        let resolved: CapabilityRequirement = match resolved {
-            Ok(r) => r.unwrap_or_else(|| tool.definition.required_capability.clone()),
+        let resolved: Cow<'_, CapabilityRequirement> = match resolved {
+            Ok(Some(r)) => Cow::Owned(r),
+            Ok(None) => Cow::Borrowed(&tool.definition.required_capability),
             Err(text) => {
                 let hook = &self.turn.shared.recorder.hook;
                 hook.tool_error(self.call.tool.as_str(), self.call.id.as_str(), &text);
@@ -261,7 +273,12 @@ impl<'a> Checks<'a> {
             }
         };
         let req = requirement_of(&resolved, self.context);
-        self.facts.resource = Some(resource_of(&req));
+        // Already-validated parts: no string goes through validation again.
+        self.facts.resource = Some(ResourceRef {
+            namespace: resolved.resource.namespace.clone(),
+            path: resolved.resource.path.clone(),
+            owner: Some(req.owner.clone()),
+        });
         self.facts.action = Some(req.action.clone());
         Ok(req)
     }
@@ -317,6 +334,7 @@ impl<'a> Checks<'a> {
         let record = checked_record(
             self.context,
             req,
+            self.resource(req),
             &decision,
             Some(self.call.id.as_str()),
             Some(self.call.tool.as_str()),

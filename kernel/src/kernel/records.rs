@@ -163,10 +163,12 @@ pub(super) fn resource_of(req: &Requirement) -> ResourceRef {
     }
 }
 
-/// `authorization.checked` for a decision.
+/// `authorization.checked` for a decision on `req`, whose resource is
+/// `resource` (made once per call by the caller).
 pub(super) fn checked_record(
     context: &AccessContext,
     req: &Requirement,
+    resource: ResourceRef,
     decision: &Decision,
     operation_id: Option<&str>,
     tool: Option<&str>,
@@ -182,7 +184,7 @@ pub(super) fn checked_record(
         context,
         AuditSource::Kernel,
     );
-    r.resource = Some(resource_of(req));
+    r.resource = Some(resource);
     r.action = Some(req.action.clone());
     r.operation_id = operation_id.map(str::to_owned);
     r.tool = tool.map(str::to_owned);

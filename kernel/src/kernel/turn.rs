@@ -12,7 +12,7 @@ use sharedos_protocol::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::records::{catalog_metadata, checked_record, infrastructure_code};
+use super::records::{catalog_metadata, checked_record, infrastructure_code, resource_of};
 use super::{Shared, catalog_hash, requirement_of};
 use crate::audit::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use crate::grant::{Decision, DenyReason, Grant, Requirement, Scope, authorize, discover};
@@ -111,7 +111,7 @@ impl KernelTurn for OpenTurn {
                 grant_id: None,
             },
         };
-        let mut record = checked_record(context, &req, &decision, None, None);
+        let mut record = checked_record(context, &req, resource_of(&req), &decision, None, None);
         if let Err(cause) = &self.grants {
             record.cause = Some((*cause).to_owned());
         }
