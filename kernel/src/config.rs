@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use sharedos_protocol::PathSegment;
 
-use crate::grant::Grant;
+use crate::grant::{Capability, Grant};
 use crate::tools::{ESCALATION_NAMESPACE, EXECUTION_NAMESPACE, FILES_NAMESPACE};
 
 /// The built-in file tools.
@@ -185,65 +185,7 @@ impl KernelConfig {
                     "{at}: the id is used by an earlier grant"
                 )));
             }
-            if let Some(parent) = &g.parent_grant_id
-                && (!all_ids.contains(parent.as_str()) || parent == &g.id)
-            {
-                return Err(ConfigError(format!(
-                    "{at}: parentGrantId {:?} names no other grant in the configuration",
-                    parent.as_str()
-                )));
-            }
-            if g.capabilities.is_empty() {
-                return Err(ConfigError(format!(
-                    "{at}: has no capabilities; a grant must allow something"
-                )));
-            }
-            if g.max_uses == Some(0) {
-                return Err(ConfigError(format!(
-                    "{at}: maxUses is 0; remove the grant or allow at least one use"
-                )));
-            }
-            if let (Some(a), Some(b)) = (&g.not_before, &g.expires_at)
-                && a.to_offset() > b.to_offset()
-            {
-                return Err(ConfigError(format!("{at}: notBefore is after expiresAt")));
-            }
-            if g.constraints
-                .as_ref()
-                .and_then(|c| c.purposes.as_ref())
-                .is_some_and(|p| p.is_empty())
-            {
-                return Err(ConfigError(format!(
-                    "{at}: constraints.purposes is empty, which allows no purpose; remove it or list one"
-                )));
-            }
-            for (j, c) in g.capabilities.iter().enumerate() {
-                let cat = format!("{at}.capabilities[{j}]");
-                if !known.contains(c.namespace.as_str()) {
-                    return Err(ConfigError(format!(
-                        "{cat}: unknown namespace {:?}; known: {}; declare a host namespace under `namespaces`",
-                        c.namespace.as_str(),
-                        sorted(&known)
-                    )));
-                }
-                if c.actions.is_empty() {
-                    return Err(ConfigError(format!("{cat}: actions is empty")));
-                }
-                if c.path.len() > 64 {
-                    return Err(ConfigError(format!(
-                        "{cat}: path has more than 64 segments"
-                    )));
-                }
-                for s in &c.path {
-                    // Segments built in code bypass deserialization: check again.
-                    if PathSegment::new(s.as_str()).ok().as_ref() != Some(s) {
-                        return Err(ConfigError(format!(
-                            "{cat}: bad path segment {:?}",
-                            s.as_str()
-                        )));
-                    }
-                }
-            }
+            check_grant(&at, g, &all_ids, &known)?;
         }
         for (i, f) in self.host_policy.frozen.iter().enumerate() {
             if !known.contains(f.namespace.as_str()) {
@@ -260,6 +202,80 @@ impl KernelConfig {
         }
         Ok(())
     }
+}
+
+/// One grant of the configuration, `at` naming it in errors.
+fn check_grant(
+    at: &str,
+    g: &Grant,
+    all_ids: &HashSet<&str>,
+    known: &HashSet<String>,
+) -> Result<(), ConfigError> {
+    if let Some(parent) = &g.parent_grant_id
+        && (!all_ids.contains(parent.as_str()) || parent == &g.id)
+    {
+        return Err(ConfigError(format!(
+            "{at}: parentGrantId {:?} names no other grant in the configuration",
+            parent.as_str()
+        )));
+    }
+    if g.capabilities.is_empty() {
+        return Err(ConfigError(format!(
+            "{at}: has no capabilities; a grant must allow something"
+        )));
+    }
+    if g.max_uses == Some(0) {
+        return Err(ConfigError(format!(
+            "{at}: maxUses is 0; remove the grant or allow at least one use"
+        )));
+    }
+    if let (Some(a), Some(b)) = (&g.not_before, &g.expires_at)
+        && a.to_offset() > b.to_offset()
+    {
+        return Err(ConfigError(format!("{at}: notBefore is after expiresAt")));
+    }
+    if g.constraints
+        .as_ref()
+        .and_then(|c| c.purposes.as_ref())
+        .is_some_and(|p| p.is_empty())
+    {
+        return Err(ConfigError(format!(
+            "{at}: constraints.purposes is empty, which allows no purpose; remove it or list one"
+        )));
+    }
+    for (j, c) in g.capabilities.iter().enumerate() {
+        check_capability(&format!("{at}.capabilities[{j}]"), c, known)?;
+    }
+    Ok(())
+}
+
+/// One capability of a grant, `cat` naming it in errors.
+fn check_capability(cat: &str, c: &Capability, known: &HashSet<String>) -> Result<(), ConfigError> {
+    if !known.contains(c.namespace.as_str()) {
+        return Err(ConfigError(format!(
+            "{cat}: unknown namespace {:?}; known: {}; declare a host namespace under `namespaces`",
+            c.namespace.as_str(),
+            sorted(&known)
+        )));
+    }
+    if c.actions.is_empty() {
+        return Err(ConfigError(format!("{cat}: actions is empty")));
+    }
+    if c.path.len() > 64 {
+        return Err(ConfigError(format!(
+            "{cat}: path has more than 64 segments"
+        )));
+    }
+    for s in &c.path {
+        // Segments built in code bypass deserialization: check again.
+        if PathSegment::new(s.as_str()).ok().as_ref() != Some(s) {
+            return Err(ConfigError(format!(
+                "{cat}: bad path segment {:?}",
+                s.as_str()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn sorted(set: &HashSet<String>) -> String {
