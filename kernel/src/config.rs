@@ -255,7 +255,7 @@ fn check_capability(cat: &str, c: &Capability, known: &HashSet<String>) -> Resul
         return Err(ConfigError(format!(
             "{cat}: unknown namespace {:?}; known: {}; declare a host namespace under `namespaces`",
             c.namespace.as_str(),
-            sorted(&known)
+            sorted(known)
         )));
     }
     if c.actions.is_empty() {
