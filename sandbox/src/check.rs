@@ -210,7 +210,7 @@ fn listing(m: &std::collections::BTreeMap<String, u64>) -> String {
 }
 
 /// What bounds memory on this host, one mechanism a line, and the result.
-fn print_memory(m: &crate::memory::MemoryReport, out: &mut dyn Write) -> std::io::Result<()> {
+fn print_memory(m: &crate::report::MemoryReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out, "memory:")?;
     for l in &m.layers {
         let state = match &l.status {

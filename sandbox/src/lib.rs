@@ -41,8 +41,8 @@ mod request;
 pub mod timing;
 
 pub use helper::fds;
+pub(crate) use host::listener;
 pub use host::{cgroup, removal, staging, statedir, uid};
-pub(crate) use host::{forkserver, listener, spawn};
 pub(crate) use layers::memory;
 pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp};
 
@@ -50,17 +50,15 @@ pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_c
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;
-pub use memory::{MemoryLayer, MemoryReport};
+pub use host::child::{KillHandle, SandboxedChild};
+pub use host::spawn::{PreparedSandbox, SpawnSpec, needs_host_workspace, prepare, spawn};
+pub use host::spawner::HELPER_SUBCOMMAND;
 pub use policy::{
     CgroupPolicy, IpcLimits, LayerToggles, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits,
     SandboxPolicy, UidPolicy,
 };
 pub use report::{
-    CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
-    SeccompReport, SelfCheck,
-};
-pub use spawn::{
-    HELPER_SUBCOMMAND, KillHandle, PreparedSandbox, SandboxedChild, SpawnSpec,
-    needs_host_workspace, prepare, spawn,
+    CgroupReport, LandlockReport, LayerStatus, MemoryLayer, MemoryReport, MissingLayer,
+    SandboxLevel, SandboxReport, SeccompReport, SelfCheck,
 };
 pub use timing::StageTiming;

@@ -204,7 +204,7 @@ pub struct SandboxReport {
     pub ipc_limits_status: LayerStatus,
     /// What bounds memory here and the resulting bound.
     #[serde(default)]
-    pub memory: crate::memory::MemoryReport,
+    pub memory: MemoryReport,
     pub cgroup: CgroupReport,
     pub lifeline: LayerStatus,
     pub setsid: LayerStatus,
@@ -228,6 +228,30 @@ pub struct SandboxReport {
     /// `policy.describe`: `sharedos sandbox check --runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<crate::fsview::RootView>,
+}
+
+/// The memory section of the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryReport {
+    /// One row per mechanism.
+    pub layers: Vec<MemoryLayer>,
+    /// The most one process can map (`RLIMIT_AS`), bytes.
+    pub per_process_bytes: Option<u64>,
+    /// The most the whole tree can hold, bytes: the sum of the rows (or
+    /// `memory.max` when lower). `None`: some kind of memory is unbounded.
+    pub tree_bound_bytes: Option<u64>,
+}
+
+/// One mechanism that bounds memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryLayer {
+    /// What it bounds and how (`RLIMIT_AS`, `tmpfs /tmp`, ...).
+    pub name: String,
+    pub status: LayerStatus,
+    /// The bound this row adds to the tree's total, bytes.
+    pub bytes: Option<u64>,
+    /// How `bytes` is made up.
+    pub detail: String,
 }
 
 /// One layer that is missing for the next level, with what to do about it.
@@ -354,18 +378,5 @@ impl SandboxReport {
             SandboxLevel::Minimal
         };
         self.missing = missing;
-    }
-
-    /// Fail closed when the report is below `min`: the error names every
-    /// missing layer and the operator's fix.
-    pub fn require(&self, min: SandboxLevel) -> Result<(), crate::SandboxError> {
-        if self.level >= min {
-            return Ok(());
-        }
-        Err(crate::SandboxError::BelowMinimum {
-            required: min,
-            achieved: self.level,
-            missing: self.missing.clone(),
-        })
     }
 }

@@ -3,7 +3,7 @@
 //! namespace, non-dumpable from then on, the other namespaces, the user
 //! namespace's ceilings and the rlimits the whole tree inherits.
 
-use super::{Fail, arm_parent_death_signal, fail, os_fail, prctl};
+use super::process::{Fail, arm_parent_death_signal, fail, os_fail, prctl};
 use crate::namespaces;
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;

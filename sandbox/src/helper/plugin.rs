@@ -7,8 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::reaper::sigset;
-use super::{Fail, ReportPipe, fail, os_fail, prctl};
+use super::process::{Fail, ReportPipe, fail, os_fail, prctl, sigset};
 use crate::landlock::{self as ll, Grants};
 use crate::mounts;
 use crate::policy::MemfdPolicy;

@@ -7,34 +7,14 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::plugin::plugin_exec;
-use super::{
-    Fail, HostSources, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail, prctl,
+use super::process::{
+    Fail, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail, prctl, sigset,
 };
+use super::sources::HostSources;
 use crate::mounts::{self, RootSpec};
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
 use crate::timing::stamp;
-
-pub(super) fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
-    // SAFETY: sigemptyset initializes the zeroed set; sigaddset only adds
-    // valid signal numbers to it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in signals {
-            libc::sigaddset(&mut set, *s);
-        }
-        set
-    }
-}
-
-/// Block SIGTERM and SIGCHLD so pid 1 can wait for either with
-/// `sigtimedwait` without a race between a check and a blocking wait.
-pub(super) fn block_term_and_chld() {
-    let set = sigset(&[libc::SIGTERM, libc::SIGCHLD]);
-    // SAFETY: `set` is initialized; the old mask is not needed.
-    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-}
 
 /// Without a pid namespace: SIGKILL every descendant of this process (a
 /// subreaper, so orphans of the plugin are its children) until none is

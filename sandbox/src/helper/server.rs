@@ -20,7 +20,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
-use super::{arm_parent_death_signal, run};
+use super::process::arm_parent_death_signal;
+use super::supervisor::run;
 
 /// The argument that turns `__sandbox-exec` into the fork server.
 pub const FORK_SERVER_ARG: &str = "--fork-server";

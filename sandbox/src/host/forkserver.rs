@@ -14,8 +14,8 @@ use nix::sys::socket::{
     sendmsg, socketpair,
 };
 
+use super::spawner::{HELPER_SUBCOMMAND, NEUTRAL_NAME, on_spawner_thread};
 use crate::helper::server::FORK_SERVER_ARG;
-use crate::spawn::{HELPER_SUBCOMMAND, on_spawner_thread};
 
 /// How long a live server may take to answer (a spawn that waited this long
 /// fails; the server stays).
@@ -57,7 +57,7 @@ impl Server {
         let helper = helper.to_path_buf();
         let child = on_spawner_thread(move || {
             Command::new(&helper)
-                .arg0(crate::spawn::NEUTRAL_NAME)
+                .arg0(NEUTRAL_NAME)
                 .arg(HELPER_SUBCOMMAND)
                 .arg(FORK_SERVER_ARG)
                 .env_clear()

@@ -18,30 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::policy::UidPolicy;
 
-/// Why no uid could be given, or why the range is unusable.
-#[derive(Debug, thiserror::Error)]
-pub enum UidError {
-    #[error(
-        "sandbox uid range {first}..{end} is unusable: {reason}; \
-         fix: set sandbox.uids.first/count in host.toml to a range no account or host id uses"
-    )]
-    BadRange {
-        first: u32,
-        end: u64,
-        reason: String,
-    },
-    #[error("every uid of the sandbox range {first}..{end} is held by a live sandbox")]
-    Exhausted { first: u32, end: u64 },
-    #[error("the host state directory {path:?} is unusable: {reason}")]
-    StateDir { path: PathBuf, reason: String },
-    #[error("{op} {path:?}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub use crate::error::UidError;
 
 /// A uid held for one sandbox; dropping it releases the uid.
 #[derive(Debug)]

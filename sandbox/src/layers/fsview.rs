@@ -24,18 +24,15 @@ use crate::policy::SandboxPolicy;
 pub const HOME: &str = "/sandbox/home";
 /// The per-turn temp directory inside the sandbox (`TMPDIR`).
 pub const TMP: &str = "/tmp";
+/// Where the workspace appears inside.
+pub const WORKSPACE: &str = "/workspace";
+/// Where the plugin binary appears inside.
+pub const PLUGIN_DIR: &str = "/plugin";
 
 /// Directories the sandbox mounts itself: no host path can be bound there.
 /// `/tmp` is special: a path strictly below it is cloned by a root host
 /// and attached on top of the private `/tmp`.
-const MANAGED: [&str; 6] = [
-    "/dev",
-    "/proc",
-    crate::mounts::WORKSPACE,
-    crate::mounts::PLUGIN_DIR,
-    "/sandbox",
-    "/tmp",
-];
+const MANAGED: [&str; 6] = ["/dev", "/proc", WORKSPACE, PLUGIN_DIR, "/sandbox", "/tmp"];
 
 /// What the plugin sees, as the helper built it (`policy.describe`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -10,34 +10,7 @@
 //! number of them by `RLIMIT_NOFILE` per process. `memory.max` caps the
 //! whole tree where a memory controller is delegated.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
-use crate::report::{LayerStatus, SandboxReport};
-
-/// The memory section of the report.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct MemoryReport {
-    /// One row per mechanism.
-    pub layers: Vec<MemoryLayer>,
-    /// The most one process can map (`RLIMIT_AS`), bytes.
-    pub per_process_bytes: Option<u64>,
-    /// The most the whole tree can hold, bytes: the sum of the rows (or
-    /// `memory.max` when lower). `None`: some kind of memory is unbounded.
-    pub tree_bound_bytes: Option<u64>,
-}
-
-/// One mechanism that bounds memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct MemoryLayer {
-    /// What it bounds and how (`RLIMIT_AS`, `tmpfs /tmp`, ...).
-    pub name: String,
-    pub status: LayerStatus,
-    /// The bound this row adds to the tree's total, bytes.
-    pub bytes: Option<u64>,
-    /// How `bytes` is made up.
-    pub detail: String,
-}
+use crate::report::{LayerStatus, MemoryLayer, MemoryReport, SandboxReport};
 
 fn row(name: &str, bytes: Option<u64>, detail: String) -> MemoryLayer {
     MemoryLayer {

@@ -10,3 +10,4 @@ pub mod namespaces;
 pub mod procmask;
 pub mod rlimits;
 pub mod seccomp;
+mod vfs;

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use crate::mounts::{cstr, mount, restrict};
+use super::vfs::{cstr, mount, restrict};
 
 /// Files replaced by an empty one (those that exist on this kernel).
 /// Files only root can read (`kcore`, `slabinfo`, `pagetypeinfo`, ...)
