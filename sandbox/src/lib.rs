@@ -43,6 +43,7 @@ pub mod timing;
 pub use helper::fds;
 pub(crate) use host::listener;
 pub use host::{cgroup, removal, staging, statedir, uid};
+pub use layers::LayerToggles;
 pub(crate) use layers::memory;
 pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp};
 
@@ -54,8 +55,7 @@ pub use host::child::{KillHandle, SandboxedChild};
 pub use host::spawn::{PreparedSandbox, SpawnSpec, needs_host_workspace, prepare, spawn};
 pub use host::spawner::HELPER_SUBCOMMAND;
 pub use policy::{
-    CgroupPolicy, IpcLimits, LayerToggles, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits,
-    SandboxPolicy, UidPolicy,
+    CgroupPolicy, IpcLimits, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits, SandboxPolicy, UidPolicy,
 };
 pub use report::{
     CgroupReport, LandlockReport, LayerStatus, MemoryLayer, MemoryReport, MissingLayer,

@@ -4,11 +4,12 @@
 //! namespace's ceilings and the rlimits the whole tree inherits.
 
 use super::process::{Fail, arm_parent_death_signal, fail, os_fail, prctl};
+use crate::caps;
+use crate::layers::{self, Layer, Stage};
 use crate::namespaces;
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
 use crate::timing::stamp;
-use crate::{caps, rlimits};
 
 pub(super) fn identity_and_namespaces(
     req: &HelperRequest,
@@ -107,33 +108,13 @@ fn ipc_namespace_as_root(
 }
 
 /// Step 7; `root`: the ipc namespace was made before the uid drop.
-fn enter_others(l: &crate::policy::LayerToggles, rep: &mut SandboxReport, root: bool) {
-    let mut wanted = Vec::new();
-    for (name, on) in [
-        ("mountns", l.mountns),
-        ("pidns", l.pidns),
-        ("netns", l.netns),
-        ("ipcns", l.ipcns && !root),
-        ("utsns", l.utsns),
-        ("cgroupns", l.cgroupns),
-    ] {
-        if on {
-            wanted.push(name);
+fn enter_others(l: &crate::layers::LayerToggles, rep: &mut SandboxReport, root: bool) {
+    let made_as_root = |layer: &Layer| root && layer.name == namespaces::IPCNS.name;
+    let wanted = |layer: &Layer| layer.wanted(l) && !made_as_root(layer);
+    for (layer, st) in namespaces::enter_others(wanted) {
+        if !made_as_root(layer) {
+            layer.set(rep, st);
         }
-    }
-    for (name, st) in namespaces::enter_others(&wanted) {
-        if name == "ipcns" && root {
-            continue;
-        }
-        let slot = match name {
-            "mountns" => &mut rep.mountns,
-            "pidns" => &mut rep.pidns,
-            "netns" => &mut rep.netns,
-            "ipcns" => &mut rep.ipcns,
-            "utsns" => &mut rep.utsns,
-            _ => &mut rep.cgroupns,
-        };
-        *slot = st;
     }
 }
 
@@ -157,11 +138,8 @@ fn own_limits(req: &HelperRequest, rep: &mut SandboxReport, root: bool) -> Resul
             "the host is not root: the ipc namespace's sysctls are writable only by its root uid",
         );
     }
-    if req.policy.layers.rlimits {
-        rep.rlimits = rlimits::apply(&req.policy.rlimits).map_err(|e| fail("rlimits", e))?;
-        rep.rlimits_status = LayerStatus::Applied;
-    }
-    Ok(())
+    // The layers with a step of their own (the rlimits).
+    layers::apply_at(Stage::Supervisor, req, rep).map_err(|(layer, e)| fail(layer, e))
 }
 
 fn drop_uid(uid: u32) -> Result<(), Fail> {

@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 
 use super::process::{Fail, ReportPipe, fail, os_fail, prctl, sigset};
 use crate::landlock::{self as ll, Grants};
+use crate::layers::{self, Stage};
 use crate::mounts;
 use crate::policy::MemfdPolicy;
 use crate::report::{HelperMessage, LayerStatus, SandboxReport, SelfCheck};
 use crate::request::{HelperRequest, START_BYTE};
+use crate::seccomp;
 use crate::timing::stamp;
-use crate::{caps, seccomp};
 
 /// Steps 12–17 in the plugin process.
 pub(super) fn plugin_exec(
@@ -41,11 +42,8 @@ pub(super) fn plugin_exec(
     stamp("plugin", "workdir_and_status_opened");
     // 12. rlimits: set by the supervisor, inherited as hard limits.
     // 13. Capabilities, checked with capget.
-    rep.caps = match caps::drop_all() {
-        Ok(None) => LayerStatus::Applied,
-        Ok(Some(reason)) => LayerStatus::Degraded { reason },
-        Err(e) => LayerStatus::unavailable(e),
-    };
+    // (and any other layer with a step of its own in this process).
+    layers::apply_at(Stage::Plugin, req, rep).map_err(|(layer, e)| fail(layer, e))?;
     stamp("plugin", "caps_dropped");
     // 14. no_new_privs: setuid and file-capability binaries are inert.
     if prctl(libc::PR_SET_NO_NEW_PRIVS, 1) != 0 {
@@ -161,7 +159,7 @@ pub(super) fn plugin_exec(
         p.home_size_bytes,
         memfd_refused,
     );
-    rep.finalize();
+    layers::finalize(rep);
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();
     // 17. The exec's arguments, built before the report goes out, so a

@@ -15,9 +15,7 @@ use super::sources::HostSources;
 use super::{credentials, egress, fds};
 use crate::cgroup;
 use crate::landlock as ll;
-use crate::report::{
-    LandlockReport, LayerStatus, SandboxLevel, SandboxReport, SeccompReport, SelfCheck,
-};
+use crate::report::{LandlockReport, LayerStatus, SandboxReport, SeccompReport};
 use crate::request::{self, HelperRequest};
 use crate::seccomp;
 use crate::timing::{self, stamp};
@@ -80,71 +78,33 @@ fn kernel_release() -> String {
 }
 
 fn skeleton(req: &HelperRequest) -> SandboxReport {
-    let off = |on: bool| {
-        if on {
-            LayerStatus::unavailable("not reached")
-        } else {
-            LayerStatus::Disabled
-        }
-    };
-    let l = &req.policy.layers;
-    SandboxReport {
-        level: SandboxLevel::Minimal,
-        missing: Vec::new(),
+    let mut rep = SandboxReport {
         kernel: kernel_release(),
-        host_uid: 0,
-        uid_drop: off(l.drop_uid),
-        own_uid: off(l.drop_uid),
-        supervisor_non_dumpable: false,
-        userns: off(l.userns),
-        mountns: off(l.mountns),
-        pidns: off(l.pidns),
-        netns: off(l.netns),
-        ipcns: off(l.ipcns),
-        utsns: off(l.utsns),
-        cgroupns: off(l.cgroupns),
-        root: off(l.mountns),
         landlock: LandlockReport {
-            status: off(l.landlock),
             kernel_abi: ll::kernel_abi(),
             requested_abi: 6,
             ruleset: "NotEnforced".into(),
-            scopes: Vec::new(),
             net: "none".into(),
+            ..Default::default()
         },
         seccomp: SeccompReport {
-            status: off(l.seccomp),
             arch: seccomp::arch_name().into(),
-            insns: 0,
-            x32_guard: false,
             mode: "none".into(),
             default_action: "none".into(),
             memfd_create: "none".into(),
+            ..Default::default()
         },
-        caps: LayerStatus::unavailable("not reached"),
-        no_new_privs: false,
-        rlimits: Default::default(),
-        rlimits_status: off(l.rlimits),
-        ceilings: Default::default(),
-        ceilings_status: off(l.userns),
-        ipc_limits: Default::default(),
-        ipc_limits_status: off(l.ipcns),
-        memory: Default::default(),
         cgroup: req.cgroup.clone(),
-        lifeline: LayerStatus::unavailable("not reached"),
-        setsid: LayerStatus::unavailable("not reached"),
-        fds: Vec::new(),
         env_keys: req.env.iter().map(|(k, _)| k.clone()).collect(),
-        self_check: SelfCheck::default(),
         warnings: req
             .dropped_env
             .iter()
             .map(|k| format!("environment variable {k} is not in the allowlist; dropped"))
             .collect(),
-        timings_us: Vec::new(),
-        prepared: false,
-        view: None,
-    }
+        ..Default::default()
+    };
+    crate::layers::initial(&req.policy.layers, &mut rep);
+    rep
 }
 
 /// Steps 1–8, then fork pid 1 and wait.

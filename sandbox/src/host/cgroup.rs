@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::layers::layer::{Layer, Need, Slot, Stage};
 use crate::policy::CgroupPolicy;
 use crate::report::{CgroupReport, LayerStatus};
 
@@ -341,6 +342,26 @@ fn wait_unpopulated(events: &std::fs::File, end: std::time::Instant) -> bool {
         }
     }
 }
+
+/// The plugin's cgroup, made by the host before the helper starts.
+pub(crate) const LAYER: Layer = Layer {
+    name: "cgroup",
+    stage: Stage::Host,
+    toggle: None,
+    slot: Slot::Status(|r| &r.cgroup.status, |r| &mut r.cgroup.status),
+    need: Need::Reported,
+    fix: "run the host as root or delegate a cgroup v2 subtree to its user",
+    detail: |r| {
+        let opt = |v: Option<u64>| v.map_or_else(|| "none".to_string(), |v| v.to_string());
+        format!(
+            " (cgroup.kill {}, pids.max {}, memory.max {})",
+            if r.cgroup.kill { "yes" } else { "no" },
+            opt(r.cgroup.pids_max),
+            opt(r.cgroup.memory_max)
+        )
+    },
+    apply: None,
+};
 
 #[cfg(test)]
 mod tests {

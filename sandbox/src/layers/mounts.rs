@@ -11,6 +11,7 @@
 //! binary (and a host workspace, where one is given) come from fds opened
 //! before any tmpfs is mounted.
 
+use super::layer::{Layer, Need, Slot, Stage, USERNS_FIX};
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
@@ -525,3 +526,15 @@ fn pivot(root: &Path) -> Result<(), String> {
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     Ok(())
 }
+
+/// The minimal root (`pivot_root`), built by pid 1 (step 9).
+pub(crate) const LAYER: Layer = Layer {
+    name: "root",
+    stage: Stage::PidOne,
+    toggle: Some(|t| t.mountns),
+    slot: Slot::Status(|r| &r.root, |r| &mut r.root),
+    need: Need::Applied,
+    fix: USERNS_FIX,
+    detail: |_| " (pivot_root into a minimal tree)".into(),
+    apply: None,
+};

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
+use super::layer::{Layer, Need, Slot, Stage, no_detail};
 use crate::policy::Rlimits;
+use crate::report::LayerStatus;
 
 /// Apply every configured limit (soft = hard). Returns what was set.
 pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
@@ -40,3 +42,19 @@ pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
     }
     Ok(set)
 }
+
+/// The rlimits, set on the supervisor so the whole tree inherits them as
+/// hard limits (step 7).
+pub(crate) const LAYER: Layer = Layer {
+    name: "rlimits",
+    stage: Stage::Supervisor,
+    toggle: Some(|t| t.rlimits),
+    slot: Slot::Status(|r| &r.rlimits_status, |r| &mut r.rlimits_status),
+    need: Need::Applied,
+    fix: "enable the rlimits layer in the runtime's sandbox policy",
+    detail: no_detail,
+    apply: Some(|req, rep| {
+        rep.rlimits = apply(&req.policy.rlimits)?;
+        Ok(LayerStatus::Applied)
+    }),
+};

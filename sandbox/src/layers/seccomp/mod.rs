@@ -28,6 +28,7 @@ mod emit;
 mod numbers;
 mod table;
 
+use super::layer::{Layer, Need, Slot, Stage};
 use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
@@ -107,6 +108,27 @@ pub fn install(prog: &[Insn]) -> std::io::Result<()> {
         other => std::io::Error::other(other.to_string()),
     })
 }
+
+/// The seccomp allowlist, installed last in the plugin's process (step 16).
+pub(crate) const LAYER: Layer = Layer {
+    name: "seccomp",
+    stage: Stage::Plugin,
+    toggle: Some(|t| t.seccomp),
+    slot: Slot::Status(|r| &r.seccomp.status, |r| &mut r.seccomp.status),
+    need: Need::Applied,
+    fix: "use a kernel with CONFIG_SECCOMP_FILTER=y",
+    detail: |r| {
+        format!(
+            " ({} mode, allowlist, unlisted -> {}, memfd_create {}, {} instructions, x32 guard {})",
+            r.seccomp.mode,
+            r.seccomp.default_action,
+            r.seccomp.memfd_create,
+            r.seccomp.insns,
+            if r.seccomp.x32_guard { "yes" } else { "no" }
+        )
+    },
+    apply: None,
+};
 
 #[cfg(test)]
 mod tests;
