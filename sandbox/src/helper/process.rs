@@ -2,8 +2,13 @@
 //! and how it reaches the host (the report pipe, the exit status on the
 //! control socket), `prctl`, signal sets, pipes and exit codes.
 
-use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal as NixSignal, sigprocmask};
+use nix::sys::socket::MsgFlags;
+use rustix::process::DumpableBehavior;
+pub(super) use rustix::process::Signal;
 
 use crate::report::HelperMessage;
 
@@ -21,6 +26,15 @@ pub(super) fn fail(stage: &'static str, message: impl std::fmt::Display) -> Fail
         stage,
         message: message.to_string(),
         errno: None,
+    }
+}
+
+/// A step that failed with the errno a rustix call returned.
+pub(super) fn errno_fail(stage: &'static str, what: &str, e: rustix::io::Errno) -> Fail {
+    Fail {
+        stage,
+        message: format!("{what}: {}", std::io::Error::from(e)),
+        errno: Some(e.raw_os_error()),
     }
 }
 
@@ -42,11 +56,15 @@ impl ReportPipe {
     pub(super) fn send(&self, msg: &HelperMessage) {
         let mut line = serde_json::to_vec(msg).unwrap_or_default();
         line.push(b'\n');
-        // SAFETY: the fd is owned by `self.0` and stays open for the call;
-        // ManuallyDrop keeps the temporary File from closing it.
-        let mut f =
-            std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(self.0.as_raw_fd()) });
-        let _ = f.write_all(&line);
+        let mut rest = &line[..];
+        while !rest.is_empty() {
+            match rustix::io::write(&self.0, rest) {
+                Ok(0) => break,
+                Ok(n) => rest = &rest[n..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => break,
+            }
+        }
     }
 
     pub(super) fn fail(&self, f: Fail) -> ! {
@@ -73,68 +91,62 @@ pub(super) static CTL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::Atom
 pub(super) fn exit_status_to_host(code: i32) {
     let fd = CTL_FD.load(std::sync::atomic::Ordering::Relaxed);
     if fd >= 0 {
-        // SAFETY: sending one byte from a local buffer on the control
-        // socket, which the supervisor holds until it exits.
-        unsafe {
-            libc::send(
-                fd,
-                (&(code as u8) as *const u8).cast(),
-                1,
-                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-            )
-        };
+        // The control socket, which the supervisor holds until it exits.
+        let _ = nix::sys::socket::send(
+            fd,
+            &[code as u8],
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+        );
     }
 }
 
-pub(super) fn prctl(opt: libc::c_int, arg: libc::c_ulong) -> libc::c_int {
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(opt, arg, 0, 0, 0) }
+/// This process's parent-death signal (cleared by a uid change and by
+/// `fork`, so each process of the tree arms its own).
+pub(super) fn parent_death_signal(sig: Signal) {
+    let _ = rustix::process::set_parent_process_death_signal(Some(sig));
+}
+
+/// Whether this process may be dumped, ptraced or have its `/proc` files
+/// read by other processes of its uid.
+pub(super) fn set_dumpable(dumpable: bool) -> std::io::Result<()> {
+    let behavior = if dumpable {
+        DumpableBehavior::Dumpable
+    } else {
+        DumpableBehavior::NotDumpable
+    };
+    Ok(rustix::process::set_dumpable_behavior(behavior)?)
 }
 
 pub(super) fn arm_parent_death_signal() {
-    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    parent_death_signal(Signal::KILL);
 }
 
-pub(super) fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
-    // SAFETY: sigemptyset initializes the zeroed set; sigaddset only adds
-    // valid signal numbers to it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in signals {
-            libc::sigaddset(&mut set, *s);
-        }
-        set
+pub(super) fn sigset(signals: &[NixSignal]) -> SigSet {
+    let mut set = SigSet::empty();
+    for s in signals {
+        set.add(*s);
     }
+    set
 }
 
 /// Block SIGTERM and SIGCHLD so pid 1 can wait for either with
 /// `sigtimedwait` without a race between a check and a blocking wait.
 pub(super) fn block_term_and_chld() {
-    let set = sigset(&[libc::SIGTERM, libc::SIGCHLD]);
-    // SAFETY: `set` is initialized; the old mask is not needed.
-    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let set = sigset(&[NixSignal::SIGTERM, NixSignal::SIGCHLD]);
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
 }
 
 pub(super) fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut p = [0; 2];
-    // SAFETY: `p` has room for the two fds pipe2 writes.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 pub(super) fn parent_gone(alive_r: &OwnedFd) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: alive_r.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLIN) != 0
+    let mut pfd = [PollFd::new(alive_r.as_fd(), PollFlags::POLLIN)];
+    let n = poll(&mut pfd, PollTimeout::ZERO).unwrap_or(0);
+    n > 0
+        && pfd[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLIN))
 }
 
 pub(super) fn exit_code(status: libc::c_int) -> i32 {

@@ -4,11 +4,14 @@
 //! and then watches the lifeline until the tree ends.
 
 use std::convert::Infallible;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use rustix::process::{Pid, PidfdFlags, WaitOptions};
 
 use super::process::{
-    CONTROL_FD, CTL_FD, Fail, ReportPipe, arm_parent_death_signal, block_term_and_chld, exit_code,
-    exit_status_to_host, fail, os_fail, parent_gone, pipe_cloexec, prctl,
+    CONTROL_FD, CTL_FD, Fail, ReportPipe, Signal, arm_parent_death_signal, block_term_and_chld,
+    errno_fail, exit_code, exit_status_to_host, fail, os_fail, parent_death_signal, parent_gone,
+    pipe_cloexec,
 };
 use super::reaper::pid_one;
 use super::sources::HostSources;
@@ -65,14 +68,8 @@ pub(super) fn run(entered: u64, parent: Option<i32>) -> ! {
 
 /// `uname -r` (a syscall, not a procfs read).
 fn kernel_release() -> String {
-    // SAFETY: utsname is plain old data; uname fills it.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid out pointer.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return String::new();
-    }
-    // SAFETY: uname NUL-terminates `release`, which lives in `u`.
-    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+    rustix::system::uname()
+        .release()
         .to_string_lossy()
         .into_owned()
 }
@@ -115,47 +112,7 @@ fn supervise(
     parent: i32,
 ) -> Result<Infallible, Fail> {
     let mut rep = skeleton(&req);
-
-    // 1. Lifeline: the parent-death signal is racy (bubblewrap#633): if the
-    // host died before it was armed we were reparented; check the pid.
-    // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != parent {
-        return Err(fail(
-            "lifeline",
-            "the host exited before the helper started",
-        ));
-    }
-    rep.lifeline = LayerStatus::Applied;
-
-    // 2. A new session: no controlling terminal, so TIOCSTI/TIOCLINUX
-    // injection into the host's terminal is impossible.
-    // SAFETY: setsid has no memory preconditions.
-    rep.setsid = if unsafe { libc::setsid() } >= 0 {
-        LayerStatus::Applied
-    } else {
-        LayerStatus::unavailable(std::io::Error::last_os_error())
-    };
-
-    // 3. Fds: the control socket moves above 2 (it stays as the lifeline),
-    // the plugin's stdin goes to 0; everything else inherited is closed.
-    // SAFETY: F_DUPFD_CLOEXEC duplicates an fd we own.
-    let ctl = unsafe { libc::fcntl(CONTROL_FD, libc::F_DUPFD_CLOEXEC, 3) };
-    if ctl < 0 {
-        return Err(os_fail("fds", "dup control socket"));
-    }
-    // SAFETY: `ctl` was just created and is owned here from now on.
-    let ctl = unsafe { OwnedFd::from_raw_fd(ctl) };
-    CTL_FD.store(ctl.as_raw_fd(), std::sync::atomic::Ordering::Relaxed);
-    // SAFETY: dup2 onto 0 replaces the control socket's old slot, which we
-    // no longer use; stdin_r stays owned by its OwnedFd and is dropped next.
-    if unsafe { libc::dup2(stdin_r.as_raw_fd(), 0) } < 0 {
-        return Err(os_fail("fds", "dup2 plugin stdin"));
-    }
-    drop(stdin_r);
-    let mut keep = vec![ctl.as_raw_fd(), pipe.0.as_raw_fd()];
-    keep.extend(pipe.1.as_ref().map(|f| f.as_raw_fd()));
-    fds::close_all_except(&keep).map_err(|e| fail("fds", format!("close inherited fds: {e}")))?;
-
+    let ctl = own_process(&mut rep, stdin_r, pipe, parent)?;
     stamp("helper", "setsid_fds_done");
 
     // Test-only: emulate a host whose seccomp profile refuses user namespaces.
@@ -174,8 +131,7 @@ fn supervise(
     // What the root needs of the host, taken while still uid 0 (a path
     // under a directory only root may traverse, e.g. the state directory or
     // a private TMPDIR, works).
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let early = if root && req.policy.layers.drop_uid && req.policy.layers.mountns {
         Some(HostSources::clone_trees(&req)?)
     } else {
@@ -183,29 +139,82 @@ fn supervise(
     };
     // 5–7. The sandbox's own uid, its namespaces and limits.
     credentials::identity_and_namespaces(&req, &mut rep, parent)?;
-
-    // The egress gateway's listener, in the sandbox's own network
-    // namespace only: never one bound in the host's.
-    if let Some(port) = req.policy.egress_port {
-        if rep.netns != LayerStatus::Applied {
-            return Err(fail(
-                "egress",
-                "the sandbox has no network namespace of its own; the gateway's listener is \
-                 never bound in the host's",
-            ));
-        }
-        egress::hand_to_host(&ctl, egress::listen(port)?)?;
-        stamp("helper", "egress_listener_sent");
-    }
+    egress_listener(&req, &rep, &ctl)?;
 
     // Otherwise open them now, with the host's view of the filesystem.
     let sources = match early {
         Some(s) => s,
         None => HostSources::open_paths(&req)?,
     };
+    fork_pid_one(req, rep, sources, ctl, pipe)
+}
 
-    // 8. Fork pid 1. `alive` lets the child detect a supervisor that died
-    // before its parent-death signal was armed (getppid is 0 across pid ns).
+/// Steps 1–3. The lifeline: the parent-death signal is racy
+/// (bubblewrap#633): if the host died before it was armed we were
+/// reparented; check the pid. A new session: no controlling terminal, so
+/// TIOCSTI/TIOCLINUX injection into the host's terminal is impossible.
+/// The fds: the control socket moves above 2 (it stays as the lifeline,
+/// and is returned), the plugin's stdin goes to 0; everything else
+/// inherited is closed.
+fn own_process(
+    rep: &mut SandboxReport,
+    stdin_r: OwnedFd,
+    pipe: &ReportPipe,
+    parent: i32,
+) -> Result<OwnedFd, Fail> {
+    if Pid::as_raw(rustix::process::getppid()) != parent {
+        return Err(fail(
+            "lifeline",
+            "the host exited before the helper started",
+        ));
+    }
+    rep.lifeline = LayerStatus::Applied;
+
+    rep.setsid = match rustix::process::setsid() {
+        Ok(_) => LayerStatus::Applied,
+        Err(e) => LayerStatus::unavailable(std::io::Error::from(e)),
+    };
+
+    let ctl = rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3)
+        .map_err(|e| errno_fail("fds", "dup control socket", e))?;
+    CTL_FD.store(ctl.as_raw_fd(), std::sync::atomic::Ordering::Relaxed);
+    // Onto 0, the control socket's old slot, which is no longer used.
+    rustix::stdio::dup2_stdin(&stdin_r).map_err(|e| errno_fail("fds", "dup2 plugin stdin", e))?;
+    drop(stdin_r);
+    let mut keep = vec![ctl.as_raw_fd(), pipe.0.as_raw_fd()];
+    keep.extend(pipe.1.as_ref().map(|f| f.as_raw_fd()));
+    fds::close_all_except(&keep).map_err(|e| fail("fds", format!("close inherited fds: {e}")))?;
+    Ok(ctl)
+}
+
+/// The egress gateway's listener, in the sandbox's own network namespace
+/// only: never one bound in the host's.
+fn egress_listener(req: &HelperRequest, rep: &SandboxReport, ctl: &OwnedFd) -> Result<(), Fail> {
+    let Some(port) = req.policy.egress_port else {
+        return Ok(());
+    };
+    if rep.netns != LayerStatus::Applied {
+        return Err(fail(
+            "egress",
+            "the sandbox has no network namespace of its own; the gateway's listener is \
+             never bound in the host's",
+        ));
+    }
+    egress::hand_to_host(ctl, egress::listen(port)?)?;
+    stamp("helper", "egress_listener_sent");
+    Ok(())
+}
+
+/// Step 8: fork pid 1, and wait. `alive` lets the child detect a supervisor
+/// that died before its parent-death signal was armed (getppid is 0
+/// across a pid namespace).
+fn fork_pid_one(
+    req: HelperRequest,
+    rep: SandboxReport,
+    sources: HostSources,
+    ctl: OwnedFd,
+    pipe: &ReportPipe,
+) -> Result<Infallible, Fail> {
     let (alive_r, alive_w) = pipe_cloexec().map_err(|e| fail("fork", e))?;
     // SAFETY: the helper is single-threaded, so the child may run arbitrary
     // code after fork.
@@ -225,7 +234,7 @@ fn supervise(
             // No pid namespace: SIGKILL would leave the plugin's orphans
             // running, so pid 1 gets SIGTERM and kills its descendants first.
             block_term_and_chld();
-            prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+            parent_death_signal(Signal::TERM);
         }
         if parent_gone(&alive_r) {
             // SAFETY: _exit in a forked child.
@@ -264,8 +273,10 @@ fn wait_and_watch(
             libc::close(fd);
         }
     }
-    // SAFETY: pidfd_open on our own unreaped child.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) } as RawFd;
+    // Our own unreaped child: the pid cannot be recycled yet.
+    let pidfd =
+        Pid::from_raw(child).and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+    let pidfd = pidfd.as_ref().map_or(-1, |fd| fd.as_raw_fd());
     loop {
         let mut pfds = [
             libc::pollfd {
@@ -287,31 +298,27 @@ fn wait_and_watch(
         }
         if pfds[0].revents != 0 {
             let mut buf = [0u8; 64];
-            // SAFETY: reading into a local buffer of the given length.
-            let r = unsafe { libc::read(ctl.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r <= 0 {
+            let r = rustix::io::read(ctl, &mut buf);
+            if !matches!(r, Ok(n) if n > 0) {
                 // The host is gone or wants us gone: take the tree down
                 // (without a pid namespace, pid 1 kills its descendants on
                 // SIGTERM first).
-                let sig = if pidns { libc::SIGKILL } else { libc::SIGTERM };
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(child, sig) };
+                let sig = if pidns { Signal::KILL } else { Signal::TERM };
+                if let Some(pid) = Pid::from_raw(child) {
+                    let _ = rustix::process::kill_process(pid, sig);
+                }
                 break;
             }
         }
-        let mut status = 0;
-        // SAFETY: waiting on our own child; `status` is a valid out pointer.
-        let w = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
-        if w == child {
-            let code = exit_code(status);
+        let w = rustix::process::waitpid(Pid::from_raw(child), WaitOptions::NOHANG);
+        if let Ok(Some((_, status))) = w {
+            let code = exit_code(status.as_raw());
             exit_status_to_host(code);
             // SAFETY: plain exit of the supervisor.
             unsafe { libc::_exit(code) }
         }
     }
-    let mut status = 0;
-    // SAFETY: as above, blocking this time.
-    unsafe { libc::waitpid(child, &mut status, 0) };
+    let _ = rustix::process::waitpid(Pid::from_raw(child), WaitOptions::empty());
     // SAFETY: plain exit.
     unsafe { libc::_exit(137) }
 }
