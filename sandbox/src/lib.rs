@@ -8,9 +8,12 @@
 //! Before the exec it sends a [`SandboxReport`]; the host refuses a plugin
 //! below the policy's `min_level`, and never falls back silently.
 //!
-//! One module per layer: [`fds`], [`cgroup`], [`namespaces`], [`mounts`],
-//! [`rlimits`], [`caps`], [`landlock`], [`seccomp`]; the process choreography
-//! is in `helper`, the host side in `spawn`, the probes in [`check`].
+//! The code is laid out by where it runs: `host/` in the host process
+//! (spawn, fork server, child handle, cgroup, uid, staging, removal),
+//! `helper/` in the helper's processes (the choreography of
+//! docs/spec/sandbox.md B.2), `layers/` one module per layer ([`namespaces`],
+//! [`mounts`], [`landlock`], [`seccomp`], [`caps`], [`rlimits`], ...) each
+//! with its descriptor in one registry; the probes are in [`check`].
 //!
 //! ```no_run
 //! use sharedos_sandbox::{spawn, SandboxPolicy, SpawnSpec};

@@ -22,9 +22,7 @@ use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, s
 
 use super::process::arm_parent_death_signal;
 use super::supervisor::run;
-
-/// The argument that turns `__sandbox-exec` into the fork server.
-pub const FORK_SERVER_ARG: &str = "--fork-server";
+pub(crate) use crate::request::FORK_SERVER_ARG;
 
 const SERVER_FD: RawFd = 0;
 

@@ -296,9 +296,11 @@ pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
     for p in paths {
         if let Ok(s) = std::fs::read_to_string(p.join("cgroup.procs")) {
             for pid in s.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: kill with a pid read from the plugin's own cgroup,
-                // which only holds the plugin's processes.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // A pid read from the plugin's own cgroup, which only
+                // holds the plugin's processes.
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
             }
         }
     }
@@ -318,7 +320,8 @@ fn unpopulated(events: &std::fs::File) -> Option<bool> {
 /// Blocks until `cgroup.events` reports `populated 0` or `end` passes.
 /// The kernel raises POLLPRI on the file at each change of its content.
 fn wait_unpopulated(events: &std::fs::File, end: std::time::Instant) -> bool {
-    use std::os::fd::AsRawFd;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
     loop {
         match unpopulated(events) {
             Some(true) => return true,
@@ -329,15 +332,10 @@ fn wait_unpopulated(events: &std::fs::File, end: std::time::Instant) -> bool {
         if left.is_zero() {
             return false;
         }
-        let mut pfd = libc::pollfd {
-            fd: events.as_raw_fd(),
-            events: libc::POLLPRI,
-            revents: 0,
-        };
+        let mut pfd = [PollFd::new(events.as_fd(), PollFlags::POLLPRI)];
         let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd on a file this function borrows.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+        let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+        if matches!(poll(&mut pfd, timeout), Err(e) if e != nix::errno::Errno::EINTR) {
             return false;
         }
     }

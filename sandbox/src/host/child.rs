@@ -1,6 +1,11 @@
 //! The host's handle on a running sandbox: its pipes, its report, and
 //! the kill and wait of its whole tree.
 
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::MsgFlags;
+use rustix::process::{Pid, Signal};
+
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -132,20 +137,13 @@ impl SandboxedChild {
         let Some(fd) = &self.pidfd else {
             return Err(std::io::Error::other("forked helper without a pidfd"));
         };
+        let timeout = PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::NONE);
         loop {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-            if n >= 0 {
-                return Ok(n > 0);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINTR) {
-                return Err(e);
+            let mut pfd = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut pfd, timeout) {
+                Ok(n) => return Ok(n > 0),
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -155,11 +153,10 @@ impl SandboxedChild {
     fn forked_status(&self) -> ExitStatus {
         use std::os::unix::process::ExitStatusExt;
         let mut b = [0u8; 1];
-        let got = self.lifeline.as_ref().map_or(-1, |l| {
-            // SAFETY: reading at most one byte into a local buffer.
-            unsafe { libc::recv(l.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) }
+        let got = self.lifeline.as_ref().map_or(Ok(0), |l| {
+            nix::sys::socket::recv(l.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT)
         });
-        if got == 1 {
+        if got == Ok(1) {
             ExitStatus::from_raw((b[0] as i32) << 8)
         } else {
             ExitStatus::from_raw(libc::SIGKILL)
@@ -197,23 +194,16 @@ impl SandboxedChild {
 
 pub(super) fn kill_helper(pidfd: Option<&OwnedFd>, pid: i32) {
     match pidfd {
+        // A pidfd never designates a recycled pid.
         Some(fd) => {
-            // SAFETY: pidfd_send_signal on a pidfd we own; null info. A pidfd
-            // never designates a recycled pid.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0u32,
-                )
-            };
+            let _ = rustix::process::pidfd_send_signal(fd, Signal::KILL);
         }
+        // Only used when pidfd_open is missing (kernel < 5.3), while the
+        // child is unreaped.
         None => {
-            // SAFETY: kill with a pid; only used when pidfd_open is missing
-            // (kernel < 5.3) while the child is unreaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            if let Some(pid) = Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
+            }
         }
     }
 }

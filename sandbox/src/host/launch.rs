@@ -19,7 +19,7 @@
 //! control socket then serves as the lifeline: when the host closes it (or
 //! dies), the helper SIGKILLs the sandbox.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -33,13 +33,8 @@ use crate::request::{self, HelperRequest};
 use crate::timing::HostClock;
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
-    let mut p = [0; 2];
-    // SAFETY: `p` has room for the two fds pipe2 writes.
-    if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(SandboxError::io("pipe2")(std::io::Error::last_os_error()));
-    }
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) })
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SandboxError::io("pipe2")(e.into()))
 }
 
 pub(super) struct Launched {

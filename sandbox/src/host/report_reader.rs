@@ -1,7 +1,10 @@
 //! The host's end of the report pipe.
 
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::time::{Duration, Instant};
 
 use super::child::SandboxedChild;
@@ -31,23 +34,14 @@ impl ReportReader {
                 return Ok(Some(line));
             }
             let left = self.deadline.saturating_duration_since(Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: self.file.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let n =
-                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-            if n == 0 {
-                return Err(SandboxError::Timeout(SETUP_TIMEOUT));
-            }
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                return Err(SandboxError::io("poll the report pipe")(e));
+            let mut pfd = [PollFd::new(self.file.as_fd(), PollFlags::POLLIN)];
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+            match poll(&mut pfd, timeout) {
+                Ok(0) => return Err(SandboxError::Timeout(SETUP_TIMEOUT)),
+                Ok(_) => {}
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(SandboxError::io("poll the report pipe")(e.into())),
             }
             let mut chunk = [0u8; 16 << 10];
             let r = self

@@ -6,7 +6,7 @@
 //! ([`super::launch`]) and read its report ([`super::report_reader`]).
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -93,8 +93,7 @@ fn check_paths(spec: &SpawnSpec) -> Result<(), SandboxError> {
 /// [`SpawnSpec::workspace`] should be `None`.
 pub fn needs_host_workspace(policy: &SandboxPolicy) -> bool {
     let l = &policy.layers;
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let userns = l.userns && !policy.emulate_no_userns;
     !(l.mountns && (userns || (root && !l.drop_uid)))
 }
@@ -176,8 +175,7 @@ impl PreparedSandbox {
 /// a policy that requires one is refused otherwise, never run as a uid
 /// shared with other sandboxes.
 fn own_uid(policy: &SandboxPolicy) -> Result<Option<UidLease>, SandboxError> {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     if euid == 0 && policy.layers.drop_uid {
         uid::check_range_once(&policy.uids)?;
         return Ok(Some(uid::allocate(&policy.uids)?));
@@ -317,12 +315,10 @@ fn read_report(
         uid: lease,
     };
     if sc.pidfd.is_none() {
-        // SAFETY: pidfd_open on our own child, not yet reaped.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sc.pid, 0) };
-        if fd >= 0 {
-            // SAFETY: `fd` was just returned by pidfd_open.
-            sc.pidfd = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-        }
+        // Our own child, not yet reaped: the pid cannot be recycled.
+        sc.pidfd = rustix::process::Pid::from_raw(sc.pid).and_then(|pid| {
+            rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+        });
     }
     // From here on an error drops `sc`: tree killed, cgroup removed.
     let mut reader = ReportReader {

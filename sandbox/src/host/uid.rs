@@ -10,8 +10,10 @@
 //! is dead. A host that dies releases its locks with it (the kernel drops
 //! the `flock`), and its trees die by their parent-death signal.
 
+use rustix::fs::FlockOperation;
+use rustix::io::Errno;
+
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -79,15 +81,13 @@ pub(crate) fn check_range_once(p: &UidPolicy) -> Result<(), UidError> {
 }
 
 fn host_ids() -> Vec<u32> {
-    // SAFETY: the id getters have no preconditions.
-    let mut ids = unsafe {
-        vec![
-            libc::getuid(),
-            libc::geteuid(),
-            libc::getgid(),
-            libc::getegid(),
-        ]
-    };
+    use rustix::process::{getegid, geteuid, getgid, getuid};
+    let mut ids = vec![
+        getuid().as_raw(),
+        geteuid().as_raw(),
+        getgid().as_raw(),
+        getegid().as_raw(),
+    ];
     ids.push(65534);
     ids
 }
@@ -178,18 +178,19 @@ pub(crate) fn allocate_in(p: &UidPolicy, dir: &Path) -> Result<UidLease, UidErro
                 path: path.clone(),
                 source,
             })?;
-        // SAFETY: flock on an fd we own; non-blocking.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            NEXT.store(slot.wrapping_add(1) % p.count, Ordering::Relaxed);
-            return Ok(UidLease { uid, _lock: file });
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(UidError::Io {
-                op: "flock the uid lock",
-                path,
-                source: e,
-            });
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                NEXT.store(slot.wrapping_add(1) % p.count, Ordering::Relaxed);
+                return Ok(UidLease { uid, _lock: file });
+            }
+            Err(Errno::WOULDBLOCK) => {}
+            Err(e) => {
+                return Err(UidError::Io {
+                    op: "flock the uid lock",
+                    path,
+                    source: e.into(),
+                });
+            }
         }
     }
     Err(UidError::Exhausted {

@@ -106,8 +106,7 @@ pub fn drop_all() -> Result<Option<String>, String> {
     verify_sets()?;
     match bounding {
         Ok(()) => verify_bounding().map(|()| None),
-        // SAFETY: getuid has no preconditions.
-        Err(e) if unsafe { libc::getuid() } != 0 => Ok(Some(format!(
+        Err(e) if !rustix::process::getuid().is_root() => Ok(Some(format!(
             "bounding set left in place ({e}); unusable without uid 0 under no_new_privs"
         ))),
         Err(e) => Err(e),

@@ -125,8 +125,7 @@ enum Reach {
 }
 
 fn reach(policy: &SandboxPolicy) -> Reach {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     match (root, policy.layers.drop_uid, policy.layers.mountns) {
         (true, true, true) => Reach::ClonedAsRoot,
         (true, true, false) => Reach::OtherUid,
@@ -186,8 +185,7 @@ fn check_form(entry: &str, extra: bool) -> Result<PathBuf, String> {
         );
     }
     if let Some(m) = managed(&p) {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         let tmp_ok = extra && m == "/tmp" && p != Path::new("/tmp") && root;
         if !tmp_ok {
             let why = if m == "/tmp" && p != Path::new("/tmp") {

@@ -509,19 +509,12 @@ fn build_dev(spec: &RootSpec, dev: &Path) -> Result<(), String> {
 /// tmpfs, sealed read-only.
 fn pivot(root: &Path) -> Result<(), String> {
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root:?}: {e}"))?;
-    let dot = c".";
-    // SAFETY: both arguments are the NUL-terminated string ".".
-    if unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) } != 0 {
-        return Err(format!("pivot_root: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: "." is NUL-terminated; after pivot_root(".", ".") the old root
-    // is stacked on "." and detaching it leaves only the new tree.
-    if unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(format!(
-            "umount old root: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    rustix::process::pivot_root(".", ".")
+        .map_err(|e| format!("pivot_root: {}", std::io::Error::from(e)))?;
+    // After pivot_root(".", ".") the old root is stacked on "." and
+    // detaching it leaves only the new tree.
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
+        .map_err(|e| format!("umount old root: {}", std::io::Error::from(e)))?;
     crate::timing::stamp("pid1", "root: pivoted, old root detached");
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     Ok(())

@@ -64,24 +64,11 @@ const UPTIME: &str = "0.00 0.00\n";
 /// `Linux version <release> <version>` from `uname(2)`, which the seccomp
 /// filter allows (glibc, Python and Node read it), so it adds nothing.
 fn uname_version() -> String {
-    // SAFETY: utsname is plain old data; uname fills it.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid out pointer.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return "Linux version\n".to_owned();
-    }
-    let field = |f: &[libc::c_char]| {
-        let bytes: Vec<u8> = f
-            .iter()
-            .take_while(|c| **c != 0)
-            .map(|c| *c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
+    let u = rustix::system::uname();
     format!(
         "Linux version {} {}\n",
-        field(&u.release),
-        field(&u.version)
+        u.release().to_string_lossy(),
+        u.version().to_string_lossy()
     )
 }
 
