@@ -2,11 +2,14 @@
 //! the uid drop (detached clones) or after it (`O_PATH` fds).
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::process::{Fail, fail, os_fail};
+use rustix::fs::{CWD, Mode, OFlags};
+use rustix::mount::OpenTreeFlags;
+
+use super::process::{Fail, errno_fail, fail};
 use crate::mounts;
 use crate::request::HelperRequest;
 
@@ -97,31 +100,22 @@ fn open_tree(p: &Path, dir: bool) -> Result<OwnedFd, Fail> {
     let c = CString::new(p.as_os_str().as_bytes()).map_err(|_| fail("paths", "NUL in path"))?;
     // Recursive, as the binds by path are: a mount below an install
     // directory stays visible.
-    let mut flags =
-        libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint;
+    let mut flags = OpenTreeFlags::OPEN_TREE_CLONE
+        | OpenTreeFlags::OPEN_TREE_CLOEXEC
+        | OpenTreeFlags::AT_RECURSIVE;
     if dir {
-        flags |= libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
+        flags |= OpenTreeFlags::AT_SYMLINK_NOFOLLOW;
     }
-    // SAFETY: `c` is NUL-terminated; the returned fd is owned below.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(os_fail("paths", &format!("open_tree {p:?}")));
-    }
-    // SAFETY: `fd` was just returned by open_tree and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    rustix::mount::open_tree(CWD, c.as_c_str(), flags)
+        .map_err(|e| errno_fail("paths", &format!("open_tree {p:?}"), e))
 }
 
 fn open_path(p: &Path, dir: bool) -> Result<OwnedFd, Fail> {
     let c = CString::new(p.as_os_str().as_bytes()).map_err(|_| fail("paths", "NUL in path"))?;
-    let mut flags = libc::O_PATH | libc::O_CLOEXEC;
+    let mut flags = OFlags::PATH | OFlags::CLOEXEC;
     if dir {
-        flags |= libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        flags |= OFlags::DIRECTORY | OFlags::NOFOLLOW;
     }
-    // SAFETY: `c` is NUL-terminated; the returned fd is owned below.
-    let fd = unsafe { libc::open(c.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(os_fail("paths", &format!("open {p:?}")));
-    }
-    // SAFETY: `fd` was just returned by open and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    rustix::fs::open(c.as_c_str(), flags, Mode::empty())
+        .map_err(|e| errno_fail("paths", &format!("open {p:?}"), e))
 }

@@ -110,24 +110,16 @@ pub fn write_sysctls(
 /// `name` under the directory `d`, opened for writing and given `text` in
 /// one `write`.
 fn write_at(d: &std::fs::File, name: &str, text: &str) -> std::io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
     use std::io::Write;
-    use std::os::fd::{AsRawFd, FromRawFd};
     let c = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    // SAFETY: `d` is an open directory and `c` a NUL-terminated name that
-    // outlives the call.
-    let fd = unsafe {
-        libc::openat(
-            d.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened here and is owned by nobody else.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-    f.write_all(text.as_bytes())
+    let fd = rustix::fs::openat(
+        d,
+        c.as_c_str(),
+        OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )?;
+    std::fs::File::from(fd).write_all(text.as_bytes())
 }
 
 /// The user-namespace ceilings of the policy, as `/proc/sys/user` files.
