@@ -80,7 +80,7 @@ pub(super) fn identity_and_namespaces(
         return Err(fail("dumpable", "PR_SET_DUMPABLE 0 did not hold"));
     }
     // 7. The other namespaces (need the user namespace unless still root).
-    enter_others(l, rep, root);
+    enter_others(&req.policy, rep, root);
     stamp("helper", "other_namespaces_entered");
     if rep.mountns != LayerStatus::Applied && l.mountns {
         rep.root = LayerStatus::unavailable("no mount namespace");
@@ -113,9 +113,9 @@ fn ipc_namespace_as_root(
 }
 
 /// Step 7; `root`: the ipc namespace was made before the uid drop.
-fn enter_others(l: &crate::layers::LayerToggles, rep: &mut SandboxReport, root: bool) {
+fn enter_others(policy: &crate::policy::SandboxPolicy, rep: &mut SandboxReport, root: bool) {
     let made_as_root = |layer: &Layer| root && layer.name == namespaces::IPCNS.name;
-    let wanted = |layer: &Layer| layer.wanted(l) && !made_as_root(layer);
+    let wanted = |layer: &Layer| layer.wanted(policy) && !made_as_root(layer);
     for (layer, st) in namespaces::enter_others(wanted) {
         if !made_as_root(layer) {
             layer.set(rep, st);

@@ -18,6 +18,9 @@ use super::sources::HostSources;
 use super::{credentials, egress, fds};
 use crate::cgroup;
 use crate::landlock as ll;
+use crate::layers::layer::Slot;
+use crate::layers::{LAYERS, Stage};
+use crate::policy::SandboxPolicy;
 use crate::report::{LandlockReport, LayerStatus, SandboxReport, SeccompReport};
 use crate::request::{self, HelperRequest};
 use crate::seccomp;
@@ -100,8 +103,23 @@ fn skeleton(req: &HelperRequest) -> SandboxReport {
             .collect(),
         ..Default::default()
     };
-    crate::layers::initial(&req.policy.layers, &mut rep);
+    initial_layers(&req.policy, &mut rep);
     rep
+}
+
+/// Each layer the helper builds starts `unavailable: not reached`, or
+/// `disabled` when the policy switches it off; the host's (the cgroup) is
+/// already in `rep`.
+fn initial_layers(policy: &SandboxPolicy, rep: &mut SandboxReport) {
+    for layer in LAYERS.iter().filter(|l| l.stage != Stage::Host) {
+        if let Slot::Status(_, slot) = &layer.slot {
+            *slot(rep) = if layer.wanted(policy) {
+                LayerStatus::unavailable("not reached")
+            } else {
+                LayerStatus::Disabled
+            };
+        }
+    }
 }
 
 /// Steps 1–8, then fork pid 1 and wait.
@@ -321,4 +339,45 @@ fn wait_and_watch(
     let _ = rustix::process::waitpid(Pid::from_raw(child), WaitOptions::empty());
     // SAFETY: plain exit.
     unsafe { libc::_exit(137) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_states_follow_the_toggles() {
+        let not_reached = LayerStatus::unavailable("not reached");
+        let mut rep = SandboxReport::default();
+        initial_layers(&SandboxPolicy::unconfined(), &mut rep);
+        for st in [
+            &rep.uid_drop,
+            &rep.own_uid,
+            &rep.userns,
+            &rep.mountns,
+            &rep.pidns,
+            &rep.netns,
+            &rep.ipcns,
+            &rep.utsns,
+            &rep.cgroupns,
+            &rep.root,
+            &rep.landlock.status,
+            &rep.seccomp.status,
+            &rep.rlimits_status,
+            &rep.ceilings_status,
+            &rep.ipc_limits_status,
+        ] {
+            assert_eq!(*st, LayerStatus::Disabled);
+        }
+        for st in [&rep.caps, &rep.lifeline, &rep.setsid] {
+            assert_eq!(*st, not_reached);
+        }
+        // The host's layer is left as the host made it.
+        assert_eq!(rep.cgroup.status, LayerStatus::default());
+        let mut rep = SandboxReport::default();
+        initial_layers(&SandboxPolicy::default(), &mut rep);
+        assert_eq!(rep.userns, not_reached);
+        assert_eq!(rep.root, not_reached);
+        assert_eq!(rep.landlock.status, not_reached);
+    }
 }

@@ -52,7 +52,7 @@ pub(crate) const SUPERVISOR: Layer = Layer {
 pub(crate) const UID_DROP: Layer = Layer {
     name: "uid_drop",
     stage: Stage::Supervisor,
-    toggle: Some(|t| t.drop_uid),
+    toggle: Some(|p| p.layers.drop_uid),
     slot: Slot::Status(|r| &r.uid_drop, |r| &mut r.uid_drop),
     need: Need::Applied,
     fix: "run the host as root or as a dedicated non-root user",
@@ -63,7 +63,7 @@ pub(crate) const UID_DROP: Layer = Layer {
 pub(crate) const OWN_UID: Layer = Layer {
     name: "own_uid",
     stage: Stage::Supervisor,
-    toggle: Some(|t| t.drop_uid),
+    toggle: Some(|p| p.layers.drop_uid),
     slot: Slot::Status(|r| &r.own_uid, |r| &mut r.own_uid),
     need: Need::Reported,
     fix: "run the host as root",

@@ -108,7 +108,7 @@ pub fn apply(g: &Grants) -> LandlockReport {
 pub(crate) const LAYER: Layer = Layer {
     name: "landlock",
     stage: Stage::Plugin,
-    toggle: Some(|t| t.landlock),
+    toggle: Some(|p| p.layers.landlock),
     slot: Slot::Status(|r| &r.landlock.status, |r| &mut r.landlock.status),
     need: Need::Applied,
     fix: "boot a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and `landlock` in the lsm= list",

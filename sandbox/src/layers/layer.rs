@@ -5,7 +5,7 @@
 //! one list the report's initial state, its `missing` list and level,
 //! `sandbox check` and the helper's generic steps read.
 
-use super::LayerToggles;
+use crate::policy::SandboxPolicy;
 use crate::report::{LayerStatus, MissingLayer, SandboxReport};
 use crate::request::HelperRequest;
 
@@ -61,7 +61,7 @@ pub(crate) struct Layer {
     /// Where it is built.
     pub stage: Stage,
     /// Its switch in the policy (`layers.*`); `None`: always attempted.
-    pub toggle: Option<fn(&LayerToggles) -> bool>,
+    pub toggle: Option<fn(&SandboxPolicy) -> bool>,
     /// Its outcome in the report.
     pub slot: Slot,
     /// What `strong` asks of it.
@@ -99,8 +99,8 @@ pub(crate) const USERNS_FIX: &str = "allow unprivileged user namespaces (sysctl 
 
 impl Layer {
     /// Whether the policy asks for this layer.
-    pub(crate) fn wanted(&self, toggles: &LayerToggles) -> bool {
-        self.toggle.is_none_or(|on| on(toggles))
+    pub(crate) fn wanted(&self, policy: &SandboxPolicy) -> bool {
+        self.toggle.is_none_or(|on| on(policy))
     }
 
     /// Its state in `r` (a flag reads as applied or unavailable).

@@ -119,21 +119,6 @@ impl LayerToggles {
     }
 }
 
-/// Each layer the helper builds starts `unavailable: not reached`, or
-/// `disabled` when the policy switches it off; the host's (the cgroup) is
-/// already in `rep`.
-pub(crate) fn initial(toggles: &LayerToggles, rep: &mut SandboxReport) {
-    for layer in LAYERS.iter().filter(|l| l.stage != Stage::Host) {
-        if let layer::Slot::Status(_, slot) = &layer.slot {
-            *slot(rep) = if layer.wanted(toggles) {
-                LayerStatus::unavailable("not reached")
-            } else {
-                LayerStatus::Disabled
-            };
-        }
-    }
-}
-
 /// Run the steps of the layers built at `stage` that have one, in
 /// registry order; the first that fails names its layer.
 pub(crate) fn apply_at(
@@ -143,7 +128,7 @@ pub(crate) fn apply_at(
 ) -> Result<(), (&'static str, String)> {
     for layer in LAYERS.iter().filter(|l| l.stage == stage) {
         if let Some(apply) = layer.apply
-            && layer.wanted(&req.policy.layers)
+            && layer.wanted(&req.policy)
         {
             let st = apply(req, rep).map_err(|e| (layer.name, e))?;
             layer.set(rep, st);
@@ -195,9 +180,13 @@ mod tests {
     /// report's JSON must not change.
     const USERNS_FIX: &str = "allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1, no AppArmor userns restriction) or, in a container, run with a seccomp profile that permits unshare/clone namespace flags";
 
+    /// Every layer the helper builds not reached, as the helper's
+    /// initial report has them.
     fn nothing_applied() -> SandboxReport {
         let mut rep = SandboxReport::default();
-        initial(&LayerToggles::default(), &mut rep);
+        for layer in LAYERS.iter().filter(|l| l.stage != Stage::Host) {
+            layer.set(&mut rep, LayerStatus::unavailable("not reached"));
+        }
         rep
     }
 
@@ -265,40 +254,6 @@ mod tests {
             ceilings.map(|m| m.reason.as_str()),
             Some("disabled by the sandbox policy")
         );
-    }
-
-    #[test]
-    fn initial_states_follow_the_toggles() {
-        let not_reached = LayerStatus::unavailable("not reached");
-        let mut rep = SandboxReport::default();
-        initial(&LayerToggles::none(), &mut rep);
-        for st in [
-            &rep.uid_drop,
-            &rep.own_uid,
-            &rep.userns,
-            &rep.mountns,
-            &rep.pidns,
-            &rep.netns,
-            &rep.ipcns,
-            &rep.utsns,
-            &rep.cgroupns,
-            &rep.root,
-            &rep.landlock.status,
-            &rep.seccomp.status,
-            &rep.rlimits_status,
-            &rep.ceilings_status,
-            &rep.ipc_limits_status,
-        ] {
-            assert_eq!(*st, LayerStatus::Disabled);
-        }
-        for st in [&rep.caps, &rep.lifeline, &rep.setsid] {
-            assert_eq!(*st, not_reached);
-        }
-        // The host's layer is left as the host made it.
-        assert_eq!(rep.cgroup.status, LayerStatus::default());
-        let rep = nothing_applied();
-        assert_eq!(rep.userns, not_reached);
-        assert_eq!(rep.root, not_reached);
     }
 
     #[test]

@@ -524,7 +524,7 @@ fn pivot(root: &Path) -> Result<(), String> {
 pub(crate) const LAYER: Layer = Layer {
     name: "root",
     stage: Stage::PidOne,
-    toggle: Some(|t| t.mountns),
+    toggle: Some(|p| p.layers.mountns),
     slot: Slot::Status(|r| &r.root, |r| &mut r.root),
     need: Need::Applied,
     fix: USERNS_FIX,

@@ -3,8 +3,8 @@
 //! `unshare`, retried one flag at a time when the batch fails so the report
 //! says exactly which one is missing.
 
-use super::LayerToggles;
 use super::layer::{Layer, Need, Slot, Stage, USERNS_FIX, listing, no_detail};
+use crate::policy::SandboxPolicy;
 use crate::report::LayerStatus;
 
 fn errno() -> std::io::Error {
@@ -170,7 +170,7 @@ pub fn ipc_values(l: &crate::policy::IpcLimits) -> Vec<(&'static str, u64)> {
 /// A namespace entered in the supervisor's one `unshare` (step 7).
 const fn namespace(
     name: &'static str,
-    toggle: fn(&LayerToggles) -> bool,
+    toggle: fn(&SandboxPolicy) -> bool,
     slot: Slot,
     need: Need,
 ) -> Layer {
@@ -188,43 +188,43 @@ const fn namespace(
 
 pub(crate) const USERNS: Layer = namespace(
     "userns",
-    |t| t.userns,
+    |p| p.layers.userns,
     Slot::Status(|r| &r.userns, |r| &mut r.userns),
     Need::Applied,
 );
 pub(crate) const MOUNTNS: Layer = namespace(
     "mountns",
-    |t| t.mountns,
+    |p| p.layers.mountns,
     Slot::Status(|r| &r.mountns, |r| &mut r.mountns),
     Need::Applied,
 );
 pub(crate) const PIDNS: Layer = namespace(
     "pidns",
-    |t| t.pidns,
+    |p| p.layers.pidns,
     Slot::Status(|r| &r.pidns, |r| &mut r.pidns),
     Need::Applied,
 );
 pub(crate) const NETNS: Layer = namespace(
     "netns",
-    |t| t.netns,
+    |p| p.layers.netns,
     Slot::Status(|r| &r.netns, |r| &mut r.netns),
     Need::Applied,
 );
 pub(crate) const IPCNS: Layer = namespace(
     "ipcns",
-    |t| t.ipcns,
+    |p| p.layers.ipcns,
     Slot::Status(|r| &r.ipcns, |r| &mut r.ipcns),
     Need::Applied,
 );
 pub(crate) const UTSNS: Layer = namespace(
     "utsns",
-    |t| t.utsns,
+    |p| p.layers.utsns,
     Slot::Status(|r| &r.utsns, |r| &mut r.utsns),
     Need::Applied,
 );
 pub(crate) const CGROUPNS: Layer = namespace(
     "cgroupns",
-    |t| t.cgroupns,
+    |p| p.layers.cgroupns,
     Slot::Status(|r| &r.cgroupns, |r| &mut r.cgroupns),
     Need::Reported,
 );
@@ -233,7 +233,7 @@ pub(crate) const CGROUPNS: Layer = namespace(
 pub(crate) const CEILINGS: Layer = Layer {
     name: "ceilings",
     stage: Stage::Supervisor,
-    toggle: Some(|t| t.userns),
+    toggle: Some(|p| p.layers.userns),
     slot: Slot::Status(|r| &r.ceilings_status, |r| &mut r.ceilings_status),
     need: Need::AppliedOrDegraded,
     fix: "give the sandbox a user namespace of its own (layers.userns) on a kernel with \
@@ -246,7 +246,7 @@ pub(crate) const CEILINGS: Layer = Layer {
 pub(crate) const IPC_LIMITS: Layer = Layer {
     name: "ipc_limits",
     stage: Stage::Supervisor,
-    toggle: Some(|t| t.ipcns),
+    toggle: Some(|p| p.layers.ipcns),
     slot: Slot::Status(|r| &r.ipc_limits_status, |r| &mut r.ipc_limits_status),
     need: Need::Reported,
     fix: "run the host as root, so the ipc namespace is made before the uid drop",

@@ -49,7 +49,7 @@ pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
 pub(crate) const LAYER: Layer = Layer {
     name: "rlimits",
     stage: Stage::Supervisor,
-    toggle: Some(|t| t.rlimits),
+    toggle: Some(|p| p.layers.rlimits),
     slot: Slot::Status(|r| &r.rlimits_status, |r| &mut r.rlimits_status),
     need: Need::Applied,
     fix: "enable the rlimits layer in the runtime's sandbox policy",
