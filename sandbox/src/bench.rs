@@ -197,9 +197,8 @@ fn start_prepared_once(
     Ok((exec, t0.elapsed(), child.report.level))
 }
 
-/// Run the benchmark with `helper_exe` as the helper binary.
-pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, SandboxError> {
-    let iterations = iterations.max(1);
+/// Fork and exec of `/bin/true` without any helper: the floor.
+fn baseline(iterations: usize) -> Result<BenchFigure, SandboxError> {
     let mut base = Vec::new();
     for _ in 0..iterations {
         let t0 = Instant::now();
@@ -208,12 +207,18 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
             .map_err(SandboxError::io("run /bin/true"))?;
         base.push(t0.elapsed());
     }
-    let baseline = stats("fork+exec /bin/true (no helper)", None, base.clone(), base);
+    Ok(stats(
+        "fork+exec /bin/true (no helper)",
+        None,
+        base.clone(),
+        base,
+    ))
+}
 
-    let full = SandboxPolicy {
-        min_level: SandboxLevel::Minimal,
-        ..SandboxPolicy::default()
-    };
+/// The configurations measured: the helper with no layers, the full
+/// sandbox (its stages recorded), and the full sandbox without one layer
+/// at a time.
+fn configurations(full: &SandboxPolicy) -> Vec<(String, SandboxPolicy)> {
     // Only the full sandbox records its stages (a few clock reads).
     let full_timed = SandboxPolicy {
         timings: true,
@@ -247,6 +252,18 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
         p.layers.utsns = false;
         p.layers.cgroupns = false;
     }));
+    configs
+}
+
+/// Run the benchmark with `helper_exe` as the helper binary.
+pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, SandboxError> {
+    let iterations = iterations.max(1);
+    let baseline = baseline(iterations)?;
+    let full = SandboxPolicy {
+        min_level: SandboxLevel::Minimal,
+        ..SandboxPolicy::default()
+    };
+    let configs = configurations(&full);
 
     // Round-robin over the configurations, so that the machine's noise
     // (other builds, the VM's neighbours) spreads evenly over all of them.

@@ -80,95 +80,9 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
         writeln!(out, "  {name:<14} {mark}{extra}{why}")
     };
     writeln!(out, "layers:")?;
-    line(out, "lifeline", &r.lifeline, String::new())?;
-    line(out, "setsid", &r.setsid, String::new())?;
-    line(
-        out,
-        "uid_drop",
-        &r.uid_drop,
-        format!(" (plugin uid {})", r.host_uid),
-    )?;
-    line(
-        out,
-        "own_uid",
-        &r.own_uid,
-        " (no other live sandbox has it)".into(),
-    )?;
-    writeln!(
-        out,
-        "  {:<14} {}",
-        "supervisor",
-        if r.supervisor_non_dumpable {
-            "ok (non-dumpable)"
-        } else {
-            "MISSING: dumpable"
-        }
-    )?;
-    line(out, "userns", &r.userns, String::new())?;
-    line(out, "mountns", &r.mountns, String::new())?;
-    line(
-        out,
-        "root",
-        &r.root,
-        " (pivot_root into a minimal tree)".into(),
-    )?;
-    line(out, "pidns", &r.pidns, String::new())?;
-    line(out, "netns", &r.netns, String::new())?;
-    line(out, "ipcns", &r.ipcns, String::new())?;
-    line(out, "utsns", &r.utsns, String::new())?;
-    line(out, "cgroupns", &r.cgroupns, String::new())?;
-    line(out, "rlimits", &r.rlimits_status, String::new())?;
-    line(out, "ceilings", &r.ceilings_status, listing(&r.ceilings))?;
-    line(
-        out,
-        "ipc_limits",
-        &r.ipc_limits_status,
-        listing(&r.ipc_limits),
-    )?;
-    line(out, "caps", &r.caps, String::new())?;
-    writeln!(
-        out,
-        "  {:<14} {}",
-        "no_new_privs",
-        if r.no_new_privs { "ok" } else { "MISSING" }
-    )?;
-    line(
-        out,
-        "landlock",
-        &r.landlock.status,
-        format!(
-            " (kernel ABI {}, requested {}, {})",
-            r.landlock
-                .kernel_abi
-                .map_or("none".to_string(), |a| a.to_string()),
-            r.landlock.requested_abi,
-            r.landlock.ruleset
-        ),
-    )?;
-    line(
-        out,
-        "seccomp",
-        &r.seccomp.status,
-        format!(
-            " ({} mode, allowlist, unlisted -> {}, memfd_create {}, {} instructions, x32 guard {})",
-            r.seccomp.mode,
-            r.seccomp.default_action,
-            r.seccomp.memfd_create,
-            r.seccomp.insns,
-            if r.seccomp.x32_guard { "yes" } else { "no" }
-        ),
-    )?;
-    line(
-        out,
-        "cgroup",
-        &r.cgroup.status,
-        format!(
-            " (cgroup.kill {}, pids.max {}, memory.max {})",
-            if r.cgroup.kill { "yes" } else { "no" },
-            opt(r.cgroup.pids_max),
-            opt(r.cgroup.memory_max)
-        ),
-    )?;
+    for layer in crate::layers::LAYERS {
+        line(out, layer.name, &layer.status(r), (layer.detail)(r))?;
+    }
     print_memory(&r.memory, out)?;
     let sc = &r.self_check;
     writeln!(
@@ -201,16 +115,8 @@ pub fn print_report(r: &SandboxReport, out: &mut dyn Write) -> std::io::Result<(
     Ok(())
 }
 
-fn listing(m: &std::collections::BTreeMap<String, u64>) -> String {
-    if m.is_empty() {
-        return String::new();
-    }
-    let items: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!(" ({})", items.join(", "))
-}
-
 /// What bounds memory on this host, one mechanism a line, and the result.
-fn print_memory(m: &crate::memory::MemoryReport, out: &mut dyn Write) -> std::io::Result<()> {
+fn print_memory(m: &crate::report::MemoryReport, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out, "memory:")?;
     for l in &m.layers {
         let state = match &l.status {

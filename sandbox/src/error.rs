@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::report::{MissingLayer, SandboxLevel};
+use crate::report::{MissingLayer, SandboxLevel, SandboxReport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -47,7 +47,7 @@ pub enum SandboxError {
         missing: Vec<MissingLayer>,
     },
     #[error(transparent)]
-    Uid(#[from] crate::uid::UidError),
+    Uid(#[from] UidError),
     #[error(
         "this runtime's policy requires a uid of its own per sandbox (sandbox.uids.required) \
          but {0}; fix: run the host as root, or set sandbox.uids.required = false"
@@ -60,5 +60,45 @@ pub enum SandboxError {
 impl SandboxError {
     pub(crate) fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
         move |source| SandboxError::Io { op, source }
+    }
+}
+
+/// Why no uid could be given, or why the range is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum UidError {
+    #[error(
+        "sandbox uid range {first}..{end} is unusable: {reason}; \
+         fix: set sandbox.uids.first/count in host.toml to a range no account or host id uses"
+    )]
+    BadRange {
+        first: u32,
+        end: u64,
+        reason: String,
+    },
+    #[error("every uid of the sandbox range {first}..{end} is held by a live sandbox")]
+    Exhausted { first: u32, end: u64 },
+    #[error("the host state directory {path:?} is unusable: {reason}")]
+    StateDir { path: PathBuf, reason: String },
+    #[error("{op} {path:?}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SandboxReport {
+    /// Fail closed when the report is below `min`: the error names every
+    /// missing layer and the operator's fix.
+    pub fn require(&self, min: SandboxLevel) -> Result<(), SandboxError> {
+        if self.level >= min {
+            return Ok(());
+        }
+        Err(SandboxError::BelowMinimum {
+            required: min,
+            achieved: self.level,
+            missing: self.missing.clone(),
+        })
     }
 }

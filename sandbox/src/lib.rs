@@ -8,9 +8,12 @@
 //! Before the exec it sends a [`SandboxReport`]; the host refuses a plugin
 //! below the policy's `min_level`, and never falls back silently.
 //!
-//! One module per layer: [`fds`], [`cgroup`], [`namespaces`], [`mounts`],
-//! [`rlimits`], [`caps`], [`landlock`], [`seccomp`]; the process choreography
-//! is in `helper`, the host side in `spawn`, the probes in [`check`].
+//! The code is laid out by where it runs: `host/` in the host process
+//! (spawn, fork server, child handle, cgroup, uid, staging, removal),
+//! `helper/` in the helper's processes (the choreography of
+//! docs/spec/sandbox.md B.2), `layers/` one module per layer ([`namespaces`],
+//! [`mounts`], [`landlock`], [`seccomp`], [`caps`], [`rlimits`], ...) each
+//! with its descriptor in one registry; the probes are in [`check`].
 //!
 //! ```no_run
 //! use sharedos_sandbox::{spawn, SandboxPolicy, SpawnSpec};
@@ -41,8 +44,9 @@ mod request;
 pub mod timing;
 
 pub use helper::fds;
+pub(crate) use host::listener;
 pub use host::{cgroup, removal, staging, statedir, uid};
-pub(crate) use host::{forkserver, listener, spawn};
+pub use layers::LayerToggles;
 pub(crate) use layers::memory;
 pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp};
 
@@ -50,17 +54,14 @@ pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_c
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;
-pub use memory::{MemoryLayer, MemoryReport};
+pub use host::child::{KillHandle, SandboxedChild};
+pub use host::spawn::{PreparedSandbox, SpawnSpec, needs_host_workspace, prepare, spawn};
+pub use host::spawner::HELPER_SUBCOMMAND;
 pub use policy::{
-    CgroupPolicy, IpcLimits, LayerToggles, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits,
-    SandboxPolicy, UidPolicy,
+    CgroupPolicy, IpcLimits, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits, SandboxPolicy, UidPolicy,
 };
 pub use report::{
-    CgroupReport, LandlockReport, LayerStatus, MissingLayer, SandboxLevel, SandboxReport,
-    SeccompReport, SelfCheck,
-};
-pub use spawn::{
-    HELPER_SUBCOMMAND, KillHandle, PreparedSandbox, SandboxedChild, SpawnSpec,
-    needs_host_workspace, prepare, spawn,
+    CgroupReport, LandlockReport, LayerStatus, MemoryLayer, MemoryReport, MissingLayer,
+    SandboxLevel, SandboxReport, SeccompReport, SelfCheck,
 };
 pub use timing::StageTiming;

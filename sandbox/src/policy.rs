@@ -9,6 +9,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::layers::LayerToggles;
 use crate::report::SandboxLevel;
 
 /// Everything the helper needs to know about how to confine one plugin.
@@ -207,52 +208,6 @@ impl Default for SandboxPolicy {
     }
 }
 
-/// One switch per layer; all on by default.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct LayerToggles {
-    /// Leave uid 0 when the host runs as root.
-    pub drop_uid: bool,
-    /// New user namespace (needed for every other namespace as non-root).
-    pub userns: bool,
-    /// Mount namespace + minimal root via `pivot_root`.
-    pub mountns: bool,
-    /// Pid namespace with a pid-1 reaper (the tree dies with it).
-    pub pidns: bool,
-    /// Empty network namespace.
-    pub netns: bool,
-    /// Private SysV IPC / POSIX mqueue namespace.
-    pub ipcns: bool,
-    /// Private hostname.
-    pub utsns: bool,
-    /// Private cgroup namespace view.
-    pub cgroupns: bool,
-    /// Landlock filesystem, TCP and scope rules.
-    pub landlock: bool,
-    /// The seccomp allowlist.
-    pub seccomp: bool,
-    /// Resource limits.
-    pub rlimits: bool,
-}
-
-impl Default for LayerToggles {
-    fn default() -> Self {
-        LayerToggles {
-            drop_uid: true,
-            userns: true,
-            mountns: true,
-            pidns: true,
-            netns: true,
-            ipcns: true,
-            utsns: true,
-            cgroupns: true,
-            landlock: true,
-            seccomp: true,
-            rlimits: true,
-        }
-    }
-}
-
 /// Resource limits (soft = hard). `None` leaves the inherited limit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
@@ -435,19 +390,7 @@ impl SandboxPolicy {
     pub fn unconfined() -> Self {
         SandboxPolicy {
             min_level: SandboxLevel::Minimal,
-            layers: LayerToggles {
-                drop_uid: false,
-                userns: false,
-                mountns: false,
-                pidns: false,
-                netns: false,
-                ipcns: false,
-                utsns: false,
-                cgroupns: false,
-                landlock: false,
-                seccomp: false,
-                rlimits: false,
-            },
+            layers: LayerToggles::none(),
             cgroup: CgroupPolicy {
                 enabled: false,
                 ..CgroupPolicy::default()

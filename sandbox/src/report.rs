@@ -204,7 +204,7 @@ pub struct SandboxReport {
     pub ipc_limits_status: LayerStatus,
     /// What bounds memory here and the resulting bound.
     #[serde(default)]
-    pub memory: crate::memory::MemoryReport,
+    pub memory: MemoryReport,
     pub cgroup: CgroupReport,
     pub lifeline: LayerStatus,
     pub setsid: LayerStatus,
@@ -228,6 +228,30 @@ pub struct SandboxReport {
     /// `policy.describe`: `sharedos sandbox check --runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<crate::fsview::RootView>,
+}
+
+/// The memory section of the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryReport {
+    /// One row per mechanism.
+    pub layers: Vec<MemoryLayer>,
+    /// The most one process can map (`RLIMIT_AS`), bytes.
+    pub per_process_bytes: Option<u64>,
+    /// The most the whole tree can hold, bytes: the sum of the rows (or
+    /// `memory.max` when lower). `None`: some kind of memory is unbounded.
+    pub tree_bound_bytes: Option<u64>,
+}
+
+/// One mechanism that bounds memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryLayer {
+    /// What it bounds and how (`RLIMIT_AS`, `tmpfs /tmp`, ...).
+    pub name: String,
+    pub status: LayerStatus,
+    /// The bound this row adds to the tree's total, bytes.
+    pub bytes: Option<u64>,
+    /// How `bytes` is made up.
+    pub detail: String,
 }
 
 /// One layer that is missing for the next level, with what to do about it.
@@ -254,118 +278,4 @@ pub(crate) enum HelperMessage {
         message: String,
         errno: Option<i32>,
     },
-}
-
-/// The fix an operator can apply for each layer, used in messages.
-pub(crate) fn fix_for(layer: &str) -> &'static str {
-    match layer {
-        "userns" | "mountns" | "pidns" | "netns" | "ipcns" | "utsns" | "root" => {
-            "allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, \
-             kernel.unprivileged_userns_clone=1, no AppArmor userns restriction) or, in a \
-             container, run with a seccomp profile that permits unshare/clone namespace flags"
-        }
-        "landlock" => {
-            "boot a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and `landlock` in the lsm= list"
-        }
-        "seccomp" => "use a kernel with CONFIG_SECCOMP_FILTER=y",
-        "uid_drop" => "run the host as root or as a dedicated non-root user",
-        "caps" => "do not run the helper with ambient capabilities or a locked bounding set",
-        "no_new_privs" => "use a kernel with PR_SET_NO_NEW_PRIVS (3.5+)",
-        "rlimits" => "enable the rlimits layer in the runtime's sandbox policy",
-        "ceilings" => {
-            "give the sandbox a user namespace of its own (layers.userns) on a kernel with /proc/sys/user"
-        }
-        _ => "enable the layer in the runtime's sandbox policy",
-    }
-}
-
-impl SandboxReport {
-    /// Compute `level` and `missing` from the layer fields and the self-check.
-    pub(crate) fn finalize(&mut self) {
-        let mut missing = Vec::new();
-        let mut need = |name: &str, st: &LayerStatus| {
-            if !matches!(st, LayerStatus::Applied) {
-                let reason = match st {
-                    LayerStatus::Disabled => "disabled by the sandbox policy".to_string(),
-                    LayerStatus::Degraded { reason } | LayerStatus::Unavailable { reason } => {
-                        reason.clone()
-                    }
-                    LayerStatus::Applied => unreachable!(),
-                };
-                missing.push(MissingLayer {
-                    layer: name.to_string(),
-                    reason,
-                    fix: fix_for(name).to_string(),
-                });
-            }
-        };
-        need("userns", &self.userns);
-        need("mountns", &self.mountns);
-        need("pidns", &self.pidns);
-        need("netns", &self.netns);
-        need("ipcns", &self.ipcns);
-        need("utsns", &self.utsns);
-        need("root", &self.root);
-        need("landlock", &self.landlock.status);
-        need("seccomp", &self.seccomp.status);
-        need("caps", &self.caps);
-        need("rlimits", &self.rlimits_status);
-        // A kernel without some of the files (older than fanotify's or the
-        // time namespace's) keeps the rest: degraded, reported, not missing.
-        if !matches!(self.ceilings_status, LayerStatus::Degraded { .. }) {
-            need("ceilings", &self.ceilings_status);
-        }
-        need("uid_drop", &self.uid_drop);
-        if !self.no_new_privs {
-            missing.push(MissingLayer {
-                layer: "no_new_privs".into(),
-                reason: "PR_SET_NO_NEW_PRIVS is not set".into(),
-                fix: fix_for("no_new_privs").into(),
-            });
-        }
-
-        let sc = &self.self_check;
-        let kernel_ok = sc.no_new_privs == Some(true)
-            && sc.seccomp == Some(2)
-            && sc.cap_eff == Some(0)
-            && sc.cap_prm == Some(0)
-            && sc.uid.is_some_and(|u| u != 0);
-        if !kernel_ok {
-            self.warnings.push(format!(
-                "self-check disagrees with the layers: NoNewPrivs={:?} Seccomp={:?} CapEff={:?} CapPrm={:?} Uid={:?}",
-                sc.no_new_privs, sc.seccomp, sc.cap_eff, sc.cap_prm, sc.uid
-            ));
-        }
-
-        let base = kernel_ok
-            && self.seccomp.status.is_enforced()
-            && self.caps.is_enforced()
-            && self.no_new_privs
-            && self.rlimits_status.is_enforced();
-        // Reduced still needs a filesystem boundary (Landlock, or the
-        // minimal root) and no network (the strict filter, or a netns).
-        let fs_boundary = self.landlock.status.is_enforced() || self.root == LayerStatus::Applied;
-        let no_network = self.seccomp.mode == "strict" || self.netns == LayerStatus::Applied;
-        self.level = if base && missing.is_empty() {
-            SandboxLevel::Strong
-        } else if base && fs_boundary && no_network && self.uid_drop != LayerStatus::Disabled {
-            SandboxLevel::Reduced
-        } else {
-            SandboxLevel::Minimal
-        };
-        self.missing = missing;
-    }
-
-    /// Fail closed when the report is below `min`: the error names every
-    /// missing layer and the operator's fix.
-    pub fn require(&self, min: SandboxLevel) -> Result<(), crate::SandboxError> {
-        if self.level >= min {
-            return Ok(());
-        }
-        Err(crate::SandboxError::BelowMinimum {
-            required: min,
-            achieved: self.level,
-            missing: self.missing.clone(),
-        })
-    }
 }

@@ -16,6 +16,9 @@ use crate::policy::SandboxPolicy;
 use crate::report::CgroupReport;
 use crate::seccomp::Insn;
 
+/// The argument that turns `__sandbox-exec` into the fork server.
+pub(crate) const FORK_SERVER_ARG: &str = "--fork-server";
+
 /// Largest request the helper accepts.
 const MAX_REQUEST: u64 = 16 << 20;
 

@@ -4,7 +4,7 @@
 //! socket, inotify, JSON, hashing, the environment) must exit 0 with the
 //! expected output. The programs are in `tests/runtimes/`; their
 //! `strace -f -c` outside the sandbox is the evidence behind the
-//! allowlist (sandbox/src/seccomp/allowed.rs).
+//! allowlist (sandbox/src/layers/seccomp/allowed.rs).
 
 mod common;
 

@@ -3,12 +3,15 @@
 //! namespace, non-dumpable from then on, the other namespaces, the user
 //! namespace's ceilings and the rlimits the whole tree inherits.
 
-use super::{Fail, arm_parent_death_signal, fail, os_fail, prctl};
+use rustix::process::{DumpableBehavior, Gid, Pid, Uid};
+
+use super::process::{Fail, arm_parent_death_signal, errno_fail, fail, set_dumpable};
+use crate::caps;
+use crate::layers::{self, Layer, Stage};
 use crate::namespaces;
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
 use crate::timing::stamp;
-use crate::{caps, rlimits};
 
 pub(super) fn identity_and_namespaces(
     req: &HelperRequest,
@@ -19,8 +22,7 @@ pub(super) fn identity_and_namespaces(
     // 5. Leave uid 0 for this sandbox's own uid (held by the host).
     // Root without capabilities still reads /etc/shadow and writes
     // root-owned files (DAC owner), and RLIMIT_NPROC ignores uid 0.
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     if root && l.ipcns {
         // The ipc namespace first, while still root: its sysctls are
         // writable only by the namespace's root uid, which an identity-
@@ -37,15 +39,16 @@ pub(super) fn identity_and_namespaces(
         rep.own_uid = LayerStatus::Applied;
         // The signal was re-armed after setresuid cleared it: close the
         // window in which the host could have died unnoticed.
-        // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != parent {
+        if Pid::as_raw(rustix::process::getppid()) != parent {
             return Err(fail("lifeline", "the host exited during the uid change"));
         }
     } else if !root {
         rep.uid_drop = LayerStatus::Applied; // nothing to leave
     }
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
     rep.host_uid = uid;
     if uid == 0 {
         rep.warnings
@@ -68,13 +71,16 @@ pub(super) fn identity_and_namespaces(
     // The uid maps are written: no credential change follows in this
     // process, so from here on nobody but host root can read its memory,
     // environment or fds, or open its namespaces (/proc/<pid>/ns/*).
-    prctl(libc::PR_SET_DUMPABLE, 0);
-    rep.supervisor_non_dumpable = prctl(libc::PR_GET_DUMPABLE, 0) == 0;
+    let _ = set_dumpable(false);
+    rep.supervisor_non_dumpable = matches!(
+        rustix::process::dumpable_behavior(),
+        Ok(DumpableBehavior::NotDumpable)
+    );
     if !rep.supervisor_non_dumpable {
-        return Err(os_fail("dumpable", "PR_SET_DUMPABLE 0 did not hold"));
+        return Err(fail("dumpable", "PR_SET_DUMPABLE 0 did not hold"));
     }
     // 7. The other namespaces (need the user namespace unless still root).
-    enter_others(l, rep, root);
+    enter_others(&req.policy, rep, root);
     stamp("helper", "other_namespaces_entered");
     if rep.mountns != LayerStatus::Applied && l.mountns {
         rep.root = LayerStatus::unavailable("no mount namespace");
@@ -107,33 +113,13 @@ fn ipc_namespace_as_root(
 }
 
 /// Step 7; `root`: the ipc namespace was made before the uid drop.
-fn enter_others(l: &crate::policy::LayerToggles, rep: &mut SandboxReport, root: bool) {
-    let mut wanted = Vec::new();
-    for (name, on) in [
-        ("mountns", l.mountns),
-        ("pidns", l.pidns),
-        ("netns", l.netns),
-        ("ipcns", l.ipcns && !root),
-        ("utsns", l.utsns),
-        ("cgroupns", l.cgroupns),
-    ] {
-        if on {
-            wanted.push(name);
+fn enter_others(policy: &crate::policy::SandboxPolicy, rep: &mut SandboxReport, root: bool) {
+    let made_as_root = |layer: &Layer| root && layer.name == namespaces::IPCNS.name;
+    let wanted = |layer: &Layer| layer.wanted(policy) && !made_as_root(layer);
+    for (layer, st) in namespaces::enter_others(wanted) {
+        if !made_as_root(layer) {
+            layer.set(rep, st);
         }
-    }
-    for (name, st) in namespaces::enter_others(&wanted) {
-        if name == "ipcns" && root {
-            continue;
-        }
-        let slot = match name {
-            "mountns" => &mut rep.mountns,
-            "pidns" => &mut rep.pidns,
-            "netns" => &mut rep.netns,
-            "ipcns" => &mut rep.ipcns,
-            "utsns" => &mut rep.utsns,
-            _ => &mut rep.cgroupns,
-        };
-        *slot = st;
     }
 }
 
@@ -157,34 +143,29 @@ fn own_limits(req: &HelperRequest, rep: &mut SandboxReport, root: bool) -> Resul
             "the host is not root: the ipc namespace's sysctls are writable only by its root uid",
         );
     }
-    if req.policy.layers.rlimits {
-        rep.rlimits = rlimits::apply(&req.policy.rlimits).map_err(|e| fail("rlimits", e))?;
-        rep.rlimits_status = LayerStatus::Applied;
-    }
-    Ok(())
+    // The layers with a step of their own (the rlimits).
+    layers::apply_at(Stage::Supervisor, req, rep).map_err(|(layer, e)| fail(layer, e))
 }
 
 fn drop_uid(uid: u32) -> Result<(), Fail> {
     // The bounding set must go before the uid change: PR_CAPBSET_DROP needs
     // CAP_SETPCAP, which setresuid takes away (observed: CapBnd stayed full).
     caps::drop_bounding().map_err(|e| fail("uid_drop", e))?;
-    // SAFETY: setgroups with size 0 does not read the list pointer.
-    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
-        return Err(os_fail("uid_drop", "setgroups([])"));
-    }
-    // SAFETY: plain id arguments.
-    if unsafe { libc::setresgid(uid, uid, uid) } != 0 {
-        return Err(os_fail("uid_drop", "setresgid"));
-    }
-    // SAFETY: plain id arguments.
-    if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
-        return Err(os_fail("uid_drop", "setresuid"));
-    }
+    // The helper is single-threaded: the thread's credentials are the
+    // process's.
+    rustix::thread::set_thread_groups(&[])
+        .map_err(|e| errno_fail("uid_drop", "setgroups([])", e))?;
+    let gid = Gid::from_raw(uid);
+    rustix::thread::set_thread_res_gid(gid, gid, gid)
+        .map_err(|e| errno_fail("uid_drop", "setresgid", e))?;
+    let id = Uid::from_raw(uid);
+    rustix::thread::set_thread_res_uid(id, id, id)
+        .map_err(|e| errno_fail("uid_drop", "setresuid", e))?;
     // setresuid clears the parent-death signal and dumpability: re-arm the
     // first, and restore the second for as long as /proc/self/uid_map must
     // stay writable by us (cleared again once the maps are written). The
     // uid is this sandbox's own, so no other process can use the window.
     arm_parent_death_signal();
-    prctl(libc::PR_SET_DUMPABLE, 1);
+    let _ = set_dumpable(true);
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
-use super::{Fail, fail, os_fail};
+use super::process::{Fail, fail, os_fail};
 
 /// The byte that carries the listener on the control socket (the only
 /// other byte ever sent there is the supervisor's exit status, after it).

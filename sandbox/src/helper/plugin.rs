@@ -2,20 +2,22 @@
 //! no_new_privs, Landlock, seccomp, self-check, report, execve).
 
 use std::convert::Infallible;
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, RawFd};
+use std::ffi::{CString, OsString};
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::reaper::sigset;
-use super::{Fail, ReportPipe, fail, os_fail, prctl};
+use nix::sys::signal::{SigmaskHow, sigprocmask};
+
+use super::process::{Fail, ReportPipe, errno_fail, fail, os_fail, sigset};
 use crate::landlock::{self as ll, Grants};
+use crate::layers::{self, Stage};
 use crate::mounts;
 use crate::policy::MemfdPolicy;
 use crate::report::{HelperMessage, LayerStatus, SandboxReport, SelfCheck};
 use crate::request::{HelperRequest, START_BYTE};
+use crate::seccomp;
 use crate::timing::stamp;
-use crate::{caps, seccomp};
 
 /// Steps 12–17 in the plugin process.
 pub(super) fn plugin_exec(
@@ -27,7 +29,6 @@ pub(super) fn plugin_exec(
     exe: &Path,
     pipe: &ReportPipe,
 ) -> Result<Infallible, Fail> {
-    let l = &req.policy.layers;
     std::env::set_current_dir(workdir).map_err(|e| fail("workdir", format!("{workdir:?}: {e}")))?;
     // Opened before Landlock so the self-check can re-read it at the end.
     let status_fd = std::fs::File::open("/proc/self/status").ok();
@@ -40,71 +41,14 @@ pub(super) fn plugin_exec(
         .unwrap_or_default();
 
     stamp("plugin", "workdir_and_status_opened");
-    // 12. rlimits: set by the supervisor, inherited as hard limits.
-    // 13. Capabilities, checked with capget.
-    rep.caps = match caps::drop_all() {
-        Ok(None) => LayerStatus::Applied,
-        Ok(Some(reason)) => LayerStatus::Degraded { reason },
-        Err(e) => LayerStatus::unavailable(e),
-    };
-    stamp("plugin", "caps_dropped");
-    // 14. no_new_privs: setuid and file-capability binaries are inert.
-    if prctl(libc::PR_SET_NO_NEW_PRIVS, 1) != 0 {
-        return Err(os_fail("no_new_privs", "PR_SET_NO_NEW_PRIVS"));
-    }
-    rep.no_new_privs = prctl(libc::PR_GET_NO_NEW_PRIVS, 0) == 1;
-
-    // 15. Landlock, with grants that exist in the namespace we are in.
-    if l.landlock {
-        rep.landlock = ll::apply(&grants(req, mountns, workdir, tmpdir, exe));
-        stamp("plugin", "landlock_applied");
-    }
-    // 16. seccomp, last. Strict mode whenever a namespace that the
-    // namespace filter relies on is missing.
-    let strict = [
-        &rep.userns,
-        &rep.mountns,
-        &rep.netns,
-        &rep.ipcns,
-        &rep.pidns,
-    ]
-    .iter()
-    .any(|s| **s != LayerStatus::Applied);
-    if l.seccomp {
-        let prog = if strict {
-            &req.seccomp_strict
-        } else {
-            &req.seccomp_namespace
-        };
-        rep.seccomp.mode = if strict {
-            "strict"
-        } else if req.policy.egress_port.is_some() {
-            "namespace+egress"
-        } else {
-            "namespace"
-        }
-        .into();
-        rep.seccomp.insns = prog.len();
-        rep.seccomp.x32_guard = seccomp::has_x32_guard(prog);
-        rep.seccomp.default_action = "ENOSYS".into();
-        rep.seccomp.memfd_create = match req.policy.memfd_create {
-            MemfdPolicy::Deny => "deny",
-            MemfdPolicy::AllowNoExec => "allowNoExec",
-        }
-        .into();
-        seccomp::install(prog).map_err(|e| fail("seccomp", e))?;
-        rep.seccomp.status = LayerStatus::Applied;
-        stamp("plugin", "seccomp_installed");
-    }
+    lock_down(req, rep, &grants(req, mountns, workdir, tmpdir, exe))?;
 
     // SIGPIPE: the helper (a Rust binary) ignores it; an ignored signal
     // would stay ignored across execve, and so would pid 1's blocked mask.
-    let empty = sigset(&[]);
-    // SAFETY: resetting a disposition to the default and clearing the mask.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-    }
+    // SAFETY: resetting a disposition to the default; no handler is
+    // installed.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&sigset(&[])), None);
 
     // Self-check: what the kernel itself reports now. Without a /proc in
     // the root (a mount namespace without a pid namespace cannot mount
@@ -117,8 +61,106 @@ pub(super) fn plugin_exec(
         uid_map: std::mem::take(&mut rep.self_check.uid_map),
         ..checked
     };
-    // The environment: the host's (already allowlisted) pairs, plus
-    // defaults that point inside the sandbox for the keys it left out.
+    let env = environment(req, rep, mountns, tmpdir);
+    rep.env_keys = env.iter().map(|(k, _)| k.clone()).collect();
+    rep.fds = inheritable_fds();
+    rep.self_check.fds = rep.fds.clone();
+    let p = &req.policy;
+    let memfd_refused =
+        rep.seccomp.status.is_enforced() && p.memfd_create == crate::policy::MemfdPolicy::Deny;
+    rep.memory = crate::memory::assess(
+        rep,
+        p.tmp_size_bytes,
+        p.shm_size_bytes,
+        p.home_size_bytes,
+        memfd_refused,
+    );
+    layers::finalize(rep);
+    stamp("plugin", "report_ready (execve next)");
+    rep.timings_us = crate::timing::take();
+    // 17. The exec's arguments, built before the report goes out, so a
+    // prepared sandbox only calls execve once started (no allocation, no
+    // copy-on-write fault on the way).
+    let exec = Exec::new(exe, &req.args, &env)?;
+    pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
+    if req.hold {
+        wait_for_start(pipe);
+    }
+    // Then execve with exactly the environment the host built.
+    exec.run();
+    Err(os_fail("exec", &format!("execve {exe:?}")))
+}
+
+/// Steps 13–16: capabilities (checked with `capget`) and any other layer
+/// with a step of its own here, no_new_privs, Landlock with `grants`, and
+/// seccomp last. The rlimits (12) were set by the supervisor and are
+/// inherited as hard limits.
+fn lock_down(req: &HelperRequest, rep: &mut SandboxReport, grants: &Grants) -> Result<(), Fail> {
+    layers::apply_at(Stage::Plugin, req, rep).map_err(|(layer, e)| fail(layer, e))?;
+    stamp("plugin", "caps_dropped");
+    // 14. no_new_privs: setuid and file-capability binaries are inert.
+    rustix::thread::set_no_new_privs(true)
+        .map_err(|e| errno_fail("no_new_privs", "PR_SET_NO_NEW_PRIVS", e))?;
+    rep.no_new_privs = rustix::thread::no_new_privs() == Ok(true);
+
+    // 15. Landlock, with grants that exist in the namespace we are in.
+    if req.policy.layers.landlock {
+        rep.landlock = ll::apply(grants);
+        stamp("plugin", "landlock_applied");
+    }
+    if req.policy.layers.seccomp {
+        install_seccomp(req, rep)?;
+    }
+    Ok(())
+}
+
+/// Step 16: seccomp, last. Strict mode whenever a namespace that the namespace
+/// filter relies on is missing.
+fn install_seccomp(req: &HelperRequest, rep: &mut SandboxReport) -> Result<(), Fail> {
+    let strict = [
+        &rep.userns,
+        &rep.mountns,
+        &rep.netns,
+        &rep.ipcns,
+        &rep.pidns,
+    ]
+    .iter()
+    .any(|s| **s != LayerStatus::Applied);
+    let prog = if strict {
+        &req.seccomp_strict
+    } else {
+        &req.seccomp_namespace
+    };
+    rep.seccomp.mode = if strict {
+        "strict"
+    } else if req.policy.egress_port.is_some() {
+        "namespace+egress"
+    } else {
+        "namespace"
+    }
+    .into();
+    rep.seccomp.insns = prog.len();
+    rep.seccomp.x32_guard = seccomp::has_x32_guard(prog);
+    rep.seccomp.default_action = "ENOSYS".into();
+    rep.seccomp.memfd_create = match req.policy.memfd_create {
+        MemfdPolicy::Deny => "deny",
+        MemfdPolicy::AllowNoExec => "allowNoExec",
+    }
+    .into();
+    seccomp::install(prog).map_err(|e| fail("seccomp", e))?;
+    rep.seccomp.status = LayerStatus::Applied;
+    stamp("plugin", "seccomp_installed");
+    Ok(())
+}
+
+/// The environment: the host's (already allowlisted) pairs, plus defaults
+/// that point inside the sandbox for the keys it left out.
+fn environment(
+    req: &HelperRequest,
+    rep: &mut SandboxReport,
+    mountns: bool,
+    tmpdir: &Path,
+) -> Vec<(String, String)> {
     let mut env = req.env.clone();
     let tmp = tmpdir.to_string_lossy().into_owned();
     // The per-turn home, a tmpfs of its own; without a mount namespace,
@@ -149,54 +191,52 @@ pub(super) fn plugin_exec(
             env.push((k.to_string(), v.to_string()));
         }
     }
-    rep.env_keys = env.iter().map(|(k, _)| k.clone()).collect();
-    rep.fds = inheritable_fds();
-    rep.self_check.fds = rep.fds.clone();
-    let p = &req.policy;
-    let memfd_refused =
-        rep.seccomp.status.is_enforced() && p.memfd_create == crate::policy::MemfdPolicy::Deny;
-    rep.memory = crate::memory::assess(
-        rep,
-        p.tmp_size_bytes,
-        p.shm_size_bytes,
-        p.home_size_bytes,
-        memfd_refused,
-    );
-    rep.finalize();
-    stamp("plugin", "report_ready (execve next)");
-    rep.timings_us = crate::timing::take();
-    // 17. The exec's arguments, built before the report goes out, so a
-    // prepared sandbox only calls execve once started (no allocation, no
-    // copy-on-write fault on the way).
-    let path = CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
-    let mut argv = vec![path.clone()];
-    for a in &req.args {
-        argv.push(CString::new(a.as_bytes()).map_err(|_| fail("exec", "NUL in an argument"))?);
-    }
-    let mut envp = Vec::new();
-    for (k, v) in &env {
-        envp.push(CString::new(format!("{k}={v}")).map_err(|_| fail("exec", "NUL in env"))?);
-    }
-    let argv_p: Vec<*const libc::c_char> = argv
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain([std::ptr::null()])
-        .collect();
-    let envp_p: Vec<*const libc::c_char> = envp
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain([std::ptr::null()])
-        .collect();
-    pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
-    if req.hold {
-        wait_for_start(pipe);
+    env
+}
+
+/// The arguments of the plugin's `execve`, as NUL-terminated strings and
+/// the null-terminated pointer arrays into them.
+struct Exec {
+    path: CString,
+    _strings: (Vec<CString>, Vec<CString>),
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+impl Exec {
+    fn new(exe: &Path, args: &[OsString], env: &[(String, String)]) -> Result<Exec, Fail> {
+        let path =
+            CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
+        let mut argv = vec![path.clone()];
+        for a in args {
+            argv.push(CString::new(a.as_bytes()).map_err(|_| fail("exec", "NUL in an argument"))?);
+        }
+        let mut envp = Vec::new();
+        for (k, v) in env {
+            envp.push(CString::new(format!("{k}={v}")).map_err(|_| fail("exec", "NUL in env"))?);
+        }
+        let pointers = |v: &[CString]| -> Vec<*const libc::c_char> {
+            v.iter()
+                .map(|c| c.as_ptr())
+                .chain([std::ptr::null()])
+                .collect()
+        };
+        Ok(Exec {
+            argv: pointers(&argv),
+            envp: pointers(&envp),
+            path,
+            _strings: (argv, envp),
+        })
     }
 
-    // Then execve with exactly the environment the host built.
-    // SAFETY: all three arrays are NUL-terminated C strings / null-terminated
-    // pointer arrays that outlive the call.
-    unsafe { libc::execve(path.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr()) };
-    Err(os_fail("exec", &format!("execve {exe:?}")))
+    /// `execve`; returns only when it failed.
+    fn run(&self) {
+        // SAFETY: `path` is NUL-terminated; `argv` and `envp` are
+        // null-terminated arrays of pointers into CStrings that `self`
+        // owns (moving a CString does not move its heap buffer), all alive
+        // for the call.
+        unsafe { libc::execve(self.path.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr()) };
+    }
 }
 
 /// A prepared sandbox: every layer is in place and the report is sent;
@@ -211,13 +251,10 @@ fn wait_for_start(pipe: &ReportPipe) {
     };
     let mut b = [0u8; 1];
     loop {
-        // SAFETY: reading at most one byte into a local buffer.
-        let n = unsafe { libc::read(start.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
-        if n == 1 && b[0] == START_BYTE {
-            return;
-        }
-        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
+        match rustix::io::read(start, &mut b) {
+            Ok(1) if b[0] == START_BYTE => return,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => {}
         }
         // SAFETY: _exit in a forked child: the plugin never ran.
         unsafe { libc::_exit(0) }
@@ -369,18 +406,17 @@ fn syscall_self_check() -> SelfCheck {
     let set = |f: fn(&CapData) -> u32| {
         (r == 0).then(|| u64::from(f(&data[0])) | (u64::from(f(&data[1])) << 32))
     };
-    let nnp = prctl(libc::PR_GET_NO_NEW_PRIVS, 0);
-    let mode = prctl(libc::PR_GET_SECCOMP, 0);
+
     SelfCheck {
-        // SAFETY: getuid and getgid have no preconditions.
-        uid: Some(unsafe { libc::getuid() }),
-        // SAFETY: as above.
-        gid: Some(unsafe { libc::getgid() }),
+        uid: Some(rustix::process::getuid().as_raw()),
+        gid: Some(rustix::process::getgid().as_raw()),
         cap_eff: set(|d| d.effective),
         cap_prm: set(|d| d.permitted),
         cap_inh: set(|d| d.inheritable),
-        no_new_privs: (nnp >= 0).then_some(nnp == 1),
-        seccomp: u32::try_from(mode).ok(),
+        no_new_privs: rustix::thread::no_new_privs().ok(),
+        seccomp: rustix::thread::secure_computing_mode()
+            .ok()
+            .map(|m| m as u32),
         ..SelfCheck::default()
     }
 }

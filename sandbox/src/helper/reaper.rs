@@ -3,45 +3,29 @@
 //! without one it is a subreaper that kills every descendant itself.
 
 use std::convert::Infallible;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
+
+use nix::sys::signal::Signal;
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal as RustixSignal, WaitOptions};
 use std::path::{Path, PathBuf};
 
 use super::plugin::plugin_exec;
-use super::{
-    Fail, HostSources, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail, prctl,
+use super::process::{
+    Fail, ReportPipe, arm_parent_death_signal, exit_code, fail, os_fail, set_dumpable, sigset,
 };
+use super::sources::HostSources;
 use crate::mounts::{self, RootSpec};
 use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
 use crate::timing::stamp;
 
-pub(super) fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
-    // SAFETY: sigemptyset initializes the zeroed set; sigaddset only adds
-    // valid signal numbers to it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in signals {
-            libc::sigaddset(&mut set, *s);
-        }
-        set
-    }
-}
-
-/// Block SIGTERM and SIGCHLD so pid 1 can wait for either with
-/// `sigtimedwait` without a race between a check and a blocking wait.
-pub(super) fn block_term_and_chld() {
-    let set = sigset(&[libc::SIGTERM, libc::SIGCHLD]);
-    // SAFETY: `set` is initialized; the old mask is not needed.
-    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-}
-
 /// Without a pid namespace: SIGKILL every descendant of this process (a
 /// subreaper, so orphans of the plugin are its children) until none is
 /// left. Best effort: bounded rounds, each scanning `/proc`.
 fn kill_descendants() {
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
+    let me = rustix::process::getpid().as_raw_pid();
     for _ in 0..500 {
         let mut parent_of = std::collections::HashMap::new();
         if let Ok(dir) = std::fs::read_dir("/proc") {
@@ -76,13 +60,11 @@ fn kill_descendants() {
             .copied()
             .filter(|p| *p != me && is_descendant(*p))
             .collect();
-        for p in &victims {
-            // SAFETY: signalling a descendant of this process.
-            unsafe { libc::kill(*p, libc::SIGKILL) };
+        for p in victims.iter().filter_map(|p| Pid::from_raw(*p)) {
+            let _ = rustix::process::kill_process(p, RustixSignal::KILL);
         }
         // Reap whatever died (our children and adopted orphans).
-        // SAFETY: non-blocking waitpid with a null status pointer.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        while matches!(rustix::process::wait(WaitOptions::NOHANG), Ok(Some(_))) {}
         if victims.is_empty() {
             return;
         }
@@ -99,13 +81,13 @@ pub(super) fn pid_one(
 ) -> Result<Infallible, Fail> {
     let pidns = rep.pidns == LayerStatus::Applied;
     // Nothing inside may ptrace or read the memory of the reaper.
-    prctl(libc::PR_SET_DUMPABLE, 0);
+    let _ = set_dumpable(false);
     // A neutral name (its argv[0] is already `sandbox-init`): the plugin
     // reads pid 1's comm, never the host binary's name.
-    prctl(libc::PR_SET_NAME, c"sandbox-init".as_ptr() as libc::c_ulong);
+    let _ = rustix::thread::set_name(c"sandbox-init");
     if !pidns {
         // Without a pid namespace, orphans of the plugin come back to us.
-        prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     }
     let program_name = req
         .program
@@ -113,79 +95,17 @@ pub(super) fn pid_one(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "plugin".into());
 
-    // 9. The minimal root.
     let mountns = rep.mountns == LayerStatus::Applied;
     if mountns {
-        let p = &req.policy;
-        let mem_total = p
-            .rlimits
-            .address_space
-            .or(p.rlimits.data)
-            .unwrap_or(4 << 30);
-        let built = mounts::build(&RootSpec {
-            workspace: sources.workspace.as_ref().map(|w| w.0),
-            workspace_size: p.workspace_size_bytes,
-            program: sources.program.as_ref().map(|s| s.0),
-            program_name: &program_name,
-            tmp_size: p.tmp_size_bytes,
-            shm_size: p.shm_size_bytes,
-            home_size: p.home_size_bytes,
-            nr_inodes: p.tmpfs_nr_inodes,
-            ro_paths: &p.ro_paths,
-            extra_ro: &p.extra_ro_paths,
-            extras: sources
-                .extras
-                .iter()
-                .map(|(path, dir, fd)| (path.clone(), *dir, fd.as_raw_fd()))
-                .collect(),
-            proc_replacements: crate::procmask::Replacements::new(mem_total >> 10),
-            with_proc: pidns,
-            describe: p.describe,
-        })
-        .map_err(|e| fail("root", e))?;
-        rep.warnings.extend(built.warnings);
-        if p.describe {
-            rep.view = Some(crate::fsview::RootView {
-                mounts: built.view,
-                ..Default::default()
-            });
-        }
-        rep.root = LayerStatus::Applied;
-        stamp("pid1", "root_built");
+        build_root(&req, &mut rep, &sources, pidns, &program_name)?;
     }
     drop(sources);
     // 10. Hostname.
     if rep.utsns == LayerStatus::Applied {
-        // SAFETY: the name pointer and length describe a static buffer.
-        unsafe { libc::sethostname(c"sandbox".as_ptr(), 7) };
+        let _ = rustix::system::sethostname(b"sandbox");
     }
 
-    let (workdir, tmpdir, exe) = if mountns {
-        let exe = if req.program_in_place {
-            req.program.clone()
-        } else {
-            Path::new(mounts::PLUGIN_DIR).join(&program_name)
-        };
-        (
-            PathBuf::from(mounts::WORKSPACE),
-            PathBuf::from(crate::fsview::TMP),
-            exe,
-        )
-    } else {
-        // No mount namespace, so no tmpfs workspace: the host's directory.
-        let Some(ws) = req.workspace.clone() else {
-            return Err(fail(
-                "workspace",
-                "this sandbox has no mount namespace, so its workspace cannot be a tmpfs of \
-                 its own; the host must give it a workspace directory",
-            ));
-        };
-        // No private /tmp: a private dir inside the workspace instead of the
-        // host's /tmp (the degraded reference launcher leaked through it).
-        let t = ws.join(".sharedos-tmp");
-        let _ = std::fs::create_dir(&t);
-        (ws, t, req.program.clone())
-    };
+    let (workdir, tmpdir, exe) = places(&req, mountns, &program_name)?;
     if let Some(view) = rep.view.as_mut() {
         view.program = exe.display().to_string();
         view.program_in_place = req.program_in_place;
@@ -207,53 +127,153 @@ pub(super) fn pid_one(
             Err(f) => pipe.fail(f),
         }
     }
-    // SAFETY: closing pid 1's copies of the plugin's stdio and the report
-    // pipe so the host sees EOF when the plugin (tree) closes them.
-    unsafe {
-        libc::close(pipe.0.as_raw_fd());
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        for fd in 0..3 {
-            if null >= 0 {
-                libc::dup2(null, fd);
-            } else {
-                libc::close(fd);
+    release_stdio(pipe);
+    if pidns {
+        reap_in_pid_namespace(plugin)
+    } else {
+        reap_as_subreaper(plugin)
+    }
+}
+
+/// Step 9: the minimal root.
+fn build_root(
+    req: &HelperRequest,
+    rep: &mut SandboxReport,
+    sources: &HostSources,
+    pidns: bool,
+    program_name: &str,
+) -> Result<(), Fail> {
+    let p = &req.policy;
+    let mem_total = p
+        .rlimits
+        .address_space
+        .or(p.rlimits.data)
+        .unwrap_or(4 << 30);
+    let built = mounts::build(&RootSpec {
+        workspace: sources.workspace.as_ref().map(|w| w.0),
+        workspace_size: p.workspace_size_bytes,
+        program: sources.program.as_ref().map(|s| s.0),
+        program_name,
+        tmp_size: p.tmp_size_bytes,
+        shm_size: p.shm_size_bytes,
+        home_size: p.home_size_bytes,
+        nr_inodes: p.tmpfs_nr_inodes,
+        ro_paths: &p.ro_paths,
+        extra_ro: &p.extra_ro_paths,
+        extras: sources
+            .extras
+            .iter()
+            .map(|(path, dir, fd)| (path.clone(), *dir, fd.as_raw_fd()))
+            .collect(),
+        proc_replacements: crate::procmask::Replacements::new(mem_total >> 10),
+        with_proc: pidns,
+        describe: p.describe,
+    })
+    .map_err(|e| fail("root", e))?;
+    rep.warnings.extend(built.warnings);
+    if p.describe {
+        rep.view = Some(crate::fsview::RootView {
+            mounts: built.view,
+            ..Default::default()
+        });
+    }
+    rep.root = LayerStatus::Applied;
+    stamp("pid1", "root_built");
+    Ok(())
+}
+
+/// Where the plugin runs: its working directory, its temp directory and
+/// the path it is executed from.
+fn places(
+    req: &HelperRequest,
+    mountns: bool,
+    program_name: &str,
+) -> Result<(PathBuf, PathBuf, PathBuf), Fail> {
+    if mountns {
+        let exe = if req.program_in_place {
+            req.program.clone()
+        } else {
+            Path::new(mounts::PLUGIN_DIR).join(program_name)
+        };
+        return Ok((
+            PathBuf::from(mounts::WORKSPACE),
+            PathBuf::from(crate::fsview::TMP),
+            exe,
+        ));
+    }
+    // No mount namespace, so no tmpfs workspace: the host's directory.
+    let Some(ws) = req.workspace.clone() else {
+        return Err(fail(
+            "workspace",
+            "this sandbox has no mount namespace, so its workspace cannot be a tmpfs of \
+             its own; the host must give it a workspace directory",
+        ));
+    };
+    // No private /tmp: a private dir inside the workspace instead of the
+    // host's /tmp (the degraded reference launcher leaked through it).
+    let t = ws.join(".sharedos-tmp");
+    let _ = std::fs::create_dir(&t);
+    Ok((ws, t, req.program.clone()))
+}
+
+/// Pid 1's copies of the plugin's stdio and of the report pipe go, so the
+/// host sees EOF when the plugin (tree) closes them.
+fn release_stdio(pipe: &ReportPipe) {
+    // SAFETY: closing pid 1's copy of the report pipe; its owner (`pipe`)
+    // is never used again in this process.
+    unsafe { libc::close(pipe.0.as_raw_fd()) };
+    match rustix::fs::open("/dev/null", OFlags::RDWR, Mode::empty()) {
+        Ok(null) => {
+            let _ = rustix::stdio::dup2_stdin(&null);
+            let _ = rustix::stdio::dup2_stdout(&null);
+            let _ = rustix::stdio::dup2_stderr(&null);
+            if null.as_raw_fd() <= 2 {
+                // It took a stdio slot: that slot must stay open.
+                let _ = null.into_raw_fd();
             }
         }
-        if null > 2 {
-            libc::close(null);
+        Err(_) => {
+            for fd in 0..3 {
+                // SAFETY: closing pid 1's stdio slots, which no owned fd of
+                // this process holds.
+                unsafe { libc::close(fd) };
+            }
         }
     }
-    if pidns {
-        loop {
-            let mut status = 0;
-            // SAFETY: reaping any child; `status` is a valid out pointer.
-            let w = unsafe { libc::waitpid(-1, &mut status, 0) };
-            if w == plugin {
-                // When pid 1 exits the kernel SIGKILLs the rest of the namespace.
+}
+
+/// With a pid namespace: reap until the plugin exits, then exit with its
+/// status; the kernel SIGKILLs the rest of the namespace when pid 1 exits.
+fn reap_in_pid_namespace(plugin: libc::pid_t) -> ! {
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid.as_raw_pid() == plugin => {
                 // SAFETY: plain exit.
-                unsafe { libc::_exit(exit_code(status)) }
+                unsafe { libc::_exit(exit_code(status.as_raw())) }
             }
-            if w < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            Err(e) if e != Errno::INTR => {
                 // SAFETY: plain exit.
                 unsafe { libc::_exit(1) }
             }
+            _ => {}
         }
     }
-    // No pid namespace: SIGTERM (the supervisor's death signal, or its
-    // request) and the plugin's exit both end with every descendant killed.
-    let wanted = sigset(&[libc::SIGTERM, libc::SIGCHLD]);
+}
+
+/// No pid namespace: SIGTERM (the supervisor's death signal, or its
+/// request) and the plugin's exit both end with every descendant killed.
+fn reap_as_subreaper(plugin: libc::pid_t) -> ! {
+    let wanted = sigset(&[Signal::SIGTERM, Signal::SIGCHLD]);
     loop {
         loop {
-            let mut status = 0;
-            // SAFETY: non-blocking reap; `status` is a valid out pointer.
-            let w = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if w == plugin {
-                kill_descendants();
-                // SAFETY: plain exit.
-                unsafe { libc::_exit(exit_code(status)) }
-            }
-            if w <= 0 {
-                break;
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) if pid.as_raw_pid() == plugin => {
+                    kill_descendants();
+                    // SAFETY: plain exit.
+                    unsafe { libc::_exit(exit_code(status.as_raw())) }
+                }
+                Ok(Some(_)) => {}
+                _ => break,
             }
         }
         let timeout = libc::timespec {
@@ -261,7 +281,7 @@ pub(super) fn pid_one(
             tv_nsec: 0,
         };
         // SAFETY: `wanted` is initialized and blocked; null info is allowed.
-        let sig = unsafe { libc::sigtimedwait(&wanted, std::ptr::null_mut(), &timeout) };
+        let sig = unsafe { libc::sigtimedwait(wanted.as_ref(), std::ptr::null_mut(), &timeout) };
         if sig == libc::SIGTERM {
             kill_descendants();
             // SAFETY: plain exit.

@@ -19,11 +19,11 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use rustix::process::{Pid, PidfdFlags, Signal};
 
-use super::{arm_parent_death_signal, run};
-
-/// The argument that turns `__sandbox-exec` into the fork server.
-pub const FORK_SERVER_ARG: &str = "--fork-server";
+use super::process::arm_parent_death_signal;
+use super::supervisor::run;
+pub(crate) use crate::request::FORK_SERVER_ARG;
 
 const SERVER_FD: RawFd = 0;
 
@@ -86,8 +86,7 @@ pub(super) fn serve() -> ! {
     // the host on its own control socket.
     // SAFETY: setting a signal disposition; the server is single-threaded.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
+    let me = rustix::process::getpid().as_raw_pid();
     reply(b"R", None);
     while let Some((seq, fds)) = receive() {
         if fds.len() != 3 {
@@ -119,19 +118,18 @@ pub(super) fn serve() -> ! {
             reply(&seq, None);
             continue;
         }
-        // SAFETY: pidfd_open on our own child, not yet reaped (it cannot
-        // have been: reaping needs it to exit first, and a pidfd of an
-        // exited child still answers).
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if pidfd < 0 {
-            // Without a pidfd the host could hit a recycled pid: refuse.
-            // SAFETY: killing our own child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        // Our own child, not yet reaped (it cannot have been: reaping needs
+        // it to exit first, and a pidfd of an exited child still answers).
+        let Some(child) = Pid::from_raw(pid) else {
             reply(&seq, None);
             continue;
-        }
-        // SAFETY: `pidfd` was just returned by pidfd_open.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
+        };
+        let Ok(pidfd) = rustix::process::pidfd_open(child, PidfdFlags::empty()) else {
+            // Without a pidfd the host could hit a recycled pid: refuse.
+            let _ = rustix::process::kill_process(child, Signal::KILL);
+            reply(&seq, None);
+            continue;
+        };
         let mut answer = [0u8; 12];
         answer[..8].copy_from_slice(&seq);
         answer[8..].copy_from_slice(&pid.to_le_bytes());

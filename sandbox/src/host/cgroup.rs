@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::layers::layer::{Layer, Need, Slot, Stage};
 use crate::policy::CgroupPolicy;
 use crate::report::{CgroupReport, LayerStatus};
 
@@ -295,9 +296,11 @@ pub fn kill_paths(v2: Option<&Path>, paths: &[PathBuf]) {
     for p in paths {
         if let Ok(s) = std::fs::read_to_string(p.join("cgroup.procs")) {
             for pid in s.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: kill with a pid read from the plugin's own cgroup,
-                // which only holds the plugin's processes.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // A pid read from the plugin's own cgroup, which only
+                // holds the plugin's processes.
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
             }
         }
     }
@@ -317,7 +320,8 @@ fn unpopulated(events: &std::fs::File) -> Option<bool> {
 /// Blocks until `cgroup.events` reports `populated 0` or `end` passes.
 /// The kernel raises POLLPRI on the file at each change of its content.
 fn wait_unpopulated(events: &std::fs::File, end: std::time::Instant) -> bool {
-    use std::os::fd::AsRawFd;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
     loop {
         match unpopulated(events) {
             Some(true) => return true,
@@ -328,19 +332,34 @@ fn wait_unpopulated(events: &std::fs::File, end: std::time::Instant) -> bool {
         if left.is_zero() {
             return false;
         }
-        let mut pfd = libc::pollfd {
-            fd: events.as_raw_fd(),
-            events: libc::POLLPRI,
-            revents: 0,
-        };
+        let mut pfd = [PollFd::new(events.as_fd(), PollFlags::POLLPRI)];
         let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd on a file this function borrows.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+        let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+        if matches!(poll(&mut pfd, timeout), Err(e) if e != nix::errno::Errno::EINTR) {
             return false;
         }
     }
 }
+
+/// The plugin's cgroup, made by the host before the helper starts.
+pub(crate) const LAYER: Layer = Layer {
+    name: "cgroup",
+    stage: Stage::Host,
+    toggle: None,
+    slot: Slot::Status(|r| &r.cgroup.status, |r| &mut r.cgroup.status),
+    need: Need::Reported,
+    fix: "run the host as root or delegate a cgroup v2 subtree to its user",
+    detail: |r| {
+        let opt = |v: Option<u64>| v.map_or_else(|| "none".to_string(), |v| v.to_string());
+        format!(
+            " (cgroup.kill {}, pids.max {}, memory.max {})",
+            if r.cgroup.kill { "yes" } else { "no" },
+            opt(r.cgroup.pids_max),
+            opt(r.cgroup.memory_max)
+        )
+    },
+    apply: None,
+};
 
 #[cfg(test)]
 mod tests {

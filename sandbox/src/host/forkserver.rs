@@ -3,23 +3,24 @@
 //! it is needed and replaced when it is gone.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
+use nix::poll::{PollFd, PollFlags, poll};
 use nix::sys::socket::{
-    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
-    sendmsg, socketpair,
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recv,
+    recvmsg, sendmsg, socketpair,
 };
 
-use crate::helper::server::FORK_SERVER_ARG;
-use crate::spawn::{HELPER_SUBCOMMAND, on_spawner_thread};
+use super::spawner::{HELPER_SUBCOMMAND, NEUTRAL_NAME, on_spawner_thread};
+use crate::request::FORK_SERVER_ARG;
 
 /// How long a live server may take to answer (a spawn that waited this long
 /// fails; the server stays).
-const REPLY_TIMEOUT_MS: i32 = 10_000;
+const REPLY_TIMEOUT_MS: u16 = 10_000;
 
 /// A helper forked by the server: not the host's child, so it is watched
 /// through its pidfd, and its exit status comes on its control socket.
@@ -57,7 +58,7 @@ impl Server {
         let helper = helper.to_path_buf();
         let child = on_spawner_thread(move || {
             Command::new(&helper)
-                .arg0(crate::spawn::NEUTRAL_NAME)
+                .arg0(NEUTRAL_NAME)
                 .arg(HELPER_SUBCOMMAND)
                 .arg(FORK_SERVER_ARG)
                 .env_clear()
@@ -76,8 +77,7 @@ impl Server {
         // binary, not a helper at all) is not one.
         let mut b = [0u8; 1];
         let ready = server.wait_readable().is_ok()
-            // SAFETY: reading at most one byte into a local buffer.
-            && unsafe { libc::recv(server.sock.as_raw_fd(), b.as_mut_ptr().cast(), 1, 0) } == 1
+            && recv(server.sock.as_raw_fd(), &mut b, MsgFlags::empty()) == Ok(1)
             && b[0] == b'R';
         if !ready {
             server.stop();
@@ -89,26 +89,18 @@ impl Server {
     }
 
     fn wait_readable(&self) -> std::io::Result<()> {
-        let mut pfd = libc::pollfd {
-            fd: self.sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
         loop {
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut pfd, 1, REPLY_TIMEOUT_MS) };
-            if n > 0 {
-                return Ok(());
-            }
-            if n == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the fork server did not answer",
-                ));
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINTR) {
-                return Err(e);
+            let mut pfd = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut pfd, REPLY_TIMEOUT_MS) {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the fork server did not answer",
+                    ));
+                }
+                Ok(_) => return Ok(()),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -3,10 +3,14 @@
 //! uid allocation.
 
 pub mod cgroup;
-pub(crate) mod forkserver;
+pub(crate) mod child;
+mod forkserver;
+mod launch;
 pub(crate) mod listener;
 pub mod removal;
+mod report_reader;
 pub(crate) mod spawn;
+pub(crate) mod spawner;
 pub mod staging;
 pub mod statedir;
 pub mod uid;

@@ -15,8 +15,7 @@ use crate::SandboxError;
 
 /// Where the state directory is for this process (not created).
 pub fn location() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     if euid == 0 {
         return PathBuf::from("/run/sharedos");
     }
@@ -66,8 +65,7 @@ fn check(md: &std::fs::Metadata) -> Result<(), String> {
     if !md.is_dir() {
         return Err("it is not a directory; remove it".into());
     }
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     if md.uid() != euid {
         return Err(format!(
             "it is owned by uid {}, not by the host's uid {euid}; remove it",

@@ -10,38 +10,17 @@
 //! is dead. A host that dies releases its locks with it (the kernel drops
 //! the `flock`), and its trees die by their parent-death signal.
 
+use rustix::fs::FlockOperation;
+use rustix::io::Errno;
+
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::policy::UidPolicy;
 
-/// Why no uid could be given, or why the range is unusable.
-#[derive(Debug, thiserror::Error)]
-pub enum UidError {
-    #[error(
-        "sandbox uid range {first}..{end} is unusable: {reason}; \
-         fix: set sandbox.uids.first/count in host.toml to a range no account or host id uses"
-    )]
-    BadRange {
-        first: u32,
-        end: u64,
-        reason: String,
-    },
-    #[error("every uid of the sandbox range {first}..{end} is held by a live sandbox")]
-    Exhausted { first: u32, end: u64 },
-    #[error("the host state directory {path:?} is unusable: {reason}")]
-    StateDir { path: PathBuf, reason: String },
-    #[error("{op} {path:?}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
+pub use crate::error::UidError;
 
 /// A uid held for one sandbox; dropping it releases the uid.
 #[derive(Debug)]
@@ -102,15 +81,13 @@ pub(crate) fn check_range_once(p: &UidPolicy) -> Result<(), UidError> {
 }
 
 fn host_ids() -> Vec<u32> {
-    // SAFETY: the id getters have no preconditions.
-    let mut ids = unsafe {
-        vec![
-            libc::getuid(),
-            libc::geteuid(),
-            libc::getgid(),
-            libc::getegid(),
-        ]
-    };
+    use rustix::process::{getegid, geteuid, getgid, getuid};
+    let mut ids = vec![
+        getuid().as_raw(),
+        geteuid().as_raw(),
+        getgid().as_raw(),
+        getegid().as_raw(),
+    ];
     ids.push(65534);
     ids
 }
@@ -201,18 +178,19 @@ pub(crate) fn allocate_in(p: &UidPolicy, dir: &Path) -> Result<UidLease, UidErro
                 path: path.clone(),
                 source,
             })?;
-        // SAFETY: flock on an fd we own; non-blocking.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            NEXT.store(slot.wrapping_add(1) % p.count, Ordering::Relaxed);
-            return Ok(UidLease { uid, _lock: file });
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(UidError::Io {
-                op: "flock the uid lock",
-                path,
-                source: e,
-            });
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                NEXT.store(slot.wrapping_add(1) % p.count, Ordering::Relaxed);
+                return Ok(UidLease { uid, _lock: file });
+            }
+            Err(Errno::WOULDBLOCK) => {}
+            Err(e) => {
+                return Err(UidError::Io {
+                    op: "flock the uid lock",
+                    path,
+                    source: e.into(),
+                });
+            }
         }
     }
     Err(UidError::Exhausted {

@@ -3,6 +3,9 @@
 //! the plugin must hold none, and we check it with `capget` rather than
 //! trusting the calls that cleared them.
 
+use super::layer::{Layer, Need, Slot, Stage, no_detail};
+use crate::report::LayerStatus;
+
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 #[repr(C)]
@@ -103,8 +106,7 @@ pub fn drop_all() -> Result<Option<String>, String> {
     verify_sets()?;
     match bounding {
         Ok(()) => verify_bounding().map(|()| None),
-        // SAFETY: getuid has no preconditions.
-        Err(e) if unsafe { libc::getuid() } != 0 => Ok(Some(format!(
+        Err(e) if !rustix::process::getuid().is_root() => Ok(Some(format!(
             "bounding set left in place ({e}); unusable without uid 0 under no_new_privs"
         ))),
         Err(e) => Err(e),
@@ -166,3 +168,21 @@ fn verify_bounding() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// No capabilities, dropped and checked in the plugin's process (step 13).
+pub(crate) const LAYER: Layer = Layer {
+    name: "caps",
+    stage: Stage::Plugin,
+    toggle: None,
+    slot: Slot::Status(|r| &r.caps, |r| &mut r.caps),
+    need: Need::Applied,
+    fix: "do not run the helper with ambient capabilities or a locked bounding set",
+    detail: no_detail,
+    apply: Some(|_, _| {
+        Ok(match drop_all() {
+            Ok(None) => LayerStatus::Applied,
+            Ok(Some(reason)) => LayerStatus::Degraded { reason },
+            Err(e) => LayerStatus::unavailable(e),
+        })
+    }),
+};

@@ -24,18 +24,15 @@ use crate::policy::SandboxPolicy;
 pub const HOME: &str = "/sandbox/home";
 /// The per-turn temp directory inside the sandbox (`TMPDIR`).
 pub const TMP: &str = "/tmp";
+/// Where the workspace appears inside.
+pub const WORKSPACE: &str = "/workspace";
+/// Where the plugin binary appears inside.
+pub const PLUGIN_DIR: &str = "/plugin";
 
 /// Directories the sandbox mounts itself: no host path can be bound there.
 /// `/tmp` is special: a path strictly below it is cloned by a root host
 /// and attached on top of the private `/tmp`.
-const MANAGED: [&str; 6] = [
-    "/dev",
-    "/proc",
-    crate::mounts::WORKSPACE,
-    crate::mounts::PLUGIN_DIR,
-    "/sandbox",
-    "/tmp",
-];
+const MANAGED: [&str; 6] = ["/dev", "/proc", WORKSPACE, PLUGIN_DIR, "/sandbox", "/tmp"];
 
 /// What the plugin sees, as the helper built it (`policy.describe`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -128,8 +125,7 @@ enum Reach {
 }
 
 fn reach(policy: &SandboxPolicy) -> Reach {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     match (root, policy.layers.drop_uid, policy.layers.mountns) {
         (true, true, true) => Reach::ClonedAsRoot,
         (true, true, false) => Reach::OtherUid,
@@ -189,8 +185,7 @@ fn check_form(entry: &str, extra: bool) -> Result<PathBuf, String> {
         );
     }
     if let Some(m) = managed(&p) {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         let tmp_ok = extra && m == "/tmp" && p != Path::new("/tmp") && root;
         if !tmp_ok {
             let why = if m == "/tmp" && p != Path::new("/tmp") {

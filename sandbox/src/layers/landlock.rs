@@ -4,6 +4,7 @@
 //! returned `RestrictionStatus` is always inspected and reported
 //! (NVIDIA/OpenShell#803: best effort silently returned Ok, unenforced).
 
+use super::layer::{Layer, Need, Slot, Stage};
 use std::path::PathBuf;
 
 use landlock::{
@@ -102,3 +103,24 @@ pub fn apply(g: &Grants) -> LandlockReport {
     }
     report
 }
+
+/// Landlock, applied in the plugin's process before seccomp (step 15).
+pub(crate) const LAYER: Layer = Layer {
+    name: "landlock",
+    stage: Stage::Plugin,
+    toggle: Some(|p| p.layers.landlock),
+    slot: Slot::Status(|r| &r.landlock.status, |r| &mut r.landlock.status),
+    need: Need::Applied,
+    fix: "boot a kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y and `landlock` in the lsm= list",
+    detail: |r| {
+        format!(
+            " (kernel ABI {}, requested {}, {})",
+            r.landlock
+                .kernel_abi
+                .map_or("none".to_string(), |a| a.to_string()),
+            r.landlock.requested_abi,
+            r.landlock.ruleset
+        )
+    },
+    apply: None,
+};

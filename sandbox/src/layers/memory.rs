@@ -10,34 +10,7 @@
 //! number of them by `RLIMIT_NOFILE` per process. `memory.max` caps the
 //! whole tree where a memory controller is delegated.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
-use crate::report::{LayerStatus, SandboxReport};
-
-/// The memory section of the report.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct MemoryReport {
-    /// One row per mechanism.
-    pub layers: Vec<MemoryLayer>,
-    /// The most one process can map (`RLIMIT_AS`), bytes.
-    pub per_process_bytes: Option<u64>,
-    /// The most the whole tree can hold, bytes: the sum of the rows (or
-    /// `memory.max` when lower). `None`: some kind of memory is unbounded.
-    pub tree_bound_bytes: Option<u64>,
-}
-
-/// One mechanism that bounds memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct MemoryLayer {
-    /// What it bounds and how (`RLIMIT_AS`, `tmpfs /tmp`, ...).
-    pub name: String,
-    pub status: LayerStatus,
-    /// The bound this row adds to the tree's total, bytes.
-    pub bytes: Option<u64>,
-    /// How `bytes` is made up.
-    pub detail: String,
-}
+use crate::report::{LayerStatus, MemoryLayer, MemoryReport, SandboxReport};
 
 fn row(name: &str, bytes: Option<u64>, detail: String) -> MemoryLayer {
     MemoryLayer {
@@ -51,25 +24,12 @@ fn row(name: &str, bytes: Option<u64>, detail: String) -> MemoryLayer {
     }
 }
 
-/// The memory section for a report whose layers are filled in.
-/// `memfd_refused`: the seccomp filter in force refuses `memfd_create`.
-pub(crate) fn assess(
-    rep: &SandboxReport,
-    tmp_size: u64,
-    shm_size: u64,
-    home_size: u64,
-    memfd_refused: bool,
-) -> MemoryReport {
-    let rl = |k: &str| rep.rlimits.get(k).copied();
-    let (as_, nproc, fsize, nofile) = (rl("as"), rl("nproc"), rl("fsize"), rl("nofile"));
-    let mut layers = vec![row(
-        "RLIMIT_AS x RLIMIT_NPROC (every mapping: private, shared, SysV, memfd)",
-        as_.zip(nproc).map(|(a, n)| a.saturating_mul(n)),
-        format!("{} bytes a process x {} processes", opt(as_), opt(nproc)),
-    )];
+/// SysV segments: the ipc namespace's `shmall`, where the sandbox has
+/// its limits.
+fn shmall_row(rep: &SandboxReport) -> MemoryLayer {
     let shmall = rep.ipc_limits.get("shmall").copied();
     let page = 4096u64;
-    layers.push(if rep.ipc_limits_status.is_enforced() && shmall.is_some() {
+    if rep.ipc_limits_status.is_enforced() && shmall.is_some() {
         row(
             "kernel.shmall (SysV segments, mapped or not)",
             shmall.map(|p| p.saturating_mul(page)),
@@ -82,26 +42,19 @@ pub(crate) fn assess(
             bytes: None,
             detail: "no private ipc namespace limit".into(),
         }
-    });
-    let root = rep.root == LayerStatus::Applied;
-    for (name, size) in [
-        ("tmpfs /tmp", tmp_size),
-        ("tmpfs /dev/shm", shm_size),
-        ("tmpfs HOME (/sandbox/home)", home_size),
-    ] {
-        layers.push(if root {
-            row(name, Some(size), "size= of the private mount".into())
-        } else {
-            MemoryLayer {
-                name: name.into(),
-                status: LayerStatus::unavailable("no private root"),
-                bytes: None,
-                detail: "the host's own filesystem".into(),
-            }
-        });
     }
+}
+
+/// A memfd written but never mapped: refused, or bounded per file by
+/// `RLIMIT_FSIZE`, times the fds and processes.
+fn memfd_row(
+    memfd_refused: bool,
+    fsize: Option<u64>,
+    nofile: Option<u64>,
+    nproc: Option<u64>,
+) -> MemoryLayer {
     let memfd_name = "memfd written, not mapped (RLIMIT_FSIZE x RLIMIT_NOFILE x RLIMIT_NPROC)";
-    layers.push(if memfd_refused {
+    if memfd_refused {
         MemoryLayer {
             name: memfd_name.into(),
             status: LayerStatus::Applied,
@@ -121,7 +74,44 @@ pub(crate) fn assess(
                 opt(nproc)
             ),
         )
-    });
+    }
+}
+
+/// The memory section for a report whose layers are filled in.
+/// `memfd_refused`: the seccomp filter in force refuses `memfd_create`.
+pub(crate) fn assess(
+    rep: &SandboxReport,
+    tmp_size: u64,
+    shm_size: u64,
+    home_size: u64,
+    memfd_refused: bool,
+) -> MemoryReport {
+    let rl = |k: &str| rep.rlimits.get(k).copied();
+    let (as_, nproc, fsize, nofile) = (rl("as"), rl("nproc"), rl("fsize"), rl("nofile"));
+    let mut layers = vec![row(
+        "RLIMIT_AS x RLIMIT_NPROC (every mapping: private, shared, SysV, memfd)",
+        as_.zip(nproc).map(|(a, n)| a.saturating_mul(n)),
+        format!("{} bytes a process x {} processes", opt(as_), opt(nproc)),
+    )];
+    layers.push(shmall_row(rep));
+    let root = rep.root == LayerStatus::Applied;
+    for (name, size) in [
+        ("tmpfs /tmp", tmp_size),
+        ("tmpfs /dev/shm", shm_size),
+        ("tmpfs HOME (/sandbox/home)", home_size),
+    ] {
+        layers.push(if root {
+            row(name, Some(size), "size= of the private mount".into())
+        } else {
+            MemoryLayer {
+                name: name.into(),
+                status: LayerStatus::unavailable("no private root"),
+                bytes: None,
+                detail: "the host's own filesystem".into(),
+            }
+        });
+    }
+    layers.push(memfd_row(memfd_refused, fsize, nofile, nproc));
     let sum = layers
         .iter()
         .try_fold(0u64, |acc, l| l.bytes.map(|b| acc.saturating_add(b)));

@@ -11,19 +11,17 @@
 //! binary (and a host workspace, where one is given) come from fds opened
 //! before any tmpfs is mounted.
 
-use std::ffi::CString;
+use super::layer::{Layer, Need, Slot, Stage, USERNS_FIX};
 use std::os::fd::RawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+pub use super::fsview::{PLUGIN_DIR, WORKSPACE};
+use super::vfs::{cstr, mount, restrict};
 
 /// Where the new root is assembled (in the private mount namespace, so the
 /// host's `/tmp` is untouched).
 const STAGING: &str = "/tmp";
 const DEV_NODES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
-/// Where the workspace appears inside.
-pub const WORKSPACE: &str = "/workspace";
-/// Where the plugin binary appears inside.
-pub const PLUGIN_DIR: &str = "/plugin";
 
 /// Where a host file or directory that goes into the root comes from.
 #[derive(Clone, Copy, Debug)]
@@ -93,77 +91,6 @@ impl View {
 
 fn mib(b: u64) -> String {
     format!("{} MiB", b >> 20)
-}
-
-pub(crate) fn cstr(p: &Path) -> Result<CString, String> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("{p:?} contains NUL"))
-}
-
-pub(crate) fn mount(
-    src: Option<&Path>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> Result<(), String> {
-    let src_c = src.map(cstr).transpose()?;
-    let target_c = cstr(target)?;
-    let fs_c = fstype.map(|s| CString::new(s).unwrap());
-    let data_c = data.map(|s| CString::new(s).unwrap());
-    // SAFETY: every pointer is either null or a NUL-terminated string that
-    // lives until the call returns.
-    let rc = unsafe {
-        libc::mount(
-            src_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-            target_c.as_ptr(),
-            fs_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-            flags,
-            data_c
-                .as_ref()
-                .map_or(std::ptr::null(), |c| c.as_ptr().cast()),
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "mount({src:?} -> {target:?}, {fstype:?}): {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-/// `mount_setattr(2)`: add attributes to a mount (and, with `recursive`,
-/// its submounts). Only adds restrictions, so the flags a user namespace
-/// locks on the source (nosuid, nodev, noexec) are never cleared
-/// (openai/codex#9254 hit EPERM remounting without them).
-pub(crate) fn restrict(target: &Path, attrs: u64, recursive: bool) -> Result<(), String> {
-    let t = cstr(target)?;
-    let attr = libc::mount_attr {
-        attr_set: attrs,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    let flags = if recursive { libc::AT_RECURSIVE } else { 0 };
-    // SAFETY: `t` is NUL-terminated, `attr` is a valid mount_attr and its
-    // size is passed; the kernel only reads both.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            flags as libc::c_uint,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "mount_setattr({target:?}): {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
 }
 
 /// Attach `src` at `target` (an existing file or directory).
@@ -582,20 +509,25 @@ fn build_dev(spec: &RootSpec, dev: &Path) -> Result<(), String> {
 /// tmpfs, sealed read-only.
 fn pivot(root: &Path) -> Result<(), String> {
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root:?}: {e}"))?;
-    let dot = c".";
-    // SAFETY: both arguments are the NUL-terminated string ".".
-    if unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) } != 0 {
-        return Err(format!("pivot_root: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: "." is NUL-terminated; after pivot_root(".", ".") the old root
-    // is stacked on "." and detaching it leaves only the new tree.
-    if unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(format!(
-            "umount old root: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    rustix::process::pivot_root(".", ".")
+        .map_err(|e| format!("pivot_root: {}", std::io::Error::from(e)))?;
+    // After pivot_root(".", ".") the old root is stacked on "." and
+    // detaching it leaves only the new tree.
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
+        .map_err(|e| format!("umount old root: {}", std::io::Error::from(e)))?;
     crate::timing::stamp("pid1", "root: pivoted, old root detached");
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     Ok(())
 }
+
+/// The minimal root (`pivot_root`), built by pid 1 (step 9).
+pub(crate) const LAYER: Layer = Layer {
+    name: "root",
+    stage: Stage::PidOne,
+    toggle: Some(|p| p.layers.mountns),
+    slot: Slot::Status(|r| &r.root, |r| &mut r.root),
+    need: Need::Applied,
+    fix: USERNS_FIX,
+    detail: |_| " (pivot_root into a minimal tree)".into(),
+    apply: None,
+};

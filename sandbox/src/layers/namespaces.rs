@@ -3,6 +3,8 @@
 //! `unshare`, retried one flag at a time when the batch fails so the report
 //! says exactly which one is missing.
 
+use super::layer::{Layer, Need, Slot, Stage, USERNS_FIX, listing, no_detail};
+use crate::policy::SandboxPolicy;
 use crate::report::LayerStatus;
 
 fn errno() -> std::io::Error {
@@ -25,41 +27,42 @@ pub fn enter_user(uid: u32, gid: u32) -> Result<(), std::io::Error> {
 }
 
 /// The namespaces besides the user one, with their clone flag.
-pub const OTHERS: [(&str, libc::c_int); 6] = [
-    ("mountns", libc::CLONE_NEWNS),
-    ("pidns", libc::CLONE_NEWPID),
-    ("netns", libc::CLONE_NEWNET),
-    ("ipcns", libc::CLONE_NEWIPC),
-    ("utsns", libc::CLONE_NEWUTS),
-    ("cgroupns", libc::CLONE_NEWCGROUP),
+pub(crate) const OTHERS: [(&Layer, libc::c_int); 6] = [
+    (&MOUNTNS, libc::CLONE_NEWNS),
+    (&PIDNS, libc::CLONE_NEWPID),
+    (&NETNS, libc::CLONE_NEWNET),
+    (&IPCNS, libc::CLONE_NEWIPC),
+    (&UTSNS, libc::CLONE_NEWUTS),
+    (&CGROUPNS, libc::CLONE_NEWCGROUP),
 ];
 
-/// Unshare every namespace in `wanted` (by name); returns one status per
-/// entry of [`OTHERS`]. A pid namespace applies to the children of the
+/// Unshare every namespace of [`OTHERS`] that `wanted` names; returns one
+/// status per entry. A pid namespace applies to the children of the
 /// caller, so the caller must fork next.
-pub fn enter_others(wanted: &[&str]) -> Vec<(&'static str, LayerStatus)> {
+pub(crate) fn enter_others(wanted: impl Fn(&Layer) -> bool) -> Vec<(&'static Layer, LayerStatus)> {
     let flags = OTHERS
         .iter()
-        .filter(|(n, _)| wanted.contains(n))
+        .filter(|(l, _)| wanted(l))
         .fold(0, |acc, (_, f)| acc | f);
     // SAFETY: unshare takes a flag word; single-threaded caller.
     let batch_ok = flags == 0 || unsafe { libc::unshare(flags) } == 0;
     OTHERS
         .iter()
-        .map(|(name, flag)| {
-            if !wanted.contains(name) {
-                return (*name, LayerStatus::Disabled);
+        .map(|&(layer, flag)| {
+            let name = layer.name;
+            if !wanted(layer) {
+                return (layer, LayerStatus::Disabled);
             }
             if batch_ok {
-                return (*name, LayerStatus::Applied);
+                return (layer, LayerStatus::Applied);
             }
             // SAFETY: as above, one flag at a time.
-            let st = if unsafe { libc::unshare(*flag) } == 0 {
+            let st = if unsafe { libc::unshare(flag) } == 0 {
                 LayerStatus::Applied
             } else {
                 LayerStatus::unavailable(format!("unshare({name}): {}", errno()))
             };
-            (*name, st)
+            (layer, st)
         })
         .collect()
 }
@@ -107,24 +110,16 @@ pub fn write_sysctls(
 /// `name` under the directory `d`, opened for writing and given `text` in
 /// one `write`.
 fn write_at(d: &std::fs::File, name: &str, text: &str) -> std::io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
     use std::io::Write;
-    use std::os::fd::{AsRawFd, FromRawFd};
     let c = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    // SAFETY: `d` is an open directory and `c` a NUL-terminated name that
-    // outlives the call.
-    let fd = unsafe {
-        libc::openat(
-            d.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened here and is owned by nobody else.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-    f.write_all(text.as_bytes())
+    let fd = rustix::fs::openat(
+        d,
+        c.as_c_str(),
+        OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )?;
+    std::fs::File::from(fd).write_all(text.as_bytes())
 }
 
 /// The user-namespace ceilings of the policy, as `/proc/sys/user` files.
@@ -171,3 +166,90 @@ pub fn ipc_values(l: &crate::policy::IpcLimits) -> Vec<(&'static str, u64)> {
     .filter_map(|(n, v)| v.map(|v| (n, v)))
     .collect()
 }
+
+/// A namespace entered in the supervisor's one `unshare` (step 7).
+const fn namespace(
+    name: &'static str,
+    toggle: fn(&SandboxPolicy) -> bool,
+    slot: Slot,
+    need: Need,
+) -> Layer {
+    Layer {
+        name,
+        stage: Stage::Supervisor,
+        toggle: Some(toggle),
+        slot,
+        need,
+        fix: USERNS_FIX,
+        detail: no_detail,
+        apply: None,
+    }
+}
+
+pub(crate) const USERNS: Layer = namespace(
+    "userns",
+    |p| p.layers.userns,
+    Slot::Status(|r| &r.userns, |r| &mut r.userns),
+    Need::Applied,
+);
+pub(crate) const MOUNTNS: Layer = namespace(
+    "mountns",
+    |p| p.layers.mountns,
+    Slot::Status(|r| &r.mountns, |r| &mut r.mountns),
+    Need::Applied,
+);
+pub(crate) const PIDNS: Layer = namespace(
+    "pidns",
+    |p| p.layers.pidns,
+    Slot::Status(|r| &r.pidns, |r| &mut r.pidns),
+    Need::Applied,
+);
+pub(crate) const NETNS: Layer = namespace(
+    "netns",
+    |p| p.layers.netns,
+    Slot::Status(|r| &r.netns, |r| &mut r.netns),
+    Need::Applied,
+);
+pub(crate) const IPCNS: Layer = namespace(
+    "ipcns",
+    |p| p.layers.ipcns,
+    Slot::Status(|r| &r.ipcns, |r| &mut r.ipcns),
+    Need::Applied,
+);
+pub(crate) const UTSNS: Layer = namespace(
+    "utsns",
+    |p| p.layers.utsns,
+    Slot::Status(|r| &r.utsns, |r| &mut r.utsns),
+    Need::Applied,
+);
+pub(crate) const CGROUPNS: Layer = namespace(
+    "cgroupns",
+    |p| p.layers.cgroupns,
+    Slot::Status(|r| &r.cgroupns, |r| &mut r.cgroupns),
+    Need::Reported,
+);
+
+/// The user namespace's ceilings (`/proc/sys/user/*`).
+pub(crate) const CEILINGS: Layer = Layer {
+    name: "ceilings",
+    stage: Stage::Supervisor,
+    toggle: Some(|p| p.layers.userns),
+    slot: Slot::Status(|r| &r.ceilings_status, |r| &mut r.ceilings_status),
+    need: Need::AppliedOrDegraded,
+    fix: "give the sandbox a user namespace of its own (layers.userns) on a kernel with \
+          /proc/sys/user",
+    detail: |r| listing(&r.ceilings),
+    apply: None,
+};
+
+/// The ipc namespace's SysV limits (`/proc/sys/kernel/shm*`, `msg*`).
+pub(crate) const IPC_LIMITS: Layer = Layer {
+    name: "ipc_limits",
+    stage: Stage::Supervisor,
+    toggle: Some(|p| p.layers.ipcns),
+    slot: Slot::Status(|r| &r.ipc_limits_status, |r| &mut r.ipc_limits_status),
+    need: Need::Reported,
+    fix: "run the host as root, so the ipc namespace is made before the uid drop",
+    detail: |r| listing(&r.ipc_limits),
+    apply: None,
+};

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use crate::mounts::{cstr, mount, restrict};
+use super::vfs::{cstr, mount, restrict};
 
 /// Files replaced by an empty one (those that exist on this kernel).
 /// Files only root can read (`kcore`, `slabinfo`, `pagetypeinfo`, ...)
@@ -64,24 +64,11 @@ const UPTIME: &str = "0.00 0.00\n";
 /// `Linux version <release> <version>` from `uname(2)`, which the seccomp
 /// filter allows (glibc, Python and Node read it), so it adds nothing.
 fn uname_version() -> String {
-    // SAFETY: utsname is plain old data; uname fills it.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid out pointer.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return "Linux version\n".to_owned();
-    }
-    let field = |f: &[libc::c_char]| {
-        let bytes: Vec<u8> = f
-            .iter()
-            .take_while(|c| **c != 0)
-            .map(|c| *c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
+    let u = rustix::system::uname();
     format!(
         "Linux version {} {}\n",
-        field(&u.release),
-        field(&u.version)
+        u.release().to_string_lossy(),
+        u.version().to_string_lossy()
     )
 }
 
@@ -123,6 +110,48 @@ impl Replacements {
 /// procfs, unreachable by path: no unmount, which would cost an RCU grace
 /// period per spawn.
 pub fn mount_masked(proc_dir: &Path, with: &Replacements) -> Result<(), String> {
+    let fds = replacements(proc_dir, with)?;
+    mount(
+        Some(Path::new("proc")),
+        proc_dir,
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )?;
+    let srcs = fds
+        .iter()
+        .map(|f| {
+            use std::os::fd::AsRawFd;
+            cstr(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // One `mount` per file, no `stat` first: a file this kernel does not
+    // have answers ENOENT, which is skipped.
+    let cover = |i: usize, target: &Path| -> Result<(), String> {
+        match rustix::mount::mount_bind(srcs[i].as_c_str(), target) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::NOENT) => Ok(()), // not on this kernel
+            Err(e) => Err(format!("bind over {target:?}: {}", std::io::Error::from(e))),
+        }
+    };
+    for name in EMPTIED {
+        cover(0, &proc_dir.join(name))?;
+    }
+    cover(1, &proc_dir.join("sys/kernel/random/boot_id"))?;
+    cover(2, &proc_dir.join("meminfo"))?;
+    cover(3, &proc_dir.join("version"))?;
+    cover(4, &proc_dir.join("uptime"))?;
+    for dir in HIDDEN_DIRS {
+        cover(5, &proc_dir.join(dir))?;
+    }
+    Ok(())
+}
+
+/// The replacement files, written in a small tmpfs at `proc_dir` (sealed
+/// read-only), then opened: an empty file, the boot id, meminfo, version,
+/// uptime, an empty directory. The fds outlive the `proc` mount that
+/// hides the tmpfs next.
+fn replacements(proc_dir: &Path, with: &Replacements) -> Result<Vec<std::fs::File>, String> {
     mount(
         Some(Path::new("tmpfs")),
         proc_dir,
@@ -166,51 +195,5 @@ pub fn mount_masked(proc_dir: &Path, with: &Replacements) -> Result<(), String> 
         let f = std::fs::File::open(p).map_err(|e| format!("open {p:?}: {e}"))?;
         fds.push(f);
     }
-    mount(
-        Some(Path::new("proc")),
-        proc_dir,
-        Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
-    )?;
-    let srcs = fds
-        .iter()
-        .map(|f| {
-            use std::os::fd::AsRawFd;
-            cstr(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    // One `mount` per file, no `stat` first: a file this kernel does not
-    // have answers ENOENT, which is skipped.
-    let cover = |i: usize, target: &Path| -> Result<(), String> {
-        let t = cstr(target)?;
-        // SAFETY: both strings are NUL-terminated and outlive the call; a
-        // bind takes no fstype or data.
-        let rc = unsafe {
-            libc::mount(
-                srcs[i].as_ptr(),
-                t.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            )
-        };
-        let e = std::io::Error::last_os_error();
-        match rc {
-            0 => Ok(()),
-            _ if e.raw_os_error() == Some(libc::ENOENT) => Ok(()), // not on this kernel
-            _ => Err(format!("bind over {target:?}: {e}")),
-        }
-    };
-    for name in EMPTIED {
-        cover(0, &proc_dir.join(name))?;
-    }
-    cover(1, &proc_dir.join("sys/kernel/random/boot_id"))?;
-    cover(2, &proc_dir.join("meminfo"))?;
-    cover(3, &proc_dir.join("version"))?;
-    cover(4, &proc_dir.join("uptime"))?;
-    for dir in HIDDEN_DIRS {
-        cover(5, &proc_dir.join(dir))?;
-    }
-    Ok(())
+    Ok(fds)
 }

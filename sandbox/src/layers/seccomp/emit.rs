@@ -10,8 +10,14 @@
 
 use std::collections::BTreeMap;
 
-use super::Insn;
+use serde::{Deserialize, Serialize};
+
 use super::table::{Action, Rule};
+
+/// One classic BPF instruction, serializable so the host can hand the
+/// compiled program to the helper inside the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Insn(pub u16, pub u8, pub u8, pub u32);
 
 pub(crate) const BPF_LD_W_ABS: u16 = 0x20;
 pub(crate) const BPF_JMP_JEQ_K: u16 = 0x15;

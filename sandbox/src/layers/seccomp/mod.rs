@@ -30,30 +30,13 @@ mod table;
 
 use std::sync::OnceLock;
 
-use serde::{Deserialize, Serialize};
-
-use crate::policy::MemfdPolicy;
+pub use emit::Insn;
 use emit::{BPF_JMP_JGE_K, X32_SYSCALL_BIT};
 use table::Action;
+pub use table::FilterMode;
 
-/// One classic BPF instruction, serializable so the host can hand the
-/// compiled program to the helper inside the request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Insn(pub u16, pub u8, pub u8, pub u32);
-
-/// Which filter to build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FilterMode {
-    /// With namespaces: non-UNIX socket families denied.
-    Namespace,
-    /// With namespaces, for a runtime with an egress gateway: also TCP
-    /// sockets (`AF_INET`, `SOCK_STREAM`, protocol 0 or TCP), which
-    /// Landlock then lets connect to the gateway's port only.
-    NamespaceEgress,
-    /// Without a user namespace: no `socket()` at all, no SysV IPC, no
-    /// POSIX mqueue, no `pidfd_open` (spec B.3, degraded mode).
-    Strict,
-}
+use super::layer::{Layer, Need, Slot, Stage};
+use crate::policy::MemfdPolicy;
 
 pub(crate) fn arch_name() -> &'static str {
     std::env::consts::ARCH
@@ -107,6 +90,27 @@ pub fn install(prog: &[Insn]) -> std::io::Result<()> {
         other => std::io::Error::other(other.to_string()),
     })
 }
+
+/// The seccomp allowlist, installed last in the plugin's process (step 16).
+pub(crate) const LAYER: Layer = Layer {
+    name: "seccomp",
+    stage: Stage::Plugin,
+    toggle: Some(|p| p.layers.seccomp),
+    slot: Slot::Status(|r| &r.seccomp.status, |r| &mut r.seccomp.status),
+    need: Need::Applied,
+    fix: "use a kernel with CONFIG_SECCOMP_FILTER=y",
+    detail: |r| {
+        format!(
+            " ({} mode, allowlist, unlisted -> {}, memfd_create {}, {} instructions, x32 guard {})",
+            r.seccomp.mode,
+            r.seccomp.default_action,
+            r.seccomp.memfd_create,
+            r.seccomp.insns,
+            if r.seccomp.x32_guard { "yes" } else { "no" }
+        )
+    },
+    apply: None,
+};
 
 #[cfg(test)]
 mod tests;

@@ -13,10 +13,23 @@
 
 use std::collections::BTreeMap;
 
-use super::FilterMode;
 use super::allowed::allowed;
 use super::numbers as nr;
 use crate::policy::MemfdPolicy;
+
+/// Which filter to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterMode {
+    /// With namespaces: non-UNIX socket families denied.
+    Namespace,
+    /// With namespaces, for a runtime with an egress gateway: also TCP
+    /// sockets (`AF_INET`, `SOCK_STREAM`, protocol 0 or TCP), which
+    /// Landlock then lets connect to the gateway's port only.
+    NamespaceEgress,
+    /// Without a user namespace: no `socket()` at all, no SysV IPC, no
+    /// POSIX mqueue, no `pidfd_open` (spec B.3, degraded mode).
+    Strict,
+}
 
 /// What the filter answers for one syscall or one argument test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
