@@ -22,6 +22,13 @@ struct Cli {
     command: Command,
 }
 
+/// mimalloc instead of glibc's malloc: a profile of the host under 64
+/// tool calls in flight put about 40% of its CPU in glibc's malloc and free
+/// (`malloc_consolidate` above all); every message, event and audit
+/// record is a handful of short-lived allocations (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Subcommand)]
 enum Command {
     /// Run one real turn on the embedded defaults: the standard runtime in a

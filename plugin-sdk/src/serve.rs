@@ -29,20 +29,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
 use sharedos_protocol::{
     AnnotateParams, DEFAULT_MAX_MESSAGE_BYTES, EmitParams, ErrorKind, InitializeParams,
-    InitializeResult, InvokeToolParams, NdjsonCodec, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS,
-    RpcErrorCode, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, TurnAbortParams,
-    TurnDrainingParams, TurnId, TurnRunParams, methods,
+    InitializeResult, NdjsonCodec, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS, RpcErrorCode,
+    RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, TurnAbortParams, TurnDrainingParams, TurnId,
+    TurnRunParams, methods,
 };
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Notify, oneshot};
+use tokio_util::codec::FramedRead;
 
 use crate::host::{HostCallError, RuntimeHost, RuntimePlugin, check_annotation};
 use crate::signal::{Signal, SignalSource};
@@ -133,8 +133,116 @@ pub enum ServeError {
 
 type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Box<RawValue>, WireError>>>>;
 
+/// The lines waiting for the writer, as bytes: a message is serialized
+/// straight into it (no string of its own, no queue node), and the writer
+/// takes everything queued with one write.
+#[derive(Default)]
+struct Outbox {
+    queued: Mutex<Vec<u8>>,
+    ready: Notify,
+    closing: AtomicBool,
+}
+
+impl Outbox {
+    /// Appends one compact JSON message and its newline, unless it would
+    /// exceed `max` bytes: then nothing is queued and `false` returned.
+    fn push(&self, max: usize, message: &impl Serialize) -> Result<bool, serde_json::Error> {
+        {
+            let mut queued = lock(&self.queued);
+            let start = queued.len();
+            if let Err(e) = serde_json::to_writer(&mut *queued, message) {
+                queued.truncate(start);
+                return Err(e);
+            }
+            if queued.len() - start > max {
+                queued.truncate(start);
+                return Ok(false);
+            }
+            queued.push(b'\n');
+        }
+        self.ready.notify_one();
+        Ok(true)
+    }
+
+    /// Lets the writer end once it has written what is queued.
+    fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        self.ready.notify_one();
+    }
+
+    /// Writes what is queued, in as few writes as the pipe takes, until
+    /// closed or the pipe is gone.
+    async fn write_to(&self, mut writer: impl AsyncWrite + Unpin) {
+        let mut batch = Vec::new();
+        loop {
+            self.ready.notified().await;
+            std::mem::swap(&mut batch, &mut *lock(&self.queued));
+            if !batch.is_empty() {
+                if writer.write_all(&batch).await.is_err() || writer.flush().await.is_err() {
+                    return;
+                }
+                batch.clear();
+            }
+            if self.closing.load(Ordering::SeqCst) && lock(&self.queued).is_empty() {
+                return;
+            }
+        }
+    }
+}
+
+/// The wire form of a JSON-RPC message the plugin sends, borrowing its
+/// parts (the same members, in the same order, as `jsonrpc`'s lines).
+#[derive(Serialize)]
+struct OutMessage<'a, P: Serialize, E: Serialize> {
+    jsonrpc: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a RequestId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    params: Option<&'a P>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a P>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a E>,
+}
+
+impl<'a, P: Serialize> OutMessage<'a, P, WireError> {
+    fn request(id: Option<&'a RequestId>, method: &'a str, params: &'a P) -> Self {
+        Self {
+            jsonrpc: "2.0",
+            id,
+            method: Some(method),
+            params: Some(params),
+            result: None,
+            error: None,
+        }
+    }
+    fn response(id: &'a RequestId, result: &'a P) -> Self {
+        Self {
+            jsonrpc: "2.0",
+            id: Some(id),
+            method: None,
+            params: None,
+            result: Some(result),
+            error: None,
+        }
+    }
+}
+
+fn error_message<'a>(id: &'a RequestId, error: &'a WireError) -> OutMessage<'a, (), WireError> {
+    OutMessage {
+        jsonrpc: "2.0",
+        id: Some(id),
+        method: None,
+        params: None,
+        result: None,
+        error: Some(error),
+    }
+}
+
 struct Conn {
-    out: mpsc::UnboundedSender<String>,
+    out: Arc<Outbox>,
     pending: Pending,
     next_id: AtomicU64,
     max_message_bytes: AtomicU64,
@@ -148,29 +256,24 @@ impl Conn {
     fn max(&self) -> usize {
         usize::try_from(self.max_message_bytes.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
     }
-    fn send(&self, line: String) {
-        // The writer only stops when stdout is gone; nothing to tell then.
-        let _ = self.out.send(line);
-    }
     fn respond(&self, id: &RequestId, result: &impl Serialize) {
-        let line = match jsonrpc::response(id, result) {
-            Ok(l) if l.len() <= self.max() => l,
-            Ok(_) => jsonrpc::error_response(
+        match self.out.push(self.max(), &OutMessage::response(id, result)) {
+            Ok(true) => {}
+            Ok(false) => self.fail(
                 id,
-                &WireError::new(
+                WireError::new(
                     ErrorKind::MessageTooLarge,
                     "the response exceeds maxMessageBytes",
                 )
                 .with("limit", Value::from(self.max() as u64)),
             ),
-            Err(e) => {
-                jsonrpc::error_response(id, &WireError::new(ErrorKind::Internal, e.to_string()))
-            }
-        };
-        self.send(line);
+            Err(e) => self.fail(id, WireError::new(ErrorKind::Internal, e.to_string())),
+        }
     }
     fn fail(&self, id: &RequestId, error: WireError) {
-        self.send(jsonrpc::error_response(id, &error));
+        // An error object always serializes and is small; the limit is
+        // not applied to it (as `jsonrpc::error_response` never did).
+        let _ = self.out.push(usize::MAX, &error_message(id, &error));
     }
     fn cancel_pending(&self) {
         for (_, tx) in lock(&self.pending).drain() {
@@ -197,25 +300,13 @@ where
     W: AsyncWrite + Send + Unpin + 'static,
 {
     let plugin = Arc::new(plugin);
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<String>();
-    let writer_task = tokio::spawn(async move {
-        let mut framed = FramedWrite::new(writer, NdjsonCodec::new(usize::MAX));
-        while let Some(line) = out_rx.recv().await {
-            if framed.feed(line).await.is_err() {
-                return;
-            }
-            while let Ok(more) = out_rx.try_recv() {
-                if framed.feed(more).await.is_err() {
-                    return;
-                }
-            }
-            if SinkExt::<String>::flush(&mut framed).await.is_err() {
-                return;
-            }
-        }
+    let outbox = Arc::new(Outbox::default());
+    let writer_task = tokio::spawn({
+        let outbox = outbox.clone();
+        async move { outbox.write_to(writer).await }
     });
     let conn = Arc::new(Conn {
-        out: out_tx,
+        out: outbox.clone(),
         pending: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
         max_message_bytes: AtomicU64::new(DEFAULT_MAX_MESSAGE_BYTES as u64),
@@ -377,6 +468,7 @@ where
         tracing::debug!("the turn did not end within the EOF grace");
     }
     drop(conn);
+    outbox.close();
     let abort_writer = writer_task.abort_handle();
     if tokio::time::timeout(EOF_GRACE, writer_task).await.is_err() {
         abort_writer.abort();
@@ -390,6 +482,16 @@ const EOF_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn parse<T: serde::de::DeserializeOwned>(params: Option<&RawValue>) -> Option<T> {
     serde_json::from_str(params?.get()).ok()
+}
+
+/// `InvokeToolParams`, borrowed: the same members, serialized the same way.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InvokeToolRef<'a> {
+    turn_id: &'a TurnId,
+    call: &'a ToolCall,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<u64>,
 }
 
 /// `RuntimeHost` over the wire, for one turn.
@@ -408,16 +510,15 @@ impl RemoteHost {
     }
 
     fn notify(&self, method: &str, params: &impl Serialize) -> Result<(), HostCallError> {
-        let line = jsonrpc::notification(method, params)
-            .map_err(|e| HostCallError::invalid(e.to_string()))?;
-        if line.len() > self.conn.max() {
-            return Err(HostCallError::new(
+        let message = OutMessage::request(None, method, params);
+        match self.conn.out.push(self.conn.max(), &message) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(HostCallError::new(
                 ErrorKind::MessageTooLarge,
                 "the message exceeds maxMessageBytes",
-            ));
+            )),
+            Err(e) => Err(HostCallError::invalid(e.to_string())),
         }
-        self.conn.send(line);
-        Ok(())
     }
 }
 
@@ -454,22 +555,30 @@ impl RuntimeHost for RemoteHost {
             return Err(HostCallError::closed());
         }
         let id = self.conn.next_id.fetch_add(1, Ordering::Relaxed);
-        let params = InvokeToolParams {
-            turn_id: self.turn_id.clone(),
-            call,
+        let params = InvokeToolRef {
+            turn_id: &self.turn_id,
+            call: &call,
             step,
         };
-        let line = jsonrpc::request(&RequestId::Number(id), methods::HOST_INVOKE_TOOL, &params)
-            .map_err(|e| HostCallError::invalid(e.to_string()))?;
-        if line.len() > self.conn.max() {
-            return Err(HostCallError::new(
-                ErrorKind::MessageTooLarge,
-                "the tool call exceeds maxMessageBytes",
-            ));
-        }
         let (tx, rx) = oneshot::channel();
+        // Pending before it is queued: the answer can only come after.
         lock(&self.conn.pending).insert(id, tx);
-        self.conn.send(line);
+        let wire_id = RequestId::Number(id);
+        let request = OutMessage::request(Some(&wire_id), methods::HOST_INVOKE_TOOL, &params);
+        let queued = self.conn.out.push(self.conn.max(), &request);
+        if !matches!(queued, Ok(true)) {
+            lock(&self.conn.pending).remove(&id);
+        }
+        match queued {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(HostCallError::new(
+                    ErrorKind::MessageTooLarge,
+                    "the tool call exceeds maxMessageBytes",
+                ));
+            }
+            Err(e) => return Err(HostCallError::invalid(e.to_string())),
+        }
         let answer = tokio::select! {
             a = rx => a,
             _ = self.abort.raised() => {

@@ -78,12 +78,60 @@ pub async fn envelope_parallel(
 
 /// The floor: the raw NDJSON pipe pair of (a) (`sharedos __bench-echo`,
 /// serde_json, blocking I/O on both ends) with `inflight` requests
-/// outstanding: one thread writes while another reads the answers.
-/// Returns calls per second.
+/// outstanding. Returns calls per second.
 pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result<f64> {
-    let mut child = Command::new(exe)
-        .arg("__bench-echo")
-        .env_clear()
+    let mut child = Command::new(exe);
+    child.arg("__bench-echo").env_clear();
+    pipe_parallel(child, &[], n, inflight, |i| {
+        json!({"jsonrpc": "2.0", "id": i, "method": "host/invokeTool",
+            "params": {"turnId": "t-1", "call": {"id": "c", "tool": "bench.noop", "arguments": {}}}})
+        .to_string()
+    })
+}
+
+/// The environment variable naming the rmcp echo server
+/// (`bench/rmcp-echo`, built on demand: docs/BENCHMARKS.md).
+pub const RMCP_ECHO_ENV: &str = "SHAREDOS_BENCH_RMCP_ECHO";
+
+/// The rmcp (official Rust MCP SDK) stdio server of `bench/rmcp-echo`,
+/// driven like the floor: an MCP `initialize` and `notifications/initialized`,
+/// then `n` `tools/call` of its `echo` tool, `inflight` outstanding, from
+/// the same blocking client. `flavor` is its arguments (runtime and
+/// transport). Returns calls per second.
+pub fn rmcp_parallel(
+    server: &Path,
+    flavor: &[&str],
+    n: usize,
+    inflight: usize,
+) -> std::io::Result<f64> {
+    let mut child = Command::new(server);
+    child.args(flavor).env_clear();
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "sharedos-bench", "version": "1"}}})
+    .to_string();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let preamble = [(initialize.as_str(), true), (initialized.as_str(), false)];
+    pipe_parallel(child, &preamble, n, inflight, |i| {
+        json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"text": "c"}}})
+        .to_string()
+    })
+}
+
+/// Drives one NDJSON server over its stdio with blocking I/O: writes the
+/// `preamble` (waiting for an answer to each line marked `true`), then `n`
+/// requests with `inflight` outstanding (one thread writes, in batches
+/// flushed when no more may go out, while another reads the answers).
+/// Every answer must be a result. Returns calls per second.
+fn pipe_parallel(
+    mut command: Command,
+    preamble: &[(&str, bool)],
+    n: usize,
+    inflight: usize,
+    request: impl Fn(usize) -> String,
+) -> std::io::Result<f64> {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -91,6 +139,26 @@ pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result
     let no = |what: &str| std::io::Error::other(format!("no {what}"));
     let mut stdin = std::io::BufWriter::new(child.stdin.take().ok_or_else(|| no("stdin"))?);
     let mut stdout = BufReader::new(child.stdout.take().ok_or_else(|| no("stdout"))?);
+    let answered = |line: &str| -> std::io::Result<()> {
+        let v: Value = serde_json::from_str(line).map_err(std::io::Error::other)?;
+        match v.get("result") {
+            Some(_) => Ok(()),
+            None => Err(std::io::Error::other(format!(
+                "the server answered without a result: {}",
+                line.trim_end()
+            ))),
+        }
+    };
+    let mut line = String::new();
+    for (sent, wait) in preamble {
+        writeln!(stdin, "{sent}")?;
+        stdin.flush()?;
+        if *wait {
+            line.clear();
+            stdout.read_line(&mut line)?;
+            answered(&line)?;
+        }
+    }
     let (tokens, permits) = std::sync::mpsc::sync_channel::<()>(inflight);
     for _ in 0..inflight {
         let _ = tokens.send(());
@@ -100,21 +168,23 @@ pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result
         let mut line = String::new();
         for _ in 0..n {
             line.clear();
-            stdout.read_line(&mut line)?;
-            let _: Value = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+            if stdout.read_line(&mut line)? == 0 {
+                return Err(std::io::Error::other("the server closed its stdout"));
+            }
+            answered(&line)?;
             let _ = tokens.send(());
         }
         Ok(())
     });
     for i in 0..n {
-        // Requests are written in batches: flushed when no more may go out.
         if permits.try_recv().is_err() {
             stdin.flush()?;
-            permits.recv().map_err(std::io::Error::other)?;
+            if permits.recv().is_err() {
+                // The reader stopped early: its error is the one to report.
+                break;
+            }
         }
-        let req = json!({"jsonrpc": "2.0", "id": i, "method": "host/invokeTool",
-            "params": {"turnId": "t-1", "call": {"id": "c", "tool": "bench.noop", "arguments": {}}}});
-        writeln!(stdin, "{req}")?;
+        writeln!(stdin, "{}", request(i))?;
     }
     stdin.flush()?;
     reader
@@ -126,9 +196,38 @@ pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result
     Ok(rate)
 }
 
-/// Prints both rates, interleaved over `rounds`, and their ratio.
+/// rmcp's server flavors the bench tries (runtime, transport); its best
+/// is the one compared.
+const RMCP_FLAVORS: &[&[&str]] = &[
+    &["current", "pipes"],
+    &["multi", "pipes"],
+    &["multi", "stdio"],
+];
+
+/// Runs a blocking measurement off the async runtime.
+async fn blocking(
+    f: impl FnOnce() -> std::io::Result<f64> + Send + 'static,
+) -> Result<f64, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Prints the envelope's rate, the raw pair's and (when [`RMCP_ECHO_ENV`]
+/// names the server) each rmcp flavor's, interleaved over `rounds`, and
+/// their ratios.
 pub async fn print(exe: &Path, inflight: usize, rounds: usize) -> bool {
+    let rmcp = std::env::var_os(RMCP_ECHO_ENV).map(std::path::PathBuf::from);
     let (mut env, mut raw) = (Vec::new(), Vec::new());
+    let mut flavors: Vec<Vec<f64>> = vec![Vec::new(); RMCP_FLAVORS.len()];
+    let n = CALLS_PER_TURN as usize;
     for _ in 0..rounds {
         match envelope_parallel(exe, inflight, 1).await {
             Ok(r) => env.push(r),
@@ -138,26 +237,25 @@ pub async fn print(exe: &Path, inflight: usize, rounds: usize) -> bool {
             }
         }
         let e2 = exe.to_path_buf();
-        let floor = tokio::task::spawn_blocking(move || {
-            ndjson_parallel(&e2, CALLS_PER_TURN as usize, inflight)
-        })
-        .await;
-        match floor {
-            Ok(Ok(r)) => raw.push(r),
-            Ok(Err(e)) => {
-                println!("    (raw pipe pair not measured: {e})");
-                return false;
-            }
+        match blocking(move || ndjson_parallel(&e2, n, inflight)).await {
+            Ok(r) => raw.push(r),
             Err(e) => {
                 println!("    (raw pipe pair not measured: {e})");
                 return false;
             }
         }
+        let Some(server) = &rmcp else { continue };
+        for (flavor, rates) in RMCP_FLAVORS.iter().zip(flavors.iter_mut()) {
+            let server = server.clone();
+            match blocking(move || rmcp_parallel(&server, flavor, n, inflight)).await {
+                Ok(r) => rates.push(r),
+                Err(e) => {
+                    println!("    (rmcp {} not measured: {e})", flavor.join(" "));
+                    return false;
+                }
+            }
+        }
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
     let cpu = median(env.iter().map(|r| r.1).collect());
     let env = median(env.into_iter().map(|r| r.0).collect());
     let raw = median(raw);
@@ -176,6 +274,28 @@ pub async fn print(exe: &Path, inflight: usize, rounds: usize) -> bool {
         "    {:<54} {:>6.2}×   (medians of {rounds} interleaved rounds of {CALLS_PER_TURN} calls)",
         "envelope / raw pipe pair",
         env / raw.max(1e-9)
+    );
+    if rmcp.is_none() {
+        println!("    (rmcp not measured: set {RMCP_ECHO_ENV} to bench/rmcp-echo's binary)");
+        return true;
+    }
+    let mut best = 0f64;
+    for (flavor, rates) in RMCP_FLAVORS.iter().zip(flavors) {
+        let rate = median(rates);
+        best = best.max(rate);
+        println!(
+            "{:<58} {:>12.0} calls/s",
+            format!(
+                "{inflight} in flight, rmcp stdio server ({})",
+                flavor.join(", ")
+            ),
+            rate
+        );
+    }
+    println!(
+        "    {:<54} {:>6.2}×   (target ≥ 2×)",
+        "envelope / rmcp's best",
+        env / best.max(1e-9)
     );
     true
 }

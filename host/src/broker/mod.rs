@@ -7,7 +7,7 @@ pub mod peer;
 mod read;
 pub mod turn;
 
-pub use peer::{Inbound, Peer, PeerConfig, Replier, Violation, ViolationReason};
+pub use peer::{Inbound, Inbox, Peer, PeerConfig, Replier, Violation, ViolationReason};
 pub use turn::{HandshakeError, drive_turn, handshake, host_peer_config};
 
 #[cfg(test)]

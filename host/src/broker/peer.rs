@@ -2,12 +2,14 @@
 //! pair (protocol.md C.2). It never touches a file descriptor: the process
 //! code hands it pipes, the tests hand it `tokio::io::duplex`.
 //!
-//! One reader task classifies every line and delivers what it accepts into
-//! **one ordered queue** ([`Inbound`]): notifications, requests and the
-//! responses to the host's own requests, in wire order. The consumer (the
-//! turn driver) therefore applies an emit written before the `turn/run`
-//! response before that response. One writer task drains a bounded queue
-//! with a write-stall timeout.
+//! The reader ([`Inbox`]) classifies every line and hands what it accepts
+//! to its consumer as **one ordered sequence** ([`Inbound`]):
+//! notifications, requests and the responses to the host's own requests,
+//! in wire order. It runs in the consumer's task (the turn driver's), so a
+//! message reaches the driver without a hop between tasks; the driver
+//! therefore applies an emit written before the `turn/run` response before
+//! that response. One writer task drains a bounded queue with a
+//! write-stall timeout, writing everything queued in one go.
 //!
 //! Policy (protocol.md B.6, D): framing, UTF-8 and envelope violations are
 //! fatal; the peer records a typed [`Violation`] with an escaped, truncated
@@ -28,6 +30,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -41,9 +44,10 @@ use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
-use tokio::task::JoinHandle;
 use tokio_util::codec::FramedWrite;
 use tokio_util::sync::CancellationToken;
+
+pub use super::read::Inbox;
 
 /// Bytes of a hostile line kept (escaped) in a violation.
 pub const SAMPLE_BYTES: usize = 200;
@@ -60,9 +64,6 @@ pub struct PeerConfig {
     pub write_queue: usize,
     /// A write that makes no progress for this long is fatal.
     pub write_stall_timeout: Duration,
-    /// The ordered inbound queue. When full the reader waits, the pipe
-    /// fills and the plugin blocks: natural backpressure.
-    pub inbound_queue: usize,
     /// Semantic violations (dropped and counted) before the peer is killed.
     pub violation_budget: u32,
     /// Notifications, requests and empty lines allowed in total.
@@ -89,7 +90,6 @@ impl Default for PeerConfig {
             max_inflight_requests: 8,
             write_queue: 64,
             write_stall_timeout: Duration::from_secs(10),
-            inbound_queue: 1024,
             violation_budget: 100,
             notification_budget: 100_000,
             notification_bytes_budget: 64 << 20,
@@ -186,12 +186,14 @@ pub enum Inbound {
     /// A request to serve. Answer through `reply`; dropping it unanswered
     /// frees the id and the in-flight slot.
     Request {
-        method: String,
+        /// One of the configured `request_methods`.
+        method: &'static str,
         params: Option<Box<RawValue>>,
         reply: Replier,
     },
     Notification {
-        method: String,
+        /// One of the configured `notification_methods`.
+        method: &'static str,
         params: Option<Box<RawValue>>,
     },
     /// The answer to one of the host's own requests.
@@ -313,32 +315,27 @@ impl Drop for Replier {
     }
 }
 
-/// The host end of one connection. Dropping it stops both tasks.
+/// The host end of one connection; its messages come from the [`Inbox`]
+/// it was spawned with. Dropping the inbox stops the reading. The writer is
+/// left to write what is already queued (a `turn/abort` queued just before
+/// the end, above all): it ends when the queue is empty and every sender
+/// is gone, when the plugin's stdin closes (the tree is killed), or at the
+/// write stall timeout.
 pub struct Peer {
     shared: Arc<Shared>,
     out: mpsc::Sender<String>,
     next_id: u64,
-    tasks: Vec<JoinHandle<()>>,
 }
 
-impl Drop for Peer {
-    /// Stops the reader at once. The writer is left to write what is
-    /// already queued (a `turn/abort` queued just before the end, above
-    /// all): it ends when the queue is empty and every sender is gone, when
-    /// the plugin's stdin closes (the tree is killed), or at the write
-    /// stall timeout.
-    fn drop(&mut self) {
-        for t in self.tasks.iter().skip(1) {
-            t.abort();
-        }
-    }
-}
+/// The plugin's stdout, as the reader holds it.
+pub(super) type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
 
 impl Peer {
-    /// Starts the reader and writer tasks (inside a tokio runtime).
-    pub fn spawn<R, W>(reader: R, writer: W, config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>)
+    /// Starts the writer task (inside a tokio runtime) and returns the
+    /// reader, which its consumer pulls.
+    pub fn spawn<R, W>(reader: R, writer: W, config: PeerConfig) -> (Peer, Inbox)
     where
-        R: AsyncRead + Unpin + Send + 'static,
+        R: AsyncRead + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let shared = Arc::new(Shared {
@@ -351,23 +348,21 @@ impl Peer {
             max_message_bytes: config.max_message_bytes,
         });
         let (out_tx, out_rx) = mpsc::channel(config.write_queue.max(1));
-        let (in_tx, in_rx) = mpsc::channel(config.inbound_queue.max(1));
-        let writer_task = tokio::spawn(write_loop(writer, out_rx, shared.clone(), config.clone()));
-        let reader_task = tokio::spawn(super::read::read_loop(
-            reader,
-            in_tx,
-            out_tx.clone(),
+        // Not joined: it ends on its own (see `Peer`).
+        drop(tokio::spawn(write_loop(
+            writer,
+            out_rx,
             shared.clone(),
-            config,
-        ));
+            config.clone(),
+        )));
+        let inbox = Inbox::new(Box::pin(reader), out_tx.clone(), shared.clone(), config);
         (
             Peer {
                 shared,
                 out: out_tx,
                 next_id: 1,
-                tasks: vec![writer_task, reader_task],
             },
-            in_rx,
+            inbox,
         )
     }
 

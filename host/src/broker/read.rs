@@ -1,6 +1,9 @@
-//! The peer's reader: one task that classifies every line the plugin
-//! writes and applies it strictly in wire order, with the framing,
-//! envelope and budget checks of protocol.md B and D.
+//! The peer's reader ([`Inbox`]): classifies every line the plugin writes
+//! and hands what it accepts to its one consumer strictly in wire order,
+//! with the framing, envelope and budget checks of protocol.md B and D.
+//! It runs in the consumer's own task, pulled by [`Inbox::recv`]: a line
+//! is read when the consumer asks for the next message, so a tool call
+//! costs no hop from a reader task to the turn driver.
 //!
 //! Budgets: every line the plugin writes that is not an answer to the
 //! host (notifications, requests of any method, taken or refused, and
@@ -17,7 +20,6 @@ use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
 use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
-use tokio::io::AsyncRead;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, FramedRead};
@@ -116,73 +118,135 @@ impl Budget {
     }
 }
 
-pub(super) async fn read_loop<R: AsyncRead + Unpin>(
-    reader: R,
-    tx: mpsc::Sender<Inbound>,
-    out: mpsc::Sender<String>,
+/// The plugin's messages, read on demand in the consumer's task (the turn
+/// driver's). The last item is [`Inbound::Closed`]; `None` after it.
+pub struct Inbox {
+    framed: FramedRead<BoxRead, Sampling>,
     shared: Arc<Shared>,
+    out: mpsc::Sender<String>,
     config: PeerConfig,
-) {
-    let violation = read_until_fatal(reader, &tx, &out, &shared, &config).await;
-    let v = shared.fail(violation);
-    // The consumer may be gone already; nothing else to do then.
-    let _ = tx.send(Inbound::Closed(v)).await;
+    permits: Arc<Semaphore>,
+    budget: Budget,
+    answered_first: bool,
+    /// An answer the reader owes the plugin (`-32601`, `-32055`), sent
+    /// before the next line is read: the plugin is answered in order and a
+    /// full write queue holds the reader back (backpressure).
+    owed: Option<String>,
+    closed: bool,
 }
 
-async fn read_until_fatal<R: AsyncRead + Unpin>(
-    reader: R,
-    tx: &mpsc::Sender<Inbound>,
-    out: &mpsc::Sender<String>,
-    shared: &Arc<Shared>,
-    config: &PeerConfig,
-) -> Violation {
-    let mut framed = FramedRead::new(reader, Sampling::new(config.max_message_bytes));
-    let permits = Arc::new(Semaphore::new(config.max_inflight_requests));
-    let mut budget = Budget::new(config);
-    let mut answered_first = !config.handshake_first;
-    let consumer_gone = || Violation::new(ViolationReason::Io, "the consumer has stopped");
-    loop {
-        let line = match framed.next().await {
-            None => {
-                return Violation::new(ViolationReason::PluginExited, "EOF on the plugin's stdout");
+/// One line's effect.
+enum Step {
+    Deliver(Inbound),
+    /// Dropped, counted or answered by the reader itself.
+    Next,
+    Fatal(Violation),
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+impl Inbox {
+    pub(super) fn new(
+        reader: BoxRead,
+        out: mpsc::Sender<String>,
+        shared: Arc<Shared>,
+        config: PeerConfig,
+    ) -> Self {
+        Self {
+            framed: FramedRead::new(reader, Sampling::new(config.max_message_bytes)),
+            shared,
+            out,
+            permits: Arc::new(Semaphore::new(config.max_inflight_requests)),
+            budget: Budget::new(&config),
+            answered_first: !config.handshake_first,
+            config,
+            owed: None,
+            closed: false,
+        }
+    }
+
+    /// The next accepted message, in wire order. Cancel-safe: a message
+    /// is taken from the pipe and handed out in one step, and an answer
+    /// owed to the plugin is kept until it is queued.
+    pub async fn recv(&mut self) -> Option<Inbound> {
+        if self.closed {
+            return None;
+        }
+        loop {
+            if self.owed.is_some() {
+                let Ok(slot) = self.out.reserve().await else {
+                    let gone = Violation::new(ViolationReason::Io, "the writer has stopped");
+                    return Some(self.close(gone));
+                };
+                if let Some(line) = self.owed.take() {
+                    slot.send(line);
+                }
             }
-            Some(Err(FrameError::TooLarge { limit })) => {
-                return Violation::new(
-                    ViolationReason::FrameTooLarge,
-                    format!("a line exceeded {limit} bytes"),
-                )
-                .with_sample(&framed.decoder().sample);
+            let step = match self.framed.next().await {
+                None => Step::Fatal(Violation::new(
+                    ViolationReason::PluginExited,
+                    "EOF on the plugin's stdout",
+                )),
+                Some(Err(e)) => Step::Fatal(self.frame_violation(e)),
+                Some(Ok(line)) => self.take(&line),
+            };
+            match step {
+                Step::Deliver(item) => return Some(item),
+                Step::Next => {}
+                Step::Fatal(v) => return Some(self.close(v)),
             }
-            Some(Err(FrameError::InvalidUtf8)) => {
-                return Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8")
-                    .with_sample(&framed.decoder().sample);
-            }
-            Some(Err(FrameError::Io(e))) => {
-                return Violation::new(
-                    ViolationReason::Io,
-                    format!("reading the plugin's stdout failed: {e}"),
-                );
-            }
-            Some(Ok(line)) => line,
-        };
-        if !answered_first && !answers_pending(&line, shared) {
-            return Violation::new(
-                ViolationReason::StdoutBeforeHandshake,
-                "the plugin wrote before answering initialize",
+        }
+    }
+
+    fn close(&mut self, v: Violation) -> Inbound {
+        self.closed = true;
+        Inbound::Closed(self.shared.fail(v))
+    }
+
+    fn frame_violation(&self, e: FrameError) -> Violation {
+        let sample = &self.framed.decoder().sample;
+        match e {
+            FrameError::TooLarge { limit } => Violation::new(
+                ViolationReason::FrameTooLarge,
+                format!("a line exceeded {limit} bytes"),
             )
-            .with_sample(line.as_bytes());
+            .with_sample(sample),
+            FrameError::InvalidUtf8 => {
+                Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8")
+                    .with_sample(sample)
+            }
+            FrameError::Io(e) => Violation::new(
+                ViolationReason::Io,
+                format!("reading the plugin's stdout failed: {e}"),
+            ),
         }
-        answered_first = true;
+    }
+
+    /// Applies one line: the handshake rule, the budgets, the envelope.
+    fn take(&mut self, line: &str) -> Step {
+        if !self.answered_first && !answers_pending(line, &self.shared) {
+            return Step::Fatal(
+                Violation::new(
+                    ViolationReason::StdoutBeforeHandshake,
+                    "the plugin wrote before answering initialize",
+                )
+                .with_sample(line.as_bytes()),
+            );
+        }
+        self.answered_first = true;
         if line.trim().is_empty() {
-            if let Err(why) = budget.take(line.len(), config) {
-                return Violation::new(ViolationReason::RateLimitExceeded, why);
+            if let Err(why) = self.budget.take(line.len(), &self.config) {
+                return Step::Fatal(Violation::new(ViolationReason::RateLimitExceeded, why));
             }
-            if let Err(v) = shared.count(EMPTY_LINE) {
-                return v;
-            }
-            continue;
+            return self.counted(EMPTY_LINE);
         }
-        let msg = match jsonrpc::classify(&line) {
+        let msg = match jsonrpc::classify(line) {
             Ok(m) => m,
             Err(e) => {
                 let reason = match e {
@@ -190,111 +254,110 @@ async fn read_until_fatal<R: AsyncRead + Unpin>(
                     jsonrpc::EnvelopeError::Batch => ViolationReason::BatchNotSupported,
                     jsonrpc::EnvelopeError::InvalidEnvelope(_) => ViolationReason::InvalidEnvelope,
                 };
-                return Violation::new(reason, e.to_string()).with_sample(line.as_bytes());
+                return Step::Fatal(
+                    Violation::new(reason, e.to_string()).with_sample(line.as_bytes()),
+                );
             }
         };
         match msg {
             Incoming::Request { id, method, params } => {
-                if let Err(why) = budget.take(line.len(), config) {
-                    return Violation::new(ViolationReason::RateLimitExceeded, why);
+                if let Err(why) = self.budget.take(line.len(), &self.config) {
+                    return Step::Fatal(Violation::new(ViolationReason::RateLimitExceeded, why));
                 }
-                if lock(&shared.inflight).contains(&id) {
-                    return Violation::new(
-                        ViolationReason::DuplicateInflightId,
-                        format!("request id {id} reused while still in flight"),
-                    );
-                }
-                if !config.request_methods.contains(&method.as_ref()) {
-                    if let Err(v) = shared.count(UNKNOWN_METHOD) {
-                        return v;
-                    }
-                    let err = WireError::new(ErrorKind::MethodNotFound, "method not found");
-                    if out.send(jsonrpc::error_response(&id, &err)).await.is_err() {
-                        return consumer_gone();
-                    }
-                    continue;
-                }
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    let err = WireError::new(
-                        ErrorKind::Overloaded,
-                        "too many requests in flight; retry later",
-                    )
-                    .with("retryAfterMs", 100.into());
-                    if out.send(jsonrpc::error_response(&id, &err)).await.is_err() {
-                        return consumer_gone();
-                    }
-                    continue;
-                };
-                lock(&shared.inflight).insert(id.clone());
-                let reply = Replier {
-                    id,
-                    shared: shared.clone(),
-                    out: out.clone(),
-                    _permit: Some(permit),
-                    answered: false,
-                };
-                let item = Inbound::Request {
-                    method: method.into_owned(),
-                    params: params.map(RawValue::to_owned),
-                    reply,
-                };
-                if tx.send(item).await.is_err() {
-                    return consumer_gone();
-                }
+                self.request(id, &method, params)
             }
             Incoming::Notification { method, params } => {
-                if let Err(why) = budget.take(line.len(), config) {
-                    return Violation::new(ViolationReason::RateLimitExceeded, why);
+                if let Err(why) = self.budget.take(line.len(), &self.config) {
+                    return Step::Fatal(Violation::new(ViolationReason::RateLimitExceeded, why));
                 }
-                if config.request_methods.contains(&method.as_ref()) {
-                    // Never served (there is no id to answer), but never
-                    // silent either: logged, and counted like any dropped
-                    // message.
-                    tracing::warn!(
-                        violation = REQUEST_WITHOUT_ID,
-                        "the plugin sent {} without an id (as a notification); it is not served",
-                        escape_text(&method)
-                    );
-                    if let Err(v) = shared.count(REQUEST_WITHOUT_ID) {
-                        return v;
-                    }
-                    continue;
-                }
-                if !config.notification_methods.contains(&method.as_ref()) {
-                    if let Err(v) = shared.count(UNKNOWN_NOTIFICATION) {
-                        return v;
-                    }
-                    continue;
-                }
-                let item = Inbound::Notification {
-                    method: method.into_owned(),
-                    params: params.map(RawValue::to_owned),
-                };
-                if tx.send(item).await.is_err() {
-                    return consumer_gone();
-                }
+                self.notification(&method, params)
             }
             Incoming::Response { id, result } => {
                 let known = match id {
-                    RequestId::Number(n) => lock(&shared.outstanding).remove(&n).then_some(n),
+                    RequestId::Number(n) => lock(&self.shared.outstanding).remove(&n).then_some(n),
                     RequestId::String(_) => None,
                 };
                 let Some(n) = known else {
-                    if let Err(v) = shared.count(UNKNOWN_RESPONSE_ID) {
-                        return v;
-                    }
-                    continue;
+                    return self.counted(UNKNOWN_RESPONSE_ID);
                 };
-                let item = Inbound::Response {
+                Step::Deliver(Inbound::Response {
                     id: n,
                     result: result.map(RawValue::to_owned),
-                };
-                if tx.send(item).await.is_err() {
-                    return consumer_gone();
-                }
+                })
             }
         }
     }
+
+    fn counted(&self, what: &str) -> Step {
+        match self.shared.count(what) {
+            Ok(()) => Step::Next,
+            Err(v) => Step::Fatal(v),
+        }
+    }
+
+    fn request(&mut self, id: RequestId, method: &str, params: Option<&RawValue>) -> Step {
+        if lock(&self.shared.inflight).contains(&id) {
+            return Step::Fatal(Violation::new(
+                ViolationReason::DuplicateInflightId,
+                format!("request id {id} reused while still in flight"),
+            ));
+        }
+        let Some(method) = known(self.config.request_methods, method) else {
+            if let Err(v) = self.shared.count(UNKNOWN_METHOD) {
+                return Step::Fatal(v);
+            }
+            let err = WireError::new(ErrorKind::MethodNotFound, "method not found");
+            self.owed = Some(jsonrpc::error_response(&id, &err));
+            return Step::Next;
+        };
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            let err = WireError::new(
+                ErrorKind::Overloaded,
+                "too many requests in flight; retry later",
+            )
+            .with("retryAfterMs", 100.into());
+            self.owed = Some(jsonrpc::error_response(&id, &err));
+            return Step::Next;
+        };
+        lock(&self.shared.inflight).insert(id.clone());
+        let reply = Replier {
+            id,
+            shared: self.shared.clone(),
+            out: self.out.clone(),
+            _permit: Some(permit),
+            answered: false,
+        };
+        Step::Deliver(Inbound::Request {
+            method,
+            params: params.map(RawValue::to_owned),
+            reply,
+        })
+    }
+
+    fn notification(&mut self, method: &str, params: Option<&RawValue>) -> Step {
+        if known(self.config.request_methods, method).is_some() {
+            // Never served (there is no id to answer), but never silent
+            // either: logged, and counted like any dropped message.
+            tracing::warn!(
+                violation = REQUEST_WITHOUT_ID,
+                "the plugin sent {} without an id (as a notification); it is not served",
+                escape_text(method)
+            );
+            return self.counted(REQUEST_WITHOUT_ID);
+        }
+        let Some(method) = known(self.config.notification_methods, method) else {
+            return self.counted(UNKNOWN_NOTIFICATION);
+        };
+        Step::Deliver(Inbound::Notification {
+            method,
+            params: params.map(RawValue::to_owned),
+        })
+    }
+}
+
+/// The configured name equal to `method` (no copy of the plugin's).
+fn known(names: &'static [&'static str], method: &str) -> Option<&'static str> {
+    names.iter().copied().find(|m| *m == method)
 }
 
 /// Whether `line` is a response to a request the host is waiting for (the

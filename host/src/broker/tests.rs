@@ -16,7 +16,7 @@ use sharedos_protocol::{
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 
-use super::peer::{Inbound, Peer, PeerConfig, ViolationReason};
+use super::peer::{Inbound, Inbox, Peer, PeerConfig, ViolationReason};
 use super::turn::{HandshakeError, drive_turn, handshake, host_peer_config};
 
 struct PluginEnd {
@@ -59,19 +59,37 @@ fn handshake_config() -> PeerConfig {
     })
 }
 
-fn pair(config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEnd) {
+/// A peer whose inbox is pulled by the test itself (as the turn driver
+/// pulls it).
+fn direct_pair(config: PeerConfig) -> (Peer, Inbox, PluginEnd) {
     let (host, plugin) = tokio::io::duplex(4096);
     let (hr, hw) = tokio::io::split(host);
     let (pr, pw) = tokio::io::split(plugin);
-    let (peer, inbound) = Peer::spawn(hr, hw, config);
+    let (peer, inbox) = Peer::spawn(hr, hw, config);
     (
         peer,
-        inbound,
+        inbox,
         PluginEnd {
             lines: BufReader::new(pr).lines(),
             w: pw,
         },
     )
+}
+
+/// A peer whose inbox is pulled ahead into a queue by a task: a consumer
+/// that is always waiting for the next message, so a test can script the
+/// plugin's side first and look at what was delivered after.
+fn pair(config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEnd) {
+    let (peer, mut inbox, plugin) = direct_pair(config);
+    let (tx, rx) = mpsc::channel(1024);
+    tokio::spawn(async move {
+        while let Some(item) = inbox.recv().await {
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    });
+    (peer, rx, plugin)
 }
 
 async fn next(inbound: &mut mpsc::Receiver<Inbound>) -> Inbound {
@@ -249,6 +267,57 @@ async fn duplicate_inflight_request_id_is_fatal() {
         other => panic!("{other:?}"),
     }
     drop(first);
+}
+
+/// Pulled directly (no task between the pipe and the consumer), the inbox
+/// answers what it refuses itself, in wire order, before it hands out the
+/// next message; and it reads nothing the consumer did not ask for.
+#[tokio::test]
+async fn the_inbox_answers_refusals_in_order_when_pulled() {
+    let (peer, mut inbox, mut plugin) = direct_pair(config());
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":"x","method":"turn/run","params":{}}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","method":"host/emit","params":{"n":1}}))
+        .await;
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":5,"method":"host/invokeTool","params":{}}))
+        .await;
+    // Nothing is read until the consumer asks.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(peer.violations_counted(), 0);
+    let first = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
+        .await
+        .unwrap();
+    match first {
+        Some(Inbound::Notification { method, params }) => {
+            assert_eq!(method, "host/emit");
+            assert_eq!(params.unwrap().get(), r#"{"n":1}"#);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(peer.violations_counted(), 1);
+    let answer = plugin.read().await;
+    assert_eq!(answer["id"], "x");
+    assert_eq!(answer["error"]["code"], -32601);
+    match tokio::time::timeout(Duration::from_secs(5), inbox.recv())
+        .await
+        .unwrap()
+    {
+        Some(Inbound::Request { method, reply, .. }) => {
+            assert_eq!(method, "host/invokeTool");
+            reply.result(&json!(2)).await.unwrap();
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plugin.read().await["id"], 5);
+    drop(plugin);
+    assert!(matches!(
+        inbox.recv().await,
+        Some(Inbound::Closed(v)) if v.reason == ViolationReason::PluginExited
+    ));
+    assert!(inbox.recv().await.is_none(), "nothing after Closed");
 }
 
 #[tokio::test]
@@ -466,8 +535,8 @@ fn good_init() -> Value {
     json!({"protocolVersion":1,"manifest":{"id":"test-runtime","version":"1.0.0","protocolVersion":"1"},"capabilities":{},"future":1})
 }
 
-async fn handshaken(cfg: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEnd) {
-    let (mut peer, mut inbound, mut plugin) = pair(cfg);
+async fn handshaken(cfg: PeerConfig) -> (Peer, Inbox, PluginEnd) {
+    let (mut peer, mut inbound, mut plugin) = direct_pair(cfg);
     let m = manifest();
     let (r, ()) = tokio::join!(
         handshake(
@@ -484,7 +553,7 @@ async fn handshaken(cfg: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEn
 }
 
 async fn handshake_error(script: impl AsyncFnOnce(&mut PluginEnd)) -> HandshakeError {
-    let (mut peer, mut inbound, mut plugin) = pair(handshake_config());
+    let (mut peer, mut inbound, mut plugin) = direct_pair(handshake_config());
     let m = manifest();
     let (r, ()) = tokio::join!(
         handshake(
@@ -659,7 +728,7 @@ async fn a_request_sent_as_a_notification_is_counted() {
 
 async fn run_turn(
     peer: &mut Peer,
-    inbound: &mut mpsc::Receiver<Inbound>,
+    inbound: &mut Inbox,
     rec: Arc<Recorder>,
     abort: Signal,
 ) -> Result<sharedos_protocol::RuntimeTurnOutcome, RuntimeError> {

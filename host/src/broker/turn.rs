@@ -19,10 +19,11 @@ use sharedos_protocol::{
     RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult, TurnAbortParams, TurnDrainingParams,
     TurnId, TurnRunParams, methods,
 };
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::peer::{Inbound, Peer, PeerConfig, Replier, Violation, ViolationReason, wire_error};
+use super::peer::{
+    Inbound, Inbox, Peer, PeerConfig, Replier, Violation, ViolationReason, wire_error,
+};
 
 /// The plugin→host requests the host serves.
 pub const REQUEST_METHODS: &[&str] = &[methods::HOST_INVOKE_TOOL];
@@ -83,7 +84,7 @@ pub enum HandshakeError {
 /// chosen version and the manifest against the configured one.
 pub async fn handshake(
     peer: &mut Peer,
-    inbound: &mut mpsc::Receiver<Inbound>,
+    inbound: &mut Inbox,
     expected: &RuntimeManifest,
     limits: ConnectionLimits,
     timeout: Duration,
@@ -120,10 +121,7 @@ pub async fn handshake(
     Ok(result)
 }
 
-async fn wait_handshake(
-    inbound: &mut mpsc::Receiver<Inbound>,
-    id: u64,
-) -> Result<Box<RawValue>, HandshakeError> {
+async fn wait_handshake(inbound: &mut Inbox, id: u64) -> Result<Box<RawValue>, HandshakeError> {
     loop {
         match inbound.recv().await {
             Some(Inbound::Response { id: got, result }) if got == id => {
@@ -210,7 +208,7 @@ fn show<T: serde::Serialize>(v: &T) -> String {
 pub async fn drive_turn(
     peer: &Peer,
     run_id: u64,
-    inbound: &mut mpsc::Receiver<Inbound>,
+    inbound: &mut Inbox,
     turn_id: &TurnId,
     host: Arc<dyn RuntimeHost>,
     abort: Signal,
@@ -262,7 +260,7 @@ pub async fn drive_turn(
                     Inbound::Response { .. } => {}
                     Inbound::Closed(v) => break Err(protocol_error(&v)),
                     Inbound::Notification { method, params } => {
-                        if let Err(v) = apply_notification(peer, turn_id, host.as_ref(), &method, params.as_deref()) {
+                        if let Err(v) = apply_notification(peer, turn_id, host.as_ref(), method, params.as_deref()) {
                             break Err(protocol_error(&v));
                         }
                     }

@@ -10,6 +10,7 @@ use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
 use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
 
+use super::detach::{Panicked, RunToEnd};
 use super::turn::{COMPLETION_EXTRA_BYTES, Turn, call_event, json_len, lock};
 
 pub(crate) const TURN_DRAINING: &str = "turn_draining";
@@ -68,6 +69,63 @@ impl EnvelopeHost {
     fn closed(&self) -> bool {
         !self.turn.is_open() || self.turn.signals.hard_raised()
     }
+}
+
+/// The bookkeeping of a mediated call once the kernel answered (steps
+/// 11–13): the retry book, an audit outage, and the call's
+/// `tool.completed`. These belong to the mediated call, not to the seat's
+/// wait on it: a result that lands after the seat stopped waiting (it
+/// threw, or gave up on the call when the turn began draining) is still
+/// recorded as `tool.completed` (B.6), and before the in-flight guard lets
+/// the catch path write the turn's ending. Returns whether the result
+/// names this call and tool.
+fn settle_call(
+    turn: &Arc<Turn>,
+    call: &ToolCall,
+    step: Option<u64>,
+    repeatable: bool,
+    outcome: &Result<ToolResult, KernelError>,
+) -> bool {
+    let mut retry = lock(&turn.retry);
+    if !repeatable {
+        retry.writes_with_kernel = retry.writes_with_kernel.saturating_sub(1);
+    }
+    match outcome {
+        Ok(result) => {
+            retry.effect_possible |= !repeatable && result.status() != ToolStatus::Denied;
+        }
+        Err(err) => {
+            let refused_for_outage = matches!(
+                err,
+                KernelError::AuditUnavailable {
+                    effect: AuditEffect::None,
+                    ..
+                }
+            ) && !turn.signals.hard_raised();
+            retry.effect_possible |= !repeatable && !refused_for_outage;
+        }
+    }
+    drop(retry);
+    let result = match outcome {
+        Ok(result) => result,
+        Err(err) => {
+            turn.note_audit_outage(err);
+            if matches!(err, KernelError::AuditUnavailable { .. }) {
+                turn.drain_for_outage();
+            }
+            return false;
+        }
+    };
+    let matches = result.call_id() == &call.id && result.tool() == &call.tool;
+    if matches && turn.is_open() && !turn.signals.hard_raised() {
+        let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
+        data.insert("status".into(), json!(result.status().as_str()));
+        if let Some(err) = result.error() {
+            data.insert("code".into(), json!(err.code.as_str()));
+        }
+        turn.push_prepaid("tool.completed", Value::Object(data));
+    }
+    matches
 }
 
 #[async_trait]
@@ -150,66 +208,26 @@ impl RuntimeHost for EnvelopeHost {
         };
         let guard = turn.in_flight.enter();
         let mediated = turn.clone();
-        let kernel_call = call.clone();
         let token = turn.signals.hard_token.clone();
         let context = turn.context_now();
-        let work = tokio::spawn(async move {
+        // The call moves into the work; what the seat's answer needs of it
+        // (whether the result names this call) comes back with the outcome.
+        let work = RunToEnd::new(async move {
             let _guard = guard;
             let turn = mediated;
-            let outcome = kernel_turn.invoke_tool(&context, &kernel_call, token).await;
-            let mut retry = lock(&turn.retry);
-            if !repeatable {
-                retry.writes_with_kernel = retry.writes_with_kernel.saturating_sub(1);
-            }
-            match &outcome {
-                Ok(result) => {
-                    retry.effect_possible |= !repeatable && result.status() != ToolStatus::Denied;
-                }
-                Err(err) => {
-                    let refused_for_outage = matches!(
-                        err,
-                        KernelError::AuditUnavailable {
-                            effect: AuditEffect::None,
-                            ..
-                        }
-                    ) && !turn.signals.hard_raised();
-                    retry.effect_possible |= !repeatable && !refused_for_outage;
-                }
-            }
-            drop(retry);
-            if let Err(err) = &outcome {
-                turn.note_audit_outage(err);
-                if matches!(err, KernelError::AuditUnavailable { .. }) {
-                    turn.drain_for_outage();
-                }
-            }
-            // 11–13 belong to the mediated call, not to the seat's wait on
-            // it: a result that lands after the seat stopped waiting (it
-            // threw, or gave up on the call when the turn began draining)
-            // is still recorded as `tool.completed` (B.6), and before the
-            // in-flight guard lets the catch path write the turn's ending.
-            if let Ok(result) = &outcome {
-                let valid =
-                    result.call_id() == &kernel_call.id && result.tool() == &kernel_call.tool;
-                if valid && turn.is_open() && !turn.signals.hard_raised() {
-                    let mut data =
-                        call_event(kernel_call.id.as_str(), kernel_call.tool.as_str(), step);
-                    data.insert("status".into(), json!(result.status().as_str()));
-                    if let Some(err) = result.error() {
-                        data.insert("code".into(), json!(err.code.as_str()));
-                    }
-                    turn.push_prepaid("tool.completed", Value::Object(data));
-                }
-            }
-            outcome
+            let outcome = kernel_turn.invoke_tool(&context, &call, token).await;
+            let matches = settle_call(&turn, &call, step, repeatable, &outcome);
+            (outcome, matches)
         });
-        // 11. Race with the hard signal.
+        // 11. Race with the hard signal. The work runs in this task while
+        // it is awaited; if the hard signal wins it goes on as a task of
+        // its own (`RunToEnd`), still counted as in flight.
         let hard = turn.signals.hard_signal();
-        let outcome = tokio::select! {
+        let (outcome, matches) = tokio::select! {
             biased;
             joined = work => match joined {
-                Ok(outcome) => outcome,
-                Err(_) => Err(KernelError::Failed("the kernel task panicked".into())),
+                Ok(done) => done,
+                Err(Panicked) => (Err(KernelError::Failed("the kernel task panicked".into())), false),
             },
             _ = hard.raised() => {
                 return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
@@ -237,7 +255,7 @@ impl RuntimeHost for EnvelopeHost {
                 ));
             }
         };
-        if result.call_id() != &call.id || result.tool() != &call.tool {
+        if !matches {
             return Err(HostCallError::new(
                 ErrorKind::Internal,
                 "Kernel returned an invalid tool result",

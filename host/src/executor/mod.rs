@@ -7,6 +7,7 @@
 //! build the result on every way out with the envelope's provenance.
 
 mod deadline;
+mod detach;
 mod egress;
 mod ending;
 mod mediation;
