@@ -103,6 +103,10 @@ pub struct RuntimeEntry {
     /// For the standard runtime: a model driver instead of a transcript.
     #[serde(default)]
     pub driver: Option<ModelDriver>,
+    /// For the harness runtime (`sharedos-harness`): the vendor CLI it
+    /// seats, passed as `--harness <json>` (docs/HARNESS.md).
+    #[serde(default)]
+    pub harness: Option<sharedos_protocol::harness::HarnessSpec>,
 }
 
 impl RuntimeEntry {
@@ -368,6 +372,14 @@ impl HostConfig {
                     ));
                 }
                 d.check(&format!("runtimes[{i}]"), &r.network)?;
+            }
+            if r.harness.is_some() {
+                if r.transcript.is_some() || r.driver.is_some() {
+                    return Err(format!(
+                        "runtimes[{i}]: a harness runtime takes no transcript or driver"
+                    ));
+                }
+                crate::harness::check(i, r)?;
             }
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {
