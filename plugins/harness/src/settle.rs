@@ -11,6 +11,9 @@ use crate::latch::FALLBACK_REASON;
 /// The most bytes of a final message read from a file.
 pub const MAX_FINAL_FILE_BYTES: u64 = 1 << 20;
 
+/// The most characters of an escalated turn's `metadata.finalMessage`.
+pub const MAX_FINAL_IN_METADATA: usize = 4096;
+
 /// What the turn learned, besides the CLI's run.
 pub struct Facts {
     pub catalog_hash: String,
@@ -72,6 +75,11 @@ pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnO
         }
         _ => {}
     }
+    // An escalated turn has no output: its final message, if any, goes to
+    // the reviewer in the metadata, cut to 4096 characters.
+    let said: Option<String> = message
+        .as_ref()
+        .map(|m| m.chars().take(MAX_FINAL_IN_METADATA).collect());
     let ending: Result<String, (&str, String)> = match (&run.ended, message) {
         (Ended::Exited(0), Some(m)) => Ok(m),
         (Ended::Exited(0), None) => Err((
@@ -114,6 +122,9 @@ pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnO
             "callsAfterEscalation".into(),
             json!(facts.calls_after_escalation),
         );
+        if let Some(m) = said {
+            meta.insert("finalMessage".into(), json!(m));
+        }
         let reason = Reason::new(&reason)
             .or_else(|_| Reason::new(FALLBACK_REASON))
             .unwrap_or_else(|_| unreachable!("the fallback reason is valid"));
