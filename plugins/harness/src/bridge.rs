@@ -125,3 +125,113 @@ async fn session(stream: UnixStream, server: Arc<TurnServer>) {
     drop(tx);
     let _ = writer.await;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+    use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal};
+    use sharedos_protocol::{
+        Identifier, RuntimeEvent, RuntimeLimits, Timestamp, ToolCall, ToolResult,
+    };
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    use super::*;
+
+    struct EchoHost;
+
+    #[async_trait::async_trait]
+    impl RuntimeHost for EchoHost {
+        fn limits(&self) -> RuntimeLimits {
+            RuntimeLimits {
+                max_steps: 1,
+                max_tool_calls: 8,
+                timeout_ms: 1000,
+                drain_grace_ms: None,
+                drain_at_ms: None,
+            }
+        }
+        async fn invoke_tool(
+            &self,
+            call: ToolCall,
+            _: Option<u64>,
+        ) -> Result<ToolResult, HostCallError> {
+            Ok(ToolResult::succeeded(
+                &call,
+                json!({"echo": call.arguments}),
+                Timestamp::now(),
+            ))
+        }
+        fn emit(&self, _: RuntimeEvent) -> Result<(), HostCallError> {
+            Ok(())
+        }
+        fn annotate(&self, _: &str, _: Value) -> Result<(), HostCallError> {
+            Ok(())
+        }
+        fn draining(&self) -> Signal {
+            Signal::never()
+        }
+    }
+
+    async fn ask(stream: &mut tokio::net::UnixStream, msg: Value) -> Value {
+        let (r, mut w) = stream.split();
+        w.write_all(format!("{msg}\n").as_bytes()).await.unwrap();
+        let mut line = String::new();
+        BufReader::new(r).read_line(&mut line).await.unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// G98: after the turn, a request to the bridge's address is refused;
+    /// before it, unknown methods are -32601 and notifications unanswered.
+    #[tokio::test]
+    async fn the_bridge_answers_until_closed_then_refuses() {
+        let dir = std::env::temp_dir().join(format!("sharedos-bridge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mcp.sock");
+        let server = Arc::new(TurnServer::new(
+            Arc::new(EchoHost),
+            &[],
+            false,
+            Identifier::new("trace").unwrap(),
+            "exec",
+        ));
+        let bridge = Bridge::bind(&path, server).unwrap();
+        let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let init = ask(
+            &mut s,
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "1999-01-01", "_meta": {"x": 1}}}),
+        )
+        .await;
+        assert_eq!(init["result"]["protocolVersion"], "2025-11-25");
+        // A notification gets no answer: the next answer is the ping's.
+        s.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+            .await
+            .unwrap();
+        let probe = ask(
+            &mut s,
+            json!({"jsonrpc": "2.0", "id": 2, "method": "server/discover"}),
+        )
+        .await;
+        assert_eq!(probe["id"], 2);
+        assert_eq!(probe["error"]["code"], -32601);
+        let call = ask(
+            &mut s,
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "x.y", "arguments": {"a": 1}, "_meta": {"progressToken": 1}}}),
+        )
+        .await;
+        assert_eq!(call["result"]["isError"], false, "{call}");
+        bridge.close();
+        // The session is gone and the address refuses.
+        let mut line = String::new();
+        let n = BufReader::new(&mut s)
+            .read_line(&mut line)
+            .await
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        assert!(tokio::net::UnixStream::connect(&path).await.is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -163,6 +163,9 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
     }
     let ended = match (stopped, status) {
+        // A CLI that wraps up cleanly when asked to stop is taken at its
+        // word (its final message is read as usual).
+        (Some(StopReason::Drain), Ok(s)) if s.code() == Some(0) => Ended::Exited(0),
         (Some(why), _) => Ended::Stopped(why),
         (None, Ok(s)) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
             (Some(c), _) => Ended::Exited(c),
@@ -233,7 +236,47 @@ fn children_of(parent: i32) -> Vec<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::Tail;
+    use super::*;
+
+    fn marked(marker: &str) -> Vec<String> {
+        let needle = format!("HARNESS_TEST_MARKER={marker}");
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                std::fs::read(e.path().join("environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+                    && std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+                        !s.rsplit_once(')')
+                            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                    })
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Without any sandbox: the group kill and the subreaper sweep alone
+    /// leave nothing of a tree that `setsid`s and double-forks.
+    #[tokio::test]
+    async fn the_sweep_kills_what_escaped_the_process_group() {
+        become_subreaper();
+        let marker = format!("{}-{}", std::process::id(), line!());
+        let launch = Launch {
+            command: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "(setsid sh -c 'sleep 1000 & sleep 1000' &); (sh -c 'sleep 1000 &' &); sleep 0.3; echo done".into(),
+            ],
+            env: [("HARNESS_TEST_MARKER".to_string(), marker.clone())].into(),
+            cwd: "/".into(),
+            term_grace: Duration::from_millis(100),
+        };
+        let run = run(launch, Signal::never(), Signal::never(), 1024).await;
+        assert_eq!(run.ended, Ended::Exited(0));
+        assert_eq!(run.stdout, b"done\n");
+        assert_eq!(marked(&marker), Vec::<String>::new());
+    }
 
     #[test]
     fn the_tail_keeps_the_last_bytes_only() {
