@@ -118,6 +118,12 @@ impl RuntimeEntry {
             crate::egress::NetworkPolicy::None => None,
             crate::egress::NetworkPolicy::Routes(_) => Some(crate::egress::EGRESS_PORT),
         };
+        // The harness mode, for a harness serving MCP over HTTP only.
+        policy.mcp_port = self
+            .harness
+            .as_ref()
+            .filter(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)
+            .map(|_| sharedos_protocol::harness::MCP_HTTP_PORT);
         policy
     }
 }
@@ -356,6 +362,11 @@ impl HostConfig {
             if r.sandbox.egress_port.is_some() {
                 return Err(format!(
                     "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
+                ));
+            }
+            if r.sandbox.mcp_port.is_some() {
+                return Err(format!(
+                    "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
                 ));
             }
             if r.network != crate::egress::NetworkPolicy::None

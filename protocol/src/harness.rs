@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 /// The MCP server name the CLI is told (`{serverName}`).
 pub const SERVER_NAME: &str = "sharedos";
 
+/// The port of the streamable HTTP MCP listener on the sandbox's own
+/// loopback (`mcp = "http"`): the harness binds `127.0.0.1:<port>`.
+pub const MCP_HTTP_PORT: u16 = 8788;
+
 /// The most bytes of `--harness <json>`: one argument of `execve` may hold
 /// 128 KiB on Linux, and the spec must fit in one.
 pub const MAX_LAUNCH_BYTES: usize = 96 * 1024;

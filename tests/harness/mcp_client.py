@@ -1,6 +1,7 @@
 """A CLI seated by the harness in the tests: the real Python `mcp` SDK client.
 
-argv: <transport> <relay command> <relay args...>   (transport: stdio)
+argv: stdio <relay command> <relay args...>
+   or: http <mcp url> <bearer token>
 env:  STEPS: a JSON array of steps, each {"tool", "args", "delayMs"?} or
       {"parallel": [step, ...]} (run at once, each after its delay);
       LOOP: "1" to repeat the steps until the turn ends.
@@ -15,6 +16,7 @@ import time
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamablehttp_client
 
 
 def summary(step, res):
@@ -28,13 +30,44 @@ async def call(session, step):
     return summary(step, res)
 
 
+def unauthorized(url, token):
+    """The statuses of a request without the token and with a wrong one."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+    out = []
+    for auth in (None, "Bearer " + "0" * len(token)):
+        req = urllib.request.Request(url, data=body, method="POST")
+        req.add_header("content-type", "application/json")
+        req.add_header("accept", "application/json, text/event-stream")
+        if auth:
+            req.add_header("authorization", auth)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                out.append(r.status)
+        except urllib.error.HTTPError as e:
+            out.append(e.code)
+    return out
+
+
+def connect():
+    transport = sys.argv[1]
+    if transport == "stdio":
+        params = StdioServerParameters(command=sys.argv[2], args=sys.argv[3:], env=dict(os.environ))
+        return stdio_client(params)
+    assert transport == "http", transport
+    url, token = sys.argv[2], sys.argv[3]
+    return streamablehttp_client(url, headers={"Authorization": "Bearer " + token})
+
+
 async def main():
-    transport, command, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-    assert transport == "stdio", transport
     steps = json.loads(os.environ.get("STEPS", "[]"))
     seen = {}
-    params = StdioServerParameters(command=command, args=args, env=dict(os.environ))
-    async with stdio_client(params) as (read, write):
+    if sys.argv[1] == "http":
+        seen["unauthorized"] = unauthorized(sys.argv[2], sys.argv[3])
+    async with connect() as streams:
+        read, write = streams[0], streams[1]
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             seen["protocolVersion"] = init.protocolVersion

@@ -146,6 +146,10 @@ fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
     assert_eq!(invoked, want, "{:?}", turn.audit);
     let audit_text = serde_json::to_string(&turn.audit).unwrap();
     assert!(!audit_text.contains("hello from the harness"));
+    // A stdio harness gets the ordinary sandbox: no TCP at all.
+    let sandbox = &turn.json()["metadata"]["runtime"]["sandbox"];
+    assert_eq!(sandbox["seccomp"]["mode"], "namespace", "{sandbox:#}");
+    assert_eq!(sandbox["landlock"]["net"], "tcp-deny", "{sandbox:#}");
     // The final message is the client's last line, not the progress line.
     assert!(turn.json()["output"].as_str().unwrap().starts_with('{'));
 }
@@ -246,4 +250,57 @@ fn g104_an_ask_without_the_escalation_grant_is_tool_unavailable() {
     );
     assert_eq!(turn.events("tool.requested").len(), 1);
     assert!(turn.metadata().get("escalationAsked").is_none());
+}
+
+/// The same client over streamable HTTP on the sandbox's loopback, with
+/// the per-turn bearer token; without it or with a wrong one, `401`.
+#[test]
+fn the_client_over_streamable_http_lists_and_calls_with_the_turn_token() {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let client = mcp_client(dir.path());
+    let steps = json!([
+        step(
+            "files.write",
+            json!({"path": "notes/h.md", "content": "over http"})
+        ),
+        step("files.read", json!({"path": "notes/h.md"})),
+        step("files.delete", json!({"path": "notes/h.md"})),
+    ]);
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{client:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
+mcp = "http"
+env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+escalation = true
+"#,
+        exe = py.exe.display().to_string(),
+        client = client.display().to_string(),
+    );
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    let turn = run(HarnessCase::new(&harness, ro));
+    let v = turn.json();
+    assert_eq!(turn.status(), "succeeded", "{v:#}");
+    let client = turn.client();
+    assert_eq!(client["unauthorized"], json!([401, 401]), "{client}");
+    assert_eq!(client["serverName"], "sharedos");
+    assert_eq!(client["catalogHash"], turn.metadata()["catalogHash"]);
+    let r = &client["results"];
+    assert_eq!(r[1]["isError"], false, "{r}");
+    assert!(r[1]["text"].as_str().unwrap().contains("over http"), "{r}");
+    assert_eq!(r[2]["meta"]["sharedos/status"], "denied", "{r}");
+    assert_eq!(turn.events("tool.requested").len(), 3);
+    // The harness sandbox mode, named in the report.
+    let sandbox = &v["metadata"]["runtime"]["sandbox"];
+    assert_eq!(
+        sandbox["seccomp"]["mode"], "namespace+harness",
+        "{sandbox:#}"
+    );
+    assert_eq!(
+        sandbox["landlock"]["net"], "tcp-bind-connect:8788",
+        "{sandbox:#}"
+    );
 }

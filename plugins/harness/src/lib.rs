@@ -10,6 +10,7 @@
 
 pub mod bridge;
 pub mod cli;
+pub mod http;
 pub mod latch;
 pub mod mcp;
 pub mod relay;
@@ -25,8 +26,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::harness::{
-    FinalMessage, HarnessLaunch, McpTransport, SERVER_NAME, STDOUT_TAIL_BYTES, Template, Var,
-    VarValue,
+    FinalMessage, HarnessLaunch, MCP_HTTP_PORT, McpTransport, SERVER_NAME, STDOUT_TAIL_BYTES,
+    Template, Var, VarValue,
 };
 use sharedos_protocol::{RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, canonical_json};
 
@@ -117,6 +118,13 @@ impl TurnVars {
     }
 }
 
+/// The MCP server's transport for the turn; dropped, it is closed.
+#[allow(dead_code)]
+enum Transport {
+    Stdio(bridge::Bridge),
+    Http(http::HttpServer),
+}
+
 /// The turn's tmp directory: private to the turn, removed at its end.
 struct TurnDir(PathBuf);
 
@@ -164,16 +172,12 @@ impl RuntimePlugin for HarnessPlugin {
             tmp: turn_dir.0.clone(),
             route_url: self.launch.route_url.clone().unwrap_or_default(),
             placeholder_key: self.launch.placeholder_key.clone(),
-            mcp_url: String::new(),
-            mcp_token: String::new(),
+            mcp_url: format!("http://127.0.0.1:{MCP_HTTP_PORT}{}", http::MCP_PATH),
+            mcp_token: http::new_token()
+                .map_err(|e| RuntimeError::Failed(format!("cannot make the MCP token: {e}")))?,
             mcp_command: relay.display().to_string(),
             mcp_args: vec!["mcp-relay".into(), socket.display().to_string()],
         };
-        if spec.mcp == McpTransport::Http {
-            return Err(RuntimeError::Failed(
-                "mcp = \"http\" is not available in this build; use mcp = \"stdio\"".into(),
-            ));
-        }
         for f in &spec.files {
             write_file(
                 &PathBuf::from(vars.render(&f.path)?),
@@ -187,8 +191,21 @@ impl RuntimePlugin for HarnessPlugin {
             request.context.trace_id.clone(),
             request.execution_id.as_str(),
         ));
-        let bridge = bridge::Bridge::bind(&socket, server.clone())
-            .map_err(|e| RuntimeError::Failed(format!("cannot bind the MCP bridge: {e}")))?;
+        let transport = match spec.mcp {
+            McpTransport::Stdio => bridge::Bridge::bind(&socket, server.clone())
+                .map(Transport::Stdio)
+                .map_err(|e| RuntimeError::Failed(format!("cannot bind the MCP bridge: {e}")))?,
+            McpTransport::Http => {
+                http::HttpServer::bind(MCP_HTTP_PORT, vars.mcp_token.clone(), server.clone())
+                    .await
+                    .map(Transport::Http)
+                    .map_err(|e| {
+                        RuntimeError::Failed(format!(
+                            "cannot bind the MCP listener on 127.0.0.1:{MCP_HTTP_PORT} (a harness runtime with mcp = \"http\" runs in the harness sandbox mode): {e}"
+                        ))
+                    })?
+            }
+        };
         let launch = cli::Launch {
             command: PathBuf::from(&spec.command),
             args: vars.args(&spec.args)?,
@@ -200,7 +217,7 @@ impl RuntimePlugin for HarnessPlugin {
         let run = cli::run(launch, abort, host.draining(), STDOUT_TAIL_BYTES).await;
         // The turn is over for the CLI: refuse late calls, drop the bridge.
         server.close();
-        bridge.close();
+        drop(transport);
         report_stderr(&run.stderr);
         let final_path = match &spec.final_message {
             FinalMessage::File { path } => Some(PathBuf::from(vars.render(path)?)),

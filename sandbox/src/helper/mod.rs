@@ -376,6 +376,18 @@ fn supervise(
         egress::hand_to_host(&ctl, egress::listen(port)?)?;
         stamp("helper", "egress_listener_sent");
     }
+    // The harness mode: the plugin binds its own MCP listener on the
+    // sandbox's loopback (Landlock admits that one port).
+    if req.policy.mcp_port.is_some() {
+        if rep.netns != LayerStatus::Applied {
+            return Err(fail(
+                "harness",
+                "the sandbox has no network namespace of its own; the harness's MCP listener \
+                 is never bound in the host's",
+            ));
+        }
+        egress::loopback_up()?;
+    }
 
     // Otherwise open them now, with the host's view of the filesystem.
     let sources = match early {

@@ -78,6 +78,10 @@ pub(super) fn plugin_exec(
         };
         rep.seccomp.mode = if strict {
             "strict"
+        } else if req.policy.mcp_port.is_some() {
+            // The harness mode: the egress filter (TCP sockets), named
+            // apart so the report says which runtimes have it.
+            "namespace+harness"
         } else if req.policy.egress_port.is_some() {
             "namespace+egress"
         } else {
@@ -285,6 +289,7 @@ fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe
         write,
         devices,
         connect_tcp: req.policy.egress_port,
+        bind_connect_tcp: req.policy.mcp_port,
     }
 }
 

@@ -309,8 +309,9 @@ fn begin(spec: &SpawnSpec, hold: bool) -> Result<PreparedSandbox, SandboxError> 
         .cloned()
         .partition(|(k, _)| policy.env_allowed(k));
     let memfd = policy.memfd_create;
-    // Only a runtime with an egress listener may create TCP sockets.
-    let namespace_mode = if policy.egress_port.is_some() {
+    // Only a runtime with an egress listener or the harness mode's MCP
+    // port may create TCP sockets.
+    let namespace_mode = if policy.egress_port.is_some() || policy.mcp_port.is_some() {
         FilterMode::NamespaceEgress
     } else {
         FilterMode::Namespace
