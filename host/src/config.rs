@@ -103,6 +103,10 @@ pub struct RuntimeEntry {
     /// For the standard runtime: a model driver instead of a transcript.
     #[serde(default)]
     pub driver: Option<ModelDriver>,
+    /// For the harness runtime (`sharedos-harness`): the vendor CLI it
+    /// seats, passed as `--harness <json>` (docs/HARNESS.md).
+    #[serde(default)]
+    pub harness: Option<sharedos_protocol::harness::HarnessSpec>,
 }
 
 impl RuntimeEntry {
@@ -114,6 +118,12 @@ impl RuntimeEntry {
             crate::egress::NetworkPolicy::None => None,
             crate::egress::NetworkPolicy::Routes(_) => Some(crate::egress::EGRESS_PORT),
         };
+        // The harness mode, for a harness serving MCP over HTTP only.
+        policy.mcp_port = self
+            .harness
+            .as_ref()
+            .filter(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)
+            .map(|_| sharedos_protocol::harness::MCP_HTTP_PORT);
         policy
     }
 }
@@ -354,6 +364,11 @@ impl HostConfig {
                     "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
                 ));
             }
+            if r.sandbox.mcp_port.is_some() {
+                return Err(format!(
+                    "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
+                ));
+            }
             if r.network != crate::egress::NetworkPolicy::None
                 && matches!(r.launcher, LauncherKind::Direct)
             {
@@ -368,6 +383,14 @@ impl HostConfig {
                     ));
                 }
                 d.check(&format!("runtimes[{i}]"), &r.network)?;
+            }
+            if r.harness.is_some() {
+                if r.transcript.is_some() || r.driver.is_some() {
+                    return Err(format!(
+                        "runtimes[{i}]: a harness runtime takes no transcript or driver"
+                    ));
+                }
+                crate::harness::check(i, r)?;
             }
             for k in r.env.keys() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') {

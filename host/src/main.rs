@@ -83,8 +83,10 @@ enum Command {
         #[arg(long, default_value_t = 2000)]
         iterations: usize,
         /// Only one part: `turns` (a zero-call turn stage by stage),
-        /// `calls` (sequential and concurrent tool calls) or `spawn` (every
-        /// sandbox mode against bwrap, layer costs and stage timings).
+        /// `calls` (sequential and concurrent tool calls), `spawn` (every
+        /// sandbox mode against bwrap, layer costs and stage timings) or
+        /// `harness` (the MCP harness: execute() to the first tools/list,
+        /// an MCP tool call against an in-process plugin's).
         #[arg(long)]
         only: Option<sharedos_host::bench::Only>,
     },
@@ -117,6 +119,9 @@ fn main() -> ExitCode {
         }
         Some(first) if first == sharedos_host::bench::process::BENCH_PLUGIN_SUBCOMMAND => {
             return sharedos_host::bench::process::serve_bench_plugin();
+        }
+        Some(first) if first == sharedos_host::bench::harness::MCP_CLIENT_SUBCOMMAND => {
+            return sharedos_host::bench::harness::mcp_client_main(args.collect());
         }
         Some(first) if first == "__bench-echo" => {
             return ExitCode::from(sharedos_host::bench::echo_child() as u8);

@@ -56,6 +56,10 @@ pub fn process_runtime(
                 message: format!("transcript: {e}"),
             })?);
     }
+    if let Some(arg) = crate::harness::launch_arg(entry) {
+        pc.args.push("--harness".into());
+        pc.args.push(arg);
+    }
     pc.env = entry
         .env
         .iter()

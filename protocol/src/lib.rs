@@ -19,6 +19,7 @@ pub mod codec;
 pub mod contract;
 pub mod errors;
 pub mod execution;
+pub mod harness;
 pub mod jsonrpc;
 pub mod primitives;
 pub mod schema;

@@ -109,6 +109,14 @@ pub struct SandboxPolicy {
     /// default: no socket at all. Set by the host from the runtime's
     /// `network` policy, never by hand.
     pub egress_port: Option<u16>,
+    /// The harness mode (docs/HARNESS.md, "The sandbox"): the MCP harness
+    /// serves its CLI streamable HTTP on `127.0.0.1:<port>` of the
+    /// sandbox's own network namespace. The helper brings `lo` up; the
+    /// plugin may create TCP sockets, bind and connect that one port (and
+    /// connect the egress port, if any), nothing else. `None`, the
+    /// default: no such port. Set by the host for a harness runtime with
+    /// `mcp = "http"`, never by hand.
+    pub mcp_port: Option<u16>,
 }
 
 /// `memfd_create` under the seccomp filter.
@@ -204,6 +212,7 @@ impl Default for SandboxPolicy {
             warm: 0,
             memfd_create: MemfdPolicy::Deny,
             egress_port: None,
+            mcp_port: None,
         }
     }
 }

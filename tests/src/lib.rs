@@ -4,6 +4,9 @@
 
 /// The sandbox suites' bait, turn runner and host-side checks.
 pub mod bait;
+/// Harness turns: a vendor CLI (or the Python MCP client) seated by
+/// `sharedos-harness` in the full sandbox.
+pub mod harness;
 /// `sharedos serve` and an HTTP client over its socket.
 pub mod served;
 /// Turns through the whole host, and the invariants every turn keeps.

@@ -128,7 +128,7 @@ impl AuditSink for FaultySink {
 /// `ledger.append`: a write tool that is not idempotent, so a call that
 /// reached it makes a retry unsafe (envelope.md B.7).
 #[derive(Debug)]
-struct LedgerAppend;
+pub struct LedgerAppend;
 
 #[async_trait]
 impl ToolHandler for LedgerAppend {
@@ -145,7 +145,7 @@ impl ToolHandler for LedgerAppend {
 /// `ledger.slow`: a non-idempotent write whose handler takes
 /// `arguments.ms` (default 30 s) and stops when the turn's abort fires.
 #[derive(Debug)]
-struct LedgerSlow;
+pub struct LedgerSlow;
 
 #[async_trait]
 impl ToolHandler for LedgerSlow {

@@ -10,6 +10,7 @@ use serde::Serialize;
 pub mod calls;
 pub mod envelope;
 pub mod fixture;
+pub mod harness;
 pub mod process;
 pub mod turn;
 
@@ -154,6 +155,9 @@ pub enum Only {
     /// Spawn until `initialize` in every sandbox mode against bwrap, the
     /// layer costs and the stage timings.
     Spawn,
+    /// The MCP harness: execute() to the first tools/list, and an MCP tool
+    /// call against an in-process plugin's.
+    Harness,
 }
 
 /// Issue 15's figures alone.
@@ -201,6 +205,14 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
         Only::Spawn => {
             let spawns = (iterations / 20).clamp(20, 200);
             failed |= spawn_figures(exe, spawns).await;
+        }
+        Only::Harness => {
+            failed |= !harness::print(
+                exe,
+                (iterations / 100).clamp(5, 50),
+                iterations.clamp(100, 2000),
+            )
+            .await;
         }
     }
     i32::from(failed)

@@ -53,7 +53,7 @@ pub(super) fn listen(port: u16) -> Result<OwnedFd, Fail> {
 
 /// `SIOCSIFFLAGS` with `IFF_UP` on `lo` (a new network namespace starts
 /// with it down, so nothing, not even 127.0.0.1, is reachable).
-fn loopback_up() -> Result<(), Fail> {
+pub(super) fn loopback_up() -> Result<(), Fail> {
     // SAFETY: socket takes integer arguments; the fd is owned below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {

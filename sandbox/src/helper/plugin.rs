@@ -133,6 +133,10 @@ fn install_seccomp(req: &HelperRequest, rep: &mut SandboxReport) -> Result<(), F
     };
     rep.seccomp.mode = if strict {
         "strict"
+    } else if req.policy.mcp_port.is_some() {
+        // The harness mode: the egress filter (TCP sockets), named apart so
+        // the report says which runtimes have it.
+        "namespace+harness"
     } else if req.policy.egress_port.is_some() {
         "namespace+egress"
     } else {
@@ -322,6 +326,7 @@ fn grants(req: &HelperRequest, mountns: bool, workdir: &Path, tmpdir: &Path, exe
         write,
         devices,
         connect_tcp: req.policy.egress_port,
+        bind_connect_tcp: req.policy.mcp_port,
     }
 }
 

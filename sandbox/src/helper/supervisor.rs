@@ -158,6 +158,7 @@ fn supervise(
     // 5–7. The sandbox's own uid, its namespaces and limits.
     credentials::identity_and_namespaces(&req, &mut rep, parent)?;
     egress_listener(&req, &rep, &ctl)?;
+    harness_loopback(&req, &rep)?;
 
     // Otherwise open them now, with the host's view of the filesystem.
     let sources = match early {
@@ -221,6 +222,21 @@ fn egress_listener(req: &HelperRequest, rep: &SandboxReport, ctl: &OwnedFd) -> R
     egress::hand_to_host(ctl, egress::listen(port)?)?;
     stamp("helper", "egress_listener_sent");
     Ok(())
+}
+
+/// The harness mode: the plugin binds its own MCP listener on the sandbox's
+/// loopback (Landlock admits that one port), so `lo` must be up.
+fn harness_loopback(req: &HelperRequest, rep: &SandboxReport) -> Result<(), Fail> {
+    if req.policy.mcp_port.is_none() {
+        return Ok(());
+    }
+    if rep.netns != LayerStatus::Applied {
+        return Err(fail(
+            "harness",
+            "the sandbox has no network namespace of its own; the harness's MCP listener is              never bound in the host's",
+        ));
+    }
+    egress::loopback_up()
 }
 
 /// Step 8: fork pid 1, and wait. `alive` lets the child detect a supervisor

@@ -258,8 +258,9 @@ struct Filters {
 impl Filters {
     fn compile(policy: &SandboxPolicy) -> Result<Filters, SandboxError> {
         let memfd = policy.memfd_create;
-        // Only a runtime with an egress listener may create TCP sockets.
-        let namespace_mode = if policy.egress_port.is_some() {
+        // Only a runtime with an egress listener or the harness mode's MCP
+        // port may create TCP sockets.
+        let namespace_mode = if policy.egress_port.is_some() || policy.mcp_port.is_some() {
             FilterMode::NamespaceEgress
         } else {
             FilterMode::Namespace

@@ -29,6 +29,8 @@ pub struct Grants {
     /// The one TCP port the plugin may connect to (the egress gateway's
     /// listener); `None`: no TCP connect at all. Binding is never granted.
     pub connect_tcp: Option<u16>,
+    /// The harness mode's MCP port: bind and connect, on that port only.
+    pub bind_connect_tcp: Option<u16>,
 }
 
 /// The ABI of the running kernel, or `None` when Landlock is missing or
@@ -56,17 +58,20 @@ pub fn apply(g: &Grants) -> LandlockReport {
         requested_abi: 6,
         ruleset: "NotEnforced".into(),
         scopes: vec!["signal".into(), "abstract_unix".into()],
-        net: match g.connect_tcp {
-            Some(port) => format!("tcp-connect:{port}"),
-            None => "tcp-deny".into(),
+        net: match (g.connect_tcp, g.bind_connect_tcp) {
+            (Some(port), None) => format!("tcp-connect:{port}"),
+            (None, Some(mcp)) => format!("tcp-bind-connect:{mcp}"),
+            (Some(port), Some(mcp)) => format!("tcp-connect:{port},tcp-bind-connect:{mcp}"),
+            (None, None) => "tcp-deny".into(),
         },
     };
     let result = (|| -> Result<landlock::RestrictionStatus, landlock::RulesetError> {
         landlock::Ruleset::default()
             .set_compatibility(CompatLevel::BestEffort)
             .handle_access(AccessFs::from_all(abi))?
-            // No NetPort rule for BindTcp follows: every TCP bind is
-            // denied, and every connect but to the egress port, if any.
+            // No NetPort rule for BindTcp follows but the harness mode's
+            // MCP port: every other TCP bind is denied, and every connect
+            // but to the egress port and that MCP port, if any.
             .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?
             // Signals and abstract unix sockets cannot leave the domain.
             .scope(Scope::AbstractUnixSocket | Scope::Signal)?
@@ -76,6 +81,12 @@ pub fn apply(g: &Grants) -> LandlockReport {
             .add_rules(path_beneath_rules(&g.devices, AccessFs::from_file(abi)))?
             .add_rules(g.connect_tcp.map(|port| {
                 Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
+            }))?
+            .add_rules(g.bind_connect_tcp.map(|port| {
+                Ok::<_, landlock::RulesetError>(NetPort::new(
+                    port,
+                    AccessNet::BindTcp | AccessNet::ConnectTcp,
+                ))
             }))?
             .restrict_self()
     })();

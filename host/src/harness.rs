@@ -1,0 +1,188 @@
+//! The harness runtime's spec at load and at seating: the checks that
+//! refuse a spec the plugin could not honour (naming the entry, e.g.
+//! `runtimes[2].harness.command`), and the `--harness <json>` argument
+//! the seat passes, with the route's gateway URL and the placeholder key.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use sharedos_protocol::harness::{HarnessLaunch, MAX_LAUNCH_BYTES, McpTransport};
+use sharedos_sandbox::fsview;
+
+use crate::config::{LauncherKind, RuntimeEntry};
+use crate::egress::{NetworkPolicy, PLACEHOLDER_KEY, egress_url};
+
+/// Checks runtime `i`'s harness spec; the error lists every problem, one a
+/// line.
+pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
+    let Some(spec) = &entry.harness else {
+        return Ok(());
+    };
+    let field = format!("runtimes[{i}].harness");
+    let routes: Vec<&str> = match &entry.network {
+        NetworkPolicy::None => Vec::new(),
+        NetworkPolicy::Routes(r) => r.routes.iter().map(|r| r.name.as_str()).collect(),
+    };
+    let mut problems = spec.check(&field, &routes);
+    let command = Path::new(&spec.command);
+    if command.is_absolute() {
+        match std::fs::metadata(command) {
+            Err(e) => problems.push(format!(
+                "{field}.command: {} cannot be used: {e}; install the CLI there or fix the path",
+                spec.command
+            )),
+            Ok(md) if !md.is_file() || md.permissions().mode() & 0o111 == 0 => {
+                problems.push(format!(
+                    "{field}.command: {} is not an executable file",
+                    spec.command
+                ));
+            }
+            Ok(_) if entry.launcher == LauncherKind::Sandbox => {
+                // The sandbox must see the CLI (and its `#!` interpreter):
+                // the same check as for a plugin program.
+                if !fsview::visible(&entry.sandbox, command) {
+                    problems.push(format!(
+                        "{field}.command: {} is not visible in the sandbox; add its directory to runtimes[{i}].sandbox.extraRoPaths",
+                        spec.command
+                    ));
+                }
+                for p in fsview::check_runtime(&entry.sandbox, command) {
+                    if p.field == "program" {
+                        problems.push(format!("{field}.command: {}", p.message));
+                    }
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+    if spec.mcp == McpTransport::Http && entry.launcher == LauncherKind::Direct {
+        problems.push(format!(
+            "{field}.mcp: \"http\" needs launcher = \"sandbox\" (the MCP listener lives on the sandbox's own loopback)"
+        ));
+    }
+    if problems.is_empty()
+        && let Some(arg) = launch_arg(entry)
+        && arg.len() > MAX_LAUNCH_BYTES
+    {
+        problems.push(format!(
+            "{field}: the spec is {} bytes as JSON, more than {MAX_LAUNCH_BYTES}; shorten the generated files",
+            arg.len()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// The `--harness` argument of an entry with a harness spec.
+pub fn launch_arg(entry: &RuntimeEntry) -> Option<String> {
+    let spec = entry.harness.clone()?;
+    let route_url = spec.route.as_ref().map(|r| format!("{}/{r}", egress_url()));
+    let launch = HarnessLaunch {
+        manifest: entry.manifest(),
+        spec,
+        route_url,
+        placeholder_key: PLACEHOLDER_KEY.into(),
+    };
+    serde_json::to_string(&launch).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::HostConfig;
+
+    fn config(harness: &str) -> Result<HostConfig, String> {
+        let text = format!(
+            r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "a"
+version = "1"
+program = "/bin/true"
+
+[[runtimes]]
+id = "b"
+version = "1"
+program = "/bin/true"
+[runtimes.harness]
+{harness}
+"#
+        );
+        HostConfig::parse(&text, "host.toml", Path::new("/tmp")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_missing_binary_fails_at_load_naming_the_entry() {
+        let e = config(
+            r#"command = "/opt/not-installed/bin/cli"
+mcp = "stdio"
+final = { from = "stdout" }"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("runtimes[1].harness.command: /opt/not-installed/bin/cli cannot be used"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_cli_the_sandbox_cannot_see_is_refused_and_a_good_spec_loads() {
+        let e = config(
+            r#"command = "/bin/sh"
+mcp = "http"
+args = ["-c", "{mcpUrl}", "{mcpArgs}"]
+final = { from = "file", path = "{home}/out" }"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("runtimes[1].harness.args[2]: {mcpArgs} needs mcp = \"stdio\""),
+            "{e}"
+        );
+        let ok = config(
+            r#"command = "/bin/sh"
+mcp = "stdio"
+args = ["-c", "{prompt}", "{mcpCommand}", "{mcpArgs}"]
+final = { from = "file", path = "{home}/out" }"#,
+        )
+        .unwrap();
+        let arg = super::launch_arg(&ok.runtimes[1]).unwrap();
+        assert!(
+            arg.contains("\"placeholderKey\":\"sharedos-placeholder\""),
+            "{arg}"
+        );
+        let e = config(
+            r#"command = "/var/tmp"
+mcp = "stdio"
+final = { from = "stdout" }"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("runtimes[1].harness.command: /var/tmp is not an executable file"),
+            "{e}"
+        );
+        let e = config(
+            r#"command = "/etc/hostname"
+mcp = "stdio"
+final = { from = "stdout", take = "sometimes" }"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown variant `sometimes`"), "{e}");
+        // An executable outside the paths the sandbox sees.
+        let d = tempfile::Builder::new().tempdir_in("/var/tmp").unwrap();
+        let cli = d.path().join("cli");
+        std::fs::copy("/bin/true", &cli).unwrap();
+        let e = config(&format!(
+            "command = {:?}\nmcp = \"stdio\"\nfinal = {{ from = \"stdout\" }}",
+            cli.display().to_string()
+        ))
+        .unwrap_err();
+        assert!(e.contains("is not visible in the sandbox; add its directory to runtimes[1].sandbox.extraRoPaths"), "{e}");
+    }
+}

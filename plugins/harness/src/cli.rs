@@ -1,0 +1,292 @@
+//! The CLI as the harness's child: launched in its own process group
+//! inside the same sandbox, its output read into bounded tails, stopped by
+//! the drain (SIGTERM, then SIGKILL after the grace) or the abort
+//! (SIGKILL), and swept afterwards so nothing it spawned outlives the turn.
+//!
+//! The sweep does not trust the process group alone (a child may `setsid`
+//! and double-fork): the harness is a child subreaper, so every orphan of
+//! the CLI's tree is re-parented to it, and it kills and reaps its
+//! children until none is left. The sandbox's pid namespace, which ends
+//! with the plugin, is the backstop.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal as Sig, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+use sharedos_plugin_sdk::Signal;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// What to run.
+pub struct Launch {
+    pub command: PathBuf,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+    /// After SIGTERM on a drain, the time before SIGKILL.
+    pub term_grace: Duration,
+}
+
+/// How the CLI ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    Exited(i32),
+    /// Killed by a signal it did not get from the harness (a crash).
+    Signaled(i32),
+    /// Stopped by the harness: the drain or the abort.
+    Stopped(StopReason),
+    /// It could not be started.
+    SpawnFailed(String),
+}
+
+/// Why the harness stopped the CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Drain,
+    Abort,
+}
+
+/// The CLI's run: how it ended and the tails of its output.
+#[derive(Debug)]
+pub struct Run {
+    pub ended: Ended,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// The last `cap` bytes written to a stream.
+#[derive(Debug, Default)]
+pub struct Tail {
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+impl Tail {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            cap,
+        }
+    }
+    pub fn push(&mut self, bytes: &[u8]) {
+        if bytes.len() >= self.cap {
+            self.buf.clear();
+            self.buf.extend_from_slice(&bytes[bytes.len() - self.cap..]);
+            return;
+        }
+        let over = (self.buf.len() + bytes.len()).saturating_sub(self.cap);
+        self.buf.drain(..over);
+        self.buf.extend_from_slice(bytes);
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// Makes this process the subreaper of everything it starts.
+pub fn become_subreaper() {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!(
+            "sharedos-harness: cannot become a child subreaper ({e}); the sandbox's pid namespace remains the backstop"
+        );
+    }
+}
+
+/// Runs the CLI to its end (or the drain/abort), then sweeps its tree.
+pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usize) -> Run {
+    let mut cmd = tokio::process::Command::new(&launch.command);
+    cmd.args(&launch.args)
+        .env_clear()
+        .envs(&launch.env)
+        .current_dir(&launch.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Run {
+                ended: Ended::SpawnFailed(format!("{}: {e}", launch.command.display())),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+            };
+        }
+    };
+    let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    let out = Arc::new(Mutex::new(Tail::new(tail_cap)));
+    let err = Arc::new(Mutex::new(Tail::new(tail_cap)));
+    let readers = [
+        child
+            .stdout
+            .take()
+            .map(|s| tokio::spawn(drain_into(s, out.clone()))),
+        child
+            .stderr
+            .take()
+            .map(|s| tokio::spawn(drain_into(s, err.clone()))),
+    ];
+    let group = |sig: Sig| {
+        if let Some(g) = pgid {
+            let _ = killpg(g, sig);
+        }
+    };
+    let mut stopped = None;
+    let status = tokio::select! {
+        s = child.wait() => s,
+        () = abort.raised() => {
+            stopped = Some(StopReason::Abort);
+            group(Sig::SIGKILL);
+            child.wait().await
+        }
+        () = draining.raised() => {
+            stopped = Some(StopReason::Drain);
+            group(Sig::SIGTERM);
+            tokio::select! {
+                s = child.wait() => s,
+                () = tokio::time::sleep(launch.term_grace) => { group(Sig::SIGKILL); child.wait().await }
+                () = abort.raised() => { group(Sig::SIGKILL); child.wait().await }
+            }
+        }
+    };
+    // Whatever the CLI left in its group, and whatever escaped it.
+    group(Sig::SIGKILL);
+    sweep();
+    for r in readers.into_iter().flatten() {
+        // A reader ends when the last writer is gone; after the sweep that
+        // is at once, and the bound covers a writer the sweep cannot see.
+        let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
+    }
+    let ended = match (stopped, status) {
+        // A CLI that wraps up cleanly when asked to stop is taken at its
+        // word (its final message is read as usual).
+        (Some(StopReason::Drain), Ok(s)) if s.code() == Some(0) => Ended::Exited(0),
+        (Some(why), _) => Ended::Stopped(why),
+        (None, Ok(s)) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(c), _) => Ended::Exited(c),
+            (None, Some(sig)) => Ended::Signaled(sig),
+            (None, None) => Ended::Exited(-1),
+        },
+        (None, Err(e)) => Ended::SpawnFailed(format!("waiting for the CLI: {e}")),
+    };
+    let take = |t: &Arc<Mutex<Tail>>| t.lock().map(|t| t.bytes().to_vec()).unwrap_or_default();
+    Run {
+        ended,
+        stdout: take(&out),
+        stderr: take(&err),
+    }
+}
+
+async fn drain_into(mut r: impl AsyncRead + Unpin, tail: Arc<Mutex<Tail>>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if let Ok(mut t) = tail.lock() {
+                    t.push(&buf[..n]);
+                }
+            }
+        }
+    }
+}
+
+/// Kills and reaps every child of this process until none is left (the
+/// subreaper gets each orphan as its parent dies). Bounded: a tree that
+/// keeps forking is capped by the sandbox's pids limit, and the pid
+/// namespace ends with the plugin.
+pub fn sweep() {
+    let me = std::process::id() as i32;
+    for _ in 0..64 {
+        let children = children_of(me);
+        if children.is_empty() {
+            return;
+        }
+        for pid in &children {
+            let _ = kill(Pid::from_raw(*pid), Sig::SIGKILL);
+        }
+        for pid in children {
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL));
+        }
+    }
+}
+
+/// The pids whose parent is `parent`, from `/proc`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = &s[s.rfind(')')? + 2..];
+                    rest.split(' ').nth(1)?.parse::<i32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marked(marker: &str) -> Vec<String> {
+        let needle = format!("HARNESS_TEST_MARKER={marker}");
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                std::fs::read(e.path().join("environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+                    && std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+                        !s.rsplit_once(')')
+                            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                    })
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Without any sandbox: the group kill and the subreaper sweep alone
+    /// leave nothing of a tree that `setsid`s and double-forks.
+    #[tokio::test]
+    async fn the_sweep_kills_what_escaped_the_process_group() {
+        become_subreaper();
+        let marker = format!("{}-{}", std::process::id(), line!());
+        let launch = Launch {
+            command: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "(setsid sh -c 'sleep 1000 & sleep 1000' &); (sh -c 'sleep 1000 &' &); sleep 0.3; echo done".into(),
+            ],
+            env: [("HARNESS_TEST_MARKER".to_string(), marker.clone())].into(),
+            cwd: "/".into(),
+            term_grace: Duration::from_millis(100),
+        };
+        let run = run(launch, Signal::never(), Signal::never(), 1024).await;
+        assert_eq!(run.ended, Ended::Exited(0));
+        assert_eq!(run.stdout, b"done\n");
+        assert_eq!(marked(&marker), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_bytes_only() {
+        let mut t = Tail::new(8);
+        t.push(b"hello ");
+        t.push(b"world");
+        assert_eq!(t.bytes(), b"lo world");
+        t.push(&[b'x'; 100]);
+        assert_eq!(t.bytes(), &[b'x'; 8]);
+        t.push(b"ab");
+        assert_eq!(t.bytes(), b"xxxxxxab");
+    }
+}

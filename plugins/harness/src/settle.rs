@@ -1,0 +1,258 @@
+//! Settling a harness turn from how the CLI ended (docs/HARNESS.md, "How a
+//! turn ends"): the final message, the outcome and its code, the latch.
+
+use serde_json::{Map, Value, json};
+use sharedos_protocol::harness::{FinalMessage, StdoutTake};
+use sharedos_protocol::{ProtocolError, Reason, RuntimeTurnOutcome};
+
+use crate::cli::{Ended, Run, StopReason};
+use crate::latch::FALLBACK_REASON;
+
+/// The most bytes of a final message read from a file.
+pub const MAX_FINAL_FILE_BYTES: u64 = 1 << 20;
+
+/// The most characters of an escalated turn's `metadata.finalMessage`.
+pub const MAX_FINAL_IN_METADATA: usize = 4096;
+
+/// What the turn learned, besides the CLI's run.
+pub struct Facts {
+    pub catalog_hash: String,
+    pub escalation: Option<String>,
+    pub calls_after_escalation: u64,
+}
+
+/// Reads the final message: `file` is the rendered path for
+/// `from = "file"`.
+pub fn final_message(
+    how: &FinalMessage,
+    run: &Run,
+    file: Option<&std::path::Path>,
+) -> Option<String> {
+    let text = match how {
+        FinalMessage::File { .. } => {
+            use std::io::Read;
+            let f = std::fs::File::open(file?).ok()?;
+            let mut s = String::new();
+            f.take(MAX_FINAL_FILE_BYTES).read_to_string(&mut s).ok()?;
+            s
+        }
+        FinalMessage::Stdout { take } => {
+            let out = String::from_utf8_lossy(&run.stdout).into_owned();
+            match take {
+                StdoutTake::All => out,
+                StdoutTake::LastLine => last_line(&out)?.to_owned(),
+            }
+        }
+        FinalMessage::Json { pointer } => {
+            let out = String::from_utf8_lossy(&run.stdout).into_owned();
+            let v: Value = serde_json::from_str(last_line(&out)?).ok()?;
+            match v.pointer(pointer)? {
+                Value::String(s) => s.clone(),
+                Value::Null => return None,
+                other => other.to_string(),
+            }
+        }
+    };
+    let t = text.trim();
+    (!t.is_empty()).then(|| t.to_owned())
+}
+
+fn last_line(s: &str) -> Option<&str> {
+    s.lines().rev().map(str::trim).find(|l| !l.is_empty())
+}
+
+/// The outcome of the turn.
+pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnOutcome {
+    let mut meta = Map::new();
+    meta.insert("toolshare".into(), json!("mcp"));
+    meta.insert("catalogHash".into(), json!(facts.catalog_hash));
+    match &run.ended {
+        Ended::Exited(c) => {
+            meta.insert("exitCode".into(), json!(c));
+        }
+        Ended::Signaled(s) => {
+            meta.insert("signal".into(), json!(s));
+        }
+        _ => {}
+    }
+    // An escalated turn has no output: its final message, if any, goes to
+    // the reviewer in the metadata, cut to 4096 characters.
+    let said: Option<String> = message
+        .as_ref()
+        .map(|m| m.chars().take(MAX_FINAL_IN_METADATA).collect());
+    let ending: Result<String, (&str, String)> = match (&run.ended, message) {
+        (Ended::Exited(0), Some(m)) => Ok(m),
+        (Ended::Exited(0), None) => Err((
+            "harness_no_final_message",
+            "The CLI exited 0 without a final message.".into(),
+        )),
+        (Ended::Exited(c), _) => Err((
+            "harness_cli_failed",
+            format!("The CLI exited with status {c}."),
+        )),
+        (Ended::Signaled(s), _) => Err((
+            "harness_cli_crashed",
+            format!("The CLI was killed by signal {s}."),
+        )),
+        (Ended::Stopped(StopReason::Drain), _) => Err((
+            "harness_cli_stopped",
+            "The turn was drained; the CLI was stopped.".into(),
+        )),
+        (Ended::Stopped(StopReason::Abort), _) => Err((
+            "harness_cli_stopped",
+            "The turn was aborted; the CLI was killed.".into(),
+        )),
+        (Ended::SpawnFailed(why), _) => Err((
+            "harness_cli_unavailable",
+            format!("The CLI could not be started: {why}"),
+        )),
+    };
+    if let Some(reason) = facts.escalation {
+        // A clean exit after the ask counts as complete: the CLI was told
+        // the turn is over and may end with or without a message.
+        let clean = matches!(run.ended, Ended::Exited(0));
+        meta.insert(
+            "harnessOutcome".into(),
+            json!(if clean { "complete" } else { "fail" }),
+        );
+        if let (Err((code, _)), false) = (&ending, clean) {
+            meta.insert("harnessErrorCode".into(), json!(code));
+        }
+        meta.insert(
+            "callsAfterEscalation".into(),
+            json!(facts.calls_after_escalation),
+        );
+        if let Some(m) = said {
+            meta.insert("finalMessage".into(), json!(m));
+        }
+        let reason = Reason::new(&reason)
+            .or_else(|_| Reason::new(FALLBACK_REASON))
+            .unwrap_or_else(|_| unreachable!("the fallback reason is valid"));
+        return RuntimeTurnOutcome::Escalate {
+            reason,
+            metadata: Some(meta),
+        };
+    }
+    match ending {
+        Ok(text) => {
+            meta.insert("harnessOutcome".into(), json!("complete"));
+            RuntimeTurnOutcome::Complete {
+                output: Value::String(text),
+                metadata: Some(meta),
+            }
+        }
+        Err((code, message)) => {
+            meta.insert("harnessOutcome".into(), json!("fail"));
+            meta.insert("harnessErrorCode".into(), json!(code));
+            RuntimeTurnOutcome::Fail {
+                error: ProtocolError::new(code, &message, Some(false)),
+                metadata: Some(meta),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(ended: Ended, stdout: &str) -> Run {
+        Run {
+            ended,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: Vec::new(),
+        }
+    }
+
+    fn facts() -> Facts {
+        Facts {
+            catalog_hash: "h".into(),
+            escalation: None,
+            calls_after_escalation: 0,
+        }
+    }
+
+    fn code(o: &RuntimeTurnOutcome) -> String {
+        match o {
+            RuntimeTurnOutcome::Fail { error, .. } => error.code.as_str().to_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_ending_maps_to_its_outcome() {
+        let last = FinalMessage::Stdout {
+            take: StdoutTake::LastLine,
+        };
+        let r = run(Ended::Exited(0), "progress\n\nthe answer\n\n");
+        let m = final_message(&last, &r, None);
+        assert_eq!(m.as_deref(), Some("the answer"));
+        assert!(
+            matches!(outcome(&r, m, facts()), RuntimeTurnOutcome::Complete { output, .. } if output == "the answer")
+        );
+        assert_eq!(
+            code(&outcome(&run(Ended::Exited(0), ""), None, facts())),
+            "harness_no_final_message"
+        );
+        assert_eq!(
+            code(&outcome(
+                &run(Ended::Exited(3), "x"),
+                Some("x".into()),
+                facts()
+            )),
+            "harness_cli_failed"
+        );
+        assert_eq!(
+            code(&outcome(&run(Ended::Signaled(11), ""), None, facts())),
+            "harness_cli_crashed"
+        );
+        assert_eq!(
+            code(&outcome(
+                &run(Ended::Stopped(StopReason::Abort), ""),
+                None,
+                facts()
+            )),
+            "harness_cli_stopped"
+        );
+        assert_eq!(
+            code(&outcome(
+                &run(Ended::SpawnFailed("x".into()), ""),
+                None,
+                facts()
+            )),
+            "harness_cli_unavailable"
+        );
+    }
+
+    #[test]
+    fn json_final_messages_take_the_pointer() {
+        let how = FinalMessage::Json {
+            pointer: "/result".into(),
+        };
+        let r = run(
+            Ended::Exited(0),
+            "{\"type\":\"x\"}\n{\"type\":\"result\",\"result\":\"done\"}\n",
+        );
+        assert_eq!(final_message(&how, &r, None).as_deref(), Some("done"));
+        let r = run(Ended::Exited(0), "not json\n");
+        assert_eq!(final_message(&how, &r, None), None);
+    }
+
+    #[test]
+    fn a_set_latch_escalates_with_the_facts() {
+        let f = Facts {
+            escalation: Some("why".into()),
+            calls_after_escalation: 2,
+            ..facts()
+        };
+        let o = outcome(&run(Ended::Exited(0), ""), None, f);
+        let RuntimeTurnOutcome::Escalate { reason, metadata } = o else {
+            panic!("{o:?}")
+        };
+        assert_eq!(reason.as_str(), "why");
+        let m = metadata.unwrap();
+        assert_eq!(m["harnessOutcome"], "complete");
+        assert_eq!(m["callsAfterEscalation"], 2);
+        assert!(m.get("harnessErrorCode").is_none());
+    }
+}

@@ -1,0 +1,244 @@
+//! Bad CLIs under `sharedos-harness` in the full sandbox: each ends by its
+//! deadline or its exit with the outcome docs/HARNESS.md's table gives,
+//! and no process of the turn survives (checked in the host's /proc by the
+//! marker every process of the turn carries).
+
+use std::time::Duration;
+
+use serde_json::json;
+use sharedos_host::config::HostConfig;
+use sharedos_tests::harness::{
+    HarnessCase, HarnessTurn, fixture_dir, mcp_client, python_with_mcp, run_harness, script,
+};
+
+/// A case seating `/bin/sh <script>` with `body`.
+fn sh_case(body: &str) -> (HarnessCase, tempfile::TempDir) {
+    let dir = fixture_dir();
+    let cli = script(dir.path(), "cli.sh", &format!("#!/bin/sh\n{body}\n"));
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {cli:?}
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        cli = cli.display().to_string(),
+    );
+    (
+        HarnessCase::new(&harness, vec![dir.path().to_path_buf()]),
+        dir,
+    )
+}
+
+fn run(case: HarnessCase) -> HarnessTurn {
+    let _serial = sharedos_tests::serial();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let turn = rt.block_on(run_harness(case));
+    turn.assert_no_survivor();
+    turn
+}
+
+#[test]
+fn a_cli_that_never_starts_its_client_ends_by_the_deadline() {
+    let (mut case, _d) = sh_case("sleep 1000");
+    case.timeout_ms = 2_000;
+    let turn = run(case);
+    assert_eq!(turn.status(), "cancelled", "{:#}", turn.json());
+    assert_eq!(turn.code(), "turn_cancelled");
+    assert!(turn.elapsed < Duration::from_secs(20), "{:?}", turn.elapsed);
+    // The prompt was composed before the CLI ran (G106).
+    assert!(
+        turn.metadata()["promptHash"]
+            .as_str()
+            .is_some_and(|h| h.len() == 64)
+    );
+}
+
+#[test]
+fn a_cli_that_never_calls_a_tool_completes_with_its_message() {
+    let (case, _d) = sh_case("echo 'no tools were needed'");
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "no tools were needed");
+    assert!(turn.events("tool.requested").is_empty());
+}
+
+#[test]
+fn a_non_zero_exit_a_crash_and_a_silent_exit_fail_with_their_codes() {
+    for (body, code) in [
+        ("echo partial; exit 3", "harness_cli_failed"),
+        ("kill -SEGV $$", "harness_cli_crashed"),
+        ("true", "harness_no_final_message"),
+    ] {
+        let (case, _d) = sh_case(body);
+        let turn = run(case);
+        assert_eq!(turn.status(), "failed", "{body}: {:#}", turn.json());
+        assert_eq!(turn.code(), code, "{body}");
+        assert_eq!(turn.metadata()["harnessErrorCode"], code, "{body}");
+    }
+}
+
+#[test]
+fn a_cli_ignoring_sigterm_is_killed_at_the_drain_grace() {
+    let (mut case, _d) = sh_case("trap '' TERM\nwhile :; do sleep 1; done");
+    case.timeout_ms = 3_000;
+    case.drain_grace_ms = 1_500;
+    let turn = run(case);
+    // The drain's SIGTERM is ignored; SIGKILL follows after termGraceMs,
+    // before the deadline, and the envelope honours the harness's ending.
+    assert_eq!(turn.status(), "failed", "{:#}", turn.json());
+    assert_eq!(turn.code(), "harness_cli_stopped");
+    assert!(turn.elapsed < Duration::from_secs(20), "{:?}", turn.elapsed);
+}
+
+#[test]
+fn a_cli_that_wraps_up_on_the_drain_completes() {
+    let (mut case, _d) = sh_case(
+        "trap 'echo wrapped up; exit 0' TERM
+while :; do sleep 0.1; done",
+    );
+    case.timeout_ms = 3_000;
+    case.drain_grace_ms = 1_500;
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "wrapped up");
+}
+
+#[test]
+fn a_double_forked_sleeper_does_not_outlive_the_turn() {
+    let (case, _d) = sh_case(
+        "(setsid sh -c 'sleep 1000 & sleep 1000' &)\n(sh -c 'sleep 1000 &' &)\nsleep 0.3\necho forked",
+    );
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "forked");
+}
+
+#[test]
+fn two_gigabytes_of_stdout_cost_no_memory() {
+    // With 1 GiB of address space, keeping the output would kill the
+    // harness; the bounded tail keeps 64 KiB and the last line.
+    let (mut case, _d) =
+        sh_case("yes 'output that nobody reads' | head -c 2000000000\necho the end");
+    case.sandbox = "rlimits = { addressSpace = 1073741824 }".into();
+    case.timeout_ms = 120_000;
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "the end");
+}
+
+#[test]
+fn a_client_looping_on_calls_is_bounded_by_max_tool_calls_and_the_deadline() {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let client = mcp_client(dir.path());
+    let steps = json!([{"tool": "files.list", "args": {"path": ""}, "delayMs": 20}]);
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{client:?}, "stdio", "{{mcpCommand}}", "{{mcpArgs}}"]
+mcp = "stdio"
+env = {{ STEPS = '{steps}', LOOP = "1", SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        exe = py.exe.display().to_string(),
+        client = client.display().to_string(),
+    );
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    let mut case = HarnessCase::new(&harness, ro);
+    case.timeout_ms = 3_000;
+    case.max_tool_calls = Some(5);
+    let turn = run(case);
+    assert_eq!(turn.status(), "cancelled", "{:#}", turn.json());
+    let reached_kernel = turn
+        .audit_of("authorization.checked")
+        .iter()
+        .filter(|r| r.tool.is_some())
+        .count();
+    assert!(
+        reached_kernel <= 5,
+        "{reached_kernel} calls reached the kernel"
+    );
+    assert!(
+        turn.events("tool.requested").len() > 5,
+        "the client kept calling"
+    );
+}
+
+#[test]
+fn a_spec_naming_a_missing_binary_fails_at_load_naming_the_entry() {
+    let text = r#"[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "sharedos.gone.mcp"
+version = "0.1.0"
+program = "sharedos-harness"
+[runtimes.harness]
+command = "/opt/sharedos-test-not-installed/bin/cli"
+mcp = "stdio"
+final = { from = "stdout" }
+"#;
+    let e = HostConfig::parse(text, "host.toml", std::path::Path::new("/tmp")).unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "runtimes[0].harness.command: /opt/sharedos-test-not-installed/bin/cli cannot be used"
+        ),
+        "{e}"
+    );
+}
+
+/// A prompt written to break the files it is templated into stays one
+/// string in each: the CLI parses the generated JSON and TOML and finds
+/// exactly the prompt it was given as its argument.
+#[test]
+fn a_hostile_prompt_cannot_break_the_generated_files() {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let probe = script(
+        dir.path(),
+        "probe.py",
+        "import json, os, sys, tomllib\n\
+         home = os.environ['HOME']\n\
+         j = json.load(open(home + '/cfg.json'))\n\
+         t = tomllib.load(open(home + '/cfg/config.toml', 'rb'))\n\
+         ok = j == {'p': sys.argv[1], 'n': 1} and t == {'p': sys.argv[1], 'server': {'args': ['mcp-relay', t['server']['args'][1]]}}\n\
+         print('intact' if ok else 'broken: %r %r' % (j, t))\n",
+    );
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{probe:?}, "{{prompt}}"]
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+[[runtimes.harness.files]]
+path = "{{home}}/cfg.json"
+content = '{{"p": {{json:prompt}}, "n": 1}}'
+[[runtimes.harness.files]]
+path = "{{home}}/cfg/config.toml"
+content = """
+p = {{json:prompt}}
+[server]
+args = {{json:mcpArgs}}
+"""
+"#,
+        exe = py.exe.display().to_string(),
+        probe = probe.display().to_string(),
+    );
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    let mut case = HarnessCase::new(&harness, ro);
+    case.prompt = json!(
+        "\"}, \"n\": 2, \"x\": {\"\n\"\"\"\n[server]\nargs = []\n\u{7f}\u{1} \\ {home} {json:prompt} '''"
+    );
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "intact");
+}

@@ -1,0 +1,306 @@
+//! The real Python `mcp` SDK client (1.20.0) seated by `sharedos-harness`
+//! in the full sandbox, over the stdio relay: G 95–97 and 100–105 asserted
+//! on the turn's events, result and audit trail (docs/HARNESS.md).
+//! Needs `python3 -m pip install mcp==1.20.0` (.ci/run does it); without
+//! it every test here fails saying so.
+
+use serde_json::{Value, json};
+use sharedos_tests::harness::{
+    HarnessCase, HarnessTurn, fixture_dir, mcp_client, python_with_mcp, run_harness,
+};
+
+/// A case seating the Python client with these steps.
+fn client_case(steps: Value) -> (HarnessCase, tempfile::TempDir) {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let client = mcp_client(dir.path());
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{client:?}, "stdio", "{{mcpCommand}}", "{{mcpArgs}}"]
+mcp = "stdio"
+env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+escalation = true
+"#,
+        exe = py.exe.display().to_string(),
+        client = client.display().to_string(),
+    );
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    (HarnessCase::new(&harness, ro), dir)
+}
+
+fn step(tool: &str, args: Value) -> Value {
+    json!({"tool": tool, "args": args})
+}
+
+fn run(case: HarnessCase) -> HarnessTurn {
+    let _serial = sharedos_tests::serial();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let turn = rt.block_on(run_harness(case));
+    turn.assert_no_survivor();
+    turn
+}
+
+fn is_hex64(v: &Value) -> bool {
+    v.as_str().is_some_and(|s| {
+        s.len() == 64
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
+}
+
+#[test]
+fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
+    let (case, _dir) = client_case(json!([
+        step(
+            "files.write",
+            json!({"path": "notes/a.md", "content": "hello from the harness"})
+        ),
+        step("files.read", json!({"path": "notes/a.md"})),
+        step("files.delete", json!({"path": "notes/a.md"})),
+        step("files.shred", json!({"path": "notes/a.md"})),
+    ]));
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    let client = turn.client();
+    let meta = turn.metadata();
+    // G95: only the permission-filtered names, server `sharedos`, the hash.
+    assert_eq!(
+        client["tools"],
+        json!([
+            "files.list",
+            "files.read",
+            "files.write",
+            "ledger.slow",
+            "sharedos.escalate"
+        ])
+    );
+    assert_eq!(client["serverName"], "sharedos");
+    assert_eq!(client["protocolVersion"], "2025-06-18");
+    assert!(is_hex64(&client["catalogHash"]), "{client}");
+    assert_eq!(client["catalogHash"], meta["catalogHash"]);
+    assert_eq!(meta["toolshare"], "mcp");
+    assert!(is_hex64(&meta["promptHash"]), "{meta}");
+    assert_eq!(meta["harnessOutcome"], "complete");
+    // G96: a granted call, then an ungranted one.
+    let r = &client["results"];
+    assert_eq!(r[0]["isError"], false, "{r}");
+    assert_eq!(r[1]["isError"], false, "{r}");
+    assert!(
+        r[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hello from the harness"),
+        "{r}"
+    );
+    assert_eq!(r[2]["isError"], true, "{r}");
+    assert_eq!(r[2]["meta"]["sharedos/status"], "denied", "{r}");
+    // G97: a guessed tool.
+    assert_eq!(r[3]["isError"], true, "{r}");
+    assert_eq!(r[3]["meta"]["sharedos/code"], "tool_unavailable", "{r}");
+    let requested: Vec<Value> = turn
+        .events("tool.requested")
+        .iter()
+        .map(|e| e["tool"].clone())
+        .collect();
+    assert_eq!(
+        requested,
+        vec![
+            json!("files.write"),
+            json!("files.read"),
+            json!("files.delete"),
+            json!("files.shred")
+        ]
+    );
+    // The calls are the kernel's: in the audit trail, no arguments there.
+    let invoked: Vec<(String, String)> = turn
+        .audit_of("tool.invoked")
+        .iter()
+        .map(|r| {
+            let outcome = serde_json::to_value(r.outcome).unwrap();
+            (
+                r.tool.clone().unwrap_or_default(),
+                format!(
+                    "{}/{}",
+                    outcome.as_str().unwrap_or(""),
+                    r.reason.as_deref().unwrap_or("-")
+                ),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("files.write", "succeeded/-"),
+        ("files.read", "succeeded/-"),
+        ("files.delete", "denied/tool_unavailable"),
+        ("files.shred", "denied/tool_unavailable"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(invoked, want, "{:?}", turn.audit);
+    let audit_text = serde_json::to_string(&turn.audit).unwrap();
+    assert!(!audit_text.contains("hello from the harness"));
+    // A stdio harness gets the ordinary sandbox: no TCP at all.
+    let sandbox = &turn.json()["metadata"]["runtime"]["sandbox"];
+    assert_eq!(sandbox["seccomp"]["mode"], "namespace", "{sandbox:#}");
+    assert_eq!(sandbox["landlock"]["net"], "tcp-deny", "{sandbox:#}");
+    // The final message is the client's last line, not the progress line.
+    assert!(turn.json()["output"].as_str().unwrap().starts_with('{'));
+}
+
+#[test]
+fn g100_g105_read_ask_read_escalates_and_counts_the_late_call() {
+    let (case, _dir) = client_case(json!([
+        step("files.write", json!({"path": "notes/b.md", "content": "b"})),
+        step(
+            "sharedos.escalate",
+            json!({"reason": "  a human must approve the refund  "})
+        ),
+        step("files.read", json!({"path": "notes/b.md"})),
+    ]));
+    let turn = run(case);
+    let v = turn.json();
+    assert_eq!(turn.status(), "escalated", "{v:#}");
+    assert_eq!(v["escalation"]["reason"], "a human must approve the refund");
+    let meta = turn.metadata();
+    assert_eq!(meta["callsAfterEscalation"], 1);
+    assert_eq!(meta["harnessOutcome"], "complete");
+    assert_eq!(
+        meta["escalationAsked"]["reason"],
+        "a human must approve the refund"
+    );
+    assert_eq!(meta["escalationAsked"]["tool"], "sharedos.escalate");
+    let r = &turn.client()["results"];
+    assert_eq!(r[1]["isError"], false, "{r}");
+    assert!(
+        r[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("make no further tool calls"),
+        "{r}"
+    );
+    assert_eq!(r[2]["isError"], true, "{r}");
+    assert_eq!(r[2]["meta"]["sharedos/code"], "escalation_pending", "{r}");
+    assert_eq!(turn.events("tool.requested").len(), 1, "{v:#}");
+    assert_eq!(turn.audit_of("escalation.requested").len(), 1);
+}
+
+#[test]
+fn g101_g102_a_reason_that_is_not_text_falls_back_and_a_second_ask_is_pending() {
+    let (case, _dir) = client_case(json!([
+        step("sharedos.escalate", json!({"reason": {"not": "text"}})),
+        step("sharedos.escalate", json!({"reason": "second"})),
+    ]));
+    let turn = run(case);
+    let v = turn.json();
+    assert_eq!(turn.status(), "escalated", "{v:#}");
+    let reason = v["escalation"]["reason"].as_str().unwrap();
+    assert!(reason.contains("without giving a reason"), "{reason}");
+    let r = &turn.client()["results"];
+    assert_eq!(r[0]["isError"], false, "{r}");
+    assert_eq!(r[1]["meta"]["sharedos/code"], "escalation_pending", "{r}");
+    assert!(turn.events("tool.requested").is_empty(), "{v:#}");
+    assert_eq!(turn.audit_of("escalation.requested").len(), 1);
+    assert_eq!(turn.metadata()["callsAfterEscalation"], 1);
+}
+
+#[test]
+fn g103_a_call_in_flight_when_the_ask_comes_completes() {
+    let (case, _dir) = client_case(json!([{"parallel": [
+        {"tool": "ledger.slow", "args": {"ms": 400}},
+        {"tool": "sharedos.escalate", "args": {"reason": "ask while the ledger writes"}, "delayMs": 60},
+    ]}]));
+    let turn = run(case);
+    let v = turn.json();
+    assert_eq!(turn.status(), "escalated", "{v:#}");
+    let r = &turn.client()["results"];
+    assert_eq!(r[0]["tool"], "ledger.slow");
+    assert_eq!(r[0]["isError"], false, "{r}");
+    assert_eq!(turn.metadata()["callsAfterEscalation"], 0);
+    assert_eq!(turn.audit_of("tool.invoked").len(), 1);
+}
+
+#[test]
+fn g104_an_ask_without_the_escalation_grant_is_tool_unavailable() {
+    let (mut case, _dir) = client_case(json!([step(
+        "sharedos.escalate",
+        json!({"reason": "let me out"})
+    ),]));
+    case.escalation_grant = false;
+    let turn = run(case);
+    let v = turn.json();
+    assert_eq!(turn.status(), "succeeded", "{v:#}");
+    let client = turn.client();
+    assert!(
+        !client["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sharedos.escalate"))
+    );
+    assert_eq!(client["results"][0]["isError"], true);
+    assert_eq!(
+        client["results"][0]["meta"]["sharedos/code"],
+        "tool_unavailable"
+    );
+    assert_eq!(turn.events("tool.requested").len(), 1);
+    assert!(turn.metadata().get("escalationAsked").is_none());
+}
+
+/// The same client over streamable HTTP on the sandbox's loopback, with
+/// the per-turn bearer token; without it or with a wrong one, `401`.
+#[test]
+fn the_client_over_streamable_http_lists_and_calls_with_the_turn_token() {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let client = mcp_client(dir.path());
+    let steps = json!([
+        step(
+            "files.write",
+            json!({"path": "notes/h.md", "content": "over http"})
+        ),
+        step("files.read", json!({"path": "notes/h.md"})),
+        step("files.delete", json!({"path": "notes/h.md"})),
+    ]);
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{client:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
+mcp = "http"
+env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+escalation = true
+"#,
+        exe = py.exe.display().to_string(),
+        client = client.display().to_string(),
+    );
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    let turn = run(HarnessCase::new(&harness, ro));
+    let v = turn.json();
+    assert_eq!(turn.status(), "succeeded", "{v:#}");
+    let client = turn.client();
+    assert_eq!(client["unauthorized"], json!([401, 401]), "{client}");
+    assert_eq!(client["serverName"], "sharedos");
+    assert_eq!(client["catalogHash"], turn.metadata()["catalogHash"]);
+    let r = &client["results"];
+    assert_eq!(r[1]["isError"], false, "{r}");
+    assert!(r[1]["text"].as_str().unwrap().contains("over http"), "{r}");
+    assert_eq!(r[2]["meta"]["sharedos/status"], "denied", "{r}");
+    assert_eq!(turn.events("tool.requested").len(), 3);
+    // The harness sandbox mode, named in the report.
+    let sandbox = &v["metadata"]["runtime"]["sandbox"];
+    assert_eq!(
+        sandbox["seccomp"]["mode"], "namespace+harness",
+        "{sandbox:#}"
+    );
+    assert_eq!(
+        sandbox["landlock"]["net"], "tcp-bind-connect:8788",
+        "{sandbox:#}"
+    );
+}
