@@ -208,6 +208,8 @@ pub struct VendorTurn {
     /// The audit file as written (to look for keys).
     pub audit_text: String,
     pub marker: String,
+    /// When `execute()` was called.
+    pub started: Instant,
     pub elapsed: Duration,
 }
 
@@ -333,6 +335,7 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
         audit,
         audit_text,
         marker: marker.to_owned(),
+        started,
         elapsed,
     }
 }
