@@ -171,6 +171,28 @@ fn first_env_key(vendor: Vendor) -> &'static str {
     }
 }
 
+/// Codex's spec switched to streamable HTTP, as docs/HARNESS.md says:
+/// `mcp = "http"` and the server entry's `url` and bearer token instead
+/// of the relay's command.
+pub fn http_variant(codex: &str) -> String {
+    let mut out = codex.to_owned();
+    for (from, to) in [
+        ("mcp = \"stdio\"", "mcp = \"http\""),
+        (
+            "command = {json:mcpCommand}\nargs = {json:mcpArgs}\n",
+            "url = {json:mcpUrl}\nbearer_token_env_var = \"SHAREDOS_MCP_TOKEN\"\n",
+        ),
+        (
+            "CODEX_HOME = ",
+            "SHAREDOS_MCP_TOKEN = \"{mcpToken}\", CODEX_HOME = ",
+        ),
+    ] {
+        assert!(out.contains(from), "the Codex spec no longer has {from:?}");
+        out = out.replacen(from, to, 1);
+    }
+    out
+}
+
 /// The kernel of the harness tests (`turns::kernel_config`: files, ledger,
 /// escalation) with the model route granted to the agent.
 fn kernel_config_with_route(route: &str) -> KernelConfig {
@@ -194,6 +216,9 @@ pub struct VendorCase {
     pub prompt: Value,
     pub tools: Vec<&'static str>,
     pub timeout_ms: u64,
+    /// Seat the CLI over streamable HTTP (`mcp = "http"`) instead of the
+    /// spec's stdio relay: [`http_variant`].
+    pub http: bool,
     /// The request's `maxToolCalls` (1000 when `None`).
     pub max_tool_calls: Option<u64>,
     /// Called on every event of the turn as it happens.
@@ -249,7 +274,10 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
     let cli = cli_dir(case.vendor);
     let text = format!(
         "[host]\nauditPath = \"audit.jsonl\"\nfilesRoot = \"files\"\n\n{}",
-        spec_text(case.vendor, &cli, mock, &key_file, marker)
+        match case.http {
+            false => spec_text(case.vendor, &cli, mock, &key_file, marker),
+            true => http_variant(&spec_text(case.vendor, &cli, mock, &key_file, marker)),
+        }
     );
     let config = HostConfig::parse(&text, "vendor.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));

@@ -49,6 +49,7 @@ fn case(vendor: Vendor, timeout_ms: u64) -> VendorCase {
         prompt: json!("Write a note for the team, then tell me you did."),
         tools: TOOLS.to_vec(),
         timeout_ms,
+        http: false,
         max_tool_calls: None,
         watch: None,
     }
@@ -302,6 +303,49 @@ fn codex_calling_an_ungranted_tool_or_past_a_ceiling_gets_an_error_result() {
         ]
     );
     assert_key_kept(&turn, &seen, Vendor::Codex);
+}
+
+#[test]
+fn codex_over_streamable_http_calls_a_granted_tool() {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let args = r#"{"path": "notes/http.md", "content": "over http"}"#;
+    let (turn, seen) = rt.block_on(async {
+        let mock = MockModel::start(vec![
+            Reply::Stream(calls_turn(
+                Wire::OpenaiResponses,
+                &[codex_call("files_write", args)],
+            )),
+            Reply::Stream(text_turn(Wire::OpenaiResponses, &["Done over HTTP."])),
+        ])
+        .await
+        .unwrap();
+        let mut case = case(Vendor::Codex, 60_000);
+        case.http = true;
+        let turn = run_vendor(case, &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    assert_eq!(v["output"], "Done over HTTP.", "{v:#}");
+    let sandbox = &v["metadata"]["runtime"]["sandbox"];
+    assert_eq!(
+        sandbox["seccomp"]["mode"], "namespace+harness",
+        "{sandbox:#}"
+    );
+    let offered = codex_offered(&seen[0].body);
+    assert!(offered.contains(&"files_write".to_owned()), "{offered:?}");
+    assert_eq!(
+        invoked(&turn),
+        vec![("files.write".to_owned(), "succeeded/-".to_owned())]
+    );
+    let results = results_sent(Wire::OpenaiResponses, &seen[1].body);
+    assert_eq!(results.len(), 1, "{:#}", seen[1].body["input"]);
+    assert!(results[0].0.contains("notes/http.md"), "{results:?}");
+    assert_key_kept(&turn, &seen, Vendor::Codex);
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
 }
 
 /// The pids of the processes carrying `marker` and all their descendants,
