@@ -402,12 +402,17 @@ fn codex_waiting_on_a_model_that_never_answers_is_killed_by_the_deadline_with_it
     let rt = runtime();
     let marker = unique_marker();
     let seen_tree: Arc<Mutex<BTreeMap<u32, (String, String)>>> = Arc::default();
+    let alive_at_record: Arc<Mutex<usize>> = Arc::default();
     let (turn, seen) = rt.block_on(async {
         // While Codex waits for its model, the host records the turn's
         // whole process tree (harness, codex, the MCP relay it spawned).
         let (m, t) = (marker.clone(), seen_tree.clone());
+        let a = alive_at_record.clone();
         let hook: OnRequest = Arc::new(move |_| {
-            *t.lock().unwrap() = tree_of(&m);
+            let tree = tree_of(&m);
+            // The survivor check sees them while they live (so it can fail).
+            *a.lock().unwrap() = still_alive(&tree).len();
+            *t.lock().unwrap() = tree;
         });
         let options = MockOptions {
             on_request: Some(hook),
@@ -432,6 +437,7 @@ fn codex_waiting_on_a_model_that_never_answers_is_killed_by_the_deadline_with_it
         tree.len() >= 3,
         "the relay Codex spawned is in the tree: {tree:?}"
     );
+    assert_eq!(*alive_at_record.lock().unwrap(), tree.len(), "{tree:?}");
     // Well before the deadline's generous bound, every one is gone.
     let until = std::time::Instant::now() + Duration::from_secs(10);
     let mut left = still_alive(&tree);
