@@ -193,3 +193,52 @@ final = { from = "stdout" }
         "{e}"
     );
 }
+
+/// A prompt written to break the files it is templated into stays one
+/// string in each: the CLI parses the generated JSON and TOML and finds
+/// exactly the prompt it was given as its argument.
+#[test]
+fn a_hostile_prompt_cannot_break_the_generated_files() {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let probe = script(
+        dir.path(),
+        "probe.py",
+        "import json, os, sys, tomllib\n\
+         home = os.environ['HOME']\n\
+         j = json.load(open(home + '/cfg.json'))\n\
+         t = tomllib.load(open(home + '/cfg/config.toml', 'rb'))\n\
+         ok = j == {'p': sys.argv[1], 'n': 1} and t == {'p': sys.argv[1], 'server': {'args': ['mcp-relay', t['server']['args'][1]]}}\n\
+         print('intact' if ok else 'broken: %r %r' % (j, t))\n",
+    );
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{probe:?}, "{{prompt}}"]
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+[[runtimes.harness.files]]
+path = "{{home}}/cfg.json"
+content = '{{"p": {{json:prompt}}, "n": 1}}'
+[[runtimes.harness.files]]
+path = "{{home}}/cfg/config.toml"
+content = """
+p = {{json:prompt}}
+[server]
+args = {{json:mcpArgs}}
+"""
+"#,
+        exe = py.exe.display().to_string(),
+        probe = probe.display().to_string(),
+    );
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    let mut case = HarnessCase::new(&harness, ro);
+    case.prompt = json!(
+        "\"}, \"n\": 2, \"x\": {\"\n\"\"\"\n[server]\nargs = []\n\u{7f}\u{1} \\ {home} {json:prompt} '''"
+    );
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "intact");
+}

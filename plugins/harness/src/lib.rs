@@ -118,11 +118,20 @@ impl TurnVars {
     }
 }
 
-/// The MCP server's transport for the turn; dropped, it is closed.
-#[allow(dead_code)]
+/// The MCP server's transport for the turn.
 enum Transport {
     Stdio(bridge::Bridge),
     Http(http::HttpServer),
+}
+
+impl Transport {
+    /// Stops accepting and drops every session.
+    fn close(self) {
+        match self {
+            Transport::Stdio(b) => b.close(),
+            Transport::Http(h) => h.close(),
+        }
+    }
 }
 
 /// The turn's tmp directory: private to the turn, removed at its end.
@@ -131,6 +140,62 @@ struct TurnDir(PathBuf);
 impl Drop for TurnDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl HarnessPlugin {
+    /// The turn's directories and template values.
+    fn turn_vars(&self, prompt: String, turn_dir: &TurnDir) -> Result<TurnVars, RuntimeError> {
+        let _ = std::fs::remove_dir_all(&turn_dir.0);
+        create_private_dir(&turn_dir.0)?;
+        let home = match std::env::var_os("HOME").map(PathBuf::from) {
+            Some(h) if h.is_dir() && h.is_absolute() => h,
+            _ => {
+                let h = turn_dir.0.join("home");
+                create_private_dir(&h)?;
+                h
+            }
+        };
+        let relay = std::env::current_exe()
+            .map_err(|e| RuntimeError::Failed(format!("cannot find the relay program: {e}")))?;
+        Ok(TurnVars {
+            prompt,
+            home,
+            tmp: turn_dir.0.clone(),
+            route_url: self.launch.route_url.clone().unwrap_or_default(),
+            placeholder_key: self.launch.placeholder_key.clone(),
+            mcp_url: format!("http://127.0.0.1:{MCP_HTTP_PORT}{}", http::MCP_PATH),
+            mcp_token: http::new_token()
+                .map_err(|e| RuntimeError::Failed(format!("cannot make the MCP token: {e}")))?,
+            mcp_command: relay.display().to_string(),
+            mcp_args: vec![
+                "mcp-relay".into(),
+                turn_dir.0.join("mcp.sock").display().to_string(),
+            ],
+        })
+    }
+
+    /// Starts serving `server` over the spec's transport.
+    async fn serve(
+        &self,
+        vars: &TurnVars,
+        server: &Arc<mcp::TurnServer>,
+    ) -> Result<Transport, RuntimeError> {
+        match self.launch.spec.mcp {
+            McpTransport::Stdio => bridge::Bridge::bind(&vars.tmp.join("mcp.sock"), server.clone())
+                .map(Transport::Stdio)
+                .map_err(|e| RuntimeError::Failed(format!("cannot bind the MCP bridge: {e}"))),
+            McpTransport::Http => {
+                http::HttpServer::bind(MCP_HTTP_PORT, vars.mcp_token.clone(), server.clone())
+                    .await
+                    .map(Transport::Http)
+                    .map_err(|e| {
+                        RuntimeError::Failed(format!(
+                            "cannot bind the MCP listener on 127.0.0.1:{MCP_HTTP_PORT} (a harness runtime with mcp = \"http\" runs in the harness sandbox mode): {e}"
+                        ))
+                    })
+            }
+        }
     }
 }
 
@@ -153,31 +218,7 @@ impl RuntimePlugin for HarnessPlugin {
             .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         let base = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
         let turn_dir = TurnDir(base.join(format!("sharedos-harness-{}", std::process::id())));
-        let _ = std::fs::remove_dir_all(&turn_dir.0);
-        create_private_dir(&turn_dir.0)?;
-        let home = match std::env::var_os("HOME").map(PathBuf::from) {
-            Some(h) if h.is_dir() && h.is_absolute() => h,
-            _ => {
-                let h = turn_dir.0.join("home");
-                create_private_dir(&h)?;
-                h
-            }
-        };
-        let socket = turn_dir.0.join("mcp.sock");
-        let relay = std::env::current_exe()
-            .map_err(|e| RuntimeError::Failed(format!("cannot find the relay program: {e}")))?;
-        let vars = TurnVars {
-            prompt,
-            home: home.clone(),
-            tmp: turn_dir.0.clone(),
-            route_url: self.launch.route_url.clone().unwrap_or_default(),
-            placeholder_key: self.launch.placeholder_key.clone(),
-            mcp_url: format!("http://127.0.0.1:{MCP_HTTP_PORT}{}", http::MCP_PATH),
-            mcp_token: http::new_token()
-                .map_err(|e| RuntimeError::Failed(format!("cannot make the MCP token: {e}")))?,
-            mcp_command: relay.display().to_string(),
-            mcp_args: vec!["mcp-relay".into(), socket.display().to_string()],
-        };
+        let vars = self.turn_vars(prompt, &turn_dir)?;
         for f in &spec.files {
             write_file(
                 &PathBuf::from(vars.render(&f.path)?),
@@ -191,33 +232,19 @@ impl RuntimePlugin for HarnessPlugin {
             request.context.trace_id.clone(),
             request.execution_id.as_str(),
         ));
-        let transport = match spec.mcp {
-            McpTransport::Stdio => bridge::Bridge::bind(&socket, server.clone())
-                .map(Transport::Stdio)
-                .map_err(|e| RuntimeError::Failed(format!("cannot bind the MCP bridge: {e}")))?,
-            McpTransport::Http => {
-                http::HttpServer::bind(MCP_HTTP_PORT, vars.mcp_token.clone(), server.clone())
-                    .await
-                    .map(Transport::Http)
-                    .map_err(|e| {
-                        RuntimeError::Failed(format!(
-                            "cannot bind the MCP listener on 127.0.0.1:{MCP_HTTP_PORT} (a harness runtime with mcp = \"http\" runs in the harness sandbox mode): {e}"
-                        ))
-                    })?
-            }
-        };
+        let transport = self.serve(&vars, &server).await?;
         let launch = cli::Launch {
             command: PathBuf::from(&spec.command),
             args: vars.args(&spec.args)?,
             env: cli_env(&vars, &spec.env)?,
-            cwd: home.clone(),
+            cwd: vars.home.clone(),
             term_grace: Duration::from_millis(spec.term_grace_ms),
         };
         cli::become_subreaper();
         let run = cli::run(launch, abort, host.draining(), STDOUT_TAIL_BYTES).await;
         // The turn is over for the CLI: refuse late calls, drop the bridge.
         server.close();
-        drop(transport);
+        transport.close();
         report_stderr(&run.stderr);
         let final_path = match &spec.final_message {
             FinalMessage::File { path } => Some(PathBuf::from(vars.render(path)?)),
