@@ -221,8 +221,6 @@ pub struct VendorCase {
     pub http: bool,
     /// The request's `maxToolCalls` (1000 when `None`).
     pub max_tool_calls: Option<u64>,
-    /// Called on every event of the turn as it happens.
-    pub watch: Option<OnEvent>,
 }
 
 /// What a vendor turn left.
@@ -265,23 +263,42 @@ pub fn unique_marker() -> String {
     )
 }
 
+/// The real kernel over `dir/files` with the route granted, its JSONL
+/// audit trail at `dir/audit.jsonl`.
+fn kernel_in(dir: &Path, route: &str) -> (Arc<Kernel>, PathBuf) {
+    let files_root = dir.join("files");
+    let notes = files_root
+        .join(crate::turns::NAMESPACE)
+        .join(crate::turns::AGENT)
+        .join("notes");
+    std::fs::create_dir_all(notes).unwrap();
+    let audit_path = dir.join("audit.jsonl");
+    let kernel = Kernel::builder_from_config(
+        &kernel_config_with_route(route),
+        &files_root,
+        Arc::new(JsonlAuditSink::open(&audit_path).unwrap()),
+    )
+    .expect("kernel builder")
+    .build();
+    (Arc::new(kernel), audit_path)
+}
+
+/// The host.toml of one vendor turn in `dir`.
+fn host_toml(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str) -> String {
+    let key_file = dir.join("model.key");
+    std::fs::write(&key_file, REAL_KEY).unwrap();
+    let spec = spec_text(case.vendor, &cli_dir(case.vendor), mock, &key_file, marker);
+    let spec = if case.http { http_variant(&spec) } else { spec };
+    format!("[host]\nauditPath = \"audit.jsonl\"\nfilesRoot = \"files\"\n\n{spec}")
+}
+
 /// Runs one turn of `case.vendor` against `mock`, with `marker` in the
 /// environment of every process of the turn.
 pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> VendorTurn {
     let dir = tempfile::tempdir().expect("tempdir");
-    let key_file = dir.path().join("model.key");
-    std::fs::write(&key_file, REAL_KEY).unwrap();
-    let cli = cli_dir(case.vendor);
-    let text = format!(
-        "[host]\nauditPath = \"audit.jsonl\"\nfilesRoot = \"files\"\n\n{}",
-        match case.http {
-            false => spec_text(case.vendor, &cli, mock, &key_file, marker),
-            true => http_variant(&spec_text(case.vendor, &cli, mock, &key_file, marker)),
-        }
-    );
+    let text = host_toml(&case, dir.path(), mock, marker);
     let config = HostConfig::parse(&text, "vendor.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
-    let runtime_id = config.runtimes[0].id.clone();
     let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
         let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(
             workspace_bin("sharedos"),
@@ -291,28 +308,10 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
     };
     let registry = registry_from_config(&config, launcher_for).expect("the seats");
     let seat = registry
-        .resolve(runtime_id.as_str())
+        .resolve(config.runtimes[0].id.as_str())
         .expect("the seat")
         .clone();
-    let files_root = dir.path().join("files");
-    std::fs::create_dir_all(
-        files_root
-            .join(crate::turns::NAMESPACE)
-            .join(crate::turns::AGENT)
-            .join("notes"),
-    )
-    .unwrap();
-    let audit_path = dir.path().join("audit.jsonl");
-    let (route, _) = case.vendor.route();
-    let kernel = Arc::new(
-        Kernel::builder_from_config(
-            &kernel_config_with_route(route),
-            &files_root,
-            Arc::new(JsonlAuditSink::open(&audit_path).unwrap()),
-        )
-        .expect("kernel builder")
-        .build(),
-    );
+    let (kernel, audit_path) = kernel_in(dir.path(), case.vendor.route().0);
     let options = ExecutorOptions {
         effects: Some(kernel.clone()),
         ..ExecutorOptions::default()
@@ -330,38 +329,30 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
     }
     let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let sink = events.clone();
-    let watch = case.watch.clone();
     let on_event: OnEvent = Arc::new(move |e| {
         sink.lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(e.clone());
-        if let Some(w) = &watch {
-            w(e);
-        }
     });
     let started = Instant::now();
+    let options = ExecuteOptions {
+        cancel: None,
+        on_event: Some(on_event),
+    };
     let result = executor
-        .execute_json(
-            &req.to_string(),
-            ExecuteOptions {
-                cancel: None,
-                on_event: Some(on_event),
-            },
-        )
+        .execute_json(&req.to_string(), options)
         .await
         .expect("a valid request");
     let elapsed = started.elapsed();
     drop(executor);
     drop(registry);
     sharedos_host::process::settle_kills();
-    let audit_text = std::fs::read_to_string(&audit_path).unwrap_or_default();
-    let audit = sharedos_kernel::audit::read_jsonl(&audit_path).unwrap_or_default();
     let events = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
     VendorTurn {
         result,
         events,
-        audit,
-        audit_text,
+        audit: sharedos_kernel::audit::read_jsonl(&audit_path).unwrap_or_default(),
+        audit_text: std::fs::read_to_string(&audit_path).unwrap_or_default(),
         marker: marker.to_owned(),
         started,
         elapsed,

@@ -51,7 +51,6 @@ fn case(vendor: Vendor, timeout_ms: u64) -> VendorCase {
         timeout_ms,
         http: false,
         max_tool_calls: None,
-        watch: None,
     }
 }
 
