@@ -509,3 +509,59 @@ fn claude_code_calls_a_granted_tool_end_to_end() {
     let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
     assert!(left.is_empty(), "survivors: {left:?}");
 }
+
+/// The user text of every message a request carried (both wires).
+fn user_texts(body: &Value) -> Vec<String> {
+    let list = if body["input"].is_array() {
+        &body["input"]
+    } else {
+        &body["messages"]
+    };
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .flat_map(|m| match &m["content"] {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str().map(str::to_owned))
+                .collect(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn a_hostile_prompt_reaches_each_model_as_one_unchanged_string() {
+    // A leading dash (a flag?), quotes and brackets of TOML and JSON, a
+    // template variable, shell syntax and a newline: the specs pass the
+    // prompt as one argument after `--`, never through a shell or a file.
+    let prompt = "--version\n\"\"\" ]] {home} {json:prompt} $(id) `id` '; exit 1";
+    for (vendor, wire) in [
+        (Vendor::Codex, Wire::OpenaiResponses),
+        (Vendor::ClaudeCode, Wire::AnthropicMessages),
+    ] {
+        let _serial = sharedos_tests::serial();
+        let rt = runtime();
+        let marker = unique_marker();
+        let (turn, seen) = rt.block_on(async {
+            let mock = MockModel::start(vec![Reply::Stream(text_turn(wire, &["Understood."]))])
+                .await
+                .unwrap();
+            let mut case = case(vendor, 60_000);
+            case.prompt = json!(prompt);
+            let turn = run_vendor(case, &mock, &marker).await;
+            (turn, mock.seen())
+        });
+        let v = turn.json();
+        assert_eq!(v["status"], "succeeded", "{vendor:?}: {v:#}");
+        assert_eq!(v["output"], "Understood.", "{vendor:?}: {v:#}");
+        assert_eq!(seen.len(), 1, "{vendor:?}");
+        let texts = user_texts(&seen[0].body);
+        assert!(
+            texts.iter().any(|t| t.trim_end() == prompt),
+            "{vendor:?}: the prompt arrived changed: {texts:#?}"
+        );
+    }
+}
