@@ -11,6 +11,8 @@ pub mod harness;
 pub mod served;
 /// Turns through the whole host, and the invariants every turn keeps.
 pub mod turns;
+/// The real Codex CLI and Claude Code seated by their shipped specs.
+pub mod vendors;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};

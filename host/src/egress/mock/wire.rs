@@ -127,7 +127,7 @@ fn chat_calls(calls: &[ScriptedCall]) -> Vec<String> {
 
 fn responses_calls(calls: &[ScriptedCall]) -> Vec<String> {
     let mut out = vec![typed(
-        json!({"type": "response.created", "response": {"status": "in_progress"}}),
+        json!({"type": "response.created", "response": {"id": "resp_calls", "status": "in_progress"}}),
     )];
     for (i, c) in calls.iter().enumerate() {
         let (a, b) = halves(c.arguments);
@@ -155,7 +155,7 @@ fn responses_calls(calls: &[ScriptedCall]) -> Vec<String> {
         ));
     }
     out.push(typed(
-        json!({"type": "response.completed", "response": {"status": "completed", "usage": {"input_tokens": 30, "output_tokens": 10, "total_tokens": 40}}}),
+        json!({"type": "response.completed", "response": {"id": "resp_calls", "status": "completed", "usage": {"input_tokens": 30, "output_tokens": 10, "total_tokens": 40}}}),
     ));
     out
 }
@@ -210,7 +210,7 @@ pub fn text_turn_with_usage(wire: Wire, pieces: &[&str], usage: (u64, u64)) -> V
         }
         Wire::OpenaiResponses => {
             out.push(typed(
-                json!({"type": "response.created", "response": {"status": "in_progress"}}),
+                json!({"type": "response.created", "response": {"id": "resp_text", "status": "in_progress"}}),
             ));
             let item = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []});
             out.push(typed(
@@ -226,7 +226,7 @@ pub fn text_turn_with_usage(wire: Wire, pieces: &[&str], usage: (u64, u64)) -> V
                 json!({"type": "response.output_item.done", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
             ));
             out.push(typed(
-                json!({"type": "response.completed", "response": {"status": "completed", "usage": {"input_tokens": input, "output_tokens": output, "total_tokens": input + output}}}),
+                json!({"type": "response.completed", "response": {"id": "resp_text", "status": "completed", "usage": {"input_tokens": input, "output_tokens": output, "total_tokens": input + output}}}),
             ));
         }
         Wire::AnthropicMessages => {

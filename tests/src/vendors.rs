@@ -1,0 +1,360 @@
+//! The real vendor CLIs (Codex CLI, Claude Code) seated by the specs the
+//! repository ships (`plugins/harness/specs/*.toml`), through the whole
+//! host path: the host.toml parsed and checked by `HostConfig`, the seat
+//! with its egress gateway, the full sandbox, the real kernel with a JSONL
+//! audit trail and the kernel as the gateway's effect port, and a scripted
+//! mock model (`egress::mock`) on the host's loopback as the route's
+//! upstream. Nothing reaches a network.
+//!
+//! The CLIs come from `npm install --prefix <dir>` (`.ci/run` does it); a
+//! test that does not find them fails naming the command, never skips.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sharedos_host::config::HostConfig;
+use sharedos_host::egress::mock::MockModel;
+use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
+use sharedos_host::process::Launcher;
+use sharedos_host::sandboxed::SandboxLauncher;
+use sharedos_host::seat::registry_from_config;
+use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
+use sharedos_protocol::{ExecutionEvent, ExecutionResult};
+
+use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
+
+/// The pinned versions `.ci/run` installs.
+pub const CODEX_VERSION: &str = "0.171.0";
+pub const CLAUDE_VERSION: &str = "2.1.332";
+/// The real key the gateway adds; the CLIs only ever hold the placeholder.
+pub const REAL_KEY: &str = "sk-vendor-real-5d0e27c1";
+/// Where the specs say the CLIs are installed.
+const SPEC_DIR: &str = "/opt/sharedos-ci/cli";
+
+/// A vendor CLI with a shipped spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Codex,
+    ClaudeCode,
+}
+
+impl Vendor {
+    fn spec_file(self) -> &'static str {
+        match self {
+            Vendor::Codex => "codex.toml",
+            Vendor::ClaudeCode => "claude-code.toml",
+        }
+    }
+    fn package(self) -> (&'static str, &'static str) {
+        match self {
+            Vendor::Codex => ("@openai/codex", CODEX_VERSION),
+            Vendor::ClaudeCode => ("@anthropic-ai/claude-code", CLAUDE_VERSION),
+        }
+    }
+    /// The route the spec names and the upstream it points at.
+    fn route(self) -> (&'static str, &'static str) {
+        match self {
+            Vendor::Codex => ("openai", "https://api.openai.com/v1"),
+            Vendor::ClaudeCode => ("anthropic", "https://api.anthropic.com"),
+        }
+    }
+}
+
+/// The directory the CLIs are installed in: `SHAREDOS_VENDOR_CLI_DIR`, or
+/// the specs' `/opt/sharedos-ci/cli`. Fails the test (never skips it) when
+/// `vendor`'s pinned version is not there.
+pub fn cli_dir(vendor: Vendor) -> PathBuf {
+    let dir = PathBuf::from(
+        std::env::var("SHAREDOS_VENDOR_CLI_DIR").unwrap_or_else(|_| SPEC_DIR.to_owned()),
+    );
+    let (package, version) = vendor.package();
+    let manifest = dir.join("node_modules").join(package).join("package.json");
+    let found = std::fs::read_to_string(&manifest)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v["version"].as_str().map(str::to_owned));
+    assert_eq!(
+        found.as_deref(),
+        Some(version),
+        "{package}@{version} is not installed in {dir}: run `npm install --prefix {dir} \
+         {package}@{version}` (.ci/run does it; SHAREDOS_VENDOR_CLI_DIR names another directory)",
+        dir = dir.display(),
+    );
+    dir
+}
+
+/// The shipped spec of `vendor` as it will be loaded: installed in `dir`,
+/// the route's upstream the mock model (a loopback target, allowed for the
+/// test) with the key in `key_file`, the harness binary of this build, and
+/// every process carrying `marker` in its environment.
+pub fn spec_text(
+    vendor: Vendor,
+    dir: &Path,
+    mock: &MockModel,
+    key_file: &Path,
+    marker: &str,
+) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/harness/specs")
+        .join(vendor.spec_file());
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (route, upstream) = vendor.route();
+    let mock_upstream = match vendor {
+        Vendor::Codex => mock.base_url(),
+        Vendor::ClaudeCode => format!("http://127.0.0.1:{}", mock.port),
+    };
+    let mut out = text.replace(SPEC_DIR, &dir.display().to_string());
+    for (from, to) in [
+        (
+            "program = \"sharedos-harness\"".to_owned(),
+            format!(
+                "program = {:?}\nenv = {{ {MARKER_ENV} = \"{marker}\" }}",
+                workspace_bin("sharedos-harness").display().to_string()
+            ),
+        ),
+        (
+            format!(
+                "upstream = \"{upstream}\", secret = \"env:{}\"",
+                secret_env(vendor)
+            ),
+            format!(
+                "upstream = \"{mock_upstream}\", secret = \"file:{}\", allow = [\"loopback\"]",
+                key_file.display()
+            ),
+        ),
+        // Codex offers a catalogued model's MCP tools behind its
+        // `tool_search` tool; the mock model is no catalogued model, so
+        // they are offered directly and the script calls them at once.
+        match vendor {
+            Vendor::Codex => (
+                "model = \"gpt-5.5\"".to_owned(),
+                "model = \"sharedos-mock-model\"".to_owned(),
+            ),
+            Vendor::ClaudeCode => (String::new(), String::new()),
+        },
+        (
+            "env = { ".to_owned() + first_env_key(vendor),
+            format!(
+                "env = {{ {MARKER_ENV} = \"{marker}\", {}",
+                first_env_key(vendor)
+            ),
+        ),
+    ] {
+        if from.is_empty() {
+            continue;
+        }
+        assert!(
+            out.contains(&from),
+            "the spec {} no longer has {from:?}",
+            path.display()
+        );
+        out = out.replacen(&from, &to, 1);
+    }
+    assert!(out.contains(&format!("name = \"{route}\"")), "{out}");
+    out
+}
+
+fn secret_env(vendor: Vendor) -> &'static str {
+    match vendor {
+        Vendor::Codex => "OPENAI_API_KEY",
+        Vendor::ClaudeCode => "ANTHROPIC_API_KEY",
+    }
+}
+
+/// The first key of the spec's `[runtimes.harness] env` table.
+fn first_env_key(vendor: Vendor) -> &'static str {
+    match vendor {
+        Vendor::Codex => "CODEX_HOME",
+        Vendor::ClaudeCode => "ANTHROPIC_BASE_URL",
+    }
+}
+
+/// Codex's spec switched to streamable HTTP, as docs/HARNESS.md says:
+/// `mcp = "http"` and the server entry's `url` and bearer token instead
+/// of the relay's command.
+pub fn http_variant(codex: &str) -> String {
+    let mut out = codex.to_owned();
+    for (from, to) in [
+        ("mcp = \"stdio\"", "mcp = \"http\""),
+        (
+            "command = {json:mcpCommand}\nargs = {json:mcpArgs}\n",
+            "url = {json:mcpUrl}\nbearer_token_env_var = \"SHAREDOS_MCP_TOKEN\"\n",
+        ),
+        (
+            "CODEX_HOME = ",
+            "SHAREDOS_MCP_TOKEN = \"{mcpToken}\", CODEX_HOME = ",
+        ),
+    ] {
+        assert!(out.contains(from), "the Codex spec no longer has {from:?}");
+        out = out.replacen(from, to, 1);
+    }
+    out
+}
+
+/// The kernel of the harness tests (`turns::kernel_config`: files, ledger,
+/// escalation) with the model route granted to the agent.
+fn kernel_config_with_route(route: &str) -> KernelConfig {
+    let mut config = serde_json::to_value(kernel_config()).expect("kernel config");
+    if let Some(namespaces) = config["namespaces"].as_array_mut() {
+        namespaces.push(json!("egress"));
+    }
+    let grants = config["grants"].as_array_mut().expect("grants");
+    let caps = grants[1]["capabilities"]
+        .as_array_mut()
+        .expect("capabilities");
+    caps.push(
+        json!({"namespace": "egress", "path": [route], "scope": "exact", "actions": ["request"]}),
+    );
+    serde_json::from_value(config).expect("kernel config")
+}
+
+/// One vendor turn's setup.
+pub struct VendorCase {
+    pub vendor: Vendor,
+    pub prompt: Value,
+    pub tools: Vec<&'static str>,
+    pub timeout_ms: u64,
+    /// Seat the CLI over streamable HTTP (`mcp = "http"`) instead of the
+    /// spec's stdio relay: [`http_variant`].
+    pub http: bool,
+    /// The request's `maxToolCalls` (1000 when `None`).
+    pub max_tool_calls: Option<u64>,
+}
+
+/// What a vendor turn left.
+pub struct VendorTurn {
+    pub result: ExecutionResult,
+    pub events: Vec<ExecutionEvent>,
+    pub audit: Vec<AuditRecord>,
+    /// The audit file as written (to look for keys).
+    pub audit_text: String,
+    pub marker: String,
+    /// When `execute()` was called.
+    pub started: Instant,
+    pub elapsed: Duration,
+}
+
+impl VendorTurn {
+    pub fn json(&self) -> Value {
+        serde_json::to_value(&self.result).expect("result")
+    }
+    pub fn events(&self, kind: &str) -> Vec<Value> {
+        self.events
+            .iter()
+            .filter(|e| e.kind.as_str() == kind)
+            .map(|e| e.data.clone())
+            .collect()
+    }
+    pub fn audit_of(&self, kind: &str) -> Vec<&AuditRecord> {
+        self.audit.iter().filter(|r| r.kind == kind).collect()
+    }
+}
+
+/// A marker unique to this turn.
+pub fn unique_marker() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "v{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// The real kernel over `dir/files` with the route granted, its JSONL
+/// audit trail at `dir/audit.jsonl`.
+fn kernel_in(dir: &Path, route: &str) -> (Arc<Kernel>, PathBuf) {
+    let files_root = dir.join("files");
+    let notes = files_root
+        .join(crate::turns::NAMESPACE)
+        .join(crate::turns::AGENT)
+        .join("notes");
+    std::fs::create_dir_all(notes).unwrap();
+    let audit_path = dir.join("audit.jsonl");
+    let kernel = Kernel::builder_from_config(
+        &kernel_config_with_route(route),
+        &files_root,
+        Arc::new(JsonlAuditSink::open(&audit_path).unwrap()),
+    )
+    .expect("kernel builder")
+    .build();
+    (Arc::new(kernel), audit_path)
+}
+
+/// The host.toml of one vendor turn in `dir`.
+fn host_toml(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str) -> String {
+    let key_file = dir.join("model.key");
+    std::fs::write(&key_file, REAL_KEY).unwrap();
+    let spec = spec_text(case.vendor, &cli_dir(case.vendor), mock, &key_file, marker);
+    let spec = if case.http { http_variant(&spec) } else { spec };
+    format!("[host]\nauditPath = \"audit.jsonl\"\nfilesRoot = \"files\"\n\n{spec}")
+}
+
+/// Runs one turn of `case.vendor` against `mock`, with `marker` in the
+/// environment of every process of the turn.
+pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> VendorTurn {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = host_toml(&case, dir.path(), mock, marker);
+    let config = HostConfig::parse(&text, "vendor.toml", dir.path())
+        .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
+    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
+        let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(
+            workspace_bin("sharedos"),
+            e.sandbox_policy(),
+        ));
+        Ok(l)
+    };
+    let registry = registry_from_config(&config, launcher_for).expect("the seats");
+    let seat = registry
+        .resolve(config.runtimes[0].id.as_str())
+        .expect("the seat")
+        .clone();
+    let (kernel, audit_path) = kernel_in(dir.path(), case.vendor.route().0);
+    let options = ExecutorOptions {
+        effects: Some(kernel.clone()),
+        ..ExecutorOptions::default()
+    };
+    let executor = Executor::new(kernel, seat, options).expect("executor");
+    let mut req = request(
+        &format!("exec-{marker}"),
+        Value::Null,
+        &case.tools,
+        case.timeout_ms,
+    );
+    req["message"]["payload"] = case.prompt.clone();
+    if let Some(n) = case.max_tool_calls {
+        req["options"]["maxToolCalls"] = json!(n);
+    }
+    let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
+    let sink = events.clone();
+    let on_event: OnEvent = Arc::new(move |e| {
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.clone());
+    });
+    let started = Instant::now();
+    let options = ExecuteOptions {
+        cancel: None,
+        on_event: Some(on_event),
+    };
+    let result = executor
+        .execute_json(&req.to_string(), options)
+        .await
+        .expect("a valid request");
+    let elapsed = started.elapsed();
+    drop(executor);
+    drop(registry);
+    sharedos_host::process::settle_kills();
+    let events = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    VendorTurn {
+        result,
+        events,
+        audit: sharedos_kernel::audit::read_jsonl(&audit_path).unwrap_or_default(),
+        audit_text: std::fs::read_to_string(&audit_path).unwrap_or_default(),
+        marker: marker.to_owned(),
+        started,
+        elapsed,
+    }
+}
