@@ -312,11 +312,7 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
         .expect("the seat")
         .clone();
     let (kernel, audit_path) = kernel_in(dir.path(), case.vendor.route().0);
-    let options = ExecutorOptions {
-        effects: Some(kernel.clone()),
-        ..ExecutorOptions::default()
-    };
-    let executor = Executor::new(kernel, seat, options).expect("executor");
+    let executor = Executor::new(kernel, seat, ExecutorOptions::default()).expect("executor");
     let mut req = request(
         &format!("exec-{marker}"),
         Value::Null,
