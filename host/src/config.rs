@@ -45,6 +45,10 @@ pub struct HostSection {
     pub default_max_tool_calls: Option<u32>,
     #[serde(default)]
     pub drain_grace_ms: u64,
+    /// The per-turn byte ledger (docs/PROTOCOL.md section 5); the
+    /// executor's default (16 MiB) when absent.
+    #[serde(default)]
+    pub max_turn_bytes: Option<usize>,
     /// The audit trail (JSONL, fsync'd). Relative paths are relative to the
     /// configuration file.
     pub audit_path: PathBuf,
@@ -306,6 +310,14 @@ impl HostConfig {
                 "host.drainGraceMs: must be 0..=600000, got {}",
                 h.drain_grace_ms
             ));
+        }
+        if let Some(n) = h.max_turn_bytes {
+            use crate::executor::{MAX_TURN_BYTES, MIN_TURN_BYTES};
+            if !(MIN_TURN_BYTES..=MAX_TURN_BYTES).contains(&n) {
+                return Err(format!(
+                    "host.maxTurnBytes: must be {MIN_TURN_BYTES}..={MAX_TURN_BYTES} (256 KiB to 1 GiB), got {n}"
+                ));
+            }
         }
         if h.default_max_steps == 0 || h.default_max_steps > 1000 {
             return Err(format!(

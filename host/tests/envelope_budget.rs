@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sharedos_host::executor::{
-    DEFAULT_MAX_ANNOTATION_BYTES, DEFAULT_MAX_ANNOTATION_KEYS, DEFAULT_MAX_EVENT_BYTES_PER_TURN,
-    DEFAULT_MAX_EVENTS_PER_TURN, Executor, ExecutorOptions, Seat, TurnError,
+    DEFAULT_MAX_ANNOTATION_BYTES, DEFAULT_MAX_ANNOTATION_KEYS, DEFAULT_MAX_EVENTS_PER_TURN,
+    DEFAULT_MAX_TURN_BYTES, EVENT_OVERHEAD_BYTES, Executor, ExecutorOptions, MAX_TURN_BYTES,
+    STDERR_TAIL_RESERVE_BYTES, Seat, TurnError, VALUE_NODE_BYTES,
 };
+use sharedos_host::process::stderr::{TAIL_LINE_BYTES, TAIL_LINES};
 use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost};
 use sharedos_protocol::{
     ErrorKind, ExecutionResult, ExecutionStatus, RuntimeEvent, RuntimeTurnOutcome, ident,
@@ -25,7 +27,7 @@ fn budget_options(
 ) -> (ExecutorOptions, TurnErrors) {
     let (mut o, errors) = options(grace_ms);
     o.max_events_per_turn = max_events;
-    o.max_event_bytes_per_turn = max_bytes;
+    o.max_turn_bytes = max_bytes;
     (o, errors)
 }
 
@@ -101,7 +103,7 @@ async fn an_emit_flood_ends_runtime_failed_with_a_bounded_event_count() {
             Ok(RuntimeTurnOutcome::complete(json!("ignored the stop")))
         }
     });
-    let (o, errors) = budget_options(1_000, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let (o, errors) = budget_options(1_000, DEFAULT_MAX_TURN_BYTES, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let r = h.run(request(&[])).await;
     assert_stopped_for_the_budget(&h, &kernel, &r);
@@ -131,7 +133,7 @@ async fn a_plugin_just_under_the_budget_completes() {
         }
         Ok(RuntimeTurnOutcome::complete(json!("fits")))
     });
-    let (o, errors) = budget_options(1_000, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let (o, errors) = budget_options(1_000, DEFAULT_MAX_TURN_BYTES, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let r = h.run(request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
@@ -140,8 +142,54 @@ async fn a_plugin_just_under_the_budget_completes() {
     assert!(h.turn_errors().is_empty());
 }
 
+/// What the ledger charges for the events of a result: each whole, plus
+/// its parsed values and its overhead (docs/PROTOCOL.md section 5).
+fn ledger_bytes(r: &ExecutionResult) -> usize {
+    fn nodes(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(a) => a.iter().map(nodes).sum(),
+            Value::Object(o) => o.values().map(nodes).sum(),
+            _ => 0,
+        }
+    }
+    r.events
+        .iter()
+        .map(|e| {
+            serde_json::to_vec(e).unwrap().len()
+                + nodes(&e.data) * VALUE_NODE_BYTES
+                + EVENT_OVERHEAD_BYTES
+        })
+        .sum()
+}
+
+/// A flood stopped by the byte ledger: `failed runtime_failed`, the
+/// reason and the limit named, not retryable.
+fn assert_stopped_for_the_ledger(h: &Harness, r: &ExecutionResult, limit: usize) {
+    assert_eq!(r.status, ExecutionStatus::Failed, "{:?}", r.error);
+    assert_eq!(code(r), "runtime_failed");
+    let error = r.error.as_ref().unwrap();
+    assert_eq!(
+        json!(error.details),
+        json!({"reason": "turn_memory_exceeded", "limitBytes": limit})
+    );
+    assert_eq!(error.retryable, Some(false));
+    let errors: Vec<TurnError> = h.turn_errors().into_iter().map(|(e, _)| e).collect();
+    assert_eq!(
+        errors,
+        vec![TurnError::Violation {
+            reason: "turn_memory_exceeded"
+        }]
+    );
+    assert_eq!(last_event(r).0, "turn.failed");
+    assert!(
+        ledger_bytes(r) + STDERR_TAIL_RESERVE_BYTES <= limit,
+        "{} bytes held past the {limit} limit",
+        ledger_bytes(r)
+    );
+}
+
 #[tokio::test(start_paused = true)]
-async fn an_emit_flood_over_the_byte_budget_ends_runtime_failed() {
+async fn an_emit_flood_over_the_byte_ledger_ends_runtime_failed() {
     let kernel = TestKernel::new(vec![]);
     let plugin = FnPlugin(|_req, host: Arc<dyn RuntimeHost>, _abort| async move {
         let blob = "x".repeat(10 * 1024);
@@ -151,13 +199,77 @@ async fn an_emit_flood_over_the_byte_budget_ends_runtime_failed() {
         }
         Ok(RuntimeTurnOutcome::complete(json!("never")))
     });
-    let (o, errors) = budget_options(DEFAULT_MAX_EVENTS_PER_TURN, 64 * 1024, 0);
+    let limit = 256 * 1024;
+    let (o, errors) = budget_options(DEFAULT_MAX_EVENTS_PER_TURN, limit, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let r = h.run(request(&[])).await;
-    assert_stopped_for_the_budget(&h, &kernel, &r);
-    assert!(data_bytes(&r) <= 64 * 1024, "{} bytes", data_bytes(&r));
+    assert_stopped_for_the_ledger(&h, &r, limit);
     let emitted = events_of(&r, "runtime.event").len();
-    assert!((4..=6).contains(&emitted), "{emitted} emits of 10 KiB fit");
+    assert!(
+        (17..=20).contains(&emitted),
+        "{emitted} emits of 10 KiB fit"
+    );
+}
+
+/// The ledger counts what the host holds, not wire bytes: an event of
+/// small JSON values (a 2-byte `0,` is a 32-byte value in memory) is
+/// charged for each value, so `[0,0,…]` cannot multiply the limit.
+#[tokio::test(start_paused = true)]
+async fn small_values_are_charged_for_what_they_cost_parsed() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_req, host: Arc<dyn RuntimeHost>, _abort| async move {
+        let zeros = Value::Array(vec![json!(0); 1024]);
+        for i in 0..10_000usize {
+            host.emit(tick(i, zeros.clone()))
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        }
+        Ok(RuntimeTurnOutcome::complete(json!("never")))
+    });
+    let limit = 1024 * 1024;
+    let (o, errors) = budget_options(DEFAULT_MAX_EVENTS_PER_TURN, limit, 0);
+    let h = executor_with(&kernel, Arc::new(plugin), o, errors);
+    let r = h.run(request(&[])).await;
+    assert_stopped_for_the_ledger(&h, &r, limit);
+    // 2 KiB on the wire each, about 50 KiB held: some 19 fit, not 500.
+    let emitted = events_of(&r, "runtime.event").len();
+    assert!((15..=20).contains(&emitted), "{emitted} emits fit");
+    assert!(data_bytes(&r) < 64 * 1024);
+}
+
+/// Annotations and events share one ledger: a store filled with
+/// annotations leaves less room for events, and an annotation past the
+/// ledger is dropped (never refused).
+#[tokio::test(start_paused = true)]
+async fn annotations_and_events_share_the_ledger() {
+    let kernel = TestKernel::new(vec![]);
+    let plugin = FnPlugin(|_req, host: Arc<dyn RuntimeHost>, _abort| async move {
+        let blob = "a".repeat(100 * 1024);
+        for i in 0..5usize {
+            host.annotate(&format!("k{i}"), json!(blob)).unwrap();
+        }
+        for i in 0..10_000usize {
+            host.emit(tick(i, json!("x".repeat(1024))))
+                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        }
+        Ok(RuntimeTurnOutcome::complete(json!("never")))
+    });
+    let limit = 256 * 1024;
+    let (o, errors) = budget_options(DEFAULT_MAX_EVENTS_PER_TURN, limit, 0);
+    let h = executor_with(&kernel, Arc::new(plugin), o, errors);
+    let r = h.run(request(&[])).await;
+    assert_stopped_for_the_ledger(&h, &r, limit);
+    // Two annotations of 100 KiB fit next to the reserves; the third and
+    // later are dropped; what is left for events is a few KiB.
+    let kept: Vec<&str> = r
+        .metadata
+        .keys()
+        .map(String::as_str)
+        .filter(|k| k.starts_with('k'))
+        .collect();
+    assert_eq!(kept, vec!["k0", "k1"]);
+    let held = ledger_bytes(&r) + 2 * (2 + 100 * 1024 + 2 + VALUE_NODE_BYTES);
+    assert!(held + STDERR_TAIL_RESERVE_BYTES <= limit, "{held}");
+    assert!(events_of(&r, "runtime.event").len() < 20);
 }
 
 #[tokio::test(start_paused = true)]
@@ -179,7 +291,7 @@ async fn a_refusal_loop_ends_runtime_failed_with_bounded_events_and_records() {
             i += 1;
         }
     });
-    let (o, errors) = budget_options(1_000, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let (o, errors) = budget_options(1_000, DEFAULT_MAX_TURN_BYTES, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let (r, took) = timed(&h, request(&["files.read"])).await;
     assert_stopped_for_the_budget(&h, &kernel, &r);
@@ -211,7 +323,7 @@ async fn every_requested_call_keeps_room_for_its_completion() {
         }
         Ok(RuntimeTurnOutcome::complete(Value::Null))
     });
-    let (o, errors) = budget_options(101, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let (o, errors) = budget_options(101, DEFAULT_MAX_TURN_BYTES, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let r = h
         .run(request_with(&["files.read"], |v| {
@@ -245,7 +357,7 @@ async fn the_retryable_rule_applies_to_a_budget_ending() {
                 .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         }
     });
-    let (o, errors) = budget_options(64, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let (o, errors) = budget_options(64, DEFAULT_MAX_TURN_BYTES, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let r = h.run(request(&["transfer_funds"])).await;
     assert_stopped_for_the_budget(&h, &kernel, &r);
@@ -270,7 +382,7 @@ async fn a_flood_while_draining_still_ends_runtime_failed() {
                 .map_err(|e| RuntimeError::Failed(e.to_string()))?;
         }
     });
-    let (o, errors) = budget_options(100, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 5_000);
+    let (o, errors) = budget_options(100, DEFAULT_MAX_TURN_BYTES, 5_000);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let (r, took) = timed(&h, request(&[])).await;
     assert_stopped_for_the_budget(&h, &kernel, &r);
@@ -342,7 +454,7 @@ async fn the_annotation_store_is_bounded_in_bytes() {
 async fn the_bounds_have_their_defaults_and_are_checked() {
     let d = ExecutorOptions::default();
     assert_eq!(d.max_events_per_turn, 100_000);
-    assert_eq!(d.max_event_bytes_per_turn, 64 * 1024 * 1024);
+    assert_eq!(d.max_turn_bytes, 16 * 1024 * 1024);
     assert_eq!(d.max_annotation_keys, 1024);
     assert_eq!(d.max_annotation_bytes, 1024 * 1024);
     let kernel = TestKernel::new(vec![]);
@@ -359,11 +471,19 @@ async fn the_bounds_have_their_defaults_and_are_checked() {
     );
     assert!(
         make(ExecutorOptions {
-            max_event_bytes_per_turn: 1_000,
+            max_turn_bytes: 1_000,
             ..Default::default()
         })
         .is_err()
     );
+    assert!(
+        make(ExecutorOptions {
+            max_turn_bytes: MAX_TURN_BYTES + 1,
+            ..Default::default()
+        })
+        .is_err()
+    );
+    const { assert!(STDERR_TAIL_RESERVE_BYTES >= TAIL_LINES * (4 * TAIL_LINE_BYTES)) };
     assert!(make(ExecutorOptions::default()).is_ok());
 }
 
@@ -397,7 +517,7 @@ async fn the_stop_aborts_a_call_in_flight_and_keeps_the_annotations() {
     });
     let observed: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
     let sink = observed.clone();
-    let (o, errors) = budget_options(50, DEFAULT_MAX_EVENT_BYTES_PER_TURN, 0);
+    let (o, errors) = budget_options(50, DEFAULT_MAX_TURN_BYTES, 0);
     let h = executor_with(&kernel, Arc::new(plugin), o, errors);
     let (r, took) = {
         let start = tokio::time::Instant::now();

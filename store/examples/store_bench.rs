@@ -11,6 +11,10 @@
 //!   journal write to another host (another connection) holding the event
 //!   (woken by `NOTIFY`, then reading the journal).
 //!
+//! The sinks, then the stores, take turns in 20 rounds of N/20 (each
+//! figure's samples come from every round), so a shared machine's load
+//! falls on all alike.
+//!
 //! `cargo run --release -p sharedos-store --example store_bench [N]`; the
 //! PostgreSQL server is `SHAREDOS_TEST_POSTGRES`'s or a private cluster
 //! (`sharedos_store::cluster`). Prints one JSON object per figure.
@@ -54,33 +58,58 @@ fn context() -> AccessContext {
     .expect("context")
 }
 
-async fn audited_call(
-    name: &str,
-    audit: Arc<dyn AuditSink>,
-    dir: &std::path::Path,
-    n: usize,
-) -> Value {
-    let config: KernelConfig = serde_json::from_value(json!({"grants": [{
-        "id": "bench", "subject": {"kind": "agent", "agentId": "bench"},
-        "issuer": {"kind": "service", "serviceId": "host"}, "namespaceId": "bench",
-        "capabilities": [{"namespace": "files", "path": ["bench"], "scope": "descendants", "actions": ["list"]}]
-    }]}))
-    .expect("config");
-    let kernel = Kernel::from_config(&config, dir, audit).expect("kernel");
-    let ctx = context();
-    let turn = kernel.open_turn(&ctx).await.expect("turn");
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n {
-        let call: ToolCall = serde_json::from_value(json!({"id": format!("c{i}"), "tool": "files.list",
-            "arguments": {"path": ""}, "traceId": "bench-trace", "requestedAt": "2026-12-01T00:00:00Z"}))
-        .expect("call");
-        let t = Instant::now();
-        turn.invoke_tool(&ctx, &call, CancellationToken::new())
-            .await
-            .expect("invoke");
-        samples.push(t.elapsed());
+/// One audit sink behind a real kernel, timed a block of calls at a time
+/// so the sinks can take turns on a shared machine.
+struct CallBench {
+    name: &'static str,
+    /// Owns the audit sink and the tools the turn calls into.
+    _kernel: Kernel,
+    turn: Arc<dyn sharedos_kernel::KernelTurn>,
+    ctx: AccessContext,
+    samples: Vec<Duration>,
+    next: usize,
+}
+
+impl CallBench {
+    async fn new(name: &'static str, audit: Arc<dyn AuditSink>, dir: &std::path::Path) -> Self {
+        let config: KernelConfig = serde_json::from_value(json!({"grants": [{
+            "id": "bench", "subject": {"kind": "agent", "agentId": "bench"},
+            "issuer": {"kind": "service", "serviceId": "host"}, "namespaceId": "bench",
+            "capabilities": [{"namespace": "files", "path": ["bench"], "scope": "descendants", "actions": ["list"]}]
+        }]}))
+        .expect("config");
+        let kernel = Kernel::from_config(&config, dir, audit).expect("kernel");
+        let ctx = context();
+        let turn = kernel.open_turn(&ctx).await.expect("turn");
+        Self {
+            name,
+            _kernel: kernel,
+            turn,
+            ctx,
+            samples: Vec::new(),
+            next: 0,
+        }
     }
-    summary(name, samples)
+
+    async fn block(&mut self, count: usize) {
+        for _ in 0..count {
+            let i = self.next;
+            self.next += 1;
+            let call: ToolCall = serde_json::from_value(json!({"id": format!("c{i}"), "tool": "files.list",
+                "arguments": {"path": ""}, "traceId": "bench-trace", "requestedAt": "2026-12-01T00:00:00Z"}))
+            .expect("call");
+            let t = Instant::now();
+            self.turn
+                .invoke_tool(&self.ctx, &call, CancellationToken::new())
+                .await
+                .expect("invoke");
+            self.samples.push(t.elapsed());
+        }
+    }
+
+    fn summary(self) -> Value {
+        summary(self.name, self.samples)
+    }
 }
 
 fn event(run: &str, sequence: u64) -> ExecutionEvent {
@@ -90,45 +119,68 @@ fn event(run: &str, sequence: u64) -> ExecutionEvent {
     .expect("event")
 }
 
-async fn admissions_and_journal(label: &str, store: &dyn Store, n: usize) -> Vec<Value> {
-    let session = SessionRecord {
-        id: format!("s-{label}"),
-        agent_id: "bench".into(),
-        runtime_id: "bench".into(),
-        scope: json!({}),
-        binding: json!({}),
-        open: true,
-        created_at: "2026-12-01T00:00:00Z".into(),
-        closed_at: None,
-    };
-    store.open_session(&session).await.expect("session");
-    let mut admits = Vec::with_capacity(n);
-    for i in 0..n {
-        let run = NewRun {
-            id: format!("r-{label}-{i}"),
-            session_id: session.id.clone(),
-            request_id: format!("q{i}"),
-            payload_digest: "d".into(),
-            input: json!({"payload": {"i": i}}),
-            host_id: "bench".into(),
-            admitted_at: "2026-12-01T00:00:00Z".into(),
+/// Admissions and journal writes on one store, a block at a time.
+struct JournalBench<'a> {
+    label: &'static str,
+    store: &'a dyn Store,
+    admits: Vec<Duration>,
+    appends: Vec<Duration>,
+}
+
+impl<'a> JournalBench<'a> {
+    async fn new(label: &'static str, store: &'a dyn Store) -> Self {
+        let session = SessionRecord {
+            id: format!("s-{label}"),
+            agent_id: "bench".into(),
+            runtime_id: "bench".into(),
+            scope: json!({}),
+            binding: json!({}),
+            open: true,
+            created_at: "2026-12-01T00:00:00Z".into(),
+            closed_at: None,
         };
-        let t = Instant::now();
-        store.admit_run(&run).await.expect("admit");
-        admits.push(t.elapsed());
+        store.open_session(&session).await.expect("session");
+        Self {
+            label,
+            store,
+            admits: Vec::new(),
+            appends: Vec::new(),
+        }
     }
-    let run = format!("r-{label}-0");
-    let mut appends = Vec::with_capacity(n);
-    for s in 0..n as u64 {
-        let e = event(&run, s);
-        let t = Instant::now();
-        store.append_event(&run, &e).await.expect("append");
-        appends.push(t.elapsed());
+
+    /// `count` admissions, then `count` events journaled to the first run.
+    async fn block(&mut self, count: usize) {
+        let label = self.label;
+        for _ in 0..count {
+            let i = self.admits.len();
+            let run = NewRun {
+                id: format!("r-{label}-{i}"),
+                session_id: format!("s-{label}"),
+                request_id: format!("q{i}"),
+                payload_digest: "d".into(),
+                input: json!({"payload": {"i": i}}),
+                host_id: "bench".into(),
+                admitted_at: "2026-12-01T00:00:00Z".into(),
+            };
+            let t = Instant::now();
+            self.store.admit_run(&run).await.expect("admit");
+            self.admits.push(t.elapsed());
+        }
+        let run = format!("r-{label}-0");
+        for _ in 0..count {
+            let e = event(&run, self.appends.len() as u64);
+            let t = Instant::now();
+            self.store.append_event(&run, &e).await.expect("append");
+            self.appends.push(t.elapsed());
+        }
     }
-    vec![
-        summary(&format!("store.admit_run.{label}"), admits),
-        summary(&format!("store.append_event.{label}"), appends),
-    ]
+
+    fn summaries(self) -> Vec<Value> {
+        vec![
+            summary(&format!("store.admit_run.{}", self.label), self.admits),
+            summary(&format!("store.append_event.{}", self.label), self.appends),
+        ]
+    }
 }
 
 fn bench_grants() -> Vec<Grant> {
@@ -214,6 +266,9 @@ async fn observation_latency(db: &TestDatabase, n: usize) -> Value {
     summary("store.observation_latency.postgres_cross_host", samples)
 }
 
+/// How many turns each sink and store takes.
+const ROUNDS: usize = 20;
+
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args()
@@ -233,13 +288,30 @@ async fn main() {
     let jsonl = Arc::new(JsonlAuditSink::open(dir.path().join("audit.jsonl")).expect("jsonl"));
     let files = dir.path().join("files");
     std::fs::create_dir_all(&files).expect("files");
-    let mut out = vec![
-        audited_call("kernel.audited_tool_call.jsonl", jsonl, &files, n).await,
-        audited_call("kernel.audited_tool_call.sqlite", sqlite.clone(), &files, n).await,
-        audited_call("kernel.audited_tool_call.postgres", pg.clone(), &files, n).await,
+    // The machine is shared: the sinks and the stores take turns, a block
+    // of ROUNDS at a time, so a burst of load elsewhere hits each alike.
+    let block = n.div_ceil(ROUNDS);
+    let mut calls = [
+        CallBench::new("kernel.audited_tool_call.jsonl", jsonl, &files).await,
+        CallBench::new("kernel.audited_tool_call.sqlite", sqlite.clone(), &files).await,
+        CallBench::new("kernel.audited_tool_call.postgres", pg.clone(), &files).await,
     ];
-    out.extend(admissions_and_journal("sqlite", sqlite.as_ref(), n).await);
-    out.extend(admissions_and_journal("postgres", pg.as_ref(), n).await);
+    let mut journals = [
+        JournalBench::new("sqlite", sqlite.as_ref()).await,
+        JournalBench::new("postgres", pg.as_ref()).await,
+    ];
+    for _ in 0..ROUNDS {
+        for c in &mut calls {
+            c.block(block).await;
+        }
+        for j in &mut journals {
+            j.block(block).await;
+        }
+    }
+    let mut out: Vec<Value> = calls.into_iter().map(CallBench::summary).collect();
+    for j in journals {
+        out.extend(j.summaries());
+    }
     let config = ConfigGrantSource::new(bench_grants());
     out.push(grant_load("kernel.grant_load.config", &config, n).await);
     out.push(stored_grant_load("sqlite", sqlite.clone(), n).await);

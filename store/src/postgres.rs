@@ -85,7 +85,10 @@ impl PostgresStore {
                 }
             }
         });
+        // Migrating waits on the other hosts' migrations as long as they
+        // take; only then are lock waits bounded.
         migrate(&mut client, config).await?;
+        bound_lock_waits(&client).await?;
         client
             .batch_execute(&format!("LISTEN {CHANNEL}"))
             .await
@@ -96,6 +99,30 @@ impl PostgresStore {
             keep_events_per_run,
         })
     }
+}
+
+/// How long a statement waits for a lock another session holds (a table
+/// locked by an operator, a row held by a stuck transaction) before it
+/// fails `StoreError::Unavailable`: the same 5 s as SQLite's busy timeout.
+/// Without it a write would wait forever with the store's one connection,
+/// and every turn of the host behind it.
+pub const LOCK_TIMEOUT: &str = "5s";
+
+/// Sets `lock_timeout` for this connection unless the connection string
+/// set one (`options='-c lock_timeout=…'`), which is kept.
+async fn bound_lock_waits(client: &Client) -> Result<(), StoreError> {
+    let current: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    if current == "0" {
+        client
+            .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
+            .await
+            .map_err(pg)?;
+    }
+    Ok(())
 }
 
 async fn migrate(client: &mut Client, config: &str) -> Result<(), StoreError> {

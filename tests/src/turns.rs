@@ -299,6 +299,8 @@ pub struct TurnSpec {
     /// When the plugin emits an event of this type, each call's decision
     /// write starts taking the given time.
     pub slow_decisions_on_event: Option<(&'static str, u64)>,
+    /// The executor's byte ledger; its default when `None`.
+    pub max_turn_bytes: Option<usize>,
 }
 
 impl TurnSpec {
@@ -325,6 +327,7 @@ impl TurnSpec {
             skip_invariants: false,
             env: Vec::new(),
             slow_decisions_on_event: None,
+            max_turn_bytes: None,
         }
     }
     pub fn tools(mut self, tools: &[&'static str]) -> Self {
@@ -602,10 +605,12 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     let errors: Arc<Mutex<Vec<TurnError>>> = Arc::default();
     let errs = errors.clone();
     let on_turn_error: OnTurnError = Arc::new(move |e, _| errs.lock().unwrap().push(e.clone()));
+    let defaults = ExecutorOptions::default();
     let options = ExecutorOptions {
         drain_grace_ms: spec.drain_grace_ms,
         on_turn_error: Some(on_turn_error),
-        ..ExecutorOptions::default()
+        max_turn_bytes: spec.max_turn_bytes.unwrap_or(defaults.max_turn_bytes),
+        ..defaults
     };
     let executor =
         Executor::new(Arc::new(kernel), process_seat(runtime), options).expect("executor");

@@ -1,20 +1,58 @@
 //! `sharedos serve` as a real process, over its unix socket, with a real
-//! HTTP client (hyper): dedupe, re-attach after a disconnect, cancel, and
-//! recovery after the host is SIGKILLed mid-run.
+//! HTTP client (hyper): dedupe, re-attach after a disconnect and cancel on
+//! both stores (SQLite and a real PostgreSQL server), and recovery after
+//! the host is SIGKILLed mid-run.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use sharedos_store::cluster::TestDatabase;
 use sharedos_tests::served::{
-    Events, call, open_session, run_body, start, wait_state, write_config,
+    Events, Server, call, open_session, run_body, start, start_with, wait_state, write_config,
 };
 use sharedos_tests::turns::{AGENT, NAMESPACE};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dedupe_scope_and_close_over_the_socket() {
+/// The store a served host uses in a test.
+enum Backend {
+    Sqlite,
+    Postgres(TestDatabase),
+}
+
+impl Backend {
+    fn start(&self, dir: &Path) -> Server {
+        match self {
+            Backend::Sqlite => start(dir),
+            Backend::Postgres(db) => start_with(dir, "serve.sock", &["--postgres", &db.conninfo]),
+        }
+    }
+}
+
+/// Runs one test body against each store.
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(super::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let db = sharedos_store::cluster::TestDatabase::new().await.unwrap();
+                super::$name(super::Backend::Postgres(db)).await
+            }
+        }
+    };
+}
+
+both!(dedupe_scope_and_close_over_the_socket);
+both!(an_observer_re_attaches_after_a_disconnect_without_gap_or_duplicate);
+both!(cancel_over_the_socket_ends_the_run_cancelled);
+
+async fn dedupe_scope_and_close_over_the_socket(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
-    let server = start(dir.path());
+    let server = backend.start(dir.path());
     let socket = server.socket();
     let session = open_session(&socket).await;
     let runs = format!("/v1/sessions/{session}/runs");
@@ -112,11 +150,10 @@ async fn dedupe_scope_and_close_over_the_socket() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_re_attaches_after_a_disconnect_without_gap_or_duplicate() {
+async fn an_observer_re_attaches_after_a_disconnect_without_gap_or_duplicate(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
-    let server = start(dir.path());
+    let server = backend.start(dir.path());
     let socket = server.socket();
     let session = open_session(&socket).await;
     let mut script = Vec::new();
@@ -173,11 +210,10 @@ async fn an_observer_re_attaches_after_a_disconnect_without_gap_or_duplicate() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_over_the_socket_ends_the_run_cancelled() {
+async fn cancel_over_the_socket_ends_the_run_cancelled(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
-    let server = start(dir.path());
+    let server = backend.start(dir.path());
     let socket = server.socket();
     let session = open_session(&socket).await;
     let script = json!([{"op": "emit", "type": "parked", "data": {}}, {"op": "stall"}]);

@@ -204,6 +204,38 @@ async fn a_host_killed_mid_run_is_recovered_by_its_replacement_without_replay() 
     assert_eq!(tail, vec!["run.interrupted".to_owned(), "end".to_owned()]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!effect.exists(), "the effect was not replayed");
+
+    // The audit trail: the write was decided and invoked once, by A; the
+    // recovery added no decision and no invocation for it (its outcome
+    // was recorded, so it is not marked interrupted either).
+    let store = sharedos_store::PostgresStore::connect(&db.conninfo, None)
+        .await
+        .unwrap();
+    let trail = sharedos_store::Store::audit_trail(&store, &run)
+        .await
+        .unwrap();
+    let write = |kind: &str| {
+        trail
+            .iter()
+            .filter(|r| r.kind == kind && r.tool.as_deref() == Some("files.write"))
+            .count()
+    };
+    let allowed = trail
+        .iter()
+        .filter(|r| {
+            r.kind == "authorization.checked"
+                && r.operation_id.is_some()
+                && serde_json::to_value(r.outcome).unwrap() == "allowed"
+        })
+        .count();
+    assert_eq!(allowed, 1, "one decision for the one effect: {trail:?}");
+    assert_eq!(write("tool.invoked"), 1, "{trail:?}");
+    assert!(
+        !trail
+            .iter()
+            .any(|r| r.reason.as_deref() == Some("host_restarted")),
+        "{trail:?}"
+    );
 }
 
 /// Runs `script` as a new run on `socket` and waits for its end.

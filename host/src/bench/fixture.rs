@@ -261,7 +261,7 @@ async fn parallel_calls(
 pub fn options() -> crate::executor::ExecutorOptions {
     crate::executor::ExecutorOptions {
         max_events_per_turn: 10_000_000,
-        max_event_bytes_per_turn: 1 << 30,
+        max_turn_bytes: 1 << 30,
         ..Default::default()
     }
 }

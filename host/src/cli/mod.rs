@@ -14,7 +14,9 @@ use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{Address, ExecutionRequest, ExecutionResult, ExecutionStatus};
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
-use crate::executor::{ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError};
+use crate::executor::{
+    DEFAULT_MAX_TURN_BYTES, ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError,
+};
 use crate::observe;
 use crate::process::Launcher;
 use crate::seat::{SeatError, registry_from_config};
@@ -133,6 +135,7 @@ pub async fn run_turn(
         default_max_tool_calls: config.host.default_max_tool_calls,
         default_timeout_ms: config.host.default_timeout_ms,
         drain_grace_ms: config.host.drain_grace_ms,
+        max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
         on_turn_error: Some(on_turn_error),
         ..ExecutorOptions::default()
     };

@@ -19,7 +19,7 @@ use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionRequest, ExecutionStatus};
 
 use crate::config::HostConfig;
-use crate::executor::{ExecuteOptions, Executor, ExecutorOptions};
+use crate::executor::{DEFAULT_MAX_TURN_BYTES, ExecuteOptions, Executor, ExecutorOptions};
 use crate::seat::registry_from_config;
 
 use super::{CliError, configured_launcher};
@@ -318,6 +318,7 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
             .clone();
         let options = ExecutorOptions {
             drain_grace_ms: config.host.drain_grace_ms,
+            max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
             ..ExecutorOptions::default()
         };
         Executor::new(kernel.clone(), seat, options)

@@ -11,7 +11,7 @@ use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
 
 use super::detach::{Panicked, RunToEnd};
-use super::turn::{COMPLETION_EXTRA_BYTES, Turn, call_event, json_len, lock};
+use super::turn::{COMPLETION_EXTRA_BYTES, Turn, call_event, lock};
 
 pub(crate) const TURN_DRAINING: &str = "turn_draining";
 pub(crate) const STEP_LIMIT: &str = "step_limit_exceeded";
@@ -148,10 +148,10 @@ impl RuntimeHost for EnvelopeHost {
         // malformed call never reaches here: the wire answers -32602).
         // 4. The call pays for its `tool.completed` now, so its answer is
         // never refused for the budget. Over the budget the turn is stopped
-        // (`rate_limit_exceeded`) and the call rejected as after an abort.
+        // (`rate_limit_exceeded`, or `turn_memory_exceeded` for the byte
+        // ledger) and the call rejected as after an abort.
         let requested = Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step));
-        let completion = json_len(&requested) + COMPLETION_EXTRA_BYTES;
-        if !turn.push_plugin_event("tool.requested", requested, 1, completion) {
+        if !turn.push_plugin_event("tool.requested", requested, 1, COMPLETION_EXTRA_BYTES) {
             return Err(HostCallError::closed());
         }
         // 5. Draining.

@@ -10,6 +10,7 @@ mod deadline;
 mod detach;
 mod egress;
 mod ending;
+mod ledger;
 mod mediation;
 mod options;
 pub mod record;
@@ -30,12 +31,13 @@ use sharedos_protocol::{
     RuntimeTurnRequest, RuntimeVisibleContext, canonical_json,
 };
 
+pub use ledger::{EVENT_OVERHEAD_BYTES, STDERR_TAIL_RESERVE_BYTES, VALUE_NODE_BYTES};
 pub use mediation::EnvelopeHost;
 pub use options::*;
 
 use deadline::{StopCause, spawn_deadlines};
 use ending::*;
-use turn::{Turn, TurnBudget, TurnParams, lock};
+use turn::{TURN_MEMORY_EXCEEDED, Turn, TurnBudget, TurnParams, lock};
 
 /// What the body of a turn threw.
 enum Caught {
@@ -84,9 +86,9 @@ impl Executor {
                 "maxEventsPerTurn must be at least {MIN_EVENTS_PER_TURN}"
             )));
         }
-        if options.max_event_bytes_per_turn < MIN_EVENT_BYTES_PER_TURN {
+        if !(MIN_TURN_BYTES..=MAX_TURN_BYTES).contains(&options.max_turn_bytes) {
             return Err(ExecutorError(format!(
-                "maxEventBytesPerTurn must be at least {MIN_EVENT_BYTES_PER_TURN}"
+                "maxTurnBytes must be between {MIN_TURN_BYTES} and {MAX_TURN_BYTES}"
             )));
         }
         Ok(Self {
@@ -205,7 +207,7 @@ impl Executor {
             on_event: opts.on_event.clone(),
             budget: TurnBudget {
                 max_events: self.options.max_events_per_turn,
-                max_event_bytes: self.options.max_event_bytes_per_turn,
+                max_turn_bytes: self.options.max_turn_bytes,
                 max_annotation_keys: self.options.max_annotation_keys,
                 max_annotation_bytes: self.options.max_annotation_bytes,
             },
@@ -586,8 +588,13 @@ impl Executor {
             };
             turn.push_event("turn.failed", failed_event(code, "envelope"));
             self.report_turn_error(turn, TurnError::Violation { reason });
+            let mut details = json!({"reason": reason});
+            if reason == TURN_MEMORY_EXCEEDED {
+                // What to fix: the limit the plugin's writes went past.
+                details["limitBytes"] = json!(self.options.max_turn_bytes);
+            }
             return (
-                Ending::failed(code, message, false).with_details(json!({"reason": reason})),
+                Ending::failed(code, message, false).with_details(details),
                 Some("envelope"),
             );
         }

@@ -59,7 +59,8 @@ pub enum TurnError {
     /// A kernel port failed for a reason other than the audit.
     Kernel(String),
     /// The runtime broke a host-side limit and its seat was stopped, e.g.
-    /// `rate_limit_exceeded` for a turn over its event budget. The turn
+    /// `rate_limit_exceeded` for a turn over its event count budget,
+    /// `turn_memory_exceeded` over its byte ledger. The turn
     /// ends `failed runtime_failed`, not retryable, with the reason (a
     /// fixed token) in `error.details.reason`.
     Violation { reason: &'static str },
@@ -89,9 +90,14 @@ pub struct ExecutorOptions {
     /// room kept for the envelope's ending, stops the seat and ends the
     /// turn `failed runtime_failed` (violation `rate_limit_exceeded`).
     pub max_events_per_turn: usize,
-    /// The most bytes of serialized event `data` one turn holds (default
-    /// 64 MiB); enforced like `max_events_per_turn`.
-    pub max_event_bytes_per_turn: usize,
+    /// The turn's byte ledger (default 16 MiB): the most bytes one turn
+    /// makes the host hold, counting every event whole, the annotations,
+    /// the completions its calls paid for and the reserves for its stderr
+    /// tail and its ending (`ledger.rs` says how each is measured). A
+    /// plugin event past it stops the seat and ends the turn `failed
+    /// runtime_failed` (violation `turn_memory_exceeded`); an annotation
+    /// past it is dropped and counted, as for the annotation store's bounds.
+    pub max_turn_bytes: usize,
     /// The most annotation keys one turn holds (default 1024). Past it a
     /// new key is dropped and counted, never refused (see `annotate`).
     pub max_annotation_keys: usize,
@@ -102,13 +108,19 @@ pub struct ExecutorOptions {
 
 /// The defaults of the per-turn bounds (docs/ENVELOPE.md, "Bounded memory").
 pub const DEFAULT_MAX_EVENTS_PER_TURN: usize = 100_000;
-pub const DEFAULT_MAX_EVENT_BYTES_PER_TURN: usize = 64 * 1024 * 1024;
+/// 16 MiB: 64 turns at their limit hold about 1 GiB in the ledger's measure
+/// (docs/PROTOCOL.md section 5 has the measured resident size).
+pub const DEFAULT_MAX_TURN_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_ANNOTATION_KEYS: usize = 1024;
 pub const DEFAULT_MAX_ANNOTATION_BYTES: usize = 1024 * 1024;
 /// The smallest event budget an executor takes: room for `turn.started`,
 /// a few calls and the ending.
 pub const MIN_EVENTS_PER_TURN: usize = 16;
-pub const MIN_EVENT_BYTES_PER_TURN: usize = 64 * 1024;
+/// The smallest ledger an executor takes: the reserves (stderr tail, the
+/// ending) and room for a few events.
+pub const MIN_TURN_BYTES: usize = 256 * 1024;
+/// The largest ledger an executor takes (1 GiB).
+pub const MAX_TURN_BYTES: usize = 1 << 30;
 
 impl Default for ExecutorOptions {
     fn default() -> Self {
@@ -121,7 +133,7 @@ impl Default for ExecutorOptions {
             drain_grace_ms: 0,
             on_turn_error: None,
             max_events_per_turn: DEFAULT_MAX_EVENTS_PER_TURN,
-            max_event_bytes_per_turn: DEFAULT_MAX_EVENT_BYTES_PER_TURN,
+            max_turn_bytes: DEFAULT_MAX_TURN_BYTES,
             max_annotation_keys: DEFAULT_MAX_ANNOTATION_KEYS,
             max_annotation_bytes: DEFAULT_MAX_ANNOTATION_BYTES,
         }

@@ -17,6 +17,9 @@ use sharedos_protocol::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::ledger::{
+    ByteLedger, STDERR_TAIL_RESERVE_BYTES, event_held_bytes, serialized_len, value_held_bytes,
+};
 use super::{Clock, IdSource, OnEvent};
 
 /// Locks a mutex, recovering the data if a panicking holder poisoned it:
@@ -115,17 +118,21 @@ impl Drop for InFlightGuard {
 /// The violation a plugin commits by going over the turn's event budget
 /// (protocol.md B.4, "Emit budget").
 pub(crate) const RATE_LIMIT_EXCEEDED: &str = "rate_limit_exceeded";
+/// The violation a plugin commits by making the host hold more than the
+/// turn's byte ledger allows (docs/PROTOCOL.md section 5).
+pub(crate) const TURN_MEMORY_EXCEEDED: &str = "turn_memory_exceeded";
 
 /// Events kept back for the envelope's own ending: whatever a plugin does,
 /// the final `turn.completed | turn.failed | turn.escalated |
 /// turn.cancelled` always fits.
 pub(crate) const RESERVED_EVENTS: usize = 1;
-/// Bytes kept back for that final event (`turn.escalated` carries a reason
-/// of at most 512 characters and the reviewer's address).
+/// Ledger bytes kept back for that final event (`turn.escalated` carries a
+/// reason of at most 512 characters and the reviewer's address).
 pub(crate) const RESERVED_EVENT_BYTES: usize = 8 * 1024;
-/// What a `tool.completed` may weigh over its `tool.requested`: the status
-/// and a code of at most 256 characters. A call pays for its completion
-/// when it is requested, so a completion is never refused.
+/// What a `tool.completed` may weigh over its `tool.requested` in the
+/// ledger: the status and a code of at most 256 characters, and their
+/// parsed values. A call pays for its completion when it is requested, so
+/// a completion is never refused.
 pub(crate) const COMPLETION_EXTRA_BYTES: usize = 1_100;
 
 /// The per-turn bounds on what a plugin can make the envelope hold
@@ -133,18 +140,19 @@ pub(crate) const COMPLETION_EXTRA_BYTES: usize = 1_100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TurnBudget {
     pub max_events: usize,
-    pub max_event_bytes: usize,
+    /// The byte ledger's limit (`ExecutorOptions::max_turn_bytes`).
+    pub max_turn_bytes: usize,
     pub max_annotation_keys: usize,
     pub max_annotation_bytes: usize,
 }
 
-/// The ordered event log. Only the envelope writes events. `charged_*` is
-/// what the budget has counted: every event written, plus the completions
-/// paid for in advance by calls still waiting for theirs.
+/// The ordered event log. Only the envelope writes events. `charged_events`
+/// is what the count budget has counted: every event written, plus the
+/// completions paid for in advance by calls still waiting for theirs (their
+/// bytes are in the turn's ledger).
 pub(crate) struct EventLog {
     events: Vec<ExecutionEvent>,
     charged_events: usize,
-    charged_bytes: usize,
     /// Set when the envelope wrote the turn's ending: nothing the seat
     /// causes is written after it.
     sealed: bool,
@@ -154,29 +162,21 @@ pub(crate) struct EventLog {
 
 /// The annotation store: insertion order, last write wins, bounded in keys
 /// and bytes (a key's bytes are its length plus its value's serialized
-/// length).
+/// length), and charged to the turn's ledger.
 #[derive(Default)]
 struct AnnotationStore {
-    entries: Vec<(String, Value, usize)>,
+    entries: Vec<Annotation>,
     bytes: usize,
     dropped: u64,
 }
 
-/// The serialized length of a JSON value, without building the string.
-pub(crate) fn json_len(v: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0 += b.len();
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = serde_json::to_writer(&mut c, v);
-    c.0
+struct Annotation {
+    key: String,
+    value: Value,
+    /// Its bytes in the store's own bound.
+    size: usize,
+    /// Its bytes in the turn's ledger.
+    held: usize,
 }
 
 /// Everything one turn shares between the executor and its host.
@@ -208,6 +208,7 @@ pub(crate) struct Turn {
     delivered_count: std::sync::atomic::AtomicUsize,
     annotations: Mutex<AnnotationStore>,
     budget: TurnBudget,
+    ledger: ByteLedger,
     violation: Mutex<Option<&'static str>>,
     clock: Clock,
     ids: IdSource,
@@ -266,7 +267,6 @@ impl Turn {
             events: Mutex::new(EventLog {
                 events: Vec::new(),
                 charged_events: 0,
-                charged_bytes: 0,
                 sealed: false,
                 taken: false,
             }),
@@ -274,12 +274,20 @@ impl Turn {
             delivered_count: std::sync::atomic::AtomicUsize::new(0),
             annotations: Mutex::new(AnnotationStore::default()),
             budget: p.budget,
+            ledger: Self::opening_ledger(p.budget.max_turn_bytes),
             violation: Mutex::new(None),
             clock: p.clock,
             ids: p.ids,
             on_event: p.on_event,
             hard_timer: Mutex::new(None),
         })
+    }
+
+    /// The ledger with its fixed reserve charged: the plugin's stderr tail.
+    fn opening_ledger(limit: usize) -> ByteLedger {
+        let ledger = ByteLedger::new(limit);
+        ledger.charge(STDERR_TAIL_RESERVE_BYTES);
+        ledger
     }
 
     pub fn now(&self) -> Timestamp {
@@ -307,9 +315,9 @@ impl Turn {
         lock(&self.kernel_turn).clone()
     }
 
-    /// Appends an event to the log; the caller has charged it already.
-    fn append(&self, log: &mut EventLog, kind: &str, data: Value) {
-        let event = ExecutionEvent {
+    /// The next event of the log, not yet appended.
+    fn event(&self, log: &EventLog, kind: &str, data: Value) -> ExecutionEvent {
+        ExecutionEvent {
             version: Version::V1,
             event_id: self.ids.next(),
             execution_id: self.execution_id.clone(),
@@ -319,8 +327,7 @@ impl Turn {
                 .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
             data,
             occurred_at: self.now(),
-        };
-        log.events.push(event);
+        }
     }
 
     /// Appends one of the envelope's own events (`turn.*`) and hands an
@@ -340,8 +347,9 @@ impl Turn {
                 log.sealed = true;
             }
             log.charged_events += 1;
-            log.charged_bytes = log.charged_bytes.saturating_add(json_len(&data));
-            self.append(&mut log, kind, data);
+            let event = self.event(&log, kind, data);
+            self.ledger.charge(event_held_bytes(&event));
+            log.events.push(event);
         }
         self.deliver();
     }
@@ -354,16 +362,19 @@ impl Turn {
             if log.sealed {
                 return;
             }
-            self.append(&mut log, kind, data);
+            let event = self.event(&log, kind, data);
+            log.events.push(event);
         }
         self.deliver();
     }
 
     /// Appends an event a plugin's action causes (`runtime.event`,
-    /// `tool.requested`), paying in advance for `prepaid_events` more of
-    /// `prepaid_bytes` (a call's completion). Over the budget, with the
-    /// reserve for the ending kept back, nothing is written: the turn is
-    /// stopped for `rate_limit_exceeded` and `false` returned.
+    /// `tool.requested`), paying in advance for `prepaid_events` more
+    /// events of its own size plus `prepaid_bytes` (a call's completion).
+    /// Over the count budget or the byte ledger, with the reserve for the
+    /// ending kept back, nothing is written: the turn is stopped
+    /// (`rate_limit_exceeded` for the count, `turn_memory_exceeded` for
+    /// the bytes) and `false` returned.
     pub fn push_plugin_event(
         &self,
         kind: &str,
@@ -371,7 +382,6 @@ impl Turn {
         prepaid_events: usize,
         prepaid_bytes: usize,
     ) -> bool {
-        let bytes = json_len(&data);
         {
             let mut log = lock(&self.events);
             if log.sealed {
@@ -380,19 +390,22 @@ impl Turn {
             let events = log
                 .charged_events
                 .saturating_add(1 + prepaid_events + RESERVED_EVENTS);
-            let total = log
-                .charged_bytes
-                .saturating_add(bytes)
-                .saturating_add(prepaid_bytes)
-                .saturating_add(RESERVED_EVENT_BYTES);
-            if events > self.budget.max_events || total > self.budget.max_event_bytes {
+            if events > self.budget.max_events {
                 drop(log);
                 self.violate(RATE_LIMIT_EXCEEDED);
                 return false;
             }
+            let event = self.event(&log, kind, data);
+            let bytes = event_held_bytes(&event)
+                .saturating_mul(1 + prepaid_events)
+                .saturating_add(prepaid_bytes);
+            if !self.ledger.try_charge(bytes, RESERVED_EVENT_BYTES) {
+                drop(log);
+                self.violate(TURN_MEMORY_EXCEEDED);
+                return false;
+            }
             log.charged_events += 1 + prepaid_events;
-            log.charged_bytes += bytes + prepaid_bytes;
-            self.append(&mut log, kind, data);
+            log.events.push(event);
         }
         self.deliver();
         true
@@ -476,9 +489,10 @@ impl Turn {
     /// dropped silently after close; the last write to a key wins and the
     /// first write fixes its position.
     ///
-    /// The store is bounded (`max_annotation_keys`, `max_annotation_bytes`).
-    /// A new key past either bound, or a new value for a key that would
-    /// take the store past its bytes, is dropped and counted, with a
+    /// The store is bounded (`max_annotation_keys`, `max_annotation_bytes`)
+    /// and charged to the turn's byte ledger. A new key past any of these,
+    /// or a new value for a key that would take the store or the ledger
+    /// past its bytes, is dropped and counted, with a
     /// warning in the log. It is never an error to the plugin: `annotate`
     /// never refuses on the state of the host (ADR 0007), so a call site
     /// needs no guard and stating a fact cannot become a failed turn. The
@@ -489,23 +503,35 @@ impl Turn {
         if !self.is_open() {
             return;
         }
-        let size = key.len().saturating_add(json_len(&value));
+        let size = key.len().saturating_add(serialized_len(&value));
+        let held = key.len().saturating_add(value_held_bytes(&value));
         let mut ann = lock(&self.annotations);
         let budget = self.budget;
-        let kept = if let Some(i) = ann.entries.iter().position(|(k, _, _)| k == key) {
-            let total = ann.bytes - ann.entries[i].2 + size;
-            if total <= budget.max_annotation_bytes {
-                ann.entries[i].1 = value;
-                ann.entries[i].2 = size;
+        let kept = if let Some(i) = ann.entries.iter().position(|a| a.key == key) {
+            let total = ann.bytes - ann.entries[i].size + size;
+            let was = ann.entries[i].held;
+            // Only growth is charged; the ledger gets back what shrinks.
+            let fits = total <= budget.max_annotation_bytes
+                && (held <= was || self.ledger.try_charge(held - was, RESERVED_EVENT_BYTES));
+            if fits {
+                self.ledger.release(was.saturating_sub(held));
+                let entry = &mut ann.entries[i];
+                entry.value = value;
+                entry.size = size;
+                entry.held = held;
                 ann.bytes = total;
-                true
-            } else {
-                false
             }
+            fits
         } else if ann.entries.len() < budget.max_annotation_keys
             && ann.bytes.saturating_add(size) <= budget.max_annotation_bytes
+            && self.ledger.try_charge(held, RESERVED_EVENT_BYTES)
         {
-            ann.entries.push((key.to_owned(), value, size));
+            ann.entries.push(Annotation {
+                key: key.to_owned(),
+                value,
+                size,
+                held,
+            });
             ann.bytes += size;
             true
         } else {
@@ -529,7 +555,7 @@ impl Turn {
         lock(&self.annotations)
             .entries
             .iter()
-            .map(|(k, v, _)| (k.clone(), v.clone()))
+            .map(|a| (a.key.clone(), a.value.clone()))
             .collect()
     }
 

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CliError, LauncherFor};
 use crate::config::HostConfig;
-use crate::executor::{Executor, ExecutorOptions, OnTurnError};
+use crate::executor::{DEFAULT_MAX_TURN_BYTES, Executor, ExecutorOptions, OnTurnError};
 use crate::seat::{process_runtime, process_seat};
 use crate::session::Sessions;
 use routes::Failure;
@@ -162,6 +162,7 @@ pub fn sessions_from_config(
         default_max_tool_calls: config.host.default_max_tool_calls,
         default_timeout_ms: config.host.default_timeout_ms,
         drain_grace_ms: config.host.drain_grace_ms,
+        max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
         on_turn_error: Some(on_turn_error),
         ..ExecutorOptions::default()
     };

@@ -258,6 +258,8 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 ///   carrying `bytes` bytes of padding in its arguments
 /// - `write_files {n, bytes}`: n `files.write` calls one after the other,
 ///   `bulk/fNNNN.bin`, each `bytes` bytes long
+/// - `emit_many {n, type, data}`: the same event `n` times, as fast as the
+///   pipe takes them; `annotate_many {n, value}`: keys `k0`..`k<n-1>`
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
 /// - `error_outcome {code, message}`: answers `turn/run` with an error
 /// - `net_probe {targets, resolve?}`, `egress_flood {n, path}`,
@@ -318,6 +320,20 @@ fn step(p: &mut Plugin, s: &Value) {
             for i in 0..num(s, "n", 100_000) {
                 let params = json!({"turnId": p.turn_id, "event": {"type": "flood", "data": i}});
                 p.notify("host/emit", params);
+            }
+        }
+        "emit_many" => {
+            for _ in 0..num(s, "n", 1) {
+                let params =
+                    json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
+                p.notify("host/emit", params);
+            }
+        }
+        "annotate_many" => {
+            for i in 0..num(s, "n", 1) {
+                let params =
+                    json!({"turnId": p.turn_id, "key": format!("k{i}"), "value": s["value"]});
+                p.notify("host/annotate", params);
             }
         }
         "sleep" => std::thread::sleep(Duration::from_millis(num(s, "ms", 100))),

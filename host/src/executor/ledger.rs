@@ -1,0 +1,173 @@
+//! The per-turn byte ledger (docs/PROTOCOL.md section 5, docs/ENVELOPE.md
+//! "Bounded memory"): every byte a turn makes the host hold, whatever
+//! wrote it, is charged to one ledger with one limit.
+//!
+//! What is charged, and how much:
+//! - each event the turn's log holds: its whole serialized size (ids,
+//!   timestamps, type and `data`), plus `VALUE_NODE_BYTES` per JSON value
+//!   in it, plus `EVENT_OVERHEAD_BYTES`. The per-value charge is what the
+//!   parsed form costs in memory: `[0,0,0]` is 7 bytes on the wire but four
+//!   `serde_json::Value`s in the host, so a count of wire bytes alone would
+//!   let a plugin make the host hold 16 times its limit;
+//! - each annotation the store keeps, measured the same way (its key plus
+//!   its value);
+//! - a call's `tool.completed`, paid when the call is requested;
+//! - a fixed reserve for the plugin's stderr tail (`metadata.runtime.process`)
+//!   and one for the envelope's own ending, so neither can be crowded out.
+//!
+//! Tool arguments and results are not retained by the turn (they pass
+//! through, each bounded by `maxMessageBytes`); the outcome's `output` is
+//! bounded by the same line limit, so a result holds at most the ledger's
+//! limit plus one line.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::Serialize;
+use serde_json::Value;
+use sharedos_protocol::ExecutionEvent;
+
+/// What one parsed JSON value costs beyond its serialized bytes: a
+/// `serde_json::Value` is 32 bytes, plus the allocator's and the map
+/// node's share.
+pub const VALUE_NODE_BYTES: usize = 48;
+/// What one event costs beyond its serialized bytes: the struct and the
+/// headers of its owned strings.
+pub const EVENT_OVERHEAD_BYTES: usize = 256;
+/// The reserve for the plugin's stderr tail: at most 20 lines
+/// (`process::stderr::TAIL_LINES`) of at most 512 bytes
+/// (`TAIL_LINE_BYTES`), each byte escaped to at most 4.
+pub const STDERR_TAIL_RESERVE_BYTES: usize = 20 * (4 * 512 + 64);
+
+/// One turn's ledger. Charges and releases are atomic; a charge that
+/// would pass the limit (minus what it must keep back) is refused whole.
+#[derive(Debug)]
+pub(crate) struct ByteLedger {
+    held: AtomicUsize,
+    limit: usize,
+}
+
+impl ByteLedger {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            held: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Charges `n` if `held + n + keep_back` stays within the limit.
+    pub fn try_charge(&self, n: usize, keep_back: usize) -> bool {
+        let ceiling = self.limit.saturating_sub(keep_back);
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                let next = held.checked_add(n)?;
+                (next <= ceiling).then_some(next)
+            })
+            .is_ok()
+    }
+
+    /// Charges `n` whatever the limit: what the envelope itself writes
+    /// (its own events, the reserves), bounded by construction.
+    pub fn charge(&self, n: usize) {
+        let _ = self
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                Some(h.saturating_add(n))
+            });
+    }
+
+    /// Gives back `n` (an annotation replaced by a smaller value).
+    pub fn release(&self, n: usize) {
+        let _ = self
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                Some(h.saturating_sub(n))
+            });
+    }
+
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+}
+
+/// The serialized length of `v`, without building the string.
+pub(crate) fn serialized_len<T: Serialize + ?Sized>(v: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
+/// How many JSON values `v` is made of (itself included). Iterative: a
+/// value built by the host may be deeper than the parser's limit.
+fn value_nodes(v: &Value) -> usize {
+    let mut n = 0;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        n += 1;
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Object(o) => stack.extend(o.values()),
+            _ => {}
+        }
+    }
+    n
+}
+
+/// What holding `v` costs, as the ledger counts it.
+pub(crate) fn value_held_bytes(v: &Value) -> usize {
+    serialized_len(v).saturating_add(value_nodes(v).saturating_mul(VALUE_NODE_BYTES))
+}
+
+/// What holding `event` costs, as the ledger counts it.
+pub(crate) fn event_held_bytes(event: &ExecutionEvent) -> usize {
+    serialized_len(event)
+        .saturating_add(value_nodes(&event.data).saturating_mul(VALUE_NODE_BYTES))
+        .saturating_add(EVENT_OVERHEAD_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_charge_past_the_limit_is_refused_whole() {
+        let l = ByteLedger::new(100);
+        assert!(l.try_charge(60, 0));
+        assert!(!l.try_charge(41, 0));
+        assert!(!l.try_charge(30, 20), "the kept-back room is not given");
+        assert!(l.try_charge(20, 20));
+        assert_eq!(l.held(), 80);
+        l.charge(50);
+        assert_eq!(l.held(), 130, "the envelope's own writes always land");
+        l.release(1000);
+        assert_eq!(l.held(), 0);
+        assert!(!l.try_charge(usize::MAX, 0));
+    }
+
+    #[test]
+    fn a_value_costs_its_bytes_and_its_parsed_nodes() {
+        assert_eq!(value_held_bytes(&json!(0)), 1 + VALUE_NODE_BYTES);
+        let zeros = Value::Array(vec![json!(0); 1000]);
+        assert_eq!(
+            value_held_bytes(&zeros),
+            serialized_len(&zeros) + 1001 * VALUE_NODE_BYTES
+        );
+        let nested = json!({"a": {"b": [1, "x"]}});
+        assert_eq!(
+            value_held_bytes(&nested),
+            serialized_len(&nested) + 5 * VALUE_NODE_BYTES
+        );
+    }
+}
