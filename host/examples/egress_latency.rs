@@ -55,9 +55,16 @@ async fn main() {
     // Warm up both paths.
     run(direct_addr, "/v1/chat/completions", 200).await;
     run(s.addr, "/m/chat/completions", 200).await;
-    let (d_med, d_p99) = stats(run(direct_addr, "/v1/chat/completions", n).await);
-    let (g_med, g_p99) = stats(run(s.addr, "/m/chat/completions", n).await);
-    println!("requests: {n} sequential, fresh client connection each");
+    // Interleaved, one direct then one through the gateway, so a load
+    // change on the machine falls on both paths alike.
+    let (mut direct, mut gateway) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        direct.extend(run(direct_addr, "/v1/chat/completions", 1).await);
+        gateway.extend(run(s.addr, "/m/chat/completions", 1).await);
+    }
+    let (d_med, d_p99) = stats(direct);
+    let (g_med, g_p99) = stats(gateway);
+    println!("requests: {n} per path, interleaved, sequential, fresh client connection each");
     println!("direct : median {d_med:?}  p99 {d_p99:?}");
     println!("gateway: median {g_med:?}  p99 {g_p99:?}");
     println!(

@@ -4,6 +4,8 @@
 
 /// The sandbox suites' bait, turn runner and host-side checks.
 pub mod bait;
+/// Turns of runtimes with a network policy, and what the host sees.
+pub mod egress;
 /// `sharedos serve` and an HTTP client over its socket.
 pub mod served;
 /// Turns through the whole host, and the invariants every turn keeps.
