@@ -62,6 +62,8 @@ struct Setup {
     drained: Option<Arc<Notify>>,
     /// The driver's `max_tokens` (Anthropic only).
     max_tokens: Option<u64>,
+    /// The route's upstream instead of the mock's.
+    upstream: Option<String>,
 }
 
 struct Ran {
@@ -120,6 +122,7 @@ async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
         let url = m.base_url();
         (m, url, None)
     };
+    let upstream = setup.upstream.clone().unwrap_or(upstream);
     let mut policy = json!({"routes": [{"name": "model", "upstream": upstream,
         "secret": key_file(dir.path()), "api": wire_of(kind).route_api(), "allow": ["loopback"]}]});
     if let Some(ca) = ca {
@@ -563,4 +566,27 @@ runtime = "r"
         ok.runtimes[0].driver.as_ref().unwrap().max_tokens,
         Some(512)
     );
+}
+
+#[tokio::test]
+async fn an_upstream_refusing_connections_ends_the_turn_with_the_gateways_code() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    for kind in DriverKind::ALL {
+        let k = kind.as_str();
+        let setup = Setup {
+            upstream: Some(format!("http://127.0.0.1:{port}/v1")),
+            ..Setup::default()
+        };
+        let ran = run(kind, vec![Reply::Hang], setup).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Failed, "{k}");
+        assert_eq!(ran.code(), "model_http_502", "{k}: {}", ran.message());
+        assert!(
+            ran.message().contains("upstream_unreachable"),
+            "{k}: {}",
+            ran.message()
+        );
+        assert!(ran.seen.is_empty(), "{k}");
+    }
 }
