@@ -13,7 +13,9 @@ use sharedos_host::egress::mock::{
     MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire, plan_script, wire,
 };
 use sharedos_protocol::ExecutionStatus;
-use sharedos_tests::egress::{PLACEHOLDER, REAL_KEY, environments_of, key_file, model_text, run};
+use sharedos_tests::egress::{
+    DEMO_REQUEST, PLACEHOLDER, REAL_KEY, environments_of, key_file, model_text, run, run_request,
+};
 
 async fn mock(script: Vec<Reply>, hook: Option<OnRequest>) -> MockModel {
     let options = MockOptions {
@@ -232,5 +234,92 @@ async fn each_sandboxed_driver_makes_no_new_decision_once_draining() {
             "{k}: {tools:?}"
         );
         assert_eq!(model.seen().len(), 1, "{k}: no new decision once draining");
+    }
+}
+
+/// The demo's request with `options`.
+fn request_with(options: Value) -> String {
+    let mut request: Value = serde_json::from_str(DEMO_REQUEST).unwrap();
+    request["options"] = options;
+    request.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sandboxed_driver_keeps_the_loops_rules_on_a_misbehaving_model() {
+    for w in Wire::ALL {
+        let k = w.kind();
+        let call = |name, arguments| ScriptedCall {
+            id: "call_1",
+            namespace: None,
+            name,
+            arguments,
+        };
+        // A tool outside the catalogue: refused by the envelope, the model
+        // reads the refusal and answers.
+        let dir = tempfile::tempdir().unwrap();
+        let model = mock(
+            vec![
+                Reply::Stream(wire::calls_turn(w, &[call("transfer_funds", "{}")])),
+                Reply::Stream(wire::text_turn(w, &["I cannot."])),
+            ],
+            None,
+        )
+        .await;
+        let text = model_text(k, &model.base_url(), &key_file(dir.path()), "", "", true);
+        let turn = run(dir.path(), &text).await;
+        assert_eq!(
+            turn.result.status,
+            ExecutionStatus::Succeeded,
+            "{k}: {:#?}",
+            turn.result
+        );
+        let results = wire::results_sent(w, &model.seen()[1].body);
+        assert!(results[0].1.contains("denied"), "{k}: {results:?}");
+        let tools = turn.events_of("tool.completed");
+        assert_eq!(tools.len(), 1, "{k}");
+        assert_eq!(tools[0]["status"], "denied", "{k}");
+
+        // Arguments that are not JSON: the turn ends before any effect.
+        let dir = tempfile::tempdir().unwrap();
+        let args = r#"{"path": "notes/plan.md", "#;
+        let model = mock(
+            vec![Reply::Stream(wire::calls_turn(
+                w,
+                &[call("files__write", args)],
+            ))],
+            None,
+        )
+        .await;
+        let text = model_text(k, &model.base_url(), &key_file(dir.path()), "", "", true);
+        let turn = run(dir.path(), &text).await;
+        let code = turn
+            .result
+            .error
+            .as_ref()
+            .map(|e| e.code.as_str().to_owned());
+        assert_eq!(code.as_deref(), Some("model_arguments_invalid"), "{k}");
+        assert!(turn.events_of("tool.completed").is_empty(), "{k}");
+
+        // A model that never stops calling tools meets the step ceiling.
+        let dir = tempfile::tempdir().unwrap();
+        let write = r#"{"path": "notes/plan.md", "content": "again"}"#;
+        let model = mock(
+            vec![Reply::Stream(wire::calls_turn(
+                w,
+                &[call("files__write", write)],
+            ))],
+            None,
+        )
+        .await;
+        let text = model_text(k, &model.base_url(), &key_file(dir.path()), "", "", true);
+        let request = request_with(serde_json::json!({"maxSteps": 3}));
+        let turn = run_request(dir.path(), &text, "sharedos.standard", &request, None).await;
+        let code = turn
+            .result
+            .error
+            .as_ref()
+            .map(|e| e.code.as_str().to_owned());
+        assert_eq!(code.as_deref(), Some("step_limit_exceeded"), "{k}");
+        assert_eq!(model.seen().len(), 3, "{k}: one decision per step");
     }
 }
