@@ -104,6 +104,17 @@ async fn main() {
         done as f64 / t.elapsed().as_secs_f64()
     );
 
+    let (direct_ttfb, gw_ttfb) = first_bytes(dir.path()).await;
+    let (dt, dt99) = stats(direct_ttfb);
+    let (gt, gt99) = stats(gw_ttfb);
+    println!(
+        "first streamed byte: direct median {dt:?} p99 {dt99:?}; gateway median {gt:?} p99 {gt99:?}; added median {:+.0} µs",
+        added(gt, dt)
+    );
+}
+
+/// Time to the first streamed byte, direct and through the gateway.
+async fn first_bytes(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
     // Time to the first streamed byte: one upstream streams its first
     // event at once and holds the rest until the client has it. Direct and
     // through the gateway interleaved, on the same upstream; the gateway's
@@ -122,7 +133,7 @@ async fn main() {
         .collect();
     let sse = MockModel::start(script).await.unwrap();
     let policy = json!({"routes": [{"name": "m", "upstream": sse.base_url(),
-        "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
+        "secret": key_file(dir), "api": "openai", "allow": ["loopback"]}]});
     let g = serve(
         policy,
         vec![egress_grant("alice", "m", "request", None)],
@@ -148,10 +159,5 @@ async fn main() {
             let _ = body.collect().await;
         }
     }
-    let (dt, dt99) = stats(direct_ttfb);
-    let (gt, gt99) = stats(gw_ttfb);
-    println!(
-        "first streamed byte: direct median {dt:?} p99 {dt99:?}; gateway median {gt:?} p99 {gt99:?}; added median {:+.0} µs",
-        added(gt, dt)
-    );
+    (direct_ttfb, gw_ttfb)
 }

@@ -443,7 +443,7 @@ async fn a_refused_or_silent_upstream_ends_the_request_with_a_code() {
     drop(closed);
     let silent = MockModel::start(vec![Reply::Hang]).await.unwrap();
     let limits = GatewayLimits {
-        upstream_timeout: std::time::Duration::from_millis(300),
+        upstream_timeout: std::time::Duration::from_secs(1),
         ..GatewayLimits::default()
     };
     for (upstream, code) in [
@@ -460,7 +460,7 @@ async fn a_refused_or_silent_upstream_ends_the_request_with_a_code() {
         let (status, body) = post(s.addr, "/m/chat/completions", "{}").await;
         assert_eq!(status, 502, "{code}: {body}");
         assert!(body.contains(code), "{code}: {body}");
-        // Generous: the limit is 300 ms; the bound only catches a hang.
+        // Generous: the limit is 1 s; the bound only catches a hang.
         assert!(started.elapsed() < std::time::Duration::from_secs(20));
         let e = wait_for(&mut s, |e| matches!(e, EgressEvent::Request { .. })).await;
         assert!(
@@ -470,6 +470,14 @@ async fn a_refused_or_silent_upstream_ends_the_request_with_a_code() {
         let completed = s.records("effect.completed");
         assert_eq!(completed.len(), 1, "{code}");
         assert_ne!(completed[0].outcome, AuditOutcome::Succeeded, "{code}");
+    }
+    // The silent upstream did get the request (it may log it after the
+    // gateway gave up on it, under load).
+    for _ in 0..200 {
+        if !silent.seen().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(silent.seen().len(), 1);
 }
