@@ -1,6 +1,6 @@
 //! Turns of a runtime with a network policy through the whole host path:
 //! the registry from a configuration, the sandbox launcher, the kernel
-//! with a JSONL audit file, the executor with the kernel as effects; and
+//! with a JSONL audit file, the executor; and
 //! what the host can observe of them (the result, the events, the audit
 //! file, a plugin's environment in /proc).
 
