@@ -145,7 +145,14 @@ pub struct ModelDriver {
     /// `http://127.0.0.1:<port>/<route>`.
     pub base_url: String,
     pub model: String,
+    /// `anthropic-messages` only: the API's `max_tokens`, 1..=131072;
+    /// absent, 4096 (passed as `--max-tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
 }
+
+/// The `maxTokens` a driver table may set.
+pub const MAX_TOKENS_RANGE: std::ops::RangeInclusive<u64> = 1..=131_072;
 
 /// The kinds `sharedos-standard --driver` takes (its `DriverKind`).
 pub const DRIVER_KINDS: [&str; 3] = ["openai-chat", "openai-responses", "anthropic-messages"];
@@ -166,6 +173,20 @@ impl ModelDriver {
         }
         if self.model.trim().is_empty() {
             return Err(format!("{entry}.driver.model: must name the model"));
+        }
+        if let Some(n) = self.max_tokens {
+            if self.kind != "anthropic-messages" {
+                return Err(format!(
+                    "{entry}.driver.maxTokens: applies to kind \"anthropic-messages\" only; remove it"
+                ));
+            }
+            if !MAX_TOKENS_RANGE.contains(&n) {
+                return Err(format!(
+                    "{entry}.driver.maxTokens: must be {}..={}, got {n}",
+                    MAX_TOKENS_RANGE.start(),
+                    MAX_TOKENS_RANGE.end()
+                ));
+            }
         }
         if *network == crate::egress::NetworkPolicy::None {
             return Err(format!(

@@ -85,6 +85,9 @@ pub fn process_runtime(
             "--model".into(),
             d.model.clone(),
         ]);
+        if let Some(n) = d.max_tokens {
+            pc.args.extend(["--max-tokens".into(), n.to_string()]);
+        }
         // A placeholder, so a program that insists on a key has one; the
         // real key stays in the host's gateway.
         pc.env

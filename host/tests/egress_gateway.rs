@@ -433,3 +433,51 @@ async fn connect_bytes_count_in_the_byte_budget() {
         "{e:?}"
     );
 }
+
+#[tokio::test]
+async fn a_refused_or_silent_upstream_ends_the_request_with_a_code() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on: the connection is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let silent = MockModel::start(vec![Reply::Hang]).await.unwrap();
+    let limits = GatewayLimits {
+        upstream_timeout: std::time::Duration::from_secs(1),
+        ..GatewayLimits::default()
+    };
+    for (upstream, code) in [
+        (
+            format!("http://127.0.0.1:{port}/v1"),
+            "upstream_unreachable",
+        ),
+        (silent.base_url(), "upstream_timeout"),
+    ] {
+        let policy = json!({"routes": [route("m", upstream, key_file(dir.path()))]});
+        let grants = vec![egress_grant("alice", "m", "request", None)];
+        let mut s = serve(policy, grants, "alice", limits.clone()).await;
+        let started = std::time::Instant::now();
+        let (status, body) = post(s.addr, "/m/chat/completions", "{}").await;
+        assert_eq!(status, 502, "{code}: {body}");
+        assert!(body.contains(code), "{code}: {body}");
+        // Generous: the limit is 1 s; the bound only catches a hang.
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        let e = wait_for(&mut s, |e| matches!(e, EgressEvent::Request { .. })).await;
+        assert!(
+            matches!(&e, EgressEvent::Request { code: Some(c), status: None, .. } if c == code),
+            "{e:?}"
+        );
+        let completed = s.records("effect.completed");
+        assert_eq!(completed.len(), 1, "{code}");
+        assert_ne!(completed[0].outcome, AuditOutcome::Succeeded, "{code}");
+    }
+    // The silent upstream did get the request (it may log it after the
+    // gateway gave up on it, under load).
+    for _ in 0..200 {
+        if !silent.seen().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(silent.seen().len(), 1);
+}

@@ -60,6 +60,10 @@ struct Setup {
     options: Option<Value>,
     drain_grace_ms: u64,
     drained: Option<Arc<Notify>>,
+    /// The driver's `max_tokens` (Anthropic only).
+    max_tokens: Option<u64>,
+    /// The route's upstream instead of the mock's.
+    upstream: Option<String>,
 }
 
 struct Ran {
@@ -118,6 +122,7 @@ async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
         let url = m.base_url();
         (m, url, None)
     };
+    let upstream = setup.upstream.clone().unwrap_or(upstream);
     let mut policy = json!({"routes": [{"name": "model", "upstream": upstream,
         "secret": key_file(dir.path()), "api": wire_of(kind).route_api(), "allow": ["loopback"]}]});
     if let Some(ca) = ca {
@@ -143,8 +148,14 @@ async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
         .unwrap(),
     );
     let base = format!("http://{}/model", gw.addr);
-    let mut plugin =
-        sharedos_standard::model_plugin(kind, &base, "test-model", PLACEHOLDER).unwrap();
+    let mut plugin = sharedos_standard::model_plugin_with(
+        kind,
+        &base,
+        "test-model",
+        PLACEHOLDER,
+        setup.max_tokens,
+    )
+    .unwrap();
     if let Some(drained) = setup.drained {
         plugin = Arc::new(DrainWatch {
             inner: plugin,
@@ -478,5 +489,104 @@ async fn many_small_deltas_are_coalesced_into_few_events() {
         // 8,000 bytes at 1 KiB a delta is 8 events, plus one per 100 ms
         // the stream took: far under one per piece.
         assert!(deltas.len() <= 100, "{kind:?}: {} events", deltas.len());
+    }
+}
+
+#[tokio::test]
+async fn anthropic_max_tokens_is_the_configured_value_or_4096() {
+    let kind = DriverKind::AnthropicMessages;
+    for (max_tokens, sent) in [(None, 4096), (Some(512), 512), (Some(131_072), 131_072)] {
+        let script = vec![Reply::Stream(text_turn(kind, &["ok"]))];
+        let setup = Setup {
+            max_tokens,
+            ..Setup::default()
+        };
+        let ran = run(kind, script, setup).await;
+        assert_eq!(
+            ran.result.status,
+            ExecutionStatus::Succeeded,
+            "{max_tokens:?}"
+        );
+        assert_eq!(ran.seen[0].body["max_tokens"], sent, "{max_tokens:?}");
+    }
+}
+
+#[test]
+fn max_tokens_out_of_range_or_on_another_wire_is_refused() {
+    let base = "http://127.0.0.1:8787/model";
+    let made = |kind, n| sharedos_standard::model_plugin_with(kind, base, "m", "k", Some(n));
+    for n in [0, 131_073] {
+        let e = made(DriverKind::AnthropicMessages, n)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("1..=131072"), "{e}");
+    }
+    let e = made(DriverKind::OpenaiChat, 512).err().expect("refused");
+    assert!(e.to_string().contains("anthropic-messages"), "{e}");
+
+    // The same rules at load, naming the entry.
+    let config = |kind: &str, max: &str| {
+        format!(
+            r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "/bin/true"
+driver = {{ kind = "{kind}", baseUrl = "http://127.0.0.1:8787/model", model = "m", maxTokens = {max} }}
+[runtimes.network]
+routes = [{{ name = "model", upstream = "https://api.example.com/v1", secret = "env:MODEL_KEY", api = "anthropic" }}]
+
+[[agents]]
+agentId = "alice"
+runtime = "r"
+"#
+        )
+    };
+    let parse = |text: String| HostConfig::parse(&text, "host.toml", std::path::Path::new("/tmp"));
+    for max in ["0", "131073"] {
+        let e = parse(config("anthropic-messages", max))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("runtimes[0].driver.maxTokens"), "{e}");
+        assert!(e.contains("1..=131072"), "{e}");
+    }
+    let e = parse(config("openai-chat", "512")).unwrap_err().to_string();
+    assert!(e.contains("runtimes[0].driver.maxTokens"), "{e}");
+    assert!(e.contains("anthropic-messages"), "{e}");
+    let e = parse(config("anthropic-messages", "\"lots\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("maxTokens") || e.contains("invalid type"), "{e}");
+    let ok = parse(config("anthropic-messages", "512")).unwrap();
+    assert_eq!(
+        ok.runtimes[0].driver.as_ref().unwrap().max_tokens,
+        Some(512)
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_refusing_connections_ends_the_turn_with_the_gateways_code() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    for kind in DriverKind::ALL {
+        let k = kind.as_str();
+        let setup = Setup {
+            upstream: Some(format!("http://127.0.0.1:{port}/v1")),
+            ..Setup::default()
+        };
+        let ran = run(kind, vec![Reply::Hang], setup).await;
+        assert_eq!(ran.result.status, ExecutionStatus::Failed, "{k}");
+        assert_eq!(ran.code(), "model_http_502", "{k}: {}", ran.message());
+        assert!(
+            ran.message().contains("upstream_unreachable"),
+            "{k}: {}",
+            ran.message()
+        );
+        assert!(ran.seen.is_empty(), "{k}");
     }
 }

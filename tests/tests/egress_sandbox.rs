@@ -1,150 +1,27 @@
-//! The egress gateway served inside real turns: the standard runtime with
-//! the Chat Completions driver, in the full sandbox, reaches a mock model
-//! on the host's loopback only through the gateway's listener in its own
-//! network namespace (docs/EGRESS.md). Observed from the host: what the
-//! upstream received, the plugin's environment read from /proc, the
-//! result, the events and the audit file.
+//! The egress gateway served inside real turns in the full sandbox
+//! (docs/EGRESS.md): grants, budgets, what a plugin cannot reach, and the
+//! bounds of the gateway, observed from the host (what the upstream
+//! received, the result, the events, the audit file, /proc). The drivers'
+//! turns are in egress_drivers_sandbox.rs, CONNECT in
+//! egress_connect_sandbox.rs.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use sharedos_host::config::HostConfig;
-use sharedos_host::egress::mock::{MockModel, MockOptions, OnRequest, Wire, plan_script};
-use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
-use sharedos_host::process::Launcher;
-use sharedos_host::sandboxed::SandboxLauncher;
-use sharedos_host::seat::registry_from_config;
-use sharedos_kernel::{JsonlAuditSink, Kernel};
-use sharedos_protocol::{ExecutionEvent, ExecutionResult, ExecutionStatus};
+use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+use sharedos_host::executor::OnEvent;
+use sharedos_protocol::{ExecutionEvent, ExecutionStatus};
 use sharedos_tests::bait::helper_exe;
+use sharedos_tests::egress::{Turn, key_file, model_text, run, run_request};
 use sharedos_tests::turns::{
-    AGENT, NAMESPACE, request as testplugin_request, testplugin_host_toml, workspace_bin,
+    AGENT, NAMESPACE, request as testplugin_request, testplugin_host_toml,
 };
 
-const REAL_KEY: &str = "sk-real-e2e-91f0c3aa6d";
-const PLACEHOLDER: &str = "sharedos-placeholder";
-
-const MODEL_GRANT: &str = r#"
-[[kernel.grants]]
-id = "alice-model"
-subject = { kind = "agent", agentId = "alice" }
-issuer = { kind = "service", serviceId = "demo-host" }
-namespaceId = "demo"
-[[kernel.grants.capabilities]]
-namespace = "egress"
-path = ["openai"]
-scope = "exact"
-actions = ["request"]
-"#;
-
-/// The demo's configuration with the standard runtime on the chat driver
-/// and a route to `upstream`; `extra` is appended (grants).
-fn config_text(upstream: &str, key_file: &Path, budget: &str, extra: &str) -> String {
-    let demo = include_str!("../../host/demo/host.toml");
-    let start = demo.find("transcript = [").expect("the demo's transcript");
-    let end = demo[start..].find("\n]\n").expect("its end") + start + 3;
-    let runtime = format!(
-        r#"driver = {{ kind = "openai-chat", baseUrl = "http://127.0.0.1:8787/openai", model = "test-model" }}
-[runtimes.network]
-routes = [{{ name = "openai", upstream = "{upstream}", secret = "file:{key}", api = "openai", allow = ["loopback"] }}]
-{budget}
-"#,
-        key = key_file.display(),
-    );
-    let program = workspace_bin("sharedos-standard");
-    let text = format!("{}{}{}", &demo[..start], runtime, &demo[end..]);
-    text.replace(
-        "program = \"sharedos-standard\"",
-        &format!("program = \"{}\"", program.display()),
-    ) + extra
-}
-
-struct Turn {
-    result: ExecutionResult,
-    events: Vec<ExecutionEvent>,
-    audit: String,
-}
-
-/// One turn of `demo/turn.json` through the real host path: the registry
-/// from the configuration, the sandbox launcher, the kernel with a JSONL
-/// audit file; the turn the executor opens is the gateway's authority.
-async fn run(dir: &Path, text: &str) -> Turn {
-    let request = include_str!("../../host/demo/turn.json");
-    run_request(dir, text, "sharedos.standard", request, None).await
-}
-
-async fn run_request(
-    dir: &Path,
-    text: &str,
-    runtime: &str,
-    request: &str,
-    watch: Option<OnEvent>,
-) -> Turn {
-    let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
-    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
-        let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
-        Ok(l)
-    };
-    let registry = registry_from_config(&config, launcher_for).expect("the seats");
-    let seat = registry.resolve(runtime).unwrap().clone();
-    let files_root = config.resolve(&config.host.files_root);
-    std::fs::create_dir_all(&files_root).unwrap();
-    let audit_path = dir.join("audit.jsonl");
-    let audit = JsonlAuditSink::open(&audit_path).unwrap();
-    let kernel =
-        Arc::new(Kernel::from_config(&config.kernel, &files_root, Arc::new(audit)).unwrap());
-    let executor = Executor::new(kernel, seat, ExecutorOptions::default()).expect("the executor");
-    let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
-    let sink = events.clone();
-    let on_event: OnEvent = Arc::new(move |e| {
-        sink.lock().unwrap().push(e.clone());
-        if let Some(watch) = &watch {
-            watch(e);
-        }
-    });
-    let result = executor
-        .execute_json(
-            request,
-            ExecuteOptions {
-                cancel: None,
-                on_event: Some(on_event),
-            },
-        )
-        .await
-        .expect("a valid request");
-    drop(executor);
-    drop(registry);
-    sharedos_host::process::settle_kills();
-    let events = events.lock().unwrap().clone();
-    Turn {
-        result,
-        events,
-        audit: std::fs::read_to_string(&audit_path).unwrap_or_default(),
-    }
-}
-
-fn key_file(dir: &Path) -> std::path::PathBuf {
-    let p = dir.join("model.key");
-    std::fs::write(&p, REAL_KEY).unwrap();
-    p
-}
-
-/// The environment of every process running the chat driver, read by the
-/// host from /proc while the plugin waits for its model.
-fn driver_environments() -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains("openai-chat")
-            && let Ok(env) = std::fs::read(entry.path().join("environ"))
-        {
-            out.push(String::from_utf8_lossy(&env).replace('\0', "\n"));
-        }
-    }
-    out
+/// The demo's configuration on the chat driver with a route to
+/// `upstream`; `network_extra` goes in `[runtimes.network]`.
+fn config_text(upstream: &str, key_file: &Path, network_extra: &str, grant: bool) -> String {
+    model_text("openai-chat", upstream, key_file, network_extra, "", grant)
 }
 
 fn codes(events: &[ExecutionEvent], kind: &str) -> Vec<Value> {
@@ -156,108 +33,12 @@ fn codes(events: &[ExecutionEvent], kind: &str) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sandboxed_chat_driver_reaches_its_model_only_through_the_gateway() {
-    let dir = tempfile::tempdir().unwrap();
-    let environs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen_env = environs.clone();
-    let hook: OnRequest = Arc::new(move |_| seen_env.lock().unwrap().extend(driver_environments()));
-    let model = MockModel::start_with(
-        plan_script(Wire::OpenaiChat),
-        MockOptions {
-            tls: None,
-            on_request: Some(hook),
-        },
-    )
-    .await
-    .unwrap();
-    let text = config_text(&model.base_url(), &key_file(dir.path()), "", MODEL_GRANT);
-    let turn = run(dir.path(), &text).await;
-
-    let result = &turn.result;
-    assert_eq!(result.status, ExecutionStatus::Succeeded, "{result:#?}");
-    assert_eq!(result.output.as_ref().unwrap()["text"], "Plan written.");
-    // The tool call went through the envelope and the kernel.
-    let written = std::fs::read_to_string(dir.path().join("files/demo/alice/notes/plan.md"));
-    assert_eq!(written.unwrap(), "step one");
-    // The sandbox said what it allowed: TCP to the gateway's port only.
-    let sandbox = &result.metadata["runtime"]["sandbox"];
-    assert_eq!(sandbox["level"], "strong", "{sandbox}");
-    assert_eq!(sandbox["landlock"]["net"], "tcp-connect:8787", "{sandbox}");
-    assert_eq!(sandbox["seccomp"]["mode"], "namespace+egress", "{sandbox}");
-
-    // The upstream saw the real key on every request, through the route.
-    let seen = model.seen();
-    assert_eq!(seen.len(), 2, "{seen:?}");
-    for s in &seen {
-        assert_eq!(
-            s.authorization(),
-            Some(format!("Bearer {REAL_KEY}").as_str())
-        );
-        assert_eq!(s.path, "/v1/chat/completions");
-    }
-    // The plugin's own environment: the gateway's URL and the placeholder,
-    // never the key.
-    let environs = environs.lock().unwrap().clone();
-    assert!(
-        !environs.is_empty(),
-        "the driver process was not found in /proc"
-    );
-    for env in &environs {
-        assert!(
-            env.contains(&format!("SHAREDOS_MODEL_KEY={PLACEHOLDER}")),
-            "{env}"
-        );
-        assert!(
-            env.contains("SHAREDOS_EGRESS_URL=http://127.0.0.1:8787"),
-            "{env}"
-        );
-        assert!(
-            !env.contains(REAL_KEY),
-            "the key is in the plugin's environment"
-        );
-    }
-    // Each model request is an event of the turn and an audit record.
-    let requests = codes(&turn.events, "egress.request");
-    assert_eq!(requests.len(), 2, "{:?}", turn.events);
-    assert!(
-        requests
-            .iter()
-            .all(|r| r["route"] == "openai" && r["status"] == 200),
-        "{requests:?}"
-    );
-    assert_eq!(requests[1]["inputTokens"], 40);
-    assert_eq!(
-        turn.audit.matches("\"effect.authorized\"").count(),
-        2,
-        "{}",
-        turn.audit
-    );
-    assert_eq!(
-        turn.audit.matches("\"effect.completed\"").count(),
-        2,
-        "{}",
-        turn.audit
-    );
-    // Nothing the host wrote holds the key.
-    let everything = format!(
-        "{}\n{}\n{}",
-        serde_json::to_string(result).unwrap(),
-        serde_json::to_string(&turn.events).unwrap(),
-        turn.audit
-    );
-    assert!(
-        !everything.contains(REAL_KEY),
-        "the key leaked into the host's output"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_without_the_egress_grant_is_refused_and_audited() {
     let dir = tempfile::tempdir().unwrap();
     let model = MockModel::start(plan_script(Wire::OpenaiChat))
         .await
         .unwrap();
-    let text = config_text(&model.base_url(), &key_file(dir.path()), "", "");
+    let text = config_text(&model.base_url(), &key_file(dir.path()), "", false);
     let turn = run(dir.path(), &text).await;
 
     assert_eq!(
@@ -291,12 +72,7 @@ async fn a_spent_request_budget_ends_the_turn_egress_budget_exceeded() {
         .await
         .unwrap();
     let budget = "budget = { requests = 1 }";
-    let text = config_text(
-        &model.base_url(),
-        &key_file(dir.path()),
-        budget,
-        MODEL_GRANT,
-    );
+    let text = config_text(&model.base_url(), &key_file(dir.path()), budget, true);
     let turn = run(dir.path(), &text).await;
 
     assert_eq!(

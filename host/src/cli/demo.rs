@@ -38,14 +38,43 @@ pub struct ModelArgs {
     pub allow: Vec<String>,
 }
 
-/// The embedded demo configuration with the chat driver instead of the
-/// transcript, a route `openai` to `upstream` and a grant of it to alice.
-pub fn model_config(
-    upstream: &str,
-    secret: &str,
-    allow: &[String],
-    model: &str,
-) -> Result<String, String> {
+/// The standard runtime of the embedded demo configuration on a model
+/// driver instead of its transcript, behind one route: what
+/// `sharedos demo --model` runs, and what the end-to-end egress tests run.
+#[derive(Debug, Clone)]
+pub struct ModelSetup<'a> {
+    /// The driver kind (`openai-chat`, `openai-responses`,
+    /// `anthropic-messages`); it decides the route's `api`.
+    pub kind: &'a str,
+    pub upstream: &'a str,
+    /// The route's `secret` reference (`env:VAR` or `file:PATH`).
+    pub secret: &'a str,
+    /// The route's address classes besides public ones.
+    pub allow: &'a [String],
+    pub model: &'a str,
+    /// More keys of the driver table, as TOML (`maxTokens = 512`).
+    pub driver_extra: &'a str,
+    /// More lines of `[runtimes.network]`, as TOML (a budget, `caFile`).
+    pub network_extra: &'a str,
+    /// Grant alice requests on the route.
+    pub grant: bool,
+}
+
+impl ModelSetup<'_> {
+    /// The route's name (and its API shape): `anthropic` for Anthropic
+    /// Messages, `openai` otherwise.
+    pub fn route(&self) -> &'static str {
+        if self.kind == "anthropic-messages" {
+            "anthropic"
+        } else {
+            "openai"
+        }
+    }
+}
+
+/// The embedded demo configuration with `setup`'s driver instead of the
+/// transcript, its route, and (when asked) the grant of it to alice.
+pub fn model_config(setup: &ModelSetup) -> Result<String, String> {
     let start = DEMO_CONFIG
         .find("transcript = [")
         .ok_or("the demo configuration has no transcript")?;
@@ -55,25 +84,38 @@ pub fn model_config(
         + start
         + 3;
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
-    let allow: Vec<String> = allow.iter().map(|a| quote(a)).collect();
+    let allow: Vec<String> = setup.allow.iter().map(|a| quote(a)).collect();
+    let route = setup.route();
+    let driver_extra = match setup.driver_extra.trim() {
+        "" => String::new(),
+        extra => format!(", {extra}"),
+    };
     let runtime = format!(
-        "driver = {{ kind = \"openai-chat\", baseUrl = \"{gateway}/openai\", model = {model} }}\n\
+        "driver = {{ kind = {kind}, baseUrl = \"{gateway}/{route}\", model = {model}{driver_extra} }}\n\
          [runtimes.network]\n\
-         routes = [{{ name = \"openai\", upstream = {upstream}, secret = {secret}, api = \"openai\", allow = [{allow}] }}]\n",
+         routes = [{{ name = \"{route}\", upstream = {upstream}, secret = {secret}, api = \"{route}\", allow = [{allow}] }}]\n\
+         {network_extra}\n",
+        kind = quote(setup.kind),
         gateway = crate::egress::egress_url(),
-        model = quote(model),
-        upstream = quote(upstream),
-        secret = quote(secret),
+        model = quote(setup.model),
+        upstream = quote(setup.upstream),
+        secret = quote(setup.secret),
         allow = allow.join(", "),
+        network_extra = setup.network_extra,
     );
+    let grant = if setup.grant {
+        MODEL_GRANT.replace("{route}", route)
+    } else {
+        String::new()
+    };
     Ok(format!(
-        "{}{runtime}{}{MODEL_GRANT}",
+        "{}{runtime}{}{grant}",
         &DEMO_CONFIG[..start],
         &DEMO_CONFIG[end..]
     ))
 }
 
-/// Alice may send requests on the route `openai`.
+/// Alice may send requests on the route `{route}`.
 const MODEL_GRANT: &str = r#"
 [[kernel.grants]]
 id = "alice-model"
@@ -82,10 +124,24 @@ issuer = { kind = "service", serviceId = "demo-host" }
 namespaceId = "demo"
 [[kernel.grants.capabilities]]
 namespace = "egress"
-path = ["openai"]
+path = ["{route}"]
 scope = "exact"
 actions = ["request"]
 "#;
+
+/// The demo's driver: Chat Completions as `model`, granted.
+fn chat_setup(model: &str) -> ModelSetup<'_> {
+    ModelSetup {
+        kind: "openai-chat",
+        upstream: "",
+        secret: "",
+        allow: &[],
+        model,
+        driver_extra: "",
+        network_extra: "",
+        grant: true,
+    }
+}
 
 /// The configuration text of the demo for `model`, and a description.
 async fn config_text(
@@ -107,12 +163,12 @@ async fn config_text(
         let key = dir.join("mock-model.key");
         std::fs::write(&key, "sharedos-mock-key").map_err(|e| format!("{}: {e}", key.display()))?;
         let secret = format!("file:{}", key.display());
-        let text = model_config(
-            &mock.base_url(),
-            &secret,
-            &["loopback".into()],
-            &model.model_name,
-        )?;
+        let text = model_config(&ModelSetup {
+            upstream: &mock.base_url(),
+            secret: &secret,
+            allow: &["loopback".into()],
+            ..chat_setup(&model.model_name)
+        })?;
         let what = format!(
             "sharedos.standard (chat driver) -> gateway -> mock model on 127.0.0.1:{}",
             mock.port
@@ -124,7 +180,12 @@ async fn config_text(
         .as_deref()
         .ok_or("--model needs --mock or --base-url URL")?;
     let secret = format!("env:{}", model.key_env);
-    let text = model_config(url, &secret, &model.allow, &model.model_name)?;
+    let text = model_config(&ModelSetup {
+        upstream: url,
+        secret: &secret,
+        allow: &model.allow,
+        ..chat_setup(&model.model_name)
+    })?;
     Ok((
         text,
         format!("sharedos.standard (chat driver) -> gateway -> {url}"),

@@ -20,19 +20,22 @@ use crate::model::{Answer, Call, ModelApi, ToolSpec};
 
 /// The API version the request is written for.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
-/// `max_tokens` is required by the API; the driver config has no knob
-/// for it (docs/EGRESS.md).
-pub const MAX_TOKENS: u64 = 4096;
+/// `max_tokens` is required by the API: this, unless the driver table's
+/// `maxTokens` says otherwise (docs/EGRESS.md).
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+/// The `maxTokens` a driver table may set.
+pub const MAX_TOKENS_RANGE: std::ops::RangeInclusive<u64> = 1..=131_072;
 
 pub struct AnthropicApi {
     messages: Vec<Value>,
     tools: Vec<Value>,
+    max_tokens: u64,
     /// Content block index → position in the answer's calls.
     by_block: HashMap<u64, usize>,
 }
 
 impl AnthropicApi {
-    pub fn new(prompt: String, tools: Vec<ToolSpec>) -> Self {
+    pub fn new(prompt: String, tools: Vec<ToolSpec>, max_tokens: u64) -> Self {
         let tools = tools
             .into_iter()
             .map(
@@ -42,6 +45,7 @@ impl AnthropicApi {
         Self {
             messages: vec![json!({"role": "user", "content": prompt})],
             tools,
+            max_tokens,
             by_block: HashMap::new(),
         }
     }
@@ -116,7 +120,7 @@ impl ModelApi for AnthropicApi {
         model: &str,
         key: &str,
     ) -> (&'static str, Vec<(&'static str, String)>, Value) {
-        let mut body = json!({"model": model, "max_tokens": MAX_TOKENS,
+        let mut body = json!({"model": model, "max_tokens": self.max_tokens,
             "messages": self.messages, "stream": true});
         if !self.tools.is_empty() {
             body["tools"] = json!(self.tools);
@@ -205,7 +209,7 @@ mod tests {
 
     #[test]
     fn reads_text_and_two_calls_and_returns_both_results_in_one_message() {
-        let mut api = AnthropicApi::new("hi".into(), vec![]);
+        let mut api = AnthropicApi::new("hi".into(), vec![], DEFAULT_MAX_TOKENS);
         let mut a = Answer::default();
         let events = [
             json!({"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}}),
@@ -250,7 +254,7 @@ mod tests {
 
     #[test]
     fn an_error_event_is_a_model_error() {
-        let mut api = AnthropicApi::new("hi".into(), vec![]);
+        let mut api = AnthropicApi::new("hi".into(), vec![], DEFAULT_MAX_TOKENS);
         let e = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
         let err = api
             .absorb(&e.to_string(), &mut Answer::default())

@@ -174,6 +174,33 @@ pub fn model_plugin(
     model: &str,
     key: &str,
 ) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
+    model_plugin_with(kind, base_url, model, key, None)
+}
+
+/// [`model_plugin`] with Anthropic's `max_tokens` (`None`: its default,
+/// [`anthropic::DEFAULT_MAX_TOKENS`]); a value outside
+/// [`anthropic::MAX_TOKENS_RANGE`], or one for another wire, is refused.
+pub fn model_plugin_with(
+    kind: DriverKind,
+    base_url: &str,
+    model: &str,
+    key: &str,
+    max_tokens: Option<u64>,
+) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
+    if let Some(n) = max_tokens {
+        if kind != DriverKind::AnthropicMessages {
+            return Err(TranscriptError(
+                "max tokens applies to the anthropic-messages driver only".into(),
+            ));
+        }
+        if !anthropic::MAX_TOKENS_RANGE.contains(&n) {
+            return Err(TranscriptError(format!(
+                "max tokens must be {}..={}, got {n}",
+                anthropic::MAX_TOKENS_RANGE.start(),
+                anthropic::MAX_TOKENS_RANGE.end()
+            )));
+        }
+    }
     let base = sse::BaseUrl::parse(base_url).map_err(TranscriptError)?;
     if model.trim().is_empty() {
         return Err(TranscriptError("the model must be named".into()));
@@ -183,6 +210,7 @@ pub fn model_plugin(
         base,
         model: model.to_owned(),
         key: key.to_owned(),
+        max_tokens,
     });
     let inner = create_standard_runtime(StandardRuntimeOptions::new(Arc::new(driver)));
     Ok(Arc::new(deltas::Streaming { inner }))

@@ -6,29 +6,42 @@
 //!   `openai-chat`, `openai-responses` or `anthropic-messages`: the model
 //!   API through the host's egress gateway. The key is
 //!   `SHAREDOS_MODEL_KEY` from the environment, a placeholder the gateway
-//!   replaces; the real key never reaches this process.
+//!   replaces; the real key never reaches this process. `--max-tokens N`
+//!   sets Anthropic's `max_tokens` (default 4096, 1..=131072).
 
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: sharedos-standard --transcript '<JSON array of decisions>'\n   \
-     or: sharedos-standard --driver openai-chat|openai-responses|anthropic-messages --base-url http://<gateway>/<route> --model <name>";
+     or: sharedos-standard --driver openai-chat|openai-responses|anthropic-messages --base-url http://<gateway>/<route> --model <name> [--max-tokens N]";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut transcript, mut driver, mut base, mut model) = (None, None, None, None);
+    let mut max_tokens = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--transcript" => transcript = args.next(),
             "--driver" => driver = args.next(),
             "--base-url" => base = args.next(),
             "--model" => model = args.next(),
+            "--max-tokens" => match args.next().map(|n| n.parse::<u64>()) {
+                Some(Ok(n)) => max_tokens = Some(n),
+                _ => {
+                    eprintln!("sharedos-standard: --max-tokens takes a number\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
             other => {
                 eprintln!("sharedos-standard: unknown argument {other:?}\n{USAGE}");
                 return ExitCode::from(2);
             }
         }
+    }
+    if max_tokens.is_some() && driver.is_none() {
+        eprintln!("sharedos-standard: --max-tokens needs --driver\n{USAGE}");
+        return ExitCode::from(2);
     }
     let plugin = match (transcript, driver.as_deref()) {
         (Some(text), None) => match serde_json::from_str(&text) {
@@ -52,7 +65,7 @@ fn main() -> ExitCode {
             };
             let key = std::env::var("SHAREDOS_MODEL_KEY")
                 .unwrap_or_else(|_| "sharedos-placeholder".into());
-            sharedos_standard::model_plugin(kind, &base, &model, &key)
+            sharedos_standard::model_plugin_with(kind, &base, &model, &key, max_tokens)
         }
         _ => {
             eprintln!("sharedos-standard: give exactly one of --transcript or --driver\n{USAGE}");

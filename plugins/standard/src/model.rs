@@ -67,6 +67,8 @@ pub struct ModelConfig {
     pub model: String,
     /// A placeholder: the gateway replaces it.
     pub key: String,
+    /// Anthropic's `max_tokens`; `None` is its default.
+    pub max_tokens: Option<u64>,
 }
 
 /// One tool of the catalogue as the model sees it.
@@ -145,12 +147,17 @@ fn object_schema(schema: &Map<String, Value>) -> Value {
     Value::Object(s)
 }
 
-fn open_api(kind: DriverKind, prompt: String, tools: Vec<ToolSpec>) -> Box<dyn ModelApi> {
-    match kind {
+fn open_api(config: &ModelConfig, prompt: String, tools: Vec<ToolSpec>) -> Box<dyn ModelApi> {
+    match config.kind {
         DriverKind::OpenaiChat => Box::new(crate::chat::ChatApi::new(prompt, tools)),
         DriverKind::OpenaiResponses => Box::new(crate::responses::ResponsesApi::new(prompt, tools)),
         DriverKind::AnthropicMessages => {
-            Box::new(crate::anthropic::AnthropicApi::new(prompt, tools))
+            let max_tokens = config
+                .max_tokens
+                .unwrap_or(crate::anthropic::DEFAULT_MAX_TOKENS);
+            Box::new(crate::anthropic::AnthropicApi::new(
+                prompt, tools, max_tokens,
+            ))
         }
     }
 }
@@ -181,7 +188,7 @@ impl AgentTurnDriver for ModelDriver {
             other => other.to_string(),
         };
         Ok(Box::new(ModelSession {
-            api: open_api(self.config.kind, prompt, tools),
+            api: open_api(&self.config, prompt, tools),
             config: self.config.clone(),
             names,
             pending: VecDeque::new(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 /// The gateway's `host:port`, from `SHAREDOS_EGRESS_URL`.
-fn gateway() -> Option<String> {
+pub fn gateway() -> Option<String> {
     let url = std::env::var("SHAREDOS_EGRESS_URL").ok()?;
     Some(
         url.strip_prefix("http://")?

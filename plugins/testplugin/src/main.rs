@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod egress;
+mod tunnel;
 
 const ID: &str = "sharedos-testplugin";
 const VERSION: &str = "0.1.0";
@@ -263,7 +264,8 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// - `outcome {value}`: answers `turn/run` with `value` (again, if repeated)
 /// - `error_outcome {code, message}`: answers `turn/run` with an error
 /// - `net_probe {targets, resolve?}`, `egress_flood {n, path}`,
-///   `egress_body {bytes, path}`: network steps (see `egress.rs`), each
+///   `egress_body {bytes, path}`, `egress_connect {target, caPem?,
+///   serverName?, bytes?}`: network steps (see `egress.rs`, `tunnel.rs`), each
 ///   emitting `{type: <op>, data: <what it observed>}`
 fn step(p: &mut Plugin, s: &Value) {
     let op = s.get("op").and_then(Value::as_str).unwrap_or_default();
@@ -484,10 +486,14 @@ fn step(p: &mut Plugin, s: &Value) {
                 );
             }
         }
-        "net_probe" | "egress_flood" | "egress_body" => {
+        "net_probe" | "egress_flood" | "egress_body" | "egress_connect" => {
             let path = s["path"].as_str().unwrap_or("/");
             let data = match op {
                 "net_probe" => egress::probe(s),
+                "egress_connect" => match egress::gateway() {
+                    Some(gw) => tunnel::connect(&gw, s),
+                    None => json!({"error": "no SHAREDOS_EGRESS_URL"}),
+                },
                 "egress_flood" => egress::flood(num(s, "n", 10_000), path),
                 _ => egress::big_body(num(s, "bytes", 1 << 30), path),
             };

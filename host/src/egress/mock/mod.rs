@@ -170,6 +170,9 @@ impl MockModel {
 async fn accept(listener: TcpListener, state: Arc<State>, tls: Option<tokio_rustls::TlsAcceptor>) {
     while let Ok((tcp, _)) = listener.accept().await {
         state.connections.fetch_add(1, Ordering::SeqCst);
+        // As model APIs' servers do: without it a response head on a kept
+        // connection waits for the ACK of the previous answer's tail.
+        let _ = tcp.set_nodelay(true);
         let (state, tls) = (Arc::clone(&state), tls.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {

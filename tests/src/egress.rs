@@ -1,0 +1,180 @@
+//! Turns of a runtime with a network policy through the whole host path:
+//! the registry from a configuration, the sandbox launcher, the kernel
+//! with a JSONL audit file, the executor; and
+//! what the host can observe of them (the result, the events, the audit
+//! file, a plugin's environment in /proc).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use sharedos_host::cli::demo::{ModelSetup, model_config};
+use sharedos_host::config::HostConfig;
+use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
+use sharedos_host::process::Launcher;
+use sharedos_host::sandboxed::SandboxLauncher;
+use sharedos_host::seat::registry_from_config;
+use sharedos_kernel::{JsonlAuditSink, Kernel};
+use sharedos_protocol::{ExecutionEvent, ExecutionResult};
+
+use crate::bait::helper_exe;
+use crate::turns::workspace_bin;
+
+/// The real key of every route here; nothing the host writes may hold it.
+pub const REAL_KEY: &str = "sk-real-e2e-91f0c3aa6d";
+/// What the plugin is given instead (`SHAREDOS_MODEL_KEY`).
+pub const PLACEHOLDER: &str = "sharedos-placeholder";
+/// The demo's turn request (alice writes her plan).
+pub const DEMO_REQUEST: &str = include_str!("../../host/demo/turn.json");
+
+/// The demo's configuration with the standard runtime on driver `kind`
+/// and a route to `upstream` keyed by `key_file`; `network_extra` and
+/// `driver_extra` as in [`ModelSetup`]; alice granted the route when
+/// `grant`.
+pub fn model_text(
+    kind: &str,
+    upstream: &str,
+    key_file: &Path,
+    network_extra: &str,
+    driver_extra: &str,
+    grant: bool,
+) -> String {
+    let secret = format!("file:{}", key_file.display());
+    let text = model_config(&ModelSetup {
+        kind,
+        upstream,
+        secret: &secret,
+        allow: &["loopback".to_owned()],
+        model: "test-model",
+        driver_extra,
+        network_extra,
+        grant,
+    })
+    .expect("the demo configuration");
+    let program = workspace_bin("sharedos-standard");
+    text.replace(
+        "program = \"sharedos-standard\"",
+        &format!("program = \"{}\"", program.display()),
+    )
+}
+
+/// What the host saw of one turn.
+pub struct Turn {
+    pub result: ExecutionResult,
+    pub events: Vec<ExecutionEvent>,
+    /// The JSONL audit file's text.
+    pub audit: String,
+}
+
+impl Turn {
+    /// The data of every event of `kind`.
+    pub fn events_of(&self, kind: &str) -> Vec<Value> {
+        self.events
+            .iter()
+            .filter(|e| e.kind.as_str() == kind)
+            .map(|e| e.data.clone())
+            .collect()
+    }
+
+    /// Everything the host wrote: the result, the events, the audit.
+    pub fn everything(&self) -> String {
+        format!(
+            "{}\n{}\n{}",
+            serde_json::to_string(&self.result).unwrap_or_default(),
+            serde_json::to_string(&self.events).unwrap_or_default(),
+            self.audit
+        )
+    }
+}
+
+/// One turn of the demo's request on `sharedos.standard`.
+pub async fn run(dir: &Path, text: &str) -> Turn {
+    run_request(dir, text, "sharedos.standard", DEMO_REQUEST, None).await
+}
+
+/// One turn of `request` on `runtime`, configured by `text`, with `watch`
+/// called on each event as it happens.
+pub async fn run_request(
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    request: &str,
+    watch: Option<OnEvent>,
+) -> Turn {
+    let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
+    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
+        let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
+        Ok(l)
+    };
+    let registry = registry_from_config(&config, launcher_for).expect("the seats");
+    let seat = registry.resolve(runtime).expect("the runtime").clone();
+    let files_root = config.resolve(&config.host.files_root);
+    std::fs::create_dir_all(&files_root).expect("the files root");
+    let audit_path = dir.join("audit.jsonl");
+    let audit = JsonlAuditSink::open(&audit_path).expect("the audit file");
+    let kernel = Arc::new(
+        Kernel::from_config(&config.kernel, &files_root, Arc::new(audit)).expect("the kernel"),
+    );
+    // The host's limits as `sharedos run` takes them from the file.
+    let options = ExecutorOptions {
+        default_max_steps: config.host.default_max_steps,
+        default_max_tool_calls: config.host.default_max_tool_calls,
+        default_timeout_ms: config.host.default_timeout_ms,
+        drain_grace_ms: config.host.drain_grace_ms,
+        ..ExecutorOptions::default()
+    };
+    let executor = Executor::new(kernel, seat, options).expect("the executor");
+    let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
+    let sink = events.clone();
+    let on_event: OnEvent = Arc::new(move |e| {
+        sink.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e.clone());
+        if let Some(watch) = &watch {
+            watch(e);
+        }
+    });
+    let result = executor
+        .execute_json(
+            request,
+            ExecuteOptions {
+                cancel: None,
+                on_event: Some(on_event),
+            },
+        )
+        .await
+        .expect("a valid request");
+    drop(executor);
+    drop(registry);
+    sharedos_host::process::settle_kills();
+    let events = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Turn {
+        result,
+        events,
+        audit: std::fs::read_to_string(&audit_path).unwrap_or_default(),
+    }
+}
+
+/// A file in `dir` holding [`REAL_KEY`].
+pub fn key_file(dir: &Path) -> PathBuf {
+    let p = dir.join("model.key");
+    std::fs::write(&p, REAL_KEY).expect("the key file");
+    p
+}
+
+/// The environment of every process whose command line holds `marker`
+/// (a driver kind), read by the host from /proc.
+pub fn environments_of(marker: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(marker)
+            && let Ok(env) = std::fs::read(entry.path().join("environ"))
+        {
+            out.push(String::from_utf8_lossy(&env).replace('\0', "\n"));
+        }
+    }
+    out
+}
