@@ -4,11 +4,11 @@
 
 /// The sandbox suites' bait, turn runner and host-side checks.
 pub mod bait;
+/// Turns of runtimes with a network policy, and what the host sees.
+pub mod egress;
 /// Harness turns: a vendor CLI (or the Python MCP client) seated by
 /// `sharedos-harness` in the full sandbox.
 pub mod harness;
-/// Turns of runtimes with a network policy, and what the host sees.
-pub mod egress;
 /// `sharedos serve` and an HTTP client over its socket.
 pub mod served;
 /// Turns through the whole host, and the invariants every turn keeps.
