@@ -18,7 +18,7 @@ use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
 use crate::bait::helper_exe;
-use crate::turns::workspace_bin;
+use crate::turns::{AGENT, NAMESPACE, workspace_bin};
 
 /// The real key of every route here; nothing the host writes may hold it.
 pub const REAL_KEY: &str = "sk-real-e2e-91f0c3aa6d";
@@ -177,4 +177,24 @@ pub fn environments_of(marker: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// A `[[kernel.grants]]` entry giving the test agent one egress capability:
+/// `path` is a route name (action `request`) or a `host:port` destination
+/// (action `connect`).
+pub fn egress_grant(id: &str, path: &str, action: &str) -> String {
+    format!(
+        r#"
+[[kernel.grants]]
+id = "{id}"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+[[kernel.grants.capabilities]]
+namespace = "egress"
+path = ["{path}"]
+scope = "exact"
+actions = ["{action}"]
+"#
+    )
 }

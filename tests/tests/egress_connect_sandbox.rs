@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 use sharedos_protocol::ExecutionStatus;
-use sharedos_tests::egress::{Turn, run_request};
-use sharedos_tests::turns::{AGENT, NAMESPACE, request, testplugin_host_toml};
+use sharedos_tests::egress::{Turn, egress_grant, run_request};
+use sharedos_tests::turns::{request, testplugin_host_toml};
 
 /// A TLS echo server on 127.0.0.1 with the test CA's `localhost`
 /// certificate: its port, the CA's PEM, and how many TCP connections it
@@ -76,20 +76,7 @@ fn config(destination: &str, budget: &str) -> String {
     let network = format!(
         "launcher = \"sandbox\"\nnetwork = {{ destinations = [{{ address = \"{destination}\", allow = [\"loopback\"] }}]{budget} }}\n"
     );
-    let grant = format!(
-        r#"
-[[kernel.grants]]
-id = "alice-destination"
-subject = {{ kind = "agent", agentId = "{AGENT}" }}
-issuer = {{ kind = "service", serviceId = "test-host" }}
-namespaceId = "{NAMESPACE}"
-[[kernel.grants.capabilities]]
-namespace = "egress"
-path = ["{destination}"]
-scope = "exact"
-actions = ["connect"]
-"#
-    );
+    let grant = egress_grant("alice-destination", destination, "connect");
     testplugin_host_toml("egress-connect", "sandbox", 60_000)
         .replace("launcher = \"sandbox\"\n", &network)
         + &grant

@@ -13,10 +13,8 @@ use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
 use sharedos_host::executor::OnEvent;
 use sharedos_protocol::{ExecutionEvent, ExecutionStatus};
 use sharedos_tests::bait::helper_exe;
-use sharedos_tests::egress::{Turn, key_file, model_text, run, run_request};
-use sharedos_tests::turns::{
-    AGENT, NAMESPACE, request as testplugin_request, testplugin_host_toml,
-};
+use sharedos_tests::egress::{Turn, egress_grant, key_file, model_text, run, run_request};
+use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
 
 /// The demo's configuration on the chat driver with a route to
 /// `upstream`; `network_extra` goes in `[runtimes.network]`.
@@ -97,20 +95,7 @@ fn testplugin_text(upstream: &str, key_file: &Path) -> String {
         "launcher = \"sandbox\"\nnetwork = {{ routes = [{{ name = \"openai\", upstream = \"{upstream}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"] }}] }}\n",
         key_file.display()
     );
-    let grant = format!(
-        r#"
-[[kernel.grants]]
-id = "alice-model"
-subject = {{ kind = "agent", agentId = "{AGENT}" }}
-issuer = {{ kind = "service", serviceId = "test-host" }}
-namespaceId = "{NAMESPACE}"
-[[kernel.grants.capabilities]]
-namespace = "egress"
-path = ["openai"]
-scope = "exact"
-actions = ["request"]
-"#
-    );
+    let grant = egress_grant("alice-model", "openai", "request");
     testplugin_host_toml("egress-e2e", "sandbox", 60_000)
         .replace("launcher = \"sandbox\"\n", &network)
         + &grant
