@@ -5,13 +5,16 @@
 //! grants; the audit trail: it is also a kernel `AuditSink` and
 //! `UsageStore`) and what sessions need (sessions, runs admitted before
 //! dispatch, the event journal). [`SqliteStore`] is the embedded backend:
-//! one file, WAL, migrations applied at open. [`recovery::recover`] marks
-//! the runs a crashed host left in flight without executing anything.
+//! one file, WAL, migrations applied at open. Each host process holds a
+//! lease ([`Lease`], [`Store::acquire_lease`]) whose epoch fences every run
+//! write it makes; the runs of a host that crashed, or whose lease expired,
+//! are reconciled by [`recovery`]'s rules without executing anything.
 
 #![forbid(unsafe_code)]
 
 pub mod cluster;
 pub mod grants;
+mod lease;
 mod postgres;
 pub mod recovery;
 mod sqlite;
@@ -20,9 +23,12 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sharedos_kernel::{AuditRecord, AuditSink, Grant, UsageStore};
-use sharedos_protocol::{Address, ExecutionEvent};
+use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
+
+use recovery::RecoveredRun;
 
 pub use grants::{GrantImport, GrantOrigin, StoreGrants, StoredGrant};
+pub use lease::{Acquired, Lease};
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 
@@ -35,12 +41,14 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_initial.sql"),
     include_str!("../migrations/sqlite/0002_grants.sql"),
+    include_str!("../migrations/sqlite/0003_host_leases.sql"),
 ];
 
 /// The same schema for PostgreSQL, version for version.
 pub const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0001_initial.sql"),
     include_str!("../migrations/postgres/0002_grants.sql"),
+    include_str!("../migrations/postgres/0003_host_leases.sql"),
 ];
 
 /// Why the store could not do what was asked. Each message says what to
@@ -90,6 +98,13 @@ pub enum StoreError {
     GrantConflict(String),
     #[error("run {0:?} has already ended")]
     RunEnded(String),
+    /// This process's lease was taken over (its epoch moved on): another
+    /// host reconciled its runs after the lease expired, or another process
+    /// started under the same host id. The write was refused, whole.
+    #[error(
+        "the lease of host id {host_id:?} held by this process (epoch {epoch}) was taken over: its runs were reconciled by another host after the lease expired, or another process started with this host id; this process writes nothing more: restart it"
+    )]
+    Fenced { host_id: String, epoch: i64 },
     /// The database could not be reached, is full or locked, or failed.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
@@ -199,10 +214,32 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     async fn run(&self, id: &str) -> Result<RunRecord, StoreError>;
     /// Ends an in-flight run with its result, then applies retention.
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
-    /// Marks an in-flight run interrupted with what recovery found.
-    async fn interrupt_run(&self, id: &str, recovery: &Value, at: &str) -> Result<(), StoreError>;
-    /// Runs in flight on `host_id` (after a crash: the ones to recover).
+    /// Runs in flight on `host_id`.
     async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError>;
+    /// Takes the lease of `host_id` for this process, in one transaction:
+    /// its epoch grows by one (fencing any earlier process under this id,
+    /// live or not) and the runs earlier processes left in flight are
+    /// reconciled (`host_restarted`, [`recovery`]). From then on every run
+    /// write of this store (admission, journal, end, audit, `maxUses` use)
+    /// checks that epoch in its transaction, and fails [`StoreError::Fenced`]
+    /// once it moved on.
+    async fn acquire_lease(
+        &self,
+        host_id: &str,
+        duration: std::time::Duration,
+        at: &Timestamp,
+    ) -> Result<Acquired, StoreError>;
+    /// Moves this process's lease expiry to `duration` from now; `Fenced`
+    /// when its epoch moved on (the lease is lost for good).
+    async fn renew_lease(&self) -> Result<(), StoreError>;
+    /// Takes over the runs of every other host whose lease expired with
+    /// runs in flight: per host, one transaction bumps its epoch (fencing
+    /// it) and reconciles its runs (`host_lease_expired`). `Fenced` when
+    /// this process's own lease was lost.
+    async fn take_over_expired(&self, at: &Timestamp) -> Result<Vec<RecoveredRun>, StoreError>;
+    /// Ends this process's lease now (a graceful stop, after draining), so
+    /// another host may reconcile at once anything left in flight.
+    async fn release_lease(&self) -> Result<(), StoreError>;
     /// Stores one event under its sequence. A sequence stored twice is an
     /// error (no duplicate ever reaches an observer).
     async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError>;

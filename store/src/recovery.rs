@@ -1,13 +1,18 @@
-//! Recovery without replay: what a host does at start for the runs it
-//! left in flight when it stopped.
+//! Recovery without replay: what becomes of the runs a host left in
+//! flight, when the same host id starts again (`host_restarted`) or when
+//! another host takes over an expired lease (`host_lease_expired`).
 //!
 //! Nothing is re-executed. For each such run the audit trail (whose
 //! decisions were committed before their effects) says which tool calls
 //! were allowed and which of those reported an outcome. A call allowed
 //! without an outcome may or may not have had its effect: it gets a
-//! `tool.invoked` record `interrupted` (reason `host_restarted`), the run
-//! is marked `interrupted` with the whole account, and its journal gets a
+//! `tool.invoked` record `interrupted` (with the reason), the run is
+//! marked `interrupted` with the whole account, and its journal gets a
 //! last `run.interrupted` event so observers stop waiting.
+//!
+//! [`reconcile`] decides what to write; each backend writes it in the
+//! transaction that took the lease (its epoch bump fences the host that
+//! left the runs), so a reconciliation is whole or not at all.
 //!
 //! A run's trace id is its run id (the session layer builds each turn's
 //! context that way), which is how its audit records are found.
@@ -17,7 +22,12 @@ use serde_json::{Value, json};
 use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{ExecutionEvent, Identifier, ShortName, Timestamp, Version};
 
-use crate::{RunRecord, Store, StoreError};
+use crate::{RunRecord, StoreError};
+
+/// The reason of a run reconciled by a new process under its host id.
+pub const HOST_RESTARTED: &str = "host_restarted";
+/// The reason of a run taken over from a host whose lease expired.
+pub const LEASE_EXPIRED: &str = "host_lease_expired";
 
 /// A tool call the audit trail knows about.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -35,7 +45,14 @@ pub struct KnownCall {
 #[serde(rename_all = "camelCase")]
 pub struct RecoveredRun {
     pub run_id: String,
+    /// [`HOST_RESTARTED`] or [`LEASE_EXPIRED`].
     pub reason: &'static str,
+    /// The host id the run was admitted under.
+    pub host_id: String,
+    /// The host id that reconciled it.
+    pub recovered_by: String,
+    /// The epoch of `host_id`'s lease the reconciliation took.
+    pub epoch: i64,
     /// Authorization decisions recorded by the kernel (kept as they are).
     pub decisions: usize,
     /// Allowed tool calls, with what is known of each.
@@ -46,18 +63,23 @@ pub struct RecoveredRun {
     pub last_sequence: Option<u64>,
 }
 
-/// Marks every run `host_id` left in flight as interrupted; returns what
-/// was found, one entry per run.
-pub async fn recover(
-    store: &dyn Store,
-    host_id: &str,
-    at: &Timestamp,
-) -> Result<Vec<RecoveredRun>, StoreError> {
-    let mut report = Vec::new();
-    for run in store.in_flight_runs(host_id).await? {
-        report.push(recover_run(store, &run, at).await?);
-    }
-    Ok(report)
+/// Who reconciles, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Takeover<'a> {
+    pub reason: &'static str,
+    pub recovered_by: &'a str,
+    /// The epoch the reconciling transaction gave the run's host id.
+    pub epoch: i64,
+}
+
+/// What to write for one run: the `interrupted` outcome records, the last
+/// journal event, and the account stored as the run's `recovery`.
+#[derive(Debug, Clone)]
+pub struct Reconciliation {
+    pub records: Vec<AuditRecord>,
+    pub event: ExecutionEvent,
+    pub account: Value,
+    pub report: RecoveredRun,
 }
 
 fn outcome_name(outcome: AuditOutcome) -> String {
@@ -67,18 +89,22 @@ fn outcome_name(outcome: AuditOutcome) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-async fn recover_run(
-    store: &dyn Store,
+/// Reconciles `run` from its audit `trail` and the last sequence of its
+/// journal; writes nothing.
+pub fn reconcile(
     run: &RunRecord,
+    trail: &[AuditRecord],
+    last_sequence: Option<u64>,
+    takeover: &Takeover<'_>,
     at: &Timestamp,
-) -> Result<RecoveredRun, StoreError> {
-    let trail = store.audit_trail(&run.id).await?;
+) -> Result<Reconciliation, StoreError> {
     let decisions = trail
         .iter()
         .filter(|r| r.kind == "authorization.checked")
         .count();
     let mut calls = Vec::new();
     let mut interrupted = Vec::new();
+    let mut records = Vec::new();
     for decision in trail.iter().filter(|r| {
         r.kind == "authorization.checked"
             && r.outcome == AuditOutcome::Allowed
@@ -92,10 +118,7 @@ async fn recover_run(
             .find(|r| r.kind == "tool.invoked" && r.operation_id.as_deref() == Some(&op))
             .map(|r| outcome_name(r.outcome));
         if outcome.is_none() {
-            store
-                .append(&interrupted_record(decision, at))
-                .await
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            records.push(interrupted_record(decision, takeover.reason, at));
             interrupted.push(op.clone());
         }
         calls.push(KnownCall {
@@ -104,55 +127,44 @@ async fn recover_run(
             outcome: outcome.unwrap_or_else(|| "unknown".into()),
         });
     }
-    let last_sequence = last_sequence(store, run).await?;
-    let recovered = RecoveredRun {
+    let report = RecoveredRun {
         run_id: run.id.clone(),
-        reason: "host_restarted",
+        reason: takeover.reason,
+        host_id: run.host_id.clone(),
+        recovered_by: takeover.recovered_by.to_owned(),
+        epoch: takeover.epoch,
         decisions,
         calls,
         interrupted,
         last_sequence,
     };
-    let account =
-        serde_json::to_value(&recovered).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let account = serde_json::to_value(&report).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let next = last_sequence.map_or(0, |s| s + 1);
-    store
-        .append_event(&run.id, &interrupted_event(run, next, &account, at)?)
-        .await?;
-    store.interrupt_run(&run.id, &account, at.as_str()).await?;
-    Ok(recovered)
-}
-
-async fn last_sequence(store: &dyn Store, run: &RunRecord) -> Result<Option<u64>, StoreError> {
-    let mut last = run.dropped_through;
-    loop {
-        let batch = store.events_after(&run.id, last, 1000).await;
-        match batch {
-            Ok(b) if b.is_empty() => return Ok(last),
-            Ok(b) => last = b.last().map(|e| e.sequence),
-            Err(StoreError::BeyondEnd { .. }) => return Ok(last),
-            Err(e) => return Err(e),
-        }
-    }
+    let event = interrupted_event(run, next, takeover.reason, &account, at)?;
+    Ok(Reconciliation {
+        records,
+        event,
+        account,
+        report,
+    })
 }
 
 /// The outcome record of a call whose outcome never came.
-fn interrupted_record(decision: &AuditRecord, at: &Timestamp) -> AuditRecord {
+fn interrupted_record(decision: &AuditRecord, reason: &str, at: &Timestamp) -> AuditRecord {
     let mut r = decision.clone();
     r.id = uuid_like(&decision.id);
     r.kind = AuditKind::ToolInvoked;
     r.outcome = AuditOutcome::Interrupted;
     r.at = at.clone();
     r.source = AuditSource::Envelope;
-    r.reason = Some("host_restarted".into());
+    r.reason = Some(reason.into());
     r.consumed = None;
     r.fail_closed = None;
     r
 }
 
-/// A record id derived from the decision's, so a recovery that itself
-/// stops halfway and runs again writes the same id (the store refuses the
-/// duplicate instead of recording the interruption twice).
+/// A record id derived from the decision's: the store refuses a duplicate
+/// instead of recording the interruption twice.
 fn uuid_like(decision_id: &str) -> String {
     format!("{decision_id}.recovered")
 }
@@ -160,6 +172,7 @@ fn uuid_like(decision_id: &str) -> String {
 fn interrupted_event(
     run: &RunRecord,
     sequence: u64,
+    reason: &str,
     account: &Value,
     at: &Timestamp,
 ) -> Result<ExecutionEvent, StoreError> {
@@ -172,7 +185,7 @@ fn interrupted_event(
         trace_id: id,
         sequence,
         kind: ShortName::new("run.interrupted").map_err(bad)?,
-        data: json!({ "reason": "host_restarted", "recovery": account }),
+        data: json!({ "reason": reason, "recovery": account }),
         occurred_at: at.clone(),
     })
 }

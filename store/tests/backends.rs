@@ -12,7 +12,6 @@ use sharedos_protocol::{
     AccessContext, Address, ExecutionEvent, Identifier, Purpose, ShortName, Timestamp, Version,
 };
 use sharedos_store::cluster::TestDatabase;
-use sharedos_store::recovery::recover;
 use sharedos_store::{
     Admission, NewRun, PostgresStore, RunState, SCHEMA_VERSION, SessionRecord, SqliteOptions,
     SqliteStore, StoreError,
@@ -319,7 +318,14 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: 
     drop(store);
     let store = backend.open().await;
     let at = Timestamp::parse("2026-12-01T01:00:00Z").unwrap();
-    let report = recover(store.as_ref(), "host-a", &at).await.unwrap();
+    // The same host id starting again takes its lease and reconciles.
+    let acquired = store
+        .acquire_lease("host-a", std::time::Duration::from_secs(60), &at)
+        .await
+        .unwrap();
+    let report = acquired.recovered;
+    assert_eq!(report[0].reason, "host_restarted");
+    assert_eq!(report[0].epoch, acquired.lease.epoch);
     assert_eq!(report.len(), 1);
     assert_eq!(report[0].interrupted, vec!["call-2".to_owned()]);
     assert_eq!(report[0].decisions, 2);
@@ -347,12 +353,13 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: 
         Value::from("succeeded")
     );
 
-    // Nothing left to recover; another host's runs are not touched.
-    assert!(
-        recover(store.as_ref(), "host-a", &at)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    // Nothing left to recover at the next start.
+    let again = backend.open().await;
+    let second = again
+        .acquire_lease("host-a", std::time::Duration::from_secs(60), &at)
+        .await
+        .unwrap();
+    assert!(second.recovered.is_empty());
+    assert_eq!(second.lease.epoch, acquired.lease.epoch + 1);
     assert_eq!(store.audit_trail("r1").await.unwrap().len(), trail.len());
 }

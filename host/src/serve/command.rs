@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
 use super::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
+
+/// The shortest lease accepted: renewals every third of it must have time
+/// to reach the store.
+const MIN_LEASE_MS: u64 = 300;
 use crate::cli::LauncherFor;
 use crate::config::HostConfig;
 
@@ -34,6 +38,11 @@ pub struct ServeArgs {
     /// This host's id: the in-flight runs it reconciles at start are its own.
     #[arg(long, default_value = "local")]
     pub host_id: String,
+    /// How long this host's lease lasts unrenewed, in milliseconds (renewed
+    /// every third of it); other hosts take over its runs once it expired.
+    #[arg(long, value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(MIN_LEASE_MS..))]
+    pub lease_ms: u64,
     /// Events kept per ended run (the latest); default: all.
     #[arg(long, value_name = "N")]
     pub keep_events: Option<u64>,
@@ -70,6 +79,7 @@ fn options(args: &ServeArgs, config: &HostConfig) -> Result<ServeOptions, String
         listen,
         store,
         host_id: args.host_id.clone(),
+        lease: std::time::Duration::from_millis(args.lease_ms),
     })
 }
 

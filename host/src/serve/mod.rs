@@ -4,13 +4,16 @@
 //! A unix socket by default (its file mode 0600: whoever can open it is
 //! the trusted host application); TCP only when asked, and then every
 //! request must carry the bearer token. The kernel audits into the store
-//! and counts `maxUses` in it. At start, the runs this host left in
-//! flight are reconciled (never re-run); on SIGTERM or SIGINT the server
-//! stops accepting and waits for every run in flight to end (each ends by
-//! its own deadline at the latest).
+//! and counts `maxUses` in it. At start it takes its host id's lease and
+//! reconciles the runs earlier processes under that id left in flight
+//! (never re-run); while it runs it renews the lease and takes over the
+//! runs of hosts whose lease expired ([`lease`]). On SIGTERM or SIGINT the
+//! server stops accepting and waits for every run in flight to end (each
+//! ends by its own deadline at the latest), then lets its lease go.
 
 mod command;
 mod grants;
+mod lease;
 pub mod routes;
 
 pub use command::{ServeArgs, command};
@@ -21,6 +24,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -98,9 +102,15 @@ impl StoreChoice {
 pub struct ServeOptions {
     pub listen: Listen,
     pub store: StoreChoice,
-    /// Whose in-flight runs this process reconciles at start.
+    /// Whose in-flight runs this process reconciles at start, and whose
+    /// lease it holds.
     pub host_id: String,
+    /// How long the lease lasts unrenewed (renewed every third of it).
+    pub lease: Duration,
 }
+
+/// The lease of a host that does not say otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 /// The shortest bearer token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -201,17 +211,9 @@ pub async fn serve(
         launcher_for,
         &options.host_id,
     )?);
-    let recovered = sessions
-        .recover()
-        .await
-        .map_err(|e| CliError::Setup(format!("recovery: {e}")))?;
-    for run in &recovered {
-        eprintln!(
-            "sharedos serve: recovered run {}: {}",
-            run.run_id,
-            serde_json::to_string(run).unwrap_or_default()
-        );
-    }
+    start_lease(&sessions, options.lease).await?;
+    let stop_lease = CancellationToken::new();
+    let lease_loop = lease::spawn(Arc::clone(&sessions), options.lease, stop_lease.clone());
     let token = match &options.listen {
         Listen::Tcp { token, .. } => Some(Arc::new(token.clone())),
         Listen::Unix(_) => None,
@@ -233,7 +235,42 @@ pub async fn serve(
     }
     eprintln!("sharedos serve: draining runs in flight");
     sessions.drain().await;
+    stop_lease.cancel();
+    let _ = lease_loop.await;
+    if sessions.lease_status().lost.is_none()
+        && let Err(e) = sessions.store().release_lease().await
+    {
+        eprintln!("sharedos serve: could not release the lease: {e}");
+    }
     eprintln!("sharedos serve: stopped");
+    Ok(())
+}
+
+/// Takes the lease of this host id and reports the runs it reconciled.
+async fn start_lease(sessions: &Sessions, lease: Duration) -> Result<(), CliError> {
+    let acquired = sessions
+        .acquire_lease(lease)
+        .await
+        .map_err(|e| CliError::Setup(format!("taking the lease of this host id: {e}")))?;
+    if acquired.was_live {
+        eprintln!(
+            "sharedos serve: the lease of host id {:?} had not expired: the process that held it is fenced (give each live host its own --host-id)",
+            sessions.host_id()
+        );
+    }
+    eprintln!(
+        "sharedos serve: holding the lease of host id {:?} (epoch {}, {} ms)",
+        sessions.host_id(),
+        acquired.lease.epoch,
+        lease.as_millis()
+    );
+    for run in &acquired.recovered {
+        eprintln!(
+            "sharedos serve: recovered run {}: {}",
+            run.run_id,
+            serde_json::to_string(run).unwrap_or_default()
+        );
+    }
     Ok(())
 }
 

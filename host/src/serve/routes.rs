@@ -58,6 +58,7 @@ impl From<SessionError> for Failure {
                 StoreError::GrantConflict(_) => (StatusCode::CONFLICT, "grant_conflict"),
                 StoreError::BeyondEnd { .. } => (StatusCode::BAD_REQUEST, "sequence_beyond_end"),
                 StoreError::Dropped { .. } => (StatusCode::GONE, "sequence_dropped"),
+                StoreError::Fenced { .. } => (StatusCode::SERVICE_UNAVAILABLE, "lease_lost"),
                 StoreError::NewerSchema { .. }
                 | StoreError::Unavailable(_)
                 | StoreError::Corrupt(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
@@ -68,6 +69,7 @@ impl From<SessionError> for Failure {
                 (StatusCode::BAD_REQUEST, "invalid_input")
             }
             SessionError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            SessionError::LeaseLost(_) => (StatusCode::SERVICE_UNAVAILABLE, "lease_lost"),
         };
         Failure::new(status, code, message)
     }
@@ -149,6 +151,9 @@ async fn handle(
         .collect();
     let parts: Vec<&str> = path.iter().map(String::as_str).collect();
     let method = req.method().clone();
+    if method == Method::GET && parts == ["v1", "health"] {
+        return Ok(health(sessions));
+    }
     let scope = scope_of(&req)?;
     match (method, parts.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => {
@@ -201,6 +206,20 @@ async fn handle(
             "no_route",
             "no such endpoint: see docs/SERVE.md",
         )),
+    }
+}
+
+/// This host and its lease: `200` while the lease holds, `503 lease_lost`
+/// once another host took it over (no scope needed: it says nothing of any
+/// session).
+fn health(sessions: &Sessions) -> Response<Body> {
+    let lease = sessions.lease_status();
+    match &lease.lost {
+        None => json_response(StatusCode::OK, &json!({"lease": lease})),
+        Some(why) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"error": {"code": "lease_lost", "message": why}, "lease": lease}),
+        ),
     }
 }
 

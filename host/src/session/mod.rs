@@ -13,6 +13,7 @@
 //! when it differs from the scope the session was opened with.
 
 mod journal;
+mod lease;
 mod observe;
 mod request;
 
@@ -23,13 +24,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sharedos_protocol::{Address, ExecutionOptions, Identifier, Timestamp, ToolDefinition};
-use sharedos_store::recovery::{RecoveredRun, recover};
 use sharedos_store::{Admission, NewRun, RunRecord, RunState, SessionRecord, Store, StoreError};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
 
+pub use lease::LeaseStatus;
 pub use observe::Observer;
 
 /// The trusted scope a session is opened under and every call re-checks.
@@ -87,6 +88,9 @@ pub enum SessionError {
     InvalidRequestId,
     #[error("the host is shutting down and admits no new run")]
     ShuttingDown,
+    /// This host's lease was taken over; it admits no new run.
+    #[error("this host admits no new run: {0}")]
+    LeaseLost(String),
 }
 
 /// Where a live run is: the last stored sequence, and whether it ended.
@@ -112,6 +116,7 @@ pub struct Sessions {
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     idle: Notify,
     closing: CancellationToken,
+    lease: Mutex<LeaseStatus>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -139,6 +144,7 @@ impl Sessions {
             live: Mutex::new(HashMap::new()),
             idle: Notify::new(),
             closing: CancellationToken::new(),
+            lease: Mutex::new(LeaseStatus::default()),
         }
     }
 
@@ -146,10 +152,8 @@ impl Sessions {
         &self.store
     }
 
-    /// Reconciles the runs this host left in flight when it stopped:
-    /// marked `interrupted` with what the audit trail knows, never re-run.
-    pub async fn recover(&self) -> Result<Vec<RecoveredRun>, SessionError> {
-        Ok(recover(self.store.as_ref(), &self.host_id, &now()).await?)
+    pub fn host_id(&self) -> &str {
+        &self.host_id
     }
 
     pub async fn open_session(
@@ -232,7 +236,14 @@ impl Sessions {
         if self.closing.is_cancelled() {
             return Err(SessionError::ShuttingDown);
         }
-        let run = match self.store.admit_run(&new).await? {
+        self.check_lease()?;
+        let admitted = self.store.admit_run(&new).await;
+        if let Err(e @ StoreError::Fenced { .. }) = &admitted
+            && self.lose_lease(e)
+        {
+            tracing::error!("the lease was lost, no new run is admitted: {e}");
+        }
+        let run = match admitted? {
             Admission::Existing(run) => {
                 return Ok(RunHandle {
                     run,

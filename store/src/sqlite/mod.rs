@@ -15,13 +15,16 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
-use sharedos_protocol::{Address, ExecutionEvent};
+use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 
+mod lease;
 mod runs;
 
 use crate::grants::sqlite as grants;
+use crate::lease::LeaseCell;
+use crate::recovery::RecoveredRun;
 use crate::{
-    Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunRecord, SCHEMA_VERSION,
+    Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunRecord, SCHEMA_VERSION,
     SessionRecord, Store, StoreError, StoredGrant,
 };
 use runs::{RUN_COLUMNS, admit, end, events, raw_run, read_run, read_session, run_of};
@@ -51,9 +54,10 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     options: SqliteOptions,
     path: PathBuf,
+    lease: LeaseCell,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
@@ -86,6 +90,7 @@ impl SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             options,
             path,
+            lease: LeaseCell::default(),
         })
     }
 
@@ -183,8 +188,9 @@ impl Store for SqliteStore {
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
-        let run = run.clone();
-        self.with(move |conn, _| admit(conn, &run)).await
+        let (run, lease) = (run.clone(), self.lease.get());
+        self.with(move |conn, _| admit(conn, lease.as_ref(), &run))
+            .await
     }
 
     async fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
@@ -194,25 +200,10 @@ impl Store for SqliteStore {
 
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError> {
         let (id, result, at) = (id.to_owned(), result.clone(), at.to_owned());
-        self.with(move |conn, options| end(conn, options.keep_events_per_run, &id, &result, &at))
-            .await
-    }
-
-    async fn interrupt_run(&self, id: &str, recovery: &Value, at: &str) -> Result<(), StoreError> {
-        let (id, recovery, at) = (id.to_owned(), recovery.clone(), at.to_owned());
-        self.with(move |conn, _| {
-            let n = conn
-                .execute(
-                    "UPDATE runs SET state = 'interrupted', recovery = ?2, ended_at = ?3 \
-                     WHERE id = ?1 AND state = 'in_flight'",
-                    params![id, recovery.to_string(), at],
-                )
-                .map_err(unavailable)?;
-            if n == 0 {
-                read_run(conn, &id)?;
-                return Err(StoreError::RunEnded(id));
-            }
-            Ok(())
+        let lease = self.lease.get();
+        self.with(move |conn, options| {
+            let keep = options.keep_events_per_run;
+            end(conn, lease.as_ref(), keep, &id, &result, &at)
         })
         .await
     }
@@ -233,16 +224,9 @@ impl Store for SqliteStore {
     }
 
     async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError> {
-        let run_id = run_id.to_owned();
-        let sequence = event.sequence as i64;
-        let text = serde_json::to_string(event).map_err(corrupt)?;
+        let (run_id, event, lease) = (run_id.to_owned(), event.clone(), self.lease.get());
         self.with(move |conn, _| {
-            conn.prepare_cached(
-                "INSERT INTO run_events (run_id, sequence, event) VALUES (?1, ?2, ?3)",
-            )
-            .and_then(|mut s| s.execute(params![run_id, sequence, text]))
-            .map_err(unavailable)?;
-            Ok(())
+            lease::fenced(conn, lease.as_ref(), |tx| insert_event(tx, &run_id, &event))
         })
         .await
     }
@@ -306,60 +290,107 @@ impl Store for SqliteStore {
 
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
         let trace = trace_id.to_owned();
-        self.with(move |conn, _| {
-            let mut stmt = conn
-                .prepare("SELECT record FROM audit_records WHERE trace_id = ?1 ORDER BY seq")
-                .map_err(unavailable)?;
-            let rows = stmt
-                .query_map([trace], |r| r.get::<_, String>(0))
-                .map_err(unavailable)?;
-            rows.map(|r| serde_json::from_str(&r.map_err(unavailable)?).map_err(corrupt))
-                .collect()
-        })
-        .await
+        self.with(move |conn, _| read_trail(conn, &trace)).await
     }
+
+    async fn acquire_lease(
+        &self,
+        host_id: &str,
+        duration: Duration,
+        at: &Timestamp,
+    ) -> Result<Acquired, StoreError> {
+        let (host, at) = (host_id.to_owned(), at.clone());
+        let acquired = self
+            .with(move |conn, _| lease::acquire(conn, &host, duration, &at))
+            .await?;
+        self.lease.set(acquired.lease.clone());
+        Ok(acquired)
+    }
+
+    async fn renew_lease(&self) -> Result<(), StoreError> {
+        let held = self.lease.required()?;
+        self.with(move |conn, _| lease::renew(conn, &held)).await
+    }
+
+    async fn take_over_expired(&self, at: &Timestamp) -> Result<Vec<RecoveredRun>, StoreError> {
+        let (held, at) = (self.lease.required()?, at.clone());
+        self.with(move |conn, _| lease::take_over(conn, &held, &at))
+            .await
+    }
+
+    async fn release_lease(&self) -> Result<(), StoreError> {
+        let held = self.lease.required()?;
+        self.with(move |conn, _| lease::release(conn, &held)).await
+    }
+}
+
+/// The audit records of one trace, in commit order.
+pub(crate) fn read_trail(conn: &Connection, trace: &str) -> Result<Vec<AuditRecord>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT record FROM audit_records WHERE trace_id = ?1 ORDER BY seq")
+        .map_err(unavailable)?;
+    let rows = stmt
+        .query_map([trace], |r| r.get::<_, String>(0))
+        .map_err(unavailable)?;
+    rows.map(|r| serde_json::from_str(&r.map_err(unavailable)?).map_err(corrupt))
+        .collect()
+}
+
+pub(crate) fn insert_audit(conn: &Connection, r: &AuditRecord) -> Result<(), StoreError> {
+    let text = serde_json::to_string(r).map_err(corrupt)?;
+    let outcome = serde_json::to_value(r.outcome)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    conn.prepare_cached(
+        "INSERT INTO audit_records (id, trace_id, kind, outcome, operation_id, record) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            r.id,
+            r.trace_id,
+            r.kind.as_str(),
+            outcome,
+            r.operation_id,
+            text
+        ])
+    })
+    .map_err(unavailable)?;
+    Ok(())
+}
+
+pub(crate) fn insert_event(
+    conn: &Connection,
+    run_id: &str,
+    event: &ExecutionEvent,
+) -> Result<(), StoreError> {
+    let text = serde_json::to_string(event).map_err(corrupt)?;
+    conn.prepare_cached("INSERT INTO run_events (run_id, sequence, event) VALUES (?1, ?2, ?3)")
+        .and_then(|mut s| s.execute(params![run_id, event.sequence as i64, text]))
+        .map_err(unavailable)?;
+    Ok(())
 }
 
 #[async_trait]
 impl AuditSink for SqliteStore {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let text = serde_json::to_string(record).map_err(|e| AuditError::Sink(e.to_string()))?;
-        let outcome = serde_json::to_value(record.outcome)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let r = record.clone();
-        self.with(move |conn, _| {
-            conn.prepare_cached(
-                "INSERT INTO audit_records (id, trace_id, kind, outcome, operation_id, record) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    r.id,
-                    r.trace_id,
-                    r.kind.as_str(),
-                    outcome,
-                    r.operation_id,
-                    text
-                ])
-            })
-            .map_err(unavailable)?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| AuditError::Sink(e.to_string()))
+        let (r, lease) = (record.clone(), self.lease.get());
+        self.with(move |conn, _| lease::fenced(conn, lease.as_ref(), |tx| insert_audit(tx, &r)))
+            .await
+            .map_err(|e| AuditError::Sink(e.to_string()))
     }
 }
 
 #[async_trait]
 impl UsageStore for SqliteStore {
     async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String> {
-        let grant = grant_id.to_owned();
+        let (grant, lease) = (grant_id.to_owned(), self.lease.get());
         self.with(move |conn, _| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(unavailable)?;
+            lease::check(&tx, lease.as_ref())?;
             let used: i64 = tx
                 .query_row(
                     "SELECT used FROM usage_counters WHERE grant_id = ?1",

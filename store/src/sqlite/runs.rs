@@ -5,7 +5,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use sharedos_protocol::ExecutionEvent;
 
-use crate::{Admission, NewRun, RunRecord, RunState, SessionRecord, StoreError};
+use super::lease::check;
+use crate::{Admission, Lease, NewRun, RunRecord, RunState, SessionRecord, StoreError};
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
@@ -138,10 +139,15 @@ pub(crate) fn read_session(conn: &Connection, id: &str) -> Result<SessionRecord,
     })
 }
 
-pub(crate) fn admit(conn: &mut Connection, run: &NewRun) -> Result<Admission, StoreError> {
+pub(crate) fn admit(
+    conn: &mut Connection,
+    lease: Option<&Lease>,
+    run: &NewRun,
+) -> Result<Admission, StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(unavailable)?;
+    check(&tx, lease)?;
     let session = read_session(&tx, &run.session_id)?;
     let existing: Option<String> = tx
         .query_row(
@@ -185,6 +191,7 @@ pub(crate) fn admit(conn: &mut Connection, run: &NewRun) -> Result<Admission, St
 
 pub(crate) fn end(
     conn: &mut Connection,
+    lease: Option<&Lease>,
     keep_events_per_run: Option<u64>,
     id: &str,
     result: &Value,
@@ -193,6 +200,7 @@ pub(crate) fn end(
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(unavailable)?;
+    check(&tx, lease)?;
     let run = read_run(&tx, id)?;
     if run.state != RunState::InFlight {
         return Err(StoreError::RunEnded(id.to_owned()));

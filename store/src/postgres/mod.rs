@@ -7,22 +7,29 @@
 //! admitting the same requestId serialize. Each journal write and each
 //! run end sends `NOTIFY sharedos_runs, '<run id>'` in its transaction;
 //! every store listens, so an observer on one host is woken by an event
-//! another host committed.
+//! another host committed. Host leases and the writes they fence are in
+//! [`lease`].
+
+mod kernel;
+mod lease;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde_json::Value;
-use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
-use sharedos_protocol::{Address, ExecutionEvent};
+use sharedos_kernel::{AuditRecord, Grant};
+use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 use tokio::sync::{Mutex, broadcast};
 use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Row};
 
 use crate::grants::postgres as grants;
+use crate::lease::LeaseCell;
+use crate::recovery::RecoveredRun;
 use crate::{
-    Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunRecord, RunState,
-    SessionRecord, Store, StoreError, StoredGrant,
+    Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunRecord,
+    RunState, SessionRecord, Store, StoreError, StoredGrant,
 };
 
 const CHANNEL: &str = "sharedos_runs";
@@ -35,6 +42,7 @@ pub struct PostgresStore {
     client: Arc<Mutex<Client>>,
     changes: broadcast::Sender<String>,
     keep_events_per_run: Option<u64>,
+    lease: LeaseCell,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -97,6 +105,7 @@ impl PostgresStore {
             client: Arc::new(Mutex::new(client)),
             changes,
             keep_events_per_run,
+            lease: LeaseCell::default(),
         })
     }
 }
@@ -108,19 +117,34 @@ impl PostgresStore {
 /// and every turn of the host behind it.
 pub const LOCK_TIMEOUT: &str = "5s";
 
-/// Sets `lock_timeout` for this connection unless the connection string
-/// set one (`options='-c lock_timeout=…'`), which is kept.
+/// How long a transaction of this host may sit idle before the server
+/// ends its session: a host paused (SIGSTOP, a frozen VM) inside a
+/// transaction would otherwise hold its lease row, and every other host's
+/// takeover of it, for as long as it is paused.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "10s";
+
+/// Sets `lock_timeout` and `idle_in_transaction_session_timeout` for this
+/// connection unless the connection string set them (`options='-c
+/// lock_timeout=…'`), which is kept.
 async fn bound_lock_waits(client: &Client) -> Result<(), StoreError> {
-    let current: String = client
-        .query_one("SHOW lock_timeout", &[])
-        .await
-        .map_err(pg)?
-        .get(0);
-    if current == "0" {
-        client
-            .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
+    for (setting, bound) in [
+        ("lock_timeout", LOCK_TIMEOUT),
+        (
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT,
+        ),
+    ] {
+        let current: String = client
+            .query_one(&format!("SHOW {setting}"), &[])
             .await
-            .map_err(pg)?;
+            .map_err(pg)?
+            .get(0);
+        if current == "0" {
+            client
+                .batch_execute(&format!("SET {setting} = '{bound}'"))
+                .await
+                .map_err(pg)?;
+        }
     }
     Ok(())
 }
@@ -221,6 +245,23 @@ async fn notify(c: &impl GenericClient, run_id: &str) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// The audit records of one trace, in commit order.
+async fn read_trail(
+    c: &impl GenericClient,
+    trace_id: &str,
+) -> Result<Vec<AuditRecord>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT record FROM audit_records WHERE trace_id = $1 ORDER BY seq",
+            &[&trace_id],
+        )
+        .await
+        .map_err(pg)?;
+    rows.iter()
+        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
+        .collect()
+}
+
 async fn last_sequence(c: &impl GenericClient, run_id: &str) -> Result<Option<i64>, StoreError> {
     Ok(c.query_one(
         "SELECT MAX(sequence) FROM run_events WHERE run_id = $1",
@@ -298,8 +339,10 @@ impl Store for PostgresStore {
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
+        let lease = self.lease.get();
         let mut client = self.client.lock().await;
         let tx = client.transaction().await.map_err(pg)?;
+        lease::check(&tx, lease.as_ref()).await?;
         let open: bool = tx
             .query_opt(
                 "SELECT open FROM sessions WHERE id = $1 FOR UPDATE",
@@ -360,8 +403,10 @@ impl Store for PostgresStore {
     }
 
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError> {
+        let lease = self.lease.get();
         let mut client = self.client.lock().await;
         let tx = client.transaction().await.map_err(pg)?;
+        lease::check(&tx, lease.as_ref()).await?;
         let n = tx
             .execute(
                 "UPDATE runs SET state = 'ended', result = $2, ended_at = $3 \
@@ -397,25 +442,6 @@ impl Store for PostgresStore {
         Ok(stored)
     }
 
-    async fn interrupt_run(&self, id: &str, recovery: &Value, at: &str) -> Result<(), StoreError> {
-        let mut client = self.client.lock().await;
-        let tx = client.transaction().await.map_err(pg)?;
-        let n = tx
-            .execute(
-                "UPDATE runs SET state = 'interrupted', recovery = $2, ended_at = $3 \
-                 WHERE id = $1 AND state = 'in_flight'",
-                &[&id, &recovery.to_string(), &at],
-            )
-            .await
-            .map_err(pg)?;
-        if n == 0 {
-            read_run(&tx, id).await?;
-            return Err(StoreError::RunEnded(id.to_owned()));
-        }
-        notify(&tx, id).await?;
-        tx.commit().await.map_err(pg)
-    }
-
     async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         let client = self.client.lock().await;
         let rows = client
@@ -432,16 +458,10 @@ impl Store for PostgresStore {
     }
 
     async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError> {
-        let text = serde_json::to_string(event).map_err(corrupt)?;
-        let sequence = event.sequence as i64;
+        let lease = self.lease.get();
         let mut client = self.client.lock().await;
         let tx = client.transaction().await.map_err(pg)?;
-        tx.execute(
-            "INSERT INTO run_events (run_id, sequence, event) VALUES ($1, $2, $3)",
-            &[&run_id, &sequence, &text],
-        )
-        .await
-        .map_err(pg)?;
+        lease::insert_event(&tx, run_id, event, lease.as_ref()).await?;
         notify(&tx, run_id).await?;
         tx.commit().await.map_err(pg)
     }
@@ -525,82 +545,37 @@ impl Store for PostgresStore {
     }
 
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
-        let client = self.client.lock().await;
-        let rows = client
-            .query(
-                "SELECT record FROM audit_records WHERE trace_id = $1 ORDER BY seq",
-                &[&trace_id],
-            )
-            .await
-            .map_err(pg)?;
-        rows.iter()
-            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).map_err(corrupt))
-            .collect()
+        read_trail(&*self.client.lock().await, trace_id).await
+    }
+
+    async fn acquire_lease(
+        &self,
+        host_id: &str,
+        duration: Duration,
+        at: &Timestamp,
+    ) -> Result<Acquired, StoreError> {
+        let acquired =
+            lease::acquire(&mut *self.client.lock().await, host_id, duration, at).await?;
+        self.lease.set(acquired.lease.clone());
+        Ok(acquired)
+    }
+
+    async fn renew_lease(&self) -> Result<(), StoreError> {
+        let held = self.lease.required()?;
+        lease::renew(&*self.client.lock().await, &held).await
+    }
+
+    async fn take_over_expired(&self, at: &Timestamp) -> Result<Vec<RecoveredRun>, StoreError> {
+        let held = self.lease.required()?;
+        lease::take_over(&mut *self.client.lock().await, &held, at).await
+    }
+
+    async fn release_lease(&self) -> Result<(), StoreError> {
+        let held = self.lease.required()?;
+        lease::release(&*self.client.lock().await, &held).await
     }
 
     fn changes(&self) -> Option<broadcast::Receiver<String>> {
         Some(self.changes.subscribe())
-    }
-}
-
-#[async_trait]
-impl AuditSink for PostgresStore {
-    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let text = serde_json::to_string(record).map_err(|e| AuditError::Sink(e.to_string()))?;
-        let outcome = serde_json::to_value(record.outcome)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let client = self.client.lock().await;
-        client
-            .execute(
-                "INSERT INTO audit_records (id, trace_id, kind, outcome, operation_id, record) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-                &[
-                    &record.id,
-                    &record.trace_id,
-                    &record.kind.as_str(),
-                    &outcome,
-                    &record.operation_id,
-                    &text,
-                ],
-            )
-            .await
-            .map_err(|e| AuditError::Sink(pg(e).to_string()))?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl UsageStore for PostgresStore {
-    async fn try_consume(&self, grant_id: &str, max_uses: u64) -> Result<bool, String> {
-        if max_uses == 0 {
-            return Ok(false);
-        }
-        let max = i64::try_from(max_uses).unwrap_or(i64::MAX);
-        let client = self.client.lock().await;
-        let row = client
-            .query_opt(
-                "INSERT INTO usage_counters (grant_id, used) VALUES ($1, 1) \
-                 ON CONFLICT (grant_id) DO UPDATE SET used = usage_counters.used + 1 \
-                 WHERE usage_counters.used < $2 RETURNING used",
-                &[&grant_id, &max],
-            )
-            .await
-            .map_err(|e| pg(e).to_string())?;
-        Ok(row.is_some())
-    }
-
-    async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String> {
-        let client = self.client.lock().await;
-        let used: i64 = client
-            .query_opt(
-                "SELECT used FROM usage_counters WHERE grant_id = $1",
-                &[&grant_id],
-            )
-            .await
-            .map_err(|e| pg(e).to_string())?
-            .map_or(0, |r| r.get(0));
-        Ok(max_uses.saturating_sub(used as u64))
     }
 }

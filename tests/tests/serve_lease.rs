@@ -1,0 +1,336 @@
+//! Host leases between two `sharedos serve` processes on one PostgreSQL
+//! (docs/STORE.md, "Recovery across machines"), each with a short lease:
+//!
+//! - a host SIGKILLed mid-run (after a tool call wrote a file) is taken
+//!   over by the other once its lease expired: the run is `interrupted`
+//!   with the account, the effect is not replayed (the file on disk), the
+//!   audit trail has one decision and one invocation;
+//! - a host SIGSTOPped past its lease is taken over, and once SIGCONTed it
+//!   is fenced: the tool call its plugin makes then is refused (no
+//!   decision stored, no `maxUses` use taken, no effect), nothing it
+//!   journals lands after `run.interrupted`, it admits no new run and its
+//!   `/v1/health` says the lease is lost;
+//! - a live host's long run is never taken over (its renewals hold).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+use serde_json::{Value, json};
+use sharedos_kernel::UsageStore;
+use sharedos_store::cluster::TestDatabase;
+use sharedos_store::{PostgresStore, Store};
+use sharedos_tests::served::{
+    Events, Server, call, open_session, run_body, start_with, wait_state, write_config_with,
+};
+use sharedos_tests::turns::{AGENT, NAMESPACE};
+
+/// One use of `files.delete` under `once/`.
+const ONE_DELETE: &str = r#"
+[[kernel.grants]]
+id = "notes-once"
+subject = { kind = "agent", agentId = "alice" }
+issuer = { kind = "service", serviceId = "test-host" }
+namespaceId = "endings"
+maxUses = 1
+capabilities = [{ namespace = "files", path = ["alice", "once"], scope = "descendants", actions = ["delete"] }]
+"#;
+
+/// A host with a short lease (renewed every third of it).
+fn leased(dir: &Path, db: &TestDatabase, name: &str, lease_ms: u64) -> Server {
+    start_with(
+        dir,
+        &format!("{name}.sock"),
+        &[
+            "--postgres",
+            &db.conninfo,
+            "--host-id",
+            name,
+            "--lease-ms",
+            &lease_ms.to_string(),
+        ],
+    )
+}
+
+fn files(dir: &Path) -> PathBuf {
+    dir.join("files").join(NAMESPACE).join(AGENT)
+}
+
+fn signal(pid: u32, signal: Signal) {
+    let pid = Pid::from_raw(pid as i32).unwrap();
+    kill_process(pid, signal).unwrap();
+}
+
+/// Starts `script` as a run on `socket`; its id.
+async fn start_run(socket: &Path, session: &str, request: &str, script: Value) -> String {
+    let (status, body) = call(
+        socket,
+        "POST",
+        &format!("/v1/sessions/{session}/runs"),
+        "operator",
+        run_body(request, script),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    body["run"]["id"].as_str().unwrap().to_owned()
+}
+
+/// Reads `events` until one whose data type is `kind`; the plugin pid if
+/// an `emit_pid` event came first.
+async fn until(events: &mut Events, kind: &str) -> Option<i64> {
+    let mut pid = None;
+    loop {
+        let (_, _, e) = events.next().await.expect("the run's events");
+        if e["data"]["type"] == "pid" {
+            pid = e["data"]["data"]["pid"].as_i64();
+        }
+        if e["data"]["type"] == kind {
+            return pid;
+        }
+    }
+}
+
+async fn store(db: &TestDatabase) -> PostgresStore {
+    PostgresStore::connect(&db.conninfo, None).await.unwrap()
+}
+
+/// The records of `run`'s trail of `kind` for `tool`.
+async fn records(db: &TestDatabase, run: &str, kind: &str, tool: &str) -> usize {
+    store(db)
+        .await
+        .audit_trail(run)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.kind == kind && r.tool.as_deref() == Some(tool))
+        .count()
+}
+
+/// The journal's event types, in order, read from the store.
+async fn journal(db: &TestDatabase, run: &str) -> Vec<String> {
+    store(db)
+        .await
+        .events_after(run, None, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_a_killed_host_is_taken_over_by_the_other_without_replay() {
+    let db = TestDatabase::new().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(dir.path(), "");
+    let mut a = leased(dir.path(), &db, "a", 1000);
+    let b = leased(dir.path(), &db, "b", 1000);
+    let session = open_session(&a.socket()).await;
+    let script = json!([
+        {"op": "emit_pid"},
+        {"op": "call", "tool": "files.write", "arguments": {"path": "effect.txt", "content": "once"}},
+        {"op": "emit", "type": "written", "data": {}},
+        {"op": "stall"}
+    ]);
+    let run = start_run(&a.socket(), &session, "req-1", script).await;
+    let mut events = Events::open(&b.socket(), &run, None).await;
+    let plugin = until(&mut events, "written").await;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    if let Some(pid) = plugin {
+        signal(pid as u32, Signal::KILL);
+    }
+    let effect = files(dir.path()).join("effect.txt");
+    assert_eq!(std::fs::read_to_string(&effect).unwrap(), "once");
+    std::fs::remove_file(&effect).unwrap();
+
+    // No replacement of A starts: B takes the run over once A's lease
+    // expired, and its observer sees the run end.
+    let run_now = wait_state(&b.socket(), &run, "interrupted").await;
+    let recovery = &run_now["recovery"];
+    assert_eq!(recovery["reason"], "host_lease_expired", "{recovery}");
+    assert_eq!(
+        (&recovery["hostId"], &recovery["recoveredBy"]),
+        (&json!("a"), &json!("b"))
+    );
+    assert_eq!(recovery["calls"][0]["outcome"], "succeeded", "{recovery}");
+    assert_eq!(recovery["interrupted"], json!([]));
+    let mut tail = Vec::new();
+    while let Some((_, kind, _)) = events.next().await {
+        tail.push(kind.clone());
+        if kind == "end" {
+            break;
+        }
+    }
+    assert_eq!(tail, vec!["run.interrupted".to_owned(), "end".to_owned()]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!effect.exists(), "the effect was not replayed");
+
+    // One decision and one invocation of the write, both A's; the takeover
+    // added no outcome (the write's was recorded).
+    assert_eq!(
+        records(&db, &run, "authorization.checked", "files.write").await,
+        1
+    );
+    assert_eq!(records(&db, &run, "tool.invoked", "files.write").await, 1);
+    let trail = store(&db).await.audit_trail(&run).await.unwrap();
+    assert!(
+        trail
+            .iter()
+            .all(|r| r.reason.as_deref() != Some("host_lease_expired")),
+        "{trail:?}"
+    );
+}
+
+/// Waits until a `sharedos serve` log in `dir` has a line with both
+/// `needle` and `run`.
+fn wait_for_log(dir: &Path, needle: &str, run: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = std::fs::read_dir(dir).unwrap().flatten().any(|f| {
+            f.file_name().to_string_lossy().starts_with("serve-")
+                && std::fs::read_to_string(f.path())
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.contains(needle) && l.contains(run))
+        });
+        if found {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line {needle:?} for {run}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn health(socket: &Path) -> (u16, Value) {
+    call(socket, "GET", "/v1/health", "operator", Value::Null).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
+    let db = TestDatabase::new().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(dir.path(), ONE_DELETE);
+    let a = leased(dir.path(), &db, "a", 1000);
+    let b = leased(dir.path(), &db, "b", 1000);
+    let (sa, sb) = (a.socket(), b.socket());
+    let (status, body) = health(&sa).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["lease"]["hostId"], "a");
+    let once = files(dir.path()).join("once");
+    std::fs::create_dir_all(&once).unwrap();
+    std::fs::write(once.join("keep.txt"), "keep").unwrap();
+    let go = dir.path().join("go");
+    let session = open_session(&sa).await;
+    let script = json!([
+        {"op": "emit", "type": "started", "data": {}},
+        {"op": "wait_path", "path": go.to_str().unwrap()},
+        {"op": "call", "tool": "files.delete", "arguments": {"path": "once/keep.txt"}},
+        {"op": "emit", "type": "after", "data": {}}
+    ]);
+    let run = start_run(&sa, &session, "paused", script).await;
+    let mut events = Events::open(&sa, &run, None).await;
+    until(&mut events, "started").await;
+    drop(events);
+
+    // A pauses past its lease; B takes its run over.
+    signal(a.child.id(), Signal::STOP);
+    let taken = wait_state(&sb, &run, "interrupted").await;
+    assert_eq!(taken["recovery"]["reason"], "host_lease_expired");
+    assert_eq!(taken["recovery"]["calls"], json!([]));
+    // A comes back; its plugin now asks for the delete.
+    std::fs::write(&go, "").unwrap();
+    signal(a.child.id(), Signal::CONT);
+
+    // A's turn ends; writing its end is refused.
+    wait_for_log(dir.path(), "could not record the end of the run", &run);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = health(&sa).await;
+        if status == 503 {
+            assert_eq!(body["error"]["code"], "lease_lost", "{body}");
+            assert_eq!(body["lease"]["hostId"], "a");
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never reported its lease lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The late call had no effect, took no use and left no decision.
+    assert!(once.join("keep.txt").exists(), "the fenced host deleted");
+    assert_eq!(
+        store(&db).await.remaining("notes-once", 1).await.unwrap(),
+        1,
+        "the fenced host took no use"
+    );
+    assert_eq!(
+        records(&db, &run, "authorization.checked", "files.delete").await,
+        0
+    );
+    // The run stays as B left it; the journal ends with its takeover.
+    let after = wait_state(&sb, &run, "interrupted").await;
+    assert_eq!(after["result"], Value::Null, "{after}");
+    let kinds = journal(&db, &run).await;
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("run.interrupted"),
+        "{kinds:?}"
+    );
+    // A admits nothing more; B does.
+    let (status, body) = call(
+        &sa,
+        "POST",
+        &format!("/v1/sessions/{session}/runs"),
+        "operator",
+        run_body("after-a", json!([])),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("lease_lost")),
+        "{body}"
+    );
+    let on_b = start_run(&sb, &session, "after-b", json!([])).await;
+    wait_state(&sb, &on_b, "ended").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_a_live_hosts_long_run_is_never_taken_over() {
+    let db = TestDatabase::new().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(dir.path(), "");
+    let a = leased(dir.path(), &db, "a", 600);
+    let b = leased(dir.path(), &db, "b", 600);
+    let session = open_session(&a.socket()).await;
+    // Five leases long.
+    let mut script = Vec::new();
+    for i in 0..10 {
+        script.push(json!({"op": "emit", "type": "step", "data": {"i": i}}));
+        script.push(json!({"op": "sleep", "ms": 300}));
+    }
+    let run = start_run(&a.socket(), &session, "long", Value::Array(script)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let state = loop {
+        let (_, body) = call(
+            &b.socket(),
+            "GET",
+            &format!("/v1/runs/{run}"),
+            "operator",
+            Value::Null,
+        )
+        .await;
+        if body["run"]["state"] != "in_flight" {
+            break body["run"].clone();
+        }
+        assert!(Instant::now() < deadline, "the run never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(state["state"], "ended", "{state}");
+    assert_eq!(state["recovery"], Value::Null);
+    let kinds = journal(&db, &run).await;
+    assert!(kinds.len() >= 10, "every step journaled: {kinds:?}");
+    assert!(!kinds.iter().any(|k| k == "run.interrupted"), "{kinds:?}");
+}
