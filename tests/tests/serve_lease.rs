@@ -1,5 +1,6 @@
-//! Host leases between two `sharedos serve` processes on one PostgreSQL
-//! (docs/STORE.md, "Recovery across machines"), each with a short lease:
+//! Host leases between two `sharedos serve` processes on one PostgreSQL,
+//! and on one SQLite file (docs/STORE.md, "Recovery across machines"),
+//! each with a short lease:
 //!
 //! - a host SIGKILLed mid-run (after a tool call wrote a file) is taken
 //!   over by the other once its lease expired: the run is `interrupted`
@@ -11,15 +12,19 @@
 //!   journals lands after `run.interrupted`, it admits no new run and its
 //!   `/v1/health` says the lease is lost;
 //! - a live host's long run is never taken over (its renewals hold).
+//!
+//! The pause runs on PostgreSQL only: a process stopped while it holds
+//! SQLite's write lock (a renewal is a write) stops every other process's
+//! writes with it, so where the pause lands would decide the outcome.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Value, json};
-use sharedos_kernel::UsageStore;
 use sharedos_store::cluster::TestDatabase;
-use sharedos_store::{PostgresStore, Store};
+use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store};
 use sharedos_tests::served::{
     Events, Server, call, open_session, run_body, start_with, wait_state, write_config_with,
 };
@@ -36,19 +41,46 @@ maxUses = 1
 capabilities = [{ namespace = "files", path = ["alice", "once"], scope = "descendants", actions = ["delete"] }]
 "#;
 
+/// The database both hosts share.
+enum Shared {
+    Postgres(TestDatabase),
+    Sqlite(PathBuf),
+}
+
+impl Shared {
+    async fn postgres() -> Self {
+        Shared::Postgres(TestDatabase::new().await.unwrap())
+    }
+    fn sqlite(dir: &Path) -> Self {
+        Shared::Sqlite(dir.join("shared.db"))
+    }
+    fn args(&self) -> [String; 2] {
+        match self {
+            Shared::Postgres(db) => ["--postgres".into(), db.conninfo.clone()],
+            Shared::Sqlite(path) => ["--database".into(), path.display().to_string()],
+        }
+    }
+    /// A store of the test's own on the shared database (no lease).
+    async fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Shared::Postgres(db) => {
+                Arc::new(PostgresStore::connect(&db.conninfo, None).await.unwrap())
+            }
+            Shared::Sqlite(path) => {
+                Arc::new(SqliteStore::open(path, SqliteOptions::default()).unwrap())
+            }
+        }
+    }
+}
+
 /// A host with a short lease (renewed every third of it).
-fn leased(dir: &Path, db: &TestDatabase, name: &str, lease_ms: u64) -> Server {
+fn leased(dir: &Path, db: &Shared, name: &str, lease_ms: u64) -> Server {
+    let [flag, value] = db.args();
+    let lease = lease_ms.to_string();
     start_with(
         dir,
         &format!("{name}.sock"),
-        &[
-            "--postgres",
-            &db.conninfo,
-            "--host-id",
-            name,
-            "--lease-ms",
-            &lease_ms.to_string(),
-        ],
+        &[&flag, &value, "--host-id", name, "--lease-ms", &lease],
     )
 }
 
@@ -90,13 +122,9 @@ async fn until(events: &mut Events, kind: &str) -> Option<i64> {
     }
 }
 
-async fn store(db: &TestDatabase) -> PostgresStore {
-    PostgresStore::connect(&db.conninfo, None).await.unwrap()
-}
-
 /// The records of `run`'s trail of `kind` for `tool`.
-async fn records(db: &TestDatabase, run: &str, kind: &str, tool: &str) -> usize {
-    store(db)
+async fn records(db: &Shared, run: &str, kind: &str, tool: &str) -> usize {
+    db.store()
         .await
         .audit_trail(run)
         .await
@@ -107,8 +135,8 @@ async fn records(db: &TestDatabase, run: &str, kind: &str, tool: &str) -> usize 
 }
 
 /// The journal's event types, in order, read from the store.
-async fn journal(db: &TestDatabase, run: &str) -> Vec<String> {
-    store(db)
+async fn journal(db: &Shared, run: &str) -> Vec<String> {
+    db.store()
         .await
         .events_after(run, None, 1000)
         .await
@@ -119,12 +147,21 @@ async fn journal(db: &TestDatabase, run: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_a_killed_host_is_taken_over_by_the_other_without_replay() {
-    let db = TestDatabase::new().await.unwrap();
+async fn lease_a_killed_host_is_taken_over_by_the_other_without_replay_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    write_config_with(dir.path(), "");
-    let mut a = leased(dir.path(), &db, "a", 1000);
-    let b = leased(dir.path(), &db, "b", 1000);
+    killed_host_taken_over(dir.path(), Shared::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_a_killed_host_is_taken_over_by_the_other_without_replay_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    killed_host_taken_over(dir.path(), Shared::sqlite(dir.path())).await;
+}
+
+async fn killed_host_taken_over(dir: &Path, db: Shared) {
+    write_config_with(dir, "");
+    let mut a = leased(dir, &db, "a", 1000);
+    let b = leased(dir, &db, "b", 1000);
     let session = open_session(&a.socket()).await;
     let script = json!([
         {"op": "emit_pid"},
@@ -140,7 +177,7 @@ async fn lease_a_killed_host_is_taken_over_by_the_other_without_replay() {
     if let Some(pid) = plugin {
         signal(pid as u32, Signal::KILL);
     }
-    let effect = files(dir.path()).join("effect.txt");
+    let effect = files(dir).join("effect.txt");
     assert_eq!(std::fs::read_to_string(&effect).unwrap(), "once");
     std::fs::remove_file(&effect).unwrap();
 
@@ -173,7 +210,7 @@ async fn lease_a_killed_host_is_taken_over_by_the_other_without_replay() {
         1
     );
     assert_eq!(records(&db, &run, "tool.invoked", "files.write").await, 1);
-    let trail = store(&db).await.audit_trail(&run).await.unwrap();
+    let trail = db.store().await.audit_trail(&run).await.unwrap();
     assert!(
         trail
             .iter()
@@ -211,7 +248,7 @@ async fn health(socket: &Path) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
-    let db = TestDatabase::new().await.unwrap();
+    let db = Shared::postgres().await;
     let dir = tempfile::tempdir().unwrap();
     write_config_with(dir.path(), ONE_DELETE);
     let a = leased(dir.path(), &db, "a", 1000);
@@ -262,7 +299,7 @@ async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
     // The late call had no effect, took no use and left no decision.
     assert!(once.join("keep.txt").exists(), "the fenced host deleted");
     assert_eq!(
-        store(&db).await.remaining("notes-once", 1).await.unwrap(),
+        db.store().await.remaining("notes-once", 1).await.unwrap(),
         1,
         "the fenced host took no use"
     );
@@ -298,12 +335,21 @@ async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_a_live_hosts_long_run_is_never_taken_over() {
-    let db = TestDatabase::new().await.unwrap();
+async fn lease_a_live_hosts_long_run_is_never_taken_over_postgres() {
     let dir = tempfile::tempdir().unwrap();
-    write_config_with(dir.path(), "");
-    let a = leased(dir.path(), &db, "a", 600);
-    let b = leased(dir.path(), &db, "b", 600);
+    long_run_kept(dir.path(), Shared::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_a_live_hosts_long_run_is_never_taken_over_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    long_run_kept(dir.path(), Shared::sqlite(dir.path())).await;
+}
+
+async fn long_run_kept(dir: &Path, db: Shared) {
+    write_config_with(dir, "");
+    let a = leased(dir, &db, "a", 600);
+    let b = leased(dir, &db, "b", 600);
     let session = open_session(&a.socket()).await;
     // Five leases long.
     let mut script = Vec::new();
