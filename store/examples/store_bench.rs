@@ -9,7 +9,11 @@
 //!   (`StoreGrants`), SQLite and PostgreSQL;
 //! - observation latency on PostgreSQL: from the start of one host's
 //!   journal write to another host (another connection) holding the event
-//!   (woken by `NOTIFY`, then reading the journal).
+//!   (woken by `NOTIFY`, then reading the journal);
+//! - the cost of the host lease's fencing: the audited call, admissions
+//!   and journal writes again through a store holding a lease (each write
+//!   checks its epoch, as under `sharedos serve`), `…_leased`, on the same
+//!   databases in the same rounds.
 //!
 //! The sinks, then the stores, take turns in 20 rounds of N/20 (each
 //! figure's samples come from every round), so a shared machine's load
@@ -285,6 +289,34 @@ async fn main() {
             .await
             .expect("pg"),
     );
+    let leased = |store: Arc<dyn Store>, host: &'static str| async move {
+        store
+            .acquire_lease(
+                host,
+                Duration::from_secs(3600),
+                &sharedos_protocol::Timestamp::now(),
+            )
+            .await
+            .expect("lease");
+        store
+    };
+    let sqlite_leased = leased(
+        Arc::new(
+            SqliteStore::open(dir.path().join("bench.db"), SqliteOptions::default())
+                .expect("sqlite"),
+        ),
+        "bench-sqlite",
+    )
+    .await;
+    let pg_leased = leased(
+        Arc::new(
+            PostgresStore::connect(&db.conninfo, None)
+                .await
+                .expect("pg"),
+        ),
+        "bench-postgres",
+    )
+    .await;
     let jsonl = Arc::new(JsonlAuditSink::open(dir.path().join("audit.jsonl")).expect("jsonl"));
     let files = dir.path().join("files");
     std::fs::create_dir_all(&files).expect("files");
@@ -295,10 +327,24 @@ async fn main() {
         CallBench::new("kernel.audited_tool_call.jsonl", jsonl, &files).await,
         CallBench::new("kernel.audited_tool_call.sqlite", sqlite.clone(), &files).await,
         CallBench::new("kernel.audited_tool_call.postgres", pg.clone(), &files).await,
+        CallBench::new(
+            "kernel.audited_tool_call.sqlite_leased",
+            sqlite_leased.clone(),
+            &files,
+        )
+        .await,
+        CallBench::new(
+            "kernel.audited_tool_call.postgres_leased",
+            pg_leased.clone(),
+            &files,
+        )
+        .await,
     ];
     let mut journals = [
         JournalBench::new("sqlite", sqlite.as_ref()).await,
         JournalBench::new("postgres", pg.as_ref()).await,
+        JournalBench::new("sqlite_leased", sqlite_leased.as_ref()).await,
+        JournalBench::new("postgres_leased", pg_leased.as_ref()).await,
     ];
     for _ in 0..ROUNDS {
         for c in &mut calls {
