@@ -151,7 +151,9 @@ final = {{ from = "stdout" }}
     let mut ro = py.ro_paths;
     ro.push(dir.path().to_path_buf());
     let mut case = HarnessCase::new(&harness, ro);
-    case.timeout_ms = 3_000;
+    // Long enough for the Python client to start and call more than five
+    // times on a loaded machine; the turn still ends by its deadline.
+    case.timeout_ms = 8_000;
     case.max_tool_calls = Some(5);
     let turn = run(case);
     assert_eq!(turn.status(), "cancelled", "{:#}", turn.json());
