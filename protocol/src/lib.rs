@@ -21,6 +21,7 @@ pub mod errors;
 pub mod execution;
 pub mod harness;
 pub mod jsonrpc;
+pub mod method;
 pub mod primitives;
 pub mod schema;
 pub mod text;
@@ -39,15 +40,16 @@ pub const CONTRACT_VERSION: &str = "1";
 /// Wire protocol majors this build speaks, in preference order.
 pub const PROTOCOL_VERSIONS: &[u32] = &[1];
 
-/// Method names (DESIGN.md's table).
+/// Method names, from the declarations in [`method`].
 pub mod methods {
-    pub const INITIALIZE: &str = "initialize";
-    pub const TURN_RUN: &str = "turn/run";
-    pub const TURN_DRAINING: &str = "turn/draining";
-    pub const TURN_ABORT: &str = "turn/abort";
-    pub const HOST_INVOKE_TOOL: &str = "host/invokeTool";
-    pub const HOST_EMIT: &str = "host/emit";
-    pub const HOST_ANNOTATE: &str = "host/annotate";
+    use crate::method::*;
+    pub const INITIALIZE: &str = Initialize::NAME;
+    pub const TURN_RUN: &str = TurnRun::NAME;
+    pub const TURN_DRAINING: &str = TurnDraining::NAME;
+    pub const TURN_ABORT: &str = TurnAbort::NAME;
+    pub const HOST_INVOKE_TOOL: &str = InvokeTool::NAME;
+    pub const HOST_EMIT: &str = Emit::NAME;
+    pub const HOST_ANNOTATE: &str = Annotate::NAME;
 }
 
 /// The environment variable a host sets so an SDK knows it was started by a

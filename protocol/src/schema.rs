@@ -14,40 +14,26 @@ use crate::*;
 pub fn bundle() -> Value {
     let settings = SchemaSettings::draft2020_12();
     let mut generator = SchemaGenerator::new(settings);
-    // Registering each message type puts it, and every type it uses,
+    // Registering each method's types puts them, and every type they use,
     // under `$defs`; the `methods` index refers to them there.
-    generator.subschema_for::<InitializeParams>();
-    generator.subschema_for::<InitializeResult>();
-    generator.subschema_for::<TurnRunParams>();
-    generator.subschema_for::<TurnDrainingParams>();
-    generator.subschema_for::<TurnAbortParams>();
-    generator.subschema_for::<InvokeToolParams>();
-    generator.subschema_for::<EmitParams>();
-    generator.subschema_for::<AnnotateParams>();
-    generator.subschema_for::<RuntimeTurnOutcome>();
-    generator.subschema_for::<ToolResult>();
+    let mut methods = serde_json::Map::new();
+    for m in method::TABLE {
+        let mut entry = serde_json::Map::new();
+        entry.insert("direction".into(), json!(m.direction.as_str()));
+        entry.insert("kind".into(), json!(m.kind()));
+        entry.insert("params".into(), schema_value((m.params)(&mut generator)));
+        if let Some(result) = m.result {
+            entry.insert("result".into(), schema_value(result(&mut generator)));
+        }
+        methods.insert(m.name.into(), Value::Object(entry));
+    }
+    // The request and result of the host's own API, in the same bundle.
     generator.subschema_for::<ExecutionRequest>();
     generator.subschema_for::<ExecutionResult>();
     let mut defs = serde_json::Map::new();
     for (name, def) in generator.take_definitions(true) {
         defs.insert(name, def);
     }
-    let methods = json!({
-        methods::INITIALIZE: {"direction": "host_to_plugin", "kind": "request",
-            "params": {"$ref": "#/$defs/InitializeParams"}, "result": {"$ref": "#/$defs/InitializeResult"}},
-        methods::TURN_RUN: {"direction": "host_to_plugin", "kind": "request",
-            "params": {"$ref": "#/$defs/TurnRunParams"}, "result": {"$ref": "#/$defs/RuntimeTurnOutcome"}},
-        methods::TURN_DRAINING: {"direction": "host_to_plugin", "kind": "notification",
-            "params": {"$ref": "#/$defs/TurnDrainingParams"}},
-        methods::TURN_ABORT: {"direction": "host_to_plugin", "kind": "notification",
-            "params": {"$ref": "#/$defs/TurnAbortParams"}},
-        methods::HOST_INVOKE_TOOL: {"direction": "plugin_to_host", "kind": "request",
-            "params": {"$ref": "#/$defs/InvokeToolParams"}, "result": {"$ref": "#/$defs/ToolResult"}},
-        methods::HOST_EMIT: {"direction": "plugin_to_host", "kind": "notification",
-            "params": {"$ref": "#/$defs/EmitParams"}},
-        methods::HOST_ANNOTATE: {"direction": "plugin_to_host", "kind": "notification",
-            "params": {"$ref": "#/$defs/AnnotateParams"}},
-    });
     let errors: Vec<Value> = [
         ErrorKind::InvalidRequest,
         ErrorKind::MethodNotFound,
@@ -76,6 +62,10 @@ pub fn bundle() -> Value {
         "errors": errors,
         "$defs": defs,
     })
+}
+
+fn schema_value(schema: schemars::Schema) -> Value {
+    schema.to_value()
 }
 
 /// The bundle as the checked-in file holds it (pretty, trailing newline).
