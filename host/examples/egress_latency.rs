@@ -1,50 +1,212 @@
 //! Added latency of the egress gateway: the same request sent directly to
 //! a mock upstream on loopback and through the gateway (kernel
-//! authorization, audit to memory, key injection, streaming copy). The
-//! client opens a fresh connection per request on both paths, the two
-//! paths interleaved request by request; the gateway keeps its upstream
-//! connection alive between requests (its pool). Printed in one run: both
-//! paths' median and p99, the added latency, the time to the first
-//! streamed byte, and requests/s through the gateway with 16 clients.
+//! authorization, audit to memory, key injection, metered streaming).
+//!
+//! The three parties run apart, as they do in production: the client (the
+//! plugin) on this thread, the gateway in a runtime of its own (2 workers,
+//! as a host on this machine has), the mock upstream in another (1 worker).
+//! The client is the same on both paths: one hyper HTTP/1.1 client, the
+//! two paths interleaved request by request, after a warm-up that is not
+//! counted, first with a fresh client connection per request on both
+//! paths, then with one kept-alive client connection per path. The gateway
+//! keeps its own upstream connection alive between requests (its pool).
+//!
+//! Printed in one run: both paths' median and p99 and the added latency
+//! in each mode, the gateway's CPU time per request (its runtime's threads
+//! only, from /proc/self/task/<tid>/schedstat: less noisy than the wall
+//! clock on a shared machine), the time to the first streamed byte, and
+//! requests/s through the gateway with 16 concurrent clients.
 //!
 //! cargo run --release -p sharedos-host --example egress_latency [N]
 
 #[path = "../tests/egress_support/mod.rs"]
 mod egress_support;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use egress_support::*;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use serde_json::json;
 use sharedos_host::egress::GatewayLimits;
+use tokio::runtime::{Handle, Runtime};
 use tokio::sync::Notify;
+
+/// A runtime of its own, and the ids of its threads.
+struct Side {
+    runtime: Runtime,
+    threads: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Side {
+    fn new(name: &str, workers: usize) -> Side {
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&threads);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name(name)
+            .on_thread_start(move || {
+                if let Some(tid) = thread_id() {
+                    seen.lock().unwrap().push(tid);
+                }
+            })
+            .enable_all()
+            .build()
+            .unwrap();
+        Side { runtime, threads }
+    }
+
+    fn handle(&self) -> Handle {
+        self.runtime.handle().clone()
+    }
+
+    /// CPU time of this side's threads so far.
+    fn cpu(&self) -> Duration {
+        let ns: u64 = self
+            .threads
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|tid| {
+                let stat =
+                    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+                stat.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .sum();
+        Duration::from_nanos(ns)
+    }
+}
+
+fn thread_id() -> Option<u32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// Runs `fut` on `handle`'s runtime and waits for it here.
+async fn on<F>(handle: &Handle, fut: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    handle.spawn(fut).await.unwrap()
+}
 
 fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
     v.sort();
     (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
 }
 
-async fn run(addr: std::net::SocketAddr, path: &str, n: usize) -> Vec<Duration> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let (status, _) = post(addr, path, "{\"model\":\"m\"}").await;
-        assert_eq!(status, 200);
-        out.push(t.elapsed());
-    }
-    out
+/// Signed: under load the direct path's tail can be the slower one.
+fn added(g: Duration, d: Duration) -> f64 {
+    g.as_secs_f64() * 1e6 - d.as_secs_f64() * 1e6
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+const BODY: &str = "{\"model\":\"m\"}";
+
+/// One request on a fresh client connection.
+async fn fresh(addr: SocketAddr, path: &str) -> Duration {
+    let t = Instant::now();
+    let (status, _) = post(addr, path, BODY).await;
+    assert_eq!(status, 200);
+    t.elapsed()
+}
+
+/// A kept-alive client connection.
+async fn keep(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// One request on a kept-alive client connection.
+async fn kept(sender: &mut SendRequest<Full<Bytes>>, path: &str) -> Duration {
+    let t = Instant::now();
+    sender.ready().await.unwrap();
+    let req = hyper::Request::post(path)
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {PLACEHOLDER}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    t.elapsed()
+}
+
+struct Paths {
+    direct: SocketAddr,
+    gateway: SocketAddr,
+}
+
+const DIRECT: &str = "/v1/chat/completions";
+const GATEWAY: &str = "/m/chat/completions";
+
+fn report(mode: &str, n: usize, direct: Vec<Duration>, gateway: Vec<Duration>, cpu: Duration) {
+    let (d_med, d_p99) = stats(direct);
+    let (g_med, g_p99) = stats(gateway);
+    println!("{mode}: {n} requests per path, interleaved, sequential");
+    println!("  direct : median {d_med:?}  p99 {d_p99:?}");
+    println!("  gateway: median {g_med:?}  p99 {g_p99:?}");
+    println!(
+        "  added  : median {:+.0} µs  p99 {:+.0} µs;  gateway CPU {:.1} µs per request",
+        added(g_med, d_med),
+        added(g_p99, d_p99),
+        cpu.as_secs_f64() * 1e6 / n as f64
+    );
+}
+
+async fn fresh_connections(p: &Paths, gw: &Side, n: usize) {
+    let (mut direct, mut gateway) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut cpu = Duration::ZERO;
+    for _ in 0..n {
+        direct.push(fresh(p.direct, DIRECT).await);
+        let before = gw.cpu();
+        gateway.push(fresh(p.gateway, GATEWAY).await);
+        cpu += gw.cpu().saturating_sub(before);
+    }
+    report(
+        "fresh client connection per request",
+        n,
+        direct,
+        gateway,
+        cpu,
+    );
+}
+
+async fn kept_connections(p: &Paths, gw: &Side, n: usize) {
+    let (mut to_direct, mut to_gateway) = (keep(p.direct).await, keep(p.gateway).await);
+    let (mut direct, mut gateway) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut cpu = Duration::ZERO;
+    for _ in 0..n {
+        direct.push(kept(&mut to_direct, DIRECT).await);
+        let before = gw.cpu();
+        gateway.push(kept(&mut to_gateway, GATEWAY).await);
+        cpu += gw.cpu().saturating_sub(before);
+    }
+    report(
+        "one kept-alive client connection per path",
+        n,
+        direct,
+        gateway,
+        cpu,
+    );
+}
+
+fn main() {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    let dir = tempfile::tempdir().unwrap();
-    let up = json_upstream(None).await;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "load average at start: {}",
@@ -53,71 +215,78 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    let (gw, upstream) = (Side::new("gateway", 2), Side::new("upstream", 1));
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    client.block_on(measure(n, &gw, &upstream));
+}
+
+async fn measure(n: usize, gw: &Side, upstream: &Side) {
+    let dir = tempfile::tempdir().unwrap();
+    // For `strace -f -c -p <tid>...` of the gateway side alone.
+    println!("gateway threads: {:?}", gw.threads.lock().unwrap());
+    let up = on(&upstream.handle(), json_upstream(None)).await;
     let policy = json!({"routes": [{"name": "m", "upstream": format!("http://127.0.0.1:{}/v1", up.port),
         "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
-    let s = serve(
-        policy,
-        vec![egress_grant("alice", "m", "request", None)],
-        "alice",
-        GatewayLimits::default(),
+    let grants = vec![egress_grant("alice", "m", "request", None)];
+    let s = on(
+        &gw.handle(),
+        serve(policy, grants, "alice", GatewayLimits::default()),
     )
     .await;
-    let direct_addr: std::net::SocketAddr = format!("127.0.0.1:{}", up.port).parse().unwrap();
-    // Warm up both paths.
-    run(direct_addr, "/v1/chat/completions", 200).await;
-    run(s.addr, "/m/chat/completions", 200).await;
-    // Interleaved, one direct then one through the gateway, so a load
-    // change on the machine falls on both paths alike.
-    let (mut direct, mut gateway) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for _ in 0..n {
-        direct.extend(run(direct_addr, "/v1/chat/completions", 1).await);
-        gateway.extend(run(s.addr, "/m/chat/completions", 1).await);
+    let p = Paths {
+        direct: format!("127.0.0.1:{}", up.port).parse().unwrap(),
+        gateway: s.addr,
+    };
+    // Warm-up, not counted.
+    for _ in 0..200 {
+        fresh(p.direct, DIRECT).await;
+        fresh(p.gateway, GATEWAY).await;
     }
-    let (d_med, d_p99) = stats(direct);
-    let (g_med, g_p99) = stats(gateway);
-    println!("requests: {n} per path, interleaved, sequential, fresh client connection each");
-    println!("direct : median {d_med:?}  p99 {d_p99:?}");
-    println!("gateway: median {g_med:?}  p99 {g_p99:?}");
-    // Signed: under load the direct path's tail can be the slower one.
-    let added = |g: Duration, d: Duration| g.as_secs_f64() * 1e6 - d.as_secs_f64() * 1e6;
-    println!(
-        "added  : median {:+.0} µs  p99 {:+.0} µs",
-        added(g_med, d_med),
-        added(g_p99, d_p99)
-    );
+    fresh_connections(&p, gw, n).await;
+    kept_connections(&p, gw, n).await;
 
-    // Requests per second through the gateway, 16 clients.
+    // Requests per second through the gateway, 16 clients, each with a
+    // fresh connection per request.
     let t = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..16 {
-        let addr = s.addr;
+        let addr = p.gateway;
         tasks.push(tokio::spawn(async move {
-            run(addr, "/m/chat/completions", n / 16).await
+            for _ in 0..n / 16 {
+                fresh(addr, GATEWAY).await;
+            }
         }));
     }
     for task in tasks {
         task.await.unwrap();
     }
-    let done = (n / 16) * 16;
     println!(
         "gateway: {:.0} requests/s with 16 concurrent clients",
-        done as f64 / t.elapsed().as_secs_f64()
+        ((n / 16) * 16) as f64 / t.elapsed().as_secs_f64()
     );
 
-    let (direct_ttfb, gw_ttfb) = first_bytes(dir.path()).await;
+    let (direct_ttfb, gw_ttfb) = first_bytes(dir.path(), gw, upstream).await;
     let (dt, dt99) = stats(direct_ttfb);
     let (gt, gt99) = stats(gw_ttfb);
     println!(
         "first streamed byte: direct median {dt:?} p99 {dt99:?}; gateway median {gt:?} p99 {gt99:?}; added median {:+.0} µs",
         added(gt, dt)
     );
+    drop(s);
 }
 
 /// Time to the first streamed byte, direct and through the gateway.
-async fn first_bytes(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
-    // Time to the first streamed byte: one upstream streams its first
-    // event at once and holds the rest until the client has it. Direct and
-    // through the gateway interleaved, on the same upstream; the gateway's
+async fn first_bytes(
+    dir: &std::path::Path,
+    gw: &Side,
+    upstream: &Side,
+) -> (Vec<Duration>, Vec<Duration>) {
+    // One upstream streams its first event at once and holds the rest
+    // until the client has it. Direct and through the gateway interleaved,
+    // on the same upstream, a fresh client connection each; the gateway's
     // upstream connection is kept between samples (its pool).
     let samples = 200;
     let gates: Vec<Arc<Notify>> = (0..2 * samples).map(|_| Arc::new(Notify::new())).collect();
@@ -131,23 +300,25 @@ async fn first_bytes(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
             after: vec![last.clone()],
         })
         .collect();
-    let sse = MockModel::start(script).await.unwrap();
+    let sse = on(&upstream.handle(), async move {
+        MockModel::start(script).await.unwrap()
+    })
+    .await;
     let policy = json!({"routes": [{"name": "m", "upstream": sse.base_url(),
         "secret": key_file(dir), "api": "openai", "allow": ["loopback"]}]});
-    let g = serve(
-        policy,
-        vec![egress_grant("alice", "m", "request", None)],
-        "alice",
-        GatewayLimits::default(),
+    let grants = vec![egress_grant("alice", "m", "request", None)];
+    let g = on(
+        &gw.handle(),
+        serve(policy, grants, "alice", GatewayLimits::default()),
     )
     .await;
-    let sse_direct: std::net::SocketAddr = format!("127.0.0.1:{}", sse.port).parse().unwrap();
+    let sse_direct: SocketAddr = format!("127.0.0.1:{}", sse.port).parse().unwrap();
     let (mut direct_ttfb, mut gw_ttfb) = (Vec::new(), Vec::new());
     let mut gate = gates.iter();
     for _ in 0..samples {
         for (target, path, out) in [
-            (sse_direct, "/v1/chat/completions", &mut direct_ttfb),
-            (g.addr, "/m/chat/completions", &mut gw_ttfb),
+            (sse_direct, DIRECT, &mut direct_ttfb),
+            (g.addr, GATEWAY, &mut gw_ttfb),
         ] {
             let t = Instant::now();
             let (_, mut body) = open(target, path, "{}".into()).await;
@@ -159,5 +330,6 @@ async fn first_bytes(dir: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
             let _ = body.collect().await;
         }
     }
+    drop(g);
     (direct_ttfb, gw_ttfb)
 }

@@ -481,3 +481,41 @@ async fn a_refused_or_silent_upstream_ends_the_request_with_a_code() {
     }
     assert_eq!(silent.seen().len(), 1);
 }
+
+#[tokio::test]
+async fn a_plugin_that_hangs_up_mid_answer_is_recorded_and_its_upstream_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n".to_owned();
+    let held = Reply::Gated {
+        before: vec![first],
+        gate: Arc::new(Notify::new()),
+        after: vec!["data: [DONE]\n\n".to_owned()],
+    };
+    let whole = Reply::Stream(vec!["data: [DONE]\n\n".to_owned()]);
+    let up = MockModel::start(vec![held, whole]).await.unwrap();
+    let policy = json!({"routes": [route("openai", up.base_url(), key_file(dir.path()))]});
+    let mut s = serve(
+        policy,
+        vec![egress_grant("alice", "openai", "request", None)],
+        "alice",
+        GatewayLimits::default(),
+    )
+    .await;
+    let (status, mut body) = open(s.addr, "/openai/chat/completions", "{}".into()).await;
+    assert_eq!(status, 200);
+    body.frame().await.unwrap().unwrap();
+    // The plugin goes away with the answer half read.
+    drop(body);
+    let done = wait_for(&mut s, |e| matches!(e, EgressEvent::Request { .. })).await;
+    let EgressEvent::Request { code, .. } = done else {
+        unreachable!()
+    };
+    assert_eq!(code.as_deref(), Some("client_closed"));
+    let completed = s.records("effect.completed");
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].outcome, AuditOutcome::Failed);
+    // The half-read upstream connection is not given to the next request.
+    let (status, body) = post(s.addr, "/openai/chat/completions", "{}").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(up.connections(), 2);
+}

@@ -5,27 +5,20 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
+use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde_json::json;
-use sharedos_kernel::{EffectDecision, KernelTurn};
-use sharedos_protocol::{AccessContext, JsonObject};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+pub use super::binding::{EgressEvent, TurnBinding};
+use super::body::GatewayBody;
 use super::policy::{AddressClass, EgressBudget, NetworkRoutes, UpstreamUrl, split_host_port};
-use super::secret::Secret;
-use super::usage::TokenUsage;
-
-/// The body type of every answer the gateway gives.
-pub type GatewayBody = BoxBody<Bytes, std::io::Error>;
+use super::route::Route;
 
 /// Bounds on what one gateway holds; over a bound is refused, not queued.
 #[derive(Debug, Clone)]
@@ -49,101 +42,6 @@ impl Default for GatewayLimits {
             header_timeout: Duration::from_secs(10),
             upstream_timeout: Duration::from_secs(120),
         }
-    }
-}
-
-/// What the gateway reports to the turn; the envelope turns these into
-/// events. None holds a payload or a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EgressEvent {
-    /// One model request, ended.
-    Request {
-        route: String,
-        /// The upstream's status, when it answered.
-        status: Option<u16>,
-        /// Why the gateway refused or cut it.
-        code: Option<String>,
-        request_bytes: u64,
-        response_bytes: u64,
-        duration_ms: u64,
-        usage: Option<TokenUsage>,
-    },
-    /// One CONNECT tunnel, ended (or refused).
-    Connection {
-        destination: String,
-        code: Option<String>,
-        bytes_up: u64,
-        bytes_down: u64,
-        duration_ms: u64,
-    },
-    /// A per-turn budget ran out: the turn ends `egress_budget_exceeded`.
-    BudgetExceeded { budget: &'static str },
-}
-
-/// A model route with its secret resolved.
-#[derive(Debug)]
-pub(super) struct Route {
-    pub(super) name: String,
-    pub(super) url: UpstreamUrl,
-    pub(super) secret: Secret,
-    pub(super) api: super::policy::ApiShape,
-    pub(super) allow: Vec<AddressClass>,
-}
-
-/// What was spent in the turn.
-#[derive(Debug, Default)]
-pub(super) struct Spent {
-    pub(super) requests: u64,
-    pub(super) bytes: u64,
-    pub(super) tokens: u64,
-}
-
-/// The turn a listener's traffic belongs to: whose grants decide, where
-/// events go, what is left of the budget.
-pub struct TurnBinding {
-    pub(super) kernel: Arc<dyn KernelTurn>,
-    pub(super) context: AccessContext,
-    pub(super) events: mpsc::UnboundedSender<EgressEvent>,
-    pub(super) spent: Mutex<Spent>,
-}
-
-impl TurnBinding {
-    pub fn new(
-        kernel: Arc<dyn KernelTurn>,
-        context: AccessContext,
-        events: mpsc::UnboundedSender<EgressEvent>,
-    ) -> Self {
-        Self {
-            kernel,
-            context,
-            events,
-            spent: Mutex::new(Spent::default()),
-        }
-    }
-
-    pub(super) fn emit(&self, event: EgressEvent) {
-        // A turn that stopped listening has ended; its audit still holds
-        // the outcome.
-        let _ = self.events.send(event);
-    }
-
-    /// Asks the kernel; `Err` is the refusal code.
-    pub(super) async fn authorize(&self, path: &[String], action: &str) -> Result<(), String> {
-        match self
-            .kernel
-            .authorize_effect(&self.context, "egress", path, action)
-            .await
-        {
-            Ok(EffectDecision::Allowed { .. }) => Ok(()),
-            Ok(EffectDecision::Denied { reason_code }) => Err(reason_code),
-            Err(_) => Err("audit_unavailable".into()),
-        }
-    }
-
-    pub(super) async fn record(&self, path: &[String], action: &str, ok: bool, meta: JsonObject) {
-        self.kernel
-            .record_effect_outcome(&self.context, "egress", path, action, ok, meta)
-            .await;
     }
 }
 
@@ -194,16 +92,8 @@ impl Gateway {
                 .secret
                 .resolve()
                 .map_err(|e| format!("route {}: {e}", r.name))?;
-            routes.insert(
-                r.name.clone(),
-                Arc::new(Route {
-                    name: r.name.clone(),
-                    url,
-                    secret,
-                    api: r.api,
-                    allow: r.allow.clone(),
-                }),
-            );
+            let route = Route::new(&r.name, url, &secret, r.api, r.allow.clone())?;
+            routes.insert(r.name.clone(), Arc::new(route));
         }
         let mut destinations = HashMap::new();
         for d in &policy.destinations {
@@ -213,7 +103,7 @@ impl Gateway {
         Ok(Self {
             routes,
             destinations,
-            budget: policy.budget.clone().unwrap_or(EgressBudget {
+            budget: policy.budget.unwrap_or(EgressBudget {
                 requests: None,
                 bytes: None,
                 tokens: None,
@@ -313,20 +203,4 @@ impl Gateway {
         spent.requests += 1;
         Ok(())
     }
-}
-
-/// A JSON error answer `{"error":{"code":..,"message":..}}`.
-pub(super) fn refusal(status: StatusCode, code: &str, message: &str) -> Response<GatewayBody> {
-    let body = json!({"error": {"code": code, "message": message, "type": "sharedos_egress"}});
-    let mut resp = Response::new(
-        Full::new(Bytes::from(body.to_string()))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    resp
 }

@@ -1,11 +1,14 @@
 //! The egress gateway: the only way a runtime reaches a network, owned by
 //! the host. See docs/EGRESS.md.
 
+mod binding;
+mod body;
 pub mod gateway;
 pub mod mock;
 pub mod policy;
 mod pool;
 mod proxy;
+mod route;
 pub mod seat;
 pub mod secret;
 mod tunnel;

@@ -63,7 +63,7 @@ pub struct Destination {
 }
 
 /// Per-turn budgets; exceeding one ends the turn `egress_budget_exceeded`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EgressBudget {
     #[serde(default)]

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::gateway::{EgressEvent, Gateway, GatewayBody, TurnBinding, refusal};
+use super::binding::{EgressEvent, TurnBinding, meta_of};
+use super::body::{GatewayBody, refusal};
+use super::gateway::Gateway;
 use super::policy::{EgressBudget, split_host_port};
-use super::proxy::{meta_of, take};
 use super::upstream::connect_tcp;
 
 impl Gateway {
@@ -81,46 +81,62 @@ impl Gateway {
             }
         };
         let upgrade = hyper::upgrade::on(&mut req);
-        let budget = self.budget.clone();
-        tokio::spawn(async move {
-            let (code, up, down) = match upgrade.await {
-                Ok(upgraded) => {
-                    let mut client = Metered {
-                        inner: TokioIo::new(upgraded),
-                        binding: Arc::clone(&binding),
-                        budget,
-                        up: 0,
-                        down: 0,
-                        over: false,
-                    };
-                    let mut tcp = tcp;
-                    let copied = tokio::io::copy_bidirectional(&mut client, &mut tcp).await;
-                    let code = match copied {
-                        Ok(_) => None,
-                        Err(_) if client.over => Some("egress_budget_exceeded".to_owned()),
-                        Err(_) => Some("connection_reset".to_owned()),
-                    };
-                    (code, client.up, client.down)
-                }
-                Err(_) => (Some("upgrade_failed".to_owned()), 0, 0),
-            };
-            let ok = code.is_none();
-            let event = EgressEvent::Connection {
-                destination: key,
-                code,
-                bytes_up: up,
-                bytes_down: down,
-                duration_ms: started.elapsed().as_millis() as u64,
-            };
-            let meta = meta_of(&event);
-            binding.emit(event);
-            binding.record(&path, "connect", ok, meta).await;
-        });
-        Response::new(
-            http_body_util::Empty::<bytes::Bytes>::new()
-                .map_err(|never| match never {})
-                .boxed(),
-        )
+        let tunnel = Tunnel {
+            binding,
+            budget: self.budget,
+            destination: key,
+            path,
+            started,
+        };
+        tokio::spawn(tunnel.run(upgrade, tcp));
+        Response::new(GatewayBody::empty())
+    }
+}
+
+/// One CONNECT tunnel once the gateway answered 200: it lives as long as
+/// both ends do, on a task of its own.
+struct Tunnel {
+    binding: Arc<TurnBinding>,
+    budget: EgressBudget,
+    destination: String,
+    path: Vec<String>,
+    started: Instant,
+}
+
+impl Tunnel {
+    /// Copies both ways until either end closes, then reports.
+    async fn run(self, upgrade: hyper::upgrade::OnUpgrade, mut tcp: tokio::net::TcpStream) {
+        let (code, up, down) = match upgrade.await {
+            Ok(upgraded) => {
+                let mut client = Metered {
+                    inner: TokioIo::new(upgraded),
+                    binding: Arc::clone(&self.binding),
+                    budget: self.budget,
+                    up: 0,
+                    down: 0,
+                    over: false,
+                };
+                let copied = tokio::io::copy_bidirectional(&mut client, &mut tcp).await;
+                let code = match copied {
+                    Ok(_) => None,
+                    Err(_) if client.over => Some("egress_budget_exceeded".to_owned()),
+                    Err(_) => Some("connection_reset".to_owned()),
+                };
+                (code, client.up, client.down)
+            }
+            Err(_) => (Some("upgrade_failed".to_owned()), 0, 0),
+        };
+        let ok = code.is_none();
+        let event = EgressEvent::Connection {
+            destination: self.destination,
+            code,
+            bytes_up: up,
+            bytes_down: down,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+        };
+        let meta = meta_of(&event);
+        self.binding.emit(event);
+        self.binding.record(&self.path, "connect", ok, meta).await;
     }
 }
 
@@ -138,7 +154,7 @@ struct Metered<S> {
 
 impl<S> Metered<S> {
     fn charge(&mut self, n: usize) -> std::io::Result<()> {
-        if self.over || !take(&self.binding, &self.budget, n as u64) {
+        if self.over || !self.binding.take_bytes(&self.budget, n as u64) {
             if !self.over {
                 self.over = true;
                 self.binding

@@ -1,0 +1,198 @@
+//! The turn a gateway's traffic belongs to: whose grants decide, where the
+//! events go, what is left of the budget; and what one request or tunnel
+//! reports when it ends (an event, and an audit record with counts and
+//! codes only).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use sharedos_kernel::{EffectDecision, KernelTurn};
+use sharedos_protocol::{AccessContext, JsonObject};
+use tokio::sync::mpsc;
+
+use super::policy::EgressBudget;
+use super::usage::TokenUsage;
+
+/// What the gateway reports to the turn; the envelope turns these into
+/// events. None holds a payload or a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EgressEvent {
+    /// One model request, ended.
+    Request {
+        route: String,
+        /// The upstream's status, when it answered.
+        status: Option<u16>,
+        /// Why the gateway refused or cut it.
+        code: Option<String>,
+        request_bytes: u64,
+        response_bytes: u64,
+        duration_ms: u64,
+        usage: Option<TokenUsage>,
+    },
+    /// One CONNECT tunnel, ended (or refused).
+    Connection {
+        destination: String,
+        code: Option<String>,
+        bytes_up: u64,
+        bytes_down: u64,
+        duration_ms: u64,
+    },
+    /// A per-turn budget ran out: the turn ends `egress_budget_exceeded`.
+    BudgetExceeded { budget: &'static str },
+}
+
+/// What was spent in the turn.
+#[derive(Debug, Default)]
+pub(super) struct Spent {
+    pub(super) requests: u64,
+    pub(super) bytes: u64,
+    pub(super) tokens: u64,
+}
+
+/// What one model request did, for its event and audit record.
+#[derive(Debug)]
+pub(super) struct Outcome {
+    pub(super) status: Option<u16>,
+    pub(super) code: Option<String>,
+    pub(super) request_bytes: u64,
+    pub(super) response_bytes: u64,
+    pub(super) usage: Option<TokenUsage>,
+}
+
+/// The turn a listener's traffic belongs to: whose grants decide, where
+/// events go, what is left of the budget.
+pub struct TurnBinding {
+    pub(super) kernel: Arc<dyn KernelTurn>,
+    pub(super) context: AccessContext,
+    pub(super) events: mpsc::UnboundedSender<EgressEvent>,
+    pub(super) spent: Mutex<Spent>,
+}
+
+impl TurnBinding {
+    pub fn new(
+        kernel: Arc<dyn KernelTurn>,
+        context: AccessContext,
+        events: mpsc::UnboundedSender<EgressEvent>,
+    ) -> Self {
+        Self {
+            kernel,
+            context,
+            events,
+            spent: Mutex::new(Spent::default()),
+        }
+    }
+
+    pub(super) fn emit(&self, event: EgressEvent) {
+        // A turn that stopped listening has ended; its audit still holds
+        // the outcome.
+        let _ = self.events.send(event);
+    }
+
+    /// Asks the kernel; `Err` is the refusal code.
+    pub(super) async fn authorize(&self, path: &[String], action: &str) -> Result<(), String> {
+        match self
+            .kernel
+            .authorize_effect(&self.context, "egress", path, action)
+            .await
+        {
+            Ok(EffectDecision::Allowed { .. }) => Ok(()),
+            Ok(EffectDecision::Denied { reason_code }) => Err(reason_code),
+            Err(_) => Err("audit_unavailable".into()),
+        }
+    }
+
+    pub(super) async fn record(&self, path: &[String], action: &str, ok: bool, meta: JsonObject) {
+        self.kernel
+            .record_effect_outcome(&self.context, "egress", path, action, ok, meta)
+            .await;
+    }
+
+    /// Charges `n` bytes to the turn; `false` once the byte budget is
+    /// over.
+    pub(super) fn take_bytes(&self, budget: &EgressBudget, n: u64) -> bool {
+        let Ok(mut spent) = self.spent.lock() else {
+            return false;
+        };
+        spent.bytes = spent.bytes.saturating_add(n);
+        budget.bytes.is_none_or(|l| spent.bytes <= l)
+    }
+
+    /// Charges the tokens a request reported; `true` once the token
+    /// budget is over.
+    pub(super) fn take_tokens(&self, budget: &EgressBudget, usage: TokenUsage) -> bool {
+        self.spent
+            .lock()
+            .map(|mut s| {
+                s.tokens = s.tokens.saturating_add(usage.total());
+                budget.tokens.is_some_and(|l| s.tokens > l)
+            })
+            .unwrap_or(true)
+    }
+
+    /// Emits a model request's event now and returns the write of its
+    /// outcome record, which the caller awaits before the client sees
+    /// the answer end.
+    pub(super) fn finish_request(
+        self: &Arc<Self>,
+        path: &[String],
+        o: Outcome,
+        started: Instant,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let ok = o.code.is_none() && o.status.is_some_and(|s| s < 400);
+        let event = EgressEvent::Request {
+            route: path.first().cloned().unwrap_or_default(),
+            status: o.status,
+            code: o.code,
+            request_bytes: o.request_bytes,
+            response_bytes: o.response_bytes,
+            duration_ms: started.elapsed().as_millis() as u64,
+            usage: o.usage,
+        };
+        let meta = meta_of(&event);
+        self.emit(event);
+        let (binding, path) = (Arc::clone(self), path.to_vec());
+        async move { binding.record(&path, "request", ok, meta).await }
+    }
+}
+
+/// The audit metadata of an event: counts and codes only.
+pub(super) fn meta_of(event: &EgressEvent) -> JsonObject {
+    let value = match event {
+        EgressEvent::Request {
+            status,
+            code,
+            request_bytes,
+            response_bytes,
+            duration_ms,
+            usage,
+            ..
+        } => json!({
+            "status": status,
+            "code": code,
+            "requestBytes": request_bytes,
+            "responseBytes": response_bytes,
+            "durationMs": duration_ms,
+            "inputTokens": usage.map(|u| u.input),
+            "outputTokens": usage.map(|u| u.output),
+        }),
+        EgressEvent::Connection {
+            code,
+            bytes_up,
+            bytes_down,
+            duration_ms,
+            ..
+        } => json!({
+            "code": code,
+            "bytesUp": bytes_up,
+            "bytesDown": bytes_down,
+            "durationMs": duration_ms,
+        }),
+        EgressEvent::BudgetExceeded { budget } => json!({"budget": budget}),
+    };
+    match value {
+        Value::Object(m) => m.into_iter().filter(|(_, v)| !v.is_null()).collect(),
+        _ => JsonObject::new(),
+    }
+}
