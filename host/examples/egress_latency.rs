@@ -225,8 +225,6 @@ fn main() {
 
 async fn measure(n: usize, gw: &Side, upstream: &Side) {
     let dir = tempfile::tempdir().unwrap();
-    // For `strace -f -c -p <tid>...` of the gateway side alone.
-    println!("gateway threads: {:?}", gw.threads.lock().unwrap());
     let up = on(&upstream.handle(), json_upstream(None)).await;
     let policy = json!({"routes": [{"name": "m", "upstream": format!("http://127.0.0.1:{}/v1", up.port),
         "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
@@ -245,6 +243,8 @@ async fn measure(n: usize, gw: &Side, upstream: &Side) {
         fresh(p.direct, DIRECT).await;
         fresh(p.gateway, GATEWAY).await;
     }
+    // For `strace -c -p <tid>...` of the gateway side alone.
+    println!("gateway threads: {:?}", gw.threads.lock().unwrap());
     fresh_connections(&p, gw, n).await;
     kept_connections(&p, gw, n).await;
 
