@@ -519,3 +519,45 @@ async fn a_plugin_that_hangs_up_mid_answer_is_recorded_and_its_upstream_closed()
     assert_eq!(status, 200, "{body}");
     assert_eq!(up.connections(), 2);
 }
+
+#[tokio::test]
+async fn a_stream_that_stalls_or_is_cut_mid_answer_ends_with_its_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n".to_owned();
+    let stalled = Reply::Gated {
+        before: vec![first.clone()],
+        gate: Arc::new(Notify::new()),
+        after: vec!["data: [DONE]\n\n".to_owned()],
+    };
+    let cut = Reply::Cut(vec![first]);
+    let up = MockModel::start(vec![stalled, cut]).await.unwrap();
+    let policy = json!({"routes": [route("openai", up.base_url(), key_file(dir.path()))]});
+    let limits = GatewayLimits {
+        upstream_timeout: std::time::Duration::from_secs(1),
+        ..GatewayLimits::default()
+    };
+    let grants = vec![egress_grant("alice", "openai", "request", None)];
+    let mut s = serve(policy, grants, "alice", limits).await;
+    for (i, expected) in ["upstream_timeout", "upstream_stream_cut"]
+        .into_iter()
+        .enumerate()
+    {
+        let (status, mut body) = open(s.addr, "/openai/chat/completions", "{}".into()).await;
+        assert_eq!(status, 200, "{expected}");
+        if expected == "upstream_timeout" {
+            // The first event passes; the rest never comes.
+            let head = body.frame().await.unwrap().unwrap();
+            assert!(String::from_utf8_lossy(head.data_ref().unwrap()).contains("\"he\""));
+        }
+        // The plugin sees its stream end with an error, not a clean end.
+        assert!(body.collect().await.is_err(), "{expected}");
+        let done = wait_for(&mut s, |e| matches!(e, EgressEvent::Request { .. })).await;
+        let EgressEvent::Request { code, status, .. } = done else {
+            unreachable!()
+        };
+        assert_eq!((code.as_deref(), status), (Some(expected), Some(200)));
+        let completed = s.records("effect.completed");
+        assert_eq!(completed.len(), i + 1);
+        assert_eq!(completed[i].outcome, AuditOutcome::Failed);
+    }
+}

@@ -89,7 +89,8 @@ enum Stage {
     /// The outcome is being written; then `last` goes to the plugin (the
     /// final frame, the error that cuts the stream, or the end).
     Recording {
-        record: Recording,
+        /// `None` once written.
+        record: Option<Recording>,
         last: Option<Result<Frame<Bytes>, std::io::Error>>,
         /// Whether hyper was given a turn to flush what it holds.
         flushed: bool,
@@ -142,9 +143,9 @@ impl MeteredBody {
     /// Whether the chunk awaited is overdue; arms its deadline when the
     /// wait begins.
     fn overdue(&mut self, cx: &mut Context<'_>) -> bool {
-        let at = tokio::time::Instant::now() + self.m.timeout;
         if !self.waiting {
             self.waiting = true;
+            let at = tokio::time::Instant::now() + self.m.timeout;
             match &mut self.deadline {
                 Some(sleep) => sleep.as_mut().reset(at),
                 None => self.deadline = Some(Box::pin(tokio::time::sleep_until(at))),
@@ -188,7 +189,7 @@ impl MeteredBody {
             .binding
             .finish_request(&self.m.route.path, outcome, self.m.started);
         self.stage = Stage::Recording {
-            record: Box::pin(record),
+            record: Some(Box::pin(record)),
             last,
             flushed: false,
         };
@@ -266,7 +267,10 @@ impl Body for MeteredBody {
                     last,
                     flushed,
                 } => {
-                    ready!(record.as_mut().poll(cx));
+                    if let Some(writing) = record {
+                        ready!(writing.as_mut().poll(cx));
+                        *record = None;
+                    }
                     if matches!(last, Some(Err(_))) && !*flushed {
                         // An error makes hyper drop the connection at once,
                         // with what it holds unsent: the head and the
@@ -307,7 +311,10 @@ impl Drop for MeteredBody {
             };
             self.end(code, None);
         }
-        if let Stage::Recording { record, .. } = std::mem::replace(&mut self.stage, Stage::Done)
+        if let Stage::Recording {
+            record: Some(record),
+            ..
+        } = std::mem::replace(&mut self.stage, Stage::Done)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             runtime.spawn(record);
