@@ -19,28 +19,40 @@ use crate::process::DirectLauncher;
 /// The calls of one envelope turn: under the fixture's tool call budget.
 const CALLS_PER_TURN: u64 = 9_000;
 
-/// This process's CPU time (user + system, every thread) in microseconds,
-/// from `/proc/self/stat` (clock ticks, 100 per second).
-fn cpu_us() -> Option<f64> {
+/// CPU time in microseconds, from `/proc/self/stat` (clock ticks, 100 per
+/// second): this process's (user + system, every thread), and that of its
+/// children once reaped (the plugins).
+fn cpu_us() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     let mut f = rest.split_whitespace().skip(11);
-    let utime: f64 = f.next()?.parse().ok()?;
-    let stime: f64 = f.next()?.parse().ok()?;
-    Some((utime + stime) * 10_000.0)
+    let mut tick = || -> Option<f64> { f.next()?.parse::<f64>().ok().map(|t| t * 10_000.0) };
+    let (utime, stime, cutime, cstime) = (tick()?, tick()?, tick()?, tick()?);
+    Some((utime + stime, cutime + cstime))
 }
 
-/// Calls per second and host CPU µs per call, `rounds` turns of
+/// What one measured round of [`envelope_parallel`] gives: calls per
+/// second, and the host's and the plugin's CPU µs per call.
+#[derive(Debug, Clone, Copy)]
+pub struct ParallelFigure {
+    pub rate: f64,
+    pub host_cpu_us: f64,
+    pub plugin_cpu_us: f64,
+}
+
+/// Calls per second and host and plugin CPU µs per call, `rounds` turns of
 /// `CALLS_PER_TURN` calls with `inflight` outstanding, the plugin a direct
-/// child (the SDK's `serve`, the host's peer and `ProcessRuntime`).
+/// child (the SDK's `serve`, the host's peer and `ProcessRuntime`). The
+/// plugin's CPU is counted once its process is reaped.
 pub async fn envelope_parallel(
     exe: &Path,
     inflight: usize,
     rounds: usize,
-) -> Result<(f64, f64), String> {
+) -> Result<ParallelFigure, String> {
     let executor = timing_executor(exe, Arc::new(DirectLauncher))?;
-    let (mut calls, mut secs, mut cpu) = (0u64, 0f64, 0f64);
+    let (mut calls, mut secs, mut cpu, mut plugin_cpu) = (0u64, 0f64, 0f64, 0f64);
     for round in 0..rounds + 1 {
+        settle().await;
         let before = cpu_us();
         let result = executor
             .execute(
@@ -52,6 +64,8 @@ pub async fn envelope_parallel(
             )
             .await
             .map_err(|e| e.to_string())?;
+        let host_after = cpu_us();
+        settle().await;
         let after = cpu_us();
         if result.status != sharedos_protocol::ExecutionStatus::Succeeded {
             return Err(format!(
@@ -70,10 +84,28 @@ pub async fn envelope_parallel(
         if round > 0 {
             calls += CALLS_PER_TURN;
             secs += ns as f64 / 1e9;
-            cpu += after.zip(before).map(|(a, b)| a - b).unwrap_or(f64::NAN);
+            cpu += host_after
+                .zip(before)
+                .map(|(a, b)| a.0 - b.0)
+                .unwrap_or(f64::NAN);
+            plugin_cpu += after
+                .zip(before)
+                .map(|(a, b)| a.1 - b.1)
+                .unwrap_or(f64::NAN);
         }
     }
-    Ok((calls as f64 / secs.max(1e-9), cpu / calls.max(1) as f64))
+    let per_call = |us: f64| us / calls.max(1) as f64;
+    Ok(ParallelFigure {
+        rate: calls as f64 / secs.max(1e-9),
+        host_cpu_us: per_call(cpu),
+        plugin_cpu_us: per_call(plugin_cpu),
+    })
+}
+
+/// Waits until every finished turn's plugin is reaped (its CPU time is
+/// then in this process's children's).
+async fn settle() {
+    let _ = tokio::task::spawn_blocking(crate::process::settle_kills).await;
 }
 
 /// The floor: the raw NDJSON pipe pair of (a) (`sharedos __bench-echo`,
@@ -256,14 +288,16 @@ pub async fn print(exe: &Path, inflight: usize, rounds: usize) -> bool {
             }
         }
     }
-    let cpu = median(env.iter().map(|r| r.1).collect());
-    let env = median(env.into_iter().map(|r| r.0).collect());
+    let cpu = median(env.iter().map(|r| r.host_cpu_us).collect());
+    let plugin_cpu = median(env.iter().map(|r| r.plugin_cpu_us).collect());
+    let env = median(env.into_iter().map(|r| r.rate).collect());
     let raw = median(raw);
     println!(
-        "{:<58} {:>12.0} calls/s   host CPU {:.1} µs a call",
+        "{:<58} {:>12.0} calls/s   host CPU {:.1} µs, plugin CPU {:.1} µs a call",
         format!("{inflight} in flight, through the envelope, plugin out of process"),
         env,
-        cpu
+        cpu,
+        plugin_cpu
     );
     println!(
         "{:<58} {:>12.0} calls/s",
