@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use super::fixture;
 use super::process::timing_executor;
-use crate::executor::ExecuteOptions;
-use crate::process::DirectLauncher;
+use sharedos_host::executor::ExecuteOptions;
+use sharedos_host::process::DirectLauncher;
 
 /// The calls of one envelope turn: under the fixture's tool call budget.
 const CALLS_PER_TURN: u64 = 9_000;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Figure;
 use super::fixture::{self, NOOP_TOOL, TimingPlugin};
-use crate::executor::{ExecuteOptions, Executor, Seat};
+use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
 
 /// The per-call nanoseconds a timing plugin returned.
 pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {

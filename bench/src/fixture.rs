@@ -275,8 +275,8 @@ async fn parallel_calls(
 
 /// Executor options for measurements: the event budget raised above what
 /// a measurement turn writes (a benchmark turn is not a flood).
-pub fn options() -> crate::executor::ExecutorOptions {
-    crate::executor::ExecutorOptions {
+pub fn options() -> sharedos_host::executor::ExecutorOptions {
+    sharedos_host::executor::ExecutorOptions {
         max_events_per_turn: 10_000_000,
         max_turn_bytes: 1 << 30,
         ..Default::default()

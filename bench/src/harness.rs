@@ -23,10 +23,10 @@ use sharedos_protocol::harness::{
 };
 
 use super::{Figure, fixture};
-use crate::executor::{ExecuteOptions, Executor};
-use crate::process::{ProcessRuntime, ProcessRuntimeConfig};
-use crate::sandboxed::SandboxLauncher;
-use crate::seat::process_seat;
+use sharedos_host::executor::{ExecuteOptions, Executor};
+use sharedos_host::process::{ProcessRuntime, ProcessRuntimeConfig};
+use sharedos_host::sandboxed::SandboxLauncher;
+use sharedos_host::seat::process_seat;
 
 /// The hidden subcommand of the bench's MCP client.
 pub const MCP_CLIENT_SUBCOMMAND: &str = "__bench-mcp-client";
@@ -134,7 +134,7 @@ fn executor(exe: &Path, calls: usize) -> Result<Executor, String> {
             term_grace_ms: 1000,
         },
         route_url: None,
-        placeholder_key: crate::egress::PLACEHOLDER_KEY.into(),
+        placeholder_key: sharedos_host::egress::PLACEHOLDER_KEY.into(),
     };
     let mut config = ProcessRuntimeConfig::new(&harness, manifest);
     config.args = vec![

@@ -1,6 +1,8 @@
 //! `sharedos bench`: figures measured in one run, each against a baseline
 //! measured in the same run, so the ratios hold on a noisy machine.
 
+#![forbid(unsafe_code)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,6 +14,7 @@ pub mod envelope;
 pub mod fixture;
 pub mod harness;
 pub mod process;
+pub mod spawn;
 pub mod turn;
 
 /// One measured figure.
@@ -192,7 +195,7 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
             let floor = show(floor, &mut failed);
             let direct = process::process_calls(
                 exe,
-                std::sync::Arc::new(crate::process::DirectLauncher),
+                std::sync::Arc::new(sharedos_host::process::DirectLauncher),
                 "(c) tool call through the envelope, plugin out of process",
                 iterations,
             )
@@ -247,7 +250,7 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     let inproc = show(envelope::inprocess_calls(iterations).await, &mut failed);
     let direct = process::process_calls(
         &exe,
-        std::sync::Arc::new(crate::process::DirectLauncher),
+        std::sync::Arc::new(sharedos_host::process::DirectLauncher),
         "(c) tool call through the envelope, plugin out of process",
         iterations,
     )
@@ -308,7 +311,7 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     let runs = 30;
     match process::deadline_to_result(
         &exe,
-        std::sync::Arc::new(crate::process::DirectLauncher),
+        std::sync::Arc::new(sharedos_host::process::DirectLauncher),
         50,
         runs,
         true,
@@ -371,7 +374,7 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
     let mut configs = vec![
         process::SpawnConfig::new(
             "(d) spawn until initialize, echo, no sandbox (interleaved)",
-            std::sync::Arc::new(crate::process::DirectLauncher),
+            std::sync::Arc::new(sharedos_host::process::DirectLauncher),
         ),
         process::SpawnConfig::warm("(d) full sandbox prepared ahead (warm = 1)", &exe),
         process::SpawnConfig::new(
@@ -463,7 +466,7 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
             process::ratio_line("1 GiB host / small host, target ≤ 1.2×", b, s)
         );
     }
-    match tokio::task::spawn_blocking(move || sharedos_sandbox::bench_current_exe(spawns)).await {
+    match tokio::task::spawn_blocking(move || spawn::bench_current_exe(spawns)).await {
         Ok(Ok(report)) => println!(
             "sandbox cost by layer: {}",
             serde_json::to_string_pretty(&report).unwrap_or_default()

@@ -14,14 +14,14 @@ use tokio::net::unix::pipe;
 use super::Figure;
 use super::envelope::call_samples;
 use super::fixture::{self, TimingPlugin};
-use crate::broker::{Peer, PeerConfig, handshake, host_peer_config};
-use crate::executor::{ExecuteOptions, Executor};
-use crate::process::{
+use sharedos_host::broker::{Peer, PeerConfig, handshake, host_peer_config};
+use sharedos_host::executor::{ExecuteOptions, Executor};
+use sharedos_host::process::{
     DirectLauncher, LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessRuntime,
     ProcessRuntimeConfig,
 };
-use crate::sandboxed::SandboxLauncher;
-use crate::seat::process_seat;
+use sharedos_host::sandboxed::SandboxLauncher;
+use sharedos_host::seat::process_seat;
 
 /// The hidden subcommand that serves the timing plugin.
 pub const BENCH_PLUGIN_SUBCOMMAND: &str = "__bench-plugin";
@@ -87,7 +87,7 @@ pub async fn process_emits(exe: &Path, n: usize) -> Result<f64, String> {
     let executor = timing_executor(exe, Arc::new(DirectLauncher))?;
     let seen: Arc<std::sync::Mutex<EmitSpan>> = Arc::default();
     let probe = seen.clone();
-    let on_event: crate::executor::OnEvent = Arc::new(move |e| {
+    let on_event: sharedos_host::executor::OnEvent = Arc::new(move |e| {
         if e.kind == "runtime.event" {
             let now = Instant::now();
             let mut s = probe.lock().unwrap_or_else(|p| p.into_inner());

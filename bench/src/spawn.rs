@@ -1,7 +1,7 @@
 //! `sharedos bench`: what the sandbox costs per launch.
 //!
 //! Each configuration launches `/bin/true` `iterations` times through
-//! [`crate::spawn`] and measures (a) the time until the report is in, which
+//! [`sharedos_sandbox::spawn`] and measures (a) the time until the report is in, which
 //! is when the plugin's `execve` succeeded, and (b) the time until the
 //! helper is reaped. The cost of a layer is the median with everything
 //! minus the median with that layer switched off. A direct `fork+exec` of
@@ -18,8 +18,12 @@ use std::time::{Duration, Instant};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::check::TempWorkspace;
-use crate::{SandboxError, SandboxLevel, SandboxPolicy, SpawnSpec, spawn};
+use sharedos_sandbox::{SandboxError, SandboxLevel, SandboxPolicy, SpawnSpec, spawn};
+
+/// An I/O failure of the bench, named by what it was doing.
+fn io_error(op: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
+    move |source| SandboxError::Io { op, source }
+}
 
 /// Timings of one configuration, in microseconds.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -68,7 +72,7 @@ pub struct BenchReport {
     /// `fork+exec+wait` of `/bin/true` with no helper at all.
     pub baseline: BenchFigure,
     pub configurations: Vec<BenchFigure>,
-    /// The full sandbox prepared ahead ([`crate::prepare`], untimed): from
+    /// The full sandbox prepared ahead ([`sharedos_sandbox::prepare`], untimed): from
     /// the start order until the plugin's `execve` (what a turn that takes
     /// a prepared sandbox waits for), and until it was reaped.
     pub prepared: BenchFigure,
@@ -79,7 +83,7 @@ pub struct BenchReport {
 
 /// Per-stage figures from the `timings_us` of many runs (stages keyed by
 /// process and name, in the order of the first run).
-fn stage_figures(runs: &[Vec<crate::StageTiming>]) -> Vec<StageFigure> {
+fn stage_figures(runs: &[Vec<sharedos_sandbox::StageTiming>]) -> Vec<StageFigure> {
     let mut keys: Vec<(String, String)> = Vec::new();
     let mut at: Vec<Vec<u64>> = Vec::new();
     let mut step: Vec<Vec<u64>> = Vec::new();
@@ -161,7 +165,7 @@ fn true_spec(helper_exe: &Path, policy: &SandboxPolicy, ws: &Path) -> SpawnSpec 
         args: vec![],
         env: vec![],
         policy: policy.clone(),
-        workspace: crate::needs_host_workspace(policy).then(|| ws.to_path_buf()),
+        workspace: sharedos_sandbox::needs_host_workspace(policy).then(|| ws.to_path_buf()),
     }
 }
 
@@ -170,13 +174,13 @@ fn launch_once(
     helper_exe: &Path,
     policy: &SandboxPolicy,
     ws: &Path,
-) -> Result<(Duration, Duration, crate::SandboxReport), SandboxError> {
+) -> Result<(Duration, Duration, sharedos_sandbox::SandboxReport), SandboxError> {
     let t0 = Instant::now();
     let mut child = spawn(&true_spec(helper_exe, policy, ws))?;
     let exec = t0.elapsed();
     child
         .wait()
-        .map_err(SandboxError::io("wait for the benchmark child"))?;
+        .map_err(io_error("wait for the benchmark child"))?;
     let total = t0.elapsed();
     Ok((exec, total, std::mem::take(&mut child.report)))
 }
@@ -187,13 +191,13 @@ fn start_prepared_once(
     policy: &SandboxPolicy,
     ws: &Path,
 ) -> Result<(Duration, Duration, SandboxLevel), SandboxError> {
-    let prepared = crate::prepare(&true_spec(helper_exe, policy, ws))?;
+    let prepared = sharedos_sandbox::prepare(&true_spec(helper_exe, policy, ws))?;
     let t0 = Instant::now();
     let mut child = prepared.start()?;
     let exec = t0.elapsed();
     child
         .wait()
-        .map_err(SandboxError::io("wait for the benchmark child"))?;
+        .map_err(io_error("wait for the benchmark child"))?;
     Ok((exec, t0.elapsed(), child.report.level))
 }
 
@@ -204,7 +208,7 @@ fn baseline(iterations: usize) -> Result<BenchFigure, SandboxError> {
         let t0 = Instant::now();
         std::process::Command::new(true_binary())
             .status()
-            .map_err(SandboxError::io("run /bin/true"))?;
+            .map_err(io_error("run /bin/true"))?;
         base.push(t0.elapsed());
     }
     Ok(stats(
@@ -267,19 +271,22 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
 
     // Round-robin over the configurations, so that the machine's noise
     // (other builds, the VM's neighbours) spreads evenly over all of them.
-    let ws = TempWorkspace::new()?;
+    let ws = tempfile::Builder::new()
+        .prefix("sharedos-bench-")
+        .tempdir()
+        .map_err(io_error("create the bench workspace"))?;
     let mut samples: Vec<(Vec<Duration>, Vec<Duration>, Option<SandboxLevel>)> =
         vec![(Vec::new(), Vec::new(), None); configs.len()];
     let mut timings = Vec::new();
     let (mut prepared_exec, mut prepared_total) = (Vec::new(), Vec::new());
     let mut prepared_level = None;
     for _ in 0..iterations {
-        let (e, t, level) = start_prepared_once(helper_exe, &full, &ws.0)?;
+        let (e, t, level) = start_prepared_once(helper_exe, &full, ws.path())?;
         prepared_exec.push(e);
         prepared_total.push(t);
         prepared_level = Some(level);
         for (i, (_, policy)) in configs.iter().enumerate() {
-            let (e, t, report) = launch_once(helper_exe, policy, &ws.0)?;
+            let (e, t, report) = launch_once(helper_exe, policy, ws.path())?;
             samples[i].0.push(e);
             samples[i].1.push(t);
             samples[i].2 = Some(report.level);
@@ -325,6 +332,6 @@ pub fn bench(helper_exe: &Path, iterations: usize) -> Result<BenchReport, Sandbo
 
 /// [`bench`] with the running binary (the `sharedos` binary) as the helper.
 pub fn bench_current_exe(iterations: usize) -> Result<BenchReport, SandboxError> {
-    let exe = std::env::current_exe().map_err(SandboxError::io("locate the running binary"))?;
+    let exe = std::env::current_exe().map_err(io_error("locate the running binary"))?;
     bench(&exe, iterations)
 }

@@ -13,12 +13,12 @@ use serde_json::json;
 use super::Figure;
 use super::fixture::{self, TimingPlugin};
 use super::process::BENCH_PLUGIN_SUBCOMMAND;
-use crate::executor::{ExecuteOptions, Executor, Seat};
-use crate::process::{
+use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
+use sharedos_host::process::{
     DirectLauncher, Launcher, ProcessRuntime, ProcessRuntimeConfig, StageLog, settle_teardown,
 };
-use crate::sandboxed::SandboxLauncher;
-use crate::seat::process_seat;
+use sharedos_host::sandboxed::SandboxLauncher;
+use sharedos_host::seat::process_seat;
 
 /// The stages reported, in order: each from the previous stamp to its own.
 /// `envelope` is from `execute` to the runtime's `run`; `launch` to the
@@ -277,7 +277,7 @@ pub fn print(figures: &[TurnFigures]) {
 /// kills and reaps took in all. The direct launcher's kill is one
 /// process-group kill, whatever else runs on the machine.
 pub fn kill_many_direct(exe: &Path, n: usize) -> Result<Duration, String> {
-    let spec = crate::process::LaunchSpec {
+    let spec = sharedos_host::process::LaunchSpec {
         program: exe.to_path_buf(),
         args: vec!["__bench-echo".into()],
         env: Vec::new(),

@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
-use crate::cli::{LauncherFor, print_result, run_turn};
-use crate::config::HostConfig;
+use crate::{print_result, run_turn};
+use sharedos_host::config::HostConfig;
+use sharedos_host::seat::LauncherFor;
 
 /// The embedded demo configuration.
-pub const DEMO_CONFIG: &str = include_str!("../../demo/host.toml");
+pub const DEMO_CONFIG: &str = include_str!("../../host/demo/host.toml");
 /// The embedded demo request.
-pub const DEMO_REQUEST: &str = include_str!("../../demo/turn.json");
+pub const DEMO_REQUEST: &str = include_str!("../../host/demo/turn.json");
 
 /// `sharedos demo --model`: the standard runtime on the Chat Completions
 /// driver, reaching its model only through the host's egress gateway.
@@ -96,7 +97,7 @@ pub fn model_config(setup: &ModelSetup) -> Result<String, String> {
          routes = [{{ name = \"{route}\", upstream = {upstream}, secret = {secret}, api = \"{route}\", allow = [{allow}] }}]\n\
          {network_extra}\n",
         kind = quote(setup.kind),
-        gateway = crate::egress::egress_url(),
+        gateway = sharedos_host::egress::egress_url(),
         model = quote(setup.model),
         upstream = quote(setup.upstream),
         secret = quote(setup.secret),
@@ -147,7 +148,14 @@ fn chat_setup(model: &str) -> ModelSetup<'_> {
 async fn config_text(
     model: &ModelArgs,
     dir: &std::path::Path,
-) -> Result<(String, String, Option<crate::egress::mock::MockModel>), String> {
+) -> Result<
+    (
+        String,
+        String,
+        Option<sharedos_host::egress::mock::MockModel>,
+    ),
+    String,
+> {
     if !model.model {
         return Ok((
             DEMO_CONFIG.to_owned(),
@@ -156,8 +164,9 @@ async fn config_text(
         ));
     }
     if model.mock {
-        let script = crate::egress::mock::plan_script(crate::egress::mock::Wire::OpenaiChat);
-        let mock = crate::egress::mock::MockModel::start(script)
+        let script =
+            sharedos_host::egress::mock::plan_script(sharedos_host::egress::mock::Wire::OpenaiChat);
+        let mock = sharedos_host::egress::mock::MockModel::start(script)
             .await
             .map_err(|e| format!("cannot start the mock model: {e}"))?;
         let key = dir.join("mock-model.key");

@@ -10,8 +10,8 @@ use sharedos_kernel::{Grant, KernelConfig};
 use sharedos_protocol::Timestamp;
 use sharedos_store::{GrantOrigin, Store, StoreError, StoredGrant};
 
-use super::StoreChoice;
-use crate::config::HostConfig;
+use sharedos_host::config::HostConfig;
+use sharedos_host::serve::StoreChoice;
 
 /// `sharedos grants` arguments: the store, as `sharedos serve` takes it.
 #[derive(Debug, clap::Args)]

@@ -1,8 +1,13 @@
-//! The `sharedos` command line: `demo`, `run`, `sandbox check`, `bench`,
-//! `soak`.
+//! The `sharedos` command line over the host library: `demo`, `run`,
+//! `serve`, `grants`, `sandbox check`, `conformance`, `soak` (`bench` is
+//! the `sharedos-bench` crate). `main.rs` parses and dispatches.
+
+#![forbid(unsafe_code)]
 
 pub mod demo;
+pub mod grants;
 pub mod sandbox_check;
+pub mod serve;
 pub mod soak;
 
 use std::io::Write;
@@ -13,19 +18,16 @@ use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{Address, ExecutionRequest, ExecutionResult, ExecutionStatus};
 
-use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
-use crate::executor::{
-    DEFAULT_MAX_TURN_BYTES, ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError,
-};
-use crate::observe;
-use crate::process::Launcher;
-use crate::seat::{SeatError, registry_from_config};
+use sharedos_host::config::{HostConfig, LauncherKind};
+use sharedos_host::executor::{ExecuteOptions, Executor, OnTurnError, TurnError};
+use sharedos_host::observe;
+use sharedos_host::seat::{LauncherFor, SeatError, executor_options, registry_from_config};
 
 /// An error for the person at the terminal: what failed and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("{0}")]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] sharedos_host::config::ConfigError),
     #[error("{file}: {message}")]
     Request { file: String, message: String },
     #[error("{0}")]
@@ -38,26 +40,6 @@ pub enum CliError {
 pub struct TurnRun {
     pub result: ExecutionResult,
     pub audit_path: PathBuf,
-}
-
-/// How the runtime of an entry is launched.
-pub type LauncherFor = dyn Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>;
-
-/// The launcher an entry configures: the sandbox helper (this binary,
-/// re-executed as `__sandbox-exec`) with the entry's policy, or a direct
-/// child when the entry says `launcher = "direct"`.
-pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError> {
-    match entry.launcher {
-        LauncherKind::Direct => Ok(Arc::new(crate::process::DirectLauncher)),
-        LauncherKind::Sandbox => {
-            let l = crate::sandboxed::SandboxLauncher::current_exe(entry.sandbox_policy())
-                .map_err(|e| SeatError::Invalid {
-                    runtime: entry.id.to_string(),
-                    message: format!("cannot find the sharedos binary: {e}"),
-                })?;
-            Ok(Arc::new(l))
-        }
-    }
 }
 
 /// Runs one turn from a configuration and a request, streaming readable
@@ -130,21 +112,12 @@ pub async fn run_turn(
         tracing::error!(execution_id = %ids.execution_id, "turn failed: {what}");
         eprintln!("sharedos: turn {} failed: {what}", ids.execution_id);
     });
-    let options = ExecutorOptions {
-        default_max_steps: config.host.default_max_steps,
-        default_max_tool_calls: config.host.default_max_tool_calls,
-        default_timeout_ms: config.host.default_timeout_ms,
-        drain_grace_ms: config.host.drain_grace_ms,
-        max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
-        on_turn_error: Some(on_turn_error),
-        ..ExecutorOptions::default()
-    };
+    let options = executor_options(config, on_turn_error);
     let kernel = Arc::new(kernel);
-    let options = ExecutorOptions { ..options };
     let executor = Executor::new(kernel, seat, options)
         .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
     let on_event = events.map(|sink| {
-        let cb: crate::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));
+        let cb: sharedos_host::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));
         cb
     });
     let result = executor
@@ -221,7 +194,7 @@ pub enum ConformanceLauncher {
 /// Runs the conformance battery; the exit code is 0 when the plugin
 /// conforms, 1 when a check failed, 2 on a usage or setup error.
 pub fn conformance(args: &ConformanceArgs) -> i32 {
-    let opts = crate::conformance::Options {
+    let opts = sharedos_host::conformance::Options {
         command: args.command.clone(),
         launcher: match args.launcher {
             ConformanceLauncher::Sandbox => LauncherKind::Sandbox,
@@ -234,7 +207,7 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
     if let Some(calls) = args.bench {
         return conformance_bench(&opts, calls, args.json);
     }
-    let report = match crate::conformance::run(&opts) {
+    let report = match sharedos_host::conformance::run(&opts) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sharedos conformance: {e}");
@@ -247,12 +220,12 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
         let _ = writeln!(out, "{text}");
         i32::from(!report.passed)
     } else {
-        crate::conformance::print_human(&report, &mut out)
+        sharedos_host::conformance::print_human(&report, &mut out)
     }
 }
 
-fn conformance_bench(opts: &crate::conformance::Options, calls: usize, json: bool) -> i32 {
-    let rows = match crate::conformance::bench(opts, calls.max(2)) {
+fn conformance_bench(opts: &sharedos_host::conformance::Options, calls: usize, json: bool) -> i32 {
+    let rows = match sharedos_host::conformance::bench(opts, calls.max(2)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sharedos conformance --bench: {e}");
@@ -268,7 +241,7 @@ fn conformance_bench(opts: &crate::conformance::Options, calls: usize, json: boo
             LauncherKind::Direct => "direct",
             LauncherKind::Sandbox => "sandbox",
         };
-        crate::conformance::print_bench(&rows, launcher, &mut out);
+        sharedos_host::conformance::print_bench(&rows, launcher, &mut out);
     }
     0
 }

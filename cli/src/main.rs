@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use sharedos_host::cli::{self, LauncherFor};
+use sharedos_cli as cli;
 use sharedos_host::config::HostConfig;
+use sharedos_host::seat::LauncherFor;
 
 #[derive(Parser)]
 #[command(
@@ -48,10 +49,10 @@ enum Command {
         request: PathBuf,
     },
     /// Serve sessions and runs over HTTP+JSON on a unix socket (docs/SERVE.md).
-    Serve(sharedos_host::serve::ServeArgs),
+    Serve(cli::serve::ServeArgs),
     /// List, add or revoke the grants a served host reads from its store
     /// (docs/STORE.md).
-    Grants(sharedos_host::serve::GrantsArgs),
+    Grants(cli::grants::GrantsArgs),
     /// What the sandbox can enforce on this machine.
     Sandbox {
         #[command(subcommand)]
@@ -88,7 +89,7 @@ enum Command {
         /// `harness` (the MCP harness: execute() to the first tools/list,
         /// an MCP tool call against an in-process plugin's).
         #[arg(long)]
-        only: Option<sharedos_host::bench::Only>,
+        only: Option<sharedos_bench::Only>,
     },
 }
 
@@ -117,14 +118,14 @@ fn main() -> ExitCode {
         Some(first) if first == sharedos_sandbox::HELPER_SUBCOMMAND => {
             sharedos_sandbox::helper_main(args.collect())
         }
-        Some(first) if first == sharedos_host::bench::process::BENCH_PLUGIN_SUBCOMMAND => {
-            return sharedos_host::bench::process::serve_bench_plugin();
+        Some(first) if first == sharedos_bench::process::BENCH_PLUGIN_SUBCOMMAND => {
+            return sharedos_bench::process::serve_bench_plugin();
         }
-        Some(first) if first == sharedos_host::bench::harness::MCP_CLIENT_SUBCOMMAND => {
-            return sharedos_host::bench::harness::mcp_client_main(args.collect());
+        Some(first) if first == sharedos_bench::harness::MCP_CLIENT_SUBCOMMAND => {
+            return sharedos_bench::harness::mcp_client_main(args.collect());
         }
         Some(first) if first == "__bench-echo" => {
-            return ExitCode::from(sharedos_host::bench::echo_child() as u8);
+            return ExitCode::from(sharedos_bench::echo_child() as u8);
         }
         _ => {}
     }
@@ -178,7 +179,7 @@ fn main() -> ExitCode {
     if let Command::Conformance(args) = &cli.command {
         return ExitCode::from(cli::conformance(args) as u8);
     }
-    let launcher_for: Box<LauncherFor> = Box::new(cli::configured_launcher);
+    let launcher_for: Box<LauncherFor> = Box::new(sharedos_host::seat::configured_launcher);
     // A command that runs its turns and exits adopts its orphans (a
     // sandbox's pid 1 that outlives its helper by an instant), so it can
     // reap them before it exits and leave no zombie behind.
@@ -226,18 +227,16 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            Command::Serve(args) => sharedos_host::serve::command(args, &*launcher_for).await,
-            Command::Grants(args) => sharedos_host::serve::grants_command(args).await,
-            Command::Bench { iterations, only } => {
-                sharedos_host::bench::run(iterations, only).await
-            }
+            Command::Serve(args) => cli::serve::command(args, &*launcher_for).await,
+            Command::Grants(args) => cli::grants::command(args).await,
+            Command::Bench { iterations, only } => sharedos_bench::run(iterations, only).await,
             Command::Soak {
                 turns,
                 every,
                 testplugin,
                 adversary,
             } => {
-                let soak = sharedos_host::cli::soak::SoakOptions {
+                let soak = cli::soak::SoakOptions {
                     turns,
                     every,
                     testplugin: testplugin

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use sharedos_sandbox::{SandboxLevel, SandboxReport, SpawnSpec};
 
-use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
-use crate::process::DirectLauncher;
-use crate::seat::process_runtime;
+use sharedos_host::config::{HostConfig, LauncherKind, RuntimeEntry};
+use sharedos_host::process::DirectLauncher;
+use sharedos_host::seat::process_runtime;
 
 /// Prints what runtime `id` of `config_path` sees. Exit code: 0 when its
 /// sandbox reaches the runtime's `minLevel`, 1 when it does not, 2 on a
@@ -78,7 +78,10 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
 
 /// Builds the runtime's sandbox up to the plugin's `execve` and returns
 /// its report, with the root described; the plugin never runs.
-fn build(entry: &RuntimeEntry, spec: &crate::process::LaunchSpec) -> Result<SandboxReport, String> {
+fn build(
+    entry: &RuntimeEntry,
+    spec: &sharedos_host::process::LaunchSpec,
+) -> Result<SandboxReport, String> {
     let mut policy = entry.sandbox.clone();
     policy.describe = true;
     // The report must come back whatever the level; it is compared with

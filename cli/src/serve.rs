@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
+use sharedos_host::config::HostConfig;
+use sharedos_host::seat::LauncherFor;
+use sharedos_host::serve::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
 
 /// The shortest lease accepted: renewals every third of it must have time
 /// to reach the store.
 const MIN_LEASE_MS: u64 = 300;
-use crate::cli::LauncherFor;
-use crate::config::HostConfig;
 
 /// `sharedos serve` arguments.
 #[derive(Debug, clap::Args)]

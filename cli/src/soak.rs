@@ -18,11 +18,12 @@ use serde_json::{Value, json};
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionRequest, ExecutionStatus};
 
-use crate::config::HostConfig;
-use crate::executor::{DEFAULT_MAX_TURN_BYTES, ExecuteOptions, Executor, ExecutorOptions};
-use crate::seat::registry_from_config;
+use sharedos_host::config::HostConfig;
+use sharedos_host::executor::{DEFAULT_MAX_TURN_BYTES, ExecuteOptions, Executor, ExecutorOptions};
+use sharedos_host::seat::registry_from_config;
 
-use super::{CliError, configured_launcher};
+use crate::CliError;
+use sharedos_host::seat::configured_launcher;
 
 const AGENT: &str = "soak-agent";
 const ADVERSARY_AGENT: &str = "soak-adversary";
@@ -275,7 +276,7 @@ fn request(n: u32, agent: &str, payload: Value, timeout_ms: u64, tools: &[&str])
 
 /// Waits (bounded) for the trees of the last turns to be reaped, then looks.
 async fn settled_snapshot() -> Snapshot {
-    tokio::task::spawn_blocking(crate::process::settle_kills)
+    tokio::task::spawn_blocking(sharedos_host::process::settle_kills)
         .await
         .ok();
     let mut snap = Snapshot::take();
@@ -314,7 +315,7 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
     let executor = |id: &str| -> Result<Executor, CliError> {
         let seat = registry
             .resolve(id)
-            .map_err(crate::seat::SeatError::from)?
+            .map_err(sharedos_host::seat::SeatError::from)?
             .clone();
         let options = ExecutorOptions {
             drain_grace_ms: config.host.drain_grace_ms,

@@ -1,11 +1,13 @@
-//! The sharedos host: the envelope, the stdio peer, the process runtime,
-//! the registry, the configuration and the CLI.
+//! The sharedos host as a library: the envelope (executor), the stdio peer,
+//! the process runtime and its sandboxed launcher, the registry and seats,
+//! the configuration, sessions and `serve`'s HTTP API, the egress gateway,
+//! the event descriptions (observe) and the plugin conformance battery. The
+//! `sharedos` command is the `sharedos-cli` package, the benchmarks the
+//! `sharedos-bench` package; neither is part of this API.
 
 #![deny(unsafe_code)]
 
-pub mod bench;
 pub mod broker;
-pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod egress;

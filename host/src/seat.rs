@@ -4,11 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{HostConfig, RuntimeEntry};
+use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
 use crate::egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
-use crate::executor::{RuntimeDiagnosis, Seat, SeatReports};
-use crate::process::{Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
+use crate::executor::{
+    DEFAULT_MAX_TURN_BYTES, ExecutorOptions, OnTurnError, RuntimeDiagnosis, Seat, SeatReports,
+};
+use crate::process::{DirectLauncher, Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
 use crate::registry::{RegistryError, RuntimeRegistry};
+use crate::sandboxed::SandboxLauncher;
 
 impl SeatReports for ProcessRuntime {
     /// The launcher's report of the turn: the sandbox report, the refusal's
@@ -129,6 +132,43 @@ pub fn process_seat(runtime: Arc<ProcessRuntime>) -> Seat {
         plugin: runtime.clone(),
         egress: runtime.config().egress.clone(),
         reports: Some(runtime),
+    }
+}
+
+/// How the runtime of an entry is launched: [`configured_launcher`], or a
+/// host's own choice (a test's direct launcher, a launcher at another path).
+pub type LauncherFor = dyn Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>;
+
+/// The launcher an entry configures: the sandbox helper (the current
+/// executable, re-executed as `__sandbox-exec`) with the entry's policy, or
+/// a direct child when the entry says `launcher = "direct"`.
+pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError> {
+    match entry.launcher {
+        LauncherKind::Direct => Ok(Arc::new(DirectLauncher)),
+        LauncherKind::Sandbox => {
+            let l = SandboxLauncher::current_exe(entry.sandbox_policy()).map_err(|e| {
+                SeatError::Invalid {
+                    runtime: entry.id.to_string(),
+                    message: format!("cannot find the sharedos binary: {e}"),
+                }
+            })?;
+            Ok(Arc::new(l))
+        }
+    }
+}
+
+/// The executor options `[host]` configures (steps, tool calls, timeout,
+/// drain grace, the turn's byte budget), reporting turn errors to
+/// `on_turn_error`.
+pub fn executor_options(config: &HostConfig, on_turn_error: OnTurnError) -> ExecutorOptions {
+    ExecutorOptions {
+        default_max_steps: config.host.default_max_steps,
+        default_max_tool_calls: config.host.default_max_tool_calls,
+        default_timeout_ms: config.host.default_timeout_ms,
+        drain_grace_ms: config.host.drain_grace_ms,
+        max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
+        on_turn_error: Some(on_turn_error),
+        ..ExecutorOptions::default()
     }
 }
 

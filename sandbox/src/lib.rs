@@ -32,7 +32,6 @@
 
 #![cfg(target_os = "linux")]
 
-pub mod bench;
 pub mod check;
 mod error;
 mod helper;
@@ -50,7 +49,6 @@ pub use layers::LayerToggles;
 pub(crate) use layers::memory;
 pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp};
 
-pub use bench::{BenchFigure, BenchReport, LayerCost, StageFigure, bench, bench_current_exe};
 pub use check::check;
 pub use error::SandboxError;
 pub use helper::helper_main;

@@ -770,36 +770,6 @@ fn host_processes_and_devices_are_out_of_reach() {
 }
 
 #[test]
-fn bench_measures_every_configuration() {
-    let r = sharedos_sandbox::bench(&helper(), 2).unwrap();
-    assert_eq!(r.iterations, 2);
-    assert!(r.configurations.len() >= 10);
-    let full = r
-        .configurations
-        .iter()
-        .find(|c| c.name == "full sandbox")
-        .unwrap();
-    assert_eq!(full.level, Some(SandboxLevel::Strong));
-    assert_eq!(full.runs, 2);
-    assert!(full.exec_min_us > 0);
-    assert_eq!(r.prepared.level, Some(SandboxLevel::Strong));
-    assert_eq!(r.prepared.runs, 2);
-    assert!(r.prepared.exec_min_us > 0);
-    assert!(r.layer_costs.iter().any(|c| c.layer == "netns"));
-    // The full sandbox's spawn, stage by stage, host and helper side.
-    let has = |process: &str, prefix: &str| {
-        r.stages
-            .iter()
-            .any(|s| s.process == process && s.stage.starts_with(prefix))
-    };
-    assert!(has("host", "request_queued"), "{:?}", r.stages);
-    assert!(has("helper", "request_received"));
-    assert!(has("pid1", "root_built"));
-    assert!(has("plugin", "seccomp_installed"));
-    assert!(has("host", "report_eof"));
-}
-
-#[test]
 fn exit_status_and_kill_with_and_without_the_fork_server() {
     for fork_server in [true, false] {
         let mut policy = SandboxPolicy::default();

@@ -3,7 +3,7 @@
 //! sandbox. It exits 0 only when no report saw a live descendant, a
 //! workspace or a cgroup of the host, and memory and descriptors did not
 //! grow (the judge and the measurements are unit-tested in
-//! host/src/cli/soak.rs, with a live child seen as a descendant).
+//! cli/src/soak.rs, with a live child seen as a descendant).
 
 use std::process::Command;
 

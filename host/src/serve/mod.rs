@@ -11,13 +11,8 @@
 //! server stops accepting and waits for every run in flight to end (each
 //! ends by its own deadline at the latest), then lets its lease go.
 
-mod command;
-mod grants;
 mod lease;
 pub mod routes;
-
-pub use command::{ServeArgs, command};
-pub use grants::{GrantsAction, GrantsArgs, command as grants_command};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -37,12 +32,21 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{CliError, LauncherFor};
 use crate::config::HostConfig;
-use crate::executor::{DEFAULT_MAX_TURN_BYTES, Executor, ExecutorOptions, OnTurnError};
-use crate::seat::{process_runtime, process_seat};
+use crate::executor::{Executor, OnTurnError};
+use crate::seat::{LauncherFor, SeatError, executor_options, process_runtime, process_seat};
 use crate::session::Sessions;
 use routes::Failure;
+
+/// Why a server (or its sessions) could not be set up: what failed and
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Seat(#[from] SeatError),
+    #[error("{0}")]
+    Setup(String),
+}
 
 /// Where the server listens.
 #[derive(Debug, Clone)]
@@ -81,16 +85,17 @@ impl StoreChoice {
             ),
         }
     }
-    async fn open(&self) -> Result<Arc<dyn Store>, CliError> {
+    /// Opens (or creates) the chosen store.
+    pub async fn open(&self) -> Result<Arc<dyn Store>, ServeError> {
         let store: Arc<dyn Store> = match self {
             StoreChoice::Sqlite(path, options) => Arc::new(
                 SqliteStore::open(path, options.clone())
-                    .map_err(|e| CliError::Setup(e.to_string()))?,
+                    .map_err(|e| ServeError::Setup(e.to_string()))?,
             ),
             StoreChoice::Postgres(conninfo, keep) => Arc::new(
                 PostgresStore::connect(conninfo, *keep)
                     .await
-                    .map_err(|e| CliError::Setup(e.to_string()))?,
+                    .map_err(|e| ServeError::Setup(e.to_string()))?,
             ),
         };
         Ok(store)
@@ -117,11 +122,11 @@ pub const MIN_TOKEN_LEN: usize = 16;
 
 /// Imports the configuration's `[kernel].grants` into the store
 /// (docs/STORE.md, "Grants"), and reports what changed on stderr.
-pub async fn import_grants(config: &HostConfig, store: &dyn Store) -> Result<(), CliError> {
+pub async fn import_grants(config: &HostConfig, store: &dyn Store) -> Result<(), ServeError> {
     let report = store
         .import_config_grants(&config.kernel.grants, &Timestamp::now().to_string())
         .await
-        .map_err(|e| CliError::Setup(format!("importing the configuration's grants: {e}")))?;
+        .map_err(|e| ServeError::Setup(format!("importing the configuration's grants: {e}")))?;
     for (what, ids) in [
         ("added", &report.added),
         ("updated", &report.updated),
@@ -146,10 +151,10 @@ pub fn sessions_from_config(
     store: Arc<dyn Store>,
     launcher_for: &LauncherFor,
     host_id: &str,
-) -> Result<Sessions, CliError> {
+) -> Result<Sessions, ServeError> {
     let files_root = config.resolve(&config.host.files_root);
     std::fs::create_dir_all(&files_root).map_err(|e| {
-        CliError::Setup(format!(
+        ServeError::Setup(format!(
             "cannot create the files root {}: {e}",
             files_root.display()
         ))
@@ -159,7 +164,7 @@ pub fn sessions_from_config(
         &files_root,
         Arc::clone(&store) as Arc<dyn AuditSink>,
     )
-    .map_err(|e| CliError::Setup(format!("kernel: {e}")))?
+    .map_err(|e| ServeError::Setup(format!("kernel: {e}")))?
     .grant_source(Arc::new(StoreGrants::new(Arc::clone(&store))))
     .usage_store(Arc::clone(&store) as Arc<dyn UsageStore>)
     .build();
@@ -167,20 +172,12 @@ pub fn sessions_from_config(
     let on_turn_error: OnTurnError = Arc::new(|error, ids| {
         tracing::error!(execution_id = %ids.execution_id, "turn failed: {error:?}");
     });
-    let options = ExecutorOptions {
-        default_max_steps: config.host.default_max_steps,
-        default_max_tool_calls: config.host.default_max_tool_calls,
-        default_timeout_ms: config.host.default_timeout_ms,
-        drain_grace_ms: config.host.drain_grace_ms,
-        max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
-        on_turn_error: Some(on_turn_error),
-        ..ExecutorOptions::default()
-    };
+    let options = executor_options(config, on_turn_error);
     let mut executors = HashMap::new();
     for entry in &config.runtimes {
         let runtime = process_runtime(config, entry, launcher_for(entry)?)?;
         let executor = Executor::new(kernel.clone(), process_seat(runtime), options.clone())
-            .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
+            .map_err(|e| ServeError::Setup(format!("executor: {e}")))?;
         executors.insert(entry.id.to_string(), Arc::new(executor));
     }
     let agents = config
@@ -202,7 +199,7 @@ pub async fn serve(
     options: ServeOptions,
     launcher_for: &LauncherFor,
     shutdown: CancellationToken,
-) -> Result<(), CliError> {
+) -> Result<(), ServeError> {
     let store = options.store.open().await?;
     import_grants(config, store.as_ref()).await?;
     let sessions = Arc::new(sessions_from_config(
@@ -228,7 +225,7 @@ pub async fn serve(
         Listen::Tcp { addr, .. } => {
             let listener = TcpListener::bind(addr)
                 .await
-                .map_err(|e| CliError::Setup(format!("cannot listen on {addr}: {e}")))?;
+                .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
             eprintln!("sharedos serve: listening on tcp:{addr} (bearer token required)");
             accept_loop(&sessions, token, &shutdown, || listener.accept()).await;
         }
@@ -247,11 +244,11 @@ pub async fn serve(
 }
 
 /// Takes the lease of this host id and reports the runs it reconciled.
-async fn start_lease(sessions: &Sessions, lease: Duration) -> Result<(), CliError> {
+async fn start_lease(sessions: &Sessions, lease: Duration) -> Result<(), ServeError> {
     let acquired = sessions
         .acquire_lease(lease)
         .await
-        .map_err(|e| CliError::Setup(format!("taking the lease of this host id: {e}")))?;
+        .map_err(|e| ServeError::Setup(format!("taking the lease of this host id: {e}")))?;
     if acquired.was_live {
         eprintln!(
             "sharedos serve: the lease of host id {:?} had not expired: the process that held it is fenced (give each live host its own --host-id)",
@@ -274,25 +271,25 @@ async fn start_lease(sessions: &Sessions, lease: Duration) -> Result<(), CliErro
     Ok(())
 }
 
-fn bind_unix(path: &PathBuf) -> Result<UnixListener, CliError> {
+fn bind_unix(path: &PathBuf) -> Result<UnixListener, ServeError> {
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(CliError::Setup(format!(
+            return Err(ServeError::Setup(format!(
                 "{} is in use by a running server: stop it or choose another --socket",
                 path.display()
             )));
         }
         std::fs::remove_file(path).map_err(|e| {
-            CliError::Setup(format!(
+            ServeError::Setup(format!(
                 "cannot remove the stale socket {}: {e}",
                 path.display()
             ))
         })?;
     }
     let listener = UnixListener::bind(path)
-        .map_err(|e| CliError::Setup(format!("cannot listen on {}: {e}", path.display())))?;
+        .map_err(|e| ServeError::Setup(format!("cannot listen on {}: {e}", path.display())))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| CliError::Setup(format!("cannot restrict {}: {e}", path.display())))?;
+        .map_err(|e| ServeError::Setup(format!("cannot restrict {}: {e}", path.display())))?;
     Ok(listener)
 }
 
