@@ -18,16 +18,16 @@ use sharedos_protocol::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{
+use sharedos_kernel::audit::{
     AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink, MemoryAuditSink,
 };
-use crate::config::KernelConfig;
-use crate::grant::{
+use sharedos_kernel::config::KernelConfig;
+use sharedos_kernel::grant::{
     Capability, ConfigGrantSource, Grant, MemoryUsageStore, Requirement, Scope, authorize,
 };
-use crate::kernel::Kernel;
-use crate::port::TurnKernel;
-use crate::registry::{HandlerAnswer, ToolError, ToolHandler};
+use sharedos_kernel::kernel::Kernel;
+use sharedos_kernel::port::TurnKernel;
+use sharedos_kernel::registry::{HandlerAnswer, ToolError, ToolHandler};
 
 fn context() -> AccessContext {
     AccessContext {
@@ -341,8 +341,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_benchmarks_run_and_report() {
-        let dir =
-            std::env::temp_dir().join(format!("sharedos-kernel-bench-{}", uuid::Uuid::new_v4()));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("kernel-bench");
         std::fs::create_dir_all(&dir).unwrap();
         let a = authorization_decision(50).await;
         assert_eq!(a["iterations"], json!(50));

@@ -13,6 +13,7 @@ pub mod calls;
 pub mod envelope;
 pub mod fixture;
 pub mod harness;
+pub mod kernel;
 pub mod process;
 pub mod spawn;
 pub mod turn;
@@ -341,18 +342,18 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     println!("\n== Kernel (issue: kernel)");
     println!(
         "authorization decision: {}",
-        sharedos_kernel::bench::authorization_decision(iterations * 10).await
+        kernel::authorization_decision(iterations * 10).await
     );
     let dir = tempfile::tempdir();
     match dir {
         Ok(dir) => {
             println!(
                 "audited tool call (JSONL + fsync): {}",
-                sharedos_kernel::bench::audited_tool_call(dir.path(), 200).await
+                kernel::audited_tool_call(dir.path(), 200).await
             );
             println!(
                 "100 file tool calls: {}",
-                sharedos_kernel::bench::file_tool_calls(dir.path()).await
+                kernel::file_tool_calls(dir.path()).await
             );
         }
         Err(e) => println!("    (kernel file benches not measured: {e})"),

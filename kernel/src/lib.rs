@@ -29,7 +29,6 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
-pub mod bench;
 pub mod config;
 pub mod grant;
 pub mod kernel;
