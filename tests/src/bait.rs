@@ -139,32 +139,13 @@ fn prepare_process() {
     });
 }
 
-/// `target/debug` (or whichever profile built this test).
-pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
-}
-
 /// The `sharedos` binary, which serves `__sandbox-exec`.
 pub fn helper_exe() -> PathBuf {
-    let p = bin_dir().join("sharedos");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace` first",
-        p.display()
-    );
-    p
+    crate::binaries::workspace_bin("sharedos")
 }
 
 pub fn adversary_exe() -> PathBuf {
-    let p = bin_dir().join("sharedos-adversary");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace` first",
-        p.display()
-    );
-    p
+    crate::binaries::workspace_bin("sharedos-adversary")
 }
 
 fn unique(stem: &str) -> String {

@@ -4,6 +4,8 @@
 
 /// The sandbox suites' bait, turn runner and host-side checks.
 pub mod bait;
+/// The workspace's binaries, built on first use.
+pub mod binaries;
 /// Turns of runtimes with a network policy, and what the host sees.
 pub mod egress;
 /// Harness turns: a vendor CLI (or the Python MCP client) seated by
@@ -26,23 +28,10 @@ use sharedos_protocol::{
     RuntimeEvent, RuntimeLimits, RuntimeTurnRequest, Timestamp, ToolCall, ToolResult,
 };
 
-/// A binary of the workspace, next to the test executable's directory
-/// (`target/<profile>/`). The suite runs after `cargo build --workspace`.
+/// A binary of the workspace (`target/<profile>/<name>`), built on first
+/// use ([`binaries::workspace_bin`]).
 pub fn plugin_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    // target/debug/deps/<test> → target/debug/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built; run `cargo build --workspace` first",
-        path.display()
-    );
-    path
+    binaries::workspace_bin(name)
 }
 
 /// Grants of the demo agent `alice`: admission, and read/write/list over

@@ -42,24 +42,7 @@ pub const AGENT: &str = "alice";
 /// The tenant namespace of every turn here.
 pub const NAMESPACE: &str = "endings";
 
-/// `target/<profile>`, found from the running test binary
-/// (`target/<profile>/deps/<test>-<hash>`).
-pub fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
-}
-
-/// A workspace binary, which must have been built (`cargo build --workspace`).
-pub fn workspace_bin(name: &str) -> PathBuf {
-    let p = target_dir().join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: run `cargo build --workspace` first",
-        p.display()
-    );
-    p
-}
+pub use crate::binaries::workspace_bin;
 
 /// How the plugin is launched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
