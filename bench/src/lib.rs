@@ -238,58 +238,10 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     let mut failed = false;
     let spawns = (iterations / 20).clamp(20, 200);
     println!("sharedos bench: {iterations} iterations per round trip, {spawns} per spawn\n");
-
-    println!("== Protocol and envelope (issue: foundation)");
-    let floor = tokio::task::spawn_blocking({
-        let exe = exe.clone();
-        move || ndjson_floor(&exe, iterations).map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r);
-    let floor = show(floor, &mut failed);
-    let inproc = show(envelope::inprocess_calls(iterations).await, &mut failed);
-    let direct = process::process_calls(
-        &exe,
-        std::sync::Arc::new(sharedos_host::process::DirectLauncher),
-        "(c) tool call through the envelope, plugin out of process",
-        iterations,
-    )
-    .await;
-    let outproc = show(direct, &mut failed);
-    let sandboxed = process::process_calls(
-        &exe,
-        process::sandbox_launcher(&exe),
-        "(c') the same, plugin in the full sandbox",
-        iterations,
-    )
-    .await;
-    let outsand = show(sandboxed, &mut failed);
-    if let (Some(c), Some(a)) = (&outproc, &floor) {
-        println!("{}", process::ratio_line("(c) / (a), target ≤ 2.5×", c, a));
-    }
-    if let (Some(c), Some(a)) = (&outsand, &floor) {
-        println!("{}", process::ratio_line("(c') / (a)", c, a));
-    }
-    if let (Some(c), Some(b)) = (&outproc, &inproc) {
-        println!("{}", process::ratio_line("(c) / (b)", c, b));
-    }
+    let inproc = protocol_and_envelope(&exe, iterations, &mut failed).await;
     println!("\n== Concurrent tool calls from one plugin (issue 15)");
     failed |= !calls::print(&exe, 64, 5).await;
-    match envelope::inprocess_emits(iterations * 50).await {
-        Ok(rate) => println!(
-            "{:<58} {:>12.0} emits/s",
-            "(e) emits through the envelope, plugin in process", rate
-        ),
-        Err(e) => println!("    (emits in process not measured: {e})"),
-    }
-    match process::process_emits(&exe, 9_000).await {
-        Ok(rate) => println!(
-            "{:<58} {:>12.0} emits/s",
-            "(e') the same, plugin out of process (9 000 emits, host side)", rate
-        ),
-        Err(e) => println!("    (emits out of process not measured: {e})"),
-    }
+    emit_rates(&exe, iterations).await;
 
     println!("\n== Per-turn fixed cost, stage by stage (issue 15), interleaved");
     match turn::zero_call_turns(&exe, spawns).await {
@@ -299,10 +251,86 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
             failed = true;
         }
     }
+    envelope_and_deadline(&exe, iterations, inproc.as_ref(), &mut failed).await;
+    kernel_figures(iterations).await;
+    failed |= spawn_figures(&exe, spawns).await;
+    if failed { 1 } else { 0 }
+}
 
+/// (a) the NDJSON floor, (b) a tool call in process, (c) and (c') out of
+/// process, direct and sandboxed, and their ratios; returns (b).
+async fn protocol_and_envelope(
+    exe: &std::path::Path,
+    iterations: usize,
+    failed: &mut bool,
+) -> Option<Figure> {
+    println!("== Protocol and envelope (issue: foundation)");
+    let floor = tokio::task::spawn_blocking({
+        let exe = exe.to_path_buf();
+        move || ndjson_floor(&exe, iterations).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    let floor = show(floor, failed);
+    let inproc = show(envelope::inprocess_calls(iterations).await, failed);
+    let direct = process::process_calls(
+        exe,
+        std::sync::Arc::new(sharedos_host::process::DirectLauncher),
+        "(c) tool call through the envelope, plugin out of process",
+        iterations,
+    )
+    .await;
+    let outproc = show(direct, failed);
+    let sandboxed = process::process_calls(
+        exe,
+        process::sandbox_launcher(exe),
+        "(c') the same, plugin in the full sandbox",
+        iterations,
+    )
+    .await;
+    let outsand = show(sandboxed, failed);
+    if let (Some(c), Some(a)) = (&outproc, &floor) {
+        println!("{}", process::ratio_line("(c) / (a), target ≤ 2.5×", c, a));
+    }
+    if let (Some(c), Some(a)) = (&outsand, &floor) {
+        println!("{}", process::ratio_line("(c') / (a)", c, a));
+    }
+    if let (Some(c), Some(b)) = (&outproc, &inproc) {
+        println!("{}", process::ratio_line("(c) / (b)", c, b));
+    }
+    inproc
+}
+
+/// (e) and (e'): emits through the envelope, in and out of process.
+async fn emit_rates(exe: &std::path::Path, iterations: usize) {
+    match envelope::inprocess_emits(iterations * 50).await {
+        Ok(rate) => println!(
+            "{:<58} {:>12.0} emits/s",
+            "(e) emits through the envelope, plugin in process", rate
+        ),
+        Err(e) => println!("    (emits in process not measured: {e})"),
+    }
+    match process::process_emits(exe, 9_000).await {
+        Ok(rate) => println!(
+            "{:<58} {:>12.0} emits/s",
+            "(e') the same, plugin out of process (9 000 emits, host side)", rate
+        ),
+        Err(e) => println!("    (emits out of process not measured: {e})"),
+    }
+}
+
+/// The envelope's overhead over a direct kernel call (against (b)), and
+/// the time from the deadline to the result, direct and sandboxed.
+async fn envelope_and_deadline(
+    exe: &std::path::Path,
+    iterations: usize,
+    inproc: Option<&Figure>,
+    failed: &mut bool,
+) {
     println!("\n== Envelope overhead and the deadline (issue: envelope)");
-    let kernel = show(envelope::kernel_direct(iterations).await, &mut failed);
-    if let (Some(b), Some(k)) = (&inproc, &kernel) {
+    let kernel = show(envelope::kernel_direct(iterations).await, failed);
+    if let (Some(b), Some(k)) = (inproc, &kernel) {
         println!(
             "    envelope overhead per call: {:.1} µs median ({:.2}× the direct kernel call)",
             b.median_us - k.median_us,
@@ -311,7 +339,7 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     }
     let runs = 30;
     match process::deadline_to_result(
-        &exe,
+        exe,
         std::sync::Arc::new(sharedos_host::process::DirectLauncher),
         50,
         runs,
@@ -327,18 +355,20 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
         }
         Err(e) => {
             println!("    (deadline, direct launch, not measured: {e})");
-            failed = true;
+            *failed = true;
         }
     }
-    match process::deadline_to_result(&exe, process::sandbox_launcher(&exe), 50, runs, false).await
-    {
+    match process::deadline_to_result(exe, process::sandbox_launcher(exe), 50, runs, false).await {
         Ok((r, _)) => println!("{}  [full sandbox]", r.line()),
         Err(e) => {
             println!("    (deadline, sandboxed, not measured: {e})");
-            failed = true;
+            *failed = true;
         }
     }
+}
 
+/// The kernel's own figures (bench::kernel).
+async fn kernel_figures(iterations: usize) {
     println!("\n== Kernel (issue: kernel)");
     println!(
         "authorization decision: {}",
@@ -358,9 +388,6 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
         }
         Err(e) => println!("    (kernel file benches not measured: {e})"),
     }
-
-    failed |= spawn_figures(&exe, spawns).await;
-    if failed { 1 } else { 0 }
 }
 
 /// Section (d): spawn until `initialize` in every sandbox mode, interleaved
@@ -372,28 +399,7 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
     let mut failed = false;
     println!("\n== Sandbox (issue: sandbox)");
     println!("    (d) interleaved: each round spawns once with every launcher in turn");
-    let mut configs = vec![
-        process::SpawnConfig::new(
-            "(d) spawn until initialize, echo, no sandbox (interleaved)",
-            std::sync::Arc::new(sharedos_host::process::DirectLauncher),
-        ),
-        process::SpawnConfig::warm("(d) full sandbox prepared ahead (warm = 1)", &exe),
-        process::SpawnConfig::new(
-            "(d) full sandbox built in the turn's path",
-            process::sandbox_launcher(&exe),
-        ),
-        process::SpawnConfig::new(
-            "(d) the same, helper forked by the fork server",
-            process::sandbox_launcher_fork_server(&exe),
-        ),
-    ];
-    let bwrap = process::find_bwrap();
-    if let Some(bwrap) = bwrap {
-        configs.push(process::SpawnConfig::new(
-            "(d) bwrap --unshare-all",
-            std::sync::Arc::new(process::BwrapLauncher { bwrap }),
-        ));
-    }
+    let configs = spawn_configs(&exe);
     let figures: Vec<Option<Figure>> =
         process::spawn_to_initialize_interleaved(&exe, &configs, spawns)
             .await
@@ -412,6 +418,64 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
         .await,
         &mut failed,
     );
+    let spawned = Spawned {
+        bare,
+        echo_warm,
+        echo_sandbox,
+        echo_forked,
+        echo_warm_b2b: echo_warm_b2b.as_ref(),
+    };
+    print_spawn_ratios(&spawned, bw);
+    let echo_sandbox = echo_sandbox.cloned();
+    resident_and_layers(&exe, spawns, echo_sandbox, &mut failed).await;
+    failed
+}
+
+/// The launchers (d) interleaves: none, prepared ahead, built in the
+/// turn's path, forked by the fork server, and bwrap where installed.
+fn spawn_configs(exe: &std::path::Path) -> Vec<process::SpawnConfig> {
+    let mut configs = vec![
+        process::SpawnConfig::new(
+            "(d) spawn until initialize, echo, no sandbox (interleaved)",
+            std::sync::Arc::new(sharedos_host::process::DirectLauncher),
+        ),
+        process::SpawnConfig::warm("(d) full sandbox prepared ahead (warm = 1)", exe),
+        process::SpawnConfig::new(
+            "(d) full sandbox built in the turn's path",
+            process::sandbox_launcher(exe),
+        ),
+        process::SpawnConfig::new(
+            "(d) the same, helper forked by the fork server",
+            process::sandbox_launcher_fork_server(exe),
+        ),
+    ];
+    if let Some(bwrap) = process::find_bwrap() {
+        configs.push(process::SpawnConfig::new(
+            "(d) bwrap --unshare-all",
+            std::sync::Arc::new(process::BwrapLauncher { bwrap }),
+        ));
+    }
+    configs
+}
+
+/// (d)'s figures the ratios compare.
+struct Spawned<'a> {
+    bare: Option<&'a Figure>,
+    echo_warm: Option<&'a Figure>,
+    echo_sandbox: Option<&'a Figure>,
+    echo_forked: Option<&'a Figure>,
+    echo_warm_b2b: Option<&'a Figure>,
+}
+
+/// Each launcher against bwrap (`bw`) and against no sandbox.
+fn print_spawn_ratios(d: &Spawned<'_>, bw: Option<&Figure>) {
+    let Spawned {
+        bare,
+        echo_warm,
+        echo_sandbox,
+        echo_forked,
+        echo_warm_b2b,
+    } = *d;
     match bw {
         Some(b) => {
             for (name, f) in [
@@ -427,7 +491,7 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
                 ("no sandbox / bwrap", bare),
                 (
                     "prepared ahead, back to back / bwrap (not interleaved)",
-                    echo_warm_b2b.as_ref(),
+                    echo_warm_b2b,
                 ),
             ] {
                 if let Some(f) = f {
@@ -448,17 +512,26 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
             println!("{}", process::ratio_line(name, f, d));
         }
     }
-    let echo_sandbox = echo_sandbox.cloned();
+}
+
+/// A spawn with the host holding 1 GiB resident against `echo_sandbox`,
+/// then the sandbox's cost layer by layer.
+async fn resident_and_layers(
+    exe: &std::path::Path,
+    spawns: usize,
+    echo_sandbox: Option<Figure>,
+    failed: &mut bool,
+) {
     let resident = process::hold_resident(1 << 30);
     let big = show(
         process::spawn_to_initialize(
-            process::sandbox_launcher(&exe),
-            &exe,
+            process::sandbox_launcher(exe),
+            exe,
             "(d) full sandbox, host holding 1 GiB resident",
             spawns,
         )
         .await,
-        &mut failed,
+        failed,
     );
     drop(resident);
     if let (Some(b), Some(s)) = (&big, &echo_sandbox) {
@@ -475,5 +548,4 @@ async fn spawn_figures(exe: &std::path::Path, spawns: usize) -> bool {
         Ok(Err(e)) => println!("    (sandbox layers not measured: {e})"),
         Err(e) => println!("    (sandbox layers not measured: {e})"),
     }
-    failed
 }

@@ -341,6 +341,34 @@ pub fn hold_resident(bytes: usize) -> Vec<u8> {
 /// The deadline to the returned result, for a plugin that ignores
 /// `turn/abort` after forking `children` children; and the time until
 /// every child is gone.
+/// The pids the testplugin's `fork` step reported in its events.
+fn forked_pids(result: &sharedos_protocol::ExecutionResult) -> Vec<i32> {
+    result
+        .events
+        .iter()
+        .filter(|e| e.kind == "runtime.event" && e.data["type"] == "forked")
+        .flat_map(|e| {
+            e.data["data"]["pids"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|p| p.as_i64().map(|p| p as i32))
+        .collect()
+}
+
+/// Waits until every one of `pids` is gone (10 s at most); how long it took.
+async fn all_gone(pids: &[i32]) -> Result<Duration, String> {
+    let waited = Instant::now();
+    while !pids.iter().all(|&p| gone(p)) {
+        if waited.elapsed() > Duration::from_secs(10) {
+            return Err("children survived the turn by 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    Ok(waited.elapsed())
+}
+
 pub async fn deadline_to_result(
     exe: &Path,
     launcher: Arc<dyn Launcher>,
@@ -385,18 +413,7 @@ pub async fn deadline_to_result(
                 result.code()
             ));
         }
-        let pids: Vec<i32> = result
-            .events
-            .iter()
-            .filter(|e| e.kind == "runtime.event" && e.data["type"] == "forked")
-            .flat_map(|e| {
-                e.data["data"]["pids"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .filter_map(|p| p.as_i64().map(|p| p as i32))
-            .collect();
+        let pids = forked_pids(&result);
         if host_pids && pids.len() != children {
             return Err(format!(
                 "the plugin reported {} children before the deadline, not {children}",
@@ -408,14 +425,8 @@ pub async fn deadline_to_result(
             // Pids reported from inside a pid namespace name nothing here.
             continue;
         }
-        let waited = Instant::now();
-        while !pids.iter().all(|&p| gone(p)) {
-            if waited.elapsed() > Duration::from_secs(10) {
-                return Err("children survived the turn by 10 s".into());
-            }
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
-        to_gone.push(returned + waited.elapsed() - Duration::from_millis(timeout_ms));
+        let waited = all_gone(&pids).await?;
+        to_gone.push(returned + waited - Duration::from_millis(timeout_ms));
     }
     Ok((
         Figure::from_samples(

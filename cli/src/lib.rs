@@ -19,7 +19,7 @@ use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{Address, ExecutionRequest, ExecutionResult, ExecutionStatus};
 
 use sharedos_host::config::{HostConfig, LauncherKind};
-use sharedos_host::executor::{ExecuteOptions, Executor, OnTurnError, TurnError};
+use sharedos_host::executor::{ExecuteOptions, Executor, TurnError};
 use sharedos_host::observe;
 use sharedos_host::seat::{LauncherFor, SeatError, executor_options, registry_from_config};
 
@@ -51,34 +51,55 @@ pub async fn run_turn(
     launcher_for: &LauncherFor,
     events: Option<Arc<dyn Fn(String) + Send + Sync>>,
 ) -> Result<TurnRun, CliError> {
-    let request: ExecutionRequest =
-        serde_json::from_str(request_json).map_err(|e| CliError::Request {
-            file: request_file.to_owned(),
-            message: format!("does not match the ExecutionRequest v1 contract: {e}"),
-        })?;
-    request.check().map_err(|e| CliError::Request {
+    let request_error = |message: String| CliError::Request {
         file: request_file.to_owned(),
-        message: e.0,
-    })?;
-    let Address::Agent { agent_id } = &request.agent else {
-        return Err(CliError::Request {
-            file: request_file.to_owned(),
-            message: "agent: must be an agent address".into(),
-        });
+        message,
     };
-    let entry = config.runtime_for(agent_id.as_str()).ok_or_else(|| CliError::Request {
-        file: request_file.to_owned(),
-        message: format!(
+    let request: ExecutionRequest = serde_json::from_str(request_json).map_err(|e| {
+        request_error(format!(
+            "does not match the ExecutionRequest v1 contract: {e}"
+        ))
+    })?;
+    request.check().map_err(|e| request_error(e.0))?;
+    let Address::Agent { agent_id } = &request.agent else {
+        return Err(request_error("agent: must be an agent address".into()));
+    };
+    let entry = config.runtime_for(agent_id.as_str()).ok_or_else(|| {
+        request_error(format!(
             "agent {:?} is not bound to a runtime in the configuration (add an [[agents]] entry)",
             agent_id.as_str()
-        ),
+        ))
     })?;
     let registry = registry_from_config(config, launcher_for)?;
     let seat = registry
         .resolve(entry.id.as_str())
         .map_err(SeatError::from)?
         .clone();
+    let (kernel, audit_path) = kernel(config)?;
+    let options = executor_options(config, Arc::new(report_turn_error));
+    let executor = Executor::new(Arc::new(kernel), seat, options)
+        .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
+    let on_event = events.map(|sink| {
+        let cb: sharedos_host::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));
+        cb
+    });
+    let result = executor
+        .execute(
+            request,
+            ExecuteOptions {
+                cancel: None,
+                on_event,
+            },
+        )
+        .await
+        .map_err(|e| request_error(e.to_string()))?;
+    Ok(TurnRun { result, audit_path })
+}
 
+/// The configuration's kernel: its grants, the JSONL audit trail at
+/// `host.auditPath` (returned) and the file tools over `host.filesRoot`,
+/// both created when missing.
+fn kernel(config: &HostConfig) -> Result<(Kernel, PathBuf), CliError> {
     let audit_path = config.resolve(&config.host.audit_path);
     if let Some(parent) = audit_path.parent() {
         std::fs::create_dir_all(parent)
@@ -99,41 +120,21 @@ pub async fn run_turn(
     })?;
     let kernel = Kernel::from_config(&config.kernel, &files_root, Arc::new(audit))
         .map_err(|e| CliError::Setup(format!("kernel: {e}")))?;
+    Ok((kernel, audit_path))
+}
 
-    let on_turn_error: OnTurnError = Arc::new(|error: &TurnError, ids| {
-        let what = match error {
-            TurnError::Runtime(e) => e.to_string(),
-            TurnError::AuditUnavailable { cause } => format!("the audit sink failed: {cause}"),
-            TurnError::Kernel(m) => format!("kernel: {m}"),
-            TurnError::Violation { reason } => format!("the runtime broke a host limit ({reason})"),
-        };
-        // The text may quote the plugin (its error message, its outcome).
-        let what = escape_text(&what);
-        tracing::error!(execution_id = %ids.execution_id, "turn failed: {what}");
-        eprintln!("sharedos: turn {} failed: {what}", ids.execution_id);
-    });
-    let options = executor_options(config, on_turn_error);
-    let kernel = Arc::new(kernel);
-    let executor = Executor::new(kernel, seat, options)
-        .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
-    let on_event = events.map(|sink| {
-        let cb: sharedos_host::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));
-        cb
-    });
-    let result = executor
-        .execute(
-            request,
-            ExecuteOptions {
-                cancel: None,
-                on_event,
-            },
-        )
-        .await
-        .map_err(|e| CliError::Request {
-            file: request_file.to_owned(),
-            message: e.to_string(),
-        })?;
-    Ok(TurnRun { result, audit_path })
+/// A turn's error for the person at the terminal (and the log).
+fn report_turn_error(error: &TurnError, ids: &sharedos_host::executor::TurnIds) {
+    let what = match error {
+        TurnError::Runtime(e) => e.to_string(),
+        TurnError::AuditUnavailable { cause } => format!("the audit sink failed: {cause}"),
+        TurnError::Kernel(m) => format!("kernel: {m}"),
+        TurnError::Violation { reason } => format!("the runtime broke a host limit ({reason})"),
+    };
+    // The text may quote the plugin (its error message, its outcome).
+    let what = escape_text(&what);
+    tracing::error!(execution_id = %ids.execution_id, "turn failed: {what}");
+    eprintln!("sharedos: turn {} failed: {what}", ids.execution_id);
 }
 
 /// Prints the result JSON on stdout; the exit code says whether the turn

@@ -111,45 +111,15 @@ enum SandboxCommand {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args_os();
-    let _exe = args.next();
-    match args.next() {
-        // The sandbox helper: single-threaded, before anything else runs.
-        Some(first) if first == sharedos_sandbox::HELPER_SUBCOMMAND => {
-            sharedos_sandbox::helper_main(args.collect())
-        }
-        Some(first) if first == sharedos_bench::process::BENCH_PLUGIN_SUBCOMMAND => {
-            return sharedos_bench::process::serve_bench_plugin();
-        }
-        Some(first) if first == sharedos_bench::harness::MCP_CLIENT_SUBCOMMAND => {
-            return sharedos_bench::harness::mcp_client_main(args.collect());
-        }
-        Some(first) if first == "__bench-echo" => {
-            return ExitCode::from(sharedos_bench::echo_child() as u8);
-        }
-        _ => {}
+    if let Some(code) = internal_subcommand() {
+        return code;
     }
     init_tracing();
     if let Err(e) = sharedos_host::process::raise_fd_limit() {
         eprintln!("sharedos: could not raise the open-file limit: {e}");
     }
     let cli = Cli::parse();
-    // A command runs one turn at a time, so the host runs on one thread by
-    // default: no cross-thread wake-up on a tool call's path (the bench
-    // measures both, docs/BENCHMARKS.md). Blocking work (sandbox spawns,
-    // file tools, fsync) goes to tokio's blocking pool either way.
-    // `SHAREDOS_RUNTIME=multi` selects the multi-threaded runtime.
-    let multi = std::env::var_os("SHAREDOS_RUNTIME").is_some_and(|v| v == "multi");
-    let built = if multi {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    };
-    let runtime = match built {
+    let runtime = match async_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sharedos: cannot start the async runtime: {e}");
@@ -160,26 +130,11 @@ fn main() -> ExitCode {
         command: SandboxCommand::Check { runtime, config },
     } = &cli.command
     {
-        let mut out = std::io::stdout().lock();
-        if let (Some(runtime), Some(config)) = (runtime, config) {
-            let code = cli::sandbox_check::check_runtime(config, runtime, &mut out);
-            drop(out);
-            sharedos_host::process::settle_kills();
-            return ExitCode::from(code as u8);
-        }
-        return match sharedos_sandbox::check(&mut out) {
-            Ok(sharedos_sandbox::SandboxLevel::Strong) => ExitCode::SUCCESS,
-            Ok(_) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("sharedos sandbox check: {e}");
-                ExitCode::from(2)
-            }
-        };
+        return sandbox_check(runtime.as_deref(), config.as_deref());
     }
     if let Command::Conformance(args) = &cli.command {
         return ExitCode::from(cli::conformance(args) as u8);
     }
-    let launcher_for: Box<LauncherFor> = Box::new(sharedos_host::seat::configured_launcher);
     // A command that runs its turns and exits adopts its orphans (a
     // sandbox's pid 1 that outlives its helper by an instant), so it can
     // reap them before it exits and leave no zombie behind.
@@ -191,70 +146,7 @@ fn main() -> ExitCode {
                 false
             }
         };
-    let code = runtime.block_on(async move {
-        match cli.command {
-            Command::Demo { keep, model } => cli::demo::demo(keep, &model, &*launcher_for).await,
-            Command::Run { config, request } => {
-                let config = match HostConfig::load(&config) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("sharedos: {e}");
-                        return 2;
-                    }
-                };
-                let text = match cli::read_file(&request) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        eprintln!("sharedos: {e}");
-                        return 2;
-                    }
-                };
-                let printer: Arc<dyn Fn(String) + Send + Sync> =
-                    Arc::new(|line| eprintln!("{line}"));
-                match cli::run_turn(
-                    &config,
-                    &text,
-                    &request.display().to_string(),
-                    &*launcher_for,
-                    Some(printer),
-                )
-                .await
-                {
-                    Ok(run) => cli::print_result(&run.result),
-                    Err(e) => {
-                        eprintln!("sharedos: {e}");
-                        2
-                    }
-                }
-            }
-            Command::Serve(args) => cli::serve::command(args, &*launcher_for).await,
-            Command::Grants(args) => cli::grants::command(args).await,
-            Command::Bench { iterations, only } => sharedos_bench::run(iterations, only).await,
-            Command::Soak {
-                turns,
-                every,
-                testplugin,
-                adversary,
-            } => {
-                let soak = cli::soak::SoakOptions {
-                    turns,
-                    every,
-                    testplugin: testplugin
-                        .unwrap_or_else(|| cli::soak::sibling("sharedos-testplugin")),
-                    adversary: adversary
-                        .unwrap_or_else(|| cli::soak::sibling("sharedos-adversary")),
-                };
-                match cli::soak::soak(&soak).await {
-                    Ok(code) => code,
-                    Err(e) => {
-                        eprintln!("sharedos soak: {e}");
-                        2
-                    }
-                }
-            }
-            Command::Sandbox { .. } | Command::Conformance(_) => 2,
-        }
-    });
+    let code = runtime.block_on(dispatch(cli.command));
     // No plugin tree outlives its host: wait for kills deferred so that a
     // `turn/abort` could reach the plugin first.
     sharedos_host::process::settle_kills();
@@ -262,6 +154,135 @@ fn main() -> ExitCode {
         sharedos_host::process::reap_orphans(std::time::Duration::from_secs(2));
     }
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// The subcommands the binary serves to itself, before anything else runs:
+/// the sandbox helper (single-threaded) and the bench's children.
+fn internal_subcommand() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    let _exe = args.next();
+    let first = args.next()?;
+    if first == sharedos_sandbox::HELPER_SUBCOMMAND {
+        sharedos_sandbox::helper_main(args.collect())
+    }
+    if first == sharedos_bench::process::BENCH_PLUGIN_SUBCOMMAND {
+        return Some(sharedos_bench::process::serve_bench_plugin());
+    }
+    if first == sharedos_bench::harness::MCP_CLIENT_SUBCOMMAND {
+        return Some(sharedos_bench::harness::mcp_client_main(args.collect()));
+    }
+    if first == "__bench-echo" {
+        return Some(ExitCode::from(sharedos_bench::echo_child() as u8));
+    }
+    None
+}
+
+/// A command runs one turn at a time, so the host runs on one thread by
+/// default: no cross-thread wake-up on a tool call's path (the bench
+/// measures both, docs/BENCHMARKS.md). Blocking work (sandbox spawns, file
+/// tools, fsync) goes to tokio's blocking pool either way.
+/// `SHAREDOS_RUNTIME=multi` selects the multi-threaded runtime.
+fn async_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let multi = std::env::var_os("SHAREDOS_RUNTIME").is_some_and(|v| v == "multi");
+    if multi {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+}
+
+/// `sharedos sandbox check [--runtime ID --config host.toml]`.
+fn sandbox_check(runtime: Option<&str>, config: Option<&std::path::Path>) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    if let (Some(runtime), Some(config)) = (runtime, config) {
+        let code = cli::sandbox_check::check_runtime(config, runtime, &mut out);
+        drop(out);
+        sharedos_host::process::settle_kills();
+        return ExitCode::from(code as u8);
+    }
+    match sharedos_sandbox::check(&mut out) {
+        Ok(sharedos_sandbox::SandboxLevel::Strong) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("sharedos sandbox check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs a command that needs the async runtime; returns its exit code.
+async fn dispatch(command: Command) -> i32 {
+    let launcher_for: Box<LauncherFor> = Box::new(sharedos_host::seat::configured_launcher);
+    match command {
+        Command::Demo { keep, model } => cli::demo::demo(keep, &model, &*launcher_for).await,
+        Command::Run { config, request } => run(&config, &request, &*launcher_for).await,
+        Command::Serve(args) => cli::serve::command(args, &*launcher_for).await,
+        Command::Grants(args) => cli::grants::command(args).await,
+        Command::Bench { iterations, only } => sharedos_bench::run(iterations, only).await,
+        Command::Soak {
+            turns,
+            every,
+            testplugin,
+            adversary,
+        } => {
+            let soak = cli::soak::SoakOptions {
+                turns,
+                every,
+                testplugin: testplugin.unwrap_or_else(|| cli::soak::sibling("sharedos-testplugin")),
+                adversary: adversary.unwrap_or_else(|| cli::soak::sibling("sharedos-adversary")),
+            };
+            match cli::soak::soak(&soak).await {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("sharedos soak: {e}");
+                    2
+                }
+            }
+        }
+        Command::Sandbox { .. } | Command::Conformance(_) => 2,
+    }
+}
+
+/// `sharedos run --config host.toml --request turn.json`.
+async fn run(
+    config: &std::path::Path,
+    request: &std::path::Path,
+    launcher_for: &LauncherFor,
+) -> i32 {
+    let config = match HostConfig::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sharedos: {e}");
+            return 2;
+        }
+    };
+    let text = match cli::read_file(request) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sharedos: {e}");
+            return 2;
+        }
+    };
+    let printer: Arc<dyn Fn(String) + Send + Sync> = Arc::new(|line| eprintln!("{line}"));
+    match cli::run_turn(
+        &config,
+        &text,
+        &request.display().to_string(),
+        launcher_for,
+        Some(printer),
+    )
+    .await
+    {
+        Ok(run) => cli::print_result(&run.result),
+        Err(e) => {
+            eprintln!("sharedos: {e}");
+            2
+        }
+    }
 }
 
 fn init_tracing() {

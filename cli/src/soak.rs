@@ -50,6 +50,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The report line's figures.
+    fn line(&self) -> String {
+        format!(
+            "rss {:>7} KiB  fds {:>4}  descendants {}  workspaces {}  cgroups {}",
+            self.rss_kib, self.fds, self.descendants, self.workspaces, self.cgroups
+        )
+    }
+
     fn take() -> Self {
         let pid = std::process::id();
         Self {
@@ -301,36 +309,11 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
         }
     }
     let dir = tempfile::tempdir().map_err(|e| CliError::Setup(format!("temp dir: {e}")))?;
-    let config = HostConfig::parse(&host_toml(o), "soak.toml", dir.path())?;
-    let registry = registry_from_config(&config, configured_launcher)?;
-    let files_root = dir.path().join("files");
-    std::fs::create_dir_all(&files_root)
-        .map_err(|e| CliError::Setup(format!("files root: {e}")))?;
-    let audit = JsonlAuditSink::open(dir.path().join("audit.jsonl"))
-        .map_err(|e| CliError::Setup(format!("audit: {e}")))?;
-    let kernel = Arc::new(
-        Kernel::from_config(&config.kernel, &files_root, Arc::new(audit))
-            .map_err(|e| CliError::Setup(format!("kernel: {e}")))?,
-    );
-    let executor = |id: &str| -> Result<Executor, CliError> {
-        let seat = registry
-            .resolve(id)
-            .map_err(sharedos_host::seat::SeatError::from)?
-            .clone();
-        let options = ExecutorOptions {
-            drain_grace_ms: config.host.drain_grace_ms,
-            max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
-            ..ExecutorOptions::default()
-        };
-        Executor::new(kernel.clone(), seat, options)
-            .map_err(|e| CliError::Setup(format!("executor: {e}")))
-    };
-    let plugins = executor("sharedos-testplugin")?;
-    let adversary = executor("sharedos-adversary")?;
+    let (plugins, adversary) = executors(o, dir.path())?;
     let every = o.every.max(1);
     let mut first: Option<Snapshot> = None;
     let mut last = Snapshot::take();
-    let mut ended = [0u32; 4];
+    let mut ended = Endings::default();
     let mut failed = false;
     for n in 1..=o.turns {
         let (executor, req) = if n % 10 == 0 {
@@ -352,27 +335,10 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
             .execute(req, ExecuteOptions::default())
             .await
             .map_err(|e| CliError::Setup(format!("turn {n}: {e}")))?;
-        ended[match result.status {
-            ExecutionStatus::Succeeded => 0,
-            ExecutionStatus::Failed => 1,
-            ExecutionStatus::Cancelled => 2,
-            _ => 3,
-        }] += 1;
+        ended.count(result.status);
         if n % every == 0 || n == o.turns {
             last = settled_snapshot().await;
-            println!(
-                "turn {n:>6}/{}  rss {:>7} KiB  fds {:>4}  descendants {}  workspaces {}  cgroups {}  (succeeded {}, failed {}, cancelled {}, other {})",
-                o.turns,
-                last.rss_kib,
-                last.fds,
-                last.descendants,
-                last.workspaces,
-                last.cgroups,
-                ended[0],
-                ended[1],
-                ended[2],
-                ended[3]
-            );
+            println!("turn {n:>6}/{}  {}  ({ended})", o.turns, last.line());
             if last.leftovers() {
                 eprintln!("sharedos soak: leftovers after turn {n}: {last:?}");
                 failed = true;
@@ -382,7 +348,7 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
     }
     // A soak whose plugins never ran proves nothing (a TMPDIR the sandbox
     // uid cannot enter fails every launch, for one).
-    if ended[0] == 0 && o.turns >= 10 {
+    if ended.succeeded == 0 && o.turns >= 10 {
         eprintln!(
             "sharedos soak: no turn succeeded; the plugins did not run (see the log with SHAREDOS_LOG=warn)"
         );
@@ -395,6 +361,69 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
         failed = true;
     }
     Ok(i32::from(failed))
+}
+
+/// How the soak's turns ended so far.
+#[derive(Default)]
+struct Endings {
+    succeeded: u32,
+    failed: u32,
+    cancelled: u32,
+    other: u32,
+}
+
+impl Endings {
+    fn count(&mut self, status: ExecutionStatus) {
+        match status {
+            ExecutionStatus::Succeeded => self.succeeded += 1,
+            ExecutionStatus::Failed => self.failed += 1,
+            ExecutionStatus::Cancelled => self.cancelled += 1,
+            _ => self.other += 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Endings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "succeeded {}, failed {}, cancelled {}, other {}",
+            self.succeeded, self.failed, self.cancelled, self.other
+        )
+    }
+}
+
+/// The two executors of the soak (the testplugin's and the adversary's)
+/// over one kernel, its files and audit trail under `dir`.
+fn executors(o: &SoakOptions, dir: &Path) -> Result<(Executor, Executor), CliError> {
+    let config = HostConfig::parse(&host_toml(o), "soak.toml", dir)?;
+    let registry = registry_from_config(&config, configured_launcher)?;
+    let files_root = dir.join("files");
+    std::fs::create_dir_all(&files_root)
+        .map_err(|e| CliError::Setup(format!("files root: {e}")))?;
+    let audit = JsonlAuditSink::open(dir.join("audit.jsonl"))
+        .map_err(|e| CliError::Setup(format!("audit: {e}")))?;
+    let kernel = Arc::new(
+        Kernel::from_config(&config.kernel, &files_root, Arc::new(audit))
+            .map_err(|e| CliError::Setup(format!("kernel: {e}")))?,
+    );
+    let executor = |id: &str| -> Result<Executor, CliError> {
+        let seat = registry
+            .resolve(id)
+            .map_err(sharedos_host::seat::SeatError::from)?
+            .clone();
+        let options = ExecutorOptions {
+            drain_grace_ms: config.host.drain_grace_ms,
+            max_turn_bytes: config.host.max_turn_bytes.unwrap_or(DEFAULT_MAX_TURN_BYTES),
+            ..ExecutorOptions::default()
+        };
+        Executor::new(kernel.clone(), seat, options)
+            .map_err(|e| CliError::Setup(format!("executor: {e}")))
+    };
+    Ok((
+        executor("sharedos-testplugin")?,
+        executor("sharedos-adversary")?,
+    ))
 }
 
 /// Growth between the first report and the last beyond the slack of an
