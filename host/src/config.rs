@@ -56,6 +56,47 @@ pub struct HostSection {
     pub files_root: PathBuf,
 }
 
+impl HostSection {
+    /// The host's defaults and bounds, each in its range.
+    fn check(&self) -> Result<(), String> {
+        let h = self;
+        if !(1..=600_000).contains(&h.default_timeout_ms) {
+            return Err(format!(
+                "host.defaultTimeoutMs: must be 1..=600000, got {}",
+                h.default_timeout_ms
+            ));
+        }
+        if h.drain_grace_ms > 600_000 {
+            return Err(format!(
+                "host.drainGraceMs: must be 0..=600000, got {}",
+                h.drain_grace_ms
+            ));
+        }
+        if let Some(n) = h.max_turn_bytes {
+            use crate::executor::{MAX_TURN_BYTES, MIN_TURN_BYTES};
+            if !(MIN_TURN_BYTES..=MAX_TURN_BYTES).contains(&n) {
+                return Err(format!(
+                    "host.maxTurnBytes: must be {MIN_TURN_BYTES}..={MAX_TURN_BYTES} (256 KiB to 1 GiB), got {n}"
+                ));
+            }
+        }
+        if h.default_max_steps == 0 || h.default_max_steps > 1000 {
+            return Err(format!(
+                "host.defaultMaxSteps: must be 1..=1000, got {}",
+                h.default_max_steps
+            ));
+        }
+        if let Some(n) = h.default_max_tool_calls
+            && !(1..=10_000).contains(&n)
+        {
+            return Err(format!(
+                "host.defaultMaxToolCalls: must be 1..=10000, got {n}"
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn default_timeout() -> u64 {
     120_000
 }
@@ -223,6 +264,54 @@ fn default_inflight() -> u32 {
 }
 
 impl RuntimeEntry {
+    /// The entry's program, handshake, in-flight, warm pool, uid range and
+    /// network shape (`i` its index, for the error).
+    fn check_limits(&self, i: usize) -> Result<(), String> {
+        let r = self;
+        if r.program.trim().is_empty() {
+            return Err(format!(
+                "runtimes[{i}].program: must name the plugin binary"
+            ));
+        }
+        if r.handshake_timeout_ms == 0 {
+            return Err(format!(
+                "runtimes[{i}].handshakeTimeoutMs: must be positive"
+            ));
+        }
+        if !(1..=MAX_INFLIGHT_TOOL_CALLS).contains(&r.max_inflight_tool_calls) {
+            return Err(format!(
+                "runtimes[{i}].maxInflightToolCalls: must be 1..={MAX_INFLIGHT_TOOL_CALLS}, got {}",
+                r.max_inflight_tool_calls
+            ));
+        }
+        if r.sandbox.warm > sharedos_sandbox::MAX_WARM {
+            return Err(format!(
+                "runtimes[{i}].sandbox.warm: must be 0..={}, got {}",
+                sharedos_sandbox::MAX_WARM,
+                r.sandbox.warm
+            ));
+        }
+        // The sandbox uid range is checked at start, against this
+        // machine's accounts and the host's own ids: a bad range
+        // refuses the config rather than sharing a uid with anyone.
+        if matches!(r.launcher, LauncherKind::Sandbox) {
+            sharedos_sandbox::uid::check_range(&r.sandbox.uids)
+                .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
+        }
+        r.network.check(&format!("runtimes[{i}].network"))?;
+        if r.sandbox.egress_port.is_some() {
+            return Err(format!(
+                "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
+            ));
+        }
+        if r.sandbox.mcp_port.is_some() {
+            return Err(format!(
+                "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
+            ));
+        }
+        Ok(())
+    }
+
     /// The trusted manifest of the entry.
     pub fn manifest(&self) -> RuntimeManifest {
         RuntimeManifest {
@@ -319,40 +408,7 @@ impl HostConfig {
     }
 
     fn check(&self) -> Result<(), String> {
-        let h = &self.host;
-        if !(1..=600_000).contains(&h.default_timeout_ms) {
-            return Err(format!(
-                "host.defaultTimeoutMs: must be 1..=600000, got {}",
-                h.default_timeout_ms
-            ));
-        }
-        if h.drain_grace_ms > 600_000 {
-            return Err(format!(
-                "host.drainGraceMs: must be 0..=600000, got {}",
-                h.drain_grace_ms
-            ));
-        }
-        if let Some(n) = h.max_turn_bytes {
-            use crate::executor::{MAX_TURN_BYTES, MIN_TURN_BYTES};
-            if !(MIN_TURN_BYTES..=MAX_TURN_BYTES).contains(&n) {
-                return Err(format!(
-                    "host.maxTurnBytes: must be {MIN_TURN_BYTES}..={MAX_TURN_BYTES} (256 KiB to 1 GiB), got {n}"
-                ));
-            }
-        }
-        if h.default_max_steps == 0 || h.default_max_steps > 1000 {
-            return Err(format!(
-                "host.defaultMaxSteps: must be 1..=1000, got {}",
-                h.default_max_steps
-            ));
-        }
-        if let Some(n) = h.default_max_tool_calls
-            && !(1..=10_000).contains(&n)
-        {
-            return Err(format!(
-                "host.defaultMaxToolCalls: must be 1..=10000, got {n}"
-            ));
-        }
+        self.host.check()?;
         let mut ids = std::collections::HashSet::new();
         for (i, r) in self.runtimes.iter().enumerate() {
             if !ids.insert(r.id.as_str()) {
@@ -361,88 +417,57 @@ impl HostConfig {
                     r.id.as_str()
                 ));
             }
-            if r.program.trim().is_empty() {
+            r.check_limits(i)?;
+            self.check_runtime(i, r)?;
+        }
+        self.check_agents(&ids)?;
+        self.kernel.validate().map_err(|e| format!("kernel: {e}"))?;
+        Ok(())
+    }
+
+    /// A runtime entry's network, driver or harness, environment and
+    /// sandbox policy (`i` its index, for the error).
+    fn check_runtime(&self, i: usize, r: &RuntimeEntry) -> Result<(), String> {
+        if r.network != crate::egress::NetworkPolicy::None
+            && matches!(r.launcher, LauncherKind::Direct)
+        {
+            return Err(format!(
+                "runtimes[{i}].network: needs launcher = \"sandbox\" (the gateway's listener lives in the sandbox's own network namespace; a direct launch would have the host's network)"
+            ));
+        }
+        if let Some(d) = &r.driver {
+            if r.transcript.is_some() {
                 return Err(format!(
-                    "runtimes[{i}].program: must name the plugin binary"
+                    "runtimes[{i}]: give a transcript or a driver, not both"
                 ));
             }
-            if r.handshake_timeout_ms == 0 {
+            d.check(&format!("runtimes[{i}]"), &r.network)?;
+        }
+        if r.harness.is_some() {
+            if r.transcript.is_some() || r.driver.is_some() {
                 return Err(format!(
-                    "runtimes[{i}].handshakeTimeoutMs: must be positive"
+                    "runtimes[{i}]: a harness runtime takes no transcript or driver"
                 ));
             }
-            if !(1..=MAX_INFLIGHT_TOOL_CALLS).contains(&r.max_inflight_tool_calls) {
+            crate::harness::check(i, r)?;
+        }
+        for k in r.env.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(format!(
-                    "runtimes[{i}].maxInflightToolCalls: must be 1..={MAX_INFLIGHT_TOOL_CALLS}, got {}",
-                    r.max_inflight_tool_calls
+                    "runtimes[{i}].env: {k:?} is not a valid variable name"
                 ));
-            }
-            if r.sandbox.warm > sharedos_sandbox::MAX_WARM {
-                return Err(format!(
-                    "runtimes[{i}].sandbox.warm: must be 0..={}, got {}",
-                    sharedos_sandbox::MAX_WARM,
-                    r.sandbox.warm
-                ));
-            }
-            // The sandbox uid range is checked at start, against this
-            // machine's accounts and the host's own ids: a bad range
-            // refuses the config rather than sharing a uid with anyone.
-            if matches!(r.launcher, LauncherKind::Sandbox) {
-                sharedos_sandbox::uid::check_range(&r.sandbox.uids)
-                    .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
-            }
-            r.network.check(&format!("runtimes[{i}].network"))?;
-            if r.sandbox.egress_port.is_some() {
-                return Err(format!(
-                    "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
-                ));
-            }
-            if r.sandbox.mcp_port.is_some() {
-                return Err(format!(
-                    "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
-                ));
-            }
-            if r.network != crate::egress::NetworkPolicy::None
-                && matches!(r.launcher, LauncherKind::Direct)
-            {
-                return Err(format!(
-                    "runtimes[{i}].network: needs launcher = \"sandbox\" (the gateway's listener lives in the sandbox's own network namespace; a direct launch would have the host's network)"
-                ));
-            }
-            if let Some(d) = &r.driver {
-                if r.transcript.is_some() {
-                    return Err(format!(
-                        "runtimes[{i}]: give a transcript or a driver, not both"
-                    ));
-                }
-                d.check(&format!("runtimes[{i}]"), &r.network)?;
-            }
-            if r.harness.is_some() {
-                if r.transcript.is_some() || r.driver.is_some() {
-                    return Err(format!(
-                        "runtimes[{i}]: a harness runtime takes no transcript or driver"
-                    ));
-                }
-                crate::harness::check(i, r)?;
-            }
-            for k in r.env.keys() {
-                if k.is_empty() || k.contains('=') || k.contains('\0') {
-                    return Err(format!(
-                        "runtimes[{i}].env: {k:?} is not a valid variable name"
-                    ));
-                }
-            }
-            // What the sandbox would drop or skip when the plugin starts
-            // is refused now, naming the entry (docs/PLUGINS.md, section 4).
-            if matches!(r.launcher, LauncherKind::Sandbox) {
-                crate::runtime_policy::check_sandboxed(
-                    i,
-                    &r.env,
-                    &r.sandbox,
-                    &self.program_path(r),
-                )?;
             }
         }
+        // What the sandbox would drop or skip when the plugin starts
+        // is refused now, naming the entry (docs/PLUGINS.md, section 4).
+        if matches!(r.launcher, LauncherKind::Sandbox) {
+            crate::runtime_policy::check_sandboxed(i, &r.env, &r.sandbox, &self.program_path(r))?;
+        }
+        Ok(())
+    }
+
+    /// Every agent bound once, to a runtime of `ids`.
+    fn check_agents(&self, ids: &std::collections::HashSet<&str>) -> Result<(), String> {
         let mut agents = std::collections::HashSet::new();
         for (i, a) in self.agents.iter().enumerate() {
             if !ids.contains(a.runtime.as_str()) {
@@ -463,7 +488,6 @@ impl HostConfig {
                 ));
             }
         }
-        self.kernel.validate().map_err(|e| format!("kernel: {e}"))?;
         Ok(())
     }
 

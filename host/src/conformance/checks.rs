@@ -112,6 +112,22 @@ pub(super) fn kind(o: &RuntimeTurnOutcome) -> &'static str {
     }
 }
 
+/// `silent_before_initialize`: nothing on the plugin's stdout in the
+/// 300 ms before `initialize` is sent.
+fn silent_before_initialize(s: &mut Session, silent: Check) -> Check {
+    match s.recv(Duration::from_millis(300)) {
+        Recv::Timeout => silent.pass("nothing on stdout in the 300 ms before initialize"),
+        Recv::Message(v, _) => silent.fail(format!("wrote {} before initialize", short(&v))),
+        Recv::Invalid(why) => silent.fail(format!("wrote {why} before initialize")),
+        Recv::Eof => silent.fail(format!(
+            "closed stdout before initialize (exit status {}; stderr: {})",
+            s.wait_exit(Duration::from_secs(2))
+                .map_or("unknown".into(), |st| st.to_string()),
+            s.stderr_tail()
+        )),
+    }
+}
+
 impl Battery<'_> {
     pub(super) fn launch(&self, spec: &LaunchSpec) -> Result<Session, String> {
         Session::launch(self.launcher, spec, &self.leftovers)
@@ -179,17 +195,7 @@ impl Battery<'_> {
             Ok(s) => s,
             Err(e) => return (vec![hs.fail(e)], false),
         };
-        let silent = match s.recv(Duration::from_millis(300)) {
-            Recv::Timeout => silent.pass("nothing on stdout in the 300 ms before initialize"),
-            Recv::Message(v, _) => silent.fail(format!("wrote {} before initialize", short(&v))),
-            Recv::Invalid(why) => silent.fail(format!("wrote {why} before initialize")),
-            Recv::Eof => silent.fail(format!(
-                "closed stdout before initialize (exit status {}; stderr: {})",
-                s.wait_exit(Duration::from_secs(2))
-                    .map_or("unknown".into(), |st| st.to_string()),
-                s.stderr_tail()
-            )),
-        };
+        let silent = silent_before_initialize(&mut s, silent);
         let started = Instant::now();
         let answer = s
             .send(&turn::initialize(&[1], DEFAULT_MAX, 8))

@@ -98,33 +98,25 @@ pub fn is_content_hash(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Assembles the record of a turn from its request and result.
-pub fn assemble(
-    request: &ExecutionRequest,
-    result: &ExecutionResult,
-    runtime: &RuntimeManifest,
-) -> ExecutionRecord {
-    let md = &result.metadata;
-    let prompt_hash = md
-        .get("promptHash")
-        .and_then(Value::as_str)
-        .filter(|h| is_content_hash(h))
-        .map(str::to_owned);
-    let escalation_asked = md.get("escalationAsked").and_then(|v| {
-        let obj = v.as_object()?;
-        if obj.len() != 2 {
-            return None;
-        }
-        let tool = obj.get("tool")?.as_str()?.trim();
-        let reason = obj.get("reason")?.as_str()?;
-        let tool_ok = !tool.is_empty() && tool.chars().count() <= 256;
-        (tool_ok && reason.chars().count() <= 512).then(|| EscalationAsked {
-            tool: tool.to_owned(),
-            reason: reason.to_owned(),
-        })
-    });
-    let str_field = |k: &str| md.get(k).and_then(Value::as_str).map(str::to_owned);
-    let exposed_tools = result
+/// The plugin's `escalationAsked` annotation when it is well formed
+/// (exactly `tool` and `reason`, within their bounds).
+fn escalation_asked(v: &Value) -> Option<EscalationAsked> {
+    let obj = v.as_object()?;
+    if obj.len() != 2 {
+        return None;
+    }
+    let tool = obj.get("tool")?.as_str()?.trim();
+    let reason = obj.get("reason")?.as_str()?;
+    let tool_ok = !tool.is_empty() && tool.chars().count() <= 256;
+    (tool_ok && reason.chars().count() <= 512).then(|| EscalationAsked {
+        tool: tool.to_owned(),
+        reason: reason.to_owned(),
+    })
+}
+
+/// The tools the turn exposed (its `turn.started` event's `visibleTools`).
+fn exposed_tools(result: &ExecutionResult) -> Vec<String> {
+    result
         .events
         .iter()
         .find(|e| e.kind == "turn.started")
@@ -136,7 +128,12 @@ pub fn assemble(
                 .map(str::to_owned)
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// One record per `tool.requested`, completed by its `tool.completed`
+/// (`interrupted` when none came).
+fn operations(result: &ExecutionResult) -> Vec<OperationRecord> {
     let mut operations: Vec<OperationRecord> = Vec::new();
     for e in &result.events {
         let call_id = e
@@ -180,6 +177,25 @@ pub fn assemble(
             _ => {}
         }
     }
+    operations
+}
+
+/// Assembles the record of a turn from its request and result.
+pub fn assemble(
+    request: &ExecutionRequest,
+    result: &ExecutionResult,
+    runtime: &RuntimeManifest,
+) -> ExecutionRecord {
+    let md = &result.metadata;
+    let prompt_hash = md
+        .get("promptHash")
+        .and_then(Value::as_str)
+        .filter(|h| is_content_hash(h))
+        .map(str::to_owned);
+    let escalation_asked = md.get("escalationAsked").and_then(escalation_asked);
+    let str_field = |k: &str| md.get(k).and_then(Value::as_str).map(str::to_owned);
+    let exposed_tools = exposed_tools(result);
+    let operations = operations(result);
     let terminal_reason_code = match result.status {
         ExecutionStatus::Escalated => Some("escalation_requested".to_owned()),
         _ => result.code().map(str::to_owned),

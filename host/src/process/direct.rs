@@ -24,7 +24,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -123,9 +123,52 @@ fn unique(kind: &str) -> String {
     )
 }
 
+/// The plugin's command: a cleared environment with the spec's, `cwd`, piped
+/// stdio, its own process group; before exec it joins the cgroup whose
+/// `cgroup.procs` is `procs_fd` (if any) and takes a parent-death signal.
 // The child's `pre_exec` (cgroup join, parent-death signal) is a system
 // call sequence std has no safe form for.
 #[allow(unsafe_code)]
+fn contained_command(spec: &LaunchSpec, cwd: &Path, procs_fd: Option<RawFd>) -> Command {
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(
+            spec.env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        )
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let host = rustix::process::getpid().as_raw_nonzero().get();
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (write, prctl, getppid) on values
+    // copied in; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(fd) = procs_fd {
+                // "0" moves the calling process: the child joins its
+                // cgroup before the plugin runs, so all it starts is in it.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The host died between the fork and the prctl.
+            if libc::getppid() != host {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
     let spawn_err = |source| LaunchError::Spawn {
         program: spec.program.clone(),
@@ -152,43 +195,8 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         Some(cg) => Some(open_procs(cg).map_err(spawn_err)?),
         None => None,
     };
-    let mut cmd = Command::new(&spec.program);
-    cmd.args(&spec.args)
-        .env_clear()
-        .envs(
-            spec.env
-                .iter()
-                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-        )
-        .current_dir(&cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let host = rustix::process::getpid().as_raw_nonzero().get();
     let procs_fd = procs.as_ref().map(AsRawFd::as_raw_fd);
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (write, prctl, getppid) on values
-    // copied in; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if let Some(fd) = procs_fd {
-                // "0" moves the calling process: the child joins its
-                // cgroup before the plugin runs, so all it starts is in it.
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The host died between the fork and the prctl.
-            if libc::getppid() != host {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+    let mut cmd = contained_command(spec, &cwd, procs_fd);
     let mut child = cmd.spawn().map_err(spawn_err)?;
     drop(procs);
     tree.pid = child.id();
