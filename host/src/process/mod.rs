@@ -310,6 +310,18 @@ impl TreeGuard {
         *status
     }
 
+    /// How the launched process ended, waiting up to `bound` for it to.
+    async fn status_within(&self, bound: Duration) -> Option<std::process::ExitStatus> {
+        let until = tokio::time::Instant::now() + bound;
+        loop {
+            let status = self.status_now();
+            if status.is_some() || tokio::time::Instant::now() >= until {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Resolves when the launched process has exited, with how it ended.
     fn exited(&self) -> impl std::future::Future<Output = String> + use<> {
         let tree = self.tree.clone();
@@ -363,6 +375,11 @@ impl Drop for TreeGuard {
 /// How long the writer gets to put a queued `turn/abort` on the wire
 /// before the tree is killed.
 const ABORT_FLUSH: Duration = Duration::from_millis(25);
+
+/// How long a turn whose plugin closed its stdout waits for the plugin's
+/// exit status (the kernel closes a dying process's files a moment before
+/// it can be reaped), so the result says how it ended.
+const EXIT_STATUS_WAIT: Duration = Duration::from_millis(500);
 
 /// Deferred kills and sandbox preparations still running; [`settle_kills`]
 /// waits for them.
@@ -562,7 +579,14 @@ impl RuntimePlugin for ProcessRuntime {
             });
             if let Some(reason) = reason {
                 let lines = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
-                self.keep_diagnosis(&execution_id, reason, guard.status_now(), lines);
+                // A plugin that closed its stdout is exiting: its status
+                // follows the EOF by moments, so wait for it (bounded).
+                let status = if reason == "plugin_exited" {
+                    guard.status_within(EXIT_STATUS_WAIT).await
+                } else {
+                    guard.status_now()
+                };
+                self.keep_diagnosis(&execution_id, reason, status, lines);
             }
         }
         guard.finish(abort_seen.is_raised());
