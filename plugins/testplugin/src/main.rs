@@ -269,6 +269,17 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 ///   emitting `{type: <op>, data: <what it observed>}`
 fn step(p: &mut Plugin, s: &Value) {
     let op = s.get("op").and_then(Value::as_str).unwrap_or_default();
+    let known = notification_step(p, op, s)
+        || call_step(p, op, s)
+        || process_step(p, op, s)
+        || wire_step(p, op, s);
+    if !known {
+        eprintln!("testplugin: unknown step {op:?}");
+    }
+}
+
+/// Notifications: emits and annotations. False when `op` is not one of them.
+fn notification_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
     match op {
         "emit" => {
             let params =
@@ -279,6 +290,38 @@ fn step(p: &mut Plugin, s: &Value) {
             let params = json!({"turnId": p.turn_id, "key": s["key"], "value": s["value"]});
             p.notify("host/annotate", params);
         }
+        "flood" => {
+            for i in 0..num(s, "n", 100_000) {
+                let params = json!({"turnId": p.turn_id, "event": {"type": "flood", "data": i}});
+                p.notify("host/emit", params);
+            }
+        }
+        "emit_many" => {
+            for _ in 0..num(s, "n", 1) {
+                let params =
+                    json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
+                p.notify("host/emit", params);
+            }
+        }
+        "annotate_many" => {
+            for i in 0..num(s, "n", 1) {
+                let params =
+                    json!({"turnId": p.turn_id, "key": format!("k{i}"), "value": s["value"]});
+                p.notify("host/annotate", params);
+            }
+        }
+        "emit_pid" => {
+            let params = json!({"turnId": p.turn_id, "event": {"type": "pid", "data": {"pid": std::process::id()}}});
+            p.notify("host/emit", params);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// Tool calls, awaited or not, and malformed ones. False when `op` is not one of them.
+fn call_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
+    match op {
         "call" => {
             let step = s.get("step").and_then(Value::as_u64);
             let answer = p.call(
@@ -318,146 +361,6 @@ fn step(p: &mut Plugin, s: &Value) {
             }
             p.results.extend(answers);
         }
-        "flood" => {
-            for i in 0..num(s, "n", 100_000) {
-                let params = json!({"turnId": p.turn_id, "event": {"type": "flood", "data": i}});
-                p.notify("host/emit", params);
-            }
-        }
-        "emit_many" => {
-            for _ in 0..num(s, "n", 1) {
-                let params =
-                    json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
-                p.notify("host/emit", params);
-            }
-        }
-        "annotate_many" => {
-            for i in 0..num(s, "n", 1) {
-                let params =
-                    json!({"turnId": p.turn_id, "key": format!("k{i}"), "value": s["value"]});
-                p.notify("host/annotate", params);
-            }
-        }
-        "sleep" => std::thread::sleep(Duration::from_millis(num(s, "ms", 100))),
-        // Waits until a host path exists (direct launch only): a test's
-        // signal that it has set the stage for the next step.
-        "wait_path" => {
-            let path = std::path::PathBuf::from(s["path"].as_str().unwrap_or("/nonexistent"));
-            while !path.exists() {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        "stall" => loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        },
-        "spin" => {
-            let until = s
-                .get("ms")
-                .and_then(Value::as_u64)
-                .map(|ms| Instant::now() + Duration::from_millis(ms));
-            let mut x: u64 = 0;
-            while until.is_none_or(|u| Instant::now() < u) {
-                x = std::hint::black_box(x.wrapping_add(1));
-            }
-        }
-        "ignore_abort" => p.ignore_abort = true,
-        "hold" => loop {
-            let mut line = String::new();
-            match p.input.read_line(&mut line) {
-                Ok(0) | Err(_) => loop {
-                    std::thread::sleep(Duration::from_secs(3600));
-                },
-                Ok(_) => {
-                    let msg = serde_json::from_str::<Value>(&line).unwrap_or(Value::Null);
-                    if let Some(m @ ("turn/abort" | "turn/draining")) =
-                        msg.get("method").and_then(Value::as_str)
-                    {
-                        log_signal(m);
-                    }
-                    match msg.get("method").and_then(Value::as_str) {
-                        Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
-                        Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
-                        Some("turn/draining") => p.draining = true,
-                        _ => {}
-                    }
-                }
-            }
-        },
-        "emit_pid" => {
-            let params = json!({"turnId": p.turn_id, "event": {"type": "pid", "data": {"pid": std::process::id()}}});
-            p.notify("host/emit", params);
-        }
-        "fork" => {
-            let mut pids = Vec::new();
-            for _ in 0..num(s, "n", 1) {
-                let mut args = vec!["--sleeper".to_owned()];
-                if s["setsid"].as_bool() == Some(true) {
-                    args.push("--setsid".into());
-                }
-                if s["double"].as_bool() == Some(true) {
-                    args.push("--double".into());
-                }
-                if let Some(f) = s["pidfile"].as_str() {
-                    args.push("--pidfile".into());
-                    args.push(f.into());
-                }
-                let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
-                match Command::new(exe).args(&args).spawn() {
-                    Ok(child) => pids.push(child.id()),
-                    Err(e) => eprintln!("testplugin: fork failed: {e}"),
-                }
-            }
-            let params =
-                json!({"turnId": p.turn_id, "event": {"type": "forked", "data": {"pids": pids}}});
-            p.notify("host/emit", params);
-        }
-        "crash" => std::process::abort(),
-        "exit" => std::process::exit(i32::try_from(num(s, "code", 0)).unwrap_or(1)),
-        "close_stdout" => {
-            if let Ok(null) = OpenOptions::new().write(true).open("/dev/null") {
-                let _ = rustix::stdio::dup2_stdout(&null);
-            }
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
-        "raw" => {
-            let line = format!("{}\n", s["line"].as_str().unwrap_or_default());
-            p.write_raw(line.as_bytes());
-        }
-        "raw_unterminated" => {
-            let line = s["line"].as_str().unwrap_or_default().to_owned();
-            p.write_raw(line.as_bytes());
-        }
-        "outcome_unterminated" => {
-            let run_id = p.run_id.clone();
-            let line = json!({"jsonrpc":"2.0","id":run_id,"result":s["value"]}).to_string();
-            p.write_raw(line.as_bytes());
-            p.outcome_sent = true;
-        }
-        "stderr_flood" => {
-            let mut line = vec![b'e'; 1023];
-            line.push(b'\n');
-            let mut err = std::io::stderr().lock();
-            for _ in 0..num(s, "bytes", 16 << 20) / 1024 {
-                if err.write_all(&line).is_err() {
-                    break;
-                }
-            }
-        }
-        "invalid_utf8" => {
-            p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n")
-        }
-        "long_line" => {
-            let mut line = vec![b'a'; usize::try_from(num(s, "bytes", 9 << 20)).unwrap_or(1 << 20)];
-            line.push(b'\n');
-            p.write_raw(&line);
-        }
-        "batch" => {
-            let one = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":p.turn_id,"event":{"type":"b","data":1}}});
-            p.send(&json!([one]));
-        }
-        "stderr" => eprintln!("{}", s["text"].as_str().unwrap_or_default()),
         "invoke_as_notification" => {
             for _ in 0..num(s, "n", 1) {
                 let params = json!({"turnId": p.turn_id, "call": {"id": "call-noid",
@@ -486,6 +389,102 @@ fn step(p: &mut Plugin, s: &Value) {
                 );
             }
         }
+        _ => return false,
+    }
+    true
+}
+
+/// What the process does: sleep, spin, hold, fork, crash, exit, stderr. False when `op` is not one of them.
+fn process_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
+    match op {
+        "sleep" => std::thread::sleep(Duration::from_millis(num(s, "ms", 100))),
+        // Waits until a host path exists (direct launch only): a test's
+        // signal that it has set the stage for the next step.
+        "wait_path" => {
+            let path = std::path::PathBuf::from(s["path"].as_str().unwrap_or("/nonexistent"));
+            while !path.exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        "stall" => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+        "spin" => {
+            let until = s
+                .get("ms")
+                .and_then(Value::as_u64)
+                .map(|ms| Instant::now() + Duration::from_millis(ms));
+            let mut x: u64 = 0;
+            while until.is_none_or(|u| Instant::now() < u) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        "ignore_abort" => p.ignore_abort = true,
+        "hold" => hold(p),
+        "fork" => fork(p, s),
+        "crash" => std::process::abort(),
+        "exit" => std::process::exit(i32::try_from(num(s, "code", 0)).unwrap_or(1)),
+        "close_stdout" => {
+            if let Ok(null) = OpenOptions::new().write(true).open("/dev/null") {
+                let _ = rustix::stdio::dup2_stdout(&null);
+            }
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        "stderr_flood" => {
+            let mut line = vec![b'e'; 1023];
+            line.push(b'\n');
+            let mut err = std::io::stderr().lock();
+            for _ in 0..num(s, "bytes", 16 << 20) / 1024 {
+                if err.write_all(&line).is_err() {
+                    break;
+                }
+            }
+        }
+        "stderr" => eprintln!("{}", s["text"].as_str().unwrap_or_default()),
+        _ => return false,
+    }
+    true
+}
+
+/// Bytes on the wire: raw and malformed lines, outcomes, network steps. False when `op` is not one of them.
+fn wire_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
+    match op {
+        "raw" => {
+            let line = format!("{}\n", s["line"].as_str().unwrap_or_default());
+            p.write_raw(line.as_bytes());
+        }
+        "raw_unterminated" => {
+            let line = s["line"].as_str().unwrap_or_default().to_owned();
+            p.write_raw(line.as_bytes());
+        }
+        "outcome_unterminated" => {
+            let run_id = p.run_id.clone();
+            let line = json!({"jsonrpc":"2.0","id":run_id,"result":s["value"]}).to_string();
+            p.write_raw(line.as_bytes());
+            p.outcome_sent = true;
+        }
+        "invalid_utf8" => {
+            p.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"host/emit\",\"params\":\"\xff\xfe\"}\n")
+        }
+        "long_line" => {
+            let mut line = vec![b'a'; usize::try_from(num(s, "bytes", 9 << 20)).unwrap_or(1 << 20)];
+            line.push(b'\n');
+            p.write_raw(&line);
+        }
+        "batch" => {
+            let one = json!({"jsonrpc":"2.0","method":"host/emit","params":{"turnId":p.turn_id,"event":{"type":"b","data":1}}});
+            p.send(&json!([one]));
+        }
+        "bogus_response" => p.send(&json!({"jsonrpc":"2.0","id":999,"result":{}})),
+        "outcome" => p.outcome(s["value"].clone()),
+        "error_outcome" => {
+            let run_id = p.run_id.clone();
+            let err = json!({"code": s.get("code").cloned().unwrap_or(json!(-32603)), "message": s["message"]});
+            p.send(&json!({"jsonrpc":"2.0","id":run_id,"error":err}));
+            p.outcome_sent = true;
+        }
         "net_probe" | "egress_flood" | "egress_body" | "egress_connect" => {
             let path = s["path"].as_str().unwrap_or("/");
             let data = match op {
@@ -500,16 +499,61 @@ fn step(p: &mut Plugin, s: &Value) {
             let params = json!({"turnId": p.turn_id, "event": {"type": op, "data": data}});
             p.notify("host/emit", params);
         }
-        "bogus_response" => p.send(&json!({"jsonrpc":"2.0","id":999,"result":{}})),
-        "outcome" => p.outcome(s["value"].clone()),
-        "error_outcome" => {
-            let run_id = p.run_id.clone();
-            let err = json!({"code": s.get("code").cloned().unwrap_or(json!(-32603)), "message": s["message"]});
-            p.send(&json!({"jsonrpc":"2.0","id":run_id,"error":err}));
-            p.outcome_sent = true;
-        }
-        other => eprintln!("testplugin: unknown step {other:?}"),
+        _ => return false,
     }
+    true
+}
+
+/// `hold`: keeps reading (and ignoring) host messages; at stdin EOF it
+/// sleeps forever.
+fn hold(p: &mut Plugin) -> ! {
+    loop {
+        let mut line = String::new();
+        match p.input.read_line(&mut line) {
+            Ok(0) | Err(_) => loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            },
+            Ok(_) => {
+                let msg = serde_json::from_str::<Value>(&line).unwrap_or(Value::Null);
+                if let Some(m @ ("turn/abort" | "turn/draining")) =
+                    msg.get("method").and_then(Value::as_str)
+                {
+                    log_signal(m);
+                }
+                match msg.get("method").and_then(Value::as_str) {
+                    Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
+                    Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
+                    Some("turn/draining") => p.draining = true,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// `fork {n, setsid?, double?, pidfile?}`: n sleepers, their pids emitted.
+fn fork(p: &mut Plugin, s: &Value) {
+    let mut pids = Vec::new();
+    for _ in 0..num(s, "n", 1) {
+        let mut args = vec!["--sleeper".to_owned()];
+        if s["setsid"].as_bool() == Some(true) {
+            args.push("--setsid".into());
+        }
+        if s["double"].as_bool() == Some(true) {
+            args.push("--double".into());
+        }
+        if let Some(f) = s["pidfile"].as_str() {
+            args.push("--pidfile".into());
+            args.push(f.into());
+        }
+        let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+        match Command::new(exe).args(&args).spawn() {
+            Ok(child) => pids.push(child.id()),
+            Err(e) => eprintln!("testplugin: fork failed: {e}"),
+        }
+    }
+    let params = json!({"turnId": p.turn_id, "event": {"type": "forked", "data": {"pids": pids}}});
+    p.notify("host/emit", params);
 }
 
 fn sleeper(args: &[String]) -> ! {
