@@ -10,35 +10,13 @@ use sharedos_protocol::{AccessContext, CapabilityRequirement, ResourceRef, ToolC
 use tokio_util::sync::CancellationToken;
 
 use super::records::{CallFacts, checked_record, invoked_record, resource_of, result_outcome};
+use super::refusal::Refusal;
 use super::turn::OpenTurn;
 use super::{NOT_GRANTED_MESSAGE, TOOL_UNAVAILABLE_MESSAGE, guarded, requirement_of, run};
 use crate::audit::AuditOutcome;
 use crate::grant::{Decision, DenyReason, Grant, Requirement, authorize, discover};
 use crate::port::{AuditEffect, KernelError};
 use crate::registry::RegisteredTool;
-
-/// Why a call did not reach a result of its handler.
-pub(super) enum Refusal {
-    /// The kernel answers the call itself (recorded `tool.invoked` with the
-    /// result's status and code). Boxed: the common path is `Ok`, and a
-    /// small `Err` keeps every step's return cheap.
-    Answer(Box<ToolResult>),
-    /// The handler was entered and then stopped: recorded `interrupted`
-    /// with `reason`, and the call rejects with `error` (envelope.md C.4).
-    Interrupted {
-        reason: &'static str,
-        error: KernelError,
-    },
-    /// The call rejects with nothing more recorded: stopped before its port
-    /// was entered, or its decision could not be written.
-    Reject(KernelError),
-}
-
-impl From<KernelError> for Refusal {
-    fn from(e: KernelError) -> Self {
-        Refusal::Reject(e)
-    }
-}
 
 /// One call going through the checks.
 struct Checks<'a> {

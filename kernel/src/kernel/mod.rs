@@ -65,6 +65,7 @@ mod build;
 mod effect;
 mod invoke;
 mod records;
+mod refusal;
 mod run;
 mod turn;
 

@@ -8,7 +8,7 @@ use std::task::Poll;
 use sharedos_protocol::{AccessContext, ToolCall, ToolResult};
 use tokio_util::sync::CancellationToken;
 
-use super::invoke::Refusal;
+use super::refusal::Refusal;
 use super::{EXECUTION_FAILED_MESSAGE, ErrorHook};
 use crate::port::{AuditEffect, KernelError};
 use crate::registry::{HandlerAnswer, RegisteredTool, ToolError};

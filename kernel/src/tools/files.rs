@@ -29,12 +29,11 @@ use sharedos_protocol::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::leftovers::TEMP_PREFIX;
 use super::{Def, FILES_NAMESPACE, agent_id};
 use crate::config::FilesConfig;
 use crate::registry::{HandlerAnswer, ToolError, ToolHandler};
 
-/// Temp files of in-flight writes start with this; user paths may not.
-pub(crate) const TEMP_PREFIX: &str = ".sharedos-tmp-";
 /// At most this many segments below the agent's directory.
 const MAX_SEGMENTS: usize = 63;
 

@@ -17,7 +17,8 @@ use std::os::fd::OwnedFd;
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use super::files::TEMP_PREFIX;
+/// Temp files of in-flight writes start with this; user paths may not.
+pub(crate) const TEMP_PREFIX: &str = ".sharedos-tmp-";
 
 /// Directory levels below the root: namespace, agent, then at most 63
 /// path segments.
