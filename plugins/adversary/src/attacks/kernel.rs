@@ -83,6 +83,21 @@ const C47_STEPS: [&str; 6] = [
     "chroot",
 ];
 
+/// Writes `data` to `path` with raw open/write/close (async-signal-safe,
+/// for a forked child); whether all of it was written.
+fn write_once(path: &std::ffi::CStr, data: &[u8]) -> bool {
+    // SAFETY: raw open/write/close on prepared buffers.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let ok = libc::write(fd, data.as_ptr().cast(), data.len()) == data.len() as isize;
+        libc::close(fd);
+        ok
+    }
+}
+
 pub fn c47_nested_userns(bait: &Bait) -> Receipt {
     const A: &str = "C47-nested-userns-mount-chroot";
     let Some(dir) = scratch_dir(bait, "nested") else {
@@ -100,18 +115,7 @@ pub fn c47_nested_userns(bait: &Bait) -> Receipt {
             w.put(sys::errno());
             step
         };
-        let write = |path: &std::ffi::CStr, data: &[u8]| {
-            // SAFETY: raw open/write/close on prepared buffers.
-            unsafe {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return false;
-                }
-                let ok = libc::write(fd, data.as_ptr().cast(), data.len()) == data.len() as isize;
-                libc::close(fd);
-                ok
-            }
-        };
+        let write = write_once;
         // SAFETY: raw syscalls on strings prepared before the fork.
         unsafe {
             if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {

@@ -20,9 +20,9 @@ const SECRET_HINTS: &[&str] = &[
     "DOCKER_HOST",
 ];
 
-pub fn c27_inherited_fds(bait: &Bait) -> Receipt {
-    const A: &str = "C27-inherited-fds";
-    let listed: Vec<String> = match std::fs::read_dir("/proc/self/fd") {
+/// This process's fds above 2, as `n->target`.
+fn fds_above_stdio() -> Vec<String> {
+    match std::fs::read_dir("/proc/self/fd") {
         Ok(d) => d
             .flatten()
             .filter_map(|e| {
@@ -36,7 +36,12 @@ pub fn c27_inherited_fds(bait: &Bait) -> Receipt {
             .map(|(n, t)| format!("{n}->{t}"))
             .collect(),
         Err(e) => vec![format!("/proc/self/fd: {}", describe_io(&e))],
-    };
+    }
+}
+
+pub fn c27_inherited_fds(bait: &Bait) -> Receipt {
+    const A: &str = "C27-inherited-fds";
+    let listed = fds_above_stdio();
     let Some(fd) = bait.inherited_fd else {
         return Receipt::unjudged(
             A,
