@@ -44,8 +44,6 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[
         "plugins/adversary/src/attacks/leaks.rs",
         "c27_inherited_fds",
     ),
-    ("plugins/harness/src/cli.rs", "run"),
-    ("plugins/harness/src/settle.rs", "outcome"),
     ("sandbox/src/bin/sharedos-sandbox-probe.rs", "main"),
 ];
 

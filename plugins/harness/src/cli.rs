@@ -96,6 +96,22 @@ pub fn become_subreaper() {
     }
 }
 
+/// How the CLI ended, from why it was stopped (if it was) and its status.
+fn ended(stopped: Option<StopReason>, status: std::io::Result<std::process::ExitStatus>) -> Ended {
+    match (stopped, status) {
+        // A CLI that wraps up cleanly when asked to stop is taken at its
+        // word (its final message is read as usual).
+        (Some(StopReason::Drain), Ok(s)) if s.code() == Some(0) => Ended::Exited(0),
+        (Some(why), _) => Ended::Stopped(why),
+        (None, Ok(s)) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(c), _) => Ended::Exited(c),
+            (None, Some(sig)) => Ended::Signaled(sig),
+            (None, None) => Ended::Exited(-1),
+        },
+        (None, Err(e)) => Ended::SpawnFailed(format!("waiting for the CLI: {e}")),
+    }
+}
+
 /// Runs the CLI to its end (or the drain/abort), then sweeps its tree.
 pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usize) -> Run {
     let mut cmd = tokio::process::Command::new(&launch.command);
@@ -162,18 +178,7 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         // is at once, and the bound covers a writer the sweep cannot see.
         let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
     }
-    let ended = match (stopped, status) {
-        // A CLI that wraps up cleanly when asked to stop is taken at its
-        // word (its final message is read as usual).
-        (Some(StopReason::Drain), Ok(s)) if s.code() == Some(0) => Ended::Exited(0),
-        (Some(why), _) => Ended::Stopped(why),
-        (None, Ok(s)) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
-            (Some(c), _) => Ended::Exited(c),
-            (None, Some(sig)) => Ended::Signaled(sig),
-            (None, None) => Ended::Exited(-1),
-        },
-        (None, Err(e)) => Ended::SpawnFailed(format!("waiting for the CLI: {e}")),
-    };
+    let ended = ended(stopped, status);
     let take = |t: &Arc<Mutex<Tail>>| t.lock().map(|t| t.bytes().to_vec()).unwrap_or_default();
     Run {
         ended,

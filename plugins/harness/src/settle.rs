@@ -61,26 +61,10 @@ fn last_line(s: &str) -> Option<&str> {
     s.lines().rev().map(str::trim).find(|l| !l.is_empty())
 }
 
-/// The outcome of the turn.
-pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnOutcome {
-    let mut meta = Map::new();
-    meta.insert("toolshare".into(), json!("mcp"));
-    meta.insert("catalogHash".into(), json!(facts.catalog_hash));
-    match &run.ended {
-        Ended::Exited(c) => {
-            meta.insert("exitCode".into(), json!(c));
-        }
-        Ended::Signaled(s) => {
-            meta.insert("signal".into(), json!(s));
-        }
-        _ => {}
-    }
-    // An escalated turn has no output: its final message, if any, goes to
-    // the reviewer in the metadata, cut to 4096 characters.
-    let said: Option<String> = message
-        .as_ref()
-        .map(|m| m.chars().take(MAX_FINAL_IN_METADATA).collect());
-    let ending: Result<String, (&str, String)> = match (&run.ended, message) {
+/// The CLI's final message when it exited 0 with one; otherwise the
+/// error code and message of how it ended.
+fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static str, String)> {
+    match (ended, message) {
         (Ended::Exited(0), Some(m)) => Ok(m),
         (Ended::Exited(0), None) => Err((
             "harness_no_final_message",
@@ -106,7 +90,29 @@ pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnO
             "harness_cli_unavailable",
             format!("The CLI could not be started: {why}"),
         )),
-    };
+    }
+}
+
+/// The outcome of the turn.
+pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnOutcome {
+    let mut meta = Map::new();
+    meta.insert("toolshare".into(), json!("mcp"));
+    meta.insert("catalogHash".into(), json!(facts.catalog_hash));
+    match &run.ended {
+        Ended::Exited(c) => {
+            meta.insert("exitCode".into(), json!(c));
+        }
+        Ended::Signaled(s) => {
+            meta.insert("signal".into(), json!(s));
+        }
+        _ => {}
+    }
+    // An escalated turn has no output: its final message, if any, goes to
+    // the reviewer in the metadata, cut to 4096 characters.
+    let said: Option<String> = message
+        .as_ref()
+        .map(|m| m.chars().take(MAX_FINAL_IN_METADATA).collect());
+    let ending = ending(&run.ended, message);
     if let Some(reason) = facts.escalation {
         // A clean exit after the ask counts as complete: the CLI was told
         // the turn is over and may end with or without a message.
