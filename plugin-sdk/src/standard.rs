@@ -150,6 +150,38 @@ struct StandardLoop {
     options: StandardRuntimeOptions,
 }
 
+/// A driver's decision: the turn ends, or the loop makes a tool call.
+enum Next {
+    Ended(RuntimeTurnOutcome, SessionOutcome),
+    Call(ToolCall, Option<u64>),
+}
+
+/// What a decision that ends the turn answers (an escalation also states
+/// what was asked); a tool call is handed back with its declared step.
+fn settle(host: &Arc<dyn RuntimeHost>, decision: AgentTurnDecision) -> Next {
+    match decision {
+        AgentTurnDecision::Complete { output, metadata } => Next::Ended(
+            RuntimeTurnOutcome::Complete { output, metadata },
+            SessionOutcome::Succeeded,
+        ),
+        AgentTurnDecision::Fail { error, metadata } => Next::Ended(
+            RuntimeTurnOutcome::Fail { error, metadata },
+            SessionOutcome::Failed,
+        ),
+        AgentTurnDecision::Escalate { reason, metadata } => {
+            let _ = host.annotate(
+                "escalationAsked",
+                json!({"tool": "sharedos.escalate", "reason": reason.as_str()}),
+            );
+            Next::Ended(
+                RuntimeTurnOutcome::Escalate { reason, metadata },
+                SessionOutcome::Escalated,
+            )
+        }
+        AgentTurnDecision::ToolCall { call, step } => Next::Call(call, step),
+    }
+}
+
 fn fail(code: &str, message: &str, retryable: bool) -> RuntimeTurnOutcome {
     RuntimeTurnOutcome::Fail {
         error: ProtocolError::new(code, message, Some(retryable)),
@@ -232,55 +264,30 @@ impl StandardLoop {
                 }
                 Err(e) => return Err(Stop::Driver(e)),
             };
-            match decision {
-                AgentTurnDecision::Complete { output, metadata } => {
-                    return Ok((
-                        RuntimeTurnOutcome::Complete { output, metadata },
-                        SessionOutcome::Succeeded,
-                    ));
-                }
-                AgentTurnDecision::Fail { error, metadata } => {
-                    return Ok((
-                        RuntimeTurnOutcome::Fail { error, metadata },
-                        SessionOutcome::Failed,
-                    ));
-                }
-                AgentTurnDecision::Escalate { reason, metadata } => {
-                    let _ = host.annotate(
-                        "escalationAsked",
-                        json!({"tool": "sharedos.escalate", "reason": reason.as_str()}),
-                    );
-                    return Ok((
-                        RuntimeTurnOutcome::Escalate { reason, metadata },
-                        SessionOutcome::Escalated,
-                    ));
-                }
-                AgentTurnDecision::ToolCall {
-                    call,
-                    step: declared,
-                } => {
-                    if declared.is_some_and(|d| d < step) {
-                        return Ok((
-                            fail(
-                                "invalid_driver_decision",
-                                "The agent turn driver declared a step behind the loop's own position.",
-                                false,
-                            ),
-                            SessionOutcome::Failed,
-                        ));
-                    }
-                    let result = host
-                        .invoke_tool(call, Some(declared.unwrap_or(step)))
-                        .await
-                        .map_err(|e| Stop::Host(e.to_string()))?;
-                    // A result that arrives while draining ends the loop;
-                    // the seat is not told.
-                    if draining.is_raised() {
-                        return Err(Stop::Cancelled);
-                    }
-                    input = AgentTurnInput::ToolResult(result);
-                }
+            let (call, declared) = match settle(host, decision) {
+                Next::Ended(outcome, session) => return Ok((outcome, session)),
+                Next::Call(call, declared) => (call, declared),
+            };
+            if declared.is_some_and(|d| d < step) {
+                return Ok((
+                    fail(
+                        "invalid_driver_decision",
+                        "The agent turn driver declared a step behind the loop's own position.",
+                        false,
+                    ),
+                    SessionOutcome::Failed,
+                ));
             }
+            let result = host
+                .invoke_tool(call, Some(declared.unwrap_or(step)))
+                .await
+                .map_err(|e| Stop::Host(e.to_string()))?;
+            // A result that arrives while draining ends the loop; the seat
+            // is not told.
+            if draining.is_raised() {
+                return Err(Stop::Cancelled);
+            }
+            input = AgentTurnInput::ToolResult(result);
         }
         Ok((
             fail(

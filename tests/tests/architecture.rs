@@ -35,7 +35,6 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[
     ("host/src/process/mod.rs", "run"),
     ("host/src/egress/tunnel.rs", "tunnel"),
     // Not split yet this round (issue 9's step 5).
-    ("plugin-sdk/src/standard.rs", "drive"),
     (
         "plugins/adversary/src/attacks/kernel.rs",
         "c47_nested_userns",
