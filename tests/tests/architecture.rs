@@ -34,16 +34,6 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[
     // tunnel (the gateway branch).
     ("host/src/process/mod.rs", "run"),
     ("host/src/egress/tunnel.rs", "tunnel"),
-    // Not split yet this round (issue 9's step 5).
-    (
-        "plugins/adversary/src/attacks/kernel.rs",
-        "c47_nested_userns",
-    ),
-    (
-        "plugins/adversary/src/attacks/leaks.rs",
-        "c27_inherited_fds",
-    ),
-    ("sandbox/src/bin/sharedos-sandbox-probe.rs", "main"),
 ];
 
 /// Pairs of files that still import each other; the lead removes each

@@ -232,130 +232,10 @@ fn main() {
     let mut out = BTreeMap::new();
     for op in std::env::args().skip(1) {
         let (kind, arg) = op.split_once(':').unwrap_or((op.as_str(), ""));
-        let res = match kind {
-            "read" => io_res(std::fs::read(arg)),
-            "write" => io_res(std::fs::write(arg, b"pwned")),
-            "mkdir" => io_res(std::fs::create_dir(arg)),
-            "socket" => socket(arg),
-            "connect" => io_res(std::net::TcpStream::connect((
-                "127.0.0.1",
-                arg.parse().unwrap_or(1),
-            ))),
-            "status" => status(),
-            "fds" => fds(),
-            "env" => {
-                let mut keys: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
-                keys.sort();
-                keys.join(",")
-            }
-            "uid" => {
-                // SAFETY: getuid has no preconditions.
-                unsafe { libc::getuid() }.to_string()
-            }
-            "hostname" => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-            "cwd" => std::env::current_dir()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            "unshare" => {
-                // SAFETY: unshare with a flag word.
-                if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
-                    "ok".into()
-                } else {
-                    errno()
-                }
-            }
-            "ptrace" => {
-                // SAFETY: PTRACE_TRACEME with null pointers.
-                if unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) } == 0 {
-                    "ok".into()
-                } else {
-                    errno()
-                }
-            }
-            "procs" => std::fs::read_dir("/proc")
-                .map(|d| {
-                    d.filter(|e| {
-                        e.as_ref()
-                            .ok()
-                            .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                            .is_some()
-                    })
-                    .count()
-                    .to_string()
-                })
-                .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
-            "daemon" => daemon(arg),
-            "sys" => sys(arg),
-            "mmap" => {
-                let len = arg.parse::<usize>().unwrap_or(1) << 20;
-                // SAFETY: an anonymous private mapping, unmapped right away;
-                // it is never touched, so it costs no memory.
-                unsafe {
-                    let p = libc::mmap(
-                        std::ptr::null_mut(),
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                        -1,
-                        0,
-                    );
-                    if p == libc::MAP_FAILED {
-                        errno()
-                    } else {
-                        libc::munmap(p, len);
-                        "ok".into()
-                    }
-                }
-            }
-            "fdmax" => {
-                let mut files = Vec::new();
-                let err = loop {
-                    match std::fs::File::open("/dev/null") {
-                        Ok(f) => files.push(f),
-                        Err(e) => break e.raw_os_error().unwrap_or(0),
-                    }
-                    if files.len() > 100_000 {
-                        break 0;
-                    }
-                };
-                format!("{} err:{err}", files.len())
-            }
-            "exec" => match std::process::Command::new(arg).output() {
-                Ok(o) => format!("ok:{}", String::from_utf8_lossy(&o.stdout).trim()),
-                Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
-            },
-            "uconnect" => io_res(std::os::unix::net::UnixStream::connect(arg)),
-            "aconnect" => {
-                use std::os::linux::net::SocketAddrExt;
-                match std::os::unix::net::SocketAddr::from_abstract_name(arg.as_bytes()) {
-                    Ok(addr) => io_res(std::os::unix::net::UnixStream::connect_addr(&addr)),
-                    Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
-                }
-            }
-            "shmget" => {
-                // SAFETY: shmget with an integer key and no creation flag.
-                let id = unsafe { libc::shmget(arg.parse().unwrap_or(0), 0, 0) };
-                if id < 0 { errno() } else { "ok".into() }
-            }
-            "kill" => {
-                // SAFETY: kill with a pid; the test passes a victim it owns.
-                if unsafe { libc::kill(arg.parse().unwrap_or(-2), libc::SIGKILL) } == 0 {
-                    "ok".into()
-                } else {
-                    errno()
-                }
-            }
-            "fork" => fork_many(arg.parse().unwrap_or(1)),
-            "fill" => {
-                let (path, mib) = arg.rsplit_once(':').unwrap_or((arg, "1"));
-                fill(path, mib.parse().unwrap_or(1))
-            }
-            "exit" => std::process::exit(arg.parse().unwrap_or(0)),
-            _ => "err:unknown-op".into(),
-        };
+        let res = fs_and_net_op(kind, arg)
+            .or_else(|| process_info_op(kind))
+            .or_else(|| syscall_op(kind, arg))
+            .unwrap_or_else(|| "err:unknown-op".into());
         out.insert(op.clone(), res);
     }
     let mut line = String::from("{");
@@ -367,4 +247,146 @@ fn main() {
     }
     line.push('}');
     println!("{line}");
+}
+
+/// Files, sockets and exec. `None` when `kind` is not one of them.
+fn fs_and_net_op(kind: &str, arg: &str) -> Option<String> {
+    Some(match kind {
+        "read" => io_res(std::fs::read(arg)),
+        "write" => io_res(std::fs::write(arg, b"pwned")),
+        "mkdir" => io_res(std::fs::create_dir(arg)),
+        "socket" => socket(arg),
+        "connect" => io_res(std::net::TcpStream::connect((
+            "127.0.0.1",
+            arg.parse().unwrap_or(1),
+        ))),
+        "exec" => match std::process::Command::new(arg).output() {
+            Ok(o) => format!("ok:{}", String::from_utf8_lossy(&o.stdout).trim()),
+            Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
+        },
+        "uconnect" => io_res(std::os::unix::net::UnixStream::connect(arg)),
+        "aconnect" => {
+            use std::os::linux::net::SocketAddrExt;
+            match std::os::unix::net::SocketAddr::from_abstract_name(arg.as_bytes()) {
+                Ok(addr) => io_res(std::os::unix::net::UnixStream::connect_addr(&addr)),
+                Err(e) => format!("err:{}", e.raw_os_error().unwrap_or(0)),
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// What the process sees of itself. `None` when `kind` is not one of them.
+fn process_info_op(kind: &str) -> Option<String> {
+    Some(match kind {
+        "status" => status(),
+        "fds" => fds(),
+        "env" => {
+            let mut keys: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+            keys.sort();
+            keys.join(",")
+        }
+        "uid" => {
+            // SAFETY: getuid has no preconditions.
+            unsafe { libc::getuid() }.to_string()
+        }
+        "hostname" => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        "cwd" => std::env::current_dir()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        "procs" => std::fs::read_dir("/proc")
+            .map(|d| {
+                d.filter(|e| {
+                    e.as_ref()
+                        .ok()
+                        .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                        .is_some()
+                })
+                .count()
+                .to_string()
+            })
+            .unwrap_or_else(|e| format!("err:{}", e.raw_os_error().unwrap_or(0))),
+        _ => return None,
+    })
+}
+
+/// System calls a sandbox must refuse or bound. `None` when `kind` is not one of them.
+fn syscall_op(kind: &str, arg: &str) -> Option<String> {
+    Some(match kind {
+        "unshare" => {
+            // SAFETY: unshare with a flag word.
+            if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
+                "ok".into()
+            } else {
+                errno()
+            }
+        }
+        "ptrace" => {
+            // SAFETY: PTRACE_TRACEME with null pointers.
+            if unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) } == 0 {
+                "ok".into()
+            } else {
+                errno()
+            }
+        }
+        "daemon" => daemon(arg),
+        "sys" => sys(arg),
+        "mmap" => {
+            let len = arg.parse::<usize>().unwrap_or(1) << 20;
+            // SAFETY: an anonymous private mapping, unmapped right away;
+            // it is never touched, so it costs no memory.
+            unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    errno()
+                } else {
+                    libc::munmap(p, len);
+                    "ok".into()
+                }
+            }
+        }
+        "fdmax" => {
+            let mut files = Vec::new();
+            let err = loop {
+                match std::fs::File::open("/dev/null") {
+                    Ok(f) => files.push(f),
+                    Err(e) => break e.raw_os_error().unwrap_or(0),
+                }
+                if files.len() > 100_000 {
+                    break 0;
+                }
+            };
+            format!("{} err:{err}", files.len())
+        }
+        "shmget" => {
+            // SAFETY: shmget with an integer key and no creation flag.
+            let id = unsafe { libc::shmget(arg.parse().unwrap_or(0), 0, 0) };
+            if id < 0 { errno() } else { "ok".into() }
+        }
+        "kill" => {
+            // SAFETY: kill with a pid; the test passes a victim it owns.
+            if unsafe { libc::kill(arg.parse().unwrap_or(-2), libc::SIGKILL) } == 0 {
+                "ok".into()
+            } else {
+                errno()
+            }
+        }
+        "fork" => fork_many(arg.parse().unwrap_or(1)),
+        "fill" => {
+            let (path, mib) = arg.rsplit_once(':').unwrap_or((arg, "1"));
+            fill(path, mib.parse().unwrap_or(1))
+        }
+        "exit" => std::process::exit(arg.parse().unwrap_or(0)),
+        _ => return None,
+    })
 }
