@@ -273,6 +273,37 @@ async fn observation_latency(db: &TestDatabase, n: usize) -> Value {
 /// How many turns each sink and store takes.
 const ROUNDS: usize = 20;
 
+/// `store` with a lease of host id `host` taken (an hour: no renewal in
+/// the run), so its writes go through the fencing.
+async fn leased(store: Arc<dyn Store>, host: &'static str) -> Arc<dyn Store> {
+    store
+        .acquire_lease(
+            host,
+            Duration::from_secs(3600),
+            &sharedos_protocol::Timestamp::now(),
+        )
+        .await
+        .expect("lease");
+    store
+}
+
+/// Loading grants (from the configuration, from each store) and how soon
+/// another host observes a change.
+async fn grant_figures(
+    db: &TestDatabase,
+    sqlite: Arc<SqliteStore>,
+    pg: Arc<PostgresStore>,
+    n: usize,
+) -> Vec<Value> {
+    let config = ConfigGrantSource::new(bench_grants());
+    vec![
+        grant_load("kernel.grant_load.config", &config, n).await,
+        stored_grant_load("sqlite", sqlite, n).await,
+        stored_grant_load("postgres", pg, n).await,
+        observation_latency(db, n.min(1000)).await,
+    ]
+}
+
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args()
@@ -289,17 +320,6 @@ async fn main() {
             .await
             .expect("pg"),
     );
-    let leased = |store: Arc<dyn Store>, host: &'static str| async move {
-        store
-            .acquire_lease(
-                host,
-                Duration::from_secs(3600),
-                &sharedos_protocol::Timestamp::now(),
-            )
-            .await
-            .expect("lease");
-        store
-    };
     let sqlite_leased = leased(
         Arc::new(
             SqliteStore::open(dir.path().join("bench.db"), SqliteOptions::default())
@@ -358,11 +378,7 @@ async fn main() {
     for j in journals {
         out.extend(j.summaries());
     }
-    let config = ConfigGrantSource::new(bench_grants());
-    out.push(grant_load("kernel.grant_load.config", &config, n).await);
-    out.push(stored_grant_load("sqlite", sqlite.clone(), n).await);
-    out.push(stored_grant_load("postgres", pg.clone(), n).await);
-    out.push(observation_latency(&db, n.min(1000)).await);
+    out.extend(grant_figures(&db, sqlite.clone(), pg.clone(), n).await);
     for v in out {
         println!("{v}");
     }
