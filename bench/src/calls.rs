@@ -105,7 +105,7 @@ pub async fn envelope_parallel(
 /// Waits until every finished turn's plugin is reaped (its CPU time is
 /// then in this process's children's).
 async fn settle() {
-    let _ = tokio::task::spawn_blocking(crate::process::settle_kills).await;
+    let _ = tokio::task::spawn_blocking(sharedos_host::process::settle_kills).await;
 }
 
 /// The floor: the raw NDJSON pipe pair of (a) (`sharedos __bench-echo`,

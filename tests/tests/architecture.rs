@@ -30,10 +30,8 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[
     // The turn driver and the SDK's serve loop (the one-peer step).
     ("host/src/broker/turn.rs", "drive_turn"),
     ("plugin-sdk/src/serve.rs", "serve_io"),
-    // The process runtime's run (the executor step) and the gateway's
-    // tunnel (the gateway branch).
+    // The process runtime's run (the executor step).
     ("host/src/process/mod.rs", "run"),
-    ("host/src/egress/tunnel.rs", "tunnel"),
 ];
 
 /// Pairs of files that still import each other; the lead removes each
