@@ -197,6 +197,12 @@ impl RuntimePlugin for TimingPlugin {
             .unwrap_or_else(|_| unreachable!())
     }
 
+    /// It keeps nothing between turns; the host reuses it only where a
+    /// runtime has session affinity (`sharedos bench --only affinity`).
+    fn many_turns(&self) -> bool {
+        true
+    }
+
     async fn run(
         &self,
         request: RuntimeTurnRequest,

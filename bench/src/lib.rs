@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub mod affinity;
 pub mod calls;
 pub mod envelope;
 pub mod fixture;
@@ -162,6 +163,9 @@ pub enum Only {
     /// The MCP harness: execute() to the first tools/list, and an MCP tool
     /// call against an in-process plugin's.
     Harness,
+    /// A session's next turn on its parked process (session affinity)
+    /// against a fresh prepared sandbox and the in-process floor.
+    Affinity,
 }
 
 /// Issue 15's figures alone.
@@ -209,6 +213,9 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
         Only::Spawn => {
             let spawns = (iterations / 20).clamp(20, 200);
             failed |= spawn_figures(exe, spawns).await;
+        }
+        Only::Affinity => {
+            failed |= !affinity::print(exe, (iterations / 20).clamp(20, 200)).await;
         }
         Only::Harness => {
             failed |= !harness::print(

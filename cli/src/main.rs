@@ -85,9 +85,10 @@ enum Command {
         iterations: usize,
         /// Only one part: `turns` (a zero-call turn stage by stage),
         /// `calls` (sequential and concurrent tool calls), `spawn` (every
-        /// sandbox mode against bwrap, layer costs and stage timings) or
+        /// sandbox mode against bwrap, layer costs and stage timings),
         /// `harness` (the MCP harness: execute() to the first tools/list,
-        /// an MCP tool call against an in-process plugin's).
+        /// an MCP tool call against an in-process plugin's) or `affinity`
+        /// (a session's next turn on its parked process).
         #[arg(long)]
         only: Option<sharedos_bench::Only>,
     },

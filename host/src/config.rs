@@ -152,6 +152,11 @@ pub struct RuntimeEntry {
     /// seats, passed as `--harness <json>` (docs/HARNESS.md).
     #[serde(default)]
     pub harness: Option<sharedos_protocol::harness::HarnessSpec>,
+    /// Session affinity, off when absent: `{ ttlMs = N }` lets consecutive
+    /// turns of one session reuse one process for up to N ms between them
+    /// (docs/SECURITY.md, "Session affinity").
+    #[serde(default)]
+    pub affinity: Option<AffinityConfig>,
 }
 
 impl RuntimeEntry {
@@ -299,6 +304,14 @@ impl RuntimeEntry {
                 .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
         }
         r.network.check(&format!("runtimes[{i}].network"))?;
+        if let Some(a) = &r.affinity {
+            a.check(&format!("runtimes[{i}].affinity"))?;
+            if r.network != crate::egress::NetworkPolicy::None {
+                return Err(format!(
+                    "runtimes[{i}].affinity: not available with a network policy (the gateway serves one turn at a time); remove one of them"
+                ));
+            }
+        }
         if r.sandbox.egress_port.is_some() {
             return Err(format!(
                 "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
@@ -320,6 +333,35 @@ impl RuntimeEntry {
             protocol_version: Version::V1,
             metadata: self.metadata.clone(),
         }
+    }
+}
+
+/// The largest `affinity.ttlMs` a runtime entry may set (5 minutes): a
+/// parked process holds its sandbox and memory with no turn running.
+pub const MAX_AFFINITY_TTL_MS: u64 = 300_000;
+
+/// `affinity` of a runtime entry: how long a process may wait, parked,
+/// for the next turn of its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AffinityConfig {
+    pub ttl_ms: u64,
+}
+
+impl AffinityConfig {
+    /// Refuses a TTL out of `1..=MAX_AFFINITY_TTL_MS`; `at` names the entry.
+    pub fn check(&self, at: &str) -> Result<(), String> {
+        if !(1..=MAX_AFFINITY_TTL_MS).contains(&self.ttl_ms) {
+            return Err(format!(
+                "{at}.ttlMs: must be 1..={MAX_AFFINITY_TTL_MS} (at most 5 minutes), got {}",
+                self.ttl_ms
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms)
     }
 }
 

@@ -6,10 +6,16 @@ use std::time::Duration;
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
 use crate::egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, Signal};
+use sharedos_protocol::{RuntimeTurnOutcome, RuntimeTurnRequest};
+
 use crate::executor::{
     DEFAULT_MAX_TURN_BYTES, ExecutorOptions, OnTurnError, RuntimeDiagnosis, Seat, SeatReports,
+    SessionSeat,
 };
-use crate::process::{DirectLauncher, Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig};
+use crate::process::{
+    AffinityKey, DirectLauncher, Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig,
+};
 use crate::registry::{RegistryError, RuntimeRegistry};
 use crate::sandboxed::SandboxLauncher;
 
@@ -29,6 +35,31 @@ impl SeatReports for ProcessRuntime {
             deterministic: d.deterministic,
             process: d.process,
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionSeat for ProcessRuntime {
+    async fn run_in_session(
+        &self,
+        key: AffinityKey,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        ProcessRuntime::run_in_session(self, key, request, host, abort).await
+    }
+    fn turn_ended(&self, execution_id: &str, keep: bool) {
+        self.session_turn_ended(execution_id, keep);
+    }
+    fn take_affinity(&self, execution_id: &str) -> Option<serde_json::Value> {
+        ProcessRuntime::take_affinity(self, execution_id)
+    }
+    fn release_session(&self, session: &str) {
+        ProcessRuntime::release_session(self, session);
+    }
+    fn release_all(&self) {
+        self.release_parked();
     }
 }
 
@@ -103,6 +134,7 @@ pub fn process_runtime(
     }
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
     pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;
+    pc.affinity = entry.affinity;
     let runtime = ProcessRuntime::new(pc, launcher).map_err(|source| SeatError::Load {
         runtime: entry.id.to_string(),
         source,
@@ -127,11 +159,13 @@ fn egress_seat(entry: &RuntimeEntry) -> Result<Option<Arc<EgressSeat>>, SeatErro
 
 /// A seat for a process runtime.
 pub fn process_seat(runtime: Arc<ProcessRuntime>) -> Seat {
+    let affine = runtime.config().affinity.is_some();
     Seat {
         manifest: runtime.config().manifest.clone(),
         plugin: runtime.clone(),
         egress: runtime.config().egress.clone(),
-        reports: Some(runtime),
+        reports: Some(runtime.clone()),
+        sessions: affine.then_some(runtime as Arc<dyn SessionSeat>),
     }
 }
 
@@ -218,5 +252,33 @@ maxInflightToolCalls = 200
         .unwrap();
         let rt = process_runtime(&default, &default.runtimes[0], Arc::new(DirectLauncher)).unwrap();
         assert_eq!(rt.config().max_inflight_tool_calls, 64);
+    }
+
+    #[test]
+    fn a_runtime_with_affinity_gets_a_session_seat_and_one_without_does_not() {
+        let text = r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "/bin/true"
+affinity = { ttlMs = 30000 }
+"#;
+        let config = HostConfig::parse(text, "host.toml", Path::new("/tmp")).unwrap();
+        let rt = process_runtime(&config, &config.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        assert_eq!(rt.config().affinity.map(|a| a.ttl_ms), Some(30_000));
+        assert!(super::process_seat(rt).sessions.is_some());
+        let off = HostConfig::parse(
+            &text.replace("affinity = { ttlMs = 30000 }\n", ""),
+            "host.toml",
+            Path::new("/tmp"),
+        )
+        .unwrap();
+        let rt = process_runtime(&off, &off.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        assert_eq!(rt.config().affinity, None);
+        assert!(super::process_seat(rt).sessions.is_none());
     }
 }

@@ -195,6 +195,7 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
         plugin,
         reports: Some(late.clone()),
         egress: None,
+        sessions: None,
     };
     let (opts, turn_errors) = options(0);
     let h = Harness {

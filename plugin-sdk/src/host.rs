@@ -71,6 +71,16 @@ pub trait RuntimePlugin: Send + Sync {
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
     ) -> Result<RuntimeTurnOutcome, RuntimeError>;
+
+    /// Whether this plugin, served over stdio, may be given several turns
+    /// of one session one after the other in one process (it answers
+    /// `initialize` with `turns: "many"`; docs/PROTOCOL.md section 4.6).
+    /// Say `true` only if `run` keeps nothing of one turn that would break
+    /// the next: the host, the signals and the turn id are fresh each
+    /// turn. The default, `false`: one process per turn.
+    fn many_turns(&self) -> bool {
+        false
+    }
 }
 
 /// What a runtime is handed. Exactly five members; a sixth is a decision
@@ -123,6 +133,9 @@ impl<T: RuntimePlugin + ?Sized> RuntimePlugin for Arc<T> {
         abort: Signal,
     ) -> Result<RuntimeTurnOutcome, RuntimeError> {
         (**self).run(request, host, abort).await
+    }
+    fn many_turns(&self) -> bool {
+        (**self).many_turns()
     }
 }
 

@@ -289,6 +289,22 @@ struct ActiveTurn {
     turn_id: TurnId,
     drain: SignalSource,
     abort: SignalSource,
+    /// Set just before the outcome is queued: from then on a plugin with
+    /// `turns: "many"` may be given the next turn.
+    answered: Arc<AtomicBool>,
+}
+
+/// The `initialize` result's capabilities: `turns: "many"` when the
+/// plugin says it may serve several turns.
+fn turns_capability(many: bool) -> sharedos_protocol::JsonObject {
+    let mut caps = sharedos_protocol::JsonObject::new();
+    if many {
+        caps.insert(
+            sharedos_protocol::CAPABILITY_TURNS.into(),
+            Value::from(sharedos_protocol::TURNS_MANY),
+        );
+    }
+    caps
 }
 
 /// Serves `plugin` over any reader/writer pair (a child's stdio, or
@@ -313,6 +329,8 @@ where
     });
     let mut lines = FramedRead::new(reader, NdjsonCodec::new(DEFAULT_MAX_MESSAGE_BYTES));
     let mut initialized = false;
+    // Both sides said `turns: "many"` in `initialize`.
+    let mut many = false;
     let mut turn: Option<ActiveTurn> = None;
     let mut turn_task: Option<tokio::task::JoinHandle<()>> = None;
     let result = loop {
@@ -355,6 +373,8 @@ where
                     };
                     conn.max_message_bytes
                         .store(p.limits.max_message_bytes, Ordering::Relaxed);
+                    many = plugin.many_turns()
+                        && sharedos_protocol::offers_many_turns(&p.capabilities);
                     initialized = true;
                     conn.respond(
                         &id,
@@ -362,7 +382,7 @@ where
                             protocol_version: version,
                             manifest: plugin.manifest(),
                             sdk: Some(SDK_NAME.into()),
-                            capabilities: Default::default(),
+                            capabilities: turns_capability(plugin.many_turns()),
                         },
                     );
                 }
@@ -373,6 +393,13 @@ where
                             WireError::new(ErrorKind::NotInitialized, "initialize first"),
                         );
                         continue;
+                    }
+                    // A plugin with `turns: "many"` takes the next turn
+                    // once the previous one answered; the old turn's
+                    // signals are raised so nothing of it keeps running.
+                    if let Some(t) = turn.take_if(|t| many && t.answered.load(Ordering::SeqCst)) {
+                        t.drain.raise();
+                        t.abort.raise();
                     }
                     if turn.is_some() {
                         conn.fail(
@@ -392,7 +419,9 @@ where
                         turn_id: p.turn_id.clone(),
                         drain: SignalSource::new(),
                         abort: SignalSource::new(),
+                        answered: Arc::new(AtomicBool::new(false)),
                     };
+                    let answered = active.answered.clone();
                     let host = Arc::new(RemoteHost {
                         conn: conn.clone(),
                         turn_id: p.turn_id,
@@ -412,6 +441,7 @@ where
                         // B.2-B.4): calls and emits are refused from now on,
                         // annotations silently dropped.
                         seat.closed.store(true, Ordering::Relaxed);
+                        answered.store(true, Ordering::SeqCst);
                         match ended {
                             Ok(outcome) => conn.respond(&id, &outcome),
                             Err(e) => {

@@ -84,6 +84,18 @@ pub struct InitializeParams {
     pub capabilities: JsonObject,
 }
 
+/// The capability key by which the host offers, and a plugin accepts,
+/// several turns on one connection (docs/PROTOCOL.md section 4.6).
+pub const CAPABILITY_TURNS: &str = "turns";
+/// Its one value: after a turn's outcome, the host may send the next
+/// `turn/run` on the same connection instead of closing stdin.
+pub const TURNS_MANY: &str = "many";
+
+/// Whether a `capabilities` object says `turns: "many"`.
+pub fn offers_many_turns(capabilities: &JsonObject) -> bool {
+    capabilities.get(CAPABILITY_TURNS).and_then(Value::as_str) == Some(TURNS_MANY)
+}
+
 /// `initialize` result (P→H response).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -15,9 +15,9 @@ use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
 use sharedos_protocol::jsonrpc::{WireError, truncate};
 use sharedos_protocol::{
     AnnotateParams, ConnectionLimits, EmitParams, ErrorKind, HostInfo, InitializeParams,
-    InitializeResult, InvokeToolParams, PROTOCOL_VERSIONS, RuntimeLimits, RuntimeManifest,
-    RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult, TurnAbortParams, TurnDrainingParams,
-    TurnId, TurnRunParams, methods,
+    InitializeResult, InvokeToolParams, JsonObject, PROTOCOL_VERSIONS, RuntimeLimits,
+    RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult, TurnAbortParams,
+    TurnDrainingParams, TurnId, TurnRunParams, methods,
 };
 use tokio::time::Instant;
 
@@ -89,6 +89,19 @@ pub async fn handshake(
     limits: ConnectionLimits,
     timeout: Duration,
 ) -> Result<InitializeResult, HandshakeError> {
+    handshake_offering(peer, inbound, expected, limits, JsonObject::new(), timeout).await
+}
+
+/// [`handshake`] with the host's `capabilities` (`turns: "many"` for a
+/// runtime with session affinity, docs/PROTOCOL.md section 4.6).
+pub async fn handshake_offering(
+    peer: &mut Peer,
+    inbound: &mut Inbox,
+    expected: &RuntimeManifest,
+    limits: ConnectionLimits,
+    capabilities: JsonObject,
+    timeout: Duration,
+) -> Result<InitializeResult, HandshakeError> {
     let params = InitializeParams {
         protocol_versions: PROTOCOL_VERSIONS.to_vec(),
         host: HostInfo {
@@ -96,7 +109,7 @@ pub async fn handshake(
             version: env!("CARGO_PKG_VERSION").into(),
         },
         limits,
-        capabilities: Default::default(),
+        capabilities,
     };
     let id = peer
         .request(methods::INITIALIZE, &params)

@@ -6,6 +6,7 @@
 //! names), hand the runtime a sanitized request, mediate every effect, and
 //! build the result on every way out with the envelope's provenance.
 
+mod conclude;
 mod deadline;
 mod detach;
 mod egress;
@@ -24,20 +25,29 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
-use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
+use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin, Signal};
 use sharedos_protocol::{
-    AccessContext, Address, Escalation, EscalationStatus, ExecutionRequest, ExecutionResult,
-    ExecutionStatus, ReachResult, RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome,
-    RuntimeTurnRequest, RuntimeVisibleContext, canonical_json,
+    AccessContext, Address, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult,
+    RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, RuntimeVisibleContext,
+    canonical_json,
 };
 
 pub use ledger::{EVENT_OVERHEAD_BYTES, STDERR_TAIL_RESERVE_BYTES, VALUE_NODE_BYTES};
 pub use mediation::EnvelopeHost;
 pub use options::*;
 
+use crate::process::AffinityKey;
 use deadline::{StopCause, spawn_deadlines};
 use ending::*;
-use turn::{TURN_MEMORY_EXCEEDED, Turn, TurnBudget, TurnParams, lock};
+use turn::{Turn, TurnBudget, TurnParams, lock};
+
+/// What the first steps of a turn opened with the kernel.
+struct Opened {
+    kernel_turn: Arc<dyn sharedos_kernel::KernelTurn>,
+    context: Arc<AccessContext>,
+    reach: ReachResult,
+    effective: Vec<sharedos_protocol::ToolDefinition>,
+}
 
 /// What the body of a turn threw.
 enum Caught {
@@ -193,13 +203,45 @@ impl Executor {
         opts: ExecuteOptions,
         outage: Option<RecordOutage>,
     ) -> Result<ExecutionResult, ExecuteError> {
-        request.check()?;
-        let started_at = (self.options.clock)();
-        let limits = self.limits(&request);
-        let turn = Turn::new(TurnParams {
+        self.execute_turn(request, opts, outage, None).await
+    }
+
+    /// [`Executor::execute_recorded`] for a turn of the session
+    /// `session`: with session affinity configured, it may run on the
+    /// process the session's previous turn left parked under the same
+    /// session and the same trusted fingerprint (agent, namespace,
+    /// authority, owner, purpose, enabled tool namespaces). For a host's
+    /// session layer (`Sessions`); a bare `execute` never reuses.
+    pub async fn execute_in_session(
+        &self,
+        request: ExecutionRequest,
+        opts: ExecuteOptions,
+        outage: Option<RecordOutage>,
+        session: &str,
+    ) -> Result<ExecutionResult, ExecuteError> {
+        self.execute_turn(request, opts, outage, Some(session))
+            .await
+    }
+
+    /// Kills the processes parked for `session` (it was closed).
+    pub fn release_session(&self, session: &str) {
+        if let Some(s) = &self.seat.sessions {
+            s.release_session(session);
+        }
+    }
+
+    /// Kills every process parked for this seat (the host is stopping).
+    pub fn release_parked(&self) {
+        if let Some(s) = &self.seat.sessions {
+            s.release_all();
+        }
+    }
+
+    fn new_turn(&self, request: &ExecutionRequest, opts: &ExecuteOptions) -> Arc<Turn> {
+        Turn::new(TurnParams {
             execution_id: request.execution_id.clone(),
             context: request.context.clone(),
-            limits,
+            limits: self.limits(request),
             drain_grace_ms: self.options.drain_grace_ms,
             runtime_ref: self.runtime_ref(),
             clock: self.options.clock.clone(),
@@ -211,40 +253,20 @@ impl Executor {
                 max_annotation_keys: self.options.max_annotation_keys,
                 max_annotation_bytes: self.options.max_annotation_bytes,
             },
-        });
+        })
+    }
 
-        // Context checks, before any kernel call.
-        if let Some(code) = context_mismatch(&request) {
-            turn.push_event("turn.denied", json!({"code": code}));
-            let message = match code {
-                "actor_mismatch" => "The execution context actor does not match the agent.",
-                "receiver_mismatch" => "The message receiver does not match the agent.",
-                _ => "The message does not match the execution context.",
-            };
-            turn.close();
-            let result = build(
-                &turn,
-                Ending::denied(code, message),
-                started_at,
-                &self.runtime_provenance(None),
-                false,
-            );
-            return Ok(self.finish(&turn, result, None).await);
-        }
-
-        // The deadline machinery starts now.
-        if let Some(w) = self.no_working_time(limits.timeout_ms) {
-            tracing::warn!(execution_id = %turn.execution_id, "{w}");
-        }
-        let stop = Arc::new(StopCause::default());
-        let timers = spawn_deadlines(
-            &turn,
-            limits.timeout_ms,
-            self.options.drain_grace_ms,
-            stop.clone(),
-        );
+    /// The tasks that stop the turn on the caller's cancel and on an
+    /// outage of the caller's record.
+    fn spawn_watchers(
+        &self,
+        turn: &Arc<Turn>,
+        opts: &ExecuteOptions,
+        outage: Option<RecordOutage>,
+        stop: &Arc<StopCause>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         let cancel_watch = opts.cancel.clone().map(|c| {
-            let t = Arc::downgrade(&turn);
+            let t = Arc::downgrade(turn);
             let stop = stop.clone();
             tokio::spawn(async move {
                 c.cancelled().await;
@@ -258,7 +280,7 @@ impl Executor {
             })
         });
         let outage_watch = outage.map(|o| {
-            let t = Arc::downgrade(&turn);
+            let t = Arc::downgrade(turn);
             tokio::spawn(async move {
                 o.raised().await;
                 if let Some(t) = t.upgrade() {
@@ -270,23 +292,84 @@ impl Executor {
                 }
             })
         });
-        if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-            timers.abort();
-            for w in [cancel_watch, outage_watch].into_iter().flatten() {
-                w.abort();
-            }
-            turn.close();
-            let result = build(
-                &turn,
-                Ending::cancelled(true, "caller"),
-                started_at,
-                &self.runtime_provenance(None),
-                false,
-            );
-            return Ok(self.finish(&turn, result, None).await);
+        [cancel_watch, outage_watch].into_iter().flatten().collect()
+    }
+
+    /// A turn that ends before anything runs (a context mismatch, a
+    /// caller that cancelled first).
+    async fn end_early(
+        &self,
+        turn: &Arc<Turn>,
+        ending: Ending,
+        started_at: sharedos_protocol::Timestamp,
+    ) -> ExecutionResult {
+        turn.close();
+        let result = build(
+            turn,
+            ending,
+            started_at,
+            &self.runtime_provenance(None),
+            false,
+        );
+        self.finish(turn, result, None).await
+    }
+
+    async fn execute_turn(
+        &self,
+        request: ExecutionRequest,
+        opts: ExecuteOptions,
+        outage: Option<RecordOutage>,
+        session: Option<&str>,
+    ) -> Result<ExecutionResult, ExecuteError> {
+        request.check()?;
+        let started_at = (self.options.clock)();
+        let turn = self.new_turn(&request, &opts);
+        let limits = turn.limits;
+
+        // Context checks, before any kernel call.
+        if let Some(code) = context_mismatch(&request) {
+            turn.push_event("turn.denied", json!({"code": code}));
+            let message = match code {
+                "actor_mismatch" => "The execution context actor does not match the agent.",
+                "receiver_mismatch" => "The message receiver does not match the agent.",
+                _ => "The message does not match the execution context.",
+            };
+            let ending = Ending::denied(code, message);
+            return Ok(self.end_early(&turn, ending, started_at).await);
         }
 
-        let body = self.body(&turn, request).await;
+        // The deadline machinery starts now.
+        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+            tracing::warn!(execution_id = %turn.execution_id, "{w}");
+        }
+        let stop = Arc::new(StopCause::default());
+        let timers = spawn_deadlines(
+            &turn,
+            limits.timeout_ms,
+            self.options.drain_grace_ms,
+            stop.clone(),
+        );
+        let watchers = self.spawn_watchers(&turn, &opts, outage, &stop);
+        if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+            timers.abort();
+            watchers.iter().for_each(|w| w.abort());
+            let ending = Ending::cancelled(true, "caller");
+            return Ok(self.end_early(&turn, ending, started_at).await);
+        }
+
+        let key = session.map(|s| AffinityKey::new(s, &request.agent, &request.context));
+        let affine = key.is_some() && self.seat.sessions.is_some();
+        let body = self.body(&turn, request, key).await;
+        if affine {
+            // Only a turn that completed, with no drain, leaves its process
+            // for the session's next turn; decided before anything else
+            // can await (a parked process is killed at its TTL regardless).
+            let keep = matches!(&body, Ok((e, _)) if e.status == ExecutionStatus::Succeeded)
+                && !turn.signals.soft_raised();
+            if let Some(s) = &self.seat.sessions {
+                s.turn_ended(turn.execution_id.as_str(), keep);
+            }
+        }
         let diagnosis = self
             .seat
             .reports
@@ -298,24 +381,43 @@ impl Executor {
         };
         turn.close();
         timers.abort();
-        for w in [cancel_watch, outage_watch].into_iter().flatten() {
-            w.abort();
-        }
+        watchers.iter().for_each(|w| w.abort());
+        let with_annotations = ending.status != ExecutionStatus::Denied;
+        let runtime = self.turn_provenance(&turn, diagnosis, limits.timeout_ms);
+        let result = build(&turn, ending, started_at, &runtime, with_annotations);
+        Ok(self.finish(&turn, result, ended_by).await)
+    }
+
+    /// `metadata.runtime` of a turn that ran: the seat's reports (the
+    /// sandbox, the affinity, the process's diagnosis) and the warnings.
+    fn turn_provenance(
+        &self,
+        turn: &Turn,
+        diagnosis: Option<RuntimeDiagnosis>,
+        timeout_ms: u64,
+    ) -> Value {
+        let id = turn.execution_id.as_str();
         let report = self
             .seat
             .reports
             .as_ref()
-            .and_then(|r| r.take_sandbox_report(turn.execution_id.as_str()));
-        let with_annotations = ending.status != ExecutionStatus::Denied;
+            .and_then(|r| r.take_sandbox_report(id));
         let mut runtime = self.runtime_provenance(report);
+        if let Some(a) = self
+            .seat
+            .sessions
+            .as_ref()
+            .and_then(|s| s.take_affinity(id))
+        {
+            runtime["affinity"] = a;
+        }
         if let Some(d) = diagnosis {
             runtime["process"] = d.process;
         }
-        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+        if let Some(w) = self.no_working_time(timeout_ms) {
             runtime["warnings"] = json!([w]);
         }
-        let result = build(&turn, ending, started_at, &runtime, with_annotations);
-        Ok(self.finish(&turn, result, ended_by).await)
+        runtime
     }
 
     /// Records the end, waits until the observer has seen every event, and
@@ -363,14 +465,14 @@ impl Executor {
         }
     }
 
-    /// Steps 6–16 of B.1: authority, admission, reach, catalogue, the run,
-    /// and the outcome.
-    async fn body(
+    /// Steps 6–11 of B.1: authority, admission, reach and the effective
+    /// catalogue. `Ok(None)`: the turn was denied admission.
+    async fn open_catalogue(
         &self,
         turn: &Arc<Turn>,
-        request: ExecutionRequest,
-    ) -> Result<(Ending, Option<&'static str>), Caught> {
-        let hard = turn.signals.hard_signal();
+        request: &ExecutionRequest,
+        hard: &Signal,
+    ) -> Result<Result<Opened, Ending>, Caught> {
         macro_rules! kernel_call {
             ($fut:expr) => {{
                 tokio::select! {
@@ -396,7 +498,7 @@ impl Executor {
                 .reason_code
                 .unwrap_or_else(|| "no_matching_grant".to_owned());
             turn.push_event("turn.denied", json!({"code": code}));
-            return Ok((Ending::denied(&code, MSG_ADMISSION), None));
+            return Ok(Err(Ending::denied(&code, MSG_ADMISSION)));
         }
         let reach = kernel_call!(kernel_turn.reach(&context));
         let allowed = kernel_call!(kernel_turn.list_tools(&context));
@@ -412,7 +514,48 @@ impl Executor {
             .map(|d| d.name.to_string())
             .collect();
         *lock(&turn.catalogue) = effective.clone();
+        Ok(Ok(Opened {
+            kernel_turn,
+            context,
+            reach,
+            effective,
+        }))
+    }
 
+    /// The seat's run of the turn: on the session's parked process when
+    /// the turn has a session and the seat has affinity, else `run`.
+    fn run_seat<'a>(
+        &'a self,
+        request: RuntimeTurnRequest,
+        host: Arc<EnvelopeHost>,
+        abort: Signal,
+        key: Option<AffinityKey>,
+    ) -> futures_util::future::BoxFuture<'a, Result<RuntimeTurnOutcome, RuntimeError>> {
+        match (key, &self.seat.sessions) {
+            (Some(key), Some(seat)) => seat.run_in_session(key, request, host, abort),
+            _ => self.seat.plugin.run(request, host, abort),
+        }
+    }
+
+    /// Steps 6–16 of B.1: authority, admission, reach, catalogue, the run,
+    /// and the outcome.
+    async fn body(
+        &self,
+        turn: &Arc<Turn>,
+        request: ExecutionRequest,
+        key: Option<AffinityKey>,
+    ) -> Result<(Ending, Option<&'static str>), Caught> {
+        let hard = turn.signals.hard_signal();
+        let opened = match self.open_catalogue(turn, &request, &hard).await? {
+            Ok(opened) => opened,
+            Err(denied) => return Ok((denied, None)),
+        };
+        let Opened {
+            kernel_turn,
+            context,
+            reach,
+            effective,
+        } = opened;
         let runtime_request = sanitize(&request, &context, reach, effective.clone());
         turn.push_event(
             "turn.started",
@@ -429,7 +572,7 @@ impl Executor {
         let mut egress = self.bind_egress(turn, &kernel_turn, &context);
         // A panic is how an in-process plugin throws: it ends the turn
         // `runtime_failed` like any throw, never unwinding through the host.
-        let run = AssertUnwindSafe(self.seat.plugin.run(runtime_request, host, hard.clone()))
+        let run = AssertUnwindSafe(self.run_seat(runtime_request, host, hard.clone(), key))
             .catch_unwind()
             .map(|r| {
                 r.unwrap_or_else(|_| Err(RuntimeError::Failed("the runtime panicked".into())))
@@ -471,157 +614,7 @@ impl Executor {
             }
             Err(e) => return Err(Caught::Runtime(e)),
         };
-        let metadata = outcome_metadata(&outcome);
-        match outcome {
-            RuntimeTurnOutcome::Complete { output, .. } => {
-                turn.push_event("turn.completed", json!({}));
-                Ok((
-                    Ending {
-                        status: ExecutionStatus::Succeeded,
-                        output: Some(output),
-                        error: None,
-                        escalation: None,
-                        outcome_metadata: metadata,
-                    },
-                    None,
-                ))
-            }
-            RuntimeTurnOutcome::Fail { error, .. } => {
-                turn.push_event("turn.failed", failed_event(error.code.as_str(), "runtime"));
-                let error = lower_retryable(error, turn.safe_to_retry());
-                Ok((
-                    Ending {
-                        status: ExecutionStatus::Failed,
-                        output: None,
-                        error: Some(error),
-                        escalation: None,
-                        outcome_metadata: metadata,
-                    },
-                    Some("runtime"),
-                ))
-            }
-            RuntimeTurnOutcome::Escalate { reason, .. } => {
-                let offered = lock(&turn.catalogue)
-                    .iter()
-                    .any(|d| d.name.as_str() == ESCALATE_TOOL);
-                if !offered {
-                    turn.push_event("turn.failed", failed_event("tool_unavailable", "envelope"));
-                    let mut ending =
-                        Ending::failed("tool_unavailable", MSG_ESCALATE_NOT_OFFERED, false);
-                    ending.outcome_metadata = metadata;
-                    return Ok((ending, Some("envelope")));
-                }
-                let context = turn.context_now();
-                let recorded = tokio::select! {
-                    biased;
-                    _ = hard.raised() => return Err(Caught::Aborted),
-                    r = kernel_turn.record_escalation(&context, &turn.execution_id, &reason) => r,
-                };
-                let escalation = match recorded {
-                    Ok(e) => e,
-                    Err(e @ KernelError::AuditUnavailable { .. }) => {
-                        turn.note_audit_outage(&e);
-                        return Err(Caught::Kernel(e));
-                    }
-                    Err(e) => {
-                        tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording the escalation failed");
-                        Escalation {
-                            reason: reason.clone(),
-                            reviewer: turn.context.owner.clone(),
-                            requested_at: turn.now(),
-                            requested_authority: None,
-                            status: EscalationStatus::Pending,
-                        }
-                    }
-                };
-                turn.push_event(
-                    "turn.escalated",
-                    json!({"reason": escalation.reason, "reviewer": escalation.reviewer}),
-                );
-                Ok((
-                    Ending {
-                        status: ExecutionStatus::Escalated,
-                        output: None,
-                        error: None,
-                        escalation: Some(escalation),
-                        outcome_metadata: metadata,
-                    },
-                    None,
-                ))
-            }
-        }
-    }
-
-    /// The catch path of B.1 step 17.
-    async fn catch(
-        &self,
-        turn: &Arc<Turn>,
-        caught: Caught,
-        diagnosis: Option<&RuntimeDiagnosis>,
-        stop: &StopCause,
-    ) -> (Ending, Option<&'static str>) {
-        let signals = &turn.signals;
-        if signals.soft_raised() && !signals.hard_raised() && !turn.in_flight.is_empty() {
-            let hard = signals.hard_signal();
-            tokio::select! {
-                _ = turn.in_flight.wait_idle() => {}
-                _ = hard.raised() => {}
-            }
-        }
-        if let Some(KernelError::AuditUnavailable { cause, .. }) = turn.audit_outage() {
-            turn.push_event("turn.failed", failed_event(AUDIT_UNAVAILABLE, "envelope"));
-            self.report_turn_error(turn, TurnError::AuditUnavailable { cause });
-            return (
-                Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.safe_to_retry()),
-                Some("envelope"),
-            );
-        }
-        // A violation stops the seat like an abort, but the turn failed: it
-        // is the runtime's doing, not the deadline's or the host's.
-        // Every envelope violation is the plugin's doing and repeats on a
-        // retry: never retryable.
-        if let Some(reason) = turn.violation() {
-            let (code, message) = if reason == EGRESS_BUDGET_EXCEEDED {
-                (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET)
-            } else {
-                (RUNTIME_FAILED, MSG_RUNTIME_FAILED)
-            };
-            turn.push_event("turn.failed", failed_event(code, "envelope"));
-            self.report_turn_error(turn, TurnError::Violation { reason });
-            let mut details = json!({"reason": reason});
-            if reason == TURN_MEMORY_EXCEEDED {
-                // What to fix: the limit the plugin's writes went past.
-                details["limitBytes"] = json!(self.options.max_turn_bytes);
-            }
-            return (
-                Ending::failed(code, message, false).with_details(details),
-                Some("envelope"),
-            );
-        }
-        if signals.soft_raised() {
-            turn.push_event("turn.cancelled", json!({}));
-            let cause = stop.get().unwrap_or("drain");
-            return (Ending::cancelled(turn.safe_to_retry(), cause), None);
-        }
-        turn.push_event("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
-        let error = match caught {
-            Caught::Runtime(e) => TurnError::Runtime(e),
-            Caught::Kernel(e) => TurnError::Kernel(e.to_string()),
-            Caught::Aborted => TurnError::Kernel("aborted".into()),
-        };
-        self.report_turn_error(turn, error);
-        // A deterministic failure (a stream violation, a refused
-        // handshake) would happen again: not retryable whatever the turn did.
-        let ending = match diagnosis {
-            Some(d) => Ending::failed(
-                RUNTIME_FAILED,
-                MSG_RUNTIME_FAILED,
-                turn.safe_to_retry() && !d.deterministic,
-            )
-            .with_details(json!({"reason": d.reason})),
-            None => Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
-        };
-        (ending, Some("envelope"))
+        self.ending_of(turn, &kernel_turn, &hard, outcome).await
     }
 }
 

@@ -212,6 +212,36 @@ pub struct Seat {
     /// The seat's egress gateway (a runtime with a network policy): the
     /// envelope binds each turn to it.
     pub egress: Option<Arc<crate::egress::EgressSeat>>,
+    /// A seat that may serve consecutive turns of one session from one
+    /// process (session affinity); `None`: every turn is `plugin.run`.
+    pub sessions: Option<Arc<dyn SessionSeat>>,
+}
+
+/// A seat with session affinity (docs/SECURITY.md, "Session affinity").
+#[async_trait::async_trait]
+pub trait SessionSeat: Send + Sync {
+    /// Runs the turn of a session: on the process parked under `key`, if
+    /// any; the process may be parked again afterwards, unconfirmed.
+    async fn run_in_session(
+        &self,
+        key: crate::process::AffinityKey,
+        request: sharedos_protocol::RuntimeTurnRequest,
+        host: Arc<dyn sharedos_plugin_sdk::RuntimeHost>,
+        abort: sharedos_plugin_sdk::Signal,
+    ) -> Result<sharedos_protocol::RuntimeTurnOutcome, RuntimeError>;
+
+    /// The envelope's verdict on that turn: `keep` only when it ended
+    /// `succeeded` without a drain; otherwise its process is killed.
+    fn turn_ended(&self, execution_id: &str, keep: bool);
+
+    /// `metadata.runtime.affinity` of the turn, once.
+    fn take_affinity(&self, execution_id: &str) -> Option<Value>;
+
+    /// Kills the processes parked for the session (it was closed).
+    fn release_session(&self, session: &str);
+
+    /// Kills every parked process (the host is shutting down).
+    fn release_all(&self);
 }
 
 /// A seat that can say how its turn was isolated.
@@ -246,6 +276,7 @@ impl Seat {
             plugin,
             reports: None,
             egress: None,
+            sessions: None,
         }
     }
 }

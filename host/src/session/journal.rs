@@ -39,7 +39,7 @@ enum Entry {
 pub(super) async fn drive(
     store: &Arc<dyn Store>,
     executor: Arc<Executor>,
-    request: ExecutionRequest,
+    (session_id, request): (&str, ExecutionRequest),
     live: &Arc<LiveRun>,
     closing: &CancellationToken,
 ) {
@@ -61,7 +61,9 @@ pub(super) async fn drive(
         cancel: Some(live.cancel.clone()),
         on_event: Some(on_event),
     };
-    let outcome = executor.execute_recorded(request, opts, Some(outage)).await;
+    let outcome = executor
+        .execute_in_session(request, opts, Some(outage), session_id)
+        .await;
     let (done, flushed) = oneshot::channel();
     let _ = tx.send(Entry::Flushed(done));
     let journal_error = flushed

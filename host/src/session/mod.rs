@@ -198,9 +198,15 @@ impl Sessions {
         Ok(record)
     }
 
+    /// Closes the session; a process its last turn left parked (session
+    /// affinity) is killed now.
     pub async fn close_session(&self, scope: &Scope, id: &str) -> Result<(), SessionError> {
-        self.session(scope, id).await?;
-        Ok(self.store.close_session(id, &now().to_string()).await?)
+        let session = self.session(scope, id).await?;
+        let closed = self.store.close_session(id, &now().to_string()).await;
+        if let Some(executor) = self.executors.get(&session.runtime_id) {
+            executor.release_session(id);
+        }
+        Ok(closed?)
     }
 
     /// Admits a run durably, then dispatches it in the background. A
@@ -258,8 +264,10 @@ impl Sessions {
         });
         self.lock_live().insert(run_id.clone(), Arc::clone(&live));
         let this = Arc::clone(self);
+        let session_id = session.id;
         tokio::spawn(async move {
-            journal::drive(&this.store, executor, request, &live, &this.closing).await;
+            let turn = (session_id.as_str(), request);
+            journal::drive(&this.store, executor, turn, &live, &this.closing).await;
             this.lock_live().remove(&run_id);
             live.progress.send_modify(|p| p.ended = true);
             this.idle.notify_waiters();
@@ -332,16 +340,20 @@ impl Sessions {
         })
     }
 
-    /// Stops admitting runs and waits until every run live here has ended
-    /// (each ends by its own deadline at the latest).
+    /// Stops admitting runs, waits until every run live here has ended
+    /// (each ends by its own deadline at the latest), then kills every
+    /// process left parked for a session (session affinity).
     pub async fn drain(&self) {
         self.closing.cancel();
         loop {
             let idle = self.idle.notified();
             if self.lock_live().is_empty() {
-                return;
+                break;
             }
             idle.await;
+        }
+        for executor in self.executors.values() {
+            executor.release_parked();
         }
     }
 

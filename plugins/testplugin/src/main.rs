@@ -7,12 +7,15 @@
 //! (prints to stdout before the handshake), `wrong-manifest` (reports
 //! another runtime id), `bad-version` (chooses protocol version 99),
 //! `exit-early` (exits before reading anything), `early-request` (sends a
-//! request of an unknown method before answering `initialize`).
+//! request of an unknown method before answering `initialize`), `many`
+//! (accepts `turns: "many"`: serves turn after turn on one connection when
+//! the host offers it; its outcome's `turnsServed` counts them).
 //!
 //! During the turn it runs the script in `request.message.payload.script`
 //! (its tool calls carry the trace id `trace-testplugin`, or the turn's own
 //! when the payload has `"traceFromTurn": true`),
-//! an array of steps `{"op": ..., ...}`; see [`step`] for the list. Unless a
+//! an array of steps `{"op": ..., ...}`; see [`step`] and [`file_step`]
+//! for the list. Unless a
 //! step already answered `turn/run`, it completes with
 //! `{"results": [...]}` (the answers to its tool calls) at the end, then
 //! reads stdin until EOF.
@@ -193,11 +196,35 @@ fn main() {
         "bad-version" => (ID, 99),
         _ => (ID, 1),
     };
+    // `many` accepts several turns on the connection, when the host offers.
+    let many = mode == "many" && init["params"]["capabilities"]["turns"] == json!("many");
+    let capabilities = if mode == "many" {
+        json!({"turns": "many"})
+    } else {
+        json!({})
+    };
     p.send(&json!({"jsonrpc":"2.0","id":init["id"],"result":{
         "protocolVersion": version,
         "manifest": {"id": id, "version": VERSION, "protocolVersion": "1"},
-        "sdk": "testplugin-raw", "capabilities": {}
+        "sdk": "testplugin-raw", "capabilities": capabilities
     }}));
+    let mut served = 0u64;
+    loop {
+        served += 1;
+        serve_turn(&mut p, (mode == "many").then_some(served));
+        if !many {
+            break;
+        }
+    }
+    loop {
+        let _ = p.read();
+    }
+}
+
+/// Waits for `turn/run`, runs its script, answers it. What a turn leaves
+/// in the plugin's own state (`turn_id`, its results, the drain) is reset
+/// here: only the process's memory (`served`) and files carry over.
+fn serve_turn(p: &mut Plugin, served: Option<u64>) {
     let run = loop {
         let m = p.read();
         if m.get("method").and_then(Value::as_str) == Some("turn/run") {
@@ -206,6 +233,10 @@ fn main() {
     };
     p.turn_id = run["params"]["turnId"].clone();
     p.run_id = run["id"].clone();
+    p.outcome_sent = false;
+    p.draining = false;
+    p.results.clear();
+    p.trace = json!("trace-testplugin");
     if run["params"]["request"]["message"]["payload"]["traceFromTurn"] == json!(true) {
         p.trace = run["params"]["request"]["context"]["traceId"].clone();
     }
@@ -214,15 +245,37 @@ fn main() {
         .cloned()
         .unwrap_or_default();
     for s in &script {
-        step(&mut p, s);
+        if !file_step(p, s) {
+            step(p, s);
+        }
     }
     if !p.outcome_sent {
         let results = std::mem::take(&mut p.results);
-        p.outcome(json!({"type":"complete","output":{"results":results,"draining":p.draining}}));
+        let mut output = json!({"results": results, "draining": p.draining});
+        if let Some(n) = served {
+            output["turnsServed"] = json!(n);
+        }
+        p.outcome(json!({"type": "complete", "output": output}));
     }
-    loop {
-        let _ = p.read();
+}
+
+/// `write_file {path, text}`, `read_file {path}`: a file of the plugin's
+/// own (its `/tmp` in the sandbox), what happened going into results;
+/// `false` for any other step.
+fn file_step(p: &mut Plugin, s: &Value) -> bool {
+    let path = s["path"].as_str().unwrap_or("/tmp/testplugin");
+    match s.get("op").and_then(Value::as_str) {
+        Some("write_file") => {
+            let written = std::fs::write(path, s["text"].as_str().unwrap_or_default()).is_ok();
+            p.results.push(json!({"wrote": path, "ok": written}));
+        }
+        Some("read_file") => {
+            let text = std::fs::read_to_string(path).ok();
+            p.results.push(json!({"read": path, "text": text}));
+        }
+        _ => return false,
     }
+    true
 }
 
 fn num(s: &Value, key: &str, default: u64) -> u64 {

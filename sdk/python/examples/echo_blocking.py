@@ -17,6 +17,10 @@ from sharedos_plugin import (Complete, Escalate, Fail, ProtocolError, RuntimeEve
 
 
 class Echo:
+    # It keeps nothing between turns, so a host with session affinity may
+    # give it the next turn of a session in the same process.
+    many_turns = True
+
     def manifest(self):
         return RuntimeManifest("sharedos-echo-python", "0.1.0")
 

@@ -107,8 +107,13 @@ class Connection:
     """Reads and writes the protocol; ``start_turn`` runs the plugin's turn."""
 
     def __init__(self, manifest: Dict[str, Any], rfd: int, wfd: int,
-                 start_turn: Callable[["Connection", Turn, Dict[str, Any], Any], None]) -> None:
+                 start_turn: Callable[["Connection", Turn, Dict[str, Any], Any], None],
+                 many_turns: bool = False) -> None:
         self.manifest = manifest
+        # The plugin may serve several turns (docs/PROTOCOL.md section 4.6);
+        # ``many`` once the host offered it too.
+        self.many_turns = many_turns
+        self.many = False
         self._rfile = os.fdopen(rfd, "rb", buffering=65536)
         self._wfd = wfd
         self._wlock = threading.Lock()
@@ -223,7 +228,7 @@ class Connection:
         elif method == "turn/run":
             if not self.initialized:
                 self.respond_error(rid, wire_error("not_initialized", "initialize first"))
-            elif self.turn is not None:
+            elif self.turn is not None and not (self.many and self.turn.closed):
                 self.respond_error(rid, wire_error("not_initialized", "a turn is already running"))
             else:
                 try:
@@ -234,7 +239,12 @@ class Connection:
                 except (KeyError, TypeError, ValueError):
                     self.respond_error(rid, wire_error("invalid_params", "invalid turn/run params"))
                     return
-                self.turn = turn
+                previous, self.turn = self.turn, turn
+                if previous is not None:
+                    # The answered turn's signals: nothing of it keeps running.
+                    previous.draining.raise_()
+                    previous.abort.raise_()
+                    self.cancel_pending()
                 self._start_turn(self, turn, request, rid)
         else:
             self.respond_error(rid, wire_error("method_not_found", "method not found"))
@@ -252,8 +262,11 @@ class Connection:
         if isinstance(limits.get("maxInflightToolCalls"), int):
             self.max_inflight = max(1, limits["maxInflightToolCalls"])
         self.initialized = True
+        offered = params.get("capabilities") if isinstance(params.get("capabilities"), dict) else {}
+        self.many = self.many_turns and offered.get("turns") == "many"
+        caps = {"turns": "many"} if self.many_turns else {}
         self.respond(rid, {"protocolVersion": PROTOCOL_VERSION, "manifest": self.manifest,
-                           "sdk": SDK_NAME, "capabilities": {}})
+                           "sdk": SDK_NAME, "capabilities": caps})
 
     def _on_notification(self, method: str, params: Dict[str, Any]) -> None:
         turn = self.turn

@@ -60,6 +60,14 @@ def _failed(conn: Connection, turn: Turn, rid: Any, e: BaseException) -> None:
     conn.respond_error(rid, wire_error("internal", f"the runtime failed: {e!r}"[:4096]))
 
 
+def _many_turns(plugin: Any) -> bool:
+    """``plugin.many_turns`` (an attribute or a method), ``False`` if absent:
+    whether it may serve several turns of one session in one process
+    (docs/PROTOCOL.md section 4.6)."""
+    many = getattr(plugin, "many_turns", False)
+    return bool(many() if callable(many) else many)
+
+
 def serve(plugin: Any) -> int:
     """Serves ``plugin`` on stdin/stdout until the host closes stdin.
 
@@ -92,7 +100,7 @@ def _serve_blocking(plugin: Any, manifest: Dict[str, Any], rfd: int, wfd: int) -
         workers.append(worker)
         worker.start()
 
-    conn = Connection(manifest, rfd, wfd, start)
+    conn = Connection(manifest, rfd, wfd, start, _many_turns(plugin))
     conn.read_until_eof()
     for worker in workers:
         worker.join(timeout=1.0)
@@ -117,7 +125,7 @@ async def _serve_async(plugin: Any, manifest: Dict[str, Any], rfd: int, wfd: int
 
         loop.call_soon_threadsafe(spawn)
 
-    conn = Connection(manifest, rfd, wfd, start)
+    conn = Connection(manifest, rfd, wfd, start, _many_turns(plugin))
     await loop.run_in_executor(None, conn.read_until_eof)
     if tasks:
         await asyncio.wait(tasks, timeout=1.0)

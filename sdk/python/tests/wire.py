@@ -51,15 +51,15 @@ class Plugin:
         assert msg is not None, "the plugin closed its stdout"
         return msg
 
-    def initialize(self, versions=(1,), max_bytes=8 * 1024 * 1024):
+    def initialize(self, versions=(1,), max_bytes=8 * 1024 * 1024, capabilities=None):
         self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersions": list(versions), "host": {"name": "test", "version": "0"},
             "limits": {"maxMessageBytes": max_bytes, "maxInflightToolCalls": 64,
-                       "maxConcurrentTurns": 1}, "capabilities": {}}})
+                       "maxConcurrentTurns": 1}, "capabilities": capabilities or {}}})
         return self.recv()
 
-    def run(self, payload, turn_id="t-1", tools=None):
-        self.send({"jsonrpc": "2.0", "id": 2, "method": "turn/run", "params": {
+    def run(self, payload, turn_id="t-1", tools=None, rid=2):
+        self.send({"jsonrpc": "2.0", "id": rid, "method": "turn/run", "params": {
             "turnId": turn_id, "request": turn_request(payload, tools),
             "limits": {"maxSteps": 16, "maxToolCalls": 64, "timeoutMs": 60000}}})
 

@@ -11,6 +11,9 @@ import { complete, escalate, fail, serve, toolCall } from "../src/index.js";
 
 const echo = {
   manifest: () => ({ id: "sharedos-echo-typescript", version: "0.1.0", protocolVersion: "1" }),
+  // It keeps nothing between turns: a host with session affinity may give
+  // it the next turn of a session in the same process.
+  manyTurns: true,
 
   async run(request, host, abort) {
     const payload = typeof request.message.payload === "object" && request.message.payload !== null ? request.message.payload : {};

@@ -39,6 +39,8 @@ export interface RuntimeHost {
 export interface RuntimePlugin {
   manifest(): RuntimeManifest;
   run(request: RuntimeTurnRequest, host: RuntimeHost, abort: Signal): Promise<RuntimeTurnOutcome>;
+  /** Accept several turns of one session in one process (`turns: "many"`, docs/PROTOCOL.md 4.6). */
+  manyTurns?: boolean | (() => boolean);
 }
 
 export declare function serve(plugin: RuntimePlugin): Promise<number>;

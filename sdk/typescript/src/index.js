@@ -157,6 +157,12 @@ function makeHost(conn, turn) {
   });
 }
 
+/** `plugin.manyTurns` (a property or a method), false when absent. */
+function manyTurnsOf(plugin) {
+  const many = plugin.manyTurns;
+  return Boolean(typeof many === "function" ? many.call(plugin) : many);
+}
+
 function onRequest(conn, plugin, { id, method, params = {} }) {
   if (method === "initialize") {
     const offered = params.protocolVersions;
@@ -165,15 +171,27 @@ function onRequest(conn, plugin, { id, method, params = {} }) {
     }
     if (Number.isSafeInteger(params.limits?.maxMessageBytes)) conn.maxMessageBytes = params.limits.maxMessageBytes;
     conn.initialized = true;
-    return conn.respond(id, { protocolVersion: PROTOCOL_VERSION, manifest: conn.manifest, sdk: SDK_NAME, capabilities: {} });
+    // turns: "many" (docs/PROTOCOL.md section 4.6): the plugin says it may
+    // serve several turns in one process; both sides must say it.
+    const manyTurns = manyTurnsOf(plugin);
+    conn.many = manyTurns && params.capabilities?.turns === "many";
+    const capabilities = manyTurns ? { turns: "many" } : {};
+    return conn.respond(id, { protocolVersion: PROTOCOL_VERSION, manifest: conn.manifest, sdk: SDK_NAME, capabilities });
   }
   if (method !== "turn/run") return conn.respondError(id, wireError("method_not_found", "method not found"));
   if (!conn.initialized) return conn.respondError(id, wireError("not_initialized", "initialize first"));
-  if (conn.turn) return conn.respondError(id, wireError("not_initialized", "a turn is already running"));
+  if (conn.turn && !(conn.many && conn.turn.closed)) {
+    return conn.respondError(id, wireError("not_initialized", "a turn is already running"));
+  }
   if (typeof params.turnId !== "string" || typeof params.request !== "object" || typeof params.limits !== "object") {
     return conn.respondError(id, wireError("invalid_params", "invalid turn/run params"));
   }
   const turn = { turnId: params.turnId, limits: Object.freeze({ ...params.limits }), draining: new Signal(), abort: new Signal(), closed: false };
+  const previous = conn.turn;
+  if (previous) {
+    // The answered turn's signals and calls: nothing of it keeps running.
+    previous.draining.raise(); previous.abort.raise(); conn.cancelPending();
+  }
   conn.turn = turn;
   Promise.resolve()
     .then(() => plugin.run(params.request, makeHost(conn, turn), turn.abort))

@@ -34,13 +34,13 @@ export class Plugin {
     return m;
   }
   send(m) { this.proc.stdin.write(JSON.stringify(m) + "\n"); }
-  initialize(versions = [1]) {
+  initialize(versions = [1], capabilities = {}) {
     this.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersions: versions,
-      host: { name: "test", version: "0" }, limits: { maxMessageBytes: 8388608, maxInflightToolCalls: 64, maxConcurrentTurns: 1 }, capabilities: {} } });
+      host: { name: "test", version: "0" }, limits: { maxMessageBytes: 8388608, maxInflightToolCalls: 64, maxConcurrentTurns: 1 }, capabilities } });
     return this.recv();
   }
-  run(payload, tools) {
-    this.send({ jsonrpc: "2.0", id: 2, method: "turn/run", params: { turnId: "t-1", request: turnRequest(payload, tools),
+  run(payload, tools, turnId = "t-1", id = 2) {
+    this.send({ jsonrpc: "2.0", id, method: "turn/run", params: { turnId, request: turnRequest(payload, tools),
       limits: { maxSteps: 16, maxToolCalls: 64, timeoutMs: 60000 } } });
   }
   answer(req, output) {

@@ -1,0 +1,286 @@
+//! One plugin process and its connection: launched, its stderr drained,
+//! `initialize` answered, then one turn (or, with session affinity, several
+//! turns one after the other), and the kill of its whole tree at the end.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, Signal};
+use sharedos_protocol::jsonrpc::truncate;
+use sharedos_protocol::text::escape_text;
+use sharedos_protocol::{
+    CAPABILITY_TURNS, ConnectionLimits, JsonObject, RuntimeTurnOutcome, RuntimeTurnRequest,
+    TURNS_MANY, TurnId, methods, offers_many_turns,
+};
+use tokio::net::unix::pipe;
+
+use super::guard::{EXIT_STATUS_WAIT, TreeGuard};
+use super::launcher::{LaunchError, LaunchedChild};
+use super::{ProcessRuntime, diagnosis, stamp, stderr};
+use crate::broker::turn::{drive_turn, handshake_offering, host_peer_config, turn_run_params};
+use crate::broker::{Inbox, Peer, PeerConfig};
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A launched plugin process with its open connection. Dropped anywhere,
+/// its [`TreeGuard`] kills the whole tree.
+pub(crate) struct Connection {
+    pub(super) peer: Peer,
+    pub(super) inbound: Inbox,
+    pub(super) guard: TreeGuard,
+    _stderr: AbortOnDrop,
+    tail: stderr::SharedTail,
+    /// The launcher's report: the isolation this process was started
+    /// under, the provenance of every turn it serves.
+    pub(super) report: Option<Value>,
+    /// The plugin answered `initialize` with `turns: "many"`.
+    pub(super) many: bool,
+    /// The execution id of the first turn this process served.
+    pub(super) first_execution_id: String,
+    /// Turns this process has been given so far.
+    pub(super) turns: u32,
+    /// The launched process, as the host sees it.
+    pub(super) pid: u32,
+}
+
+impl Connection {
+    /// `metadata.runtime.affinity` of the turn about to run on it.
+    pub(super) fn affinity_provenance(&self) -> Value {
+        json!({
+            "reused": self.turns > 1,
+            "firstExecutionId": self.first_execution_id,
+            "turn": self.turns,
+            "pid": self.pid,
+        })
+    }
+
+    /// Runs one turn on the connection: `turn/run` with a fresh turn id,
+    /// then the turn's messages until its outcome.
+    pub(super) async fn turn(
+        &mut self,
+        turn_id: &TurnId,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        let params = turn_run_params(turn_id, request, host.limits());
+        let run_id = self
+            .peer
+            .request(methods::TURN_RUN, &params)
+            .await
+            .map_err(|v| RuntimeError::Protocol(v.to_string()))?;
+        let exited = self.guard.exited();
+        drive_turn(
+            &self.peer,
+            run_id,
+            &mut self.inbound,
+            turn_id,
+            host,
+            abort,
+            exited,
+        )
+        .await
+    }
+
+    /// The process may serve another turn: it accepted `turns: "many"`,
+    /// broke no rule of the connection (not even a counted one), and is
+    /// still running.
+    pub(super) fn reusable(&self) -> bool {
+        self.many
+            && self.peer.violation().is_none()
+            && self.peer.violations_counted() == 0
+            && self.guard.status_now().is_none()
+    }
+
+    /// Kills the tree now and reaps it off the caller's path.
+    pub(super) fn close(self, aborted: bool) {
+        self.guard.finish(aborted);
+    }
+}
+
+fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
+    pipe::Receiver::from_owned_fd(fd)
+}
+
+fn sender(fd: OwnedFd) -> std::io::Result<pipe::Sender> {
+    pipe::Sender::from_owned_fd(fd)
+}
+
+impl ProcessRuntime {
+    /// Launches the plugin for the turn `execution_id` and answers its
+    /// handshake. `offer_many`: the host offers `turns: "many"`. The
+    /// gateway handle (a runtime with a network policy) is served until
+    /// dropped.
+    pub(super) async fn open(
+        &self,
+        execution_id: &str,
+        turn_id: &TurnId,
+        abort: &Signal,
+        offer_many: bool,
+    ) -> Result<(Connection, Option<crate::egress::ServeHandle>), RuntimeError> {
+        let spec = self.launch_spec(execution_id.to_owned(), turn_id.as_str().to_owned());
+        let launcher = self.launcher.clone();
+        // If this future is dropped while the launch runs, the blocking
+        // thread drops the `LaunchedChild`, whose tree kills itself.
+        let launched = tokio::task::spawn_blocking(move || launcher.launch(&spec))
+            .await
+            .map_err(|e| self.load_error(format!("the launcher panicked: {e}")))?
+            .map_err(|e| self.launch_refused(execution_id, e))?;
+        let LaunchedChild {
+            stdin,
+            stdout,
+            stderr,
+            tree,
+            report,
+            egress_listener,
+        } = launched;
+        let pid = tree.pid();
+        let guard = TreeGuard::new(tree);
+        stamp(self.config.stages.as_ref(), "launched");
+        if let Some(report) = &report {
+            self.keep_report(execution_id, report.clone());
+        }
+        // Dropped when the turn ends (or its future is dropped): the
+        // gateway stops accepting and closes every connection of the turn.
+        let gateway = self.serve_egress(execution_id, egress_listener)?;
+        let pipes = (sender(stdin), receiver(stdout), receiver(stderr));
+        let (stdin, stdout, stderr) = match pipes {
+            (Ok(i), Ok(o), Ok(e)) => (i, o, e),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                return Err(self.load_error(format!("a plugin stdio fd is not a pipe: {e}")));
+            }
+        };
+        let tail = stderr::SharedTail::default();
+        let stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr_with_tail(
+            stderr,
+            self.config.manifest.id.as_str().to_owned(),
+            turn_id.as_str().to_owned(),
+            self.config.stderr,
+            tail.clone(),
+        )));
+        let peer_config = host_peer_config(PeerConfig {
+            max_message_bytes: self.config.max_message_bytes,
+            max_inflight_requests: self.config.max_inflight_tool_calls,
+            write_stall_timeout: self.config.write_stall_timeout,
+            ..PeerConfig::default()
+        });
+        let (peer, inbound) = Peer::spawn(stdout, stdin, peer_config);
+        let mut conn = Connection {
+            peer,
+            inbound,
+            guard,
+            _stderr: stderr_task,
+            tail,
+            report,
+            many: false,
+            first_execution_id: execution_id.to_owned(),
+            turns: 0,
+            pid,
+        };
+        match self.handshake_on(&mut conn, abort, offer_many).await {
+            Ok(()) => {
+                stamp(self.config.stages.as_ref(), "initialized");
+                Ok((conn, gateway))
+            }
+            Err((reason, e)) => {
+                if let Some(reason) = reason {
+                    self.diagnose(execution_id, reason, &conn);
+                }
+                conn.close(abort.is_raised());
+                Err(e)
+            }
+        }
+    }
+
+    /// A refused or failed launch: its report (what the isolation reached
+    /// and why it was refused) is the turn's provenance.
+    fn launch_refused(&self, execution_id: &str, mut e: LaunchError) -> RuntimeError {
+        if let LaunchError::Refused {
+            report: report @ Some(_),
+            ..
+        } = &mut e
+            && let Some(report) = report.take()
+        {
+            self.keep_report(execution_id, report);
+        }
+        let reason = match e {
+            LaunchError::Refused { .. } => "launch_refused",
+            LaunchError::Spawn { .. } => "launch_failed",
+        };
+        self.keep_diagnosis(execution_id, reason, None, Vec::new());
+        self.load_error(e)
+    }
+
+    async fn handshake_on(
+        &self,
+        conn: &mut Connection,
+        abort: &Signal,
+        offer_many: bool,
+    ) -> Result<(), (Option<&'static str>, RuntimeError)> {
+        let limits = ConnectionLimits {
+            max_message_bytes: self.config.max_message_bytes as u64,
+            max_inflight_tool_calls: u32::try_from(self.config.max_inflight_tool_calls)
+                .unwrap_or(u32::MAX),
+            max_concurrent_turns: 1,
+        };
+        let mut offer = JsonObject::new();
+        if offer_many {
+            offer.insert(CAPABILITY_TURNS.into(), Value::from(TURNS_MANY));
+        }
+        let answered = tokio::select! {
+            r = handshake_offering(&mut conn.peer, &mut conn.inbound, &self.config.manifest, limits, offer, self.config.handshake_timeout) => r,
+            _ = abort.raised() => {
+                return Err((None, RuntimeError::Failed("the turn was aborted during the handshake".into())));
+            }
+        };
+        let result =
+            answered.map_err(|e| (Some(diagnosis::handshake_reason(&e)), self.load_error(e)))?;
+        conn.many = offer_many && offers_many_turns(&result.capabilities);
+        Ok(())
+    }
+
+    /// Keeps why the turn ended without an outcome, with the process's
+    /// exit status and last stderr lines.
+    pub(super) fn diagnose(&self, execution_id: &str, reason: &'static str, conn: &Connection) {
+        let lines = conn.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+        self.keep_diagnosis(execution_id, reason, conn.guard.status_now(), lines);
+    }
+
+    /// After a turn on `conn` ended in error: its diagnosis, where the
+    /// error says one (a stream violation, a runtime error not caused by
+    /// the abort).
+    pub(super) async fn diagnose_error(
+        &self,
+        execution_id: &str,
+        error: &RuntimeError,
+        abort: &Signal,
+        conn: &mut Connection,
+        turn_id: &TurnId,
+    ) {
+        let reason = match error {
+            RuntimeError::Protocol(text) => Some(diagnosis::stream_reason(text)),
+            RuntimeError::Failed(_) if !abort.is_raised() => Some("runtime_error"),
+            _ => None,
+        };
+        if let Some(reason) = reason {
+            // A plugin that closed its stdout is exiting: its status
+            // follows the EOF by moments, so wait for it (bounded).
+            let status = if reason == "plugin_exited" {
+                conn.guard.status_within(EXIT_STATUS_WAIT).await
+            } else {
+                conn.guard.status_now()
+            };
+            let lines = conn.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+            self.keep_diagnosis(execution_id, reason, status, lines);
+        }
+        tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", escape_text(&truncate(&error.to_string(), 500)));
+    }
+}

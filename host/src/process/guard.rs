@@ -1,0 +1,139 @@
+//! [`TreeGuard`]: the one owner of a plugin's process tree, which kills it
+//! however the turn ends (an outcome, an error, a dropped future), and the
+//! deferred kill that lets a queued `turn/abort` reach the plugin first.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{ProcessTree, reaper};
+
+/// Owns the tree for the whole turn. Dropped anywhere (including when the
+/// `run` future is dropped), it SIGKILLs the tree at once and reaps it on
+/// a background thread; [`TreeGuard::finish`] does the same and waits.
+pub(super) struct TreeGuard {
+    pub(super) tree: Arc<Mutex<Option<Box<dyn ProcessTree>>>>,
+    /// How the launched process ended, once seen.
+    status: Arc<Mutex<Option<std::process::ExitStatus>>>,
+}
+
+impl TreeGuard {
+    pub(super) fn new(tree: Box<dyn ProcessTree>) -> Self {
+        Self {
+            tree: Arc::new(Mutex::new(Some(tree))),
+            status: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// How the launched process ended, if it has (a non-blocking look).
+    pub(super) fn status_now(&self) -> Option<std::process::ExitStatus> {
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        if status.is_none()
+            && let Some(tree) = self.tree.lock().unwrap_or_else(|p| p.into_inner()).as_mut()
+            && let Ok(Some(s)) = tree.try_wait()
+        {
+            *status = Some(s);
+        }
+        *status
+    }
+
+    /// How the launched process ended, waiting up to `bound` for it to.
+    pub(super) async fn status_within(&self, bound: Duration) -> Option<std::process::ExitStatus> {
+        let until = tokio::time::Instant::now() + bound;
+        loop {
+            let status = self.status_now();
+            if status.is_some() || tokio::time::Instant::now() >= until {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Resolves when the launched process has exited, with how it ended.
+    pub(super) fn exited(&self) -> impl std::future::Future<Output = String> + use<> {
+        let tree = self.tree.clone();
+        let seen = self.status.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(25));
+            loop {
+                tick.tick().await;
+                let mut slot = tree.lock().unwrap_or_else(|p| p.into_inner());
+                match slot.as_mut().map(|t| t.try_wait()) {
+                    Some(Ok(Some(status))) => {
+                        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+                        return format!("the plugin process exited ({status})");
+                    }
+                    Some(Ok(None)) => {}
+                    Some(Err(e)) => return format!("the plugin process cannot be waited for: {e}"),
+                    None => return "the plugin process was killed".to_owned(),
+                }
+            }
+        }
+    }
+
+    /// The outcome is settled: the tree is signalled now and reaped off
+    /// the caller's path (after `ABORT_FLUSH` when a `turn/abort` may still
+    /// be on its way to the plugin).
+    pub(super) fn finish(self, aborted: bool) {
+        let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tree) = taken {
+            if aborted {
+                kill_after_flush(tree);
+            } else {
+                reaper::reap_later(tree);
+            }
+        }
+    }
+}
+
+impl Drop for TreeGuard {
+    /// Dropped with the `run` future: the turn was abandoned at its abort.
+    /// The kill follows after `ABORT_FLUSH`, off the async threads, so the
+    /// `turn/abort` queued at the abort reaches the plugin first
+    /// (protocol.md B.3.4); the result never waits for it.
+    fn drop(&mut self) {
+        let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tree) = taken {
+            kill_after_flush(tree);
+        }
+    }
+}
+
+/// How long a turn whose plugin closed its stdout waits for the plugin's
+/// exit status (the kernel closes a dying process's files a moment before
+/// it can be reaped), so the result says how it ended.
+pub(super) const EXIT_STATUS_WAIT: Duration = Duration::from_millis(500);
+
+/// How long the writer gets to put a queued `turn/abort` on the wire
+/// before the tree is killed.
+const ABORT_FLUSH: Duration = Duration::from_millis(25);
+
+/// Deferred kills and sandbox preparations still running; [`settle_kills`]
+/// waits for them.
+pub(super) static PENDING_KILLS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+fn kill_after_flush(tree: Box<dyn ProcessTree>) {
+    let slot = Arc::new(Mutex::new(Some(tree)));
+    let deferred = slot.clone();
+    let spawned = std::thread::Builder::new()
+        .name("sharedos-kill".into())
+        .spawn(move || {
+            std::thread::sleep(ABORT_FLUSH);
+            if let Some(mut tree) = deferred.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                tree.start_kill();
+                let _ = tree.kill_tree();
+            }
+        });
+    let mut pending = PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner());
+    pending.retain(|h| !h.is_finished());
+    match spawned {
+        Ok(handle) => pending.push(handle),
+        Err(e) => {
+            // No thread to wait on: kill at once rather than not at all.
+            tracing::warn!("no thread for the deferred kill ({e}); killing at once");
+            if let Some(mut tree) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                tree.start_kill();
+                let _ = tree.kill_tree();
+            }
+        }
+    }
+}
