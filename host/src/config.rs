@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sharedos_kernel::config::KernelConfig;
-use sharedos_protocol::{Identifier, JsonObject, RuntimeManifest, Version};
+use sharedos_protocol::{
+    Identifier, JsonObject, MAX_EXECUTION_TIMEOUT_MS as MAX_TIMEOUT_MS, RuntimeManifest, Version,
+};
 use sharedos_sandbox::SandboxPolicy;
 
 /// Limits and paths of the host.
@@ -60,15 +62,15 @@ impl HostSection {
     /// The host's defaults and bounds, each in its range.
     fn check(&self) -> Result<(), String> {
         let h = self;
-        if !(1..=600_000).contains(&h.default_timeout_ms) {
+        if !(1..=MAX_TIMEOUT_MS).contains(&h.default_timeout_ms) {
             return Err(format!(
-                "host.defaultTimeoutMs: must be 1..=600000, got {}",
+                "host.defaultTimeoutMs: must be 1..={MAX_TIMEOUT_MS}, got {}",
                 h.default_timeout_ms
             ));
         }
-        if h.drain_grace_ms > 600_000 {
+        if h.drain_grace_ms > MAX_TIMEOUT_MS {
             return Err(format!(
-                "host.drainGraceMs: must be 0..=600000, got {}",
+                "host.drainGraceMs: must be 0..={MAX_TIMEOUT_MS}, got {}",
                 h.drain_grace_ms
             ));
         }

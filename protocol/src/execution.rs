@@ -29,7 +29,7 @@ pub struct ExecutionOptions {
     #[schemars(range(min = 1, max = 10000))]
     pub max_tool_calls: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 600000))]
+    #[schemars(range(min = 1, max = MAX_EXECUTION_TIMEOUT_MS))]
     pub timeout_ms: Option<u64>,
 }
 

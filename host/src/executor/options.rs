@@ -11,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 /// catalogue is what offers escalation.
 pub const ESCALATE_TOOL: &str = "sharedos.escalate";
 
-/// Upper bound of `drain_grace_ms` and `default_timeout_ms`.
-pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Upper bound of `drain_grace_ms` and `default_timeout_ms`: the
+/// protocol's bound on a turn's timeout, written once there.
+pub const MAX_TIMEOUT_MS: u64 = sharedos_protocol::MAX_EXECUTION_TIMEOUT_MS;
 
 /// The clock every timestamp of a turn comes from.
 pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
