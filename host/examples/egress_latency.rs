@@ -215,7 +215,15 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let (gw, upstream) = (Side::new("gateway", 2), Side::new("upstream", 1));
+    // The gateway runs on one worker by default, as in the `sharedos`
+    // binary, whose runtime is one thread unless `SHAREDOS_RUNTIME=multi`;
+    // `GATEWAY_WORKERS=2` measures a host on a multi-threaded runtime.
+    let workers = std::env::var("GATEWAY_WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1);
+    println!("gateway workers: {workers}");
+    let (gw, upstream) = (Side::new("gateway", workers), Side::new("upstream", 1));
     let client = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
