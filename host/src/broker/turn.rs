@@ -25,7 +25,8 @@ use super::peer::{
     Inbound, Inbox, Peer, PeerConfig, Replier, Violation, ViolationReason, wire_error,
 };
 
-/// The plugin→host requests the host serves.
+/// The plugin→host requests the host serves (the protocol's method table
+/// lists them; a test checks the two agree).
 pub const REQUEST_METHODS: &[&str] = &[methods::HOST_INVOKE_TOOL];
 /// The plugin→host notifications the host takes.
 pub const NOTIFICATION_METHODS: &[&str] = &[methods::HOST_EMIT, methods::HOST_ANNOTATE];
@@ -416,5 +417,24 @@ pub fn turn_run_params(
         turn_id: turn_id.clone(),
         request,
         limits,
+    }
+}
+
+#[cfg(test)]
+mod method_table {
+    use sharedos_protocol::method::{Direction, received_by};
+
+    /// The lists the peer is configured with are the protocol's
+    /// plugin→host methods, split by kind, and nothing else.
+    #[test]
+    fn the_host_takes_exactly_the_plugin_to_host_methods_of_the_table() {
+        let sent = |kind: &str| -> Vec<&str> {
+            received_by(Direction::PluginToHost)
+                .filter(|m| m.kind() == kind)
+                .map(|m| m.name)
+                .collect()
+        };
+        assert_eq!(super::REQUEST_METHODS, sent("request").as_slice());
+        assert_eq!(super::NOTIFICATION_METHODS, sent("notification").as_slice());
     }
 }
