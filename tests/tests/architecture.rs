@@ -47,20 +47,6 @@ const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[
     // A runtime entry's harness spec is checked against the entry, and the
     // entry holds the spec: harness.rs belongs under config/.
     ("host/src/config.rs", "host/src/harness.rs"),
-    // The model drivers share the driver loop in model.rs, which picks
-    // the driver: the loop's driver table belongs in a module of its own.
-    (
-        "plugins/standard/src/anthropic.rs",
-        "plugins/standard/src/model.rs",
-    ),
-    (
-        "plugins/standard/src/chat.rs",
-        "plugins/standard/src/model.rs",
-    ),
-    (
-        "plugins/standard/src/model.rs",
-        "plugins/standard/src/responses.rs",
-    ),
     // Merged from the lease branch as this round ended: the lease's
     // fencing check (lease::check) belongs in a module of its own that
     // runs.rs and lease.rs both use.

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use crate::model::{Answer, Call, ModelApi, ToolSpec};
+use crate::wire::{Answer, Call, ModelApi, ToolSpec};
 
 /// The API version the request is written for.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";

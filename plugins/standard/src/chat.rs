@@ -11,7 +11,7 @@
 
 use serde_json::{Value, json};
 
-use crate::model::{Answer, Call, ModelApi, ToolSpec};
+use crate::wire::{Answer, Call, ModelApi, ToolSpec};
 
 pub struct ChatApi {
     messages: Vec<Value>,

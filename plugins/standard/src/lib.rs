@@ -23,6 +23,7 @@ pub mod deltas;
 pub mod model;
 pub mod responses;
 mod sse;
+pub mod wire;
 
 pub use model::DriverKind;
 

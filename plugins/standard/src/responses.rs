@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use crate::model::{Answer, Call, ModelApi, ToolSpec};
+use crate::wire::{Answer, Call, ModelApi, ToolSpec};
 
 pub struct ResponsesApi {
     input: Vec<Value>,
