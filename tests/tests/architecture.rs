@@ -47,10 +47,6 @@ const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[
     // A runtime entry's harness spec is checked against the entry, and the
     // entry holds the spec: harness.rs belongs under config/.
     ("host/src/config.rs", "host/src/harness.rs"),
-    // Merged from the lease branch as this round ended: the lease's
-    // fencing check (lease::check) belongs in a module of its own that
-    // runs.rs and lease.rs both use.
-    ("store/src/sqlite/lease.rs", "store/src/sqlite/runs.rs"),
 ];
 
 fn workspace_root() -> PathBuf {

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use sharedos_protocol::Timestamp;
 
+use super::fence::{check, fenced};
 use super::runs::{RUN_COLUMNS, raw_run, run_of};
 use super::{insert_audit, insert_event, read_trail, unavailable};
 use crate::lease::duration_ms;
@@ -21,38 +22,6 @@ fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, duration_ms)
-}
-
-/// Refuses the write when `lease`'s epoch moved on; no lease, no check.
-pub(crate) fn check(conn: &Connection, lease: Option<&Lease>) -> Result<(), StoreError> {
-    let Some(lease) = lease else {
-        return Ok(());
-    };
-    let epoch: Option<i64> = conn
-        .prepare_cached("SELECT epoch FROM host_leases WHERE host_id = ?1")
-        .and_then(|mut s| s.query_row([&lease.host_id], |r| r.get(0)).optional())
-        .map_err(unavailable)?;
-    if epoch == Some(lease.epoch) {
-        Ok(())
-    } else {
-        Err(lease.fenced())
-    }
-}
-
-/// Runs `write` in one `BEGIN IMMEDIATE` transaction, after the lease
-/// check.
-pub(crate) fn fenced<T>(
-    conn: &mut Connection,
-    lease: Option<&Lease>,
-    write: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(unavailable)?;
-    check(&tx, lease)?;
-    let out = write(&tx)?;
-    tx.commit().map_err(unavailable)?;
-    Ok(out)
 }
 
 pub(crate) fn acquire(

@@ -17,6 +17,7 @@ use serde_json::Value;
 use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
 use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 
+mod fence;
 mod lease;
 mod runs;
 
@@ -226,7 +227,7 @@ impl Store for SqliteStore {
     async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError> {
         let (run_id, event, lease) = (run_id.to_owned(), event.clone(), self.lease.get());
         self.with(move |conn, _| {
-            lease::fenced(conn, lease.as_ref(), |tx| insert_event(tx, &run_id, &event))
+            fence::fenced(conn, lease.as_ref(), |tx| insert_event(tx, &run_id, &event))
         })
         .await
     }
@@ -376,7 +377,7 @@ pub(crate) fn insert_event(
 impl AuditSink for SqliteStore {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
         let (r, lease) = (record.clone(), self.lease.get());
-        self.with(move |conn, _| lease::fenced(conn, lease.as_ref(), |tx| insert_audit(tx, &r)))
+        self.with(move |conn, _| fence::fenced(conn, lease.as_ref(), |tx| insert_audit(tx, &r)))
             .await
             .map_err(|e| AuditError::Sink(e.to_string()))
     }
@@ -390,7 +391,7 @@ impl UsageStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(unavailable)?;
-            lease::check(&tx, lease.as_ref())?;
+            fence::check(&tx, lease.as_ref())?;
             let used: i64 = tx
                 .query_row(
                     "SELECT used FROM usage_counters WHERE grant_id = ?1",

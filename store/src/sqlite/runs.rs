@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
 use sharedos_protocol::ExecutionEvent;
 
-use super::lease::check;
+use super::fence::check;
 use crate::{Admission, Lease, NewRun, RunRecord, RunState, SessionRecord, StoreError};
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
