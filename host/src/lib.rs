@@ -12,7 +12,6 @@ pub mod config;
 pub mod conformance;
 pub mod egress;
 pub mod executor;
-pub mod harness;
 pub mod observe;
 pub mod process;
 pub mod registry;

@@ -90,7 +90,7 @@ pub fn process_runtime(
                 message: format!("transcript: {e}"),
             })?);
     }
-    if let Some(arg) = crate::harness::launch_arg(entry) {
+    if let Some(arg) = crate::config::harness::launch_arg(entry) {
         pc.args.push("--harness".into());
         pc.args.push(arg);
     }

@@ -44,9 +44,6 @@ const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[
     // hot path branch edits these files this round.
     ("kernel/src/kernel/effect.rs", "kernel/src/kernel/turn.rs"),
     ("kernel/src/kernel/invoke.rs", "kernel/src/kernel/turn.rs"),
-    // A runtime entry's harness spec is checked against the entry, and the
-    // entry holds the spec: harness.rs belongs under config/.
-    ("host/src/config.rs", "host/src/harness.rs"),
 ];
 
 fn workspace_root() -> PathBuf {

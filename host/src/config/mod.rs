@@ -24,6 +24,8 @@
 //! # grants, file tools, escalation: see docs/KERNEL.md
 //! ```
 
+pub mod harness;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -493,7 +495,7 @@ impl HostConfig {
                     "runtimes[{i}]: a harness runtime takes no transcript or driver"
                 ));
             }
-            crate::harness::check(i, r)?;
+            harness::check(i, r)?;
         }
         for k in r.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {

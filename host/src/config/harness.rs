@@ -9,7 +9,7 @@ use std::path::Path;
 use sharedos_protocol::harness::{HarnessLaunch, MAX_LAUNCH_BYTES, McpTransport};
 use sharedos_sandbox::fsview;
 
-use crate::config::{LauncherKind, RuntimeEntry};
+use super::{LauncherKind, RuntimeEntry};
 use crate::egress::{NetworkPolicy, PLACEHOLDER_KEY, egress_url};
 
 /// Checks runtime `i`'s harness spec; the error lists every problem, one a
