@@ -12,6 +12,7 @@ pub mod config;
 pub mod conformance;
 pub mod egress;
 pub mod executor;
+pub mod limits;
 pub mod observe;
 pub mod process;
 pub mod registry;

@@ -8,9 +8,9 @@ use sharedos_kernel::KernelError;
 use sharedos_plugin_sdk::Signal;
 use sharedos_protocol::{Escalation, EscalationStatus, ExecutionStatus, RuntimeTurnOutcome};
 
-use super::deadline::StopCause;
 use super::ending::*;
-use super::turn::{TURN_MEMORY_EXCEEDED, Turn, lock};
+use super::events::TURN_MEMORY_EXCEEDED;
+use super::turn::Turn;
 use super::{Caught, ESCALATE_TOOL, Executor, RuntimeDiagnosis, TurnError};
 
 impl Executor {
@@ -25,7 +25,7 @@ impl Executor {
         let metadata = outcome_metadata(&outcome);
         match outcome {
             RuntimeTurnOutcome::Complete { output, .. } => {
-                turn.push_event("turn.completed", json!({}));
+                turn.events().push_envelope("turn.completed", json!({}));
                 Ok((
                     Ending {
                         status: ExecutionStatus::Succeeded,
@@ -38,8 +38,9 @@ impl Executor {
                 ))
             }
             RuntimeTurnOutcome::Fail { error, .. } => {
-                turn.push_event("turn.failed", failed_event(error.code.as_str(), "runtime"));
-                let error = lower_retryable(error, turn.safe_to_retry());
+                turn.events()
+                    .push_envelope("turn.failed", failed_event(error.code.as_str(), "runtime"));
+                let error = lower_retryable(error, turn.gate().safe_to_retry());
                 Ok((
                     Ending {
                         status: ExecutionStatus::Failed,
@@ -68,11 +69,10 @@ impl Executor {
         reason: sharedos_protocol::Text<1, 512>,
         metadata: Option<serde_json::Map<String, serde_json::Value>>,
     ) -> Result<(Ending, Option<&'static str>), Caught> {
-        let offered = lock(&turn.catalogue)
-            .iter()
-            .any(|d| d.name.as_str() == ESCALATE_TOOL);
+        let offered = turn.gate().offers(ESCALATE_TOOL);
         if !offered {
-            turn.push_event("turn.failed", failed_event("tool_unavailable", "envelope"));
+            turn.events()
+                .push_envelope("turn.failed", failed_event("tool_unavailable", "envelope"));
             let mut ending = Ending::failed("tool_unavailable", MSG_ESCALATE_NOT_OFFERED, false);
             ending.outcome_metadata = metadata;
             return Ok((ending, Some("envelope")));
@@ -81,7 +81,7 @@ impl Executor {
         let recorded = tokio::select! {
             biased;
             _ = hard.raised() => return Err(Caught::Aborted),
-            r = kernel_turn.record_escalation(&context, &turn.execution_id, &reason) => r,
+            r = kernel_turn.record_escalation(&context, turn.execution_id(), &reason) => r,
         };
         let escalation = match recorded {
             Ok(e) => e,
@@ -90,17 +90,17 @@ impl Executor {
                 return Err(Caught::Kernel(e));
             }
             Err(e) => {
-                tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording the escalation failed");
+                tracing::warn!(execution_id = %turn.execution_id(), error = %e, "recording the escalation failed");
                 Escalation {
                     reason: reason.clone(),
-                    reviewer: turn.context.owner.clone(),
+                    reviewer: turn.authority().context().owner.clone(),
                     requested_at: turn.now(),
                     requested_authority: None,
                     status: EscalationStatus::Pending,
                 }
             }
         };
-        turn.push_event(
+        turn.events().push_envelope(
             "turn.escalated",
             json!({"reason": escalation.reason, "reviewer": escalation.reviewer}),
         );
@@ -122,21 +122,21 @@ impl Executor {
         turn: &Arc<Turn>,
         caught: Caught,
         diagnosis: Option<&RuntimeDiagnosis>,
-        stop: &StopCause,
     ) -> (Ending, Option<&'static str>) {
-        let signals = &turn.signals;
-        if signals.soft_raised() && !signals.hard_raised() && !turn.in_flight.is_empty() {
-            let hard = signals.hard_signal();
+        let signals = turn.signals();
+        if signals.soft_raised() && !signals.hard_raised() && !turn.gate().idle() {
+            let hard = signals.hard();
             tokio::select! {
-                _ = turn.in_flight.wait_idle() => {}
+                _ = turn.gate().wait_idle() => {}
                 _ = hard.raised() => {}
             }
         }
-        if let Some(KernelError::AuditUnavailable { cause, .. }) = turn.audit_outage() {
-            turn.push_event("turn.failed", failed_event(AUDIT_UNAVAILABLE, "envelope"));
+        if let Some(KernelError::AuditUnavailable { cause, .. }) = turn.authority().outage() {
+            turn.events()
+                .push_envelope("turn.failed", failed_event(AUDIT_UNAVAILABLE, "envelope"));
             self.report_turn_error(turn, TurnError::AuditUnavailable { cause });
             return (
-                Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.safe_to_retry()),
+                Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.gate().safe_to_retry()),
                 Some("envelope"),
             );
         }
@@ -150,7 +150,8 @@ impl Executor {
             } else {
                 (RUNTIME_FAILED, MSG_RUNTIME_FAILED)
             };
-            turn.push_event("turn.failed", failed_event(code, "envelope"));
+            turn.events()
+                .push_envelope("turn.failed", failed_event(code, "envelope"));
             self.report_turn_error(turn, TurnError::Violation { reason });
             let mut details = json!({"reason": reason});
             if reason == TURN_MEMORY_EXCEEDED {
@@ -163,11 +164,12 @@ impl Executor {
             );
         }
         if signals.soft_raised() {
-            turn.push_event("turn.cancelled", json!({}));
-            let cause = stop.get().unwrap_or("drain");
-            return (Ending::cancelled(turn.safe_to_retry(), cause), None);
+            turn.events().push_envelope("turn.cancelled", json!({}));
+            let cause = signals.cause().unwrap_or("drain");
+            return (Ending::cancelled(turn.gate().safe_to_retry(), cause), None);
         }
-        turn.push_event("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
+        turn.events()
+            .push_envelope("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
         let error = match caught {
             Caught::Runtime(e) => TurnError::Runtime(e),
             Caught::Kernel(e) => TurnError::Kernel(e.to_string()),
@@ -180,10 +182,14 @@ impl Executor {
             Some(d) => Ending::failed(
                 RUNTIME_FAILED,
                 MSG_RUNTIME_FAILED,
-                turn.safe_to_retry() && !d.deterministic,
+                turn.gate().safe_to_retry() && !d.deterministic,
             )
             .with_details(json!({"reason": d.reason})),
-            None => Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, turn.safe_to_retry()),
+            None => Ending::failed(
+                RUNTIME_FAILED,
+                MSG_RUNTIME_FAILED,
+                turn.gate().safe_to_retry(),
+            ),
         };
         (ending, Some("envelope"))
     }

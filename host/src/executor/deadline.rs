@@ -1,62 +1,121 @@
-//! The deadline machinery of B.5, and which stop ended a cancelled turn.
+//! The deadline machinery of B.5: the one timer of a turn. It raises
+//! `draining` at `timeout − grace` (when grace > 0) and the hard stop at
+//! `timeout`, or earlier, at `grace` after an audit outage drained the turn
+//! (B.10). Nothing else arms a timer on the turn's signals.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::turn::Turn;
+use sharedos_protocol::Identifier;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
-/// Who raised the hard signal first: `deadline` or `caller`. A cancelled
-/// turn says it in `error.details.cause`, and the host logs it, so an
-/// operator can tell a deadline from a cancellation.
-#[derive(Debug, Default)]
-pub(crate) struct StopCause(OnceLock<&'static str>);
+use super::signals::TurnSignals;
 
-impl StopCause {
-    /// Notes `cause` unless another stop came first.
-    pub fn set(&self, cause: &'static str) {
-        let _ = self.0.set(cause);
+/// The armed timer; disarmed when the turn closes (or this is dropped).
+pub(crate) struct Deadline {
+    task: tokio::task::JoinHandle<()>,
+    /// When an outage's drain wants the hard stop.
+    outage_stop: watch::Sender<Option<Instant>>,
+    grace: Duration,
+}
+
+impl Deadline {
+    /// Arms the timer. The clock starts now, not when the timer task is
+    /// first polled. A grace no smaller than the limit leaves no time in
+    /// which a call is taken: the turn is draining from its first instant,
+    /// before the seat can make a call (ADR 0007).
+    pub fn arm(
+        signals: &Arc<TurnSignals>,
+        execution_id: Identifier,
+        timeout_ms: u64,
+        grace_ms: u64,
+    ) -> Self {
+        let start = Instant::now();
+        if grace_ms > 0 && grace_ms >= timeout_ms {
+            signals.raise_soft();
+        }
+        let (outage_stop, outage) = watch::channel(None);
+        let timer = Timer {
+            signals: Arc::downgrade(signals),
+            execution_id,
+            timeout_ms,
+            deadline: start + Duration::from_millis(timeout_ms),
+            drain_at: (grace_ms > 0 && grace_ms < timeout_ms)
+                .then(|| start + Duration::from_millis(timeout_ms - grace_ms)),
+            outage,
+        };
+        Self {
+            task: tokio::spawn(timer.run()),
+            outage_stop,
+            grace: Duration::from_millis(grace_ms),
+        }
     }
-    pub fn get(&self) -> Option<&'static str> {
-        self.0.get().copied()
+
+    /// An outage's drain: the hard stop at `grace` from now, unless the
+    /// deadline comes first (the stop comes at min(grace, time left)).
+    pub fn stop_after_grace(&self) {
+        let at = Instant::now() + self.grace;
+        self.outage_stop.send_if_modified(|slot| {
+            let first = slot.is_none();
+            slot.get_or_insert(at);
+            first
+        });
+    }
+
+    pub fn disarm(&self) {
+        self.task.abort();
     }
 }
 
-/// The two timers of B.5: `draining` at `timeout − grace` (when grace > 0)
-/// and the hard stop at `timeout`.
-pub(crate) fn spawn_deadlines(
-    turn: &Arc<Turn>,
-    timeout_ms: u64,
-    grace_ms: u64,
-    stop: Arc<StopCause>,
-) -> tokio::task::JoinHandle<()> {
-    // The clock starts now, not when the timer task is first polled.
-    let start = tokio::time::Instant::now();
-    // A grace no smaller than the limit leaves no time in which a call is
-    // taken: the turn is draining from its first instant, before the seat
-    // can make a call (ADR 0007).
-    if grace_ms > 0 && grace_ms >= timeout_ms {
-        turn.signals.raise_soft();
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        self.task.abort();
     }
-    let weak = Arc::downgrade(turn);
-    tokio::spawn(async move {
-        let deadline = start + Duration::from_millis(timeout_ms);
-        if grace_ms > 0 && grace_ms < timeout_ms {
-            tokio::time::sleep_until(
-                start + Duration::from_millis(timeout_ms.saturating_sub(grace_ms)),
-            )
-            .await;
-            match weak.upgrade() {
-                Some(t) => t.signals.raise_soft(),
-                None => return,
+}
+
+struct Timer {
+    signals: Weak<TurnSignals>,
+    execution_id: Identifier,
+    timeout_ms: u64,
+    deadline: Instant,
+    drain_at: Option<Instant>,
+    outage: watch::Receiver<Option<Instant>>,
+}
+
+impl Timer {
+    async fn run(mut self) {
+        let mut stop_at = self.deadline;
+        loop {
+            let drain = self.drain_at.filter(|d| *d < stop_at);
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(drain.unwrap_or(stop_at)) => {
+                    if drain.is_none() {
+                        break;
+                    }
+                    self.drain_at = None;
+                    match self.signals.upgrade() {
+                        Some(s) => s.raise_soft(),
+                        None => return,
+                    }
+                }
+                Ok(()) = self.outage.changed() => {
+                    if let Some(at) = *self.outage.borrow_and_update() {
+                        stop_at = stop_at.min(at);
+                    }
+                }
             }
         }
-        tokio::time::sleep_until(deadline).await;
-        if let Some(t) = weak.upgrade() {
-            stop.set("deadline");
-            if !t.signals.hard_raised() {
-                tracing::warn!(execution_id = %t.execution_id, timeout_ms, "the turn reached its deadline; stopping the runtime");
+        let Some(signals) = self.signals.upgrade() else {
+            return;
+        };
+        if stop_at >= self.deadline {
+            signals.note_cause("deadline");
+            if !signals.hard_raised() {
+                tracing::warn!(execution_id = %self.execution_id, timeout_ms = self.timeout_ms, "the turn reached its deadline; stopping the runtime");
             }
-            t.signals.raise_hard();
         }
-    })
+        signals.raise_hard();
+    }
 }

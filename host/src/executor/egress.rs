@@ -61,7 +61,7 @@ impl Executor {
         let seat = self.seat.egress.as_ref()?;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let binding = TurnBinding::new(Arc::clone(kernel_turn), context.clone(), tx);
-        let bound = seat.bind(turn.execution_id.as_str(), Arc::new(binding));
+        let bound = seat.bind(turn.execution_id().as_str(), Arc::new(binding));
         let turn = Arc::clone(turn);
         let stop = CancellationToken::new();
         let stopped = stop.clone();

@@ -121,8 +121,8 @@ pub(crate) fn build(
     };
     ExecutionResult {
         version: Version::V1,
-        execution_id: turn.execution_id.clone(),
-        trace_id: turn.trace_id.clone(),
+        execution_id: turn.execution_id().clone(),
+        trace_id: turn.trace_id().clone(),
         status: ending.status,
         output: ending.output,
         error: ending.error,

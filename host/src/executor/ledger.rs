@@ -26,17 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sharedos_protocol::ExecutionEvent;
 
-/// What one parsed JSON value costs beyond its serialized bytes: a
-/// `serde_json::Value` is 32 bytes, plus the allocator's and the map
-/// node's share.
-pub const VALUE_NODE_BYTES: usize = 48;
-/// What one event costs beyond its serialized bytes: the struct and the
-/// headers of its owned strings.
-pub const EVENT_OVERHEAD_BYTES: usize = 256;
-/// The reserve for the plugin's stderr tail: at most 20 lines
-/// (`process::stderr::TAIL_LINES`) of at most 512 bytes
-/// (`TAIL_LINE_BYTES`), each byte escaped to at most 4.
-pub const STDERR_TAIL_RESERVE_BYTES: usize = 20 * (4 * 512 + 64);
+use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
 
 /// One turn's ledger. Charges and releases are atomic; a charge that
 /// would pass the limit (minus what it must keep back) is refused whole.

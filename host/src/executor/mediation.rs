@@ -11,11 +11,11 @@ use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
 
 use super::detach::{Panicked, RunToEnd};
-use super::turn::{COMPLETION_EXTRA_BYTES, Turn, call_event, lock};
+use super::gate::{Admitted, CALL_LIMIT, STEP_LIMIT};
+use super::turn::{Turn, call_event};
+use crate::limits::COMPLETION_EXTRA_BYTES;
 
 pub(crate) const TURN_DRAINING: &str = "turn_draining";
-pub(crate) const STEP_LIMIT: &str = "step_limit_exceeded";
-pub(crate) const CALL_LIMIT: &str = "tool_call_limit_exceeded";
 pub(crate) const TOOL_UNAVAILABLE: &str = "tool_unavailable";
 
 /// The in-process host of one turn. Holds the turn weakly in spirit: once
@@ -48,8 +48,9 @@ impl EnvelopeHost {
         let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
         data.insert("status".into(), json!("denied"));
         data.insert("code".into(), json!(code));
-        turn.push_prepaid("tool.completed", Value::Object(data));
-        if let Some(kernel_turn) = turn.kernel_turn() {
+        turn.events()
+            .push_prepaid("tool.completed", Value::Object(data));
+        if let Some(kernel_turn) = turn.authority().kernel_turn() {
             let refused = RefusedCall {
                 call_id: call.id.clone(),
                 tool: call.tool.clone(),
@@ -60,19 +61,19 @@ impl EnvelopeHost {
                 .record_refused_call(&turn.context_now(), refused)
                 .await
             {
-                tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording an envelope refusal failed");
+                tracing::warn!(execution_id = %turn.execution_id(), error = %e, "recording an envelope refusal failed");
             }
         }
         result
     }
 
     fn closed(&self) -> bool {
-        !self.turn.is_open() || self.turn.signals.hard_raised()
+        !self.turn.is_open() || self.turn.signals().hard_raised()
     }
 }
 
 /// The bookkeeping of a mediated call once the kernel answered (steps
-/// 11–13): the retry book, an audit outage, and the call's
+/// 11–13): the call gate's retry book, an audit outage, and the call's
 /// `tool.completed`. These belong to the mediated call, not to the seat's
 /// wait on it: a result that lands after the seat stopped waiting (it
 /// threw, or gave up on the call when the turn began draining) is still
@@ -80,20 +81,14 @@ impl EnvelopeHost {
 /// the catch path write the turn's ending. Returns whether the result
 /// names this call and tool.
 fn settle_call(
-    turn: &Arc<Turn>,
+    turn: &Turn,
     call: &ToolCall,
     step: Option<u64>,
-    repeatable: bool,
+    admitted: &Admitted,
     outcome: &Result<ToolResult, KernelError>,
 ) -> bool {
-    let mut retry = lock(&turn.retry);
-    if !repeatable {
-        retry.writes_with_kernel = retry.writes_with_kernel.saturating_sub(1);
-    }
-    match outcome {
-        Ok(result) => {
-            retry.effect_possible |= !repeatable && result.status() != ToolStatus::Denied;
-        }
+    let effect_possible = match outcome {
+        Ok(result) => result.status() != ToolStatus::Denied,
         Err(err) => {
             let refused_for_outage = matches!(
                 err,
@@ -101,11 +96,11 @@ fn settle_call(
                     effect: AuditEffect::None,
                     ..
                 }
-            ) && !turn.signals.hard_raised();
-            retry.effect_possible |= !repeatable && !refused_for_outage;
+            ) && !turn.signals().hard_raised();
+            !refused_for_outage
         }
-    }
-    drop(retry);
+    };
+    turn.gate().settle(admitted.repeatable, effect_possible);
     let result = match outcome {
         Ok(result) => result,
         Err(err) => {
@@ -117,21 +112,101 @@ fn settle_call(
         }
     };
     let matches = result.call_id() == &call.id && result.tool() == &call.tool;
-    if matches && turn.is_open() && !turn.signals.hard_raised() {
+    if matches && turn.is_open() && !turn.signals().hard_raised() {
         let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
         data.insert("status".into(), json!(result.status().as_str()));
         if let Some(err) = result.error() {
             data.insert("code".into(), json!(err.code.as_str()));
         }
-        turn.push_prepaid("tool.completed", Value::Object(data));
+        turn.events()
+            .push_prepaid("tool.completed", Value::Object(data));
     }
     matches
+}
+
+/// The seat's answer once the kernel answered: a kernel failure as the
+/// error the plugin sees, a result that does not name the call refused.
+fn answer(
+    turn: &Turn,
+    outcome: Result<ToolResult, KernelError>,
+    matches: bool,
+) -> Result<ToolResult, HostCallError> {
+    let result = match outcome {
+        Ok(result) => result,
+        Err(KernelError::AuditUnavailable { .. }) => {
+            return Err(HostCallError::new(
+                ErrorKind::AuditUnavailable,
+                "The audit sink could not record this call's decision; the turn is ending.",
+            ));
+        }
+        Err(KernelError::Interrupted | KernelError::Aborted) => {
+            return Err(HostCallError::new(
+                ErrorKind::Cancelled,
+                "The call was interrupted by the turn's abort.",
+            ));
+        }
+        Err(KernelError::Failed(msg)) => {
+            tracing::warn!(execution_id = %turn.execution_id(), error = %msg, "kernel port failed");
+            return Err(HostCallError::new(
+                ErrorKind::Internal,
+                "The kernel could not answer this call.",
+            ));
+        }
+    };
+    if !matches {
+        return Err(HostCallError::new(
+            ErrorKind::Internal,
+            "Kernel returned an invalid tool result",
+        ));
+    }
+    Ok(result)
+}
+
+impl EnvelopeHost {
+    /// Steps 10–11: the call with the kernel. The bookkeeping is tied to
+    /// the kernel's own work, so a call the seat stopped waiting for still
+    /// counts as outstanding: the work runs in this task while it is
+    /// awaited; if the hard signal wins it goes on as a task of its own
+    /// (`RunToEnd`), still counted as in flight.
+    async fn with_kernel(
+        &self,
+        call: ToolCall,
+        step: Option<u64>,
+    ) -> Result<ToolResult, HostCallError> {
+        let turn = self.turn.clone();
+        let Some(kernel_turn) = turn.authority().kernel_turn() else {
+            return Err(HostCallError::closed());
+        };
+        let admitted = turn.gate().admit(call.tool.as_str());
+        let abort = turn.signals().kernel_abort();
+        let context = turn.context_now();
+        let hard = turn.signals().hard();
+        // The call moves into the work; what the seat's answer needs of it
+        // (whether the result names this call) comes back with the outcome.
+        let work = RunToEnd::new(async move {
+            let outcome = kernel_turn.invoke_tool(&context, &call, abort).await;
+            let matches = settle_call(&turn, &call, step, &admitted, &outcome);
+            drop(admitted);
+            (outcome, matches)
+        });
+        let (outcome, matches) = tokio::select! {
+            biased;
+            joined = work => match joined {
+                Ok(done) => done,
+                Err(Panicked) => (Err(KernelError::Failed("the kernel task panicked".into())), false),
+            },
+            _ = hard.raised() => {
+                return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
+            }
+        };
+        answer(&self.turn, outcome, matches)
+    }
 }
 
 #[async_trait]
 impl RuntimeHost for EnvelopeHost {
     fn limits(&self) -> RuntimeLimits {
-        self.turn.limits
+        self.turn.limits()
     }
 
     async fn invoke_tool(
@@ -139,7 +214,7 @@ impl RuntimeHost for EnvelopeHost {
         call: ToolCall,
         step: Option<u64>,
     ) -> Result<ToolResult, HostCallError> {
-        let turn = self.turn.clone();
+        let turn = &self.turn;
         // 1. A call after close or after the hard abort.
         if self.closed() {
             return Err(HostCallError::closed());
@@ -155,114 +230,23 @@ impl RuntimeHost for EnvelopeHost {
             return Err(HostCallError::closed());
         }
         // 5. Draining.
-        if turn.signals.soft_raised() {
+        if turn.signals().soft_raised() {
             return Ok(self.refuse(&call, step, TURN_DRAINING, None).await);
         }
-        let max_steps = u64::from(turn.limits.max_steps);
-        let over = {
-            let mut budget = lock(&turn.calls);
-            // 6. Step ceiling, only for a declared step.
-            let step_over = match step {
-                Some(s) => {
-                    let ok = s < max_steps
-                        && (budget.seen_steps.contains(&s)
-                            || (budget.seen_steps.len() as u64) < max_steps);
-                    if ok {
-                        budget.seen_steps.insert(s);
-                    }
-                    !ok
-                }
-                None => false,
-            };
-            if step_over {
-                Some(STEP_LIMIT)
-            } else if budget.tool_calls >= turn.limits.max_tool_calls {
-                // 7. Call ceiling.
-                Some(CALL_LIMIT)
-            } else {
-                // 8. Counted before the catalogue check: a guessed name
-                // uses budget.
-                budget.tool_calls += 1;
-                None
-            }
-        };
-        if let Some(code) = over {
+        // 6–8. The step and call ceilings.
+        if let Err(code) = turn.gate().count(step, &turn.limits()) {
             return Ok(self.refuse(&call, step, code, None).await);
         }
         // 9. Catalogue.
-        let offered = lock(&turn.catalogue).iter().any(|d| d.name == call.tool);
-        if !offered {
+        if !turn.gate().offers(call.tool.as_str()) {
             return Ok(self
                 .refuse(&call, step, TOOL_UNAVAILABLE, Some("not_offered"))
                 .await);
         }
-        // 10. Kernel. The bookkeeping is tied to the kernel's own work, run
-        // as its own task, so a call the seat stopped waiting for still
-        // counts as outstanding.
-        let repeatable = lock(&turn.repeatable).contains(call.tool.as_str());
-        if !repeatable {
-            lock(&turn.retry).writes_with_kernel += 1;
-        }
-        let Some(kernel_turn) = turn.kernel_turn() else {
-            return Err(HostCallError::closed());
-        };
-        let guard = turn.in_flight.enter();
-        let mediated = turn.clone();
-        let token = turn.signals.hard_token.clone();
-        let context = turn.context_now();
-        // The call moves into the work; what the seat's answer needs of it
-        // (whether the result names this call) comes back with the outcome.
-        let work = RunToEnd::new(async move {
-            let _guard = guard;
-            let turn = mediated;
-            let outcome = kernel_turn.invoke_tool(&context, &call, token).await;
-            let matches = settle_call(&turn, &call, step, repeatable, &outcome);
-            (outcome, matches)
-        });
-        // 11. Race with the hard signal. The work runs in this task while
-        // it is awaited; if the hard signal wins it goes on as a task of
-        // its own (`RunToEnd`), still counted as in flight.
-        let hard = turn.signals.hard_signal();
-        let (outcome, matches) = tokio::select! {
-            biased;
-            joined = work => match joined {
-                Ok(done) => done,
-                Err(Panicked) => (Err(KernelError::Failed("the kernel task panicked".into())), false),
-            },
-            _ = hard.raised() => {
-                return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
-            }
-        };
-        let result = match outcome {
-            Ok(result) => result,
-            Err(KernelError::AuditUnavailable { .. }) => {
-                return Err(HostCallError::new(
-                    ErrorKind::AuditUnavailable,
-                    "The audit sink could not record this call's decision; the turn is ending.",
-                ));
-            }
-            Err(KernelError::Interrupted | KernelError::Aborted) => {
-                return Err(HostCallError::new(
-                    ErrorKind::Cancelled,
-                    "The call was interrupted by the turn's abort.",
-                ));
-            }
-            Err(KernelError::Failed(msg)) => {
-                tracing::warn!(execution_id = %turn.execution_id, error = %msg, "kernel port failed");
-                return Err(HostCallError::new(
-                    ErrorKind::Internal,
-                    "The kernel could not answer this call.",
-                ));
-            }
-        };
-        if !matches {
-            return Err(HostCallError::new(
-                ErrorKind::Internal,
-                "Kernel returned an invalid tool result",
-            ));
-        }
+        // 10–11. The kernel, raced with the hard signal.
+        let result = self.with_kernel(call, step).await?;
         // 12. Check the host again. (13, `tool.completed`, was written by
-        // the mediated call above.)
+        // the mediated call.)
         if self.closed() {
             return Err(HostCallError::closed());
         }
@@ -291,6 +275,6 @@ impl RuntimeHost for EnvelopeHost {
     }
 
     fn draining(&self) -> Signal {
-        self.turn.signals.soft.signal()
+        self.turn.signals().draining()
     }
 }

@@ -6,20 +6,25 @@
 //! names), hand the runtime a sanitized request, mediate every effect, and
 //! build the result on every way out with the envelope's provenance.
 
+mod annotations;
+mod authority;
 mod conclude;
 mod deadline;
 mod detach;
 mod egress;
 mod ending;
+mod events;
+mod gate;
 mod ledger;
 mod mediation;
 mod options;
 pub mod record;
+mod signals;
 mod turn;
 
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -32,14 +37,21 @@ use sharedos_protocol::{
     canonical_json,
 };
 
-pub use ledger::{EVENT_OVERHEAD_BYTES, STDERR_TAIL_RESERVE_BYTES, VALUE_NODE_BYTES};
+pub use crate::limits::{EVENT_OVERHEAD_BYTES, STDERR_TAIL_RESERVE_BYTES, VALUE_NODE_BYTES};
 pub use mediation::EnvelopeHost;
 pub use options::*;
 
+use crate::limits::MAX_DEFAULT_TOOL_CALLS;
 use crate::process::AffinityKey;
-use deadline::{StopCause, spawn_deadlines};
+use annotations::AnnotationBounds;
 use ending::*;
-use turn::{Turn, TurnBudget, TurnParams, lock};
+use turn::{Turn, TurnBudget, TurnParams};
+
+/// Locks a mutex, recovering the data if a panicking holder poisoned it:
+/// every critical section of a turn's parts leaves the state consistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// What the first steps of a turn opened with the kernel.
 struct Opened {
@@ -85,11 +97,11 @@ impl Executor {
             ));
         }
         if let Some(n) = options.default_max_tool_calls
-            && !(1..=10_000).contains(&n)
+            && !(1..=MAX_DEFAULT_TOOL_CALLS).contains(&n)
         {
-            return Err(ExecutorError(
-                "defaultMaxToolCalls must be between 1 and 10000".into(),
-            ));
+            return Err(ExecutorError(format!(
+                "defaultMaxToolCalls must be between 1 and {MAX_DEFAULT_TOOL_CALLS}"
+            )));
         }
         if options.max_events_per_turn < MIN_EVENTS_PER_TURN {
             return Err(ExecutorError(format!(
@@ -178,8 +190,8 @@ impl Executor {
     fn report_turn_error(&self, turn: &Turn, error: TurnError) {
         if let Some(cb) = &self.options.on_turn_error {
             let ids = TurnIds {
-                execution_id: turn.execution_id.to_string(),
-                trace_id: turn.trace_id.to_string(),
+                execution_id: turn.execution_id().to_string(),
+                trace_id: turn.trace_id().to_string(),
             };
             let _ = std::panic::catch_unwind(AssertUnwindSafe(|| cb(&error, &ids)));
         }
@@ -250,8 +262,10 @@ impl Executor {
             budget: TurnBudget {
                 max_events: self.options.max_events_per_turn,
                 max_turn_bytes: self.options.max_turn_bytes,
-                max_annotation_keys: self.options.max_annotation_keys,
-                max_annotation_bytes: self.options.max_annotation_bytes,
+                annotations: AnnotationBounds {
+                    max_keys: self.options.max_annotation_keys,
+                    max_bytes: self.options.max_annotation_bytes,
+                },
             },
         })
     }
@@ -263,19 +277,18 @@ impl Executor {
         turn: &Arc<Turn>,
         opts: &ExecuteOptions,
         outage: Option<RecordOutage>,
-        stop: &Arc<StopCause>,
     ) -> Vec<tokio::task::JoinHandle<()>> {
         let cancel_watch = opts.cancel.clone().map(|c| {
             let t = Arc::downgrade(turn);
-            let stop = stop.clone();
             tokio::spawn(async move {
                 c.cancelled().await;
                 if let Some(t) = t.upgrade() {
-                    stop.set("caller");
-                    if !t.signals.hard_raised() {
-                        tracing::info!(execution_id = %t.execution_id, "the caller cancelled the turn");
+                    let signals = t.signals();
+                    signals.note_cause("caller");
+                    if !signals.hard_raised() {
+                        tracing::info!(execution_id = %t.execution_id(), "the caller cancelled the turn");
                     }
-                    t.signals.raise_hard();
+                    signals.raise_hard();
                 }
             })
         });
@@ -324,11 +337,12 @@ impl Executor {
         request.check()?;
         let started_at = (self.options.clock)();
         let turn = self.new_turn(&request, &opts);
-        let limits = turn.limits;
+        let limits = turn.limits();
 
         // Context checks, before any kernel call.
         if let Some(code) = context_mismatch(&request) {
-            turn.push_event("turn.denied", json!({"code": code}));
+            turn.events()
+                .push_envelope("turn.denied", json!({"code": code}));
             let message = match code {
                 "actor_mismatch" => "The execution context actor does not match the agent.",
                 "receiver_mismatch" => "The message receiver does not match the agent.",
@@ -340,18 +354,11 @@ impl Executor {
 
         // The deadline machinery starts now.
         if let Some(w) = self.no_working_time(limits.timeout_ms) {
-            tracing::warn!(execution_id = %turn.execution_id, "{w}");
+            tracing::warn!(execution_id = %turn.execution_id(), "{w}");
         }
-        let stop = Arc::new(StopCause::default());
-        let timers = spawn_deadlines(
-            &turn,
-            limits.timeout_ms,
-            self.options.drain_grace_ms,
-            stop.clone(),
-        );
-        let watchers = self.spawn_watchers(&turn, &opts, outage, &stop);
+        turn.arm_deadline();
+        let watchers = self.spawn_watchers(&turn, &opts, outage);
         if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
-            timers.abort();
             watchers.iter().for_each(|w| w.abort());
             let ending = Ending::cancelled(true, "caller");
             return Ok(self.end_early(&turn, ending, started_at).await);
@@ -365,22 +372,21 @@ impl Executor {
             // for the session's next turn; decided before anything else
             // can await (a parked process is killed at its TTL regardless).
             let keep = matches!(&body, Ok((e, _)) if e.status == ExecutionStatus::Succeeded)
-                && !turn.signals.soft_raised();
+                && !turn.signals().soft_raised();
             if let Some(s) = &self.seat.sessions {
-                s.turn_ended(turn.execution_id.as_str(), keep);
+                s.turn_ended(turn.execution_id().as_str(), keep);
             }
         }
         let diagnosis = self
             .seat
             .reports
             .as_ref()
-            .and_then(|r| r.take_diagnosis(turn.execution_id.as_str()));
+            .and_then(|r| r.take_diagnosis(turn.execution_id().as_str()));
         let (ending, ended_by) = match body {
             Ok(done) => done,
-            Err(caught) => self.catch(&turn, caught, diagnosis.as_ref(), &stop).await,
+            Err(caught) => self.catch(&turn, caught, diagnosis.as_ref()).await,
         };
         turn.close();
-        timers.abort();
         watchers.iter().for_each(|w| w.abort());
         let with_annotations = ending.status != ExecutionStatus::Denied;
         let runtime = self.turn_provenance(&turn, diagnosis, limits.timeout_ms);
@@ -396,7 +402,7 @@ impl Executor {
         diagnosis: Option<RuntimeDiagnosis>,
         timeout_ms: u64,
     ) -> Value {
-        let id = turn.execution_id.as_str();
+        let id = turn.execution_id().as_str();
         let report = self
             .seat
             .reports
@@ -431,8 +437,8 @@ impl Executor {
         ended_by: Option<&'static str>,
     ) -> ExecutionResult {
         self.record_end(turn, &result, ended_by).await;
-        turn.flush_delivery().await;
-        result.events = turn.take_events();
+        turn.events().flush_delivery().await;
+        result.events = turn.events().take();
         result
     }
 
@@ -452,16 +458,16 @@ impl Executor {
             ),
             _ => result.code().map(str::to_owned),
         };
-        let mut context = turn.context.clone();
+        let mut context = turn.authority().context().clone();
         context.now = result.completed_at.clone();
         let end = TurnEnd {
-            execution_id: turn.execution_id.clone(),
+            execution_id: turn.execution_id().clone(),
             status: result.status,
             reason_code,
             ended_by: ended_by.map(str::to_owned),
         };
         if let Err(e) = self.kernel.record_turn_end(&context, end).await {
-            tracing::warn!(execution_id = %turn.execution_id, error = %e, "recording the end of the turn failed");
+            tracing::warn!(execution_id = %turn.execution_id(), error = %e, "recording the end of the turn failed");
         }
     }
 
@@ -490,14 +496,15 @@ impl Executor {
         }
         let context = turn.context_now();
         let kernel_turn = kernel_call!(self.kernel.open_turn(&context));
-        *lock(&turn.kernel_turn) = Some(Arc::clone(&kernel_turn));
+        turn.authority().hold(Arc::clone(&kernel_turn));
 
         let admission = kernel_call!(kernel_turn.admit(&context, &request.agent));
         if !admission.allowed {
             let code = admission
                 .reason_code
                 .unwrap_or_else(|| "no_matching_grant".to_owned());
-            turn.push_event("turn.denied", json!({"code": code}));
+            turn.events()
+                .push_envelope("turn.denied", json!({"code": code}));
             return Ok(Err(Ending::denied(&code, MSG_ADMISSION)));
         }
         let reach = kernel_call!(kernel_turn.reach(&context));
@@ -508,12 +515,7 @@ impl Executor {
             .into_iter()
             .filter(|d| requested.contains(d.name.as_str()))
             .collect();
-        *lock(&turn.repeatable) = effective
-            .iter()
-            .filter(|d| d.repeatable())
-            .map(|d| d.name.to_string())
-            .collect();
-        *lock(&turn.catalogue) = effective.clone();
+        turn.gate().offer(effective.clone());
         Ok(Ok(Opened {
             kernel_turn,
             context,
@@ -545,7 +547,7 @@ impl Executor {
         request: ExecutionRequest,
         key: Option<AffinityKey>,
     ) -> Result<(Ending, Option<&'static str>), Caught> {
-        let hard = turn.signals.hard_signal();
+        let hard = turn.signals().hard();
         let opened = match self.open_catalogue(turn, &request, &hard).await? {
             Ok(opened) => opened,
             Err(denied) => return Ok((denied, None)),
@@ -557,7 +559,7 @@ impl Executor {
             effective,
         } = opened;
         let runtime_request = sanitize(&request, &context, reach, effective.clone());
-        turn.push_event(
+        turn.events().push_envelope(
             "turn.started",
             json!({
                 "agent": request.agent,
@@ -591,7 +593,7 @@ impl Executor {
         if let Some(egress) = &mut egress {
             egress.settle().await;
         }
-        if let Some(outage) = turn.audit_outage() {
+        if let Some(outage) = turn.authority().outage() {
             return Err(Caught::Kernel(outage));
         }
         // A seat stopped for a violation does not end the turn with the
@@ -602,8 +604,8 @@ impl Executor {
         let outcome = match outcome {
             Ok(o) => o,
             Err(RuntimeError::InvalidOutcome(detail)) => {
-                tracing::warn!(execution_id = %turn.execution_id, detail = %sharedos_protocol::text::escape_text(&detail), "the runtime's outcome does not parse");
-                turn.push_event(
+                tracing::warn!(execution_id = %turn.execution_id(), detail = %sharedos_protocol::text::escape_text(&detail), "the runtime's outcome does not parse");
+                turn.events().push_envelope(
                     "turn.failed",
                     failed_event(INVALID_RUNTIME_OUTCOME, "envelope"),
                 );

@@ -11,9 +11,11 @@ use tokio_util::sync::CancellationToken;
 /// catalogue is what offers escalation.
 pub const ESCALATE_TOOL: &str = "sharedos.escalate";
 
-/// Upper bound of `drain_grace_ms` and `default_timeout_ms`: the
-/// protocol's bound on a turn's timeout, written once there.
-pub const MAX_TIMEOUT_MS: u64 = sharedos_protocol::MAX_EXECUTION_TIMEOUT_MS;
+pub use crate::limits::{
+    DEFAULT_MAX_ANNOTATION_BYTES, DEFAULT_MAX_ANNOTATION_KEYS, DEFAULT_MAX_EVENTS_PER_TURN,
+    DEFAULT_MAX_TURN_BYTES, MAX_TIMEOUT_MS, MAX_TURN_BYTES, MIN_EVENTS_PER_TURN, MIN_TURN_BYTES,
+};
+use crate::limits::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT_MS};
 
 /// The clock every timestamp of a turn comes from.
 pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
@@ -107,30 +109,14 @@ pub struct ExecutorOptions {
     pub max_annotation_bytes: usize,
 }
 
-/// The defaults of the per-turn bounds (docs/ENVELOPE.md, "Bounded memory").
-pub const DEFAULT_MAX_EVENTS_PER_TURN: usize = 100_000;
-/// 16 MiB: 64 turns at their limit hold about 1 GiB in the ledger's measure
-/// (docs/PROTOCOL.md section 5 has the measured resident size).
-pub const DEFAULT_MAX_TURN_BYTES: usize = 16 * 1024 * 1024;
-pub const DEFAULT_MAX_ANNOTATION_KEYS: usize = 1024;
-pub const DEFAULT_MAX_ANNOTATION_BYTES: usize = 1024 * 1024;
-/// The smallest event budget an executor takes: room for `turn.started`,
-/// a few calls and the ending.
-pub const MIN_EVENTS_PER_TURN: usize = 16;
-/// The smallest ledger an executor takes: the reserves (stderr tail, the
-/// ending) and room for a few events.
-pub const MIN_TURN_BYTES: usize = 256 * 1024;
-/// The largest ledger an executor takes (1 GiB).
-pub const MAX_TURN_BYTES: usize = 1 << 30;
-
 impl Default for ExecutorOptions {
     fn default() -> Self {
         Self {
             clock: Arc::new(Timestamp::now),
             ids: IdSource::uuid(),
-            default_max_steps: 16,
+            default_max_steps: DEFAULT_MAX_STEPS,
             default_max_tool_calls: None,
-            default_timeout_ms: 120_000,
+            default_timeout_ms: DEFAULT_TIMEOUT_MS,
             drain_grace_ms: 0,
             on_turn_error: None,
             max_events_per_turn: DEFAULT_MAX_EVENTS_PER_TURN,

@@ -1,0 +1,249 @@
+//! The turn's event ledger: the ordered event log, the count budget and
+//! the byte ledger it charges, the observer it serves, and the seal that
+//! makes the ending the last event. It is the only writer of a turn's
+//! events.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, TryLockError};
+
+use serde_json::Value;
+use sharedos_protocol::{ExecutionEvent, Identifier, ShortName, Version};
+
+use super::ledger::{ByteLedger, event_held_bytes};
+use super::{Clock, IdSource, OnEvent, lock};
+use crate::limits::{RESERVED_EVENT_BYTES, RESERVED_EVENTS, STDERR_TAIL_RESERVE_BYTES};
+
+/// The violation a plugin commits by going over the turn's event budget
+/// (protocol.md B.4, "Emit budget").
+pub(crate) const RATE_LIMIT_EXCEEDED: &str = "rate_limit_exceeded";
+/// The violation a plugin commits by making the host hold more than the
+/// turn's byte ledger allows (docs/PROTOCOL.md section 5).
+pub(crate) const TURN_MEMORY_EXCEEDED: &str = "turn_memory_exceeded";
+
+/// The envelope's terminal events: the last of a turn.
+const TERMINAL_EVENTS: &[&str] = &[
+    "turn.completed",
+    "turn.failed",
+    "turn.cancelled",
+    "turn.escalated",
+    "turn.denied",
+];
+
+/// What stamps each event with the turn's ids and time.
+pub(crate) struct EventStamp {
+    pub execution_id: Identifier,
+    pub trace_id: Identifier,
+    pub clock: Clock,
+    pub ids: IdSource,
+}
+
+/// The log itself. `charged_events` is what the count budget has counted:
+/// every event written, plus the completions paid for in advance by calls
+/// still waiting for theirs (their bytes are in the ledger).
+struct EventLog {
+    events: Vec<ExecutionEvent>,
+    charged_events: usize,
+    /// Set when the envelope wrote the turn's ending: nothing the seat
+    /// causes is written after it.
+    sealed: bool,
+    /// Set when the result took the events: nothing is written after it.
+    taken: bool,
+}
+
+/// The turn's events and what they cost.
+pub(crate) struct EventLedger {
+    log: Mutex<EventLog>,
+    /// How many events the observer has been handed; held by the one
+    /// caller delivering.
+    delivered: Mutex<usize>,
+    delivered_count: AtomicUsize,
+    bytes: ByteLedger,
+    max_events: usize,
+    on_event: Option<OnEvent>,
+    stamp: EventStamp,
+}
+
+impl EventLedger {
+    /// An empty log whose byte ledger has its fixed reserve charged: the
+    /// plugin's stderr tail.
+    pub fn new(
+        stamp: EventStamp,
+        max_events: usize,
+        max_bytes: usize,
+        on_event: Option<OnEvent>,
+    ) -> Self {
+        let bytes = ByteLedger::new(max_bytes);
+        bytes.charge(STDERR_TAIL_RESERVE_BYTES);
+        Self {
+            log: Mutex::new(EventLog {
+                events: Vec::new(),
+                charged_events: 0,
+                sealed: false,
+                taken: false,
+            }),
+            delivered: Mutex::new(0),
+            delivered_count: AtomicUsize::new(0),
+            bytes,
+            max_events,
+            on_event,
+            stamp,
+        }
+    }
+
+    /// The byte ledger, which the annotation store charges too.
+    pub fn bytes(&self) -> &ByteLedger {
+        &self.bytes
+    }
+
+    /// The next event of the log, not yet appended.
+    fn event(&self, log: &EventLog, kind: &str, data: Value) -> ExecutionEvent {
+        ExecutionEvent {
+            version: Version::V1,
+            event_id: self.stamp.ids.next(),
+            execution_id: self.stamp.execution_id.clone(),
+            trace_id: self.stamp.trace_id.clone(),
+            sequence: log.events.len() as u64,
+            kind: ShortName::new(kind)
+                .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
+            data,
+            occurred_at: (self.stamp.clock)(),
+        }
+    }
+
+    /// Appends one of the envelope's own events (`turn.*`) and hands an
+    /// immutable copy to the observer. Never refused: the budget keeps room
+    /// for the ending (`RESERVED_EVENTS`), and what comes before the seat
+    /// runs is the envelope's, not the plugin's. A terminal event seals the
+    /// log. A panicking observer changes nothing.
+    pub fn push_envelope(&self, kind: &str, data: Value) {
+        {
+            let mut log = lock(&self.log);
+            if log.taken {
+                return;
+            }
+            if TERMINAL_EVENTS.contains(&kind) {
+                // The ending is the last event: a call still in mediation
+                // or with the kernel writes nothing after it.
+                log.sealed = true;
+            }
+            log.charged_events += 1;
+            let event = self.event(&log, kind, data);
+            self.bytes.charge(event_held_bytes(&event));
+            log.events.push(event);
+        }
+        self.deliver();
+    }
+
+    /// Appends a `tool.completed` whose call paid for it when it was
+    /// requested.
+    pub fn push_prepaid(&self, kind: &str, data: Value) {
+        {
+            let mut log = lock(&self.log);
+            if log.sealed {
+                return;
+            }
+            let event = self.event(&log, kind, data);
+            log.events.push(event);
+        }
+        self.deliver();
+    }
+
+    /// Appends an event a plugin's action causes (`runtime.event`,
+    /// `tool.requested`), paying in advance for `prepaid_events` more
+    /// events of its own size plus `prepaid_bytes` (a call's completion).
+    /// Over the count budget or the byte ledger, with the reserve for the
+    /// ending kept back, nothing is written and the violation is answered
+    /// (`rate_limit_exceeded` for the count, `turn_memory_exceeded` for
+    /// the bytes). `Ok(false)`: the log is sealed, nothing was written.
+    pub fn push_plugin(
+        &self,
+        kind: &str,
+        data: Value,
+        prepaid_events: usize,
+        prepaid_bytes: usize,
+    ) -> Result<bool, &'static str> {
+        {
+            let mut log = lock(&self.log);
+            if log.sealed {
+                return Ok(false);
+            }
+            let events = log
+                .charged_events
+                .saturating_add(1 + prepaid_events + RESERVED_EVENTS);
+            if events > self.max_events {
+                return Err(RATE_LIMIT_EXCEEDED);
+            }
+            let event = self.event(&log, kind, data);
+            let bytes = event_held_bytes(&event)
+                .saturating_mul(1 + prepaid_events)
+                .saturating_add(prepaid_bytes);
+            if !self.bytes.try_charge(bytes, RESERVED_EVENT_BYTES) {
+                return Err(TURN_MEMORY_EXCEEDED);
+            }
+            log.charged_events += 1 + prepaid_events;
+            log.events.push(event);
+        }
+        self.deliver();
+        Ok(true)
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.log).events.len()
+    }
+
+    /// Hands the observer every event it has not seen, in `sequence` order,
+    /// whichever thread pushed them. One caller delivers at a time; a
+    /// pusher that finds delivery busy leaves its event to the deliverer,
+    /// which checks again after letting go, so no event is skipped. (A
+    /// callback that pushes an event itself, which none does, would have
+    /// it delivered by the same loop rather than deadlock.)
+    fn deliver(&self) {
+        let Some(cb) = &self.on_event else { return };
+        loop {
+            let mut delivered = match self.delivered.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            loop {
+                let next = lock(&self.log).events.get(*delivered).cloned();
+                let Some(event) = next else { break };
+                *delivered += 1;
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| cb(&event)));
+            }
+            self.delivered_count.store(*delivered, Ordering::SeqCst);
+            drop(delivered);
+            if self.delivered_count.load(Ordering::SeqCst) >= self.len() {
+                return;
+            }
+        }
+    }
+
+    /// Waits until the observer has seen every event, whichever thread is
+    /// delivering them, so `execute` never returns before its observer saw
+    /// the ending.
+    pub async fn flush_delivery(&self) {
+        if self.on_event.is_none() {
+            return;
+        }
+        loop {
+            self.deliver();
+            if self.delivered_count.load(Ordering::SeqCst) >= self.len() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Seals the log and takes its events out: the last read of a turn's
+    /// log (its result), after the observer has been served. Nothing is
+    /// written after it (a late call's completion is refused by the seal,
+    /// an envelope event by `taken`).
+    pub fn take(&self) -> Vec<ExecutionEvent> {
+        let mut log = lock(&self.log);
+        log.sealed = true;
+        log.taken = true;
+        std::mem::take(&mut log.events)
+    }
+}
