@@ -15,6 +15,7 @@ pub mod executor;
 pub mod limits;
 pub mod observe;
 pub mod process;
+pub mod provenance;
 pub mod registry;
 mod runtime_policy;
 pub mod sandboxed;

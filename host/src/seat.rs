@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
 use crate::egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
-use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, Signal};
-use sharedos_protocol::{RuntimeTurnOutcome, RuntimeTurnRequest};
+use sharedos_plugin_sdk::{RuntimeHost, Signal};
+use sharedos_protocol::RuntimeTurnRequest;
 
 use crate::executor::{
-    DEFAULT_MAX_TURN_BYTES, ExecutorOptions, OnTurnError, RuntimeDiagnosis, Seat, SeatReports,
-    SessionSeat,
+    DEFAULT_MAX_TURN_BYTES, ExecutorOptions, OnTurnError, Seat, SeatedRuntime, SeatedTurn,
+    SessionSeat, TurnReport,
 };
 use crate::process::{
     AffinityKey, DirectLauncher, Launcher, LoadError, ProcessRuntime, ProcessRuntimeConfig,
@@ -19,41 +19,55 @@ use crate::process::{
 use crate::registry::{RegistryError, RuntimeRegistry};
 use crate::sandboxed::SandboxLauncher;
 
-impl SeatReports for ProcessRuntime {
-    /// The launcher's report of the turn: the sandbox report, the refusal's
-    /// report, or the direct launcher's explicit `level: none`. A turn that
-    /// ended before any launch was tried says that instead.
-    fn take_sandbox_report(&self, execution_id: &str) -> Option<serde_json::Value> {
-        Some(ProcessRuntime::take_sandbox_report(self, execution_id).unwrap_or_else(|| {
-            serde_json::json!({"level": "none", "reason": "the turn ended before a plugin process was running"})
-        }))
+impl SeatedRuntime for ProcessRuntime {
+    /// One turn in a fresh process. Its report gets the launcher's report
+    /// at launch (the sandbox report, the refusal's report, or the direct
+    /// launcher's explicit `level: none`), and the diagnosis of a turn
+    /// that ended without an outcome.
+    fn turn(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> SeatedTurn<'_> {
+        let report = self.unrun();
+        let filled = report.clone();
+        SeatedTurn {
+            outcome: Box::pin(
+                async move { self.run_reported(request, host, abort, &filled).await },
+            ),
+            report,
+        }
     }
 
-    fn take_diagnosis(&self, execution_id: &str) -> Option<RuntimeDiagnosis> {
-        ProcessRuntime::take_diagnosis(self, execution_id).map(|d| RuntimeDiagnosis {
-            reason: d.reason,
-            deterministic: d.deterministic,
-            process: d.process,
-        })
+    /// Until a launch was tried, a process seat's turn says so.
+    fn unrun(&self) -> TurnReport {
+        TurnReport::with_sandbox(serde_json::json!({
+            "level": "none",
+            "reason": "the turn ended before a plugin process was running"
+        }))
     }
 }
 
-#[async_trait::async_trait]
 impl SessionSeat for ProcessRuntime {
-    async fn run_in_session(
+    fn run_in_session(
         &self,
         key: AffinityKey,
         request: RuntimeTurnRequest,
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
-    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        ProcessRuntime::run_in_session(self, key, request, host, abort).await
+    ) -> SeatedTurn<'_> {
+        let report = self.unrun();
+        let filled = report.clone();
+        SeatedTurn {
+            outcome: Box::pin(async move {
+                ProcessRuntime::run_in_session(self, key, request, host, abort, &filled).await
+            }),
+            report,
+        }
     }
     fn turn_ended(&self, execution_id: &str, keep: bool) {
         self.session_turn_ended(execution_id, keep);
-    }
-    fn take_affinity(&self, execution_id: &str) -> Option<serde_json::Value> {
-        ProcessRuntime::take_affinity(self, execution_id)
     }
     fn release_session(&self, session: &str) {
         ProcessRuntime::release_session(self, session);
@@ -162,9 +176,8 @@ pub fn process_seat(runtime: Arc<ProcessRuntime>) -> Seat {
     let affine = runtime.config().affinity.is_some();
     Seat {
         manifest: runtime.config().manifest.clone(),
-        plugin: runtime.clone(),
+        runtime: runtime.clone(),
         egress: runtime.config().egress.clone(),
-        reports: Some(runtime.clone()),
         sessions: affine.then_some(runtime as Arc<dyn SessionSeat>),
     }
 }

@@ -146,8 +146,8 @@ async fn g46_refused_keys_are_invalid() {
 // the host's reader.
 
 /// Writes through the turn's captured host at the last moment a write could
-/// still reach the result: the seat's sandbox report is taken after the
-/// host closes and before the result is built from the annotation store.
+/// still reach the result: the observer hears the turn's ending after the
+/// host closed and before the result is built from the annotation store.
 struct LateWriter {
     log: Arc<PluginLog>,
     /// Per turn: (the host refused an emit, so it was closed; annotate
@@ -155,26 +155,31 @@ struct LateWriter {
     seen: std::sync::Mutex<Vec<(bool, bool)>>,
 }
 
-impl sharedos_host::executor::SeatReports for LateWriter {
-    fn take_sandbox_report(&self, _: &str) -> Option<serde_json::Value> {
-        let host = self.log.host();
-        let closed = host
-            .emit(sharedos_protocol::RuntimeEvent {
-                kind: sharedos_protocol::ident("late"),
-                data: json!(1),
-            })
-            .is_err();
-        let ok =
-            host.annotate("k", json!("late")).is_ok() && host.annotate("late", json!(1)).is_ok();
-        self.seen.lock().unwrap().push((closed, ok));
-        None
+impl LateWriter {
+    fn on_event(self: &Arc<Self>) -> sharedos_host::executor::OnEvent {
+        let late = self.clone();
+        Arc::new(move |e: &sharedos_protocol::ExecutionEvent| {
+            if e.kind.as_str() == "turn.started" || !e.kind.as_str().starts_with("turn.") {
+                return;
+            }
+            let host = late.log.host();
+            let closed = host
+                .emit(sharedos_protocol::RuntimeEvent {
+                    kind: sharedos_protocol::ident("late"),
+                    data: json!(1),
+                })
+                .is_err();
+            let ok = host.annotate("k", json!("late")).is_ok()
+                && host.annotate("late", json!(1)).is_ok();
+            late.seen.lock().unwrap().push((closed, ok));
+        })
     }
 }
 
 /// G48: after the turn closed, `annotate` answers without an error and the
 /// write goes nowhere. Through every branch:
 /// - the write made once the host is closed but before the result is built
-///   (the seat's report step) does not reach that result;
+///   (the observer hearing the ending) does not reach that result;
 /// - a host captured during a turn and used during the next turn of the
 ///   same executor and plugin writes into neither;
 /// - refused keys stay refused, and the stale host is closed for tool calls.
@@ -190,20 +195,16 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
         log: log.clone(),
         seen: Default::default(),
     });
-    let seat = sharedos_host::executor::Seat {
-        manifest: sharedos_plugin_sdk::RuntimePlugin::manifest(&*plugin),
-        plugin,
-        reports: Some(late.clone()),
-        egress: None,
-        sessions: None,
+    let h = executor(&kernel, plugin, 0);
+    let run = |request| {
+        let opts = sharedos_host::executor::ExecuteOptions {
+            on_event: Some(late.on_event()),
+            ..Default::default()
+        };
+        let executor = &h.executor;
+        async move { executor.execute(request, opts).await.expect("a result") }
     };
-    let (opts, turn_errors) = options(0);
-    let h = Harness {
-        executor: sharedos_host::executor::Executor::new(kernel.clone(), seat, opts)
-            .expect("executor"),
-        turn_errors,
-    };
-    let first = h.run(request(&["files.read"])).await;
+    let first = run(request(&["files.read"])).await;
     assert_eq!(
         *late.seen.lock().unwrap(),
         [(true, true)],
@@ -228,7 +229,7 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
             .unwrap_err();
         assert_eq!(err.message, "Runtime host is closed");
     };
-    let (second, ()) = tokio::join!(h.run(request(&["files.read"])), during_next);
+    let (second, ()) = tokio::join!(run(request(&["files.read"])), during_next);
     assert_eq!(second.metadata.get("k"), Some(&json!(0)), "{second:?}");
     assert!(!second.metadata.contains_key("late"));
     assert_eq!(late.seen.lock().unwrap().len(), 2);

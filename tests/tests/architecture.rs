@@ -22,9 +22,6 @@ const MAX_FN_LINES: usize = 80;
 /// own (issue 9): the lead removes each line once its split is merged.
 /// `(path from the workspace root, function name)`.
 const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[
-    // The envelope's mediation (owned by the peer and executor steps of
-    // the redesign).
-    ("host/src/executor/mediation.rs", "invoke_tool"),
     // The turn driver and the SDK's serve loop (the one-peer step).
     ("host/src/broker/turn.rs", "drive_turn"),
     ("plugin-sdk/src/serve.rs", "serve_io"),

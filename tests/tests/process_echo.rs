@@ -82,18 +82,19 @@ fn echo_passes_the_manifest_check_and_handles_an_empty_turn() {
             |_| {},
         );
         let host = RecordingHost::new();
+        let report = sharedos_host::provenance::TurnReport::default();
         let out = rt
-            .run(
+            .run_reported(
                 turn_request("exec-echo", json!({})),
                 host.clone(),
                 Signal::never(),
+                &report,
             )
             .await
             .unwrap();
         assert_eq!(out, RuntimeTurnOutcome::complete(json!({"results": []})));
         assert_eq!(
-            rt.take_sandbox_report("exec-echo")
-                .map(|r| r["level"].clone()),
+            report.sandbox().map(|r| r["level"].clone()),
             Some(json!("none")),
             "a direct launch says it has no sandbox"
         );

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::json;
 use sharedos_kernel::KernelError;
 use sharedos_plugin_sdk::Signal;
-use sharedos_protocol::{Escalation, EscalationStatus, ExecutionStatus, RuntimeTurnOutcome};
+use sharedos_protocol::{Escalation, EscalationStatus, RuntimeTurnOutcome};
 
 use super::ending::*;
 use super::events::TURN_MEMORY_EXCEEDED;
@@ -21,42 +21,19 @@ impl Executor {
         kernel_turn: &Arc<dyn sharedos_kernel::KernelTurn>,
         hard: &Signal,
         outcome: RuntimeTurnOutcome,
-    ) -> Result<(Ending, Option<&'static str>), Caught> {
+    ) -> Result<Ending, Caught> {
         let metadata = outcome_metadata(&outcome);
-        match outcome {
-            RuntimeTurnOutcome::Complete { output, .. } => {
-                turn.events().push_envelope("turn.completed", json!({}));
-                Ok((
-                    Ending {
-                        status: ExecutionStatus::Succeeded,
-                        output: Some(output),
-                        error: None,
-                        escalation: None,
-                        outcome_metadata: metadata,
-                    },
-                    None,
-                ))
-            }
+        let ending = match outcome {
+            RuntimeTurnOutcome::Complete { output, .. } => Ending::completed(output),
             RuntimeTurnOutcome::Fail { error, .. } => {
-                turn.events()
-                    .push_envelope("turn.failed", failed_event(error.code.as_str(), "runtime"));
                 let error = lower_retryable(error, turn.gate().safe_to_retry());
-                Ok((
-                    Ending {
-                        status: ExecutionStatus::Failed,
-                        output: None,
-                        error: Some(error),
-                        escalation: None,
-                        outcome_metadata: metadata,
-                    },
-                    Some("runtime"),
-                ))
+                Ending::failed_by_runtime(error)
             }
             RuntimeTurnOutcome::Escalate { reason, .. } => {
-                self.escalation(turn, kernel_turn, hard, reason, metadata)
-                    .await
+                self.escalation(turn, kernel_turn, hard, reason).await?
             }
-        }
+        };
+        Ok(ending.with_metadata(metadata))
     }
 
     /// An `escalate` outcome: honoured only when the catalogue offers
@@ -67,15 +44,13 @@ impl Executor {
         kernel_turn: &Arc<dyn sharedos_kernel::KernelTurn>,
         hard: &Signal,
         reason: sharedos_protocol::Text<1, 512>,
-        metadata: Option<serde_json::Map<String, serde_json::Value>>,
-    ) -> Result<(Ending, Option<&'static str>), Caught> {
-        let offered = turn.gate().offers(ESCALATE_TOOL);
-        if !offered {
-            turn.events()
-                .push_envelope("turn.failed", failed_event("tool_unavailable", "envelope"));
-            let mut ending = Ending::failed("tool_unavailable", MSG_ESCALATE_NOT_OFFERED, false);
-            ending.outcome_metadata = metadata;
-            return Ok((ending, Some("envelope")));
+    ) -> Result<Ending, Caught> {
+        if !turn.gate().offers(ESCALATE_TOOL) {
+            return Ok(Ending::failed(
+                "tool_unavailable",
+                MSG_ESCALATE_NOT_OFFERED,
+                false,
+            ));
         }
         let context = turn.context_now();
         let recorded = tokio::select! {
@@ -100,29 +75,18 @@ impl Executor {
                 }
             }
         };
-        turn.events().push_envelope(
-            "turn.escalated",
-            json!({"reason": escalation.reason, "reviewer": escalation.reviewer}),
-        );
-        Ok((
-            Ending {
-                status: ExecutionStatus::Escalated,
-                output: None,
-                error: None,
-                escalation: Some(escalation),
-                outcome_metadata: metadata,
-            },
-            None,
-        ))
+        Ok(Ending::escalated(escalation))
     }
 
-    /// The catch path of B.1 step 17.
+    /// The catch path of B.1 step 17: a drain waits for the calls in
+    /// flight, then the ending names the first cause (an audit outage, a
+    /// violation, a stop, the runtime's failure).
     pub(super) async fn catch(
         &self,
         turn: &Arc<Turn>,
         caught: Caught,
         diagnosis: Option<&RuntimeDiagnosis>,
-    ) -> (Ending, Option<&'static str>) {
+    ) -> Ending {
         let signals = turn.signals();
         if signals.soft_raised() && !signals.hard_raised() && !turn.gate().idle() {
             let hard = signals.hard();
@@ -132,44 +96,18 @@ impl Executor {
             }
         }
         if let Some(KernelError::AuditUnavailable { cause, .. }) = turn.authority().outage() {
-            turn.events()
-                .push_envelope("turn.failed", failed_event(AUDIT_UNAVAILABLE, "envelope"));
             self.report_turn_error(turn, TurnError::AuditUnavailable { cause });
-            return (
-                Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.gate().safe_to_retry()),
-                Some("envelope"),
-            );
+            return Ending::failed(AUDIT_UNAVAILABLE, MSG_AUDIT, turn.gate().safe_to_retry());
         }
         // A violation stops the seat like an abort, but the turn failed: it
         // is the runtime's doing, not the deadline's or the host's.
-        // Every envelope violation is the plugin's doing and repeats on a
-        // retry: never retryable.
         if let Some(reason) = turn.violation() {
-            let (code, message) = if reason == EGRESS_BUDGET_EXCEEDED {
-                (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET)
-            } else {
-                (RUNTIME_FAILED, MSG_RUNTIME_FAILED)
-            };
-            turn.events()
-                .push_envelope("turn.failed", failed_event(code, "envelope"));
-            self.report_turn_error(turn, TurnError::Violation { reason });
-            let mut details = json!({"reason": reason});
-            if reason == TURN_MEMORY_EXCEEDED {
-                // What to fix: the limit the plugin's writes went past.
-                details["limitBytes"] = json!(self.options.max_turn_bytes);
-            }
-            return (
-                Ending::failed(code, message, false).with_details(details),
-                Some("envelope"),
-            );
+            return self.violation_ending(turn, reason);
         }
         if signals.soft_raised() {
-            turn.events().push_envelope("turn.cancelled", json!({}));
             let cause = signals.cause().unwrap_or("drain");
-            return (Ending::cancelled(turn.gate().safe_to_retry(), cause), None);
+            return Ending::cancelled(turn.gate().safe_to_retry(), cause);
         }
-        turn.events()
-            .push_envelope("turn.failed", failed_event(RUNTIME_FAILED, "envelope"));
         let error = match caught {
             Caught::Runtime(e) => TurnError::Runtime(e),
             Caught::Kernel(e) => TurnError::Kernel(e.to_string()),
@@ -178,19 +116,28 @@ impl Executor {
         self.report_turn_error(turn, error);
         // A deterministic failure (a stream violation, a refused
         // handshake) would happen again: not retryable whatever the turn did.
-        let ending = match diagnosis {
-            Some(d) => Ending::failed(
-                RUNTIME_FAILED,
-                MSG_RUNTIME_FAILED,
-                turn.gate().safe_to_retry() && !d.deterministic,
-            )
-            .with_details(json!({"reason": d.reason})),
-            None => Ending::failed(
-                RUNTIME_FAILED,
-                MSG_RUNTIME_FAILED,
-                turn.gate().safe_to_retry(),
-            ),
+        let safe = turn.gate().safe_to_retry();
+        match diagnosis {
+            Some(d) => Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, safe && !d.deterministic)
+                .with_details(json!({"reason": d.reason})),
+            None => Ending::failed(RUNTIME_FAILED, MSG_RUNTIME_FAILED, safe),
+        }
+    }
+
+    /// Every envelope violation is the plugin's doing and repeats on a
+    /// retry: never retryable.
+    fn violation_ending(&self, turn: &Turn, reason: &'static str) -> Ending {
+        let (code, message) = if reason == EGRESS_BUDGET_EXCEEDED {
+            (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET)
+        } else {
+            (RUNTIME_FAILED, MSG_RUNTIME_FAILED)
         };
-        (ending, Some("envelope"))
+        self.report_turn_error(turn, TurnError::Violation { reason });
+        let mut details = json!({"reason": reason});
+        if reason == TURN_MEMORY_EXCEEDED {
+            // What to fix: the limit the plugin's writes went past.
+            details["limitBytes"] = json!(self.options.max_turn_bytes);
+        }
+        Ending::failed(code, message, false).with_details(details)
     }
 }

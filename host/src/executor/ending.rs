@@ -49,24 +49,63 @@ pub(crate) fn merge_metadata(
     m
 }
 
-/// What the builders need besides the turn.
+/// How a turn ends: what its result says, the terminal event that
+/// announces it (the last of the log), and who ended it, for the kernel's
+/// record (`runtime` for the plugin's own `fail`, `envelope` for a failure
+/// the envelope decided).
 pub(crate) struct Ending {
     pub status: ExecutionStatus,
     pub output: Option<Value>,
     pub error: Option<ProtocolError>,
     pub escalation: Option<Escalation>,
     pub outcome_metadata: Option<JsonObject>,
+    pub event: Option<(&'static str, Value)>,
+    pub ended_by: Option<&'static str>,
 }
 
 impl Ending {
-    pub fn failed(code: &str, message: &str, retryable: bool) -> Self {
+    fn new(status: ExecutionStatus, event: &'static str, data: Value) -> Self {
         Self {
-            status: ExecutionStatus::Failed,
+            status,
             output: None,
-            error: Some(ProtocolError::new(code, message, Some(retryable))),
+            error: None,
             escalation: None,
             outcome_metadata: None,
+            event: Some((event, data)),
+            ended_by: None,
         }
+    }
+    /// `succeeded`, with the plugin's output.
+    pub fn completed(output: Value) -> Self {
+        let mut ending = Self::new(ExecutionStatus::Succeeded, "turn.completed", json!({}));
+        ending.output = Some(output);
+        ending
+    }
+    /// `failed` with the plugin's own error (`source: runtime`).
+    pub fn failed_by_runtime(error: ProtocolError) -> Self {
+        let data = failed_event(error.code.as_str(), "runtime");
+        let mut ending = Self::new(ExecutionStatus::Failed, "turn.failed", data);
+        ending.error = Some(error);
+        ending.ended_by = Some("runtime");
+        ending
+    }
+    /// `escalated`, as the kernel recorded it.
+    pub fn escalated(escalation: Escalation) -> Self {
+        let data = json!({"reason": escalation.reason, "reviewer": escalation.reviewer});
+        let mut ending = Self::new(ExecutionStatus::Escalated, "turn.escalated", data);
+        ending.escalation = Some(escalation);
+        ending
+    }
+    /// `failed` for a reason the envelope decided (`source: envelope`).
+    pub fn failed(code: &str, message: &str, retryable: bool) -> Self {
+        let mut ending = Self::new(
+            ExecutionStatus::Failed,
+            "turn.failed",
+            failed_event(code, "envelope"),
+        );
+        ending.error = Some(ProtocolError::new(code, message, Some(retryable)));
+        ending.ended_by = Some("envelope");
+        ending
     }
     /// `cancelled turn_cancelled` (ADR 0007's one code for every stop),
     /// with `error.details.cause` saying which stop: `deadline` (the
@@ -78,14 +117,18 @@ impl Ending {
         } else {
             MSG_CANCELLED
         };
-        Self {
-            status: ExecutionStatus::Cancelled,
-            output: None,
-            error: Some(ProtocolError::new(TURN_CANCELLED, message, Some(retryable))),
-            escalation: None,
-            outcome_metadata: None,
-        }
-        .with_details(json!({"cause": cause}))
+        let mut ending = Self::new(ExecutionStatus::Cancelled, "turn.cancelled", json!({}));
+        ending.error = Some(ProtocolError::new(TURN_CANCELLED, message, Some(retryable)));
+        ending.with_details(json!({"cause": cause}))
+    }
+    pub fn denied(code: &str, message: &str) -> Self {
+        let mut ending = Self::new(
+            ExecutionStatus::Denied,
+            "turn.denied",
+            json!({"code": code}),
+        );
+        ending.error = Some(ProtocolError::new(code, message, Some(false)));
+        ending
     }
     /// Adds `error.details` (fixed tokens of the host's, never a plugin's
     /// text).
@@ -95,14 +138,16 @@ impl Ending {
         }
         self
     }
-    pub fn denied(code: &str, message: &str) -> Self {
-        Self {
-            status: ExecutionStatus::Denied,
-            output: None,
-            error: Some(ProtocolError::new(code, message, Some(false))),
-            escalation: None,
-            outcome_metadata: None,
-        }
+    /// The outcome's own metadata, merged first into the result's.
+    pub fn with_metadata(mut self, metadata: Option<JsonObject>) -> Self {
+        self.outcome_metadata = metadata;
+        self
+    }
+    /// Without a terminal event: a turn the caller had cancelled before
+    /// anything ran.
+    pub fn unannounced(mut self) -> Self {
+        self.event = None;
+        self
     }
 }
 

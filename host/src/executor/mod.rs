@@ -14,11 +14,13 @@ mod detach;
 mod egress;
 mod ending;
 mod events;
+mod finish;
 mod gate;
 mod ledger;
 mod mediation;
 mod options;
 pub mod record;
+mod request;
 mod signals;
 mod turn;
 
@@ -29,12 +31,11 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
-use sharedos_kernel::{KernelError, TurnEnd, TurnKernel};
-use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin, Signal};
+use sharedos_kernel::{KernelError, KernelTurn, TurnKernel};
+use sharedos_plugin_sdk::{RuntimeError, Signal};
 use sharedos_protocol::{
-    AccessContext, Address, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult,
-    RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, RuntimeVisibleContext,
-    canonical_json,
+    AccessContext, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult, RuntimeLimits,
+    RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest,
 };
 
 pub use crate::limits::{EVENT_OVERHEAD_BYTES, STDERR_TAIL_RESERVE_BYTES, VALUE_NODE_BYTES};
@@ -45,6 +46,7 @@ use crate::limits::MAX_DEFAULT_TOOL_CALLS;
 use crate::process::AffinityKey;
 use annotations::AnnotationBounds;
 use ending::*;
+use request::{context_mismatch, mismatch_message, sanitize};
 use turn::{Turn, TurnBudget, TurnParams};
 
 /// Locks a mutex, recovering the data if a panicking holder poisoned it:
@@ -138,17 +140,6 @@ impl Executor {
     fn runtime_ref(&self) -> Value {
         let m = &self.seat.manifest;
         json!({"id": m.id, "version": m.version, "protocolVersion": m.protocol_version})
-    }
-
-    fn runtime_provenance(&self, report: Option<Value>) -> Value {
-        let mut v = self.runtime_ref();
-        if let Some(md) = &self.seat.manifest.metadata {
-            v["metadata"] = Value::Object(md.clone());
-        }
-        if let Some(r) = report {
-            v["sandbox"] = r;
-        }
-        v
     }
 
     fn limits(&self, request: &ExecutionRequest) -> RuntimeLimits {
@@ -308,25 +299,6 @@ impl Executor {
         [cancel_watch, outage_watch].into_iter().flatten().collect()
     }
 
-    /// A turn that ends before anything runs (a context mismatch, a
-    /// caller that cancelled first).
-    async fn end_early(
-        &self,
-        turn: &Arc<Turn>,
-        ending: Ending,
-        started_at: sharedos_protocol::Timestamp,
-    ) -> ExecutionResult {
-        turn.close();
-        let result = build(
-            turn,
-            ending,
-            started_at,
-            &self.runtime_provenance(None),
-            false,
-        );
-        self.finish(turn, result, None).await
-    }
-
     async fn execute_turn(
         &self,
         request: ExecutionRequest,
@@ -337,138 +309,47 @@ impl Executor {
         request.check()?;
         let started_at = (self.options.clock)();
         let turn = self.new_turn(&request, &opts);
-        let limits = turn.limits();
 
         // Context checks, before any kernel call.
         if let Some(code) = context_mismatch(&request) {
-            turn.events()
-                .push_envelope("turn.denied", json!({"code": code}));
-            let message = match code {
-                "actor_mismatch" => "The execution context actor does not match the agent.",
-                "receiver_mismatch" => "The message receiver does not match the agent.",
-                _ => "The message does not match the execution context.",
-            };
-            let ending = Ending::denied(code, message);
-            return Ok(self.end_early(&turn, ending, started_at).await);
+            let ending = Ending::denied(code, mismatch_message(code));
+            return Ok(self.finish(&turn, ending, started_at, None).await);
         }
 
         // The deadline machinery starts now.
-        if let Some(w) = self.no_working_time(limits.timeout_ms) {
+        if let Some(w) = self.no_working_time(turn.limits().timeout_ms) {
             tracing::warn!(execution_id = %turn.execution_id(), "{w}");
         }
         turn.arm_deadline();
         let watchers = self.spawn_watchers(&turn, &opts, outage);
         if opts.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
             watchers.iter().for_each(|w| w.abort());
-            let ending = Ending::cancelled(true, "caller");
-            return Ok(self.end_early(&turn, ending, started_at).await);
+            let ending = Ending::cancelled(true, "caller").unannounced();
+            return Ok(self.finish(&turn, ending, started_at, None).await);
         }
 
         let key = session.map(|s| AffinityKey::new(s, &request.agent, &request.context));
         let affine = key.is_some() && self.seat.sessions.is_some();
-        let body = self.body(&turn, request, key).await;
+        let (body, report) = self.body(&turn, request, key).await;
         if affine {
             // Only a turn that completed, with no drain, leaves its process
             // for the session's next turn; decided before anything else
             // can await (a parked process is killed at its TTL regardless).
-            let keep = matches!(&body, Ok((e, _)) if e.status == ExecutionStatus::Succeeded)
+            let keep = matches!(&body, Ok(e) if e.status == ExecutionStatus::Succeeded)
                 && !turn.signals().soft_raised();
             if let Some(s) = &self.seat.sessions {
                 s.turn_ended(turn.execution_id().as_str(), keep);
             }
         }
-        let diagnosis = self
-            .seat
-            .reports
-            .as_ref()
-            .and_then(|r| r.take_diagnosis(turn.execution_id().as_str()));
-        let (ending, ended_by) = match body {
-            Ok(done) => done,
-            Err(caught) => self.catch(&turn, caught, diagnosis.as_ref()).await,
+        let ending = match body {
+            Ok(ending) => ending,
+            Err(caught) => {
+                let diagnosis = report.diagnosis();
+                self.catch(&turn, caught, diagnosis.as_ref()).await
+            }
         };
-        turn.close();
         watchers.iter().for_each(|w| w.abort());
-        let with_annotations = ending.status != ExecutionStatus::Denied;
-        let runtime = self.turn_provenance(&turn, diagnosis, limits.timeout_ms);
-        let result = build(&turn, ending, started_at, &runtime, with_annotations);
-        Ok(self.finish(&turn, result, ended_by).await)
-    }
-
-    /// `metadata.runtime` of a turn that ran: the seat's reports (the
-    /// sandbox, the affinity, the process's diagnosis) and the warnings.
-    fn turn_provenance(
-        &self,
-        turn: &Turn,
-        diagnosis: Option<RuntimeDiagnosis>,
-        timeout_ms: u64,
-    ) -> Value {
-        let id = turn.execution_id().as_str();
-        let report = self
-            .seat
-            .reports
-            .as_ref()
-            .and_then(|r| r.take_sandbox_report(id));
-        let mut runtime = self.runtime_provenance(report);
-        if let Some(a) = self
-            .seat
-            .sessions
-            .as_ref()
-            .and_then(|s| s.take_affinity(id))
-        {
-            runtime["affinity"] = a;
-        }
-        if let Some(d) = diagnosis {
-            runtime["process"] = d.process;
-        }
-        if let Some(w) = self.no_working_time(timeout_ms) {
-            runtime["warnings"] = json!([w]);
-        }
-        runtime
-    }
-
-    /// Records the end, waits until the observer has seen every event, and
-    /// only then moves the (sealed) event log into the result: the log of
-    /// a busy turn holds two events a tool call, and a copy of it was a
-    /// tenth of the host's work per call.
-    async fn finish(
-        &self,
-        turn: &Turn,
-        mut result: ExecutionResult,
-        ended_by: Option<&'static str>,
-    ) -> ExecutionResult {
-        self.record_end(turn, &result, ended_by).await;
-        turn.events().flush_delivery().await;
-        result.events = turn.events().take();
-        result
-    }
-
-    async fn record_end(
-        &self,
-        turn: &Turn,
-        result: &ExecutionResult,
-        ended_by: Option<&'static str>,
-    ) {
-        let reason_code = match result.status {
-            ExecutionStatus::Succeeded | ExecutionStatus::Escalated => None,
-            ExecutionStatus::Cancelled => Some(
-                result
-                    .code()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| TURN_CANCELLED.to_owned()),
-            ),
-            _ => result.code().map(str::to_owned),
-        };
-        let mut context = turn.authority().context().clone();
-        context.now = result.completed_at.clone();
-        let end = TurnEnd {
-            execution_id: turn.execution_id().clone(),
-            status: result.status,
-            reason_code,
-            ended_by: ended_by.map(str::to_owned),
-        };
-        if let Err(e) = self.kernel.record_turn_end(&context, end).await {
-            tracing::warn!(execution_id = %turn.execution_id(), error = %e, "recording the end of the turn failed");
-        }
+        Ok(self.finish(&turn, ending, started_at, Some(&report)).await)
     }
 
     /// Steps 6–11 of B.1: authority, admission, reach and the effective
@@ -503,8 +384,6 @@ impl Executor {
             let code = admission
                 .reason_code
                 .unwrap_or_else(|| "no_matching_grant".to_owned());
-            turn.events()
-                .push_envelope("turn.denied", json!({"code": code}));
             return Ok(Err(Ending::denied(&code, MSG_ADMISSION)));
         }
         let reach = kernel_call!(kernel_turn.reach(&context));
@@ -524,33 +403,34 @@ impl Executor {
         }))
     }
 
-    /// The seat's run of the turn: on the session's parked process when
-    /// the turn has a session and the seat has affinity, else `run`.
-    fn run_seat<'a>(
-        &'a self,
+    /// The seat's turn: on the session's parked process when the turn has
+    /// a session and the seat has affinity, else a turn of its runtime.
+    fn run_seat(
+        &self,
         request: RuntimeTurnRequest,
         host: Arc<EnvelopeHost>,
         abort: Signal,
         key: Option<AffinityKey>,
-    ) -> futures_util::future::BoxFuture<'a, Result<RuntimeTurnOutcome, RuntimeError>> {
+    ) -> SeatedTurn<'_> {
         match (key, &self.seat.sessions) {
             (Some(key), Some(seat)) => seat.run_in_session(key, request, host, abort),
-            _ => self.seat.plugin.run(request, host, abort),
+            _ => self.seat.runtime.turn(request, host, abort),
         }
     }
 
     /// Steps 6–16 of B.1: authority, admission, reach, catalogue, the run,
-    /// and the outcome.
+    /// and the outcome; with the seat's report of the turn.
     async fn body(
         &self,
         turn: &Arc<Turn>,
         request: ExecutionRequest,
         key: Option<AffinityKey>,
-    ) -> Result<(Ending, Option<&'static str>), Caught> {
+    ) -> (Result<Ending, Caught>, TurnReport) {
         let hard = turn.signals().hard();
-        let opened = match self.open_catalogue(turn, &request, &hard).await? {
-            Ok(opened) => opened,
-            Err(denied) => return Ok((denied, None)),
+        let opened = match self.open_catalogue(turn, &request, &hard).await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(denied)) => return (Ok(denied), self.seat.runtime.unrun()),
+            Err(caught) => return (Err(caught), self.seat.runtime.unrun()),
         };
         let Opened {
             kernel_turn,
@@ -567,18 +447,32 @@ impl Executor {
                 "runtime": turn.runtime_ref(),
             }),
         );
-
         let host = Arc::new(EnvelopeHost { turn: turn.clone() });
+        let seated = self.run_seat(runtime_request, host, hard.clone(), key);
+        let ended = self
+            .run(turn, seated.outcome, &kernel_turn, &context, &hard)
+            .await;
+        (ended, seated.report)
+    }
+
+    /// Steps 14–16: the seat's run raced against the hard signal, then the
+    /// ending its outcome makes.
+    async fn run(
+        &self,
+        turn: &Arc<Turn>,
+        outcome: futures_util::future::BoxFuture<'_, Result<RuntimeTurnOutcome, RuntimeError>>,
+        kernel_turn: &Arc<dyn KernelTurn>,
+        context: &AccessContext,
+        hard: &Signal,
+    ) -> Result<Ending, Caught> {
         // Held until the seat's run ends: the gateway serves this turn
         // only while it runs.
-        let mut egress = self.bind_egress(turn, &kernel_turn, &context);
+        let mut egress = self.bind_egress(turn, kernel_turn, context);
         // A panic is how an in-process plugin throws: it ends the turn
         // `runtime_failed` like any throw, never unwinding through the host.
-        let run = AssertUnwindSafe(self.run_seat(runtime_request, host, hard.clone(), key))
-            .catch_unwind()
-            .map(|r| {
-                r.unwrap_or_else(|_| Err(RuntimeError::Failed("the runtime panicked".into())))
-            });
+        let run = AssertUnwindSafe(outcome).catch_unwind().map(|r| {
+            r.unwrap_or_else(|_| Err(RuntimeError::Failed("the runtime panicked".into())))
+        });
         let mut run = std::pin::pin!(run);
         let outcome = tokio::select! {
             biased;
@@ -605,81 +499,14 @@ impl Executor {
             Ok(o) => o,
             Err(RuntimeError::InvalidOutcome(detail)) => {
                 tracing::warn!(execution_id = %turn.execution_id(), detail = %sharedos_protocol::text::escape_text(&detail), "the runtime's outcome does not parse");
-                turn.events().push_envelope(
-                    "turn.failed",
-                    failed_event(INVALID_RUNTIME_OUTCOME, "envelope"),
-                );
-                return Ok((
-                    Ending::failed(INVALID_RUNTIME_OUTCOME, MSG_INVALID_OUTCOME, false),
-                    Some("envelope"),
+                return Ok(Ending::failed(
+                    INVALID_RUNTIME_OUTCOME,
+                    MSG_INVALID_OUTCOME,
+                    false,
                 ));
             }
             Err(e) => return Err(Caught::Runtime(e)),
         };
-        self.ending_of(turn, &kernel_turn, &hard, outcome).await
-    }
-}
-
-/// `actor_mismatch`, `receiver_mismatch`, `message_context_mismatch`, in
-/// that order; addresses compared in canonical JSON.
-fn context_mismatch(request: &ExecutionRequest) -> Option<&'static str> {
-    fn canon(a: &Address) -> String {
-        canonical_json(&serde_json::to_value(a).unwrap_or(Value::Null))
-    }
-    let agent = canon(&request.agent);
-    if canon(&request.context.actor) != agent {
-        return Some("actor_mismatch");
-    }
-    if canon(&request.message.receiver) != agent {
-        return Some("receiver_mismatch");
-    }
-    if request.message.trace_id != request.context.trace_id
-        || request.message.purpose != request.context.purpose
-    {
-        return Some("message_context_mismatch");
-    }
-    None
-}
-
-/// The sanitized request of A.2: no authority, no enabled namespaces, no
-/// grants; `tools` is the effective catalogue; reach narrowed to the
-/// namespaces the effective tools operate on.
-fn sanitize(
-    request: &ExecutionRequest,
-    context: &AccessContext,
-    reach: ReachResult,
-    tools: Vec<sharedos_protocol::ToolDefinition>,
-) -> RuntimeTurnRequest {
-    let namespaces: HashSet<&str> = tools
-        .iter()
-        .map(|t| t.required_capability.resource.namespace.as_str())
-        .collect();
-    let reach = match reach {
-        ReachResult::Computed { reach } => ReachResult::Computed {
-            reach: reach
-                .into_iter()
-                .filter(|e| namespaces.contains(e.namespace.as_str()))
-                .collect(),
-        },
-        other => other,
-    };
-    RuntimeTurnRequest {
-        version: request.version,
-        execution_id: request.execution_id.clone(),
-        agent: request.agent.clone(),
-        context: RuntimeVisibleContext {
-            actor: context.actor.clone(),
-            owner: context.owner.clone(),
-            namespace_id: context.namespace_id.clone(),
-            purpose: context.purpose.clone(),
-            trace_id: context.trace_id.clone(),
-            now: context.now.clone(),
-            reach,
-        },
-        message: request.message.clone(),
-        tools,
-        state: request.state.clone(),
-        options: request.options,
-        metadata: request.metadata.clone(),
+        self.ending_of(turn, kernel_turn, hard, outcome).await
     }
 }

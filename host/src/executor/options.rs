@@ -2,10 +2,15 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
-use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin};
-use sharedos_protocol::{ContractError, ExecutionEvent, Identifier, RuntimeManifest, Timestamp};
+use futures_util::future::BoxFuture;
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
+use sharedos_protocol::{
+    ContractError, ExecutionEvent, Identifier, RuntimeManifest, RuntimeTurnOutcome,
+    RuntimeTurnRequest, Timestamp,
+};
 use tokio_util::sync::CancellationToken;
+
+pub use crate::provenance::{RuntimeDiagnosis, TurnReport};
 
 /// The name of the escalation affordance. Its presence in a turn's
 /// catalogue is what offers escalation.
@@ -193,36 +198,75 @@ pub struct ExecuteOptions {
 #[derive(Clone)]
 pub struct Seat {
     pub manifest: RuntimeManifest,
-    pub plugin: Arc<dyn RuntimePlugin>,
-    /// Where the seat keeps each turn's sandbox report, if it has one.
-    pub reports: Option<Arc<dyn SeatReports>>,
+    pub runtime: Arc<dyn SeatedRuntime>,
     /// The seat's egress gateway (a runtime with a network policy): the
     /// envelope binds each turn to it.
     pub egress: Option<Arc<crate::egress::EgressSeat>>,
     /// A seat that may serve consecutive turns of one session from one
-    /// process (session affinity); `None`: every turn is `plugin.run`.
+    /// process (session affinity); `None`: every turn is `runtime.turn`.
     pub sessions: Option<Arc<dyn SessionSeat>>,
 }
 
+/// One turn of a seat: its run, and its report (how it was isolated, and
+/// why it ended without an outcome), which the seat fills as it learns
+/// each part, so a run the envelope drops at the deadline still leaves
+/// its report.
+pub struct SeatedTurn<'a> {
+    pub outcome: BoxFuture<'a, Result<RuntimeTurnOutcome, RuntimeError>>,
+    pub report: TurnReport,
+}
+
+/// What the envelope runs a turn on: a plugin in process, or a process
+/// runtime (`seat::process_seat`).
+pub trait SeatedRuntime: Send + Sync {
+    /// One turn; nothing runs until the outcome is polled.
+    fn turn(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> SeatedTurn<'_>;
+
+    /// The report of a turn that ended before the seat was asked to run
+    /// it (denied admission, a kernel failure first).
+    fn unrun(&self) -> TurnReport {
+        TurnReport::default()
+    }
+}
+
+/// A plugin called in process: trusted code, no isolation to report.
+struct InProcess(Arc<dyn RuntimePlugin>);
+
+impl SeatedRuntime for InProcess {
+    fn turn(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> SeatedTurn<'_> {
+        SeatedTurn {
+            outcome: self.0.run(request, host, abort),
+            report: TurnReport::default(),
+        }
+    }
+}
+
 /// A seat with session affinity (docs/SECURITY.md, "Session affinity").
-#[async_trait::async_trait]
 pub trait SessionSeat: Send + Sync {
     /// Runs the turn of a session: on the process parked under `key`, if
-    /// any; the process may be parked again afterwards, unconfirmed.
-    async fn run_in_session(
+    /// any; the process may be parked again afterwards, unconfirmed. Its
+    /// report carries `metadata.runtime.affinity`.
+    fn run_in_session(
         &self,
         key: crate::process::AffinityKey,
-        request: sharedos_protocol::RuntimeTurnRequest,
-        host: Arc<dyn sharedos_plugin_sdk::RuntimeHost>,
-        abort: sharedos_plugin_sdk::Signal,
-    ) -> Result<sharedos_protocol::RuntimeTurnOutcome, RuntimeError>;
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+    ) -> SeatedTurn<'_>;
 
     /// The envelope's verdict on that turn: `keep` only when it ended
     /// `succeeded` without a drain; otherwise its process is killed.
     fn turn_ended(&self, execution_id: &str, keep: bool);
-
-    /// `metadata.runtime.affinity` of the turn, once.
-    fn take_affinity(&self, execution_id: &str) -> Option<Value>;
 
     /// Kills the processes parked for the session (it was closed).
     fn release_session(&self, session: &str);
@@ -231,37 +275,11 @@ pub trait SessionSeat: Send + Sync {
     fn release_all(&self);
 }
 
-/// A seat that can say how its turn was isolated.
-pub trait SeatReports: Send + Sync {
-    fn take_sandbox_report(&self, execution_id: &str) -> Option<Value>;
-
-    /// Why the turn ended without an outcome, when the seat knows (a
-    /// process seat: the violation, the exit status, the last stderr
-    /// lines). Taken once.
-    fn take_diagnosis(&self, _execution_id: &str) -> Option<RuntimeDiagnosis> {
-        None
-    }
-}
-
-/// A seat's account of a turn that ended without an outcome.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RuntimeDiagnosis {
-    /// A fixed token of the host's (never the plugin's text):
-    /// `invalid_json`, `plugin_exited`, `handshake_timeout`, ...
-    pub reason: &'static str,
-    /// A retry would fail the same way: the ending is never retryable.
-    pub deterministic: bool,
-    /// `metadata.runtime.process`: the exit status and the last stderr
-    /// lines, escaped and bounded.
-    pub process: Value,
-}
-
 impl Seat {
     pub fn in_process(plugin: Arc<dyn RuntimePlugin>) -> Self {
         Self {
             manifest: plugin.manifest(),
-            plugin,
-            reports: None,
+            runtime: Arc::new(InProcess(plugin)),
             egress: None,
             sessions: None,
         }

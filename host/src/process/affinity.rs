@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, Signal};
 use sharedos_protocol::{
@@ -28,7 +28,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::Connection;
-use super::{ProcessRuntime, ProcessTree, keep_bounded, new_turn_id, reaper, stamp};
+use super::{ProcessRuntime, ProcessTree, new_turn_id, reaper, stamp};
+use crate::provenance::TurnReport;
 
 pub use crate::config::{AffinityConfig, MAX_AFFINITY_TTL_MS};
 
@@ -295,10 +296,10 @@ impl ProcessRuntime {
         request: RuntimeTurnRequest,
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
+        report: &TurnReport,
     ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        use sharedos_plugin_sdk::RuntimePlugin;
         let Some(lot) = self.lot.clone() else {
-            return self.run(request, host, abort).await;
+            return self.run_reported(request, host, abort, report).await;
         };
         if abort.is_raised() {
             return Err(RuntimeError::Failed(
@@ -312,16 +313,20 @@ impl ProcessRuntime {
         let mut conn = match lot.take(&key).await {
             Some(conn) => {
                 stamp(stages, "reused");
-                if let Some(report) = &conn.report {
-                    self.keep_report(&execution_id, report.clone());
+                if let Some(sandbox) = &conn.report {
+                    report.set_sandbox(sandbox.clone());
                 }
                 conn
             }
             // No gateway: a runtime with a network policy has no lot.
-            None => self.open(&execution_id, &turn_id, &abort, true).await?.0,
+            None => {
+                self.open(&execution_id, &turn_id, &abort, true, report)
+                    .await?
+                    .0
+            }
         };
         conn.turns += 1;
-        keep_bounded(&self.affinities, &execution_id, conn.affinity_provenance());
+        report.set_affinity(conn.affinity_provenance());
         let outcome = conn.turn(&turn_id, request, host, abort.clone()).await;
         stamp(stages, "settled");
         match &outcome {
@@ -331,18 +336,13 @@ impl ProcessRuntime {
             }
             Ok(_) => conn.close(false),
             Err(e) => {
-                self.diagnose_error(&execution_id, e, &abort, &mut conn, &turn_id)
+                self.diagnose_error(report, &execution_id, e, &abort, &mut conn, &turn_id)
                     .await;
                 conn.close(abort.is_raised());
             }
         }
         stamp(stages, "signalled");
         outcome
-    }
-
-    /// `metadata.runtime.affinity` of a session turn, once.
-    pub fn take_affinity(&self, execution_id: &str) -> Option<Value> {
-        lock(&self.affinities).remove(execution_id)
     }
 
     /// The executor's verdict on a session turn (see [`ParkingLot`]).

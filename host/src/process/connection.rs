@@ -20,6 +20,7 @@ use super::launcher::{LaunchError, LaunchedChild};
 use super::{ProcessRuntime, diagnosis, stamp, stderr};
 use crate::broker::turn::{drive_turn, handshake_offering, host_peer_config, turn_run_params};
 use crate::broker::{Inbox, Peer, PeerConfig};
+use crate::provenance::TurnReport;
 
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -106,6 +107,23 @@ impl Connection {
     }
 }
 
+impl ProcessRuntime {
+    /// The plugin's stdio as the pipes the peer and the stderr drain read.
+    fn stdio_pipes(
+        &self,
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    ) -> Result<(pipe::Sender, pipe::Receiver, pipe::Receiver), RuntimeError> {
+        match (sender(stdin), receiver(stdout), receiver(stderr)) {
+            (Ok(i), Ok(o), Ok(e)) => Ok((i, o, e)),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                Err(self.load_error(format!("a plugin stdio fd is not a pipe: {e}")))
+            }
+        }
+    }
+}
+
 fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
     pipe::Receiver::from_owned_fd(fd)
 }
@@ -125,6 +143,7 @@ impl ProcessRuntime {
         turn_id: &TurnId,
         abort: &Signal,
         offer_many: bool,
+        turn_report: &TurnReport,
     ) -> Result<(Connection, Option<crate::egress::ServeHandle>), RuntimeError> {
         let spec = self.launch_spec(execution_id.to_owned(), turn_id.as_str().to_owned());
         let launcher = self.launcher.clone();
@@ -133,7 +152,7 @@ impl ProcessRuntime {
         let launched = tokio::task::spawn_blocking(move || launcher.launch(&spec))
             .await
             .map_err(|e| self.load_error(format!("the launcher panicked: {e}")))?
-            .map_err(|e| self.launch_refused(execution_id, e))?;
+            .map_err(|e| self.launch_refused(turn_report, execution_id, e))?;
         let LaunchedChild {
             stdin,
             stdout,
@@ -146,18 +165,12 @@ impl ProcessRuntime {
         let guard = TreeGuard::new(tree);
         stamp(self.config.stages.as_ref(), "launched");
         if let Some(report) = &report {
-            self.keep_report(execution_id, report.clone());
+            turn_report.set_sandbox(report.clone());
         }
         // Dropped when the turn ends (or its future is dropped): the
         // gateway stops accepting and closes every connection of the turn.
         let gateway = self.serve_egress(execution_id, egress_listener)?;
-        let pipes = (sender(stdin), receiver(stdout), receiver(stderr));
-        let (stdin, stdout, stderr) = match pipes {
-            (Ok(i), Ok(o), Ok(e)) => (i, o, e),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                return Err(self.load_error(format!("a plugin stdio fd is not a pipe: {e}")));
-            }
-        };
+        let (stdin, stdout, stderr) = self.stdio_pipes(stdin, stdout, stderr)?;
         let tail = stderr::SharedTail::default();
         let stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr_with_tail(
             stderr,
@@ -192,7 +205,7 @@ impl ProcessRuntime {
             }
             Err((reason, e)) => {
                 if let Some(reason) = reason {
-                    self.diagnose(execution_id, reason, &conn);
+                    self.diagnose(turn_report, execution_id, reason, &conn);
                 }
                 conn.close(abort.is_raised());
                 Err(e)
@@ -202,20 +215,25 @@ impl ProcessRuntime {
 
     /// A refused or failed launch: its report (what the isolation reached
     /// and why it was refused) is the turn's provenance.
-    fn launch_refused(&self, execution_id: &str, mut e: LaunchError) -> RuntimeError {
+    fn launch_refused(
+        &self,
+        turn_report: &TurnReport,
+        execution_id: &str,
+        mut e: LaunchError,
+    ) -> RuntimeError {
         if let LaunchError::Refused {
             report: report @ Some(_),
             ..
         } = &mut e
             && let Some(report) = report.take()
         {
-            self.keep_report(execution_id, report);
+            turn_report.set_sandbox(report);
         }
         let reason = match e {
             LaunchError::Refused { .. } => "launch_refused",
             LaunchError::Spawn { .. } => "launch_failed",
         };
-        self.keep_diagnosis(execution_id, reason, None, Vec::new());
+        self.keep_diagnosis(turn_report, execution_id, reason, None, Vec::new());
         self.load_error(e)
     }
 
@@ -249,9 +267,16 @@ impl ProcessRuntime {
 
     /// Keeps why the turn ended without an outcome, with the process's
     /// exit status and last stderr lines.
-    pub(super) fn diagnose(&self, execution_id: &str, reason: &'static str, conn: &Connection) {
+    pub(super) fn diagnose(
+        &self,
+        report: &TurnReport,
+        execution_id: &str,
+        reason: &'static str,
+        conn: &Connection,
+    ) {
         let lines = conn.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
-        self.keep_diagnosis(execution_id, reason, conn.guard.status_now(), lines);
+        let status = conn.guard.status_now();
+        self.keep_diagnosis(report, execution_id, reason, status, lines);
     }
 
     /// After a turn on `conn` ended in error: its diagnosis, where the
@@ -259,6 +284,7 @@ impl ProcessRuntime {
     /// the abort).
     pub(super) async fn diagnose_error(
         &self,
+        report: &TurnReport,
         execution_id: &str,
         error: &RuntimeError,
         abort: &Signal,
@@ -279,7 +305,7 @@ impl ProcessRuntime {
                 conn.guard.status_now()
             };
             let lines = conn.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
-            self.keep_diagnosis(execution_id, reason, status, lines);
+            self.keep_diagnosis(report, execution_id, reason, status, lines);
         }
         tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", escape_text(&truncate(&error.to_string(), 500)));
     }

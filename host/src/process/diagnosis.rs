@@ -12,20 +12,6 @@ use serde_json::{Value, json};
 
 use crate::broker::HandshakeError;
 
-/// What the executor learns about a turn that ended in an error.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Diagnosis {
-    /// A fixed token: a stream violation (`invalid_json`, `plugin_exited`,
-    /// ...), `handshake_timeout`, `handshake_rejected`, `manifest_mismatch`,
-    /// `launch_refused`, `launch_failed`, `runtime_error` (the plugin
-    /// answered `turn/run` with an error).
-    pub reason: &'static str,
-    /// The same turn would fail the same way again: never retryable.
-    pub deterministic: bool,
-    /// `{"exit": {"code": n} | {"signal": n} | "running", "stderrTail": [..]}`.
-    pub process: Value,
-}
-
 /// Stream violations that a plugin commits whatever the moment: a retry
 /// repeats them. `plugin_exited`, `write_stall` and `io` may pass.
 const DETERMINISTIC: &[&str] = &[

@@ -19,7 +19,6 @@ pub mod launcher;
 mod reaper;
 pub mod stderr;
 
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -34,12 +33,13 @@ use sharedos_protocol::{
 };
 
 pub use affinity::{AffinityConfig, AffinityKey, MAX_AFFINITY_TTL_MS};
-pub use diagnosis::{Diagnosis, is_deterministic};
+pub use diagnosis::is_deterministic;
 pub use direct::DirectLauncher;
 pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 pub use reaper::{adopt_orphans, reap_orphans};
 pub use stderr::StderrLimits;
 
+use crate::provenance::{RuntimeDiagnosis, TurnReport};
 use guard::PENDING_KILLS;
 
 /// How to run one configured runtime.
@@ -116,18 +116,10 @@ pub enum LoadError {
     NotExecutable { program: PathBuf },
 }
 
-/// Reports kept for `take_sandbox_report`; a bound so an executor that
-/// never takes them cannot grow the map without end.
-const MAX_KEPT_REPORTS: usize = 1024;
-
 /// A runtime plugin run as a child process, one process per turn.
 pub struct ProcessRuntime {
     config: ProcessRuntimeConfig,
     launcher: Arc<dyn Launcher>,
-    reports: Mutex<HashMap<String, serde_json::Value>>,
-    diagnoses: Mutex<HashMap<String, Diagnosis>>,
-    /// `metadata.runtime.affinity` of each session turn, until taken.
-    affinities: Mutex<HashMap<String, serde_json::Value>>,
     /// The parked processes, with session affinity.
     lot: Option<Arc<affinity::ParkingLot>>,
 }
@@ -163,9 +155,6 @@ impl ProcessRuntime {
         let runtime = Self {
             config,
             launcher,
-            reports: Mutex::new(HashMap::new()),
-            diagnoses: Mutex::new(HashMap::new()),
-            affinities: Mutex::new(HashMap::new()),
             lot,
         };
         // A launcher that keeps sandboxes prepared (`warm`) builds them
@@ -196,32 +185,11 @@ impl ProcessRuntime {
         &self.config
     }
 
-    /// The launcher's report of the turn with this execution id (the
-    /// sandbox report), once; `None` for an unsandboxed launch.
-    pub fn take_sandbox_report(&self, execution_id: &str) -> Option<serde_json::Value> {
-        self.reports
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(execution_id)
-    }
-
-    fn keep_report(&self, execution_id: &str, report: serde_json::Value) {
-        keep_bounded(&self.reports, execution_id, report);
-    }
-
-    /// Why the turn with this execution id ended without an outcome, once;
-    /// `None` when it had one (or was dropped at its abort).
-    pub fn take_diagnosis(&self, execution_id: &str) -> Option<Diagnosis> {
-        self.diagnoses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(execution_id)
-    }
-
-    /// Keeps why the turn ended without an outcome, and logs it with the
+    /// Reports why the turn ended without an outcome, and logs it with the
     /// plugin's exit status and last stderr lines.
     fn keep_diagnosis(
         &self,
+        report: &TurnReport,
         execution_id: &str,
         reason: &'static str,
         status: Option<std::process::ExitStatus>,
@@ -235,12 +203,11 @@ impl ProcessRuntime {
             process = %process,
             "the plugin ended its turn without an outcome"
         );
-        let d = Diagnosis {
+        report.set_diagnosis(RuntimeDiagnosis {
             reason,
             deterministic: is_deterministic(reason),
             process,
-        };
-        keep_bounded(&self.diagnoses, execution_id, d);
+        });
     }
 
     fn name(&self) -> String {
@@ -278,17 +245,6 @@ impl ProcessRuntime {
                 .map_err(|e| self.load_error(e)),
         }
     }
-}
-
-/// Inserts into a map that never holds more than `MAX_KEPT_REPORTS`.
-fn keep_bounded<T>(map: &Mutex<HashMap<String, T>>, key: &str, value: T) {
-    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-    if map.len() >= MAX_KEPT_REPORTS
-        && let Some(k) = map.keys().next().cloned()
-    {
-        map.remove(&k);
-    }
-    map.insert(key.to_owned(), value);
 }
 
 /// A fresh turn id: `t-` and 32 hex digits, within `[A-Za-z0-9_.:-]`.
@@ -336,12 +292,29 @@ impl RuntimePlugin for ProcessRuntime {
         self.config.manifest.clone()
     }
 
-    /// One turn in a fresh process, killed at the end whatever the ending.
+    /// One turn in a fresh process, killed at the end whatever the ending
+    /// ([`ProcessRuntime::run_reported`] without its report).
     async fn run(
         &self,
         request: RuntimeTurnRequest,
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
+    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
+        self.run_reported(request, host, abort, &TurnReport::default())
+            .await
+    }
+}
+
+impl ProcessRuntime {
+    /// One turn in a fresh process, killed at the end whatever the ending;
+    /// `report` gets the launcher's report at launch and, for a turn that
+    /// ends without an outcome, the diagnosis.
+    pub async fn run_reported(
+        &self,
+        request: RuntimeTurnRequest,
+        host: Arc<dyn RuntimeHost>,
+        abort: Signal,
+        report: &TurnReport,
     ) -> Result<RuntimeTurnOutcome, RuntimeError> {
         if abort.is_raised() {
             return Err(RuntimeError::Failed(
@@ -351,12 +324,14 @@ impl RuntimePlugin for ProcessRuntime {
         stamp(self.config.stages.as_ref(), "run");
         let turn_id = new_turn_id();
         let execution_id = request.execution_id.as_str().to_owned();
-        let (mut conn, _gateway) = self.open(&execution_id, &turn_id, &abort, false).await?;
+        let (mut conn, _gateway) = self
+            .open(&execution_id, &turn_id, &abort, false, report)
+            .await?;
         conn.turns = 1;
         let outcome = conn.turn(&turn_id, request, host, abort.clone()).await;
         stamp(self.config.stages.as_ref(), "settled");
         if let Err(e) = &outcome {
-            self.diagnose_error(&execution_id, e, &abort, &mut conn, &turn_id)
+            self.diagnose_error(report, &execution_id, e, &abort, &mut conn, &turn_id)
                 .await;
         }
         conn.close(abort.is_raised());

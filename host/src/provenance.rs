@@ -1,0 +1,82 @@
+//! What a seated runtime reports of a turn besides its outcome: how the
+//! turn was isolated (the sandbox report, `metadata.runtime.sandbox`), for a
+//! session turn its affinity (`metadata.runtime.affinity`), and for a turn
+//! that ended without an outcome the seat's diagnosis.
+//!
+//! The seat hands a [`TurnReport`] back with the run of the turn
+//! (`executor::SeatedTurn`) and fills it as it learns each part: the
+//! sandbox report at launch, not at the end, because the envelope drops
+//! the run of a turn stopped at its deadline and the result still says how
+//! that turn was isolated. It belongs to the one turn; nothing is kept by
+//! execution id.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+
+/// A seat's account of a turn that ended without an outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeDiagnosis {
+    /// A fixed token of the host's (never the plugin's text):
+    /// `invalid_json`, `plugin_exited`, `handshake_timeout`, ...
+    pub reason: &'static str,
+    /// A retry would fail the same way: the ending is never retryable.
+    pub deterministic: bool,
+    /// `metadata.runtime.process`: the exit status and the last stderr
+    /// lines, escaped and bounded.
+    pub process: Value,
+}
+
+#[derive(Debug, Default)]
+struct Parts {
+    sandbox: Option<Value>,
+    affinity: Option<Value>,
+    diagnosis: Option<RuntimeDiagnosis>,
+}
+
+/// One turn's report, shared by the seat that fills it and the envelope
+/// that reads it once the run is over (or dropped). An in-process seat's
+/// stays empty.
+#[derive(Debug, Clone, Default)]
+pub struct TurnReport(Arc<Mutex<Parts>>);
+
+impl TurnReport {
+    /// A report that says only how the seat isolates its turns so far
+    /// (`sandbox`), e.g. that no process was running yet.
+    pub fn with_sandbox(sandbox: Value) -> Self {
+        let report = Self::default();
+        report.set_sandbox(sandbox);
+        report
+    }
+
+    fn parts(&self) -> MutexGuard<'_, Parts> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The launcher's report: the isolation the turn runs in.
+    pub fn set_sandbox(&self, report: Value) {
+        self.parts().sandbox = Some(report);
+    }
+
+    /// The session affinity of the turn (which process served it).
+    pub fn set_affinity(&self, affinity: Value) {
+        self.parts().affinity = Some(affinity);
+    }
+
+    /// Why the turn ended without an outcome.
+    pub fn set_diagnosis(&self, diagnosis: RuntimeDiagnosis) {
+        self.parts().diagnosis = Some(diagnosis);
+    }
+
+    pub fn sandbox(&self) -> Option<Value> {
+        self.parts().sandbox.clone()
+    }
+
+    pub fn affinity(&self) -> Option<Value> {
+        self.parts().affinity.clone()
+    }
+
+    pub fn diagnosis(&self) -> Option<RuntimeDiagnosis> {
+        self.parts().diagnosis.clone()
+    }
+}
