@@ -59,3 +59,35 @@ pub const EVENT_OVERHEAD_BYTES: usize = 256;
 /// (`process::stderr::TAIL_LINES`) of at most 512 bytes
 /// (`TAIL_LINE_BYTES`), each byte escaped to at most 4.
 pub const STDERR_TAIL_RESERVE_BYTES: usize = 20 * (4 * 512 + 64);
+
+// ------------------------------------------------------------ runtimes
+
+/// How long a plugin has to answer `initialize` when its entry sets no
+/// `handshakeTimeoutMs`.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// How long a write to a plugin's stdin may stall before the turn ends.
+pub const DEFAULT_WRITE_STALL_TIMEOUT_MS: u64 = 10_000;
+/// The per-turn in-flight tool call limit when a runtime entry sets none.
+pub const DEFAULT_INFLIGHT_TOOL_CALLS: u32 = 64;
+/// The highest `maxInflightToolCalls` a runtime entry may set.
+pub const MAX_INFLIGHT_TOOL_CALLS: u32 = 1024;
+/// The largest `affinity.ttlMs` a runtime entry may set (5 minutes): a
+/// parked process holds its sandbox and memory with no turn running.
+pub const MAX_AFFINITY_TTL_MS: u64 = 300_000;
+/// The `maxTokens` a driver table may set.
+pub const MAX_TOKENS_RANGE: std::ops::RangeInclusive<u64> = 1..=131_072;
+
+// ---------------------------------------------------------------- serve
+
+/// The lease of a host that does not say otherwise.
+pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+/// The shortest bearer token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// The most bytes a request body of `serve`'s API may have.
+pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+// ----------------------------------------------------------- conformance
+
+/// The longest line the conformance battery's reader accepts (the host's
+/// frame limit is smaller).
+pub const MAX_CONFORMANCE_READ_LINE: u64 = 64 << 20;

@@ -32,10 +32,16 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sharedos_kernel::config::KernelConfig;
-use sharedos_protocol::{
-    Identifier, JsonObject, MAX_EXECUTION_TIMEOUT_MS as MAX_TIMEOUT_MS, RuntimeManifest, Version,
-};
+use sharedos_protocol::{Identifier, JsonObject, MAX_EXECUTION_STEPS, RuntimeManifest, Version};
 use sharedos_sandbox::SandboxPolicy;
+
+use crate::limits::{
+    DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT_MS, MAX_DEFAULT_TOOL_CALLS,
+    MAX_TIMEOUT_MS, MAX_TURN_BYTES, MIN_TURN_BYTES,
+};
+pub use crate::limits::{
+    DEFAULT_INFLIGHT_TOOL_CALLS, MAX_AFFINITY_TTL_MS, MAX_INFLIGHT_TOOL_CALLS, MAX_TOKENS_RANGE,
+};
 
 /// Limits and paths of the host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,25 +82,24 @@ impl HostSection {
                 h.drain_grace_ms
             ));
         }
-        if let Some(n) = h.max_turn_bytes {
-            use crate::executor::{MAX_TURN_BYTES, MIN_TURN_BYTES};
-            if !(MIN_TURN_BYTES..=MAX_TURN_BYTES).contains(&n) {
-                return Err(format!(
-                    "host.maxTurnBytes: must be {MIN_TURN_BYTES}..={MAX_TURN_BYTES} (256 KiB to 1 GiB), got {n}"
-                ));
-            }
-        }
-        if h.default_max_steps == 0 || h.default_max_steps > 1000 {
+        if let Some(n) = h.max_turn_bytes
+            && !(MIN_TURN_BYTES..=MAX_TURN_BYTES).contains(&n)
+        {
             return Err(format!(
-                "host.defaultMaxSteps: must be 1..=1000, got {}",
+                "host.maxTurnBytes: must be {MIN_TURN_BYTES}..={MAX_TURN_BYTES} (256 KiB to 1 GiB), got {n}"
+            ));
+        }
+        if !(1..=MAX_EXECUTION_STEPS).contains(&h.default_max_steps) {
+            return Err(format!(
+                "host.defaultMaxSteps: must be 1..={MAX_EXECUTION_STEPS}, got {}",
                 h.default_max_steps
             ));
         }
         if let Some(n) = h.default_max_tool_calls
-            && !(1..=10_000).contains(&n)
+            && !(1..=MAX_DEFAULT_TOOL_CALLS).contains(&n)
         {
             return Err(format!(
-                "host.defaultMaxToolCalls: must be 1..=10000, got {n}"
+                "host.defaultMaxToolCalls: must be 1..={MAX_DEFAULT_TOOL_CALLS}, got {n}"
             ));
         }
         Ok(())
@@ -102,10 +107,10 @@ impl HostSection {
 }
 
 fn default_timeout() -> u64 {
-    120_000
+    DEFAULT_TIMEOUT_MS
 }
 fn default_steps() -> u32 {
-    16
+    DEFAULT_MAX_STEPS
 }
 
 /// One runtime entry: the trusted manifest and how to launch it.
@@ -201,9 +206,6 @@ pub struct ModelDriver {
     pub max_tokens: Option<u64>,
 }
 
-/// The `maxTokens` a driver table may set.
-pub const MAX_TOKENS_RANGE: std::ops::RangeInclusive<u64> = 1..=131_072;
-
 /// The kinds `sharedos-standard --driver` takes (its `DriverKind`).
 pub const DRIVER_KINDS: [&str; 3] = ["openai-chat", "openai-responses", "anthropic-messages"];
 
@@ -260,13 +262,8 @@ pub enum LauncherKind {
 }
 
 fn default_handshake() -> u64 {
-    10_000
+    DEFAULT_HANDSHAKE_TIMEOUT_MS
 }
-
-/// The per-turn in-flight tool call limit when a runtime entry sets none.
-pub const DEFAULT_INFLIGHT_TOOL_CALLS: u32 = 64;
-/// The highest `maxInflightToolCalls` a runtime entry may set.
-pub const MAX_INFLIGHT_TOOL_CALLS: u32 = 1024;
 
 fn default_inflight() -> u32 {
     DEFAULT_INFLIGHT_TOOL_CALLS
@@ -339,10 +336,6 @@ impl RuntimeEntry {
         }
     }
 }
-
-/// The largest `affinity.ttlMs` a runtime entry may set (5 minutes): a
-/// parked process holds its sandbox and memory with no turn running.
-pub const MAX_AFFINITY_TTL_MS: u64 = 300_000;
 
 /// `affinity` of a runtime entry: how long a process may wait, parked,
 /// for the next turn of its session.

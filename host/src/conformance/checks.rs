@@ -46,7 +46,8 @@ pub struct Battery<'a> {
 }
 
 pub(super) const MIB: u64 = 1 << 20;
-pub(super) const DEFAULT_MAX: u64 = 8 * MIB;
+/// The protocol's default frame limit, as the battery offers it.
+pub(super) const DEFAULT_MAX: u64 = sharedos_protocol::DEFAULT_MAX_MESSAGE_BYTES as u64;
 
 pub(super) fn check(id: &'static str, section: &'static str, fix: &'static str) -> Check {
     Check {

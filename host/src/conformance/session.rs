@@ -43,8 +43,7 @@ pub struct StderrLog {
     pub ended: bool,
 }
 
-/// The longest line the reader accepts (the host's frame limit is smaller).
-const MAX_READ_LINE: u64 = 64 << 20;
+use crate::limits::MAX_CONFORMANCE_READ_LINE as MAX_READ_LINE;
 const KEPT_STDERR_LINES: usize = 5;
 
 pub struct Session {

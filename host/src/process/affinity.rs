@@ -31,7 +31,8 @@ use super::connection::Connection;
 use super::{ProcessRuntime, ProcessTree, new_turn_id, reaper, stamp};
 use crate::provenance::TurnReport;
 
-pub use crate::config::{AffinityConfig, MAX_AFFINITY_TTL_MS};
+pub use crate::config::AffinityConfig;
+pub use crate::limits::MAX_AFFINITY_TTL_MS;
 
 /// What a parked process is kept under: the session, and a fingerprint of
 /// everything trusted the turn runs as (the agent, the namespace, the

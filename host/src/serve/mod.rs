@@ -114,11 +114,7 @@ pub struct ServeOptions {
     pub lease: Duration,
 }
 
-/// The lease of a host that does not say otherwise.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-
-/// The shortest bearer token accepted.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub use crate::limits::{DEFAULT_LEASE, MIN_TOKEN_LEN};
 
 /// Imports the configuration's `[kernel].grants` into the store
 /// (docs/STORE.md, "Grants"), and reports what changed on stderr.

@@ -20,8 +20,7 @@ use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessi
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-/// The most bytes a request body may have.
-const MAX_BODY: usize = 4 * 1024 * 1024;
+use crate::limits::MAX_REQUEST_BODY_BYTES as MAX_BODY;
 
 /// An error answer: a status, a stable code, a message saying what to fix.
 pub struct Failure {
