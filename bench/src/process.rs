@@ -14,8 +14,8 @@ use tokio::net::unix::pipe;
 use super::Figure;
 use super::envelope::call_samples;
 use super::fixture::{self, TimingPlugin};
-use sharedos_host::broker::{Peer, PeerConfig, handshake, host_peer_config};
 use sharedos_host::executor::{ExecuteOptions, Executor};
+use sharedos_host::process::driver::{Peer, PeerConfig, handshake, host_peer_config};
 use sharedos_host::process::{
     DirectLauncher, LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessRuntime,
     ProcessRuntimeConfig,
@@ -190,15 +190,14 @@ async fn spawn_once(
     } = launched;
     let stdin = pipe::Sender::from_owned_fd(stdin).map_err(|e| e.to_string())?;
     let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(|e| e.to_string())?;
-    let (mut peer, mut inbound) =
-        Peer::spawn(stdout, stdin, host_peer_config(PeerConfig::default()));
+    let (peer, mut inbound) = Peer::spawn(stdout, stdin, host_peer_config(PeerConfig::default()));
     let limits = ConnectionLimits {
         max_message_bytes: 8 << 20,
         max_inflight_tool_calls: 8,
         max_concurrent_turns: 1,
     };
     let answered = handshake(
-        &mut peer,
+        &peer,
         &mut inbound,
         manifest,
         limits,

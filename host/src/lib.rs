@@ -7,7 +7,6 @@
 
 #![deny(unsafe_code)]
 
-pub mod broker;
 pub mod config;
 pub mod conformance;
 pub mod egress;

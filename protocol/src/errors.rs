@@ -36,6 +36,21 @@ impl RpcErrorCode {
             RpcErrorCode::MessageTooLarge => -32057,
         }
     }
+    /// The kind a code stands for, for an error object without `data.kind`.
+    pub const fn kind(self) -> ErrorKind {
+        match self {
+            RpcErrorCode::InvalidRequest => ErrorKind::InvalidRequest,
+            RpcErrorCode::MethodNotFound => ErrorKind::MethodNotFound,
+            RpcErrorCode::InvalidParams => ErrorKind::InvalidParams,
+            RpcErrorCode::Internal => ErrorKind::Internal,
+            RpcErrorCode::Cancelled => ErrorKind::Cancelled,
+            RpcErrorCode::UnsupportedProtocolVersion => ErrorKind::UnsupportedProtocolVersion,
+            RpcErrorCode::NotInitialized => ErrorKind::NotInitialized,
+            RpcErrorCode::TurnNotActive => ErrorKind::TurnNotActive,
+            RpcErrorCode::Overloaded => ErrorKind::Overloaded,
+            RpcErrorCode::MessageTooLarge => ErrorKind::MessageTooLarge,
+        }
+    }
     pub fn from_code(code: i32) -> Option<Self> {
         Some(match code {
             -32600 => RpcErrorCode::InvalidRequest,

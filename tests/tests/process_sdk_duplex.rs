@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_host::broker::turn::{drive_turn, handshake, host_peer_config};
-use sharedos_host::broker::{Peer, PeerConfig};
+use sharedos_host::process::driver::{Peer, PeerConfig, drive_turn, handshake, host_peer_config};
 use sharedos_plugin_sdk::protocol::{
     ConnectionLimits, ErrorKind, Identifier, RuntimeEvent, Timestamp, TurnId,
 };
@@ -103,14 +102,14 @@ async fn an_sdk_plugin_and_the_host_peer_run_a_turn_over_duplex() {
         pw,
     ));
     let (hr, hw) = tokio::io::split(host_end);
-    let (mut peer, mut inbound) = Peer::spawn(hr, hw, host_peer_config(PeerConfig::default()));
+    let (peer, mut inbound) = Peer::spawn(hr, hw, host_peer_config(PeerConfig::default()));
     let limits = ConnectionLimits {
         max_message_bytes: 1 << 20,
         max_inflight_tool_calls: 8,
         max_concurrent_turns: 1,
     };
     let init = handshake(
-        &mut peer,
+        &peer,
         &mut inbound,
         &RuntimeManifest::new("probe", "1.0.0").unwrap(),
         limits,
@@ -190,14 +189,14 @@ async fn abort_cancels_the_sdk_call_and_closes_the_host() {
         pw,
     ));
     let (hr, hw) = tokio::io::split(host_end);
-    let (mut peer, mut inbound) = Peer::spawn(hr, hw, host_peer_config(PeerConfig::default()));
+    let (peer, mut inbound) = Peer::spawn(hr, hw, host_peer_config(PeerConfig::default()));
     let limits = ConnectionLimits {
         max_message_bytes: 1 << 20,
         max_inflight_tool_calls: 8,
         max_concurrent_turns: 1,
     };
     handshake(
-        &mut peer,
+        &peer,
         &mut inbound,
         &RuntimeManifest::new("probe", "1.0.0").unwrap(),
         limits,

@@ -15,11 +15,12 @@ use sharedos_protocol::{
 };
 use tokio::net::unix::pipe;
 
+use super::driver::{
+    Inbox, Peer, PeerConfig, drive_turn, handshake_offering, host_peer_config, turn_run_params,
+};
 use super::guard::{EXIT_STATUS_WAIT, TreeGuard};
 use super::launcher::{LaunchError, LaunchedChild};
 use super::{ProcessRuntime, diagnosis, stamp, stderr};
-use crate::broker::turn::{drive_turn, handshake_offering, host_peer_config, turn_run_params};
-use crate::broker::{Inbox, Peer, PeerConfig};
 use crate::provenance::TurnReport;
 
 /// Aborts a task when dropped.
@@ -254,7 +255,7 @@ impl ProcessRuntime {
             offer.insert(CAPABILITY_TURNS.into(), Value::from(TURNS_MANY));
         }
         let answered = tokio::select! {
-            r = handshake_offering(&mut conn.peer, &mut conn.inbound, &self.config.manifest, limits, offer, self.config.handshake_timeout) => r,
+            r = handshake_offering(&conn.peer, &mut conn.inbound, &self.config.manifest, limits, offer, self.config.handshake_timeout) => r,
             _ = abort.raised() => {
                 return Err((None, RuntimeError::Failed("the turn was aborted during the handshake".into())));
             }

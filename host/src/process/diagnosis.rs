@@ -10,7 +10,7 @@ use std::process::ExitStatus;
 
 use serde_json::{Value, json};
 
-use crate::broker::HandshakeError;
+use super::driver::HandshakeError;
 
 /// Stream violations that a plugin commits whatever the moment: a retry
 /// repeats them. `plugin_exited`, `write_stall` and `io` may pass.

@@ -14,6 +14,7 @@ pub mod affinity;
 mod connection;
 mod diagnosis;
 mod direct;
+pub mod driver;
 mod guard;
 pub mod launcher;
 mod reaper;

@@ -1,30 +1,39 @@
-//! The peer's reader ([`Inbox`]): classifies every line the plugin writes
-//! and hands what it accepts to its one consumer strictly in wire order,
-//! with the framing, envelope and budget checks of protocol.md B and D.
-//! It runs in the consumer's own task, pulled by [`Inbox::recv`]: a line
-//! is read when the consumer asks for the next message, so a tool call
-//! costs no hop from a reader task to the turn driver.
+//! The peer's reader ([`Inbox`]): classifies every line the other end
+//! writes and hands what it accepts to its one consumer strictly in wire
+//! order, with the framing, envelope and budget checks of protocol.md B
+//! and D. It runs in the consumer's own task, pulled by [`Inbox::recv`]: a
+//! line is read when the consumer asks for the next message, so a tool
+//! call costs no hop from a reader task to the turn driver. Answers to
+//! [`crate::Peer::call`] go straight to their caller instead.
 //!
-//! Budgets: every line the plugin writes that is not an answer to the
-//! host (notifications, requests of any method, taken or refused, and
-//! empty lines) takes from one per-turn count, byte and rate budget, so no
-//! kind of message passes uncounted. Handshake: with
-//! `handshake_first`, nothing but the answer to a pending host request
-//! (`initialize`) may come first; anything else is fatal.
+//! Budgets: every line that is not an answer (notifications, requests of
+//! any method, taken or refused, and empty lines) takes from one count,
+//! byte and rate budget ([`crate::budget`]), so no kind of message passes
+//! uncounted. Handshake: with `handshake_first`, nothing but the answer to
+//! a pending request (`initialize`) may come first; anything else is fatal.
 
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::StreamExt;
 use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
 use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
+use tokio::io::AsyncRead;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, FramedRead};
 
-use super::peer::*;
+use crate::budget::Budget;
+use crate::config::PeerConfig;
+use crate::line;
+use crate::reply::Replier;
+use crate::shared::{Shared, Waiter, lock};
+use crate::violation::*;
+
+/// The other end's output, as the reader holds it.
+pub(crate) type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
 
 /// The NDJSON codec, keeping the first bytes of the line being decoded so
 /// that a framing violation (too long, not UTF-8) can show what it saw.
@@ -65,57 +74,29 @@ impl Decoder for Sampling {
     }
 }
 
-/// A token bucket plus absolute count and byte budgets on the plugin's
-/// notifications, requests and empty lines.
-struct Budget {
-    tokens: f64,
-    rate: f64,
-    burst: f64,
-    last: Instant,
-    count: u64,
-    bytes: u64,
-}
-
-impl Budget {
-    fn new(c: &PeerConfig) -> Self {
-        let (rate, burst) = c.notification_rate;
-        Self {
-            tokens: f64::from(burst),
-            rate: f64::from(rate),
-            burst: f64::from(burst),
-            last: Instant::now(),
-            count: 0,
-            bytes: 0,
-        }
-    }
-    fn take(&mut self, len: usize, c: &PeerConfig) -> Result<(), String> {
-        let now = Instant::now();
-        self.tokens =
-            (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.burst);
-        self.last = now;
-        self.count += 1;
-        self.bytes += len as u64;
-        if self.count > c.notification_budget {
-            return Err(format!(
-                "more than {} notifications and requests in one turn",
-                c.notification_budget
-            ));
-        }
-        if self.bytes > c.notification_bytes_budget {
-            return Err(format!(
-                "more than {} bytes of notifications and requests in one turn",
-                c.notification_bytes_budget
-            ));
-        }
-        if self.tokens < 1.0 {
-            return Err(format!(
-                "notifications and requests faster than {}/s (burst {})",
-                c.notification_rate.0, c.notification_rate.1
-            ));
-        }
-        self.tokens -= 1.0;
-        Ok(())
-    }
+/// One accepted incoming message, in wire order.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A request to serve. Answer through `reply`; dropping it unanswered
+    /// frees the id and the in-flight slot.
+    Request {
+        /// A request of the method table this end receives.
+        method: &'static str,
+        params: Option<Box<RawValue>>,
+        reply: Replier,
+    },
+    Notification {
+        /// A notification of the method table this end receives.
+        method: &'static str,
+        params: Option<Box<RawValue>>,
+    },
+    /// The answer to one of this end's [`crate::Peer::request`]s.
+    Response {
+        id: u64,
+        result: Result<Box<RawValue>, WireError>,
+    },
+    /// The last item: the reader stopped (a fatal violation or EOF).
+    Closed(Violation),
 }
 
 /// The plugin's messages, read on demand in the consumer's task (the turn
@@ -152,7 +133,7 @@ impl std::fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    pub(super) fn new(
+    pub(crate) fn new(
         reader: BoxRead,
         out: mpsc::Sender<String>,
         shared: Arc<Shared>,
@@ -272,18 +253,25 @@ impl Inbox {
                 }
                 self.notification(&method, params)
             }
-            Incoming::Response { id, result } => {
-                let known = match id {
-                    RequestId::Number(n) => lock(&self.shared.outstanding).remove(&n).then_some(n),
-                    RequestId::String(_) => None,
-                };
-                let Some(n) = known else {
-                    return self.counted(UNKNOWN_RESPONSE_ID);
-                };
-                Step::Deliver(Inbound::Response {
-                    id: n,
-                    result: result.map(RawValue::to_owned),
-                })
+            Incoming::Response { id, result } => self.response(id, result),
+        }
+    }
+
+    /// An answer: to the consumer in wire order, to a waiting caller, or
+    /// dropped and counted when nothing waits for that id.
+    fn response(&mut self, id: RequestId, result: Result<&RawValue, WireError>) -> Step {
+        let waiter = match id {
+            RequestId::Number(n) => lock(&self.shared.pending).remove(&n).map(|w| (n, w)),
+            RequestId::String(_) => None,
+        };
+        let result = result.map(RawValue::to_owned);
+        match waiter {
+            None => self.counted(UNKNOWN_RESPONSE_ID),
+            Some((id, Waiter::Inbox)) => Step::Deliver(Inbound::Response { id, result }),
+            Some((_, Waiter::Call(tx))) => {
+                // The caller may have stopped waiting; that is its choice.
+                let _ = tx.send(result);
+                Step::Next
             }
         }
     }
@@ -302,21 +290,23 @@ impl Inbox {
                 format!("request id {id} reused while still in flight"),
             ));
         }
-        let Some(method) = known(self.config.request_methods, method) else {
+        let Some(method) = self.config.request(method).map(|m| m.name) else {
             if let Err(v) = self.shared.count(UNKNOWN_METHOD) {
                 return Step::Fatal(v);
             }
-            let err = WireError::new(ErrorKind::MethodNotFound, "method not found");
-            self.owed = Some(jsonrpc::error_response(&id, &err));
+            let err = line::error(ErrorKind::MethodNotFound, "method not found");
+            self.owed = Some(line::error_response(&id, &err));
             return Step::Next;
         };
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            let err = WireError::new(
+            let mut data = serde_json::Map::new();
+            data.insert("retryAfterMs".into(), 100.into());
+            let err = line::error_with(
                 ErrorKind::Overloaded,
                 "too many requests in flight; retry later",
-            )
-            .with("retryAfterMs", 100.into());
-            self.owed = Some(jsonrpc::error_response(&id, &err));
+                data,
+            );
+            self.owed = Some(line::error_response(&id, &err));
             return Step::Next;
         };
         lock(&self.shared.inflight).insert(id.clone());
@@ -335,7 +325,7 @@ impl Inbox {
     }
 
     fn notification(&mut self, method: &str, params: Option<&RawValue>) -> Step {
-        if known(self.config.request_methods, method).is_some() {
+        if self.config.request(method).is_some() {
             // Never served (there is no id to answer), but never silent
             // either: logged, and counted like any dropped message.
             tracing::warn!(
@@ -345,7 +335,7 @@ impl Inbox {
             );
             return self.counted(REQUEST_WITHOUT_ID);
         }
-        let Some(method) = known(self.config.notification_methods, method) else {
+        let Some(method) = self.config.notification(method).map(|m| m.name) else {
             return self.counted(UNKNOWN_NOTIFICATION);
         };
         Step::Deliver(Inbound::Notification {
@@ -355,12 +345,7 @@ impl Inbox {
     }
 }
 
-/// The configured name equal to `method` (no copy of the plugin's).
-fn known(names: &'static [&'static str], method: &str) -> Option<&'static str> {
-    names.iter().copied().find(|m| *m == method)
-}
-
-/// Whether `line` is a response to a request the host is waiting for (the
+/// Whether `line` is a response to a request this end is waiting for (the
 /// only line allowed before the handshake is done). The full
 /// classification runs again after this check; this one only decides
 /// whether the line may come first.
@@ -369,7 +354,7 @@ fn answers_pending(line: &str, shared: &Shared) -> bool {
         Ok(Incoming::Response {
             id: RequestId::Number(n),
             ..
-        }) => lock(&shared.outstanding).contains(&n),
+        }) => lock(&shared.pending).contains_key(&n),
         _ => false,
     }
 }

@@ -1,0 +1,331 @@
+//! The host side of one turn on an initialized connection (protocol.md
+//! B.3): sends nothing itself but the drain and the abort, serves the
+//! plugin's `host/invokeTool` concurrently and `host/emit` /
+//! `host/annotate` in wire order with a [`RuntimeHost`], and ends at the
+//! `turn/run` answer (or when the turn cannot go on).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use serde_json::value::RawValue;
+use sharedos_peer::{ErrorObjectOwned, Inbound, Inbox, Peer, Replier, Violation, ViolationReason};
+use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
+use sharedos_protocol::jsonrpc::{WireError, truncate};
+use sharedos_protocol::method::{Annotate, Emit, InvokeTool, Method, TurnAbort, TurnDraining};
+use sharedos_protocol::{
+    ErrorKind, InvokeToolParams, RuntimeLimits, RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult,
+    TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams,
+};
+use tokio::time::Instant;
+
+/// After the process exits, how long the reader may still deliver what the
+/// plugin wrote before it died (its outcome, typically).
+pub const EXIT_DRAIN_GRACE: Duration = Duration::from_millis(250);
+
+/// One tool call being served, tagged with its slot in `pending`.
+type CallFuture =
+    std::pin::Pin<Box<dyn Future<Output = (u64, Result<ToolResult, HostCallError>)> + Send>>;
+
+type Ending = Result<RuntimeTurnOutcome, RuntimeError>;
+
+/// What one event of the turn decided: go on, or end the turn so.
+type Step = ControlFlow<Ending>;
+
+/// The state of one turn being driven.
+struct TurnDriver<'a> {
+    peer: &'a Peer,
+    run_id: u64,
+    turn_id: &'a TurnId,
+    host: Arc<dyn RuntimeHost>,
+    abort: &'a Signal,
+    /// The calls run inside the driver's task (no spawn, no cross-thread
+    /// wake-up per call); whatever still runs at the end is spawned then.
+    calls: FuturesUnordered<CallFuture>,
+    pending: HashMap<u64, Replier>,
+    next_call: u64,
+    /// Set once the plugin is gone: when the grace ends, and how it went.
+    exit_deadline: Option<(Instant, String)>,
+}
+
+/// Runs one turn: returns when the `turn/run` response (id `run_id`)
+/// arrives or the turn cannot go on. `exited` resolves when the plugin
+/// process is gone; what it wrote before dying is still delivered for
+/// [`EXIT_DRAIN_GRACE`].
+pub async fn drive_turn(
+    peer: &Peer,
+    run_id: u64,
+    inbound: &mut Inbox,
+    turn_id: &TurnId,
+    host: Arc<dyn RuntimeHost>,
+    abort: Signal,
+    exited: impl Future<Output = String>,
+) -> Ending {
+    let draining = host.draining();
+    let mut turn = TurnDriver {
+        peer,
+        run_id,
+        turn_id,
+        host,
+        abort: &abort,
+        calls: FuturesUnordered::new(),
+        pending: HashMap::new(),
+        next_call: 0,
+        exit_deadline: None,
+    };
+    let (mut drain_sent, mut dead_seen) = (false, false);
+    let dead = peer.dead();
+    tokio::pin!(dead);
+    tokio::pin!(exited);
+    let ending = loop {
+        let exit_at = turn.exit_deadline.as_ref().map(|(at, _)| *at);
+        let exit_sleep = async move {
+            match exit_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let step = tokio::select! {
+            biased;
+            _ = abort.raised() => turn.aborted(),
+            item = inbound.recv() => turn.inbound(item).await,
+            Some((n, result)) = turn.calls.next(), if !turn.calls.is_empty() => {
+                turn.call_done(n, result).await
+            }
+            _ = draining.raised(), if !drain_sent => {
+                drain_sent = true;
+                turn.drain().await
+            }
+            v = &mut dead, if !dead_seen => {
+                dead_seen = true;
+                turn.dead(v)
+            }
+            how = &mut exited, if turn.exit_deadline.is_none() => turn.exited(how),
+            _ = exit_sleep => turn.exit_grace_over(),
+        };
+        if let ControlFlow::Break(ending) = step {
+            break ending;
+        }
+    };
+    turn.finish();
+    ending
+}
+
+impl TurnDriver<'_> {
+    fn aborted(&mut self) -> Step {
+        let params = TurnAbortParams {
+            turn_id: self.turn_id.clone(),
+            reason: Some("aborted".into()),
+        };
+        self.peer.try_notify(TurnAbort::NAME, &params);
+        let cancelled = sharedos_peer::error(ErrorKind::Cancelled, "the turn was aborted");
+        for (_, reply) in self.pending.drain() {
+            reply.try_error(&cancelled);
+        }
+        ControlFlow::Break(Err(RuntimeError::Failed(
+            "the turn was aborted by the host".into(),
+        )))
+    }
+
+    async fn inbound(&mut self, item: Option<Inbound>) -> Step {
+        let Some(item) = item else {
+            return ControlFlow::Break(Err(RuntimeError::Protocol(
+                "the plugin connection stopped".into(),
+            )));
+        };
+        match item {
+            Inbound::Response { id, result } if id == self.run_id => {
+                ControlFlow::Break(outcome(result))
+            }
+            Inbound::Response { .. } => ControlFlow::Continue(()),
+            Inbound::Closed(v) => ControlFlow::Break(Err(protocol_error(&v))),
+            Inbound::Notification { method, params } => fatal_on(apply_notification(
+                self.peer,
+                self.turn_id,
+                self.host.as_ref(),
+                method,
+                params.as_deref(),
+            )),
+            Inbound::Request {
+                method,
+                params,
+                reply,
+            } => {
+                debug_assert_eq!(method, InvokeTool::NAME);
+                self.invoke(params.as_deref(), reply).await
+            }
+        }
+    }
+
+    /// A `host/invokeTool`: checked here, then run alongside the reading.
+    async fn invoke(&mut self, params: Option<&RawValue>, reply: Replier) -> Step {
+        match check_invoke(self.turn_id, self.abort, params) {
+            Err(err) => {
+                if let Err(v) = self.peer.count_violation("invalid_invoke_tool") {
+                    return ControlFlow::Break(Err(protocol_error(&v)));
+                }
+                fatal_on(reply.error(&err).await)
+            }
+            Ok(p) => {
+                self.next_call += 1;
+                let n = self.next_call;
+                self.pending.insert(n, reply);
+                let host = self.host.clone();
+                self.calls.push(Box::pin(async move {
+                    (n, host.invoke_tool(p.call, p.step).await)
+                }));
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    async fn call_done(&mut self, n: u64, result: Result<ToolResult, HostCallError>) -> Step {
+        let Some(reply) = self.pending.remove(&n) else {
+            return ControlFlow::Continue(());
+        };
+        fatal_on(match result {
+            // A ToolResult is always a result, refusals included.
+            Ok(tool_result) => reply.answer::<InvokeTool>(&tool_result).await,
+            Err(e) => reply.error(&host_call_error(&e)).await,
+        })
+    }
+
+    async fn drain(&mut self) -> Step {
+        let params = TurnDrainingParams {
+            turn_id: self.turn_id.clone(),
+        };
+        fatal_on(self.peer.notify(TurnDraining::NAME, &params).await)
+    }
+
+    /// The peer died. A writer that hit a closed pipe means the plugin is
+    /// gone; what it wrote before (its outcome, say) may still be in the
+    /// reader's hands, so wait like for an exit.
+    fn dead(&mut self, v: Violation) -> Step {
+        if v.reason != ViolationReason::PluginExited {
+            return ControlFlow::Break(Err(protocol_error(&v)));
+        }
+        self.exited(v.detail)
+    }
+
+    fn exited(&mut self, how: String) -> Step {
+        if self.exit_deadline.is_none() {
+            self.exit_deadline = Some((Instant::now() + EXIT_DRAIN_GRACE, how));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn exit_grace_over(&mut self) -> Step {
+        let how = self
+            .exit_deadline
+            .as_ref()
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default();
+        self.peer
+            .fail(Violation::new(ViolationReason::PluginExited, how.clone()));
+        ControlFlow::Break(Err(RuntimeError::Protocol(format!("plugin_exited: {how}"))))
+    }
+
+    /// Tool calls still running are left to finish on the host side: the
+    /// executor accounts for the kernel's completion, not for our reply.
+    fn finish(self) {
+        let mut calls = self.calls;
+        if !calls.is_empty() {
+            tokio::spawn(async move { while calls.next().await.is_some() {} });
+        }
+    }
+}
+
+/// The `turn/run` answer as the turn's ending.
+fn outcome(result: Result<Box<RawValue>, WireError>) -> Ending {
+    match result {
+        Ok(raw) => serde_json::from_str::<RuntimeTurnOutcome>(raw.get())
+            .map_err(|e| RuntimeError::InvalidOutcome(truncate(&e.to_string(), 500))),
+        Err(e) => Err(RuntimeError::Failed(format!(
+            "the plugin answered turn/run with error {}: {}",
+            e.code,
+            truncate(&e.message, 500)
+        ))),
+    }
+}
+
+fn fatal_on(sent: Result<(), Violation>) -> Step {
+    match sent {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(v) => ControlFlow::Break(Err(protocol_error(&v))),
+    }
+}
+
+fn protocol_error(v: &Violation) -> RuntimeError {
+    RuntimeError::Protocol(v.to_string())
+}
+
+/// The wire error for a `HostCallError` (code from its kind).
+pub fn host_call_error(e: &HostCallError) -> ErrorObjectOwned {
+    sharedos_peer::error(e.kind, truncate(&e.message, 1000))
+}
+
+fn check_invoke(
+    turn_id: &TurnId,
+    abort: &Signal,
+    params: Option<&RawValue>,
+) -> Result<InvokeToolParams, ErrorObjectOwned> {
+    let Some(p) = sharedos_peer::params::<InvokeTool>(params) else {
+        return Err(sharedos_peer::error(
+            ErrorKind::InvalidParams,
+            "host/invokeTool params do not match the contract",
+        ));
+    };
+    if &p.turn_id != turn_id || abort.is_raised() {
+        return Err(sharedos_peer::error(
+            ErrorKind::TurnNotActive,
+            "turn not active",
+        ));
+    }
+    Ok(p)
+}
+
+/// Applies one notification; a bad one is dropped and counted.
+fn apply_notification(
+    peer: &Peer,
+    turn_id: &TurnId,
+    host: &dyn RuntimeHost,
+    method: &str,
+    params: Option<&RawValue>,
+) -> Result<(), Violation> {
+    let applied = match method {
+        Emit::NAME => match sharedos_peer::params::<Emit>(params) {
+            Some(p) if &p.turn_id == turn_id => host.emit(p.event).map_err(|_| "emit_rejected"),
+            Some(_) => Err("notification_for_inactive_turn"),
+            None => Err("invalid_emit"),
+        },
+        Annotate::NAME => match sharedos_peer::params::<Annotate>(params) {
+            Some(p) if &p.turn_id == turn_id => host
+                .annotate(&p.key, p.value)
+                .map_err(|_| "annotate_rejected"),
+            Some(_) => Err("notification_for_inactive_turn"),
+            None => Err("invalid_annotate"),
+        },
+        _ => Err("unknown_notification"),
+    };
+    match applied {
+        Ok(()) => Ok(()),
+        Err(what) => peer.count_violation(what),
+    }
+}
+
+/// The `turn/run` params.
+pub fn turn_run_params(
+    turn_id: &TurnId,
+    request: RuntimeTurnRequest,
+    limits: RuntimeLimits,
+) -> TurnRunParams {
+    TurnRunParams {
+        turn_id: turn_id.clone(),
+        request,
+        limits,
+    }
+}

@@ -1,0 +1,112 @@
+//! [`Replier`]: the answer slot of one incoming request.
+
+use std::fmt;
+use std::sync::Arc;
+
+use jsonrpsee_types::ErrorObject;
+use serde::Serialize;
+use sharedos_protocol::ErrorKind;
+use sharedos_protocol::jsonrpc::RequestId;
+use sharedos_protocol::method::Request;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use crate::line;
+use crate::shared::{Shared, lock};
+use crate::violation::{Violation, ViolationReason};
+
+/// The answer slot of one incoming request. Dropping it unanswered frees
+/// the id and the in-flight slot.
+pub struct Replier {
+    pub(crate) id: RequestId,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) out: mpsc::Sender<String>,
+    pub(crate) _permit: Option<OwnedSemaphorePermit>,
+    pub(crate) answered: bool,
+}
+
+impl fmt::Debug for Replier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replier").field("id", &self.id).finish()
+    }
+}
+
+impl Replier {
+    pub fn id(&self) -> &RequestId {
+        &self.id
+    }
+
+    /// Answers request `M` with its declared result type.
+    pub async fn answer<M: Request>(self, result: &M::Result) -> Result<(), Violation> {
+        self.result(result).await
+    }
+
+    /// Sends a result, or `-32057` if it would exceed the line limit.
+    pub async fn result(mut self, value: &impl Serialize) -> Result<(), Violation> {
+        let line = self.result_line(value);
+        self.finish(line).await
+    }
+
+    /// [`Replier::result`] without waiting for queue space; `false` if it
+    /// could not be queued.
+    pub fn try_result(mut self, value: &impl Serialize) -> bool {
+        let line = self.result_line(value);
+        self.release();
+        self.out.try_send(line).is_ok()
+    }
+
+    fn result_line(&self, value: &impl Serialize) -> String {
+        let max = self.shared.max_message_bytes;
+        match line::response(&self.id, value) {
+            Ok(l) if l.len() <= max => l,
+            Ok(_) => {
+                let mut data = serde_json::Map::new();
+                data.insert("limit".into(), max.into());
+                let too_large = line::error_with(
+                    ErrorKind::MessageTooLarge,
+                    "the response exceeds maxMessageBytes",
+                    data,
+                );
+                line::error_response(&self.id, &too_large)
+            }
+            Err(_) => line::error_response(
+                &self.id,
+                &line::error(ErrorKind::Internal, "unserializable result"),
+            ),
+        }
+    }
+
+    pub async fn error(mut self, error: &ErrorObject<'_>) -> Result<(), Violation> {
+        let line = line::error_response(&self.id, error);
+        self.finish(line).await
+    }
+
+    /// Sends an error without waiting for queue space (used right before
+    /// a kill); `false` if it could not be queued.
+    pub fn try_error(mut self, error: &ErrorObject<'_>) -> bool {
+        self.release();
+        self.out
+            .try_send(line::error_response(&self.id, error))
+            .is_ok()
+    }
+
+    async fn finish(&mut self, line: String) -> Result<(), Violation> {
+        self.release();
+        self.out
+            .send(line)
+            .await
+            .map_err(|_| Violation::new(ViolationReason::Io, "the writer has stopped"))
+    }
+
+    fn release(&mut self) {
+        if !self.answered {
+            self.answered = true;
+            lock(&self.shared.inflight).remove(&self.id);
+        }
+    }
+}
+
+impl Drop for Replier {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

@@ -1,0 +1,111 @@
+//! The state the peer's three parts share: the reader (pulled by its
+//! consumer), the writer task, and the senders ([`crate::Peer`],
+//! [`crate::Replier`]). One lock each, never two held at once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use serde_json::value::RawValue;
+use sharedos_protocol::jsonrpc::{RequestId, WireError};
+use sharedos_protocol::text::escape_text;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::violation::{Violation, ViolationReason};
+
+/// The answer to one of this end's requests.
+pub type Answer = Result<Box<RawValue>, WireError>;
+
+/// Who waits for the answer to an outgoing request.
+pub(crate) enum Waiter {
+    /// The inbox's consumer, in wire order ([`crate::Inbound::Response`]).
+    Inbox,
+    /// A caller of [`crate::Peer::call`], wherever it runs.
+    Call(oneshot::Sender<Answer>),
+}
+
+pub(crate) struct Shared {
+    pub(crate) dead: CancellationToken,
+    pub(crate) violation: Mutex<Option<Violation>>,
+    /// Outgoing requests not answered yet, by id (the pending map).
+    pub(crate) pending: Mutex<HashMap<u64, Waiter>>,
+    /// Incoming requests not answered yet.
+    pub(crate) inflight: Mutex<HashSet<RequestId>>,
+    pub(crate) counted: AtomicU32,
+    pub(crate) budget: u32,
+    pub(crate) max_message_bytes: usize,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn new(budget: u32, max_message_bytes: usize) -> Self {
+        Self {
+            dead: CancellationToken::new(),
+            violation: Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashSet::new()),
+            counted: AtomicU32::new(0),
+            budget,
+            max_message_bytes,
+        }
+    }
+
+    /// Records the first fatal violation and marks the peer dead. Callers
+    /// waiting on [`crate::Peer::call`] get `cancelled`.
+    pub(crate) fn fail(&self, v: Violation) -> Violation {
+        let first = {
+            let mut slot = lock(&self.violation);
+            if slot.is_none() {
+                tracing::warn!(reason = v.reason.as_str(), sample = %v.sample, "peer protocol violation: {}", escape_text(&v.detail));
+                *slot = Some(v.clone());
+            }
+            slot.clone().unwrap_or(v)
+        };
+        self.dead.cancel();
+        self.cancel_calls("the connection stopped");
+        first
+    }
+
+    /// Answers every waiting [`crate::Peer::call`] with `cancelled`.
+    pub(crate) fn cancel_calls(&self, why: &str) {
+        let waiting: Vec<_> = {
+            let mut pending = lock(&self.pending);
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, w)| matches!(w, Waiter::Call(_)))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pending.remove(&id))
+                .collect()
+        };
+        for waiter in waiting {
+            if let Waiter::Call(tx) = waiter {
+                let _ = tx.send(Err(WireError::new(
+                    sharedos_protocol::ErrorKind::Cancelled,
+                    why,
+                )));
+            }
+        }
+    }
+
+    /// Counts a dropped message; `Err` once the budget is spent.
+    pub(crate) fn count(&self, what: &str) -> Result<(), Violation> {
+        let n = self
+            .counted
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        tracing::debug!(violation = what, count = n, "peer message dropped");
+        if n > self.budget {
+            return Err(self.fail(Violation::new(
+                ViolationReason::ViolationBudgetExceeded,
+                format!("more than {} dropped messages (last: {what})", self.budget),
+            )));
+        }
+        Ok(())
+    }
+}
