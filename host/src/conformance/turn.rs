@@ -1,7 +1,7 @@
 //! The host side of one conformance turn: the messages the battery sends
 //! (a complete, valid `RuntimeTurnRequest` carrying the echo payload) and a
 //! driver that reads the plugin's lines until its outcome, checking each
-//! one as the host's broker would.
+//! one as the host's turn driver would.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -165,7 +165,7 @@ pub fn drive(
     }
 }
 
-/// Checks one plugin → host message as the broker would.
+/// Checks one plugin → host message as the host's turn driver would.
 fn check_message(t: &mut Transcript, inflight: &mut HashSet<String>, msg: &Value) {
     let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
     let params = msg.get("params").cloned().unwrap_or(Value::Null);
