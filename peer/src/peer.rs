@@ -140,16 +140,44 @@ impl Peer {
     /// sent right before a kill must never wait on a peer that does not
     /// read.
     pub fn try_notify(&self, method: &str, params: &impl Serialize) -> bool {
-        match line::notification(method, params) {
-            Ok(line) if line.len() <= self.shared.max_message_bytes => {
-                self.out.try_send(line).is_ok()
+        self.notify_now(method, params).is_ok()
+    }
+
+    /// Queues a notification without waiting, for a caller that cannot
+    /// wait (the SDK's `emit`): `FrameTooLarge` over the line limit, `Io`
+    /// when the queue is full or the writer has stopped.
+    pub fn notify_now(&self, method: &str, params: &impl Serialize) -> Result<(), Violation> {
+        let line = line::notification(method, params).map_err(|e| {
+            Violation::new(ViolationReason::Io, format!("cannot encode {method}: {e}"))
+        })?;
+        self.check_size(&line)?;
+        self.out.try_send(line).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => {
+                Violation::new(ViolationReason::Io, "the write queue is full")
             }
-            _ => false,
-        }
+            mpsc::error::TrySendError::Closed(_) => self.stopped(),
+        })
+    }
+
+    /// Sets the line limit for what this end writes from now on.
+    pub fn set_max_message_bytes(&self, max: usize) {
+        self.shared.max_message_bytes.store(max, Ordering::Relaxed);
+    }
+
+    /// Lets the writer end once it has written what is queued, and waits
+    /// for that (at most `grace`): a process about to exit flushes first.
+    pub async fn close(&self, grace: std::time::Duration) {
+        self.shared.closing.cancel();
+        let _ = tokio::time::timeout(grace, self.shared.written.cancelled()).await;
     }
 
     async fn send_line(&self, line: String) -> Result<(), Violation> {
-        if line.len() > self.shared.max_message_bytes {
+        self.check_size(&line)?;
+        self.out.send(line).await.map_err(|_| self.stopped())
+    }
+
+    fn check_size(&self, line: &str) -> Result<(), Violation> {
+        if line.len() > self.shared.max_message_bytes() {
             return Err(Violation::new(
                 ViolationReason::FrameTooLarge,
                 format!(
@@ -158,7 +186,7 @@ impl Peer {
                 ),
             ));
         }
-        self.out.send(line).await.map_err(|_| self.stopped())
+        Ok(())
     }
 
     fn stopped(&self) -> Violation {

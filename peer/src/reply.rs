@@ -55,7 +55,7 @@ impl Replier {
     }
 
     fn result_line(&self, value: &impl Serialize) -> String {
-        let max = self.shared.max_message_bytes;
+        let max = self.shared.max_message_bytes();
         match line::response(&self.id, value) {
             Ok(l) if l.len() <= max => l,
             Ok(_) => {

@@ -3,7 +3,7 @@
 //! [`crate::Replier`]). One lock each, never two held at once.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use serde_json::value::RawValue;
@@ -34,7 +34,13 @@ pub(crate) struct Shared {
     pub(crate) inflight: Mutex<HashSet<RequestId>>,
     pub(crate) counted: AtomicU32,
     pub(crate) budget: u32,
-    pub(crate) max_message_bytes: usize,
+    /// The line limit for what this end writes (the SDK learns the host's
+    /// in `initialize`).
+    pub(crate) max_message_bytes: AtomicUsize,
+    /// Asks the writer to end once its queue is empty.
+    pub(crate) closing: CancellationToken,
+    /// Cancelled when the writer task has ended.
+    pub(crate) written: CancellationToken,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -50,7 +56,9 @@ impl Shared {
             inflight: Mutex::new(HashSet::new()),
             counted: AtomicU32::new(0),
             budget,
-            max_message_bytes,
+            max_message_bytes: AtomicUsize::new(max_message_bytes),
+            closing: CancellationToken::new(),
+            written: CancellationToken::new(),
         }
     }
 
@@ -91,6 +99,10 @@ impl Shared {
                 )));
             }
         }
+    }
+
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes.load(Ordering::Relaxed)
     }
 
     /// Counts a dropped message; `Err` once the budget is spent.

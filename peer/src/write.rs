@@ -19,8 +19,20 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     shared: Arc<Shared>,
     config: PeerConfig,
 ) {
-    let mut framed = FramedWrite::new(writer, NdjsonCodec::new(config.max_message_bytes));
-    while let Some(line) = rx.recv().await {
+    // Every sender checks the line limit before queueing (it may change:
+    // the SDK learns the host's in `initialize`), so the codec does not.
+    let mut framed = FramedWrite::new(writer, NdjsonCodec::new(usize::MAX));
+    let _written = shared.written.clone().drop_guard();
+    loop {
+        let next = tokio::select! {
+            biased;
+            line = rx.recv() => line,
+            // Closing: what is queued still goes out, then the task ends.
+            _ = shared.closing.cancelled() => rx.try_recv().ok(),
+        };
+        let Some(line) = next else {
+            return;
+        };
         let write = async {
             framed.feed(line).await?;
             // Batch whatever else is queued into one flush.

@@ -12,12 +12,14 @@
 #![forbid(unsafe_code)]
 
 mod host;
+mod remote;
 mod serve;
 mod signal;
 pub mod standard;
 
 pub use host::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, check_annotation};
-pub use serve::{RemoteHost, SDK_NAME, ServeError, serve, serve_io};
+pub use remote::RemoteHost;
+pub use serve::{SDK_NAME, ServeError, serve, serve_io};
 pub use signal::{Signal, SignalSource};
 pub use standard::{
     AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError,

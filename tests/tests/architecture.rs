@@ -22,8 +22,6 @@ const MAX_FN_LINES: usize = 80;
 /// own (issue 9): the lead removes each line once its split is merged.
 /// `(path from the workspace root, function name)`.
 const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[
-    // The SDK's serve loop (the one-peer step moves it onto the peer).
-    ("plugin-sdk/src/serve.rs", "serve_io"),
 ];
 
 /// Pairs of files that still import each other; the lead removes each
