@@ -142,7 +142,7 @@ async fn g46_refused_keys_are_invalid() {
 
 // G47 (non-JSON values) is a property of the wire: a plugin can only
 // annotate what arrives as JSON. `g47_non_json_values_are_unrepresentable`
-// in host/src/broker/tests.rs drives NaN, Infinity and undefined through
+// in host/src/process/driver/tests.rs drives NaN, Infinity and undefined through
 // the host's reader.
 
 /// Writes through the turn's captured host at the last moment a write could

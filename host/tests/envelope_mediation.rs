@@ -192,7 +192,7 @@ async fn g24_captured_host_is_closed_after_the_turn() {
 /// G25: a call missing `traceId` cannot be built as the typed `ToolCall`
 /// the host takes (the type requires it). G26 (a step of -1 or 1.5) and
 /// G25 on the wire: `g25_g26_malformed_call_and_step_are_invalid_params`
-/// in host/src/broker/tests.rs, where the host answers -32602 and never
+/// in host/src/process/driver/tests.rs, where the host answers -32602 and never
 /// mediates.
 #[test]
 fn g25_a_call_without_trace_id_does_not_decode() {

@@ -80,7 +80,7 @@ fn stdio_turn(id: &str, bait: Value, timeout_ms: u64) -> Stdio {
 }
 
 /// The turn failed `runtime_failed`, and `on_turn_error` heard the wire
-/// violation `reason` (the broker's `ViolationReason`).
+/// violation `reason` (the peer's `ViolationReason`).
 fn failed_runtime(s: &Stdio, id: &str, layer: &str, reason: &str) {
     assert_eq!(
         (s.run.status().as_str(), s.run.code().as_deref()),
@@ -211,7 +211,7 @@ fn c44c_forged_response_id_is_dropped() {
     assert_ne!(
         output,
         &json!("forged"),
-        "C44c forged-response-id: the forged outcome was taken (host broker: unknown ids dropped)"
+        "C44c forged-response-id: the forged outcome was taken (host peer: unknown ids dropped)"
     );
     assert_eq!(output["summary"]["attacks"], 1, "C44c: {output}");
 }
