@@ -519,6 +519,8 @@ async fn call_answers_go_to_the_caller_and_a_dead_peer_cancels_them() {
     assert_eq!(got.unwrap().unwrap().get(), r#"{"ok":1}"#);
     assert!(matches!(closed, Some(Inbound::Closed(v)) if v.reason == ViolationReason::InvalidJson));
     assert_eq!(peer.violations_counted(), 1);
-    let late = peer.call::<InvokeTool>(&params).await;
+    let late = tokio::time::timeout(Duration::from_secs(5), peer.call::<InvokeTool>(&params))
+        .await
+        .expect("a call on a dead peer does not wait for an answer");
     assert!(late.is_err(), "a call on a dead peer is refused: {late:?}");
 }
