@@ -1,4 +1,5 @@
-//! The envelope contracts a runtime sees (envelope.md A.2–A.7, A.9).
+//! The envelope contracts a runtime sees (envelope.md A.3–A.7, A.9; the
+//! turn request, A.2, is in `execution`).
 //!
 //! Every object here is strict: an unknown key fails to parse.
 
@@ -6,7 +7,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::execution::{ExecutionOptions, MessageEnvelope};
 use crate::primitives::*;
 
 /// The literal contract version `"1"`.
@@ -392,39 +392,6 @@ pub enum ReachResult {
         #[serde(rename = "reasonCode")]
         reason_code: Identifier,
     },
-}
-
-/// The context a runtime may see: no authority, no enabled namespaces, no
-/// grants.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RuntimeVisibleContext {
-    pub actor: Address,
-    pub owner: Address,
-    pub namespace_id: Identifier,
-    pub purpose: Purpose,
-    pub trace_id: Identifier,
-    pub now: Timestamp,
-    pub reach: ReachResult,
-}
-
-/// The sanitized request a runtime receives (A.2). `tools` is the effective
-/// catalogue, with the kernel's definitions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RuntimeTurnRequest {
-    pub version: Version,
-    pub execution_id: Identifier,
-    pub agent: Address,
-    pub context: RuntimeVisibleContext,
-    pub message: MessageEnvelope,
-    pub tools: Vec<ToolDefinition>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<JsonObject>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub options: Option<ExecutionOptions>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<JsonObject>,
 }
 
 /// A contract refinement that the shape alone does not catch.

@@ -1,12 +1,13 @@
 //! The caller-facing contracts: `ExecutionRequest` in, `ExecutionResult`
-//! out (envelope.md A.1, A.6, A.8). These never cross the plugin pipe whole:
-//! the runtime sees the sanitized `RuntimeTurnRequest`.
+//! out (envelope.md A.1, A.6, A.8), and the sanitized `RuntimeTurnRequest`
+//! the runtime sees in their place (A.2): it carries the request's message
+//! and options, so it lives next to them.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::contract::{ContractError, ProtocolError, ToolDefinition, Version};
+use crate::contract::{ContractError, ProtocolError, ReachResult, ToolDefinition, Version};
 use crate::primitives::*;
 
 /// Upper bound of `options.timeoutMs`.
@@ -260,4 +261,37 @@ impl ExecutionResult {
     pub fn event_types(&self) -> Vec<&str> {
         self.events.iter().map(|e| e.kind.as_str()).collect()
     }
+}
+
+/// The context a runtime may see: no authority, no enabled namespaces, no
+/// grants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuntimeVisibleContext {
+    pub actor: Address,
+    pub owner: Address,
+    pub namespace_id: Identifier,
+    pub purpose: Purpose,
+    pub trace_id: Identifier,
+    pub now: Timestamp,
+    pub reach: ReachResult,
+}
+
+/// The sanitized request a runtime receives (A.2). `tools` is the effective
+/// catalogue, with the kernel's definitions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuntimeTurnRequest {
+    pub version: Version,
+    pub execution_id: Identifier,
+    pub agent: Address,
+    pub context: RuntimeVisibleContext,
+    pub message: MessageEnvelope,
+    pub tools: Vec<ToolDefinition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<JsonObject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<ExecutionOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<JsonObject>,
 }

@@ -8,7 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::contract::{RuntimeEvent, RuntimeLimits, RuntimeManifest, RuntimeTurnRequest, ToolCall};
+use crate::contract::{RuntimeEvent, RuntimeLimits, RuntimeManifest, ToolCall};
+use crate::execution::RuntimeTurnRequest;
 use crate::primitives::*;
 
 /// A turn id chosen by the host: 1..128 bytes of `[A-Za-z0-9_.:-]`.
