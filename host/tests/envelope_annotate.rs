@@ -14,7 +14,7 @@ const H: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f
 #[tokio::test(start_paused = true)]
 async fn g40_annotation_on_completed_keeps_runtime() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("promptHash", json!(H))]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::annotate("promptHash", json!(H))]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
@@ -28,8 +28,8 @@ async fn g40_annotation_on_completed_keeps_runtime() {
 async fn g41_annotation_survives_a_throw() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Annotate("promptHash", json!(H)),
-        Step::Throw("boom"),
+        Step::annotate("promptHash", json!(H)),
+        Step::throw("boom"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
@@ -41,7 +41,7 @@ async fn g41_annotation_survives_a_throw() {
 #[tokio::test(start_paused = true)]
 async fn g42_annotation_survives_the_deadline() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Annotate("promptHash", json!(H)), Step::Stall]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::annotate("promptHash", json!(H)), Step::Stall]);
     let h = executor(&kernel, plugin, 0);
     let (r, took) = timed(&h, request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Cancelled);
@@ -73,8 +73,8 @@ async fn g44_annotation_survives_an_audit_outage() {
     );
     lock(&kernel.fail_decision).insert("c1".into());
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Annotate("promptHash", json!(H)),
-        Step::Call("c1", "transfer_funds"),
+        Step::annotate("promptHash", json!(H)),
+        Step::call("c1", "transfer_funds"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["transfer_funds"])).await;
@@ -87,8 +87,8 @@ async fn g44_annotation_survives_an_audit_outage() {
 async fn g45_annotation_outranks_outcome_metadata() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Annotate("k", json!(1)),
-        Step::Return(RuntimeTurnOutcome::Complete {
+        Step::annotate("k", json!(1)),
+        Step::returns(RuntimeTurnOutcome::Complete {
             output: json!(null),
             metadata: Some(json!({"k": 2, "other": 3}).as_object().unwrap().clone()),
         }),
@@ -110,7 +110,7 @@ async fn g45_annotation_outranks_outcome_metadata() {
     ] {
         let kernel = TestKernel::new(vec![escalate_tool()]);
         let (plugin, _) =
-            ScriptPlugin::new(vec![Step::Annotate("k", json!(1)), Step::Return(outcome)]);
+            ScriptPlugin::new(vec![Step::annotate("k", json!(1)), Step::returns(outcome)]);
         let r = executor(&kernel, plugin, 0)
             .run(request(&["sharedos.escalate"]))
             .await;
@@ -188,8 +188,8 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
     let kernel = TestKernel::new(vec![read_tool("files.read")]);
     let (plugin, log) = ScriptPlugin::new(vec![
         Step::CaptureHost,
-        Step::Annotate("k", json!(0)),
-        Step::Sleep(1_000),
+        Step::annotate("k", json!(0)),
+        Step::sleep(1_000),
     ]);
     let late = Arc::new(LateWriter {
         log: log.clone(),
@@ -242,7 +242,7 @@ async fn g48_annotate_after_close_is_dropped_without_error() {
 #[tokio::test(start_paused = true)]
 async fn g49_annotation_made_on_the_hard_abort_is_kept() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::CatchAbortAndAnnotate(
+    let (plugin, _) = ScriptPlugin::new(vec![Step::catch_abort_and_annotate(
         "stoppedAt",
         json!("abort"),
     )]);
@@ -313,8 +313,8 @@ async fn g50_last_write_wins_and_the_stored_value_is_a_copy() {
 async fn g51_prompt_hash_stated_before_a_stall_survives_cancellation() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Sleep(10),
-        Step::Annotate("promptHash", json!(H)),
+        Step::sleep(10),
+        Step::annotate("promptHash", json!(H)),
         Step::Stall,
     ]);
     let h = executor(&kernel, plugin, 0);
@@ -329,8 +329,8 @@ async fn g51_prompt_hash_stated_before_a_stall_survives_cancellation() {
     // Cancelled inside "open" (before the hash was computed): nothing.
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Sleep(1_000),
-        Step::Annotate("promptHash", json!(H)),
+        Step::sleep(1_000),
+        Step::annotate("promptHash", json!(H)),
         Step::Stall,
     ]);
     let h = executor(&kernel, plugin, 0);
@@ -350,8 +350,8 @@ async fn g52_escalation_asked_is_carried_and_lifted() {
     let kernel = TestKernel::new(vec![escalate_tool()]);
     let asked = json!({"tool": "sharedos.escalate", "reason": "R"});
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Annotate("escalationAsked", asked.clone()),
-        Step::Return(RuntimeTurnOutcome::Escalate {
+        Step::annotate("escalationAsked", asked.clone()),
+        Step::returns(RuntimeTurnOutcome::Escalate {
             reason: Reason::new("R").unwrap(),
             metadata: None,
         }),

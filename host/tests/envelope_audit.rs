@@ -31,7 +31,7 @@ fn req() -> sharedos_protocol::ExecutionRequest {
 async fn g76_decision_outage_on_the_first_call() {
     let kernel = bank(transfer());
     lock(&kernel.fail_decision).insert("c1".into());
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
+    let (plugin, log) = ScriptPlugin::new(vec![Step::call("c1", "transfer_funds")]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(req()).await;
     assert_eq!(r.status, ExecutionStatus::Failed);
@@ -75,8 +75,8 @@ async fn g77_plugin_swallowing_the_outage_still_fails() {
     let kernel = bank(transfer());
     lock(&kernel.fail_decision).insert("c1".into());
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::TryCall("c1", "transfer_funds"),
-        Step::Return(RuntimeTurnOutcome::complete(json!("all good"))),
+        Step::try_call("c1", "transfer_funds"),
+        Step::returns(RuntimeTurnOutcome::complete(json!("all good"))),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(req()).await;
@@ -91,8 +91,8 @@ async fn g77_plugin_swallowing_the_outage_during_a_grace_still_fails() {
     let kernel = bank(transfer());
     lock(&kernel.fail_decision).insert("c1".into());
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::TryCall("c1", "transfer_funds"),
-        Step::Return(RuntimeTurnOutcome::complete(json!("all good"))),
+        Step::try_call("c1", "transfer_funds"),
+        Step::returns(RuntimeTurnOutcome::complete(json!("all good"))),
     ]);
     let h = executor(&kernel, plugin, 5_000);
     let r = h.run(req()).await;
@@ -105,8 +105,8 @@ async fn g78_outage_after_a_succeeded_write_is_not_retryable() {
     let kernel = bank(transfer());
     lock(&kernel.fail_decision).insert("c2".into());
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Call("c1", "transfer_funds"),
-        Step::Call("c2", "transfer_funds"),
+        Step::call("c1", "transfer_funds"),
+        Step::call("c2", "transfer_funds"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(req()).await;
@@ -194,7 +194,7 @@ async fn g81_outage_on_the_listing_never_runs_the_plugin() {
 #[tokio::test(start_paused = true)]
 async fn g82_plugin_claiming_an_outage_is_runtime_failed() {
     let kernel = bank(transfer());
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Throw(
+    let (plugin, _) = ScriptPlugin::new(vec![Step::throw(
         "audit_unavailable: AuditUnavailableError",
     )]);
     let h = executor(&kernel, plugin, 0);
@@ -210,7 +210,7 @@ async fn g82_plugin_claiming_an_outage_is_runtime_failed() {
 #[tokio::test]
 async fn g83_outcome_path_failure_does_not_end_the_turn() {
     let (kernel, ledger, reported, _files) = outcome_failing_kernel();
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "transfer_funds")]);
     let (opts, turn_errors) = options(0);
     let executor = sharedos_host::executor::Executor::new(
         kernel,
@@ -337,8 +337,8 @@ async fn outage_on_the_envelopes_own_kernel_calls() {
     let kernel = TestKernel::new(vec![escalate_tool()]);
     *lock(&kernel.escalation_error) = Some(outage());
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Annotate("k", json!(1)),
-        Step::Return(RuntimeTurnOutcome::Escalate {
+        Step::annotate("k", json!(1)),
+        Step::returns(RuntimeTurnOutcome::Escalate {
             reason: sharedos_protocol::Reason::new("r").unwrap(),
             metadata: None,
         }),

@@ -43,8 +43,8 @@ fn position(audit: &[Audit], pred: impl Fn(&Audit) -> bool) -> usize {
 async fn g53_call_running_when_draining_starts_answers_and_the_turn_ends_early() {
     let kernel = bank(3_000);
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Sleep(114_000),
-        Step::Call("c1", "transfer_funds"),
+        Step::sleep(114_000),
+        Step::call("c1", "transfer_funds"),
         Step::ThrowIfDraining,
     ]);
     let h = executor(&kernel, plugin, GRACE);
@@ -119,8 +119,8 @@ async fn g53_late_result_of_an_abandoned_call_is_in_the_events() {
 async fn g54_without_grace_the_deadline_interrupts_the_transfer() {
     let kernel = bank(3_000);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Sleep(118_000),
-        Step::Call("c1", "transfer_funds"),
+        Step::sleep(118_000),
+        Step::call("c1", "transfer_funds"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let (r, took) = timed(&h, req()).await;
@@ -142,8 +142,8 @@ async fn g54_without_grace_the_deadline_interrupts_the_transfer() {
 async fn g55_long_call_is_interrupted_at_the_limit_not_before() {
     let kernel = bank(60_000);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Sleep(100_000),
-        Step::Call("c1", "transfer_funds"),
+        Step::sleep(100_000),
+        Step::call("c1", "transfer_funds"),
     ]);
     let h = executor(&kernel, plugin, GRACE);
     let (r, took) = timed(&h, req()).await;
@@ -169,8 +169,8 @@ async fn g55_long_call_is_interrupted_at_the_limit_not_before() {
 async fn g56_call_asked_for_while_draining_is_refused() {
     let kernel = bank(3_000);
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Sleep(116_000),
-        Step::TryCall("c1", "transfer_funds"),
+        Step::sleep(116_000),
+        Step::try_call("c1", "transfer_funds"),
         Step::ThrowIfDraining,
     ]);
     let h = executor(&kernel, plugin, GRACE);
@@ -197,8 +197,8 @@ async fn g56_call_asked_for_while_draining_is_refused() {
 async fn g57_result_landing_in_the_drain_on_the_last_step_is_cancelled() {
     let kernel = bank(3_000);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Sleep(114_000),
-        Step::CallAt("c1", "transfer_funds", 0),
+        Step::sleep(114_000),
+        Step::call_at("c1", "transfer_funds", 0),
         Step::ThrowIfDraining,
     ]);
     let h = executor(&kernel, plugin, GRACE);
@@ -216,9 +216,9 @@ async fn g57_result_landing_in_the_drain_on_the_last_step_is_cancelled() {
 async fn g58_seat_ready_only_after_draining_asks_nothing() {
     let kernel = bank(3_000);
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Sleep(116_000),
+        Step::sleep(116_000),
         Step::ThrowIfDraining,
-        Step::Call("c1", "transfer_funds"),
+        Step::call("c1", "transfer_funds"),
     ]);
     let h = executor(&kernel, plugin, GRACE);
     let (r, took) = timed(&h, req()).await;
@@ -232,8 +232,8 @@ async fn g58_seat_ready_only_after_draining_asks_nothing() {
 async fn g59_decision_landing_in_the_drain_that_ends_the_turn_is_honoured() {
     let kernel = bank(3_000);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Sleep(116_000),
-        Step::Return(RuntimeTurnOutcome::complete(json!({"answer": 42}))),
+        Step::sleep(116_000),
+        Step::returns(RuntimeTurnOutcome::complete(json!({"answer": 42}))),
     ]);
     let h = executor(&kernel, plugin, GRACE);
     let r = h.run(req()).await;
@@ -244,7 +244,7 @@ async fn g59_decision_landing_in_the_drain_that_ends_the_turn_is_honoured() {
 #[tokio::test(start_paused = true)]
 async fn g60_host_cancel_does_not_drain() {
     let kernel = bank(10_000);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "transfer_funds")]);
     let h = executor(&kernel, plugin, GRACE);
     let cancel = CancellationToken::new();
     let run = h.executor.execute(
@@ -365,7 +365,7 @@ async fn g62_late_outage_after_a_completed_turn_changes_nothing() {
 async fn g63_call_held_at_the_deadline_makes_the_turn_not_retryable() {
     let kernel = bank(3_000);
     let gate = held(&kernel, "c1");
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "transfer_funds")]);
     let h = executor(&kernel, plugin, GRACE);
     let (r, took) = timed(&h, req()).await;
     assert_eq!(took, LIMIT);
@@ -385,7 +385,7 @@ async fn g63_call_held_at_the_deadline_makes_the_turn_not_retryable() {
 async fn g64_no_timer_outlives_a_turn() {
     // A complete inside the limit.
     let kernel = bank(0);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Sleep(10)]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::sleep(10)]);
     let h = executor(&kernel, plugin, GRACE);
     h.run(req()).await;
     settle().await;
@@ -394,7 +394,7 @@ async fn g64_no_timer_outlives_a_turn() {
     // An audit-outage ending with a grace (the outage arms a hard timer).
     let kernel = bank(0);
     lock(&kernel.fail_decision).insert("c1".into());
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "transfer_funds")]);
     let h = executor(&kernel, plugin, GRACE);
     let r = h.run(req()).await;
     assert_eq!(code(&r), "audit_unavailable");
@@ -448,8 +448,8 @@ async fn g65_drain_grace_out_of_range_is_refused() {
 async fn seat_ignoring_draining_is_stopped_at_the_deadline() {
     let kernel = bank(0);
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Sleep(116_000),
-        Step::TryCall("c1", "transfer_funds"),
+        Step::sleep(116_000),
+        Step::try_call("c1", "transfer_funds"),
         Step::Stall,
     ]);
     let h = executor(&kernel, plugin, GRACE);

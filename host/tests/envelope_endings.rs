@@ -49,8 +49,8 @@ async fn g31_plugin_fail_after_a_read_keeps_its_retryable() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Call("c1", "files.read"),
-        Step::Return(RuntimeTurnOutcome::Fail {
+        Step::call("c1", "files.read"),
+        Step::returns(RuntimeTurnOutcome::Fail {
             error: ProtocolError::new("harness_failed", "the harness failed", Some(true)),
             metadata: md(json!({"harness": "x"})),
         }),
@@ -77,7 +77,7 @@ async fn g31_plugin_fail_after_a_read_keeps_its_retryable() {
 #[tokio::test(start_paused = true)]
 async fn g32_plugin_throw_is_runtime_failed_and_its_text_never_leaks() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Throw("boom at /srv/x.ts:88")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::throw("boom at /srv/x.ts:88")]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Failed);
@@ -110,7 +110,7 @@ async fn g32_plugin_throw_is_runtime_failed_and_its_text_never_leaks() {
 #[tokio::test(start_paused = true)]
 async fn g33_on_turn_error_that_panics_changes_nothing() {
     let kernel = TestKernel::new(vec![]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Throw("boom")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::throw("boom")]);
     let (mut opts, errs) = options(0);
     opts.on_turn_error = Some(Arc::new(|_, _| panic!("hook bug")));
     let h = executor_with(&kernel, plugin, opts, errs);
@@ -153,7 +153,7 @@ async fn g35_handler_honouring_abort_leaves_no_effect() {
             honour_abort: true,
         },
     );
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "files.read")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "files.read")]);
     let h = executor(&kernel, plugin, 0);
     let (r, took) = timed(
         &h,
@@ -177,7 +177,7 @@ async fn g35_handler_honouring_abort_leaves_no_effect() {
 #[tokio::test(start_paused = true)]
 async fn g36_offered_escalation_is_escalated() {
     let kernel = TestKernel::new(vec![escalate_tool()]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Return(RuntimeTurnOutcome::Escalate {
+    let (plugin, _) = ScriptPlugin::new(vec![Step::returns(RuntimeTurnOutcome::Escalate {
         reason: Reason::new("needs a human").unwrap(),
         metadata: md(json!({"harness": "h"})),
     })]);
@@ -215,7 +215,7 @@ async fn g36_offered_escalation_is_escalated() {
 async fn g37_escalation_recorder_failure_falls_back_to_owner() {
     let kernel = TestKernel::new(vec![escalate_tool()]);
     *lock(&kernel.escalation_error) = Some(KernelError::Failed("no port".into()));
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Return(RuntimeTurnOutcome::Escalate {
+    let (plugin, _) = ScriptPlugin::new(vec![Step::returns(RuntimeTurnOutcome::Escalate {
         reason: Reason::new("r").unwrap(),
         metadata: None,
     })]);
@@ -230,7 +230,7 @@ async fn g37_escalation_recorder_failure_falls_back_to_owner() {
 #[tokio::test(start_paused = true)]
 async fn g38_escalation_not_offered_is_tool_unavailable() {
     let kernel = TestKernel::new(vec![read_tool("files.read")]);
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Return(RuntimeTurnOutcome::Escalate {
+    let (plugin, _) = ScriptPlugin::new(vec![Step::returns(RuntimeTurnOutcome::Escalate {
         reason: Reason::new("r").unwrap(),
         metadata: md(json!({"harness": "hostile"})),
     })]);

@@ -12,7 +12,7 @@ use support::*;
 #[tokio::test(start_paused = true)]
 async fn g18_unlisted_tool_is_refused_before_the_kernel() {
     let kernel = TestKernel::new(vec![read_tool("files.read")]);
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "files.delete")]);
+    let (plugin, log) = ScriptPlugin::new(vec![Step::call("c1", "files.delete")]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["files.read", "files.delete"])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
@@ -44,8 +44,8 @@ async fn g19_call_ceiling_refuses_the_second_call() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Call("c1", "files.read"),
-        Step::Call("c2", "files.read"),
+        Step::call("c1", "files.read"),
+        Step::call("c2", "files.read"),
     ]);
     let (mut opts, errs) = options(0);
     opts.default_max_tool_calls = Some(1);
@@ -63,9 +63,9 @@ async fn g20_step_ceiling_with_declared_steps() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::CallAt("c1", "files.read", 0),
-        Step::CallAt("c2", "files.read", 1),
-        Step::CallAt("c3", "files.read", 0),
+        Step::call_at("c1", "files.read", 0),
+        Step::call_at("c2", "files.read", 1),
+        Step::call_at("c3", "files.read", 0),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h
@@ -89,9 +89,9 @@ async fn g21_undeclared_steps_are_bounded_by_the_call_ceiling_only() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Call("c1", "files.read"),
-        Step::Call("c2", "files.read"),
-        Step::Call("c3", "files.read"),
+        Step::call("c1", "files.read"),
+        Step::call("c2", "files.read"),
+        Step::call("c3", "files.read"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h
@@ -110,8 +110,8 @@ async fn g22_a_guessed_name_uses_budget() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Call("c1", "files.guess"),
-        Step::Call("c2", "files.read"),
+        Step::call("c1", "files.guess"),
+        Step::call("c2", "files.read"),
     ]);
     let h = executor(&kernel, plugin, 0);
     h.run(request_with(&["files.read"], |v| {
@@ -127,7 +127,7 @@ async fn g22_a_guessed_name_uses_budget() {
 async fn g23_kernel_denial_reaches_the_plugin_with_the_turn_context() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Deny("no_matching_grant"));
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "files.read")]);
+    let (plugin, log) = ScriptPlugin::new(vec![Step::call("c1", "files.read")]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["files.read"])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
@@ -209,8 +209,8 @@ async fn g27_kernel_result_for_another_call_is_invalid() {
     let kernel =
         TestKernel::new(vec![read_tool("files.read")]).handler("files.read", Handler::WrongCallId);
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::TryCall("c1", "files.read"),
-        Step::Call("c2", "files.read"),
+        Step::try_call("c1", "files.read"),
+        Step::call("c2", "files.read"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["files.read"])).await;
@@ -244,7 +244,7 @@ async fn g28_turn_end_is_recorded_once_and_a_failing_recorder_changes_nothing() 
 async fn g28_failing_refusal_recorder_changes_nothing() {
     let kernel = TestKernel::new(vec![]);
     *lock(&kernel.refused_error) = true;
-    let (plugin, log) = ScriptPlugin::new(vec![Step::Call("c1", "nope")]);
+    let (plugin, log) = ScriptPlugin::new(vec![Step::call("c1", "nope")]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
     assert_eq!(r.status, ExecutionStatus::Succeeded);
@@ -256,8 +256,8 @@ async fn g29_grace_not_below_timeout_refuses_every_call() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::TryCall("c1", "files.read"),
-        Step::TryCall("c2", "files.read"),
+        Step::try_call("c1", "files.read"),
+        Step::try_call("c2", "files.read"),
     ]);
     let (mut opts, errs) = options(5_000);
     opts.default_timeout_ms = 5_000;

@@ -53,9 +53,9 @@ async fn g11_catalogue_is_listing_intersect_requested() {
         .handler("B", Handler::Succeed(json!(1)))
         .handler("C", Handler::Succeed(json!(1)));
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::Call("c-a", "A"),
-        Step::Call("c-c", "C"),
-        Step::Call("c-b", "B"),
+        Step::call("c-a", "A"),
+        Step::call("c-c", "C"),
+        Step::call("c-b", "B"),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&["A", "B"])).await;
@@ -66,7 +66,7 @@ async fn g11_catalogue_is_listing_intersect_requested() {
         json!({
             "agent": {"kind": "agent", "agentId": AGENT},
             "visibleTools": ["B"],
-            "runtime": {"id": "test.scripted", "version": "0.0.1", "protocolVersion": "1"}
+            "runtime": {"id": "sharedos-testplugin", "version": "0.1.0", "protocolVersion": "1"}
         })
     );
     assert_eq!(log.code("c-a").as_deref(), Some("tool_unavailable"));
@@ -110,7 +110,7 @@ async fn g12_reach_is_narrowed_to_the_effective_namespaces() {
 async fn g13_emitted_turn_completed_is_a_runtime_event() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) =
-        ScriptPlugin::new(vec![Step::Emit("turn.completed", json!({"forged": true}))]);
+        ScriptPlugin::new(vec![Step::emit("turn.completed", json!({"forged": true}))]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;
     assert_eq!(
@@ -119,7 +119,7 @@ async fn g13_emitted_turn_completed_is_a_runtime_event() {
     );
     assert_eq!(
         r.events[1].data,
-        json!({"runtime": {"id": "test.scripted", "version": "0.0.1", "protocolVersion": "1"}, "type": "turn.completed", "data": {"forged": true}})
+        json!({"runtime": {"id": "sharedos-testplugin", "version": "0.1.0", "protocolVersion": "1"}, "type": "turn.completed", "data": {"forged": true}})
     );
     assert_eq!(r.events[2].data, json!({}));
 }
@@ -131,7 +131,7 @@ async fn g14_outcome_cannot_forge_runtime_provenance() {
         .as_object()
         .unwrap()
         .clone();
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Return(RuntimeTurnOutcome::Complete {
+    let (plugin, _) = ScriptPlugin::new(vec![Step::returns(RuntimeTurnOutcome::Complete {
         output: json!("ok"),
         metadata: Some(md),
     })]);
@@ -142,7 +142,7 @@ async fn g14_outcome_cannot_forge_runtime_provenance() {
     // turn.started names the runtime without its metadata.
     assert_eq!(
         events_of(&r, "turn.started")[0]["runtime"],
-        json!({"id": "test.scripted", "version": "0.0.1", "protocolVersion": "1"})
+        json!({"id": "sharedos-testplugin", "version": "0.1.0", "protocolVersion": "1"})
     );
 }
 
@@ -160,10 +160,10 @@ async fn g15_on_event_sees_every_event_in_order() {
     let kernel = TestKernel::new(vec![read_tool("files.read")])
         .handler("files.read", Handler::Succeed(json!(1)));
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Emit("progress", json!(1)),
-        Step::Call("c1", "files.read"),
-        Step::Call("c2", "nope"),
-        Step::Emit("progress", json!(2)),
+        Step::emit("progress", json!(1)),
+        Step::call("c1", "files.read"),
+        Step::call("c2", "nope"),
+        Step::emit("progress", json!(2)),
     ]);
     let h = executor(&kernel, plugin, 0);
     let (on_event, seen) = collecting();
@@ -202,8 +202,8 @@ async fn g15_panicking_on_event_changes_nothing() {
         let kernel = TestKernel::new(vec![read_tool("files.read")])
             .handler("files.read", Handler::Succeed(json!(1)));
         let (plugin, _) = ScriptPlugin::new(vec![
-            Step::Emit("progress", json!(1)),
-            Step::Call("c1", "files.read"),
+            Step::emit("progress", json!(1)),
+            Step::call("c1", "files.read"),
         ]);
         let h = executor(&kernel, plugin, 0);
         let r = h
@@ -238,9 +238,9 @@ async fn g15_panicking_on_event_changes_nothing() {
 async fn g16_events_are_sequenced_and_stamped() {
     let kernel = TestKernel::new(vec![]);
     let (plugin, _) = ScriptPlugin::new(vec![
-        Step::Emit("a", json!(1)),
-        Step::Sleep(250),
-        Step::Emit("b", json!(2)),
+        Step::emit("a", json!(1)),
+        Step::sleep(250),
+        Step::emit("b", json!(2)),
     ]);
     let h = executor(&kernel, plugin, 0);
     let r = h.run(request(&[])).await;

@@ -31,7 +31,7 @@ async fn call_then_stall(
     let name = tool.name.to_string();
     let k = kernel(vec![tool], handler);
     let leaked: &'static str = Box::leak(name.clone().into_boxed_str());
-    let (plugin, _) = ScriptPlugin::new(vec![Step::TryCall("c1", leaked), Step::Stall]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::try_call("c1", leaked), Step::Stall]);
     let h = executor(&k, plugin, 0);
     let (r, took) = timed(&h, req(&[&name])).await;
     assert_eq!(took, 10_000);
@@ -80,7 +80,7 @@ async fn g69_write_still_with_the_kernel_is_not_retryable() {
             honour_abort: false,
         },
     );
-    let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "transfer_funds")]);
+    let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "transfer_funds")]);
     let h = executor(&k, plugin, 0);
     let (r, took) = timed(&h, req(&["transfer_funds"])).await;
     assert_eq!(took, 10_000);
@@ -92,7 +92,7 @@ async fn g69_write_still_with_the_kernel_is_not_retryable() {
 async fn g70_throw_after_a_write_or_a_read() {
     for (tool, expected) in [(write_tool("w"), false), (read_tool("w"), true)] {
         let k = kernel(vec![tool], Handler::Succeed(json!(1)));
-        let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "w"), Step::Throw("boom")]);
+        let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "w"), Step::throw("boom")]);
         let r = executor(&k, plugin, 0).run(req(&["w"])).await;
         assert_eq!(code(&r), "runtime_failed");
         assert_eq!(r.retryable(), Some(expected));
@@ -100,7 +100,7 @@ async fn g70_throw_after_a_write_or_a_read() {
 }
 
 fn fail(retryable: Option<bool>) -> Step {
-    Step::Return(RuntimeTurnOutcome::Fail {
+    Step::returns(RuntimeTurnOutcome::Fail {
         error: ProtocolError::new("harness_failed", "the harness failed", retryable),
         metadata: None,
     })
@@ -110,7 +110,7 @@ fn fail(retryable: Option<bool>) -> Step {
 async fn g71_plugin_true_is_lowered_after_a_write() {
     for (tool, expected) in [(write_tool("w"), false), (read_tool("w"), true)] {
         let k = kernel(vec![tool], Handler::Succeed(json!(1)));
-        let (plugin, _) = ScriptPlugin::new(vec![Step::Call("c1", "w"), fail(Some(true))]);
+        let (plugin, _) = ScriptPlugin::new(vec![Step::call("c1", "w"), fail(Some(true))]);
         let r = executor(&k, plugin, 0).run(req(&["w"])).await;
         assert_eq!(code(&r), "harness_failed");
         assert_eq!(r.retryable(), Some(expected));
@@ -162,7 +162,8 @@ async fn g75_envelope_refused_write_does_not_count() {
             honour_abort: true,
         },
     );
-    let (plugin, log) = ScriptPlugin::new(vec![Step::TryCall("c1", "transfer_funds"), Step::Stall]);
+    let (plugin, log) =
+        ScriptPlugin::new(vec![Step::try_call("c1", "transfer_funds"), Step::Stall]);
     let declared_write = request_with(&["transfer_funds"], |v| {
         v["options"] = json!({"timeoutMs": 10_000});
         v["tools"][0]["readWrite"] = json!("write");
@@ -180,8 +181,8 @@ async fn g75_envelope_refused_write_does_not_count() {
         Handler::Succeed(json!(1)),
     );
     let (plugin, log) = ScriptPlugin::new(vec![
-        Step::TryCall("c1", "search"),
-        Step::TryCall("c2", "transfer_funds"),
+        Step::try_call("c1", "search"),
+        Step::try_call("c2", "transfer_funds"),
         Step::Stall,
     ]);
     let r = executor(&k, plugin, 0)

@@ -1,5 +1,7 @@
 //! Test doubles for the envelope: a scripted kernel implementing
-//! `TurnKernel` and scripted in-process runtime plugins.
+//! `TurnKernel`; the plugin is the shared scriptable test plugin
+//! (`sharedos_testplugin::ScriptPlugin`), or a closure where a script
+//! cannot say it.
 //!
 //! Every test runs on tokio's paused clock; times below are virtual
 //! milliseconds since the kernel was built (which is the turn's start in
@@ -21,11 +23,11 @@ use sharedos_host::executor::{
 use sharedos_kernel::{
     Admission, AuditEffect, KernelError, KernelTurn, RefusedCall, TurnEnd, TurnKernel,
 };
-use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, RuntimePlugin, Signal};
+use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::{
     AccessContext, Address, Escalation, EscalationStatus, ExecutionRequest, ExecutionResult,
-    Identifier, ReachResult, Reason, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome,
-    RuntimeTurnRequest, Timestamp, ToolCall, ToolDefinition, ToolResult,
+    Identifier, ReachResult, Reason, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest,
+    Timestamp, ToolCall, ToolDefinition, ToolResult,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -135,19 +137,12 @@ pub fn call(id: &str, tool: &str) -> ToolCall {
 }
 
 pub fn manifest() -> RuntimeManifest {
-    let mut m = RuntimeManifest::new("test.scripted", "0.0.1").unwrap();
-    m.metadata = Some(
-        json!({"package": "envelope-tests"})
-            .as_object()
-            .unwrap()
-            .clone(),
-    );
-    m
+    sharedos_testplugin::manifest()
 }
 
 /// The provenance the envelope must write under `metadata.runtime`.
 pub fn expected_runtime() -> Value {
-    json!({"id": "test.scripted", "version": "0.0.1", "protocolVersion": "1", "metadata": {"package": "envelope-tests"}})
+    json!({"id": "sharedos-testplugin", "version": "0.1.0", "protocolVersion": "1", "metadata": {"package": "sharedos-testplugin"}})
 }
 
 pub fn ms(n: u64) -> Duration {
@@ -646,146 +641,15 @@ impl TestKernel {
 
 // ---------------------------------------------------------------- plugins
 
-/// One step of a scripted plugin.
-#[derive(Clone, Debug)]
-pub enum Step {
-    /// Calls a tool and awaits it; an `Err` is recorded and makes the
-    /// plugin throw (an uncaught rejection).
-    Call(&'static str, &'static str),
-    /// The same with a declared step.
-    CallAt(&'static str, &'static str, u64),
-    /// Calls a tool; an `Err` is recorded and the script goes on.
-    TryCall(&'static str, &'static str),
-    Emit(&'static str, Value),
-    Annotate(&'static str, Value),
-    Sleep(u64),
-    /// Never returns (ignores every signal).
-    Stall,
-    WaitDraining,
-    /// Throws if the turn is draining (the standard loop's check).
-    ThrowIfDraining,
-    Throw(&'static str),
-    Return(RuntimeTurnOutcome),
-    /// Waits for the hard abort, annotates, then throws.
-    CatchAbortAndAnnotate(&'static str, Value),
-    /// Keeps the host for use after the turn.
-    CaptureHost,
-}
+// The scripted plugin is the shared test plugin (plugins/testplugin): the
+// same steps run from its binary over the protocol.
+#[allow(unused_imports)] // each test file uses its part
+pub use sharedos_testplugin::{PluginLog, ScriptPlugin, Step};
 
-/// What a scripted plugin saw and got.
-#[derive(Default)]
-pub struct PluginLog {
-    pub runs: AtomicUsize,
-    pub request: Mutex<Option<RuntimeTurnRequest>>,
-    pub host: Mutex<Option<Arc<dyn RuntimeHost>>>,
-    pub abort: Mutex<Option<Signal>>,
-    pub results: Mutex<Vec<(String, Result<ToolResult, HostCallError>)>>,
-}
-
-impl PluginLog {
-    pub fn result(&self, id: &str) -> Result<ToolResult, HostCallError> {
-        lock(&self.results)
-            .iter()
-            .find(|(i, _)| i == id)
-            .map(|(_, r)| r.clone())
-            .expect("call result")
-    }
-    pub fn code(&self, id: &str) -> Option<String> {
-        self.result(id)
-            .ok()
-            .and_then(|r| r.error().map(|e| e.code.to_string()))
-    }
-    pub fn host(&self) -> Arc<dyn RuntimeHost> {
-        lock(&self.host).clone().expect("host captured")
-    }
-    pub fn request(&self) -> RuntimeTurnRequest {
-        lock(&self.request).clone().expect("run was called")
-    }
-    pub fn ran(&self) -> bool {
-        self.runs.load(Ordering::SeqCst) > 0
-    }
-}
-
-pub struct ScriptPlugin {
-    pub steps: Vec<Step>,
-    pub log: Arc<PluginLog>,
-}
-
-impl ScriptPlugin {
-    pub fn new(steps: Vec<Step>) -> (Arc<Self>, Arc<PluginLog>) {
-        let log = Arc::new(PluginLog::default());
-        (
-            Arc::new(Self {
-                steps,
-                log: log.clone(),
-            }),
-            log,
-        )
-    }
-}
-
-#[async_trait]
-impl RuntimePlugin for ScriptPlugin {
-    fn manifest(&self) -> RuntimeManifest {
-        manifest()
-    }
-
-    async fn run(
-        &self,
-        request: RuntimeTurnRequest,
-        host: Arc<dyn RuntimeHost>,
-        abort: Signal,
-    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        let log = &self.log;
-        log.runs.fetch_add(1, Ordering::SeqCst);
-        *lock(&log.request) = Some(request);
-        *lock(&log.abort) = Some(abort.clone());
-        for step in &self.steps {
-            match step.clone() {
-                Step::Call(id, tool) | Step::TryCall(id, tool) | Step::CallAt(id, tool, _) => {
-                    let s = match step {
-                        Step::CallAt(_, _, s) => Some(*s),
-                        _ => None,
-                    };
-                    let r = host.invoke_tool(call(id, tool), s).await;
-                    lock(&log.results).push((id.to_owned(), r.clone()));
-                    if let (Err(e), false) = (&r, matches!(step, Step::TryCall(..))) {
-                        return Err(RuntimeError::Failed(format!("uncaught: {e}")));
-                    }
-                }
-                Step::Emit(kind, data) => host
-                    .emit(RuntimeEvent {
-                        kind: Identifier::new(kind).unwrap(),
-                        data,
-                    })
-                    .map_err(|e| RuntimeError::Failed(e.to_string()))?,
-                Step::Annotate(k, v) => host
-                    .annotate(k, v)
-                    .map_err(|e| RuntimeError::Failed(e.to_string()))?,
-                Step::Sleep(n) => tokio::time::sleep(ms(n)).await,
-                Step::Stall => std::future::pending::<()>().await,
-                Step::WaitDraining => host.draining().raised().await,
-                Step::ThrowIfDraining => {
-                    if host.draining().is_raised() {
-                        return Err(RuntimeError::Failed("the turn is draining".into()));
-                    }
-                }
-                Step::Throw(m) => return Err(RuntimeError::Failed(m.to_owned())),
-                Step::Return(o) => return Ok(o),
-                Step::CatchAbortAndAnnotate(k, v) => {
-                    abort.raised().await;
-                    let _ = host.annotate(k, v);
-                    return Err(RuntimeError::Failed("aborted".into()));
-                }
-                Step::CaptureHost => *lock(&log.host) = Some(host.clone()),
-            }
-        }
-        Ok(RuntimeTurnOutcome::complete(Value::Null))
-    }
-}
-
-/// A plugin written as a closure, for shapes a script does not cover
-/// (concurrent calls, dropped futures).
+/// A plugin written as a closure, for shapes a script does not cover and
+/// that only exist in process: concurrent calls from one turn, a call
+/// future dropped half way, a host kept and used from another task, a
+/// forged `ToolCall` (wrong trace, ids the script's constructors refuse).
 pub struct FnPlugin<F>(pub F);
 
 #[async_trait]
