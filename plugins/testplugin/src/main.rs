@@ -14,11 +14,15 @@
 //! During the turn it runs the script in `request.message.payload.script`
 //! (its tool calls carry the trace id `trace-testplugin`, or the turn's own
 //! when the payload has `"traceFromTurn": true`),
-//! an array of steps `{"op": ..., ...}`; see [`step`] and [`file_step`]
-//! for the list. Unless a
-//! step already answered `turn/run`, it completes with
-//! `{"results": [...]}` (the answers to its tool calls) at the end, then
-//! reads stdin until EOF.
+//! an array of steps `{"op": ..., ...}`: first the steps it shares with the
+//! in-process `ScriptPlugin` (`sharedos_testplugin::Step`: `call`, `emit`,
+//! `annotate`, `sleep`, `stall`, `wait_draining`, `throw`, `return`, ...;
+//! see `scripted.rs`), so a scenario is written once and runs both ways;
+//! then the hostile ones only a raw speaker can send (see [`step`] and
+//! [`file_step`]). Unless a step already answered `turn/run`, it completes
+//! with `{"results": [...], "draining": ...}` (the answers to its tool
+//! calls, and what the shared steps measured) at the end, then reads stdin
+//! until EOF.
 //!
 //! `--sleeper [--setsid] [--double] [--pidfile PATH]` is the helper the
 //! `fork` step starts: it keeps the inherited stdio open and sleeps.
@@ -30,132 +34,20 @@
 #![forbid(unsafe_code)]
 
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Stdin, Stdout, Write};
+use std::io::{BufReader, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod connection;
 mod egress;
+mod scripted;
 mod tunnel;
 
-const ID: &str = "sharedos-testplugin";
-const VERSION: &str = "0.1.0";
-
-struct Plugin {
-    input: BufReader<Stdin>,
-    out: Stdout,
-    turn_id: Value,
-    run_id: Value,
-    next_id: u64,
-    ignore_abort: bool,
-    draining: bool,
-    outcome_sent: bool,
-    results: Vec<Value>,
-    /// The trace id put on tool calls: `trace-testplugin`, or the turn's
-    /// own when the payload says `"traceFromTurn": true`.
-    trace: Value,
-}
-
-impl Plugin {
-    fn write_raw(&mut self, bytes: &[u8]) {
-        // A closed stdout means the host is gone: nothing left to do.
-        if self
-            .out
-            .write_all(bytes)
-            .and_then(|()| self.out.flush())
-            .is_err()
-        {
-            std::process::exit(0);
-        }
-    }
-
-    fn send(&mut self, v: &Value) {
-        let mut line = v.to_string();
-        line.push('\n');
-        self.write_raw(line.as_bytes());
-    }
-
-    fn notify(&mut self, method: &str, params: Value) {
-        self.send(&json!({"jsonrpc":"2.0","method":method,"params":params}));
-    }
-
-    /// Reads one host message; handles the control notifications. Exits
-    /// on EOF.
-    fn read(&mut self) -> Value {
-        loop {
-            let mut line = String::new();
-            match self.input.read_line(&mut line) {
-                Ok(0) | Err(_) => std::process::exit(0),
-                Ok(_) => {}
-            }
-            let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-                eprintln!("testplugin: host sent a non-JSON line");
-                continue;
-            };
-            if let Some(m @ ("turn/abort" | "turn/draining")) =
-                msg.get("method").and_then(Value::as_str)
-            {
-                log_signal(m);
-            }
-            match msg.get("method").and_then(Value::as_str) {
-                Some("turn/abort") if !self.ignore_abort => {
-                    eprintln!("testplugin: aborted, exiting");
-                    std::process::exit(0);
-                }
-                Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
-                Some("turn/draining") => self.draining = true,
-                _ => return msg,
-            }
-        }
-    }
-
-    /// Sends `host/invokeTool` and waits for its answer.
-    fn call(&mut self, tool: &str, arguments: Value, step: Option<u64>) -> Value {
-        let id = self.request_call(tool, arguments, step);
-        loop {
-            let msg = self.read();
-            if msg.get("id") == Some(&json!(id)) {
-                return msg;
-            }
-        }
-    }
-
-    fn request_call(&mut self, tool: &str, arguments: Value, step: Option<u64>) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut params = json!({
-            "turnId": self.turn_id,
-            "call": {"id": format!("call-{id}"), "tool": tool, "arguments": arguments,
-                     "traceId": self.trace, "requestedAt": "2026-01-01T00:00:00Z"}
-        });
-        if let Some(s) = step {
-            params["step"] = json!(s);
-        }
-        self.send(&json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params}));
-        id
-    }
-
-    fn outcome(&mut self, result: Value) {
-        let run_id = self.run_id.clone();
-        self.send(&json!({"jsonrpc":"2.0","id":run_id,"result":result}));
-        self.outcome_sent = true;
-    }
-}
-
-/// Appends `<method> <unix ms>` to `$SHAREDOS_TEST_SIGNAL_LOG`, if set.
-fn log_signal(method: &str) {
-    let Some(path) = std::env::var_os("SHAREDOS_TEST_SIGNAL_LOG") else {
-        return;
-    };
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
-    if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "{method} {ms}");
-    }
-}
+use connection::{Plugin, hold};
+use scripted::Flow;
+use sharedos_testplugin::{ID, VERSION};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -175,8 +67,10 @@ fn main() {
         next_id: 1,
         ignore_abort: false,
         draining: false,
+        aborted: false,
         outcome_sent: false,
         results: Vec::new(),
+        reports: serde_json::Map::new(),
         trace: json!("trace-testplugin"),
     };
     if mode == "noise" {
@@ -235,7 +129,9 @@ fn serve_turn(p: &mut Plugin, served: Option<u64>) {
     p.run_id = run["id"].clone();
     p.outcome_sent = false;
     p.draining = false;
+    p.aborted = false;
     p.results.clear();
+    p.reports.clear();
     p.trace = json!("trace-testplugin");
     if run["params"]["request"]["message"]["payload"]["traceFromTurn"] == json!(true) {
         p.trace = run["params"]["request"]["context"]["traceId"].clone();
@@ -245,13 +141,19 @@ fn serve_turn(p: &mut Plugin, served: Option<u64>) {
         .cloned()
         .unwrap_or_default();
     for s in &script {
-        if !file_step(p, s) {
-            step(p, s);
+        match scripted::run(p, s) {
+            Some(Flow::End) => break,
+            Some(Flow::Next) => {}
+            None if file_step(p, s) => {}
+            None => step(p, s),
         }
     }
     if !p.outcome_sent {
         let results = std::mem::take(&mut p.results);
         let mut output = json!({"results": results, "draining": p.draining});
+        for (key, value) in std::mem::take(&mut p.reports) {
+            output[key] = value;
+        }
         if let Some(n) = served {
             output["turnsServed"] = json!(n);
         }
@@ -282,15 +184,14 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
     s.get(key).and_then(Value::as_u64).unwrap_or(default)
 }
 
-/// One script step. Ops:
-/// - `emit {type, data}`, `annotate {key, value}`: notifications
-/// - `call {tool, arguments, step?}`: a tool call; its answer goes into results
+/// One hostile script step (the shared ones, `emit`, `annotate`, `call`,
+/// `sleep`, `stall`, ..., run first: `scripted.rs`). Ops:
 /// - `call_nowait {tool, arguments, step?}`: sends the call, never reads the answer
 /// - `send_call {tool, arguments}`: a tool call whose answer it does not
 ///   wait for (later reads skip it)
 /// - `burst_calls {n, tool}`: n calls without waiting, then all n answers
 /// - `flood {n}`: n emits as fast as the pipe takes them
-/// - `sleep {ms}`, `stall` (sleep forever), `spin {ms?}` (busy loop; forever without ms)
+/// - `spin {ms?}` (busy loop; forever without ms)
 /// - `ignore_abort`: from now on `turn/abort` does not make it exit
 /// - `hold`: keeps reading (and ignoring) host messages; at stdin EOF it
 ///   does not exit but sleeps forever (with `ignore_abort`: a plugin that
@@ -334,15 +235,6 @@ fn step(p: &mut Plugin, s: &Value) {
 /// Notifications: emits and annotations. False when `op` is not one of them.
 fn notification_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
     match op {
-        "emit" => {
-            let params =
-                json!({"turnId": p.turn_id, "event": {"type": s["type"], "data": s["data"]}});
-            p.notify("host/emit", params);
-        }
-        "annotate" => {
-            let params = json!({"turnId": p.turn_id, "key": s["key"], "value": s["value"]});
-            p.notify("host/annotate", params);
-        }
         "flood" => {
             for i in 0..num(s, "n", 100_000) {
                 let params = json!({"turnId": p.turn_id, "event": {"type": "flood", "data": i}});
@@ -375,15 +267,6 @@ fn notification_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
 /// Tool calls, awaited or not, and malformed ones. False when `op` is not one of them.
 fn call_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
     match op {
-        "call" => {
-            let step = s.get("step").and_then(Value::as_u64);
-            let answer = p.call(
-                s["tool"].as_str().unwrap_or("missing"),
-                s["arguments"].clone(),
-                step,
-            );
-            p.results.push(answer);
-        }
         "call_nowait" => {
             let step = s.get("step").and_then(Value::as_u64);
             p.request_call(
@@ -450,7 +333,6 @@ fn call_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
 /// What the process does: sleep, spin, hold, fork, crash, exit, stderr. False when `op` is not one of them.
 fn process_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
     match op {
-        "sleep" => std::thread::sleep(Duration::from_millis(num(s, "ms", 100))),
         // Waits until a host path exists (direct launch only): a test's
         // signal that it has set the stage for the next step.
         "wait_path" => {
@@ -459,9 +341,6 @@ fn process_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        "stall" => loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        },
         "spin" => {
             let until = s
                 .get("ms")
@@ -555,33 +434,6 @@ fn wire_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
         _ => return false,
     }
     true
-}
-
-/// `hold`: keeps reading (and ignoring) host messages; at stdin EOF it
-/// sleeps forever.
-fn hold(p: &mut Plugin) -> ! {
-    loop {
-        let mut line = String::new();
-        match p.input.read_line(&mut line) {
-            Ok(0) | Err(_) => loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            },
-            Ok(_) => {
-                let msg = serde_json::from_str::<Value>(&line).unwrap_or(Value::Null);
-                if let Some(m @ ("turn/abort" | "turn/draining")) =
-                    msg.get("method").and_then(Value::as_str)
-                {
-                    log_signal(m);
-                }
-                match msg.get("method").and_then(Value::as_str) {
-                    Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
-                    Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
-                    Some("turn/draining") => p.draining = true,
-                    _ => {}
-                }
-            }
-        }
-    }
 }
 
 /// `fork {n, setsid?, double?, pidfile?}`: n sleepers, their pids emitted.

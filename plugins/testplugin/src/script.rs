@@ -124,21 +124,37 @@ impl Step {
         "timed_emits",
     ];
 
+    /// A step from its JSON form.
+    pub fn deserialize_from(value: &Value) -> Result<Self, serde_json::Error> {
+        Self::deserialize(value)
+    }
+
     /// A call with id `id` whose error answer fails the turn.
     pub fn call(id: &str, tool: &str) -> Self {
         Self::Call {
             tool: tool.to_owned(),
-            arguments: Value::Null,
+            arguments: json!({}),
             id: Some(id.to_owned()),
             step: None,
             throw: true,
         }
     }
     /// The same with a declared step.
+    /// A call with arguments whose error answer is recorded and the script
+    /// goes on.
+    pub fn call_with(id: &str, tool: &str, arguments: Value, step: Option<u64>) -> Self {
+        Self::Call {
+            tool: tool.to_owned(),
+            arguments,
+            id: Some(id.to_owned()),
+            step,
+            throw: false,
+        }
+    }
     pub fn call_at(id: &str, tool: &str, step: u64) -> Self {
         Self::Call {
             tool: tool.to_owned(),
-            arguments: Value::Null,
+            arguments: json!({}),
             id: Some(id.to_owned()),
             step: Some(step),
             throw: true,
@@ -148,7 +164,7 @@ impl Step {
     pub fn try_call(id: &str, tool: &str) -> Self {
         Self::Call {
             tool: tool.to_owned(),
-            arguments: Value::Null,
+            arguments: json!({}),
             id: Some(id.to_owned()),
             step: None,
             throw: false,
