@@ -8,10 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use super::Figure;
-use super::fixture::{self, TimingPlugin};
+use super::fixture;
 use super::process::BENCH_PLUGIN_SUBCOMMAND;
 use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
 use sharedos_host::process::{AffinityConfig, Launcher, ProcessRuntime, ProcessRuntimeConfig};
@@ -19,7 +17,7 @@ use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
 
 fn sandboxed(exe: &Path, launcher: Arc<dyn Launcher>, affine: bool) -> Result<Executor, String> {
-    let manifest = sharedos_plugin_sdk::RuntimePlugin::manifest(&TimingPlugin);
+    let manifest = fixture::manifest();
     let mut config = ProcessRuntimeConfig::new(exe, manifest);
     config.args = vec![BENCH_PLUGIN_SUBCOMMAND.to_owned()];
     config.affinity = affine.then_some(AffinityConfig { ttl_ms: 60_000 });
@@ -34,7 +32,7 @@ fn sandboxed(exe: &Path, launcher: Arc<dyn Launcher>, affine: bool) -> Result<Ex
 
 /// One zero-call turn; `session` makes it a session turn.
 async fn timed(exec: &Executor, id: &str, session: Option<&str>) -> Result<Duration, String> {
-    let request = fixture::request(id, json!({"calls": 0}));
+    let request = fixture::request(id, fixture::idle());
     let start = Instant::now();
     let result = match session {
         Some(s) => {
@@ -58,7 +56,7 @@ async fn timed(exec: &Executor, id: &str, session: Option<&str>) -> Result<Durat
 async fn rounds(exe: &Path, n: usize) -> Result<[Figure; 3], String> {
     let floor = Executor::new(
         Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(TimingPlugin)),
+        Seat::in_process(Arc::new(fixture::plugin())),
         fixture::options(),
     )
     .map_err(|e| e.to_string())?;
@@ -72,7 +70,7 @@ async fn rounds(exe: &Path, n: usize) -> Result<[Figure; 3], String> {
     let prepared = sandboxed(exe, warm.clone(), false)?;
     let affine = sandboxed(exe, super::process::sandbox_launcher(exe), true)?;
     // The session's first turn launches the process the others reuse.
-    let first = fixture::request("bench-affinity-0", json!({"calls": 0}));
+    let first = fixture::request("bench-affinity-0", fixture::idle());
     affine
         .execute_in_session(first, ExecuteOptions::default(), None, "bench")
         .await

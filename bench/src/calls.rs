@@ -58,7 +58,7 @@ pub async fn envelope_parallel(
             .execute(
                 fixture::request(
                     &format!("bench-parallel-{round}"),
-                    json!({"parallel": CALLS_PER_TURN, "inflight": inflight}),
+                    fixture::parallel(CALLS_PER_TURN, inflight as u64),
                 ),
                 ExecuteOptions::default(),
             )

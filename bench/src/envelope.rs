@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use sharedos_kernel::TurnKernel;
 use sharedos_protocol::{ExecutionResult, ExecutionStatus, ToolCall, ident};
 use tokio_util::sync::CancellationToken;
 
 use super::Figure;
-use super::fixture::{self, NOOP_TOOL, TimingPlugin};
+use super::fixture::{self, NOOP_TOOL};
 use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
 
-/// The per-call nanoseconds a timing plugin returned.
+/// The per-call nanoseconds the bench plugin's `timed_calls` returned.
 pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {
     if result.status != ExecutionStatus::Succeeded {
         return Err(format!(
@@ -35,7 +35,7 @@ pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {
         .collect())
 }
 
-/// Emits per second from a timing plugin's result.
+/// Emits per second from the bench plugin's `timed_emits` result.
 pub fn emit_rate(result: &ExecutionResult) -> Result<f64, String> {
     let out = result.output.as_ref().ok_or("no output")?;
     let ns = out
@@ -51,20 +51,20 @@ pub fn emit_rate(result: &ExecutionResult) -> Result<f64, String> {
 pub async fn inprocess_calls(n: usize) -> Result<Figure, String> {
     let executor = Executor::new(
         Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(TimingPlugin)),
+        Seat::in_process(Arc::new(fixture::plugin())),
         fixture::options(),
     )
     .map_err(|e| e.to_string())?;
     let warm = executor
         .execute(
-            fixture::request("warm", json!({"calls": 50})),
+            fixture::request("warm", fixture::calls(50)),
             ExecuteOptions::default(),
         )
         .await;
     warm.map_err(|e| e.to_string())?;
     let result = executor
         .execute(
-            fixture::request("bench-inprocess", json!({"calls": n})),
+            fixture::request("bench-inprocess", fixture::calls(n)),
             ExecuteOptions::default(),
         )
         .await
@@ -112,13 +112,13 @@ pub async fn kernel_direct(n: usize) -> Result<Figure, String> {
 pub async fn inprocess_emits(n: usize) -> Result<f64, String> {
     let executor = Executor::new(
         Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(TimingPlugin)),
+        Seat::in_process(Arc::new(fixture::plugin())),
         fixture::options(),
     )
     .map_err(|e| e.to_string())?;
     let result = executor
         .execute(
-            fixture::request("bench-emits", json!({"emits": n})),
+            fixture::request("bench-emits", fixture::emits(n)),
             ExecuteOptions::default(),
         )
         .await

@@ -1,9 +1,8 @@
 //! The benchmark fixture: a kernel with one no-op tool and the grants to
-//! use it, a request for it, and an in-process plugin that times its own
-//! calls and emits.
+//! use it, a request for it, and the shared test plugin with the scripts
+//! that time its calls and emits.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -11,12 +10,12 @@ use sharedos_kernel::{
     AuditError, AuditRecord, AuditSink, Capability, ConfigGrantSource, Grant, HandlerAnswer,
     Kernel, Scope, ToolError, ToolHandler,
 };
-use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
 use sharedos_protocol::{
     AccessContext, Address, CapabilityRequirement, ExecutionOptions, ExecutionRequest,
-    MessageEnvelope, ReadWrite, ResourceRef, RuntimeEvent, RuntimeManifest, RuntimeTurnOutcome,
-    RuntimeTurnRequest, ShortName, Timestamp, ToolCall, ToolDefinition, ToolResult, Version, ident,
+    MessageEnvelope, ReadWrite, ResourceRef, RuntimeManifest, ShortName, Timestamp, ToolCall,
+    ToolDefinition, ToolResult, Version, ident,
 };
+use sharedos_testplugin::{Script, ScriptPlugin, Step};
 use tokio_util::sync::CancellationToken;
 
 pub const NOOP_TOOL: &str = "bench.noop";
@@ -185,98 +184,46 @@ pub fn request(execution_id: &str, payload: Value) -> ExecutionRequest {
     }
 }
 
-/// An in-process plugin that does what its payload says and times it:
-/// `{"calls": n}` calls `bench.noop` n times and returns each call's
-/// nanoseconds; `{"emits": n}` emits n events and returns the total.
-pub struct TimingPlugin;
-
-#[async_trait]
-impl RuntimePlugin for TimingPlugin {
-    fn manifest(&self) -> RuntimeManifest {
-        RuntimeManifest::new("sharedos.bench", env!("CARGO_PKG_VERSION"))
-            .unwrap_or_else(|_| unreachable!())
-    }
-
-    /// It keeps nothing between turns; the host reuses it only where a
-    /// runtime has session affinity (`sharedos bench --only affinity`).
-    fn many_turns(&self) -> bool {
-        true
-    }
-
-    async fn run(
-        &self,
-        request: RuntimeTurnRequest,
-        host: Arc<dyn RuntimeHost>,
-        _abort: Signal,
-    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        let payload = &request.message.payload;
-        let calls = payload.get("calls").and_then(Value::as_u64).unwrap_or(0);
-        let emits = payload.get("emits").and_then(Value::as_u64).unwrap_or(0);
-        let mut samples = Vec::with_capacity(calls as usize);
-        for i in 0..calls {
-            let call = ToolCall {
-                id: ident(&format!("c{i}")),
-                tool: ident(NOOP_TOOL),
-                arguments: Default::default(),
-                trace_id: request.context.trace_id.clone(),
-                requested_at: request.context.now.clone(),
-            };
-            let t = Instant::now();
-            host.invoke_tool(call, None)
-                .await
-                .map_err(|e| RuntimeError::Failed(e.to_string()))?;
-            samples.push(t.elapsed().as_nanos() as u64);
-        }
-        let parallel = payload.get("parallel").and_then(Value::as_u64).unwrap_or(0);
-        let inflight = payload
-            .get("inflight")
-            .and_then(Value::as_u64)
-            .unwrap_or(1)
-            .max(1);
-        let parallel_ns = parallel_calls(&request, &host, parallel, inflight as usize).await?;
-        let t = Instant::now();
-        for i in 0..emits {
-            host.emit(RuntimeEvent {
-                kind: ident("bench.tick"),
-                data: json!(i),
-            })
-            .map_err(|e| RuntimeError::Failed(e.to_string()))?;
-        }
-        let emit_ns = t.elapsed().as_nanos() as u64;
-        Ok(RuntimeTurnOutcome::complete(
-            json!({"callNs": samples, "emitNs": emit_ns, "emits": emits, "parallelNs": parallel_ns}),
-        ))
-    }
+/// The bench's plugin: the shared test plugin (`sharedos_testplugin`)
+/// running each request's payload script, under the bench's manifest. The
+/// same plugin is seated in process and served over stdio
+/// (`sharedos __bench-plugin`), so a figure in process and out of process
+/// measure one scenario. It keeps nothing between turns: the host reuses it
+/// only where a runtime has session affinity (`sharedos bench --only
+/// affinity`).
+pub fn plugin() -> ScriptPlugin {
+    ScriptPlugin::from_payload().with_manifest(manifest())
 }
 
-/// `n` calls of `bench.noop`, `inflight` at a time; the nanoseconds they
-/// took in all.
-async fn parallel_calls(
-    request: &RuntimeTurnRequest,
-    host: &Arc<dyn RuntimeHost>,
-    n: u64,
-    inflight: usize,
-) -> Result<u64, RuntimeError> {
-    use futures_util::StreamExt;
-    if n == 0 {
-        return Ok(0);
-    }
-    let t = Instant::now();
-    let calls = futures_util::stream::iter(0..n).map(|i| {
-        let call = ToolCall {
-            id: ident(&format!("p{i}")),
-            tool: ident(NOOP_TOOL),
-            arguments: Default::default(),
-            trace_id: request.context.trace_id.clone(),
-            requested_at: request.context.now.clone(),
-        };
-        host.invoke_tool(call, None)
-    });
-    let mut done = calls.buffer_unordered(inflight);
-    while let Some(r) = done.next().await {
-        r.map_err(|e| RuntimeError::Failed(e.to_string()))?;
-    }
-    Ok(t.elapsed().as_nanos() as u64)
+/// The bench plugin's manifest.
+pub fn manifest() -> RuntimeManifest {
+    RuntimeManifest::new("sharedos.bench", env!("CARGO_PKG_VERSION"))
+        .unwrap_or_else(|_| unreachable!())
+}
+
+/// A turn that does nothing: the envelope's own cost.
+pub fn idle() -> Value {
+    Script::default().payload()
+}
+
+/// `n` calls of `bench.noop` one after the other; the turn's output
+/// carries each call's nanoseconds as `callNs`.
+pub fn calls(n: usize) -> Value {
+    let tool = NOOP_TOOL.to_owned();
+    Script(vec![Step::TimedCalls { tool, n: n as u64 }]).payload()
+}
+
+/// `n` calls of `bench.noop`, `inflight` at a time; the output carries the
+/// nanoseconds they took in all as `parallelNs`.
+pub fn parallel(n: u64, inflight: u64) -> Value {
+    let tool = NOOP_TOOL.to_owned();
+    Script(vec![Step::ParallelCalls { tool, n, inflight }]).payload()
+}
+
+/// `n` events `bench.tick`; the output carries `emits` and `emitNs`.
+pub fn emits(n: usize) -> Value {
+    let kind = "bench.tick".to_owned();
+    Script(vec![Step::TimedEmits { kind, n: n as u64 }]).payload()
 }
 
 /// Executor options for measurements: the event budget raised above what

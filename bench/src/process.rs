@@ -13,7 +13,7 @@ use tokio::net::unix::pipe;
 
 use super::Figure;
 use super::envelope::call_samples;
-use super::fixture::{self, TimingPlugin};
+use super::fixture;
 use sharedos_host::executor::{ExecuteOptions, Executor};
 use sharedos_host::process::driver::{Peer, PeerConfig, handshake, host_peer_config};
 use sharedos_host::process::{
@@ -23,12 +23,12 @@ use sharedos_host::process::{
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
 
-/// The hidden subcommand that serves the timing plugin.
+/// The hidden subcommand that serves the bench plugin (`fixture::plugin`).
 pub const BENCH_PLUGIN_SUBCOMMAND: &str = "__bench-plugin";
 
-/// Serves the timing plugin over stdio (`sharedos __bench-plugin`).
+/// Serves the bench plugin over stdio (`sharedos __bench-plugin`).
 pub fn serve_bench_plugin() -> std::process::ExitCode {
-    sharedos_plugin_sdk::serve(TimingPlugin)
+    sharedos_plugin_sdk::serve(fixture::plugin())
 }
 
 fn sibling(exe: &Path, name: &str) -> PathBuf {
@@ -38,7 +38,7 @@ fn sibling(exe: &Path, name: &str) -> PathBuf {
 }
 
 pub(super) fn timing_executor(exe: &Path, launcher: Arc<dyn Launcher>) -> Result<Executor, String> {
-    let manifest = TimingPlugin.manifest_checked();
+    let manifest = fixture::manifest();
     let mut config = ProcessRuntimeConfig::new(exe, manifest);
     config.args = vec![BENCH_PLUGIN_SUBCOMMAND.to_owned()];
     let runtime = ProcessRuntime::new(config, launcher).map_err(|e| e.to_string())?;
@@ -48,12 +48,6 @@ pub(super) fn timing_executor(exe: &Path, launcher: Arc<dyn Launcher>) -> Result
         fixture::options(),
     )
     .map_err(|e| e.to_string())
-}
-
-impl TimingPlugin {
-    fn manifest_checked(&self) -> RuntimeManifest {
-        sharedos_plugin_sdk::RuntimePlugin::manifest(self)
-    }
 }
 
 /// (c) A tool call through the whole envelope, plugin out of process.
@@ -66,7 +60,7 @@ pub async fn process_calls(
     let executor = timing_executor(exe, launcher)?;
     let result = executor
         .execute(
-            fixture::request("bench-process", json!({"calls": n + 50})),
+            fixture::request("bench-process", fixture::calls(n + 50)),
             ExecuteOptions::default(),
         )
         .await
@@ -98,7 +92,7 @@ pub async fn process_emits(exe: &Path, n: usize) -> Result<f64, String> {
     });
     let result = executor
         .execute(
-            fixture::request("bench-process-emits", json!({"emits": n})),
+            fixture::request("bench-process-emits", fixture::emits(n)),
             ExecuteOptions {
                 cancel: None,
                 on_event: Some(on_event),

@@ -8,10 +8,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use super::Figure;
-use super::fixture::{self, TimingPlugin};
+use super::fixture;
 use super::process::BENCH_PLUGIN_SUBCOMMAND;
 use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
 use sharedos_host::process::{
@@ -63,7 +61,7 @@ fn process_mode(
     launcher: Arc<dyn Launcher>,
     warm: Option<Arc<SandboxLauncher>>,
 ) -> Result<Mode, String> {
-    let manifest = sharedos_plugin_sdk::RuntimePlugin::manifest(&TimingPlugin);
+    let manifest = fixture::manifest();
     let mut config = ProcessRuntimeConfig::new(exe, manifest);
     config.args = vec![BENCH_PLUGIN_SUBCOMMAND.to_owned()];
     let log: StageLog = Arc::new(Mutex::new(Vec::new()));
@@ -87,7 +85,7 @@ fn process_mode(
 fn modes(exe: &Path) -> Result<Vec<Mode>, String> {
     let inprocess = Executor::new(
         Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(TimingPlugin)),
+        Seat::in_process(Arc::new(fixture::plugin())),
         fixture::options(),
     )
     .map_err(|e| e.to_string())?;
@@ -129,7 +127,7 @@ async fn one_turn(mode: &Mode, round: usize) -> Result<Vec<Duration>, String> {
     if let Some(log) = &mode.log {
         log.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
-    let request = fixture::request(&format!("bench-turn-{round}"), json!({"calls": 0}));
+    let request = fixture::request(&format!("bench-turn-{round}"), fixture::idle());
     let start = Instant::now();
     let result = mode
         .executor
