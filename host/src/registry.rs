@@ -53,45 +53,5 @@ impl RuntimeRegistry {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use async_trait::async_trait;
-    use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
-    use sharedos_protocol::{RuntimeTurnOutcome, RuntimeTurnRequest};
-
-    use super::*;
-
-    struct Named(&'static str);
-
-    #[async_trait]
-    impl RuntimePlugin for Named {
-        fn manifest(&self) -> RuntimeManifest {
-            RuntimeManifest::new(self.0, "1.0.0").unwrap()
-        }
-        async fn run(
-            &self,
-            _: RuntimeTurnRequest,
-            _: Arc<dyn RuntimeHost>,
-            _: Signal,
-        ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-            Ok(RuntimeTurnOutcome::complete(serde_json::Value::Null))
-        }
-    }
-
-    #[test]
-    fn g17_duplicate_unknown_and_list_clones() {
-        let mut r = RuntimeRegistry::new();
-        r.register(Seat::in_process(Arc::new(Named("a")))).unwrap();
-        let err = r
-            .register(Seat::in_process(Arc::new(Named("a"))))
-            .unwrap_err();
-        assert!(err.to_string().contains("already registered"));
-        let err = r.resolve("b").err().unwrap();
-        assert!(matches!(err, RegistryError::NotFound(..)));
-        let mut listed = r.list();
-        listed[0].version = sharedos_protocol::ident("9.9.9");
-        assert_eq!(r.resolve("a").unwrap().manifest.version.as_str(), "1.0.0");
-    }
-}
+// Its tests (a duplicate id, an unknown id, `list()` returning clones) are
+// host/tests/registry.rs, with the shared test plugin in the seats.

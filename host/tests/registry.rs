@@ -3,39 +3,22 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde_json::json;
 use sharedos_host::executor::Seat;
 use sharedos_host::registry::{RegistryError, RuntimeRegistry};
-use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
-use sharedos_protocol::{RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest, ident};
+use sharedos_protocol::{RuntimeManifest, ident};
+use sharedos_testplugin::{Script, ScriptPlugin};
 
-struct Named(&'static str, &'static str);
-
-#[async_trait]
-impl RuntimePlugin for Named {
-    fn manifest(&self) -> RuntimeManifest {
-        let mut m = RuntimeManifest::new(self.0, self.1).unwrap();
-        m.metadata = Some(
-            json!({"package": "registry-tests"})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
-        m
-    }
-    async fn run(
-        &self,
-        _: RuntimeTurnRequest,
-        _: Arc<dyn RuntimeHost>,
-        _: Signal,
-    ) -> Result<RuntimeTurnOutcome, RuntimeError> {
-        Ok(RuntimeTurnOutcome::complete(serde_json::Value::Null))
-    }
+fn manifest(id: &str, version: &str) -> RuntimeManifest {
+    let mut m = RuntimeManifest::new(id, version).unwrap();
+    m.metadata = json!({"package": "registry-tests"}).as_object().cloned();
+    m
 }
 
-fn seat(id: &'static str, version: &'static str) -> Seat {
-    Seat::in_process(Arc::new(Named(id, version)))
+/// A seat of the shared test plugin under the manifest `id`/`version`.
+fn seat(id: &str, version: &str) -> Seat {
+    let (plugin, _) = ScriptPlugin::fixed(Script::default());
+    Seat::in_process(Arc::new(plugin.with_manifest(manifest(id, version))))
 }
 
 #[test]
@@ -98,6 +81,6 @@ fn g17_list_returns_clones() {
     // A resolved seat's manifest is the snapshot taken at registration.
     assert_eq!(
         r.resolve("acme.zeta").unwrap().manifest,
-        Named("acme.zeta", "3.0.0").manifest()
+        manifest("acme.zeta", "3.0.0")
     );
 }

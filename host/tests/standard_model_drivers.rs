@@ -27,7 +27,9 @@ use sharedos_standard::DriverKind;
 use tokio::sync::Notify;
 
 /// Raises `drained` when the turn's host starts draining: how a test
-/// holds the model's answer until the drain has begun.
+/// holds the model's answer until the drain has begun. It wraps the real
+/// standard plugin (the one under test), which a test plugin script cannot
+/// stand in for, so it stays a wrapper rather than a script.
 struct DrainWatch {
     inner: Arc<dyn RuntimePlugin>,
     drained: Arc<Notify>,

@@ -18,7 +18,10 @@ use sharedos_tests::{Record, RecordingHost, turn_request};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// A plugin that exercises every `RuntimeHost` member and reports what
-/// the SDK answered.
+/// the SDK answered. Not the shared test plugin: what is under test is the
+/// SDK's side of each member (its limits, a refused annotation, an emit
+/// and a call after the abort), answers a script step turns into the end
+/// of the turn instead of recording.
 struct Probe {
     seen: Arc<Mutex<Vec<String>>>,
     /// The host handed to the last turn, kept past its end.
