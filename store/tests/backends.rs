@@ -6,15 +6,13 @@
 mod backend;
 
 use backend::Backend;
+use backend::records::{context, event, new_run, session};
 use serde_json::{Value, json};
 use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
-use sharedos_protocol::{
-    AccessContext, Address, ExecutionEvent, Identifier, Purpose, ShortName, Timestamp, Version,
-};
+use sharedos_protocol::Timestamp;
 use sharedos_store::cluster::TestDatabase;
 use sharedos_store::{
-    Admission, NewRun, PostgresStore, RunState, SCHEMA_VERSION, SessionRecord, SqliteOptions,
-    SqliteStore, StoreError,
+    Admission, PostgresStore, RunState, SCHEMA_VERSION, SqliteOptions, SqliteStore, StoreError,
 };
 
 both!(max_uses_is_exact_across_two_connections_and_survives_reopen);
@@ -22,57 +20,6 @@ both!(audit_records_are_durable_and_read_back_by_trace);
 both!(a_repeated_request_id_returns_the_original_and_a_different_payload_is_refused);
 both!(the_journal_replays_in_order_and_names_bad_sequences);
 both!(recovery_marks_in_flight_runs_without_replaying_and_only_once);
-
-fn session(id: &str) -> SessionRecord {
-    SessionRecord {
-        id: id.into(),
-        agent_id: "alice".into(),
-        runtime_id: "sharedos.standard".into(),
-        scope: json!({"namespaceId": "tenant-1"}),
-        binding: json!({}),
-        open: true,
-        created_at: "2026-12-01T00:00:00Z".into(),
-        closed_at: None,
-    }
-}
-
-fn new_run(id: &str, request: &str, digest: &str) -> NewRun {
-    NewRun {
-        id: id.into(),
-        session_id: "s1".into(),
-        request_id: request.into(),
-        payload_digest: digest.into(),
-        input: json!({"text": "hello"}),
-        host_id: "host-a".into(),
-        admitted_at: "2026-12-01T00:00:01Z".into(),
-    }
-}
-
-fn event(run: &str, sequence: u64) -> ExecutionEvent {
-    ExecutionEvent {
-        version: Version::V1,
-        event_id: Identifier::new(format!("{run}-e{sequence}")).unwrap(),
-        execution_id: Identifier::new(run).unwrap(),
-        trace_id: Identifier::new(run).unwrap(),
-        sequence,
-        kind: ShortName::new("runtime.note").unwrap(),
-        data: json!({"n": sequence}),
-        occurred_at: Timestamp::parse("2026-12-01T00:00:02Z").unwrap(),
-    }
-}
-
-fn context(trace: &str) -> AccessContext {
-    AccessContext {
-        namespace_id: Identifier::new("tenant-1").unwrap(),
-        actor: serde_json::from_value(json!({"kind": "agent", "agentId": "alice"})).unwrap(),
-        authority: serde_json::from_value(json!({"kind": "service", "serviceId": "host"})).unwrap(),
-        owner: serde_json::from_value::<Address>(json!({"kind": "human", "userId": "u"})).unwrap(),
-        purpose: Purpose::new("test").unwrap(),
-        trace_id: Identifier::new(trace).unwrap(),
-        enabled_tool_namespaces: vec![],
-        now: Timestamp::parse("2026-12-01T00:00:02Z").unwrap(),
-    }
-}
 
 #[tokio::test]
 async fn a_postgres_database_from_a_newer_version_is_refused_at_start() {
@@ -172,17 +119,17 @@ async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_r
     let store = backend.open().await;
     store.open_session(&session("s1")).await.unwrap();
     let first = store
-        .admit_run(&new_run("r1", "req-1", "d1"))
+        .admit_run(&new_run("r1", "req-1", "d1", "host-a"))
         .await
         .unwrap();
     assert!(matches!(first, Admission::New(ref r) if r.state == RunState::InFlight));
     let again = store
-        .admit_run(&new_run("r2", "req-1", "d1"))
+        .admit_run(&new_run("r2", "req-1", "d1", "host-a"))
         .await
         .unwrap();
     assert!(matches!(again, Admission::Existing(ref r) if r.id == "r1"));
     let err = store
-        .admit_run(&new_run("r3", "req-1", "d2"))
+        .admit_run(&new_run("r3", "req-1", "d2", "host-a"))
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::RequestConflict { .. }), "{err}");
@@ -205,7 +152,7 @@ async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_r
         .await
         .unwrap();
     let err = store
-        .admit_run(&new_run("r4", "req-2", "d1"))
+        .admit_run(&new_run("r4", "req-2", "d1", "host-a"))
         .await
         .unwrap_err();
     assert_eq!(err, StoreError::SessionClosed("s1".into()));
@@ -214,7 +161,7 @@ async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_r
     let read = reopened.run("r1").await.unwrap();
     assert_eq!(read.result, Some(json!({"status": "succeeded"})));
     let repeat = reopened
-        .admit_run(&new_run("r5", "req-1", "d1"))
+        .admit_run(&new_run("r5", "req-1", "d1", "host-a"))
         .await
         .unwrap();
     assert!(
@@ -227,7 +174,7 @@ async fn the_journal_replays_in_order_and_names_bad_sequences(backend: Backend) 
     let store = backend.open_keeping(Some(3)).await;
     store.open_session(&session("s1")).await.unwrap();
     store
-        .admit_run(&new_run("r1", "req-1", "d1"))
+        .admit_run(&new_run("r1", "req-1", "d1", "host-a"))
         .await
         .unwrap();
     for s in 0..6 {
@@ -289,7 +236,7 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: 
     let store = backend.open().await;
     store.open_session(&session("s1")).await.unwrap();
     store
-        .admit_run(&new_run("r1", "req-1", "d1"))
+        .admit_run(&new_run("r1", "req-1", "d1", "host-a"))
         .await
         .unwrap();
     store.append_event("r1", &event("r1", 0)).await.unwrap();

@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backend::Backend;
+use backend::records::{self, event};
 use serde_json::json;
 use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
-use sharedos_protocol::{
-    AccessContext, Address, ExecutionEvent, Identifier, Purpose, ShortName, Timestamp, Version,
-};
+use sharedos_protocol::Timestamp;
 use sharedos_store::{
     MIGRATIONS, NewRun, POSTGRES_MIGRATIONS, RunState, SessionRecord, Store, StoreError,
 };
@@ -33,54 +32,15 @@ fn at() -> Timestamp {
 }
 
 fn session() -> SessionRecord {
-    SessionRecord {
-        id: "s1".into(),
-        agent_id: "alice".into(),
-        runtime_id: "sharedos.standard".into(),
-        scope: json!({"namespaceId": "tenant-1"}),
-        binding: json!({}),
-        open: true,
-        created_at: "2026-12-01T00:00:00Z".into(),
-        closed_at: None,
-    }
+    records::session("s1")
 }
 
 fn new_run(id: &str, host: &str) -> NewRun {
-    NewRun {
-        id: id.into(),
-        session_id: "s1".into(),
-        request_id: format!("req-{id}"),
-        payload_digest: "d".into(),
-        input: json!({"text": "hello"}),
-        host_id: host.into(),
-        admitted_at: "2026-12-01T00:00:01Z".into(),
-    }
-}
-
-fn event(run: &str, sequence: u64) -> ExecutionEvent {
-    ExecutionEvent {
-        version: Version::V1,
-        event_id: Identifier::new(format!("{run}-e{sequence}")).unwrap(),
-        execution_id: Identifier::new(run).unwrap(),
-        trace_id: Identifier::new(run).unwrap(),
-        sequence,
-        kind: ShortName::new("runtime.note").unwrap(),
-        data: json!({"n": sequence}),
-        occurred_at: Timestamp::parse("2026-12-01T00:00:02Z").unwrap(),
-    }
+    records::new_run(id, &format!("req-{id}"), "d", host)
 }
 
 fn record(trace: &str, kind: AuditKind, outcome: AuditOutcome, op: &str) -> AuditRecord {
-    let context = AccessContext {
-        namespace_id: Identifier::new("tenant-1").unwrap(),
-        actor: serde_json::from_value(json!({"kind": "agent", "agentId": "alice"})).unwrap(),
-        authority: serde_json::from_value(json!({"kind": "service", "serviceId": "host"})).unwrap(),
-        owner: serde_json::from_value::<Address>(json!({"kind": "human", "userId": "u"})).unwrap(),
-        purpose: Purpose::new("test").unwrap(),
-        trace_id: Identifier::new(trace).unwrap(),
-        enabled_tool_namespaces: vec![],
-        now: Timestamp::parse("2026-12-01T00:00:02Z").unwrap(),
-    };
+    let context = records::context(trace);
     let mut r = AuditRecord::new(kind, outcome, &context, AuditSource::Kernel);
     r.operation_id = Some(op.into());
     r.tool = Some("files.write".into());

@@ -1,6 +1,8 @@
 //! The two backends every store test runs against: SQLite on a real file
 //! and a real PostgreSQL server (`sharedos_store::cluster`).
 
+pub mod records;
+
 use std::sync::Arc;
 
 use sharedos_store::cluster::TestDatabase;
