@@ -203,6 +203,36 @@ impl Events {
     }
 }
 
+impl Events {
+    /// Reads events until one whose data type is `kind`; the plugin pid if
+    /// the test plugin's `emit_pid` event came first.
+    pub async fn until(&mut self, kind: &str) -> Option<i64> {
+        let mut pid = None;
+        loop {
+            let (_, _, e) = self.next().await.expect("the run's events");
+            if e["data"]["type"] == "pid" {
+                pid = e["data"]["data"]["pid"].as_i64();
+            }
+            if e["data"]["type"] == kind {
+                return pid;
+            }
+        }
+    }
+
+    /// The kinds of the stream's remaining events, up to `end` included.
+    pub async fn kinds_to_end(&mut self) -> Vec<String> {
+        let mut kinds = Vec::new();
+        while let Some((_, kind, _)) = self.next().await {
+            let end = kind == "end";
+            kinds.push(kind);
+            if end {
+                break;
+            }
+        }
+        kinds
+    }
+}
+
 pub fn session_spec() -> Value {
     json!({"agentId": AGENT, "purpose": "Exercise the server", "enabledToolNamespaces": ["files"],
            "tools": [{"name": "files.write", "description": "w", "namespace": "files", "source": "request",
@@ -276,4 +306,39 @@ pub fn files_grant(id: &str, path: &str, actions: &[&str], max_uses: Option<u64>
         "maxUses": max_uses,
         "capabilities": [{"namespace": "files", "path": [AGENT, path], "scope": "descendants", "actions": actions}],
     })
+}
+
+/// The agent's file (or directory) `name` in the files tree of the hosts
+/// started under `dir`.
+pub fn agent_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join("files").join(NAMESPACE).join(AGENT).join(name)
+}
+
+/// Posts `script` as a run of `session`, asked for as `request`; the
+/// answer's status and body.
+pub async fn post_run(socket: &Path, session: &str, request: &str, script: Value) -> (u16, Value) {
+    call(
+        socket,
+        "POST",
+        &format!("/v1/sessions/{session}/runs"),
+        "operator",
+        run_body(request, script),
+    )
+    .await
+}
+
+/// Starts `script` as a run; its id.
+pub async fn start_run(socket: &Path, session: &str, request: &str, script: Value) -> String {
+    let (status, body) = post_run(socket, session, request, script).await;
+    assert_eq!(status, 201, "{body}");
+    body["run"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no run id in {body}"))
+        .to_owned()
+}
+
+/// Starts `script` as a run and waits until it ended; the run.
+pub async fn run_to_end(socket: &Path, session: &str, request: &str, script: Value) -> Value {
+    let run = start_run(socket, session, request, script).await;
+    wait_state(socket, &run, "ended").await
 }

@@ -243,13 +243,7 @@ async fn cancel_over_the_socket_ends_the_run_cancelled(backend: Backend) {
     );
     let ended = wait_state(&socket, &run, "ended").await;
     assert_eq!(ended["result"]["status"], "cancelled");
-    let mut kinds = Vec::new();
-    while let Some((_, kind, _)) = events.next().await {
-        kinds.push(kind.clone());
-        if kind == "end" {
-            break;
-        }
-    }
+    let kinds = events.kinds_to_end().await;
     assert_eq!(kinds.last().map(String::as_str), Some("end"), "{kinds:?}");
 }
 

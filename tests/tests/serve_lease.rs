@@ -26,9 +26,9 @@ use serde_json::{Value, json};
 use sharedos_store::cluster::TestDatabase;
 use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store};
 use sharedos_tests::served::{
-    Events, Server, call, open_session, run_body, start_with, wait_state, write_config_with,
+    Events, Server, agent_file, call, open_session, run_body, start_run, start_with, wait_state,
+    write_config_with,
 };
-use sharedos_tests::turns::{AGENT, NAMESPACE};
 
 /// One use of `files.delete` under `once/`.
 const ONE_DELETE: &str = r#"
@@ -84,42 +84,9 @@ fn leased(dir: &Path, db: &Shared, name: &str, lease_ms: u64) -> Server {
     )
 }
 
-fn files(dir: &Path) -> PathBuf {
-    dir.join("files").join(NAMESPACE).join(AGENT)
-}
-
 fn signal(pid: u32, signal: Signal) {
     let pid = Pid::from_raw(pid as i32).unwrap();
     kill_process(pid, signal).unwrap();
-}
-
-/// Starts `script` as a run on `socket`; its id.
-async fn start_run(socket: &Path, session: &str, request: &str, script: Value) -> String {
-    let (status, body) = call(
-        socket,
-        "POST",
-        &format!("/v1/sessions/{session}/runs"),
-        "operator",
-        run_body(request, script),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    body["run"]["id"].as_str().unwrap().to_owned()
-}
-
-/// Reads `events` until one whose data type is `kind`; the plugin pid if
-/// an `emit_pid` event came first.
-async fn until(events: &mut Events, kind: &str) -> Option<i64> {
-    let mut pid = None;
-    loop {
-        let (_, _, e) = events.next().await.expect("the run's events");
-        if e["data"]["type"] == "pid" {
-            pid = e["data"]["data"]["pid"].as_i64();
-        }
-        if e["data"]["type"] == kind {
-            return pid;
-        }
-    }
 }
 
 /// The records of `run`'s trail of `kind` for `tool`.
@@ -171,13 +138,13 @@ async fn killed_host_taken_over(dir: &Path, db: Shared) {
     ]);
     let run = start_run(&a.socket(), &session, "req-1", script).await;
     let mut events = Events::open(&b.socket(), &run, None).await;
-    let plugin = until(&mut events, "written").await;
+    let plugin = events.until("written").await;
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     if let Some(pid) = plugin {
         signal(pid as u32, Signal::KILL);
     }
-    let effect = files(dir).join("effect.txt");
+    let effect = agent_file(dir, "effect.txt");
     assert_eq!(std::fs::read_to_string(&effect).unwrap(), "once");
     std::fs::remove_file(&effect).unwrap();
 
@@ -192,13 +159,7 @@ async fn killed_host_taken_over(dir: &Path, db: Shared) {
     );
     assert_eq!(recovery["calls"][0]["outcome"], "succeeded", "{recovery}");
     assert_eq!(recovery["interrupted"], json!([]));
-    let mut tail = Vec::new();
-    while let Some((_, kind, _)) = events.next().await {
-        tail.push(kind.clone());
-        if kind == "end" {
-            break;
-        }
-    }
+    let tail = events.kinds_to_end().await;
     assert_eq!(tail, vec!["run.interrupted".to_owned(), "end".to_owned()]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!effect.exists(), "the effect was not replayed");
@@ -257,7 +218,7 @@ async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
     let (status, body) = health(&sa).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["lease"]["hostId"], "a");
-    let once = files(dir.path()).join("once");
+    let once = agent_file(dir.path(), "once");
     std::fs::create_dir_all(&once).unwrap();
     std::fs::write(once.join("keep.txt"), "keep").unwrap();
     let go = dir.path().join("go");
@@ -270,7 +231,7 @@ async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
     ]);
     let run = start_run(&sa, &session, "paused", script).await;
     let mut events = Events::open(&sa, &run, None).await;
-    until(&mut events, "started").await;
+    events.until("started").await;
     drop(events);
 
     // A pauses past its lease; B takes its run over.

@@ -10,10 +10,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sharedos_store::cluster::TestDatabase;
 use sharedos_tests::served::{
-    Events, Server, call, files_grant, grants_cli, open_session, run_body, start_with, wait_state,
-    write_config_with,
+    Events, Server, agent_file, call, files_grant, grants_cli, open_session, run_body, run_to_end,
+    start_run, start_with, wait_state, write_config_with,
 };
-use sharedos_tests::turns::{AGENT, NAMESPACE};
 
 /// One use of `files.delete` under `once/`, shared by every host (the
 /// base configuration grants no delete).
@@ -56,12 +55,7 @@ async fn two_hosts_share_counters_and_events_through_postgres() {
     let b = host(dir.path(), &db, "b");
     let (sa, sb) = (a.socket(), b.socket());
     let session = open_session(&sa).await;
-    let files = dir
-        .path()
-        .join("files")
-        .join(NAMESPACE)
-        .join(AGENT)
-        .join("once");
+    let files = agent_file(dir.path(), "once");
     std::fs::create_dir_all(&files).unwrap();
     std::fs::write(files.join("a.txt"), "a").unwrap();
     std::fs::write(files.join("b.txt"), "b").unwrap();
@@ -93,12 +87,7 @@ async fn two_hosts_share_counters_and_events_through_postgres() {
     let won = statuses.iter().filter(|s| *s == "succeeded").count();
     assert_eq!(won, 1, "exactly one host takes the last use: {statuses:?}");
     assert!(statuses.iter().any(|s| s == "denied"), "{statuses:?}");
-    let files = dir
-        .path()
-        .join("files")
-        .join(NAMESPACE)
-        .join(AGENT)
-        .join("once");
+    let files = agent_file(dir.path(), "once");
     let written = std::fs::read_dir(&files).map(|d| d.count()).unwrap_or(0);
     assert_eq!(written, 1, "one file written in all");
 
@@ -155,38 +144,16 @@ async fn a_host_killed_mid_run_is_recovered_by_its_replacement_without_replay() 
         {"op": "emit", "type": "written", "data": {}},
         {"op": "stall"}
     ]);
-    let (_, body) = call(
-        &a.socket(),
-        "POST",
-        &format!("/v1/sessions/{session}/runs"),
-        "operator",
-        run_body("req-1", script),
-    )
-    .await;
-    let run = body["run"]["id"].as_str().unwrap().to_owned();
+    let run = start_run(&a.socket(), &session, "req-1", script).await;
     // Watched from B while A runs it.
     let mut events = Events::open(&b.socket(), &run, None).await;
-    let mut plugin = None;
-    loop {
-        let (_, _, e) = events.next().await.expect("events before the stall");
-        if e["data"]["type"] == "pid" {
-            plugin = e["data"]["data"]["pid"].as_i64();
-        }
-        if e["data"]["type"] == "written" {
-            break;
-        }
-    }
+    let plugin = events.until("written").await;
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     if let Some(pid) = plugin.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
     }
-    let effect = dir
-        .path()
-        .join("files")
-        .join(NAMESPACE)
-        .join(AGENT)
-        .join("effect.txt");
+    let effect = agent_file(dir.path(), "effect.txt");
     std::fs::remove_file(&effect).unwrap();
 
     // A's replacement (same host id, another process) reconciles at start;
@@ -194,13 +161,7 @@ async fn a_host_killed_mid_run_is_recovered_by_its_replacement_without_replay() 
     let replacement = host(dir.path(), &db, "a");
     let run_now = wait_state(&replacement.socket(), &run, "interrupted").await;
     assert_eq!(run_now["recovery"]["calls"][0]["outcome"], "succeeded");
-    let mut tail = Vec::new();
-    while let Some((_, kind, _)) = events.next().await {
-        tail.push(kind.clone());
-        if kind == "end" {
-            break;
-        }
-    }
+    let tail = events.kinds_to_end().await;
     assert_eq!(tail, vec!["run.interrupted".to_owned(), "end".to_owned()]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!effect.exists(), "the effect was not replayed");
@@ -239,24 +200,6 @@ async fn a_host_killed_mid_run_is_recovered_by_its_replacement_without_replay() 
 }
 
 /// Runs `script` as a new run on `socket` and waits for its end.
-async fn run_to_end(
-    socket: &std::path::Path,
-    session: &str,
-    request: &str,
-    script: Value,
-) -> Value {
-    let (status, body) = call(
-        socket,
-        "POST",
-        &format!("/v1/sessions/{session}/runs"),
-        "operator",
-        run_body(request, script),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    wait_state(socket, body["run"]["id"].as_str().unwrap(), "ended").await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_added_and_revoked_by_an_operator_reach_both_hosts() {
     let db = TestDatabase::new().await.unwrap();
@@ -265,12 +208,7 @@ async fn grants_added_and_revoked_by_an_operator_reach_both_hosts() {
     let (a, b) = (host(dir.path(), &db, "a"), host(dir.path(), &db, "b"));
     let (sa, sb) = (a.socket(), b.socket());
     let session = open_session(&sa).await;
-    let once = dir
-        .path()
-        .join("files")
-        .join(NAMESPACE)
-        .join(AGENT)
-        .join("once");
+    let once = agent_file(dir.path(), "once");
     std::fs::create_dir_all(&once).unwrap();
     for f in ["a.txt", "b.txt", "c.txt", "d.txt"] {
         std::fs::write(once.join(f), f).unwrap();

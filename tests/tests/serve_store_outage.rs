@@ -15,9 +15,8 @@ use serde_json::{Value, json};
 use sharedos_store::cluster::TestDatabase;
 use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store};
 use sharedos_tests::served::{
-    Events, call, open_session, run_body, start_with, wait_state, write_config,
+    Events, agent_file, open_session, post_run, start_with, wait_state, write_config,
 };
-use sharedos_tests::turns::{AGENT, NAMESPACE};
 use tokio_postgres::NoTls;
 
 /// A tmpfs of `size` mounted on `path`, unmounted on drop.
@@ -69,23 +68,8 @@ impl Drop for Tmpfs {
     }
 }
 
-fn file(dir: &Path, name: &str) -> PathBuf {
-    dir.join("files").join(NAMESPACE).join(AGENT).join(name)
-}
-
 fn write_script(name: &str) -> Value {
     json!([{"op": "call", "tool": "files.write", "arguments": {"path": name, "content": "x"}}])
-}
-
-async fn post_run(socket: &Path, session: &str, request: &str, script: Value) -> (u16, Value) {
-    call(
-        socket,
-        "POST",
-        &format!("/v1/sessions/{session}/runs"),
-        "operator",
-        run_body(request, script),
-    )
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,7 +102,7 @@ async fn a_full_sqlite_disk_refuses_runs_and_fails_a_run_in_flight_audit_unavail
         (201, &json!(false)),
         "the refused admission stored nothing: {body}"
     );
-    assert!(!file(dir.path(), "refused.txt").exists());
+    assert!(!agent_file(dir.path(), "refused.txt").exists());
     wait_state(&socket, body["run"]["id"].as_str().unwrap(), "ended").await;
 
     // Full mid-run, twice: the turn has started and waits; the disk fills.
@@ -259,7 +243,7 @@ async fn mid_run(
         "{ended}"
     );
     assert!(
-        !file(dir, &effect).exists(),
+        !agent_file(dir, &effect).exists(),
         "no effect ran without its decision committed"
     );
 
@@ -298,7 +282,7 @@ async fn a_postgres_server_that_is_down_refuses_runs_before_dispatch() {
     assert!(message.contains("the store is unavailable"), "{message}");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(
-        !file(dir.path(), "down.txt").exists(),
+        !agent_file(dir.path(), "down.txt").exists(),
         "nothing was dispatched"
     );
 
@@ -379,7 +363,7 @@ async fn a_full_postgres_tablespace_refuses_runs_and_fails_a_run_in_flight_audit
         "the server's own words: {message}"
     );
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!file(dir.path(), "refused.txt").exists());
+    assert!(!agent_file(dir.path(), "refused.txt").exists());
     std::fs::remove_file(&filler).unwrap();
     let (status, body) = post_run(&socket, &session, "full-1", write_script("later.txt")).await;
     assert_eq!(
@@ -388,7 +372,7 @@ async fn a_full_postgres_tablespace_refuses_runs_and_fails_a_run_in_flight_audit
         "the refused admission stored nothing: {body}"
     );
     wait_state(&socket, body["run"]["id"].as_str().unwrap(), "ended").await;
-    assert!(file(dir.path(), "later.txt").exists());
+    assert!(agent_file(dir.path(), "later.txt").exists());
 
     // Full mid-run: the run's next journal write (an event too large for
     // the pages the table has) cannot be stored.
@@ -435,7 +419,7 @@ async fn a_postgres_table_locked_by_another_session_refuses_runs_and_fails_a_run
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("lock timeout"), "{message}");
     other.batch_execute("ROLLBACK").await.unwrap();
-    assert!(!file(dir.path(), "locked.txt").exists());
+    assert!(!agent_file(dir.path(), "locked.txt").exists());
     let (status, body) = post_run(&socket, &session, "locked-1", write_script("later.txt")).await;
     assert_eq!((status, &body["repeated"]), (201, &json!(false)), "{body}");
     wait_state(&socket, body["run"]["id"].as_str().unwrap(), "ended").await;
