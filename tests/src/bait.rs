@@ -19,6 +19,7 @@
 //! the host-side checks (process scans, temp dirs) assume one turn at a time
 //! per test binary.
 
+use crate::leftovers::own_cgroups as leftover_cgroups;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
@@ -1125,38 +1126,6 @@ pub fn leftover_workspaces() -> Vec<PathBuf> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// The sandbox's throwaway cgroups (`sharedos-<this pid>-<n>`) left behind.
-pub fn leftover_cgroups() -> Vec<PathBuf> {
-    let prefix = format!("sharedos-{}-", std::process::id());
-    let mut roots = vec![
-        PathBuf::from("/sys/fs/cgroup/pids"),
-        PathBuf::from("/sys/fs/cgroup/unified"),
-        PathBuf::from("/sys/fs/cgroup"),
-    ];
-    if let Ok(s) = std::fs::read_to_string("/proc/self/cgroup")
-        && let Some(rel) = s.lines().find_map(|l| l.strip_prefix("0::"))
-    {
-        let rel = rel.trim_start_matches('/');
-        if !rel.is_empty() {
-            roots.push(Path::new("/sys/fs/cgroup/unified").join(rel));
-            roots.push(Path::new("/sys/fs/cgroup").join(rel));
-        }
-    }
-    let mut found = Vec::new();
-    for r in roots {
-        if let Ok(d) = std::fs::read_dir(&r) {
-            for e in d.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
-                    found.push(e.path());
-                }
-            }
-        }
-    }
-    found.sort();
-    found.dedup();
-    found
 }
 
 // ----------------------------------------------------------------- memory

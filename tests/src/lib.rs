@@ -11,6 +11,8 @@ pub mod egress;
 /// Harness turns: a vendor CLI (or the Python MCP client) seated by
 /// `sharedos-harness` in the full sandbox.
 pub mod harness;
+/// What a turn may leave on the host: cgroups, workspaces.
+pub mod leftovers;
 /// `sharedos serve` and an HTTP client over its socket.
 pub mod served;
 /// Turns through the whole host, and the invariants every turn keeps.

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sharedos_tests::leftovers::workspaces_in;
 use sharedos_tests::turns::{
     AGENT, NAMESPACE, descendants, is_alive, marked_pids, parse_jsonl_strict, request,
     testplugin_host_toml, wait_gone, workspace_bin,
@@ -300,15 +301,6 @@ fn next_host_run(tmp: &Path) {
         "the next host's turn failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn workspaces_in(tmp: &Path) -> Vec<String> {
-    std::fs::read_dir(tmp)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("sharedos-ws-"))
-        .collect()
 }
 
 /// Five crashes at different points of the turn.

@@ -10,16 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sharedos_protocol::ExecutionStatus;
+use sharedos_tests::leftovers::workspaces_in;
 use sharedos_tests::turns::{Launch, TurnSpec, descendants, run_turn, wait_gone};
-
-fn workspaces(tmp: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(tmp)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("sharedos-ws-"))
-        .collect()
-}
 
 /// Waits (bounded) until the test process has no live descendant and no
 /// sandbox workspace is left; panics naming what is left.
@@ -28,7 +20,7 @@ fn assert_clean(what: &str, tmp: &std::path::Path, marker: &str) {
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         let kids = descendants(me);
-        let ws = workspaces(tmp);
+        let ws = workspaces_in(tmp);
         if kids.is_empty() && ws.is_empty() {
             break;
         }

@@ -7,9 +7,8 @@
 //! turn without a prepared one ever standing in for it. One test per
 //! binary: it counts every descendant of this process.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
@@ -18,6 +17,7 @@ use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
 use sharedos_protocol::{ExecutionRequest, ExecutionResult, ExecutionStatus, RuntimeManifest};
 use sharedos_sandbox::SandboxPolicy;
+use sharedos_tests::leftovers::{eventually, own_workspaces};
 use sharedos_tests::turns::descendants;
 use sharedos_tests::{demo_kernel, plugin_bin};
 
@@ -78,31 +78,6 @@ fn spare_workspaces(launcher: &SandboxLauncher) -> Vec<(u64, bool)> {
         .collect()
 }
 
-/// Host workspaces of this host (`sharedos-ws-<pid>-*`): a sandbox with a
-/// mount namespace never has one.
-fn workspaces() -> Vec<PathBuf> {
-    let prefix = format!("sharedos-ws-{}-", std::process::id());
-    let mut v: Vec<PathBuf> = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect();
-    v.sort();
-    v
-}
-
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
 /// No process of this test's host and no workspace of it is left.
 fn nothing_left(me: u32) {
     sharedos_host::process::settle_kills();
@@ -112,9 +87,9 @@ fn nothing_left(me: u32) {
         descendants(me)
     );
     assert!(
-        eventually(Duration::from_secs(10), || workspaces().is_empty()),
+        eventually(Duration::from_secs(10), || own_workspaces().is_empty()),
         "{:?}",
-        workspaces()
+        own_workspaces()
     );
 }
 
@@ -161,7 +136,7 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         let mut spare_ws = spare_workspaces(&launcher);
         assert_eq!(spare_ws.len(), 1, "{spare_ws:?}");
         assert!(spare_ws[0].1, "the workspace is not empty");
-        assert!(workspaces().is_empty(), "{:?}", workspaces());
+        assert!(own_workspaces().is_empty(), "{:?}", own_workspaces());
         assert!(!descendants(me).is_empty(), "no prepared tree is alive");
         let first = exec
             .execute(request("warm-1"), ExecuteOptions::default())
@@ -258,7 +233,7 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
         sharedos_host::process::settle_kills();
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
         assert_eq!(spare_workspaces(&launcher).len(), 1);
-        assert!(workspaces().is_empty(), "{:?}", workspaces());
+        assert!(own_workspaces().is_empty(), "{:?}", own_workspaces());
 
         // Turns at once: each gets a sandbox of its own, prepared or built
         // in its path, never one shared.

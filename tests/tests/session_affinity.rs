@@ -7,9 +7,8 @@
 //! binary run one at a time (they count this process's descendants).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
@@ -18,6 +17,7 @@ use sharedos_host::seat::process_seat;
 use sharedos_host::session::{OpenSession, RunInput, Scope, Sessions};
 use sharedos_kernel::{AuditSink, Kernel, UsageStore};
 use sharedos_store::{SqliteOptions, SqliteStore, Store};
+use sharedos_tests::leftovers::{eventually, own_cgroups, own_workspaces};
 use sharedos_tests::turns::{
     AGENT, Launch, NAMESPACE, descendants, is_alive, kernel_config, testplugin_manifest,
     workspace_bin,
@@ -118,48 +118,6 @@ fn pid(result: &Value) -> u32 {
         .unwrap_or_else(|| panic!("no affinity pid in {result:#}"))
 }
 
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
-/// This process's sandbox cgroups (`sharedos-<pid>-<n>`).
-fn own_cgroups() -> Vec<PathBuf> {
-    let prefix = format!("sharedos-{}-", std::process::id());
-    let mut out = Vec::new();
-    for parent in [
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup",
-    ] {
-        for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                out.push(e.path());
-            }
-        }
-    }
-    out
-}
-
-/// Host workspaces of this process (`sharedos-ws-<pid>-*`; a sandbox with
-/// a mount namespace keeps its workspace in its own tmpfs instead).
-fn workspaces() -> Vec<PathBuf> {
-    let prefix = format!("sharedos-ws-{}-", std::process::id());
-    std::fs::read_dir(std::env::temp_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect()
-}
-
 /// Nothing of this host survives: no descendant, no cgroup, no workspace
 /// (polled under a generous bound; the teardown runs off the turn's path).
 fn assert_nothing_left(what: &str) {
@@ -175,9 +133,9 @@ fn assert_nothing_left(what: &str) {
         own_cgroups()
     );
     assert!(
-        eventually(Duration::from_secs(20), || workspaces().is_empty()),
+        eventually(Duration::from_secs(20), || own_workspaces().is_empty()),
         "{what}: workspaces left: {:?}",
-        workspaces()
+        own_workspaces()
     );
 }
 

@@ -7,39 +7,12 @@
 //! cgroup of this process exists; nor does any process of a sandboxed
 //! turn (the cgroup's `populated 0` is what the teardown waited for).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
 use sharedos_protocol::ExecutionStatus;
+use sharedos_tests::leftovers::{own_cgroups, workspaces_in};
 use sharedos_tests::turns::{Launch, TurnSpec, descendants, marked_pids, run_turn, wait_gone};
-
-fn workspaces(tmp: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(tmp)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("sharedos-ws-"))
-        .collect()
-}
-
-/// This process's plugin cgroups (`sharedos-<pid>-<n>`).
-fn own_cgroups() -> Vec<PathBuf> {
-    let prefix = format!("sharedos-{}-", std::process::id());
-    let mut out = Vec::new();
-    for parent in [
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup",
-    ] {
-        for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                out.push(e.path());
-            }
-        }
-    }
-    out
-}
 
 #[test]
 fn settle_kills_leaves_no_process_workspace_or_cgroup() {
@@ -93,7 +66,7 @@ fn settle_kills_leaves_no_process_workspace_or_cgroup() {
         kids.is_empty(),
         "processes left after settle_kills: {kids:?}"
     );
-    let ws = workspaces(tmp.path());
+    let ws = workspaces_in(tmp.path());
     assert!(ws.is_empty(), "workspaces left after settle_kills: {ws:?}");
     let cgroups = own_cgroups();
     assert!(
