@@ -1,21 +1,26 @@
 //! Added latency of the egress gateway: the same request sent directly to
 //! a mock upstream on loopback and through the gateway (kernel
-//! authorization, audit to memory, key injection, metered streaming).
+//! authorization, each audit record serialized as the JSONL sink would
+//! write it, key injection, metered streaming, the events taken by a task
+//! as the envelope takes them).
 //!
 //! The three parties run apart, as they do in production: the client (the
-//! plugin) on this thread, the gateway in a runtime of its own (2 workers,
-//! as a host on this machine has), the mock upstream in another (1 worker).
-//! The client is the same on both paths: one hyper HTTP/1.1 client, the
-//! two paths interleaved request by request, after a warm-up that is not
-//! counted, first with a fresh client connection per request on both
-//! paths, then with one kept-alive client connection per path. The gateway
-//! keeps its own upstream connection alive between requests (its pool).
+//! plugin) on this thread, the gateway in a runtime of its own (1 worker,
+//! as in the `sharedos` binary; `GATEWAY_WORKERS=2` for two), the mock
+//! upstream in another (1 worker). The client is the same on both paths:
+//! one hyper HTTP/1.1 client, the two paths interleaved request by
+//! request, after a warm-up that is not counted, first with a fresh client
+//! connection per request on both paths, then with one kept-alive client
+//! connection per path (its own warm-up). The gateway keeps its own
+//! upstream connection alive between requests (its pool).
 //!
 //! Printed in one run: both paths' median and p99 and the added latency
 //! in each mode, the gateway's CPU time per request (its runtime's threads
 //! only, from /proc/self/task/<tid>/schedstat: less noisy than the wall
-//! clock on a shared machine), the time to the first streamed byte, and
-//! requests/s through the gateway with 16 concurrent clients.
+//! clock on a shared machine) and how often its threads waited per
+//! request (voluntary context switches: each is a wake-up later), the time
+//! to the first streamed byte, and requests/s through the gateway with 16
+//! concurrent clients.
 //!
 //! cargo run --release -p sharedos-host --example egress_latency [N]
 
@@ -33,7 +38,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use sharedos_host::egress::GatewayLimits;
+use sharedos_host::egress::{Gateway, GatewayLimits, NetworkRoutes, ServeHandle, TurnBinding};
+use sharedos_kernel::{AuditError, AuditRecord, AuditSink, ConfigGrantSource, Kernel, TurnKernel};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::Notify;
 
@@ -65,20 +71,44 @@ impl Side {
         self.runtime.handle().clone()
     }
 
-    /// CPU time of this side's threads so far.
-    fn cpu(&self) -> Duration {
-        let ns: u64 = self
-            .threads
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|tid| {
-                let stat =
-                    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-                stat.split_whitespace().next()?.parse::<u64>().ok()
-            })
-            .sum();
-        Duration::from_nanos(ns)
+    /// CPU time and context switches of this side's threads so far.
+    fn usage(&self) -> Usage {
+        let mut total = Usage::default();
+        for tid in self.threads.lock().unwrap().iter() {
+            let task = format!("/proc/self/task/{tid}");
+            let stat = std::fs::read_to_string(format!("{task}/schedstat")).unwrap_or_default();
+            let ns = stat.split_whitespace().next().and_then(|n| n.parse().ok());
+            total.cpu += Duration::from_nanos(ns.unwrap_or(0));
+            let status = std::fs::read_to_string(format!("{task}/status")).unwrap_or_default();
+            for line in status.lines() {
+                if let Some(n) = line.strip_prefix("voluntary_ctxt_switches:") {
+                    total.switches += n.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        total
+    }
+}
+
+/// What a side's threads used: CPU time, and how often they gave up the
+/// CPU to wait (each one a wake-up later).
+#[derive(Default, Clone, Copy)]
+struct Usage {
+    cpu: Duration,
+    switches: u64,
+}
+
+impl Usage {
+    fn since(self, before: Usage) -> Usage {
+        Usage {
+            cpu: self.cpu.saturating_sub(before.cpu),
+            switches: self.switches.saturating_sub(before.switches),
+        }
+    }
+
+    fn add(&mut self, other: Usage) {
+        self.cpu += other.cpu;
+        self.switches += other.switches;
     }
 }
 
@@ -151,54 +181,60 @@ struct Paths {
 const DIRECT: &str = "/v1/chat/completions";
 const GATEWAY: &str = "/m/chat/completions";
 
-fn report(mode: &str, n: usize, direct: Vec<Duration>, gateway: Vec<Duration>, cpu: Duration) {
+fn report(mode: &str, n: usize, direct: Vec<Duration>, gateway: Vec<Duration>, used: Usage) {
     let (d_med, d_p99) = stats(direct);
     let (g_med, g_p99) = stats(gateway);
     println!("{mode}: {n} requests per path, interleaved, sequential");
     println!("  direct : median {d_med:?}  p99 {d_p99:?}");
     println!("  gateway: median {g_med:?}  p99 {g_p99:?}");
     println!(
-        "  added  : median {:+.0} µs  p99 {:+.0} µs;  gateway CPU {:.1} µs per request",
+        "  added  : median {:+.0} µs  p99 {:+.0} µs;  gateway CPU {:.1} µs and {:.2} waits per request",
         added(g_med, d_med),
         added(g_p99, d_p99),
-        cpu.as_secs_f64() * 1e6 / n as f64
+        used.cpu.as_secs_f64() * 1e6 / n as f64,
+        used.switches as f64 / n as f64,
     );
 }
 
 async fn fresh_connections(p: &Paths, gw: &Side, n: usize) {
     let (mut direct, mut gateway) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let mut cpu = Duration::ZERO;
+    let mut used = Usage::default();
     for _ in 0..n {
         direct.push(fresh(p.direct, DIRECT).await);
-        let before = gw.cpu();
+        let before = gw.usage();
         gateway.push(fresh(p.gateway, GATEWAY).await);
-        cpu += gw.cpu().saturating_sub(before);
+        used.add(gw.usage().since(before));
     }
     report(
         "fresh client connection per request",
         n,
         direct,
         gateway,
-        cpu,
+        used,
     );
 }
 
 async fn kept_connections(p: &Paths, gw: &Side, n: usize) {
     let (mut to_direct, mut to_gateway) = (keep(p.direct).await, keep(p.gateway).await);
+    // Warm-up of the kept connections, not counted.
+    for _ in 0..200 {
+        kept(&mut to_direct, DIRECT).await;
+        kept(&mut to_gateway, GATEWAY).await;
+    }
     let (mut direct, mut gateway) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let mut cpu = Duration::ZERO;
+    let mut used = Usage::default();
     for _ in 0..n {
         direct.push(kept(&mut to_direct, DIRECT).await);
-        let before = gw.cpu();
+        let before = gw.usage();
         gateway.push(kept(&mut to_gateway, GATEWAY).await);
-        cpu += gw.cpu().saturating_sub(before);
+        used.add(gw.usage().since(before));
     }
     report(
         "one kept-alive client connection per path",
         n,
         direct,
         gateway,
-        cpu,
+        used,
     );
 }
 
@@ -237,14 +273,10 @@ async fn measure(n: usize, gw: &Side, upstream: &Side) {
     let policy = json!({"routes": [{"name": "m", "upstream": format!("http://127.0.0.1:{}/v1", up.port),
         "secret": key_file(dir.path()), "api": "openai", "allow": ["loopback"]}]});
     let grants = vec![egress_grant("alice", "m", "request", None)];
-    let s = on(
-        &gw.handle(),
-        serve(policy, grants, "alice", GatewayLimits::default()),
-    )
-    .await;
+    let (gateway_addr, serving) = on(&gw.handle(), gateway(policy, grants)).await;
     let p = Paths {
         direct: format!("127.0.0.1:{}", up.port).parse().unwrap(),
-        gateway: s.addr,
+        gateway: gateway_addr,
     };
     // Warm-up, not counted.
     for _ in 0..200 {
@@ -283,7 +315,41 @@ async fn measure(n: usize, gw: &Side, upstream: &Side) {
         "first streamed byte: direct median {dt:?} p99 {dt99:?}; gateway median {gt:?} p99 {gt99:?}; added median {:+.0} µs",
         added(gt, dt)
     );
-    drop(s);
+    drop(serving);
+}
+
+/// The audit sink here: each record serialized as the JSONL sink writes
+/// it, then dropped (the gateway is measured, not the disk; as the
+/// envelope's benchmark does).
+struct SerializingSink;
+
+#[async_trait::async_trait]
+impl AuditSink for SerializingSink {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        let line = serde_json::to_vec(record).map_err(|e| AuditError::Sink(e.to_string()))?;
+        std::hint::black_box(line);
+        Ok(())
+    }
+}
+
+/// A gateway serving a loopback listener for one turn of `alice`, its
+/// events taken as they come (as the envelope takes them).
+async fn gateway(
+    policy: serde_json::Value,
+    grants: Vec<sharedos_kernel::Grant>,
+) -> (SocketAddr, ServeHandle) {
+    let policy: NetworkRoutes = serde_json::from_value(policy).unwrap();
+    let gateway = Arc::new(Gateway::from_policy(&policy, GatewayLimits::default()).unwrap());
+    let grants = Arc::new(ConfigGrantSource::new(grants));
+    let kernel = Arc::new(Kernel::builder(grants, Arc::new(SerializingSink)).build());
+    let ctx = context("alice");
+    let turn = kernel.open_turn(&ctx).await.unwrap();
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let binding = Arc::new(TurnBinding::new(turn, ctx, tx));
+    (addr, gateway.serve(listener, binding))
 }
 
 /// Time to the first streamed byte, direct and through the gateway.
@@ -315,18 +381,14 @@ async fn first_bytes(
     let policy = json!({"routes": [{"name": "m", "upstream": sse.base_url(),
         "secret": key_file(dir), "api": "openai", "allow": ["loopback"]}]});
     let grants = vec![egress_grant("alice", "m", "request", None)];
-    let g = on(
-        &gw.handle(),
-        serve(policy, grants, "alice", GatewayLimits::default()),
-    )
-    .await;
+    let (g_addr, g) = on(&gw.handle(), gateway(policy, grants)).await;
     let sse_direct: SocketAddr = format!("127.0.0.1:{}", sse.port).parse().unwrap();
     let (mut direct_ttfb, mut gw_ttfb) = (Vec::new(), Vec::new());
     let mut gate = gates.iter();
     for _ in 0..samples {
         for (target, path, out) in [
             (sse_direct, DIRECT, &mut direct_ttfb),
-            (g.addr, GATEWAY, &mut gw_ttfb),
+            (g_addr, GATEWAY, &mut gw_ttfb),
         ] {
             let t = Instant::now();
             let (_, mut body) = open(target, path, "{}".into()).await;

@@ -3,7 +3,8 @@
 //! JSON or server-sent events. Memory is bounded: at most one line (or a
 //! JSON body) of [`MAX_HELD`] bytes is held; longer ones are not parsed.
 
-use serde_json::Value;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 /// The most bytes held to find usage in.
 pub const MAX_HELD: usize = 256 * 1024;
@@ -80,45 +81,143 @@ impl UsageScanner {
         let json = text.strip_prefix("data:").map(str::trim).unwrap_or(text);
         if (sse || text.starts_with('{'))
             && json.starts_with('{')
-            && let Ok(v) = serde_json::from_str::<Value>(json)
+            && may_hold_usage(json.as_bytes())
         {
-            self.observe(&v);
+            self.observe(json);
         }
     }
 
     /// The usage seen, after the body ended.
     pub fn finish(mut self) -> Option<TokenUsage> {
+        let body = std::mem::take(&mut self.body);
         if !self.body_dropped
-            && let Ok(v) = serde_json::from_slice::<Value>(&self.body)
+            && may_hold_usage(&body)
+            && let Ok(text) = std::str::from_utf8(&body)
         {
-            self.observe(&v);
+            self.observe(text);
         }
         self.found
     }
 
-    fn observe(&mut self, v: &Value) {
+    /// Takes the usage objects of one JSON document: `usage`,
+    /// `response.usage`, `message.usage`, `usageMetadata`. Only those are
+    /// read; the rest of the document is skipped as it is parsed, never
+    /// built.
+    fn observe(&mut self, json: &str) {
+        let Some(keys) = object::<Keys>(json) else {
+            return;
+        };
         let candidates = [
-            v.get("usage"),
-            v.pointer("/response/usage"),
-            v.pointer("/message/usage"),
-            v.get("usageMetadata"),
+            keys.usage,
+            nested(keys.response),
+            nested(keys.message),
+            keys.usage_metadata,
         ];
         for u in candidates.into_iter().flatten() {
-            let field = |names: &[&str]| {
-                names
-                    .iter()
-                    .find_map(|n| u.get(*n).and_then(Value::as_u64))
-                    .unwrap_or(0)
-            };
-            let input = field(&["prompt_tokens", "input_tokens", "promptTokenCount"]);
-            let output = field(&["completion_tokens", "output_tokens", "candidatesTokenCount"]);
+            // A usage that is not an object counts zero, as it is found.
+            let counts = object::<Counts>(u.get()).unwrap_or_default();
             let seen = self.found.get_or_insert_default();
             // Streams repeat or split counts (Anthropic: input at start,
             // output at the end); the largest of each is the total.
-            seen.input = seen.input.max(input);
-            seen.output = seen.output.max(output);
+            seen.input = seen.input.max(counts.input());
+            seen.output = seen.output.max(counts.output());
         }
     }
+}
+
+/// The `usage` of a `response` or `message` object.
+fn nested(raw: Option<&RawValue>) -> Option<&RawValue> {
+    object::<Inner>(raw?.get())?.usage
+}
+
+/// `json` parsed as `T` when it is a JSON object (serde would also take
+/// an array for a struct).
+fn object<'a, T: Deserialize<'a>>(json: &'a str) -> Option<T> {
+    if !json.trim_start().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str(json).ok()
+}
+
+/// A present key, whatever its value (`null` included).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// The keys a usage is under, each kept as its raw text.
+#[derive(Deserialize)]
+struct Keys<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    usage: Option<&'a RawValue>,
+    #[serde(
+        borrow,
+        default,
+        deserialize_with = "present",
+        rename = "usageMetadata"
+    )]
+    usage_metadata: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+}
+
+/// `response` or `message`: only their `usage`.
+#[derive(Deserialize)]
+struct Inner<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    usage: Option<&'a RawValue>,
+}
+
+/// A usage object's counts, under each API's names.
+#[derive(Deserialize, Default)]
+#[allow(non_snake_case)]
+struct Counts<'a> {
+    #[serde(borrow, default)]
+    prompt_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    promptTokenCount: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    output_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    candidatesTokenCount: Option<&'a RawValue>,
+}
+
+impl Counts<'_> {
+    fn input(&self) -> u64 {
+        first_count(&[self.prompt_tokens, self.input_tokens, self.promptTokenCount])
+    }
+
+    fn output(&self) -> u64 {
+        let names = [
+            self.completion_tokens,
+            self.output_tokens,
+            self.candidatesTokenCount,
+        ];
+        first_count(&names)
+    }
+}
+
+/// The first of `raws` that is a whole number in `u64` (a JSON integer
+/// written plainly; a fraction, exponent or sign is not a count), else 0.
+fn first_count(raws: &[Option<&RawValue>]) -> u64 {
+    raws.iter()
+        .flatten()
+        .find_map(|r| r.get().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// Whether JSON text can hold a `usage` or `usageMetadata` key: it has
+/// `"usage` as written, or a `\u` escape (the only way to spell a letter
+/// of the key otherwise). Most lines of a stream hold neither and are not
+/// parsed at all.
+fn may_hold_usage(json: &[u8]) -> bool {
+    json.windows(6)
+        .any(|w| w == b"\"usage" || w.starts_with(b"\\u"))
 }
 
 #[cfg(test)]
@@ -176,6 +275,86 @@ mod tests {
             "{\n \"usageMetadata\": {\"promptTokenCount\": 4, \"candidatesTokenCount\": 9}\n}";
         assert_eq!(
             scan(&[gem]),
+            Some(TokenUsage {
+                input: 4,
+                output: 9
+            })
+        );
+    }
+
+    /// The reading before the typed one: the whole document as a `Value`.
+    fn by_value(json: &str) -> Option<TokenUsage> {
+        let v: serde_json::Value = serde_json::from_str(json).ok()?;
+        let candidates = [
+            v.get("usage"),
+            v.pointer("/response/usage"),
+            v.pointer("/message/usage"),
+            v.get("usageMetadata"),
+        ];
+        let mut found: Option<TokenUsage> = None;
+        for u in candidates.into_iter().flatten() {
+            let field = |names: &[&str]| {
+                names
+                    .iter()
+                    .find_map(|n| u.get(*n).and_then(serde_json::Value::as_u64))
+                    .unwrap_or(0)
+            };
+            let seen = found.get_or_insert_default();
+            seen.input = seen.input.max(field(&[
+                "prompt_tokens",
+                "input_tokens",
+                "promptTokenCount",
+            ]));
+            seen.output = seen.output.max(field(&[
+                "completion_tokens",
+                "output_tokens",
+                "candidatesTokenCount",
+            ]));
+        }
+        found
+    }
+
+    #[test]
+    fn the_typed_reading_finds_what_the_whole_document_holds() {
+        let cases = [
+            r#"{"usage":null}"#,
+            r#"{"usage":7}"#,
+            r#"{"usage":[1,2]}"#,
+            r#"{"usage":{"prompt_tokens":1.5,"input_tokens":4,"output_tokens":-2}}"#,
+            r#"{"usage":{"prompt_tokens":"3","completion_tokens":18446744073709551615}}"#,
+            r#"{"usage":{"prompt_tokens":1e3,"completion_tokens":2}}"#,
+            r#"{"usage":{"prompt_tokens":null,"input_tokens":5,"output_tokens":{"x":1}}}"#,
+            r#"{"response":"done","message":{"usage":{"input_tokens":9}}}"#,
+            r#"{"response":{"output":[{"content":[{"text":"usage"}]}],"usage":{"input_tokens":7,"output_tokens":8}}}"#,
+            r#"{"message":[{"usage":{"input_tokens":1}}],"usageMetadata":{"promptTokenCount":2}}"#,
+            r#"{"choices":[{"message":{"content":"usage","usage":{"prompt_tokens":1}}}]}"#,
+            r#"[{"usage":{"prompt_tokens":1}}]"#,
+            r#"{"usage":{"prompt_tokens":3},"usageMetadata":{"candidatesTokenCount":6}}"#,
+            r#"  {"usage" : { "prompt_tokens" : 12 , "completion_tokens" : 5 } }  "#,
+            r#"{"usage":{"prompt_tokens":3}"#,
+        ];
+        for json in cases {
+            assert_eq!(scan(&[json]), by_value(json), "{json}");
+        }
+    }
+
+    #[test]
+    fn lines_without_a_usage_key_are_skipped_but_escaped_keys_count() {
+        assert!(!may_hold_usage(
+            br#"{"choices":[{"delta":{"content":"he"}}]}"#
+        ));
+        assert!(may_hold_usage(br#"{"usage":{}}"#));
+        let escaped = "data: {\"\\u0075sage\":{\"prompt_tokens\":2,\"completion_tokens\":1}}\n\n";
+        assert_eq!(
+            scan(&[escaped]),
+            Some(TokenUsage {
+                input: 2,
+                output: 1
+            })
+        );
+        let body = r#"{"\u0075sageMetadata":{"promptTokenCount":4,"candidatesTokenCount":9}}"#;
+        assert_eq!(
+            scan(&[body]),
             Some(TokenUsage {
                 input: 4,
                 output: 9
