@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -165,7 +165,7 @@ impl Gateway {
             async move { Ok::<_, Infallible>(gateway.dispatch(req, binding).await) }
         });
         let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
+            .timer(super::timer::ConnTimer::default())
             .header_read_timeout(self.limits.header_timeout)
             .max_buf_size(64 * 1024)
             .serve_connection(TokioIo::new(stream), service)

@@ -11,6 +11,7 @@ mod proxy;
 mod route;
 pub mod seat;
 pub mod secret;
+mod timer;
 mod tunnel;
 pub mod upstream;
 pub mod usage;
