@@ -110,3 +110,21 @@ async fn each_head_of_a_kept_alive_connection_gets_its_own_deadline() {
     let waited = half_a_head_is_cut(&mut tcp).await;
     assert!(waited >= DEADLINE - Duration::from_millis(50), "{waited:?}");
 }
+
+#[tokio::test]
+async fn a_new_connection_after_one_that_ended_gets_its_own_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, s) = gateway(dir.path()).await;
+    // One request answered, then the connection ends while the gateway
+    // waits for its next head: that wait's timer entry is kept for the
+    // next connection, with its deadline 1 s after the answer.
+    let mut first = connect(s.addr).await;
+    let (status, _) = request(&mut first).await;
+    assert!(status.contains(" 200 "), "{status}");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The next connection's head is cut at its own deadline, not at the
+    // kept entry's (0.4 s from now).
+    let waited = half_a_head_is_cut(&mut connect(s.addr).await).await;
+    assert!(waited >= DEADLINE - Duration::from_millis(50), "{waited:?}");
+}

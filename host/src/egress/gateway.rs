@@ -19,6 +19,7 @@ pub use super::binding::{EgressEvent, TurnBinding};
 use super::body::GatewayBody;
 use super::policy::{AddressClass, EgressBudget, NetworkRoutes, UpstreamUrl, split_host_port};
 use super::route::Route;
+use super::timer::HeadTimer;
 
 /// Bounds on what one gateway holds; over a bound is refused, not queued.
 #[derive(Debug, Clone)]
@@ -125,6 +126,7 @@ impl Gateway {
         let token = stop.clone();
         tokio::spawn(async move {
             let slots = Arc::new(Semaphore::new(gateway.limits.max_connections));
+            let timer = HeadTimer::new(gateway.limits.max_connections);
             loop {
                 let accepted = tokio::select! {
                     _ = token.cancelled() => return,
@@ -142,10 +144,14 @@ impl Gateway {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let (gateway, binding, token) =
-                    (Arc::clone(&gateway), Arc::clone(&binding), token.clone());
+                let (gateway, binding, token, timer) = (
+                    Arc::clone(&gateway),
+                    Arc::clone(&binding),
+                    token.clone(),
+                    timer.clone(),
+                );
                 tokio::spawn(async move {
-                    gateway.connection(stream, binding, token).await;
+                    gateway.connection(stream, binding, token, timer).await;
                     drop(slot);
                 });
             }
@@ -158,6 +164,7 @@ impl Gateway {
         stream: tokio::net::TcpStream,
         binding: Arc<TurnBinding>,
         stop: CancellationToken,
+        timer: HeadTimer,
     ) {
         let gateway = Arc::clone(&self);
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -165,7 +172,7 @@ impl Gateway {
             async move { Ok::<_, Infallible>(gateway.dispatch(req, binding).await) }
         });
         let conn = hyper::server::conn::http1::Builder::new()
-            .timer(super::timer::ConnTimer::default())
+            .timer(timer)
             .header_read_timeout(self.limits.header_timeout)
             .max_buf_size(64 * 1024)
             .serve_connection(TokioIo::new(stream), service)

@@ -1,6 +1,7 @@
-//! The timer of a plugin connection's server: each request's header
-//! deadline on one tokio timer entry per connection, moved forward,
-//! instead of a new entry per request.
+//! The timer of the gateway's server for request heads: each head's
+//! deadline on a tokio timer entry kept from an earlier head (of this
+//! connection or of one that ended), moved forward, instead of a new
+//! entry per head.
 //!
 //! Why: hyper asks its timer for a new sleep each time it starts reading a
 //! request head. A new tokio entry whose deadline comes before the one the
@@ -9,7 +10,10 @@
 //! and one more `epoll_wait` after every answer, on the thread that has
 //! just written it. Moving an entry that is still registered to a later
 //! deadline is only a store: tokio leaves it in its wheel, where it fires
-//! early once and is put back at its real deadline.
+//! early once and is put back at its real deadline. Entries are kept for
+//! the whole serve, so a fresh connection's first head and the upstream
+//! wait after it do not unpark the driver either (an empty wheel unparks
+//! on any entry). At most one spare entry per connection slot is kept.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,32 +23,49 @@ use std::time::{Duration, Instant};
 
 type Entry = Pin<Box<tokio::time::Sleep>>;
 
-/// One connection's timer; its entry waits in `spare` between heads.
-#[derive(Clone, Default)]
-pub(super) struct ConnTimer {
-    spare: Arc<Mutex<Option<Entry>>>,
+/// One serve's timer for heads; entries wait in `spare` between heads.
+#[derive(Clone)]
+pub(super) struct HeadTimer {
+    spare: Arc<Spare>,
 }
 
-impl ConnTimer {
-    fn take_spare(&self) -> Option<Entry> {
-        self.spare.lock().unwrap_or_else(|p| p.into_inner()).take()
+struct Spare {
+    entries: Mutex<Vec<Entry>>,
+    max: usize,
+}
+
+impl Spare {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-impl hyper::rt::Timer for ConnTimer {
+impl HeadTimer {
+    /// Keeps at most `max` spare entries (one per connection slot).
+    pub(super) fn new(max: usize) -> Self {
+        Self {
+            spare: Arc::new(Spare {
+                entries: Mutex::new(Vec::new()),
+                max,
+            }),
+        }
+    }
+}
+
+impl hyper::rt::Timer for HeadTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         self.sleep_until(Instant::now() + duration)
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         let at = tokio::time::Instant::from_std(deadline);
-        let entry = match self.take_spare() {
+        let spare = self.spare.lock().pop();
+        let entry = match spare {
             Some(mut entry) => {
                 entry.as_mut().reset(at);
                 entry
             }
-            // The first head of the connection, or a second sleep while
-            // one is out: an entry of its own.
+            // Every kept entry is in use: a new one.
             None => Box::pin(tokio::time::sleep_until(at)),
         };
         Box::pin(Deadline {
@@ -67,12 +88,13 @@ impl hyper::rt::Timer for ConnTimer {
     }
 }
 
-/// A sleep hyper holds; its entry goes back to the connection when hyper
-/// drops it (the head was read), still registered.
+/// A sleep hyper holds; its entry goes back to the spares when hyper
+/// drops it (the head was read, or the connection ended), still
+/// registered.
 struct Deadline {
     /// `Some` until dropped.
     entry: Option<Entry>,
-    home: Arc<Mutex<Option<Entry>>>,
+    home: Arc<Spare>,
 }
 
 impl Future for Deadline {
@@ -91,7 +113,10 @@ impl hyper::rt::Sleep for Deadline {}
 impl Drop for Deadline {
     fn drop(&mut self) {
         if let Some(entry) = self.entry.take() {
-            *self.home.lock().unwrap_or_else(|p| p.into_inner()) = Some(entry);
+            let mut spare = self.home.lock();
+            if spare.len() < self.home.max {
+                spare.push(entry);
+            }
         }
     }
 }
