@@ -27,11 +27,6 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[];
 /// line once it is resolved (the test fails on a line that no longer
 /// names a pair).
 const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[
-    // The kernel's turn object and the two pipelines it runs (invoke_tool,
-    // authorize_effect) take OpenTurn and are called by it: the tool-call
-    // hot path branch edits these files this round.
-    ("kernel/src/kernel/effect.rs", "kernel/src/kernel/turn.rs"),
-    ("kernel/src/kernel/invoke.rs", "kernel/src/kernel/turn.rs"),
 ];
 
 fn workspace_root() -> PathBuf {

@@ -7,8 +7,8 @@
 
 use sharedos_protocol::{AccessContext, JsonObject};
 
+use super::open::OpenTurn;
 use super::records::resource_of;
-use super::turn::OpenTurn;
 use crate::audit::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use crate::grant::{Decision, DenyReason, Requirement, authorize};
 use crate::port::{AuditEffect, EffectDecision, KernelError};

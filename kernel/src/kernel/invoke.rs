@@ -9,9 +9,9 @@ use std::sync::Arc;
 use sharedos_protocol::{AccessContext, CapabilityRequirement, ResourceRef, ToolCall, ToolResult};
 use tokio_util::sync::CancellationToken;
 
+use super::open::OpenTurn;
 use super::records::{CallFacts, checked_record, invoked_record, resource_of, result_outcome};
 use super::refusal::Refusal;
-use super::turn::OpenTurn;
 use super::{NOT_GRANTED_MESSAGE, TOOL_UNAVAILABLE_MESSAGE, guarded, requirement_of, run};
 use crate::audit::AuditOutcome;
 use crate::grant::{Decision, DenyReason, Grant, Requirement, authorize, discover};

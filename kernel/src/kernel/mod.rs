@@ -1,7 +1,7 @@
 //! [`Kernel`]: the embedded [`TurnKernel`]. It opens an [`OpenTurn`]
-//! (`turn.rs`) per turn; a tool call goes through the check pipeline of
-//! `invoke.rs` (envelope.md C.1, one function per step) and the handler run
-//! of `run.rs`.
+//! (`open.rs`; the port's operations on it in `turn.rs`) per turn; a tool
+//! call goes through the check pipeline of `invoke.rs` (envelope.md C.1,
+//! one function per step) and the handler run of `run.rs`.
 
 use std::sync::{Arc, RwLock};
 
@@ -64,6 +64,7 @@ pub enum KernelSetupError {
 mod build;
 mod effect;
 mod invoke;
+mod open;
 mod records;
 mod refusal;
 mod run;
@@ -71,8 +72,8 @@ mod turn;
 
 pub use build::KernelBuilder;
 
+use open::OpenTurn;
 use records::{Recorder, infrastructure_code};
-use turn::OpenTurn;
 
 /// The embedded kernel.
 pub struct Kernel {

@@ -1,8 +1,6 @@
-//! [`OpenTurn`]: the embedded kernel's [`KernelTurn`]. It holds what the
-//! turn loaded once (its authority, a snapshot of the tool registry) and
-//! the hash of the catalogue it listed.
-
-use std::sync::{Arc, Mutex};
+//! The embedded kernel's [`KernelTurn`]: the port's operations on an
+//! [`OpenTurn`] (`open.rs`), the two pipelines handed to `invoke.rs` and
+//! `effect.rs`.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -12,46 +10,15 @@ use sharedos_protocol::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::open::OpenTurn;
 use super::records::{catalog_metadata, checked_record, infrastructure_code, resource_of};
-use super::{Shared, catalog_hash, requirement_of};
+use super::{catalog_hash, requirement_of};
 use crate::audit::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
-use crate::grant::{Decision, DenyReason, Grant, Requirement, Scope, authorize, discover};
+use crate::grant::{Decision, DenyReason, Requirement, Scope, authorize, discover};
 use crate::port::{Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, RefusedCall};
-use crate::registry::ToolRegistry;
 use crate::tools::EXECUTION_NAMESPACE;
 
-/// One turn of the embedded kernel.
-pub(super) struct OpenTurn {
-    pub(super) shared: Arc<Shared>,
-    /// The turn's grants, or why they could not be loaded
-    /// (`grant_source_failed`): every operation then refuses.
-    pub(super) grants: Result<Arc<Vec<Grant>>, &'static str>,
-    pub(super) authority_hash: Option<String>,
-    pub(super) registry: Arc<ToolRegistry>,
-    catalog_hash: Mutex<Option<String>>,
-}
-
 impl OpenTurn {
-    pub(super) fn new(
-        shared: Arc<Shared>,
-        grants: Result<Arc<Vec<Grant>>, &'static str>,
-        authority_hash: Option<String>,
-        registry: Arc<ToolRegistry>,
-    ) -> Self {
-        Self {
-            shared,
-            grants,
-            authority_hash,
-            registry,
-            catalog_hash: Mutex::new(None),
-        }
-    }
-
-    /// The hash of the catalogue `list_tools` answered, once listed.
-    pub(super) fn catalog_hash(&self) -> Option<String> {
-        self.catalog_hash.lock().ok().and_then(|h| h.clone())
-    }
-
     /// Writes `tool.catalog.listed` (decision path).
     async fn record_listing(
         &self,
@@ -186,9 +153,7 @@ impl KernelTurn for OpenTurn {
         let hash = self
             .record_listing(context, &enabled, &listed, withheld)
             .await?;
-        if let Ok(mut h) = self.catalog_hash.lock() {
-            *h = Some(hash);
-        }
+        self.set_catalog_hash(hash);
         Ok(listed)
     }
 
