@@ -143,9 +143,29 @@ impl Timestamp {
             .map_err(|_| PrimitiveError::Timestamp)?;
         Ok(Self(v.to_owned()))
     }
-    /// The current time, in UTC with millisecond precision.
+    /// The current time, in UTC with millisecond precision. Formatted once
+    /// per millisecond and thread: a tool call takes the time several
+    /// times (its context, its events, its result), and within one
+    /// millisecond the text is the same, so a repeat costs a copy of the
+    /// last text instead of a new formatting.
     pub fn now() -> Self {
-        Self::from_offset(time::OffsetDateTime::now_utc())
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(i128, Timestamp)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let at = time::OffsetDateTime::now_utc();
+        let millis = at.unix_timestamp_nanos().div_euclid(1_000_000);
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            if let Some((at_ms, text)) = last.as_ref()
+                && *at_ms == millis
+            {
+                return text.clone();
+            }
+            let text = Self::from_offset(at);
+            *last = Some((millis, text.clone()));
+            text
+        })
     }
     pub fn from_offset(at: time::OffsetDateTime) -> Self {
         let at = at
@@ -351,6 +371,21 @@ mod tests {
         assert!(Timestamp::parse("2026-09-18 10:00").is_err());
         let now = Timestamp::now();
         assert!(Timestamp::parse(now.as_str()).is_ok());
+    }
+
+    #[test]
+    fn now_follows_the_clock_past_its_cached_millisecond() {
+        for _ in 0..5 {
+            let first = Timestamp::now();
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            let floor = Timestamp::from_offset(time::OffsetDateTime::now_utc());
+            let later = Timestamp::now();
+            assert!(
+                later.to_offset() >= floor.to_offset(),
+                "{later} is before {floor}"
+            );
+            assert!(later.to_offset() > first.to_offset());
+        }
     }
 
     #[test]

@@ -100,6 +100,13 @@ pub(crate) fn serialized_len<T: Serialize + ?Sized>(v: &T) -> usize {
 /// How many JSON values `v` is made of (itself included). Iterative: a
 /// value built by the host may be deeper than the parser's limit.
 fn value_nodes(v: &Value) -> usize {
+    let scalar = |v: &Value| !matches!(v, Value::Array(_) | Value::Object(_));
+    // An event's `data` is mostly a flat object: counted without a stack.
+    if let Value::Object(o) = v
+        && o.values().all(scalar)
+    {
+        return 1 + o.len();
+    }
     let mut n = 0;
     let mut stack = vec![v];
     while let Some(v) = stack.pop() {
@@ -118,9 +125,43 @@ pub(crate) fn value_held_bytes(v: &Value) -> usize {
     serialized_len(v).saturating_add(value_nodes(v).saturating_mul(VALUE_NODE_BYTES))
 }
 
-/// What holding `event` costs, as the ledger counts it.
+/// The punctuation and keys of a serialized `ExecutionEvent`, around its
+/// values (the field order is the struct's).
+const EVENT_FRAME: &str = r#"{"version":"1","eventId":,"executionId":,"traceId":,"sequence":,"type":,"data":,"occurredAt":}"#;
+
+/// The length of `s` as serde_json writes it as a JSON string: quotes,
+/// the two-character escapes, `\u00XX` for the other control characters.
+fn json_str_len(s: &str) -> usize {
+    let escaped: usize = s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum();
+    escaped + 2
+}
+
+/// The decimal digits of `n`.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// What holding `event` costs, as the ledger counts it. Its serialized
+/// size is summed from its parts (every event of a tool call is sized
+/// here, so the event is not serialized just to be measured); only `data`
+/// is walked.
 pub(crate) fn event_held_bytes(event: &ExecutionEvent) -> usize {
-    serialized_len(event)
+    let serialized = EVENT_FRAME.len()
+        + json_str_len(event.event_id.as_str())
+        + json_str_len(event.execution_id.as_str())
+        + json_str_len(event.trace_id.as_str())
+        + digits(event.sequence)
+        + json_str_len(event.kind.as_str())
+        + serialized_len(&event.data)
+        + json_str_len(event.occurred_at.as_str());
+    serialized
         .saturating_add(value_nodes(&event.data).saturating_mul(VALUE_NODE_BYTES))
         .saturating_add(EVENT_OVERHEAD_BYTES)
 }
@@ -144,6 +185,46 @@ mod tests {
         l.release(1000);
         assert_eq!(l.held(), 0);
         assert!(!l.try_charge(usize::MAX, 0));
+    }
+
+    /// The ledger's measure of an event, from its whole serialization.
+    fn measured(event: &ExecutionEvent) -> usize {
+        serialized_len(event) + value_nodes(&event.data) * VALUE_NODE_BYTES + EVENT_OVERHEAD_BYTES
+    }
+
+    fn event(sequence: u64, data: Value) -> ExecutionEvent {
+        ExecutionEvent {
+            version: sharedos_protocol::Version::V1,
+            event_id: sharedos_protocol::ident("0b6f9b7e-4c1e-4d8a-9f1a-6f3c2b1a0e9d"),
+            execution_id: sharedos_protocol::ident("exec \"quoted\" \\ and\ttab"),
+            trace_id: sharedos_protocol::ident("trace-\u{1}-\u{7f}-é-☃"),
+            sequence,
+            kind: sharedos_protocol::ShortName::new("tool.requested").unwrap(),
+            data,
+            occurred_at: sharedos_protocol::Timestamp::now(),
+        }
+    }
+
+    #[test]
+    fn an_events_size_is_its_serialized_size() {
+        let datas = [
+            json!({"callId": "c-1", "tool": "bench.noop", "step": 3}),
+            json!({"callId": "a\"b\\c\n\u{0}\u{1f}", "tool": "t", "status": "denied", "code": null}),
+            json!({"nested": {"a": [1, 2.5, -3, true, null, "x"]}, "e": {}, "f": []}),
+            json!([]),
+            json!("plain"),
+            json!(u64::MAX),
+        ];
+        for (i, data) in datas.into_iter().enumerate() {
+            for sequence in [0, 9, 10, 99_999, u64::MAX] {
+                let e = event(sequence, data.clone());
+                assert_eq!(
+                    event_held_bytes(&e),
+                    measured(&e),
+                    "data {i}, sequence {sequence}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -44,7 +44,11 @@ impl IdSource {
         Self(Arc::new(move || {
             let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let low = u128::from(n) & ((1u128 << 62) - 1);
-            uuid::Uuid::from_u128(base ^ low).to_string()
+            let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+            uuid::Uuid::from_u128(base ^ low)
+                .hyphenated()
+                .encode_lower(&mut text)
+                .to_owned()
         }))
     }
     pub fn from_fn(f: impl Fn() -> String + Send + Sync + 'static) -> Self {
