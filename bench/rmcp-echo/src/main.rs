@@ -10,6 +10,11 @@ use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{ServerCapabilities, ServerConfig};
 use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
 
+/// The `sharedos` binary's allocator (cli/src/main.rs): the peer runs on
+/// the same one.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 struct EchoArgs {
     /// What to send back.
