@@ -26,8 +26,7 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[];
 /// Pairs of files that still import each other; the lead removes each
 /// line once it is resolved (the test fails on a line that no longer
 /// names a pair).
-const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[
-];
+const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
