@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 use super::Figure;
 use super::fixture;
 use super::process::BENCH_PLUGIN_SUBCOMMAND;
-use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
+use sharedos_host::executor::{ExecuteOptions, Executor};
 use sharedos_host::process::{AffinityConfig, Launcher, ProcessRuntime, ProcessRuntimeConfig};
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::process_seat;
 
 fn sandboxed(exe: &Path, launcher: Arc<dyn Launcher>, affine: bool) -> Result<Executor, String> {
@@ -54,19 +53,8 @@ async fn timed(exec: &Executor, id: &str, session: Option<&str>) -> Result<Durat
 
 /// `[floor, prepared, reused]` over `n` rounds after 3 discarded ones.
 async fn rounds(exe: &Path, n: usize) -> Result<[Figure; 3], String> {
-    let floor = Executor::new(
-        Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(fixture::plugin())),
-        fixture::options(),
-    )
-    .map_err(|e| e.to_string())?;
-    let warm = Arc::new(SandboxLauncher::new(
-        exe.to_path_buf(),
-        sharedos_sandbox::SandboxPolicy {
-            warm: 1,
-            ..Default::default()
-        },
-    ));
+    let floor = fixture::in_process_executor()?;
+    let warm = super::process::warm_launcher(exe);
     let prepared = sandboxed(exe, warm.clone(), false)?;
     let affine = sandboxed(exe, super::process::sandbox_launcher(exe), true)?;
     // The session's first turn launches the process the others reuse.

@@ -1,7 +1,6 @@
 //! The envelope's own cost: a tool call through the whole envelope with the
 //! plugin in process, against calling the kernel directly.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -11,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Figure;
 use super::fixture::{self, NOOP_TOOL};
-use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
+use sharedos_host::executor::ExecuteOptions;
 
 /// The per-call nanoseconds the bench plugin's `timed_calls` returned.
 pub fn call_samples(result: &ExecutionResult) -> Result<Vec<Duration>, String> {
@@ -49,12 +48,7 @@ pub fn emit_rate(result: &ExecutionResult) -> Result<f64, String> {
 
 /// (b) A tool call through the whole envelope, plugin in process.
 pub async fn inprocess_calls(n: usize) -> Result<Figure, String> {
-    let executor = Executor::new(
-        Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(fixture::plugin())),
-        fixture::options(),
-    )
-    .map_err(|e| e.to_string())?;
+    let executor = fixture::in_process_executor()?;
     let warm = executor
         .execute(
             fixture::request("warm", fixture::calls(50)),
@@ -110,12 +104,7 @@ pub async fn kernel_direct(n: usize) -> Result<Figure, String> {
 
 /// (e) Emits per second through the envelope, plugin in process.
 pub async fn inprocess_emits(n: usize) -> Result<f64, String> {
-    let executor = Executor::new(
-        Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(fixture::plugin())),
-        fixture::options(),
-    )
-    .map_err(|e| e.to_string())?;
+    let executor = fixture::in_process_executor()?;
     let result = executor
         .execute(
             fixture::request("bench-emits", fixture::emits(n)),

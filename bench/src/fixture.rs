@@ -191,6 +191,16 @@ pub fn request(execution_id: &str, payload: Value) -> ExecutionRequest {
 /// measure one scenario. It keeps nothing between turns: the host reuses it
 /// only where a runtime has session affinity (`sharedos bench --only
 /// affinity`).
+/// An executor seating [`plugin`] in process: the floor of every round.
+pub fn in_process_executor() -> Result<sharedos_host::executor::Executor, String> {
+    sharedos_host::executor::Executor::new(
+        std::sync::Arc::new(kernel()),
+        sharedos_host::executor::Seat::in_process(std::sync::Arc::new(plugin())),
+        options(),
+    )
+    .map_err(|e| e.to_string())
+}
+
 pub fn plugin() -> ScriptPlugin {
     ScriptPlugin::from_payload().with_manifest(manifest())
 }

@@ -234,13 +234,7 @@ pub async fn spawn_to_initialize_warm_back_to_back(
     name: &str,
     n: usize,
 ) -> Result<Figure, String> {
-    let launcher = Arc::new(SandboxLauncher::new(
-        exe.to_path_buf(),
-        sharedos_sandbox::SandboxPolicy {
-            warm: 1,
-            ..Default::default()
-        },
-    ));
+    let launcher = warm_launcher(exe);
     spawn_to_initialize(launcher, exe, name, n).await
 }
 
@@ -267,13 +261,7 @@ impl SpawnConfig {
     /// timed spawn finds the replacement of the previous one ready (turns
     /// further apart than one preparation, ~3–6 ms of CPU here).
     pub fn warm(name: &str, exe: &Path) -> Self {
-        let launcher = Arc::new(SandboxLauncher::new(
-            exe.to_path_buf(),
-            sharedos_sandbox::SandboxPolicy {
-                warm: 1,
-                ..Default::default()
-            },
-        ));
+        let launcher = warm_launcher(exe);
         let waiter = launcher.clone();
         Self {
             name: name.to_owned(),
@@ -447,6 +435,17 @@ pub fn sandbox_launcher(exe: &Path) -> Arc<dyn Launcher> {
     Arc::new(SandboxLauncher::new(
         exe.to_path_buf(),
         sharedos_sandbox::SandboxPolicy::default(),
+    ))
+}
+
+/// The sandboxed launcher keeping one sandbox prepared (`warm = 1`).
+pub fn warm_launcher(exe: &Path) -> Arc<SandboxLauncher> {
+    Arc::new(SandboxLauncher::new(
+        exe.to_path_buf(),
+        sharedos_sandbox::SandboxPolicy {
+            warm: 1,
+            ..Default::default()
+        },
     ))
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::Figure;
 use super::fixture;
 use super::process::BENCH_PLUGIN_SUBCOMMAND;
-use sharedos_host::executor::{ExecuteOptions, Executor, Seat};
+use sharedos_host::executor::{ExecuteOptions, Executor};
 use sharedos_host::process::{
     DirectLauncher, Launcher, ProcessRuntime, ProcessRuntimeConfig, StageLog, settle_teardown,
 };
@@ -83,19 +83,8 @@ fn process_mode(
 }
 
 fn modes(exe: &Path) -> Result<Vec<Mode>, String> {
-    let inprocess = Executor::new(
-        Arc::new(fixture::kernel()),
-        Seat::in_process(Arc::new(fixture::plugin())),
-        fixture::options(),
-    )
-    .map_err(|e| e.to_string())?;
-    let warm = Arc::new(SandboxLauncher::new(
-        exe.to_path_buf(),
-        sharedos_sandbox::SandboxPolicy {
-            warm: 1,
-            ..Default::default()
-        },
-    ));
+    let inprocess = fixture::in_process_executor()?;
+    let warm = super::process::warm_launcher(exe);
     Ok(vec![
         Mode {
             name: "in process (floor)",

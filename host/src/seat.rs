@@ -239,11 +239,13 @@ mod tests {
 
     use super::process_runtime;
     use crate::config::HostConfig;
-    use crate::process::DirectLauncher;
+    use crate::process::{DirectLauncher, ProcessRuntime};
 
-    #[test]
-    fn the_runtime_gets_its_configured_inflight_limit() {
-        let text = r#"
+    /// The process runtime of a host.toml with one runtime entry whose
+    /// last line is `extra` (empty for none).
+    fn runtime(extra: &str) -> Arc<ProcessRuntime> {
+        let text = format!(
+            r#"
 [host]
 auditPath = "audit.jsonl"
 filesRoot = "files"
@@ -252,45 +254,27 @@ filesRoot = "files"
 id = "r"
 version = "1"
 program = "/bin/true"
-maxInflightToolCalls = 200
-"#;
-        let config = HostConfig::parse(text, "host.toml", Path::new("/tmp")).unwrap();
-        let rt = process_runtime(&config, &config.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+{extra}
+"#
+        );
+        let config = HostConfig::parse(&text, "host.toml", Path::new("/tmp")).unwrap();
+        process_runtime(&config, &config.runtimes[0], Arc::new(DirectLauncher)).unwrap()
+    }
+
+    #[test]
+    fn the_runtime_gets_its_configured_inflight_limit() {
+        let rt = runtime("maxInflightToolCalls = 200");
         assert_eq!(rt.config().max_inflight_tool_calls, 200);
-        let default = HostConfig::parse(
-            &text.replace("maxInflightToolCalls = 200\n", ""),
-            "host.toml",
-            Path::new("/tmp"),
-        )
-        .unwrap();
-        let rt = process_runtime(&default, &default.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        let rt = runtime("");
         assert_eq!(rt.config().max_inflight_tool_calls, 64);
     }
 
     #[test]
     fn a_runtime_with_affinity_gets_a_session_seat_and_one_without_does_not() {
-        let text = r#"
-[host]
-auditPath = "audit.jsonl"
-filesRoot = "files"
-
-[[runtimes]]
-id = "r"
-version = "1"
-program = "/bin/true"
-affinity = { ttlMs = 30000 }
-"#;
-        let config = HostConfig::parse(text, "host.toml", Path::new("/tmp")).unwrap();
-        let rt = process_runtime(&config, &config.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        let rt = runtime("affinity = { ttlMs = 30000 }");
         assert_eq!(rt.config().affinity.map(|a| a.ttl_ms), Some(30_000));
         assert!(super::process_seat(rt).sessions.is_some());
-        let off = HostConfig::parse(
-            &text.replace("affinity = { ttlMs = 30000 }\n", ""),
-            "host.toml",
-            Path::new("/tmp"),
-        )
-        .unwrap();
-        let rt = process_runtime(&off, &off.runtimes[0], Arc::new(DirectLauncher)).unwrap();
+        let rt = runtime("");
         assert_eq!(rt.config().affinity, None);
         assert!(super::process_seat(rt).sessions.is_none());
     }

@@ -88,5 +88,7 @@ pub fn kind_of(e: &WireError) -> ErrorKind {
         .unwrap_or(ErrorKind::Internal)
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;

@@ -5,35 +5,11 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
+use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::{Inbound, Inbox, Peer, PeerConfig, Violation, ViolationReason};
-
-struct PluginEnd {
-    lines: tokio::io::Lines<BufReader<ReadHalf<DuplexStream>>>,
-    w: WriteHalf<DuplexStream>,
-}
-
-impl PluginEnd {
-    async fn write(&mut self, bytes: &[u8]) {
-        self.w.write_all(bytes).await.unwrap();
-    }
-    async fn line(&mut self, v: Value) {
-        let mut s = serde_json::to_string(&v).unwrap();
-        s.push('\n');
-        self.write(s.as_bytes()).await;
-    }
-    async fn read(&mut self) -> Value {
-        let l = tokio::time::timeout(Duration::from_secs(5), self.lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        serde_json::from_str(&l).unwrap()
-    }
-}
+use crate::testing::{RawEnd, direct_pair};
+use crate::{Inbound, Peer, PeerConfig, Violation, ViolationReason};
 
 /// The host's configuration without the handshake rule, for tests of the
 /// reader that start mid-connection.
@@ -44,27 +20,10 @@ fn config() -> PeerConfig {
     }
 }
 
-/// A peer whose inbox is pulled by the test itself (as the turn driver
-/// pulls it).
-fn direct_pair(config: PeerConfig) -> (Peer, Inbox, PluginEnd) {
-    let (host, plugin) = tokio::io::duplex(4096);
-    let (hr, hw) = tokio::io::split(host);
-    let (pr, pw) = tokio::io::split(plugin);
-    let (peer, inbox) = Peer::spawn(hr, hw, config);
-    (
-        peer,
-        inbox,
-        PluginEnd {
-            lines: BufReader::new(pr).lines(),
-            w: pw,
-        },
-    )
-}
-
 /// A peer whose inbox is pulled ahead into a queue by a task: a consumer
 /// that is always waiting for the next message, so a test can script the
 /// plugin's side first and look at what was delivered after.
-fn pair(config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, PluginEnd) {
+fn pair(config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, RawEnd) {
     let (peer, mut inbox, plugin) = direct_pair(config);
     let (tx, rx) = mpsc::channel(1024);
     tokio::spawn(async move {
@@ -450,7 +409,7 @@ async fn requests_count_against_the_message_budgets() {
                     .await;
             }
             // Keep reading the refusals so the host never stalls on us.
-            while plugin.lines.next_line().await.is_ok_and(|l| l.is_some()) {}
+            plugin.drain().await;
         });
         let mut taken = Vec::new();
         let v = loop {

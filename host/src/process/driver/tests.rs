@@ -14,33 +14,10 @@ use sharedos_protocol::{
     ConnectionLimits, RuntimeEvent, RuntimeLimits, RuntimeManifest, Timestamp, ToolCall,
     ToolResult, TurnId,
 };
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
+
+use sharedos_peer::testing::{RawEnd, direct_pair};
 
 use super::{HandshakeError, Inbox, Peer, PeerConfig, drive_turn, handshake, host_peer_config};
-
-struct PluginEnd {
-    lines: tokio::io::Lines<BufReader<ReadHalf<DuplexStream>>>,
-    w: WriteHalf<DuplexStream>,
-}
-
-impl PluginEnd {
-    async fn write(&mut self, bytes: &[u8]) {
-        self.w.write_all(bytes).await.unwrap();
-    }
-    async fn line(&mut self, v: Value) {
-        let mut s = serde_json::to_string(&v).unwrap();
-        s.push('\n');
-        self.write(s.as_bytes()).await;
-    }
-    async fn read(&mut self) -> Value {
-        let l = tokio::time::timeout(Duration::from_secs(5), self.lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        serde_json::from_str(&l).unwrap()
-    }
-}
 
 /// The host's configuration without the handshake rule, for tests of the
 /// reader that start mid-connection.
@@ -56,23 +33,6 @@ fn handshake_config() -> PeerConfig {
         max_message_bytes: 1024,
         ..PeerConfig::default()
     })
-}
-
-/// A peer whose inbox is pulled by the test itself (as the turn driver
-/// pulls it).
-fn direct_pair(config: PeerConfig) -> (Peer, Inbox, PluginEnd) {
-    let (host, plugin) = tokio::io::duplex(4096);
-    let (hr, hw) = tokio::io::split(host);
-    let (pr, pw) = tokio::io::split(plugin);
-    let (peer, inbox) = Peer::spawn(hr, hw, config);
-    (
-        peer,
-        inbox,
-        PluginEnd {
-            lines: BufReader::new(pr).lines(),
-            w: pw,
-        },
-    )
 }
 
 // ---------------------------------------------------------------- turns
@@ -170,7 +130,7 @@ fn call(id: &str, tool: &str) -> Value {
     json!({"id":id,"tool":tool,"arguments":{"n":1},"traceId":"tr","requestedAt":"2026-01-01T00:00:00Z"})
 }
 
-async fn answer_initialize(plugin: &mut PluginEnd, result: Value) {
+async fn answer_initialize(plugin: &mut RawEnd, result: Value) {
     let init = plugin.read().await;
     assert_eq!(init["method"], "initialize");
     assert_eq!(init["params"]["protocolVersions"], json!([1]));
@@ -183,7 +143,7 @@ fn good_init() -> Value {
     json!({"protocolVersion":1,"manifest":{"id":"test-runtime","version":"1.0.0","protocolVersion":"1"},"capabilities":{},"future":1})
 }
 
-async fn handshaken(cfg: PeerConfig) -> (Peer, Inbox, PluginEnd) {
+async fn handshaken(cfg: PeerConfig) -> (Peer, Inbox, RawEnd) {
     let (peer, mut inbound, mut plugin) = direct_pair(cfg);
     let m = manifest();
     let (r, ()) = tokio::join!(
@@ -194,7 +154,7 @@ async fn handshaken(cfg: PeerConfig) -> (Peer, Inbox, PluginEnd) {
     (peer, inbound, plugin)
 }
 
-async fn handshake_error(script: impl AsyncFnOnce(&mut PluginEnd)) -> HandshakeError {
+async fn handshake_error(script: impl AsyncFnOnce(&mut RawEnd)) -> HandshakeError {
     let (peer, mut inbound, mut plugin) = direct_pair(handshake_config());
     let m = manifest();
     let (r, ()) = tokio::join!(
