@@ -360,3 +360,26 @@ pub fn fixture_with(tool: Arc<ScriptedTool>, grants: Vec<Grant>) -> Fixture {
 pub fn records_grant(id: &str, path: &[&str], scope: Scope) -> Grant {
     grant(id, "alice", vec![cap("records", path, scope, &["read"])])
 }
+
+/// The error code of a tool result, if it failed.
+pub fn code(r: &sharedos_protocol::ToolResult) -> Option<&str> {
+    r.error().map(|e| e.code.as_str())
+}
+
+/// One `test.records` call with `record` in a fresh turn of `ctx`.
+pub async fn invoke(
+    f: &Fixture,
+    ctx: &AccessContext,
+    id: &str,
+    record: &str,
+) -> sharedos_protocol::ToolResult {
+    use sharedos_kernel::TurnKernel;
+    let turn = f.kernel.open_turn(ctx).await.unwrap();
+    turn.invoke_tool(
+        ctx,
+        &call(id, "test.records", json!({"record": record})),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
