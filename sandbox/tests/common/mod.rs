@@ -122,3 +122,35 @@ pub fn is_sandbox_uid(uid: &str) -> bool {
     uid.parse::<u32>()
         .is_ok_and(|u| (r.first..r.first + r.count).contains(&u))
 }
+
+/// A string member of the probe's report (empty when absent).
+pub fn ok(v: &serde_json::Value, key: &str) -> String {
+    v[key].as_str().unwrap_or_default().to_string()
+}
+
+/// Read the probe's "started" line, so the daemon tree exists.
+pub fn wait_started(child: &mut SandboxedChild) -> std::io::BufReader<std::fs::File> {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::new(std::fs::File::from(child.stdout.take().unwrap()));
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains("started"), "{line}");
+    r
+}
+
+/// The host pid of the sandbox's pid 1: the process in a child pid
+/// namespace whose NSpid ends in 1, below the helper `helper`.
+pub fn sandbox_pid1(helper: i32) -> Option<i32> {
+    let mut pid = helper;
+    for _ in 0..4 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+        let ids: Vec<&str> = nspid.split_whitespace().collect();
+        if ids.len() > 1 && ids.last() == Some(&"1") {
+            return Some(pid);
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        pid = children.split_whitespace().next()?.parse().ok()?;
+    }
+    None
+}
