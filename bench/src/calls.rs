@@ -19,16 +19,18 @@ use sharedos_host::process::DirectLauncher;
 /// The calls of one envelope turn: under the fixture's tool call budget.
 const CALLS_PER_TURN: u64 = 9_000;
 
-/// CPU time in microseconds, from `/proc/self/stat` (clock ticks, 100 per
-/// second): this process's (user + system, every thread), and that of its
-/// children once reaped (the plugins).
+/// CPU time in microseconds (user + system, from `getrusage`, which
+/// counts in microseconds where `/proc/self/stat` counts 10 ms ticks):
+/// this process's (every thread), and that of its children once reaped
+/// (the plugins).
 fn cpu_us() -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut f = rest.split_whitespace().skip(11);
-    let mut tick = || -> Option<f64> { f.next()?.parse::<f64>().ok().map(|t| t * 10_000.0) };
-    let (utime, stime, cutime, cstime) = (tick()?, tick()?, tick()?, tick()?);
-    Some((utime + stime, cutime + cstime))
+    use nix::sys::resource::{UsageWho, getrusage};
+    let us = |who| -> Option<f64> {
+        let u = getrusage(who).ok()?;
+        let (a, b) = (u.user_time(), u.system_time());
+        Some((a.tv_sec() + b.tv_sec()) as f64 * 1e6 + (a.tv_usec() + b.tv_usec()) as f64)
+    };
+    Some((us(UsageWho::RUSAGE_SELF)?, us(UsageWho::RUSAGE_CHILDREN)?))
 }
 
 /// What one measured round of [`envelope_parallel`] gives: calls per
@@ -270,6 +272,28 @@ async fn blocking(
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Prints the envelope's rate and CPU per call alone, the median of
+/// `rounds` rounds.
+pub async fn print_envelope(exe: &Path, inflight: usize, rounds: usize) -> bool {
+    match envelope_parallel(exe, inflight, rounds).await {
+        Ok(r) => {
+            println!(
+                "{:<58} {:>12.0} calls/s   host CPU {:.1} µs, plugin CPU {:.1} µs a call",
+                format!("{inflight} in flight, through the envelope ({rounds} rounds)"),
+                r.rate,
+                r.host_cpu_us,
+                r.plugin_cpu_us
+            );
+            println!("    calls measured: {}", CALLS_PER_TURN * rounds as u64);
+            true
+        }
+        Err(e) => {
+            println!("    (envelope calls in flight not measured: {e})");
+            false
+        }
+    }
 }
 
 /// Prints the envelope's rate, the raw pair's and (when [`RMCP_ECHO_ENV`]

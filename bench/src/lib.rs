@@ -157,6 +157,11 @@ pub enum Only {
     Turns,
     /// Sequential and concurrent tool calls against their floors.
     Calls,
+    /// The envelope's concurrent tool calls alone (64 in flight, no
+    /// floor): for counting the host's own work per call, e.g. `perf stat
+    /// -i -e instructions:u`, which counts the host's main thread (where
+    /// the single-threaded runtime serves the calls) and not the plugin.
+    Inflight,
     /// Spawn until `initialize` in every sandbox mode against bwrap, the
     /// layer costs and the stage timings.
     Spawn,
@@ -209,6 +214,9 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
                 println!("{}", process::ratio_line("(c) / (a), target ≤ 1.5×", &c, a));
             }
             failed |= !calls::print(exe, 64, 5).await;
+        }
+        Only::Inflight => {
+            failed |= !calls::print_envelope(exe, 64, (iterations / 40).clamp(1, 50)).await;
         }
         Only::Spawn => {
             let spawns = (iterations / 20).clamp(20, 200);

@@ -37,6 +37,13 @@ pub struct PeerConfig {
     pub handshake_first: bool,
 }
 
+/// The plugin's write queue, in lines. `emit` cannot wait (it is
+/// synchronous), so a burst of emits is queued: the queue holds more than
+/// the host's default notification burst (10,000, `notification_rate`), so
+/// a burst the host accepts never finds the plugin's own queue full. A
+/// bounded tokio channel takes memory per queued line, not per slot.
+pub const PLUGIN_WRITE_QUEUE: usize = 16_384;
+
 impl Default for PeerConfig {
     /// The host's end of a plugin connection, without the handshake rule.
     fn default() -> Self {
@@ -62,7 +69,7 @@ impl PeerConfig {
     pub fn plugin() -> Self {
         Self {
             max_inflight_requests: usize::MAX >> 4,
-            write_queue: 1024,
+            write_queue: PLUGIN_WRITE_QUEUE,
             write_stall_timeout: Duration::from_secs(24 * 3600),
             violation_budget: u32::MAX,
             notification_budget: u64::MAX,

@@ -483,3 +483,21 @@ async fn call_answers_go_to_the_caller_and_a_dead_peer_cancels_them() {
         .expect("a call on a dead peer does not wait for an answer");
     assert!(late.is_err(), "a call on a dead peer is refused: {late:?}");
 }
+
+/// The SDK's `emit` is synchronous: a burst of emits the host accepts
+/// (its default burst is 10,000 notifications) is queued whole by the
+/// plugin's end, not refused because the writer had no turn to run yet,
+/// and goes out in order.
+#[tokio::test]
+async fn a_plugin_queues_a_burst_of_notifications_the_host_accepts() {
+    let (peer, _inbox, mut host) = direct_pair(PeerConfig::plugin());
+    let burst = PeerConfig::default().notification_rate.1;
+    for i in 0..burst {
+        // No await in between: the writer cannot drain meanwhile.
+        peer.notify_now("host/emit", &json!({"i": i}))
+            .unwrap_or_else(|v| panic!("emit {i} of the burst was refused: {v}"));
+    }
+    for i in 0..burst {
+        assert_eq!(host.read().await["params"]["i"], json!(i));
+    }
+}

@@ -27,6 +27,14 @@ use tokio::time::Instant;
 /// plugin wrote before it died (its outcome, typically).
 pub const EXIT_DRAIN_GRACE: Duration = Duration::from_millis(250);
 
+/// After this many answers in a row the driver yields once, so the writer
+/// sends them while the rest of the calls are served: the plugin works on
+/// the first answers while the host works on the next calls. Without it a
+/// burst of 64 calls was answered in one write after all 64 were served,
+/// host and plugin taking turns instead of working at once
+/// (docs/BENCHMARKS.md, calls in flight).
+const ANSWER_BATCH: usize = 16;
+
 /// One tool call being served, tagged with its slot in `pending`.
 type CallFuture =
     std::pin::Pin<Box<dyn Future<Output = (u64, Result<ToolResult, HostCallError>)> + Send>>;
@@ -78,6 +86,7 @@ pub async fn drive_turn(
         exit_deadline: None,
     };
     let (mut drain_sent, mut dead_seen) = (false, false);
+    let mut answered = 0usize;
     let dead = peer.dead();
     tokio::pin!(dead);
     tokio::pin!(exited);
@@ -94,7 +103,13 @@ pub async fn drive_turn(
             _ = abort.raised() => turn.aborted(),
             item = inbound.recv() => turn.inbound(item).await,
             Some((n, result)) = turn.calls.next(), if !turn.calls.is_empty() => {
-                turn.call_done(n, result).await
+                let step = turn.call_done(n, result).await;
+                answered += 1;
+                if answered >= ANSWER_BATCH {
+                    answered = 0;
+                    tokio::task::yield_now().await;
+                }
+                step
             }
             _ = draining.raised(), if !drain_sent => {
                 drain_sent = true;
