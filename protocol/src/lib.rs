@@ -20,6 +20,7 @@ pub mod contract;
 pub mod errors;
 pub mod execution;
 pub mod harness;
+pub mod json;
 pub mod jsonrpc;
 pub mod method;
 pub mod primitives;

@@ -1,0 +1,214 @@
+//! Writing JSON text by hand on the per-call path: a string quoted and
+//! escaped, and its length, byte for byte as `serde_json` writes them.
+//!
+//! `serde_json` escapes every string one byte at a time, struct keys
+//! included, and a tool call writes about a hundred short strings (two
+//! audit records, its events, its answer). The records that are written
+//! on every call build their lines with these: constant keys as literal
+//! bytes, values through [`write_str`], which copies the runs that need no
+//! escape whole. Each such writer is tested to produce exactly what
+//! `serde_json` produces for the same value, so a reader cannot tell them
+//! apart.
+
+/// `b` repeated in every byte of a word.
+const fn splat(b: u8) -> u64 {
+    u64::from_ne_bytes([b; 8])
+}
+
+const LOW_BITS: u64 = splat(0x01);
+const HIGH_BITS: u64 = splat(0x80);
+
+/// Whether any byte of `w` is zero (exact: the classic test has no false
+/// positive for "some byte is zero").
+const fn has_zero(w: u64) -> bool {
+    w.wrapping_sub(LOW_BITS) & !w & HIGH_BITS != 0
+}
+
+/// Whether any byte of `w` needs escaping: a control (below 0x20), `"` or
+/// `\`. Bytes of 0x80 and above never do (UTF-8 continuation and lead
+/// bytes are copied as they are, as serde_json does).
+const fn word_needs_escape(w: u64) -> bool {
+    // A byte below 0x20, among bytes below 0x80: `b - 0x20` borrows.
+    let control = w.wrapping_sub(splat(0x20)) & !w & HIGH_BITS != 0;
+    control || has_zero(w ^ splat(b'"')) || has_zero(w ^ splat(b'\\'))
+}
+
+const fn byte_needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// The index of the first byte of `bytes` from `start` that needs escaping,
+/// or `bytes.len()`. Eight bytes at a time while none does.
+fn next_escape(bytes: &[u8], mut start: usize) -> usize {
+    while let Some(chunk) = bytes.get(start..start + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        if word_needs_escape(u64::from_ne_bytes(word)) {
+            break;
+        }
+        start += 8;
+    }
+    bytes[start..]
+        .iter()
+        .position(|b| byte_needs_escape(*b))
+        .map_or(bytes.len(), |i| start + i)
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The escape of one byte that needs it, as serde_json writes it.
+fn escape(out: &mut Vec<u8>, b: u8) {
+    let short = match b {
+        b'"' => b'"',
+        b'\\' => b'\\',
+        0x08 => b'b',
+        0x0C => b'f',
+        b'\n' => b'n',
+        b'\r' => b'r',
+        b'\t' => b't',
+        _ => {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xF)],
+            ]);
+            return;
+        }
+    };
+    out.extend_from_slice(&[b'\\', short]);
+}
+
+/// The length of one byte's escape (the byte needs one).
+const fn escape_len(b: u8) -> usize {
+    match b {
+        b'"' | b'\\' | 0x08 | 0x0C | b'\n' | b'\r' | b'\t' => 2,
+        _ => 6,
+    }
+}
+
+/// Writes `s` as a JSON string: quoted, escaped as serde_json escapes it.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut from = 0;
+    loop {
+        let at = next_escape(bytes, from);
+        out.extend_from_slice(&bytes[from..at]);
+        let Some(&b) = bytes.get(at) else { break };
+        escape(out, b);
+        from = at + 1;
+    }
+    out.push(b'"');
+}
+
+/// The length of [`write_str`]'s output for `s`, quotes included.
+pub fn str_len(s: &str) -> usize {
+    let bytes = s.as_bytes();
+    let mut len = bytes.len() + 2;
+    let mut from = 0;
+    loop {
+        let at = next_escape(bytes, from);
+        let Some(&b) = bytes.get(at) else { break };
+        len += escape_len(b) - 1;
+        from = at + 1;
+    }
+    len
+}
+
+/// Writes `n` in decimal, as serde_json writes an unsigned integer.
+pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ours(s: &str) -> String {
+        let mut out = Vec::new();
+        write_str(&mut out, s);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn check(s: &str) {
+        let theirs = serde_json::to_string(s).unwrap();
+        assert_eq!(ours(s), theirs, "for {s:?}");
+        assert_eq!(str_len(s), theirs.len(), "length for {s:?}");
+    }
+
+    /// Every one-byte character, alone and inside runs long enough to take
+    /// the eight-byte path at every alignment.
+    #[test]
+    fn every_ascii_character_is_written_as_serde_json_writes_it() {
+        for c in (0u8..0x80).map(char::from) {
+            check(&c.to_string());
+            for pad in 0..17 {
+                let run = "a".repeat(pad);
+                check(&format!("{run}{c}{run}"));
+                check(&format!("{c}{run}{c}"));
+            }
+        }
+    }
+
+    #[test]
+    fn non_ascii_and_edge_strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "",
+            "plain",
+            "\u{2028}\u{2029}",
+            "é\u{7f}\u{80}\u{ff}",
+            "😀 tool \"quoted\" \\ back",
+            "\u{0}\u{1f}\u{7f}",
+            "line\nbreak\r\ttab\u{8}\u{c}",
+            "\\\\\\\\\\\\\\\\\"\"\"\"\"\"\"\"",
+            "ß\u{10ffff}\u{feff}\u{202e}",
+        ] {
+            check(s);
+            check(&s.repeat(9));
+        }
+    }
+
+    /// Strings drawn from a small alphabet of the cases that matter, at
+    /// every length up to 40 (a fixed generator, so a failure replays).
+    #[test]
+    fn generated_strings_are_written_as_serde_json_writes_them() {
+        let alphabet = ['a', '"', '\\', '\n', '\u{1}', 'é', '😀', ' ', '\u{1f}', '~'];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..40 {
+            for _ in 0..50 {
+                let s: String = (0..len)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        alphabet[(state % alphabet.len() as u64) as usize]
+                    })
+                    .collect();
+                check(&s);
+            }
+        }
+    }
+
+    #[test]
+    fn integers_are_written_as_serde_json_writes_them() {
+        for n in [0, 1, 9, 10, 99, 100, 12345, u64::from(u32::MAX), u64::MAX] {
+            let mut out = Vec::new();
+            write_u64(&mut out, n);
+            assert_eq!(out, serde_json::to_vec(&n).unwrap());
+        }
+    }
+}
