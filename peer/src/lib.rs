@@ -43,6 +43,7 @@
 
 mod budget;
 mod config;
+mod frame;
 mod line;
 mod peer;
 mod read;

@@ -12,7 +12,11 @@ use jsonrpsee_types::{
 use serde::Serialize;
 use serde_json::{Map, Value};
 use sharedos_protocol::ErrorKind;
+use sharedos_protocol::json;
 use sharedos_protocol::jsonrpc::RequestId;
+use sharedos_protocol::tool_json::WriteJson;
+
+use crate::shared::Line;
 
 /// An error object with `data.kind`, the stable machine contract
 /// (protocol.md B.6): the code comes from the kind, never the other way.
@@ -61,6 +65,21 @@ pub(crate) fn response<R: Serialize>(
     result: &R,
 ) -> Result<String, serde_json::Error> {
     serde_json::to_string(&Response::new(ResponsePayload::success(result), id(to)))
+}
+
+/// [`response`] for a result that writes its own JSON text: the same
+/// bytes (`{"jsonrpc":"2.0","id":…,"result":…}`), built without serde.
+pub(crate) fn response_written(to: &RequestId, result: &impl WriteJson) -> Line {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    match to {
+        RequestId::Number(n) => json::write_u64(&mut out, *n),
+        RequestId::String(s) => json::write_str(&mut out, s),
+    }
+    out.extend_from_slice(br#","result":"#);
+    result.write_json(&mut out);
+    out.push(b'}');
+    out
 }
 
 /// A compact error response line.
@@ -116,5 +135,41 @@ mod tests {
             error_response(&RequestId::Number(3), &error(ErrorKind::Overloaded, "busy")),
             r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"busy","data":{"kind":"overloaded"}}}"#
         );
+    }
+
+    /// The hand-written answer line is the serde one, for every id shape
+    /// (escapes in string ids, the largest integer id) and results of
+    /// every status (their bodies are held to serde_json over generated
+    /// values in `sharedos_protocol::tool_json`).
+    #[test]
+    fn the_written_answer_line_is_byte_for_byte_the_serde_one() {
+        use sharedos_protocol::ToolResult;
+        let results: Vec<ToolResult> = [
+            serde_json::json!({"status": "succeeded", "callId": "c\"1", "tool": "é\u{2028}",
+                "completedAt": "2026-12-01T19:30:34.123Z", "output": {"a": [1, -2, 0.5, "\n"]}}),
+            serde_json::json!({"status": "denied", "callId": "c", "tool": "t",
+                "completedAt": "2026-12-01T19:30:34Z", "metadata": {"k": null},
+                "error": {"code": "policy_denied", "message": "no\\", "retryable": false}}),
+            serde_json::json!({"status": "failed", "callId": "c", "tool": "t",
+                "completedAt": "2026-12-01T19:30:34Z",
+                "error": {"code": "x", "message": "m", "details": {"d": [true]}}}),
+        ]
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
+        let ids = [
+            RequestId::Number(0),
+            RequestId::Number(jsonrpc::MAX_INTEGER_ID),
+            RequestId::String(String::new()),
+            RequestId::String("p-\"1\"\\\u{1}\u{2028}é".into()),
+        ];
+        for to in &ids {
+            for result in &results {
+                assert_eq!(
+                    String::from_utf8(response_written(to, result)).unwrap(),
+                    response(to, result).unwrap()
+                );
+            }
+        }
     }
 }

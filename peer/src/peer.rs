@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::PeerConfig;
 use crate::line;
 use crate::read::Inbox;
-use crate::shared::{Answer, Shared, Waiter, lock};
+use crate::shared::{Answer, Line, Shared, Waiter, lock};
 use crate::violation::{Violation, ViolationReason};
 use crate::write::write_loop;
 
@@ -26,7 +26,7 @@ use crate::write::write_loop;
 /// stall timeout.
 pub struct Peer {
     shared: Arc<Shared>,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Line>,
     next_id: AtomicU64,
 }
 
@@ -151,7 +151,7 @@ impl Peer {
             Violation::new(ViolationReason::Io, format!("cannot encode {method}: {e}"))
         })?;
         self.check_size(&line)?;
-        self.out.try_send(line).map_err(|e| match e {
+        self.out.try_send(line.into_bytes()).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 Violation::new(ViolationReason::Io, "the write queue is full")
             }
@@ -173,7 +173,10 @@ impl Peer {
 
     async fn send_line(&self, line: String) -> Result<(), Violation> {
         self.check_size(&line)?;
-        self.out.send(line).await.map_err(|_| self.stopped())
+        self.out
+            .send(line.into_bytes())
+            .await
+            .map_err(|_| self.stopped())
     }
 
     fn check_size(&self, line: &str) -> Result<(), Violation> {

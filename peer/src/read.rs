@@ -12,67 +12,21 @@
 //! uncounted. Handshake: with `handshake_first`, nothing but the answer to
 //! a pending request (`initialize`) may come first; anything else is fatal.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
 use sharedos_protocol::text::escape_text;
-use sharedos_protocol::{ErrorKind, FrameError, NdjsonCodec};
-use tokio::io::AsyncRead;
+use sharedos_protocol::{ErrorKind, FrameError};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_util::bytes::BytesMut;
-use tokio_util::codec::{Decoder, FramedRead};
 
 use crate::budget::Budget;
 use crate::config::PeerConfig;
+use crate::frame::{BoxRead, Lines};
 use crate::line;
 use crate::reply::Replier;
-use crate::shared::{Shared, Waiter, lock};
+use crate::shared::{Line, Shared, Waiter, lock};
 use crate::violation::*;
-
-/// The other end's output, as the reader holds it.
-pub(crate) type BoxRead = Pin<Box<dyn AsyncRead + Send>>;
-
-/// The NDJSON codec, keeping the first bytes of the line being decoded so
-/// that a framing violation (too long, not UTF-8) can show what it saw.
-/// A line always starts at the front of the buffer.
-struct Sampling {
-    inner: NdjsonCodec,
-    sample: Vec<u8>,
-}
-
-impl Sampling {
-    fn new(max: usize) -> Self {
-        Self {
-            inner: NdjsonCodec::new(max),
-            sample: Vec::with_capacity(SAMPLE_BYTES + 1),
-        }
-    }
-    fn keep(&mut self, src: &BytesMut) {
-        let head = &src[..src.len().min(SAMPLE_BYTES + 1)];
-        let line = head
-            .iter()
-            .position(|b| *b == b'\n')
-            .map_or(head, |nl| &head[..nl]);
-        self.sample.clear();
-        self.sample.extend_from_slice(line);
-    }
-}
-
-impl Decoder for Sampling {
-    type Item = String;
-    type Error = FrameError;
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<String>, FrameError> {
-        self.keep(src);
-        self.inner.decode(src)
-    }
-    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<String>, FrameError> {
-        self.keep(src);
-        self.inner.decode_eof(src)
-    }
-}
 
 /// One accepted incoming message, in wire order.
 #[derive(Debug)]
@@ -102,9 +56,15 @@ pub enum Inbound {
 /// The plugin's messages, read on demand in the consumer's task (the turn
 /// driver's). The last item is [`Inbound::Closed`]; `None` after it.
 pub struct Inbox {
-    framed: FramedRead<BoxRead, Sampling>,
+    lines: Lines,
+    intake: Intake,
+    closed: bool,
+}
+
+/// What the reader decides about each line, apart from the framing.
+struct Intake {
     shared: Arc<Shared>,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Line>,
     config: PeerConfig,
     permits: Arc<Semaphore>,
     budget: Budget,
@@ -112,8 +72,7 @@ pub struct Inbox {
     /// An answer the reader owes the plugin (`-32601`, `-32055`), sent
     /// before the next line is read: the plugin is answered in order and a
     /// full write queue holds the reader back (backpressure).
-    owed: Option<String>,
-    closed: bool,
+    owed: Option<Line>,
 }
 
 /// One line's effect.
@@ -135,19 +94,21 @@ impl std::fmt::Debug for Inbox {
 impl Inbox {
     pub(crate) fn new(
         reader: BoxRead,
-        out: mpsc::Sender<String>,
+        out: mpsc::Sender<Line>,
         shared: Arc<Shared>,
         config: PeerConfig,
     ) -> Self {
         Self {
-            framed: FramedRead::new(reader, Sampling::new(config.max_message_bytes)),
-            shared,
-            out,
-            permits: Arc::new(Semaphore::new(config.max_inflight_requests)),
-            budget: Budget::new(&config),
-            answered_first: !config.handshake_first,
-            config,
-            owed: None,
+            lines: Lines::new(reader, config.max_message_bytes),
+            intake: Intake {
+                shared,
+                out,
+                permits: Arc::new(Semaphore::new(config.max_inflight_requests)),
+                budget: Budget::new(&config),
+                answered_first: !config.handshake_first,
+                config,
+                owed: None,
+            },
             closed: false,
         }
     }
@@ -160,22 +121,22 @@ impl Inbox {
             return None;
         }
         loop {
-            if self.owed.is_some() {
-                let Ok(slot) = self.out.reserve().await else {
+            if self.intake.owed.is_some() {
+                let Ok(slot) = self.intake.out.reserve().await else {
                     let gone = Violation::new(ViolationReason::Io, "the writer has stopped");
                     return Some(self.close(gone));
                 };
-                if let Some(line) = self.owed.take() {
+                if let Some(line) = self.intake.owed.take() {
                     slot.send(line);
                 }
             }
-            let step = match self.framed.next().await {
+            let step = match self.lines.next().await {
                 None => Step::Fatal(Violation::new(
                     ViolationReason::PluginExited,
                     "EOF on the plugin's stdout",
                 )),
-                Some(Err(e)) => Step::Fatal(self.frame_violation(e)),
-                Some(Ok(line)) => self.take(&line),
+                Some(Err(e)) => Step::Fatal(frame_violation(&self.lines.sample, e)),
+                Some(Ok(line)) => self.intake.take(line),
             };
             match step {
                 Step::Deliver(item) => return Some(item),
@@ -187,28 +148,30 @@ impl Inbox {
 
     fn close(&mut self, v: Violation) -> Inbound {
         self.closed = true;
-        Inbound::Closed(self.shared.fail(v))
+        Inbound::Closed(self.intake.shared.fail(v))
     }
+}
 
-    fn frame_violation(&self, e: FrameError) -> Violation {
-        let sample = &self.framed.decoder().sample;
-        match e {
-            FrameError::TooLarge { limit } => Violation::new(
-                ViolationReason::FrameTooLarge,
-                format!("a line exceeded {limit} bytes"),
-            )
-            .with_sample(sample),
-            FrameError::InvalidUtf8 => {
-                Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8")
-                    .with_sample(sample)
-            }
-            FrameError::Io(e) => Violation::new(
-                ViolationReason::Io,
-                format!("reading the plugin's stdout failed: {e}"),
-            ),
+/// A framing violation, with the first bytes of the line that broke it.
+fn frame_violation(sample: &[u8], e: FrameError) -> Violation {
+    match e {
+        FrameError::TooLarge { limit } => Violation::new(
+            ViolationReason::FrameTooLarge,
+            format!("a line exceeded {limit} bytes"),
+        )
+        .with_sample(sample),
+        FrameError::InvalidUtf8 => {
+            Violation::new(ViolationReason::InvalidUtf8, "a line is not valid UTF-8")
+                .with_sample(sample)
         }
+        FrameError::Io(e) => Violation::new(
+            ViolationReason::Io,
+            format!("reading the plugin's stdout failed: {e}"),
+        ),
     }
+}
 
+impl Intake {
     /// Applies one line: the handshake rule, the budgets, the envelope.
     fn take(&mut self, line: &str) -> Step {
         if !self.answered_first && !answers_pending(line, &self.shared) {
@@ -295,7 +258,7 @@ impl Inbox {
                 return Step::Fatal(v);
             }
             let err = line::error(ErrorKind::MethodNotFound, "method not found");
-            self.owed = Some(line::error_response(&id, &err));
+            self.owed = Some(line::error_response(&id, &err).into_bytes());
             return Step::Next;
         };
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
@@ -306,7 +269,7 @@ impl Inbox {
                 "too many requests in flight; retry later",
                 data,
             );
-            self.owed = Some(line::error_response(&id, &err));
+            self.owed = Some(line::error_response(&id, &err).into_bytes());
             return Step::Next;
         };
         lock(&self.shared.inflight).insert(id.clone());

@@ -8,10 +8,11 @@ use serde::Serialize;
 use sharedos_protocol::ErrorKind;
 use sharedos_protocol::jsonrpc::RequestId;
 use sharedos_protocol::method::Request;
+use sharedos_protocol::tool_json::WriteJson;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::line;
-use crate::shared::{Shared, lock};
+use crate::shared::{Line, Shared, lock};
 use crate::violation::{Violation, ViolationReason};
 
 /// The answer slot of one incoming request. Dropping it unanswered frees
@@ -19,7 +20,7 @@ use crate::violation::{Violation, ViolationReason};
 pub struct Replier {
     pub(crate) id: RequestId,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) out: mpsc::Sender<String>,
+    pub(crate) out: mpsc::Sender<Line>,
     pub(crate) _permit: Option<OwnedSemaphorePermit>,
     pub(crate) answered: bool,
 }
@@ -46,6 +47,14 @@ impl Replier {
         self.finish(line).await
     }
 
+    /// [`Replier::result`] for a result that writes its own JSON text
+    /// ([`WriteJson`], byte for byte what `serde_json` writes): the same
+    /// line, built without serde (the answer to every tool call).
+    pub async fn result_written(mut self, value: &impl WriteJson) -> Result<(), Violation> {
+        let line = self.written_line(value);
+        self.finish(line).await
+    }
+
     /// [`Replier::result`] without waiting for queue space; `false` if it
     /// could not be queued.
     pub fn try_result(mut self, value: &impl Serialize) -> bool {
@@ -54,30 +63,40 @@ impl Replier {
         self.out.try_send(line).is_ok()
     }
 
-    fn result_line(&self, value: &impl Serialize) -> String {
-        let max = self.shared.max_message_bytes();
+    fn result_line(&self, value: &impl Serialize) -> Line {
         match line::response(&self.id, value) {
-            Ok(l) if l.len() <= max => l,
-            Ok(_) => {
-                let mut data = serde_json::Map::new();
-                data.insert("limit".into(), max.into());
-                let too_large = line::error_with(
-                    ErrorKind::MessageTooLarge,
-                    "the response exceeds maxMessageBytes",
-                    data,
-                );
-                line::error_response(&self.id, &too_large)
-            }
+            Ok(l) => self.within_limit(l.into_bytes()),
             Err(_) => line::error_response(
                 &self.id,
                 &line::error(ErrorKind::Internal, "unserializable result"),
-            ),
+            )
+            .into_bytes(),
         }
+    }
+
+    fn written_line(&self, value: &impl WriteJson) -> Line {
+        self.within_limit(line::response_written(&self.id, value))
+    }
+
+    /// The line, or `-32057` in its place if it exceeds the line limit.
+    fn within_limit(&self, line: Line) -> Line {
+        let max = self.shared.max_message_bytes();
+        if line.len() <= max {
+            return line;
+        }
+        let mut data = serde_json::Map::new();
+        data.insert("limit".into(), max.into());
+        let too_large = line::error_with(
+            ErrorKind::MessageTooLarge,
+            "the response exceeds maxMessageBytes",
+            data,
+        );
+        line::error_response(&self.id, &too_large).into_bytes()
     }
 
     pub async fn error(mut self, error: &ErrorObject<'_>) -> Result<(), Violation> {
         let line = line::error_response(&self.id, error);
-        self.finish(line).await
+        self.finish(line.into_bytes()).await
     }
 
     /// Sends an error without waiting for queue space (used right before
@@ -85,11 +104,11 @@ impl Replier {
     pub fn try_error(mut self, error: &ErrorObject<'_>) -> bool {
         self.release();
         self.out
-            .try_send(line::error_response(&self.id, error))
+            .try_send(line::error_response(&self.id, error).into_bytes())
             .is_ok()
     }
 
-    async fn finish(&mut self, line: String) -> Result<(), Violation> {
+    async fn finish(&mut self, line: Line) -> Result<(), Violation> {
         self.release();
         self.out
             .send(line)

@@ -14,6 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::violation::{Violation, ViolationReason};
 
+/// One queued outgoing line: compact JSON text without its `\n`.
+pub(crate) type Line = Vec<u8>;
+
 /// The answer to one of this end's requests.
 pub type Answer = Result<Box<RawValue>, WireError>;
 

@@ -26,6 +26,7 @@ pub mod method;
 pub mod primitives;
 pub mod schema;
 pub mod text;
+pub mod tool_json;
 pub mod wire;
 
 pub use codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, NdjsonCodec};

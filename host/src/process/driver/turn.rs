@@ -4,7 +4,6 @@
 //! `host/annotate` in wire order with a [`RuntimeHost`], and ends at the
 //! `turn/run` answer (or when the turn cannot go on).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -37,7 +36,43 @@ const ANSWER_BATCH: usize = 16;
 
 /// One tool call being served, tagged with its slot in `pending`.
 type CallFuture =
-    std::pin::Pin<Box<dyn Future<Output = (u64, Result<ToolResult, HostCallError>)> + Send>>;
+    std::pin::Pin<Box<dyn Future<Output = (usize, Result<ToolResult, HostCallError>)> + Send>>;
+
+/// The answer slots of the calls being served, by slot number: a call
+/// takes a free slot and gives it back when it is answered, so the
+/// bookkeeping of a call is an index, not a hashed key.
+#[derive(Default)]
+struct Pending {
+    slots: Vec<Option<Replier>>,
+    free: Vec<usize>,
+}
+
+impl Pending {
+    fn insert(&mut self, reply: Replier) -> usize {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(reply);
+                slot
+            }
+            None => {
+                self.slots.push(Some(reply));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, slot: usize) -> Option<Replier> {
+        let reply = self.slots.get_mut(slot)?.take()?;
+        self.free.push(slot);
+        Some(reply)
+    }
+
+    /// Every call still waiting for its answer; the slots are gone after.
+    fn drain(&mut self) -> impl Iterator<Item = Replier> + '_ {
+        self.free.clear();
+        self.slots.drain(..).flatten()
+    }
+}
 
 type Ending = Result<RuntimeTurnOutcome, RuntimeError>;
 
@@ -54,8 +89,7 @@ struct TurnDriver<'a> {
     /// The calls run inside the driver's task (no spawn, no cross-thread
     /// wake-up per call); whatever still runs at the end is spawned then.
     calls: FuturesUnordered<CallFuture>,
-    pending: HashMap<u64, Replier>,
-    next_call: u64,
+    pending: Pending,
     /// Set once the plugin is gone: when the grace ends, and how it went.
     exit_deadline: Option<(Instant, String)>,
 }
@@ -81,8 +115,7 @@ pub async fn drive_turn(
         host,
         abort: &abort,
         calls: FuturesUnordered::new(),
-        pending: HashMap::new(),
-        next_call: 0,
+        pending: Pending::default(),
         exit_deadline: None,
     };
     let (mut drain_sent, mut dead_seen) = (false, false);
@@ -138,7 +171,7 @@ impl TurnDriver<'_> {
         };
         self.peer.try_notify(TurnAbort::NAME, &params);
         let cancelled = sharedos_peer::error(ErrorKind::Cancelled, "the turn was aborted");
-        for (_, reply) in self.pending.drain() {
+        for reply in self.pending.drain() {
             reply.try_error(&cancelled);
         }
         ControlFlow::Break(Err(RuntimeError::Failed(
@@ -186,9 +219,7 @@ impl TurnDriver<'_> {
                 fatal_on(reply.error(&err).await)
             }
             Ok(p) => {
-                self.next_call += 1;
-                let n = self.next_call;
-                self.pending.insert(n, reply);
+                let n = self.pending.insert(reply);
                 let host = self.host.clone();
                 self.calls.push(Box::pin(async move {
                     (n, host.invoke_tool(p.call, p.step).await)
@@ -198,13 +229,13 @@ impl TurnDriver<'_> {
         }
     }
 
-    async fn call_done(&mut self, n: u64, result: Result<ToolResult, HostCallError>) -> Step {
-        let Some(reply) = self.pending.remove(&n) else {
+    async fn call_done(&mut self, n: usize, result: Result<ToolResult, HostCallError>) -> Step {
+        let Some(reply) = self.pending.remove(n) else {
             return ControlFlow::Continue(());
         };
         fatal_on(match result {
             // A ToolResult is always a result, refusals included.
-            Ok(tool_result) => reply.answer::<InvokeTool>(&tool_result).await,
+            Ok(tool_result) => reply.result_written(&tool_result).await,
             Err(e) => reply.error(&host_call_error(&e)).await,
         })
     }
