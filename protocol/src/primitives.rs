@@ -84,8 +84,7 @@ impl<const MIN: usize, const MAX: usize> PartialEq<&str> for Text<MIN, MAX> {
 
 impl<'de, const MIN: usize, const MAX: usize> Deserialize<'de> for Text<MIN, MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = Cow::<'de, str>::deserialize(d)?;
-        Self::new(s.as_ref()).map_err(serde::de::Error::custom)
+        from_str_with(d, |s| Self::new(s))
     }
 }
 
@@ -199,8 +198,7 @@ impl fmt::Display for Timestamp {
 
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = Cow::<'de, str>::deserialize(d)?;
-        Self::parse(s.as_ref()).map_err(serde::de::Error::custom)
+        from_str_with(d, |s| Self::parse(s))
     }
 }
 
@@ -248,8 +246,7 @@ impl fmt::Debug for PathSegment {
 
 impl<'de> Deserialize<'de> for PathSegment {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = Cow::<'de, str>::deserialize(d)?;
-        Self::new(s.as_ref()).map_err(serde::de::Error::custom)
+        from_str_with(d, |s| Self::new(s))
     }
 }
 
@@ -342,6 +339,39 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
     // crate does not enable it, so the sorted insert above is also the order
     // of serialization.
     serde_json::to_string(&sort(value)).unwrap_or_default()
+}
+
+/// Deserializes a string and builds `T` from it with `build`, reading the
+/// string where the input holds it when it can (a `Cow<str>` outside a
+/// derive is always an owned copy, and `build` copies again). It accepts
+/// and refuses what `String`'s own deserializer does, with its messages.
+pub(crate) fn from_str_with<'de, D, T, E>(
+    d: D,
+    build: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    E: fmt::Display,
+{
+    struct Build<F>(F);
+    impl<'de, T, E: fmt::Display, F: FnOnce(&str) -> Result<T, E>> serde::de::Visitor<'de>
+        for Build<F>
+    {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<Er: serde::de::Error>(self, v: &str) -> Result<T, Er> {
+            (self.0)(v).map_err(Er::custom)
+        }
+        fn visit_bytes<Er: serde::de::Error>(self, v: &[u8]) -> Result<T, Er> {
+            match std::str::from_utf8(v) {
+                Ok(s) => self.visit_str(s),
+                Err(_) => Err(Er::invalid_value(serde::de::Unexpected::Bytes(v), &self)),
+            }
+        }
+    }
+    d.deserialize_string(Build(build))
 }
 
 #[cfg(test)]

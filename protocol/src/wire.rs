@@ -41,9 +41,9 @@ impl TurnId {
 
 impl<'de> Deserialize<'de> for TurnId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
-        TurnId::new(s.into_owned())
-            .map_err(|_| serde::de::Error::custom("turnId must be 1..128 bytes of [A-Za-z0-9_.:-]"))
+        crate::primitives::from_str_with(d, |s| {
+            TurnId::new(s).map_err(|_| "turnId must be 1..128 bytes of [A-Za-z0-9_.:-]")
+        })
     }
 }
 
