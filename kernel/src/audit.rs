@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef, Timestamp};
 use tokio::sync::oneshot;
 
+mod line;
+
 /// `AuditOutcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -28,12 +30,36 @@ pub enum AuditOutcome {
     Interrupted,
 }
 
+impl AuditOutcome {
+    /// The name the audit file carries.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Escalated => "escalated",
+            Self::Interrupted => "interrupted",
+        }
+    }
+}
+
 /// Who wrote the refusal or outcome a record describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AuditSource {
     Kernel,
     Envelope,
+}
+
+impl AuditSource {
+    /// The name the audit file carries.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kernel => "kernel",
+            Self::Envelope => "envelope",
+        }
+    }
 }
 
 /// What an audit record records. Serialized as the dotted names the audit
@@ -150,11 +176,13 @@ pub struct AuditRecord {
 const RECORD_LINE_BYTES: usize = 1024;
 
 impl AuditRecord {
-    /// The record as one JSON line (newline included), serialized once
-    /// into a buffer sized for it: what a sink writes.
+    /// The record as one JSON line (newline included), written once into
+    /// a buffer sized for it: what a sink writes. Byte for byte
+    /// `serde_json::to_vec(self)` and a newline, without serde's per-key
+    /// escaping (`audit/line.rs`).
     pub fn to_json_line(&self) -> Result<Vec<u8>, AuditError> {
         let mut line = Vec::with_capacity(RECORD_LINE_BYTES);
-        serde_json::to_writer(&mut line, self).map_err(|e| AuditError::Sink(e.to_string()))?;
+        line::write_record(&mut line, self)?;
         line.push(b'\n');
         Ok(line)
     }
@@ -171,12 +199,12 @@ impl AuditRecord {
             kind,
             outcome,
             at: context.now.clone(),
-            trace_id: context.trace_id.to_string(),
-            namespace_id: context.namespace_id.to_string(),
+            trace_id: context.trace_id.as_str().to_owned(),
+            namespace_id: context.namespace_id.as_str().to_owned(),
             actor: context.actor.clone(),
             authority: context.authority.clone(),
             owner: context.owner.clone(),
-            purpose: context.purpose.to_string(),
+            purpose: context.purpose.as_str().to_owned(),
             source,
             resource: None,
             action: None,
