@@ -54,7 +54,7 @@ impl<'a> Checks<'a> {
         self.enabled(tool)?; // 6
         let ceiling = self.discoverable(grants, tool).await?; // 7
         let parsed = self.arguments(tool)?; // 8
-        let req = self.requirement(tool, &parsed)?; // 9
+        let req = self.requirement(tool, &parsed, &ceiling)?; // 9
         self.same_owner(&req).await?; // 10
         self.within_ceiling(&req, &ceiling)?; // 11
         self.authorized(grants, tool, &req).await?; // 12
@@ -137,8 +137,7 @@ impl<'a> Checks<'a> {
         };
         let record = checked_record(
             self.context,
-            req,
-            self.resource(req),
+            (self.resource(req), req.action.clone()),
             &decision,
             Some(self.call.id.as_str()),
             Some(self.call.tool.as_str()),
@@ -230,12 +229,14 @@ impl<'a> Checks<'a> {
     }
 
     /// Step 9: the exact requirement of this call (the declared one when the
-    /// handler names none). Its text on failure goes to the error hook.
-    fn requirement(
+    /// handler names none: that is the ceiling step 7 already made, so it is
+    /// borrowed, not made again). Its text on failure goes to the error hook.
+    fn requirement<'c>(
         &mut self,
         tool: &RegisteredTool,
         parsed: &ToolCall,
-    ) -> Result<Requirement, Refusal> {
+        ceiling: &'c Requirement,
+    ) -> Result<Cow<'c, Requirement>, Refusal> {
         let resolved = guarded(|| tool.handler.resolve_requirement(self.context, parsed))
             .unwrap_or_else(|| Err("resolve_requirement panicked".into()));
         let resolved: Cow<'_, CapabilityRequirement> = match resolved {
@@ -250,7 +251,11 @@ impl<'a> Checks<'a> {
                 ));
             }
         };
-        let req = requirement_of(&resolved, self.context);
+        let req = if matches!(resolved, Cow::Borrowed(_)) {
+            Cow::Borrowed(ceiling)
+        } else {
+            Cow::Owned(requirement_of(&resolved, self.context))
+        };
         // Already-validated parts: no string goes through validation again.
         self.facts.resource = Some(ResourceRef {
             namespace: resolved.resource.namespace.clone(),
@@ -309,10 +314,19 @@ impl<'a> Checks<'a> {
         } else {
             authorize(grants, shared.usage.as_ref(), self.context, req, true).await
         };
+        // The call's resource and action move into the record: from here
+        // on the outcome record is made from it, not from them.
+        let resource = match self.facts.resource.take() {
+            Some(resource) => resource,
+            None => resource_of(req),
+        };
+        let action = match self.facts.action.take() {
+            Some(action) => action,
+            None => req.action.clone(),
+        };
         let record = checked_record(
             self.context,
-            req,
-            self.resource(req),
+            (resource, action),
             &decision,
             Some(self.call.id.as_str()),
             Some(self.call.tool.as_str()),

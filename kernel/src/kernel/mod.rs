@@ -126,7 +126,7 @@ pub fn catalog_hash(tools: &[ToolDefinition]) -> String {
 
 fn requirement_of(cap: &CapabilityRequirement, context: &AccessContext) -> Requirement {
     Requirement {
-        namespace: cap.resource.namespace.to_string(),
+        namespace: cap.resource.namespace.as_str().to_owned(),
         path: cap
             .resource
             .path
@@ -138,7 +138,7 @@ fn requirement_of(cap: &CapabilityRequirement, context: &AccessContext) -> Requi
             .owner
             .clone()
             .unwrap_or_else(|| context.owner.clone()),
-        action: cap.action.to_string(),
+        action: cap.action.as_str().to_owned(),
     }
 }
 

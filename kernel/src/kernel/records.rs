@@ -163,12 +163,11 @@ pub(super) fn resource_of(req: &Requirement) -> ResourceRef {
     }
 }
 
-/// `authorization.checked` for a decision on `req`, whose resource is
-/// `resource` (made once per call by the caller).
+/// `authorization.checked` for a decision on a requirement's resource and
+/// action (made once per call by the caller, and moved in).
 pub(super) fn checked_record(
     context: &AccessContext,
-    req: &Requirement,
-    resource: ResourceRef,
+    (resource, action): (ResourceRef, String),
     decision: &Decision,
     operation_id: Option<&str>,
     tool: Option<&str>,
@@ -185,7 +184,7 @@ pub(super) fn checked_record(
         AuditSource::Kernel,
     );
     r.resource = Some(resource);
-    r.action = Some(req.action.clone());
+    r.action = Some(action);
     r.operation_id = operation_id.map(str::to_owned);
     r.tool = tool.map(str::to_owned);
     match decision {

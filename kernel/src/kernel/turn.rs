@@ -78,7 +78,8 @@ impl KernelTurn for OpenTurn {
                 grant_id: None,
             },
         };
-        let mut record = checked_record(context, &req, resource_of(&req), &decision, None, None);
+        let resource = resource_of(&req);
+        let mut record = checked_record(context, (resource, req.action), &decision, None, None);
         if let Err(cause) = &self.grants {
             record.cause = Some((*cause).to_owned());
         }
