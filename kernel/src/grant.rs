@@ -390,7 +390,7 @@ pub async fn authorize(
             Ok(()) => true,
             Err(reason) => {
                 if chain_failure.is_none() {
-                    chain_failure = Some((reason, g.id.to_string()));
+                    chain_failure = Some((reason, g.id.as_str().to_owned()));
                 }
                 false
             }
@@ -413,7 +413,7 @@ pub async fn authorize(
     for g in covering {
         let Some(max) = g.max_uses else {
             return Decision::Allowed {
-                grant_id: g.id.to_string(),
+                grant_id: g.id.as_str().to_owned(),
                 consumed: false,
             };
         };
@@ -425,12 +425,12 @@ pub async fn authorize(
         match answer {
             Ok(true) => {
                 return Decision::Allowed {
-                    grant_id: g.id.to_string(),
+                    grant_id: g.id.as_str().to_owned(),
                     consumed: consume,
                 };
             }
-            Ok(false) => exhausted = exhausted.or(Some(g.id.to_string())),
-            Err(_) => store_failed = store_failed.or(Some(g.id.to_string())),
+            Ok(false) => exhausted = exhausted.or(Some(g.id.as_str().to_owned())),
+            Err(_) => store_failed = store_failed.or(Some(g.id.as_str().to_owned())),
         }
     }
     // A store that could not answer is reported before exhaustion: the

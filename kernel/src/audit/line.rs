@@ -8,9 +8,10 @@
 //! `serde_json::to_vec(&record)` writes (the fields in declaration order,
 //! each `None` left out, an address's `kind` first): `kernel/tests/
 //! audit_line.rs` proves it over generated records, so a reader, a store or
-//! an old file cannot tell the two apart. `metadata`, an arbitrary JSON
-//! object and rare on the call path, still goes through `serde_json`.
+//! an old file cannot tell the two apart. In `metadata`, an arbitrary JSON
+//! object, numbers, arrays and nested objects still go through `serde_json`.
 
+use serde_json::Value;
 use sharedos_protocol::json::write_str;
 use sharedos_protocol::{Address, JsonObject, ResourceRef};
 
@@ -116,6 +117,26 @@ fn write_resource(out: &mut Vec<u8>, resource: &ResourceRef) {
     out.push(b'}');
 }
 
+/// The object as serde_json writes a map: its entries in iteration order.
+/// Keys, strings, booleans and nulls (a call's `catalogHash`) are written
+/// here; numbers, arrays and objects go through `serde_json`.
 fn write_metadata(out: &mut Vec<u8>, metadata: &JsonObject) -> Result<(), AuditError> {
-    serde_json::to_writer(&mut *out, metadata).map_err(|e| AuditError::Sink(e.to_string()))
+    out.push(b'{');
+    for (i, (key, value)) in metadata.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, key);
+        out.push(b':');
+        match value {
+            Value::String(s) => write_str(out, s),
+            Value::Bool(true) => out.extend_from_slice(b"true"),
+            Value::Bool(false) => out.extend_from_slice(b"false"),
+            Value::Null => out.extend_from_slice(b"null"),
+            other => serde_json::to_writer(&mut *out, other)
+                .map_err(|e| AuditError::Sink(e.to_string()))?,
+        }
+    }
+    out.push(b'}');
+    Ok(())
 }

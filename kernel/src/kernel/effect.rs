@@ -111,5 +111,5 @@ pub(super) async fn record_effect_outcome(
     record.resource = Some(resource_of(&req));
     record.action = Some(req.action);
     record.metadata = Some(metadata);
-    turn.shared.recorder.outcome(record).await;
+    turn.shared.recorder.outcome(&record).await;
 }

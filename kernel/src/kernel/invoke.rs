@@ -90,9 +90,9 @@ impl<'a> Checks<'a> {
             outcome,
             reason.as_deref(),
             self.facts,
-            self.turn.catalog_hash(),
+            self.turn.catalog_metadata(),
         );
-        self.turn.shared.recorder.outcome(record).await;
+        self.turn.shared.recorder.outcome(&record).await;
         reply
     }
 

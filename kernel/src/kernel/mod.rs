@@ -251,7 +251,7 @@ impl TurnKernel for Kernel {
             r.fail_closed = Some(true);
         }
         r.reason = reason;
-        self.shared.recorder.outcome(r).await;
+        self.shared.recorder.outcome(&r).await;
         Ok(())
     }
 }

@@ -6,7 +6,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use sharedos_protocol::JsonObject;
+
 use super::Shared;
+use super::records::catalog_metadata;
 use crate::grant::Grant;
 use crate::registry::ToolRegistry;
 
@@ -18,7 +21,9 @@ pub(super) struct OpenTurn {
     pub(super) grants: Result<Arc<Vec<Grant>>, &'static str>,
     pub(super) authority_hash: Option<String>,
     pub(super) registry: Arc<ToolRegistry>,
-    catalog_hash: Mutex<Option<String>>,
+    /// `{"catalogHash": ..}` of the catalogue listed, made once per
+    /// listing: every `tool.invoked` of the turn carries a copy.
+    catalog_metadata: Mutex<Option<JsonObject>>,
 }
 
 impl OpenTurn {
@@ -33,19 +38,20 @@ impl OpenTurn {
             grants,
             authority_hash,
             registry,
-            catalog_hash: Mutex::new(None),
+            catalog_metadata: Mutex::new(None),
         }
     }
 
-    /// The hash of the catalogue `list_tools` answered, once listed.
-    pub(super) fn catalog_hash(&self) -> Option<String> {
-        self.catalog_hash.lock().ok().and_then(|h| h.clone())
+    /// The `metadata` of a `tool.invoked`: the hash of the catalogue
+    /// `list_tools` answered, once listed.
+    pub(super) fn catalog_metadata(&self) -> Option<JsonObject> {
+        self.catalog_metadata.lock().ok().and_then(|m| m.clone())
     }
 
     /// Keeps the hash of the catalogue just listed.
     pub(super) fn set_catalog_hash(&self, hash: String) {
-        if let Ok(mut h) = self.catalog_hash.lock() {
-            *h = Some(hash);
+        if let Ok(mut m) = self.catalog_metadata.lock() {
+            *m = catalog_metadata(Some(hash));
         }
     }
 }

@@ -42,10 +42,10 @@ impl Recorder {
 
     /// Outcome path: after the effect; a failure or a timeout goes to the
     /// hook and never changes the result.
-    pub(super) async fn outcome(&self, record: AuditRecord) {
+    pub(super) async fn outcome(&self, record: &AuditRecord) {
         let result = match self.timeout {
-            None => self.audit.append(&record).await,
-            Some(t) => match tokio::time::timeout(t, self.audit.append(&record)).await {
+            None => self.audit.append(record).await,
+            Some(t) => match tokio::time::timeout(t, self.audit.append(record)).await {
                 Ok(r) => r,
                 Err(_) => Err(AuditError::Timeout {
                     timeout_ms: t.as_millis() as u64,
@@ -53,7 +53,7 @@ impl Recorder {
             },
         };
         if let Err(e) = result {
-            self.hook.audit_error(&e, &record);
+            self.hook.audit_error(&e, record);
         }
     }
 }
@@ -100,7 +100,7 @@ pub(super) fn invoked_record(
     outcome: AuditOutcome,
     reason: Option<&str>,
     facts: CallFacts,
-    catalog_hash: Option<String>,
+    metadata: Option<JsonObject>,
 ) -> AuditRecord {
     let mut r = match facts.decided {
         Some(mut decided) => {
@@ -131,7 +131,7 @@ pub(super) fn invoked_record(
     if reason.is_some_and(infrastructure_code) {
         r.fail_closed = Some(true);
     }
-    r.metadata = catalog_metadata(catalog_hash);
+    r.metadata = metadata;
     r
 }
 

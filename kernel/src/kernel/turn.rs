@@ -190,7 +190,7 @@ impl KernelTurn for OpenTurn {
         m.insert("reviewerAssumed".into(), json!(true));
         m.insert("resolution".into(), json!("pending"));
         r.metadata = Some(m);
-        self.shared.recorder.outcome(r).await;
+        self.shared.recorder.outcome(&r).await;
         Ok(Escalation {
             reason: reason.clone(),
             reviewer: context.owner.clone(),
@@ -218,8 +218,8 @@ impl KernelTurn for OpenTurn {
         }
         r.reason = Some(refused.reason_code);
         r.cause = refused.cause;
-        r.metadata = catalog_metadata(self.catalog_hash());
-        self.shared.recorder.outcome(r).await;
+        r.metadata = self.catalog_metadata();
+        self.shared.recorder.outcome(&r).await;
         Ok(())
     }
 
