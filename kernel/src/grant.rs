@@ -384,18 +384,16 @@ pub async fn authorize(
     consume: bool,
 ) -> Decision {
     let mut chain_failure = None;
-    let covering: Vec<&Grant> = covering_grants(grants, context, req)
-        .into_iter()
-        .filter(|g| match g.check_chain(grants, context) {
-            Ok(()) => true,
-            Err(reason) => {
-                if chain_failure.is_none() {
-                    chain_failure = Some((reason, g.id.as_str().to_owned()));
-                }
-                false
+    let mut covering = covering_grants(grants, context, req);
+    covering.retain(|g| match g.check_chain(grants, context) {
+        Ok(()) => true,
+        Err(reason) => {
+            if chain_failure.is_none() {
+                chain_failure = Some((reason, g.id.as_str().to_owned()));
             }
-        })
-        .collect();
+            false
+        }
+    });
     if let (true, Some((reason, id))) = (covering.is_empty(), chain_failure) {
         return Decision::Denied {
             reason,

@@ -67,7 +67,10 @@ impl<'a> Checks<'a> {
 
     /// Step 14, the one answer: `tool.invoked` (outcome path), then the
     /// result or the rejection.
-    async fn finish(self, answer: Result<ToolResult, Refusal>) -> Result<ToolResult, KernelError> {
+    async fn finish(
+        &mut self,
+        answer: Result<ToolResult, Refusal>,
+    ) -> Result<ToolResult, KernelError> {
         let (outcome, reason, reply) = match answer {
             Ok(result) => {
                 let (outcome, reason) = result_outcome(&result);
@@ -89,7 +92,7 @@ impl<'a> Checks<'a> {
             self.call,
             outcome,
             reason.as_deref(),
-            self.facts,
+            std::mem::take(&mut self.facts),
             self.turn.catalog_metadata(),
         );
         self.turn.shared.recorder.outcome(&record).await;
@@ -324,13 +327,13 @@ impl<'a> Checks<'a> {
             Some(action) => action,
             None => req.action.clone(),
         };
-        let record = checked_record(
+        let record = Box::new(checked_record(
             self.context,
             (resource, action),
             &decision,
             Some(self.call.id.as_str()),
             Some(self.call.tool.as_str()),
-        );
+        ));
         shared.recorder.decision(&record, AuditEffect::None).await?;
         self.facts.decided = Some(record);
         match decision {

@@ -89,7 +89,9 @@ pub(super) struct CallFacts {
     /// made from it (its identity fields, resource, action, grant and call
     /// are already there), so the second record of a call costs a new id
     /// and a few fields, not a second copy of the context.
-    pub(super) decided: Option<AuditRecord>,
+    /// Boxed: the call's futures move these facts a few times, and the
+    /// record is the largest thing in them.
+    pub(super) decided: Option<Box<AuditRecord>>,
 }
 
 /// `tool.invoked` for a call: `outcome` with `reason` (and `failClosed`
@@ -101,7 +103,7 @@ pub(super) fn invoked_record(
     reason: Option<&str>,
     facts: CallFacts,
     metadata: Option<JsonObject>,
-) -> AuditRecord {
+) -> Box<AuditRecord> {
     let mut r = match facts.decided {
         Some(mut decided) => {
             decided.id = crate::audit::record_id();
@@ -112,12 +114,12 @@ pub(super) fn invoked_record(
             decided
         }
         None => {
-            let mut r = AuditRecord::new(
+            let mut r = Box::new(AuditRecord::new(
                 AuditKind::ToolInvoked,
                 outcome,
                 context,
                 AuditSource::Kernel,
-            );
+            ));
             r.operation_id = Some(call.id.to_string());
             r.tool = Some(call.tool.to_string());
             r.resource = facts.resource;
