@@ -38,20 +38,40 @@ const fn byte_needs_escape(b: u8) -> bool {
 }
 
 /// The index of the first byte of `bytes` from `start` that needs escaping,
-/// or `bytes.len()`. Eight bytes at a time while none does.
-fn next_escape(bytes: &[u8], mut start: usize) -> usize {
-    while let Some(chunk) = bytes.get(start..start + 8) {
+/// or `bytes.len()`. Eight bytes at a time while none does; a tail of
+/// fewer than eight (a short string is all tail) is checked as one word
+/// padded with a byte that needs no escape, so a clean string is never
+/// looked at byte by byte.
+fn next_escape(bytes: &[u8], start: usize) -> usize {
+    let mut at = start;
+    while let Some(chunk) = bytes.get(at..at + 8) {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
         if word_needs_escape(u64::from_ne_bytes(word)) {
-            break;
+            return first_escape(bytes, at);
         }
-        start += 8;
+        at += 8;
     }
-    bytes[start..]
+    let tail = &bytes[at..];
+    if tail.is_empty() {
+        return bytes.len();
+    }
+    let mut word = [b'a'; 8];
+    word[..tail.len()].copy_from_slice(tail);
+    if word_needs_escape(u64::from_ne_bytes(word)) {
+        first_escape(bytes, at)
+    } else {
+        bytes.len()
+    }
+}
+
+/// The first byte from `at` that needs escaping, one at a time (a word
+/// from `at` said there is one).
+fn first_escape(bytes: &[u8], at: usize) -> usize {
+    bytes[at..]
         .iter()
         .position(|b| byte_needs_escape(*b))
-        .map_or(bytes.len(), |i| start + i)
+        .map_or(bytes.len(), |i| at + i)
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
