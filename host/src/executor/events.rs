@@ -21,6 +21,10 @@ pub(crate) const RATE_LIMIT_EXCEEDED: &str = "rate_limit_exceeded";
 /// turn's byte ledger allows (docs/PROTOCOL.md section 5).
 pub(crate) const TURN_MEMORY_EXCEEDED: &str = "turn_memory_exceeded";
 
+/// The types of a call's two events.
+pub(crate) const CALL_REQUESTED: &str = "tool.requested";
+pub(crate) const CALL_COMPLETED: &str = "tool.completed";
+
 /// The envelope's terminal events: the last of a turn.
 const TERMINAL_EVENTS: &[&str] = &[
     "turn.completed",
@@ -62,6 +66,8 @@ pub(crate) struct EventLedger {
     max_events: usize,
     on_event: Option<OnEvent>,
     stamp: EventStamp,
+    /// `tool.requested` and `tool.completed`, written for every call.
+    call_kinds: [ShortName; 2],
 }
 
 impl EventLedger {
@@ -88,6 +94,8 @@ impl EventLedger {
             max_events,
             on_event,
             stamp,
+            call_kinds: [CALL_REQUESTED, CALL_COMPLETED]
+                .map(|k| ShortName::new(k).unwrap_or_else(|_| unreachable!())),
         }
     }
 
@@ -104,11 +112,19 @@ impl EventLedger {
             execution_id: self.stamp.execution_id.clone(),
             trace_id: self.stamp.trace_id.clone(),
             sequence: log.events.len() as u64,
-            kind: ShortName::new(kind)
-                .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!())),
+            kind: self.kind(kind),
             data,
             occurred_at: (self.stamp.clock)(),
         }
+    }
+
+    /// `kind` as an event's type: a call's, copied from the ones made once.
+    fn kind(&self, kind: &str) -> ShortName {
+        if let Some(known) = self.call_kinds.iter().find(|k| k.as_str() == kind) {
+            return known.clone();
+        }
+        ShortName::new(kind)
+            .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!()))
     }
 
     /// Appends one of the envelope's own events (`turn.*`) and hands an

@@ -72,12 +72,16 @@ impl CallGate {
         let max_steps = u64::from(limits.max_steps);
         let mut c = lock(&self.counters);
         if let Some(s) = step {
-            let ok = s < max_steps
-                && (c.seen_steps.contains(&s) || (c.seen_steps.len() as u64) < max_steps);
+            // A step is new or seen; while there is room for a new one it
+            // is just noted (one lookup), at the ceiling it must be seen.
+            let room = (c.seen_steps.len() as u64) < max_steps;
+            let ok = s < max_steps && (room || c.seen_steps.contains(&s));
             if !ok {
                 return Err(STEP_LIMIT);
             }
-            c.seen_steps.insert(s);
+            if room {
+                c.seen_steps.insert(s);
+            }
         }
         if c.tool_calls >= limits.max_tool_calls {
             return Err(CALL_LIMIT);

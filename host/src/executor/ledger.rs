@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Serialize;
 use serde_json::Value;
 use sharedos_protocol::ExecutionEvent;
+use sharedos_protocol::json::str_len;
 
 use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
 
@@ -97,51 +98,81 @@ pub(crate) fn serialized_len<T: Serialize + ?Sized>(v: &T) -> usize {
     c.0
 }
 
-/// How many JSON values `v` is made of (itself included). Iterative: a
-/// value built by the host may be deeper than the parser's limit.
-fn value_nodes(v: &Value) -> usize {
-    let scalar = |v: &Value| !matches!(v, Value::Array(_) | Value::Object(_));
-    // An event's `data` is mostly a flat object: counted without a stack.
-    if let Value::Object(o) = v
-        && o.values().all(scalar)
-    {
-        return 1 + o.len();
+/// The serialized length of a number, as serde_json writes it: integers
+/// counted digit by digit; a float (rare in an event) written to count it.
+fn number_len(n: &serde_json::Number) -> usize {
+    if let Some(u) = n.as_u64() {
+        digits(u)
+    } else if let Some(i) = n.as_i64() {
+        1 + digits(i.unsigned_abs())
+    } else {
+        serialized_len(n)
     }
-    let mut n = 0;
-    let mut stack = vec![v];
-    while let Some(v) = stack.pop() {
-        n += 1;
-        match v {
-            Value::Array(a) => stack.extend(a.iter()),
-            Value::Object(o) => stack.extend(o.values()),
-            _ => {}
+}
+
+/// What `v` adds to its serialization and how many JSON values it counts
+/// for, without its members: a scalar whole; an array its brackets and
+/// commas; an object its braces, commas, keys and colons.
+fn own_measure(v: &Value) -> usize {
+    match v {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(n) => number_len(n),
+        Value::String(s) => str_len(s),
+        Value::Array(a) => 2 + a.len().saturating_sub(1),
+        Value::Object(o) => {
+            let keys: usize = o.keys().map(|k| str_len(k) + 1).sum();
+            2 + o.len().saturating_sub(1) + keys
         }
     }
-    n
+}
+
+/// The serialized length of `v` and how many JSON values it is made of
+/// (itself included), summed from its parts without writing it.
+/// Iterative: a value built by the host may be deeper than the parser's
+/// limit. A flat object or array (most events' `data`) needs no stack.
+fn measure(v: &Value) -> (usize, usize) {
+    let mut total = (0usize, 0usize);
+    let mut stack: Vec<&Value> = Vec::new();
+    visit(v, &mut total, &mut stack);
+    while let Some(v) = stack.pop() {
+        visit(v, &mut total, &mut stack);
+    }
+    total
+}
+
+/// Adds `v` and its scalar members to `total` (length, values); leaves
+/// its nested arrays and objects on `stack`.
+fn visit<'v>(v: &'v Value, total: &mut (usize, usize), stack: &mut Vec<&'v Value>) {
+    let mut add = |v: &Value| {
+        total.0 = total.0.saturating_add(own_measure(v));
+        total.1 += 1;
+    };
+    add(v);
+    let members: &mut dyn Iterator<Item = &'v Value> = match v {
+        Value::Array(a) => &mut a.iter(),
+        Value::Object(o) => &mut o.values(),
+        _ => return,
+    };
+    for m in members {
+        if matches!(m, Value::Array(_) | Value::Object(_)) {
+            stack.push(m);
+        } else {
+            add(m);
+        }
+    }
 }
 
 /// What holding `v` costs, as the ledger counts it.
 pub(crate) fn value_held_bytes(v: &Value) -> usize {
-    serialized_len(v).saturating_add(value_nodes(v).saturating_mul(VALUE_NODE_BYTES))
+    let (len, nodes) = measure(v);
+    len.saturating_add(nodes.saturating_mul(VALUE_NODE_BYTES))
 }
 
 /// The punctuation and keys of a serialized `ExecutionEvent`, around its
 /// values (the field order is the struct's).
 const EVENT_FRAME: &str = r#"{"version":"1","eventId":,"executionId":,"traceId":,"sequence":,"type":,"data":,"occurredAt":}"#;
-
-/// The length of `s` as serde_json writes it as a JSON string: quotes,
-/// the two-character escapes, `\u00XX` for the other control characters.
-fn json_str_len(s: &str) -> usize {
-    let escaped: usize = s
-        .bytes()
-        .map(|b| match b {
-            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
-            0..=0x1f => 6,
-            _ => 1,
-        })
-        .sum();
-    escaped + 2
-}
 
 /// The decimal digits of `n`.
 fn digits(n: u64) -> usize {
@@ -150,19 +181,18 @@ fn digits(n: u64) -> usize {
 
 /// What holding `event` costs, as the ledger counts it. Its serialized
 /// size is summed from its parts (every event of a tool call is sized
-/// here, so the event is not serialized just to be measured); only `data`
-/// is walked.
+/// here, so the event is not serialized just to be measured): strings by
+/// their escaped length, `data` by [`measure`].
 pub(crate) fn event_held_bytes(event: &ExecutionEvent) -> usize {
     let serialized = EVENT_FRAME.len()
-        + json_str_len(event.event_id.as_str())
-        + json_str_len(event.execution_id.as_str())
-        + json_str_len(event.trace_id.as_str())
+        + str_len(event.event_id.as_str())
+        + str_len(event.execution_id.as_str())
+        + str_len(event.trace_id.as_str())
         + digits(event.sequence)
-        + json_str_len(event.kind.as_str())
-        + serialized_len(&event.data)
-        + json_str_len(event.occurred_at.as_str());
+        + str_len(event.kind.as_str())
+        + str_len(event.occurred_at.as_str());
     serialized
-        .saturating_add(value_nodes(&event.data).saturating_mul(VALUE_NODE_BYTES))
+        .saturating_add(value_held_bytes(&event.data))
         .saturating_add(EVENT_OVERHEAD_BYTES)
 }
 
@@ -185,6 +215,15 @@ mod tests {
         l.release(1000);
         assert_eq!(l.held(), 0);
         assert!(!l.try_charge(usize::MAX, 0));
+    }
+
+    /// How many JSON values `v` is made of, counted the plain way.
+    fn value_nodes(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(a) => a.iter().map(value_nodes).sum(),
+            Value::Object(o) => o.values().map(value_nodes).sum(),
+            _ => 0,
+        }
     }
 
     /// The ledger's measure of an event, from its whole serialization.
@@ -240,5 +279,101 @@ mod tests {
             value_held_bytes(&nested),
             serialized_len(&nested) + 5 * VALUE_NODE_BYTES
         );
+    }
+
+    /// A small deterministic generator (xorshift), so a failure names its
+    /// seed.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<T: Clone>(&mut self, from: &[T]) -> T {
+            from[(self.next() % from.len() as u64) as usize].clone()
+        }
+        fn string(&mut self) -> String {
+            const PIECES: &[&str] = &[
+                "",
+                "a",
+                "call-17",
+                "bench.noop",
+                "\"",
+                "\\",
+                "\n",
+                "\r",
+                "\t",
+                "\u{8}",
+                "\u{c}",
+                "\u{0}",
+                "\u{1f}",
+                "\u{7f}",
+                "é",
+                "☃",
+                "\u{2028}",
+                "\u{2029}",
+                "😀",
+                "/",
+                "<script>",
+                "0123456789abcdef",
+            ];
+            let n = self.next() % 6;
+            (0..n).map(|_| self.pick(PIECES)).collect()
+        }
+        fn value(&mut self, depth: u32) -> Value {
+            let kinds = if depth == 0 { 6 } else { 8 };
+            match self.next() % kinds {
+                0 => Value::Null,
+                1 => Value::Bool(self.next().is_multiple_of(2)),
+                2 => json!(self.pick(&[0u64, 7, 9, 10, 99, 100, 12_345, u64::MAX, u64::MAX / 3])),
+                3 => json!(self.pick(&[-1i64, -9, -10, -100_000, i64::MIN, i64::MIN + 1])),
+                4 => json!(self.pick(&[0.5f64, -0.0, 1.0, 2.5e-8, 1e300, -123.456, f64::MAX])),
+                5 => Value::String(self.string()),
+                6 => Value::Array(
+                    (0..self.next() % 5)
+                        .map(|_| self.value(depth - 1))
+                        .collect(),
+                ),
+                _ => Value::Object(
+                    (0..self.next() % 5)
+                        .map(|_| (self.string(), self.value(depth - 1)))
+                        .collect(),
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn generated_values_cost_their_serialized_bytes_and_nodes() {
+        for seed in 1..3_000u64 {
+            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let v = g.value(3);
+            assert_eq!(
+                value_held_bytes(&v),
+                serialized_len(&v) + value_nodes(&v) * VALUE_NODE_BYTES,
+                "seed {seed}: {v}"
+            );
+            let e = event(g.next(), v);
+            assert_eq!(event_held_bytes(&e), measured(&e), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn a_value_deeper_than_any_parser_allows_is_measured() {
+        let mut v = json!("x");
+        for _ in 0..100_000 {
+            v = Value::Array(vec![v]);
+        }
+        assert_eq!(
+            value_held_bytes(&v),
+            2 * 100_000 + 3 + 100_001 * VALUE_NODE_BYTES
+        );
+        // Dropping it recursively would overflow the test's stack.
+        while let Value::Array(mut a) = v {
+            v = a.pop().unwrap_or(Value::Null);
+        }
     }
 }

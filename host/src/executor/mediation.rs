@@ -11,8 +11,9 @@ use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
 
 use super::detach::{Panicked, RunToEnd};
+use super::events::{CALL_COMPLETED, CALL_REQUESTED};
 use super::gate::{Admitted, CALL_LIMIT, STEP_LIMIT};
-use super::turn::{Turn, call_event};
+use super::turn::{CallEvent, Turn};
 use crate::limits::COMPLETION_EXTRA_BYTES;
 
 pub(crate) const TURN_DRAINING: &str = "turn_draining";
@@ -45,11 +46,8 @@ impl EnvelopeHost {
     ) -> ToolResult {
         let turn = &self.turn;
         let result = ToolResult::denied(call, code, Self::refusal_message(code), turn.now());
-        let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
-        data.insert("status".into(), json!("denied"));
-        data.insert("code".into(), json!(code));
-        turn.events()
-            .push_prepaid("tool.completed", Value::Object(data));
+        let data = call_event(call, step).completed("denied", Some(code));
+        turn.events().push_prepaid(CALL_COMPLETED, data);
         if let Some(kernel_turn) = turn.authority().kernel_turn() {
             let refused = RefusedCall {
                 call_id: call.id.clone(),
@@ -69,6 +67,14 @@ impl EnvelopeHost {
 
     fn closed(&self) -> bool {
         !self.turn.is_open() || self.turn.signals().hard_raised()
+    }
+}
+
+fn call_event(call: &ToolCall, step: Option<u64>) -> CallEvent<'_> {
+    CallEvent {
+        call_id: call.id.as_str(),
+        tool: call.tool.as_str(),
+        step,
     }
 }
 
@@ -113,13 +119,9 @@ fn settle_call(
     };
     let matches = result.call_id() == &call.id && result.tool() == &call.tool;
     if matches && turn.is_open() && !turn.signals().hard_raised() {
-        let mut data = call_event(call.id.as_str(), call.tool.as_str(), step);
-        data.insert("status".into(), json!(result.status().as_str()));
-        if let Some(err) = result.error() {
-            data.insert("code".into(), json!(err.code.as_str()));
-        }
-        turn.events()
-            .push_prepaid("tool.completed", Value::Object(data));
+        let code = result.error().map(|err| err.code.as_str());
+        let data = call_event(call, step).completed(result.status().as_str(), code);
+        turn.events().push_prepaid(CALL_COMPLETED, data);
     }
     matches
 }
@@ -180,7 +182,6 @@ impl EnvelopeHost {
         let admitted = turn.gate().admit(call.tool.as_str());
         let abort = turn.signals().kernel_abort();
         let context = turn.context_now();
-        let hard = turn.signals().hard();
         // The call moves into the work; what the seat's answer needs of it
         // (whether the result names this call) comes back with the outcome.
         let work = RunToEnd::new(async move {
@@ -195,7 +196,9 @@ impl EnvelopeHost {
                 Ok(done) => done,
                 Err(Panicked) => (Err(KernelError::Failed("the kernel task panicked".into())), false),
             },
-            _ = hard.raised() => {
+            // Subscribed to only if the kernel's work is still pending
+            // after its first poll (most calls are answered in it).
+            _ = self.turn.signals().aborted() => {
                 return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
             }
         };
@@ -225,8 +228,8 @@ impl RuntimeHost for EnvelopeHost {
         // never refused for the budget. Over the budget the turn is stopped
         // (`rate_limit_exceeded`, or `turn_memory_exceeded` for the byte
         // ledger) and the call rejected as after an abort.
-        let requested = Value::Object(call_event(call.id.as_str(), call.tool.as_str(), step));
-        if !turn.push_plugin_event("tool.requested", requested, 1, COMPLETION_EXTRA_BYTES) {
+        let requested = call_event(&call, step).requested();
+        if !turn.push_plugin_event(CALL_REQUESTED, requested, 1, COMPLETION_EXTRA_BYTES) {
             return Err(HostCallError::closed());
         }
         // 5. Draining.

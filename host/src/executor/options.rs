@@ -31,7 +31,19 @@ pub type OnTurnError = Arc<dyn Fn(&TurnError, &TurnIds) + Send + Sync>;
 
 /// Makes event ids.
 #[derive(Clone)]
-pub struct IdSource(Arc<dyn Fn() -> String + Send + Sync>);
+pub struct IdSource(Ids);
+
+#[derive(Clone)]
+enum Ids {
+    /// The default: written straight into the id, no string in between.
+    Uuid(Arc<UuidIds>),
+    Custom(Arc<dyn Fn() -> String + Send + Sync>),
+}
+
+struct UuidIds {
+    base: u128,
+    next: std::sync::atomic::AtomicU64,
+}
 
 impl IdSource {
     /// Ids shaped like v4 UUIDs, without a `getrandom` per id: one random
@@ -39,23 +51,29 @@ impl IdSource {
     /// (version and variant bits untouched). Distinct within a source by
     /// the counter, across sources by the random base; never secret.
     pub fn uuid() -> Self {
-        let base = uuid::Uuid::new_v4().as_u128();
-        let next = std::sync::atomic::AtomicU64::new(0);
-        Self(Arc::new(move || {
-            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let low = u128::from(n) & ((1u128 << 62) - 1);
-            let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-            uuid::Uuid::from_u128(base ^ low)
-                .hyphenated()
-                .encode_lower(&mut text)
-                .to_owned()
-        }))
+        Self(Ids::Uuid(Arc::new(UuidIds {
+            base: uuid::Uuid::new_v4().as_u128(),
+            next: std::sync::atomic::AtomicU64::new(0),
+        })))
     }
     pub fn from_fn(f: impl Fn() -> String + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
+        Self(Ids::Custom(Arc::new(f)))
     }
     pub(crate) fn next(&self) -> Identifier {
-        Identifier::new((self.0)()).unwrap_or_else(|_| {
+        let made = match &self.0 {
+            Ids::Uuid(ids) => {
+                let n = ids.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let low = u128::from(n) & ((1u128 << 62) - 1);
+                let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+                Identifier::new(
+                    uuid::Uuid::from_u128(ids.base ^ low)
+                        .hyphenated()
+                        .encode_lower(&mut text),
+                )
+            }
+            Ids::Custom(f) => Identifier::new(f()),
+        };
+        made.unwrap_or_else(|_| {
             Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!())
         })
     }

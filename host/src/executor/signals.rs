@@ -49,6 +49,11 @@ impl TurnSignals {
     pub fn hard(&self) -> Signal {
         self.hard.signal()
     }
+    /// Resolves once the hard signal is raised. Lazy: nothing is
+    /// subscribed to until it is first polled.
+    pub async fn aborted(&self) {
+        self.hard.signal().raised().await;
+    }
     /// `draining`, as the plugin observes it.
     pub fn draining(&self) -> Signal {
         self.soft.signal()
