@@ -10,7 +10,7 @@ use std::sync::{Mutex, TryLockError};
 use serde_json::Value;
 use sharedos_protocol::{ExecutionEvent, Identifier, ShortName, Version};
 
-use super::ledger::{ByteLedger, event_held_bytes};
+use super::ledger::{ByteLedger, event_held_bytes_in_turn, turn_fixed_len};
 use super::{Clock, IdSource, OnEvent, lock};
 use crate::limits::{RESERVED_EVENT_BYTES, RESERVED_EVENTS, STDERR_TAIL_RESERVE_BYTES};
 
@@ -68,6 +68,8 @@ pub(crate) struct EventLedger {
     stamp: EventStamp,
     /// `tool.requested` and `tool.completed`, written for every call.
     call_kinds: [ShortName; 2],
+    /// What every event's frame and turn ids add to its size.
+    fixed_len: usize,
 }
 
 impl EventLedger {
@@ -93,6 +95,7 @@ impl EventLedger {
             bytes,
             max_events,
             on_event,
+            fixed_len: turn_fixed_len(&stamp.execution_id, &stamp.trace_id),
             stamp,
             call_kinds: [CALL_REQUESTED, CALL_COMPLETED]
                 .map(|k| ShortName::new(k).unwrap_or_else(|_| unreachable!())),
@@ -145,7 +148,8 @@ impl EventLedger {
             }
             log.charged_events += 1;
             let event = self.event(&log, kind, data);
-            self.bytes.charge(event_held_bytes(&event));
+            self.bytes
+                .charge(event_held_bytes_in_turn(&event, self.fixed_len));
             log.events.push(event);
         }
         self.deliver();
@@ -191,7 +195,7 @@ impl EventLedger {
                 return Err(RATE_LIMIT_EXCEEDED);
             }
             let event = self.event(&log, kind, data);
-            let bytes = event_held_bytes(&event)
+            let bytes = event_held_bytes_in_turn(&event, self.fixed_len)
                 .saturating_mul(1 + prepaid_events)
                 .saturating_add(prepaid_bytes);
             if !self.bytes.try_charge(bytes, RESERVED_EVENT_BYTES) {

@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::Serialize;
 use serde_json::Value;
-use sharedos_protocol::ExecutionEvent;
 use sharedos_protocol::json::str_len;
+use sharedos_protocol::{ExecutionEvent, Identifier};
 
 use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
 
@@ -110,10 +110,9 @@ fn number_len(n: &serde_json::Number) -> usize {
     }
 }
 
-/// What `v` adds to its serialization and how many JSON values it counts
-/// for, without its members: a scalar whole; an array its brackets and
-/// commas; an object its braces, commas, keys and colons.
-fn own_measure(v: &Value) -> usize {
+/// The serialized length of a scalar, or of an array's or object's own
+/// brackets and commas (its keys and members are counted by [`visit`]).
+fn own_len(v: &Value) -> usize {
     match v {
         Value::Null => 4,
         Value::Bool(true) => 4,
@@ -121,10 +120,7 @@ fn own_measure(v: &Value) -> usize {
         Value::Number(n) => number_len(n),
         Value::String(s) => str_len(s),
         Value::Array(a) => 2 + a.len().saturating_sub(1),
-        Value::Object(o) => {
-            let keys: usize = o.keys().map(|k| str_len(k) + 1).sum();
-            2 + o.len().saturating_sub(1) + keys
-        }
+        Value::Object(o) => 2 + o.len().saturating_sub(1),
     }
 }
 
@@ -142,26 +138,31 @@ fn measure(v: &Value) -> (usize, usize) {
     total
 }
 
-/// Adds `v` and its scalar members to `total` (length, values); leaves
-/// its nested arrays and objects on `stack`.
+/// Adds `v`, its keys and its scalar members to `total` (length, values);
+/// leaves its nested arrays and objects on `stack`.
 fn visit<'v>(v: &'v Value, total: &mut (usize, usize), stack: &mut Vec<&'v Value>) {
-    let mut add = |v: &Value| {
-        total.0 = total.0.saturating_add(own_measure(v));
-        total.1 += 1;
-    };
-    add(v);
-    let members: &mut dyn Iterator<Item = &'v Value> = match v {
-        Value::Array(a) => &mut a.iter(),
-        Value::Object(o) => &mut o.values(),
-        _ => return,
-    };
-    for m in members {
+    let (mut len, mut nodes) = (own_len(v), 1usize);
+    let mut member = |m: &'v Value, len: &mut usize| {
         if matches!(m, Value::Array(_) | Value::Object(_)) {
             stack.push(m);
         } else {
-            add(m);
+            *len = len.saturating_add(own_len(m));
+            nodes += 1;
         }
+    };
+    match v {
+        Value::Array(a) => a.iter().for_each(|m| member(m, &mut len)),
+        Value::Object(o) => {
+            for (k, m) in o {
+                // The key, quoted and escaped, and its colon.
+                len = len.saturating_add(str_len(k) + 1);
+                member(m, &mut len);
+            }
+        }
+        _ => {}
     }
+    total.0 = total.0.saturating_add(len);
+    total.1 += nodes;
 }
 
 /// What holding `v` costs, as the ledger counts it.
@@ -179,15 +180,27 @@ fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
-/// What holding `event` costs, as the ledger counts it. Its serialized
+/// What holding `event` costs, measured on its own (the tests' form of
+/// [`event_held_bytes_in_turn`]).
+#[cfg(test)]
+pub(crate) fn event_held_bytes(event: &ExecutionEvent) -> usize {
+    event_held_bytes_in_turn(event, turn_fixed_len(&event.execution_id, &event.trace_id))
+}
+
+/// The part of an event's serialized size that is the same for every
+/// event of a turn: the frame, the execution id and the trace id.
+pub(crate) fn turn_fixed_len(execution_id: &Identifier, trace_id: &Identifier) -> usize {
+    EVENT_FRAME.len() + str_len(execution_id.as_str()) + str_len(trace_id.as_str())
+}
+
+/// What holding `event` costs, as the ledger counts it, for an event of
+/// the turn whose ids measure `fixed` ([`turn_fixed_len`]). Its serialized
 /// size is summed from its parts (every event of a tool call is sized
 /// here, so the event is not serialized just to be measured): strings by
 /// their escaped length, `data` by [`measure`].
-pub(crate) fn event_held_bytes(event: &ExecutionEvent) -> usize {
-    let serialized = EVENT_FRAME.len()
+pub(crate) fn event_held_bytes_in_turn(event: &ExecutionEvent, fixed: usize) -> usize {
+    let serialized = fixed
         + str_len(event.event_id.as_str())
-        + str_len(event.execution_id.as_str())
-        + str_len(event.trace_id.as_str())
         + digits(event.sequence)
         + str_len(event.kind.as_str())
         + str_len(event.occurred_at.as_str());
