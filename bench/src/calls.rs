@@ -19,18 +19,20 @@ use sharedos_host::process::DirectLauncher;
 /// The calls of one envelope turn: under the fixture's tool call budget.
 const CALLS_PER_TURN: u64 = 9_000;
 
-/// CPU time in microseconds (user + system, from `getrusage`, which
-/// counts in microseconds where `/proc/self/stat` counts 10 ms ticks):
-/// this process's (every thread), and that of its children once reaped
-/// (the plugins).
+/// CPU time in microseconds: this process's (every thread, from
+/// `CLOCK_PROCESS_CPUTIME_ID`, which counts in nanoseconds where
+/// `getrusage` and `/proc/self/stat` count 10 ms ticks on this kernel),
+/// and that of its children once reaped (the plugins: `getrusage`, in
+/// ticks, over many calls).
 fn cpu_us() -> Option<(f64, f64)> {
     use nix::sys::resource::{UsageWho, getrusage};
-    let us = |who| -> Option<f64> {
-        let u = getrusage(who).ok()?;
-        let (a, b) = (u.user_time(), u.system_time());
-        Some((a.tv_sec() + b.tv_sec()) as f64 * 1e6 + (a.tv_usec() + b.tv_usec()) as f64)
-    };
-    Some((us(UsageWho::RUSAGE_SELF)?, us(UsageWho::RUSAGE_CHILDREN)?))
+    use nix::time::{ClockId, clock_gettime};
+    let own = clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID).ok()?;
+    let own = own.tv_sec() as f64 * 1e6 + own.tv_nsec() as f64 / 1e3;
+    let u = getrusage(UsageWho::RUSAGE_CHILDREN).ok()?;
+    let (a, b) = (u.user_time(), u.system_time());
+    let children = (a.tv_sec() + b.tv_sec()) as f64 * 1e6 + (a.tv_usec() + b.tv_usec()) as f64;
+    Some((own, children))
 }
 
 /// What one measured round of [`envelope_parallel`] gives: calls per
