@@ -3,7 +3,6 @@
 //! [`crate::Replier`]). One lock each, never two held at once.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -35,7 +34,11 @@ pub(crate) struct Shared {
     /// Outgoing requests not answered yet, by id (the pending map).
     pub(crate) pending: Mutex<HashMap<u64, Waiter>>,
     /// Incoming requests not answered yet.
-    pub(crate) inflight: Mutex<HashSet<RequestId, BuildHasherDefault<IdHasher>>>,
+    /// The ids are the other end's to choose, so they are hashed with
+    /// std's keyed SipHash: a fast unkeyed hash would let a plugin make
+    /// every id collide, and each lookup compare up to the in-flight cap's
+    /// worth of ids as long as a line.
+    pub(crate) inflight: Mutex<HashSet<RequestId>>,
     pub(crate) counted: AtomicU32,
     pub(crate) budget: u32,
     /// The line limit for what this end writes (the SDK learns the host's
@@ -45,47 +48,6 @@ pub(crate) struct Shared {
     pub(crate) closing: CancellationToken,
     /// Cancelled when the writer task has ended.
     pub(crate) written: CancellationToken,
-}
-
-/// The hasher of the in-flight ids: a multiply-and-rotate mix instead of
-/// SipHash (three hashes per served request). The ids are the other
-/// end's to choose, so it could make them collide; but the set never
-/// holds more than the in-flight cap (a request over it is refused before
-/// it is inserted), so a collision costs at most a scan of that many ids.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl IdHasher {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    fn mix(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
-    }
-}
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.mix(u64::from_le_bytes(word));
-        }
-        let mut last = [0u8; 8];
-        last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        self.mix(u64::from_le_bytes(last) ^ bytes.len() as u64);
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.mix(n);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.mix(n as u64);
-    }
-    fn write_isize(&mut self, n: isize) {
-        self.mix(n as u64);
-    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
