@@ -172,26 +172,10 @@ impl Lines {
     }
 }
 
-/// `b` repeated in every byte of a word.
-const fn splat(b: u8) -> u64 {
-    u64::from_ne_bytes([b; 8])
-}
-
 /// The index of the first `\n` in `bytes`, eight bytes at a time while
 /// there is none (a JSON line is mostly long runs without one).
 fn find_newline(bytes: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    while let Some(chunk) = bytes.get(at..at + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let w = u64::from_ne_bytes(word) ^ splat(b'\n');
-        // Whether some byte of `w` is zero (exact, no false positive).
-        if w.wrapping_sub(splat(0x01)) & !w & splat(0x80) != 0 {
-            break;
-        }
-        at += 8;
-    }
-    bytes[at..].iter().position(|b| *b == b'\n').map(|i| at + i)
+    sharedos_protocol::json::find_byte(bytes, b'\n')
 }
 
 #[cfg(test)]

@@ -33,6 +33,22 @@ const fn word_needs_escape(w: u64) -> bool {
     control || has_zero(w ^ splat(b'"')) || has_zero(w ^ splat(b'\\'))
 }
 
+/// The index of the first `b` in `bytes`, eight bytes at a time while
+/// there is none (the same word test as the escape scan; a reader looks
+/// for the `\n` that ends a line this way).
+pub fn find_byte(bytes: &[u8], b: u8) -> Option<usize> {
+    let mut at = 0;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        if has_zero(u64::from_ne_bytes(word) ^ splat(b)) {
+            break;
+        }
+        at += 8;
+    }
+    bytes[at..].iter().position(|x| *x == b).map(|i| at + i)
+}
+
 const fn byte_needs_escape(b: u8) -> bool {
     b < 0x20 || b == b'"' || b == b'\\'
 }
@@ -219,6 +235,23 @@ mod tests {
                     })
                     .collect();
                 check(&s);
+            }
+        }
+    }
+
+    #[test]
+    fn find_byte_finds_the_first_at_every_alignment() {
+        for len in 0..40 {
+            for at in 0..=len {
+                let mut bytes = vec![b'x'; len];
+                if at < len {
+                    bytes[at] = b'\n';
+                    if at + 3 < len {
+                        bytes[at + 3] = b'\n';
+                    }
+                }
+                let want = (at < len).then_some(at);
+                assert_eq!(find_byte(&bytes, b'\n'), want, "len {len}, at {at}");
             }
         }
     }
