@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -27,9 +28,11 @@ fn char_len(s: &str) -> usize {
 /// A trimmed string with a character count in `MIN..=MAX`.
 ///
 /// Trimming happens on construction and on read, as the contracts do.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct Text<const MIN: usize, const MAX: usize>(String);
+/// The text is immutable once checked, so it is shared rather than
+/// copied: a clone (every audit record, event and check carries the turn's
+/// ids) is a reference count, not an allocation.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Text<const MIN: usize, const MAX: usize>(Arc<str>);
 
 impl<const MIN: usize, const MAX: usize> Text<MIN, MAX> {
     pub fn new(value: impl AsRef<str>) -> Result<Self, PrimitiveError> {
@@ -42,13 +45,19 @@ impl<const MIN: usize, const MAX: usize> Text<MIN, MAX> {
                 len,
             });
         }
-        Ok(Self(trimmed.to_owned()))
+        Ok(Self(Arc::from(trimmed)))
     }
     pub fn as_str(&self) -> &str {
         &self.0
     }
     pub fn into_string(self) -> String {
-        self.0
+        String::from(&*self.0)
+    }
+}
+
+impl<const MIN: usize, const MAX: usize> Serialize for Text<MIN, MAX> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 
@@ -72,13 +81,13 @@ impl<const MIN: usize, const MAX: usize> AsRef<str> for Text<MIN, MAX> {
 
 impl<const MIN: usize, const MAX: usize> PartialEq<str> for Text<MIN, MAX> {
     fn eq(&self, other: &str) -> bool {
-        self.0 == other
+        &*self.0 == other
     }
 }
 
 impl<const MIN: usize, const MAX: usize> PartialEq<&str> for Text<MIN, MAX> {
     fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
+        &*self.0 == *other
     }
 }
 
