@@ -163,7 +163,9 @@ impl ProcessRuntime {
             egress_listener,
         } = launched;
         let pid = tree.pid();
-        let guard = TreeGuard::new(tree);
+        // A failed duplicate only loses the wait for the plugin to read its
+        // `turn/abort`; the kill itself never depends on it.
+        let guard = TreeGuard::new(tree, stdin.try_clone().ok());
         stamp(self.config.stages.as_ref(), "launched");
         if let Some(report) = &report {
             turn_report.set_sandbox(report.clone());

@@ -2,8 +2,9 @@
 //! however the turn ends (an outcome, an error, a dropped future), and the
 //! deferred kill that lets a queued `turn/abort` reach the plugin first.
 
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{ProcessTree, reaper};
 
@@ -14,13 +15,18 @@ pub(super) struct TreeGuard {
     pub(super) tree: Arc<Mutex<Option<Box<dyn ProcessTree>>>>,
     /// How the launched process ended, once seen.
     status: Arc<Mutex<Option<std::process::ExitStatus>>>,
+    /// A duplicate of the write end of the plugin's stdin, only to ask how
+    /// much the plugin has not read yet (never written to): the deferred
+    /// kill waits until a queued `turn/abort` has been read.
+    stdin_probe: Option<OwnedFd>,
 }
 
 impl TreeGuard {
-    pub(super) fn new(tree: Box<dyn ProcessTree>) -> Self {
+    pub(super) fn new(tree: Box<dyn ProcessTree>, stdin_probe: Option<OwnedFd>) -> Self {
         Self {
             tree: Arc::new(Mutex::new(Some(tree))),
             status: Arc::new(Mutex::new(None)),
+            stdin_probe,
         }
     }
 
@@ -73,11 +79,11 @@ impl TreeGuard {
     /// The outcome is settled: the tree is signalled now and reaped off
     /// the caller's path (after `ABORT_FLUSH` when a `turn/abort` may still
     /// be on its way to the plugin).
-    pub(super) fn finish(self, aborted: bool) {
+    pub(super) fn finish(mut self, aborted: bool) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tree) = taken {
             if aborted {
-                kill_after_flush(tree);
+                kill_after_flush(tree, self.stdin_probe.take());
             } else {
                 reaper::reap_later(tree);
             }
@@ -93,7 +99,7 @@ impl Drop for TreeGuard {
     fn drop(&mut self) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tree) = taken {
-            kill_after_flush(tree);
+            kill_after_flush(tree, self.stdin_probe.take());
         }
     }
 }
@@ -104,20 +110,53 @@ impl Drop for TreeGuard {
 pub(super) const EXIT_STATUS_WAIT: Duration = Duration::from_millis(500);
 
 /// How long the writer gets to put a queued `turn/abort` on the wire
-/// before the tree is killed.
+/// before the tree is killed, at least.
 const ABORT_FLUSH: Duration = Duration::from_millis(25);
+
+/// How long a deferred kill waits, at most, for the plugin to read what
+/// is in its stdin pipe (the `turn/abort` among it). A plugin that stops
+/// reading delays its own kill by this much, off the caller's path.
+const ABORT_FLUSH_MAX: Duration = Duration::from_millis(250);
+
+/// How long the plugin gets to act on the `turn/abort` once it has read
+/// it, before the kill.
+const ABORT_READ_GRACE: Duration = Duration::from_millis(10);
+
+/// Waits until a queued `turn/abort` has reached the plugin: `ABORT_FLUSH`
+/// for the writer to put it in the pipe, then until the plugin has read
+/// the pipe empty (and `ABORT_READ_GRACE` to act on it), `ABORT_FLUSH_MAX`
+/// in all at most. Without a probe it waits `ABORT_FLUSH` only.
+fn wait_for_abort_delivery(stdin_probe: Option<&OwnedFd>) {
+    let started = Instant::now();
+    std::thread::sleep(ABORT_FLUSH);
+    let Some(probe) = stdin_probe else {
+        return;
+    };
+    loop {
+        let unread = rustix::io::ioctl_fionread(probe).unwrap_or(0);
+        let elapsed = started.elapsed();
+        if unread == 0 {
+            std::thread::sleep(ABORT_READ_GRACE.min(ABORT_FLUSH_MAX.saturating_sub(elapsed)));
+            return;
+        }
+        if elapsed >= ABORT_FLUSH_MAX {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
 
 /// Deferred kills and sandbox preparations still running; [`settle_kills`]
 /// waits for them.
 pub(super) static PENDING_KILLS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-fn kill_after_flush(tree: Box<dyn ProcessTree>) {
+fn kill_after_flush(tree: Box<dyn ProcessTree>, stdin_probe: Option<OwnedFd>) {
     let slot = Arc::new(Mutex::new(Some(tree)));
     let deferred = slot.clone();
     let spawned = std::thread::Builder::new()
         .name("sharedos-kill".into())
         .spawn(move || {
-            std::thread::sleep(ABORT_FLUSH);
+            wait_for_abort_delivery(stdin_probe.as_ref());
             if let Some(mut tree) = deferred.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 tree.start_kill();
                 let _ = tree.kill_tree();

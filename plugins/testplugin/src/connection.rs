@@ -181,10 +181,25 @@ pub fn hold(p: &mut Plugin) -> ! {
                 match msg.get("method").and_then(Value::as_str) {
                     Some("turn/abort") if !p.ignore_abort => std::process::exit(0),
                     Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
-                    Some("turn/draining") => p.draining = true,
+                    Some("turn/draining") => {
+                        p.draining = true;
+                        drain_nap();
+                    }
                     _ => {}
                 }
             }
         }
+    }
+}
+
+/// With `SHAREDOS_TEST_DRAIN_NAP_MS=<ms>`, stops reading for that long
+/// after `turn/draining`: a plugin slow to read its stdin, as on a loaded
+/// machine.
+fn drain_nap() {
+    if let Some(ms) = std::env::var("SHAREDOS_TEST_DRAIN_NAP_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }

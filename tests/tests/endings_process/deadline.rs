@@ -125,12 +125,26 @@ async fn tiny_deadline_during_launch(launch: Launch) {
 /// Runs a turn whose plugin holds on reading and logs the signals it reads;
 /// returns `(method, ms since the turn began)` for each.
 async fn signals_on_the_wire(timeout_ms: u64, grace_ms: u64) -> Vec<(String, u64)> {
+    signals_read_slowly(timeout_ms, grace_ms, None).await
+}
+
+/// The same, the plugin not reading its stdin for `nap_ms` after
+/// `turn/draining`.
+async fn signals_read_slowly(
+    timeout_ms: u64,
+    grace_ms: u64,
+    nap_ms: Option<u64>,
+) -> Vec<(String, u64)> {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("signals.log");
     let mut spec = TurnSpec::new(Launch::Direct, json!([{"op": "hold"}]))
         .timeout(timeout_ms)
         .grace(grace_ms);
     spec.env = vec![("SHAREDOS_TEST_SIGNAL_LOG".into(), log.display().to_string())];
+    if let Some(ms) = nap_ms {
+        spec.env
+            .push(("SHAREDOS_TEST_DRAIN_NAP_MS".into(), ms.to_string()));
+    }
     let started_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -190,6 +204,17 @@ async fn turn_abort_always_reaches_the_plugin_before_the_kill() {
             "run {i}: {signals:?}"
         );
     }
+}
+
+/// A plugin slow to read its stdin (it reads the `turn/abort` about
+/// 100 ms after the limit, as a loaded machine can make it) still reads
+/// it before the kill: the kill waits until the pipe is read empty, up to
+/// a bound, rather than a fixed moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_abort_reaches_a_plugin_slow_to_read_before_the_kill() {
+    let signals = signals_read_slowly(1200, 600, Some(700)).await;
+    let methods: Vec<&str> = signals.iter().map(|(m, _)| m.as_str()).collect();
+    assert_eq!(methods, ["turn/draining", "turn/abort"], "{signals:?}");
 }
 
 /// A valid outcome during the drain is honoured; the plugin saw
