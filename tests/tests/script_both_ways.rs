@@ -145,3 +145,32 @@ fn a_step_that_only_exists_in_process_fails_the_binary_closed() {
         assert!(error_text(&wire_ending).contains("in process only"));
     })
 }
+
+/// Calls kept in flight (written in batches by the binary, once no answer
+/// is left to read) are each made once and answered, both ways.
+#[test]
+fn calls_in_flight_are_each_made_once_both_ways() {
+    isolated(async {
+        let script = Script(vec![Step::ParallelCalls {
+            tool: "echo".into(),
+            n: 300,
+            inflight: 64,
+        }]);
+        let [(records, ending), (wire_records, wire_ending)] = both_ways(script, |_| {}).await;
+        for (records, ending) in [(records, ending), (wire_records, wire_ending)] {
+            assert_eq!(records.len(), 300, "{records:?}");
+            assert!(
+                records
+                    .iter()
+                    .all(|r| matches!(r, Record::Tool { tool, .. } if tool == "echo")),
+                "{records:?}"
+            );
+            match ending.unwrap() {
+                RuntimeTurnOutcome::Complete { output, .. } => {
+                    assert!(output["parallelNs"].is_u64(), "{output}");
+                }
+                other => panic!("expected a complete outcome: {other:?}"),
+            }
+        }
+    })
+}

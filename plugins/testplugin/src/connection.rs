@@ -126,6 +126,28 @@ impl Plugin {
         arguments: Value,
         step: Option<u64>,
     ) -> u64 {
+        let mut line = Vec::new();
+        let id = self.queue_call_as(&mut line, call_id, tool, arguments, step);
+        self.write_raw(&line);
+        id
+    }
+
+    /// Whether a whole line from the host is already buffered (reading it
+    /// needs no system call).
+    pub fn line_buffered(&self) -> bool {
+        self.input.buffer().contains(&b'\n')
+    }
+
+    /// Appends a `host/invokeTool` line to `out` (written later, with
+    /// others, by [`Plugin::write_raw`]); its request id.
+    pub fn queue_call_as(
+        &mut self,
+        out: &mut Vec<u8>,
+        call_id: Option<&str>,
+        tool: &str,
+        arguments: Value,
+        step: Option<u64>,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let call_id = call_id.map_or_else(|| format!("call-{id}"), str::to_owned);
@@ -137,7 +159,10 @@ impl Plugin {
         if let Some(s) = step {
             params["step"] = json!(s);
         }
-        self.send(&json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params}));
+        let request = json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params});
+        // Writing a `Value` into a `Vec` cannot fail.
+        let _ = serde_json::to_writer(&mut *out, &request);
+        out.push(b'\n');
         id
     }
 

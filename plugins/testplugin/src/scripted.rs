@@ -131,24 +131,35 @@ fn timed_calls(p: &mut Plugin, tool: &str, n: u64) -> Flow {
     Flow::Next
 }
 
-/// `n` calls, at most `inflight` unanswered at a time.
+/// `n` calls, at most `inflight` unanswered at a time. Like the bench's
+/// client of other servers, the requests that may go out are written
+/// together, once no answer is left to read without waiting.
 fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Flow {
     let t = Instant::now();
     let mut pending = HashSet::new();
     let mut sent = 0;
+    let mut batch = Vec::new();
     while sent < n || !pending.is_empty() {
         while sent < n && (pending.len() as u64) < inflight.max(1) {
-            pending.insert(p.request_call_as(Some(&format!("p{sent}")), tool, json!({}), None));
+            let call_id = format!("p{sent}");
+            pending.insert(p.queue_call_as(&mut batch, Some(&call_id), tool, json!({}), None));
             sent += 1;
         }
-        let answer = p.read();
-        let Some(id) = answer.get("id").and_then(Value::as_u64) else {
-            continue;
-        };
-        if pending.remove(&id)
-            && let Some(e) = answer.get("error")
-        {
-            return fail(p, &format!("uncaught: {e}"));
+        if !batch.is_empty() {
+            p.write_raw(&batch);
+            batch.clear();
+        }
+        loop {
+            let answer = p.read();
+            if let Some(id) = answer.get("id").and_then(Value::as_u64)
+                && pending.remove(&id)
+                && let Some(e) = answer.get("error")
+            {
+                return fail(p, &format!("uncaught: {e}"));
+            }
+            if !p.line_buffered() {
+                break;
+            }
         }
     }
     p.reports
