@@ -64,32 +64,45 @@ impl Plugin {
     /// (handled here) or a line that is not JSON. Exits on EOF.
     pub fn read_one(&mut self) -> Option<Value> {
         let mut line = String::new();
-        match self.input.read_line(&mut line) {
-            Ok(0) | Err(_) => std::process::exit(0),
-            Ok(_) => {}
-        }
+        self.read_line_into(&mut line);
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
             eprintln!("testplugin: host sent a non-JSON line");
             return None;
         };
-        if let Some(m @ ("turn/abort" | "turn/draining")) =
-            msg.get("method").and_then(Value::as_str)
-        {
-            log_signal(m);
-        }
         match msg.get("method").and_then(Value::as_str) {
-            Some("turn/abort") if !self.ignore_abort => {
+            Some(method) if self.control(method) => None,
+            _ => Some(msg),
+        }
+    }
+
+    /// Reads one line into `line` (cleared first). Exits on EOF.
+    pub fn read_line_into(&mut self, line: &mut String) {
+        line.clear();
+        match self.input.read_line(line) {
+            Ok(0) | Err(_) => std::process::exit(0),
+            Ok(_) => {}
+        }
+    }
+
+    /// Acts on a control notification (`turn/abort`, `turn/draining`);
+    /// whether `method` was one.
+    pub fn control(&mut self, method: &str) -> bool {
+        if matches!(method, "turn/abort" | "turn/draining") {
+            log_signal(method);
+        }
+        match method {
+            "turn/abort" if !self.ignore_abort => {
                 eprintln!("testplugin: aborted, exiting");
                 std::process::exit(0);
             }
-            Some("turn/abort") => {
+            "turn/abort" => {
                 eprintln!("testplugin: ignoring turn/abort");
                 self.aborted = true;
             }
-            Some("turn/draining") => self.draining = true,
-            _ => return Some(msg),
+            "turn/draining" => self.draining = true,
+            _ => return false,
         }
-        None
+        true
     }
 
     /// Sends `host/invokeTool` and waits for its answer.
@@ -126,28 +139,6 @@ impl Plugin {
         arguments: Value,
         step: Option<u64>,
     ) -> u64 {
-        let mut line = Vec::new();
-        let id = self.queue_call_as(&mut line, call_id, tool, arguments, step);
-        self.write_raw(&line);
-        id
-    }
-
-    /// Whether a whole line from the host is already buffered (reading it
-    /// needs no system call).
-    pub fn line_buffered(&self) -> bool {
-        self.input.buffer().contains(&b'\n')
-    }
-
-    /// Appends a `host/invokeTool` line to `out` (written later, with
-    /// others, by [`Plugin::write_raw`]); its request id.
-    pub fn queue_call_as(
-        &mut self,
-        out: &mut Vec<u8>,
-        call_id: Option<&str>,
-        tool: &str,
-        arguments: Value,
-        step: Option<u64>,
-    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let call_id = call_id.map_or_else(|| format!("call-{id}"), str::to_owned);
@@ -159,11 +150,14 @@ impl Plugin {
         if let Some(s) = step {
             params["step"] = json!(s);
         }
-        let request = json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params});
-        // Writing a `Value` into a `Vec` cannot fail.
-        let _ = serde_json::to_writer(&mut *out, &request);
-        out.push(b'\n');
+        self.send(&json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params}));
         id
+    }
+
+    /// Whether a whole line from the host is already buffered (reading it
+    /// needs no system call).
+    pub fn line_buffered(&self) -> bool {
+        self.input.buffer().contains(&b'\n')
     }
 
     pub fn outcome(&mut self, result: Value) {

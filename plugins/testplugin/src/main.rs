@@ -44,6 +44,7 @@ use serde_json::{Value, json};
 
 mod connection;
 mod egress;
+mod inflight;
 mod scripted;
 mod tunnel;
 

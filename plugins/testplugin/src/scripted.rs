@@ -2,7 +2,6 @@
 //! scenario a test runs in process with `ScriptPlugin`, run here by the
 //! binary as raw NDJSON, with the same meaning.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -11,6 +10,7 @@ use sharedos_protocol::jsonrpc::WireError;
 use sharedos_testplugin::Step;
 
 use crate::connection::Plugin;
+use crate::inflight;
 
 /// What the script does after a shared step.
 pub enum Flow {
@@ -34,7 +34,7 @@ pub fn run(p: &mut Plugin, s: &Value) -> Option<Flow> {
 
 /// Answers `turn/run` with an error, as the SDK does for a plugin's
 /// `RuntimeError`.
-fn fail(p: &mut Plugin, message: &str) -> Flow {
+pub(crate) fn fail(p: &mut Plugin, message: &str) -> Flow {
     let run_id = p.run_id.clone();
     let error = WireError::new(ErrorKind::Internal, message);
     p.send(&json!({"jsonrpc": "2.0", "id": run_id, "error": error}));
@@ -97,7 +97,7 @@ fn over_wire(p: &mut Plugin, step: &Step) -> Flow {
         }
         Step::TimedCalls { tool, n } => return timed_calls(p, tool, *n),
         Step::ParallelCalls { tool, n, inflight } => {
-            return parallel_calls(p, tool, *n, *inflight);
+            return inflight::parallel_calls(p, tool, *n, *inflight);
         }
         Step::TimedEmits { kind, n } => {
             let t = Instant::now();
@@ -128,41 +128,5 @@ fn timed_calls(p: &mut Plugin, tool: &str, n: u64) -> Flow {
         samples.push(t.elapsed().as_nanos() as u64);
     }
     p.reports.insert("callNs".into(), json!(samples));
-    Flow::Next
-}
-
-/// `n` calls, at most `inflight` unanswered at a time. Like the bench's
-/// client of other servers, the requests that may go out are written
-/// together, once no answer is left to read without waiting.
-fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Flow {
-    let t = Instant::now();
-    let mut pending = HashSet::new();
-    let mut sent = 0;
-    let mut batch = Vec::new();
-    while sent < n || !pending.is_empty() {
-        while sent < n && (pending.len() as u64) < inflight.max(1) {
-            let call_id = format!("p{sent}");
-            pending.insert(p.queue_call_as(&mut batch, Some(&call_id), tool, json!({}), None));
-            sent += 1;
-        }
-        if !batch.is_empty() {
-            p.write_raw(&batch);
-            batch.clear();
-        }
-        loop {
-            let answer = p.read();
-            if let Some(id) = answer.get("id").and_then(Value::as_u64)
-                && pending.remove(&id)
-                && let Some(e) = answer.get("error")
-            {
-                return fail(p, &format!("uncaught: {e}"));
-            }
-            if !p.line_buffered() {
-                break;
-            }
-        }
-    }
-    p.reports
-        .insert("parallelNs".into(), json!(t.elapsed().as_nanos() as u64));
     Flow::Next
 }
