@@ -13,7 +13,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::connection::Plugin;
-use crate::scripted::{Flow, fail};
 
 /// An answer as the client checks it.
 #[derive(Deserialize)]
@@ -70,8 +69,9 @@ impl Template {
 }
 
 /// `n` calls of `tool`, at most `inflight` unanswered at a time; reports
-/// the nanoseconds they took as `parallelNs`.
-pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Flow {
+/// the nanoseconds they took as `parallelNs`. An error says why the calls
+/// stopped (the turn is then failed with it).
+pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Result<(), String> {
     let template = Template::new(p, tool);
     let t = Instant::now();
     let mut pending = HashSet::new();
@@ -93,7 +93,7 @@ pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Flow
         loop {
             p.read_line_into(&mut line);
             let Ok(answer) = serde_json::from_str::<Answer>(&line) else {
-                return fail(p, &format!("not an answer: {}", line.trim_end()));
+                return Err(format!("not an answer: {}", line.trim_end()));
             };
             if let Some(method) = &answer.method {
                 p.control(method);
@@ -101,7 +101,7 @@ pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Flow
                 && pending.remove(&id)
                 && answer.error
             {
-                return fail(p, &format!("uncaught: {}", line.trim_end()));
+                return Err(format!("uncaught: {}", line.trim_end()));
             }
             if !p.line_buffered() {
                 break;
@@ -110,5 +110,5 @@ pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Flow
     }
     p.reports
         .insert("parallelNs".into(), json!(t.elapsed().as_nanos() as u64));
-    Flow::Next
+    Ok(())
 }

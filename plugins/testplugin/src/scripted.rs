@@ -34,7 +34,7 @@ pub fn run(p: &mut Plugin, s: &Value) -> Option<Flow> {
 
 /// Answers `turn/run` with an error, as the SDK does for a plugin's
 /// `RuntimeError`.
-pub(crate) fn fail(p: &mut Plugin, message: &str) -> Flow {
+fn fail(p: &mut Plugin, message: &str) -> Flow {
     let run_id = p.run_id.clone();
     let error = WireError::new(ErrorKind::Internal, message);
     p.send(&json!({"jsonrpc": "2.0", "id": run_id, "error": error}));
@@ -97,7 +97,10 @@ fn over_wire(p: &mut Plugin, step: &Step) -> Flow {
         }
         Step::TimedCalls { tool, n } => return timed_calls(p, tool, *n),
         Step::ParallelCalls { tool, n, inflight } => {
-            return inflight::parallel_calls(p, tool, *n, *inflight);
+            return match inflight::parallel_calls(p, tool, *n, *inflight) {
+                Ok(()) => Flow::Next,
+                Err(e) => fail(p, &e),
+            };
         }
         Step::TimedEmits { kind, n } => {
             let t = Instant::now();
