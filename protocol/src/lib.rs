@@ -24,6 +24,7 @@ pub mod json;
 pub mod jsonrpc;
 pub mod method;
 pub mod primitives;
+mod rfc3339;
 pub mod schema;
 pub mod text;
 pub mod tool_json;

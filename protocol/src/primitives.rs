@@ -139,30 +139,38 @@ pub fn ident(value: &str) -> Identifier {
     }
 }
 
-/// An RFC 3339 datetime with an offset.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct Timestamp(String);
+/// An RFC 3339 datetime with an offset. The text is shared: a copy (every
+/// event, context and result of a call carries the time) costs a count,
+/// not an allocation.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(std::sync::Arc<str>);
 
 impl Timestamp {
     pub fn parse(value: impl AsRef<str>) -> Result<Self, PrimitiveError> {
         let v = value.as_ref();
         time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339)
             .map_err(|_| PrimitiveError::Timestamp)?;
-        Ok(Self(v.to_owned()))
+        Ok(Self(std::sync::Arc::from(v)))
     }
     /// The current time, in UTC with millisecond precision. Formatted once
     /// per millisecond and thread: a tool call takes the time several
     /// times (its context, its events, its result), and within one
-    /// millisecond the text is the same, so a repeat costs a copy of the
-    /// last text instead of a new formatting.
+    /// millisecond the text is the same, so a repeat shares the last text
+    /// instead of a new formatting. The text is written by hand
+    /// ([`crate::rfc3339`]), the same as `time` writes it.
     pub fn now() -> Self {
         thread_local! {
-            static LAST: std::cell::RefCell<Option<(i128, Timestamp)>> =
+            static LAST: std::cell::RefCell<Option<(u64, Timestamp)>> =
                 const { std::cell::RefCell::new(None) };
         }
-        let at = time::OffsetDateTime::now_utc();
-        let millis = at.unix_timestamp_nanos().div_euclid(1_000_000);
+        let wall = std::time::SystemTime::now();
+        let Ok(since) = wall.duration_since(std::time::UNIX_EPOCH) else {
+            return Self::from_offset(time::OffsetDateTime::from(wall));
+        };
+        let millis = since
+            .as_secs()
+            .saturating_mul(1000)
+            .saturating_add(u64::from(since.subsec_millis()));
         LAST.with(|last| {
             let mut last = last.borrow_mut();
             if let Some((at_ms, text)) = last.as_ref()
@@ -170,7 +178,11 @@ impl Timestamp {
             {
                 return text.clone();
             }
-            let text = Self::from_offset(at);
+            let mut out = [0u8; crate::rfc3339::MAX_LEN];
+            let text = crate::rfc3339::utc_millis(millis, &mut out)
+                .and_then(|len| std::str::from_utf8(&out[..len]).ok())
+                .map(|s| Self(std::sync::Arc::from(s)))
+                .unwrap_or_else(|| Self::from_offset(time::OffsetDateTime::from(wall)));
             *last = Some((millis, text.clone()));
             text
         })
@@ -182,7 +194,7 @@ impl Timestamp {
         let s = at
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned());
-        Self(s)
+        Self(std::sync::Arc::from(s))
     }
     pub fn to_offset(&self) -> time::OffsetDateTime {
         time::OffsetDateTime::parse(&self.0, &time::format_description::well_known::Rfc3339)
@@ -190,6 +202,12 @@ impl Timestamp {
     }
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 

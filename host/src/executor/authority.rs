@@ -35,14 +35,21 @@ impl Authority {
         &self.context
     }
 
-    /// The context with `now` set, as every kernel call gets it. A new
-    /// copy only when the clock moved since the last call.
+    /// The context with `now` set, as every kernel call gets it. When the
+    /// clock moved since the last call, the last context is set to the new
+    /// time in place if no call still holds it (a call holds it only while
+    /// it is with the kernel), and copied otherwise.
     pub fn context_at(&self, now: Timestamp) -> Arc<AccessContext> {
         let mut at = lock(&self.context_at);
         if at.now != now {
-            let mut c = self.context.clone();
-            c.now = now;
-            *at = Arc::new(c);
+            match Arc::get_mut(&mut at) {
+                Some(unshared) => unshared.now = now,
+                None => {
+                    let mut c = self.context.clone();
+                    c.now = now;
+                    *at = Arc::new(c);
+                }
+            }
         }
         Arc::clone(&at)
     }

@@ -10,7 +10,9 @@ use std::sync::{Mutex, TryLockError};
 use serde_json::Value;
 use sharedos_protocol::{ExecutionEvent, Identifier, ShortName, Version};
 
-use super::ledger::{ByteLedger, event_held_bytes_in_turn, turn_fixed_len};
+use super::ledger::{
+    ByteLedger, event_frame_held_bytes, event_held_bytes_in_turn, turn_fixed_len, value_held_bytes,
+};
 use super::{Clock, IdSource, OnEvent, lock};
 use crate::limits::{RESERVED_EVENT_BYTES, RESERVED_EVENTS, STDERR_TAIL_RESERVE_BYTES};
 
@@ -176,10 +178,13 @@ impl EventLedger {
     /// ending kept back, nothing is written and the violation is answered
     /// (`rate_limit_exceeded` for the count, `turn_memory_exceeded` for
     /// the bytes). `Ok(false)`: the log is sealed, nothing was written.
+    /// `data_held`: what `data` costs, when the caller measured it from
+    /// its parts ([`value_held_bytes`] otherwise).
     pub fn push_plugin(
         &self,
         kind: &str,
         data: Value,
+        data_held: Option<usize>,
         prepaid_events: usize,
         prepaid_bytes: usize,
     ) -> Result<bool, &'static str> {
@@ -195,7 +200,9 @@ impl EventLedger {
                 return Err(RATE_LIMIT_EXCEEDED);
             }
             let event = self.event(&log, kind, data);
-            let bytes = event_held_bytes_in_turn(&event, self.fixed_len)
+            let data_held = data_held.unwrap_or_else(|| value_held_bytes(&event.data));
+            let bytes = event_frame_held_bytes(&event, self.fixed_len)
+                .saturating_add(data_held)
                 .saturating_mul(1 + prepaid_events)
                 .saturating_add(prepaid_bytes);
             if !self.bytes.try_charge(bytes, RESERVED_EVENT_BYTES) {

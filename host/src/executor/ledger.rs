@@ -176,7 +176,7 @@ pub(crate) fn value_held_bytes(v: &Value) -> usize {
 const EVENT_FRAME: &str = r#"{"version":"1","eventId":,"executionId":,"traceId":,"sequence":,"type":,"data":,"occurredAt":}"#;
 
 /// The decimal digits of `n`.
-fn digits(n: u64) -> usize {
+pub(crate) fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
@@ -199,14 +199,20 @@ pub(crate) fn turn_fixed_len(execution_id: &Identifier, trace_id: &Identifier) -
 /// here, so the event is not serialized just to be measured): strings by
 /// their escaped length, `data` by [`measure`].
 pub(crate) fn event_held_bytes_in_turn(event: &ExecutionEvent, fixed: usize) -> usize {
+    event_frame_held_bytes(event, fixed).saturating_add(value_held_bytes(&event.data))
+}
+
+/// What holding `event` costs apart from its `data`: its ids, sequence,
+/// type and time, its frame and the per-event overhead. An event whose
+/// `data` is known by its parts (a call's) adds their measure without
+/// walking the built value.
+pub(crate) fn event_frame_held_bytes(event: &ExecutionEvent, fixed: usize) -> usize {
     let serialized = fixed
         + str_len(event.event_id.as_str())
         + digits(event.sequence)
         + str_len(event.kind.as_str())
         + str_len(event.occurred_at.as_str());
-    serialized
-        .saturating_add(value_held_bytes(&event.data))
-        .saturating_add(EVENT_OVERHEAD_BYTES)
+    serialized.saturating_add(EVENT_OVERHEAD_BYTES)
 }
 
 #[cfg(test)]

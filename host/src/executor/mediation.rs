@@ -228,8 +228,10 @@ impl RuntimeHost for EnvelopeHost {
         // never refused for the budget. Over the budget the turn is stopped
         // (`rate_limit_exceeded`, or `turn_memory_exceeded` for the byte
         // ledger) and the call rejected as after an abort.
-        let requested = call_event(&call, step).requested();
-        if !turn.push_plugin_event(CALL_REQUESTED, requested, 1, COMPLETION_EXTRA_BYTES) {
+        let event = call_event(&call, step);
+        let held = Some(event.requested_held_bytes());
+        let requested = event.requested();
+        if !turn.push_plugin_event(CALL_REQUESTED, requested, held, 1, COMPLETION_EXTRA_BYTES) {
             return Err(HostCallError::closed());
         }
         // 5. Draining.
@@ -265,7 +267,7 @@ impl RuntimeHost for EnvelopeHost {
             json!({"runtime": turn.runtime_ref(), "type": event.kind.as_str(), "data": event.data});
         // Over the turn's event budget the seat is stopped; the emit is
         // answered as one after the abort.
-        if !turn.push_plugin_event("runtime.event", data, 0, 0) {
+        if !turn.push_plugin_event("runtime.event", data, None, 0, 0) {
             return Err(HostCallError::closed());
         }
         Ok(())

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
+use sharedos_protocol::json::str_len;
 use sharedos_protocol::{AccessContext, Identifier, RuntimeLimits, Timestamp};
 
 use super::annotations::{AnnotationBounds, Annotations};
@@ -16,8 +17,10 @@ use super::authority::Authority;
 use super::deadline::Deadline;
 use super::events::{EventLedger, EventStamp};
 use super::gate::CallGate;
+use super::ledger::digits;
 use super::signals::TurnSignals;
 use super::{Clock, IdSource, OnEvent};
+use crate::limits::VALUE_NODE_BYTES;
 
 /// The per-turn bounds on what a plugin can make the envelope hold
 /// (docs/ENVELOPE.md, "Bounded memory").
@@ -152,12 +155,13 @@ impl Turn {
         &self,
         kind: &str,
         data: Value,
+        data_held: Option<usize>,
         prepaid_events: usize,
         prepaid_bytes: usize,
     ) -> bool {
         match self
             .events
-            .push_plugin(kind, data, prepaid_events, prepaid_bytes)
+            .push_plugin(kind, data, data_held, prepaid_events, prepaid_bytes)
         {
             Ok(written) => written,
             Err(reason) => {
@@ -251,6 +255,20 @@ impl CallEvent<'_> {
         self.data(None, None)
     }
 
+    /// What `tool.requested`'s `data` costs the byte ledger
+    /// ([`value_held_bytes`](super::ledger::value_held_bytes)), summed from
+    /// the call's parts: `{"callId":…,"step":…,"tool":…}` and its values.
+    pub fn requested_held_bytes(&self) -> usize {
+        const FRAME: usize = r#"{"callId":,"tool":}"#.len();
+        const STEP: usize = r#","step":"#.len();
+        let (step_len, values) = match self.step {
+            Some(step) => (STEP + digits(step), 4),
+            None => (0, 3),
+        };
+        (FRAME + str_len(self.call_id) + str_len(self.tool) + step_len)
+            .saturating_add(values * VALUE_NODE_BYTES)
+    }
+
     /// `tool.completed`'s `data`.
     pub fn completed(&self, status: &str, code: Option<&str>) -> Value {
         self.data(Some(status), code)
@@ -278,6 +296,7 @@ impl CallEvent<'_> {
 mod tests {
     use serde_json::json;
 
+    use super::super::ledger::value_held_bytes;
     use super::*;
 
     /// The call events as they were built before: a map filled through
@@ -339,6 +358,13 @@ mod tests {
                         };
                         let theirs = built_through_json(call_id, tool, step, ending);
                         assert_eq!(ours, theirs);
+                        if ending.is_none() {
+                            assert_eq!(
+                                event.requested_held_bytes(),
+                                value_held_bytes(&theirs),
+                                "{call_id:?} {tool:?} {step:?}"
+                            );
+                        }
                         assert_eq!(
                             serde_json::to_string(&ours).unwrap(),
                             serde_json::to_string(&theirs).unwrap()
