@@ -143,14 +143,14 @@ pub fn ident(value: &str) -> Identifier {
 /// event, context and result of a call carries the time) costs a count,
 /// not an allocation.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Timestamp(std::sync::Arc<str>);
+pub struct Timestamp(Arc<str>);
 
 impl Timestamp {
     pub fn parse(value: impl AsRef<str>) -> Result<Self, PrimitiveError> {
         let v = value.as_ref();
         time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339)
             .map_err(|_| PrimitiveError::Timestamp)?;
-        Ok(Self(std::sync::Arc::from(v)))
+        Ok(Self(Arc::from(v)))
     }
     /// The current time, in UTC with millisecond precision. Formatted once
     /// per millisecond and thread: a tool call takes the time several
@@ -181,7 +181,7 @@ impl Timestamp {
             let mut out = [0u8; crate::rfc3339::MAX_LEN];
             let text = crate::rfc3339::utc_millis(millis, &mut out)
                 .and_then(|len| std::str::from_utf8(&out[..len]).ok())
-                .map(|s| Self(std::sync::Arc::from(s)))
+                .map(|s| Self(Arc::from(s)))
                 .unwrap_or_else(|| Self::from_offset(time::OffsetDateTime::from(wall)));
             *last = Some((millis, text.clone()));
             text
@@ -194,7 +194,7 @@ impl Timestamp {
         let s = at
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned());
-        Self(std::sync::Arc::from(s))
+        Self(Arc::from(s))
     }
     pub fn to_offset(&self) -> time::OffsetDateTime {
         time::OffsetDateTime::parse(&self.0, &time::format_description::well_known::Rfc3339)

@@ -83,3 +83,56 @@ impl Authority {
         lock(&self.outage).clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn context() -> AccessContext {
+        serde_json::from_value(json!({
+            "namespaceId": "n", "actor": {"kind": "agent", "agentId": "a"},
+            "authority": {"kind": "service", "serviceId": "h"},
+            "owner": {"kind": "human", "userId": "u"}, "purpose": "p",
+            "traceId": "t", "enabledToolNamespaces": ["files"],
+            "now": "2026-01-01T00:00:00Z"
+        }))
+        .unwrap()
+    }
+
+    fn at(text: &str) -> Timestamp {
+        Timestamp::parse(text).unwrap()
+    }
+
+    #[test]
+    fn a_context_a_call_holds_keeps_its_time_when_the_clock_moves() {
+        let authority = Authority::new(context());
+        let held = authority.context_at(at("2026-01-01T00:00:01Z"));
+        let later = authority.context_at(at("2026-01-01T00:00:02Z"));
+        assert_eq!(
+            held.now,
+            at("2026-01-01T00:00:01Z"),
+            "changed under its call"
+        );
+        assert_eq!(later.now, at("2026-01-01T00:00:02Z"));
+        let mut expected = context();
+        expected.now = at("2026-01-01T00:00:02Z");
+        assert_eq!(*later, expected, "only the time differs from the request's");
+    }
+
+    #[test]
+    fn a_context_no_call_holds_is_set_to_the_new_time() {
+        let authority = Authority::new(context());
+        drop(authority.context_at(at("2026-01-01T00:00:01Z")));
+        let later = authority.context_at(at("2026-01-01T00:00:02Z"));
+        let mut expected = context();
+        expected.now = at("2026-01-01T00:00:02Z");
+        assert_eq!(*later, expected);
+        let same = authority.context_at(at("2026-01-01T00:00:02Z"));
+        assert!(
+            Arc::ptr_eq(&later, &same),
+            "the same time shares one context"
+        );
+    }
+}
