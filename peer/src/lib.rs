@@ -56,7 +56,7 @@ pub use config::PeerConfig;
 pub use jsonrpsee_types::{ErrorObject, ErrorObjectOwned};
 pub use line::{error, error_with};
 pub use peer::Peer;
-pub use read::{Inbound, Inbox};
+pub use read::{Inbound, Inbox, RequestParams};
 pub use reply::Replier;
 pub use shared::Answer;
 pub use violation::{

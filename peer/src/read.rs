@@ -15,9 +15,9 @@
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
-use sharedos_protocol::jsonrpc::{self, Incoming, RequestId, WireError};
+use sharedos_protocol::jsonrpc::{self, Incoming, Params, RequestId, WireError};
 use sharedos_protocol::text::escape_text;
-use sharedos_protocol::{ErrorKind, FrameError};
+use sharedos_protocol::{ErrorKind, FrameError, InvokeToolParams};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::budget::Budget;
@@ -36,7 +36,7 @@ pub enum Inbound {
     Request {
         /// A request of the method table this end receives.
         method: &'static str,
-        params: Option<Box<RawValue>>,
+        params: Option<RequestParams>,
         reply: Replier,
     },
     Notification {
@@ -51,6 +51,25 @@ pub enum Inbound {
     },
     /// The last item: the reader stopped (a fatal violation or EOF).
     Closed(Violation),
+}
+
+/// A request's params: as sent, or (a `host/invokeTool` written in the
+/// usual member order) already parsed in the pass that classified the
+/// line ([`jsonrpc::classify_call`]).
+#[derive(Debug)]
+pub enum RequestParams {
+    Raw(Box<RawValue>),
+    InvokeTool(Box<InvokeToolParams>),
+}
+
+impl RequestParams {
+    /// The params as sent, when they were not parsed yet.
+    pub fn raw(&self) -> Option<&RawValue> {
+        match self {
+            RequestParams::Raw(raw) => Some(raw),
+            RequestParams::InvokeTool(_) => None,
+        }
+    }
 }
 
 /// The plugin's messages, read on demand in the consumer's task (the turn
@@ -190,7 +209,7 @@ impl Intake {
             }
             return self.counted(EMPTY_LINE);
         }
-        let msg = match jsonrpc::classify(line) {
+        let msg = match jsonrpc::classify_call(line) {
             Ok(m) => m,
             Err(e) => {
                 let reason = match e {
@@ -246,7 +265,7 @@ impl Intake {
         }
     }
 
-    fn request(&mut self, id: RequestId, method: &str, params: Option<&RawValue>) -> Step {
+    fn request(&mut self, id: RequestId, method: &str, params: Option<Params<'_>>) -> Step {
         if lock(&self.shared.inflight).contains(&id) {
             return Step::Fatal(Violation::new(
                 ViolationReason::DuplicateInflightId,
@@ -280,14 +299,18 @@ impl Intake {
             _permit: Some(permit),
             answered: false,
         };
+        let params = params.map(|p| match p {
+            Params::Raw(raw) => RequestParams::Raw(raw.to_owned()),
+            Params::InvokeTool(call) => RequestParams::InvokeTool(call),
+        });
         Step::Deliver(Inbound::Request {
             method,
-            params: params.map(RawValue::to_owned),
+            params,
             reply,
         })
     }
 
-    fn notification(&mut self, method: &str, params: Option<&RawValue>) -> Step {
+    fn notification(&mut self, method: &str, params: Option<Params<'_>>) -> Step {
         if self.config.request(method).is_some() {
             // Never served (there is no id to answer), but never silent
             // either: logged, and counted like any dropped message.
@@ -301,10 +324,14 @@ impl Intake {
         let Some(method) = self.config.notification(method).map(|m| m.name) else {
             return self.counted(UNKNOWN_NOTIFICATION);
         };
-        Step::Deliver(Inbound::Notification {
-            method,
-            params: params.map(RawValue::to_owned),
-        })
+        // `classify_call` parses params only for a request (an `id` came
+        // first): a notification's are always raw.
+        let params = match params {
+            None => None,
+            Some(Params::Raw(raw)) => Some(raw.to_owned()),
+            Some(Params::InvokeTool(_)) => return self.counted(REQUEST_WITHOUT_ID),
+        };
+        Step::Deliver(Inbound::Notification { method, params })
     }
 }
 

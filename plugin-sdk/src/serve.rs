@@ -30,7 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 use serde_json::value::RawValue;
-use sharedos_peer::{Inbound, Peer, PeerConfig, Replier, Violation, ViolationReason};
+use sharedos_peer::{
+    Inbound, Peer, PeerConfig, Replier, RequestParams, Violation, ViolationReason,
+};
 use sharedos_protocol::method::{Initialize, Method, TurnAbort, TurnDraining, TurnRun};
 use sharedos_protocol::{
     ErrorKind, InitializeResult, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS, TurnId,
@@ -181,7 +183,10 @@ where
                 method,
                 params,
                 reply,
-            }) => session.request(method, params.as_deref(), reply).await,
+            }) => {
+                let params = params.as_ref().and_then(RequestParams::raw);
+                session.request(method, params, reply).await
+            }
             Some(Inbound::Notification { method, params }) => {
                 session.notification(method, params.as_deref())
             }

@@ -8,20 +8,27 @@
 //! ```
 //!
 //! One parser decides both the kind of a message and what is dispatched:
-//! the borrowed [`Envelope`] below is the only view of the line, its serde
-//! derive rejects duplicate keys, and `params`/`result` stay as `RawValue`
-//! for the typed parse. Classifying with `serde_json::Value` (last key
-//! wins) and dispatching with another parser would let a hostile peer show
-//! each a different message.
+//! the borrowed envelope (`jsonrpc/envelope.rs`) is the only view of the
+//! line, it rejects duplicate keys, and `params`/`result` stay as
+//! `RawValue` for the typed parse. Classifying with `serde_json::Value`
+//! (last key wins) and dispatching with another parser would let a
+//! hostile peer show each a different message. [`classify_call`] reads a
+//! `host/invokeTool` request's params in that same pass, into their type,
+//! and falls back to [`classify`] for anything it does not take.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::errors::ErrorKind;
+
+mod envelope;
+
+pub use envelope::Params;
+use envelope::{OnePass, Parts, RawEnvelope};
 
 /// Longest string id accepted from a peer, in bytes.
 pub const MAX_STRING_ID_BYTES: usize = 64;
@@ -96,17 +103,19 @@ impl WireError {
     }
 }
 
-/// One classified incoming line. Borrowed from the line where possible.
+/// One classified incoming line. Borrowed from the line where possible;
+/// `P` is how the params are held ([`classify`]: raw, [`classify_call`]:
+/// [`Params`]).
 #[derive(Debug)]
-pub enum Incoming<'a> {
+pub enum Incoming<'a, P = &'a RawValue> {
     Request {
         id: RequestId,
         method: Cow<'a, str>,
-        params: Option<&'a RawValue>,
+        params: Option<P>,
     },
     Notification {
         method: Cow<'a, str>,
-        params: Option<&'a RawValue>,
+        params: Option<P>,
     },
     Response {
         id: RequestId,
@@ -149,60 +158,68 @@ impl fmt::Display for EnvelopeError {
 
 impl std::error::Error for EnvelopeError {}
 
-/// The borrowed view of the outer object. Unknown members are ignored
-/// (B.7); duplicate known members are a serde error.
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow)]
-    jsonrpc: Option<Cow<'a, str>>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    method: Option<Cow<'a, str>>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    params: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    result: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    error: Option<&'a RawValue>,
-}
-
-/// `Some` whenever the member is present, `null` included.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&'de RawValue>::deserialize(d).map(Some)
-}
-
-/// Classifies one line (without its `\n`).
+/// Classifies one line (without its `\n`), every member kept raw.
 pub fn classify(line: &str) -> Result<Incoming<'_>, EnvelopeError> {
-    // A struct derive also accepts a sequence (positional fields), so the
-    // top-level shape is checked first.
-    match line
-        .trim_start_matches([' ', '\t', '\r', '\n'])
-        .as_bytes()
-        .first()
-    {
-        Some(b'{') => {}
-        Some(b'[') => {
-            return Err(if serde_json::from_str::<&RawValue>(line).is_ok() {
-                EnvelopeError::Batch
-            } else {
-                EnvelopeError::InvalidJson
-            });
-        }
-        _ => {
-            return Err(if serde_json::from_str::<&RawValue>(line).is_ok() {
-                EnvelopeError::InvalidEnvelope("the message is not an object")
-            } else {
-                EnvelopeError::InvalidJson
-            });
-        }
-    }
-    let env: Envelope<'_> = serde_json::from_str(line).map_err(|e| match e.classify() {
+    object_first(line)?;
+    let env: RawEnvelope<'_> = serde_json::from_str(line).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => {
             EnvelopeError::InvalidEnvelope("a member has the wrong type or appears twice")
         }
         _ => EnvelopeError::InvalidJson,
     })?;
+    sort(Parts::from(env))
+}
+
+/// [`classify`], with a `host/invokeTool` request's params parsed in the
+/// same pass over the line when its `id` and `method` come first (as
+/// every SDK writes them): [`Params::InvokeTool`]. Any other line, and
+/// any line the one pass does not take (bad params included), is read by
+/// [`classify`], so the outcome is [`classify`]'s for every line; its
+/// params are then [`Params::Raw`].
+pub fn classify_call(line: &str) -> Result<Incoming<'_, Params<'_>>, EnvelopeError> {
+    if object_first(line).is_ok()
+        && let Ok(OnePass(parts)) = serde_json::from_str::<OnePass<'_>>(line)
+    {
+        return sort(parts);
+    }
+    Ok(match classify(line)? {
+        Incoming::Request { id, method, params } => Incoming::Request {
+            id,
+            method,
+            params: params.map(Params::Raw),
+        },
+        Incoming::Notification { method, params } => Incoming::Notification {
+            method,
+            params: params.map(Params::Raw),
+        },
+        Incoming::Response { id, result } => Incoming::Response { id, result },
+    })
+}
+
+/// Only an object is a message. A struct derive also accepts a sequence
+/// (positional fields), so the top-level shape is checked first.
+fn object_first(line: &str) -> Result<(), EnvelopeError> {
+    match line
+        .trim_start_matches([' ', '\t', '\r', '\n'])
+        .as_bytes()
+        .first()
+    {
+        Some(b'{') => Ok(()),
+        Some(b'[') => Err(if serde_json::from_str::<&RawValue>(line).is_ok() {
+            EnvelopeError::Batch
+        } else {
+            EnvelopeError::InvalidJson
+        }),
+        _ => Err(if serde_json::from_str::<&RawValue>(line).is_ok() {
+            EnvelopeError::InvalidEnvelope("the message is not an object")
+        } else {
+            EnvelopeError::InvalidJson
+        }),
+    }
+}
+
+/// What a well-formed object is: request, notification or response.
+fn sort<P>(env: Parts<'_, P>) -> Result<Incoming<'_, P>, EnvelopeError> {
     if env.jsonrpc.as_deref() != Some("2.0") {
         return Err(EnvelopeError::InvalidEnvelope(
             "\"jsonrpc\":\"2.0\" is required",

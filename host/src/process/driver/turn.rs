@@ -12,7 +12,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use serde_json::value::RawValue;
-use sharedos_peer::{ErrorObjectOwned, Inbound, Inbox, Peer, Replier, Violation, ViolationReason};
+use sharedos_peer::{
+    ErrorObjectOwned, Inbound, Inbox, Peer, Replier, RequestParams, Violation, ViolationReason,
+};
 use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
 use sharedos_protocol::jsonrpc::{WireError, truncate};
 use sharedos_protocol::method::{Annotate, Emit, InvokeTool, Method, TurnAbort, TurnDraining};
@@ -204,13 +206,13 @@ impl TurnDriver<'_> {
                 reply,
             } => {
                 debug_assert_eq!(method, InvokeTool::NAME);
-                self.invoke(params.as_deref(), reply).await
+                self.invoke(params, reply).await
             }
         }
     }
 
     /// A `host/invokeTool`: checked here, then run alongside the reading.
-    async fn invoke(&mut self, params: Option<&RawValue>, reply: Replier) -> Step {
+    async fn invoke(&mut self, params: Option<RequestParams>, reply: Replier) -> Step {
         match check_invoke(self.turn_id, self.abort, params) {
             Err(err) => {
                 if let Err(v) = self.peer.count_violation("invalid_invoke_tool") {
@@ -314,12 +316,21 @@ pub fn host_call_error(e: &HostCallError) -> ErrorObjectOwned {
     sharedos_peer::error(e.kind, truncate(&e.message, 1000))
 }
 
+/// The params as the contract types them: parsed by the reader already
+/// (the usual case), else parsed here from the text sent.
 fn check_invoke(
     turn_id: &TurnId,
     abort: &Signal,
-    params: Option<&RawValue>,
-) -> Result<InvokeToolParams, ErrorObjectOwned> {
-    let Some(p) = sharedos_peer::params::<InvokeTool>(params) else {
+    params: Option<RequestParams>,
+) -> Result<Box<InvokeToolParams>, ErrorObjectOwned> {
+    let parsed = match params {
+        Some(RequestParams::InvokeTool(p)) => Some(p),
+        Some(RequestParams::Raw(raw)) => {
+            sharedos_peer::params::<InvokeTool>(Some(&raw)).map(Box::new)
+        }
+        None => None,
+    };
+    let Some(p) = parsed else {
         return Err(sharedos_peer::error(
             ErrorKind::InvalidParams,
             "host/invokeTool params do not match the contract",
