@@ -266,13 +266,16 @@ impl Intake {
     }
 
     fn request(&mut self, id: RequestId, method: &str, params: Option<Params<'_>>) -> Step {
-        if lock(&self.shared.inflight).contains(&id) {
+        // Taken in the set in the same lookup that checks it (one SipHash
+        // per request); a request refused below gives its id back.
+        if !lock(&self.shared.inflight).insert(id.clone()) {
             return Step::Fatal(Violation::new(
                 ViolationReason::DuplicateInflightId,
                 format!("request id {id} reused while still in flight"),
             ));
         }
         let Some(method) = self.config.request(method).map(|m| m.name) else {
+            lock(&self.shared.inflight).remove(&id);
             if let Err(v) = self.shared.count(UNKNOWN_METHOD) {
                 return Step::Fatal(v);
             }
@@ -281,6 +284,7 @@ impl Intake {
             return Step::Next;
         };
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            lock(&self.shared.inflight).remove(&id);
             let mut data = serde_json::Map::new();
             data.insert("retryAfterMs".into(), 100.into());
             let err = line::error_with(
@@ -291,7 +295,6 @@ impl Intake {
             self.owed = Some(line::error_response(&id, &err).into_bytes());
             return Step::Next;
         };
-        lock(&self.shared.inflight).insert(id.clone());
         let reply = Replier {
             id,
             shared: self.shared.clone(),

@@ -501,3 +501,48 @@ async fn a_plugin_queues_a_burst_of_notifications_the_host_accepts() {
         assert_eq!(host.read().await["params"]["i"], json!(i));
     }
 }
+
+/// A refused request (unknown method, over the in-flight cap) does not
+/// keep its id: the same id is taken again, not fatal as reused. A tool
+/// call in the SDKs' member order arrives with its params parsed, the
+/// same value as parsing the text sent.
+#[tokio::test]
+async fn refused_ids_are_free_and_calls_arrive_parsed() {
+    use crate::RequestParams;
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        max_inflight_requests: 1,
+        ..config()
+    });
+    let params = json!({"turnId":"t-1","call":{"id":"c-1","tool":"echo","arguments":{"q":1},
+        "traceId":"tr","requestedAt":"2026-01-01T00:00:00Z"}});
+    let call =
+        |id: u64| json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":params});
+    plugin
+        .line(json!({"jsonrpc":"2.0","id":9,"method":"nope","params":{}}))
+        .await;
+    assert_eq!(plugin.read().await["error"]["code"], -32601);
+    plugin.line(call(1)).await;
+    plugin.line(call(9)).await;
+    assert_eq!(plugin.read().await["error"]["code"], -32055);
+    match next(&mut inbound).await {
+        Inbound::Request { params, reply, .. } => {
+            let Some(RequestParams::InvokeTool(p)) = params else {
+                panic!("{params:?}");
+            };
+            assert_eq!(*p, serde_json::from_value(params_of(&call(1))).unwrap());
+            reply.result(&json!(1)).await.unwrap();
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plugin.read().await["id"], 1);
+    plugin.line(call(9)).await;
+    match next(&mut inbound).await {
+        Inbound::Request { reply, .. } => reply.result(&json!(9)).await.unwrap(),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plugin.read().await["id"], 9);
+}
+
+fn params_of(line: &serde_json::Value) -> serde_json::Value {
+    line["params"].clone()
+}
