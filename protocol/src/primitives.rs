@@ -37,6 +37,12 @@ pub struct Text<const MIN: usize, const MAX: usize>(Arc<str>);
 impl<const MIN: usize, const MAX: usize> Text<MIN, MAX> {
     pub fn new(value: impl AsRef<str>) -> Result<Self, PrimitiveError> {
         let trimmed = value.as_ref().trim();
+        // A character is one to four bytes: when the byte length alone
+        // puts the count within bounds, the characters need no counting.
+        let bytes = trimmed.len();
+        if bytes <= MAX && bytes.div_ceil(4) >= MIN {
+            return Ok(Self(Arc::from(trimmed)));
+        }
         let len = char_len(trimmed);
         if len < MIN || len > MAX {
             return Err(PrimitiveError::Length {
@@ -408,6 +414,27 @@ mod tests {
     #[test]
     fn identifier_trims_and_bounds() {
         assert_eq!(Identifier::new("  a ").unwrap().as_str(), "a");
+        // Bounds count characters, not bytes, whether or not the byte
+        // length alone settles them.
+        type Two = Text<2, 3>;
+        for (s, ok) in [
+            ("a", false),
+            ("ab", true),
+            ("abc", true),
+            ("abcd", false),
+            ("é", false),
+            ("éé", true),
+            ("€€€", true),
+            ("éééé", false),
+            ("😀", false),
+            ("😀😀", true),
+            ("😀😀😀", true),
+            ("😀😀😀😀", false),
+        ] {
+            assert_eq!(Two::new(s).is_ok(), ok, "{s:?}");
+        }
+        assert!(Identifier::new("é".repeat(256)).is_ok());
+        assert!(Identifier::new("é".repeat(257)).is_err());
         assert!(Identifier::new("   ").is_err());
         assert!(Identifier::new("x".repeat(257)).is_err());
         assert!(serde_json::from_str::<Identifier>("\"\"").is_err());
