@@ -54,30 +54,61 @@ const fn byte_needs_escape(b: u8) -> bool {
 }
 
 /// The index of the first byte of `bytes` from `start` that needs escaping,
-/// or `bytes.len()`. Eight bytes at a time while none does; a tail of
-/// fewer than eight (a short string is all tail) is checked as one word
-/// padded with a byte that needs no escape, so a clean string is never
-/// looked at byte by byte.
+/// or `bytes.len()`. Eight bytes at a time while none does; the tail of
+/// fewer than eight (a short string is all tail) is tested as one word
+/// too, without a variable-length copy (a `memcpy` call per string): see
+/// [`tail_word`]. A clean string is never looked at byte by byte.
 fn next_escape(bytes: &[u8], start: usize) -> usize {
     let mut at = start;
-    while let Some(chunk) = bytes.get(at..at + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        if word_needs_escape(u64::from_ne_bytes(word)) {
+    while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        if word_needs_escape(u64::from_ne_bytes(*word)) {
             return first_escape(bytes, at);
         }
         at += 8;
     }
-    let tail = &bytes[at..];
-    if tail.is_empty() {
+    if at >= bytes.len() {
         return bytes.len();
     }
-    let mut word = [b'a'; 8];
-    word[..tail.len()].copy_from_slice(tail);
-    if word_needs_escape(u64::from_ne_bytes(word)) {
+    if word_needs_escape(tail_word(bytes, at)) {
         first_escape(bytes, at)
     } else {
         bytes.len()
+    }
+}
+
+/// A word holding every byte of `bytes[at..]` (one to seven bytes), the
+/// rest of it bytes that need no escape, read with fixed-size loads only.
+/// The byte lanes of the word are tested independently, so their order
+/// does not matter and a byte may appear twice.
+///
+/// A string of eight bytes or more gives its last eight: that may take in
+/// bytes before `at` (already written, or an escape just written), so a
+/// hit there is a false one; the caller rescans from `at` one byte at a
+/// time, which finds the real first escape or none. A shorter string is
+/// read as two overlapping halves of four, two or one byte.
+fn tail_word(bytes: &[u8], at: usize) -> u64 {
+    if let Some(last) = bytes.last_chunk::<8>() {
+        return u64::from_ne_bytes(*last);
+    }
+    let tail = bytes.get(at..).unwrap_or_default();
+    // Lanes not filled below keep this byte, which needs no escape.
+    let pad = splat(b'a');
+    match (tail.first_chunk::<4>(), tail.last_chunk::<4>()) {
+        (Some(head), Some(last)) => {
+            u64::from(u32::from_ne_bytes(*head)) | u64::from(u32::from_ne_bytes(*last)) << 32
+        }
+        _ => match (tail.first_chunk::<2>(), tail.last_chunk::<2>()) {
+            (Some(head), Some(last)) => {
+                let low = u64::from(u16::from_ne_bytes(*head))
+                    | u64::from(u16::from_ne_bytes(*last)) << 16;
+                low | (pad & !0xFFFF_FFFF)
+            }
+            // One byte (fewer than two).
+            _ => match tail.first() {
+                Some(&b) => u64::from(b) | (pad & !0xFF),
+                None => pad,
+            },
+        },
     }
 }
 
@@ -234,6 +265,40 @@ mod tests {
                         alphabet[(state % alphabet.len() as u64) as usize]
                     })
                     .collect();
+                check(&s);
+            }
+        }
+    }
+
+    /// Strings of one to sixteen bytes with an escape at every position,
+    /// alone and with a second one after it: the tail word must see the
+    /// last byte, must not miss one in a short string's halves, and a hit
+    /// in the eight-byte tail read that overlaps bytes before the rescan's
+    /// start (the first escape, already written) must not end the scan.
+    #[test]
+    fn escapes_at_every_position_of_short_strings_are_found() {
+        for len in 1..=16 {
+            for first in 0..len {
+                for second in (first..len).map(Some).chain([None]) {
+                    for esc in [b'"', b'\\', b'\n', 0x01, 0x1f] {
+                        let mut bytes = vec![b'a'; len];
+                        bytes[first] = esc;
+                        if let Some(second) = second {
+                            bytes[second] = b'"';
+                        }
+                        check(std::str::from_utf8(&bytes).unwrap());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn clean_strings_of_every_short_length_need_no_escape() {
+        for len in 0..=16 {
+            for c in [b'a', b' ', b'~', 0x7f] {
+                let s = String::from_utf8(vec![c; len]).unwrap();
+                assert_eq!(next_escape(s.as_bytes(), 0), len, "{s:?}");
                 check(&s);
             }
         }
