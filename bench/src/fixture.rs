@@ -7,8 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_kernel::{
-    AuditError, AuditRecord, AuditSink, Capability, ConfigGrantSource, Grant, HandlerAnswer,
-    Kernel, Scope, ToolError, ToolHandler,
+    AuditEntry, AuditError, AuditRecord, AuditSink, Capability, ConfigGrantSource, Grant,
+    HandlerAnswer, Kernel, Scope, ToolError, ToolHandler,
 };
 use sharedos_protocol::{
     AccessContext, Address, CapabilityRequirement, ExecutionOptions, ExecutionRequest,
@@ -108,6 +108,11 @@ struct SerializingSink;
 impl AuditSink for SerializingSink {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
         let line = record.to_json_line()?;
+        std::hint::black_box(line);
+        Ok(())
+    }
+    async fn append_entry(&self, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
+        let line = entry.to_json_line()?;
         std::hint::black_box(line);
         Ok(())
     }

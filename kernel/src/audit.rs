@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef, Timestamp};
 use tokio::sync::oneshot;
 
+mod entry;
 mod line;
+
+pub use entry::{AuditEntry, IdentityRef, MetadataRef, RecordId, RecordIdentity, RecordMetadata};
 
 /// `AuditOutcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -181,10 +184,7 @@ impl AuditRecord {
     /// `serde_json::to_vec(self)` and a newline, without serde's per-key
     /// escaping (`audit/line.rs`).
     pub fn to_json_line(&self) -> Result<Vec<u8>, AuditError> {
-        let mut line = Vec::with_capacity(RECORD_LINE_BYTES);
-        line::write_record(&mut line, self)?;
-        line.push(b'\n');
-        Ok(line)
+        self.entry().to_json_line()
     }
 
     /// A record with the context's identity fields and a fresh id.
@@ -222,13 +222,9 @@ impl AuditRecord {
     }
 }
 
-/// A fresh record id (a UUID v4), written straight into its string.
+/// A fresh record id (a UUID v4) as a string.
 pub(crate) fn record_id() -> String {
-    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    uuid::Uuid::new_v4()
-        .hyphenated()
-        .encode_lower(&mut text)
-        .to_owned()
+    RecordId::new().as_str().to_owned()
 }
 
 /// Why a sink could not record.
@@ -246,6 +242,14 @@ pub enum AuditError {
 #[async_trait]
 pub trait AuditSink: Send + Sync {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError>;
+
+    /// The kernel writes every record through this. The default appends
+    /// the owned record ([`AuditEntry::to_record`]); a sink that writes
+    /// lines writes the entry's ([`AuditEntry::to_json_line`], the same
+    /// bytes) without making one.
+    async fn append_entry(&self, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
+        self.append(&entry.to_record()).await
+    }
 }
 
 /// The embedded sink: an append-only JSONL file, one record per line.
@@ -362,10 +366,9 @@ pub(crate) fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
     file.sync_all()
 }
 
-#[async_trait]
-impl AuditSink for JsonlAuditSink {
-    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let line = record.to_json_line()?;
+impl JsonlAuditSink {
+    /// Hands one line to the writer thread and waits until it is durable.
+    async fn append_line(&self, line: Vec<u8>) -> Result<(), AuditError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send((line, reply))
@@ -374,6 +377,16 @@ impl AuditSink for JsonlAuditSink {
             .await
             .map_err(|_| AuditError::Sink("the audit writer thread has stopped".into()))?
             .map_err(AuditError::Sink)
+    }
+}
+
+#[async_trait]
+impl AuditSink for JsonlAuditSink {
+    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
+        self.append_line(record.to_json_line()?).await
+    }
+    async fn append_entry(&self, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
+        self.append_line(entry.to_json_line()?).await
     }
 }
 

@@ -38,8 +38,9 @@ pub mod tools;
 pub mod usage;
 
 pub use audit::{
-    AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource, JsonlAuditSink,
-    MemoryAuditSink,
+    AuditEntry, AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource,
+    IdentityRef, JsonlAuditSink, MemoryAuditSink, MetadataRef, RecordId, RecordIdentity,
+    RecordMetadata,
 };
 pub use config::{
     ConfigError, EscalationConfig, FilesConfig, FrozenSubtree, HostPolicy, KernelConfig,

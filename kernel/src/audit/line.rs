@@ -1,4 +1,6 @@
-//! An [`AuditRecord`] as one JSON line, written by hand.
+//! An audit record ([`AuditEntry`], or an `AuditRecord` through its entry)
+//! as one JSON line, written by hand, and the JSON of the parts a turn's
+//! records share ([`RecordIdentity`], [`RecordMetadata`]), written once.
 //!
 //! Every tool call writes two records, and `serde_json` escapes every key
 //! of every struct again, one byte at a time, and goes through serde's
@@ -7,62 +9,118 @@
 //! [`sharedos_protocol::json::write_str`]. The output is byte for byte what
 //! `serde_json::to_vec(&record)` writes (the fields in declaration order,
 //! each `None` left out, an address's `kind` first): `kernel/tests/
-//! audit_line.rs` proves it over generated records, so a reader, a store or
-//! an old file cannot tell the two apart. In `metadata`, an arbitrary JSON
+//! audit_line.rs` and `kernel/tests/audit_entry.rs` prove it over generated
+//! records and shared parts, so a reader, a store or an old file cannot
+//! tell them apart. In `metadata`, an arbitrary JSON
 //! object, numbers, arrays and nested objects still go through `serde_json`.
 
 use serde_json::Value;
 use sharedos_protocol::json::write_str;
-use sharedos_protocol::{Address, JsonObject, ResourceRef};
+use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef};
 
-use super::{AuditError, AuditRecord};
+use super::entry::{AuditEntry, IdentityRef, RecordIdentity, RecordMetadata};
+use super::{AuditError, RECORD_LINE_BYTES};
 
-/// Appends `record` as JSON (no newline) to `out`.
-pub(super) fn write_record(out: &mut Vec<u8>, record: &AuditRecord) -> Result<(), AuditError> {
-    let r = record;
+impl AuditEntry<'_> {
+    /// The record as one JSON line (newline included), written once into
+    /// a buffer sized for it: what a sink writes. Byte for byte
+    /// `serde_json::to_vec(&self.to_record())` and a newline.
+    pub fn to_json_line(&self) -> Result<Vec<u8>, AuditError> {
+        let mut line = Vec::with_capacity(RECORD_LINE_BYTES);
+        write_entry(&mut line, self)?;
+        line.push(b'\n');
+        Ok(line)
+    }
+}
+
+impl RecordIdentity {
+    /// The identity of `context`'s records, its JSON written now, once.
+    pub fn of(context: &AccessContext) -> Self {
+        let mut identity = Self {
+            trace_id: context.trace_id.as_str().to_owned(),
+            namespace_id: context.namespace_id.as_str().to_owned(),
+            actor: context.actor.clone(),
+            authority: context.authority.clone(),
+            owner: context.owner.clone(),
+            purpose: context.purpose.as_str().to_owned(),
+            json: Box::default(),
+        };
+        let mut json = Vec::new();
+        write_identity_fields(&mut json, identity.view());
+        identity.json = json.into_boxed_slice();
+        identity
+    }
+}
+
+impl RecordMetadata {
+    /// `object`, with its JSON written now, once.
+    pub fn new(object: JsonObject) -> Self {
+        let mut json = Vec::new();
+        let json = write_metadata(&mut json, &object)
+            .ok()
+            .map(|()| json.into_boxed_slice());
+        Self { object, json }
+    }
+}
+
+/// Appends `entry` as JSON (no newline) to `out`.
+fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
+    let r = entry;
     out.extend_from_slice(b"{\"id\":");
-    write_str(out, &r.id);
+    write_str(out, r.id);
     out.extend_from_slice(b",\"type\":\"");
     out.extend_from_slice(r.kind.as_str().as_bytes());
     out.extend_from_slice(b"\",\"outcome\":\"");
     out.extend_from_slice(r.outcome.as_str().as_bytes());
     out.extend_from_slice(b"\",\"at\":");
     write_str(out, r.at.as_str());
-    out.extend_from_slice(b",\"traceId\":");
-    write_str(out, &r.trace_id);
-    out.extend_from_slice(b",\"namespaceId\":");
-    write_str(out, &r.namespace_id);
-    out.extend_from_slice(b",\"actor\":");
-    write_address(out, &r.actor);
-    out.extend_from_slice(b",\"authority\":");
-    write_address(out, &r.authority);
-    out.extend_from_slice(b",\"owner\":");
-    write_address(out, &r.owner);
-    out.extend_from_slice(b",\"purpose\":");
-    write_str(out, &r.purpose);
+    match r.identity.json() {
+        Some(json) => out.extend_from_slice(json),
+        None => write_identity_fields(out, r.identity),
+    }
     out.extend_from_slice(b",\"source\":\"");
     out.extend_from_slice(r.source.as_str().as_bytes());
     out.push(b'"');
-    if let Some(resource) = &r.resource {
+    if let Some(resource) = r.resource {
         out.extend_from_slice(b",\"resource\":");
         write_resource(out, resource);
     }
-    optional_str(out, b",\"action\":", r.action.as_deref());
-    optional_str(out, b",\"grantId\":", r.grant_id.as_deref());
-    optional_str(out, b",\"authorityHash\":", r.authority_hash.as_deref());
-    optional_str(out, b",\"operationId\":", r.operation_id.as_deref());
-    optional_str(out, b",\"tool\":", r.tool.as_deref());
-    optional_str(out, b",\"reason\":", r.reason.as_deref());
-    optional_str(out, b",\"cause\":", r.cause.as_deref());
+    optional_str(out, b",\"action\":", r.action);
+    optional_str(out, b",\"grantId\":", r.grant_id);
+    optional_str(out, b",\"authorityHash\":", r.authority_hash);
+    optional_str(out, b",\"operationId\":", r.operation_id);
+    optional_str(out, b",\"tool\":", r.tool);
+    optional_str(out, b",\"reason\":", r.reason);
+    optional_str(out, b",\"cause\":", r.cause);
     optional_bool(out, b",\"failClosed\":", r.fail_closed);
     optional_bool(out, b",\"consumed\":", r.consumed);
-    optional_str(out, b",\"endedBy\":", r.ended_by.as_deref());
-    if let Some(metadata) = &r.metadata {
+    optional_str(out, b",\"endedBy\":", r.ended_by);
+    if let Some(metadata) = r.metadata {
         out.extend_from_slice(b",\"metadata\":");
-        write_metadata(out, metadata)?;
+        match metadata.json() {
+            Some(json) => out.extend_from_slice(json),
+            None => write_metadata(out, metadata.get())?,
+        }
     }
     out.push(b'}');
     Ok(())
+}
+
+/// `,"traceId":..,"namespaceId":..,"actor":..,"authority":..,"owner":..,
+/// "purpose":..`: the part of a line between `at` and `source`.
+fn write_identity_fields(out: &mut Vec<u8>, identity: IdentityRef<'_>) {
+    out.extend_from_slice(b",\"traceId\":");
+    write_str(out, identity.trace_id());
+    out.extend_from_slice(b",\"namespaceId\":");
+    write_str(out, identity.namespace_id());
+    out.extend_from_slice(b",\"actor\":");
+    write_address(out, identity.actor());
+    out.extend_from_slice(b",\"authority\":");
+    write_address(out, identity.authority());
+    out.extend_from_slice(b",\"owner\":");
+    write_address(out, identity.owner());
+    out.extend_from_slice(b",\"purpose\":");
+    write_str(out, identity.purpose());
 }
 
 fn optional_str(out: &mut Vec<u8>, key: &[u8], value: Option<&str>) {

@@ -82,7 +82,7 @@ pub(super) async fn authorize_effect(
     // Decision path: the record is written before any byte moves.
     turn.shared
         .recorder
-        .decision(&record, AuditEffect::None)
+        .decision(&record.entry(), AuditEffect::None)
         .await?;
     Ok(answer)
 }
@@ -111,5 +111,5 @@ pub(super) async fn record_effect_outcome(
     record.resource = Some(resource_of(&req));
     record.action = Some(req.action);
     record.metadata = Some(metadata);
-    turn.shared.recorder.outcome(&record).await;
+    turn.shared.recorder.outcome(&record.entry()).await;
 }

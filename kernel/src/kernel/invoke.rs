@@ -10,10 +10,12 @@ use sharedos_protocol::{AccessContext, CapabilityRequirement, ResourceRef, ToolC
 use tokio_util::sync::CancellationToken;
 
 use super::open::OpenTurn;
-use super::records::{CallFacts, checked_record, invoked_record, resource_of, result_outcome};
+use super::records::{
+    CallFacts, Checked, checked_entry, invoked_entry, resource_of, result_outcome,
+};
 use super::refusal::Refusal;
 use super::{NOT_GRANTED_MESSAGE, TOOL_UNAVAILABLE_MESSAGE, guarded, requirement_of, run};
-use crate::audit::AuditOutcome;
+use crate::audit::{AuditOutcome, RecordId, RecordIdentity};
 use crate::grant::{Decision, DenyReason, Grant, Requirement, authorize, discover};
 use crate::port::{AuditEffect, KernelError};
 use crate::registry::RegisteredTool;
@@ -23,7 +25,9 @@ struct Checks<'a> {
     turn: &'a OpenTurn,
     context: &'a AccessContext,
     call: &'a ToolCall,
-    facts: CallFacts,
+    /// The identity fields of the call's records (the turn's, shared).
+    identity: Cow<'a, RecordIdentity>,
+    facts: CallFacts<'a>,
 }
 
 pub(super) async fn invoke_tool(
@@ -40,6 +44,7 @@ pub(super) async fn invoke_tool(
         turn,
         context,
         call,
+        identity: turn.identity(context),
         facts: CallFacts::default(),
     };
     let answer = checks.pipeline(abort).await;
@@ -67,35 +72,27 @@ impl<'a> Checks<'a> {
 
     /// Step 14, the one answer: `tool.invoked` (outcome path), then the
     /// result or the rejection.
-    async fn finish(
-        &mut self,
-        answer: Result<ToolResult, Refusal>,
-    ) -> Result<ToolResult, KernelError> {
-        let (outcome, reason, reply) = match answer {
-            Ok(result) => {
-                let (outcome, reason) = result_outcome(&result);
-                (outcome, reason.map(str::to_owned), Ok(result))
-            }
-            Err(Refusal::Answer(result)) => {
-                let (outcome, reason) = result_outcome(&result);
-                (outcome, reason.map(str::to_owned), Ok(*result))
-            }
-            Err(Refusal::Interrupted { reason, error }) => (
-                AuditOutcome::Interrupted,
-                Some(reason.to_owned()),
-                Err(error),
-            ),
+    async fn finish(&self, answer: Result<ToolResult, Refusal>) -> Result<ToolResult, KernelError> {
+        let (reply, interrupted) = match answer {
+            Ok(result) => (Ok(result), None),
+            Err(Refusal::Answer(result)) => (Ok(*result), None),
+            Err(Refusal::Interrupted { reason, error }) => (Err(error), Some(reason)),
             Err(Refusal::Reject(error)) => return Err(error),
         };
-        let record = invoked_record(
-            self.context,
+        let (outcome, reason) = match &reply {
+            Ok(result) => result_outcome(result),
+            Err(_) => (AuditOutcome::Interrupted, interrupted),
+        };
+        let id = RecordId::new();
+        let metadata = self.turn.catalog_metadata();
+        let entry = invoked_entry(
+            (id.as_str(), self.context, self.identity.view()),
             self.call,
-            outcome,
-            reason.as_deref(),
-            std::mem::take(&mut self.facts),
-            self.turn.catalog_metadata(),
+            (outcome, reason),
+            &self.facts,
+            metadata.as_deref().map(|m| m.view()),
         );
-        self.turn.shared.recorder.outcome(&record).await;
+        self.turn.shared.recorder.outcome(&entry).await;
         reply
     }
 
@@ -118,17 +115,17 @@ impl<'a> Checks<'a> {
     }
 
     /// Steps 5–7 answer alike; the audit's `cause` tells them apart.
-    fn unavailable(&mut self, cause: &str) -> Refusal {
-        self.facts.cause = Some(cause.to_owned());
+    fn unavailable(&mut self, cause: &'static str) -> Refusal {
+        self.facts.cause = Some(cause);
         self.denied("tool_unavailable", TOOL_UNAVAILABLE_MESSAGE)
     }
 
     /// The resource of `req` for a record: the call's own once step 9 made
     /// it (no second validation of its segments).
-    fn resource(&self, req: &Requirement) -> ResourceRef {
+    fn resource(&self, req: &Requirement) -> Cow<'_, ResourceRef> {
         match &self.facts.resource {
-            Some(resource) => resource.clone(),
-            None => resource_of(req),
+            Some(resource) => Cow::Borrowed(resource),
+            None => Cow::Owned(resource_of(req)),
         }
     }
 
@@ -138,15 +135,28 @@ impl<'a> Checks<'a> {
             reason,
             grant_id: None,
         };
-        let record = checked_record(
-            self.context,
-            (self.resource(req), req.action.clone()),
-            &decision,
-            Some(self.call.id.as_str()),
-            Some(self.call.tool.as_str()),
-        );
+        self.record_decision(&self.resource(req), &req.action, &decision)
+            .await
+    }
+
+    /// Writes the call's `authorization.checked` (decision path).
+    async fn record_decision(
+        &self,
+        resource: &ResourceRef,
+        action: &str,
+        decision: &Decision,
+    ) -> Result<(), Refusal> {
+        let id = RecordId::new();
+        let checked = Checked {
+            resource,
+            action,
+            decision,
+            operation_id: Some(self.call.id.as_str()),
+            tool: Some(self.call.tool.as_str()),
+        };
+        let entry = checked_entry(id.as_str(), self.context, self.identity.view(), checked);
         let recorder = &self.turn.shared.recorder;
-        Ok(recorder.decision(&record, AuditEffect::None).await?)
+        Ok(recorder.decision(&entry, AuditEffect::None).await?)
     }
 
     /// Step 2: the call belongs to this trace (no use spent).
@@ -163,7 +173,7 @@ impl<'a> Checks<'a> {
         match &turn.grants {
             Ok(grants) => Ok(grants.as_slice()),
             Err(cause) => {
-                self.facts.cause = Some((*cause).to_owned());
+                self.facts.cause = Some(cause);
                 Err(self.denied("authority_unavailable", NOT_GRANTED_MESSAGE))
             }
         }
@@ -236,7 +246,7 @@ impl<'a> Checks<'a> {
     /// borrowed, not made again). Its text on failure goes to the error hook.
     fn requirement<'c>(
         &mut self,
-        tool: &RegisteredTool,
+        tool: &'a RegisteredTool,
         parsed: &ToolCall,
         ceiling: &'c Requirement,
     ) -> Result<Cow<'c, Requirement>, Refusal> {
@@ -265,7 +275,10 @@ impl<'a> Checks<'a> {
             path: resolved.resource.path.clone(),
             owner: Some(req.owner.clone()),
         });
-        self.facts.action = Some(req.action.clone());
+        self.facts.action = Some(match &resolved {
+            Cow::Borrowed(declared) => Cow::Borrowed(declared.action.as_str()),
+            Cow::Owned(_) => Cow::Owned(req.action.clone()),
+        });
         Ok(req)
     }
 
@@ -297,7 +310,8 @@ impl<'a> Checks<'a> {
 
     /// Step 12: the host's ceiling (consumes nothing), then exact
     /// re-authorization, consuming; `authorization.checked` is written
-    /// before anything runs, and kept as the base of the outcome record.
+    /// before anything runs. The call's outcome record carries the same
+    /// resource, action and grant.
     async fn authorized(
         &mut self,
         grants: &[Grant],
@@ -317,25 +331,18 @@ impl<'a> Checks<'a> {
         } else {
             authorize(grants, shared.usage.as_ref(), self.context, req, true).await
         };
-        // The call's resource and action move into the record: from here
-        // on the outcome record is made from it, not from them.
-        let resource = match self.facts.resource.take() {
-            Some(resource) => resource,
-            None => resource_of(req),
+        // Step 9 named them; both records borrow them from here on.
+        if self.facts.resource.is_none() {
+            self.facts.resource = Some(resource_of(req));
+        }
+        if self.facts.action.is_none() {
+            self.facts.action = Some(Cow::Owned(req.action.clone()));
+        }
+        let (Some(resource), Some(action)) = (&self.facts.resource, &self.facts.action) else {
+            let missing = "the call's resource was not named before its decision";
+            return Err(Refusal::Reject(KernelError::Failed(missing.into())));
         };
-        let action = match self.facts.action.take() {
-            Some(action) => action,
-            None => req.action.clone(),
-        };
-        let record = Box::new(checked_record(
-            self.context,
-            (resource, action),
-            &decision,
-            Some(self.call.id.as_str()),
-            Some(self.call.tool.as_str()),
-        ));
-        shared.recorder.decision(&record, AuditEffect::None).await?;
-        self.facts.decided = Some(record);
+        self.record_decision(resource, action, &decision).await?;
         match decision {
             Decision::Allowed { grant_id, .. } => {
                 self.facts.grant_id = Some(grant_id);

@@ -12,7 +12,10 @@ use sharedos_protocol::{
     AccessContext, CapabilityRequirement, ExecutionStatus, ToolDefinition, canonical_json,
 };
 
-use crate::audit::{AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource};
+use crate::audit::{
+    AuditEntry, AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource, RecordId,
+    RecordIdentity,
+};
 use crate::config::{ConfigError, HostPolicy, KernelConfig};
 use crate::grant::{
     ConfigGrantSource, Grant, GrantSource, MemoryUsageStore, Requirement, UsageStore,
@@ -200,27 +203,27 @@ impl TurnKernel for Kernel {
         } else {
             AuditOutcome::Denied
         };
-        let mut record = AuditRecord::new(
-            AuditKind::AuthorityResolved,
-            outcome,
-            context,
-            AuditSource::Kernel,
-        );
-        record.authority_hash = authority_hash.clone();
+        // The turn's records share this identity (and its JSON).
+        let identity = RecordIdentity::of(context);
+        let id = RecordId::new();
+        let kinds = (AuditKind::AuthorityResolved, outcome, AuditSource::Kernel);
+        let mut entry = AuditEntry::new(id.as_str(), kinds, &context.now, identity.view());
+        entry.authority_hash = authority_hash.as_deref();
         if let Err(cause) = &grants {
-            record.reason = Some("authority_unavailable".into());
-            record.cause = Some((*cause).into());
-            record.fail_closed = Some(true);
+            entry.reason = Some("authority_unavailable");
+            entry.cause = Some(cause);
+            entry.fail_closed = Some(true);
         }
         self.shared
             .recorder
-            .decision(&record, AuditEffect::None)
+            .decision(&entry, AuditEffect::None)
             .await?;
         Ok(Arc::new(OpenTurn::new(
             Arc::clone(&self.shared),
             grants.map(Arc::new),
             authority_hash,
             self.current_registry(),
+            identity,
         )))
     }
 
@@ -251,7 +254,7 @@ impl TurnKernel for Kernel {
             r.fail_closed = Some(true);
         }
         r.reason = reason;
-        self.shared.recorder.outcome(&r).await;
+        self.shared.recorder.outcome(&r.entry()).await;
         Ok(())
     }
 }

@@ -4,12 +4,14 @@
 //! (`turn.rs` answers the port, `invoke.rs` and `effect.rs` run the two
 //! pipelines); each imports this one, none of them another.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
-use sharedos_protocol::JsonObject;
+use sharedos_protocol::AccessContext;
 
 use super::Shared;
 use super::records::catalog_metadata;
+use crate::audit::{RecordIdentity, RecordMetadata};
 use crate::grant::Grant;
 use crate::registry::ToolRegistry;
 
@@ -21,9 +23,12 @@ pub(super) struct OpenTurn {
     pub(super) grants: Result<Arc<Vec<Grant>>, &'static str>,
     pub(super) authority_hash: Option<String>,
     pub(super) registry: Arc<ToolRegistry>,
-    /// `{"catalogHash": ..}` of the catalogue listed, made once per
-    /// listing: every `tool.invoked` of the turn carries a copy.
-    catalog_metadata: Mutex<Option<JsonObject>>,
+    /// The identity fields of the context the turn opened with, and their
+    /// JSON: every record of the turn shares them.
+    identity: RecordIdentity,
+    /// `{"catalogHash": ..}` of the catalogue listed, made (and written)
+    /// once per listing: every `tool.invoked` of the turn shares it.
+    catalog_metadata: Mutex<Option<Arc<RecordMetadata>>>,
 }
 
 impl OpenTurn {
@@ -32,26 +37,38 @@ impl OpenTurn {
         grants: Result<Arc<Vec<Grant>>, &'static str>,
         authority_hash: Option<String>,
         registry: Arc<ToolRegistry>,
+        identity: RecordIdentity,
     ) -> Self {
         Self {
             shared,
             grants,
             authority_hash,
             registry,
+            identity,
             catalog_metadata: Mutex::new(None),
+        }
+    }
+
+    /// The identity of `context`'s records: the turn's own when the
+    /// context is the turn's (always, from the host), else its own.
+    pub(super) fn identity(&self, context: &AccessContext) -> Cow<'_, RecordIdentity> {
+        if self.identity.matches(context) {
+            Cow::Borrowed(&self.identity)
+        } else {
+            Cow::Owned(RecordIdentity::of(context))
         }
     }
 
     /// The `metadata` of a `tool.invoked`: the hash of the catalogue
     /// `list_tools` answered, once listed.
-    pub(super) fn catalog_metadata(&self) -> Option<JsonObject> {
+    pub(super) fn catalog_metadata(&self) -> Option<Arc<RecordMetadata>> {
         self.catalog_metadata.lock().ok().and_then(|m| m.clone())
     }
 
     /// Keeps the hash of the catalogue just listed.
     pub(super) fn set_catalog_hash(&self, hash: String) {
         if let Ok(mut m) = self.catalog_metadata.lock() {
-            *m = catalog_metadata(Some(hash));
+            *m = catalog_metadata(Some(hash)).map(|m| Arc::new(RecordMetadata::new(m)));
         }
     }
 }

@@ -2,17 +2,20 @@
 //! them on the decision path (before the effect, refusing on failure) or
 //! the outcome path (after it, failures to the hook).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use sharedos_protocol::{
     AccessContext, Identifier, JsonObject, PathSegment, ResourceRef, ToolCall, ToolResult,
     ToolStatus, ident,
 };
 
 use super::ErrorHook;
-use crate::audit::{AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource};
+use crate::audit::{
+    AuditEntry, AuditError, AuditKind, AuditOutcome, AuditSink, AuditSource, IdentityRef,
+    MetadataRef,
+};
 use crate::grant::{Decision, Requirement};
 use crate::port::{AuditEffect, KernelError};
 
@@ -28,11 +31,11 @@ impl Recorder {
     /// refuses the operation.
     pub(super) async fn decision(
         &self,
-        record: &AuditRecord,
+        entry: &AuditEntry<'_>,
         effect: AuditEffect,
     ) -> Result<(), KernelError> {
         self.audit
-            .append(record)
+            .append_entry(entry)
             .await
             .map_err(|e| KernelError::AuditUnavailable {
                 effect,
@@ -42,10 +45,10 @@ impl Recorder {
 
     /// Outcome path: after the effect; a failure or a timeout goes to the
     /// hook and never changes the result.
-    pub(super) async fn outcome(&self, record: &AuditRecord) {
+    pub(super) async fn outcome(&self, entry: &AuditEntry<'_>) {
         let result = match self.timeout {
-            None => self.audit.append(record).await,
-            Some(t) => match tokio::time::timeout(t, self.audit.append(record)).await {
+            None => self.audit.append_entry(entry).await,
+            Some(t) => match tokio::time::timeout(t, self.audit.append_entry(entry)).await {
                 Ok(r) => r,
                 Err(_) => Err(AuditError::Timeout {
                     timeout_ms: t.as_millis() as u64,
@@ -53,7 +56,7 @@ impl Recorder {
             },
         };
         if let Err(e) = result {
-            self.hook.audit_error(&e, record);
+            self.hook.audit_error(&e, &entry.to_record());
         }
     }
 }
@@ -78,58 +81,36 @@ pub(super) fn infrastructure_code(code: &str) -> bool {
 }
 
 /// What the kernel knows about a call as it goes through the checks, for
-/// its `tool.invoked` record.
+/// its records: its `authorization.checked` (step 12) and its one
+/// `tool.invoked` borrow these.
 #[derive(Default)]
-pub(super) struct CallFacts {
+pub(super) struct CallFacts<'a> {
     pub(super) resource: Option<ResourceRef>,
-    pub(super) action: Option<String>,
+    /// Borrowed from the tool's declared capability when the call needs
+    /// exactly that.
+    pub(super) action: Option<Cow<'a, str>>,
     pub(super) grant_id: Option<String>,
-    pub(super) cause: Option<String>,
-    /// The step-12 decision record once written: the outcome record is
-    /// made from it (its identity fields, resource, action, grant and call
-    /// are already there), so the second record of a call costs a new id
-    /// and a few fields, not a second copy of the context.
-    /// Boxed: the call's futures move these facts a few times, and the
-    /// record is the largest thing in them.
-    pub(super) decided: Option<Box<AuditRecord>>,
+    pub(super) cause: Option<&'static str>,
 }
 
 /// `tool.invoked` for a call: `outcome` with `reason` (and `failClosed`
 /// for an infrastructure code), after the effect.
-pub(super) fn invoked_record(
-    context: &AccessContext,
-    call: &ToolCall,
-    outcome: AuditOutcome,
-    reason: Option<&str>,
-    facts: CallFacts,
-    metadata: Option<JsonObject>,
-) -> Box<AuditRecord> {
-    let mut r = match facts.decided {
-        Some(mut decided) => {
-            decided.id = crate::audit::record_id();
-            decided.kind = AuditKind::ToolInvoked;
-            decided.outcome = outcome;
-            decided.consumed = None;
-            decided.fail_closed = None;
-            decided
-        }
-        None => {
-            let mut r = Box::new(AuditRecord::new(
-                AuditKind::ToolInvoked,
-                outcome,
-                context,
-                AuditSource::Kernel,
-            ));
-            r.operation_id = Some(call.id.to_string());
-            r.tool = Some(call.tool.to_string());
-            r.resource = facts.resource;
-            r.action = facts.action;
-            r.grant_id = facts.grant_id;
-            r
-        }
-    };
+pub(super) fn invoked_entry<'e>(
+    (id, context, identity): (&'e str, &'e AccessContext, IdentityRef<'e>),
+    call: &'e ToolCall,
+    (outcome, reason): (AuditOutcome, Option<&'e str>),
+    facts: &'e CallFacts<'_>,
+    metadata: Option<MetadataRef<'e>>,
+) -> AuditEntry<'e> {
+    let kinds = (AuditKind::ToolInvoked, outcome, AuditSource::Kernel);
+    let mut r = AuditEntry::new(id, kinds, &context.now, identity);
+    r.operation_id = Some(call.id.as_str());
+    r.tool = Some(call.tool.as_str());
+    r.resource = facts.resource.as_ref();
+    r.action = facts.action.as_deref();
+    r.grant_id = facts.grant_id.as_deref();
     r.cause = facts.cause;
-    r.reason = reason.map(str::to_owned);
+    r.reason = reason;
     if reason.is_some_and(infrastructure_code) {
         r.fail_closed = Some(true);
     }
@@ -148,7 +129,7 @@ pub(super) fn result_outcome(result: &ToolResult) -> (AuditOutcome, Option<&str>
 pub(super) fn catalog_metadata(hash: Option<String>) -> Option<JsonObject> {
     hash.map(|h| {
         let mut m = JsonObject::new();
-        m.insert("catalogHash".into(), Value::String(h));
+        m.insert("catalogHash".into(), serde_json::Value::String(h));
         m
     })
 }
@@ -165,38 +146,46 @@ pub(super) fn resource_of(req: &Requirement) -> ResourceRef {
     }
 }
 
+/// What an `authorization.checked` decided about.
+pub(super) struct Checked<'e> {
+    pub(super) resource: &'e ResourceRef,
+    pub(super) action: &'e str,
+    pub(super) decision: &'e Decision,
+    pub(super) operation_id: Option<&'e str>,
+    pub(super) tool: Option<&'e str>,
+}
+
 /// `authorization.checked` for a decision on a requirement's resource and
-/// action (made once per call by the caller, and moved in).
-pub(super) fn checked_record(
-    context: &AccessContext,
-    (resource, action): (ResourceRef, String),
-    decision: &Decision,
-    operation_id: Option<&str>,
-    tool: Option<&str>,
-) -> AuditRecord {
-    let outcome = if matches!(decision, Decision::Allowed { .. }) {
+/// action.
+pub(super) fn checked_entry<'e>(
+    id: &'e str,
+    context: &'e AccessContext,
+    identity: IdentityRef<'e>,
+    checked: Checked<'e>,
+) -> AuditEntry<'e> {
+    let outcome = if matches!(checked.decision, Decision::Allowed { .. }) {
         AuditOutcome::Allowed
     } else {
         AuditOutcome::Denied
     };
-    let mut r = AuditRecord::new(
+    let kinds = (
         AuditKind::AuthorizationChecked,
         outcome,
-        context,
         AuditSource::Kernel,
     );
-    r.resource = Some(resource);
-    r.action = Some(action);
-    r.operation_id = operation_id.map(str::to_owned);
-    r.tool = tool.map(str::to_owned);
-    match decision {
+    let mut r = AuditEntry::new(id, kinds, &context.now, identity);
+    r.resource = Some(checked.resource);
+    r.action = Some(checked.action);
+    r.operation_id = checked.operation_id;
+    r.tool = checked.tool;
+    match checked.decision {
         Decision::Allowed { grant_id, consumed } => {
-            r.grant_id = Some(grant_id.clone());
+            r.grant_id = Some(grant_id);
             r.consumed = Some(*consumed);
         }
         Decision::Denied { reason, grant_id } => {
-            r.grant_id = grant_id.clone();
-            r.reason = Some(reason.code().to_owned());
+            r.grant_id = grant_id.as_deref();
+            r.reason = Some(reason.code());
             r.consumed = Some(false);
             if reason.fail_closed() {
                 r.fail_closed = Some(true);

@@ -11,9 +11,9 @@ use sharedos_protocol::{
 use tokio_util::sync::CancellationToken;
 
 use super::open::OpenTurn;
-use super::records::{catalog_metadata, checked_record, infrastructure_code, resource_of};
+use super::records::{Checked, catalog_metadata, checked_entry, infrastructure_code, resource_of};
 use super::{catalog_hash, requirement_of};
-use crate::audit::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
+use crate::audit::{AuditEntry, AuditKind, AuditOutcome, AuditRecord, AuditSource, RecordId};
 use crate::grant::{Decision, DenyReason, Requirement, Scope, authorize, discover};
 use crate::port::{Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, RefusedCall};
 use crate::tools::EXECUTION_NAMESPACE;
@@ -51,7 +51,7 @@ impl OpenTurn {
         record.metadata = Some(metadata);
         self.shared
             .recorder
-            .decision(&record, AuditEffect::None)
+            .decision(&record.entry(), AuditEffect::None)
             .await?;
         Ok(hash)
     }
@@ -79,13 +79,21 @@ impl KernelTurn for OpenTurn {
             },
         };
         let resource = resource_of(&req);
-        let mut record = checked_record(context, (resource, req.action), &decision, None, None);
+        let (id, identity) = (RecordId::new(), self.identity(context));
+        let checked = Checked {
+            resource: &resource,
+            action: &req.action,
+            decision: &decision,
+            operation_id: None,
+            tool: None,
+        };
+        let mut entry = checked_entry(id.as_str(), context, identity.view(), checked);
         if let Err(cause) = &self.grants {
-            record.cause = Some((*cause).to_owned());
+            entry.cause = Some(cause);
         }
         self.shared
             .recorder
-            .decision(&record, AuditEffect::None)
+            .decision(&entry, AuditEffect::None)
             .await?;
         Ok(match decision {
             Decision::Allowed { .. } => Admission::allowed(),
@@ -190,7 +198,7 @@ impl KernelTurn for OpenTurn {
         m.insert("reviewerAssumed".into(), json!(true));
         m.insert("resolution".into(), json!("pending"));
         r.metadata = Some(m);
-        self.shared.recorder.outcome(&r).await;
+        self.shared.recorder.outcome(&r.entry()).await;
         Ok(Escalation {
             reason: reason.clone(),
             reviewer: context.owner.clone(),
@@ -205,20 +213,22 @@ impl KernelTurn for OpenTurn {
         context: &AccessContext,
         refused: RefusedCall,
     ) -> Result<(), KernelError> {
-        let mut r = AuditRecord::new(
+        let (id, identity) = (RecordId::new(), self.identity(context));
+        let kinds = (
             AuditKind::ToolInvoked,
             AuditOutcome::Denied,
-            context,
             AuditSource::Envelope,
         );
-        r.operation_id = Some(refused.call_id.to_string());
-        r.tool = Some(refused.tool.to_string());
+        let mut r = AuditEntry::new(id.as_str(), kinds, &context.now, identity.view());
+        r.operation_id = Some(refused.call_id.as_str());
+        r.tool = Some(refused.tool.as_str());
         if infrastructure_code(&refused.reason_code) {
             r.fail_closed = Some(true);
         }
-        r.reason = Some(refused.reason_code);
-        r.cause = refused.cause;
-        r.metadata = self.catalog_metadata();
+        r.reason = Some(&refused.reason_code);
+        r.cause = refused.cause.as_deref();
+        let metadata = self.catalog_metadata();
+        r.metadata = metadata.as_deref().map(|m| m.view());
         self.shared.recorder.outcome(&r).await;
         Ok(())
     }
