@@ -27,10 +27,18 @@ const fn has_zero(w: u64) -> bool {
 /// Whether any byte of `w` needs escaping: a control (below 0x20), `"` or
 /// `\`. Bytes of 0x80 and above never do (UTF-8 continuation and lead
 /// bytes are copied as they are, as serde_json does).
+///
+/// One mask for the three tests: in a byte below 0x80, `b - 0x20` borrows
+/// for a control, and `(b ^ c) - 1` for `c` itself; `b ^ c` keeps `b`'s
+/// high bit, so `!w` masks all three to the bytes below 0x80. A borrow
+/// only carries into higher bytes from a byte that is a hit, so the mask
+/// is non-zero exactly when some byte is one (which byte is found by the
+/// byte-by-byte rescan).
 const fn word_needs_escape(w: u64) -> bool {
-    // A byte below 0x20, among bytes below 0x80: `b - 0x20` borrows.
-    let control = w.wrapping_sub(splat(0x20)) & !w & HIGH_BITS != 0;
-    control || has_zero(w ^ splat(b'"')) || has_zero(w ^ splat(b'\\'))
+    let control = w.wrapping_sub(splat(0x20));
+    let quote = (w ^ splat(b'"')).wrapping_sub(LOW_BITS);
+    let backslash = (w ^ splat(b'\\')).wrapping_sub(LOW_BITS);
+    (control | quote | backslash) & !w & HIGH_BITS != 0
 }
 
 /// The index of the first `b` in `bytes`, eight bytes at a time while
@@ -59,16 +67,17 @@ const fn byte_needs_escape(b: u8) -> bool {
 /// too, without a variable-length copy (a `memcpy` call per string): see
 /// [`tail_word`]. A clean string is never looked at byte by byte.
 fn next_escape(bytes: &[u8], start: usize) -> usize {
-    let mut at = start;
-    while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+    let rest = bytes.get(start..).unwrap_or_default();
+    let (words, tail) = rest.as_chunks::<8>();
+    for (i, word) in words.iter().enumerate() {
         if word_needs_escape(u64::from_ne_bytes(*word)) {
-            return first_escape(bytes, at);
+            return first_escape(bytes, start + 8 * i);
         }
-        at += 8;
     }
-    if at >= bytes.len() {
+    if tail.is_empty() {
         return bytes.len();
     }
+    let at = bytes.len() - tail.len();
     if word_needs_escape(tail_word(bytes, at)) {
         first_escape(bytes, at)
     } else {
@@ -287,6 +296,30 @@ mod tests {
                             bytes[second] = b'"';
                         }
                         check(std::str::from_utf8(&bytes).unwrap());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The one-mask word test against the byte test: every value in every
+    /// pair of lanes (the rest plain), so a borrow from one lane into the
+    /// next can neither hide a hit nor make one.
+    #[test]
+    fn the_word_test_agrees_with_the_byte_test_for_every_pair_of_bytes() {
+        for low in 0..8 {
+            for high in low + 1..8 {
+                for a in 0..=255u8 {
+                    for b in 0..=255u8 {
+                        let mut word = [b'a'; 8];
+                        word[low] = a;
+                        word[high] = b;
+                        let want = word.iter().any(|&x| byte_needs_escape(x));
+                        assert_eq!(
+                            word_needs_escape(u64::from_ne_bytes(word)),
+                            want,
+                            "{word:?}"
+                        );
                     }
                 }
             }
