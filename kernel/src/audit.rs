@@ -19,7 +19,9 @@ use tokio::sync::oneshot;
 mod entry;
 mod line;
 
-pub use entry::{AuditEntry, IdentityRef, MetadataRef, RecordId, RecordIdentity, RecordMetadata};
+pub use entry::{
+    AuditEntry, EntryId, IdentityRef, MetadataRef, RecordId, RecordIdentity, RecordMetadata,
+};
 
 /// `AuditOutcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -38,7 +38,7 @@ pub mod tools;
 pub mod usage;
 
 pub use audit::{
-    AuditEntry, AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource,
+    AuditEntry, AuditError, AuditKind, AuditOutcome, AuditRecord, AuditSink, AuditSource, EntryId,
     IdentityRef, JsonlAuditSink, MemoryAuditSink, MetadataRef, RecordId, RecordIdentity,
     RecordMetadata,
 };

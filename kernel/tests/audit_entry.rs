@@ -143,7 +143,7 @@ proptest! {
         let metadata = RecordMetadata::new(object.clone());
         let id = RecordId::new();
         let kinds = (AuditKind::ToolInvoked, AuditOutcome::Denied, AuditSource::Kernel);
-        let mut entry = AuditEntry::new(id.as_str(), kinds, &context.now, identity.view());
+        let mut entry = AuditEntry::new(&id, kinds, &context.now, identity.view());
         entry.resource = resource.as_ref();
         entry.action = action.as_deref();
         entry.grant_id = grant_id.as_deref();

@@ -66,6 +66,9 @@ const fn byte_needs_escape(b: u8) -> bool {
 /// fewer than eight (a short string is all tail) is tested as one word
 /// too, without a variable-length copy (a `memcpy` call per string): see
 /// [`tail_word`]. A clean string is never looked at byte by byte.
+/// Inlined: most strings are short, and a call's entry and exit cost as
+/// much as their scan.
+#[inline(always)]
 fn next_escape(bytes: &[u8], start: usize) -> usize {
     let rest = bytes.get(start..).unwrap_or_default();
     let (words, tail) = rest.as_chunks::<8>();

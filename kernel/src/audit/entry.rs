@@ -155,11 +155,30 @@ impl<'a> MetadataRef<'a> {
     }
 }
 
+/// A record's id as an entry borrows it.
+#[derive(Debug, Clone, Copy)]
+pub enum EntryId<'a> {
+    /// Made by the kernel for this record: a UUID, written as its bytes
+    /// (it never needs escaping).
+    Fresh(&'a RecordId),
+    /// An owned record's, escaped like any string.
+    Text(&'a str),
+}
+
+impl<'a> EntryId<'a> {
+    pub fn as_str(&self) -> &'a str {
+        match self {
+            Self::Fresh(id) => id.as_str(),
+            Self::Text(text) => text,
+        }
+    }
+}
+
 /// One audit record, borrowed: the fields of [`AuditRecord`] in the same
 /// order, each from where it already is.
 #[derive(Debug, Clone, Copy)]
 pub struct AuditEntry<'a> {
-    pub id: &'a str,
+    pub id: EntryId<'a>,
     pub kind: AuditKind,
     pub outcome: AuditOutcome,
     pub at: &'a Timestamp,
@@ -180,15 +199,15 @@ pub struct AuditEntry<'a> {
 }
 
 impl<'a> AuditEntry<'a> {
-    /// An entry with its identity and no optional field.
+    /// An entry with a fresh id, its identity and no optional field.
     pub fn new(
-        id: &'a str,
+        id: &'a RecordId,
         (kind, outcome, source): (AuditKind, AuditOutcome, AuditSource),
         at: &'a Timestamp,
         identity: IdentityRef<'a>,
     ) -> Self {
         Self {
-            id,
+            id: EntryId::Fresh(id),
             kind,
             outcome,
             at,
@@ -214,7 +233,7 @@ impl<'a> AuditEntry<'a> {
         let identity = &self.identity;
         let owned = |s: Option<&str>| s.map(str::to_owned);
         AuditRecord {
-            id: self.id.to_owned(),
+            id: self.id.as_str().to_owned(),
             kind: self.kind,
             outcome: self.outcome,
             at: self.at.clone(),
@@ -245,7 +264,7 @@ impl AuditRecord {
     /// The record as an entry borrowing its fields.
     pub fn entry(&self) -> AuditEntry<'_> {
         AuditEntry {
-            id: &self.id,
+            id: EntryId::Text(&self.id),
             kind: self.kind,
             outcome: self.outcome,
             at: &self.at,
@@ -271,6 +290,12 @@ impl AuditRecord {
 #[derive(Clone, Copy)]
 pub struct RecordId([u8; uuid::fmt::Hyphenated::LENGTH]);
 
+impl std::fmt::Debug for RecordId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl RecordId {
     pub fn new() -> Self {
         let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
@@ -280,6 +305,10 @@ impl RecordId {
     pub fn as_str(&self) -> &str {
         // A hyphenated UUID is ASCII.
         std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+    /// The id's text: lowercase hex digits and hyphens.
+    pub(super) fn bytes(&self) -> &[u8; uuid::fmt::Hyphenated::LENGTH] {
+        &self.0
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::Value;
 use sharedos_protocol::json::write_str;
 use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef};
 
-use super::entry::{AuditEntry, IdentityRef, RecordIdentity, RecordMetadata};
+use super::entry::{AuditEntry, EntryId, IdentityRef, RecordIdentity, RecordMetadata};
 use super::{AuditError, RECORD_LINE_BYTES};
 
 impl AuditEntry<'_> {
@@ -67,13 +67,24 @@ impl RecordMetadata {
 fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
     let r = entry;
     out.extend_from_slice(b"{\"id\":");
-    write_str(out, r.id);
+    match r.id {
+        // Hex digits and hyphens: the bytes are their own JSON.
+        EntryId::Fresh(id) => {
+            out.push(b'"');
+            out.extend_from_slice(id.bytes());
+            out.push(b'"');
+        }
+        EntryId::Text(text) => write_str(out, text),
+    }
     out.extend_from_slice(b",\"type\":\"");
     out.extend_from_slice(r.kind.as_str().as_bytes());
     out.extend_from_slice(b"\",\"outcome\":\"");
     out.extend_from_slice(r.outcome.as_str().as_bytes());
-    out.extend_from_slice(b"\",\"at\":");
-    write_str(out, r.at.as_str());
+    // An RFC 3339 time (a `Timestamp` holds nothing else): digits, `-`,
+    // `:`, `.`, `+`, letters and at most a space, none escaped.
+    out.extend_from_slice(b"\",\"at\":\"");
+    out.extend_from_slice(r.at.as_str().as_bytes());
+    out.push(b'"');
     match r.identity.json() {
         Some(json) => out.extend_from_slice(json),
         None => write_identity_fields(out, r.identity),

@@ -86,7 +86,7 @@ impl<'a> Checks<'a> {
         let id = RecordId::new();
         let metadata = self.turn.catalog_metadata();
         let entry = invoked_entry(
-            (id.as_str(), self.context, self.identity.view()),
+            (&id, self.context, self.identity.view()),
             self.call,
             (outcome, reason),
             &self.facts,
@@ -154,7 +154,7 @@ impl<'a> Checks<'a> {
             operation_id: Some(self.call.id.as_str()),
             tool: Some(self.call.tool.as_str()),
         };
-        let entry = checked_entry(id.as_str(), self.context, self.identity.view(), checked);
+        let entry = checked_entry(&id, self.context, self.identity.view(), checked);
         let recorder = &self.turn.shared.recorder;
         Ok(recorder.decision(&entry, AuditEffect::None).await?)
     }

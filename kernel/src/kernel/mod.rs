@@ -207,7 +207,7 @@ impl TurnKernel for Kernel {
         let identity = RecordIdentity::of(context);
         let id = RecordId::new();
         let kinds = (AuditKind::AuthorityResolved, outcome, AuditSource::Kernel);
-        let mut entry = AuditEntry::new(id.as_str(), kinds, &context.now, identity.view());
+        let mut entry = AuditEntry::new(&id, kinds, &context.now, identity.view());
         entry.authority_hash = authority_hash.as_deref();
         if let Err(cause) = &grants {
             entry.reason = Some("authority_unavailable");

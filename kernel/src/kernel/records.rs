@@ -14,7 +14,7 @@ use sharedos_protocol::{
 use super::ErrorHook;
 use crate::audit::{
     AuditEntry, AuditError, AuditKind, AuditOutcome, AuditSink, AuditSource, IdentityRef,
-    MetadataRef,
+    MetadataRef, RecordId,
 };
 use crate::grant::{Decision, Requirement};
 use crate::port::{AuditEffect, KernelError};
@@ -96,7 +96,7 @@ pub(super) struct CallFacts<'a> {
 /// `tool.invoked` for a call: `outcome` with `reason` (and `failClosed`
 /// for an infrastructure code), after the effect.
 pub(super) fn invoked_entry<'e>(
-    (id, context, identity): (&'e str, &'e AccessContext, IdentityRef<'e>),
+    (id, context, identity): (&'e RecordId, &'e AccessContext, IdentityRef<'e>),
     call: &'e ToolCall,
     (outcome, reason): (AuditOutcome, Option<&'e str>),
     facts: &'e CallFacts<'_>,
@@ -158,7 +158,7 @@ pub(super) struct Checked<'e> {
 /// `authorization.checked` for a decision on a requirement's resource and
 /// action.
 pub(super) fn checked_entry<'e>(
-    id: &'e str,
+    id: &'e RecordId,
     context: &'e AccessContext,
     identity: IdentityRef<'e>,
     checked: Checked<'e>,

@@ -87,7 +87,7 @@ impl KernelTurn for OpenTurn {
             operation_id: None,
             tool: None,
         };
-        let mut entry = checked_entry(id.as_str(), context, identity.view(), checked);
+        let mut entry = checked_entry(&id, context, identity.view(), checked);
         if let Err(cause) = &self.grants {
             entry.cause = Some(cause);
         }
@@ -219,7 +219,7 @@ impl KernelTurn for OpenTurn {
             AuditOutcome::Denied,
             AuditSource::Envelope,
         );
-        let mut r = AuditEntry::new(id.as_str(), kinds, &context.now, identity.view());
+        let mut r = AuditEntry::new(&id, kinds, &context.now, identity.view());
         r.operation_id = Some(refused.call_id.as_str());
         r.tool = Some(refused.tool.as_str());
         if infrastructure_code(&refused.reason_code) {
