@@ -196,37 +196,15 @@ impl AuditRecord {
         context: &AccessContext,
         source: AuditSource,
     ) -> Self {
-        Self {
-            id: record_id(),
-            kind,
-            outcome,
-            at: context.now.clone(),
-            trace_id: context.trace_id.as_str().to_owned(),
-            namespace_id: context.namespace_id.as_str().to_owned(),
-            actor: context.actor.clone(),
-            authority: context.authority.clone(),
-            owner: context.owner.clone(),
-            purpose: context.purpose.as_str().to_owned(),
-            source,
-            resource: None,
-            action: None,
-            grant_id: None,
-            authority_hash: None,
-            operation_id: None,
-            tool: None,
-            reason: None,
-            cause: None,
-            fail_closed: None,
-            consumed: None,
-            ended_by: None,
-            metadata: None,
-        }
+        let id = RecordId::new();
+        AuditEntry::new(
+            &id,
+            (kind, outcome, source),
+            &context.now,
+            IdentityRef::of_context(context),
+        )
+        .to_record()
     }
-}
-
-/// A fresh record id (a UUID v4) as a string.
-pub(crate) fn record_id() -> String {
-    RecordId::new().as_str().to_owned()
 }
 
 /// Why a sink could not record.

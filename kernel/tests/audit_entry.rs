@@ -7,6 +7,7 @@
 //! context, never with the turn's.
 
 mod common;
+mod strategies;
 
 use std::sync::Arc;
 
@@ -19,33 +20,10 @@ use sharedos_kernel::{
     TurnKernel,
 };
 use sharedos_protocol::{
-    AccessContext, Address, Identifier, JsonObject, PathSegment, Purpose, ReadWrite, ResourceRef,
-    Timestamp,
+    AccessContext, Identifier, JsonObject, PathSegment, Purpose, ReadWrite, ResourceRef, Timestamp,
 };
+use strategies::*;
 use tokio_util::sync::CancellationToken;
-
-/// The characters that matter to an escaper (as in `audit_line.rs`).
-const ALPHABET: [char; 14] = [
-    'a', 'Z', '7', ' ', '"', '\\', '/', '\n', '\t', '\u{0}', '\u{1f}', 'é', '\u{2028}', '😀',
-];
-
-fn text(max: usize) -> impl Strategy<Value = String> {
-    prop::collection::vec(prop::sample::select(ALPHABET.to_vec()), 0..max)
-        .prop_map(|chars| chars.into_iter().collect())
-}
-
-fn identifier() -> impl Strategy<Value = Identifier> {
-    text(20).prop_filter_map("a valid identifier", |s| Identifier::new(s).ok())
-}
-
-fn address() -> impl Strategy<Value = Address> {
-    prop_oneof![
-        identifier().prop_map(|user_id| Address::Human { user_id }),
-        identifier().prop_map(|agent_id| Address::Agent { agent_id }),
-        identifier().prop_map(|conversation_id| Address::Group { conversation_id }),
-        identifier().prop_map(|service_id| Address::Service { service_id }),
-    ]
-}
 
 fn access_context() -> impl Strategy<Value = AccessContext> {
     (

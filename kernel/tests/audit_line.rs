@@ -5,10 +5,13 @@
 //! present and absent, every address variant, resources of every shape,
 //! nested metadata, and strings that need escaping.
 
+mod strategies;
+
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{Address, Identifier, JsonObject, PathSegment, ResourceRef, Timestamp};
+use strategies::*;
 
 const KINDS: [AuditKind; 8] = [
     AuditKind::AuthorityResolved,
@@ -30,31 +33,6 @@ const OUTCOMES: [AuditOutcome; 6] = [
 ];
 const SOURCES: [AuditSource; 2] = [AuditSource::Kernel, AuditSource::Envelope];
 
-/// The characters that matter to an escaper: plain, quote, backslash, the
-/// short escapes, other controls, DEL, non-ASCII of every width, U+2028.
-const ALPHABET: [char; 20] = [
-    'a',
-    'Z',
-    '7',
-    ' ',
-    '.',
-    '"',
-    '\\',
-    '/',
-    '\n',
-    '\r',
-    '\t',
-    '\u{8}',
-    '\u{c}',
-    '\u{0}',
-    '\u{1f}',
-    '\u{7f}',
-    'é',
-    '\u{2028}',
-    '😀',
-    '\u{10ffff}',
-];
-
 /// What the derive writes: the reference the hand-written line must match.
 fn serde_line(record: &AuditRecord) -> Vec<u8> {
     let mut line = serde_json::to_vec(record).expect("a record serializes");
@@ -73,31 +51,9 @@ fn assert_same(record: &AuditRecord) {
     assert_eq!(ours, theirs);
 }
 
-fn text(max: usize) -> impl Strategy<Value = String> {
-    prop::collection::vec(prop::sample::select(ALPHABET.to_vec()), 0..max)
-        .prop_map(|chars| chars.into_iter().collect())
-}
-
 /// A string that is long enough to take the escaper's eight-byte path.
 fn long_text() -> impl Strategy<Value = String> {
     prop_oneof![text(6), text(40)]
-}
-
-fn identifier() -> impl Strategy<Value = Identifier> {
-    text(12).prop_filter_map("a valid identifier", |s| Identifier::new(s).ok())
-}
-
-fn segment() -> impl Strategy<Value = PathSegment> {
-    text(12).prop_filter_map("a valid segment", |s| PathSegment::new(s).ok())
-}
-
-fn address() -> impl Strategy<Value = Address> {
-    prop_oneof![
-        identifier().prop_map(|user_id| Address::Human { user_id }),
-        identifier().prop_map(|agent_id| Address::Agent { agent_id }),
-        identifier().prop_map(|conversation_id| Address::Group { conversation_id }),
-        identifier().prop_map(|service_id| Address::Service { service_id }),
-    ]
 }
 
 fn resource() -> impl Strategy<Value = ResourceRef> {

@@ -76,6 +76,19 @@ pub struct IdentityRef<'a> {
 }
 
 impl<'a> IdentityRef<'a> {
+    /// A context's identity fields, without written JSON.
+    pub fn of_context(context: &'a AccessContext) -> Self {
+        Self {
+            trace_id: context.trace_id.as_str(),
+            namespace_id: context.namespace_id.as_str(),
+            actor: &context.actor,
+            authority: &context.authority,
+            owner: &context.owner,
+            purpose: context.purpose.as_str(),
+            json: None,
+        }
+    }
+
     /// An owned record's fields, without written JSON.
     pub(super) fn of_record(record: &'a AuditRecord) -> Self {
         Self {
