@@ -113,20 +113,24 @@ pub(super) const EXIT_STATUS_WAIT: Duration = Duration::from_millis(500);
 /// before the tree is killed, at least.
 const ABORT_FLUSH: Duration = Duration::from_millis(25);
 
-/// How long a deferred kill waits, at most, for the plugin to read what
-/// is in its stdin pipe (the `turn/abort` among it). A plugin that stops
-/// reading delays its own kill by this much, off the caller's path.
+/// How long a deferred kill waits, at most, for a plugin that is running
+/// (or waiting for a CPU) to read what is in its stdin pipe, the
+/// `turn/abort` among it.
 const ABORT_FLUSH_MAX: Duration = Duration::from_millis(250);
 
 /// How long the plugin gets to act on the `turn/abort` once it has read
 /// it, before the kill.
 const ABORT_READ_GRACE: Duration = Duration::from_millis(10);
 
-/// Waits until a queued `turn/abort` has reached the plugin: `ABORT_FLUSH`
-/// for the writer to put it in the pipe, then until the plugin has read
-/// the pipe empty (and `ABORT_READ_GRACE` to act on it), `ABORT_FLUSH_MAX`
-/// in all at most. Without a probe it waits `ABORT_FLUSH` only.
-fn wait_for_abort_delivery(stdin_probe: Option<&OwnedFd>) {
+/// Waits until a queued `turn/abort` has reached the plugin, or cannot:
+/// `ABORT_FLUSH` for the writer to put it in the pipe; then, while the
+/// pipe still holds what the plugin has not read, only as long as a
+/// thread of the plugin's process is running or runnable (a loaded
+/// machine has not scheduled it yet), `ABORT_FLUSH_MAX` in all at most. A
+/// plugin whose threads all sleep with its stdin unread is not reading it:
+/// it is killed at once. Once the pipe is read empty, `ABORT_READ_GRACE`
+/// to act on it. Without a probe it waits `ABORT_FLUSH` only.
+fn wait_for_abort_delivery(stdin_probe: Option<&OwnedFd>, pid: u32) {
     let started = Instant::now();
     std::thread::sleep(ABORT_FLUSH);
     let Some(probe) = stdin_probe else {
@@ -139,11 +143,30 @@ fn wait_for_abort_delivery(stdin_probe: Option<&OwnedFd>) {
             std::thread::sleep(ABORT_READ_GRACE.min(ABORT_FLUSH_MAX.saturating_sub(elapsed)));
             return;
         }
-        if elapsed >= ABORT_FLUSH_MAX {
+        if elapsed >= ABORT_FLUSH_MAX || !any_thread_runnable(pid) {
             return;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Whether a thread of process `pid` is running or waiting for a CPU
+/// (state `R` in `/proc/<pid>/task/<tid>/stat`). Unknown counts as no.
+fn any_thread_runnable(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                // The state follows the command name, which may hold
+                // spaces and parentheses: read it after the last ')'.
+                let (_, rest) = stat.rsplit_once(')')?;
+                rest.split_whitespace().next().map(|state| state == "R")
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// Deferred kills and sandbox preparations still running; [`settle_kills`]
@@ -151,12 +174,13 @@ fn wait_for_abort_delivery(stdin_probe: Option<&OwnedFd>) {
 pub(super) static PENDING_KILLS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
 fn kill_after_flush(tree: Box<dyn ProcessTree>, stdin_probe: Option<OwnedFd>) {
+    let pid = tree.pid();
     let slot = Arc::new(Mutex::new(Some(tree)));
     let deferred = slot.clone();
     let spawned = std::thread::Builder::new()
         .name("sharedos-kill".into())
         .spawn(move || {
-            wait_for_abort_delivery(stdin_probe.as_ref());
+            wait_for_abort_delivery(stdin_probe.as_ref(), pid);
             if let Some(mut tree) = deferred.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 tree.start_kill();
                 let _ = tree.kill_tree();

@@ -202,7 +202,7 @@ pub fn hold(p: &mut Plugin) -> ! {
                     Some("turn/abort") => eprintln!("testplugin: ignoring turn/abort"),
                     Some("turn/draining") => {
                         p.draining = true;
-                        drain_nap();
+                        drain_busy();
                     }
                     _ => {}
                 }
@@ -211,14 +211,17 @@ pub fn hold(p: &mut Plugin) -> ! {
     }
 }
 
-/// With `SHAREDOS_TEST_DRAIN_NAP_MS=<ms>`, stops reading for that long
-/// after `turn/draining`: a plugin slow to read its stdin, as on a loaded
-/// machine.
-fn drain_nap() {
-    if let Some(ms) = std::env::var("SHAREDOS_TEST_DRAIN_NAP_MS")
+/// With `SHAREDOS_TEST_DRAIN_BUSY_MS=<ms>`, keeps a CPU busy for that
+/// long after `turn/draining` before reading on: a plugin still working,
+/// or not yet scheduled on a loaded machine, when the `turn/abort` comes.
+fn drain_busy() {
+    if let Some(ms) = std::env::var("SHAREDOS_TEST_DRAIN_BUSY_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
-        std::thread::sleep(Duration::from_millis(ms));
+        let until = std::time::Instant::now() + Duration::from_millis(ms);
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
     }
 }

@@ -30,8 +30,9 @@
 //! With `SHAREDOS_TEST_SIGNAL_LOG=<path>` in its environment, it appends a
 //! line `<method> <unix ms>` to that file for every `turn/draining` and
 //! `turn/abort` it reads, so a test can see the host's signals on the wire.
-//! With `SHAREDOS_TEST_DRAIN_NAP_MS=<ms>`, `hold` stops reading its stdin
-//! for that long after `turn/draining` (a plugin slow to read).
+//! With `SHAREDOS_TEST_DRAIN_BUSY_MS=<ms>`, `hold` keeps a CPU busy for
+//! that long after `turn/draining` before reading on (a plugin slow to
+//! read).
 
 #![forbid(unsafe_code)]
 

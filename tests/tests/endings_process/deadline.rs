@@ -128,12 +128,12 @@ async fn signals_on_the_wire(timeout_ms: u64, grace_ms: u64) -> Vec<(String, u64
     signals_read_slowly(timeout_ms, grace_ms, None).await
 }
 
-/// The same, the plugin not reading its stdin for `nap_ms` after
+/// The same, the plugin busy (not reading its stdin) for `busy_ms` after
 /// `turn/draining`.
 async fn signals_read_slowly(
     timeout_ms: u64,
     grace_ms: u64,
-    nap_ms: Option<u64>,
+    busy_ms: Option<u64>,
 ) -> Vec<(String, u64)> {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("signals.log");
@@ -141,9 +141,9 @@ async fn signals_read_slowly(
         .timeout(timeout_ms)
         .grace(grace_ms);
     spec.env = vec![("SHAREDOS_TEST_SIGNAL_LOG".into(), log.display().to_string())];
-    if let Some(ms) = nap_ms {
+    if let Some(ms) = busy_ms {
         spec.env
-            .push(("SHAREDOS_TEST_DRAIN_NAP_MS".into(), ms.to_string()));
+            .push(("SHAREDOS_TEST_DRAIN_BUSY_MS".into(), ms.to_string()));
     }
     let started_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
