@@ -154,8 +154,11 @@ pub struct Timestamp(Arc<str>);
 impl Timestamp {
     pub fn parse(value: impl AsRef<str>) -> Result<Self, PrimitiveError> {
         let v = value.as_ref();
-        time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339)
-            .map_err(|_| PrimitiveError::Timestamp)?;
+        // The common shape is checked by hand; `time` decides the rest.
+        if !crate::rfc3339::surely_valid(v.as_bytes()) {
+            time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339)
+                .map_err(|_| PrimitiveError::Timestamp)?;
+        }
         Ok(Self(Arc::from(v)))
     }
     /// The current time, in UTC with millisecond precision. Formatted once

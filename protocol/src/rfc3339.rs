@@ -1,3 +1,6 @@
+//! RFC 3339 text by hand, both ways: the check of a timestamp read from
+//! a peer ([`surely_valid`]) and the text of [`crate::Timestamp::now`].
+//!
 //! The text of [`crate::Timestamp::now`]: an instant after the Unix epoch,
 //! to the millisecond, in UTC, written by hand exactly as `time`'s RFC 3339
 //! formatting writes it (`2026-09-18T10:00:00.12Z`: the fraction without
@@ -69,6 +72,76 @@ fn civil_date(days: u64) -> (u64, u64, u64) {
     (year, month, day)
 }
 
+/// Whether `text` is an RFC 3339 date-time that `time`'s parser takes,
+/// decided without it for the shape every writer uses:
+/// `YYYY-MM-DD`, any one byte (`T`, `t`, a space: `time` takes any),
+/// `HH:MM:SS`, an optional fraction of any number of digits, then
+/// `Z`/`z` or `±HH:MM`. `false` means "not decided here" (a leap
+/// second, the years 0 and 9999 where an offset can
+/// leave `time`'s range, anything malformed): the caller then asks `time`,
+/// so a text is accepted or refused exactly as `time` does. A tool call's
+/// `requestedAt` is read on every call, and `time`'s general parser costs
+/// more than the rest of the call's params together.
+pub(crate) fn surely_valid(text: &[u8]) -> bool {
+    plain_shape(text).is_some()
+}
+
+fn plain_shape(s: &[u8]) -> Option<()> {
+    let year = digits(s, 0, 4)?;
+    let month = digits(s, 5, 2)?;
+    let day = digits(s, 8, 2)?;
+    let hour = digits(s, 11, 2)?;
+    let minute = digits(s, 14, 2)?;
+    let second = digits(s, 17, 2)?;
+    // `digits` has seen every byte up to index 18: the separators exist.
+    // The one between date and time is any byte, as in `time` (a byte
+    // that starts a longer character leaves no digit after it).
+    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    let in_range = separators.iter().all(|&(i, c)| s[i] == c)
+        && (1..=9998).contains(&year)
+        && (1..=12).contains(&month)
+        && (1..=days_in_month(year, month)).contains(&day)
+        && hour <= 23
+        && minute <= 59
+        && second <= 59;
+    if !in_range {
+        return None;
+    }
+    let mut rest = &s[19..];
+    if let [b'.', fraction @ ..] = rest {
+        let n = fraction.iter().take_while(|b| b.is_ascii_digit()).count();
+        if n == 0 {
+            return None;
+        }
+        rest = &fraction[n..];
+    }
+    match rest {
+        [b'Z' | b'z'] => Some(()),
+        [b'+' | b'-', offset @ ..] if offset.len() == 5 && offset[2] == b':' => {
+            let ok = digits(offset, 0, 2)? <= 23 && digits(offset, 3, 2)? <= 59;
+            ok.then_some(())
+        }
+        _ => None,
+    }
+}
+
+/// The decimal value of the `n` ASCII digits at `at`, if they are that.
+fn digits(s: &[u8], at: usize, n: usize) -> Option<u32> {
+    s.get(at..at + n)?.iter().try_fold(0, |value, &b| {
+        b.is_ascii_digit().then(|| value * 10 + u32::from(b - b'0'))
+    })
+}
+
+/// Days in `month` (1..=12) of the proleptic Gregorian `year`.
+fn days_in_month(year: u32, month: u32) -> u32 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use time::OffsetDateTime;
@@ -120,5 +193,138 @@ mod tests {
         assert_eq!(ours(253_402_300_800_000), None);
         assert_eq!(through_time(253_402_300_800_000), None);
         assert_eq!(ours(u64::MAX), None);
+    }
+
+    fn time_takes(text: &str) -> bool {
+        OffsetDateTime::parse(text, &Rfc3339).is_ok()
+    }
+
+    /// A generated timestamp: mostly well formed, with each field drawn
+    /// around its edges, then sometimes damaged.
+    fn timestamp(x: &mut u64) -> String {
+        let mut next = |n: u64| {
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            *x % n
+        };
+        let pick = |r: u64, edges: &[u64], n: u64| {
+            if r % 3 == 0 {
+                edges[(r / 3) as usize % edges.len()]
+            } else {
+                r % n
+            }
+        };
+        let year = pick(
+            next(1 << 20),
+            &[0, 1, 4, 100, 400, 1900, 2000, 2024, 9998, 9999],
+            10_000,
+        );
+        let month = pick(next(1 << 20), &[0, 1, 2, 12, 13, 99], 13);
+        let day = pick(next(1 << 20), &[0, 1, 28, 29, 30, 31, 32], 32);
+        let hour = pick(next(1 << 20), &[0, 23, 24, 99], 24);
+        let minute = pick(next(1 << 20), &[0, 59, 60], 60);
+        let second = pick(next(1 << 20), &[0, 59, 60, 61], 60);
+        let sep = [b'T', b'T', b'T', b't', b' ', b'x', b'_'][next(7) as usize] as char;
+        let fraction = match next(6) {
+            0 => String::new(),
+            1 => ".".into(),
+            2 => ".5".into(),
+            3 => format!(".{:03}", next(1000)),
+            4 => format!(".{}", "9".repeat(next(40) as usize + 1)),
+            _ => format!(".{:09}", next(1_000_000_000)),
+        };
+        let offset = match next(8) {
+            0 => "Z".into(),
+            1 => "z".into(),
+            2 => String::new(),
+            3 => "+00:00".into(),
+            4 => "-00:00".into(),
+            _ => format!(
+                "{}{:02}:{:02}",
+                ['+', '-'][next(2) as usize],
+                pick(next(1 << 20), &[0, 23, 24, 99], 24),
+                pick(next(1 << 20), &[0, 59, 60, 99], 60)
+            ),
+        };
+        let mut text = format!(
+            "{year:04}-{month:02}-{day:02}{sep}{hour:02}:{minute:02}:{second:02}{fraction}{offset}"
+        )
+        .into_bytes();
+        // Damage: a byte changed, dropped or added, or the text cut.
+        match next(8) {
+            0 if !text.is_empty() => {
+                let at = next(text.len() as u64) as usize;
+                text[at] = b" +-.:09AZaz\xff"[next(12) as usize];
+            }
+            1 if !text.is_empty() => {
+                text.remove(next(text.len() as u64) as usize);
+            }
+            2 => {
+                let at = next(text.len() as u64 + 1) as usize;
+                text.insert(at, b"0:.Z+ "[next(6) as usize]);
+            }
+            3 => text.truncate(next(text.len() as u64 + 1) as usize),
+            _ => {}
+        }
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    #[test]
+    fn what_is_taken_by_hand_time_takes() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let (mut by_hand, mut by_time) = (0, 0);
+        for _ in 0..400_000 {
+            let text = timestamp(&mut x);
+            let hand = surely_valid(text.as_bytes());
+            let time = time_takes(&text);
+            assert!(!hand || time, "taken by hand, refused by time: {text:?}");
+            by_hand += usize::from(hand);
+            by_time += usize::from(time);
+        }
+        // The hand check decides most of what `time` takes (it leaves it
+        // leap seconds and the years 0 and 9999).
+        assert!(by_hand * 10 > by_time * 7, "{by_hand} of {by_time}");
+    }
+
+    #[test]
+    fn the_writers_shapes_are_taken_by_hand() {
+        for text in [
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00.123Z",
+            "2026-01-01T00:00:00.123456+00:00",
+            "2024-02-29T23:59:59.999-05:30",
+            "2026-12-31t23:59:59z",
+            "0001-01-01T00:00:00+23:59",
+            "9998-12-31T23:59:59.123456789123-23:59",
+        ] {
+            assert!(surely_valid(text.as_bytes()), "{text}");
+            assert!(time_takes(text), "{text}");
+        }
+        for text in [
+            "2023-02-29T00:00:00Z",
+            "2026-01-01T24:00:00Z",
+            "2026-01-01T00:00:00",
+            "2026-01-01T00:00:00.Z",
+            "2026-01-01T00:00:00+24:00",
+            "2026-01-01T00:00:00+01:60",
+            "2026-01-01T00:00:00+0100",
+            "2026-01-01T00:00:00Z ",
+            "2026-1-01T00:00:00Z",
+            "",
+        ] {
+            assert!(!surely_valid(text.as_bytes()), "{text}");
+            assert!(!time_takes(text), "{text}");
+        }
+        // Any separator, as `time` takes.
+        for text in ["2026-01-01 00:00:00Z", "2026-01-01_00:00:00Z"] {
+            assert!(surely_valid(text.as_bytes()), "{text}");
+            assert!(time_takes(text), "{text}");
+        }
+        // Taken by `time`, left to it.
+        for text in ["2016-12-31T23:59:60Z", "0000-01-01T00:00:00Z"] {
+            assert!(!surely_valid(text.as_bytes()), "{text}");
+            assert!(time_takes(text), "{text}");
+        }
     }
 }
