@@ -69,7 +69,7 @@ const fn byte_needs_escape(b: u8) -> bool {
 /// Inlined: most strings are short, and a call's entry and exit cost as
 /// much as their scan.
 #[inline(always)]
-fn next_escape(bytes: &[u8], start: usize) -> usize {
+pub(crate) fn next_escape(bytes: &[u8], start: usize) -> usize {
     let rest = bytes.get(start..).unwrap_or_default();
     let (words, tail) = rest.as_chunks::<8>();
     for (i, word) in words.iter().enumerate() {

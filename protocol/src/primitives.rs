@@ -25,6 +25,15 @@ fn char_len(s: &str) -> usize {
     s.chars().count()
 }
 
+/// Whether `s` starts and ends with an ASCII character `trim` keeps (it
+/// removes `char::is_whitespace`, which for ASCII is the space and
+/// `\t`..`\r`): then trimming would give `s`, and the decoding of its
+/// ends is skipped.
+fn ends_untrimmable(s: &str) -> bool {
+    let kept = |b: &u8| b.is_ascii() && !matches!(b, b' ' | b'\t'..=b'\r');
+    s.as_bytes().first().is_some_and(kept) && s.as_bytes().last().is_some_and(kept)
+}
+
 /// A trimmed string with a character count in `MIN..=MAX`.
 ///
 /// Trimming happens on construction and on read, as the contracts do.
@@ -36,7 +45,12 @@ pub struct Text<const MIN: usize, const MAX: usize>(Arc<str>);
 
 impl<const MIN: usize, const MAX: usize> Text<MIN, MAX> {
     pub fn new(value: impl AsRef<str>) -> Result<Self, PrimitiveError> {
-        let trimmed = value.as_ref().trim();
+        let value = value.as_ref();
+        let trimmed = if ends_untrimmable(value) {
+            value
+        } else {
+            value.trim()
+        };
         // A character is one to four bytes: when the byte length alone
         // puts the count within bounds, the characters need no counting.
         let bytes = trimmed.len();
@@ -441,6 +455,27 @@ mod tests {
         assert!(Identifier::new("   ").is_err());
         assert!(Identifier::new("x".repeat(257)).is_err());
         assert!(serde_json::from_str::<Identifier>("\"\"").is_err());
+    }
+
+    #[test]
+    fn untrimmable_ends_are_those_trim_keeps() {
+        for a in 0..=0x7fu8 {
+            for b in [b'x', b' ', b'\t', 0x0b, 0x1c, 0x7f] {
+                for s in [
+                    String::from(char::from(a)),
+                    format!("{}{}", char::from(a), char::from(b)),
+                    format!("{}é{}", char::from(b), char::from(a)),
+                ] {
+                    if ends_untrimmable(&s) {
+                        assert_eq!(s.trim(), s, "{s:?}");
+                    }
+                }
+            }
+        }
+        for s in ["\u{a0}x", "x\u{2003}", "\u{85}", ""] {
+            assert!(!ends_untrimmable(s), "{s:?}");
+        }
+        assert!(ends_untrimmable("a b"));
     }
 
     #[test]

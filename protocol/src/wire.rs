@@ -17,15 +17,33 @@ use crate::primitives::*;
 #[serde(transparent)]
 pub struct TurnId(#[schemars(regex(pattern = r"^[A-Za-z0-9_.:-]{1,128}$"))] String);
 
+/// The bytes a turn id may hold, one lookup per byte.
+const TURN_ID_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b':' | b'-');
+        b += 1;
+    }
+    table
+};
+
 impl TurnId {
     pub fn new(value: impl Into<String>) -> Result<Self, PrimitiveError> {
         let v = value.into();
-        let ok = !v.is_empty()
-            && v.len() <= 128
-            && v.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+        Self::check(&v)?;
+        Ok(Self(v))
+    }
+    /// [`TurnId::new`] for borrowed text: checked before it is copied.
+    pub(crate) fn from_borrowed(v: &str) -> Result<Self, PrimitiveError> {
+        Self::check(v)?;
+        Ok(Self(v.to_owned()))
+    }
+    fn check(v: &str) -> Result<(), PrimitiveError> {
+        let ok = !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| TURN_ID_BYTE[usize::from(b)]);
         if ok {
-            Ok(Self(v))
+            Ok(())
         } else {
             Err(PrimitiveError::Length {
                 min: 1,
@@ -42,7 +60,7 @@ impl TurnId {
 impl<'de> Deserialize<'de> for TurnId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         crate::primitives::from_str_with(d, |s| {
-            TurnId::new(s).map_err(|_| "turnId must be 1..128 bytes of [A-Za-z0-9_.:-]")
+            TurnId::from_borrowed(s).map_err(|_| "turnId must be 1..128 bytes of [A-Za-z0-9_.:-]")
         })
     }
 }

@@ -8,6 +8,7 @@ use serde_json::value::RawValue;
 use sharedos_protocol::InvokeToolParams;
 use sharedos_protocol::jsonrpc::{
     EnvelopeError, Incoming, Params, RequestId, WireError, classify, classify_call,
+    classify_call_by_hand,
 };
 
 /// What a consumer ends up with for one line.
@@ -61,12 +62,18 @@ fn reference(line: &str) -> Seen {
 
 /// The one pass; also says whether it parsed the params itself.
 fn one_pass(line: &str) -> (Seen, bool) {
+    seen(classify_call(line))
+}
+
+/// What a consumer of `classify_call`'s answer ends up with, and whether
+/// the params came parsed.
+fn seen(answer: Result<Incoming<'_, Params<'_>>, EnvelopeError>) -> (Seen, bool) {
     let typed = |method: &str, p: Option<Params<'_>>| match p {
         Some(Params::InvokeTool(call)) => (Body::Call(Some(call)), true),
         Some(Params::Raw(raw)) => (body(method, Some(raw)), false),
         None => (Body::Absent, false),
     };
-    match classify_call(line) {
+    match answer {
         Err(e) => (Seen::Refused(e), false),
         Ok(Incoming::Request { id, method, params }) => {
             let (b, t) = typed(&method, params);
@@ -115,8 +122,17 @@ const CALL_IDS: &[&str] = &[
     r#""   ""#,
     "7",
     "null",
+    r#""😀 ünï""#,
+    r#""\ud83d\ude00""#,
+    r#""\ud83d""#,
+    "\"\t\"",
+    "\"a\u{7f}\"",
+    r#""\u2003x\u00a0""#,
+    "\"\u{2003}x\u{a0}\"",
+    r#"{"id":1}"#,
+    "true",
 ];
-const TOOLS: &[&str] = &[r#""noop""#, r#""echo\/x""#, r#""t""#, "[]"];
+const TOOLS: &[&str] = &[r#""noop""#, r#""echo\/x""#, r#""t""#, "[]", r#""é""#];
 const ARGUMENTS: &[&str] = &[
     "{}",
     r#"{"q":"\"x\"","n":[1,-2,0.5,1e3],"o":{"a":null,"b":true}}"#,
@@ -124,13 +140,31 @@ const ARGUMENTS: &[&str] = &[
     "[]",
     "null",
     r#"{"deep":[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]}"#,
+    r#"{"s":"}]{[\\","t":"\\\"}","u":"😀"}"#,
+    r#"{ "a" : [ 1 , { } ] , "b" : "" }"#,
+    r#"{"a":1,}"#,
+    r#"{"a":}"#,
+    r#"{"a":[}"#,
+    r#"{"a":1}}"#,
+    r#"{"n":1e400}"#,
+    r#"{"n":-0,"m":18446744073709551616,"f":1.5e-7}"#,
+    "{\"c\":\"\u{1}\"}",
+    r#"{"":{"":{"":[]}}}"#,
 ];
-const TRACES: &[&str] = &[r#""tr""#, r#""tr\u00e9""#, "1"];
+const TRACES: &[&str] = &[r#""tr""#, r#""tr\u00e9""#, "1", r#""trace é""#];
 const TIMES: &[&str] = &[
     r#""2026-01-01T00:00:00Z""#,
     r#""2026-01-01T00:00:00.123+02:00""#,
     r#""2026-01-01 00:00""#,
     r#""yesterday""#,
+    r#""2026-01-01t00:00:00.123456789z""#,
+    r#""2016-12-31T23:59:60Z""#,
+    r#""2026-02-29T00:00:00Z""#,
+    r#""2026-01-01T00:00:00+24:00""#,
+    r#""0000-01-01T00:00:00-01:00""#,
+    r#""9999-12-31T23:59:59-23:59""#,
+    r#""2026-01-01T00:00:00\u005a""#,
+    "null",
 ];
 const TURNS: &[&str] = &[
     r#""turn-1""#,
@@ -138,8 +172,53 @@ const TURNS: &[&str] = &[
     r#""bad turn""#,
     r#""""#,
     "5",
+    r#""a.b:c_D-9""#,
+    r#""tü""#,
+    "null",
 ];
-const STEPS: &[&str] = &["", r#""step":3"#, r#""step":null"#, r#""step":-1"#];
+const STEPS: &[&str] = &[
+    "",
+    r#""step":3"#,
+    r#""step":null"#,
+    r#""step":-1"#,
+    r#""step":0"#,
+    r#""step":-0"#,
+    r#""step":007"#,
+    r#""step":1.0"#,
+    r#""step":1e2"#,
+    r#""step":18446744073709551615"#,
+    r#""step":18446744073709551616"#,
+    r#""step":99999999999999999999999"#,
+    r#""step":"3""#,
+    r#""step":3 "#,
+];
+
+/// A long string member value of `n` copies of `unit`.
+fn long(unit: &str, n: usize) -> String {
+    format!("\"{}\"", unit.repeat(n))
+}
+
+/// JSON whitespace (or, rarely, something that is not) after some of the
+/// line's structural characters: where a parser must skip it.
+fn spaced(g: &mut Gen, line: String) -> String {
+    if g.below(4) != 0 {
+        return line;
+    }
+    let mut out = String::with_capacity(line.len() * 2);
+    for c in line.chars() {
+        out.push(c);
+        if matches!(c, '{' | '[' | ',' | ':' | '}') && g.below(3) == 0 {
+            out.push_str([" ", "\t", "\r\n", "  ", "\u{a0}", "\u{c}"][g.below(6)]);
+        }
+    }
+    if g.below(3) == 0 {
+        out.insert_str(0, [" ", "\n", "\t "][g.below(3)]);
+    }
+    if g.below(3) == 0 {
+        out.push_str([" ", "\r", "\n \t"][g.below(3)]);
+    }
+    out
+}
 
 /// Members in a shuffled order, some dropped, duplicated or unknown.
 fn members(g: &mut Gen, mut all: Vec<String>) -> String {
@@ -161,11 +240,48 @@ fn members(g: &mut Gen, mut all: Vec<String>) -> String {
     format!("{{{}}}", all.join(","))
 }
 
+/// `arguments`, sometimes nested around the depths where a reader's
+/// limits lie.
+fn arguments(g: &mut Gen) -> String {
+    if g.below(30) != 0 {
+        return g.pick(ARGUMENTS).to_owned();
+    }
+    let depth = [2, 20, 62, 63, 64, 65, 100, 124, 125, 126, 127, 200][g.below(12)];
+    let (open, close) = if g.below(2) == 0 {
+        ("[", "]")
+    } else {
+        (r#"{"a":"#, "}")
+    };
+    format!(
+        r#"{{"d":{}1{}}}"#,
+        open.repeat(depth - 1),
+        close.repeat(depth - 1)
+    )
+}
+
+/// A call id, now and then a long one around `Identifier`'s bound.
+fn call_id(g: &mut Gen) -> String {
+    match g.below(60) {
+        0 => long("x", [255, 256, 257][g.below(3)]),
+        1 => long("é", [256, 257][g.below(2)]),
+        2 => long("😀", [256, 257][g.below(2)]),
+        3 => format!("\" {} \"", "y".repeat(256)),
+        _ => g.pick(CALL_IDS).to_owned(),
+    }
+}
+
+fn turn_id(g: &mut Gen) -> String {
+    match g.below(60) {
+        0 => long("t", [128, 129][g.below(2)]),
+        _ => g.pick(TURNS).to_owned(),
+    }
+}
+
 fn params(g: &mut Gen) -> String {
     let mut call = vec![
-        format!(r#""id":{}"#, g.pick(CALL_IDS)),
+        format!(r#""id":{}"#, call_id(g)),
         format!(r#""tool":{}"#, g.pick(TOOLS)),
-        format!(r#""arguments":{}"#, g.pick(ARGUMENTS)),
+        format!(r#""arguments":{}"#, arguments(g)),
         format!(r#""traceId":{}"#, g.pick(TRACES)),
         format!(r#""requestedAt":{}"#, g.pick(TIMES)),
     ];
@@ -174,12 +290,15 @@ fn params(g: &mut Gen) -> String {
     }
     let call = members(g, call);
     let mut top = vec![
-        format!(r#""turnId":{}"#, g.pick(TURNS)),
+        format!(r#""turnId":{}"#, turn_id(g)),
         format!(r#""call":{call}"#),
     ];
     let step = g.pick(STEPS);
     if !step.is_empty() {
         top.push(step.to_owned());
+    }
+    if g.below(30) == 0 {
+        top.push(r#""callId":"c""#.into());
     }
     let p = members(g, top);
     match g.below(25) {
@@ -199,7 +318,23 @@ fn line(g: &mut Gen) -> String {
         "null",
         "7",
     ]);
-    let id = g.pick(&["1", r#""p-1""#, "9007199254740991", "null", "-1", r#""é""#]);
+    let long_id = long("i", 64 + g.below(2));
+    let id = g.pick(&[
+        "1",
+        r#""p-1""#,
+        "9007199254740991",
+        "null",
+        "-1",
+        r#""é""#,
+        "0",
+        "01",
+        "9007199254740992",
+        "1.0",
+        "1e2",
+        r#""\u0031""#,
+        &long_id,
+        "18446744073709551616",
+    ]);
     let mut all = vec![
         r#""jsonrpc":"2.0""#.to_owned(),
         format!(r#""id":{id}"#),
@@ -212,16 +347,26 @@ fn line(g: &mut Gen) -> String {
         2 => all[0] = r#""jsonrpc":null"#.into(),
         3 => all.push(r#""error":{"code":1,"message":"m"}"#.into()),
         4 => all[3] = all[3].replace("\"params\"", "\"p\\u0061rams\""),
+        5 => all.push(r#""extra":[1,"x"]"#.into()),
+        6 => all[0] = r#""jsonrpc":"2\u002e0""#.into(),
+        7 => all.push(r#""params":{}"#.into()),
         _ => {}
     }
-    members(g, all)
+    let line = members(g, all);
+    let line = spaced(g, line);
+    match g.below(60) {
+        0 => format!("{line} x"),
+        1 => format!("{line}}}"),
+        2 => format!("\u{feff}{line}"),
+        _ => line,
+    }
 }
 
 #[test]
 fn one_pass_and_fallback_agree_on_generated_requests() {
     let mut g = Gen(0x005e_ed0f_ca11);
     let (mut typed, mut calls) = (0, 0);
-    for _ in 0..20_000 {
+    for _ in 0..60_000 {
         let line = line(&mut g);
         let (seen, by_one_pass) = one_pass(&line);
         assert_eq!(seen, reference(&line), "{line}");
@@ -300,4 +445,56 @@ fn what_the_one_pass_refuses_is_refused_as_before() {
         "{seen:?}"
     );
     assert_eq!(seen, reference(&deep));
+}
+
+/// The hand reading on its own: whatever line it takes, it gives what
+/// `classify` and the consumer's parse give (a tool call with its params
+/// parsed); it takes the plain lines in any member order.
+#[test]
+fn the_hand_reading_agrees_with_the_reference_on_what_it_takes() {
+    let mut g = Gen(0x0bad_c0de_5eed);
+    let (mut taken, mut calls) = (0, 0);
+    for _ in 0..100_000 {
+        let line = line(&mut g);
+        let reference = reference(&line);
+        let is_call = matches!(&reference, Seen::Request(_, m, Body::Call(Some(_))) if m == INVOKE);
+        calls += usize::from(is_call);
+        let Some(by_hand) = classify_call_by_hand(&line) else {
+            continue;
+        };
+        taken += 1;
+        let (seen, typed) = seen(Ok(by_hand));
+        assert!(typed, "{line}");
+        assert_eq!(seen, reference, "{line}");
+    }
+    // Most good calls are plain ones; the hand reading takes them.
+    assert!(taken * 2 > calls, "taken by hand: {taken} of {calls}");
+}
+
+#[test]
+fn the_bench_and_sdk_lines_are_read_by_hand() {
+    let call = r#"{"id":"p17","tool":"noop","arguments":{},"traceId":"trace-1","requestedAt":"2026-01-01T00:00:00Z"}"#;
+    let python = r#"{"id":"c1","tool":"echo","arguments":{"q":[1,"é"]},"traceId":"tr","requestedAt":"2026-12-02T01:02:03.456Z"}"#;
+    let typescript = r#"{"requestedAt":"2026-12-02T01:02:03.456Z","id":"c1","tool":"echo","arguments":{"a":{"b":null}},"traceId":"tr"}"#;
+    for line in [
+        format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"host/invokeTool","params":{{"turnId":"turn-1","call":{call}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":8,"method":"host/invokeTool","params":{{"turnId":"turn-1","call":{python},"step":2}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"host/invokeTool","params":{{"turnId":"turn-1","call":{typescript},"step":0}}}}"#
+        ),
+        format!(
+            r#"{{"params":{{"step":1,"call":{typescript},"turnId":"t"}},"method":"host/invokeTool","id":"r-1","jsonrpc":"2.0"}}"#
+        ),
+    ] {
+        let by_hand = classify_call_by_hand(&line);
+        assert!(by_hand.is_some(), "{line}");
+        let (seen, typed) = seen(Ok(by_hand.unwrap()));
+        assert!(typed);
+        assert_eq!(seen, reference(&line), "{line}");
+        assert_eq!(one_pass(&line).0, seen);
+    }
 }
