@@ -35,10 +35,18 @@ const fn has_zero(w: u64) -> bool {
 /// is non-zero exactly when some byte is one (which byte is found by the
 /// byte-by-byte rescan).
 const fn word_needs_escape(w: u64) -> bool {
+    escape_mask(w) != 0
+}
+
+/// The mask of [`word_needs_escape`]: the high bit of each byte flagged.
+/// Its lowest flagged byte is exactly the lowest byte that needs escaping
+/// (no borrow reaches it from below), so in a word read little-endian
+/// `trailing_zeros / 8` is that byte's index.
+pub(crate) const fn escape_mask(w: u64) -> u64 {
     let control = w.wrapping_sub(splat(0x20));
     let quote = (w ^ splat(b'"')).wrapping_sub(LOW_BITS);
     let backslash = (w ^ splat(b'\\')).wrapping_sub(LOW_BITS);
-    (control | quote | backslash) & !w & HIGH_BITS != 0
+    (control | quote | backslash) & !w & HIGH_BITS
 }
 
 /// The index of the first `b` in `bytes`, eight bytes at a time while
@@ -69,7 +77,7 @@ const fn byte_needs_escape(b: u8) -> bool {
 /// Inlined: most strings are short, and a call's entry and exit cost as
 /// much as their scan.
 #[inline(always)]
-pub(crate) fn next_escape(bytes: &[u8], start: usize) -> usize {
+fn next_escape(bytes: &[u8], start: usize) -> usize {
     let rest = bytes.get(start..).unwrap_or_default();
     let (words, tail) = rest.as_chunks::<8>();
     for (i, word) in words.iter().enumerate() {

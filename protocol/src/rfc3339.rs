@@ -87,27 +87,33 @@ pub(crate) fn surely_valid(text: &[u8]) -> bool {
 }
 
 fn plain_shape(s: &[u8]) -> Option<()> {
-    let year = digits(s, 0, 4)?;
-    let month = digits(s, 5, 2)?;
-    let day = digits(s, 8, 2)?;
-    let hour = digits(s, 11, 2)?;
-    let minute = digits(s, 14, 2)?;
-    let second = digits(s, 17, 2)?;
-    // `digits` has seen every byte up to index 18: the separators exist.
+    let (head, rest) = s.split_first_chunk::<19>()?;
+    // Fixed positions in a fixed-size array: no bounds checks, no loop.
+    let digit = |i: usize| u32::from(head[i].wrapping_sub(b'0'));
+    const DIGITS: [usize; 14] = [0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18];
     // The one between date and time is any byte, as in `time` (a byte
     // that starts a longer character leaves no digit after it).
-    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
-    let in_range = separators.iter().all(|&(i, c)| s[i] == c)
-        && (1..=9998).contains(&year)
+    let shape = DIGITS.iter().all(|&i| digit(i) <= 9)
+        && head[4] == b'-'
+        && head[7] == b'-'
+        && head[13] == b':'
+        && head[16] == b':';
+    if !shape {
+        return None;
+    }
+    let two = |i: usize| digit(i) * 10 + digit(i + 1);
+    let year = two(0) * 100 + two(2);
+    let (month, day) = (two(5), two(8));
+    let in_range = (1..=9998).contains(&year)
         && (1..=12).contains(&month)
         && (1..=days_in_month(year, month)).contains(&day)
-        && hour <= 23
-        && minute <= 59
-        && second <= 59;
+        && two(11) <= 23
+        && two(14) <= 59
+        && two(17) <= 59;
     if !in_range {
         return None;
     }
-    let mut rest = &s[19..];
+    let mut rest = rest;
     if let [b'.', fraction @ ..] = rest {
         let n = fraction.iter().take_while(|b| b.is_ascii_digit()).count();
         if n == 0 {
@@ -117,19 +123,13 @@ fn plain_shape(s: &[u8]) -> Option<()> {
     }
     match rest {
         [b'Z' | b'z'] => Some(()),
-        [b'+' | b'-', offset @ ..] if offset.len() == 5 && offset[2] == b':' => {
-            let ok = digits(offset, 0, 2)? <= 23 && digits(offset, 3, 2)? <= 59;
-            ok.then_some(())
+        [b'+' | b'-', h0, h1, b':', m0, m1] => {
+            let [h0, h1, m0, m1] = [h0, h1, m0, m1].map(|b| u32::from(b.wrapping_sub(b'0')));
+            let ok = h0 <= 9 && h1 <= 9 && m0 <= 9 && m1 <= 9;
+            (ok && h0 * 10 + h1 <= 23 && m0 * 10 + m1 <= 59).then_some(())
         }
         _ => None,
     }
-}
-
-/// The decimal value of the `n` ASCII digits at `at`, if they are that.
-fn digits(s: &[u8], at: usize, n: usize) -> Option<u32> {
-    s.get(at..at + n)?.iter().try_fold(0, |value, &b| {
-        b.is_ascii_digit().then(|| value * 10 + u32::from(b - b'0'))
-    })
 }
 
 /// Days in `month` (1..=12) of the proleptic Gregorian `year`.

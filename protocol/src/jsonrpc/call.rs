@@ -121,7 +121,7 @@ impl<'a> Cursor<'a> {
     fn plain_str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.at;
-        let end = crate::json::next_escape(self.bytes(), start);
+        let end = string_stop(self.bytes(), start)?;
         if self.bytes().get(end) != Some(&b'"') {
             return None;
         }
@@ -246,16 +246,82 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The index of the first quote, backslash or control character from
+/// `at`: where a plain string ends, or where it is not plain. Eight bytes
+/// at a time, the byte found from the word's mask without a rescan (the
+/// strings of a call are short: a rescan would cost as much as the scan).
+fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
+    while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        let mask = crate::json::escape_mask(u64::from_le_bytes(*word));
+        if mask != 0 {
+            return Some(at + (mask.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    let tail = bytes.get(at..)?;
+    let found = tail
+        .iter()
+        .position(|&b| b < 0x20 || b == b'"' || b == b'\\');
+    found.map(|i| at + i)
+}
+
 /// The index of the quote closing a string whose text starts at `at`,
 /// stepping over escaped characters.
 fn string_end(bytes: &[u8], mut at: usize) -> Option<usize> {
     loop {
-        at = crate::json::next_escape(bytes, at);
+        at = string_stop(bytes, at)?;
         match bytes.get(at)? {
             b'"' => return Some(at),
             b'\\' => at += 2,
             // A control character: invalid JSON, left to serde_json.
             _ => return None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::string_stop;
+
+    /// The first stop byte, one byte at a time.
+    fn naive(bytes: &[u8], at: usize) -> Option<usize> {
+        let found = bytes
+            .get(at..)?
+            .iter()
+            .position(|&b| b < 0x20 || b == b'"' || b == b'\\');
+        found.map(|i| at + i)
+    }
+
+    #[test]
+    fn the_stop_is_found_at_every_position_of_every_length() {
+        let stops = [b'"', b'\\', 0x00, 0x1f];
+        let others = [b'a', b' ', b'!', b'#', b'[', b']', 0x7f, 0x80, 0xa2, 0xff];
+        for len in 0..40 {
+            for other in others {
+                let mut bytes = vec![other; len];
+                assert_eq!(string_stop(&bytes, 0), None);
+                for at in 0..len {
+                    for stop in stops {
+                        bytes[at] = stop;
+                        // A second stop later, and one before the start.
+                        for later in [None, Some(len - 1)] {
+                            let mut b = bytes.clone();
+                            if let Some(l) = later {
+                                b[l] = b'"';
+                            }
+                            for start in [0, at / 2, at] {
+                                assert_eq!(
+                                    string_stop(&b, start),
+                                    naive(&b, start),
+                                    "{b:?} from {start}"
+                                );
+                            }
+                        }
+                        bytes[at] = other;
+                    }
+                }
+            }
+        }
+        assert_eq!(string_stop(b"ab", 3), None);
     }
 }
