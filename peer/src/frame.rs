@@ -75,11 +75,17 @@ impl Lines {
             };
             match found {
                 Ok(Some(frame)) => {
+                    // Taken from the buffer on the next call, valid or not.
                     self.handed = frame.taken;
-                    // Checked when it was found; never the empty default.
-                    return Some(Ok(
-                        std::str::from_utf8(&self.buf[..frame.len]).unwrap_or_default()
-                    ));
+                    // Checked here, once: the line is handed out as the
+                    // `&str` the check gives.
+                    return Some(match std::str::from_utf8(&self.buf[..frame.len]) {
+                        Ok(line) => Ok(line),
+                        Err(_) => {
+                            keep_sample(&self.buf, &mut self.sample);
+                            Err(FrameError::InvalidUtf8)
+                        }
+                    });
                 }
                 Err(e) => return Some(Err(e)),
                 Ok(None) if self.eof => return None,
@@ -115,7 +121,7 @@ impl Lines {
                 (false, Some(offset)) => {
                     let at = offset + self.next_index;
                     self.next_index = 0;
-                    return self.frame(at, at + 1).map(Some);
+                    return Ok(Some(self.frame(at, at + 1)));
                 }
                 (false, None) if self.buf.len() > self.max => {
                     self.keep_sample();
@@ -140,36 +146,35 @@ impl Lines {
             return Ok(None);
         }
         let all = self.buf.len();
-        self.frame(all, all).map(Some)
+        Ok(Some(self.frame(all, all)))
     }
 
-    /// The line of `end` bytes (its `\r` dropped), `taken` bytes in all;
-    /// taken from the buffer at once when it is not UTF-8.
-    fn frame(&mut self, end: usize, taken: usize) -> Result<Frame, FrameError> {
+    /// The line of `end` bytes (its `\r` dropped), `taken` bytes in all.
+    /// Whether it is UTF-8 is checked when it is handed out.
+    fn frame(&self, end: usize, taken: usize) -> Frame {
         let len = if self.buf[..end].ends_with(b"\r") {
             end - 1
         } else {
             end
         };
-        if std::str::from_utf8(&self.buf[..len]).is_err() {
-            self.keep_sample();
-            self.buf.advance(taken);
-            return Err(FrameError::InvalidUtf8);
-        }
-        Ok(Frame { len, taken })
+        Frame { len, taken }
     }
 
-    /// The first bytes of the line at the front of the buffer, up to its
-    /// `\n`: what a framing violation shows.
     fn keep_sample(&mut self) {
-        let head = &self.buf[..self.buf.len().min(SAMPLE_BYTES + 1)];
-        let line = head
-            .iter()
-            .position(|b| *b == b'\n')
-            .map_or(head, |nl| &head[..nl]);
-        self.sample.clear();
-        self.sample.extend_from_slice(line);
+        keep_sample(&self.buf, &mut self.sample);
     }
+}
+
+/// The first bytes of the line at the front of `buf`, up to its `\n`:
+/// what a framing violation shows.
+fn keep_sample(buf: &[u8], sample: &mut Vec<u8>) {
+    let head = &buf[..buf.len().min(SAMPLE_BYTES + 1)];
+    let line = head
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(head, |nl| &head[..nl]);
+    sample.clear();
+    sample.extend_from_slice(line);
 }
 
 /// The index of the first `\n` in `bytes`, eight bytes at a time while
