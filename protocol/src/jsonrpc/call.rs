@@ -77,6 +77,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next byte after JSON whitespace (space, tab, CR, LF).
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes().get(self.at) {
             self.at += 1;
@@ -84,6 +85,7 @@ impl<'a> Cursor<'a> {
         self.bytes().get(self.at).copied()
     }
 
+    #[inline]
     fn eat(&mut self, want: u8) -> Option<()> {
         (self.peek()? == want).then(|| self.at += 1)
     }
@@ -118,6 +120,7 @@ impl<'a> Cursor<'a> {
 
     /// A string without escapes or control characters, borrowed: its
     /// text is the bytes between the quotes.
+    #[inline]
     fn plain_str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.at;
@@ -250,6 +253,7 @@ impl<'a> Cursor<'a> {
 /// `at`: where a plain string ends, or where it is not plain. Eight bytes
 /// at a time, the byte found from the word's mask without a rescan (the
 /// strings of a call are short: a rescan would cost as much as the scan).
+#[inline]
 fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
     while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
         let mask = crate::json::escape_mask(u64::from_le_bytes(*word));
