@@ -135,7 +135,9 @@ fn plain_shape(s: &[u8]) -> Option<()> {
 /// Days in `month` (1..=12) of the proleptic Gregorian `year`.
 fn days_in_month(year: u32, month: u32) -> u32 {
     match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
+            29
+        }
         2 => 28,
         4 | 6 | 9 | 11 => 30,
         _ => 31,
@@ -209,7 +211,7 @@ mod tests {
             *x % n
         };
         let pick = |r: u64, edges: &[u64], n: u64| {
-            if r % 3 == 0 {
+            if r.is_multiple_of(3) {
                 edges[(r / 3) as usize % edges.len()]
             } else {
                 r % n
