@@ -167,6 +167,26 @@ impl Capability {
     }
 }
 
+/// Equal text, the same place first: a turn's grants share the text of
+/// its context's tenant, subject and issuer (the kernel's `open_turn`), so
+/// the identity checks of every call compare without reading it.
+fn same_text(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
+/// `a == b`, with [`same_text`] for the id.
+fn same_address(a: &Address, b: &Address) -> bool {
+    match (a, b) {
+        (Address::Human { user_id: x }, Address::Human { user_id: y })
+        | (Address::Agent { agent_id: x }, Address::Agent { agent_id: y })
+        | (Address::Group { conversation_id: x }, Address::Group { conversation_id: y })
+        | (Address::Service { service_id: x }, Address::Service { service_id: y }) => {
+            same_text(x.as_str(), y.as_str())
+        }
+        _ => a == b,
+    }
+}
+
 fn is_prefix(prefix: &[PathSegment], path: &[String]) -> bool {
     prefix.iter().zip(path).all(|(p, s)| p.as_str() == s)
 }
@@ -212,9 +232,9 @@ impl Grant {
     /// The per-operation conditions: subject, issuer, tenant, revocation,
     /// time window at `now`, purpose.
     pub fn applies(&self, context: &AccessContext) -> bool {
-        self.namespace_id == context.namespace_id
-            && self.subject == context.actor
-            && self.issuer == context.authority
+        same_text(self.namespace_id.as_str(), context.namespace_id.as_str())
+            && same_address(&self.subject, &context.actor)
+            && same_address(&self.issuer, &context.authority)
             && self.live(context)
     }
 
@@ -288,12 +308,24 @@ pub fn covering_grants<'a>(
     context: &AccessContext,
     req: &Requirement,
 ) -> Vec<&'a Grant> {
-    let mut out: Vec<&Grant> = grants
-        .iter()
-        .filter(|g| g.applies(context) && g.covering_capability(req).is_some())
-        .collect();
-    out.sort_by_key(|g| g.max_uses.is_some());
-    out
+    in_covering_order(grants, context, req).collect()
+}
+
+/// [`covering_grants`], one at a time, without a vector per decision:
+/// the unbounded ones in source order, then the bounded ones.
+fn in_covering_order<'g>(
+    grants: &'g [Grant],
+    context: &AccessContext,
+    req: &Requirement,
+) -> impl Iterator<Item = &'g Grant> {
+    let covering = move |bounded: bool| {
+        grants.iter().filter(move |g| {
+            g.max_uses.is_some() == bounded
+                && g.applies(context)
+                && g.covering_capability(req).is_some()
+        })
+    };
+    covering(false).chain(covering(true))
 }
 
 /// The trusted source of grants. Loaded once per turn.
@@ -383,32 +415,21 @@ pub async fn authorize(
     req: &Requirement,
     consume: bool,
 ) -> Decision {
+    // In covering order, skipping a grant whose delegation chain fails:
+    // the grants asked of the usage store, and in what order, are those of
+    // the covering grants with sound chains.
     let mut chain_failure = None;
-    let mut covering = covering_grants(grants, context, req);
-    covering.retain(|g| match g.check_chain(grants, context) {
-        Ok(()) => true,
-        Err(reason) => {
+    let mut any_sound = false;
+    let mut store_failed = None;
+    let mut exhausted = None;
+    for g in in_covering_order(grants, context, req) {
+        if let Err(reason) = g.check_chain(grants, context) {
             if chain_failure.is_none() {
                 chain_failure = Some((reason, g.id.as_str().to_owned()));
             }
-            false
+            continue;
         }
-    });
-    if let (true, Some((reason, id))) = (covering.is_empty(), chain_failure) {
-        return Decision::Denied {
-            reason,
-            grant_id: Some(id),
-        };
-    }
-    if covering.is_empty() {
-        return Decision::Denied {
-            reason: DenyReason::NoMatchingGrant,
-            grant_id: None,
-        };
-    }
-    let mut store_failed = None;
-    let mut exhausted = None;
-    for g in covering {
+        any_sound = true;
         let Some(max) = g.max_uses else {
             return Decision::Allowed {
                 grant_id: g.id.as_str().to_owned(),
@@ -430,6 +451,20 @@ pub async fn authorize(
             Ok(false) => exhausted = exhausted.or(Some(g.id.as_str().to_owned())),
             Err(_) => store_failed = store_failed.or(Some(g.id.as_str().to_owned())),
         }
+    }
+    // No covering grant with a sound chain: the first chain's failure, or
+    // no grant at all.
+    if !any_sound {
+        return match chain_failure {
+            Some((reason, id)) => Decision::Denied {
+                reason,
+                grant_id: Some(id),
+            },
+            None => Decision::Denied {
+                reason: DenyReason::NoMatchingGrant,
+                grant_id: None,
+            },
+        };
     }
     // A store that could not answer is reported before exhaustion: the
     // grant might have had a use left, and the refusal fails closed.

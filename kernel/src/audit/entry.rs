@@ -311,8 +311,23 @@ impl std::fmt::Debug for RecordId {
 
 impl RecordId {
     pub fn new() -> Self {
-        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+        Self::from_u128(uuid::Uuid::new_v4().as_u128())
+    }
+    /// The UUID `value` in its hyphenated lowercase text, as the `uuid`
+    /// crate writes it (`kernel/tests/record_id.rs` proves it), eight hex
+    /// digits at a time, without a table or a per-digit loop: two ids are
+    /// made on every call.
+    pub fn from_u128(value: u128) -> Self {
+        let [a, b] = hex_words((value >> 64) as u64);
+        let [c, d] = hex_words(value as u64);
+        // Digits 8-4-4-4-12: `a`, `b` in halves, `c` in halves, `d`.
+        let mut text = [b'-'; uuid::fmt::Hyphenated::LENGTH];
+        text[..8].copy_from_slice(&a.to_be_bytes());
+        text[9..13].copy_from_slice(&((b >> 32) as u32).to_be_bytes());
+        text[14..18].copy_from_slice(&(b as u32).to_be_bytes());
+        text[19..23].copy_from_slice(&((c >> 32) as u32).to_be_bytes());
+        text[24..28].copy_from_slice(&(c as u32).to_be_bytes());
+        text[28..].copy_from_slice(&d.to_be_bytes());
         Self(text)
     }
     pub fn as_str(&self) -> &str {
@@ -323,6 +338,31 @@ impl RecordId {
     pub(super) fn bytes(&self) -> &[u8; uuid::fmt::Hyphenated::LENGTH] {
         &self.0
     }
+}
+
+/// The sixteen lowercase hex digits of `x`, most significant first, as
+/// two words of eight (each read big-endian).
+fn hex_words(x: u64) -> [u64; 2] {
+    [(x >> 32) as u32, x as u32].map(|half| ascii_hex(nibbles(half)))
+}
+
+/// Each of `x`'s eight nibbles in a byte of its own, the most significant
+/// in the word's most significant byte (the first, read big-endian).
+fn nibbles(x: u32) -> u64 {
+    let mut v = u64::from(x);
+    v = (v | (v << 16)) & 0x0000_FFFF_0000_FFFF;
+    v = (v | (v << 8)) & 0x00FF_00FF_00FF_00FF;
+    (v | (v << 4)) & 0x0F0F_0F0F_0F0F_0F0F
+}
+
+/// Every byte of `nibbles` (each 0..=15) as its lowercase hex digit: `0`
+/// plus the value, plus the 39 between `9`+1 and `a` for 10 and above
+/// (`n + 6` reaches 16 exactly then). No byte carries into the next: the
+/// largest sum is 15 + 6, or 15 + 48 + 39.
+fn ascii_hex(nibbles: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let letters = ((nibbles + 6 * ONES) >> 4) & ONES;
+    nibbles + u64::from(b'0') * ONES + letters * u64::from(b'a' - b'9' - 1)
 }
 
 impl Default for RecordId {

@@ -92,15 +92,7 @@ fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditErr
     out.extend_from_slice(b",\"source\":\"");
     out.extend_from_slice(r.source.as_str().as_bytes());
     out.push(b'"');
-    if let Some(resource) = r.resource {
-        out.extend_from_slice(b",\"resource\":");
-        write_resource(out, resource);
-    }
-    optional_str(out, b",\"action\":", r.action);
-    optional_str(out, b",\"grantId\":", r.grant_id);
-    optional_str(out, b",\"authorityHash\":", r.authority_hash);
-    optional_str(out, b",\"operationId\":", r.operation_id);
-    optional_str(out, b",\"tool\":", r.tool);
+    write_call_fields(out, r);
     optional_str(out, b",\"reason\":", r.reason);
     optional_str(out, b",\"cause\":", r.cause);
     optional_bool(out, b",\"failClosed\":", r.fail_closed);
@@ -115,6 +107,21 @@ fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditErr
     }
     out.push(b'}');
     Ok(())
+}
+
+/// `,"resource":..,"action":..,"grantId":..,"authorityHash":..,
+/// "operationId":..,"tool":..`, each left out when absent: the part of a
+/// line between `source` and `reason`.
+fn write_call_fields(out: &mut Vec<u8>, r: &AuditEntry<'_>) {
+    if let Some(resource) = r.resource {
+        out.extend_from_slice(b",\"resource\":");
+        write_resource(out, resource);
+    }
+    optional_str(out, b",\"action\":", r.action);
+    optional_str(out, b",\"grantId\":", r.grant_id);
+    optional_str(out, b",\"authorityHash\":", r.authority_hash);
+    optional_str(out, b",\"operationId\":", r.operation_id);
+    optional_str(out, b",\"tool\":", r.tool);
 }
 
 /// `,"traceId":..,"namespaceId":..,"actor":..,"authority":..,"owner":..,
