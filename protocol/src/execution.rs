@@ -3,11 +3,18 @@
 //! the runtime sees in their place (A.2): it carries the request's message
 //! and options, so it lives next to them.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::ops::Deref;
+use std::sync::OnceLock;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::contract::{ContractError, ProtocolError, ReachResult, ToolDefinition, Version};
+use crate::contract::{
+    ContractError, ProtocolError, ReachResult, ToolDefinition, ToolStatus, Version,
+};
 use crate::primitives::*;
 
 /// Upper bound of `options.timeoutMs`.
@@ -176,8 +183,220 @@ pub struct ExecutionEvent {
     pub sequence: u64,
     #[serde(rename = "type")]
     pub kind: ShortName,
-    pub data: Value,
+    pub data: EventData,
     pub occurred_at: Timestamp,
+}
+
+/// An event's `data`: any JSON value on the wire and in the schema.
+///
+/// Every tool call writes two events (`tool.requested`, `tool.completed`),
+/// so a busy turn holds two per call; building each one's `data` as a
+/// `serde_json` map (a node and a string per key and per value) was a
+/// large share of the host's work per call. A call's events therefore keep
+/// their parts, the call's shared ids (a clone is a reference count), and
+/// are written from them: the same bytes, keys in the sorted order a map
+/// writes them. Everything else, and every event read back, is a `Value`.
+/// Readers that want a `Value` get one through `Deref` (built once, on
+/// first use, for a call's event); equality is equality of the JSON.
+#[derive(Debug, Clone)]
+pub enum EventData {
+    Value(Value),
+    Call(CallEventData),
+}
+
+impl EventData {
+    /// The JSON value, owned.
+    pub fn into_value(self) -> Value {
+        match self {
+            EventData::Value(v) => v,
+            EventData::Call(c) => match c.value.into_inner() {
+                Some(v) => v,
+                None => c.parts.to_value(),
+            },
+        }
+    }
+}
+
+impl Deref for EventData {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        match self {
+            EventData::Value(v) => v,
+            EventData::Call(c) => c.value.get_or_init(|| c.parts.to_value()),
+        }
+    }
+}
+
+impl From<Value> for EventData {
+    fn from(v: Value) -> Self {
+        EventData::Value(v)
+    }
+}
+
+impl From<EventData> for Value {
+    fn from(d: EventData) -> Self {
+        d.into_value()
+    }
+}
+
+impl PartialEq for EventData {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (EventData::Call(a), EventData::Call(b)) => a.parts == b.parts,
+            _ => **self == **other,
+        }
+    }
+}
+
+impl PartialEq<Value> for EventData {
+    fn eq(&self, other: &Value) -> bool {
+        **self == *other
+    }
+}
+
+impl Serialize for EventData {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EventData::Value(v) => v.serialize(s),
+            EventData::Call(c) => c.parts.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EventData {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(EventData::Value)
+    }
+}
+
+/// The schema is `Value`'s: the type changes nothing on the wire.
+impl JsonSchema for EventData {
+    fn schema_name() -> Cow<'static, str> {
+        Value::schema_name()
+    }
+    fn schema_id() -> Cow<'static, str> {
+        Value::schema_id()
+    }
+    fn inline_schema() -> bool {
+        Value::inline_schema()
+    }
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        Value::json_schema(generator)
+    }
+}
+
+/// The `data` of a call's event: `tool.requested` is `{callId, step?,
+/// tool}`, `tool.completed` adds `status` and `code` (when the result has
+/// one).
+#[derive(Debug, Clone)]
+pub struct CallEventData {
+    parts: CallParts,
+    /// The JSON value, when a reader asked for it.
+    value: OnceLock<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct CallParts {
+    call_id: Identifier,
+    tool: Identifier,
+    step: Option<u64>,
+    ending: Option<(ToolStatus, Option<Identifier>)>,
+}
+
+impl CallEventData {
+    /// `tool.requested`'s `data`.
+    pub fn requested(call_id: Identifier, tool: Identifier, step: Option<u64>) -> Self {
+        Self::new(CallParts {
+            call_id,
+            tool,
+            step,
+            ending: None,
+        })
+    }
+
+    /// `tool.completed`'s `data`.
+    pub fn completed(
+        call_id: Identifier,
+        tool: Identifier,
+        step: Option<u64>,
+        status: ToolStatus,
+        code: Option<Identifier>,
+    ) -> Self {
+        Self::new(CallParts {
+            call_id,
+            tool,
+            step,
+            ending: Some((status, code)),
+        })
+    }
+
+    fn new(parts: CallParts) -> Self {
+        Self {
+            parts,
+            value: OnceLock::new(),
+        }
+    }
+
+    pub fn call_id(&self) -> &Identifier {
+        &self.parts.call_id
+    }
+    pub fn tool(&self) -> &Identifier {
+        &self.parts.tool
+    }
+    pub fn step(&self) -> Option<u64> {
+        self.parts.step
+    }
+    /// `tool.completed`'s `status`; `None` for `tool.requested`.
+    pub fn status(&self) -> Option<ToolStatus> {
+        self.parts.ending.as_ref().map(|(status, _)| *status)
+    }
+    pub fn code(&self) -> Option<&Identifier> {
+        self.parts.ending.as_ref().and_then(|(_, code)| code.as_ref())
+    }
+}
+
+impl CallParts {
+    fn to_value(&self) -> Value {
+        let text = |s: &str| Value::String(s.to_owned());
+        let mut m = serde_json::Map::new();
+        m.insert("callId".to_owned(), text(self.call_id.as_str()));
+        if let Some((status, code)) = &self.ending {
+            if let Some(code) = code {
+                m.insert("code".to_owned(), text(code.as_str()));
+            }
+            m.insert("status".to_owned(), text(status.as_str()));
+        }
+        if let Some(step) = self.step {
+            m.insert("step".to_owned(), Value::Number(step.into()));
+        }
+        m.insert("tool".to_owned(), text(self.tool.as_str()));
+        Value::Object(m)
+    }
+}
+
+/// Written as the map of [`CallParts::to_value`] is: the same members, in
+/// the same (sorted) order, through the same serializer calls.
+impl Serialize for CallParts {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let code = self.ending.as_ref().and_then(|(_, code)| code.as_ref());
+        let len = 2
+            + usize::from(code.is_some())
+            + usize::from(self.ending.is_some())
+            + usize::from(self.step.is_some());
+        let mut m = s.serialize_map(Some(len))?;
+        m.serialize_entry("callId", self.call_id.as_str())?;
+        if let Some(code) = code {
+            m.serialize_entry("code", code.as_str())?;
+        }
+        if let Some((status, _)) = &self.ending {
+            m.serialize_entry("status", status.as_str())?;
+        }
+        if let Some(step) = self.step {
+            m.serialize_entry("step", &step)?;
+        }
+        m.serialize_entry("tool", self.tool.as_str())?;
+        m.end()
+    }
 }
 
 /// How a turn ended.

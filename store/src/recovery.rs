@@ -185,7 +185,7 @@ fn interrupted_event(
         trace_id: id,
         sequence,
         kind: ShortName::new("run.interrupted").map_err(bad)?,
-        data: json!({ "reason": reason, "recovery": account }),
+        data: json!({ "reason": reason, "recovery": account }).into(),
         occurred_at: at.clone(),
     })
 }

@@ -44,7 +44,7 @@ fn record(turn: &Turn, e: &EgressEvent) {
     let (kind, data) = event_of(e);
     // Charged like a plugin's own action: a plugin that makes the gateway
     // report without end meets the event budget.
-    turn.push_plugin_event(kind, data, None, 0, 0);
+    turn.push_plugin_event(kind, data.into(), 0, 0);
     if matches!(e, EgressEvent::BudgetExceeded { .. }) {
         turn.violate(EGRESS_BUDGET_EXCEEDED);
     }

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, TryLockError};
 
 use serde_json::Value;
-use sharedos_protocol::{ExecutionEvent, Identifier, ShortName, Version};
+use sharedos_protocol::{CallEventData, EventData, ExecutionEvent, Identifier, ShortName, Version};
 
 use super::ledger::{
-    ByteLedger, event_frame_held_bytes, event_held_bytes_in_turn, turn_fixed_len, value_held_bytes,
+    ByteLedger, data_held_bytes, event_frame_held_bytes, event_held_bytes_in_turn, turn_fixed_len,
 };
 use super::{Clock, IdSource, OnEvent, lock};
 use crate::limits::{RESERVED_EVENT_BYTES, RESERVED_EVENTS, STDERR_TAIL_RESERVE_BYTES};
@@ -110,7 +110,7 @@ impl EventLedger {
     }
 
     /// The next event of the log, not yet appended.
-    fn event(&self, log: &EventLog, kind: &str, data: Value) -> ExecutionEvent {
+    fn event(&self, log: &EventLog, kind: &str, data: EventData) -> ExecutionEvent {
         ExecutionEvent {
             version: Version::V1,
             event_id: self.stamp.ids.next(),
@@ -149,7 +149,7 @@ impl EventLedger {
                 log.sealed = true;
             }
             log.charged_events += 1;
-            let event = self.event(&log, kind, data);
+            let event = self.event(&log, kind, data.into());
             self.bytes
                 .charge(event_held_bytes_in_turn(&event, self.fixed_len));
             log.events.push(event);
@@ -159,13 +159,13 @@ impl EventLedger {
 
     /// Appends a `tool.completed` whose call paid for it when it was
     /// requested.
-    pub fn push_prepaid(&self, kind: &str, data: Value) {
+    pub fn push_prepaid(&self, kind: &str, data: CallEventData) {
         {
             let mut log = lock(&self.log);
             if log.sealed {
                 return;
             }
-            let event = self.event(&log, kind, data);
+            let event = self.event(&log, kind, EventData::Call(data));
             log.events.push(event);
         }
         self.deliver();
@@ -178,13 +178,10 @@ impl EventLedger {
     /// ending kept back, nothing is written and the violation is answered
     /// (`rate_limit_exceeded` for the count, `turn_memory_exceeded` for
     /// the bytes). `Ok(false)`: the log is sealed, nothing was written.
-    /// `data_held`: what `data` costs, when the caller measured it from
-    /// its parts ([`value_held_bytes`] otherwise).
     pub fn push_plugin(
         &self,
         kind: &str,
-        data: Value,
-        data_held: Option<usize>,
+        data: EventData,
         prepaid_events: usize,
         prepaid_bytes: usize,
     ) -> Result<bool, &'static str> {
@@ -200,9 +197,8 @@ impl EventLedger {
                 return Err(RATE_LIMIT_EXCEEDED);
             }
             let event = self.event(&log, kind, data);
-            let data_held = data_held.unwrap_or_else(|| value_held_bytes(&event.data));
             let bytes = event_frame_held_bytes(&event, self.fixed_len)
-                .saturating_add(data_held)
+                .saturating_add(data_held_bytes(&event.data))
                 .saturating_mul(1 + prepaid_events)
                 .saturating_add(prepaid_bytes);
             if !self.bytes.try_charge(bytes, RESERVED_EVENT_BYTES) {

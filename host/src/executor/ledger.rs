@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Serialize;
 use serde_json::Value;
 use sharedos_protocol::json::str_len;
-use sharedos_protocol::{ExecutionEvent, Identifier};
+use sharedos_protocol::{CallEventData, EventData, ExecutionEvent, Identifier};
 
 use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
 
@@ -171,6 +171,38 @@ pub(crate) fn value_held_bytes(v: &Value) -> usize {
     len.saturating_add(nodes.saturating_mul(VALUE_NODE_BYTES))
 }
 
+/// What holding an event's `data` costs: a call's summed from its parts
+/// (`{"callId":…,"code":…,"status":…,"step":…,"tool":…}`, each member a
+/// value), without building its JSON; any other by [`value_held_bytes`].
+pub(crate) fn data_held_bytes(data: &EventData) -> usize {
+    match data {
+        EventData::Value(v) => value_held_bytes(v),
+        EventData::Call(call) => call_held_bytes(call),
+    }
+}
+
+fn call_held_bytes(call: &CallEventData) -> usize {
+    const FRAME: usize = r#"{"callId":,"tool":}"#.len();
+    const STEP: usize = r#","step":"#.len();
+    const STATUS: usize = r#","status":"#.len();
+    const CODE: usize = r#","code":"#.len();
+    let mut len = FRAME + str_len(call.call_id().as_str()) + str_len(call.tool().as_str());
+    let mut values = 3;
+    if let Some(step) = call.step() {
+        len += STEP + digits(step);
+        values += 1;
+    }
+    if let Some(status) = call.status() {
+        len += STATUS + str_len(status.as_str());
+        values += 1;
+    }
+    if let Some(code) = call.code() {
+        len += CODE + str_len(code.as_str());
+        values += 1;
+    }
+    len.saturating_add(values * VALUE_NODE_BYTES)
+}
+
 /// The punctuation and keys of a serialized `ExecutionEvent`, around its
 /// values (the field order is the struct's).
 const EVENT_FRAME: &str = r#"{"version":"1","eventId":,"executionId":,"traceId":,"sequence":,"type":,"data":,"occurredAt":}"#;
@@ -197,15 +229,13 @@ pub(crate) fn turn_fixed_len(execution_id: &Identifier, trace_id: &Identifier) -
 /// the turn whose ids measure `fixed` ([`turn_fixed_len`]). Its serialized
 /// size is summed from its parts (every event of a tool call is sized
 /// here, so the event is not serialized just to be measured): strings by
-/// their escaped length, `data` by [`measure`].
+/// their escaped length, `data` by [`data_held_bytes`].
 pub(crate) fn event_held_bytes_in_turn(event: &ExecutionEvent, fixed: usize) -> usize {
-    event_frame_held_bytes(event, fixed).saturating_add(value_held_bytes(&event.data))
+    event_frame_held_bytes(event, fixed).saturating_add(data_held_bytes(&event.data))
 }
 
 /// What holding `event` costs apart from its `data`: its ids, sequence,
-/// type and time, its frame and the per-event overhead. An event whose
-/// `data` is known by its parts (a call's) adds their measure without
-/// walking the built value.
+/// type and time, its frame and the per-event overhead.
 pub(crate) fn event_frame_held_bytes(event: &ExecutionEvent, fixed: usize) -> usize {
     let serialized = fixed
         + str_len(event.event_id.as_str())
@@ -258,7 +288,7 @@ mod tests {
             trace_id: sharedos_protocol::ident("trace-\u{1}-\u{7f}-é-☃"),
             sequence,
             kind: sharedos_protocol::ShortName::new("tool.requested").unwrap(),
-            data,
+            data: data.into(),
             occurred_at: sharedos_protocol::Timestamp::now(),
         }
     }

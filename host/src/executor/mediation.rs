@@ -8,12 +8,15 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
 use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
-use sharedos_protocol::{ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult, ToolStatus};
+use sharedos_protocol::{
+    CallEventData, ErrorKind, EventData, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult,
+    ToolStatus,
+};
 
 use super::detach::{Panicked, RunToEnd};
 use super::events::{CALL_COMPLETED, CALL_REQUESTED};
 use super::gate::{Admitted, CALL_LIMIT, STEP_LIMIT};
-use super::turn::{CallEvent, Turn};
+use super::turn::Turn;
 use crate::limits::COMPLETION_EXTRA_BYTES;
 
 pub(crate) const TURN_DRAINING: &str = "turn_draining";
@@ -46,7 +49,8 @@ impl EnvelopeHost {
     ) -> ToolResult {
         let turn = &self.turn;
         let result = ToolResult::denied(call, code, Self::refusal_message(code), turn.now());
-        let data = call_event(call, step).completed("denied", Some(code));
+        let code_id = result.error().map(|err| err.code.clone());
+        let data = completed(call, step, ToolStatus::Denied, code_id);
         turn.events().push_prepaid(CALL_COMPLETED, data);
         if let Some(kernel_turn) = turn.authority().kernel_turn() {
             let refused = RefusedCall {
@@ -70,12 +74,14 @@ impl EnvelopeHost {
     }
 }
 
-fn call_event(call: &ToolCall, step: Option<u64>) -> CallEvent<'_> {
-    CallEvent {
-        call_id: call.id.as_str(),
-        tool: call.tool.as_str(),
-        step,
-    }
+/// `tool.completed`'s `data` for `call`.
+fn completed(
+    call: &ToolCall,
+    step: Option<u64>,
+    status: ToolStatus,
+    code: Option<sharedos_protocol::Identifier>,
+) -> CallEventData {
+    CallEventData::completed(call.id.clone(), call.tool.clone(), step, status, code)
 }
 
 /// The bookkeeping of a mediated call once the kernel answered (steps
@@ -119,8 +125,8 @@ fn settle_call(
     };
     let matches = result.call_id() == &call.id && result.tool() == &call.tool;
     if matches && turn.is_open() && !turn.signals().hard_raised() {
-        let code = result.error().map(|err| err.code.as_str());
-        let data = call_event(call, step).completed(result.status().as_str(), code);
+        let code = result.error().map(|err| err.code.clone());
+        let data = completed(call, step, result.status(), code);
         turn.events().push_prepaid(CALL_COMPLETED, data);
     }
     matches
@@ -228,10 +234,13 @@ impl RuntimeHost for EnvelopeHost {
         // never refused for the budget. Over the budget the turn is stopped
         // (`rate_limit_exceeded`, or `turn_memory_exceeded` for the byte
         // ledger) and the call rejected as after an abort.
-        let event = call_event(&call, step);
-        let held = Some(event.requested_held_bytes());
-        let requested = event.requested();
-        if !turn.push_plugin_event(CALL_REQUESTED, requested, held, 1, COMPLETION_EXTRA_BYTES) {
+        let requested = CallEventData::requested(call.id.clone(), call.tool.clone(), step);
+        if !turn.push_plugin_event(
+            CALL_REQUESTED,
+            EventData::Call(requested),
+            1,
+            COMPLETION_EXTRA_BYTES,
+        ) {
             return Err(HostCallError::closed());
         }
         // 5. Draining.
@@ -267,7 +276,7 @@ impl RuntimeHost for EnvelopeHost {
             json!({"runtime": turn.runtime_ref(), "type": event.kind.as_str(), "data": event.data});
         // Over the turn's event budget the seat is stopped; the emit is
         // answered as one after the abort.
-        if !turn.push_plugin_event("runtime.event", data, None, 0, 0) {
+        if !turn.push_plugin_event("runtime.event", data.into(), 0, 0) {
             return Err(HostCallError::closed());
         }
         Ok(())

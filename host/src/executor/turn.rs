@@ -9,18 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
-use sharedos_protocol::json::str_len;
-use sharedos_protocol::{AccessContext, Identifier, RuntimeLimits, Timestamp};
+use sharedos_protocol::{AccessContext, EventData, Identifier, RuntimeLimits, Timestamp};
 
 use super::annotations::{AnnotationBounds, Annotations};
 use super::authority::Authority;
 use super::deadline::Deadline;
 use super::events::{EventLedger, EventStamp};
 use super::gate::CallGate;
-use super::ledger::digits;
 use super::signals::TurnSignals;
 use super::{Clock, IdSource, OnEvent};
-use crate::limits::VALUE_NODE_BYTES;
 
 /// The per-turn bounds on what a plugin can make the envelope hold
 /// (docs/ENVELOPE.md, "Bounded memory").
@@ -154,14 +151,13 @@ impl Turn {
     pub fn push_plugin_event(
         &self,
         kind: &str,
-        data: Value,
-        data_held: Option<usize>,
+        data: EventData,
         prepaid_events: usize,
         prepaid_bytes: usize,
     ) -> bool {
         match self
             .events
-            .push_plugin(kind, data, data_held, prepaid_events, prepaid_bytes)
+            .push_plugin(kind, data, prepaid_events, prepaid_bytes)
         {
             Ok(written) => written,
             Err(reason) => {
@@ -234,146 +230,5 @@ impl Turn {
             deadline.disarm();
         }
         self.authority.release();
-    }
-}
-
-/// The `data` of a call's two events: `tool.requested` is `{callId,
-/// step?, tool}`, `tool.completed` adds `status` and `code` (when the
-/// result has one). Every call writes both, so the object is built
-/// directly, values as they are (no serialization into a `Value`) and
-/// keys in their sorted order, which is the order `data` serializes in.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CallEvent<'a> {
-    pub call_id: &'a str,
-    pub tool: &'a str,
-    pub step: Option<u64>,
-}
-
-impl CallEvent<'_> {
-    /// `tool.requested`'s `data`.
-    pub fn requested(&self) -> Value {
-        self.data(None, None)
-    }
-
-    /// What `tool.requested`'s `data` costs the byte ledger
-    /// ([`value_held_bytes`](super::ledger::value_held_bytes)), summed from
-    /// the call's parts: `{"callId":…,"step":…,"tool":…}` and its values.
-    pub fn requested_held_bytes(&self) -> usize {
-        const FRAME: usize = r#"{"callId":,"tool":}"#.len();
-        const STEP: usize = r#","step":"#.len();
-        let (step_len, values) = match self.step {
-            Some(step) => (STEP + digits(step), 4),
-            None => (0, 3),
-        };
-        (FRAME + str_len(self.call_id) + str_len(self.tool) + step_len)
-            .saturating_add(values * VALUE_NODE_BYTES)
-    }
-
-    /// `tool.completed`'s `data`.
-    pub fn completed(&self, status: &str, code: Option<&str>) -> Value {
-        self.data(Some(status), code)
-    }
-
-    fn data(&self, status: Option<&str>, code: Option<&str>) -> Value {
-        let text = |s: &str| Value::String(s.to_owned());
-        let mut m = serde_json::Map::new();
-        m.insert("callId".to_owned(), text(self.call_id));
-        if let Some(code) = code {
-            m.insert("code".to_owned(), text(code));
-        }
-        if let Some(status) = status {
-            m.insert("status".to_owned(), text(status));
-        }
-        if let Some(step) = self.step {
-            m.insert("step".to_owned(), Value::Number(step.into()));
-        }
-        m.insert("tool".to_owned(), text(self.tool));
-        Value::Object(m)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::super::ledger::value_held_bytes;
-    use super::*;
-
-    /// The call events as they were built before: a map filled through
-    /// `json!`, in the order the fields are known.
-    fn built_through_json(
-        call_id: &str,
-        tool: &str,
-        step: Option<u64>,
-        completed: Option<(&str, Option<&str>)>,
-    ) -> Value {
-        let mut m = serde_json::Map::new();
-        m.insert("callId".into(), json!(call_id));
-        m.insert("tool".into(), json!(tool));
-        if let Some(s) = step {
-            m.insert("step".into(), json!(s));
-        }
-        if let Some((status, code)) = completed {
-            m.insert("status".into(), json!(status));
-            if let Some(code) = code {
-                m.insert("code".into(), json!(code));
-            }
-        }
-        Value::Object(m)
-    }
-
-    #[test]
-    fn call_events_are_the_same_json_as_built_through_serde() {
-        const TEXTS: &[&str] = &[
-            "",
-            "c-1",
-            "bench.noop",
-            "a\"b\\c",
-            "\n\r\t\u{8}\u{c}\u{0}\u{1f}\u{7f}",
-            "é☃😀",
-            "\u{2028}\u{2029}",
-            "call 00000000-0000-4000-8000-000000000000 with a longer id",
-        ];
-        let steps = [None, Some(0), Some(9), Some(10), Some(u64::MAX)];
-        let endings = [
-            None,
-            Some(("succeeded", None)),
-            Some(("denied", Some("tool_unavailable"))),
-            Some(("error", Some("a\"code\\\u{1}"))),
-            Some(("", Some(""))),
-        ];
-        let mut checked = 0;
-        for call_id in TEXTS {
-            for tool in TEXTS {
-                for step in steps {
-                    for ending in endings {
-                        let event = CallEvent {
-                            call_id,
-                            tool,
-                            step,
-                        };
-                        let ours = match ending {
-                            None => event.requested(),
-                            Some((status, code)) => event.completed(status, code),
-                        };
-                        let theirs = built_through_json(call_id, tool, step, ending);
-                        assert_eq!(ours, theirs);
-                        if ending.is_none() {
-                            assert_eq!(
-                                event.requested_held_bytes(),
-                                value_held_bytes(&theirs),
-                                "{call_id:?} {tool:?} {step:?}"
-                            );
-                        }
-                        assert_eq!(
-                            serde_json::to_string(&ours).unwrap(),
-                            serde_json::to_string(&theirs).unwrap()
-                        );
-                        checked += 1;
-                    }
-                }
-            }
-        }
-        assert_eq!(checked, 8 * 8 * 5 * 5);
     }
 }
