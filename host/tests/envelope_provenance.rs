@@ -332,7 +332,7 @@ async fn flood_of_emits_and_calls() {
     assert_eq!(
         r.events
             .last()
-            .map(|e| (e.kind.to_string(), e.data.clone())),
+            .map(|e| (e.kind.to_string(), e.data.clone().into_value())),
         Some((
             "turn.failed".to_owned(),
             json!({"code": "runtime_failed", "source": "envelope"})

@@ -348,7 +348,7 @@ async fn a_tool_outside_the_catalogue_is_refused_by_the_envelope_and_the_model_t
             .events
             .iter()
             .filter(|e| e.kind.as_str() == "tool.completed")
-            .map(|e| &e.data)
+            .map(|e| &*e.data)
             .collect();
         assert_eq!(completed.len(), 1, "{k}");
         assert_eq!(completed[0]["tool"], "transfer_funds");

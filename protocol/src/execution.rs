@@ -351,7 +351,10 @@ impl CallEventData {
         self.parts.ending.as_ref().map(|(status, _)| *status)
     }
     pub fn code(&self) -> Option<&Identifier> {
-        self.parts.ending.as_ref().and_then(|(_, code)| code.as_ref())
+        self.parts
+            .ending
+            .as_ref()
+            .and_then(|(_, code)| code.as_ref())
     }
 }
 

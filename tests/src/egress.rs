@@ -72,7 +72,7 @@ impl Turn {
         self.events
             .iter()
             .filter(|e| e.kind.as_str() == kind)
-            .map(|e| e.data.clone())
+            .map(|e| e.data.clone().into_value())
             .collect()
     }
 

@@ -172,7 +172,7 @@ impl HarnessTurn {
             .events
             .iter()
             .filter(|e| e.kind.as_str() == kind)
-            .map(|e| e.data.clone())
+            .map(|e| e.data.clone().into_value())
             .collect()
     }
     pub fn audit_of(&self, kind: &str) -> Vec<&AuditRecord> {

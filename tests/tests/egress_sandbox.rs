@@ -26,7 +26,7 @@ fn codes(events: &[ExecutionEvent], kind: &str) -> Vec<Value> {
     events
         .iter()
         .filter(|e| e.kind.as_str() == kind)
-        .map(|e| e.data.clone())
+        .map(|e| e.data.clone().into_value())
         .collect()
 }
 
@@ -124,7 +124,7 @@ async fn testplugin_turn_watched(
         .events
         .iter()
         .filter(|e| e.kind.as_str() == "runtime.event")
-        .map(|e| e.data.clone())
+        .map(|e| e.data.clone().into_value())
         .collect();
     (turn, emitted)
 }

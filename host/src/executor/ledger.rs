@@ -410,6 +410,117 @@ mod tests {
         }
     }
 
+    /// A call's event `data` as it was built before it had a type: a map
+    /// filled through `json!`, in the order the fields are known.
+    fn call_data_the_old_way(
+        call_id: &str,
+        tool: &str,
+        step: Option<u64>,
+        ending: Option<(&str, Option<&str>)>,
+    ) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("callId".into(), json!(call_id));
+        m.insert("tool".into(), json!(tool));
+        if let Some(s) = step {
+            m.insert("step".into(), json!(s));
+        }
+        if let Some((status, code)) = ending {
+            m.insert("status".into(), json!(status));
+            if let Some(code) = code {
+                m.insert("code".into(), json!(code));
+            }
+        }
+        Value::Object(m)
+    }
+
+    impl Gen {
+        /// An identifier: generated text (escapes, controls, unicode),
+        /// sometimes long; a fixed one when the text is not an identifier.
+        fn identifier(&mut self) -> Identifier {
+            let text = match self.next() % 8 {
+                0 => self.string().repeat(1 + (self.next() % 60) as usize),
+                _ => self.string(),
+            };
+            Identifier::new(format!("{text}{}", self.pick(&["", "x", "é"])))
+                .unwrap_or_else(|_| sharedos_protocol::ident("fallback-id"))
+        }
+    }
+
+    #[test]
+    fn a_call_event_is_written_and_measured_as_the_map_it_replaced() {
+        use sharedos_protocol::{CallEventData, EventData, ToolStatus};
+        const STATUSES: [ToolStatus; 3] = [
+            ToolStatus::Succeeded,
+            ToolStatus::Denied,
+            ToolStatus::Failed,
+        ];
+        for seed in 1..5_000u64 {
+            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let (call_id, tool) = (g.identifier(), g.identifier());
+            let step = match g.next() % 4 {
+                0 => None,
+                _ => Some(g.pick(&[0u64, 1, 9, 10, 999, 1_000, u64::MAX / 7, u64::MAX])),
+            };
+            let ending = match g.next() % 3 {
+                0 => None,
+                _ => Some((
+                    g.pick(&STATUSES),
+                    (g.next() % 2 == 0).then(|| g.identifier()),
+                )),
+            };
+            let typed = match &ending {
+                None => CallEventData::requested(call_id.clone(), tool.clone(), step),
+                Some((status, code)) => CallEventData::completed(
+                    call_id.clone(),
+                    tool.clone(),
+                    step,
+                    *status,
+                    code.clone(),
+                ),
+            };
+            let old = call_data_the_old_way(
+                call_id.as_str(),
+                tool.as_str(),
+                step,
+                ending
+                    .as_ref()
+                    .map(|(status, code)| (status.as_str(), code.as_ref().map(|c| c.as_str()))),
+            );
+            let data = EventData::Call(typed);
+            let old_bytes = serde_json::to_string(&old).unwrap();
+            assert_eq!(
+                serde_json::to_string(&data).unwrap(),
+                old_bytes,
+                "seed {seed}"
+            );
+            assert_eq!(
+                serde_json::to_string_pretty(&data).unwrap(),
+                serde_json::to_string_pretty(&old).unwrap(),
+                "seed {seed}"
+            );
+            assert_eq!(
+                data_held_bytes(&data),
+                value_held_bytes(&old),
+                "seed {seed}"
+            );
+            assert_eq!(data, old, "seed {seed}: read as a value");
+            let e = ExecutionEvent {
+                data: data.clone(),
+                ..event(g.next(), Value::Null)
+            };
+            assert_eq!(event_held_bytes(&e), measured(&e), "seed {seed}");
+            let read_back: ExecutionEvent =
+                serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
+            assert_eq!(read_back, e, "seed {seed}");
+            assert_eq!(
+                serde_json::to_string(&read_back.data).unwrap(),
+                old_bytes,
+                "seed {seed}"
+            );
+            assert_eq!(data.into_value(), old, "seed {seed}");
+        }
+    }
+
     #[test]
     fn a_value_deeper_than_any_parser_allows_is_measured() {
         let mut v = json!("x");

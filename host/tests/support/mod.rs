@@ -256,14 +256,14 @@ pub fn types(r: &ExecutionResult) -> Vec<String> {
 
 pub fn last_event(r: &ExecutionResult) -> (String, Value) {
     let e = r.events.last().expect("an event");
-    (e.kind.to_string(), e.data.clone())
+    (e.kind.to_string(), e.data.clone().into_value())
 }
 
 pub fn events_of<'a>(r: &'a ExecutionResult, kind: &str) -> Vec<&'a Value> {
     r.events
         .iter()
         .filter(|e| e.kind == kind)
-        .map(|e| &e.data)
+        .map(|e| &*e.data)
         .collect()
 }
 

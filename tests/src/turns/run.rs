@@ -137,7 +137,7 @@ impl TurnRun {
     /// The last event: `(type, data)`.
     pub fn last_event(&self) -> (String, Value) {
         let e = self.result.events.last().expect("at least one event");
-        (e.kind.as_str().to_owned(), e.data.clone())
+        (e.kind.as_str().to_owned(), e.data.clone().into_value())
     }
     pub fn event_types(&self) -> Vec<&str> {
         self.result.event_types()
