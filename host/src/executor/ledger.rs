@@ -465,7 +465,7 @@ mod tests {
                 0 => None,
                 _ => Some((
                     g.pick(&STATUSES),
-                    (g.next() % 2 == 0).then(|| g.identifier()),
+                    g.next().is_multiple_of(2).then(|| g.identifier()),
                 )),
             };
             let typed = match &ending {

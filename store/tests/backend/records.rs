@@ -44,7 +44,7 @@ pub fn event(run: &str, sequence: u64) -> ExecutionEvent {
         trace_id: Identifier::new(run).unwrap(),
         sequence,
         kind: ShortName::new("runtime.note").unwrap(),
-        data: json!({"n": sequence}),
+        data: json!({"n": sequence}).into(),
         occurred_at: Timestamp::parse("2026-12-01T00:00:02Z").unwrap(),
     }
 }

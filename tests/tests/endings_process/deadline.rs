@@ -49,8 +49,8 @@ async fn deadline_with_grace(launch: Launch) {
         .iter()
         .find(|e| e.kind.as_str() == "tool.completed")
         .expect("the call during the drain was answered");
-    assert_eq!(refused.data["status"], "denied", "{}", refused.data);
-    assert_eq!(refused.data["code"], "turn_draining", "{}", refused.data);
+    assert_eq!(refused.data["status"], "denied", "{}", *refused.data);
+    assert_eq!(refused.data["code"], "turn_draining", "{}", *refused.data);
     // emit still works while draining.
     assert_eq!(run.runtime_events("after_drain_call").len(), 1);
     assert_eq!(run.result.metadata.get("note"), Some(&json!("kept")));
@@ -365,7 +365,7 @@ async fn crash_during_drain_waits_for_the_call_in_flight() {
         .iter()
         .find(|e| e.kind.as_str() == "tool.completed")
         .expect("tool.completed of the call in flight");
-    assert_eq!(done.data["status"], "succeeded", "{}", done.data);
+    assert_eq!(done.data["status"], "succeeded", "{}", *done.data);
     run.assert_no_survivor();
 }
 
