@@ -48,65 +48,13 @@ pub(crate) struct EventStamp {
 /// every event written, plus the completions paid for in advance by calls
 /// still waiting for theirs (their bytes are in the ledger).
 struct EventLog {
-    events: Chunks,
+    events: Vec<ExecutionEvent>,
     charged_events: usize,
     /// Set when the envelope wrote the turn's ending: nothing the seat
     /// causes is written after it.
     sealed: bool,
     /// Set when the result took the events: nothing is written after it.
     taken: bool,
-}
-
-/// How many events a chunk of the log holds once the log outgrows its
-/// first one.
-const CHUNK_EVENTS: usize = 1024;
-
-/// The log's events, in order, in chunks. A growing `Vec` copies every
-/// event it holds each time it doubles, and a busy turn's log holds two
-/// events a tool call: in chunks an event is copied once, when the result
-/// takes the log, into a `Vec` of exactly its length. The first chunk
-/// grows as a `Vec` does, so a small turn holds no more than it did; only
-/// a log past `CHUNK_EVENTS` allocates whole chunks.
-#[derive(Default)]
-struct Chunks {
-    full: Vec<Vec<ExecutionEvent>>,
-    tail: Vec<ExecutionEvent>,
-}
-
-impl Chunks {
-    fn len(&self) -> usize {
-        self.full.len() * CHUNK_EVENTS + self.tail.len()
-    }
-
-    fn push(&mut self, event: ExecutionEvent) {
-        if self.tail.len() == CHUNK_EVENTS {
-            let full = std::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK_EVENTS));
-            self.full.push(full);
-        }
-        self.tail.push(event);
-    }
-
-    fn get(&self, i: usize) -> Option<&ExecutionEvent> {
-        let (chunk, at) = (i / CHUNK_EVENTS, i % CHUNK_EVENTS);
-        match self.full.get(chunk) {
-            Some(full) => full.get(at),
-            None if chunk == self.full.len() => self.tail.get(at),
-            None => None,
-        }
-    }
-
-    /// Every event, in order, leaving the log empty.
-    fn take(&mut self) -> Vec<ExecutionEvent> {
-        if self.full.is_empty() {
-            return std::mem::take(&mut self.tail);
-        }
-        let mut all = Vec::with_capacity(self.len());
-        for mut chunk in self.full.drain(..) {
-            all.append(&mut chunk);
-        }
-        all.append(&mut std::mem::take(&mut self.tail));
-        all
-    }
 }
 
 /// The turn's events and what they cost.
@@ -139,7 +87,7 @@ impl EventLedger {
         bytes.charge(STDERR_TAIL_RESERVE_BYTES);
         Self {
             log: Mutex::new(EventLog {
-                events: Chunks::default(),
+                events: Vec::new(),
                 charged_events: 0,
                 sealed: false,
                 taken: false,
@@ -319,47 +267,6 @@ impl EventLedger {
         let mut log = lock(&self.log);
         log.sealed = true;
         log.taken = true;
-        log.events.take()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(sequence: u64) -> ExecutionEvent {
-        ExecutionEvent {
-            version: Version::V1,
-            event_id: sharedos_protocol::ident("e"),
-            execution_id: sharedos_protocol::ident("x"),
-            trace_id: sharedos_protocol::ident("t"),
-            sequence,
-            kind: ShortName::new(CALL_REQUESTED).unwrap(),
-            data: Value::from(sequence).into(),
-            occurred_at: sharedos_protocol::Timestamp::now(),
-        }
-    }
-
-    /// Across chunk boundaries every event is found at its place and
-    /// taken in order, whatever the log's length.
-    #[test]
-    fn the_chunked_log_keeps_every_event_in_order() {
-        let lengths = [0, 1, 2, CHUNK_EVENTS - 1, CHUNK_EVENTS, CHUNK_EVENTS + 1];
-        let more = [2 * CHUNK_EVENTS, 3 * CHUNK_EVENTS + 5];
-        for n in lengths.into_iter().chain(more) {
-            let mut log = Chunks::default();
-            for i in 0..n {
-                assert_eq!(log.len(), i);
-                log.push(event(i as u64));
-            }
-            assert_eq!(log.len(), n);
-            for i in 0..n + CHUNK_EVENTS + 2 {
-                assert_eq!(log.get(i).map(|e| e.sequence), (i < n).then_some(i as u64));
-            }
-            let all = log.take();
-            assert_eq!(all.len(), n);
-            assert!(all.iter().enumerate().all(|(i, e)| e.sequence == i as u64));
-            assert_eq!((log.len(), log.get(0)), (0, None), "taken: {n}");
-        }
+        std::mem::take(&mut log.events)
     }
 }

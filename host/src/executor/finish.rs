@@ -16,9 +16,9 @@ impl Executor {
     /// Ends the turn. `report`: the seat's report, `None` when the turn
     /// ended before the deadline machinery started (a context mismatch,
     /// a caller that cancelled first), whose result names the runtime only.
-    /// The event log moves into the result rather than being cloned: the
-    /// log of a busy turn holds two events a tool call, and a clone of it
-    /// was a tenth of the host's work per call.
+    /// The event log moves into the result rather than being copied: the
+    /// log of a busy turn holds two events a tool call, and a copy of it was
+    /// a tenth of the host's work per call.
     pub(super) async fn finish(
         &self,
         turn: &Turn,
