@@ -266,9 +266,9 @@ impl Intake {
     }
 
     fn request(&mut self, id: RequestId, method: &str, params: Option<Params<'_>>) -> Step {
-        // Taken in the set in the same lookup that checks it (one SipHash
-        // per request); a request refused below gives its id back.
-        if !lock(&self.shared.inflight).insert(id.clone()) {
+        // Taken in the set in the same lookup that checks it; a request
+        // refused below gives its id back.
+        if !lock(&self.shared.inflight).insert(&id) {
             return Step::Fatal(Violation::new(
                 ViolationReason::DuplicateInflightId,
                 format!("request id {id} reused while still in flight"),
