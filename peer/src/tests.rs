@@ -546,3 +546,42 @@ async fn refused_ids_are_free_and_calls_arrive_parsed() {
 fn params_of(line: &serde_json::Value) -> serde_json::Value {
     line["params"].clone()
 }
+
+/// Answers sent while the plugin reads nothing fill the pipe, then the
+/// write queue: the later ones wait for a slot instead of being queued at
+/// once, and every answer still arrives whole, in the order it was sent.
+#[tokio::test]
+async fn answers_beyond_a_full_write_queue_wait_and_keep_their_order() {
+    const CALLS: u64 = 24;
+    let (_peer, mut inbound, mut plugin) = pair(PeerConfig {
+        write_queue: 1,
+        max_inflight_requests: 32,
+        ..config()
+    });
+    for id in 0..CALLS {
+        plugin
+            .line(json!({"jsonrpc":"2.0","id":id,"method":"host/invokeTool","params":{}}))
+            .await;
+    }
+    let mut replies = Vec::new();
+    for _ in 0..CALLS {
+        match next(&mut inbound).await {
+            Inbound::Request { reply, .. } => replies.push(reply),
+            other => panic!("{other:?}"),
+        }
+    }
+    // About 900 bytes each: 24 of them are five times the pipe's 4 KiB.
+    let filler = "x".repeat(880);
+    let answering = tokio::spawn(async move {
+        for (n, reply) in replies.into_iter().enumerate() {
+            reply.result(&json!([n, filler])).await.unwrap();
+        }
+    });
+    for id in 0..CALLS {
+        let line = plugin.read().await;
+        assert_eq!(line["id"], id);
+        assert_eq!(line["result"][0], id);
+        assert_eq!(line["result"][1].as_str().map(str::len), Some(880));
+    }
+    answering.await.unwrap();
+}
