@@ -246,7 +246,7 @@ mod tests {
             for _ in 0..5_000 {
                 let idx = usize::try_from(g.next() % ids.len() as u64).unwrap_or(0);
                 let id = &ids[idx];
-                if g.next() % 3 == 0 {
+                if g.next().is_multiple_of(3) {
                     ours.remove(id);
                     reference.remove(id);
                 } else {
