@@ -2,7 +2,7 @@
 //! input schema compiled once at registration.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -11,6 +11,7 @@ use sharedos_protocol::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::grant::Requirement;
 use crate::port::KernelError;
 
 /// Why a handler did not answer with a result.
@@ -76,6 +77,10 @@ pub struct RegisteredTool {
     pub handler: Arc<dyn ToolHandler>,
     validator: jsonschema::Validator,
     output_validator: Option<jsonschema::Validator>,
+    /// The declared requirement as first made for a call (its owner that
+    /// call's when the definition names none), kept so later calls with
+    /// the same owner borrow it instead of copying its strings again.
+    declared: OnceLock<Requirement>,
 }
 
 impl std::fmt::Debug for RegisteredTool {
@@ -89,6 +94,11 @@ impl std::fmt::Debug for RegisteredTool {
 impl RegisteredTool {
     /// Whether a succeeded output fits the definition's `outputSchema`
     /// (always, when it declares none).
+    /// The cell of the declared requirement made once (see `declared`).
+    pub(crate) fn declared_requirement(&self) -> &OnceLock<Requirement> {
+        &self.declared
+    }
+
     pub fn output_fits(&self, output: &Value) -> bool {
         self.output_validator
             .as_ref()
@@ -186,6 +196,7 @@ impl ToolRegistry {
             handler,
             validator,
             output_validator,
+            declared: OnceLock::new(),
         }));
         Ok(())
     }

@@ -401,3 +401,36 @@ async fn f15_a_result_for_another_call_or_not_a_result_is_invalid_tool_result() 
         assert_eq!(r.call_id(), "c1");
     }
 }
+
+/// The declared requirement (the ceiling of step 11) is kept by the tool
+/// for the owner it was first made for; turns of other owners, in any
+/// order, still get their own owner in it, so their calls go through and
+/// are recorded under their owner.
+#[tokio::test]
+async fn the_declared_requirement_follows_each_turns_owner() {
+    let f = fixture(
+        Script::Echo,
+        vec![records_grant("g1", &[], Scope::Descendants)],
+    );
+    let olivia = context("alice");
+    let bob = sharedos_protocol::AccessContext {
+        owner: sharedos_protocol::Address::Human {
+            user_id: ident("bob"),
+        },
+        ..context("alice")
+    };
+    let turns = [&olivia, &bob, &bob, &olivia, &bob, &olivia];
+    for (n, ctx) in turns.iter().enumerate() {
+        let result = invoke(&f, ctx, &format!("c{n}"), "r1").await;
+        assert_eq!(result.status(), ToolStatus::Succeeded, "call {n}");
+    }
+    let owners: Vec<_> = f
+        .sink
+        .records()
+        .into_iter()
+        .filter(|r| r.kind == "tool.invoked")
+        .map(|r| r.resource.and_then(|res| res.owner))
+        .collect();
+    let expected: Vec<_> = turns.iter().map(|c| Some(c.owner.clone())).collect();
+    assert_eq!(owners, expected);
+}

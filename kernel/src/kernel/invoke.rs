@@ -14,7 +14,10 @@ use super::records::{
     CallFacts, Checked, checked_entry, invoked_entry, resource_of, result_outcome,
 };
 use super::refusal::Refusal;
-use super::{NOT_GRANTED_MESSAGE, TOOL_UNAVAILABLE_MESSAGE, guarded, requirement_of, run};
+use super::{
+    NOT_GRANTED_MESSAGE, TOOL_UNAVAILABLE_MESSAGE, declared_requirement, guarded, requirement_of,
+    run,
+};
 use crate::audit::{AuditOutcome, RecordId, RecordIdentity};
 use crate::grant::{Decision, DenyReason, Grant, Requirement, authorize, discover};
 use crate::port::{AuditEffect, KernelError};
@@ -206,9 +209,9 @@ impl<'a> Checks<'a> {
     async fn discoverable(
         &mut self,
         grants: &[Grant],
-        tool: &RegisteredTool,
-    ) -> Result<Requirement, Refusal> {
-        let ceiling = requirement_of(&tool.definition.required_capability, self.context);
+        tool: &'a RegisteredTool,
+    ) -> Result<Cow<'a, Requirement>, Refusal> {
+        let ceiling = declared_requirement(tool, self.context);
         let usage = self.turn.shared.usage.as_ref();
         if let Err(reason) = discover(grants, usage, self.context, &ceiling).await {
             self.record_refusal(&ceiling, reason).await?;

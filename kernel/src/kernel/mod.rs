@@ -3,6 +3,7 @@
 //! call goes through the check pipeline of `invoke.rs` (envelope.md C.1,
 //! one function per step) and the handler run of `run.rs`.
 
+use std::borrow::Cow;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -21,7 +22,7 @@ use crate::grant::{
     ConfigGrantSource, Grant, GrantSource, MemoryUsageStore, Requirement, UsageStore,
 };
 use crate::port::{AuditEffect, KernelError, KernelTurn, TurnEnd, TurnKernel};
-use crate::registry::{RegistrationError, ToolHandler, ToolRegistry};
+use crate::registry::{RegisteredTool, RegistrationError, ToolHandler, ToolRegistry};
 use crate::tools::{escalate, files};
 
 /// The message of every `tool_unavailable` the kernel answers: the caller
@@ -125,6 +126,26 @@ fn sha256_hex(text: &str) -> String {
 pub fn catalog_hash(tools: &[ToolDefinition]) -> String {
     let value = serde_json::to_value(tools).unwrap_or(Value::Null);
     sha256_hex(&canonical_json(&value))
+}
+
+/// The requirement `tool` declares, for `context`'s owner when it names
+/// none: borrowed from the one the tool keeps when that was made for the
+/// same owner (every call of a turn, and of turns of the same owner), made
+/// anew otherwise. Equal to `requirement_of` on the declaration either way.
+fn declared_requirement<'t>(
+    tool: &'t RegisteredTool,
+    context: &AccessContext,
+) -> Cow<'t, Requirement> {
+    let cap = &tool.definition.required_capability;
+    let owner = cap.resource.owner.as_ref().unwrap_or(&context.owner);
+    let kept = tool
+        .declared_requirement()
+        .get_or_init(|| requirement_of(cap, context));
+    if &kept.owner == owner {
+        Cow::Borrowed(kept)
+    } else {
+        Cow::Owned(requirement_of(cap, context))
+    }
 }
 
 fn requirement_of(cap: &CapabilityRequirement, context: &AccessContext) -> Requirement {
