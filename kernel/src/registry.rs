@@ -92,13 +92,13 @@ impl std::fmt::Debug for RegisteredTool {
 }
 
 impl RegisteredTool {
-    /// Whether a succeeded output fits the definition's `outputSchema`
-    /// (always, when it declares none).
     /// The cell of the declared requirement made once (see `declared`).
     pub(crate) fn declared_requirement(&self) -> &OnceLock<Requirement> {
         &self.declared
     }
 
+    /// Whether a succeeded output fits the definition's `outputSchema`
+    /// (always, when it declares none).
     pub fn output_fits(&self, output: &Value) -> bool {
         self.output_validator
             .as_ref()
