@@ -235,9 +235,38 @@ fn members(g: &mut Gen, mut all: Vec<String>) -> String {
             all.push(dup);
         }
         2 => all.push(r#""extra":{"a":[1,{"b":"\u0000"}]}"#.into()),
+        3 | 4 => {
+            let i = g.below(all.len());
+            all[i] = renamed(g, &all[i]);
+        }
         _ => {}
     }
     format!("{{{}}}", all.join(","))
+}
+
+/// `member` (`"name":value`) under a near miss of its name: one
+/// character short or long, a letter escaped, a space or a control
+/// character inside the quotes, a quote escaped. Only the exact name is
+/// that member; an escaped letter still is, for a full JSON reader.
+fn renamed(g: &mut Gen, member: &str) -> String {
+    let Some(end) = member[1..].find('"').map(|i| i + 1) else {
+        return member.to_owned();
+    };
+    let (name, rest) = (&member[1..end], &member[end..]);
+    let Some(first) = name.chars().next() else {
+        return member.to_owned();
+    };
+    let name = match g.below(8) {
+        0 => name[..name.len() - 1].to_owned(),
+        1 => format!("{name}s"),
+        2 => format!("\\u{:04x}{}", u32::from(first), &name[1..]),
+        3 => format!("{name} "),
+        4 => format!(" {name}"),
+        5 => format!("{name}\\u0000"),
+        6 => format!("{name}\u{1}"),
+        _ => format!("{name}\\\""),
+    };
+    format!("\"{name}{rest}")
 }
 
 /// `arguments`, sometimes nested around the depths where a reader's
@@ -315,6 +344,10 @@ fn line(g: &mut Gen) -> String {
         r#""host\/invokeTool""#,
         r#""host/emit""#,
         r#""host/invoketool""#,
+        r#""host/invokeToo""#,
+        r#""host/invokeTools""#,
+        r#""host/invokeTool ""#,
+        r#""\u0068ost/invokeTool""#,
         "null",
         "7",
     ]);
@@ -341,7 +374,7 @@ fn line(g: &mut Gen) -> String {
         format!(r#""method":{method}"#),
         format!(r#""params":{}"#, params(g)),
     ];
-    match g.below(30) {
+    match g.below(36) {
         0 => all.push(r#""result":1"#.into()),
         1 => all[0] = r#""jsonrpc":"1.0""#.into(),
         2 => all[0] = r#""jsonrpc":null"#.into(),
@@ -349,6 +382,9 @@ fn line(g: &mut Gen) -> String {
         4 => all[3] = all[3].replace("\"params\"", "\"p\\u0061rams\""),
         5 => all.push(r#""extra":[1,"x"]"#.into()),
         6 => all[0] = r#""jsonrpc":"2\u002e0""#.into(),
+        8 => all[0] = r#""jsonrpc":"2.00""#.into(),
+        9 => all[0] = r#""jsonrpc":"2.""#.into(),
+        10 => all[0] = r#""jsonrpc":2.0"#.into(),
         7 => all.push(r#""params":{}"#.into()),
         _ => {}
     }

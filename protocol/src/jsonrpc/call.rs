@@ -6,10 +6,12 @@
 //! Why: every tool call's line is read once, and reading it through
 //! serde (a visitor per member, a field match per key, the string scan
 //! of `serde_json` one byte at a time) cost about twice what the rest of
-//! the call's reading does. Here a string is found with the word-wide
-//! escape scan of [`crate::json`] and borrowed, each member is matched
-//! once, and only `arguments` goes through `serde_json` (from its own
-//! slice, into the same map type).
+//! the call's reading does. Here a member's name, and a value that can
+//! only be one text (`"2.0"`, the method), is compared in place with the
+//! bytes it must be; any other string is found with the word-wide escape
+//! scan of [`crate::json`] and borrowed; each member is matched once, and
+//! only `arguments` goes through `serde_json` (from its own slice, into
+//! the same map type).
 //!
 //! It takes a line only when it is sure of the outcome: anything else
 //! (an escape, a duplicate or unknown member, a `null`, a number that is
@@ -37,17 +39,18 @@ const MAX_ARGUMENTS_DEPTH: usize = 64;
 pub(super) fn read(line: &str) -> Option<Incoming<'_, Params<'_>>> {
     let mut c = Cursor { line, at: 0 };
     let (mut jsonrpc, mut id, mut method, mut params) = (None, None, None, None);
-    c.object(|c, key| match key {
-        "jsonrpc" => once(&mut jsonrpc, c.plain_str()?),
-        "id" => once(&mut id, c.id()?),
-        "method" => once(&mut method, c.plain_str()?),
-        "params" => once(&mut params, c.params()?),
-        _ => None,
-    })?;
+    c.object(
+        &["jsonrpc", "id", "method", "params"],
+        |c, member| match member {
+            0 => once(&mut jsonrpc, c.literal("2.0")?),
+            1 => once(&mut id, c.id()?),
+            2 => once(&mut method, c.literal(InvokeTool::NAME)?),
+            _ => once(&mut params, c.params()?),
+        },
+    )?;
     c.end()?;
-    if jsonrpc? != "2.0" || method? != InvokeTool::NAME {
-        return None;
-    }
+    jsonrpc?;
+    method?;
     Some(Incoming::Request {
         id: id?,
         method: Cow::Borrowed(InvokeTool::NAME),
@@ -95,18 +98,23 @@ impl<'a> Cursor<'a> {
         self.peek().is_none().then_some(())
     }
 
-    /// An object, `member` called with the cursor on each value (after
-    /// its `:`) and the member's name.
-    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    /// An object whose members are all among `names`, `member` called
+    /// with the cursor on each value (after its `:`) and the index of its
+    /// name in `names`. Any other name is `None`.
+    fn object(
+        &mut self,
+        names: &[&str],
+        mut member: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
         self.eat(b'{')?;
         if self.peek()? == b'}' {
             self.at += 1;
             return Some(());
         }
         loop {
-            let key = self.plain_str()?;
+            let index = self.name(names)?;
             self.eat(b':')?;
-            member(self, key)?;
+            member(self, index)?;
             match self.peek()? {
                 b',' => self.at += 1,
                 b'}' => {
@@ -116,6 +124,40 @@ impl<'a> Cursor<'a> {
                 _ => return None,
             }
         }
+    }
+
+    /// The index in `names` of the member name at the cursor, when it is
+    /// one of them written plainly: its bytes, then the closing quote.
+    /// The names hold no quote, backslash or control character, so that is
+    /// exactly when [`Self::plain_str`] would read the name: compared in
+    /// place, a name costs no scan. Anything else (another name, an
+    /// escape) is `None`, as an unknown member is.
+    #[inline]
+    fn name(&mut self, names: &[&str]) -> Option<usize> {
+        self.eat(b'"')?;
+        let rest = self.bytes().get(self.at..)?;
+        let index = names.iter().position(|name| {
+            let n = name.len();
+            rest.get(n) == Some(&b'"') && rest.get(..n) == Some(name.as_bytes())
+        })?;
+        self.at += names[index].len() + 1;
+        Some(index)
+    }
+
+    /// `Some(())` when the value at the cursor is the string `text`
+    /// written plainly (`text` holds no quote, backslash or control
+    /// character); anything else is `None` (another value, or the same
+    /// text with an escape, is decided by the general reading).
+    #[inline]
+    fn literal(&mut self, text: &str) -> Option<()> {
+        self.eat(b'"')?;
+        let rest = self.bytes().get(self.at..)?;
+        let n = text.len();
+        if rest.get(n) != Some(&b'"') || rest.get(..n) != Some(text.as_bytes()) {
+            return None;
+        }
+        self.at += n + 1;
+        Some(())
     }
 
     /// A string without escapes or control characters, borrowed: its
@@ -169,11 +211,10 @@ impl<'a> Cursor<'a> {
     /// `host/invokeTool`'s params: `turnId`, `call`, optional `step`.
     fn params(&mut self) -> Option<InvokeToolParams> {
         let (mut turn_id, mut call, mut step) = (None, None, None);
-        self.object(|c, key| match key {
-            "turnId" => once(&mut turn_id, TurnId::from_borrowed(c.plain_str()?).ok()?),
-            "call" => once(&mut call, c.call()?),
-            "step" => once(&mut step, c.integer()?),
-            _ => None,
+        self.object(&["turnId", "call", "step"], |c, member| match member {
+            0 => once(&mut turn_id, TurnId::from_borrowed(c.plain_str()?).ok()?),
+            1 => once(&mut call, c.call()?),
+            _ => once(&mut step, c.integer()?),
         })?;
         Some(InvokeToolParams {
             turn_id: turn_id?,
@@ -186,13 +227,13 @@ impl<'a> Cursor<'a> {
     fn call(&mut self) -> Option<ToolCall> {
         let (mut id, mut tool, mut arguments, mut trace_id, mut requested_at) =
             (None, None, None, None, None);
-        self.object(|c, key| match key {
-            "id" => once(&mut id, c.identifier()?),
-            "tool" => once(&mut tool, c.identifier()?),
-            "arguments" => once(&mut arguments, c.arguments()?),
-            "traceId" => once(&mut trace_id, c.identifier()?),
-            "requestedAt" => once(&mut requested_at, Timestamp::parse(c.plain_str()?).ok()?),
-            _ => None,
+        let names = ["id", "tool", "arguments", "traceId", "requestedAt"];
+        self.object(&names, |c, member| match member {
+            0 => once(&mut id, c.identifier()?),
+            1 => once(&mut tool, c.identifier()?),
+            2 => once(&mut arguments, c.arguments()?),
+            3 => once(&mut trace_id, c.identifier()?),
+            _ => once(&mut requested_at, Timestamp::parse(c.plain_str()?).ok()?),
         })?;
         Some(ToolCall {
             id: id?,
