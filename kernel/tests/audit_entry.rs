@@ -84,6 +84,32 @@ fn optional() -> impl Strategy<Value = Optional> {
     )
 }
 
+/// Any kind, outcome and source: each is written from a constant of its
+/// own, with a fresh id in front of it.
+fn kinds() -> impl Strategy<Value = (AuditKind, AuditOutcome, AuditSource)> {
+    (
+        prop::sample::select(vec![
+            AuditKind::AuthorityResolved,
+            AuditKind::AuthorizationChecked,
+            AuditKind::ToolCatalogListed,
+            AuditKind::ToolInvoked,
+            AuditKind::EscalationRequested,
+            AuditKind::TurnEnded,
+            AuditKind::EffectAuthorized,
+            AuditKind::EffectCompleted,
+        ]),
+        prop::sample::select(vec![
+            AuditOutcome::Allowed,
+            AuditOutcome::Denied,
+            AuditOutcome::Succeeded,
+            AuditOutcome::Failed,
+            AuditOutcome::Escalated,
+            AuditOutcome::Interrupted,
+        ]),
+        prop::sample::select(vec![AuditSource::Kernel, AuditSource::Envelope]),
+    )
+}
+
 /// The line an owned record gets from the derive: the reference.
 fn serde_line(record: &AuditRecord) -> Vec<u8> {
     let mut line = serde_json::to_vec(record).expect("a record serializes");
@@ -115,12 +141,12 @@ proptest! {
         object in metadata(),
         shared_metadata in any::<bool>(),
         (resource, (action, grant_id, tool), (reason, fail_closed, consumed)) in optional(),
+        kinds in kinds(),
     ) {
         let identity = RecordIdentity::of(&context);
         prop_assert!(identity.matches(&context));
         let metadata = RecordMetadata::new(object.clone());
         let id = RecordId::new();
-        let kinds = (AuditKind::ToolInvoked, AuditOutcome::Denied, AuditSource::Kernel);
         let mut entry = AuditEntry::new(&id, kinds, &context.now, identity.view());
         entry.resource = resource.as_ref();
         entry.action = action.as_deref();

@@ -75,6 +75,8 @@ fn timestamp() -> impl Strategy<Value = Timestamp> {
         "2026-12-01T19:30:34.123Z",
         "1970-01-01T00:00:00+02:00",
         "2099-02-28T23:59:59.999-11:30",
+        "2099-02-28T23:59:59.999999999-11:30",
+        "2026-12-01t19:30:34z",
     ])
     .prop_map(|t| Timestamp::parse(t).expect("a valid timestamp"))
 }

@@ -18,12 +18,6 @@ const fn splat(b: u8) -> u64 {
 const LOW_BITS: u64 = splat(0x01);
 const HIGH_BITS: u64 = splat(0x80);
 
-/// Whether any byte of `w` is zero (exact: the classic test has no false
-/// positive for "some byte is zero").
-const fn has_zero(w: u64) -> bool {
-    w.wrapping_sub(LOW_BITS) & !w & HIGH_BITS != 0
-}
-
 /// Whether any byte of `w` needs escaping: a control (below 0x20), `"` or
 /// `\`. Bytes of 0x80 and above never do (UTF-8 continuation and lead
 /// bytes are copied as they are, as serde_json does).
@@ -49,20 +43,43 @@ pub(crate) const fn escape_mask(w: u64) -> u64 {
     (control | quote | backslash) & !w & HIGH_BITS
 }
 
-/// The index of the first `b` in `bytes`, eight bytes at a time while
-/// there is none (the same word test as the escape scan; a reader looks
-/// for the `\n` that ends a line this way).
+/// The high bit of each byte of `w` that is zero. Its lowest flagged byte
+/// is exactly the lowest zero byte (a borrow only starts at a zero byte),
+/// so in a word read little-endian `trailing_zeros / 8` is its index;
+/// bytes above it may be flagged falsely.
+const fn zero_mask(w: u64) -> u64 {
+    w.wrapping_sub(LOW_BITS) & !w & HIGH_BITS
+}
+
+/// The index of the first `b` in `bytes` (a reader looks for the `\n`
+/// that ends a line this way). Sixteen bytes a step while there is none,
+/// then the word that has it gives its index without a byte loop; a tail
+/// of fewer than eight is read as the last eight bytes, which overlap
+/// bytes already found clean.
 pub fn find_byte(bytes: &[u8], b: u8) -> Option<usize> {
-    let mut at = 0;
-    while let Some(chunk) = bytes.get(at..at + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        if has_zero(u64::from_ne_bytes(word) ^ splat(b)) {
+    let hit = |word: &[u8; 8]| zero_mask(u64::from_le_bytes(*word) ^ splat(b));
+    let index = |at: usize, mask: u64| at + (mask.trailing_zeros() / 8) as usize;
+    let (words, _) = bytes.as_chunks::<8>();
+    let mut i = 0;
+    while let Some(pair) = words.get(i..i + 2) {
+        if hit(&pair[0]) | hit(&pair[1]) != 0 {
             break;
         }
-        at += 8;
+        i += 2;
     }
-    bytes[at..].iter().position(|x| *x == b).map(|i| at + i)
+    for (j, word) in words.iter().enumerate().skip(i) {
+        let mask = hit(word);
+        if mask != 0 {
+            return Some(index(8 * j, mask));
+        }
+    }
+    match bytes.last_chunk::<8>() {
+        Some(last) => {
+            let mask = hit(last);
+            (mask != 0).then(|| index(bytes.len() - 8, mask))
+        }
+        None => bytes.iter().position(|x| *x == b),
+    }
 }
 
 const fn byte_needs_escape(b: u8) -> bool {
@@ -177,17 +194,36 @@ const fn escape_len(b: u8) -> usize {
 }
 
 /// Writes `s` as a JSON string: quoted, escaped as serde_json escapes it.
+///
+/// Nearly every string a call writes needs no escape: one scan finds that,
+/// and the string is copied whole between its quotes; a string with an
+/// escape is written out of line.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
+    let first = next_escape(bytes, 0);
+    if first < bytes.len() {
+        write_escaped(out, bytes, first);
+        return;
+    }
     out.reserve(bytes.len() + 2);
     out.push(b'"');
-    let mut from = 0;
+    out.extend_from_slice(bytes);
+    out.push(b'"');
+}
+
+/// [`write_str`] for a string whose first escape is at `first`.
+#[cold]
+#[inline(never)]
+fn write_escaped(out: &mut Vec<u8>, bytes: &[u8], first: usize) {
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let (mut from, mut at) = (0, first);
     loop {
-        let at = next_escape(bytes, from);
         out.extend_from_slice(&bytes[from..at]);
         let Some(&b) = bytes.get(at) else { break };
         escape(out, b);
         from = at + 1;
+        at = next_escape(bytes, from);
     }
     out.push(b'"');
 }
@@ -195,30 +231,89 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 /// The length of [`write_str`]'s output for `s`, quotes included.
 pub fn str_len(s: &str) -> usize {
     let bytes = s.as_bytes();
+    let first = next_escape(bytes, 0);
+    if first < bytes.len() {
+        return escaped_len(bytes, first);
+    }
+    bytes.len() + 2
+}
+
+/// [`str_len`] for a string whose first escape is at `first`.
+#[cold]
+#[inline(never)]
+fn escaped_len(bytes: &[u8], first: usize) -> usize {
     let mut len = bytes.len() + 2;
-    let mut from = 0;
-    loop {
-        let at = next_escape(bytes, from);
-        let Some(&b) = bytes.get(at) else { break };
+    let mut at = first;
+    while let Some(&b) = bytes.get(at) {
         len += escape_len(b) - 1;
-        from = at + 1;
+        at = next_escape(bytes, at + 1);
     }
     len
 }
 
-/// Writes `n` in decimal, as serde_json writes an unsigned integer.
+/// Constant text of up to [`Fragment::CAP`] bytes (a key with its
+/// punctuation, an enum's name), copied as one block of that fixed size
+/// and cut back to its length. A copy whose length is chosen at run time
+/// (one of several `&'static str`) is a `memcpy` call; a fixed-size one is
+/// a few moves, so a writer that picks one of several fragments pays the
+/// same as for one literal.
+pub struct Fragment {
+    bytes: [u8; Fragment::CAP],
+    len: usize,
+}
+
+impl Fragment {
+    /// The longest fragment.
+    pub const CAP: usize = 48;
+
+    /// The parts one after the other. Evaluated at compile time where it
+    /// is used in a constant; parts longer than [`Self::CAP`] together
+    /// fail the build there.
+    pub const fn of(parts: &[&str]) -> Self {
+        let mut bytes = [0u8; Self::CAP];
+        let mut len = 0;
+        let mut p = 0;
+        while p < parts.len() {
+            let part = parts[p].as_bytes();
+            let mut i = 0;
+            while i < part.len() {
+                bytes[len] = part[i];
+                len += 1;
+                i += 1;
+            }
+            p += 1;
+        }
+        Self { bytes, len }
+    }
+
+    /// The fragment's text.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// Appends the fragment to `out`.
+    #[inline]
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.extend_from_slice(&self.bytes);
+        out.truncate(at + self.len);
+    }
+}
+
+/// Writes `n` in decimal, as serde_json writes an unsigned integer (a
+/// request id on every answer). The digits are counted first and written
+/// from the left of a fixed-size block, which is appended whole and cut
+/// back: no copy of a length chosen at run time.
 pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
+    let len = n.checked_ilog10().map_or(1, |log| log as usize + 1);
+    for slot in digits[..len].iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
         n /= 10;
-        if n == 0 {
-            break;
-        }
     }
-    out.extend_from_slice(&digits[i..]);
+    let at = out.len();
+    out.extend_from_slice(&digits);
+    out.truncate(at + len);
 }
 
 #[cfg(test)]
@@ -365,12 +460,106 @@ mod tests {
         }
     }
 
+    /// A string is appended after what the buffer holds, whatever its
+    /// capacity: the clean path copies it whole, the escaped path writes
+    /// it out of line, and neither drops, repeats or overwrites a byte.
+    #[test]
+    fn strings_are_appended_after_what_the_buffer_holds() {
+        let strings = [
+            "",
+            "a",
+            "plain",
+            "ab\"c",
+            "\\",
+            "clean and longer than eight",
+            "é\n😀",
+        ];
+        for prefix in ["", "{", "[\"x\","] {
+            for capacity in [0, 1, 3, 64] {
+                for s in strings {
+                    let mut out = Vec::with_capacity(capacity);
+                    out.extend_from_slice(prefix.as_bytes());
+                    write_str(&mut out, s);
+                    let want = format!("{prefix}{}", serde_json::to_string(s).unwrap());
+                    assert_eq!(String::from_utf8(out).unwrap(), want);
+                }
+            }
+        }
+    }
+
+    /// `find_byte` against a plain search, with the bytes that could fool
+    /// a word test next to the one sought (one bit off it, with the high
+    /// bit set, zero, 0xFF) at every position of every length up to 48:
+    /// in the sixteen-byte steps, the single words and the overlapping
+    /// last eight.
+    #[test]
+    fn find_byte_agrees_with_a_plain_search_next_to_hostile_bytes() {
+        for b in [b'\n', 0x00, 0x7f, 0x80, 0xff, b'"'] {
+            let decoys = [
+                b ^ 1,
+                b ^ 0x80,
+                b.wrapping_add(1),
+                b.wrapping_sub(1),
+                0x00,
+                0xff,
+            ];
+            for len in 0..48 {
+                for at in 0..=len {
+                    for decoy in decoys.iter().filter(|d| **d != b) {
+                        let mut bytes = vec![*decoy; len];
+                        if at < len {
+                            bytes[at] = b;
+                        }
+                        let want = bytes.iter().position(|x| *x == b);
+                        assert_eq!(find_byte(&bytes, b), want, "{b:#x} in {bytes:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_fragment_is_its_parts_appended_whole() {
+        const PAIR: Fragment = Fragment::of(&["\",\"type\":\"", "tool.invoked"]);
+        const EMPTY: Fragment = Fragment::of(&[]);
+        const FULL: Fragment =
+            Fragment::of(&["0123456789abcdef", "0123456789abcdef0123456789abcdef"]);
+        for (fragment, text) in [
+            (&PAIR, "\",\"type\":\"tool.invoked"),
+            (&EMPTY, ""),
+            (&FULL, "0123456789abcdef0123456789abcdef0123456789abcdef"),
+        ] {
+            assert_eq!(fragment.as_bytes(), text.as_bytes());
+            for capacity in [0, 5, 100] {
+                let mut out = Vec::with_capacity(capacity);
+                out.extend_from_slice(b"{x");
+                fragment.write(&mut out);
+                fragment.write(&mut out);
+                assert_eq!(out, format!("{{x{text}{text}").into_bytes());
+            }
+        }
+    }
+
     #[test]
     fn integers_are_written_as_serde_json_writes_them() {
-        for n in [0, 1, 9, 10, 99, 100, 12345, u64::from(u32::MAX), u64::MAX] {
-            let mut out = Vec::new();
-            write_u64(&mut out, n);
-            assert_eq!(out, serde_json::to_vec(&n).unwrap());
+        let mut edges = vec![0, u64::MAX, u64::from(u32::MAX)];
+        for power in (0..20).map(|p| 10u64.pow(p)) {
+            edges.extend([
+                power - 1,
+                power,
+                power + 1,
+                power.wrapping_mul(9),
+                power.wrapping_mul(10) - 1,
+            ]);
+        }
+        for n in edges {
+            for prefix in [&b""[..], b"[1,"] {
+                let mut out = prefix.to_vec();
+                write_u64(&mut out, n);
+                let mut want = prefix.to_vec();
+                want.extend(serde_json::to_vec(&n).unwrap());
+                assert_eq!(out, want, "{n}");
+            }
         }
     }
 }

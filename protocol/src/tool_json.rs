@@ -9,7 +9,7 @@
 use serde_json::Value;
 
 use crate::contract::{ProtocolError, ToolResult};
-use crate::json;
+use crate::json::{self, Fragment};
 use crate::primitives::JsonObject;
 
 /// A value that can write its own JSON text, exactly as its `Serialize`
@@ -21,32 +21,48 @@ pub trait WriteJson {
 
 impl WriteJson for ToolResult {
     fn write_json(&self, out: &mut Vec<u8>) {
-        let (status, call_id, tool, completed_at, metadata) = match self {
+        let (head, call_id, tool, completed_at, metadata) = match self {
             ToolResult::Succeeded {
                 call_id,
                 tool,
                 completed_at,
                 metadata,
                 ..
-            } => ("succeeded", call_id, tool, completed_at, metadata),
+            } => (
+                const { &Fragment::of(&["{\"status\":\"succeeded\",\"callId\":"]) },
+                call_id,
+                tool,
+                completed_at,
+                metadata,
+            ),
             ToolResult::Denied {
                 call_id,
                 tool,
                 completed_at,
                 metadata,
                 ..
-            } => ("denied", call_id, tool, completed_at, metadata),
+            } => (
+                const { &Fragment::of(&["{\"status\":\"denied\",\"callId\":"]) },
+                call_id,
+                tool,
+                completed_at,
+                metadata,
+            ),
             ToolResult::Failed {
                 call_id,
                 tool,
                 completed_at,
                 metadata,
                 ..
-            } => ("failed", call_id, tool, completed_at, metadata),
+            } => (
+                const { &Fragment::of(&["{\"status\":\"failed\",\"callId\":"]) },
+                call_id,
+                tool,
+                completed_at,
+                metadata,
+            ),
         };
-        out.extend_from_slice(b"{\"status\":\"");
-        out.extend_from_slice(status.as_bytes());
-        out.extend_from_slice(b"\",\"callId\":");
+        head.write(out);
         json::write_str(out, call_id.as_str());
         out.extend_from_slice(b",\"tool\":");
         json::write_str(out, tool.as_str());

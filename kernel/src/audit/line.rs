@@ -15,11 +15,11 @@
 //! object, numbers, arrays and nested objects still go through `serde_json`.
 
 use serde_json::Value;
-use sharedos_protocol::json::write_str;
+use sharedos_protocol::json::{Fragment, write_str};
 use sharedos_protocol::{AccessContext, Address, JsonObject, ResourceRef};
 
 use super::entry::{AuditEntry, EntryId, IdentityRef, RecordIdentity, RecordMetadata};
-use super::{AuditError, RECORD_LINE_BYTES};
+use super::{AuditError, AuditKind, AuditOutcome, AuditSource, RECORD_LINE_BYTES};
 
 impl AuditEntry<'_> {
     /// The record as one JSON line (newline included), written once into
@@ -76,22 +76,17 @@ fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditErr
         }
         EntryId::Text(text) => write_str(out, text),
     }
-    out.extend_from_slice(b",\"type\":\"");
-    out.extend_from_slice(r.kind.as_str().as_bytes());
-    out.extend_from_slice(b"\",\"outcome\":\"");
-    out.extend_from_slice(r.outcome.as_str().as_bytes());
+    kind_fragment(r.kind).write(out);
+    outcome_fragment(r.outcome).write(out);
     // An RFC 3339 time (a `Timestamp` holds nothing else): digits, `-`,
     // `:`, `.`, `+`, letters and at most a space, none escaped.
-    out.extend_from_slice(b"\",\"at\":\"");
     out.extend_from_slice(r.at.as_str().as_bytes());
     out.push(b'"');
     match r.identity.json() {
         Some(json) => out.extend_from_slice(json),
         None => write_identity_fields(out, r.identity),
     }
-    out.extend_from_slice(b",\"source\":\"");
-    out.extend_from_slice(r.source.as_str().as_bytes());
-    out.push(b'"');
+    source_fragment(r.source).write(out);
     write_call_fields(out, r);
     optional_str(out, b",\"reason\":", r.reason);
     optional_str(out, b",\"cause\":", r.cause);
@@ -107,6 +102,61 @@ fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditErr
     }
     out.push(b'}');
     Ok(())
+}
+
+/// `,"type":"<kind>","outcome":"`: the part of a line after the id.
+fn kind_fragment(kind: AuditKind) -> &'static Fragment {
+    macro_rules! kind {
+        ($kind:ident) => {
+            const {
+                &Fragment::of(&[
+                    ",\"type\":\"",
+                    AuditKind::$kind.as_str(),
+                    "\",\"outcome\":\"",
+                ])
+            }
+        };
+    }
+    match kind {
+        AuditKind::AuthorityResolved => kind!(AuthorityResolved),
+        AuditKind::AuthorizationChecked => kind!(AuthorizationChecked),
+        AuditKind::ToolCatalogListed => kind!(ToolCatalogListed),
+        AuditKind::ToolInvoked => kind!(ToolInvoked),
+        AuditKind::EscalationRequested => kind!(EscalationRequested),
+        AuditKind::TurnEnded => kind!(TurnEnded),
+        AuditKind::EffectAuthorized => kind!(EffectAuthorized),
+        AuditKind::EffectCompleted => kind!(EffectCompleted),
+    }
+}
+
+/// `<outcome>","at":"`: the outcome's name, up to the time.
+fn outcome_fragment(outcome: AuditOutcome) -> &'static Fragment {
+    macro_rules! outcome {
+        ($outcome:ident) => {
+            const { &Fragment::of(&[AuditOutcome::$outcome.as_str(), "\",\"at\":\""]) }
+        };
+    }
+    match outcome {
+        AuditOutcome::Allowed => outcome!(Allowed),
+        AuditOutcome::Denied => outcome!(Denied),
+        AuditOutcome::Succeeded => outcome!(Succeeded),
+        AuditOutcome::Failed => outcome!(Failed),
+        AuditOutcome::Escalated => outcome!(Escalated),
+        AuditOutcome::Interrupted => outcome!(Interrupted),
+    }
+}
+
+/// `,"source":"<source>"`.
+fn source_fragment(source: AuditSource) -> &'static Fragment {
+    macro_rules! source {
+        ($source:ident) => {
+            const { &Fragment::of(&[",\"source\":\"", AuditSource::$source.as_str(), "\""]) }
+        };
+    }
+    match source {
+        AuditSource::Kernel => source!(Kernel),
+        AuditSource::Envelope => source!(Envelope),
+    }
 }
 
 /// `,"resource":..,"action":..,"grantId":..,"authorityHash":..,

@@ -167,3 +167,45 @@ fn the_constructors_results_are_written_as_serde_json_writes_them() {
         assert_eq!(written(&result), serde_json::to_string(&result).unwrap());
     }
 }
+
+/// `completedAt` is escaped like any string: `Timestamp::parse` takes
+/// any ASCII byte between the date and the time (as `time` does), a quote
+/// or a control byte included. Every ASCII byte put in place of, and in
+/// front of, each byte of timestamps of every shape: a result carrying
+/// whatever parses is written as serde_json writes it.
+#[test]
+fn a_result_with_any_timestamp_that_parses_is_written_as_serde_json_writes_it() {
+    let shapes = [
+        "2026-12-01T19:30:34.123Z",
+        "2026-12-01t19:30:34z",
+        "2026-12-01 19:30:34Z",
+        "1970-01-01T00:00:00+02:00",
+        "2099-02-28T23:59:59.999999999-11:30",
+    ];
+    let mut generator = Gen(0x2545_f491_4f6c_dd1d);
+    let mut parsed = 0;
+    for shape in shapes {
+        for at in 0..=shape.len() {
+            let (head, tail) = shape.split_at(at);
+            for c in (0u8..0x80).map(char::from) {
+                let inserted = format!("{head}{c}{tail}");
+                let replaced = format!("{head}{c}{}", tail.get(1..).unwrap_or_default());
+                for text in [inserted, replaced] {
+                    let Ok(time) = Timestamp::parse(&text) else {
+                        continue;
+                    };
+                    parsed += 1;
+                    let mut result = generator.result();
+                    if let ToolResult::Succeeded { completed_at, .. }
+                    | ToolResult::Denied { completed_at, .. }
+                    | ToolResult::Failed { completed_at, .. } = &mut result
+                    {
+                        *completed_at = time;
+                    }
+                    assert_eq!(written(&result), serde_json::to_string(&result).unwrap());
+                }
+            }
+        }
+    }
+    assert!(parsed > 100, "only {parsed} variations parsed");
+}
