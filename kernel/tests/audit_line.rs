@@ -77,6 +77,10 @@ fn timestamp() -> impl Strategy<Value = Timestamp> {
         "2099-02-28T23:59:59.999-11:30",
         "2099-02-28T23:59:59.999999999-11:30",
         "2026-12-01t19:30:34z",
+        // Any ASCII byte parses between date and time, as in `time`.
+        "2026-12-01\"19:30:34Z",
+        "2026-12-01\\19:30:34.5Z",
+        "2026-12-01\u{1}19:30:34Z",
     ])
     .prop_map(|t| Timestamp::parse(t).expect("a valid timestamp"))
 }

@@ -78,10 +78,9 @@ fn write_entry(out: &mut Vec<u8>, entry: &AuditEntry<'_>) -> Result<(), AuditErr
     }
     kind_fragment(r.kind).write(out);
     outcome_fragment(r.outcome).write(out);
-    // An RFC 3339 time (a `Timestamp` holds nothing else): digits, `-`,
-    // `:`, `.`, `+`, letters and at most a space, none escaped.
-    out.extend_from_slice(r.at.as_str().as_bytes());
-    out.push(b'"');
+    // Escaped like any string: `Timestamp::parse` takes any ASCII byte
+    // between the date and the time (as `time` does), a quote included.
+    write_str(out, r.at.as_str());
     match r.identity.json() {
         Some(json) => out.extend_from_slice(json),
         None => write_identity_fields(out, r.identity),
@@ -129,11 +128,11 @@ fn kind_fragment(kind: AuditKind) -> &'static Fragment {
     }
 }
 
-/// `<outcome>","at":"`: the outcome's name, up to the time.
+/// `<outcome>","at":`: the outcome's name, up to the time.
 fn outcome_fragment(outcome: AuditOutcome) -> &'static Fragment {
     macro_rules! outcome {
         ($outcome:ident) => {
-            const { &Fragment::of(&[AuditOutcome::$outcome.as_str(), "\",\"at\":\""]) }
+            const { &Fragment::of(&[AuditOutcome::$outcome.as_str(), "\",\"at\":"]) }
         };
     }
     match outcome {
