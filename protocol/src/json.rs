@@ -196,8 +196,8 @@ const fn escape_len(b: u8) -> usize {
 /// Writes `s` as a JSON string: quoted, escaped as serde_json escapes it.
 ///
 /// Nearly every string a call writes needs no escape: one scan finds that,
-/// and the string is copied whole between its quotes; a string with an
-/// escape is written out of line.
+/// and the string is copied whole between its quotes (a short one without
+/// a `memcpy` call); a string with an escape is written out of line.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let first = next_escape(bytes, 0);
@@ -205,10 +205,52 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
         write_escaped(out, bytes, first);
         return;
     }
+    if bytes.len() <= SHORT {
+        write_short(out, bytes);
+        return;
+    }
     out.reserve(bytes.len() + 2);
     out.push(b'"');
     out.extend_from_slice(bytes);
     out.push(b'"');
+}
+
+/// The longest string [`write_short`] writes.
+const SHORT: usize = 32;
+
+/// A clean string of at most [`SHORT`] bytes, without a `memcpy` call:
+/// a block of quotes of fixed size is appended, the string copied over
+/// its middle as the two ends of one fixed size (overlapping when
+/// shorter than twice that), and the block cut back after the closing
+/// quote, which was already there.
+fn write_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    let at = out.len();
+    out.extend_from_slice(&[b'"'; SHORT + 2]);
+    let len = bytes.len();
+    if let Some(body) = out.get_mut(at + 1..at + 1 + len) {
+        let _ = copy_ends::<16>(body, bytes)
+            || copy_ends::<8>(body, bytes)
+            || copy_ends::<4>(body, bytes)
+            || copy_ends::<2>(body, bytes)
+            || copy_ends::<1>(body, bytes);
+    }
+    out.truncate(at + len + 2);
+}
+
+/// Copies `src` over `dst` (the same length) as its first and its last
+/// `N` bytes, when it has at least `N`; whether it did.
+#[inline(always)]
+fn copy_ends<const N: usize>(dst: &mut [u8], src: &[u8]) -> bool {
+    let (Some(head), Some(tail)) = (src.first_chunk::<N>(), src.last_chunk::<N>()) else {
+        return false;
+    };
+    if let Some(d) = dst.first_chunk_mut::<N>() {
+        *d = *head;
+    }
+    if let Some(d) = dst.last_chunk_mut::<N>() {
+        *d = *tail;
+    }
+    true
 }
 
 /// [`write_str`] for a string whose first escape is at `first`.
@@ -483,6 +525,29 @@ mod tests {
                     let want = format!("{prefix}{}", serde_json::to_string(s).unwrap());
                     assert_eq!(String::from_utf8(out).unwrap(), want);
                 }
+            }
+        }
+    }
+
+    /// Clean strings of every length around the short copy's bounds, each
+    /// byte different from its neighbours (a copy that puts an end in the
+    /// wrong place, or leaves a byte of the block of quotes, shows), in
+    /// a buffer with and without room.
+    #[test]
+    fn clean_strings_of_every_length_are_copied_byte_for_byte() {
+        let alphabet: Vec<char> = ('!'..='~').filter(|c| !matches!(c, '"' | '\\')).collect();
+        for len in 0..=3 * SHORT {
+            let s: String = alphabet.iter().cycle().skip(len).take(len).collect();
+            for capacity in [0, len, 200] {
+                let mut out = Vec::with_capacity(capacity);
+                out.push(b'[');
+                write_str(&mut out, &s);
+                write_str(&mut out, &s);
+                let quoted = serde_json::to_string(&s).unwrap();
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    format!("[{quoted}{quoted}")
+                );
             }
         }
     }
