@@ -196,12 +196,10 @@ fn a_result_with_any_timestamp_that_parses_is_written_as_serde_json_writes_it() 
                     };
                     parsed += 1;
                     let mut result = generator.result();
-                    if let ToolResult::Succeeded { completed_at, .. }
+                    let (ToolResult::Succeeded { completed_at, .. }
                     | ToolResult::Denied { completed_at, .. }
-                    | ToolResult::Failed { completed_at, .. } = &mut result
-                    {
-                        *completed_at = time;
-                    }
+                    | ToolResult::Failed { completed_at, .. }) = &mut result;
+                    *completed_at = time;
                     assert_eq!(written(&result), serde_json::to_string(&result).unwrap());
                 }
             }
