@@ -210,7 +210,7 @@ impl EventData {
         match self {
             EventData::Value(v) => v,
             EventData::Call(c) => match c.value.into_inner() {
-                Some(v) => v,
+                Some(v) => *v,
                 None => c.parts.to_value(),
             },
         }
@@ -222,7 +222,7 @@ impl Deref for EventData {
     fn deref(&self) -> &Value {
         match self {
             EventData::Value(v) => v,
-            EventData::Call(c) => c.value.get_or_init(|| c.parts.to_value()),
+            EventData::Call(c) => c.value.get_or_init(|| Box::new(c.parts.to_value())),
         }
     }
 }
@@ -291,8 +291,9 @@ impl JsonSchema for EventData {
 #[derive(Debug, Clone)]
 pub struct CallEventData {
     parts: CallParts,
-    /// The JSON value, when a reader asked for it.
-    value: OnceLock<Value>,
+    /// The JSON value, when a reader asked for it. Boxed: few events are
+    /// read so, and every event of a turn is as large as this.
+    value: OnceLock<Box<Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, TryLockError};
 
 use serde_json::Value;
-use sharedos_protocol::{CallEventData, EventData, ExecutionEvent, Identifier, ShortName, Version};
+use sharedos_protocol::{
+    CallEventData, EventData, ExecutionEvent, Identifier, MAX_EXECUTION_TOOL_CALLS, ShortName,
+    Version,
+};
 
 use super::ledger::{
     ByteLedger, data_held_bytes, event_frame_held_bytes, event_held_bytes_in_turn, turn_fixed_len,
@@ -44,17 +47,56 @@ pub(crate) struct EventStamp {
     pub ids: IdSource,
 }
 
+/// A log this long is a busy turn's: it is given the room its call budget
+/// plans for ([`EventLedger::plan_calls`]) when it next grows. Below it
+/// the log grows as a `Vec` does, so a turn with few events holds little.
+const PLAN_AFTER_EVENTS: usize = 256;
+
+/// The events of a turn beyond its calls' two each: its start, its ending
+/// and a few of the envelope's own.
+const PLANNED_ENVELOPE_EVENTS: usize = 8;
+
 /// The log itself. `charged_events` is what the count budget has counted:
 /// every event written, plus the completions paid for in advance by calls
 /// still waiting for theirs (their bytes are in the ledger).
 struct EventLog {
     events: Vec<ExecutionEvent>,
+    /// The length the log is expected to reach, given to it once it is
+    /// [`PLAN_AFTER_EVENTS`] long; 0 once given (or never planned).
+    planned: usize,
     charged_events: usize,
     /// Set when the envelope wrote the turn's ending: nothing the seat
     /// causes is written after it.
     sealed: bool,
     /// Set when the result took the events: nothing is written after it.
     taken: bool,
+}
+
+impl EventLog {
+    /// Appends `event`. A busy turn's log does not grow by doubling all
+    /// the way: each doubling of a log of thousands of events copied all of
+    /// them into fresh memory, which the kernel zeroed page by page. It is
+    /// given, once, the room its plan needs; a log that outgrows even that
+    /// (a plugin's own events) grows as a `Vec` does from there.
+    fn push(&mut self, event: ExecutionEvent) {
+        let len = self.events.len();
+        if len == self.events.capacity() && len >= PLAN_AFTER_EVENTS {
+            let planned = std::mem::take(&mut self.planned);
+            self.events.reserve_exact(planned.saturating_sub(len));
+        }
+        self.events.push(event);
+    }
+
+    /// The events, out of the log. A turn that used a small part of the
+    /// room it planned gives the rest back (one copy of a few events) so a
+    /// kept result does not hold it.
+    fn take(&mut self) -> Vec<ExecutionEvent> {
+        let mut events = std::mem::take(&mut self.events);
+        if events.capacity() / 4 > events.len() {
+            events.shrink_to_fit();
+        }
+        events
+    }
 }
 
 /// The turn's events and what they cost.
@@ -88,6 +130,7 @@ impl EventLedger {
         Self {
             log: Mutex::new(EventLog {
                 events: Vec::new(),
+                planned: 0,
                 charged_events: 0,
                 sealed: false,
                 taken: false,
@@ -102,6 +145,15 @@ impl EventLedger {
             call_kinds: [CALL_REQUESTED, CALL_COMPLETED]
                 .map(|k| ShortName::new(k).unwrap_or_else(|_| unreachable!())),
         }
+    }
+
+    /// Plans the log for a turn of at most `max_tool_calls` calls (two
+    /// events each), within the count budget: the room it is given if it
+    /// gets long ([`EventLog::push`]). Only a plan: a log may pass it.
+    pub fn plan_calls(&self, max_tool_calls: u32) {
+        let calls = (max_tool_calls as usize).min(MAX_EXECUTION_TOOL_CALLS as usize);
+        let planned = (2 * calls + PLANNED_ENVELOPE_EVENTS).min(self.max_events);
+        lock(&self.log).planned = planned;
     }
 
     /// The byte ledger, which the annotation store charges too.
@@ -152,7 +204,7 @@ impl EventLedger {
             let event = self.event(&log, kind, data.into());
             self.bytes
                 .charge(event_held_bytes_in_turn(&event, self.fixed_len));
-            log.events.push(event);
+            log.push(event);
         }
         self.deliver();
     }
@@ -166,7 +218,7 @@ impl EventLedger {
                 return;
             }
             let event = self.event(&log, kind, EventData::Call(data));
-            log.events.push(event);
+            log.push(event);
         }
         self.deliver();
     }
@@ -205,7 +257,7 @@ impl EventLedger {
                 return Err(TURN_MEMORY_EXCEEDED);
             }
             log.charged_events += 1 + prepaid_events;
-            log.events.push(event);
+            log.push(event);
         }
         self.deliver();
         Ok(true)
@@ -267,6 +319,343 @@ impl EventLedger {
         let mut log = lock(&self.log);
         log.sealed = true;
         log.taken = true;
-        std::mem::take(&mut log.events)
+        log.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+
+    use serde_json::json;
+    use sharedos_protocol::{Timestamp, ToolStatus, ident};
+
+    use super::super::ledger::serialized_len;
+    use super::*;
+    use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
+
+    /// A small deterministic generator (xorshift), so a failure names its
+    /// seed.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn pick<T: Clone>(&mut self, from: &[T]) -> T {
+            from[self.below(from.len() as u64) as usize].clone()
+        }
+        fn text(&mut self) -> String {
+            const PIECES: &[&str] = &[
+                "a", "call-7", "\"", "\\", "\n", "\u{1}", "é", "☃", "😀", " ",
+            ];
+            (0..1 + self.below(4)).map(|_| self.pick(PIECES)).collect()
+        }
+        fn identifier(&mut self) -> Identifier {
+            Identifier::new(format!("{}x", self.text())).unwrap_or_else(|_| ident("fallback"))
+        }
+        fn value(&mut self) -> Value {
+            match self.below(6) {
+                0 => Value::Null,
+                1 => json!(self.pick(&[0u64, 9, 10, u64::MAX])),
+                2 => json!(self.text()),
+                3 => {
+                    json!({"message": self.text(), "n": self.below(1000), "nested": [1, {"a": null}]})
+                }
+                4 => Value::Array((0..self.below(40)).map(|i| json!(i)).collect()),
+                _ => json!({"callId": self.text(), "tool": self.text(), "step": self.below(3)}),
+            }
+        }
+        fn call(&mut self) -> CallEventData {
+            let (call_id, tool) = (self.identifier(), self.identifier());
+            let step = self.pick(&[None, Some(0), Some(u64::MAX)]);
+            if self.below(2) == 0 {
+                return CallEventData::requested(call_id, tool, step);
+            }
+            let status = self.pick(&[
+                ToolStatus::Succeeded,
+                ToolStatus::Denied,
+                ToolStatus::Failed,
+            ]);
+            let code = (self.below(2) == 0).then(|| self.identifier());
+            CallEventData::completed(call_id, tool, step, status, code)
+        }
+        fn data(&mut self) -> EventData {
+            if self.below(3) == 0 {
+                EventData::Value(self.value())
+            } else {
+                EventData::Call(self.call())
+            }
+        }
+        fn kind(&mut self) -> &'static str {
+            self.pick(&[
+                CALL_REQUESTED,
+                CALL_COMPLETED,
+                "runtime.event",
+                "turn.started",
+                " spaced.kind ",
+                "",
+            ])
+        }
+    }
+
+    /// How many JSON values `v` is made of, counted the plain way.
+    fn value_nodes(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(a) => a.iter().map(value_nodes).sum(),
+            Value::Object(o) => o.values().map(value_nodes).sum(),
+            _ => 0,
+        }
+    }
+
+    /// What holding `e` costs, measured from its whole serialization.
+    fn measured(e: &ExecutionEvent) -> usize {
+        serialized_len(e) + value_nodes(&e.data) * VALUE_NODE_BYTES + EVENT_OVERHEAD_BYTES
+    }
+
+    fn at() -> Timestamp {
+        Timestamp::parse("2026-01-02T03:04:05.678Z").unwrap()
+    }
+
+    fn stamp() -> EventStamp {
+        let n = Arc::new(AtomicU64::new(0));
+        EventStamp {
+            execution_id: ident("exec-1"),
+            trace_id: ident("trace \"q\" é"),
+            clock: Arc::new(at),
+            ids: IdSource::from_fn(move || format!("id-{}", n.fetch_add(1, Ordering::SeqCst))),
+        }
+    }
+
+    /// The log as it should be: the same rules, applied to a plain `Vec`,
+    /// each charge measured from the event's serialization.
+    struct Model {
+        events: Vec<ExecutionEvent>,
+        all: Vec<String>,
+        charged_events: usize,
+        held: usize,
+        sealed: bool,
+        taken: bool,
+        next_id: u64,
+        max_events: usize,
+        max_bytes: usize,
+    }
+
+    impl Model {
+        fn new(max_events: usize, max_bytes: usize) -> Self {
+            Self {
+                events: Vec::new(),
+                all: Vec::new(),
+                charged_events: 0,
+                held: STDERR_TAIL_RESERVE_BYTES,
+                sealed: false,
+                taken: false,
+                next_id: 0,
+                max_events,
+                max_bytes,
+            }
+        }
+
+        fn candidate(&mut self, kind: &str, data: EventData) -> ExecutionEvent {
+            let id = self.next_id;
+            self.next_id += 1;
+            ExecutionEvent {
+                version: Version::V1,
+                event_id: ident(&format!("id-{id}")),
+                execution_id: ident("exec-1"),
+                trace_id: ident("trace \"q\" é"),
+                sequence: self.events.len() as u64,
+                kind: ShortName::new(kind).unwrap_or_else(|_| ShortName::new("event").unwrap()),
+                data,
+                occurred_at: at(),
+            }
+        }
+
+        fn append(&mut self, e: ExecutionEvent) {
+            self.all.push(serde_json::to_string(&e).unwrap());
+            self.events.push(e);
+        }
+
+        fn envelope(&mut self, kind: &str, data: Value) {
+            if self.taken {
+                return;
+            }
+            self.sealed |= TERMINAL_EVENTS.contains(&kind);
+            self.charged_events += 1;
+            let e = self.candidate(kind, data.into());
+            self.held += measured(&e);
+            self.append(e);
+        }
+
+        fn prepaid(&mut self, kind: &str, data: CallEventData) {
+            if !self.sealed {
+                let e = self.candidate(kind, EventData::Call(data));
+                self.append(e);
+            }
+        }
+
+        fn plugin(
+            &mut self,
+            kind: &str,
+            data: EventData,
+            prepaid_events: usize,
+            prepaid_bytes: usize,
+        ) -> Result<bool, &'static str> {
+            if self.sealed {
+                return Ok(false);
+            }
+            if self.charged_events + 1 + prepaid_events + RESERVED_EVENTS > self.max_events {
+                return Err(RATE_LIMIT_EXCEEDED);
+            }
+            let e = self.candidate(kind, data);
+            let bytes = measured(&e) * (1 + prepaid_events) + prepaid_bytes;
+            if self.held + bytes + RESERVED_EVENT_BYTES > self.max_bytes {
+                return Err(TURN_MEMORY_EXCEEDED);
+            }
+            self.charged_events += 1 + prepaid_events;
+            self.held += bytes;
+            self.append(e);
+            Ok(true)
+        }
+
+        fn take(&mut self) -> Vec<ExecutionEvent> {
+            self.sealed = true;
+            self.taken = true;
+            std::mem::take(&mut self.events)
+        }
+    }
+
+    fn serialized(events: &[ExecutionEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect()
+    }
+
+    /// Generated sequences of plugin, prepaid and envelope events, plans,
+    /// seals and takes, long enough to pass the point where a log is given
+    /// its plan and to outgrow the plan: every event comes out once, in
+    /// order, numbered, byte for byte as the model's; the observer sees the
+    /// same; every refusal and every held-bytes figure is the model's.
+    #[test]
+    fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
+        for seed in 1..300u64 {
+            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let max_events = g.pick(&[16, 300, 900, 100_000]);
+            let max_bytes = g.pick(&[256 * 1024, 1 << 20, 1 << 30]);
+            let end_per_mille = g.pick(&[0, 1, 5]);
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let on_event: OnEvent = {
+                let seen = seen.clone();
+                Arc::new(move |e: &ExecutionEvent| {
+                    lock(&seen).push(serde_json::to_string(e).unwrap());
+                })
+            };
+            let ledger = EventLedger::new(stamp(), max_events, max_bytes, Some(on_event));
+            let mut model = Model::new(max_events, max_bytes);
+            let mut taken = Vec::new();
+            for step in 0..g.below(1_500) {
+                let what = g.below(1000);
+                if what < end_per_mille {
+                    let kind = g.pick(TERMINAL_EVENTS);
+                    let data = g.value();
+                    ledger.push_envelope(kind, data.clone());
+                    model.envelope(kind, data);
+                } else if what < 2 * end_per_mille {
+                    let got = serialized(&ledger.take());
+                    assert_eq!(got, serialized(&model.take()), "seed {seed} step {step}");
+                    taken.extend(got);
+                } else if what < 20 {
+                    let calls = g.pick(&[0, 1, 60, 200, 10_000, u32::MAX]);
+                    ledger.plan_calls(calls);
+                } else if what < 100 {
+                    let (kind, data) = (g.kind(), g.value());
+                    ledger.push_envelope(kind, data.clone());
+                    model.envelope(kind, data);
+                } else if what < 500 {
+                    let data = g.call();
+                    ledger.push_prepaid(CALL_COMPLETED, data.clone());
+                    model.prepaid(CALL_COMPLETED, data);
+                } else {
+                    let (kind, data) = (g.kind(), g.data());
+                    let prepaid_events = g.pick(&[0, 0, 1, 1, 5_000]);
+                    let prepaid_bytes = g.pick(&[0, 1_100, 100_000]);
+                    let got = ledger.push_plugin(kind, data.clone(), prepaid_events, prepaid_bytes);
+                    let want = model.plugin(kind, data, prepaid_events, prepaid_bytes);
+                    assert_eq!(got, want, "seed {seed} step {step}");
+                }
+                assert_eq!(ledger.bytes().held(), model.held, "seed {seed} step {step}");
+            }
+            let rest = serialized(&ledger.take());
+            assert_eq!(rest, serialized(&model.take()), "seed {seed}");
+            taken.extend(rest);
+            assert_eq!(taken, model.all, "seed {seed}: every event, once, in order");
+            assert_eq!(*lock(&seen), model.all, "seed {seed}: the observer's");
+            assert!(ledger.take().is_empty(), "seed {seed}");
+        }
+    }
+
+    fn push_calls(ledger: &EventLedger, calls: usize) {
+        for i in 0..calls {
+            let call = CallEventData::requested(ident(&format!("c-{i}")), ident("t"), None);
+            assert_eq!(
+                ledger.push_plugin(CALL_REQUESTED, EventData::Call(call.clone()), 1, 0),
+                Ok(true)
+            );
+            ledger.push_prepaid(CALL_COMPLETED, call);
+        }
+    }
+
+    fn capacity(ledger: &EventLedger) -> usize {
+        lock(&ledger.log).events.capacity()
+    }
+
+    #[test]
+    fn a_busy_log_is_given_its_plan_once_and_a_small_one_holds_little() {
+        // A busy turn: no growth between its plan and its last call.
+        let ledger = EventLedger::new(stamp(), 100_000, 1 << 30, None);
+        ledger.plan_calls(1_000);
+        push_calls(&ledger, PLAN_AFTER_EVENTS / 2 + 1);
+        assert_eq!(capacity(&ledger), 2 * 1_000 + PLANNED_ENVELOPE_EVENTS);
+        push_calls(&ledger, 1_000 - (PLAN_AFTER_EVENTS / 2 + 1));
+        assert_eq!(capacity(&ledger), 2 * 1_000 + PLANNED_ENVELOPE_EVENTS);
+        let events = ledger.take();
+        assert_eq!(events.len(), 2_000);
+        assert!(
+            events
+                .iter()
+                .enumerate()
+                .all(|(i, e)| e.sequence == i as u64)
+        );
+
+        // A turn under its plan's point never gets it.
+        let ledger = EventLedger::new(stamp(), 100_000, 1 << 30, None);
+        ledger.plan_calls(10_000);
+        push_calls(&ledger, 3);
+        assert!(capacity(&ledger) < PLAN_AFTER_EVENTS);
+
+        // A turn that used little of its plan gives the room back.
+        let ledger = EventLedger::new(stamp(), 100_000, 1 << 30, None);
+        ledger.plan_calls(10_000);
+        push_calls(&ledger, PLAN_AFTER_EVENTS / 2 + 1);
+        assert!(capacity(&ledger) >= 20_000);
+        let events = ledger.take();
+        assert!(
+            events.capacity() < 2 * events.len(),
+            "{}",
+            events.capacity()
+        );
+
+        // The plan stays within the count budget.
+        let ledger = EventLedger::new(stamp(), 300, 1 << 30, None);
+        ledger.plan_calls(u32::MAX);
+        assert_eq!(lock(&ledger.log).planned, 300);
     }
 }

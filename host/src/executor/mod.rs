@@ -241,10 +241,11 @@ impl Executor {
     }
 
     fn new_turn(&self, request: &ExecutionRequest, opts: &ExecuteOptions) -> Arc<Turn> {
-        Turn::new(TurnParams {
+        let limits = self.limits(request);
+        let turn = Turn::new(TurnParams {
             execution_id: request.execution_id.clone(),
             context: request.context.clone(),
-            limits: self.limits(request),
+            limits,
             drain_grace_ms: self.options.drain_grace_ms,
             runtime_ref: self.runtime_ref(),
             clock: self.options.clock.clone(),
@@ -258,7 +259,9 @@ impl Executor {
                     max_bytes: self.options.max_annotation_bytes,
                 },
             },
-        })
+        });
+        turn.events().plan_calls(limits.max_tool_calls);
+        turn
     }
 
     /// The tasks that stop the turn on the caller's cancel and on an

@@ -307,3 +307,66 @@ impl Seat {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ids are the `uuid` crate's text of the same values: a v4 UUID's
+    /// shape, lowercase, hyphenated, for generated bases and counters.
+    #[test]
+    fn an_id_is_the_uuid_crates_text_of_the_base_and_counter() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..20_000u64 {
+            let base = match case {
+                0 => 0,
+                1 => u128::MAX,
+                _ => (u128::from(next()) << 64) | u128::from(next()),
+            };
+            let base = if case % 2 == 0 {
+                // Some bases as `IdSource::uuid` makes them: v4, RFC variant.
+                uuid::Builder::from_random_bytes(base.to_le_bytes())
+                    .into_uuid()
+                    .as_u128()
+            } else {
+                base
+            };
+            let start = match case % 4 {
+                0 => 0,
+                1 => (1 << 62) - 2,
+                2 => u64::MAX - 1,
+                _ => next(),
+            };
+            let source = IdSource(Ids::Uuid(Arc::new(UuidIds {
+                base,
+                next: std::sync::atomic::AtomicU64::new(start),
+            })));
+            for n in [start, start.wrapping_add(1)] {
+                let low = u128::from(n) & ((1u128 << 62) - 1);
+                let expected = uuid::Uuid::from_u128(base ^ low).hyphenated().to_string();
+                assert_eq!(source.next().as_str(), expected, "base {base:x}, n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sources_ids_are_v4_uuids_and_distinct() {
+        let source = IdSource::uuid();
+        let ids: Vec<String> = (0..1000).map(|_| source.next().into_string()).collect();
+        for id in &ids {
+            let parsed = uuid::Uuid::parse_str(id).unwrap();
+            assert_eq!(parsed.get_version_num(), 4, "{id}");
+            assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122, "{id}");
+            assert_eq!(parsed.hyphenated().to_string(), *id);
+        }
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        assert_ne!(IdSource::uuid().next(), IdSource::uuid().next());
+    }
+}
