@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, TryLockError};
 
 use serde_json::Value;
+use sharedos_protocol::json::str_len;
 use sharedos_protocol::{
     CallEventData, EventData, ExecutionEvent, Identifier, MAX_EXECUTION_TOOL_CALLS, ShortName,
     Version,
 };
 
-use super::ledger::{
-    ByteLedger, data_held_bytes, event_frame_held_bytes, event_held_bytes_in_turn, turn_fixed_len,
-};
+use super::ledger::{ByteLedger, data_held_bytes, frame_held_bytes, time_len, turn_fixed_len};
 use super::{Clock, IdSource, OnEvent, lock};
 use crate::limits::{RESERVED_EVENT_BYTES, RESERVED_EVENTS, STDERR_TAIL_RESERVE_BYTES};
 
@@ -78,13 +77,21 @@ impl EventLog {
     /// them into fresh memory, which the kernel zeroed page by page. It is
     /// given, once, the room its plan needs; a log that outgrows even that
     /// (a plugin's own events) grows as a `Vec` does from there.
+    #[inline]
     fn push(&mut self, event: ExecutionEvent) {
         let len = self.events.len();
         if len == self.events.capacity() && len >= PLAN_AFTER_EVENTS {
-            let planned = std::mem::take(&mut self.planned);
-            self.events.reserve_exact(planned.saturating_sub(len));
+            self.give_plan();
         }
         self.events.push(event);
+    }
+
+    /// Reserves the planned room (once; then there is no plan left).
+    #[cold]
+    fn give_plan(&mut self) {
+        let planned = std::mem::take(&mut self.planned);
+        self.events
+            .reserve_exact(planned.saturating_sub(self.events.len()));
     }
 
     /// The events, out of the log. A turn that used a small part of the
@@ -110,8 +117,9 @@ pub(crate) struct EventLedger {
     max_events: usize,
     on_event: Option<OnEvent>,
     stamp: EventStamp,
-    /// `tool.requested` and `tool.completed`, written for every call.
-    call_kinds: [ShortName; 2],
+    /// `tool.requested` and `tool.completed`, written for every call, with
+    /// their serialized lengths.
+    call_kinds: [(ShortName, usize); 2],
     /// What every event's frame and turn ids add to its size.
     fixed_len: usize,
 }
@@ -142,8 +150,11 @@ impl EventLedger {
             on_event,
             fixed_len: turn_fixed_len(&stamp.execution_id, &stamp.trace_id),
             stamp,
-            call_kinds: [CALL_REQUESTED, CALL_COMPLETED]
-                .map(|k| ShortName::new(k).unwrap_or_else(|_| unreachable!())),
+            call_kinds: [CALL_REQUESTED, CALL_COMPLETED].map(|k| {
+                let kind = ShortName::new(k).unwrap_or_else(|_| unreachable!());
+                let len = str_len(kind.as_str());
+                (kind, len)
+            }),
         }
     }
 
@@ -161,27 +172,44 @@ impl EventLedger {
         &self.bytes
     }
 
-    /// The next event of the log, not yet appended.
-    fn event(&self, log: &EventLog, kind: &str, data: EventData) -> ExecutionEvent {
-        ExecutionEvent {
+    /// The next event of the log, not yet appended, and what holding it
+    /// costs apart from its `data` ([`frame_held_bytes`]), measured from
+    /// the lengths its parts come with.
+    fn event(&self, log: &EventLog, kind: &str, data: EventData) -> (ExecutionEvent, usize) {
+        let (event_id, id_len) = self.stamp.ids.next_measured();
+        let (kind, kind_len) = self.kind(kind);
+        let sequence = log.events.len() as u64;
+        let occurred_at = (self.stamp.clock)();
+        let frame = frame_held_bytes(
+            self.fixed_len,
+            id_len,
+            sequence,
+            kind_len,
+            time_len(&occurred_at),
+        );
+        let event = ExecutionEvent {
             version: Version::V1,
-            event_id: self.stamp.ids.next(),
+            event_id,
             execution_id: self.stamp.execution_id.clone(),
             trace_id: self.stamp.trace_id.clone(),
-            sequence: log.events.len() as u64,
-            kind: self.kind(kind),
+            sequence,
+            kind,
             data,
-            occurred_at: (self.stamp.clock)(),
-        }
+            occurred_at,
+        };
+        (event, frame)
     }
 
-    /// `kind` as an event's type: a call's, copied from the ones made once.
-    fn kind(&self, kind: &str) -> ShortName {
-        if let Some(known) = self.call_kinds.iter().find(|k| k.as_str() == kind) {
+    /// `kind` as an event's type, and its serialized length: a call's,
+    /// copied from the ones made once.
+    fn kind(&self, kind: &str) -> (ShortName, usize) {
+        if let Some(known) = self.call_kinds.iter().find(|k| k.0.as_str() == kind) {
             return known.clone();
         }
-        ShortName::new(kind)
-            .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!()))
+        let kind = ShortName::new(kind)
+            .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!()));
+        let len = str_len(kind.as_str());
+        (kind, len)
     }
 
     /// Appends one of the envelope's own events (`turn.*`) and hands an
@@ -201,9 +229,9 @@ impl EventLedger {
                 log.sealed = true;
             }
             log.charged_events += 1;
-            let event = self.event(&log, kind, data.into());
+            let (event, frame) = self.event(&log, kind, data.into());
             self.bytes
-                .charge(event_held_bytes_in_turn(&event, self.fixed_len));
+                .charge(frame.saturating_add(data_held_bytes(&event.data)));
             log.push(event);
         }
         self.deliver();
@@ -217,7 +245,7 @@ impl EventLedger {
             if log.sealed {
                 return;
             }
-            let event = self.event(&log, kind, EventData::Call(data));
+            let (event, _) = self.event(&log, kind, EventData::Call(data));
             log.push(event);
         }
         self.deliver();
@@ -248,8 +276,8 @@ impl EventLedger {
             if events > self.max_events {
                 return Err(RATE_LIMIT_EXCEEDED);
             }
-            let event = self.event(&log, kind, data);
-            let bytes = event_frame_held_bytes(&event, self.fixed_len)
+            let (event, frame) = self.event(&log, kind, data);
+            let bytes = frame
                 .saturating_add(data_held_bytes(&event.data))
                 .saturating_mul(1 + prepaid_events)
                 .saturating_add(prepaid_bytes);
@@ -600,6 +628,46 @@ mod tests {
             assert_eq!(*lock(&seen), model.all, "seed {seed}: the observer's");
             assert!(ledger.take().is_empty(), "seed {seed}");
         }
+    }
+
+    /// With the default ids and clock (whose lengths the ledger does not
+    /// scan), every charge is still what the event measures serialized.
+    #[test]
+    fn default_ids_and_times_are_charged_as_serialized() {
+        let mut g = Gen(0x2545_F491_4F6C_DD1D);
+        let stamp = EventStamp {
+            ids: IdSource::uuid(),
+            clock: Arc::new(Timestamp::now),
+            ..stamp()
+        };
+        let ledger = EventLedger::new(stamp, 100_000, 1 << 30, None);
+        let mut factors = Vec::new();
+        for _ in 0..3_000 {
+            match g.below(3) {
+                0 => {
+                    ledger.push_envelope(g.kind(), g.value());
+                    factors.push(1);
+                }
+                1 => {
+                    ledger.push_prepaid(CALL_COMPLETED, g.call());
+                    factors.push(0);
+                }
+                _ => {
+                    let prepaid = g.pick(&[0, 1, 3]);
+                    let pushed = ledger.push_plugin(g.kind(), g.data(), prepaid, 0);
+                    assert_eq!(pushed, Ok(true));
+                    factors.push(1 + prepaid);
+                }
+            }
+        }
+        let held = ledger.bytes().held();
+        let events = ledger.take();
+        let want: usize = events
+            .iter()
+            .zip(&factors)
+            .map(|(e, f)| measured(e) * f)
+            .sum();
+        assert_eq!(held, STDERR_TAIL_RESERVE_BYTES + want);
     }
 
     fn push_calls(ledger: &EventLedger, calls: usize) {

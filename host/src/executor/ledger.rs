@@ -24,8 +24,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::Serialize;
 use serde_json::Value;
+#[cfg(test)]
+use sharedos_protocol::ExecutionEvent;
 use sharedos_protocol::json::str_len;
-use sharedos_protocol::{CallEventData, EventData, ExecutionEvent, Identifier};
+use sharedos_protocol::{CallEventData, EventData, Identifier, Timestamp};
 
 use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
 
@@ -230,19 +232,46 @@ pub(crate) fn turn_fixed_len(execution_id: &Identifier, trace_id: &Identifier) -
 /// size is summed from its parts (every event of a tool call is sized
 /// here, so the event is not serialized just to be measured): strings by
 /// their escaped length, `data` by [`data_held_bytes`].
+#[cfg(test)]
 pub(crate) fn event_held_bytes_in_turn(event: &ExecutionEvent, fixed: usize) -> usize {
     event_frame_held_bytes(event, fixed).saturating_add(data_held_bytes(&event.data))
 }
 
-/// What holding `event` costs apart from its `data`: its ids, sequence,
-/// type and time, its frame and the per-event overhead.
+/// What holding `event` costs apart from its `data` (the tests' form of
+/// [`frame_held_bytes`], every string measured).
+#[cfg(test)]
 pub(crate) fn event_frame_held_bytes(event: &ExecutionEvent, fixed: usize) -> usize {
-    let serialized = fixed
-        + str_len(event.event_id.as_str())
-        + digits(event.sequence)
-        + str_len(event.kind.as_str())
-        + str_len(event.occurred_at.as_str());
+    frame_held_bytes(
+        fixed,
+        str_len(event.event_id.as_str()),
+        event.sequence,
+        str_len(event.kind.as_str()),
+        time_len(&event.occurred_at),
+    )
+}
+
+/// What holding an event costs apart from its `data`: its frame and turn
+/// ids (`fixed`), its id, sequence, type and time (the strings by their
+/// serialized lengths, quotes included) and the per-event overhead. The
+/// event's writer knows most of these lengths without a scan: its call
+/// kinds' are measured once, a UUID's is fixed, a time's is its length.
+pub(crate) fn frame_held_bytes(
+    fixed: usize,
+    id_len: usize,
+    sequence: u64,
+    kind_len: usize,
+    time_len: usize,
+) -> usize {
+    let serialized = fixed + id_len + digits(sequence) + kind_len + time_len;
     serialized.saturating_add(EVENT_OVERHEAD_BYTES)
+}
+
+/// The serialized length of a time, quotes included. RFC 3339 text (digits,
+/// `-`, `:`, `.`, `+`, `T`, `Z` and their lowercase forms) has nothing a
+/// JSON string escapes, and a `Timestamp` holds nothing else (a test
+/// proves it on generated text), so it is not scanned.
+pub(crate) fn time_len(at: &Timestamp) -> usize {
+    at.as_str().len() + 2
 }
 
 #[cfg(test)]
@@ -518,6 +547,45 @@ mod tests {
                 "seed {seed}"
             );
             assert_eq!(data.into_value(), old, "seed {seed}");
+        }
+    }
+
+    /// Every text a `Timestamp` accepts is measured by its length: none
+    /// has a byte a JSON string escapes. Generated from RFC 3339 shapes
+    /// with hostile bytes put anywhere in them.
+    #[test]
+    fn a_times_length_is_its_serialized_length() {
+        const SHAPES: &[&str] = &[
+            "2026-01-02T03:04:05Z",
+            "2026-01-02T03:04:05.678Z",
+            "2026-01-02t03:04:05.123456789z",
+            "1999-12-31T23:59:60+23:59",
+            "0000-01-01T00:00:00-00:00",
+            "2026-02-28T12:00:00.5+01:30",
+        ];
+        const BYTES: &[&str] = &[
+            "\"", "\\", "\n", "\t", "\u{0}", "\u{1f}", "\u{7f}", " ", "é", "\u{2028}", "T", "z",
+            "0", "9", ":", "-", "+", ".", "", "",
+        ];
+        let mut g = Gen(0x9E37_79B9_7F4A_7C15);
+        let mut accepted = 0;
+        for case in 0..50_000u64 {
+            let mut text = g.pick(SHAPES).to_owned();
+            for _ in 0..case % 3 {
+                let at = (g.next() as usize) % (text.len() + 1);
+                if text.is_char_boundary(at) {
+                    text.insert_str(at, g.pick(BYTES));
+                }
+            }
+            if let Ok(t) = Timestamp::parse(&text) {
+                accepted += 1;
+                assert_eq!(time_len(&t), serialized_len(&t), "{text:?}");
+            }
+        }
+        assert!(accepted > 1_000, "{accepted}");
+        for _ in 0..1_000 {
+            let t = Timestamp::now();
+            assert_eq!(time_len(&t), serialized_len(&t), "{}", t.as_str());
         }
     }
 

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};
+use sharedos_protocol::json::str_len;
 use sharedos_protocol::{
     ContractError, ExecutionEvent, Identifier, RuntimeManifest, RuntimeTurnOutcome,
     RuntimeTurnRequest, Timestamp,
@@ -76,6 +77,18 @@ impl IdSource {
         made.unwrap_or_else(|_| {
             Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!())
         })
+    }
+
+    /// The next id and its serialized length, quotes included. A UUID's
+    /// text (the default's, and the fallback's of a custom source) is hex
+    /// digits and hyphens, which need no escape: its length is fixed.
+    pub(crate) fn next_measured(&self) -> (Identifier, usize) {
+        let id = self.next();
+        let len = match &self.0 {
+            Ids::Uuid(_) => uuid::fmt::Hyphenated::LENGTH + 2,
+            Ids::Custom(_) => str_len(id.as_str()),
+        };
+        (id, len)
     }
 }
 
@@ -350,7 +363,9 @@ mod tests {
             for n in [start, start.wrapping_add(1)] {
                 let low = u128::from(n) & ((1u128 << 62) - 1);
                 let expected = uuid::Uuid::from_u128(base ^ low).hyphenated().to_string();
-                assert_eq!(source.next().as_str(), expected, "base {base:x}, n {n}");
+                let (id, len) = source.next_measured();
+                assert_eq!(id.as_str(), expected, "base {base:x}, n {n}");
+                assert_eq!(len, serde_json::to_string(&id).unwrap().len());
             }
         }
     }
@@ -368,5 +383,27 @@ mod tests {
         let distinct: std::collections::HashSet<_> = ids.iter().collect();
         assert_eq!(distinct.len(), ids.len());
         assert_ne!(IdSource::uuid().next(), IdSource::uuid().next());
+    }
+
+    /// A custom source's ids are measured as written, escapes and all; one
+    /// that is not an identifier is replaced by a UUID, measured the same.
+    #[test]
+    fn a_custom_sources_ids_are_measured_as_serialized() {
+        let texts = [
+            "plain",
+            "q\"uote",
+            "back\\slash",
+            "tab\there",
+            "\u{1}",
+            "é☃😀",
+            "  trimmed  ",
+            "",
+            "   ",
+        ];
+        for text in texts {
+            let source = IdSource::from_fn(move || text.to_owned());
+            let (id, len) = source.next_measured();
+            assert_eq!(len, serde_json::to_string(&id).unwrap().len(), "{text:?}");
+        }
     }
 }
