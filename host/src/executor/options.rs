@@ -60,36 +60,43 @@ impl IdSource {
     pub fn from_fn(f: impl Fn() -> String + Send + Sync + 'static) -> Self {
         Self(Ids::Custom(Arc::new(f)))
     }
-    pub(crate) fn next(&self) -> Identifier {
-        let made = match &self.0 {
-            Ids::Uuid(ids) => {
-                let n = ids.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let low = u128::from(n) & ((1u128 << 62) - 1);
-                let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-                Identifier::new(
-                    uuid::Uuid::from_u128(ids.base ^ low)
-                        .hyphenated()
-                        .encode_lower(&mut text),
-                )
-            }
-            Ids::Custom(f) => Identifier::new(f()),
-        };
-        made.unwrap_or_else(|_| {
-            Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!())
-        })
-    }
-
     /// The next id and its serialized length, quotes included. A UUID's
     /// text (the default's, and the fallback's of a custom source) is hex
     /// digits and hyphens, which need no escape: its length is fixed.
     pub(crate) fn next_measured(&self) -> (Identifier, usize) {
-        let id = self.next();
-        let len = match &self.0 {
-            Ids::Uuid(_) => uuid::fmt::Hyphenated::LENGTH + 2,
-            Ids::Custom(_) => str_len(id.as_str()),
-        };
-        (id, len)
+        const UUID_LEN: usize = uuid::fmt::Hyphenated::LENGTH + 2;
+        match &self.0 {
+            Ids::Uuid(ids) => {
+                let n = ids.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let low = u128::from(n) & ((1u128 << 62) - 1);
+                let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+                let made = Identifier::new(
+                    uuid::Uuid::from_u128(ids.base ^ low)
+                        .hyphenated()
+                        .encode_lower(&mut text),
+                );
+                (made.unwrap_or_else(|_| random_id()), UUID_LEN)
+            }
+            Ids::Custom(f) => match Identifier::new(f()) {
+                Ok(id) => {
+                    let len = str_len(id.as_str());
+                    (id, len)
+                }
+                Err(_) => (random_id(), UUID_LEN),
+            },
+        }
     }
+
+    #[cfg(test)]
+    pub(crate) fn next(&self) -> Identifier {
+        self.next_measured().0
+    }
+}
+
+/// The id of a source whose own was not an identifier: a random UUID.
+#[cold]
+fn random_id() -> Identifier {
+    Identifier::new(uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| unreachable!())
 }
 
 /// Why a turn ended in failure, for `on_turn_error` (never in the result).
