@@ -393,16 +393,17 @@ impl GrantSource for ConfigGrantSource {
     }
 }
 
-/// The outcome of an authorization.
+/// The outcome of an authorization. The grant is named by its own id
+/// (shared, not copied: a decision is made for every call).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Allowed {
-        grant_id: String,
+        grant_id: Identifier,
         consumed: bool,
     },
     Denied {
         reason: DenyReason,
-        grant_id: Option<String>,
+        grant_id: Option<Identifier>,
     },
 }
 
@@ -425,14 +426,14 @@ pub async fn authorize(
     for g in in_covering_order(grants, context, req) {
         if let Err(reason) = g.check_chain(grants, context) {
             if chain_failure.is_none() {
-                chain_failure = Some((reason, g.id.as_str().to_owned()));
+                chain_failure = Some((reason, g.id.clone()));
             }
             continue;
         }
         any_sound = true;
         let Some(max) = g.max_uses else {
             return Decision::Allowed {
-                grant_id: g.id.as_str().to_owned(),
+                grant_id: g.id.clone(),
                 consumed: false,
             };
         };
@@ -444,12 +445,12 @@ pub async fn authorize(
         match answer {
             Ok(true) => {
                 return Decision::Allowed {
-                    grant_id: g.id.as_str().to_owned(),
+                    grant_id: g.id.clone(),
                     consumed: consume,
                 };
             }
-            Ok(false) => exhausted = exhausted.or(Some(g.id.as_str().to_owned())),
-            Err(_) => store_failed = store_failed.or(Some(g.id.as_str().to_owned())),
+            Ok(false) => exhausted = exhausted.or_else(|| Some(g.id.clone())),
+            Err(_) => store_failed = store_failed.or_else(|| Some(g.id.clone())),
         }
     }
     // No covering grant with a sound chain: the first chain's failure, or

@@ -75,7 +75,7 @@ async fn reference(
         Ok(()) => true,
         Err(reason) => {
             if chain_failure.is_none() {
-                chain_failure = Some((reason, g.id.as_str().to_owned()));
+                chain_failure = Some((reason, g.id.clone()));
             }
             false
         }
@@ -96,7 +96,7 @@ async fn reference(
     for g in covering {
         let Some(max) = g.max_uses else {
             return Decision::Allowed {
-                grant_id: g.id.as_str().to_owned(),
+                grant_id: g.id.clone(),
                 consumed: false,
             };
         };
@@ -108,12 +108,12 @@ async fn reference(
         match answer {
             Ok(true) => {
                 return Decision::Allowed {
-                    grant_id: g.id.as_str().to_owned(),
+                    grant_id: g.id.clone(),
                     consumed: consume,
                 };
             }
-            Ok(false) => exhausted = exhausted.or(Some(g.id.as_str().to_owned())),
-            Err(_) => store_failed = store_failed.or(Some(g.id.as_str().to_owned())),
+            Ok(false) => exhausted = exhausted.or(Some(g.id.clone())),
+            Err(_) => store_failed = store_failed.or(Some(g.id.clone())),
         }
     }
     if let Some(id) = store_failed {

@@ -103,7 +103,7 @@ proptest! {
         let witness = grants.iter().any(|g| !g.revoked && g.capabilities.iter().any(|c| covers(c, &r)));
         match decision {
             Decision::Allowed { grant_id, .. } => {
-                let g = grants.iter().find(|g| g.id.as_str() == grant_id).unwrap();
+                let g = grants.iter().find(|g| g.id == grant_id).unwrap();
                 prop_assert!(!g.revoked);
                 prop_assert!(g.capabilities.iter().any(|c| covers(c, &r)));
             }

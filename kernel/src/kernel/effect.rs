@@ -47,7 +47,7 @@ pub(super) async fn authorize_effect(
         Decision::Allowed { grant_id, .. } => (
             AuditOutcome::Allowed,
             EffectDecision::Allowed {
-                grant_id: grant_id.clone(),
+                grant_id: grant_id.to_string(),
             },
         ),
         Decision::Denied { reason, .. } => (
@@ -68,11 +68,11 @@ pub(super) async fn authorize_effect(
     record.authority_hash = turn.authority_hash.clone();
     match decision {
         Decision::Allowed { grant_id, consumed } => {
-            record.grant_id = Some(grant_id);
+            record.grant_id = Some(grant_id.into_string());
             record.consumed = Some(consumed);
         }
         Decision::Denied { reason, grant_id } => {
-            record.grant_id = grant_id;
+            record.grant_id = grant_id.map(|id| id.into_string());
             record.reason = Some(reason.code().to_owned());
             if reason.fail_closed() {
                 record.fail_closed = Some(true);

@@ -89,7 +89,7 @@ pub(super) struct CallFacts<'a> {
     /// Borrowed from the tool's declared capability when the call needs
     /// exactly that.
     pub(super) action: Option<Cow<'a, str>>,
-    pub(super) grant_id: Option<String>,
+    pub(super) grant_id: Option<Identifier>,
     pub(super) cause: Option<&'static str>,
 }
 
@@ -108,7 +108,7 @@ pub(super) fn invoked_entry<'e>(
     r.tool = Some(call.tool.as_str());
     r.resource = facts.resource.as_ref();
     r.action = facts.action.as_deref();
-    r.grant_id = facts.grant_id.as_deref();
+    r.grant_id = facts.grant_id.as_ref().map(Identifier::as_str);
     r.cause = facts.cause;
     r.reason = reason;
     if reason.is_some_and(infrastructure_code) {
@@ -180,11 +180,11 @@ pub(super) fn checked_entry<'e>(
     r.tool = checked.tool;
     match checked.decision {
         Decision::Allowed { grant_id, consumed } => {
-            r.grant_id = Some(grant_id);
+            r.grant_id = Some(grant_id.as_str());
             r.consumed = Some(*consumed);
         }
         Decision::Denied { reason, grant_id } => {
-            r.grant_id = grant_id.as_deref();
+            r.grant_id = grant_id.as_ref().map(Identifier::as_str);
             r.reason = Some(reason.code());
             r.consumed = Some(false);
             if reason.fail_closed() {
