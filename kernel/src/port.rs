@@ -9,6 +9,8 @@
 //! (ADR 0023): the envelope records its own refusals, the escalation and the
 //! end of every turn through the kernel.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -95,6 +97,12 @@ pub enum KernelError {
     Failed(String),
 }
 
+/// A call with the kernel that owns all it needs (see
+/// [`KernelTurn::invoke_tool_owned`]); it gives the call back with the
+/// outcome.
+pub type OwnedInvoke =
+    Pin<Box<dyn Future<Output = (Result<ToolResult, KernelError>, ToolCall)> + Send + 'static>>;
+
 /// The kernel: opens turns, and records how they ended.
 #[async_trait]
 pub trait TurnKernel: Send + Sync {
@@ -121,7 +129,7 @@ pub trait TurnKernel: Send + Sync {
 /// the envelope's mediation runs each call in a task of its own, the one
 /// place that guarantees "finish and record even when nobody waits".
 #[async_trait]
-pub trait KernelTurn: Send + Sync {
+pub trait KernelTurn: Send + Sync + 'static {
     /// Admission: consumes a use of `sharedos.execution` / the agent's
     /// address path / `invoke`, owner = `context.owner`.
     async fn admit(
@@ -147,6 +155,23 @@ pub trait KernelTurn: Send + Sync {
         call: &ToolCall,
         abort: CancellationToken,
     ) -> Result<ToolResult, KernelError>;
+
+    /// [`KernelTurn::invoke_tool`] as a future that owns the turn, the
+    /// context and the call, so the caller can hand it to a task of its own
+    /// if it stops waiting. The default wraps `invoke_tool` (its future in
+    /// a second box); a kernel overrides it to make the whole call one
+    /// allocation.
+    fn invoke_tool_owned(
+        self: Arc<Self>,
+        context: Arc<AccessContext>,
+        call: ToolCall,
+        abort: CancellationToken,
+    ) -> OwnedInvoke {
+        Box::pin(async move {
+            let outcome = self.invoke_tool(&context, &call, abort).await;
+            (outcome, call)
+        })
+    }
 
     /// Records an escalation (`escalation.requested`); grants nothing.
     async fn record_escalation(

@@ -3,6 +3,10 @@
 //! the caller waits for it, and handed to the runtime as a task of its own
 //! only if the caller stops waiting. The common path (the caller waits to
 //! the end) costs no task spawn and no wake-up of another task.
+//!
+//! The work is `Unpin` (boxed by whoever made it, typically the kernel's
+//! own future), so it can be moved into a task after it was polled without
+//! a box of its own here.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -17,27 +21,25 @@ pub(crate) struct Panicked;
 /// before it finished spawns what is left on the current tokio runtime.
 pub(crate) struct RunToEnd<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
-    work: Option<Pin<Box<F>>>,
+    work: Option<F>,
 }
 
 impl<F> RunToEnd<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     pub fn new(work: F) -> Self {
-        Self {
-            work: Some(Box::pin(work)),
-        }
+        Self { work: Some(work) }
     }
 }
 
 impl<F> Future for RunToEnd<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     type Output = Result<F::Output, Panicked>;
@@ -49,7 +51,7 @@ where
         };
         // A panic in the work is this call's failure, not the caller's
         // (a spawned task would have caught it the same way).
-        match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(work).poll(cx))) {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(out)) => {
                 self.work = None;
@@ -65,7 +67,7 @@ where
 
 impl<F> Drop for RunToEnd<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
@@ -90,7 +92,7 @@ mod tests {
 
     #[tokio::test]
     async fn awaited_to_the_end_it_gives_the_output() {
-        assert_eq!(RunToEnd::new(async { 7 }).await, Ok(7));
+        assert_eq!(RunToEnd::new(Box::pin(async { 7 })).await, Ok(7));
     }
 
     #[tokio::test]
@@ -98,10 +100,10 @@ mod tests {
         let done = Arc::new(AtomicBool::new(false));
         let (go, wait) = tokio::sync::oneshot::channel::<()>();
         let flag = done.clone();
-        let work = RunToEnd::new(async move {
+        let work = RunToEnd::new(Box::pin(async move {
             let _ = wait.await;
             flag.store(true, Ordering::SeqCst);
-        });
+        }));
         // Polled once (started), then dropped by a caller that gave up.
         tokio::select! {
             biased;
@@ -121,11 +123,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_in_the_work_is_its_own_failure() {
-        let work = RunToEnd::new(async {
+        let work = RunToEnd::new(Box::pin(async {
             if std::hint::black_box(true) {
                 panic!("handler bug");
             }
-        });
+        }));
         assert_eq!(work.await, Err(Panicked));
     }
 }

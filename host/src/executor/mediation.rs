@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use serde_json::{Value, json};
 use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
 use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
@@ -190,12 +191,15 @@ impl EnvelopeHost {
         let context = turn.context_now();
         // The call moves into the work; what the seat's answer needs of it
         // (whether the result names this call) comes back with the outcome.
-        let work = RunToEnd::new(async move {
-            let outcome = kernel_turn.invoke_tool(&context, &call, abort).await;
+        // The kernel's future is the work's one box; the bookkeeping runs
+        // in its last poll.
+        let settle = move |(outcome, call): (Result<ToolResult, KernelError>, ToolCall)| {
             let matches = settle_call(&turn, &call, step, &admitted, &outcome);
             drop(admitted);
             (outcome, matches)
-        });
+        };
+        let kernel = kernel_turn.invoke_tool_owned(context, call, abort);
+        let work = RunToEnd::new(kernel.map(settle));
         let (outcome, matches) = tokio::select! {
             biased;
             joined = work => match joined {

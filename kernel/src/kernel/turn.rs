@@ -2,6 +2,8 @@
 //! [`OpenTurn`] (`open.rs`), the two pipelines handed to `invoke.rs` and
 //! `effect.rs`.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_protocol::{
@@ -15,7 +17,7 @@ use super::records::{Checked, catalog_metadata, checked_entry, infrastructure_co
 use super::{catalog_hash, requirement_of};
 use crate::audit::{AuditEntry, AuditKind, AuditOutcome, AuditRecord, AuditSource, RecordId};
 use crate::grant::{Decision, DenyReason, Requirement, Scope, authorize, discover};
-use crate::port::{Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, RefusedCall};
+use crate::port::{Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, OwnedInvoke, RefusedCall};
 use crate::tools::EXECUTION_NAMESPACE;
 
 impl OpenTurn {
@@ -173,6 +175,20 @@ impl KernelTurn for OpenTurn {
         abort: CancellationToken,
     ) -> Result<ToolResult, KernelError> {
         super::invoke::invoke_tool(self, context, call, abort).await
+    }
+
+    /// The call's whole future in one box (the default would box
+    /// `invoke_tool`'s inside its own).
+    fn invoke_tool_owned(
+        self: Arc<Self>,
+        context: Arc<AccessContext>,
+        call: ToolCall,
+        abort: CancellationToken,
+    ) -> OwnedInvoke {
+        Box::pin(async move {
+            let outcome = super::invoke::invoke_tool(&self, &context, &call, abort).await;
+            (outcome, call)
+        })
     }
 
     async fn record_escalation(

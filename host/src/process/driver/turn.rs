@@ -19,7 +19,8 @@ use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
 use sharedos_protocol::jsonrpc::{WireError, truncate};
 use sharedos_protocol::method::{Annotate, Emit, InvokeTool, Method, TurnAbort, TurnDraining};
 use sharedos_protocol::{
-    ErrorKind, InvokeToolParams, RuntimeLimits, RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult,
+    ErrorKind, InvokeToolParams, RuntimeLimits, RuntimeTurnOutcome, RuntimeTurnRequest, ToolCall,
+    ToolResult,
     TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams,
 };
 use tokio::time::Instant;
@@ -36,9 +37,22 @@ pub const EXIT_DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// (docs/BENCHMARKS.md, calls in flight).
 const ANSWER_BATCH: usize = 16;
 
-/// One tool call being served, tagged with its slot in `pending`.
-type CallFuture =
-    std::pin::Pin<Box<dyn Future<Output = (usize, Result<ToolResult, HostCallError>)> + Send>>;
+/// What a tool call being served gives back, tagged with its slot in
+/// `pending`.
+type Served = (usize, Result<ToolResult, HostCallError>);
+
+/// One tool call being served: the host's call, with the host it runs on
+/// (kept alive by the future itself, so what is left at the end of the
+/// turn can be spawned). `calls` holds these futures by their own type, not
+/// boxed: each call is one node of the set rather than a node and a box.
+fn serve_call(
+    host: Arc<dyn RuntimeHost>,
+    slot: usize,
+    call: ToolCall,
+    step: Option<u64>,
+) -> impl Future<Output = Served> + Send + 'static {
+    async move { (slot, host.invoke_tool(call, step).await) }
+}
 
 /// The answer slots of the calls being served, by slot number: a call
 /// takes a free slot and gives it back when it is answered, so the
@@ -81,8 +95,9 @@ type Ending = Result<RuntimeTurnOutcome, RuntimeError>;
 /// What one event of the turn decided: go on, or end the turn so.
 type Step = ControlFlow<Ending>;
 
-/// The state of one turn being driven.
-struct TurnDriver<'a> {
+/// The state of one turn being driven. `C` is the type of
+/// [`serve_call`]'s future (named by inference, as it has no name).
+struct TurnDriver<'a, C> {
     peer: &'a Peer,
     run_id: u64,
     turn_id: &'a TurnId,
@@ -90,7 +105,8 @@ struct TurnDriver<'a> {
     abort: &'a Signal,
     /// The calls run inside the driver's task (no spawn, no cross-thread
     /// wake-up per call); whatever still runs at the end is spawned then.
-    calls: FuturesUnordered<CallFuture>,
+    calls: FuturesUnordered<C>,
+    serve: fn(Arc<dyn RuntimeHost>, usize, ToolCall, Option<u64>) -> C,
     pending: Pending,
     /// Set once the plugin is gone: when the grace ends, and how it went.
     exit_deadline: Option<(Instant, String)>,
@@ -117,6 +133,7 @@ pub async fn drive_turn(
         host,
         abort: &abort,
         calls: FuturesUnordered::new(),
+        serve: serve_call,
         pending: Pending::default(),
         exit_deadline: None,
     };
@@ -174,7 +191,7 @@ pub async fn drive_turn(
     ending
 }
 
-impl TurnDriver<'_> {
+impl<C: Future<Output = Served> + Send + 'static> TurnDriver<'_, C> {
     fn aborted(&mut self) -> Step {
         let params = TurnAbortParams {
             turn_id: self.turn_id.clone(),
@@ -230,11 +247,10 @@ impl TurnDriver<'_> {
                 fatal_on(reply.error(&err).await)
             }
             Ok(p) => {
-                let n = self.pending.insert(reply);
-                let host = self.host.clone();
-                self.calls.push(Box::pin(async move {
-                    (n, host.invoke_tool(p.call, p.step).await)
-                }));
+                let slot = self.pending.insert(reply);
+                let InvokeToolParams { call, step, .. } = *p;
+                let served = (self.serve)(self.host.clone(), slot, call, step);
+                self.calls.push(served);
                 ControlFlow::Continue(())
             }
         }
