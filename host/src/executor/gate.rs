@@ -18,7 +18,16 @@ pub(crate) const CALL_LIMIT: &str = "tool_call_limit_exceeded";
 /// The effective catalogue, fixed once the kernel listed it.
 struct Catalogue {
     tools: Vec<ToolDefinition>,
-    repeatable: HashSet<String>,
+    /// By position in `tools`: whether a call of that name is repeatable
+    /// (some definition of the name is), so a call's step 9 finds the
+    /// answer of step 10 with its tool, without hashing the name.
+    repeatable: Vec<bool>,
+}
+
+/// A tool the turn's catalogue offers (step 9), as step 10 admits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offered {
+    repeatable: bool,
 }
 
 /// The per-turn counters of B.2 steps 6–8 and the retry book of B.7.
@@ -50,19 +59,29 @@ pub(crate) struct Admitted {
 impl CallGate {
     /// Fixes the effective catalogue (kernel listing ∩ requested names).
     pub fn offer(&self, tools: Vec<ToolDefinition>) {
-        let repeatable = tools
+        let names: HashSet<&str> = tools
             .iter()
             .filter(|d| d.repeatable())
-            .map(|d| d.name.to_string())
+            .map(|d| d.name.as_str())
+            .collect();
+        let repeatable = tools
+            .iter()
+            .map(|d| names.contains(d.name.as_str()))
             .collect();
         let _ = self.catalogue.set(Catalogue { tools, repeatable });
     }
 
     /// Step 9: whether the turn's catalogue offers `tool`.
     pub fn offers(&self, tool: &str) -> bool {
-        self.catalogue
-            .get()
-            .is_some_and(|c| c.tools.iter().any(|d| d.name.as_str() == tool))
+        self.offered(tool).is_some()
+    }
+
+    /// Step 9: the turn's catalogue entry for `tool`, if it offers it.
+    pub fn offered(&self, tool: &str) -> Option<Offered> {
+        let c = self.catalogue.get()?;
+        let mut entries = c.tools.iter().zip(&c.repeatable);
+        let (_, &repeatable) = entries.find(|(d, _)| d.name.as_str() == tool)?;
+        Some(Offered { repeatable })
     }
 
     /// Steps 6–8: the step ceiling (only for a declared step), then the
@@ -92,11 +111,15 @@ impl CallGate {
 
     /// Step 10: the call goes to the kernel. A non-repeatable one is
     /// outstanding (a retry is not safe) until it settles.
+    #[cfg(test)]
     pub fn admit(&self, tool: &str) -> Admitted {
-        let repeatable = self
-            .catalogue
-            .get()
-            .is_some_and(|c| c.repeatable.contains(tool));
+        let offered = self.offered(tool).unwrap_or(Offered { repeatable: false });
+        self.admit_offered(offered)
+    }
+
+    /// [`CallGate::admit`] for the entry step 9 found.
+    pub fn admit_offered(&self, offered: Offered) -> Admitted {
+        let repeatable = offered.repeatable;
         if !repeatable {
             lock(&self.counters).writes_with_kernel += 1;
         }
@@ -137,6 +160,10 @@ impl CallGate {
 #[derive(Default)]
 struct InFlight {
     count: AtomicU32,
+    /// The callers of `wait_idle` now. The last call out wakes them only
+    /// if there are any: `notify_waiters` takes a lock, and nearly every
+    /// call is the last one out for a moment.
+    waiting: AtomicU32,
     idle: Notify,
 }
 
@@ -149,6 +176,11 @@ impl InFlight {
         self.count.load(Ordering::SeqCst) == 0
     }
     async fn wait_idle(&self) {
+        // Counted before the wait is made and the count read (all SeqCst):
+        // a last call out that does not see this waiter left the count at
+        // zero before it is read here.
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
         loop {
             let notified = self.idle.notified();
             if self.is_empty() {
@@ -159,11 +191,21 @@ impl InFlight {
     }
 }
 
+/// One caller of `wait_idle`, counted while it waits (or is dropped).
+struct Waiting<'a>(&'a AtomicU32);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 struct InFlightGuard(Arc<InFlight>);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let last = self.0.count.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.0.waiting.load(Ordering::SeqCst) > 0 {
             self.0.idle.notify_waiters();
         }
     }

@@ -2,7 +2,9 @@
 //! call in the exact order of envelope.md B.2, `emit` (B.3), `annotate`
 //! (B.4) and the draining signal.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use async_trait::async_trait;
 use futures_util::FutureExt;
@@ -16,7 +18,7 @@ use sharedos_protocol::{
 
 use super::detach::{Panicked, RunToEnd};
 use super::events::{CALL_COMPLETED, CALL_REQUESTED};
-use super::gate::{Admitted, CALL_LIMIT, STEP_LIMIT};
+use super::gate::{Admitted, CALL_LIMIT, Offered, STEP_LIMIT};
 use super::turn::Turn;
 use crate::limits::COMPLETION_EXTRA_BYTES;
 
@@ -181,12 +183,13 @@ impl EnvelopeHost {
         &self,
         call: ToolCall,
         step: Option<u64>,
+        offered: Offered,
     ) -> Result<ToolResult, HostCallError> {
         let turn = self.turn.clone();
         let Some(kernel_turn) = turn.authority().kernel_turn() else {
             return Err(HostCallError::closed());
         };
-        let admitted = turn.gate().admit(call.tool.as_str());
+        let admitted = turn.gate().admit_offered(offered);
         let abort = turn.signals().kernel_abort();
         let context = turn.context_now();
         // The call moves into the work; what the seat's answer needs of it
@@ -199,18 +202,26 @@ impl EnvelopeHost {
             (outcome, matches)
         };
         let kernel = kernel_turn.invoke_tool_owned(context, call, abort);
-        let work = RunToEnd::new(kernel.map(settle));
-        let (outcome, matches) = tokio::select! {
-            biased;
-            joined = work => match joined {
-                Ok(done) => done,
-                Err(Panicked) => (Err(KernelError::Failed("the kernel task panicked".into())), false),
+        let mut work = RunToEnd::new(kernel.map(settle));
+        // Most calls are answered in the work's first poll; the hard signal
+        // is waited on (and its wait made) only for one that is not.
+        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut work).poll(cx))).await;
+        let joined = match first {
+            Poll::Ready(joined) => joined,
+            Poll::Pending => tokio::select! {
+                biased;
+                joined = &mut work => joined,
+                _ = self.turn.signals().aborted() => {
+                    return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
+                }
             },
-            // Subscribed to only if the kernel's work is still pending
-            // after its first poll (most calls are answered in it).
-            _ = self.turn.signals().aborted() => {
-                return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
-            }
+        };
+        let (outcome, matches) = match joined {
+            Ok(done) => done,
+            Err(Panicked) => (
+                Err(KernelError::Failed("the kernel task panicked".into())),
+                false,
+            ),
         };
         answer(&self.turn, outcome, matches)
     }
@@ -256,13 +267,13 @@ impl RuntimeHost for EnvelopeHost {
             return Ok(self.refuse(&call, step, code, None).await);
         }
         // 9. Catalogue.
-        if !turn.gate().offers(call.tool.as_str()) {
+        let Some(offered) = turn.gate().offered(call.tool.as_str()) else {
             return Ok(self
                 .refuse(&call, step, TOOL_UNAVAILABLE, Some("not_offered"))
                 .await);
-        }
+        };
         // 10–11. The kernel, raced with the hard signal.
-        let result = self.with_kernel(call, step).await?;
+        let result = self.with_kernel(call, step, offered).await?;
         // 12. Check the host again. (13, `tool.completed`, was written by
         // the mediated call.)
         if self.closed() {

@@ -297,7 +297,10 @@ impl<'a> Checks<'a> {
     /// Step 11: ceiling: same namespace, action and owner as declared; the
     /// declared path is a segment prefix of the requested one.
     fn within_ceiling(&self, req: &Requirement, ceiling: &Requirement) -> Result<(), Refusal> {
-        let within = req.namespace == ceiling.namespace
+        // The declared requirement itself (step 9 borrowed the ceiling) is
+        // within it: no string is compared with itself.
+        let within = std::ptr::eq(req, ceiling)
+            || req.namespace == ceiling.namespace
             && req.action == ceiling.action
             && req.owner == ceiling.owner
             && ceiling.path.len() <= req.path.len()

@@ -6,7 +6,9 @@
 
 use std::future::Future;
 use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -23,7 +25,7 @@ use sharedos_protocol::{
     ToolResult,
     TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams,
 };
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// After the process exits, how long the reader may still deliver what the
 /// plugin wrote before it died (its outcome, typically).
@@ -151,14 +153,15 @@ pub async fn drive_turn(
     tokio::pin!(exited);
     tokio::pin!(aborted);
     tokio::pin!(drain_asked);
+    // The grace's timer, made once the plugin is gone (the select takes a
+    // reference to it, not a timer made and moved on every event).
+    let mut exit_sleep: Option<Pin<Box<Sleep>>> = None;
     let ending = loop {
-        let exit_at = turn.exit_deadline.as_ref().map(|(at, _)| *at);
-        let exit_sleep = async move {
-            match exit_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        if exit_sleep.is_none()
+            && let Some((at, _)) = &turn.exit_deadline
+        {
+            exit_sleep = Some(Box::pin(tokio::time::sleep_until(*at)));
+        }
         let step = tokio::select! {
             biased;
             _ = &mut aborted => turn.aborted(),
@@ -181,7 +184,7 @@ pub async fn drive_turn(
                 turn.dead(v)
             }
             how = &mut exited, if turn.exit_deadline.is_none() => turn.exited(how),
-            _ = exit_sleep => turn.exit_grace_over(),
+            _ = grace_over(&mut exit_sleep) => turn.exit_grace_over(),
         };
         if let ControlFlow::Break(ending) = step {
             break ending;
@@ -310,6 +313,14 @@ impl<C: Future<Output = Served> + Send + 'static> TurnDriver<'_, C> {
             tokio::spawn(async move { while calls.next().await.is_some() {} });
         }
     }
+}
+
+/// Resolves when `sleep` ends; never without one.
+fn grace_over(sleep: &mut Option<Pin<Box<Sleep>>>) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| match sleep {
+        Some(sleep) => sleep.as_mut().poll(cx),
+        None => Poll::Pending,
+    })
 }
 
 /// The `turn/run` answer as the turn's ending.
