@@ -237,6 +237,63 @@ mod tests {
         assert_eq!(gate.count(None, &limits(2, 3)), Err(CALL_LIMIT));
     }
 
+    #[tokio::test]
+    async fn the_wait_for_idle_ends_when_the_last_call_is_out() {
+        let gate = Arc::new(CallGate::default());
+        gate.wait_idle().await;
+        for _ in 0..100 {
+            let (a, b) = (gate.admit("files.write"), gate.admit("files.read"));
+            let waiter = tokio::spawn({
+                let gate = gate.clone();
+                async move { gate.wait_idle().await }
+            });
+            tokio::task::yield_now().await;
+            drop(a);
+            tokio::task::yield_now().await;
+            assert!(!waiter.is_finished(), "a call is still in flight");
+            drop(b);
+            assert!(waiter.await.is_ok());
+            assert_eq!(gate.in_flight.waiting.load(Ordering::SeqCst), 0);
+        }
+    }
+
+    #[test]
+    fn the_catalogue_entry_says_whether_a_call_is_repeatable() {
+        let gate = CallGate::default();
+        assert_eq!(gate.offered("files.read"), None);
+        let read = tool("files.read", sharedos_protocol::ReadWrite::Read);
+        let write = tool("files.write", sharedos_protocol::ReadWrite::Write);
+        gate.offer(vec![read, write]);
+        assert_eq!(
+            gate.offered("files.read"),
+            Some(Offered { repeatable: true })
+        );
+        assert_eq!(
+            gate.offered("files.write"),
+            Some(Offered { repeatable: false })
+        );
+        assert_eq!(gate.offered("files.delete"), None);
+        assert!(gate.offers("files.write") && !gate.offers("files.delete"));
+    }
+
+    fn tool(name: &str, read_write: sharedos_protocol::ReadWrite) -> ToolDefinition {
+        let mut def: ToolDefinition = serde_json::from_value(serde_json::json!({
+            "name": name,
+            "namespace": "files",
+            "source": "kernel",
+            "description": "a tool",
+            "inputSchema": {"type": "object"},
+            "requiredCapability": {
+                "resource": {"namespace": "files", "path": []},
+                "action": "read"
+            },
+            "readWrite": "read"
+        }))
+        .expect("a tool definition");
+        def.read_write = read_write;
+        def
+    }
+
     #[test]
     fn an_outstanding_write_makes_a_retry_unsafe_until_it_settles() {
         let gate = CallGate::default();

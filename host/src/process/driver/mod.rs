@@ -4,6 +4,7 @@
 //! ([`sharedos_peer`]) the plugin SDK runs too. No file descriptor here:
 //! the process code hands the peer the child's pipes.
 
+mod calls;
 pub mod handshake;
 pub mod turn;
 

@@ -11,8 +11,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use serde_json::value::RawValue;
 use sharedos_peer::{
     ErrorObjectOwned, Inbound, Inbox, Peer, Replier, RequestParams, Violation, ViolationReason,
@@ -26,6 +24,8 @@ use sharedos_protocol::{
     TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams,
 };
 use tokio::time::{Instant, Sleep};
+
+use super::calls::Calls;
 
 /// After the process exits, how long the reader may still deliver what the
 /// plugin wrote before it died (its outcome, typically).
@@ -46,7 +46,7 @@ type Served = (usize, Result<ToolResult, HostCallError>);
 /// One tool call being served: the host's call, with the host it runs on
 /// (kept alive by the future itself, so what is left at the end of the
 /// turn can be spawned). `calls` holds these futures by their own type, not
-/// boxed: each call is one node of the set rather than a node and a box.
+/// boxed, in slots kept from call to call.
 fn serve_call(
     host: Arc<dyn RuntimeHost>,
     slot: usize,
@@ -107,7 +107,7 @@ struct TurnDriver<'a, C> {
     abort: &'a Signal,
     /// The calls run inside the driver's task (no spawn, no cross-thread
     /// wake-up per call); whatever still runs at the end is spawned then.
-    calls: FuturesUnordered<C>,
+    calls: Calls<C>,
     serve: fn(Arc<dyn RuntimeHost>, usize, ToolCall, Option<u64>) -> C,
     pending: Pending,
     /// Set once the plugin is gone: when the grace ends, and how it went.
@@ -134,7 +134,7 @@ pub async fn drive_turn(
         turn_id,
         host,
         abort: &abort,
-        calls: FuturesUnordered::new(),
+        calls: Calls::default(),
         serve: serve_call,
         pending: Pending::default(),
         exit_deadline: None,
