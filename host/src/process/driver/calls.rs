@@ -115,12 +115,11 @@ impl<F: Future> Calls<F> {
         if self.len == 0 {
             return Poll::Ready(None);
         }
-        self.queue.driver.register(cx.waker());
         // At most one poll per call, then the driver's other events have
         // their turn (a call that keeps waking itself cannot starve them).
         for _ in 0..self.len {
             let Some(at) = self.next_slot() else {
-                return Poll::Pending;
+                return self.wait(cx);
             };
             let Some(slot) = self.slots.get_mut(at) else {
                 continue;
@@ -137,7 +136,19 @@ impl<F: Future> Calls<F> {
                 return Poll::Ready(Some(out));
             }
         }
-        if !self.fresh.is_empty() || !self.woken().is_empty() {
+        if !self.fresh.is_empty() {
+            cx.waker().wake_by_ref();
+        }
+        self.wait(cx)
+    }
+
+    /// Pending: the driver is woken by the next call woken. Registered only
+    /// now (an answer handed out needs no wake-up: the driver polls again
+    /// while calls are left), so a wake between the polls above and the
+    /// registration is seen in the queue here instead.
+    fn wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
+        self.queue.driver.register(cx.waker());
+        if !self.woken().is_empty() {
             cx.waker().wake_by_ref();
         }
         Poll::Pending

@@ -19,8 +19,7 @@ use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
 use sharedos_protocol::jsonrpc::{WireError, truncate};
 use sharedos_protocol::method::{Annotate, Emit, InvokeTool, Method, TurnAbort, TurnDraining};
 use sharedos_protocol::{
-    ErrorKind, InvokeToolParams, RuntimeLimits, RuntimeTurnOutcome, RuntimeTurnRequest, ToolCall,
-    ToolResult,
+    ErrorKind, InvokeToolParams, RuntimeLimits, RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult,
     TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams,
 };
 use tokio::time::{Instant, Sleep};
@@ -47,13 +46,17 @@ type Served = (usize, Result<ToolResult, HostCallError>);
 /// (kept alive by the future itself, so what is left at the end of the
 /// turn can be spawned). `calls` holds these futures by their own type, not
 /// boxed, in slots kept from call to call.
+/// The params stay boxed (as the reader made them) until the first poll,
+/// so the future moved into its slot is a few words, not the whole call.
 fn serve_call(
     host: Arc<dyn RuntimeHost>,
     slot: usize,
-    call: ToolCall,
-    step: Option<u64>,
+    params: Box<InvokeToolParams>,
 ) -> impl Future<Output = Served> + Send + 'static {
-    async move { (slot, host.invoke_tool(call, step).await) }
+    async move {
+        let InvokeToolParams { call, step, .. } = *params;
+        (slot, host.invoke_tool(call, step).await)
+    }
 }
 
 /// The answer slots of the calls being served, by slot number: a call
@@ -108,7 +111,7 @@ struct TurnDriver<'a, C> {
     /// The calls run inside the driver's task (no spawn, no cross-thread
     /// wake-up per call); whatever still runs at the end is spawned then.
     calls: Calls<C>,
-    serve: fn(Arc<dyn RuntimeHost>, usize, ToolCall, Option<u64>) -> C,
+    serve: fn(Arc<dyn RuntimeHost>, usize, Box<InvokeToolParams>) -> C,
     pending: Pending,
     /// Set once the plugin is gone: when the grace ends, and how it went.
     exit_deadline: Option<(Instant, String)>,
@@ -251,8 +254,7 @@ impl<C: Future<Output = Served> + Send + 'static> TurnDriver<'_, C> {
             }
             Ok(p) => {
                 let slot = self.pending.insert(reply);
-                let InvokeToolParams { call, step, .. } = *p;
-                let served = (self.serve)(self.host.clone(), slot, call, step);
+                let served = (self.serve)(self.host.clone(), slot, p);
                 self.calls.push(served);
                 ControlFlow::Continue(())
             }
