@@ -98,10 +98,9 @@ pub enum KernelError {
 }
 
 /// A call with the kernel that owns all it needs (see
-/// [`KernelTurn::invoke_tool_owned`]); it gives the call back with the
-/// outcome.
+/// [`KernelTurn::invoke_tool_owned`]).
 pub type OwnedInvoke =
-    Pin<Box<dyn Future<Output = (Result<ToolResult, KernelError>, ToolCall)> + Send + 'static>>;
+    Pin<Box<dyn Future<Output = Result<ToolResult, KernelError>> + Send + 'static>>;
 
 /// The kernel: opens turns, and records how they ended.
 #[async_trait]
@@ -167,10 +166,7 @@ pub trait KernelTurn: Send + Sync + 'static {
         call: ToolCall,
         abort: CancellationToken,
     ) -> OwnedInvoke {
-        Box::pin(async move {
-            let outcome = self.invoke_tool(&context, &call, abort).await;
-            (outcome, call)
-        })
+        Box::pin(async move { self.invoke_tool(&context, &call, abort).await })
     }
 
     /// Records an escalation (`escalation.requested`); grants nothing.

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
 use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{
-    CallEventData, ErrorKind, EventData, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult,
-    ToolStatus,
+    CallEventData, ErrorKind, EventData, Identifier, RuntimeEvent, RuntimeLimits, ToolCall,
+    ToolResult, ToolStatus,
 };
 
 use super::detach::{Panicked, RunToEnd};
@@ -97,7 +97,7 @@ fn completed(
 /// names this call and tool.
 fn settle_call(
     turn: &Turn,
-    call: &ToolCall,
+    (call_id, tool): (Identifier, Identifier),
     step: Option<u64>,
     admitted: &Admitted,
     outcome: &Result<ToolResult, KernelError>,
@@ -126,10 +126,10 @@ fn settle_call(
             return false;
         }
     };
-    let matches = result.call_id() == &call.id && result.tool() == &call.tool;
+    let matches = result.call_id() == &call_id && result.tool() == &tool;
     if matches && turn.is_open() && !turn.signals().hard_raised() {
         let code = result.error().map(|err| err.code.clone());
-        let data = completed(call, step, result.status(), code);
+        let data = CallEventData::completed(call_id, tool, step, result.status(), code);
         turn.events().push_prepaid(CALL_COMPLETED, data);
     }
     matches
@@ -142,35 +142,36 @@ fn answer(
     outcome: Result<ToolResult, KernelError>,
     matches: bool,
 ) -> Result<ToolResult, HostCallError> {
-    let result = match outcome {
-        Ok(result) => result,
-        Err(KernelError::AuditUnavailable { .. }) => {
-            return Err(HostCallError::new(
-                ErrorKind::AuditUnavailable,
-                "The audit sink could not record this call's decision; the turn is ending.",
-            ));
-        }
-        Err(KernelError::Interrupted | KernelError::Aborted) => {
-            return Err(HostCallError::new(
-                ErrorKind::Cancelled,
-                "The call was interrupted by the turn's abort.",
-            ));
-        }
-        Err(KernelError::Failed(msg)) => {
-            tracing::warn!(execution_id = %turn.execution_id(), error = %msg, "kernel port failed");
-            return Err(HostCallError::new(
-                ErrorKind::Internal,
-                "The kernel could not answer this call.",
-            ));
-        }
-    };
-    if !matches {
-        return Err(HostCallError::new(
+    // The result is moved once, straight into the answer.
+    match outcome {
+        Ok(result) if matches => Ok(result),
+        Ok(_) => Err(HostCallError::new(
             ErrorKind::Internal,
             "Kernel returned an invalid tool result",
-        ));
+        )),
+        Err(err) => Err(kernel_failure(turn, err)),
     }
-    Ok(result)
+}
+
+/// A kernel failure as the error the plugin sees.
+fn kernel_failure(turn: &Turn, err: KernelError) -> HostCallError {
+    match err {
+        KernelError::AuditUnavailable { .. } => HostCallError::new(
+            ErrorKind::AuditUnavailable,
+            "The audit sink could not record this call's decision; the turn is ending.",
+        ),
+        KernelError::Interrupted | KernelError::Aborted => HostCallError::new(
+            ErrorKind::Cancelled,
+            "The call was interrupted by the turn's abort.",
+        ),
+        KernelError::Failed(msg) => {
+            tracing::warn!(execution_id = %turn.execution_id(), error = %msg, "kernel port failed");
+            HostCallError::new(
+                ErrorKind::Internal,
+                "The kernel could not answer this call.",
+            )
+        }
+    }
 }
 
 impl EnvelopeHost {
@@ -192,29 +193,41 @@ impl EnvelopeHost {
         let admitted = turn.gate().admit_offered(offered);
         let abort = turn.signals().kernel_abort();
         let context = turn.context_now();
-        // The call moves into the work; what the seat's answer needs of it
-        // (whether the result names this call) comes back with the outcome.
-        // The kernel's future is the work's one box; the bookkeeping runs
-        // in its last poll.
-        let settle = move |(outcome, call): (Result<ToolResult, KernelError>, ToolCall)| {
-            let matches = settle_call(&turn, &call, step, &admitted, &outcome);
+        // The call moves into the kernel's work; the bookkeeping keeps its
+        // id and tool (to check the result and name `tool.completed`), and
+        // what the seat's answer needs of it (whether the result names this
+        // call) comes back with the outcome. The kernel's future is the
+        // work's one box; the bookkeeping runs in its last poll.
+        let named = (call.id.clone(), call.tool.clone());
+        let settle = move |outcome: Result<ToolResult, KernelError>| {
+            let matches = settle_call(&turn, named, step, &admitted, &outcome);
             drop(admitted);
             (outcome, matches)
         };
         let kernel = kernel_turn.invoke_tool_owned(context, call, abort);
         let mut work = RunToEnd::new(kernel.map(settle));
-        // Most calls are answered in the work's first poll; the hard signal
-        // is waited on (and its wait made) only for one that is not.
-        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut work).poll(cx))).await;
-        let joined = match first {
-            Poll::Ready(joined) => joined,
-            Poll::Pending => tokio::select! {
-                biased;
-                joined = &mut work => joined,
-                _ = self.turn.signals().aborted() => {
-                    return Err(HostCallError::new(ErrorKind::Cancelled, "The turn was aborted while the call was with the kernel."));
-                }
-            },
+        // The work raced with the hard signal, the work polled first. The
+        // signal's wait is made only once the work did not answer at a
+        // poll: a call answered in its first poll never makes it.
+        let signals = self.turn.signals();
+        let mut aborted = std::pin::pin!(None);
+        let raced = std::future::poll_fn(|cx| {
+            if let Poll::Ready(joined) = Pin::new(&mut work).poll(cx) {
+                return Poll::Ready(Some(joined));
+            }
+            if aborted.is_none() {
+                aborted.set(Some(signals.aborted()));
+            }
+            match aborted.as_mut().as_pin_mut() {
+                Some(wait) => wait.poll(cx).map(|()| None),
+                None => Poll::Pending,
+            }
+        });
+        let Some(joined) = raced.await else {
+            return Err(HostCallError::new(
+                ErrorKind::Cancelled,
+                "The turn was aborted while the call was with the kernel.",
+            ));
         };
         let (outcome, matches) = match joined {
             Ok(done) => done,

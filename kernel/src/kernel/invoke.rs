@@ -301,10 +301,10 @@ impl<'a> Checks<'a> {
         // within it: no string is compared with itself.
         let within = std::ptr::eq(req, ceiling)
             || req.namespace == ceiling.namespace
-            && req.action == ceiling.action
-            && req.owner == ceiling.owner
-            && ceiling.path.len() <= req.path.len()
-            && ceiling.path.iter().zip(&req.path).all(|(a, b)| a == b);
+                && req.action == ceiling.action
+                && req.owner == ceiling.owner
+                && ceiling.path.len() <= req.path.len()
+                && ceiling.path.iter().zip(&req.path).all(|(a, b)| a == b);
         if !within {
             return Err(self.failed(
                 "invalid_tool_requirement",

@@ -17,7 +17,9 @@ use super::records::{Checked, catalog_metadata, checked_entry, infrastructure_co
 use super::{catalog_hash, requirement_of};
 use crate::audit::{AuditEntry, AuditKind, AuditOutcome, AuditRecord, AuditSource, RecordId};
 use crate::grant::{Decision, DenyReason, Requirement, Scope, authorize, discover};
-use crate::port::{Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, OwnedInvoke, RefusedCall};
+use crate::port::{
+    Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, OwnedInvoke, RefusedCall,
+};
 use crate::tools::EXECUTION_NAMESPACE;
 
 impl OpenTurn {
@@ -185,10 +187,7 @@ impl KernelTurn for OpenTurn {
         call: ToolCall,
         abort: CancellationToken,
     ) -> OwnedInvoke {
-        Box::pin(async move {
-            let outcome = super::invoke::invoke_tool(&self, &context, &call, abort).await;
-            (outcome, call)
-        })
+        Box::pin(async move { super::invoke::invoke_tool(&self, &context, &call, abort).await })
     }
 
     async fn record_escalation(
