@@ -434,3 +434,49 @@ async fn the_declared_requirement_follows_each_turns_owner() {
     let expected: Vec<_> = turns.iter().map(|c| Some(c.owner.clone())).collect();
     assert_eq!(owners, expected);
 }
+
+/// `invoke_tool_owned` (the call's future owning the turn, context and
+/// call) answers every call exactly as `invoke_tool` does and records the
+/// same: an allowed call, a refused one, one for another trace and one
+/// for a tool the turn does not have.
+#[tokio::test]
+async fn the_owned_call_answers_and_records_as_invoke_tool_does() {
+    let calls = || {
+        let mut other_trace = call("c3", "test.records", json!({"record": "r1"}));
+        other_trace.trace_id = ident("other-trace");
+        vec![
+            call("c1", "test.records", json!({"record": "r1"})),
+            call("c2", "test.records", json!({"record": "r2"})),
+            other_trace,
+            call("c4", "test.missing", json!({})),
+        ]
+    };
+    let grants = || vec![records_grant("g1", &["r1"], Scope::Exact)];
+    let ctx = context("alice");
+    let (by_ref, owned) = (
+        fixture(Script::Echo, grants()),
+        fixture(Script::Echo, grants()),
+    );
+    let by_ref_turn = by_ref.kernel.open_turn(&ctx).await.unwrap();
+    let owned_turn = owned.kernel.open_turn(&ctx).await.unwrap();
+    let shared_ctx = Arc::new(ctx.clone());
+    for c in calls() {
+        let expected = by_ref_turn
+            .invoke_tool(&ctx, &c, CancellationToken::new())
+            .await;
+        let got = owned_turn
+            .clone()
+            .invoke_tool_owned(shared_ctx.clone(), c, CancellationToken::new())
+            .await;
+        assert_eq!(got, expected);
+    }
+    let kinds = |f: &Fixture| {
+        f.sink
+            .records()
+            .into_iter()
+            .map(|r| (r.kind, r.outcome, r.source, r.reason, r.cause))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&owned), kinds(&by_ref));
+    assert_eq!(owned.tool.calls(), by_ref.tool.calls());
+}
