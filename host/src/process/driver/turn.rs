@@ -48,15 +48,13 @@ type Served = (usize, Result<ToolResult, HostCallError>);
 /// boxed, in slots kept from call to call.
 /// The params stay boxed (as the reader made them) until the first poll,
 /// so the future moved into its slot is a few words, not the whole call.
-fn serve_call(
+async fn serve_call(
     host: Arc<dyn RuntimeHost>,
     slot: usize,
     params: Box<InvokeToolParams>,
-) -> impl Future<Output = Served> + Send + 'static {
-    async move {
-        let InvokeToolParams { call, step, .. } = *params;
-        (slot, host.invoke_tool(call, step).await)
-    }
+) -> Served {
+    let InvokeToolParams { call, step, .. } = *params;
+    (slot, host.invoke_tool(call, step).await)
 }
 
 /// The answer slots of the calls being served, by slot number: a call
