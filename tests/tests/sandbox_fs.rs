@@ -66,7 +66,13 @@ fn dead_pid() -> u32 {
 fn a_deep_directory_chain_leaves_the_host_and_a_later_host_standing() {
     let _serial = serial();
     let bait = json!({ "chain_depth": 20_000 });
-    let run = run_turn(TurnSpec::new(SandboxPolicy::default(), bait).only(&["C34b"]));
+    // Building the chain takes tens of seconds of the plugin's own work on
+    // a loaded two-core machine (50 s seen): the deadline leaves room for
+    // it, since a turn ended by its deadline proves nothing here.
+    let spec = TurnSpec::new(SandboxPolicy::default(), bait)
+        .only(&["C34b"])
+        .timeout_ms(180_000);
+    let run = run_turn(spec);
     // The host survived the end of the turn and returned a result.
     assert_eq!(run.status(), "succeeded", "errors: {}", run.error_text());
     let receipts = run.receipts();
