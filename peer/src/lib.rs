@@ -54,7 +54,7 @@ mod write;
 
 pub use config::PeerConfig;
 pub use jsonrpsee_types::{ErrorObject, ErrorObjectOwned};
-pub use line::{error, error_with};
+pub use line::{error, error_with, request as request_line};
 pub use peer::Peer;
 pub use read::{Inbound, Inbox, RequestParams};
 pub use reply::Replier;

@@ -41,8 +41,9 @@ pub(crate) fn id(id: &RequestId) -> Id<'_> {
     }
 }
 
-/// A compact request line (no trailing `\n`).
-pub(crate) fn request(
+/// A compact request line (no trailing `\n`), as [`crate::Peer::call`]
+/// sends it.
+pub fn request(
     id: u64,
     method: &str,
     params: &impl Serialize,

@@ -108,7 +108,7 @@ impl RuntimeHost for RemoteHost {
             }
         };
         match answer {
-            Ok(Ok(raw)) => serde_json::from_str(raw.get()).map_err(|_| {
+            Ok(Ok(raw)) => ToolResult::from_json(raw.get()).map_err(|_| {
                 HostCallError::new(
                     ErrorKind::Internal,
                     "the host returned an invalid tool result",
@@ -145,5 +145,59 @@ impl RuntimeHost for RemoteHost {
 
     fn draining(&self) -> Signal {
         self.draining.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sharedos_protocol::tool_json::WriteJson;
+    use sharedos_protocol::{Timestamp, ident};
+
+    fn call() -> ToolCall {
+        ToolCall {
+            id: ident("call-17"),
+            tool: ident("echo"),
+            arguments: serde_json::json!({"text": "hello world", "n": 3, "deep": {"a": [1, 2]}})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            trace_id: ident("trace-4f2a"),
+            requested_at: Timestamp::parse("2026-12-02T05:00:00.123Z").unwrap(),
+        }
+    }
+
+    /// The SDK's own work for one tool call, 100,000 times: the request
+    /// line written, the host's answer (as the host writes it) read back.
+    /// For a profiler (`cargo test --release -p sharedos-plugin-sdk
+    /// sdk_side_of_a_call -- --ignored`); it checks nothing but the reading.
+    #[test]
+    #[ignore]
+    fn sdk_side_of_a_call() {
+        let turn_id = TurnId::new("turn-1").unwrap();
+        let call = call();
+        let answer = ToolResult::succeeded(
+            &call,
+            serde_json::json!({"echo": {"text": "hello world"}}),
+            Timestamp::parse("2026-12-02T05:00:00.456Z").unwrap(),
+        );
+        let mut text = Vec::new();
+        answer.write_json(&mut text);
+        let text = String::from_utf8(text).unwrap();
+        let mut bytes = 0;
+        for id in 0..100_000u64 {
+            let params = InvokeToolRef {
+                turn_id: &turn_id,
+                call: &call,
+                step: Some(id),
+            };
+            bytes += std::hint::black_box(
+                sharedos_peer::request_line(id, InvokeTool::NAME, &params).unwrap(),
+            )
+            .len();
+            let read = ToolResult::from_json(std::hint::black_box(&text)).unwrap();
+            assert_eq!(read.status(), answer.status());
+        }
+        assert!(bytes > 0);
     }
 }

@@ -207,3 +207,214 @@ fn a_result_with_any_timestamp_that_parses_is_written_as_serde_json_writes_it() 
     }
     assert!(parsed > 100, "only {parsed} variations parsed");
 }
+
+/// The members of a result as text, `status` first (as the host writes
+/// them), each value in serde_json's own text.
+fn members(result: &ToolResult) -> Vec<(String, String)> {
+    let Value::Object(map) = serde_json::to_value(result).unwrap() else {
+        unreachable!("a result is an object")
+    };
+    let mut out: Vec<(String, String)> = map
+        .iter()
+        .map(|(k, v)| (serde_json::to_string(k).unwrap(), v.to_string()))
+        .collect();
+    let at = out.iter().position(|(k, _)| k == "\"status\"").unwrap();
+    let status = out.remove(at);
+    out.insert(0, status);
+    out
+}
+
+impl Gen {
+    /// A value of any JSON type, or of none: what a wrong member holds.
+    fn wrong_value(&mut self) -> String {
+        const WRONG: [&str; 16] = [
+            "null",
+            "1",
+            "-1.5",
+            "true",
+            "[]",
+            "{}",
+            "\"\"",
+            "\"x\"",
+            "\"succeeded\"",
+            "\"denied\"",
+            "\"Failed\"",
+            "{\"succeeded\":null}",
+            "123456789012345678901234567890",
+            "1e400",
+            "\"2026-12-01T19:30:34Z\"",
+            "{\"code\":\"c\",\"message\":\"m\"}",
+        ];
+        match self.below(WRONG.len() + 2) {
+            i if i < WRONG.len() => WRONG[i].to_owned(),
+            i if i == WRONG.len() => self.value(3).to_string(),
+            _ => {
+                // Nesting around serde_json's limit of 128.
+                let depth = 120 + self.below(16);
+                format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+            }
+        }
+    }
+
+    /// A key as it may be spelled: escaped, cased otherwise, or unknown.
+    fn respelled(&mut self, key: &str) -> String {
+        match self.below(4) {
+            0 => key.replacen('a', "\\u0061", 1),
+            1 => key.to_uppercase(),
+            2 => format!("\"{}\"", self.string().replace('\\', "\\\\").replace('"', "\\\"")),
+            _ => "\"extra\"".to_owned(),
+        }
+    }
+
+    /// One change to the members, of the kinds a hostile or careless host
+    /// could make.
+    fn mutate(&mut self, members: &mut Vec<(String, String)>) {
+        let n = members.len();
+        let at = self.below(n.max(1));
+        match self.below(9) {
+            0 if n > 0 => {
+                let m = members.remove(at);
+                let to = self.below(members.len() + 1);
+                members.insert(to, m);
+            }
+            1 if n > 0 => {
+                let m = members[at].clone();
+                let to = self.below(members.len() + 1);
+                members.insert(to, m);
+            }
+            2 if n > 0 => {
+                let value = self.wrong_value();
+                let key = members[at].0.clone();
+                let to = self.below(members.len() + 1);
+                members.insert(to, (key, value));
+            }
+            3 if n > 0 => {
+                members.remove(at);
+            }
+            4 if n > 0 => members[at].1 = self.wrong_value(),
+            5 if n > 0 => members[at].0 = self.respelled(&members[at].0.clone()),
+            6 => {
+                let value = ["null", "{}", "[]", "{\"k\":[1,{\"\\u00e9\":null}]}"][self.below(4)];
+                members.retain(|(k, _)| k != "\"metadata\"");
+                let to = self.below(members.len() + 1);
+                members.insert(to, ("\"metadata\"".to_owned(), value.to_owned()));
+            }
+            7 => {
+                let status = ["\"succeeded\"", "\"denied\"", "\"failed\"", "\"s\\u0075cceeded\""]
+                    [self.below(4)];
+                if let Some(m) = members.iter_mut().find(|(k, _)| k == "\"status\"") {
+                    m.1 = status.to_owned();
+                }
+            }
+            _ => {
+                let value = self.wrong_value();
+                let key = ["\"output\"", "\"error\"", "\"extra\""][self.below(3)];
+                members.push((key.to_owned(), value));
+            }
+        }
+    }
+
+    /// The members as an object's text, with or without whitespace;
+    /// now and then as an array, or with something after it.
+    fn text(&mut self, members: &[(String, String)]) -> String {
+        let space = [" ", "", "\n\t"][self.below(3)];
+        let body: Vec<String> = members
+            .iter()
+            .map(|(k, v)| format!("{k}{space}:{space}{v}"))
+            .collect();
+        match self.below(20) {
+            0 => format!(
+                "[{}]",
+                members
+                    .iter()
+                    .map(|(_, v)| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            1 => format!("{{{}}} x", body.join(",")),
+            2 => format!("{space}{{{}}}{space}", body.join(&format!(",{space}"))),
+            _ => format!("{{{}}}", body.join(",")),
+        }
+    }
+}
+
+/// Reads `text` both ways. The one-pass reading, whenever it reads
+/// anything, reads what the derive reads; `from_json` answers exactly as
+/// the derive does (the same result, or the same error). Returns whether
+/// the one-pass reading took it, and whether the derive did.
+fn read_both_ways(text: &str) -> (bool, bool) {
+    let derived = serde_json::from_str::<ToolResult>(text);
+    let fast = read_status_first(text);
+    if let Ok(fast) = &fast {
+        assert_eq!(derived.as_ref().ok(), Some(fast), "for {text}");
+    }
+    match (ToolResult::from_json(text), &derived) {
+        (Ok(read), Ok(derived)) => assert_eq!(&read, derived, "for {text}"),
+        (Err(read), Err(derived)) => assert_eq!(read.to_string(), derived.to_string()),
+        (read, derived) => panic!("for {text}: {read:?} but the derive gives {derived:?}"),
+    }
+    (fast.is_ok(), derived.is_ok())
+}
+
+#[test]
+fn results_as_the_host_writes_them_are_read_in_one_pass_as_the_derive_reads_them() {
+    let mut generator = Gen(0x6a09_e667_f3bc_c908);
+    for _ in 0..3000 {
+        let result = generator.result();
+        let text = written(&result);
+        // (Not always `result` itself: serde_json reads some floats back
+        // one bit off, by either way.)
+        assert_eq!(read_both_ways(&text), (true, true), "for {text}");
+    }
+}
+
+#[test]
+fn hostile_results_are_read_as_the_derive_reads_them() {
+    let mut generator = Gen(0xbb67_ae85_84ca_a73b);
+    // [one pass took it, the derive took it after the one pass refused,
+    //  both refused]
+    let mut seen = [0usize; 3];
+    for _ in 0..20_000 {
+        let result = generator.result();
+        let mut members = members(&result);
+        for _ in 0..=generator.below(3) {
+            generator.mutate(&mut members);
+        }
+        let text = generator.text(&members);
+        match read_both_ways(&text) {
+            (true, _) => seen[0] += 1,
+            (false, true) => seen[1] += 1,
+            (false, false) => seen[2] += 1,
+        }
+    }
+    assert!(seen.iter().all(|n| *n > 300), "every outcome drawn: {seen:?}");
+}
+
+#[test]
+fn results_at_the_edges_are_read_as_the_derive_reads_them() {
+    let head = r#""callId":"c","tool":"t","completedAt":"2026-12-01T19:30:34Z""#;
+    let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
+    let deeper = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    for text in [
+        format!(r#"{{"status":"succeeded",{head},"output":null}}"#),
+        format!(r#"{{"status":"succeeded",{head}}}"#),
+        format!(r#"{{"status":"succeeded",{head},"output":{deep}}}"#),
+        format!(r#"{{"status":"succeeded",{head},"output":{deeper}}}"#),
+        format!(r#"{{"status":"succeeded",{head},"metadata":null,"output":1}}"#),
+        format!(r#"{{"status":"succeeded",{head},"metadata":7,"output":1}}"#),
+        format!(r#"{{"status":"succeeded","status":"succeeded",{head},"output":1}}"#),
+        format!(r#"{{{head},"status":"denied","error":{{"code":"c","message":"m"}}}}"#),
+        format!(r#"{{"status":"failed",{head},"error":{{"code":"c","message":"m","x":1}}}}"#),
+        format!(r#"{{"status":"failed",{head},"error":null}}"#),
+        format!(r#"{{"st\u0061tus":"failed",{head},"error":{{"code":"c","message":"m"}}}}"#),
+        format!(r#"{{"status":null,{head},"output":1}}"#),
+        format!(r#"{{"status":{{"succeeded":null}},{head},"output":1}}"#),
+        r#"["succeeded","c","t","2026-12-01T19:30:34Z",null,1]"#.to_owned(),
+        "{}".to_owned(),
+        "{".to_owned(),
+        String::new(),
+        "null".to_owned(),
+    ] {
+        read_both_ways(&text);
+    }
+}
