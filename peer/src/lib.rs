@@ -54,7 +54,9 @@ mod write;
 
 pub use config::PeerConfig;
 pub use jsonrpsee_types::{ErrorObject, ErrorObjectOwned};
-pub use line::{error, error_with, request as request_line};
+pub use line::{
+    error, error_with, request as request_line, request_written as request_line_written,
+};
 pub use peer::Peer;
 pub use read::{Inbound, Inbox, RequestParams};
 pub use reply::Replier;

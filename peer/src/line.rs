@@ -52,6 +52,21 @@ pub fn request(
     serde_json::to_string(&Request::borrowed(method, Some(&params), Id::Number(id)))
 }
 
+/// [`request`] for params that write their own JSON text: the same bytes
+/// (`{"jsonrpc":"2.0","id":…,"method":…,"params":…}`), built without serde
+/// (no second pass through a `RawValue`).
+pub fn request_written(id: u64, method: &str, params: &impl WriteJson) -> Line {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    json::write_u64(&mut out, id);
+    out.extend_from_slice(br#","method":"#);
+    json::write_str(&mut out, method);
+    out.extend_from_slice(br#","params":"#);
+    params.write_json(&mut out);
+    out.push(b'}');
+    out
+}
+
 /// A compact notification line.
 pub(crate) fn notification(
     method: &str,
@@ -136,6 +151,31 @@ mod tests {
             error_response(&RequestId::Number(3), &error(ErrorKind::Overloaded, "busy")),
             r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"busy","data":{"kind":"overloaded"}}}"#
         );
+    }
+
+    /// The hand-written request line is the serde one, for ids at their
+    /// edges, methods to escape and params of every JSON type.
+    #[test]
+    fn the_written_request_line_is_byte_for_byte_the_serde_one() {
+        let params = [
+            serde_json::json!({}),
+            serde_json::json!({"turnId": "t", "call": {"a": [1, -2, 0.5, u64::MAX, i64::MIN]},
+                "s": "\"\\\n\u{1}\u{7f}é😀\u{2028}", "n": null, "b": [true, false], "o": {"": {}}}),
+            serde_json::json!([1e300, -0.0, "x".repeat(5000)]),
+            serde_json::json!(null),
+            serde_json::json!("\u{2029}"),
+        ];
+        let methods = ["host/invokeTool", "", "a\"b\\c\nd\u{1}é\u{2028}😀"];
+        for id in [0, 1, 7, 1 << 53, u64::MAX] {
+            for method in methods {
+                for p in &params {
+                    assert_eq!(
+                        String::from_utf8(request_written(id, method, p)).unwrap(),
+                        request(id, method, p).unwrap()
+                    );
+                }
+            }
+        }
     }
 
     /// The hand-written answer line is the serde one, for every id shape

@@ -8,6 +8,7 @@ use serde::Serialize;
 use sharedos_protocol::ErrorKind;
 use sharedos_protocol::jsonrpc::WireError;
 use sharedos_protocol::method;
+use sharedos_protocol::tool_json::WriteJson;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 
@@ -68,7 +69,7 @@ impl Peer {
             Violation::new(ViolationReason::Io, format!("cannot encode {method}: {e}"))
         })?;
         lock(&self.shared.pending).insert(id, Waiter::Inbox);
-        if let Err(v) = self.send_line(line).await {
+        if let Err(v) = self.send_line(line.into_bytes()).await {
             self.forget(id);
             return Err(v);
         }
@@ -94,6 +95,24 @@ impl Peer {
         let line = line::request(id, method, params).map_err(|e| {
             Violation::new(ViolationReason::Io, format!("cannot encode {method}: {e}"))
         })?;
+        self.call_line(id, line.into_bytes()).await
+    }
+
+    /// [`Peer::call_raw`] with params that write their own JSON text, the
+    /// bytes serde would write for them.
+    pub async fn call_written(
+        &self,
+        method: &str,
+        params: &impl WriteJson,
+    ) -> Result<Answer, Violation> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.call_line(id, line::request_written(id, method, params))
+            .await
+    }
+
+    /// Sends request `id`, already written as `line`, and waits for its
+    /// answer.
+    async fn call_line(&self, id: u64, line: Line) -> Result<Answer, Violation> {
         let (tx, rx) = oneshot::channel();
         // Pending before it is queued: the answer can only come after.
         lock(&self.shared.pending).insert(id, Waiter::Call(tx));
@@ -132,7 +151,7 @@ impl Peer {
         let line = line::notification(method, params).map_err(|e| {
             Violation::new(ViolationReason::Io, format!("cannot encode {method}: {e}"))
         })?;
-        self.send_line(line).await
+        self.send_line(line.into_bytes()).await
     }
 
     /// Queues a notification without waiting; `false` if the queue is full
@@ -150,7 +169,7 @@ impl Peer {
         let line = line::notification(method, params).map_err(|e| {
             Violation::new(ViolationReason::Io, format!("cannot encode {method}: {e}"))
         })?;
-        self.check_size(&line)?;
+        self.check_size(line.as_bytes())?;
         self.out.try_send(line.into_bytes()).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 Violation::new(ViolationReason::Io, "the write queue is full")
@@ -171,15 +190,12 @@ impl Peer {
         let _ = tokio::time::timeout(grace, self.shared.written.cancelled()).await;
     }
 
-    async fn send_line(&self, line: String) -> Result<(), Violation> {
+    async fn send_line(&self, line: Line) -> Result<(), Violation> {
         self.check_size(&line)?;
-        self.out
-            .send(line.into_bytes())
-            .await
-            .map_err(|_| self.stopped())
+        self.out.send(line).await.map_err(|_| self.stopped())
     }
 
-    fn check_size(&self, line: &str) -> Result<(), Violation> {
+    fn check_size(&self, line: &[u8]) -> Result<(), Violation> {
         if line.len() > self.shared.max_message_bytes() {
             return Err(Violation::new(
                 ViolationReason::FrameTooLarge,

@@ -10,9 +10,10 @@ use serde::Serialize;
 use serde_json::Value;
 use sharedos_peer::{Peer, Violation, ViolationReason};
 use sharedos_protocol::method::{Annotate, Emit, InvokeTool, Method};
+use sharedos_protocol::tool_json::{self, WriteJson};
 use sharedos_protocol::{
     AnnotateParams, EmitParams, ErrorKind, RuntimeEvent, RuntimeLimits, ToolCall, ToolResult,
-    TurnId,
+    TurnId, json,
 };
 
 use crate::host::{HostCallError, RuntimeHost, check_annotation};
@@ -26,6 +27,33 @@ struct InvokeToolRef<'a> {
     call: &'a ToolCall,
     #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<u64>,
+}
+
+/// Written by hand for every tool call: the bytes its `Serialize` writes
+/// (a test holds the two to that), without serde's second pass over each
+/// string.
+impl WriteJson for InvokeToolRef<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let call = self.call;
+        out.extend_from_slice(br#"{"turnId":"#);
+        json::write_str(out, self.turn_id.as_str());
+        out.extend_from_slice(br#","call":{"id":"#);
+        json::write_str(out, call.id.as_str());
+        out.extend_from_slice(br#","tool":"#);
+        json::write_str(out, call.tool.as_str());
+        out.extend_from_slice(br#","arguments":"#);
+        tool_json::write_object(out, &call.arguments);
+        out.extend_from_slice(br#","traceId":"#);
+        json::write_str(out, call.trace_id.as_str());
+        out.extend_from_slice(br#","requestedAt":"#);
+        json::write_str(out, call.requested_at.as_str());
+        out.push(b'}');
+        if let Some(step) = self.step {
+            out.extend_from_slice(br#","step":"#);
+            json::write_u64(out, step);
+        }
+        out.push(b'}');
+    }
 }
 
 /// `RuntimeHost` over the wire, for one turn.
@@ -102,7 +130,7 @@ impl RuntimeHost for RemoteHost {
         // Dropping the call on abort forgets its id: a late answer is an
         // unknown id to the peer.
         let answer = tokio::select! {
-            a = self.peer.call_raw(InvokeTool::NAME, &params) => a,
+            a = self.peer.call_written(InvokeTool::NAME, &params) => a,
             _ = self.abort.raised() => {
                 return Err(HostCallError::new(ErrorKind::Cancelled, "the turn was aborted"));
             }
@@ -151,8 +179,7 @@ impl RuntimeHost for RemoteHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sharedos_protocol::tool_json::WriteJson;
-    use sharedos_protocol::{Timestamp, ident};
+    use sharedos_protocol::{Identifier, Timestamp, ident};
 
     fn call() -> ToolCall {
         ToolCall {
@@ -191,13 +218,118 @@ mod tests {
                 call: &call,
                 step: Some(id),
             };
-            bytes += std::hint::black_box(
-                sharedos_peer::request_line(id, InvokeTool::NAME, &params).unwrap(),
-            )
+            bytes += std::hint::black_box(sharedos_peer::request_line_written(
+                id,
+                InvokeTool::NAME,
+                &params,
+            ))
             .len();
             let read = ToolResult::from_json(std::hint::black_box(&text)).unwrap();
             assert_eq!(read.status(), answer.status());
         }
         assert!(bytes > 0);
+    }
+
+    /// A small xorshift generator: a failure replays.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        /// Escapes, control characters, non-ASCII, U+2028, now and then
+        /// long.
+        fn string(&mut self) -> String {
+            const ALPHABET: [&str; 16] = [
+                "a", "Z", "\"", "\\", "\n", "\r", "\t", "\u{1}", "\u{1f}", "\u{7f}", "é", "😀",
+                "\u{2028}", "\u{2029}", "/", " ",
+            ];
+            let len = if self.below(10) == 0 {
+                self.below(3000)
+            } else {
+                self.below(24)
+            };
+            (0..len)
+                .map(|_| ALPHABET[self.below(ALPHABET.len())])
+                .collect()
+        }
+        fn identifier(&mut self) -> Identifier {
+            let mut s: String = format!("x{}y", self.string()).chars().take(256).collect();
+            if Identifier::new(s.as_str()).is_err() {
+                s = "x".into();
+            }
+            Identifier::new(s).unwrap()
+        }
+        fn value(&mut self, depth: usize) -> Value {
+            let kinds = if depth == 0 { 6 } else { 8 };
+            match self.below(kinds) {
+                0 => Value::Null,
+                1 => Value::Bool(self.below(2) == 0),
+                2 => [u64::MAX, 0, self.next()][self.below(3)].into(),
+                3 => [i64::MIN, -1][self.below(2)].into(),
+                4 => [0.1, -1.5e-7, 1e300, self.next() as f64 / 7.0][self.below(4)].into(),
+                5 => Value::String(self.string()),
+                6 => Value::Array((0..self.below(4)).map(|_| self.value(depth - 1)).collect()),
+                _ => Value::Object(self.object(depth - 1)),
+            }
+        }
+        fn object(&mut self, depth: usize) -> serde_json::Map<String, Value> {
+            (0..self.below(5))
+                .map(|_| (self.string(), self.value(depth)))
+                .collect()
+        }
+        fn call(&mut self) -> ToolCall {
+            ToolCall {
+                id: self.identifier(),
+                tool: self.identifier(),
+                arguments: self.object(3),
+                trace_id: self.identifier(),
+                requested_at: Timestamp::parse(
+                    [
+                        "2026-12-01T19:30:34.123Z",
+                        "2026-12-01 19:30:34Z",
+                        "2026-12-01T21:30:34.5+02:00",
+                    ][self.below(3)],
+                )
+                .unwrap(),
+            }
+        }
+    }
+
+    /// The hand-written request line of a tool call is the one serde
+    /// writes, over generated calls: escapes, unicode, long strings,
+    /// arguments of every JSON type, every shape of step.
+    #[test]
+    fn the_written_tool_call_line_is_byte_for_byte_the_serde_one() {
+        let mut generator = Gen(0x3c6e_f372_fe94_f82b);
+        for n in 0..3000u64 {
+            let turn_id =
+                TurnId::new(["t", "turn-1", "a.b:c_d-9", &"T".repeat(128)][generator.below(4)])
+                    .unwrap();
+            let call = generator.call();
+            let step = [None, Some(0), Some(n), Some(u64::MAX)][generator.below(4)];
+            let params = InvokeToolRef {
+                turn_id: &turn_id,
+                call: &call,
+                step,
+            };
+            let id = [n, u64::MAX][generator.below(2)];
+            assert_eq!(
+                String::from_utf8(sharedos_peer::request_line_written(
+                    id,
+                    InvokeTool::NAME,
+                    &params
+                ))
+                .unwrap(),
+                sharedos_peer::request_line(id, InvokeTool::NAME, &params).unwrap(),
+                "for {call:?}"
+            );
+        }
     }
 }

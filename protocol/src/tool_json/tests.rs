@@ -261,7 +261,10 @@ impl Gen {
         match self.below(4) {
             0 => key.replacen('a', "\\u0061", 1),
             1 => key.to_uppercase(),
-            2 => format!("\"{}\"", self.string().replace('\\', "\\\\").replace('"', "\\\"")),
+            2 => format!(
+                "\"{}\"",
+                self.string().replace('\\', "\\\\").replace('"', "\\\"")
+            ),
             _ => "\"extra\"".to_owned(),
         }
     }
@@ -300,8 +303,12 @@ impl Gen {
                 members.insert(to, ("\"metadata\"".to_owned(), value.to_owned()));
             }
             7 => {
-                let status = ["\"succeeded\"", "\"denied\"", "\"failed\"", "\"s\\u0075cceeded\""]
-                    [self.below(4)];
+                let status = [
+                    "\"succeeded\"",
+                    "\"denied\"",
+                    "\"failed\"",
+                    "\"s\\u0075cceeded\"",
+                ][self.below(4)];
                 if let Some(m) = members.iter_mut().find(|(k, _)| k == "\"status\"") {
                     m.1 = status.to_owned();
                 }
@@ -387,7 +394,10 @@ fn hostile_results_are_read_as_the_derive_reads_them() {
             (false, false) => seen[2] += 1,
         }
     }
-    assert!(seen.iter().all(|n| *n > 300), "every outcome drawn: {seen:?}");
+    assert!(
+        seen.iter().all(|n| *n > 300),
+        "every outcome drawn: {seen:?}"
+    );
 }
 
 #[test]
