@@ -125,13 +125,16 @@ impl Peer {
             self.forget(id);
             return Err(v);
         }
-        let _forget_on_drop = Forget { peer: self, id };
+        let forget_on_drop = Forget { peer: self, id };
         let result = rx.await.unwrap_or_else(|_| {
             Err(WireError::new(
                 ErrorKind::Cancelled,
                 "the connection stopped",
             ))
         });
+        // Answered or cancelled, the entry is already out of the map (its
+        // sender was taken or dropped): no second lock and lookup.
+        std::mem::forget(forget_on_drop);
         Ok(result)
     }
 

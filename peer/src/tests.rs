@@ -585,3 +585,29 @@ async fn answers_beyond_a_full_write_queue_wait_and_keep_their_order() {
     }
     answering.await.unwrap();
 }
+
+/// Tool calls one at a time, as a plugin makes them, answered by a
+/// scripted host: for a profiler (`cargo test --release -p sharedos-peer
+/// calls_one_at_a_time -- --ignored`), the peer's own work per call being
+/// the difference between two runs. It checks nothing but the answers.
+#[tokio::test(flavor = "current_thread")]
+#[ignore]
+async fn calls_one_at_a_time() {
+    let (peer, _inbound, mut host) = pair(PeerConfig {
+        receives: sharedos_protocol::method::Direction::HostToPlugin,
+        ..PeerConfig::default()
+    });
+    let params = json!({
+        "turnId": "t", "call": {"id": "c1", "tool": "echo", "arguments": {"text": "hello"},
+        "traceId": "tr", "requestedAt": "2026-01-01T00:00:00Z"}
+    });
+    for _ in 0..20_000 {
+        let answer = async {
+            let sent = host.read().await;
+            let reply = json!({"jsonrpc": "2.0", "id": sent["id"], "result": {"ok": 1}});
+            host.line(reply).await;
+        };
+        let (got, ()) = tokio::join!(peer.call_written("host/invokeTool", &params), answer);
+        assert_eq!(got.unwrap().unwrap().get(), r#"{"ok":1}"#);
+    }
+}
