@@ -359,9 +359,8 @@ mod tests {
     use serde_json::json;
     use sharedos_protocol::{Timestamp, ToolStatus, ident};
 
-    use super::super::ledger::serialized_len;
+    use super::super::ledger::tests::measured;
     use super::*;
-    use crate::limits::{EVENT_OVERHEAD_BYTES, VALUE_NODE_BYTES};
 
     /// A small deterministic generator (xorshift), so a failure names its
     /// seed.
@@ -432,20 +431,6 @@ mod tests {
                 "",
             ])
         }
-    }
-
-    /// How many JSON values `v` is made of, counted the plain way.
-    fn value_nodes(v: &Value) -> usize {
-        1 + match v {
-            Value::Array(a) => a.iter().map(value_nodes).sum(),
-            Value::Object(o) => o.values().map(value_nodes).sum(),
-            _ => 0,
-        }
-    }
-
-    /// What holding `e` costs, measured from its whole serialization.
-    fn measured(e: &ExecutionEvent) -> usize {
-        serialized_len(e) + value_nodes(&e.data) * VALUE_NODE_BYTES + EVENT_OVERHEAD_BYTES
     }
 
     fn at() -> Timestamp {

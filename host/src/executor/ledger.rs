@@ -275,7 +275,7 @@ pub(crate) fn time_len(at: &Timestamp) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use serde_json::json;
 
     use super::*;
@@ -305,7 +305,7 @@ mod tests {
     }
 
     /// The ledger's measure of an event, from its whole serialization.
-    fn measured(event: &ExecutionEvent) -> usize {
+    pub(in crate::executor) fn measured(event: &ExecutionEvent) -> usize {
         serialized_len(event) + value_nodes(&event.data) * VALUE_NODE_BYTES + EVENT_OVERHEAD_BYTES
     }
 
