@@ -587,11 +587,11 @@ async fn answers_beyond_a_full_write_queue_wait_and_keep_their_order() {
 }
 
 /// Tool calls one at a time, as a plugin makes them, answered by a
-/// scripted host: for a profiler (`cargo test --release -p sharedos-peer
-/// calls_one_at_a_time -- --ignored`), the peer's own work per call being
-/// the difference between two runs. It checks nothing but the answers.
+/// scripted host. A profiler runs 20,000 (`SHAREDOS_PROFILE_ROUNDS=20000
+/// cargo test --release -p sharedos-peer calls_one_at_a_time`), the peer's
+/// own work per call being the difference between two runs; the suite
+/// runs a few, which check every answer reaches its call.
 #[tokio::test(flavor = "current_thread")]
-#[ignore]
 async fn calls_one_at_a_time() {
     let (peer, _inbound, mut host) = pair(PeerConfig {
         receives: sharedos_protocol::method::Direction::HostToPlugin,
@@ -601,7 +601,11 @@ async fn calls_one_at_a_time() {
         "turnId": "t", "call": {"id": "c1", "tool": "echo", "arguments": {"text": "hello"},
         "traceId": "tr", "requestedAt": "2026-01-01T00:00:00Z"}
     });
-    for _ in 0..20_000 {
+    let rounds: u64 = std::env::var("SHAREDOS_PROFILE_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100);
+    for _ in 0..rounds {
         let answer = async {
             let sent = host.read().await;
             let reply = json!({"jsonrpc": "2.0", "id": sent["id"], "result": {"ok": 1}});

@@ -194,12 +194,12 @@ mod tests {
         }
     }
 
-    /// The SDK's own work for one tool call, 100,000 times: the request
-    /// line written, the host's answer (as the host writes it) read back.
-    /// For a profiler (`cargo test --release -p sharedos-plugin-sdk
-    /// sdk_side_of_a_call -- --ignored`); it checks nothing but the reading.
+    /// The SDK's own work for one tool call, repeated: the request line
+    /// written, the host's answer (as the host writes it) read back. A
+    /// profiler runs it 100,000 times (`SHAREDOS_PROFILE_ROUNDS=100000
+    /// cargo test --release -p sharedos-plugin-sdk sdk_side_of_a_call`);
+    /// the suite runs a few rounds, which check the reading.
     #[test]
-    #[ignore]
     fn sdk_side_of_a_call() {
         let turn_id = TurnId::new("turn-1").unwrap();
         let call = call();
@@ -212,7 +212,7 @@ mod tests {
         answer.write_json(&mut text);
         let text = String::from_utf8(text).unwrap();
         let mut bytes = 0;
-        for id in 0..100_000u64 {
+        for id in 0..profile_rounds(100) {
             let params = InvokeToolRef {
                 turn_id: &turn_id,
                 call: &call,
@@ -228,6 +228,14 @@ mod tests {
             assert_eq!(read.status(), answer.status());
         }
         assert!(bytes > 0);
+    }
+
+    /// `SHAREDOS_PROFILE_ROUNDS`, else `default`.
+    fn profile_rounds(default: u64) -> u64 {
+        std::env::var("SHAREDOS_PROFILE_ROUNDS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(default)
     }
 
     /// A small xorshift generator: a failure replays.
