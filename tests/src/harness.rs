@@ -40,33 +40,44 @@ pub struct Python {
 pub fn python_with_mcp() -> Python {
     let probe = "import sys, os, importlib.metadata as m, mcp; \
                  print(sys.executable); print(sys.base_prefix); \
-                 print(os.path.dirname(os.path.dirname(mcp.__file__))); print(m.version('mcp'))";
+                 print(os.path.dirname(os.path.dirname(mcp.__file__))); print(m.version('mcp')); \
+                 print(sys.prefix)";
     let out = Command::new("python3").args(["-c", probe]).output();
     let text = match out {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         Ok(o) => panic!(
-            "the Python `mcp` package is missing: run `python3 -m pip install mcp==1.20.0` (as .ci/run does): {}",
+            "the Python `mcp` package is missing from the `python3` on PATH: run the tests with `scripts/test`, which provisions it (or `python3 -m pip install -r tests/requirements.lock`): {}",
             String::from_utf8_lossy(&o.stderr)
         ),
         Err(e) => panic!(
-            "python3 is not runnable ({e}); install it and run `python3 -m pip install mcp==1.20.0`"
+            "python3 is not runnable ({e}): run the tests with `scripts/test`, which provisions it"
         ),
     };
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 4, "unexpected probe output: {text}");
+    assert_eq!(lines.len(), 5, "unexpected probe output: {text}");
     assert_eq!(
         lines[3], "1.20.0",
-        "mcp {} is installed; run `python3 -m pip install mcp==1.20.0`",
+        "mcp {} is installed, the tests need 1.20.0: run the tests with `scripts/test` (or `python3 -m pip install -r tests/requirements.lock`)",
         lines[3]
     );
-    let exe = std::fs::canonicalize(lines[0]).expect("the interpreter's real path");
     let prefix = PathBuf::from(lines[1]);
+    let venv = PathBuf::from(lines[4]);
     let site = PathBuf::from(lines[2]);
     let mut ro_paths = vec![prefix.clone()];
-    if !site.starts_with(&prefix) {
+    // In a virtual environment (scripts/test makes one) the interpreter
+    // runs from the environment's own bin/python, which finds its
+    // site-packages through pyvenv.cfg beside it; the sandbox sees the
+    // environment and the base installation it points at.
+    let exe = if venv != prefix {
+        ro_paths.push(venv.clone());
+        PathBuf::from(lines[0])
+    } else {
+        std::fs::canonicalize(lines[0]).expect("the interpreter's real path")
+    };
+    if !ro_paths.iter().any(|p| site.starts_with(p)) {
         ro_paths.push(site);
     }
-    if !exe.starts_with(&prefix) && !exe.starts_with("/usr") {
+    if !ro_paths.iter().any(|p| exe.starts_with(p)) && !exe.starts_with("/usr") {
         ro_paths.push(exe.parent().expect("bin dir").to_path_buf());
     }
     Python { exe, ro_paths }

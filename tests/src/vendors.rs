@@ -6,8 +6,9 @@
 //! mock model (`egress::mock`) on the host's loopback as the route's
 //! upstream. Nothing reaches a network.
 //!
-//! The CLIs come from `npm install --prefix <dir>` (`.ci/run` does it); a
-//! test that does not find them fails naming the command, never skips.
+//! The CLIs come from `npm ci` of tests/vendor-cli (`scripts/test` does it,
+//! into its cache, and sets SHAREDOS_VENDOR_CLI_DIR); a test that does not
+//! find them fails naming the command, never skips.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
 use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
 
-/// The pinned versions `.ci/run` installs.
+/// The pinned versions (tests/vendor-cli/package.json, which `scripts/test` installs).
 pub const CODEX_VERSION: &str = "0.171.0";
 pub const CLAUDE_VERSION: &str = "2.1.332";
 /// The real key the gateway adds; the CLIs only ever hold the placeholder.
@@ -78,8 +79,9 @@ pub fn cli_dir(vendor: Vendor) -> PathBuf {
     assert_eq!(
         found.as_deref(),
         Some(version),
-        "{package}@{version} is not installed in {dir}: run `npm install --prefix {dir} \
-         {package}@{version}` (.ci/run does it; SHAREDOS_VENDOR_CLI_DIR names another directory)",
+        "{package}@{version} is not installed in {dir}: run the tests with `scripts/test`, which \
+         installs the pinned CLIs (tests/vendor-cli) and sets SHAREDOS_VENDOR_CLI_DIR, or run \
+         `npm ci` in a copy of tests/vendor-cli and point SHAREDOS_VENDOR_CLI_DIR at it",
         dir = dir.display(),
     );
     dir
