@@ -188,11 +188,31 @@ async fn config_text(
         .base_url
         .as_deref()
         .ok_or("--model needs --mock or --base-url URL")?;
-    let secret = format!("env:{}", model.key_env);
+    let allow = consented_classes(url, &model.allow)?;
+    let secret = if std::env::var_os(&model.key_env).is_some() {
+        format!("env:{}", model.key_env)
+    } else if allow.len() > model.allow.len() || !model.allow.is_empty() {
+        // A model server on this host or its network usually takes no key.
+        eprintln!(
+            "sharedos demo: {} is not set; the gateway sends a placeholder key (set it, or \
+             name another variable with --key-env, for a server that checks keys)",
+            model.key_env
+        );
+        let key = dir.join("local-model.key");
+        std::fs::write(&key, "sharedos-local-no-key")
+            .map_err(|e| format!("{}: {e}", key.display()))?;
+        format!("file:{}", key.display())
+    } else {
+        return Err(format!(
+            "{} is not set: the gateway needs the key of {url} (set it, or name another \
+             variable with --key-env VAR); the plugin never sees it",
+            model.key_env
+        ));
+    };
     let text = model_config(&ModelSetup {
         upstream: url,
         secret: &secret,
-        allow: &model.allow,
+        allow: &allow,
         ..chat_setup(&model.model_name)
     })?;
     Ok((
@@ -200,6 +220,42 @@ async fn config_text(
         format!("sharedos.standard (chat driver) -> gateway -> {url}"),
         None,
     ))
+}
+
+/// The address classes the demo's route may reach: `--allow`'s, plus the
+/// class of the host `--base-url` names (a model server on this host's
+/// loopback, such as Ollama or vLLM, or one on a private network). A URL
+/// typed on the command line is the operator's consent to reach it, and
+/// the demo says so; a configuration file still needs `allow` spelled out.
+fn consented_classes(url: &str, allow: &[String]) -> Result<Vec<String>, String> {
+    let parsed = sharedos_host::egress::policy::UpstreamUrl::parse(url)
+        .map_err(|e| format!("--base-url {url}: {e}"))?;
+    let mut allow = allow.to_vec();
+    let class = sharedos_host::egress::policy::class_of_host(&parsed.host)
+        .and_then(|c| serde_json::to_value(c).ok())
+        .and_then(|v| v.as_str().map(str::to_owned));
+    if let Some(class) = class
+        && !allow.contains(&class)
+    {
+        eprintln!(
+            "sharedos demo: --base-url names a {class} address ({host}); naming it on the \
+             command line is consent, so this demo's route may reach {class} addresses",
+            host = parsed.host
+        );
+        allow.push(class);
+    }
+    Ok(allow)
+}
+
+/// What a configuration error names as its source: with --model the
+/// configuration is built from the flags, and an error in it is about a
+/// flag, never about a file the user could edit.
+fn config_origin(model: &ModelArgs) -> &'static str {
+    if model.model {
+        "<the demo's configuration from your --model flags>"
+    } else {
+        "<embedded demo/host.toml>"
+    }
 }
 
 /// Runs the demo; returns the exit code.
@@ -218,7 +274,7 @@ pub async fn demo(keep: bool, model: &ModelArgs, launcher_for: &LauncherFor) -> 
             return 2;
         }
     };
-    let config = match HostConfig::parse(&text, "<embedded demo/host.toml>", dir.path()) {
+    let config = match HostConfig::parse(&text, config_origin(model), dir.path()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sharedos demo: {e}");

@@ -12,10 +12,25 @@ use sharedos_cli as cli;
 use sharedos_host::config::HostConfig;
 use sharedos_host::seat::LauncherFor;
 
+/// `sharedos --version`: the crate's version, the protocol versions it
+/// speaks and the commit it was built from (cli/build.rs).
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let protocols: Vec<String> = sharedos_protocol::PROTOCOL_VERSIONS
+        .iter()
+        .map(u32::to_string)
+        .collect();
+    format!(
+        "{} (protocol {}, commit {})",
+        env!("CARGO_PKG_VERSION"),
+        protocols.join(", "),
+        env!("SHAREDOS_COMMIT")
+    )
+});
+
 #[derive(Parser)]
 #[command(
     name = "sharedos",
-    version,
+    version = VERSION.as_str(),
     about = "Runs untrusted agent runtimes behind a fixed security envelope."
 )]
 struct Cli {

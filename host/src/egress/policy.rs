@@ -228,7 +228,7 @@ pub fn class_of(ip: IpAddr) -> Option<AddressClass> {
 }
 
 /// The class a host name or literal announces before resolution.
-fn class_of_host(host: &str) -> Option<AddressClass> {
+pub fn class_of_host(host: &str) -> Option<AddressClass> {
     if host == "localhost" || host.ends_with(".localhost") {
         return Some(AddressClass::Loopback);
     }

@@ -10,6 +10,7 @@
 
 pub mod bridge;
 pub mod cli;
+pub mod command;
 pub mod http;
 pub mod latch;
 pub mod mcp;

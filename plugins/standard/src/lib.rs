@@ -19,6 +19,7 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod command;
 pub mod deltas;
 pub mod model;
 pub mod responses;

@@ -61,13 +61,12 @@ fn the_relay_carries_lines_and_exits_at_the_end_of_stdin() {
 
 #[test]
 fn the_relay_exits_on_sigterm_and_sigint() {
-    for sig in [
-        nix::sys::signal::Signal::SIGTERM,
-        nix::sys::signal::Signal::SIGINT,
-    ] {
+    use rustix::process::{Pid, Signal, kill_process};
+    for sig in [Signal::TERM, Signal::INT] {
         let dir = tempfile::tempdir().unwrap();
         let (mut child, _conn) = relay(dir.path());
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+        let pid = Pid::from_raw(child.id() as i32).expect("a child's pid is positive");
+        kill_process(pid, sig).unwrap();
         assert!(exits_within(&mut child, Duration::from_secs(10)), "{sig:?}");
     }
 }

@@ -9,14 +9,12 @@
 //!   replaces; the real key never reaches this process. `--max-tokens N`
 //!   sets Anthropic's `max_tokens` (default 4096, 1..=131072).
 
-#![forbid(unsafe_code)]
-
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: sharedos-standard --transcript '<JSON array of decisions>'\n   \
      or: sharedos-standard --driver openai-chat|openai-responses|anthropic-messages --base-url http://<gateway>/<route> --model <name> [--max-tokens N]";
 
-fn main() -> ExitCode {
+pub fn run() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut transcript, mut driver, mut base, mut model) = (None, None, None, None);
     let mut max_tokens = None;
@@ -45,14 +43,14 @@ fn main() -> ExitCode {
     }
     let plugin = match (transcript, driver.as_deref()) {
         (Some(text), None) => match serde_json::from_str(&text) {
-            Ok(v) => sharedos_standard::plugin(v),
+            Ok(v) => crate::plugin(v),
             Err(e) => {
                 eprintln!("sharedos-standard: the transcript is not JSON: {e}");
                 return ExitCode::from(2);
             }
         },
         (None, Some(kind)) => {
-            let kind = match sharedos_standard::DriverKind::parse(kind) {
+            let kind = match crate::DriverKind::parse(kind) {
                 Ok(k) => k,
                 Err(e) => {
                     eprintln!("sharedos-standard: --driver {e}\n{USAGE}");
@@ -65,7 +63,7 @@ fn main() -> ExitCode {
             };
             let key = std::env::var("SHAREDOS_MODEL_KEY")
                 .unwrap_or_else(|_| "sharedos-placeholder".into());
-            sharedos_standard::model_plugin_with(kind, &base, &model, &key, max_tokens)
+            crate::model_plugin_with(kind, &base, &model, &key, max_tokens)
         }
         _ => {
             eprintln!("sharedos-standard: give exactly one of --transcript or --driver\n{USAGE}");

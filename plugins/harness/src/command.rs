@@ -6,14 +6,12 @@
 //!   spawns (`{mcpCommand} {mcpArgs}`): it relays its stdin and stdout to
 //!   the harness over the turn's unix socket.
 
-#![forbid(unsafe_code)]
-
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: sharedos-harness --harness '<HarnessLaunch JSON>'\n   \
      or: sharedos-harness mcp-relay <socket path>";
 
-fn main() -> ExitCode {
+pub fn run() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
         .iter()
@@ -21,8 +19,8 @@ fn main() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["mcp-relay", socket] => sharedos_harness::relay::run(socket),
-        ["--harness", json] => match sharedos_harness::HarnessPlugin::from_json(json) {
+        ["mcp-relay", socket] => crate::relay::run(socket),
+        ["--harness", json] => match crate::HarnessPlugin::from_json(json) {
             Ok(plugin) => sharedos_plugin_sdk::serve(plugin),
             Err(e) => {
                 eprintln!("sharedos-harness: {e}");

@@ -1,7 +1,7 @@
-//! The `sharedos-standard` binary on its own, over real pipes (../../handshake_check.rs),
+//! The `sharedos-standard` binary on its own, over real pipes (plugins/handshake_check.rs),
 //! with a transcript and with each model driver kind the host's config accepts.
 
-#[path = "../../handshake_check.rs"]
+#[path = "../../plugins/handshake_check.rs"]
 mod handshake_check;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sharedos-standard");
