@@ -152,7 +152,10 @@ pub fn check_runtime(policy: &SandboxPolicy, program: &Path) -> Vec<FsProblem> {
     }
     let how = reach(policy);
     for (j, entry) in policy.extra_ro_paths.iter().enumerate() {
-        let checked = check_form(entry, true).and_then(|p| check_readable(&p, how, entry));
+        let checked = check_form(entry, true).and_then(|p| {
+            check_readable(&p, how, entry)?;
+            check_package_links(policy, &p)
+        });
         if let Err(message) = checked {
             problems.push(FsProblem {
                 field: format!("sandbox.extraRoPaths[{j}]"),
@@ -169,6 +172,51 @@ pub fn check_runtime(policy: &SandboxPolicy, program: &Path) -> Vec<FsProblem> {
         });
     }
     problems
+}
+
+/// The packages a runtime's read-only path installs (`node_modules/<name>`
+/// and `node_modules/@scope/<name>`, as `npm install ./dir` links them)
+/// that are symbolic links out of everything the sandbox sees. Inside the
+/// sandbox such a link dangles, and the plugin fails to load far from the
+/// cause: refuse it at load, naming the link and the fix. A link that
+/// resolves inside a visible path is followed as it is (nothing to do).
+fn check_package_links(policy: &SandboxPolicy, root: &Path) -> Result<(), String> {
+    let modules = root.join("node_modules");
+    let Ok(entries) = std::fs::read_dir(&modules) else {
+        return Ok(());
+    };
+    let mut links = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let scoped = entry.file_name().to_string_lossy().starts_with('@');
+        if scoped && !path.is_symlink() {
+            links.extend(
+                std::fs::read_dir(&path)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        } else {
+            links.push(path);
+        }
+    }
+    links.sort();
+    for link in links.into_iter().filter(|l| l.is_symlink()) {
+        let target = std::fs::canonicalize(&link).unwrap_or_else(|_| link.clone());
+        if !visible(policy, &target) {
+            return Err(format!(
+                "{} is a symbolic link to {}, which the sandbox does not see (read-only paths \
+                 are bound at their own path, and no link out of them is followed): install \
+                 the package as a copy (`npm install --install-links <dir>`, or from its `npm \
+                 pack` tarball), or add {} to extraRoPaths",
+                link.display(),
+                target.display(),
+                target.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The form of a read-only path: absolute, clean, not a directory the
@@ -416,5 +464,48 @@ mod tests {
             normalize(Path::new("/opt/venv/bin/../lib/./x")),
             PathBuf::from("/opt/venv/lib/x")
         );
+    }
+
+    #[test]
+    fn a_package_linked_out_of_the_visible_paths_is_named_with_its_fix() {
+        let project = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let scope = project.path().join("node_modules/@scope");
+        std::fs::create_dir_all(&scope).unwrap();
+        std::os::unix::fs::symlink(outside.path(), scope.join("pkg")).unwrap();
+        let policy = SandboxPolicy {
+            extra_ro_paths: vec![project.path().display().to_string()],
+            ..SandboxPolicy::default()
+        };
+        let e = check_package_links(&policy, project.path()).unwrap_err();
+        assert!(e.contains(&scope.join("pkg").display().to_string()), "{e}");
+        assert!(e.contains("--install-links"), "{e}");
+        // The same link is followed once its target is visible too.
+        let both = SandboxPolicy {
+            extra_ro_paths: vec![
+                project.path().display().to_string(),
+                std::fs::canonicalize(outside.path())
+                    .unwrap()
+                    .display()
+                    .to_string(),
+            ],
+            ..SandboxPolicy::default()
+        };
+        assert_eq!(check_package_links(&both, project.path()), Ok(()));
+        // A link inside the path itself is fine.
+        std::fs::remove_file(scope.join("pkg")).unwrap();
+        std::fs::create_dir(project.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(project.path().join("real"), scope.join("pkg")).unwrap();
+        let canonical = SandboxPolicy {
+            extra_ro_paths: vec![
+                std::fs::canonicalize(project.path())
+                    .unwrap()
+                    .display()
+                    .to_string(),
+            ],
+            ..SandboxPolicy::default()
+        };
+        let root = std::fs::canonicalize(project.path()).unwrap();
+        assert_eq!(check_package_links(&canonical, &root), Ok(()));
     }
 }
