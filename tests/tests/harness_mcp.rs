@@ -1,8 +1,9 @@
 //! The real Python `mcp` SDK client (1.20.0) seated by `sharedos-harness`
 //! in the full sandbox, over the stdio relay: G 95–97 and 100–105 asserted
 //! on the turn's events, result and audit trail (docs/HARNESS.md).
-//! Needs `python3 -m pip install mcp==1.20.0` (.ci/run does it); without
-//! it every test here fails saying so.
+//! Needs the `mcp` package that `scripts/test` installs into its
+//! environment (tests/requirements.lock); without it every test here fails
+//! saying so.
 
 use serde_json::{Value, json};
 use sharedos_tests::harness::{

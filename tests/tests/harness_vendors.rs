@@ -4,8 +4,8 @@
 //! gateway (docs/HARNESS.md, "Codex CLI" and "Claude Code"). Asserted from
 //! the host: the turn's result and events, the JSONL audit trail, what the
 //! mock model was sent (the tool result the CLI saw, the key it carried)
-//! and /proc. Needs the pinned npm installs of .ci/run; without them every
-//! test fails naming the command.
+//! and /proc. Needs the pinned CLIs that `scripts/test` installs
+//! (tests/vendor-cli); without them every test fails naming it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -90,7 +90,17 @@ fn make_venv(base: &Path) -> PathBuf {
         .status()
         .unwrap();
     assert!(made.success());
-    let site = venv.join("lib/python3.11/site-packages");
+    let version = Command::new(venv.join("bin/python"))
+        .args([
+            "-c",
+            "import sys; print(f'python{sys.version_info[0]}.{sys.version_info[1]}')",
+        ])
+        .output()
+        .unwrap();
+    let site = venv
+        .join("lib")
+        .join(String::from_utf8_lossy(&version.stdout).trim())
+        .join("site-packages");
     assert!(site.is_dir(), "{site:?}");
     let copied = Command::new("cp")
         .arg("-r")

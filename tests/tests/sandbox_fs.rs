@@ -346,7 +346,7 @@ fn python_and_node_run_with_the_default_binds_and_host_config_stays_out() {
     // The host has the configuration the default binds leave out.
     assert!(Path::new("/usr/local/etc").is_dir());
     let py = run_in_sandbox(
-        "/usr/bin/python3.11",
+        "/usr/bin/python3",
         &[
             "-c",
             "import json, os, threading, subprocess, tempfile\n\
