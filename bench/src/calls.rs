@@ -112,7 +112,7 @@ async fn settle() {
     let _ = tokio::task::spawn_blocking(sharedos_host::process::settle_kills).await;
 }
 
-/// The floor: the raw NDJSON pipe pair of (a) (`sharedos __bench-echo`,
+/// The floor: the raw NDJSON pipe pair of (a) (`sharedos-bench __bench-echo`,
 /// serde_json, blocking I/O on both ends) with `inflight` requests
 /// outstanding. Returns calls per second.
 pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result<f64> {

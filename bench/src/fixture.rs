@@ -192,9 +192,9 @@ pub fn request(execution_id: &str, payload: Value) -> ExecutionRequest {
 /// The bench's plugin: the shared test plugin (`sharedos_testplugin`)
 /// running each request's payload script, under the bench's manifest. The
 /// same plugin is seated in process and served over stdio
-/// (`sharedos __bench-plugin`), so a figure in process and out of process
+/// (`sharedos-bench __bench-plugin`), so a figure in process and out of process
 /// measure one scenario. It keeps nothing between turns: the host reuses it
-/// only where a runtime has session affinity (`sharedos bench --only
+/// only where a runtime has session affinity (`sharedos-bench --only
 /// affinity`).
 /// An executor seating [`plugin`] in process: the floor of every round.
 pub fn in_process_executor() -> Result<sharedos_host::executor::Executor, String> {

@@ -1,9 +1,9 @@
-//! The MCP harness's figures (`sharedos bench --only harness`), in one
+//! The MCP harness's figures (`sharedos-bench --only harness`), in one
 //! run: the time from `execute()` to the CLI's first MCP `tools/list`, and
 //! one MCP tool call through the relay, the bridge and the envelope
 //! against the same call from an in-process plugin.
 //!
-//! The CLI is shell-free and small: `sharedos __bench-mcp-client`, a
+//! The CLI is shell-free and small: `sharedos-bench __bench-mcp-client`, a
 //! blocking Rust MCP client that spawns the stdio relay, initializes,
 //! lists the tools (noting the wall clock), calls `bench.noop` `CALLS`
 //! times timing each, and prints what it measured as its last line. The
@@ -38,7 +38,7 @@ fn epoch_secs() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `sharedos __bench-mcp-client <relay> <relay args...>` (env `CALLS`).
+/// `sharedos-bench __bench-mcp-client <relay> <relay args...>` (env `CALLS`).
 pub fn mcp_client_main(args: Vec<std::ffi::OsString>) -> ExitCode {
     match mcp_client(args) {
         Ok(line) => {

@@ -1,4 +1,4 @@
-//! Figures for `sharedos bench`: what a decision, an audited call and a
+//! Figures for `sharedos-bench`: what a decision, an audited call and a
 //! file tool call cost on this machine. Each function returns a JSON object
 //! with the figure, the iteration count and what was measured.
 //!

@@ -1,4 +1,4 @@
-//! `sharedos bench`: figures measured in one run, each against a baseline
+//! `sharedos-bench`: figures measured in one run, each against a baseline
 //! measured in the same run, so the ratios hold on a noisy machine.
 
 #![forbid(unsafe_code)]
@@ -16,6 +16,7 @@ pub mod fixture;
 pub mod harness;
 pub mod kernel;
 pub mod process;
+pub mod soak;
 pub mod spawn;
 pub mod turn;
 
@@ -59,7 +60,7 @@ impl Figure {
 }
 
 /// The child side of the floor: echoes each NDJSON request as a response,
-/// with plain blocking std I/O. Entered as `sharedos __bench-echo`.
+/// with plain blocking std I/O. Entered as `sharedos-bench __bench-echo`.
 pub fn echo_child() -> i32 {
     use std::os::fd::AsFd;
     // Our own buffer over fd 0, so that "nothing more read yet" is visible.
@@ -150,7 +151,7 @@ fn show(result: Result<Figure, String>, failed: &mut bool) -> Option<Figure> {
     }
 }
 
-/// One part of `sharedos bench` (`--only`).
+/// One part of `sharedos-bench` (`--only`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Only {
     /// A zero-call turn, stage by stage, in every mode.
@@ -237,13 +238,13 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
     i32::from(failed)
 }
 
-/// `sharedos bench`: every figure, printed with its ratio to the baseline
+/// `sharedos-bench`: every figure, printed with its ratio to the baseline
 /// measured in the same run.
 pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("sharedos bench: cannot find its own binary: {e}");
+            eprintln!("sharedos-bench: cannot find its own binary: {e}");
             return 2;
         }
     };
@@ -252,7 +253,7 @@ pub async fn run(iterations: usize, only: Option<Only>) -> i32 {
     }
     let mut failed = false;
     let spawns = (iterations / 20).clamp(20, 200);
-    println!("sharedos bench: {iterations} iterations per round trip, {spawns} per spawn\n");
+    println!("sharedos-bench: {iterations} iterations per round trip, {spawns} per spawn\n");
     let inproc = protocol_and_envelope(&exe, iterations, &mut failed).await;
     println!("\n== Concurrent tool calls from one plugin (issue 15)");
     failed |= !calls::print(&exe, 64, 5).await;

@@ -26,7 +26,7 @@ use sharedos_host::seat::process_seat;
 /// The hidden subcommand that serves the bench plugin (`fixture::plugin`).
 pub const BENCH_PLUGIN_SUBCOMMAND: &str = "__bench-plugin";
 
-/// Serves the bench plugin over stdio (`sharedos __bench-plugin`).
+/// Serves the bench plugin over stdio (`sharedos-bench __bench-plugin`).
 pub fn serve_bench_plugin() -> std::process::ExitCode {
     sharedos_plugin_sdk::serve(fixture::plugin())
 }

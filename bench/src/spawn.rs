@@ -1,4 +1,4 @@
-//! `sharedos bench`: what the sandbox costs per launch.
+//! `sharedos-bench`: what the sandbox costs per launch.
 //!
 //! Each configuration launches `/bin/true` `iterations` times through
 //! [`sharedos_sandbox::spawn`] and measures (a) the time until the report is in, which

@@ -259,7 +259,7 @@ pub fn print(figures: &[TurnFigures]) {
     }
 }
 
-/// Starts `n` unsandboxed children (`sharedos __bench-echo`, waiting on
+/// Starts `n` unsandboxed children (`sharedos-bench __bench-echo`, waiting on
 /// their stdin), then kills and reaps every tree; returns the time the
 /// kills and reaps took in all. The direct launcher's kill is one
 /// process-group kill, whatever else runs on the machine.

@@ -1,6 +1,6 @@
 //! The `sharedos` command line over the host library: `demo`, `run`,
-//! `serve`, `grants`, `sandbox check`, `conformance`, `soak` (`bench` is
-//! the `sharedos-bench` crate). `main.rs` parses and dispatches.
+//! `serve`, `grants`, `sandbox check`, `conformance` (the bench and the
+//! soak are the `sharedos-bench` binary's). `main.rs` parses and dispatches.
 
 #![forbid(unsafe_code)]
 
@@ -8,7 +8,6 @@ pub mod demo;
 pub mod grants;
 pub mod sandbox_check;
 pub mod serve;
-pub mod soak;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

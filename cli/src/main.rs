@@ -76,37 +76,6 @@ enum Command {
     /// Check that a plugin speaks the protocol: a battery of checks, each
     /// naming the section of docs/PROTOCOL.md it enforces and the fix.
     Conformance(cli::ConformanceArgs),
-    /// Run many turns of hostile plugins in the full sandbox and report the
-    /// host's memory, descriptors, processes, workspaces and cgroups; exits
-    /// 1 on a leftover or on growth.
-    Soak {
-        /// Turns to run.
-        #[arg(long, default_value_t = 1000)]
-        turns: u32,
-        /// Report every this many turns.
-        #[arg(long, default_value_t = 200)]
-        every: u32,
-        /// The testplugin binary (default: next to this one).
-        #[arg(long)]
-        testplugin: Option<PathBuf>,
-        /// The adversary binary (default: next to this one).
-        #[arg(long)]
-        adversary: Option<PathBuf>,
-    },
-    /// Measure the envelope, the protocol and the sandbox.
-    Bench {
-        /// Iterations of each round-trip measurement.
-        #[arg(long, default_value_t = 2000)]
-        iterations: usize,
-        /// Only one part: `turns` (a zero-call turn stage by stage),
-        /// `calls` (sequential and concurrent tool calls), `spawn` (every
-        /// sandbox mode against bwrap, layer costs and stage timings),
-        /// `harness` (the MCP harness: execute() to the first tools/list,
-        /// an MCP tool call against an in-process plugin's) or `affinity`
-        /// (a session's next turn on its parked process).
-        #[arg(long)]
-        only: Option<sharedos_bench::Only>,
-    },
 }
 
 #[derive(Subcommand)]
@@ -172,23 +141,15 @@ fn main() -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
-/// The subcommands the binary serves to itself, before anything else runs:
-/// the sandbox helper (single-threaded) and the bench's children.
+/// The subcommand the binary serves to itself before anything else runs:
+/// the sandbox helper (single-threaded). The bench and the soak are
+/// `sharedos-bench`'s (bench/src/main.rs), not the product's.
 fn internal_subcommand() -> Option<ExitCode> {
     let mut args = std::env::args_os();
     let _exe = args.next();
     let first = args.next()?;
     if first == sharedos_sandbox::HELPER_SUBCOMMAND {
         sharedos_sandbox::helper_main(args.collect())
-    }
-    if first == sharedos_bench::process::BENCH_PLUGIN_SUBCOMMAND {
-        return Some(sharedos_bench::process::serve_bench_plugin());
-    }
-    if first == sharedos_bench::harness::MCP_CLIENT_SUBCOMMAND {
-        return Some(sharedos_bench::harness::mcp_client_main(args.collect()));
-    }
-    if first == "__bench-echo" {
-        return Some(ExitCode::from(sharedos_bench::echo_child() as u8));
     }
     None
 }
@@ -238,27 +199,6 @@ async fn dispatch(command: Command) -> i32 {
         Command::Run { config, request } => run(&config, &request, &*launcher_for).await,
         Command::Serve(args) => cli::serve::command(args, &*launcher_for).await,
         Command::Grants(args) => cli::grants::command(args).await,
-        Command::Bench { iterations, only } => sharedos_bench::run(iterations, only).await,
-        Command::Soak {
-            turns,
-            every,
-            testplugin,
-            adversary,
-        } => {
-            let soak = cli::soak::SoakOptions {
-                turns,
-                every,
-                testplugin: testplugin.unwrap_or_else(|| cli::soak::sibling("sharedos-testplugin")),
-                adversary: adversary.unwrap_or_else(|| cli::soak::sibling("sharedos-adversary")),
-            };
-            match cli::soak::soak(&soak).await {
-                Ok(code) => code,
-                Err(e) => {
-                    eprintln!("sharedos soak: {e}");
-                    2
-                }
-            }
-        }
         Command::Sandbox { .. } | Command::Conformance(_) => 2,
     }
 }

@@ -124,7 +124,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-sandbox",
             "sharedos-host",
             "sharedos-store",
-            "sharedos-bench",
             "sharedos-standard",
             "sharedos-harness",
         ],

@@ -1,4 +1,4 @@
-//! `sharedos bench --only spawn`'s measurement (the `sharedos-bench`
+//! `sharedos-bench --only spawn`'s measurement (the `sharedos-bench`
 //! crate) against the real sandbox helper: every configuration measured,
 //! each at the level it claims, and the full sandbox's stages.
 

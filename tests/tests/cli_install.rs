@@ -147,3 +147,45 @@ fn a_public_base_url_without_its_key_names_the_flag_to_set() {
     );
     assert!(!err.contains("embedded"), "{err}");
 }
+
+#[test]
+fn the_shipped_binary_lists_only_product_commands() {
+    let out = Command::new(plugin_bin("sharedos"))
+        .arg("--help")
+        .output()
+        .expect("run sharedos --help");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = String::from_utf8_lossy(&out.stdout);
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "demo",
+            "run",
+            "serve",
+            "grants",
+            "sandbox",
+            "conformance",
+            "help"
+        ],
+        "{help}"
+    );
+    for internal in ["bench", "soak"] {
+        let out = Command::new(plugin_bin("sharedos"))
+            .arg(internal)
+            .output()
+            .expect("run sharedos");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "`sharedos {internal}` is not a command"
+        );
+    }
+}

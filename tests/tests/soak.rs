@@ -1,4 +1,4 @@
-//! `sharedos soak` from the outside: 200 turns of the testplugin's hostile
+//! `sharedos-bench soak` from the outside: 200 turns of the testplugin's hostile
 //! scripts and the adversary through long-lived executors in the full
 //! sandbox. It exits 0 only when no report saw a live descendant, a
 //! workspace or a cgroup of the host, and memory and descriptors did not
@@ -18,7 +18,7 @@ fn a_short_soak_leaves_nothing_and_does_not_grow() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let out = Command::new(workspace_bin("sharedos"))
+    let out = Command::new(workspace_bin("sharedos-bench"))
         .args(["soak", "--turns", "200", "--every", "50"])
         .env("TMPDIR", tmp.path())
         .env("SHAREDOS_LOG", "error")

@@ -1,5 +1,5 @@
 //! An MCP stdio server with one tool, `echo`, built on rmcp (the official
-//! Rust MCP SDK): the peer `sharedos bench` measures its own tool calls
+//! Rust MCP SDK): the peer `sharedos-bench` measures its own tool calls
 //! against. `rmcp-echo [current|multi] [pipes|stdio]` picks tokio's
 //! runtime (one thread, or the multi-threaded default) and rmcp's stdio
 //! transport (`stdio_pipes`, epoll-driven, or `stdio`, the blocking pool),

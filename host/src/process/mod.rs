@@ -59,7 +59,7 @@ pub struct ProcessRuntimeConfig {
     pub max_inflight_tool_calls: usize,
     pub stderr: StderrLimits,
     pub write_stall_timeout: Duration,
-    /// Where each turn stamps the end of its stages (`sharedos bench`'s
+    /// Where each turn stamps the end of its stages (`sharedos-bench`'s
     /// per-turn breakdown); `None`, the default, stamps nothing.
     pub stages: Option<StageLog>,
     /// The runtime's egress gateway (a `network` policy): each turn's
@@ -283,7 +283,7 @@ pub fn settle_kills() {
 }
 
 /// Waits only for the teardown of finished turns handed off the turn's
-/// path (what `sharedos bench` times as the teardown stage); see
+/// path (what `sharedos-bench` times as the teardown stage); see
 /// [`settle_kills`] for everything.
 pub fn settle_teardown() {
     reaper::settle();

@@ -3,7 +3,7 @@
 //!
 //! - **In process**: [`ScriptPlugin`] is a `RuntimePlugin`; a test seats it
 //!   with `Seat::in_process` (host/tests) or serves it over stdio with the
-//!   SDK (`sharedos bench`'s out-of-process figures), and reads what it saw
+//!   SDK (`sharedos-bench`'s out-of-process figures), and reads what it saw
 //!   from its [`PluginLog`].
 //! - **Over the protocol**: the `sharedos-testplugin` binary reads the same
 //!   steps, as JSON (`{"op": "emit", ...}`), from the turn's

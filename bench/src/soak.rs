@@ -1,4 +1,4 @@
-//! `sharedos soak`: many turns of hostile plugins through long-lived
+//! `sharedos-bench soak`: many turns of hostile plugins through long-lived
 //! executors in the full sandbox, watching the host for what a turn could
 //! leave behind. Every `every` turns it prints the host's resident memory,
 //! open descriptors, live descendant processes, leftover workspaces and
@@ -22,7 +22,6 @@ use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{DEFAULT_MAX_TURN_BYTES, ExecuteOptions, Executor, ExecutorOptions};
 use sharedos_host::seat::registry_from_config;
 
-use crate::CliError;
 use sharedos_host::seat::configured_launcher;
 
 const AGENT: &str = "soak-agent";
@@ -298,17 +297,28 @@ async fn settled_snapshot() -> Snapshot {
     snap
 }
 
+/// Why the soak could not start or could not run a turn (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum SoakError {
+    #[error("{0}")]
+    Config(#[from] sharedos_host::config::ConfigError),
+    #[error("{0}")]
+    Seat(#[from] sharedos_host::seat::SeatError),
+    #[error("{0}")]
+    Setup(String),
+}
+
 /// Runs the soak; returns the exit code (0 clean, 1 leftovers or growth).
-pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
+pub async fn soak(o: &SoakOptions) -> Result<i32, SoakError> {
     for p in [&o.testplugin, &o.adversary] {
         if !p.is_file() {
-            return Err(CliError::Setup(format!(
+            return Err(SoakError::Setup(format!(
                 "{} not found: build the workspace (cargo build --workspace) or pass its path",
                 p.display()
             )));
         }
     }
-    let dir = tempfile::tempdir().map_err(|e| CliError::Setup(format!("temp dir: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| SoakError::Setup(format!("temp dir: {e}")))?;
     let (plugins, adversary) = executors(o, dir.path())?;
     let every = o.every.max(1);
     let mut first: Option<Snapshot> = None;
@@ -330,17 +340,17 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
             (&plugins, request(n, AGENT, payload, timeout, &tools))
         };
         let req: ExecutionRequest = serde_json::from_value(req)
-            .map_err(|e| CliError::Setup(format!("soak request: {e}")))?;
+            .map_err(|e| SoakError::Setup(format!("soak request: {e}")))?;
         let result = executor
             .execute(req, ExecuteOptions::default())
             .await
-            .map_err(|e| CliError::Setup(format!("turn {n}: {e}")))?;
+            .map_err(|e| SoakError::Setup(format!("turn {n}: {e}")))?;
         ended.count(result.status);
         if n % every == 0 || n == o.turns {
             last = settled_snapshot().await;
             println!("turn {n:>6}/{}  {}  ({ended})", o.turns, last.line());
             if last.leftovers() {
-                eprintln!("sharedos soak: leftovers after turn {n}: {last:?}");
+                eprintln!("sharedos-bench soak: leftovers after turn {n}: {last:?}");
                 failed = true;
             }
             first.get_or_insert(last);
@@ -350,14 +360,14 @@ pub async fn soak(o: &SoakOptions) -> Result<i32, CliError> {
     // uid cannot enter fails every launch, for one).
     if ended.succeeded == 0 && o.turns >= 10 {
         eprintln!(
-            "sharedos soak: no turn succeeded; the plugins did not run (see the log with SHAREDOS_LOG=warn)"
+            "sharedos-bench soak: no turn succeeded; the plugins did not run (see the log with SHAREDOS_LOG=warn)"
         );
         failed = true;
     }
     if let Some(first) = first
         && let Some(why) = growth(&first, &last)
     {
-        eprintln!("sharedos soak: {why} (first report {first:?}, last {last:?})");
+        eprintln!("sharedos-bench soak: {why} (first report {first:?}, last {last:?})");
         failed = true;
     }
     Ok(i32::from(failed))
@@ -395,19 +405,19 @@ impl std::fmt::Display for Endings {
 
 /// The two executors of the soak (the testplugin's and the adversary's)
 /// over one kernel, its files and audit trail under `dir`.
-fn executors(o: &SoakOptions, dir: &Path) -> Result<(Executor, Executor), CliError> {
+fn executors(o: &SoakOptions, dir: &Path) -> Result<(Executor, Executor), SoakError> {
     let config = HostConfig::parse(&host_toml(o), "soak.toml", dir)?;
     let registry = registry_from_config(&config, configured_launcher)?;
     let files_root = dir.join("files");
     std::fs::create_dir_all(&files_root)
-        .map_err(|e| CliError::Setup(format!("files root: {e}")))?;
+        .map_err(|e| SoakError::Setup(format!("files root: {e}")))?;
     let audit = JsonlAuditSink::open(dir.join("audit.jsonl"))
-        .map_err(|e| CliError::Setup(format!("audit: {e}")))?;
+        .map_err(|e| SoakError::Setup(format!("audit: {e}")))?;
     let kernel = Arc::new(
         Kernel::from_config(&config.kernel, &files_root, Arc::new(audit))
-            .map_err(|e| CliError::Setup(format!("kernel: {e}")))?,
+            .map_err(|e| SoakError::Setup(format!("kernel: {e}")))?,
     );
-    let executor = |id: &str| -> Result<Executor, CliError> {
+    let executor = |id: &str| -> Result<Executor, SoakError> {
         let seat = registry
             .resolve(id)
             .map_err(sharedos_host::seat::SeatError::from)?
@@ -418,7 +428,7 @@ fn executors(o: &SoakOptions, dir: &Path) -> Result<(Executor, Executor), CliErr
             ..ExecutorOptions::default()
         };
         Executor::new(kernel.clone(), seat, options)
-            .map_err(|e| CliError::Setup(format!("executor: {e}")))
+            .map_err(|e| SoakError::Setup(format!("executor: {e}")))
     };
     Ok((
         executor("sharedos-testplugin")?,

@@ -1,0 +1,148 @@
+//! `sharedos-bench`: the figures of docs/BENCHMARKS.md and the soak of
+//! docs/TESTING.md, in a binary of their own so the shipped `sharedos`
+//! holds only the product. It is its own sandbox helper and serves the
+//! bench's children (`__bench-*`) to itself, as `sharedos` does the helper.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The same allocator as the shipped `sharedos`: the host measured in
+/// process is the host that ships (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "sharedos-bench",
+    version,
+    about = "Measure the envelope, the protocol and the sandbox (docs/BENCHMARKS.md), or soak the host with hostile plugins (docs/TESTING.md).",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Iterations of each round-trip measurement.
+    #[arg(long, default_value_t = 2000)]
+    iterations: usize,
+    /// Only one part: `turns` (a zero-call turn stage by stage), `calls`
+    /// (sequential and concurrent tool calls), `spawn` (every sandbox mode
+    /// against bwrap, layer costs and stage timings), `harness` (the MCP
+    /// harness: execute() to the first tools/list, an MCP tool call against
+    /// an in-process plugin's) or `affinity` (a session's next turn on its
+    /// parked process).
+    #[arg(long)]
+    only: Option<sharedos_bench::Only>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run many turns of hostile plugins in the full sandbox and report the
+    /// host's memory, descriptors, processes, workspaces and cgroups; exits
+    /// 1 on a leftover or on growth.
+    Soak {
+        /// Turns to run.
+        #[arg(long, default_value_t = 1000)]
+        turns: u32,
+        /// Report every this many turns.
+        #[arg(long, default_value_t = 200)]
+        every: u32,
+        /// The testplugin binary (default: next to this one).
+        #[arg(long)]
+        testplugin: Option<PathBuf>,
+        /// The adversary binary (default: next to this one).
+        #[arg(long)]
+        adversary: Option<PathBuf>,
+    },
+}
+
+/// The subcommands the binary serves to itself, before anything else runs:
+/// the sandbox helper (single-threaded) and the bench's children.
+fn internal_subcommand() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    let _exe = args.next();
+    let first = args.next()?;
+    if first == sharedos_sandbox::HELPER_SUBCOMMAND {
+        sharedos_sandbox::helper_main(args.collect())
+    }
+    if first == sharedos_bench::process::BENCH_PLUGIN_SUBCOMMAND {
+        return Some(sharedos_bench::process::serve_bench_plugin());
+    }
+    if first == sharedos_bench::harness::MCP_CLIENT_SUBCOMMAND {
+        return Some(sharedos_bench::harness::mcp_client_main(args.collect()));
+    }
+    if first == "__bench-echo" {
+        return Some(ExitCode::from(sharedos_bench::echo_child() as u8));
+    }
+    None
+}
+
+/// As `sharedos` runs a command: one thread by default, the multi-threaded
+/// runtime with `SHAREDOS_RUNTIME=multi` (docs/BENCHMARKS.md measures both).
+fn async_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    if std::env::var_os("SHAREDOS_RUNTIME").is_some_and(|v| v == "multi") {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+}
+
+async fn soak(
+    turns: u32,
+    every: u32,
+    testplugin: Option<PathBuf>,
+    adversary: Option<PathBuf>,
+) -> i32 {
+    use sharedos_bench::soak::{SoakOptions, sibling};
+    let options = SoakOptions {
+        turns,
+        every,
+        testplugin: testplugin.unwrap_or_else(|| sibling("sharedos-testplugin")),
+        adversary: adversary.unwrap_or_else(|| sibling("sharedos-adversary")),
+    };
+    match sharedos_bench::soak::soak(&options).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sharedos-bench soak: {e}");
+            2
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    if let Some(code) = internal_subcommand() {
+        return code;
+    }
+    if let Err(e) = sharedos_host::process::raise_fd_limit() {
+        eprintln!("sharedos-bench: could not raise the open-file limit: {e}");
+    }
+    let cli = Cli::parse();
+    let runtime = match async_runtime() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sharedos-bench: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Some(Command::Soak {
+                turns,
+                every,
+                testplugin,
+                adversary,
+            }) => soak(turns, every, testplugin, adversary).await,
+            None => sharedos_bench::run(cli.iterations, cli.only).await,
+        }
+    });
+    // No plugin tree outlives its host.
+    sharedos_host::process::settle_kills();
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
