@@ -352,9 +352,7 @@ async fn an_upstream_never_receives_more_than_the_byte_budget() {
     );
     let events = s.drain_events();
     assert!(
-        events
-            .iter()
-            .any(|e| *e == EgressEvent::BudgetExceeded { budget: "bytes" }),
+        events.contains(&EgressEvent::BudgetExceeded { budget: "bytes" }),
         "{events:?}"
     );
     // Each event's requestBytes holds the head it sent.
