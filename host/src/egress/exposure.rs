@@ -3,11 +3,10 @@
 //! no backslash), each API's allowlist of methods and endpoints, the
 //! query parameters a key can travel in stripped, and the headers that
 //! select an organization, project or workspace recognised so that only
-//! the route's own values reach the upstream. docs/EGRESS.md, "What a
+//! the route's own values reach the upstream (`policy::is_identity_header`). docs/EGRESS.md, "What a
 //! route exposes".
 
 use hyper::Method;
-use hyper::header::HeaderName;
 
 use super::policy::ApiShape;
 
@@ -201,15 +200,6 @@ fn decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Whether a request header selects whose account a request is billed to
-/// or runs in (`OpenAI-Organization`, `OpenAI-Project`, an Anthropic
-/// workspace, Google's `x-goog-user-project`): the plugin's value never
-/// passes; the route's `headers` set one.
-pub(super) fn is_identity_header(name: &HeaderName) -> bool {
-    let n = name.as_str();
-    n.contains("organization") || n.contains("project") || n.contains("workspace")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +294,8 @@ mod tests {
 
     #[test]
     fn identity_headers_are_recognised() {
+        use super::super::policy::is_identity_header;
+        use hyper::header::HeaderName;
         for n in [
             "openai-organization",
             "openai-project",

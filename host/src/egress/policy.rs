@@ -260,6 +260,15 @@ fn check_reach(entry: &str, host: &str, allow: &[AddressClass]) -> Result<(), St
     }
 }
 
+/// Whether a request header selects whose account a request is billed to
+/// or runs in (`OpenAI-Organization`, `OpenAI-Project`, an Anthropic
+/// workspace, Google's `x-goog-user-project`): the plugin's value never
+/// passes; the route's `headers` set one.
+pub(super) fn is_identity_header(name: &hyper::header::HeaderName) -> bool {
+    let n = name.as_str();
+    n.contains("organization") || n.contains("project") || n.contains("workspace")
+}
+
 /// A route's `headers`: each names an organization, project or
 /// workspace header (the only headers a plugin may not choose itself) and
 /// has a value a header can carry.
@@ -270,7 +279,7 @@ fn check_route_headers(
     for (name, value) in headers {
         let header = hyper::header::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("{entry}.headers.{name}: not a header name"))?;
-        if !super::exposure::is_identity_header(&header) {
+        if !is_identity_header(&header) {
             return Err(format!(
                 "{entry}.headers.{name}: only organization, project or workspace headers \
                  (OpenAI-Organization, OpenAI-Project, anthropic-workspace-id, \

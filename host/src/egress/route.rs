@@ -9,8 +9,7 @@ use http_body_util::Full;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Uri};
 
-use super::exposure::is_identity_header;
-use super::policy::{AddressClass, ApiShape, UpstreamUrl};
+use super::policy::{AddressClass, ApiShape, UpstreamUrl, is_identity_header};
 use super::secret::Secret;
 
 /// Headers never forwarded: hop-by-hop ones, and every header a key can

@@ -72,15 +72,7 @@ impl Gateway {
             )
             .await;
         };
-        // A tunnel is a request of the turn, and its CONNECT head counts
-        // against the byte budget like every byte through it.
-        let head = connect_head_bytes(&req);
-        let spent = self.take_request(&binding).and_then(|()| {
-            match binding.take_bytes(&self.budget, head) {
-                true => Ok(()),
-                false => Err("bytes"),
-            }
-        });
+        let spent = self.charge_tunnel(&binding, &req);
         if let Err(budget) = spent {
             binding.emit(EgressEvent::BudgetExceeded { budget });
             let message = format!("the turn's egress {budget} budget is spent");
@@ -139,6 +131,23 @@ impl Gateway {
         };
         tokio::spawn(tunnel.run(upgrade, tcp));
         Response::new(GatewayBody::empty())
+    }
+}
+
+impl Gateway {
+    /// A tunnel is a request of the turn, and its CONNECT head counts
+    /// against the byte budget like every byte through it; `Err` names
+    /// the budget spent.
+    fn charge_tunnel(
+        &self,
+        binding: &TurnBinding,
+        req: &Request<Incoming>,
+    ) -> Result<(), &'static str> {
+        self.take_request(binding)?;
+        match binding.take_bytes(&self.budget, connect_head_bytes(req)) {
+            true => Ok(()),
+            false => Err("bytes"),
+        }
     }
 }
 
