@@ -192,3 +192,114 @@ async fn tunnel_bytes_count_in_the_turns_byte_budget() {
     // The handshake went through; the tunnel was cut at the budget.
     assert_eq!(server.handshakes.load(Ordering::SeqCst), 1);
 }
+
+/// A plain TCP echo server on 127.0.0.1: its port and how many
+/// connections it holds open.
+async fn tcp_echo() -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let live = Arc::<AtomicUsize>::default();
+    let counter = live.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let live = counter.clone();
+            live.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                live.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (port, live)
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..400 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("not within 20 s: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tunnel_attempts_leave_the_host_its_descriptors() {
+    use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+    let dir = tempfile::tempdir().unwrap();
+    let (port, live) = tcp_echo().await;
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
+    let dest = format!("127.0.0.1:{port}");
+    let key = sharedos_tests::egress::key_file(dir.path());
+    let route = format!(
+        "routes = [{{ name = \"openai\", upstream = \"{}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"] }}], ",
+        model.base_url(),
+        key.display()
+    );
+    let text = config(&dest, "").replace("network = { ", &format!("network = {{ {route}"))
+        + &egress_grant("alice-model", "openai", "request");
+    let fds_before = open_fds();
+
+    // One turn: 10,000 CONNECT attempts, every answered tunnel held open,
+    // then a files.write of the same turn.
+    let script = json!([
+        {"op": "egress_tunnels", "n": 10_000, "target": dest},
+        {"op": "call", "tool": "files.write", "arguments": {"path": "after-tunnels.txt", "content": "ok"}},
+    ]);
+    let first = request("egress-tunnels-1", script, &["files.write"], 120_000).to_string();
+    let turn = run_request(dir.path(), &text, "sharedos-testplugin", &first, None).await;
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        turn.result
+    );
+    let flood = emitted(&turn, "egress_tunnels");
+    let flood = &flood[0];
+    assert_eq!(flood["attempts"], 10_000, "{flood}");
+    // At most the gateway's connection cap (64) of them became tunnels;
+    // the rest were closed unanswered.
+    let tunnels = flood["tunnels"].as_u64().unwrap();
+    assert!(tunnels > 0 && tunnels <= 64, "{flood}");
+    assert_eq!(
+        tunnels + flood["closed"].as_u64().unwrap(),
+        10_000,
+        "{flood}"
+    );
+    let written = turn.events_of("tool.completed");
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(written[0]["status"], "succeeded", "{written:?}");
+    // The turn's end closed every tunnel at the destination.
+    eventually("every tunnel closed at the destination", || {
+        live.load(Ordering::SeqCst) == 0
+    })
+    .await;
+
+    // A second turn's model request is served.
+    let script = json!([{"op": "egress_flood", "n": 0, "path": "/openai/chat/completions"}]);
+    let next = request("egress-tunnels-2", script, &[], 60_000).to_string();
+    let second = run_request(dir.path(), &text, "sharedos-testplugin", &next, None).await;
+    assert_eq!(
+        second.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        second.result
+    );
+    assert_eq!(emitted(&second, "egress_flood")[0]["status"], "200");
+    assert_eq!(model.seen().len(), 1);
+
+    // And the host's descriptors are back where they were.
+    eventually("the host's fd count back at its baseline", || {
+        open_fds() <= fds_before + 8
+    })
+    .await;
+}
