@@ -208,3 +208,26 @@ async fn the_turns_end_closes_its_tunnels() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_refused_connect_leaves_its_connection_counted() {
+    // A destination nothing listens on: its CONNECT is authorized, then
+    // refused `502 upstream_unreachable`, and the connection stays open.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dest = format!("127.0.0.1:{}", closed.local_addr().unwrap().port());
+    drop(closed);
+    let limits = GatewayLimits {
+        max_connections: 2,
+        ..GatewayLimits::default()
+    };
+    let s = served(&dest, json!({}), limits).await;
+    let (a, _first) = tunnel(s.addr, &dest).await;
+    let (b, _second) = tunnel(s.addr, &dest).await;
+    assert_eq!((a, b), (502, 502));
+    // Both connections still hold their slots: a third is closed
+    // unanswered.
+    for _ in 0..20 {
+        let (status, _) = tunnel(s.addr, &dest).await;
+        assert_eq!(status, 0, "a connection over the cap was answered");
+    }
+}

@@ -62,43 +62,17 @@ impl Gateway {
         let (path, listed) = self.destination(&req);
         let Some(dest) = listed else {
             let message = "no such destination in this runtime's network policy";
-            return refuse_tunnel(
-                &binding,
-                &path,
-                started,
-                "egress_destination_unknown",
-                StatusCode::FORBIDDEN,
-                message,
-            )
-            .await;
+            let why = ("egress_destination_unknown", StatusCode::FORBIDDEN, message);
+            return refuse_tunnel(&binding, &path, started, why).await;
         };
         let spent = self.charge_tunnel(&binding, &req);
         if let Err(budget) = spent {
             binding.emit(EgressEvent::BudgetExceeded { budget });
             let message = format!("the turn's egress {budget} budget is spent");
             let status = StatusCode::TOO_MANY_REQUESTS;
-            return refuse_tunnel(
-                &binding,
-                &path,
-                started,
-                "egress_budget_exceeded",
-                status,
-                &message,
-            )
-            .await;
+            let why = ("egress_budget_exceeded", status, message.as_str());
+            return refuse_tunnel(&binding, &path, started, why).await;
         }
-        let Some(slot) = ctx.take_slot() else {
-            let message = "one tunnel per connection";
-            return refuse_tunnel(
-                &binding,
-                &path,
-                started,
-                "egress_bad_request",
-                StatusCode::BAD_REQUEST,
-                message,
-            )
-            .await;
-        };
         if let Err(code) = binding.authorize(&path, "connect").await {
             binding.emit(connection_event(&path[0], Some(&code), started));
             return refusal(StatusCode::FORBIDDEN, &code, "refused by the kernel");
@@ -108,16 +82,16 @@ impl Gateway {
             Ok(tcp) => tcp,
             Err(e) => {
                 let message = "the destination is not reachable";
-                return refuse_tunnel(
-                    &binding,
-                    &path,
-                    started,
-                    e.code(),
-                    StatusCode::BAD_GATEWAY,
-                    message,
-                )
-                .await;
+                let why = (e.code(), StatusCode::BAD_GATEWAY, message);
+                return refuse_tunnel(&binding, &path, started, why).await;
             }
+        };
+        // The connection's slot goes to the tunnel only once it opens: a
+        // refused CONNECT leaves the connection holding it.
+        let Some(slot) = ctx.take_slot() else {
+            let message = "one tunnel per connection";
+            let why = ("egress_bad_request", StatusCode::BAD_REQUEST, message);
+            return refuse_tunnel(&binding, &path, started, why).await;
         };
         let upgrade = hyper::upgrade::on(&mut req);
         let tunnel = Tunnel {
@@ -178,9 +152,7 @@ async fn refuse_tunnel(
     binding: &TurnBinding,
     path: &[String],
     started: Instant,
-    code: &str,
-    status: StatusCode,
-    message: &str,
+    (code, status, message): (&str, StatusCode, &str),
 ) -> Response<GatewayBody> {
     let event = connection_event(&path[0], Some(code), started);
     let meta = meta_of(&event);
