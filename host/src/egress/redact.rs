@@ -15,28 +15,31 @@ fn mask_byte(key: &[u8]) -> u8 {
     if key.contains(&b'*') { b'#' } else { b'*' }
 }
 
+/// Where `key` first occurs in `buf` at or after `from`.
+fn find(buf: &[u8], key: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while i + key.len() <= buf.len() {
+        let at = i + buf[i..].iter().position(|b| *b == key[0])?;
+        if buf.get(at..at + key.len()) == Some(key) {
+            return Some(at);
+        }
+        i = at + 1;
+    }
+    None
+}
+
 /// Masks every whole occurrence of `key` in `buf`; `true` when one was.
 fn mask_in(buf: &mut [u8], key: &[u8]) -> bool {
-    if key.is_empty() || buf.len() < key.len() {
+    if key.is_empty() {
         return false;
     }
     let mask = mask_byte(key);
     let mut found = false;
-    let mut i = 0;
-    while i + key.len() <= buf.len() {
-        match buf[i..].iter().position(|b| *b == key[0]) {
-            Some(at) if i + at + key.len() <= buf.len() => {
-                let start = i + at;
-                if &buf[start..start + key.len()] == key {
-                    buf[start..start + key.len()].fill(mask);
-                    found = true;
-                    i = start + key.len();
-                } else {
-                    i = start + 1;
-                }
-            }
-            _ => break,
-        }
+    let mut from = 0;
+    while let Some(at) = find(buf, key, from) {
+        buf[at..at + key.len()].fill(mask);
+        found = true;
+        from = at + key.len();
     }
     found
 }
@@ -68,7 +71,12 @@ impl Redactor {
 
     /// What of `chunk` (after what was held) can go to the plugin now.
     pub(super) fn feed(&mut self, chunk: Bytes) -> Bytes {
-        if self.held.is_empty() && !chunk.contains(&self.key[0]) {
+        // Most chunks hold neither the key nor its beginning at their end:
+        // they pass as they are, uncopied.
+        if self.held.is_empty()
+            && find(&chunk, &self.key, 0).is_none()
+            && partial_tail(&chunk, &self.key) == 0
+        {
             return chunk;
         }
         let mut buf = std::mem::take(&mut self.held);
