@@ -368,6 +368,15 @@ async fn an_upstream_never_receives_more_than_the_byte_budget() {
         })
         .sum();
     assert!(sent >= received as u64, "{sent} < {received}");
+
+    // A request whose head alone is over what is left is refused before
+    // a byte of it is sent.
+    let up = reflector().await;
+    let s = served(&up, dir.path(), json!({"budget": {"bytes": 5_000}})).await;
+    let answer = raw(s.addr, "POST", "/openai/chat/completions", &pad).await;
+    assert_eq!(status_of(&answer), 429, "{answer}");
+    assert!(answer.contains("egress_budget_exceeded"), "{answer}");
+    assert_eq!(up.received(), 0);
 }
 
 #[tokio::test]

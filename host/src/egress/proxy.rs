@@ -75,6 +75,7 @@ impl Gateway {
         let status = match code.as_str() {
             "egress_body_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "egress_bad_request" => StatusCode::BAD_REQUEST,
+            "egress_budget_exceeded" => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_GATEWAY,
         };
         binding.finish_request(&route.path, outcome, started).await;
