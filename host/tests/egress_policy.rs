@@ -196,3 +196,33 @@ fn the_listener_port_is_the_hosts_and_a_network_needs_the_sandbox() {
         "{e}"
     );
 }
+
+#[test]
+fn a_routes_identity_headers_load_and_anything_else_is_refused_naming_the_header() {
+    let route = |headers: &str| {
+        format!(
+            r#"[runtimes.network]
+routes = [{{ name = "team", upstream = "https://api.openai.com/v1", secret = "env:OPENAI_API_KEY", api = "openai", headers = {headers} }}]"#
+        )
+    };
+    let c = config(&route(
+        r#"{ "OpenAI-Organization" = "org-1", "OpenAI-Project" = "proj_1" }"#,
+    ))
+    .unwrap();
+    let NetworkPolicy::Routes(r) = &c.runtimes[0].network else {
+        panic!("no routes")
+    };
+    assert_eq!(r.routes[0].headers["OpenAI-Project"], "proj_1");
+    let e = refused(&route(r#"{ "anthropic-beta" = "x" }"#));
+    assert!(
+        e.contains("routes[0] (team).headers.anthropic-beta: only organization, project or workspace headers"),
+        "{e}"
+    );
+    let e = refused(&route(r#"{ "OpenAI-Project" = "" }"#));
+    assert!(
+        e.contains("headers.OpenAI-Project: the value must be"),
+        "{e}"
+    );
+    let e = refused(&route(r#"{ "OpenAI Project" = "p" }"#));
+    assert!(e.contains("not a header name"), "{e}");
+}

@@ -192,3 +192,153 @@ async fn tunnel_bytes_count_in_the_turns_byte_budget() {
     // The handshake went through; the tunnel was cut at the budget.
     assert_eq!(server.handshakes.load(Ordering::SeqCst), 1);
 }
+
+/// A TCP echo server on 127.0.0.1 that never hangs up: once a client
+/// stops sending it keeps its socket open until `release` is sent. Its
+/// port, how many connections it holds, and the release.
+async fn tcp_echo() -> (u16, Arc<AtomicUsize>, tokio::sync::watch::Sender<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let live = Arc::<AtomicUsize>::default();
+    let counter = live.clone();
+    let (release, released) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (live, mut released) = (counter.clone(), released.clone());
+            live.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = released.wait_for(|r| *r).await;
+                live.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (port, live, release)
+}
+
+/// How many TCP sockets this process holds that are connected to
+/// `127.0.0.1:<port>` (the gateway's side of a tunnel to it).
+fn sockets_to(port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect();
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[2] == remote && inodes.contains(f[9]))
+        .count()
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..400 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("not within 20 s: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tunnel_attempts_leave_the_host_its_descriptors() {
+    use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+    let dir = tempfile::tempdir().unwrap();
+    let (port, live, release) = tcp_echo().await;
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
+    let dest = format!("127.0.0.1:{port}");
+    let key = sharedos_tests::egress::key_file(dir.path());
+    let route = format!(
+        "routes = [{{ name = \"openai\", upstream = \"{}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"] }}], ",
+        model.base_url(),
+        key.display()
+    );
+    let text = config(&dest, "").replace("network = { ", &format!("network = {{ {route}"))
+        + &egress_grant("alice-model", "openai", "request");
+    let fds_before = open_fds();
+    // The count of the host's sockets to the destination sees one.
+    let probe = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(sockets_to(port), 1);
+    drop(probe);
+
+    // One turn: 10,000 CONNECT attempts, every answered tunnel held open,
+    // then a files.write of the same turn.
+    let script = json!([
+        {"op": "egress_tunnels", "n": 10_000, "target": dest},
+        {"op": "call", "tool": "files.write", "arguments": {"path": "after-tunnels.txt", "content": "ok"}},
+    ]);
+    let first = request("egress-tunnels-1", script, &["files.write"], 120_000).to_string();
+    let turn = run_request(dir.path(), &text, "sharedos-testplugin", &first, None).await;
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        turn.result
+    );
+    let flood = emitted(&turn, "egress_tunnels");
+    let flood = &flood[0];
+    assert_eq!(flood["attempts"], 10_000, "{flood}");
+    // At most the gateway's connection cap (64) of them became tunnels;
+    // the rest were closed unanswered.
+    let tunnels = flood["tunnels"].as_u64().unwrap();
+    assert!(tunnels > 0 && tunnels <= 64, "{flood}");
+    assert_eq!(
+        tunnels + flood["closed"].as_u64().unwrap(),
+        10_000,
+        "{flood}"
+    );
+    let written = turn.events_of("tool.completed");
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(written[0]["status"], "succeeded", "{written:?}");
+    // The turn's end closed every tunnel in the host, although the
+    // destination never hangs up.
+    assert!(live.load(Ordering::SeqCst) > 0);
+    eventually("no socket of the host to the destination", || {
+        sockets_to(port) == 0
+    })
+    .await;
+    release.send_replace(true);
+    eventually("the destination's sockets released", || {
+        live.load(Ordering::SeqCst) == 0
+    })
+    .await;
+
+    // A second turn's model request is served.
+    let script = json!([{"op": "egress_flood", "n": 0, "path": "/openai/chat/completions"}]);
+    let next = request("egress-tunnels-2", script, &[], 60_000).to_string();
+    let second = run_request(dir.path(), &text, "sharedos-testplugin", &next, None).await;
+    assert_eq!(
+        second.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        second.result
+    );
+    assert_eq!(emitted(&second, "egress_flood")[0]["status"], "200");
+    assert_eq!(model.seen().len(), 1);
+
+    // And the host's descriptors are back where they were.
+    eventually("the host's fd count back at its baseline", || {
+        open_fds() <= fds_before + 8
+    })
+    .await;
+}

@@ -318,3 +318,53 @@ async fn no_process_of_the_sandbox_holds_the_gateway_listener() {
         "sockets shared with the sandbox: {shared:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_plugin_reaches_only_the_routes_model_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
+    let paths = [
+        ("/openai/../admin", "400"),
+        ("/openai/%2e%2e/admin", "400"),
+        ("/openai/v1/%2E%2E/%2e%2E/organization", "400"),
+        ("/openai/files", "403"),
+        ("/openai/organization/admin_api_keys", "403"),
+        ("/openai/chat/completions", "200"),
+    ];
+    let script: Vec<Value> = paths
+        .iter()
+        .map(|(p, _)| json!({"op": "egress_flood", "n": 0, "path": p}))
+        .collect();
+    let (turn, emitted) = testplugin_turn(dir.path(), &model.base_url(), json!(script)).await;
+    let statuses: Vec<Value> = emitted
+        .iter()
+        .filter(|e| e["type"] == "egress_flood")
+        .map(|e| e["data"]["status"].clone())
+        .collect();
+    let want: Vec<Value> = paths.iter().map(|(_, s)| json!(s)).collect();
+    assert_eq!(statuses, want);
+    // Only the model endpoint reached the upstream, under its base.
+    let seen = model.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].path, "/v1/chat/completions");
+    let requests = codes(&turn.events, "egress.request");
+    let got: Vec<Value> = requests.iter().map(|r| r["code"].clone()).collect();
+    let invalid = json!("egress_path_invalid");
+    let refused = json!("egress_endpoint_refused");
+    let want = [
+        &invalid,
+        &invalid,
+        &invalid,
+        &refused,
+        &refused,
+        &Value::Null,
+    ]
+    .map(Clone::clone);
+    assert_eq!(got, want, "{requests:?}");
+    // Each refusal is on the audit file with its code.
+    for code in ["egress_path_invalid", "egress_endpoint_refused"] {
+        assert!(turn.audit.contains(code), "{code}: {}", turn.audit);
+    }
+}

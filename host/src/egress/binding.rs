@@ -30,6 +30,9 @@ pub enum EgressEvent {
         response_bytes: u64,
         duration_ms: u64,
         usage: Option<TokenUsage>,
+        /// Charged to the token budget for an answer that reported no
+        /// usage: (request bytes + response bytes) / 4, rounded up.
+        estimated_tokens: Option<u64>,
     },
     /// One CONNECT tunnel, ended (or refused).
     Connection {
@@ -59,6 +62,7 @@ pub(super) struct Outcome {
     pub(super) request_bytes: u64,
     pub(super) response_bytes: u64,
     pub(super) usage: Option<TokenUsage>,
+    pub(super) estimated_tokens: Option<u64>,
 }
 
 /// The turn a listener's traffic belongs to: whose grants decide, where
@@ -119,13 +123,13 @@ impl TurnBinding {
         budget.bytes.is_none_or(|l| spent.bytes <= l)
     }
 
-    /// Charges the tokens a request reported; `true` once the token
-    /// budget is over.
-    pub(super) fn take_tokens(&self, budget: &EgressBudget, usage: TokenUsage) -> bool {
+    /// Charges the tokens a request reported (or its estimate); `true`
+    /// once the token budget is over.
+    pub(super) fn take_tokens(&self, budget: &EgressBudget, tokens: u64) -> bool {
         self.spent
             .lock()
             .map(|mut s| {
-                s.tokens = s.tokens.saturating_add(usage.total());
+                s.tokens = s.tokens.saturating_add(tokens);
                 budget.tokens.is_some_and(|l| s.tokens > l)
             })
             .unwrap_or(true)
@@ -149,6 +153,7 @@ impl TurnBinding {
             response_bytes: o.response_bytes,
             duration_ms: started.elapsed().as_millis() as u64,
             usage: o.usage,
+            estimated_tokens: o.estimated_tokens,
         };
         let meta = meta_of(&event);
         self.emit(event);
@@ -167,6 +172,7 @@ pub(super) fn meta_of(event: &EgressEvent) -> JsonObject {
             response_bytes,
             duration_ms,
             usage,
+            estimated_tokens,
             ..
         } => json!({
             "status": status,
@@ -176,6 +182,7 @@ pub(super) fn meta_of(event: &EgressEvent) -> JsonObject {
             "durationMs": duration_ms,
             "inputTokens": usage.map(|u| u.input),
             "outputTokens": usage.map(|u| u.output),
+            "estimatedTokens": estimated_tokens,
         }),
         EgressEvent::Connection {
             code,

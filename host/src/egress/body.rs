@@ -22,6 +22,7 @@ use serde_json::json;
 use super::binding::{EgressEvent, Outcome, TurnBinding};
 use super::policy::EgressBudget;
 use super::pool::{UpstreamConn, UpstreamPool};
+use super::redact::{Redactor, redact_headers};
 use super::route::Route;
 use super::usage::UsageScanner;
 
@@ -106,6 +107,8 @@ pub(super) struct Metering {
     pub(super) budget: EgressBudget,
     pub(super) status: u16,
     pub(super) request_bytes: u64,
+    /// The answer's head, already charged.
+    pub(super) response_head: u64,
     pub(super) started: Instant,
     /// Each chunk must come within this.
     pub(super) timeout: Duration,
@@ -119,6 +122,8 @@ pub struct MeteredBody {
     conn: Option<UpstreamConn>,
     m: Metering,
     scanner: UsageScanner,
+    /// The route's key masked out of the answer.
+    redactor: Redactor,
     response_bytes: u64,
     /// The deadline of the chunk awaited; armed only while waiting.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -131,9 +136,10 @@ impl MeteredBody {
         Self {
             upstream: Some(upstream),
             conn: Some(conn),
+            redactor: Redactor::new(m.route.key_bytes.clone()),
+            response_bytes: m.response_head,
             m,
             scanner: UsageScanner::default(),
-            response_bytes: 0,
             deadline: None,
             waiting: false,
             stage: Stage::Streaming,
@@ -170,9 +176,14 @@ impl MeteredBody {
             self.m.pool.put(&self.m.route.name, conn);
         }
         let usage = std::mem::take(&mut self.scanner).finish();
-        if let Some(u) = usage
-            && self.m.binding.take_tokens(&self.m.budget, u)
-        {
+        // An answer that reports no usage is charged an estimate: one
+        // token per four bytes both ways (docs/EGRESS.md, "Accounting").
+        let estimated = match usage {
+            Some(_) => None,
+            None => Some((self.m.request_bytes + self.response_bytes).div_ceil(4)),
+        };
+        let tokens = usage.map_or(estimated.unwrap_or(0), |u| u.total());
+        if self.m.binding.take_tokens(&self.m.budget, tokens) {
             self.m
                 .binding
                 .emit(EgressEvent::BudgetExceeded { budget: "tokens" });
@@ -183,6 +194,7 @@ impl MeteredBody {
             request_bytes: self.m.request_bytes,
             response_bytes: self.response_bytes,
             usage,
+            estimated_tokens: estimated,
         };
         let record = self
             .m
@@ -209,7 +221,10 @@ impl MeteredBody {
                 return None;
             }
             Poll::Ready(None) => {
-                self.end(None, None);
+                // What was held as a possible beginning of the key was not.
+                let held = self.redactor.finish();
+                let last = (!held.is_empty()).then(|| Ok(Frame::data(held)));
+                self.end(None, last);
                 return None;
             }
             Poll::Ready(Some(Err(_))) => {
@@ -223,22 +238,41 @@ impl MeteredBody {
         };
         self.waiting = false;
         let at_end = self.upstream.as_ref().is_none_or(|u| u.is_end_stream());
-        if let Some(data) = frame.data_ref() {
-            self.response_bytes += data.len() as u64;
-            self.scanner.feed(data);
-            if !self.m.binding.take_bytes(&self.m.budget, data.len() as u64) {
-                self.m
-                    .binding
-                    .emit(EgressEvent::BudgetExceeded { budget: "bytes" });
-                let code = "egress_budget_exceeded";
-                self.end(Some(code), Some(Err(cut(code))));
-                return None;
+        let frame = match frame.into_data() {
+            Ok(data) => {
+                self.response_bytes += data.len() as u64;
+                self.scanner.feed(&data);
+                if !self.m.binding.take_bytes(&self.m.budget, data.len() as u64) {
+                    self.m
+                        .binding
+                        .emit(EgressEvent::BudgetExceeded { budget: "bytes" });
+                    let code = "egress_budget_exceeded";
+                    self.end(Some(code), Some(Err(cut(code))));
+                    return None;
+                }
+                let mut shown = self.redactor.feed(data);
+                if at_end {
+                    shown = [shown, self.redactor.finish()].concat().into();
+                }
+                Frame::data(shown)
             }
-        }
+            Err(mut other) => {
+                if let Some(trailers) = other.trailers_mut() {
+                    redact_headers(trailers, &self.m.route.key_bytes);
+                }
+                other
+            }
+        };
         if at_end {
             // The last frame of a sized answer: the plugin gets it once
             // the outcome is written (hyper may not ask for the end).
             self.end(None, Some(Ok(frame)));
+            return None;
+        }
+        if frame.data_ref().is_some_and(|d| d.is_empty()) {
+            // All of it may begin the key: held, and nothing to send (an
+            // empty chunk would end a chunked answer); pull the next one.
+            cx.waker().wake_by_ref();
             return None;
         }
         Some(Ok(frame))

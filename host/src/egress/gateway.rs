@@ -5,14 +5,14 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 pub use super::binding::{EgressEvent, TurnBinding};
@@ -69,6 +69,23 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
+/// What the requests of one client connection share: the serve's stop
+/// (the turn's end), and the connection's slot under the connection cap,
+/// which a CONNECT tunnel takes over, so a tunnel counts as the
+/// connection it came from for as long as it lives.
+#[derive(Clone)]
+pub(super) struct ConnCtx {
+    pub(super) stop: CancellationToken,
+    slot: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+}
+
+impl ConnCtx {
+    /// The connection's slot, once: a tunnel holds it until it ends.
+    pub(super) fn take_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// Stops the gateway's accept loop and open connections when dropped.
 #[derive(Debug)]
 pub struct ServeHandle {
@@ -93,7 +110,7 @@ impl Gateway {
                 .secret
                 .resolve()
                 .map_err(|e| format!("route {}: {e}", r.name))?;
-            let route = Route::new(&r.name, url, &secret, r.api, r.allow.clone())?;
+            let route = Route::new(&r.name, url, &secret, r.api, r.allow.clone(), &r.headers)?;
             routes.insert(r.name.clone(), Arc::new(route));
         }
         let mut destinations = HashMap::new();
@@ -144,16 +161,15 @@ impl Gateway {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let (gateway, binding, token, timer) = (
-                    Arc::clone(&gateway),
-                    Arc::clone(&binding),
-                    token.clone(),
-                    timer.clone(),
-                );
-                tokio::spawn(async move {
-                    gateway.connection(stream, binding, token, timer).await;
-                    drop(slot);
-                });
+                let ctx = ConnCtx {
+                    stop: token.clone(),
+                    slot: Arc::new(Mutex::new(Some(slot))),
+                };
+                let (gateway, binding, timer) =
+                    (Arc::clone(&gateway), Arc::clone(&binding), timer.clone());
+                // The slot is freed when the connection ends, unless a
+                // tunnel took it over.
+                tokio::spawn(gateway.connection(stream, binding, ctx, timer));
             }
         });
         ServeHandle { stop }
@@ -163,13 +179,14 @@ impl Gateway {
         self: Arc<Self>,
         stream: tokio::net::TcpStream,
         binding: Arc<TurnBinding>,
-        stop: CancellationToken,
+        ctx: ConnCtx,
         timer: HeadTimer,
     ) {
         let gateway = Arc::clone(&self);
+        let stop = ctx.stop.clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let (gateway, binding) = (Arc::clone(&gateway), Arc::clone(&binding));
-            async move { Ok::<_, Infallible>(gateway.dispatch(req, binding).await) }
+            let (gateway, binding, ctx) = (Arc::clone(&gateway), Arc::clone(&binding), ctx.clone());
+            async move { Ok::<_, Infallible>(gateway.dispatch(req, binding, ctx).await) }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(timer)
@@ -187,9 +204,10 @@ impl Gateway {
         &self,
         req: Request<Incoming>,
         binding: Arc<TurnBinding>,
+        ctx: ConnCtx,
     ) -> Response<GatewayBody> {
         if req.method() == hyper::Method::CONNECT {
-            return self.tunnel(req, binding).await;
+            return self.tunnel(req, binding, ctx).await;
         }
         self.model_request(req, binding).await
     }

@@ -3,11 +3,13 @@
 
 mod binding;
 mod body;
+mod exposure;
 pub mod gateway;
 pub mod mock;
 pub mod policy;
 mod pool;
 mod proxy;
+mod redact;
 mod route;
 pub mod seat;
 pub mod secret;

@@ -50,6 +50,11 @@ pub struct ModelRoute {
     pub api: ApiShape,
     #[serde(default)]
     pub allow: Vec<AddressClass>,
+    /// Organization, project or workspace headers the route sends
+    /// (`{ "OpenAI-Project" = "proj_..." }`); the plugin's own values of
+    /// such headers never pass.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// One CONNECT destination.
@@ -255,6 +260,41 @@ fn check_reach(entry: &str, host: &str, allow: &[AddressClass]) -> Result<(), St
     }
 }
 
+/// Whether a request header selects whose account a request is billed to
+/// or runs in (`OpenAI-Organization`, `OpenAI-Project`, an Anthropic
+/// workspace, Google's `x-goog-user-project`): the plugin's value never
+/// passes; the route's `headers` set one.
+pub(super) fn is_identity_header(name: &hyper::header::HeaderName) -> bool {
+    let n = name.as_str();
+    n.contains("organization") || n.contains("project") || n.contains("workspace")
+}
+
+/// A route's `headers`: each names an organization, project or
+/// workspace header (the only headers a plugin may not choose itself) and
+/// has a value a header can carry.
+fn check_route_headers(
+    entry: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    for (name, value) in headers {
+        let header = hyper::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{entry}.headers.{name}: not a header name"))?;
+        if !is_identity_header(&header) {
+            return Err(format!(
+                "{entry}.headers.{name}: only organization, project or workspace headers \
+                 (OpenAI-Organization, OpenAI-Project, anthropic-workspace-id, \
+                 x-goog-user-project); the plugin's other headers pass as it sends them"
+            ));
+        }
+        if hyper::header::HeaderValue::from_str(value).is_err() || value.is_empty() {
+            return Err(format!(
+                "{entry}.headers.{name}: the value must be visible ASCII, not empty"
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl NetworkRoutes {
     /// Refuses, naming the entry, what the policy must not reach.
     /// `prefix` is where the policy sits in host.toml.
@@ -276,6 +316,7 @@ impl NetworkRoutes {
             let url =
                 UpstreamUrl::parse(&r.upstream).map_err(|e| format!("{entry}.upstream: {e}"))?;
             check_reach(&format!("{entry}.upstream"), &url.host, &r.allow)?;
+            check_route_headers(&entry, &r.headers)?;
             if !url.tls && class_of_host(&url.host).is_none() {
                 return Err(format!(
                     "{entry}.upstream: plain http:// only to a loopback or private server \

@@ -14,8 +14,10 @@ use hyper::{Request, Response, StatusCode, Uri};
 
 use super::binding::{EgressEvent, Outcome, TurnBinding, meta_of};
 use super::body::{GatewayBody, MeteredBody, Metering, refusal};
+use super::exposure::{Exposure, allowed, split_path};
 use super::gateway::Gateway;
 use super::pool::{SendError, UpstreamConn, UpstreamIo};
+use super::redact::redact_headers;
 use super::route::{Route, strip_hop_by_hop};
 use super::upstream::{connect_tcp, connect_tls};
 
@@ -26,22 +28,27 @@ impl Gateway {
         binding: Arc<TurnBinding>,
     ) -> Response<GatewayBody> {
         let started = Instant::now();
-        let path = req.uri().path().trim_start_matches('/');
-        let (name, rest) = path.split_once('/').unwrap_or((path, ""));
-        let Some(route) = self.routes.get(name).cloned() else {
-            let name = name.to_owned();
-            let event = refused(&name, "egress_route_unknown", started);
-            let meta = meta_of(&event);
-            binding.emit(event);
-            binding
-                .record(std::slice::from_ref(&name), "request", false, meta)
-                .await;
-            return refusal(
-                StatusCode::NOT_FOUND,
-                "egress_route_unknown",
-                "no such model route in this runtime's network policy",
-            );
+        let (name, rest) = match split_path(req.uri().path()) {
+            Ok(split) => split,
+            Err(e) => {
+                let first = req.uri().path().trim_start_matches('/');
+                let first = first.split('/').next().unwrap_or_default();
+                let name = if self.routes.contains_key(first) {
+                    first
+                } else {
+                    "invalid"
+                };
+                return refuse_unsent(&binding, name, e.code(), e.message(), started).await;
+            }
         };
+        let Some(route) = self.routes.get(name).cloned() else {
+            let message = "no such model route in this runtime's network policy";
+            return refuse_unsent(&binding, name, "egress_route_unknown", message, started).await;
+        };
+        if !allowed(route.api, req.method(), rest) {
+            let e = Exposure::EndpointRefused;
+            return refuse_unsent(&binding, name, e.code(), e.message(), started).await;
+        }
         let target = route.target(rest, req.uri().query());
         if let Err(budget) = self.take_request(&binding) {
             binding.emit(EgressEvent::BudgetExceeded { budget });
@@ -68,6 +75,7 @@ impl Gateway {
         let status = match code.as_str() {
             "egress_body_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "egress_bad_request" => StatusCode::BAD_REQUEST,
+            "egress_budget_exceeded" => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_GATEWAY,
         };
         binding.finish_request(&route.path, outcome, started).await;
@@ -99,18 +107,27 @@ impl Gateway {
             .await
             .map_err(|_| failed("egress_body_too_large", 0))?
             .to_bytes();
-        let request_bytes = body.len() as u64;
+        let body_len = body.len() as u64;
+        let upstream_req = route.upstream_request(head, target, body);
+        // Every byte the upstream is sent counts: the request line with
+        // its query, the headers (the key's too) and the body.
+        let request_bytes = request_head_bytes(&upstream_req, body_len) + body_len;
         if !binding.take_bytes(&self.budget, request_bytes) {
             binding.emit(EgressEvent::BudgetExceeded { budget: "bytes" });
             return Err(failed("egress_budget_exceeded", request_bytes));
         }
-        let upstream_req = route.upstream_request(head, target, body);
         let (conn, response) = self
             .exchange(route, upstream_req)
             .await
             .map_err(|code| failed(code, request_bytes))?;
         let (mut parts, body) = response.into_parts();
+        let response_head = response_head_bytes(&parts);
+        if !binding.take_bytes(&self.budget, response_head) {
+            binding.emit(EgressEvent::BudgetExceeded { budget: "bytes" });
+            return Err(failed("egress_budget_exceeded", request_bytes));
+        }
         strip_hop_by_hop(&mut parts.headers);
+        redact_headers(&mut parts.headers, &route.key_bytes);
         let metering = Metering {
             binding: Arc::clone(binding),
             route: Arc::clone(route),
@@ -118,6 +135,7 @@ impl Gateway {
             budget: self.budget,
             status: parts.status.as_u16(),
             request_bytes,
+            response_head,
             started,
             timeout: self.limits.upstream_timeout,
         };
@@ -167,6 +185,29 @@ impl Gateway {
     }
 }
 
+/// The bytes of a request's head as HTTP/1.1 writes it: the request
+/// line, each header, the `content-length` hyper adds, the blank line.
+fn request_head_bytes(req: &Request<Full<Bytes>>, body_len: u64) -> u64 {
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    let line = req.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();
+    let length = "content-length: \r\n".len() + body_len.to_string().len();
+    (line + headers_bytes(req.headers()) + length + 2) as u64
+}
+
+/// The bytes of an answer's head: the status line, each header, the
+/// blank line.
+fn response_head_bytes(parts: &hyper::http::response::Parts) -> u64 {
+    let reason = parts.status.canonical_reason().map_or(0, str::len);
+    ("HTTP/1.1 200 \r\n".len() + reason + headers_bytes(&parts.headers) + 2) as u64
+}
+
+fn headers_bytes(headers: &hyper::HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum()
+}
+
 /// A request that ended before an upstream answered.
 fn failed(code: &str, request_bytes: u64) -> Outcome {
     Outcome {
@@ -175,7 +216,32 @@ fn failed(code: &str, request_bytes: u64) -> Outcome {
         request_bytes,
         response_bytes: 0,
         usage: None,
+        estimated_tokens: None,
     }
+}
+
+/// Refuses a request that names nothing the kernel could grant (an
+/// unknown route, a path or an endpoint the route does not expose): its
+/// event, and its record (`effect.completed`, failed, with the code).
+async fn refuse_unsent(
+    binding: &TurnBinding,
+    name: &str,
+    code: &str,
+    message: &str,
+    started: Instant,
+) -> Response<GatewayBody> {
+    let event = refused(name, code, started);
+    let meta = meta_of(&event);
+    binding.emit(event);
+    binding
+        .record(&[name.to_owned()], "request", false, meta)
+        .await;
+    let status = match code {
+        "egress_route_unknown" => StatusCode::NOT_FOUND,
+        "egress_path_invalid" => StatusCode::BAD_REQUEST,
+        _ => StatusCode::FORBIDDEN,
+    };
+    refusal(status, code, message)
 }
 
 /// The event of a request refused before it was sent.
@@ -188,5 +254,6 @@ fn refused(route: &str, code: &str, started: Instant) -> EgressEvent {
         response_bytes: 0,
         duration_ms: started.elapsed().as_millis() as u64,
         usage: None,
+        estimated_tokens: None,
     }
 }

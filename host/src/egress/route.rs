@@ -9,7 +9,7 @@ use http_body_util::Full;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Uri};
 
-use super::policy::{AddressClass, ApiShape, UpstreamUrl};
+use super::policy::{AddressClass, ApiShape, UpstreamUrl, is_identity_header};
 use super::secret::Secret;
 
 /// Headers never forwarded: hop-by-hop ones, and every header a key can
@@ -42,6 +42,12 @@ pub(super) struct Route {
     pub(super) path: Vec<String>,
     pub(super) url: UpstreamUrl,
     pub(super) allow: Vec<AddressClass>,
+    pub(super) api: ApiShape,
+    /// The key as the answers are searched for it (masked before the
+    /// plugin sees them).
+    pub(super) key_bytes: bytes::Bytes,
+    /// The route's own organization, project or workspace headers.
+    identity: Vec<(HeaderName, HeaderValue)>,
     /// The upstream's `host` header.
     authority: HeaderValue,
     /// The key header, marked sensitive; its value is the secret's.
@@ -65,6 +71,7 @@ impl Route {
         secret: &Secret,
         api: ApiShape,
         allow: Vec<AddressClass>,
+        identity: &std::collections::BTreeMap<String, String>,
     ) -> Result<Self, String> {
         let default_port = if url.tls { 443 } else { 80 };
         let authority = if url.port == default_port {
@@ -83,21 +90,47 @@ impl Route {
         let mut key_value = HeaderValue::from_str(&key_value)
             .map_err(|_| format!("route {name}: the secret is not a valid header value"))?;
         key_value.set_sensitive(true);
+        let identity = identity
+            .iter()
+            .map(|(n, v)| {
+                let header = HeaderName::from_bytes(n.as_bytes());
+                let value = HeaderValue::from_str(v);
+                match (header, value) {
+                    (Ok(n), Ok(v)) => Ok((n, v)),
+                    _ => Err(format!("route {name}: headers.{n} is not a valid header")),
+                }
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             name: name.to_owned(),
             path: vec![name.to_owned()],
             url,
             allow,
+            api,
+            key_bytes: bytes::Bytes::copy_from_slice(key.as_bytes()),
+            identity,
             authority,
             key: (key_name, key_value),
         })
     }
 
-    /// The upstream request's headers: the plugin's, less [`DROPPED`],
-    /// plus the route's.
+    /// The upstream request's headers: the plugin's, less [`DROPPED`]
+    /// and any organization, project or workspace header, plus the
+    /// route's.
     pub(super) fn upstream_headers(&self, mut headers: HeaderMap) -> HeaderMap {
         for name in DROPPED {
             headers.remove(*name);
+        }
+        let chosen: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| is_identity_header(n))
+            .cloned()
+            .collect();
+        for name in chosen {
+            headers.remove(name);
+        }
+        for (name, value) in &self.identity {
+            headers.insert(name.clone(), value.clone());
         }
         headers.insert(header::HOST, self.authority.clone());
         // Identity so usage can be read from the bytes as they pass.
@@ -109,9 +142,11 @@ impl Route {
         headers
     }
 
-    /// The upstream target of `/<route>/<rest>?<query>`.
+    /// The upstream target of `/<route>/<rest>?<query>`, the query's
+    /// key-bearing parameters stripped.
     pub(super) fn target(&self, rest: &str, query: Option<&str>) -> Result<Uri, ()> {
         let base = &self.url.base_path;
+        let query = super::exposure::strip_key_params(query);
         let target = match query {
             Some(q) => format!("{base}/{rest}?{q}"),
             None => format!("{base}/{rest}"),

@@ -118,6 +118,7 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
             response_bytes,
             duration_ms,
             usage,
+            estimated_tokens,
         } => (
             "egress.request",
             json!({
@@ -129,6 +130,7 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
                 "durationMs": duration_ms,
                 "inputTokens": usage.as_ref().map(|u| u.input),
                 "outputTokens": usage.as_ref().map(|u| u.output),
+                "estimatedTokens": estimated_tokens,
             }),
         ),
         EgressEvent::Connection {

@@ -13,100 +13,177 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
 
 use super::binding::{EgressEvent, TurnBinding, meta_of};
 use super::body::{GatewayBody, refusal};
-use super::gateway::Gateway;
-use super::policy::{EgressBudget, split_host_port};
+use super::gateway::{ConnCtx, Gateway};
+use super::policy::{AddressClass, EgressBudget, split_host_port};
 use super::upstream::connect_tcp;
 
+/// A CONNECT target the policy lists: its key, host, port and classes.
+struct Listed {
+    key: String,
+    host: String,
+    port: u16,
+    allow: Vec<AddressClass>,
+}
+
 impl Gateway {
+    /// The audit path of a CONNECT target and, when the policy lists it,
+    /// the destination.
+    fn destination(&self, req: &Request<Incoming>) -> (Vec<String>, Option<Listed>) {
+        let asked = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .unwrap_or_default();
+        let Ok((host, port)) = split_host_port(asked, 0) else {
+            return (vec!["invalid".into()], None);
+        };
+        let key = format!("{host}:{port}");
+        let listed = self.destinations.get(&key).map(|allow| Listed {
+            key: key.clone(),
+            host,
+            port,
+            allow: allow.clone(),
+        });
+        (vec![key], listed)
+    }
+
     pub(super) async fn tunnel(
         &self,
         mut req: Request<Incoming>,
         binding: Arc<TurnBinding>,
+        ctx: ConnCtx,
     ) -> Response<GatewayBody> {
         let started = Instant::now();
-        let asked = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .unwrap_or_default();
-        let normal = split_host_port(&asked, 0).map(|(h, p)| (format!("{h}:{p}"), h, p));
-        let allowed = normal.as_ref().ok().and_then(|(key, h, p)| {
-            self.destinations
-                .get(key)
-                .map(|a| (key.clone(), h.clone(), *p, a.clone()))
-        });
-        let path = vec![
-            normal
-                .as_ref()
-                .map(|n| n.0.clone())
-                .unwrap_or_else(|_| "invalid".into()),
-        ];
-        let refused = |code: &str| EgressEvent::Connection {
-            destination: path[0].clone(),
-            code: Some(code.to_owned()),
-            bytes_up: 0,
-            bytes_down: 0,
-            duration_ms: started.elapsed().as_millis() as u64,
+        let (path, listed) = self.destination(&req);
+        let Some(dest) = listed else {
+            let message = "no such destination in this runtime's network policy";
+            let why = ("egress_destination_unknown", StatusCode::FORBIDDEN, message);
+            return refuse_tunnel(&binding, &path, started, why).await;
         };
-        let Some((key, host, port, allow)) = allowed else {
-            let event = refused("egress_destination_unknown");
-            let meta = meta_of(&event);
-            binding.emit(event);
-            binding.record(&path, "connect", false, meta).await;
-            return refusal(
-                StatusCode::FORBIDDEN,
-                "egress_destination_unknown",
-                "no such destination in this runtime's network policy",
-            );
-        };
+        let spent = self.charge_tunnel(&binding, &req);
+        if let Err(budget) = spent {
+            binding.emit(EgressEvent::BudgetExceeded { budget });
+            let message = format!("the turn's egress {budget} budget is spent");
+            let status = StatusCode::TOO_MANY_REQUESTS;
+            let why = ("egress_budget_exceeded", status, message.as_str());
+            return refuse_tunnel(&binding, &path, started, why).await;
+        }
         if let Err(code) = binding.authorize(&path, "connect").await {
-            binding.emit(refused(&code));
+            binding.emit(connection_event(&path[0], Some(&code), started));
             return refusal(StatusCode::FORBIDDEN, &code, "refused by the kernel");
         }
-        let tcp = match connect_tcp(&host, port, &allow, self.limits.upstream_timeout).await {
+        let timeout = self.limits.upstream_timeout;
+        let tcp = match connect_tcp(&dest.host, dest.port, &dest.allow, timeout).await {
             Ok(tcp) => tcp,
             Err(e) => {
-                let event = refused(e.code());
-                let meta = meta_of(&event);
-                binding.emit(event);
-                binding.record(&path, "connect", false, meta).await;
-                return refusal(
-                    StatusCode::BAD_GATEWAY,
-                    e.code(),
-                    "the destination is not reachable",
-                );
+                let message = "the destination is not reachable";
+                let why = (e.code(), StatusCode::BAD_GATEWAY, message);
+                return refuse_tunnel(&binding, &path, started, why).await;
             }
+        };
+        // The connection's slot goes to the tunnel only once it opens: a
+        // refused CONNECT leaves the connection holding it.
+        let Some(slot) = ctx.take_slot() else {
+            let message = "one tunnel per connection";
+            let why = ("egress_bad_request", StatusCode::BAD_REQUEST, message);
+            return refuse_tunnel(&binding, &path, started, why).await;
         };
         let upgrade = hyper::upgrade::on(&mut req);
         let tunnel = Tunnel {
-            binding,
+            binding: Arc::clone(&binding),
             budget: self.budget,
-            destination: key,
+            destination: dest.key,
             path,
             started,
+            stop: ctx.stop,
+            _slot: slot,
         };
         tokio::spawn(tunnel.run(upgrade, tcp));
         Response::new(GatewayBody::empty())
     }
 }
 
+impl Gateway {
+    /// A tunnel is a request of the turn, and its CONNECT head counts
+    /// against the byte budget like every byte through it; `Err` names
+    /// the budget spent.
+    fn charge_tunnel(
+        &self,
+        binding: &TurnBinding,
+        req: &Request<Incoming>,
+    ) -> Result<(), &'static str> {
+        self.take_request(binding)?;
+        match binding.take_bytes(&self.budget, connect_head_bytes(req)) {
+            true => Ok(()),
+            false => Err("bytes"),
+        }
+    }
+}
+
+/// The bytes of a CONNECT request's head as the plugin sent it.
+fn connect_head_bytes(req: &Request<Incoming>) -> u64 {
+    let target = req.uri().to_string().len();
+    let headers: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum();
+    ("CONNECT  HTTP/1.1\r\n".len() + target + headers + 2) as u64
+}
+
+fn connection_event(destination: &str, code: Option<&str>, started: Instant) -> EgressEvent {
+    EgressEvent::Connection {
+        destination: destination.to_owned(),
+        code: code.map(str::to_owned),
+        bytes_up: 0,
+        bytes_down: 0,
+        duration_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
+/// A tunnel refused before the kernel's decision (or after it, when the
+/// destination is unreachable): its event, its record, the answer.
+async fn refuse_tunnel(
+    binding: &TurnBinding,
+    path: &[String],
+    started: Instant,
+    (code, status, message): (&str, StatusCode, &str),
+) -> Response<GatewayBody> {
+    let event = connection_event(&path[0], Some(code), started);
+    let meta = meta_of(&event);
+    binding.emit(event);
+    binding.record(path, "connect", false, meta).await;
+    refusal(status, code, message)
+}
+
 /// One CONNECT tunnel once the gateway answered 200: it lives as long as
-/// both ends do, on a task of its own.
+/// both ends do and the turn lasts, on a task of its own, holding its
+/// connection's slot under the gateway's connection cap.
 struct Tunnel {
     binding: Arc<TurnBinding>,
     budget: EgressBudget,
     destination: String,
     path: Vec<String>,
     started: Instant,
+    /// The turn's end (the serve's stop) closes the tunnel.
+    stop: CancellationToken,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl Tunnel {
-    /// Copies both ways until either end closes, then reports.
+    /// Copies both ways until either end closes or the turn ends, then
+    /// reports.
     async fn run(self, upgrade: hyper::upgrade::OnUpgrade, mut tcp: tokio::net::TcpStream) {
-        let (code, up, down) = match upgrade.await {
+        let upgraded = tokio::select! {
+            u = upgrade => u.map_err(|_| "upgrade_failed"),
+            _ = self.stop.cancelled() => Err("turn_ended"),
+        };
+        let (code, up, down) = match upgraded {
             Ok(upgraded) => {
                 let mut client = Metered {
                     inner: TokioIo::new(upgraded),
@@ -116,20 +193,24 @@ impl Tunnel {
                     down: 0,
                     over: false,
                 };
-                let copied = tokio::io::copy_bidirectional(&mut client, &mut tcp).await;
+                let copied = tokio::select! {
+                    c = tokio::io::copy_bidirectional(&mut client, &mut tcp) => Some(c),
+                    _ = self.stop.cancelled() => None,
+                };
                 let code = match copied {
-                    Ok(_) => None,
-                    Err(_) if client.over => Some("egress_budget_exceeded".to_owned()),
-                    Err(_) => Some("connection_reset".to_owned()),
+                    Some(Ok(_)) => None,
+                    None => Some("turn_ended"),
+                    Some(Err(_)) if client.over => Some("egress_budget_exceeded"),
+                    Some(Err(_)) => Some("connection_reset"),
                 };
                 (code, client.up, client.down)
             }
-            Err(_) => (Some("upgrade_failed".to_owned()), 0, 0),
+            Err(code) => (Some(code), 0, 0),
         };
         let ok = code.is_none();
         let event = EgressEvent::Connection {
             destination: self.destination,
-            code,
+            code: code.map(str::to_owned),
             bytes_up: up,
             bytes_down: down,
             duration_ms: self.started.elapsed().as_millis() as u64,

@@ -223,7 +223,9 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// - `error_outcome {code, message}`: answers `turn/run` with an error
 /// - `net_probe {targets, resolve?}`, `egress_flood {n, path}`,
 ///   `egress_body {bytes, path}`, `egress_connect {target, caPem?,
-///   serverName?, bytes?}`: network steps (see `egress.rs`, `tunnel.rs`), each
+///   serverName?, bytes?}`, `egress_tunnels {n, target}` (n CONNECT
+///   attempts, the answered tunnels held open): network steps (see
+///   `egress.rs`, `tunnel.rs`), each
 ///   emitting `{type: <op>, data: <what it observed>}`
 fn step(p: &mut Plugin, s: &Value) {
     let op = s.get("op").and_then(Value::as_str).unwrap_or_default();
@@ -421,12 +423,13 @@ fn wire_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
             p.send(&json!({"jsonrpc":"2.0","id":run_id,"error":err}));
             p.outcome_sent = true;
         }
-        "net_probe" | "egress_flood" | "egress_body" | "egress_connect" => {
+        "net_probe" | "egress_flood" | "egress_body" | "egress_connect" | "egress_tunnels" => {
             let path = s["path"].as_str().unwrap_or("/");
             let data = match op {
                 "net_probe" => egress::probe(s),
-                "egress_connect" => match egress::gateway() {
-                    Some(gw) => tunnel::connect(&gw, s),
+                "egress_connect" | "egress_tunnels" => match egress::gateway() {
+                    Some(gw) if op == "egress_connect" => tunnel::connect(&gw, s),
+                    Some(gw) => tunnel::flood(&gw, s),
                     None => json!({"error": "no SHAREDOS_EGRESS_URL"}),
                 },
                 "egress_flood" => egress::flood(num(s, "n", 10_000), path),

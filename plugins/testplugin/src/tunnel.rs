@@ -85,3 +85,50 @@ fn tls_echo(tcp: TcpStream, pem: &str, name: &str, bytes: usize) -> Result<usize
     }
     Ok(got)
 }
+
+/// The tunnels `egress_tunnels` opened, held open for the rest of the
+/// process's life (the turn's end closes them from the host's side).
+static HELD: std::sync::Mutex<Vec<TcpStream>> = std::sync::Mutex::new(Vec::new());
+
+/// `{n, target}`: n CONNECT attempts to `target` one after the other;
+/// each answered tunnel is held open, every other attempt closed at once:
+/// `{attempts, tunnels, closed, statuses, connectErrors, firstError}`
+/// (`closed`: the gateway closed the connection unanswered).
+pub fn flood(gateway: &str, s: &Value) -> Value {
+    let target = s["target"].as_str().unwrap_or_default();
+    let n = s["n"].as_u64().unwrap_or(10_000);
+    let head = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n\r\n");
+    let (mut tunnels, mut closed, mut connect_errors) = (0u64, 0u64, 0u64);
+    let mut statuses = serde_json::Map::new();
+    let mut first_error = None;
+    for _ in 0..n {
+        let mut tcp = match TcpStream::connect(gateway) {
+            Ok(c) => c,
+            Err(e) => {
+                connect_errors += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+                continue;
+            }
+        };
+        let _ = tcp.set_read_timeout(Some(Duration::from_secs(30)));
+        let status = match tcp.write_all(head.as_bytes()) {
+            Ok(()) => response_head(&mut tcp)
+                .ok()
+                .and_then(|h| h.split_whitespace().nth(1).map(str::to_owned)),
+            Err(_) => None,
+        };
+        match status.as_deref() {
+            None => closed += 1,
+            Some("200") => {
+                tunnels += 1;
+                HELD.lock().unwrap_or_else(|p| p.into_inner()).push(tcp);
+            }
+            Some(other) => {
+                let count = statuses.get(other).and_then(Value::as_u64).unwrap_or(0);
+                statuses.insert(other.to_owned(), json!(count + 1));
+            }
+        }
+    }
+    json!({"attempts": n, "tunnels": tunnels, "closed": closed, "statuses": statuses,
+           "connectErrors": connect_errors, "firstError": first_error})
+}
