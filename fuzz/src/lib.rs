@@ -103,3 +103,125 @@ pub fn file_path(data: &[u8]) {
         );
     }
 }
+
+/// What a consumer of a call line ends up with, whichever reading made
+/// it: the verdict, and a tool call's params parsed (or `None` when they
+/// do not parse), any other params as their text.
+#[derive(Debug, PartialEq)]
+enum CallSeen {
+    Refused(sharedos_protocol::jsonrpc::EnvelopeError),
+    Request(RequestId, String, Option<CallBody>),
+    Notification(String, Option<CallBody>),
+    Response(RequestId, String),
+}
+
+#[derive(Debug, PartialEq)]
+enum CallBody {
+    Call(Option<Box<sharedos_protocol::InvokeToolParams>>),
+    Text(String),
+}
+
+fn call_body(method: &str, raw: &serde_json::value::RawValue) -> CallBody {
+    if method == "host/invokeTool" {
+        CallBody::Call(serde_json::from_str(raw.get()).ok().map(Box::new))
+    } else {
+        CallBody::Text(raw.get().to_owned())
+    }
+}
+
+/// The reference reading: `classify`, then the consumer's own serde parse
+/// of a tool call's raw params.
+fn call_reference(line: &str) -> CallSeen {
+    match classify(line) {
+        Err(e) => CallSeen::Refused(e),
+        Ok(Incoming::Request { id, method, params }) => {
+            let b = params.map(|p| call_body(&method, p));
+            CallSeen::Request(id, method.into_owned(), b)
+        }
+        Ok(Incoming::Notification { method, params }) => {
+            let b = params.map(|p| call_body(&method, p));
+            CallSeen::Notification(method.into_owned(), b)
+        }
+        Ok(Incoming::Response { id, result }) => {
+            CallSeen::Response(id, format!("{:?}", result.map(|r| r.get())))
+        }
+    }
+}
+
+/// A reading that yields [`sharedos_protocol::jsonrpc::Params`] (the one
+/// pass of `classify_call`, or the hand reader alone), as a consumer sees it.
+fn call_fast(
+    answer: Result<
+        Incoming<'_, sharedos_protocol::jsonrpc::Params<'_>>,
+        sharedos_protocol::jsonrpc::EnvelopeError,
+    >,
+) -> CallSeen {
+    use sharedos_protocol::jsonrpc::Params;
+    let body = |method: &str, p: Params<'_>| match p {
+        Params::InvokeTool(call) => CallBody::Call(Some(call)),
+        Params::Raw(raw) => call_body(method, raw),
+    };
+    match answer {
+        Err(e) => CallSeen::Refused(e),
+        Ok(Incoming::Request { id, method, params }) => {
+            let b = params.map(|p| body(&method, p));
+            CallSeen::Request(id, method.into_owned(), b)
+        }
+        Ok(Incoming::Notification { method, params }) => {
+            let b = params.map(|p| body(&method, p));
+            CallSeen::Notification(method.into_owned(), b)
+        }
+        Ok(Incoming::Response { id, result }) => {
+            CallSeen::Response(id, format!("{:?}", result.map(|r| r.get())))
+        }
+    }
+}
+
+/// A plugin's call line, read the three ways the host can read it: the
+/// one pass production uses (`classify_call`) and the hand-written reader
+/// it tries first (`classify_call_by_hand`) must each end exactly where
+/// the reference reading ends, error or value.
+pub fn call_line(data: &[u8]) {
+    let Ok(line) = std::str::from_utf8(data) else {
+        return;
+    };
+    let reference = call_reference(line);
+    let one_pass = call_fast(sharedos_protocol::jsonrpc::classify_call(line));
+    assert_eq!(one_pass, reference, "classify_call differs on {line:?}");
+    if let Some(by_hand) = sharedos_protocol::jsonrpc::classify_call_by_hand(line) {
+        assert_eq!(
+            call_fast(Ok(by_hand)),
+            reference,
+            "the hand reader differs on {line:?}"
+        );
+    }
+}
+
+/// A plugin's RFC 3339 time (a tool call's context, an event's time):
+/// the hand check that takes the common shape must take exactly what the
+/// `time` crate takes.
+pub fn timestamp(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let fast = sharedos_protocol::Timestamp::parse(text).is_ok();
+    let reference =
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).is_ok();
+    assert_eq!(
+        fast, reference,
+        "Timestamp::parse differs from time on {text:?}"
+    );
+}
+
+/// A tool result read by the SDKs (`ToolResult::from_json`, one pass for
+/// the host's status-first shape): the same value, or the same error, as
+/// serde's derive.
+pub fn tool_result(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let fast = sharedos_protocol::ToolResult::from_json(text).map_err(|e| e.to_string());
+    let reference =
+        serde_json::from_str::<sharedos_protocol::ToolResult>(text).map_err(|e| e.to_string());
+    assert_eq!(fast, reference, "ToolResult::from_json differs on {text:?}");
+}

@@ -56,3 +56,18 @@ fn host_toml_loader_seeds() {
 fn file_path_parsing_seeds() {
     run("file_path", targets::file_path);
 }
+
+#[test]
+fn call_line_readings_agree_on_seeds() {
+    run("call_line", targets::call_line);
+}
+
+#[test]
+fn timestamp_hand_check_agrees_with_time_on_seeds() {
+    run("timestamp", targets::timestamp);
+}
+
+#[test]
+fn tool_result_one_pass_agrees_with_the_derive_on_seeds() {
+    run("tool_result", targets::tool_result);
+}
