@@ -70,6 +70,12 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
     }
     let report = build(entry, &spec)?;
     print_view(entry, &spec.args, &report, out).map_err(w)?;
+    writeln!(
+        out,
+        "policy: seccomp {} mode, network {}",
+        report.seccomp.mode, report.landlock.net
+    )
+    .map_err(w)?;
     sharedos_sandbox::check::print_report(&report, out).map_err(w)?;
     let required = entry.sandbox.min_level;
     writeln!(out, "required: {required} (runtimes.sandbox.minLevel)").map_err(w)?;
@@ -82,7 +88,10 @@ fn build(
     entry: &RuntimeEntry,
     spec: &sharedos_host::process::LaunchSpec,
 ) -> Result<SandboxReport, String> {
-    let mut policy = entry.sandbox.clone();
+    // The policy a turn's launcher gets (the egress listener, the harness
+    // mode's port, and so the seccomp mode and the network rules), built by
+    // the one function the seat calls too.
+    let mut policy = entry.sandbox_policy();
     policy.describe = true;
     // The report must come back whatever the level; it is compared with
     // the runtime's minimum below.
