@@ -295,6 +295,15 @@ pub struct CgroupPolicy {
     /// `memory.swap.max`, written with `memory_max` (0: the tree's pages
     /// are never swapped out from under the bound).
     pub memory_swap_max: Option<u64>,
+    /// The cgroup v2 directory the sandboxes' cgroups are made in. `None`,
+    /// the default: the host's own cgroup. A populated cgroup other than
+    /// the root cannot enable a controller for its children (cgroup v2's
+    /// no-internal-processes rule), so a host in a delegated scope keeps
+    /// itself in one leaf and names a sibling with `memory` and `pids` in
+    /// its `cgroup.subtree_control` here (docs/SECURITY.md, "Getting a
+    /// memory controller"). One that is not a cgroup v2 directory is
+    /// reported and no cgroup is made in it.
+    pub parent: Option<String>,
 }
 
 impl Default for CgroupPolicy {
@@ -304,6 +313,7 @@ impl Default for CgroupPolicy {
             pids_max: Some(512),
             memory_max: Some(4 << 30),
             memory_swap_max: Some(0),
+            parent: None,
         }
     }
 }

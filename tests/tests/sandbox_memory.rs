@@ -160,3 +160,40 @@ fn a_plugin_writing_past_its_tmpfs_sizes_gets_enospc_and_the_host_is_fine() {
     assert!(next.wait().expect("wait").success());
     assert_eq!(out.trim(), "ok");
 }
+
+#[test]
+fn sandbox_check_runtime_says_a_required_memory_bound_is_missing() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    let text = sharedos_tests::turns::testplugin_host_toml("check-memory", "sandbox", 30_000)
+        .replace(
+            "launcher = \"sandbox\"\n",
+            "launcher = \"sandbox\"\nsandbox = { requireMemoryBound = true }\n",
+        );
+    std::fs::write(&config, text).unwrap();
+    let out = std::process::Command::new(plugin_bin("sharedos"))
+        .args([
+            "sandbox",
+            "check",
+            "--runtime",
+            "sharedos-testplugin",
+            "--config",
+        ])
+        .arg(&config)
+        .env_remove("SHAREDOS_LOG")
+        .output()
+        .expect("run sharedos sandbox check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if sharedos_sandbox::cgroup::memory_delegated() {
+        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let refused = stdout
+        .lines()
+        .find(|l| l.starts_with("refused: "))
+        .unwrap_or_else(|| panic!("no refusal in\n{stdout}"));
+    assert!(refused.contains("sandbox.requireMemoryBound"), "{refused}");
+    assert!(refused.contains("kernel objects"), "{refused}");
+}

@@ -61,14 +61,34 @@ fn v2_parent() -> Option<PathBuf> {
     })
 }
 
-/// Whether the memory controller is delegated to the cgroups this process's
-/// sandboxes are made in (`memory` in the parent's `cgroup.subtree_control`):
-/// only then can a sandbox's tree be bounded as a whole, and reach
-/// [`crate::SandboxLevel::Strong`].
-pub fn memory_delegated() -> bool {
-    v2_parent()
+/// Where `policy` makes the sandboxes' v2 cgroups: its `parent`, which must
+/// be a cgroup v2 directory, or the host's own cgroup.
+fn parent_for(policy: &CgroupPolicy) -> Result<Option<PathBuf>, String> {
+    match &policy.parent {
+        None => Ok(v2_parent()),
+        Some(p) if is_v2_root(Path::new(p)) => Ok(Some(PathBuf::from(p))),
+        Some(p) => Err(format!(
+            "cgroup.parent {p:?} is not a cgroup v2 directory (no cgroup.controllers and \
+             cgroup.procs there)"
+        )),
+    }
+}
+
+/// Whether the memory controller is delegated to the cgroups `policy`'s
+/// sandboxes are made in (`memory` in the parent's
+/// `cgroup.subtree_control`): only then can a sandbox's tree be bounded as
+/// a whole, and reach [`crate::SandboxLevel::Strong`].
+pub fn memory_delegated_for(policy: &CgroupPolicy) -> bool {
+    parent_for(policy)
+        .ok()
+        .flatten()
         .and_then(|p| std::fs::read_to_string(p.join("cgroup.subtree_control")).ok())
         .is_some_and(|s| s.split_whitespace().any(|c| c == "memory"))
+}
+
+/// [`memory_delegated_for`] the default policy (the host's own cgroup).
+pub fn memory_delegated() -> bool {
+    memory_delegated_for(&CgroupPolicy::default())
 }
 
 /// Remove the empty cgroups left by sharedos hosts that died before they
@@ -172,7 +192,14 @@ pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
         }
     }
     // v2: a child of the host's own cgroup.
-    if let Some(parent) = v2_parent() {
+    let parent = match parent_for(policy) {
+        Ok(parent) => parent,
+        Err(e) => {
+            cg.problems.push(e);
+            None
+        }
+    };
+    if let Some(parent) = parent {
         let dir = parent.join(&name);
         match std::fs::create_dir(&dir) {
             Ok(()) => {
@@ -378,7 +405,29 @@ pub(crate) const LAYER: Layer = Layer {
 
 #[cfg(test)]
 mod tests {
-    use super::write_memory_limits;
+    use super::{create, write_memory_limits};
+    use crate::policy::CgroupPolicy;
+
+    #[test]
+    fn a_parent_that_is_not_a_cgroup_is_reported_and_left_untouched() {
+        let d = tempfile::tempdir().unwrap();
+        let policy = CgroupPolicy {
+            pids_max: None,
+            parent: Some(d.path().display().to_string()),
+            ..CgroupPolicy::default()
+        };
+        let mut cg = create(&policy);
+        assert!(
+            cg.problems
+                .iter()
+                .any(|p| p.contains("is not a cgroup v2 directory")),
+            "{:?}",
+            cg.problems
+        );
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        assert!(!super::memory_delegated_for(&policy));
+        cg.remove();
+    }
 
     /// An emulated cgroup directory (plain files): this machine has no
     /// delegated memory controller, and no process may be moved between

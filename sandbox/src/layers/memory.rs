@@ -271,10 +271,10 @@ pub(crate) fn assess(
 }
 
 /// What the operator does to bound the tree's memory.
-pub(crate) const FIX: &str = "run the host with a delegated cgroup v2 memory controller (on \
-    systemd: `systemd-run --scope -p Delegate=yes sharedos ...`, with --user for a non-root host; \
-    elsewhere a subtree with `memory` in the host cgroup's cgroup.subtree_control) and keep \
-    sandbox.cgroup.memoryMax set (docs/SECURITY.md, \"Memory\")";
+pub(crate) const FIX: &str = "give the sandboxes a delegated cgroup v2 memory controller: \
+    `memory` in the cgroup.subtree_control of sandbox.cgroup.parent (default: the host's own \
+    cgroup), from a systemd scope or unit with Delegate=yes or a delegated subtree, and keep \
+    sandbox.cgroup.memoryMax set (docs/SECURITY.md, \"Getting a memory controller\")";
 
 /// The `missing` entry when the tree's memory is not bounded as a whole.
 pub(crate) fn missing(rep: &SandboxReport) -> Option<MissingLayer> {
