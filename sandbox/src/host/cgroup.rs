@@ -74,6 +74,12 @@ fn parent_for(policy: &CgroupPolicy) -> Result<Option<PathBuf>, String> {
     }
 }
 
+/// The load-time check of `policy.parent`: `Err` names why the sandboxes'
+/// cgroups could not be made there.
+pub fn check_parent(policy: &CgroupPolicy) -> Result<(), String> {
+    parent_for(policy).map(|_| ())
+}
+
 /// Whether the memory controller is delegated to the cgroups `policy`'s
 /// sandboxes are made in (`memory` in the parent's
 /// `cgroup.subtree_control`): only then can a sandbox's tree be bounded as
