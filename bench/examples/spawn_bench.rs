@@ -129,7 +129,7 @@ fn main() {
     let helpers: Vec<PathBuf> = args[1..].iter().map(PathBuf::from).collect();
     let ws = tempfile::tempdir().unwrap();
     let full = SandboxPolicy {
-        min_level: SandboxLevel::Strong,
+        min_level: SandboxLevel::Isolated,
         ..SandboxPolicy::default()
     };
     let bwrap = PathBuf::from("/usr/bin/bwrap");

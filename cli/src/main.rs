@@ -182,7 +182,9 @@ fn sandbox_check(runtime: Option<&str>, config: Option<&std::path::Path>) -> Exi
         return ExitCode::from(code as u8);
     }
     match sharedos_sandbox::check(&mut out) {
-        Ok(sharedos_sandbox::SandboxLevel::Strong) => ExitCode::SUCCESS,
+        Ok(level) if level >= sharedos_sandbox::SandboxPolicy::default().min_level => {
+            ExitCode::SUCCESS
+        }
         Ok(_) => ExitCode::from(1),
         Err(e) => {
             eprintln!("sharedos sandbox check: {e}");

@@ -17,7 +17,8 @@ use sharedos_host::process::DirectLauncher;
 use sharedos_host::seat::process_runtime;
 
 /// Prints what runtime `id` of `config_path` sees. Exit code: 0 when its
-/// sandbox reaches the runtime's `minLevel`, 1 when it does not, 2 on a
+/// sandbox reaches the runtime's `minLevel` (and bounds the tree's memory
+/// where `requireMemoryBound` asks it to), 1 when it does not, 2 on a
 /// configuration or setup error.
 pub fn check_runtime(config_path: &Path, id: &str, out: &mut dyn Write) -> i32 {
     match check(config_path, id, out) {
@@ -70,10 +71,26 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
     }
     let report = build(entry, &spec)?;
     print_view(entry, &spec.args, &report, out).map_err(w)?;
+    writeln!(
+        out,
+        "policy: seccomp {} mode, network {}",
+        report.seccomp.mode, report.landlock.net
+    )
+    .map_err(w)?;
     sharedos_sandbox::check::print_report(&report, out).map_err(w)?;
     let required = entry.sandbox.min_level;
     writeln!(out, "required: {required} (runtimes.sandbox.minLevel)").map_err(w)?;
-    Ok(if report.level >= required { 0 } else { 1 })
+    let memory = report
+        .require_memory_bound(entry.sandbox.require_memory_bound)
+        .map_err(|e| e.to_string());
+    if let Err(e) = &memory {
+        writeln!(out, "refused: {e}").map_err(w)?;
+    }
+    Ok(if report.level >= required && memory.is_ok() {
+        0
+    } else {
+        1
+    })
 }
 
 /// Builds the runtime's sandbox up to the plugin's `execve` and returns
@@ -82,11 +99,15 @@ fn build(
     entry: &RuntimeEntry,
     spec: &sharedos_host::process::LaunchSpec,
 ) -> Result<SandboxReport, String> {
-    let mut policy = entry.sandbox.clone();
+    // The policy a turn's launcher gets (the egress listener, the harness
+    // mode's port, and so the seccomp mode and the network rules), built by
+    // the one function the seat calls too.
+    let mut policy = entry.sandbox_policy();
     policy.describe = true;
     // The report must come back whatever the level; it is compared with
     // the runtime's minimum below.
     policy.min_level = SandboxLevel::Minimal;
+    policy.require_memory_bound = false;
     policy.warm = 0;
     let workspace = if sharedos_sandbox::needs_host_workspace(&policy) {
         Some(tempfile::tempdir().map_err(|e| format!("a probe workspace: {e}"))?)

@@ -44,6 +44,14 @@ pub(crate) fn check_sandboxed(
     for p in fsview::check_runtime(policy, program) {
         problems.push(format!("runtimes[{i}].{}: {}", p.field, p.message));
     }
+    if policy.cgroup.enabled
+        && let Err(e) = sharedos_sandbox::cgroup::check_parent(&policy.cgroup)
+    {
+        problems.push(format!(
+            "runtimes[{i}].sandbox.{e}; name a delegated cgroup v2 subtree (docs/SECURITY.md, \
+             \"Getting a memory controller\") or remove the key"
+        ));
+    }
     if problems.is_empty() {
         Ok(())
     } else {
@@ -78,6 +86,22 @@ mod tests {
             .unwrap();
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         d
+    }
+
+    #[test]
+    fn a_cgroup_parent_that_is_not_a_cgroup_is_a_load_error_naming_it() {
+        let d = readable_dir();
+        let mut policy = SandboxPolicy::default();
+        policy.cgroup.parent = Some(d.path().display().to_string());
+        let e = check_sandboxed(1, &env(&[]), &policy, Path::new("/bin/true")).unwrap_err();
+        assert!(
+            e.starts_with(&format!(
+                "runtimes[1].sandbox.cgroup.parent {:?} is not a cgroup v2 directory",
+                d.path().display().to_string()
+            )),
+            "{e}"
+        );
+        assert!(e.contains("Getting a memory controller"), "{e}");
     }
 
     #[test]

@@ -46,6 +46,12 @@ pub enum SandboxError {
         achieved: SandboxLevel,
         missing: Vec<MissingLayer>,
     },
+    #[error(
+        "this runtime's policy requires the sandbox's whole tree to be bounded in memory \
+         (sandbox.requireMemoryBound) but nothing bounds it here; unbounded: {}; fix: {}, or set \
+         sandbox.requireMemoryBound = false", unbounded.join(", "), crate::memory::FIX
+    )]
+    MemoryUnbounded { unbounded: Vec<String> },
     #[error(transparent)]
     Uid(#[from] UidError),
     #[error(
@@ -99,6 +105,17 @@ impl SandboxReport {
             required: min,
             achieved: self.level,
             missing: self.missing.clone(),
+        })
+    }
+
+    /// Fail closed when `required` and the tree's memory is not bounded
+    /// as a whole: the error names the unbounded kinds and the fix.
+    pub fn require_memory_bound(&self, required: bool) -> Result<(), SandboxError> {
+        if !required || self.memory.tree_bound_bytes.is_some() {
+            return Ok(());
+        }
+        Err(SandboxError::MemoryUnbounded {
+            unbounded: self.memory.unbounded.clone(),
         })
     }
 }

@@ -17,7 +17,14 @@ use crate::report::SandboxLevel;
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct SandboxPolicy {
     /// The host refuses to start a plugin whose report is below this level.
+    /// The default, `isolated`, asks for every isolation layer; `strong`
+    /// also asks for the whole tree's memory to be bounded.
     pub min_level: SandboxLevel,
+    /// Refuse to start a plugin whose tree's memory is not bounded as a
+    /// whole (no delegated cgroup v2 memory controller with `memory.max`),
+    /// whatever `min_level` says: `SandboxError::MemoryUnbounded` names
+    /// the unbounded kinds and the fix.
+    pub require_memory_bound: bool,
     /// Switch individual layers off (tests, degraded hosts).
     pub layers: LayerToggles,
     /// Resource limits applied to the plugin process.
@@ -177,7 +184,8 @@ pub const MAX_WARM: u32 = 8;
 impl Default for SandboxPolicy {
     fn default() -> Self {
         SandboxPolicy {
-            min_level: SandboxLevel::Strong,
+            min_level: SandboxLevel::Isolated,
+            require_memory_bound: false,
             layers: LayerToggles::default(),
             rlimits: Rlimits::default(),
             cgroup: CgroupPolicy::default(),
@@ -230,9 +238,11 @@ pub struct Rlimits {
     /// `RLIMIT_DATA`, bytes (private memory only: shared mappings, SysV
     /// shm and memfd escape it, which is why `address_space` is on too).
     pub data: Option<u64>,
-    /// `RLIMIT_AS`, bytes: every mapping of a process, shared or private,
-    /// counts. Measured (docs/SECURITY.md): Node 20 with a worker thread
-    /// needs 2 GiB (V8 reserves address space), Python 3.11 runs in 1 GiB.
+    /// `RLIMIT_AS`, bytes: every mapping of a process counts, reserved
+    /// or not. Unset by default: it is not the memory bound (socket and
+    /// pipe buffers and kernel objects escape it) and it breaks runtimes
+    /// that reserve large regions (Node's WebAssembly memories, and so
+    /// `fetch`, which loads a WebAssembly HTTP parser).
     pub address_space: Option<u64>,
     /// `RLIMIT_NPROC` (only effective for a non-root uid).
     pub nproc: Option<u64>,
@@ -255,7 +265,7 @@ impl Default for Rlimits {
             nofile: Some(1024),
             fsize: Some(1 << 30),
             data: Some(4 << 30),
-            address_space: Some(4 << 30),
+            address_space: None,
             nproc: Some(256),
             cpu_seconds: Some(3600),
             memlock: Some(64 << 10),
@@ -276,13 +286,24 @@ pub struct CgroupPolicy {
     pub enabled: bool,
     /// `pids.max` of the plugin's cgroup.
     pub pids_max: Option<u64>,
-    /// `memory.max`, set only where the memory controller is delegated to
-    /// the cgroup v2 hierarchy in use (never by moving a process between
-    /// v1 memory cgroups).
+    /// `memory.max` of the tree, bytes (4 GiB by default), with
+    /// `memory.oom.group` 1: set only where the memory controller is
+    /// delegated to the cgroup v2 parent of the sandbox's cgroup (never by
+    /// moving a process between v1 memory cgroups); elsewhere the cgroup
+    /// is reported degraded and the tree's memory unbounded.
     pub memory_max: Option<u64>,
     /// `memory.swap.max`, written with `memory_max` (0: the tree's pages
     /// are never swapped out from under the bound).
     pub memory_swap_max: Option<u64>,
+    /// The cgroup v2 directory the sandboxes' cgroups are made in. `None`,
+    /// the default: the host's own cgroup. A populated cgroup other than
+    /// the root cannot enable a controller for its children (cgroup v2's
+    /// no-internal-processes rule), so a host in a delegated scope keeps
+    /// itself in one leaf and names a sibling with `memory` and `pids` in
+    /// its `cgroup.subtree_control` here (docs/SECURITY.md, "Getting a
+    /// memory controller"). One that is not a cgroup v2 directory is
+    /// reported and no cgroup is made in it.
+    pub parent: Option<String>,
 }
 
 impl Default for CgroupPolicy {
@@ -290,8 +311,9 @@ impl Default for CgroupPolicy {
         CgroupPolicy {
             enabled: true,
             pids_max: Some(512),
-            memory_max: None,
+            memory_max: Some(4 << 30),
             memory_swap_max: Some(0),
+            parent: None,
         }
     }
 }

@@ -13,7 +13,8 @@ use std::fmt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// How strongly a plugin is confined. Ordered: `Minimal < Reduced < Strong`.
+/// How strongly a plugin is confined. Ordered: `Minimal < Reduced <
+/// Isolated < Strong`.
 #[derive(
     Clone,
     Copy,
@@ -39,8 +40,14 @@ pub enum SandboxLevel {
     /// Host `/proc` and network interfaces stay visible; whole-tree kill
     /// relies on the cgroup.
     Reduced,
-    /// Every layer: user, mount, pid, net, ipc and uts namespaces, a minimal
-    /// root, Landlock, seccomp, no capabilities, no_new_privs, rlimits.
+    /// Every isolation layer: user, mount, pid, net, ipc and uts
+    /// namespaces, a minimal root, Landlock, seccomp, no capabilities,
+    /// no_new_privs, rlimits; but the tree's memory is not bounded as a
+    /// whole (no delegated memory controller): the report's `memory`
+    /// section names what is unbounded.
+    Isolated,
+    /// Every isolation layer, and the whole tree's memory bounded (a
+    /// delegated cgroup v2 memory controller with `memory.max`).
     Strong,
 }
 
@@ -49,6 +56,7 @@ impl fmt::Display for SandboxLevel {
         f.write_str(match self {
             SandboxLevel::Minimal => "minimal",
             SandboxLevel::Reduced => "reduced",
+            SandboxLevel::Isolated => "isolated",
             SandboxLevel::Strong => "strong",
         })
     }
@@ -230,27 +238,38 @@ pub struct SandboxReport {
     pub view: Option<crate::fsview::RootView>,
 }
 
-/// The memory section of the report.
+/// The memory section of the report: one row per kind of memory a tree
+/// can hold, with the mechanism that holds it, and the whole tree's bound.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryReport {
-    /// One row per mechanism.
+    /// One row per kind of memory.
     pub layers: Vec<MemoryLayer>,
-    /// The most one process can map (`RLIMIT_AS`), bytes.
+    /// The most one process can map (`RLIMIT_AS`), bytes; `None` when no
+    /// address-space limit is set (the default: it is not the memory
+    /// bound, and it breaks runtimes that reserve large regions).
     pub per_process_bytes: Option<u64>,
-    /// The most the whole tree can hold, bytes: the sum of the rows (or
-    /// `memory.max` when lower). `None`: some kind of memory is unbounded.
+    /// The most the whole tree can hold, bytes: the cgroup's `memory.max`,
+    /// which every page and kernel object of the tree is charged to.
+    /// `None` without one: some kind of memory (at least kernel objects)
+    /// is unbounded, and `unbounded` names each.
     pub tree_bound_bytes: Option<u64>,
+    /// The kinds of memory no mechanism bounds here (the rows without
+    /// `bytes`), in row order.
+    #[serde(default)]
+    pub unbounded: Vec<String>,
 }
 
-/// One mechanism that bounds memory.
+/// One kind of memory and what holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryLayer {
-    /// What it bounds and how (`RLIMIT_AS`, `tmpfs /tmp`, ...).
+    /// The kind of memory (`pipe buffers`, `tmpfs /workspace`, ...).
     pub name: String,
+    /// `applied` when a mechanism holds it, `unavailable` (with the
+    /// reason) when nothing does.
     pub status: LayerStatus,
-    /// The bound this row adds to the tree's total, bytes.
+    /// The most this kind can hold, bytes; `None`: unbounded.
     pub bytes: Option<u64>,
-    /// How `bytes` is made up.
+    /// The mechanism, and how `bytes` is made up.
     pub detail: String,
 }
 

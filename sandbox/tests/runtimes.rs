@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use sharedos_sandbox::{LayerStatus, SandboxLevel, SandboxPolicy, SpawnSpec, spawn};
+use sharedos_sandbox::{LayerStatus, SandboxPolicy, SpawnSpec, spawn};
 
 const PYTHON: &str = "/usr/bin/python3";
 const NODE: &str = "/usr/bin/node";
@@ -41,7 +41,7 @@ fn run_program(program: &Path, args: &[&str], ws: &tempfile::TempDir) -> serde_j
         workspace: Some(ws.path().to_path_buf()),
     };
     let mut child = spawn(&spec).expect("spawn the runtime");
-    assert_eq!(child.report.level, SandboxLevel::Strong);
+    assert_eq!(child.report.level, full_level());
     assert_eq!(child.report.seccomp.status, LayerStatus::Applied);
     assert_eq!(child.report.seccomp.mode, "namespace");
     assert_eq!(child.report.seccomp.default_action, "ENOSYS");
@@ -152,4 +152,27 @@ fn static_rust_binary_does_real_work_under_the_filter() {
     assert_eq!(v, expected);
     let text = std::fs::read_to_string(ws.path().join("rs-out.txt")).unwrap();
     assert_eq!(text, "ws-ok");
+}
+
+/// A WebAssembly module with one memory of 1 GiB (16384 pages, at most
+/// 4 GiB), then a `fetch` to a closed port: undici compiles its
+/// WebAssembly HTTP parser before it connects.
+const WASM_FETCH: &str = r#"
+(async () => {
+  const bytes = new Uint8Array([0,97,115,109,1,0,0,0, 5,8,1,1,128,128,1,128,128,4]);
+  const { instance } = await WebAssembly.instantiate(bytes);
+  let fetchError = "none";
+  try { await fetch("http://127.0.0.1:9/"); }
+  catch (e) { fetchError = e.cause ? String(e.cause.message || e.cause) : String(e); }
+  console.log(JSON.stringify({ ok: instance instanceof WebAssembly.Instance, fetchError }));
+})().catch(e => { console.log(JSON.stringify({ ok: false, error: String(e) })); });
+"#;
+
+#[test]
+fn node_instantiates_a_large_wasm_memory_and_fetch_loads_its_parser_under_the_default_policy() {
+    let (v, _ws) = run_script(NODE, "wasm_fetch.js", WASM_FETCH);
+    assert_eq!(v["ok"], true, "{v}");
+    let fetch = v["fetchError"].as_str().unwrap_or_default();
+    assert_ne!(fetch, "none", "the sandbox has no route to the port: {v}");
+    assert!(!fetch.contains("memory"), "{v}");
 }

@@ -236,7 +236,7 @@ fn a_prepared_sandbox_runs_nothing_until_started() {
         std::slice::from_ref(&token),
     ))
     .unwrap();
-    assert_eq!(prepared.report().level, SandboxLevel::Strong);
+    assert_eq!(prepared.report().level, full_level());
     assert!(!prepared.report().prepared);
     assert!(prepared.is_alive());
     // The helper is up; the plugin binary is not running.
@@ -245,7 +245,7 @@ fn a_prepared_sandbox_runs_nothing_until_started() {
     assert!(pids_with_token(&token).is_empty(), "the plugin ran early");
     let mut child = prepared.start().unwrap();
     assert!(child.report.prepared);
-    assert_eq!(child.report.level, SandboxLevel::Strong);
+    assert_eq!(child.report.level, full_level());
     let _stdout = wait_started(&mut child);
     let mut pids = Vec::new();
     assert!(eventually(Duration::from_secs(10), || {

@@ -47,7 +47,7 @@ fn disabling_layers_lowers_the_level() {
 fn min_level_refuses_below_the_minimum() {
     let ws = workspace();
     let mut policy = SandboxPolicy::default();
-    policy.layers.landlock = false; // min_level stays `strong`
+    policy.layers.landlock = false; // min_level stays `isolated`
     let token = format!("daemon:refused-{}", std::process::id());
     let err = spawn(&spec(ws.path(), policy, std::slice::from_ref(&token))).unwrap_err();
     match &err {
@@ -56,7 +56,7 @@ fn min_level_refuses_below_the_minimum() {
             achieved,
             missing,
         } => {
-            assert_eq!(*required, SandboxLevel::Strong);
+            assert_eq!(*required, SandboxLevel::Isolated);
             assert!(achieved < required);
             let ll = missing.iter().find(|m| m.layer == "landlock").unwrap();
             assert!(ll.reason.contains("disabled"));
@@ -118,7 +118,7 @@ fn no_user_namespace_degrades_to_reduced() {
     }
 
     // The same host with the default minimum refuses the plugin.
-    policy.min_level = SandboxLevel::Strong;
+    policy.min_level = SandboxLevel::Isolated;
     let ws = workspace();
     let err = spawn(&spec(ws.path(), policy, &["status".into()])).unwrap_err();
     assert!(
@@ -182,13 +182,30 @@ fn check_reports_every_layer_and_the_level() {
     let mut out = Vec::new();
     let level = sharedos_sandbox::check::check_with(&helper(), &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
-    assert_eq!(level, SandboxLevel::Strong, "{text}");
+    assert_eq!(level, full_level(), "{text}");
     for layer in [
         "userns", "mountns", "pidns", "netns", "landlock", "seccomp", "caps", "rlimits", "cgroup",
     ] {
         assert!(text.contains(layer), "{layer} missing from:\n{text}");
     }
-    assert!(text.contains("level: strong"));
+    assert!(
+        text.contains(&format!("level: {}\n", full_level())),
+        "{text}"
+    );
+    // The memory section names each kind and what holds it, and, without
+    // a controller, what is unbounded.
+    for kind in [
+        "pipe buffers",
+        "socket buffers",
+        "kernel objects",
+        "tmpfs /tmp",
+    ] {
+        assert!(text.contains(kind), "{kind} missing from:\n{text}");
+    }
+    if !sharedos_sandbox::cgroup::memory_delegated() {
+        assert!(text.contains("unbounded the whole tree"), "{text}");
+        assert!(text.contains("missing memory: "), "{text}");
+    }
 }
 
 #[test]

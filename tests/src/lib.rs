@@ -389,3 +389,27 @@ pub fn isolated<T>(body: impl std::future::Future<Output = T>) -> T {
     }
     out
 }
+
+/// The level a full sandbox reaches on this host, as the report spells
+/// it: `strong` where the memory controller is delegated (the tree's
+/// memory bounded), else `isolated`.
+pub fn full_level() -> &'static str {
+    if sharedos_sandbox::cgroup::memory_delegated() {
+        "strong"
+    } else {
+        "isolated"
+    }
+}
+
+/// The layers a full sandbox's report lists as missing on this host:
+/// none, or `memory` alone where no memory controller is delegated.
+pub fn full_missing(report: &serde_json::Value) -> Vec<String> {
+    report["missing"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["layer"].as_str())
+        .filter(|l| *l != "memory" || sharedos_sandbox::cgroup::memory_delegated())
+        .map(str::to_owned)
+        .collect()
+}

@@ -27,7 +27,8 @@ fn check_story(audit_path: &Path, result: &Value) {
         .collect();
     assert_eq!(result["status"], "succeeded", "{result}");
     assert_eq!(
-        result["metadata"]["runtime"]["sandbox"]["level"], "strong",
+        result["metadata"]["runtime"]["sandbox"]["level"],
+        sharedos_tests::full_level(),
         "the demo ran sandboxed: {}",
         result["metadata"]["runtime"]
     );

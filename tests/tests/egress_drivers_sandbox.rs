@@ -73,7 +73,11 @@ async fn each_sandboxed_driver_calls_a_tool_streams_and_answers_through_the_gate
         assert_eq!(streamed_text(&turn), "Plan written.", "{k}");
         // The sandbox said what it allowed: TCP to the gateway's port only.
         let sandbox = &result.metadata["runtime"]["sandbox"];
-        assert_eq!(sandbox["level"], "strong", "{k}: {sandbox}");
+        assert_eq!(
+            sandbox["level"],
+            sharedos_tests::full_level(),
+            "{k}: {sandbox}"
+        );
         assert_eq!(sandbox["landlock"]["net"], "tcp-connect:8787", "{k}");
         assert_eq!(sandbox["seccomp"]["mode"], "namespace+egress", "{k}");
 

@@ -76,7 +76,7 @@ fn deadline(launcher: &str) {
     assert_eq!(result["error"]["retryable"], true);
     assert_eq!(result["metadata"]["note"], "kept");
     let expected_level = if launcher == "sandbox" {
-        "strong"
+        sharedos_tests::full_level()
     } else {
         "none"
     };

@@ -282,7 +282,7 @@ fn worked(run: &TurnRun) -> Vec<String> {
 
 #[test]
 fn no_userns_is_reduced_and_refused_below_strong() {
-    assert_refused(&NO_USERNS, SandboxLevel::Strong);
+    assert_refused(&NO_USERNS, SandboxLevel::Isolated);
 }
 
 #[test]
@@ -355,7 +355,7 @@ fn no_userns_same_uid_victim_cannot_be_read_traced_or_signalled() {
 
 #[test]
 fn no_netns_is_reduced_and_refused_below_strong() {
-    assert_refused(&NO_NETNS, SandboxLevel::Strong);
+    assert_refused(&NO_NETNS, SandboxLevel::Isolated);
 }
 
 #[test]
@@ -375,7 +375,7 @@ fn no_netns_reduced_still_keeps_the_host_untouched() {
 
 #[test]
 fn no_landlock_is_reduced_and_refused_below_strong() {
-    assert_refused(&NO_LANDLOCK, SandboxLevel::Strong);
+    assert_refused(&NO_LANDLOCK, SandboxLevel::Isolated);
 }
 
 #[test]
@@ -394,7 +394,7 @@ fn no_landlock_reduced_still_keeps_the_host_untouched() {
 
 #[test]
 fn no_pidns_is_refused_below_strong() {
-    assert_refused(&NO_PIDNS, SandboxLevel::Strong);
+    assert_refused(&NO_PIDNS, SandboxLevel::Isolated);
 }
 
 #[test]
@@ -428,7 +428,7 @@ fn no_pidns_reports_reduced() {
 
 #[test]
 fn no_seccomp_is_minimal_and_refused_below_strong_and_reduced() {
-    assert_refused(&NO_SECCOMP, SandboxLevel::Strong);
+    assert_refused(&NO_SECCOMP, SandboxLevel::Isolated);
     assert_refused(&NO_SECCOMP, SandboxLevel::Reduced);
 }
 

@@ -23,7 +23,7 @@ fn resource_turn(id: &str, policy: SandboxPolicy, bait: Value) -> (TurnRun, Valu
         run.error_text()
     );
     assert_eq!(run.status(), "succeeded", "{label}");
-    assert_eq!(run.level(), "strong", "{label}");
+    assert_eq!(run.level(), sharedos_tests::full_level(), "{label}");
     assert!(
         run.elapsed < Duration::from_secs(30),
         "{label}: {:?}",

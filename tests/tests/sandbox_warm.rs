@@ -143,7 +143,7 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             .await
             .unwrap();
         assert_eq!(first.status, ExecutionStatus::Succeeded, "{first:#?}");
-        assert_eq!(sandbox_of(&first)["level"], "strong");
+        assert_eq!(sandbox_of(&first)["level"], sharedos_tests::full_level());
         assert_eq!(sandbox_of(&first)["prepared"], true);
         sharedos_host::process::settle_kills();
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
@@ -190,8 +190,8 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             assert_eq!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
             let sb = sandbox_of(&r);
             assert_eq!(sb["prepared"], true, "turn {i}: {sb}");
-            assert_eq!(sb["level"], "strong", "{sb}");
-            assert_eq!(sb["missing"], json!([]), "{sb}");
+            assert_eq!(sb["level"], sharedos_tests::full_level(), "{sb}");
+            assert!(sharedos_tests::full_missing(&sb).is_empty(), "{sb}");
             assert_eq!(sb["fds"], json!([0, 1, 2]), "{sb}");
             assert_eq!(r.output, first.output);
             sharedos_host::process::settle_kills();
@@ -229,7 +229,7 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             "{}",
             sandbox_of(&r)
         );
-        assert_eq!(sandbox_of(&r)["level"], "strong");
+        assert_eq!(sandbox_of(&r)["level"], sharedos_tests::full_level());
         sharedos_host::process::settle_kills();
         assert_eq!(launcher.wait_warm(Duration::from_secs(30)), 1);
         assert_eq!(spare_workspaces(&launcher).len(), 1);
@@ -253,7 +253,7 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             let r = t.await.unwrap();
             assert_eq!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
             let sb = sandbox_of(&r);
-            assert_eq!(sb["level"], "strong", "{sb}");
+            assert_eq!(sb["level"], sharedos_tests::full_level(), "{sb}");
             prepared += usize::from(sb["prepared"] == true);
             assert!(cgroups.insert(sb["cgroup"]["paths"].to_string()), "{sb}");
         }
@@ -292,7 +292,7 @@ fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
             assert_ne!(r.status, ExecutionStatus::Succeeded, "{r:#?}");
             let sb = sandbox_of(&r);
             assert_eq!(sb["refused"], true, "{sb}");
-            assert_eq!(sb["required"], "strong", "{sb}");
+            assert_eq!(sb["required"], "isolated", "{sb}");
             launcher.wait_warm(Duration::from_secs(30));
             assert_eq!(launcher.warm_ready(), 0);
         }

@@ -188,7 +188,11 @@ fn turns_of_one_session_share_a_process_and_its_tmp_and_no_one_else_does() {
         assert_eq!(read_text(&second), "left by turn 1", "{second:#}");
         // The isolation the process was started under is every turn's.
         let sandbox = &first["metadata"]["runtime"]["sandbox"];
-        assert_eq!(sandbox["level"], "strong", "{sandbox:#}");
+        assert_eq!(
+            sandbox["level"],
+            sharedos_tests::full_level(),
+            "{sandbox:#}"
+        );
         assert_eq!(&second["metadata"]["runtime"]["sandbox"], sandbox);
 
         // Another session of the same agent and scope: a fresh process,

@@ -147,7 +147,7 @@ pub struct RuntimeEntry {
     #[serde(default)]
     pub launcher: LauncherKind,
     /// The sandbox policy of this runtime (see docs/SECURITY.md). Absent:
-    /// the full sandbox, refusing to start below `strong`.
+    /// the full sandbox, refusing to start below `isolated`.
     #[serde(default)]
     pub sandbox: SandboxPolicy,
     /// Egress: `"none"` (the default) or model routes and destinations

@@ -68,13 +68,9 @@ pub(super) fn plugin_exec(
     let p = &req.policy;
     let memfd_refused =
         rep.seccomp.status.is_enforced() && p.memfd_create == crate::policy::MemfdPolicy::Deny;
-    rep.memory = crate::memory::assess(
-        rep,
-        p.tmp_size_bytes,
-        p.shm_size_bytes,
-        p.home_size_bytes,
-        memfd_refused,
-    );
+    let tmpfs_workspace =
+        rep.root == crate::report::LayerStatus::Applied && req.workspace.is_none();
+    rep.memory = crate::memory::assess(rep, p, tmpfs_workspace, memfd_refused);
     layers::finalize(rep);
     stamp("plugin", "report_ready (execve next)");
     rep.timings_us = crate::timing::take();

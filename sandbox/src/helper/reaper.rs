@@ -144,9 +144,12 @@ fn build_root(
     program_name: &str,
 ) -> Result<(), Fail> {
     let p = &req.policy;
-    let mem_total = p
-        .rlimits
-        .address_space
+    // What `/proc/meminfo` shows: the tree's `memory.max` where one was
+    // set, else the per-process limits.
+    let mem_total = rep
+        .cgroup
+        .memory_max
+        .or(p.rlimits.address_space)
         .or(p.rlimits.data)
         .unwrap_or(4 << 30);
     let built = mounts::build(&RootSpec {

@@ -49,18 +49,61 @@ fn unique_name() -> String {
     )
 }
 
+/// The v2 cgroup the sandboxes' cgroups are made in: the host's own.
+fn v2_parent() -> Option<PathBuf> {
+    let root = V2_CANDIDATES
+        .iter()
+        .map(Path::new)
+        .find(|p| is_v2_root(p))?;
+    Some(match own_v2_path() {
+        Some(rel) if !rel.is_empty() => root.join(rel),
+        _ => root.to_path_buf(),
+    })
+}
+
+/// Where `policy` makes the sandboxes' v2 cgroups: its `parent`, which must
+/// be a cgroup v2 directory, or the host's own cgroup.
+fn parent_for(policy: &CgroupPolicy) -> Result<Option<PathBuf>, String> {
+    match &policy.parent {
+        None => Ok(v2_parent()),
+        Some(p) if is_v2_root(Path::new(p)) => Ok(Some(PathBuf::from(p))),
+        Some(p) => Err(format!(
+            "cgroup.parent {p:?} is not a cgroup v2 directory (no cgroup.controllers and \
+             cgroup.procs there)"
+        )),
+    }
+}
+
+/// The load-time check of `policy.parent`: `Err` names why the sandboxes'
+/// cgroups could not be made there.
+pub fn check_parent(policy: &CgroupPolicy) -> Result<(), String> {
+    parent_for(policy).map(|_| ())
+}
+
+/// Whether the memory controller is delegated to the cgroups `policy`'s
+/// sandboxes are made in (`memory` in the parent's
+/// `cgroup.subtree_control`): only then can a sandbox's tree be bounded as
+/// a whole, and reach [`crate::SandboxLevel::Strong`].
+pub fn memory_delegated_for(policy: &CgroupPolicy) -> bool {
+    parent_for(policy)
+        .ok()
+        .flatten()
+        .and_then(|p| std::fs::read_to_string(p.join("cgroup.subtree_control")).ok())
+        .is_some_and(|s| s.split_whitespace().any(|c| c == "memory"))
+}
+
+/// [`memory_delegated_for`] the default policy (the host's own cgroup).
+pub fn memory_delegated() -> bool {
+    memory_delegated_for(&CgroupPolicy::default())
+}
+
 /// Remove the empty cgroups left by sharedos hosts that died before they
 /// could clean up (named `sharedos-<host pid>-<n>`, host pid no longer
 /// alive). Runs once per process from [`create`]; returns what it removed.
 pub fn sweep_stale() -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let mut parents: Vec<PathBuf> = vec![PathBuf::from(V1_PIDS)];
-    if let Some(root) = V2_CANDIDATES.iter().map(Path::new).find(|p| is_v2_root(p)) {
-        parents.push(match own_v2_path() {
-            Some(rel) if !rel.is_empty() => root.join(rel),
-            _ => root.to_path_buf(),
-        });
-    }
+    parents.extend(v2_parent());
     for parent in parents {
         let Ok(dir) = std::fs::read_dir(&parent) else {
             continue;
@@ -90,12 +133,14 @@ pub fn sweep_stale() -> Vec<PathBuf> {
 
 /// Create the plugin's cgroups. Never fails: what could not be done is in
 /// `problems` and ends up in the report.
-/// `memory.max` and `memory.swap.max` of a fresh v2 cgroup `dir` whose
-/// parent delegates the memory controller (`delegated`). The files must
-/// already exist (the kernel makes them with the controller): nothing is
-/// created, and no process is moved here. Without `memory.swap.max` (no
-/// swap accounting) the swap limit is refused rather than skipped, since
-/// swapped-out pages would escape `memory.max`.
+/// `memory.max`, `memory.swap.max` and `memory.oom.group` (1: an OOM
+/// kill takes the whole tree, never leaves half of it running) of a fresh
+/// v2 cgroup `dir` the sandbox created, whose parent delegates the memory
+/// controller (`delegated`). The files must already exist (the kernel
+/// makes them with the controller): nothing is created, and no process is
+/// moved here. Without `memory.swap.max` (no swap accounting) the swap
+/// limit is refused rather than skipped, since swapped-out pages would
+/// escape `memory.max`.
 pub(crate) fn write_memory_limits(
     dir: &Path,
     delegated: bool,
@@ -119,7 +164,7 @@ pub(crate) fn write_memory_limits(
     if let Some(sw) = swap {
         write("memory.swap.max", sw)?;
     }
-    Ok(())
+    write("memory.oom.group", 1)
 }
 
 pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
@@ -153,11 +198,14 @@ pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
         }
     }
     // v2: a child of the host's own cgroup.
-    if let Some(root) = V2_CANDIDATES.iter().map(Path::new).find(|p| is_v2_root(p)) {
-        let parent = match own_v2_path() {
-            Some(rel) if !rel.is_empty() => root.join(rel),
-            _ => root.to_path_buf(),
-        };
+    let parent = match parent_for(policy) {
+        Ok(parent) => parent,
+        Err(e) => {
+            cg.problems.push(e);
+            None
+        }
+    };
+    if let Some(parent) = parent {
         let dir = parent.join(&name);
         match std::fs::create_dir(&dir) {
             Ok(()) => {
@@ -363,7 +411,29 @@ pub(crate) const LAYER: Layer = Layer {
 
 #[cfg(test)]
 mod tests {
-    use super::write_memory_limits;
+    use super::{create, write_memory_limits};
+    use crate::policy::CgroupPolicy;
+
+    #[test]
+    fn a_parent_that_is_not_a_cgroup_is_reported_and_left_untouched() {
+        let d = tempfile::tempdir().unwrap();
+        let policy = CgroupPolicy {
+            pids_max: None,
+            parent: Some(d.path().display().to_string()),
+            ..CgroupPolicy::default()
+        };
+        let mut cg = create(&policy);
+        assert!(
+            cg.problems
+                .iter()
+                .any(|p| p.contains("is not a cgroup v2 directory")),
+            "{:?}",
+            cg.problems
+        );
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        assert!(!super::memory_delegated_for(&policy));
+        cg.remove();
+    }
 
     /// An emulated cgroup directory (plain files): this machine has no
     /// delegated memory controller, and no process may be moved between
@@ -378,11 +448,12 @@ mod tests {
 
     #[test]
     fn memory_max_and_swap_are_written_where_the_controller_is_delegated() {
-        let d = emulated(&["memory.max", "memory.swap.max"]);
+        let d = emulated(&["memory.max", "memory.swap.max", "memory.oom.group"]);
         write_memory_limits(d.path(), true, 512 << 20, Some(0)).unwrap();
         let read = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap();
         assert_eq!(read("memory.max"), (512u64 << 20).to_string());
         assert_eq!(read("memory.swap.max"), "0");
+        assert_eq!(read("memory.oom.group"), "1");
     }
 
     #[test]

@@ -339,6 +339,8 @@ fn read_report(
         sc.egress_listener = Some(listener);
     }
     sc.report.require(policy.min_level)?;
+    sc.report
+        .require_memory_bound(policy.require_memory_bound)?;
     Ok(PreparedSandbox {
         child: sc,
         start: l.start,

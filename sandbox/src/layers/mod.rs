@@ -140,7 +140,8 @@ pub(crate) fn apply_at(
 /// Compute `level` and `missing` from the layers and the self-check
 /// (docs/spec/sandbox.md B.7).
 pub(crate) fn finalize(rep: &mut SandboxReport) {
-    let missing: Vec<_> = LAYERS.iter().filter_map(|l| l.missing(rep)).collect();
+    let mut missing: Vec<_> = LAYERS.iter().filter_map(|l| l.missing(rep)).collect();
+    let memory = memory::missing(rep);
     let sc = &rep.self_check;
     let kernel_ok = sc.no_new_privs == Some(true)
         && sc.seccomp == Some(2)
@@ -162,13 +163,19 @@ pub(crate) fn finalize(rep: &mut SandboxReport) {
     // minimal root) and no network (the strict filter, or a netns).
     let fs_boundary = rep.landlock.status.is_enforced() || rep.root == LayerStatus::Applied;
     let no_network = rep.seccomp.mode == "strict" || rep.netns == LayerStatus::Applied;
+    // Strong also needs the whole tree's memory bounded; every isolation
+    // layer without it is `isolated`.
     rep.level = if base && missing.is_empty() {
-        SandboxLevel::Strong
+        match memory {
+            None => SandboxLevel::Strong,
+            Some(_) => SandboxLevel::Isolated,
+        }
     } else if base && fs_boundary && no_network && rep.uid_drop != LayerStatus::Disabled {
         SandboxLevel::Reduced
     } else {
         SandboxLevel::Minimal
     };
+    missing.extend(memory);
     rep.missing = missing;
 }
 
@@ -232,6 +239,7 @@ mod tests {
                 "no_new_privs",
                 "use a kernel with PR_SET_NO_NEW_PRIVS (3.5+)",
             ),
+            ("memory", memory::FIX),
         ];
         assert_eq!(got, expected);
         assert_eq!(rep.missing[0].reason, "not reached");
@@ -254,6 +262,34 @@ mod tests {
             ceilings.map(|m| m.reason.as_str()),
             Some("disabled by the sandbox policy")
         );
+    }
+
+    #[test]
+    fn every_layer_without_a_memory_bound_is_isolated_and_with_one_strong() {
+        let mut rep = nothing_applied();
+        for layer in LAYERS.iter().filter(|l| l.stage != Stage::Host) {
+            layer.set(&mut rep, LayerStatus::Applied);
+        }
+        rep.seccomp.status = LayerStatus::Applied;
+        rep.no_new_privs = true;
+        rep.self_check = crate::report::SelfCheck {
+            uid: Some(1000),
+            cap_eff: Some(0),
+            cap_prm: Some(0),
+            no_new_privs: Some(true),
+            seccomp: Some(2),
+            ..Default::default()
+        };
+        rep.memory.unbounded = vec!["kernel objects".into()];
+        finalize(&mut rep);
+        assert_eq!(rep.level, SandboxLevel::Isolated, "{:?}", rep.missing);
+        let layers: Vec<&str> = rep.missing.iter().map(|m| m.layer.as_str()).collect();
+        assert_eq!(layers, ["memory"]);
+        assert!(rep.missing[0].reason.ends_with("unbounded: kernel objects"));
+        rep.memory.tree_bound_bytes = Some(1 << 30);
+        finalize(&mut rep);
+        assert_eq!(rep.level, SandboxLevel::Strong);
+        assert!(rep.missing.is_empty());
     }
 
     #[test]

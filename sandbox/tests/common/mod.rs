@@ -154,3 +154,14 @@ pub fn sandbox_pid1(helper: i32) -> Option<i32> {
     }
     None
 }
+
+/// The level a full sandbox reaches on this host: `strong` where the
+/// memory controller is delegated (the tree's memory bounded), else
+/// `isolated`.
+pub fn full_level() -> sharedos_sandbox::SandboxLevel {
+    if sharedos_sandbox::cgroup::memory_delegated() {
+        sharedos_sandbox::SandboxLevel::Strong
+    } else {
+        sharedos_sandbox::SandboxLevel::Isolated
+    }
+}
