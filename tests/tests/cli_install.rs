@@ -80,7 +80,10 @@ fn an_installed_sharedos_runs_the_demo_from_any_directory() {
     assert!(out.status.success(), "{}", stderr(&out));
     let result: Value = serde_json::from_slice(&out.stdout).expect("the result JSON on stdout");
     assert_eq!(result["status"], "succeeded", "{}", stderr(&out));
-    assert_eq!(result["metadata"]["runtime"]["sandbox"]["level"], "strong");
+    assert_eq!(
+        result["metadata"]["runtime"]["sandbox"]["level"],
+        sharedos_tests::full_level()
+    );
 }
 
 #[test]
