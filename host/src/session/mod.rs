@@ -84,8 +84,18 @@ pub enum SessionError {
     NoSeat(String),
     #[error("the run input is invalid: {0}")]
     InvalidInput(String),
-    #[error("requestId must be 1 to 256 characters")]
-    InvalidRequestId,
+    /// A requestId no run could be stored under.
+    #[error("requestId {0}")]
+    InvalidRequestId(String),
+    /// A session or run id that sharedos never issued (ids are UUIDs).
+    #[error(
+        "{what} id {shown:?} is not an id sharedos issues: send the id (a UUID) the answer that created it gave"
+    )]
+    InvalidId { what: &'static str, shown: String },
+    /// A scope id (namespace, authority, owner) or agent id that cannot be
+    /// stored or named in a path.
+    #[error("{0}")]
+    InvalidScope(String),
     #[error("the host is shutting down and admits no new run")]
     ShuttingDown,
     /// This host's lease was taken over; it admits no new run.
@@ -165,6 +175,7 @@ impl Sessions {
             .agents
             .get(spec.agent_id.as_str())
             .ok_or_else(|| SessionError::UnknownAgent(spec.agent_id.to_string()))?;
+        scope.check()?;
         request::check_binding(scope, &spec)?;
         let record = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -182,6 +193,7 @@ impl Sessions {
 
     /// The session, if `scope` may see it; `NotFound` otherwise.
     pub async fn session(&self, scope: &Scope, id: &str) -> Result<SessionRecord, SessionError> {
+        request::check_issued_id("session", id)?;
         let not_found = || StoreError::NotFound {
             what: "session",
             id: id.to_owned(),
@@ -218,9 +230,7 @@ impl Sessions {
         request_id: &str,
         input: RunInput,
     ) -> Result<RunHandle, SessionError> {
-        if request_id.is_empty() || request_id.len() > 256 {
-            return Err(SessionError::InvalidRequestId);
-        }
+        request::check_request_id(request_id)?;
         let session = self.session(scope, session_id).await?;
         let executor = self
             .executors
@@ -280,6 +290,7 @@ impl Sessions {
 
     /// The run, if `scope` may see its session.
     pub async fn get_run(&self, scope: &Scope, run_id: &str) -> Result<RunRecord, SessionError> {
+        request::check_issued_id("run", run_id)?;
         let run = self.store.run(run_id).await?;
         match self.session(scope, &run.session_id).await {
             Ok(_) => Ok(run),
