@@ -25,6 +25,7 @@
 //! ```
 
 pub mod harness;
+pub mod serve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -381,6 +382,9 @@ pub struct HostConfig {
     pub agents: Vec<AgentEntry>,
     #[serde(default)]
     pub kernel: KernelConfig,
+    /// `[serve]`: what `sharedos serve` alone reads.
+    #[serde(default)]
+    pub serve: serve::ServeSection,
     /// The directory relative paths are resolved against.
     #[serde(skip)]
     pub base_dir: PathBuf,

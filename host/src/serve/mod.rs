@@ -11,6 +11,7 @@
 //! server stops accepting and waits for every run in flight to end (each
 //! ends by its own deadline at the latest), then lets its lease go.
 
+mod at_rest;
 mod lease;
 pub mod routes;
 
@@ -149,12 +150,7 @@ pub fn sessions_from_config(
     host_id: &str,
 ) -> Result<Sessions, ServeError> {
     let files_root = config.resolve(&config.host.files_root);
-    std::fs::create_dir_all(&files_root).map_err(|e| {
-        ServeError::Setup(format!(
-            "cannot create the files root {}: {e}",
-            files_root.display()
-        ))
-    })?;
+    at_rest::files_root(&files_root, config.serve.allow_shared_store)?;
     let kernel = Kernel::builder_from_config(
         &config.kernel,
         &files_root,
@@ -196,6 +192,10 @@ pub async fn serve(
     launcher_for: &LauncherFor,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    // Nothing is opened, created or imported before both are checked.
+    let allow_shared = config.serve.allow_shared_store;
+    at_rest::check_store(&options.store, allow_shared)?;
+    at_rest::files_root(&config.resolve(&config.host.files_root), allow_shared)?;
     let store = options.store.open().await?;
     import_grants(config, store.as_ref()).await?;
     let sessions = Arc::new(sessions_from_config(
