@@ -452,6 +452,7 @@ impl HostConfig {
 
     fn check(&self) -> Result<(), String> {
         self.host.check()?;
+        self.serve.check()?;
         let mut ids = std::collections::HashSet::new();
         for (i, r) in self.runtimes.iter().enumerate() {
             if !ids.insert(r.id.as_str()) {

@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -141,12 +142,24 @@ fn json_content_type(req: &Request<Incoming>) -> Result<(), Failure> {
     ))
 }
 
-async fn body_of<T: for<'de> Deserialize<'de>>(req: Request<Incoming>) -> Result<T, Failure> {
+async fn body_of<T: for<'de> Deserialize<'de>>(
+    req: Request<Incoming>,
+    within: Duration,
+) -> Result<T, Failure> {
     json_content_type(&req)?;
     let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
-    let bytes = limited
-        .collect()
+    let bytes = tokio::time::timeout(within, limited.collect())
         .await
+        .map_err(|_| {
+            Failure::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the body did not arrive within {} ms of its head ([serve] headerReadTimeoutMs)",
+                    within.as_millis()
+                ),
+            )
+        })?
         .map_err(|e| {
             Failure::new(
                 StatusCode::BAD_REQUEST,
@@ -167,9 +180,13 @@ struct RunBody {
     input: RunInput,
 }
 
-/// Routes one request.
-pub async fn route(sessions: Arc<Sessions>, req: Request<Incoming>) -> Response<Body> {
-    match handle(&sessions, req).await {
+/// Routes one request; a body must arrive within `body_within` of its head.
+pub async fn route(
+    sessions: Arc<Sessions>,
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Response<Body> {
+    match handle(&sessions, req, body_within).await {
         Ok(r) => r,
         Err(f) => f.into_response(),
     }
@@ -178,6 +195,7 @@ pub async fn route(sessions: Arc<Sessions>, req: Request<Incoming>) -> Response<
 async fn handle(
     sessions: &Arc<Sessions>,
     req: Request<Incoming>,
+    body_within: Duration,
 ) -> Result<Response<Body>, Failure> {
     let path: Vec<String> = req
         .uri()
@@ -194,7 +212,7 @@ async fn handle(
     let scope = scope_of(&req)?;
     match (method, parts.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => {
-            let spec: OpenSession = body_of(req).await?;
+            let spec: OpenSession = body_of(req, body_within).await?;
             let s = sessions.open_session(&scope, spec).await?;
             Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
         }
@@ -208,7 +226,7 @@ async fn handle(
         }
         (Method::POST, ["v1", "sessions", id, "runs"]) => {
             let id = id.to_string();
-            let body: RunBody = body_of(req).await?;
+            let body: RunBody = body_of(req, body_within).await?;
             let h = sessions
                 .run(&scope, &id, &body.request_id, body.input)
                 .await?;
