@@ -3,8 +3,10 @@
 //! run out, and the server itself closes each one past its timeout (the
 //! client reads EOF); a head sent too slowly is closed long before an idle
 //! connection; at the cap with every connection busy a new one is answered
-//! `503 too_many_connections`. Bounds are generous: nothing here measures
-//! speed.
+//! `503 too_many_connections`; run out of descriptors (`ulimit -n 40`), the
+//! server reports its lowered cap, pauses accepting instead of spinning,
+//! reports failures at a bounded rate, and answers again once the flood is
+//! gone. Bounds are generous: nothing here measures speed.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -240,4 +242,104 @@ fn connection_options_out_of_range_are_refused_naming_the_key() {
         let err = sharedos_host::config::HostConfig::load(&config).unwrap_err();
         assert!(err.to_string().contains(key), "{err}");
     }
+}
+
+/// User and system CPU time of `pid` so far, in clock ticks (USER_HZ,
+/// 100 per second on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(
+        dir.path(),
+        "\n[serve]\nheaderReadTimeoutMs = 30000\nidleTimeoutMs = 30000\n",
+    );
+    let mut command = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "ulimit -n 40; exec \"$@\"".to_owned(),
+        "sh".to_owned(),
+    ];
+    command.extend(sharedos_tests::served::serve_command(
+        dir.path(),
+        "serve.sock",
+        &[],
+    ));
+    let server = sharedos_tests::served::start_command(dir.path(), "serve.sock", command);
+    let socket = server.socket();
+    let pid = server.child.id();
+
+    // The one connection the lowered cap holds is kept busy by the event
+    // stream of a stalled run; every later one waits, unanswered, for its
+    // head, each holding a descriptor, until there are none left.
+    let session = open_session(&socket).await;
+    let script = json!([{"op": "emit", "type": "parked", "data": {}}, {"op": "stall"}]);
+    let run = start_run(&socket, &session, "stalls", script).await;
+    let mut busy = Events::open(&socket, &run, None).await;
+    busy.until("parked").await;
+    let mut flood = Vec::new();
+    for _ in 0..60 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(200), UnixStream::connect(&socket)).await
+        {
+            flood.push(s);
+        }
+    }
+    let window = Duration::from_secs(6);
+    let (ticks, started) = (cpu_ticks(pid), Instant::now());
+    tokio::time::sleep(window).await;
+    let used = Duration::from_millis((cpu_ticks(pid) - ticks) * 10);
+    let elapsed = started.elapsed();
+    assert!(
+        used < elapsed * 15 / 100,
+        "the server used {used:?} of CPU in {elapsed:?} while out of descriptors"
+    );
+
+    drop(flood);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((200, _)) = tokio::time::timeout(Duration::from_secs(5), health(&socket)).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "health never answered again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(busy);
+    let (status, _) = call(
+        &socket,
+        "POST",
+        &format!("/v1/runs/{run}/cancel"),
+        "operator",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 200);
+    wait_state(&socket, &run, "ended").await;
+    let log = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("serve-"))
+        .unwrap();
+    let err = std::fs::read_to_string(log).unwrap();
+    assert!(
+        err.contains("does not fit the descriptor limit") && err.contains("at most 1 connections"),
+        "the lowered cap is reported: {err}"
+    );
+    let reports = err.matches("accepting a connection failed").count();
+    assert!(
+        err.contains("Too many open files"),
+        "the flood ran the server out of descriptors: {err}"
+    );
+    let bound = (started.elapsed().as_secs() / 5 + 3) as usize;
+    assert!(
+        reports <= bound,
+        "{reports} accept failure reports, at most {bound} expected: {err}"
+    );
 }
