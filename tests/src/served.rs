@@ -156,10 +156,21 @@ pub async fn call(
     user: &str,
     body: Value,
 ) -> (u16, Value) {
+    call_as(socket, method, path, &scope(user), body).await
+}
+
+/// [`call`] with the whole `Sharedos-Scope` header given.
+pub async fn call_as(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    scope: &str,
+    body: Value,
+) -> (u16, Value) {
     let req = Request::builder()
         .method(method)
         .uri(format!("http://sharedos{path}"))
-        .header("sharedos-scope", scope(user))
+        .header("sharedos-scope", scope)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
@@ -272,13 +283,18 @@ pub async fn open_session(socket: &Path) -> String {
 }
 
 pub async fn wait_state(socket: &Path, run: &str, state: &str) -> Value {
+    wait_state_as(socket, run, &scope("operator"), state).await
+}
+
+/// [`wait_state`] under the whole `Sharedos-Scope` header given.
+pub async fn wait_state_as(socket: &Path, run: &str, scope: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, body) = call(
+        let (status, body) = call_as(
             socket,
             "GET",
             &format!("/v1/runs/{run}"),
-            "operator",
+            scope,
             Value::Null,
         )
         .await;
