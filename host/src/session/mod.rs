@@ -306,8 +306,13 @@ impl Sessions {
     /// Waits for the run to end (or be marked interrupted) and returns it.
     pub async fn wait(&self, scope: &Scope, run_id: &str) -> Result<RunRecord, SessionError> {
         let mut observer = self.observe(scope, run_id, None).await;
-        if let Err(SessionError::Store(StoreError::Dropped { .. })) = &observer {
-            observer = self.observe(scope, run_id, Some(u64::MAX)).await;
+        if let Err(SessionError::Store(StoreError::Dropped {
+            dropped_through, ..
+        })) = &observer
+        {
+            // Follow what retention kept.
+            let from = *dropped_through;
+            observer = self.observe(scope, run_id, Some(from)).await;
         }
         if let Ok(mut o) = observer {
             while o.next().await?.is_some() {}
