@@ -1,8 +1,9 @@
 //! The quick start of docs/SERVE.md, run as written: its `host.toml`, its
-//! session and run bodies and its scope, under a real `sharedos serve`
-//! (the standard runtime in the real sandbox); the run's tool calls
-//! succeed with exactly the output the page shows, and the store's audit
-//! trail holds exactly the lines it shows.
+//! session (tools named, resolved from the host's catalogue) and run bodies
+//! and its scope, under a real `sharedos serve` (the standard runtime in the
+//! real sandbox); the run's tool calls succeed with exactly the output the
+//! page shows, and the store's audit trail holds exactly the lines it
+//! shows. A name the host does not have is `400 unknown_tool`.
 
 use std::path::Path;
 
@@ -54,6 +55,19 @@ async fn the_quick_start_runs_its_tools_and_audits_them_as_documented() {
 
     let server = start(dir.path());
     let socket = server.socket();
+    let mut unknown = session.clone();
+    unknown["tools"] = serde_json::json!(["files.write", "files.shred"]);
+    let (status, err) = call_as(&socket, "POST", "/v1/sessions", &scope, unknown).await;
+    assert_eq!(
+        (status, &err["error"]["code"]),
+        (400, &serde_json::json!("unknown_tool")),
+        "{err}"
+    );
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("files.shred") && message.contains("files.delete, files.list"),
+        "the names the host has: {message}"
+    );
     let (status, opened) = call_as(&socket, "POST", "/v1/sessions", &scope, session).await;
     assert_eq!(status, 201, "{opened}");
     let session = opened["session"]["id"].as_str().unwrap();

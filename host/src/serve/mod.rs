@@ -182,12 +182,24 @@ pub fn sessions_from_config(
         .iter()
         .map(|a| (a.agent_id.to_string(), a.runtime.to_string()))
         .collect();
-    Ok(Sessions::new(
-        store as Arc<dyn Store>,
-        executors,
-        agents,
-        host_id,
-    ))
+    Ok(
+        Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
+            .with_catalogue(builtin_tools(config)),
+    )
+}
+
+/// The built-in tools the configuration's kernel registers (the file tools,
+/// the escalation tool), which a session may name.
+fn builtin_tools(config: &HostConfig) -> Vec<sharedos_protocol::ToolDefinition> {
+    use sharedos_kernel::tools::{escalate, files};
+    let mut tools = Vec::new();
+    if config.kernel.files.enabled {
+        tools.extend(files::FileOp::ALL.map(files::definition));
+    }
+    if config.kernel.escalation.enabled {
+        tools.push(escalate::definition());
+    }
+    tools
 }
 
 /// Runs the server until `shutdown` fires, then drains.

@@ -74,6 +74,7 @@ impl From<SessionError> for Failure {
                 | StoreError::Corrupt(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
             },
             SessionError::UnknownAgent(_) => (StatusCode::BAD_REQUEST, "unknown_agent"),
+            SessionError::UnknownTool { .. } => (StatusCode::BAD_REQUEST, "unknown_tool"),
             SessionError::NoSeat(_) => (StatusCode::SERVICE_UNAVAILABLE, "runtime_unavailable"),
             SessionError::InvalidInput(_) => (StatusCode::BAD_REQUEST, "invalid_input"),
             SessionError::InvalidRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request_id"),

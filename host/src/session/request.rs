@@ -10,7 +10,7 @@ use sharedos_protocol::{
 };
 use sharedos_store::{SessionRecord, StoreError};
 
-use super::{OpenSession, RunInput, Scope, SessionError};
+use super::{OpenSession, RunInput, Scope, SessionError, SessionTool};
 
 /// The longest requestId accepted, in characters.
 pub const MAX_REQUEST_ID_CHARS: usize = 256;
@@ -148,7 +148,17 @@ pub(super) fn build(
             reply_to: None,
             provenance: None,
         },
-        tools: binding.tools,
+        tools: binding
+            .tools
+            .into_iter()
+            .map(|tool| match tool {
+                SessionTool::Defined(d) => Ok(*d),
+                SessionTool::Named(name) => Err(StoreError::Corrupt(format!(
+                    "session {} binding: tool {name} was never resolved",
+                    session.id
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
         state: None,
         options: input.options,
         metadata: None,
