@@ -85,6 +85,34 @@ pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(10
 pub const MIN_TOKEN_LEN: usize = 16;
 /// The most bytes a request body of `serve`'s API may have.
 pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// `[serve] headerReadTimeoutMs` by default: a request head must be whole
+/// this long after its first byte (and its body this long after the head).
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// `[serve] idleTimeoutMs` by default: a connection with no request under
+/// way and no byte received is closed after this long.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// The range of both timeouts.
+pub const CONNECTION_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+/// `[serve] maxConnections` by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// The range of `maxConnections`.
+pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<usize> = 1..=1_000_000;
+/// Descriptors kept for everything but connections (the store, each run's
+/// pipes and sandbox): `maxConnections` is lowered, and says so, when the
+/// descriptor limit cannot hold both.
+pub const RESERVED_DESCRIPTORS: u64 = 512;
+/// Connections answered `503 too_many_connections` at once when the cap is
+/// reached and none is idle; beyond it a connection is closed unanswered.
+pub const MAX_REFUSING_CONNECTIONS: usize = 64;
+/// At most one warning about failing accepts per this long (the rest are
+/// counted into the next one).
+pub const ACCEPT_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long accepting pauses after running out of descriptors or memory,
+/// at first and at most (doubling in between).
+pub const ACCEPT_BACKOFF: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_secs(1),
+);
 
 // ----------------------------------------------------------- conformance
 

@@ -64,11 +64,13 @@ pub enum StoreError {
         supported: i64,
     },
     #[error(
-        "requestId {request_id:?} was already used in session {session_id} with a different payload: repeat the original payload, or send a new requestId for a new run"
+        "requestId {request_id:?} was already used in session {session_id} (run {run_id}) with a different payload: repeat the original payload, or send a new requestId for a new run"
     )]
     RequestConflict {
         session_id: String,
         request_id: String,
+        /// The run the requestId admitted first.
+        run_id: String,
     },
     #[error(
         "run {run_id}: afterSequence {requested} is beyond the end of its journal (last sequence: {last})"

@@ -132,7 +132,10 @@ async fn a_repeated_request_id_returns_the_original_and_a_different_payload_is_r
         .admit_run(&new_run("r3", "req-1", "d2", "host-a"))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::RequestConflict { .. }), "{err}");
+    assert!(
+        matches!(err, StoreError::RequestConflict { ref run_id, .. } if run_id == "r1"),
+        "the conflict names the original run: {err}"
+    );
     assert!(
         store.run("r3").await.is_err(),
         "the conflicting run is not stored"
@@ -212,6 +215,14 @@ async fn the_journal_replays_in_order_and_names_bad_sequences(backend: Backend) 
         err.to_string().contains("afterSequence 9") && err.to_string().contains("last sequence: 5"),
         "{err}"
     );
+    // 2^63 and more are past the end too, never a wrapped -1 (a replay).
+    for huge in [i64::MAX as u64, 1 << 63, u64::MAX] {
+        let err = store.events_after("r1", Some(huge), 100).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::BeyondEnd { requested, .. } if requested == huge),
+            "{huge}: {err}"
+        );
+    }
 
     // Retention on end: the last 3 kept, the rest dropped and said so.
     let ended = store.end_run("r1", &json!({}), "t").await.unwrap();

@@ -91,13 +91,30 @@ pub fn start(dir: &Path) -> Server {
 
 /// `sharedos serve` on `dir/<socket>`, with `args` added.
 pub fn start_with(dir: &Path, socket: &str, args: &[&str]) -> Server {
+    start_command(dir, socket, serve_command(dir, socket, args))
+}
+
+/// The command line of `sharedos serve --config dir/host.toml --socket
+/// dir/<socket>` with `args` added (to run as it is, or under `sh -c`).
+pub fn serve_command(dir: &Path, socket: &str, args: &[&str]) -> Vec<String> {
+    let mut command = vec![
+        workspace_bin("sharedos").display().to_string(),
+        "serve".into(),
+        "--config".into(),
+        dir.join("host.toml").display().to_string(),
+        "--socket".into(),
+        dir.join(socket).display().to_string(),
+    ];
+    command.extend(args.iter().map(|a| a.to_string()));
+    command
+}
+
+/// Starts `command` (a `sharedos serve` command line, see
+/// [`serve_command`]) and waits until it listens on `dir/<socket>`.
+pub fn start_command(dir: &Path, socket: &str, command: Vec<String>) -> Server {
     let socket = dir.join(socket);
-    let child = Command::new(workspace_bin("sharedos"))
-        .args(["serve", "--config"])
-        .arg(dir.join("host.toml"))
-        .arg("--socket")
-        .arg(&socket)
-        .args(args)
+    let child = Command::new(&command[0])
+        .args(&command[1..])
         .stdin(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("serve-{}.log", uuid_ish()))).unwrap())
         .spawn()
@@ -139,10 +156,21 @@ pub async fn call(
     user: &str,
     body: Value,
 ) -> (u16, Value) {
+    call_as(socket, method, path, &scope(user), body).await
+}
+
+/// [`call`] with the whole `Sharedos-Scope` header given.
+pub async fn call_as(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    scope: &str,
+    body: Value,
+) -> (u16, Value) {
     let req = Request::builder()
         .method(method)
         .uri(format!("http://sharedos{path}"))
-        .header("sharedos-scope", scope(user))
+        .header("sharedos-scope", scope)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
@@ -255,13 +283,18 @@ pub async fn open_session(socket: &Path) -> String {
 }
 
 pub async fn wait_state(socket: &Path, run: &str, state: &str) -> Value {
+    wait_state_as(socket, run, &scope("operator"), state).await
+}
+
+/// [`wait_state`] under the whole `Sharedos-Scope` header given.
+pub async fn wait_state_as(socket: &Path, run: &str, scope: &str, state: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, body) = call(
+        let (status, body) = call_as(
             socket,
             "GET",
             &format!("/v1/runs/{run}"),
-            "operator",
+            scope,
             Value::Null,
         )
         .await;

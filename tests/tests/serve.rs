@@ -435,6 +435,7 @@ async fn tcp_status(addr: std::net::SocketAddr, token: Option<&str>) -> u16 {
     let mut req = hyper::Request::builder()
         .method("POST")
         .uri(format!("http://{addr}/v1/sessions"))
+        .header("content-type", "application/json")
         .header("sharedos-scope", sharedos_tests::served::scope("operator"));
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));

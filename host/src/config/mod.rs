@@ -25,6 +25,7 @@
 //! ```
 
 pub mod harness;
+pub mod serve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -381,6 +382,9 @@ pub struct HostConfig {
     pub agents: Vec<AgentEntry>,
     #[serde(default)]
     pub kernel: KernelConfig,
+    /// `[serve]`: what `sharedos serve` alone reads.
+    #[serde(default)]
+    pub serve: serve::ServeSection,
     /// The directory relative paths are resolved against.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -448,6 +452,7 @@ impl HostConfig {
 
     fn check(&self) -> Result<(), String> {
         self.host.check()?;
+        self.serve.check()?;
         let mut ids = std::collections::HashSet::new();
         for (i, r) in self.runtimes.iter().enumerate() {
             if !ids.insert(r.id.as_str()) {

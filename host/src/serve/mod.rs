@@ -11,6 +11,8 @@
 //! server stops accepting and waits for every run in flight to end (each
 //! ends by its own deadline at the latest), then lets its lease go.
 
+mod at_rest;
+mod conn;
 mod lease;
 pub mod routes;
 
@@ -21,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
@@ -30,12 +33,15 @@ use sharedos_protocol::Timestamp;
 use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store, StoreGrants};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HostConfig;
 use crate::executor::{Executor, OnTurnError};
+use crate::limits::MAX_REFUSING_CONNECTIONS;
 use crate::seat::{LauncherFor, SeatError, executor_options, process_runtime, process_seat};
 use crate::session::Sessions;
+use conn::{AcceptBackoff, ConnLimits, Connections, Slot, Watched};
 use routes::Failure;
 
 /// Why a server (or its sessions) could not be set up: what failed and
@@ -149,12 +155,7 @@ pub fn sessions_from_config(
     host_id: &str,
 ) -> Result<Sessions, ServeError> {
     let files_root = config.resolve(&config.host.files_root);
-    std::fs::create_dir_all(&files_root).map_err(|e| {
-        ServeError::Setup(format!(
-            "cannot create the files root {}: {e}",
-            files_root.display()
-        ))
-    })?;
+    at_rest::files_root(&files_root, config.serve.allow_shared_store)?;
     let kernel = Kernel::builder_from_config(
         &config.kernel,
         &files_root,
@@ -181,12 +182,24 @@ pub fn sessions_from_config(
         .iter()
         .map(|a| (a.agent_id.to_string(), a.runtime.to_string()))
         .collect();
-    Ok(Sessions::new(
-        store as Arc<dyn Store>,
-        executors,
-        agents,
-        host_id,
-    ))
+    Ok(
+        Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
+            .with_catalogue(builtin_tools(config)),
+    )
+}
+
+/// The built-in tools the configuration's kernel registers (the file tools,
+/// the escalation tool), which a session may name.
+fn builtin_tools(config: &HostConfig) -> Vec<sharedos_protocol::ToolDefinition> {
+    use sharedos_kernel::tools::{escalate, files};
+    let mut tools = Vec::new();
+    if config.kernel.files.enabled {
+        tools.extend(files::FileOp::ALL.map(files::definition));
+    }
+    if config.kernel.escalation.enabled {
+        tools.push(escalate::definition());
+    }
+    tools
 }
 
 /// Runs the server until `shutdown` fires, then drains.
@@ -196,6 +209,10 @@ pub async fn serve(
     launcher_for: &LauncherFor,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    // Nothing is opened, created or imported before both are checked.
+    let allow_shared = config.serve.allow_shared_store;
+    at_rest::check_store(&options.store, allow_shared)?;
+    at_rest::files_root(&config.resolve(&config.host.files_root), allow_shared)?;
     let store = options.store.open().await?;
     import_grants(config, store.as_ref()).await?;
     let sessions = Arc::new(sessions_from_config(
@@ -207,6 +224,11 @@ pub async fn serve(
     start_lease(&sessions, options.lease).await?;
     let stop_lease = CancellationToken::new();
     let lease_loop = lease::spawn(Arc::clone(&sessions), options.lease, stop_lease.clone());
+    let limits = ConnLimits {
+        header_read: config.serve.header_read_timeout(),
+        idle: config.serve.idle_timeout(),
+        max_connections: conn::connection_cap(config.serve.max_connections),
+    };
     let token = match &options.listen {
         Listen::Tcp { token, .. } => Some(Arc::new(token.clone())),
         Listen::Unix(_) => None,
@@ -215,7 +237,7 @@ pub async fn serve(
         Listen::Unix(path) => {
             let listener = bind_unix(path)?;
             eprintln!("sharedos serve: listening on unix:{}", path.display());
-            accept_loop(&sessions, None, &shutdown, || listener.accept()).await;
+            accept_loop(&sessions, None, limits, &shutdown, || listener.accept()).await;
             let _ = std::fs::remove_file(path);
         }
         Listen::Tcp { addr, .. } => {
@@ -223,7 +245,7 @@ pub async fn serve(
                 .await
                 .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
             eprintln!("sharedos serve: listening on tcp:{addr} (bearer token required)");
-            accept_loop(&sessions, token, &shutdown, || listener.accept()).await;
+            accept_loop(&sessions, token, limits, &shutdown, || listener.accept()).await;
         }
     }
     eprintln!("sharedos serve: draining runs in flight");
@@ -289,9 +311,13 @@ fn bind_unix(path: &PathBuf) -> Result<UnixListener, ServeError> {
     Ok(listener)
 }
 
+/// Accepts connections until `shutdown`, each held to `limits`
+/// ([`conn`]): at the cap the longest idle one makes room, or the new one
+/// is answered `503`; exhausted descriptors pause accepting.
 async fn accept_loop<S, A, F, Fut>(
     sessions: &Arc<Sessions>,
     token: Option<Arc<String>>,
+    limits: ConnLimits,
     shutdown: &CancellationToken,
     accept: F,
 ) where
@@ -299,42 +325,117 @@ async fn accept_loop<S, A, F, Fut>(
     F: Fn() -> Fut,
     Fut: Future<Output = std::io::Result<(S, A)>>,
 {
+    let connections = Connections::new(limits.max_connections);
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING_CONNECTIONS));
+    let mut backoff = AcceptBackoff::default();
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => return,
             accepted = accept() => match accepted {
-                Ok((s, _)) => s,
+                Ok((s, _)) => {
+                    backoff.accepted();
+                    s
+                }
                 Err(e) => {
-                    tracing::warn!("accept failed: {e}");
+                    if let Some(pause) = backoff.failed(&e) {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                    }
                     continue;
                 }
             },
         };
-        let sessions = Arc::clone(sessions);
-        let token = token.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let sessions = Arc::clone(&sessions);
-                let token = token.clone();
-                async move {
-                    if let Some(t) = &token
-                        && !authorized(&req, t)
-                    {
-                        let f = Failure::new(
-                            StatusCode::UNAUTHORIZED,
-                            "unauthorized",
-                            "send Authorization: Bearer <token>",
-                        );
-                        return Ok::<_, std::convert::Infallible>(f.into_response());
-                    }
-                    Ok(routes::route(sessions, req).await)
+        match connections.admit() {
+            Some(slot) => {
+                let sessions = Arc::clone(sessions);
+                tokio::spawn(serve_connection(
+                    stream,
+                    slot,
+                    sessions,
+                    token.clone(),
+                    limits,
+                ));
+            }
+            None => {
+                if let Ok(permit) = Arc::clone(&refusing).try_acquire_owned() {
+                    tokio::spawn(refuse(stream, permit, limits));
                 }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+            }
+        }
     }
+}
+
+/// One connection: its requests answered until the client leaves or the
+/// watchdog closes it (idle, a slow head, or evicted).
+async fn serve_connection<S>(
+    stream: S,
+    slot: Slot,
+    sessions: Arc<Sessions>,
+    token: Option<Arc<String>>,
+    limits: ConnLimits,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::clone(&slot.activity);
+    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let guard = activity.begin();
+        let sessions = Arc::clone(&sessions);
+        let token = token.clone();
+        async move {
+            let response = match &token {
+                Some(t) if !authorized(&req, t) => Failure::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "send Authorization: Bearer <token>",
+                )
+                .into_response(),
+                _ => routes::route(sessions, req, limits.header_read).await,
+            };
+            // The request is under way until its response's body is done.
+            let response = response.map(|body| {
+                body.map_frame(move |frame| {
+                    let _held = &guard;
+                    frame
+                })
+                .boxed_unsync()
+            });
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let io = TokioIo::new(Watched::new(stream, Arc::clone(&slot.activity)));
+    let connection = http1::Builder::new().serve_connection(io, service);
+    tokio::select! {
+        _ = connection => {}
+        _ = slot.activity.expired(&limits) => {}
+    }
+}
+
+/// A connection past the cap while every open one is busy: its request
+/// answered `503 too_many_connections`, then closed.
+async fn refuse<S>(stream: S, _permit: OwnedSemaphorePermit, limits: ConnLimits)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let max = limits.max_connections;
+    let service = service_fn(move |_req: Request<hyper::body::Incoming>| async move {
+        let mut response = Failure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            format!("all {max} connections this host holds open are busy: retry shortly, or raise [serve] maxConnections"),
+        )
+        .into_response();
+        response.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let connection = http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(limits.header_read, connection).await;
 }
 
 /// Compares the bearer token in constant time.

@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -27,6 +28,8 @@ pub struct Failure {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// More members of the error object (`runId` of a conflict).
+    extra: Option<(&'static str, Value)>,
 }
 
 impl Failure {
@@ -35,19 +38,27 @@ impl Failure {
             status,
             code,
             message: message.into(),
+            extra: None,
         }
     }
     pub fn into_response(self) -> Response<Body> {
-        json_response(
-            self.status,
-            &json!({"error": {"code": self.code, "message": self.message}}),
-        )
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some((key, value)) = self.extra {
+            error[key] = value;
+        }
+        json_response(self.status, &json!({ "error": error }))
     }
 }
 
 impl From<SessionError> for Failure {
     fn from(e: SessionError) -> Self {
         let message = e.to_string();
+        let extra = match &e {
+            SessionError::Store(StoreError::RequestConflict { run_id, .. }) => {
+                Some(("runId", json!(run_id)))
+            }
+            _ => None,
+        };
         let (status, code) = match &e {
             SessionError::Store(s) => match s {
                 StoreError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
@@ -63,14 +74,19 @@ impl From<SessionError> for Failure {
                 | StoreError::Corrupt(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
             },
             SessionError::UnknownAgent(_) => (StatusCode::BAD_REQUEST, "unknown_agent"),
+            SessionError::UnknownTool { .. } => (StatusCode::BAD_REQUEST, "unknown_tool"),
             SessionError::NoSeat(_) => (StatusCode::SERVICE_UNAVAILABLE, "runtime_unavailable"),
-            SessionError::InvalidInput(_) | SessionError::InvalidRequestId => {
-                (StatusCode::BAD_REQUEST, "invalid_input")
-            }
+            SessionError::InvalidInput(_) => (StatusCode::BAD_REQUEST, "invalid_input"),
+            SessionError::InvalidRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request_id"),
+            SessionError::InvalidId { .. } => (StatusCode::BAD_REQUEST, "invalid_id"),
+            SessionError::InvalidScope(_) => (StatusCode::BAD_REQUEST, "invalid_scope"),
             SessionError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             SessionError::LeaseLost(_) => (StatusCode::SERVICE_UNAVAILABLE, "lease_lost"),
         };
-        Failure::new(status, code, message)
+        Failure {
+            extra,
+            ..Failure::new(status, code, message)
+        }
     }
 }
 
@@ -95,20 +111,56 @@ fn scope_of(req: &Request<Incoming>) -> Result<Scope, Failure> {
         })?
         .to_str()
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_scope", "Sharedos-Scope is not text"))?;
-    serde_json::from_str(text).map_err(|e| {
+    let scope: Scope = serde_json::from_str(text).map_err(|e| {
         Failure::new(
             StatusCode::BAD_REQUEST,
             "invalid_scope",
             format!("Sharedos-Scope: {e}"),
         )
-    })
+    })?;
+    scope.check()?;
+    Ok(scope)
 }
 
-async fn body_of<T: for<'de> Deserialize<'de>>(req: Request<Incoming>) -> Result<T, Failure> {
+/// A body is JSON only when it says so: `Content-Type: application/json`
+/// (parameters such as `charset=utf-8` allowed); anything else, or none,
+/// is `415` before the body is read.
+fn json_content_type(req: &Request<Incoming>) -> Result<(), Failure> {
+    let given = req.headers().get(CONTENT_TYPE).map(|v| v.to_str());
+    let essence = match given {
+        Some(Ok(text)) => text.split(';').next().unwrap_or_default().trim(),
+        Some(Err(_)) => "(not text)",
+        None => "",
+    };
+    if essence.eq_ignore_ascii_case("application/json") {
+        return Ok(());
+    }
+    let given = if essence.is_empty() { "none" } else { essence };
+    Err(Failure::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!("the body must be JSON sent with Content-Type: application/json (given: {given})"),
+    ))
+}
+
+async fn body_of<T: for<'de> Deserialize<'de>>(
+    req: Request<Incoming>,
+    within: Duration,
+) -> Result<T, Failure> {
+    json_content_type(&req)?;
     let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
-    let bytes = limited
-        .collect()
+    let bytes = tokio::time::timeout(within, limited.collect())
         .await
+        .map_err(|_| {
+            Failure::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the body did not arrive within {} ms of its head ([serve] headerReadTimeoutMs)",
+                    within.as_millis()
+                ),
+            )
+        })?
         .map_err(|e| {
             Failure::new(
                 StatusCode::BAD_REQUEST,
@@ -129,9 +181,13 @@ struct RunBody {
     input: RunInput,
 }
 
-/// Routes one request.
-pub async fn route(sessions: Arc<Sessions>, req: Request<Incoming>) -> Response<Body> {
-    match handle(&sessions, req).await {
+/// Routes one request; a body must arrive within `body_within` of its head.
+pub async fn route(
+    sessions: Arc<Sessions>,
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Response<Body> {
+    match handle(&sessions, req, body_within).await {
         Ok(r) => r,
         Err(f) => f.into_response(),
     }
@@ -140,6 +196,7 @@ pub async fn route(sessions: Arc<Sessions>, req: Request<Incoming>) -> Response<
 async fn handle(
     sessions: &Arc<Sessions>,
     req: Request<Incoming>,
+    body_within: Duration,
 ) -> Result<Response<Body>, Failure> {
     let path: Vec<String> = req
         .uri()
@@ -156,7 +213,7 @@ async fn handle(
     let scope = scope_of(&req)?;
     match (method, parts.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => {
-            let spec: OpenSession = body_of(req).await?;
+            let spec: OpenSession = body_of(req, body_within).await?;
             let s = sessions.open_session(&scope, spec).await?;
             Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
         }
@@ -170,7 +227,7 @@ async fn handle(
         }
         (Method::POST, ["v1", "sessions", id, "runs"]) => {
             let id = id.to_string();
-            let body: RunBody = body_of(req).await?;
+            let body: RunBody = body_of(req, body_within).await?;
             let h = sessions
                 .run(&scope, &id, &body.request_id, body.input)
                 .await?;
@@ -225,25 +282,25 @@ fn health(sessions: &Sessions) -> Response<Body> {
 /// `afterSequence` from the query, or the SSE `Last-Event-ID` header a
 /// reconnecting client sends.
 fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
-    let bad = |what: &str| {
-        Failure::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_sequence",
-            format!("{what} must be a non-negative integer"),
-        )
+    let parse = |what: &str, text: Option<&str>| {
+        text.filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                Failure::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_sequence",
+                    format!("{what} must be a sequence: decimal digits only, below 2^64"),
+                )
+            })
     };
     for pair in req.uri().query().unwrap_or_default().split('&') {
         if let Some(v) = pair.strip_prefix("afterSequence=") {
-            return v.parse().map(Some).map_err(|_| bad("afterSequence"));
+            return parse("afterSequence", Some(v));
         }
     }
     match req.headers().get("last-event-id") {
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|t| t.parse().ok())
-            .map(Some)
-            .ok_or_else(|| bad("Last-Event-ID")),
+        Some(v) => parse("Last-Event-ID", v.to_str().ok()),
         None => Ok(None),
     }
 }

@@ -52,8 +52,35 @@ pub struct OpenSession {
     pub purpose: String,
     #[serde(default)]
     pub enabled_tool_namespaces: Vec<Identifier>,
+    /// The tools its runs are offered: each a name of the host's
+    /// catalogue (its built-in tools), or a whole definition.
     #[serde(default)]
-    pub tools: Vec<ToolDefinition>,
+    pub tools: Vec<SessionTool>,
+}
+
+/// One tool a session offers: a name, resolved from the host's catalogue
+/// when the session is opened, or a whole definition.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum SessionTool {
+    Named(Identifier),
+    Defined(Box<ToolDefinition>),
+}
+
+impl<'de> Deserialize<'de> for SessionTool {
+    /// A string is a name; anything else must be a whole definition (its
+    /// own error says what is missing).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match Value::deserialize(d)? {
+            Value::String(name) => Identifier::new(&name)
+                .map(SessionTool::Named)
+                .map_err(|e| D::Error::custom(format!("tool name {name:?}: {e}"))),
+            other => serde_json::from_value(other)
+                .map(|t| SessionTool::Defined(Box::new(t)))
+                .map_err(D::Error::custom),
+        }
+    }
 }
 
 /// One run's input: the message payload and optional limits.
@@ -80,12 +107,26 @@ pub enum SessionError {
     Store(#[from] StoreError),
     #[error("agent {0:?} is not bound to a runtime in the configuration (add an [[agents]] entry)")]
     UnknownAgent(String),
+    #[error(
+        "tool {name:?} is not in this host's catalogue (it has: {known}): name one of those, or give the whole definition"
+    )]
+    UnknownTool { name: String, known: String },
     #[error("the runtime {0:?} of this session is not seated on this host")]
     NoSeat(String),
     #[error("the run input is invalid: {0}")]
     InvalidInput(String),
-    #[error("requestId must be 1 to 256 characters")]
-    InvalidRequestId,
+    /// A requestId no run could be stored under.
+    #[error("requestId {0}")]
+    InvalidRequestId(String),
+    /// A session or run id that sharedos never issued (ids are UUIDs).
+    #[error(
+        "{what} id {shown:?} is not an id sharedos issues: send the id (a UUID) the answer that created it gave"
+    )]
+    InvalidId { what: &'static str, shown: String },
+    /// A scope id (namespace, authority, owner) or agent id that cannot be
+    /// stored or named in a path.
+    #[error("{0}")]
+    InvalidScope(String),
     #[error("the host is shutting down and admits no new run")]
     ShuttingDown,
     /// This host's lease was taken over; it admits no new run.
@@ -117,6 +158,8 @@ pub struct Sessions {
     idle: Notify,
     closing: CancellationToken,
     lease: Mutex<LeaseStatus>,
+    /// The host's tools a session may name, by name.
+    catalogue: HashMap<String, ToolDefinition>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -145,7 +188,38 @@ impl Sessions {
             idle: Notify::new(),
             closing: CancellationToken::new(),
             lease: Mutex::new(LeaseStatus::default()),
+            catalogue: HashMap::new(),
         }
+    }
+
+    /// The tools sessions may name instead of defining them (the host's
+    /// built-in tools).
+    pub fn with_catalogue(mut self, tools: impl IntoIterator<Item = ToolDefinition>) -> Self {
+        self.catalogue = tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
+        self
+    }
+
+    /// Replaces each named tool of `spec` by its definition in the
+    /// catalogue.
+    fn resolve_tools(&self, spec: &mut OpenSession) -> Result<(), SessionError> {
+        for tool in &mut spec.tools {
+            if let SessionTool::Named(name) = tool {
+                let definition = self.catalogue.get(name.as_str()).ok_or_else(|| {
+                    let mut known: Vec<&str> = self.catalogue.keys().map(String::as_str).collect();
+                    known.sort_unstable();
+                    SessionError::UnknownTool {
+                        name: name.to_string(),
+                        known: if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known.join(", ")
+                        },
+                    }
+                })?;
+                *tool = SessionTool::Defined(Box::new(definition.clone()));
+            }
+        }
+        Ok(())
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -159,12 +233,14 @@ impl Sessions {
     pub async fn open_session(
         &self,
         scope: &Scope,
-        spec: OpenSession,
+        mut spec: OpenSession,
     ) -> Result<SessionRecord, SessionError> {
         let runtime = self
             .agents
             .get(spec.agent_id.as_str())
             .ok_or_else(|| SessionError::UnknownAgent(spec.agent_id.to_string()))?;
+        scope.check()?;
+        self.resolve_tools(&mut spec)?;
         request::check_binding(scope, &spec)?;
         let record = SessionRecord {
             id: uuid::Uuid::new_v4().to_string(),
@@ -182,6 +258,7 @@ impl Sessions {
 
     /// The session, if `scope` may see it; `NotFound` otherwise.
     pub async fn session(&self, scope: &Scope, id: &str) -> Result<SessionRecord, SessionError> {
+        request::check_issued_id("session", id)?;
         let not_found = || StoreError::NotFound {
             what: "session",
             id: id.to_owned(),
@@ -218,9 +295,7 @@ impl Sessions {
         request_id: &str,
         input: RunInput,
     ) -> Result<RunHandle, SessionError> {
-        if request_id.is_empty() || request_id.len() > 256 {
-            return Err(SessionError::InvalidRequestId);
-        }
+        request::check_request_id(request_id)?;
         let session = self.session(scope, session_id).await?;
         let executor = self
             .executors
@@ -280,6 +355,7 @@ impl Sessions {
 
     /// The run, if `scope` may see its session.
     pub async fn get_run(&self, scope: &Scope, run_id: &str) -> Result<RunRecord, SessionError> {
+        request::check_issued_id("run", run_id)?;
         let run = self.store.run(run_id).await?;
         match self.session(scope, &run.session_id).await {
             Ok(_) => Ok(run),
@@ -295,8 +371,13 @@ impl Sessions {
     /// Waits for the run to end (or be marked interrupted) and returns it.
     pub async fn wait(&self, scope: &Scope, run_id: &str) -> Result<RunRecord, SessionError> {
         let mut observer = self.observe(scope, run_id, None).await;
-        if let Err(SessionError::Store(StoreError::Dropped { .. })) = &observer {
-            observer = self.observe(scope, run_id, Some(u64::MAX)).await;
+        if let Err(SessionError::Store(StoreError::Dropped {
+            dropped_through, ..
+        })) = &observer
+        {
+            // Follow what retention kept.
+            let from = *dropped_through;
+            observer = self.observe(scope, run_id, Some(from)).await;
         }
         if let Ok(mut o) = observer {
             while o.next().await?.is_some() {}

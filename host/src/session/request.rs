@@ -10,7 +10,79 @@ use sharedos_protocol::{
 };
 use sharedos_store::{SessionRecord, StoreError};
 
-use super::{OpenSession, RunInput, Scope, SessionError};
+use super::{OpenSession, RunInput, Scope, SessionError, SessionTool};
+
+/// The longest requestId accepted, in characters.
+pub const MAX_REQUEST_ID_CHARS: usize = 256;
+
+/// How much of a refused id an error message repeats.
+const SHOWN_CHARS: usize = 64;
+
+fn shown(id: &str) -> String {
+    let mut s: String = id.chars().take(SHOWN_CHARS).collect();
+    if s.len() < id.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// A requestId: 1 to 256 characters, none of them a control character
+/// (a NUL cannot be stored as text by every store).
+pub(super) fn check_request_id(id: &str) -> Result<(), SessionError> {
+    let chars = id.chars().count();
+    if chars == 0 || chars > MAX_REQUEST_ID_CHARS {
+        return Err(SessionError::InvalidRequestId(format!(
+            "must be 1 to {MAX_REQUEST_ID_CHARS} characters, got {chars}"
+        )));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(SessionError::InvalidRequestId(format!(
+            "{:?} contains a control character: use printable characters only",
+            shown(id)
+        )));
+    }
+    Ok(())
+}
+
+/// A session or run id as sharedos issues them: a hyphenated UUID. Anything
+/// else (a path, a NUL, 10,000 characters) is refused before the store is
+/// asked.
+pub(super) fn check_issued_id(what: &'static str, id: &str) -> Result<(), SessionError> {
+    let uuid_like = id.len() == 36
+        && id.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    if uuid_like {
+        Ok(())
+    } else {
+        Err(SessionError::InvalidId {
+            what,
+            shown: shown(id),
+        })
+    }
+}
+
+impl Scope {
+    /// Every id of the scope is printable: a control character in a
+    /// namespace, authority or owner id is refused, whatever the store.
+    pub fn check(&self) -> Result<(), SessionError> {
+        let ids = [
+            ("namespaceId", self.namespace_id.as_str().to_owned()),
+            ("authority", self.authority.path()[1].clone()),
+            ("owner", self.owner.path()[1].clone()),
+        ];
+        for (what, id) in ids {
+            if id.chars().any(char::is_control) {
+                return Err(SessionError::InvalidScope(format!(
+                    "Sharedos-Scope: the {what} id {:?} contains a control character: use printable characters only",
+                    shown(&id)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Refuses a binding no turn could ever be built from.
 pub(super) fn check_binding(scope: &Scope, spec: &OpenSession) -> Result<(), SessionError> {
@@ -76,7 +148,17 @@ pub(super) fn build(
             reply_to: None,
             provenance: None,
         },
-        tools: binding.tools,
+        tools: binding
+            .tools
+            .into_iter()
+            .map(|tool| match tool {
+                SessionTool::Defined(d) => Ok(*d),
+                SessionTool::Named(name) => Err(StoreError::Corrupt(format!(
+                    "session {} binding: tool {name} was never resolved",
+                    session.id
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
         state: None,
         options: input.options,
         metadata: None,

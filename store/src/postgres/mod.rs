@@ -370,6 +370,7 @@ impl Store for PostgresStore {
                 return Err(StoreError::RequestConflict {
                     session_id: run.session_id.clone(),
                     request_id: run.request_id.clone(),
+                    run_id: original.id,
                 });
             }
             return Ok(Admission::Existing(original));
@@ -484,16 +485,21 @@ impl Store for PostgresStore {
             });
         }
         let last = last_sequence(&*client, run_id).await?;
-        if let Some(a) = after
-            && last.is_none_or(|l| a as i64 > l)
-        {
-            return Err(StoreError::BeyondEnd {
-                run_id: run_id.to_owned(),
-                requested: a,
-                last: last.map_or_else(|| "none".to_owned(), |l| l.to_string()),
-            });
-        }
-        let from = after.map_or(-1, |a| a as i64);
+        // A sequence is never above i64::MAX: anything beyond the last stored
+        // one (2^63 and more included) is past the end, never a wrapped -1.
+        let from = match after {
+            None => -1,
+            Some(a) => match (i64::try_from(a), last) {
+                (Ok(from), Some(l)) if from <= l => from,
+                _ => {
+                    return Err(StoreError::BeyondEnd {
+                        run_id: run_id.to_owned(),
+                        requested: a,
+                        last: last.map_or_else(|| "none".to_owned(), |l| l.to_string()),
+                    });
+                }
+            },
+        };
         let rows = client
             .query(
                 "SELECT event FROM run_events WHERE run_id = $1 AND sequence > $2 \

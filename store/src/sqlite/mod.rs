@@ -66,11 +66,36 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// Creates a missing database file with mode 0600, whatever the umask;
+/// SQLite gives its `-wal` and `-shm` files the database file's mode. An
+/// existing file is left as it is (`serve` checks it: docs/STORE.md).
+fn create_owner_only(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    let file = match created {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => {
+            return Err(unavailable(format!(
+                "cannot create {}: {e}",
+                path.display()
+            )));
+        }
+    };
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| unavailable(format!("cannot restrict {} to 0600: {e}", path.display())))
+}
+
 impl SqliteStore {
     /// Opens (creating) the database, applies pending migrations, and
     /// refuses a database written by a newer sharedos.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        create_owner_only(&path)?;
         let mut conn = Connection::open(&path)
             .map_err(|e| unavailable(format!("cannot open {}: {e}", path.display())))?;
         conn.busy_timeout(options.busy_timeout)
