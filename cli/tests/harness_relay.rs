@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 fn relay(dir: &std::path::Path) -> (Child, std::os::unix::net::UnixStream) {
     let sock = dir.join("mcp.sock");
     let listener = UnixListener::bind(&sock).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_sharedos-harness"))
+    // Through `env --default-signal`: a test run started in the
+    // background of a non-interactive shell inherits SIGINT ignored, and
+    // the relay keeps the dispositions it inherits (its parent's choice).
+    let child = Command::new("env")
+        .arg("--default-signal=INT,TERM")
+        .arg(env!("CARGO_BIN_EXE_sharedos-harness"))
         .args(["mcp-relay", sock.to_str().unwrap()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -3,7 +3,8 @@
 //! copies bytes both ways, nothing more: it parses nothing and holds no
 //! authority (the harness checks every message). It exits when the CLI
 //! closes its stdin, when the harness closes the socket (the turn is over),
-//! or on SIGTERM / SIGINT (their default action, which it never changes).
+//! or on SIGTERM / SIGINT (their default action, which it never changes:
+//! a parent that ignores one, as a shell does for a background job, is obeyed).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
