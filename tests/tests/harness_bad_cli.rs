@@ -136,7 +136,7 @@ fn a_client_looping_on_calls_is_bounded_by_max_tool_calls_and_the_deadline() {
     let py = python_with_mcp();
     let dir = fixture_dir();
     let client = mcp_client(dir.path());
-    let steps = json!([{"tool": "files.list", "args": {"path": ""}, "delayMs": 20}]);
+    let steps = json!([{"tool": "files__list", "args": {"path": ""}, "delayMs": 20}]);
     let harness = format!(
         r#"[runtimes.harness]
 command = {exe:?}

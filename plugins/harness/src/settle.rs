@@ -2,6 +2,7 @@
 //! turn ends"): the final message, the outcome and its code, the latch.
 
 use serde_json::{Map, Value, json};
+use sharedos_protocol::api_names::ApiNameCollision;
 use sharedos_protocol::harness::{FinalMessage, StdoutTake};
 use sharedos_protocol::{ProtocolError, Reason, RuntimeTurnOutcome};
 
@@ -90,6 +91,20 @@ fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static st
             "harness_cli_unavailable",
             format!("The CLI could not be started: {why}"),
         )),
+    }
+}
+
+/// The outcome of a turn whose catalogue has two tools the CLI would see
+/// under one name: the CLI never starts.
+pub fn names_collide(collision: &ApiNameCollision) -> RuntimeTurnOutcome {
+    let code = "harness_tool_names_collide";
+    let mut meta = Map::new();
+    meta.insert("toolshare".into(), json!("mcp"));
+    meta.insert("harnessOutcome".into(), json!("fail"));
+    meta.insert("harnessErrorCode".into(), json!(code));
+    RuntimeTurnOutcome::Fail {
+        error: ProtocolError::new(code, &collision.to_string(), Some(false)),
+        metadata: Some(meta),
     }
 }
 
