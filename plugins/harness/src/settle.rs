@@ -79,11 +79,23 @@ fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static st
             "harness_cli_crashed",
             format!("The CLI was killed by signal {s}."),
         )),
-        (Ended::Stopped(StopReason::Drain), _) => Err((
+        (
+            Ended::Stopped {
+                why: StopReason::Drain,
+                ..
+            },
+            _,
+        ) => Err((
             "harness_cli_stopped",
             "The turn was drained; the CLI was stopped.".into(),
         )),
-        (Ended::Stopped(StopReason::Abort), _) => Err((
+        (
+            Ended::Stopped {
+                why: StopReason::Abort,
+                ..
+            },
+            _,
+        ) => Err((
             "harness_cli_stopped",
             "The turn was aborted; the CLI was killed.".into(),
         )),
@@ -114,13 +126,26 @@ pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnO
     meta.insert("toolshare".into(), json!("mcp"));
     meta.insert("catalogHash".into(), json!(facts.catalog_hash));
     match &run.ended {
-        Ended::Exited(c) => {
+        Ended::Exited(c)
+        | Ended::Stopped {
+            code: Some(c),
+            signal: None,
+            ..
+        } => {
             meta.insert("exitCode".into(), json!(c));
         }
-        Ended::Signaled(s) => {
+        Ended::Signaled(s)
+        | Ended::Stopped {
+            signal: Some(s), ..
+        } => {
             meta.insert("signal".into(), json!(s));
         }
         _ => {}
+    }
+    // A CLI the drain stopped says so, even when it then exited 0 and its
+    // final message completes the turn.
+    if run.drained {
+        meta.insert("drained".into(), json!(true));
     }
     // An escalated turn has no output: its final message, if any, goes to
     // the reviewer in the metadata, cut to 4096 characters.
@@ -180,6 +205,7 @@ mod tests {
     fn run(ended: Ended, stdout: &str) -> Run {
         Run {
             ended,
+            drained: false,
             stdout: stdout.as_bytes().to_vec(),
             stderr: Vec::new(),
         }
@@ -229,7 +255,14 @@ mod tests {
         );
         assert_eq!(
             code(&outcome(
-                &run(Ended::Stopped(StopReason::Abort), ""),
+                &run(
+                    Ended::Stopped {
+                        why: StopReason::Abort,
+                        code: None,
+                        signal: Some(9),
+                    },
+                    ""
+                ),
                 None,
                 facts()
             )),
