@@ -152,6 +152,39 @@ impl ProcessRuntime {
     }
 }
 
+/// What the turn's report learns at launch: the sandbox report, and how
+/// to learn how the process ended (with the stderr tail it returns).
+fn report_launch(
+    turn_report: &TurnReport,
+    guard: &TreeGuard,
+    report: Option<&Value>,
+) -> stderr::SharedTail {
+    if let Some(report) = report {
+        turn_report.set_sandbox(report.clone());
+    }
+    let tail = stderr::SharedTail::default();
+    turn_report.set_process_end(process_end(
+        guard.status_slot(),
+        tail.clone(),
+        report.is_some(),
+    ));
+    tail
+}
+
+/// The report's view of how the process ended: its status once the guard
+/// (or the deferred kill) recorded one, with the stderr tail.
+fn process_end(
+    status: std::sync::Arc<std::sync::Mutex<Option<std::process::ExitStatus>>>,
+    tail: stderr::SharedTail,
+    sandboxed: bool,
+) -> crate::provenance::ProcessEnd {
+    std::sync::Arc::new(move || {
+        let status = (*status.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let lines = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+        Some(diagnosis::process_json(Some(status), lines, sandboxed))
+    })
+}
+
 fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
     pipe::Receiver::from_owned_fd(fd)
 }
@@ -194,14 +227,11 @@ impl ProcessRuntime {
         // `turn/abort`; the kill itself never depends on it.
         let guard = TreeGuard::new(tree, stdin.try_clone().ok());
         stamp(self.config.stages.as_ref(), "launched");
-        if let Some(report) = &report {
-            turn_report.set_sandbox(report.clone());
-        }
+        let tail = report_launch(turn_report, &guard, report.as_ref());
         // Dropped when the turn ends (or its future is dropped): the
         // gateway stops accepting and closes every connection of the turn.
         let gateway = self.serve_egress(execution_id, egress_listener)?;
         let (stdin, stdout, stderr) = self.stdio_pipes(stdin, stdout, stderr)?;
-        let tail = stderr::SharedTail::default();
         let stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr_with_tail(
             stderr,
             self.config.manifest.id.as_str().to_owned(),

@@ -98,3 +98,20 @@ async fn the_last_stderr_lines_before_an_exit_mid_turn_are_never_lost() {
         assert_eq!(tail(&run), last_numbered(20_000), "run {i}");
     }
 }
+
+/// A turn stopped at its deadline says how its process ended: by itself
+/// on the `turn/abort` (code 0), or by the host's SIGKILL when it reads
+/// nothing any more (a spinning plugin).
+async fn stopped_turns_carry_the_exit(launch: Launch) {
+    let run = deadline_stops(launch, json!([{"op": "hold"}])).await;
+    let p = process(&run);
+    assert_eq!(p["exit"], json!({"code": 0}), "{p}");
+    run.assert_no_survivor();
+    let run = deadline_stops(launch, json!([{"op": "spin"}])).await;
+    let p = process(&run);
+    assert_eq!(p["exit"]["signal"], libc::SIGKILL, "{p}");
+    assert_eq!(p["exit"]["name"], "SIGKILL", "{p}");
+    run.assert_no_survivor();
+}
+
+both!(stopped_turns_carry_the_exit);
