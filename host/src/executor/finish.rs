@@ -47,6 +47,11 @@ impl Executor {
             // A stopped turn says how its process ended too: by itself on
             // the `turn/abort`, or by the host's kill, waited for (bounded).
             if let Some(process) = report.process_end_within(STOPPED_PROCESS_WAIT).await {
+                tracing::info!(
+                    execution_id = %turn.execution_id(),
+                    process = %process,
+                    "the stopped turn's plugin process ended"
+                );
                 runtime["process"] = process;
             }
         }
