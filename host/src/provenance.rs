@@ -27,11 +27,26 @@ pub struct RuntimeDiagnosis {
     pub process: Value,
 }
 
-#[derive(Debug, Default)]
+/// How the seat's process ended, once it has: `metadata.runtime.process`
+/// (`None` while it runs or is being killed).
+pub type ProcessEnd = Arc<dyn Fn() -> Option<Value> + Send + Sync>;
+
+#[derive(Default)]
 struct Parts {
     sandbox: Option<Value>,
     affinity: Option<Value>,
     diagnosis: Option<RuntimeDiagnosis>,
+    process_end: Option<ProcessEnd>,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts")
+            .field("sandbox", &self.sandbox)
+            .field("affinity", &self.affinity)
+            .field("diagnosis", &self.diagnosis)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One turn's report, shared by the seat that fills it and the envelope
@@ -66,6 +81,29 @@ impl TurnReport {
     /// Why the turn ended without an outcome.
     pub fn set_diagnosis(&self, diagnosis: RuntimeDiagnosis) {
         self.parts().diagnosis = Some(diagnosis);
+    }
+
+    /// How to learn how the turn's process ended (a process seat sets it
+    /// at launch).
+    pub fn set_process_end(&self, end: ProcessEnd) {
+        self.parts().process_end = Some(end);
+    }
+
+    /// How the turn's process ended, waiting up to `bound` for the host's
+    /// kill to finish; `None` for a seat without a process or one still
+    /// running at the bound.
+    pub async fn process_end_within(&self, bound: std::time::Duration) -> Option<Value> {
+        let end = self.parts().process_end.clone()?;
+        let until = tokio::time::Instant::now() + bound;
+        loop {
+            if let Some(v) = end() {
+                return Some(v);
+            }
+            if tokio::time::Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     pub fn sandbox(&self) -> Option<Value> {

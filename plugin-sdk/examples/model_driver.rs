@@ -11,24 +11,20 @@
 //!
 //! Build: `cargo build -p sharedos-plugin-sdk --example model_driver`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use sharedos_plugin_sdk::protocol::api_names::ApiNames;
 use sharedos_plugin_sdk::protocol::{Identifier, Timestamp};
 use sharedos_plugin_sdk::{
     AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError,
     RuntimeManifest, RuntimeTurnRequest, Signal, StandardRuntimeOptions, ToolCall,
     create_standard_runtime,
 };
-
-/// Chat APIs allow `[A-Za-z0-9_-]` in function names; sharedos tools use dots.
-fn function_name(tool: &str) -> String {
-    tool.replace('.', "__")
-}
 
 fn failed(e: impl std::fmt::Display) -> DriverError {
     DriverError::Failed(e.to_string())
@@ -75,7 +71,7 @@ struct ChatSession {
     key: String,
     model: String,
     trace_id: Identifier,
-    names: HashMap<String, String>,
+    names: ApiNames,
     tools: Vec<Value>,
     messages: Vec<Value>,
     /// Tool calls of the last answer not yet made: one per step.
@@ -98,7 +94,7 @@ impl ChatSession {
     fn call(&self, tc: &Value) -> Result<AgentTurnDecision, DriverError> {
         let f = &tc["function"];
         let name = f["name"].as_str().unwrap_or_default();
-        let tool = self.names.get(name).map_or(name, String::as_str);
+        let tool = self.names.catalogue(name).unwrap_or(name);
         let arguments = serde_json::from_str(f["arguments"].as_str().unwrap_or("{}"))
             .map_err(|e| DriverError::InvalidDecision(e.to_string()))?;
         let id = tc["id"].as_str().unwrap_or("call");
@@ -166,20 +162,19 @@ impl AgentTurnDriver for ChatDriver {
     ) -> Result<Box<dyn AgentTurnSession>, DriverError> {
         let url = std::env::var("SHAREDOS_MODEL_URL")
             .map_err(|_| failed("SHAREDOS_MODEL_URL is not set"))?;
+        // Chat APIs allow `[A-Za-z0-9_-]{1,64}` in function names; sharedos
+        // tools use dots. One table maps both ways (and refuses a catalogue
+        // whose names would collide).
+        let names = ApiNames::new(request.tools.iter().map(|t| t.name.as_str())).map_err(failed)?;
         let tools: Vec<Value> = request
             .tools
             .iter()
             .map(|t| {
                 json!({"type": "function", "function": {
-                    "name": function_name(t.name.as_str()),
+                    "name": names.api(t.name.as_str()),
                     "description": t.description.as_str(),
                     "parameters": t.input_schema}})
             })
-            .collect();
-        let names = request
-            .tools
-            .iter()
-            .map(|t| (function_name(t.name.as_str()), t.name.as_str().to_owned()))
             .collect();
         let payload = &request.message.payload;
         let text = payload

@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api_names;
 pub mod codec;
 pub mod contract;
 pub mod errors;

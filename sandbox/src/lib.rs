@@ -47,7 +47,7 @@ pub(crate) use host::listener;
 pub use host::{cgroup, removal, staging, statedir, uid};
 pub use layers::LayerToggles;
 pub(crate) use layers::memory;
-pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp};
+pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp, users};
 
 pub use check::check;
 pub use error::SandboxError;

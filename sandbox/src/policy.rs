@@ -144,8 +144,10 @@ pub enum MemfdPolicy {
 /// directories of `/usr` (not `/usr/local`, `/usr/include`, `/usr/src`),
 /// the top-level links or directories into them, and the `/etc` entries a
 /// dynamically linked program, a TLS client or a shell commonly needs;
-/// nothing with secrets (no shadow, no ssh, no machine-id).
-pub const DEFAULT_RO_PATHS: [&str; 30] = [
+/// nothing with secrets (no shadow, no ssh, no machine-id). `/etc/passwd`
+/// and `/etc/group` are not bound: the sandbox writes its own
+/// ([`crate::users`]).
+pub const DEFAULT_RO_PATHS: [&str; 28] = [
     "/usr/bin",
     "/usr/sbin",
     "/usr/lib",
@@ -160,8 +162,6 @@ pub const DEFAULT_RO_PATHS: [&str; 30] = [
     "/lib64",
     "/lib32",
     "/libx32",
-    "/etc/passwd",
-    "/etc/group",
     "/etc/hosts",
     "/etc/resolv.conf",
     "/etc/nsswitch.conf",

@@ -24,7 +24,7 @@ use sharedos_protocol::ExecutionResult;
 
 use crate::turns::{
     LedgerAppend, LedgerSlow, MARKER_ENV, kernel_config, ledger_definition, ledger_slow_definition,
-    marked_pids, request, wait_gone, workspace_bin,
+    ledger_slow_twin_definition, marked_pids, request, wait_gone, workspace_bin,
 };
 
 /// The Python that has the `mcp` package, and what the sandbox must see.
@@ -270,6 +270,8 @@ fn kernel(files_root: &Path, audit: &Path, escalation_grant: bool) -> Kernel {
     .expect("ledger tool")
     .tool(ledger_slow_definition(), Arc::new(LedgerSlow))
     .expect("ledger.slow tool")
+    .tool(ledger_slow_twin_definition(), Arc::new(LedgerSlow))
+    .expect("ledger__slow tool")
     .build()
 }
 

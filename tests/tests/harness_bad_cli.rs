@@ -93,6 +93,28 @@ fn a_cli_ignoring_sigterm_is_killed_at_the_drain_grace() {
     assert_eq!(turn.status(), "failed", "{:#}", turn.json());
     assert_eq!(turn.code(), "harness_cli_stopped");
     assert!(turn.elapsed < Duration::from_secs(20), "{:?}", turn.elapsed);
+    // How the stopped CLI ended: the SIGKILL, and that the drain stopped it.
+    let meta = turn.metadata();
+    assert_eq!(meta["signal"], libc::SIGKILL, "{meta:#}");
+    assert!(meta.get("exitCode").is_none(), "{meta:#}");
+    assert_eq!(meta["drained"], true, "{meta:#}");
+}
+
+#[test]
+fn a_cli_stopped_by_the_drain_reports_its_exit_code() {
+    let (mut case, _d) = sh_case(
+        "trap 'exit 7' TERM
+while :; do sleep 0.1; done",
+    );
+    case.timeout_ms = 3_000;
+    case.drain_grace_ms = 1_500;
+    let turn = run(case);
+    assert_eq!(turn.status(), "failed", "{:#}", turn.json());
+    assert_eq!(turn.code(), "harness_cli_stopped");
+    let meta = turn.metadata();
+    assert_eq!(meta["exitCode"], 7, "{meta:#}");
+    assert!(meta.get("signal").is_none(), "{meta:#}");
+    assert_eq!(meta["drained"], true, "{meta:#}");
 }
 
 #[test]
@@ -106,6 +128,11 @@ while :; do sleep 0.1; done",
     let turn = run(case);
     assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
     assert_eq!(turn.json()["output"], "wrapped up");
+    // Its final message completes the turn, and the result says the drain
+    // ended it.
+    let meta = turn.metadata();
+    assert_eq!(meta["drained"], true, "{meta:#}");
+    assert_eq!(meta["exitCode"], 0, "{meta:#}");
 }
 
 #[test]
@@ -136,7 +163,7 @@ fn a_client_looping_on_calls_is_bounded_by_max_tool_calls_and_the_deadline() {
     let py = python_with_mcp();
     let dir = fixture_dir();
     let client = mcp_client(dir.path());
-    let steps = json!([{"tool": "files.list", "args": {"path": ""}, "delayMs": 20}]);
+    let steps = json!([{"tool": "files__list", "args": {"path": ""}, "delayMs": 20}]);
     let harness = format!(
         r#"[runtimes.harness]
 command = {exe:?}

@@ -48,6 +48,14 @@ fn run(case: HarnessCase) -> HarnessTurn {
     turn
 }
 
+/// `^[a-zA-Z0-9_-]{1,64}$`: OpenAI's function names, Anthropic's tool
+/// names.
+fn is_api_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 fn is_hex64(v: &Value) -> bool {
     v.as_str().is_some_and(|s| {
         s.len() == 64
@@ -60,12 +68,12 @@ fn is_hex64(v: &Value) -> bool {
 fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
     let (case, _dir) = client_case(json!([
         step(
-            "files.write",
+            "files__write",
             json!({"path": "notes/a.md", "content": "hello from the harness"})
         ),
-        step("files.read", json!({"path": "notes/a.md"})),
-        step("files.delete", json!({"path": "notes/a.md"})),
-        step("files.shred", json!({"path": "notes/a.md"})),
+        step("files__read", json!({"path": "notes/a.md"})),
+        step("files__delete", json!({"path": "notes/a.md"})),
+        step("files__shred", json!({"path": "notes/a.md"})),
     ]));
     let turn = run(case);
     assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
@@ -75,13 +83,17 @@ fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
     assert_eq!(
         client["tools"],
         json!([
-            "files.list",
-            "files.read",
-            "files.write",
-            "ledger.slow",
-            "sharedos.escalate"
+            "files__list",
+            "files__read",
+            "files__write",
+            "ledger__slow",
+            "sharedos__escalate"
         ])
     );
+    // Every name as OpenAI's and Anthropic's APIs accept it.
+    for name in client["tools"].as_array().unwrap() {
+        assert!(is_api_name(name.as_str().unwrap()), "{name}");
+    }
     assert_eq!(client["serverName"], "sharedos");
     assert_eq!(client["protocolVersion"], "2025-06-18");
     assert!(is_hex64(&client["catalogHash"]), "{client}");
@@ -105,6 +117,9 @@ fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
     // G97: a guessed tool.
     assert_eq!(r[3]["isError"], true, "{r}");
     assert_eq!(r[3]["meta"]["sharedos/code"], "tool_unavailable", "{r}");
+    // The listed names the client called reach the catalogue's tools; the
+    // names it was never offered go on as given, for the envelope to
+    // refuse.
     let requested: Vec<Value> = turn
         .events("tool.requested")
         .iter()
@@ -115,8 +130,8 @@ fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
         vec![
             json!("files.write"),
             json!("files.read"),
-            json!("files.delete"),
-            json!("files.shred")
+            json!("files__delete"),
+            json!("files__shred")
         ]
     );
     // The calls are the kernel's: in the audit trail, no arguments there.
@@ -138,8 +153,8 @@ fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
     let want: Vec<(String, String)> = [
         ("files.write", "succeeded/-"),
         ("files.read", "succeeded/-"),
-        ("files.delete", "denied/tool_unavailable"),
-        ("files.shred", "denied/tool_unavailable"),
+        ("files__delete", "denied/tool_unavailable"),
+        ("files__shred", "denied/tool_unavailable"),
     ]
     .iter()
     .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -158,12 +173,15 @@ fn g95_to_g97_the_client_lists_calls_and_is_refused_through_the_envelope() {
 #[test]
 fn g100_g105_read_ask_read_escalates_and_counts_the_late_call() {
     let (case, _dir) = client_case(json!([
-        step("files.write", json!({"path": "notes/b.md", "content": "b"})),
         step(
-            "sharedos.escalate",
+            "files__write",
+            json!({"path": "notes/b.md", "content": "b"})
+        ),
+        step(
+            "sharedos__escalate",
             json!({"reason": "  a human must approve the refund  "})
         ),
-        step("files.read", json!({"path": "notes/b.md"})),
+        step("files__read", json!({"path": "notes/b.md"})),
     ]));
     let turn = run(case);
     let v = turn.json();
@@ -195,8 +213,8 @@ fn g100_g105_read_ask_read_escalates_and_counts_the_late_call() {
 #[test]
 fn g101_g102_a_reason_that_is_not_text_falls_back_and_a_second_ask_is_pending() {
     let (case, _dir) = client_case(json!([
-        step("sharedos.escalate", json!({"reason": {"not": "text"}})),
-        step("sharedos.escalate", json!({"reason": "second"})),
+        step("sharedos__escalate", json!({"reason": {"not": "text"}})),
+        step("sharedos__escalate", json!({"reason": "second"})),
     ]));
     let turn = run(case);
     let v = turn.json();
@@ -214,14 +232,14 @@ fn g101_g102_a_reason_that_is_not_text_falls_back_and_a_second_ask_is_pending() 
 #[test]
 fn g103_a_call_in_flight_when_the_ask_comes_completes() {
     let (case, _dir) = client_case(json!([{"parallel": [
-        {"tool": "ledger.slow", "args": {"ms": 400}},
-        {"tool": "sharedos.escalate", "args": {"reason": "ask while the ledger writes"}, "delayMs": 60},
+        {"tool": "ledger__slow", "args": {"ms": 400}},
+        {"tool": "sharedos__escalate", "args": {"reason": "ask while the ledger writes"}, "delayMs": 60},
     ]}]));
     let turn = run(case);
     let v = turn.json();
     assert_eq!(turn.status(), "escalated", "{v:#}");
     let r = &turn.client()["results"];
-    assert_eq!(r[0]["tool"], "ledger.slow");
+    assert_eq!(r[0]["tool"], "ledger__slow");
     assert_eq!(r[0]["isError"], false, "{r}");
     assert_eq!(turn.metadata()["callsAfterEscalation"], 0);
     assert_eq!(turn.audit_of("tool.invoked").len(), 1);
@@ -230,7 +248,7 @@ fn g103_a_call_in_flight_when_the_ask_comes_completes() {
 #[test]
 fn g104_an_ask_without_the_escalation_grant_is_tool_unavailable() {
     let (mut case, _dir) = client_case(json!([step(
-        "sharedos.escalate",
+        "sharedos__escalate",
         json!({"reason": "let me out"})
     ),]));
     case.escalation_grant = false;
@@ -242,7 +260,7 @@ fn g104_an_ask_without_the_escalation_grant_is_tool_unavailable() {
         !client["tools"]
             .as_array()
             .unwrap()
-            .contains(&json!("sharedos.escalate"))
+            .contains(&json!("sharedos__escalate"))
     );
     assert_eq!(client["results"][0]["isError"], true);
     assert_eq!(
@@ -262,11 +280,11 @@ fn the_client_over_streamable_http_lists_and_calls_with_the_turn_token() {
     let client = mcp_client(dir.path());
     let steps = json!([
         step(
-            "files.write",
+            "files__write",
             json!({"path": "notes/h.md", "content": "over http"})
         ),
-        step("files.read", json!({"path": "notes/h.md"})),
-        step("files.delete", json!({"path": "notes/h.md"})),
+        step("files__read", json!({"path": "notes/h.md"})),
+        step("files__delete", json!({"path": "notes/h.md"})),
     ]);
     let harness = format!(
         r#"[runtimes.harness]
@@ -304,4 +322,27 @@ escalation = true
         sandbox["landlock"]["net"], "tcp-bind-connect:8788",
         "{sandbox:#}"
     );
+}
+
+/// A catalogue with two tools the CLI would see under one name
+/// (`ledger.slow` and `ledger__slow`) ends the turn before the CLI starts,
+/// naming both.
+#[test]
+fn a_catalogue_whose_names_collide_for_the_cli_is_refused() {
+    let (mut case, _dir) = client_case(json!([step("ledger__slow", json!({"ms": 1}))]));
+    case.tools = vec!["files.read", "ledger.slow", "ledger__slow"];
+    let turn = run(case);
+    let v = turn.json();
+    assert_eq!(turn.status(), "failed", "{v:#}");
+    assert_eq!(turn.code(), "harness_tool_names_collide", "{v:#}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`ledger.slow` and `ledger__slow` both become `ledger__slow`"),
+        "{message}"
+    );
+    assert_eq!(v["error"]["retryable"], false, "{v:#}");
+    // Nothing ran: no call reached the envelope, no CLI exit was recorded.
+    assert!(turn.events("tool.requested").is_empty(), "{v:#}");
+    assert!(turn.audit_of("tool.invoked").is_empty());
+    assert!(turn.metadata().get("exitCode").is_none(), "{v:#}");
 }

@@ -16,6 +16,7 @@ use sharedos_host::egress::mock::wire::{calls_turn, text_turn};
 use sharedos_host::egress::mock::{
     MockModel, MockOptions, OnRequest, Reply, ScriptedCall, SeenRequest, Wire,
 };
+use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_tests::turns::marked_pids;
 use sharedos_tests::vendors::{
     REAL_KEY, Vendor, VendorCase, VendorTurn, run_vendor, unique_marker,
@@ -167,7 +168,7 @@ fn codex_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_
             vec![
                 Reply::Stream(calls_turn(
                     Wire::OpenaiResponses,
-                    &[codex_call("files_write", args)],
+                    &[codex_call("files__write", args)],
                 )),
                 Reply::Stream(text_turn(Wire::OpenaiResponses, &["Wrote ", "the note."])),
             ],
@@ -193,12 +194,14 @@ fn codex_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_
     // files.delete (not granted).
     let offered = offered.unwrap_or_default();
     assert!(
-        offered.contains(&"files_write".to_owned()),
+        offered.contains(&"files__write".to_owned()),
         "{offered:?} {:?} {}",
         seen[0].headers,
         seen[0].body_len
     );
     assert!(!offered.iter().any(|t| t.contains("delete")), "{offered:?}");
+    // Every name the model got is one OpenAI's and Anthropic's APIs accept.
+    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
     // The call is the kernel's: requested, invoked, in the audit trail.
     let requested: Vec<Value> = turn
         .events("tool.requested")
@@ -241,17 +244,17 @@ fn codex_calling_an_ungranted_tool_or_past_a_ceiling_gets_an_error_result() {
             // Not granted, so not in the catalogue Codex listed.
             Reply::Stream(calls_turn(
                 Wire::OpenaiResponses,
-                &[codex_call("files_delete", r#"{"path": "notes/team.md"}"#)],
+                &[codex_call("files__delete", r#"{"path": "notes/team.md"}"#)],
             )),
             // Listed; the first passes, the second is over the turn's
             // maxToolCalls and the envelope refuses it.
             Reply::Stream(calls_turn(
                 Wire::OpenaiResponses,
-                &[codex_call("files_write", write)],
+                &[codex_call("files__write", write)],
             )),
             Reply::Stream(calls_turn(
                 Wire::OpenaiResponses,
-                &[codex_call("files_write", write)],
+                &[codex_call("files__write", write)],
             )),
             Reply::Stream(text_turn(Wire::OpenaiResponses, &["Refused twice."])),
         ])
@@ -272,7 +275,7 @@ fn codex_calling_an_ungranted_tool_or_past_a_ceiling_gets_an_error_result() {
     let first = results_sent(Wire::OpenaiResponses, &seen[1].body);
     assert_eq!(first.len(), 1, "{:#}", seen[1].body["input"]);
     assert!(
-        first[0].0.contains("unsupported call") && first[0].0.contains("files_delete"),
+        first[0].0.contains("unsupported call") && first[0].0.contains("files__delete"),
         "{first:?}"
     );
     // The refusal of the envelope reached Codex as an MCP error result
@@ -314,7 +317,7 @@ fn codex_over_streamable_http_calls_a_granted_tool() {
         let mock = MockModel::start(vec![
             Reply::Stream(calls_turn(
                 Wire::OpenaiResponses,
-                &[codex_call("files_write", args)],
+                &[codex_call("files__write", args)],
             )),
             Reply::Stream(text_turn(Wire::OpenaiResponses, &["Done over HTTP."])),
         ])
@@ -334,7 +337,8 @@ fn codex_over_streamable_http_calls_a_granted_tool() {
         "{sandbox:#}"
     );
     let offered = codex_offered(&seen[0].body);
-    assert!(offered.contains(&"files_write".to_owned()), "{offered:?}");
+    assert!(offered.contains(&"files__write".to_owned()), "{offered:?}");
+    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
     assert_eq!(
         invoked(&turn),
         vec![("files.write".to_owned(), "succeeded/-".to_owned())]
@@ -458,7 +462,7 @@ fn claude_code_calls_a_granted_tool_end_to_end() {
         let call = ScriptedCall {
             id: "toolu_1",
             namespace: None,
-            name: "mcp__sharedos__files_write",
+            name: "mcp__sharedos__files__write",
             arguments: args,
         };
         let mock = MockModel::start(vec![
@@ -494,9 +498,10 @@ fn claude_code_calls_a_granted_tool_end_to_end() {
         "{offered:?}"
     );
     assert!(
-        offered.contains(&"mcp__sharedos__files_write".to_owned()),
+        offered.contains(&"mcp__sharedos__files__write".to_owned()),
         "{offered:?}"
     );
+    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
     assert!(!offered.iter().any(|t| t.contains("delete")), "{offered:?}");
     assert_eq!(
         invoked(&turn),

@@ -356,7 +356,7 @@ fn paths_and_keys_the_sandbox_cannot_honour_are_load_errors_naming_the_entry() {
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     let missing = base.path().join("missing");
-    let cases: [(String, &str); 5] = [
+    let cases: [(String, &str); 6] = [
         (
             "env = { NOTES_TOKEN = \"x\" }".into(),
             "runtimes[0].env.NOTES_TOKEN: not admitted by runtimes[0].sandbox.envAllowlist",
@@ -372,6 +372,10 @@ fn paths_and_keys_the_sandbox_cannot_honour_are_load_errors_naming_the_entry() {
         (
             "sandbox = { extraRoPaths = [\"/proc/self\"] }".into(),
             "runtimes[0].sandbox.extraRoPaths[0]: /proc/self is under /proc",
+        ),
+        (
+            "sandbox = { extraRoPaths = [\"/etc\"] }".into(),
+            "runtimes[0].sandbox.extraRoPaths[0]: /etc would show the host's users and groups",
         ),
         (
             "env = { HOME = \"/root\" }".into(),

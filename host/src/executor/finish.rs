@@ -12,6 +12,11 @@ use super::ending::{Ending, TURN_CANCELLED, build};
 use super::turn::Turn;
 use super::{Executor, TurnReport};
 
+/// How long the result of a stopped turn waits, at most, for its process
+/// to be gone (the deferred kill waits up to 250 ms for a `turn/abort` to
+/// reach the plugin, then kills and reaps the tree).
+const STOPPED_PROCESS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Executor {
     /// Ends the turn. `report`: the seat's report, `None` when the turn
     /// ended before the deadline machinery started (a context mismatch,
@@ -31,10 +36,25 @@ impl Executor {
             // The ending seals the log: nothing is written after it.
             turn.events().push_envelope(kind, data);
         }
-        let runtime = match report {
+        let mut runtime = match report {
             Some(report) => self.turn_provenance(turn, report),
             None => self.runtime_provenance(None),
         };
+        if ending.status == ExecutionStatus::Cancelled
+            && let Some(report) = report
+            && report.diagnosis().is_none()
+        {
+            // A stopped turn says how its process ended too: by itself on
+            // the `turn/abort`, or by the host's kill, waited for (bounded).
+            if let Some(process) = report.process_end_within(STOPPED_PROCESS_WAIT).await {
+                tracing::info!(
+                    execution_id = %turn.execution_id(),
+                    process = %process,
+                    "the stopped turn's plugin process ended"
+                );
+                runtime["process"] = process;
+            }
+        }
         let with_annotations = ending.status != ExecutionStatus::Denied;
         let ended_by = ending.ended_by;
         let mut result = build(turn, ending, started_at, &runtime, with_annotations);

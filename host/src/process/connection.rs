@@ -32,13 +32,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// How long the host waits, at most, for the stderr drain to reach the end
+/// of a plugin's stderr once the plugin has exited, so the tail a result
+/// quotes holds its last lines. The drain reads at most its byte budget
+/// (`StderrLimits`) and drops the rest, so the bound is the time only.
+pub(super) const STDERR_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A launched plugin process with its open connection. Dropped anywhere,
 /// its [`TreeGuard`] kills the whole tree.
 pub(crate) struct Connection {
     pub(super) peer: Peer,
     pub(super) inbound: Inbox,
     pub(super) guard: TreeGuard,
-    _stderr: AbortOnDrop,
+    /// The stderr drain, aborted with the connection.
+    stderr: AbortOnDrop,
     tail: stderr::SharedTail,
     /// The launcher's report: the isolation this process was started
     /// under, the provenance of every turn it serves.
@@ -62,6 +69,26 @@ impl Connection {
             "turn": self.turns,
             "pid": self.pid,
         })
+    }
+
+    /// How the process ended (waiting up to `bound` for it to), and its
+    /// last stderr lines: once it has ended, the drain is given
+    /// [`STDERR_SETTLE`] to read its stderr to the end first.
+    pub(super) async fn ending(
+        &mut self,
+        bound: std::time::Duration,
+    ) -> (Option<std::process::ExitStatus>, Vec<String>) {
+        let status = self.guard.status_within(bound).await;
+        if status.is_some() && !self.stderr.0.is_finished() {
+            let _ = tokio::time::timeout(STDERR_SETTLE, &mut self.stderr.0).await;
+        }
+        let lines = self.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+        (status, lines)
+    }
+
+    /// Whether the process runs in the sandbox (its launcher reported).
+    pub(super) fn sandboxed(&self) -> bool {
+        self.report.is_some()
     }
 
     /// Runs one turn on the connection: `turn/run` with a fresh turn id,
@@ -125,6 +152,39 @@ impl ProcessRuntime {
     }
 }
 
+/// What the turn's report learns at launch: the sandbox report, and how
+/// to learn how the process ended (with the stderr tail it returns).
+fn report_launch(
+    turn_report: &TurnReport,
+    guard: &TreeGuard,
+    report: Option<&Value>,
+) -> stderr::SharedTail {
+    if let Some(report) = report {
+        turn_report.set_sandbox(report.clone());
+    }
+    let tail = stderr::SharedTail::default();
+    turn_report.set_process_end(process_end(
+        guard.status_slot(),
+        tail.clone(),
+        report.is_some(),
+    ));
+    tail
+}
+
+/// The report's view of how the process ended: its status once the guard
+/// (or the deferred kill) recorded one, with the stderr tail.
+fn process_end(
+    status: std::sync::Arc<std::sync::Mutex<Option<std::process::ExitStatus>>>,
+    tail: stderr::SharedTail,
+    sandboxed: bool,
+) -> crate::provenance::ProcessEnd {
+    std::sync::Arc::new(move || {
+        let status = (*status.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let lines = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
+        Some(diagnosis::process_json(Some(status), lines, sandboxed))
+    })
+}
+
 fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
     pipe::Receiver::from_owned_fd(fd)
 }
@@ -167,14 +227,11 @@ impl ProcessRuntime {
         // `turn/abort`; the kill itself never depends on it.
         let guard = TreeGuard::new(tree, stdin.try_clone().ok());
         stamp(self.config.stages.as_ref(), "launched");
-        if let Some(report) = &report {
-            turn_report.set_sandbox(report.clone());
-        }
+        let tail = report_launch(turn_report, &guard, report.as_ref());
         // Dropped when the turn ends (or its future is dropped): the
         // gateway stops accepting and closes every connection of the turn.
         let gateway = self.serve_egress(execution_id, egress_listener)?;
         let (stdin, stdout, stderr) = self.stdio_pipes(stdin, stdout, stderr)?;
-        let tail = stderr::SharedTail::default();
         let stderr_task = AbortOnDrop(tokio::spawn(stderr::drain_stderr_with_tail(
             stderr,
             self.config.manifest.id.as_str().to_owned(),
@@ -193,7 +250,7 @@ impl ProcessRuntime {
             peer,
             inbound,
             guard,
-            _stderr: stderr_task,
+            stderr: stderr_task,
             tail,
             report,
             many: false,
@@ -208,7 +265,8 @@ impl ProcessRuntime {
             }
             Err((reason, e)) => {
                 if let Some(reason) = reason {
-                    self.diagnose(turn_report, execution_id, reason, &conn);
+                    self.diagnose(turn_report, execution_id, reason, &mut conn)
+                        .await;
                 }
                 conn.close(abort.is_raised());
                 Err(e)
@@ -236,7 +294,7 @@ impl ProcessRuntime {
             LaunchError::Refused { .. } => "launch_refused",
             LaunchError::Spawn { .. } => "launch_failed",
         };
-        self.keep_diagnosis(turn_report, execution_id, reason, None, Vec::new());
+        self.keep_diagnosis(turn_report, execution_id, reason, None, Vec::new(), false);
         self.load_error(e)
     }
 
@@ -269,17 +327,25 @@ impl ProcessRuntime {
     }
 
     /// Keeps why the turn ended without an outcome, with the process's
-    /// exit status and last stderr lines.
-    pub(super) fn diagnose(
+    /// exit status and last stderr lines. A plugin that stopped talking
+    /// (its stdout closed, a broken stream) is exiting, or crashed before
+    /// it answered `initialize`: its status follows by moments, so it is
+    /// waited for (bounded); one that is still running (a timeout, a
+    /// refused answer) is not.
+    pub(super) async fn diagnose(
         &self,
         report: &TurnReport,
         execution_id: &str,
         reason: &'static str,
-        conn: &Connection,
+        conn: &mut Connection,
     ) {
-        let lines = conn.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
-        let status = conn.guard.status_now();
-        self.keep_diagnosis(report, execution_id, reason, status, lines);
+        let bound = match reason {
+            "plugin_exited" | "io" | "write_stall" => EXIT_STATUS_WAIT,
+            _ => std::time::Duration::ZERO,
+        };
+        let (status, lines) = conn.ending(bound).await;
+        let sandboxed = conn.sandboxed();
+        self.keep_diagnosis(report, execution_id, reason, status, lines, sandboxed);
     }
 
     /// After a turn on `conn` ended in error: its diagnosis, where the
@@ -302,13 +368,14 @@ impl ProcessRuntime {
         if let Some(reason) = reason {
             // A plugin that closed its stdout is exiting: its status
             // follows the EOF by moments, so wait for it (bounded).
-            let status = if reason == "plugin_exited" {
-                conn.guard.status_within(EXIT_STATUS_WAIT).await
+            let bound = if reason == "plugin_exited" {
+                EXIT_STATUS_WAIT
             } else {
-                conn.guard.status_now()
+                std::time::Duration::ZERO
             };
-            let lines = conn.tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
-            self.keep_diagnosis(report, execution_id, reason, status, lines);
+            let (status, lines) = conn.ending(bound).await;
+            let sandboxed = conn.sandboxed();
+            self.keep_diagnosis(report, execution_id, reason, status, lines, sandboxed);
         }
         tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", escape_text(&truncate(&error.to_string(), 500)));
     }

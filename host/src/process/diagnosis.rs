@@ -75,32 +75,73 @@ pub(crate) fn handshake_reason(e: &HandshakeError) -> &'static str {
 
 /// `metadata.runtime.process`: how the launched process ended (`None`:
 /// still running when the turn ended, then killed by the host) and its
-/// last stderr lines.
-pub(crate) fn process_json(status: Option<ExitStatus>, tail: Vec<String>) -> Value {
-    let exit = match status {
+/// last stderr lines. `sandboxed`: the status is the sandbox helper's,
+/// which exits with the plugin's code, or with 128 + N when the plugin was
+/// killed by signal N (the shell's convention): such a code also names
+/// the signal it stands for.
+pub(crate) fn process_json(
+    status: Option<ExitStatus>,
+    tail: Vec<String>,
+    sandboxed: bool,
+) -> Value {
+    json!({"exit": exit_json(status, sandboxed), "stderrTail": tail})
+}
+
+/// The `exit` of [`process_json`].
+pub(crate) fn exit_json(status: Option<ExitStatus>, sandboxed: bool) -> Value {
+    match status {
         Some(s) => match (s.code(), s.signal()) {
+            (Some(code), _) if sandboxed && (129..=128 + 64).contains(&code) => {
+                let sig = code - 128;
+                json!({"code": code, "signal": sig, "name": signal_name(sig)})
+            }
             (Some(code), _) => json!({"code": code}),
             (None, Some(sig)) => json!({"signal": sig, "name": signal_name(sig)}),
             _ => json!("unknown"),
         },
         None => json!("running (killed by the host at the end of the turn)"),
-    };
-    json!({"exit": exit, "stderrTail": tail})
+    }
 }
 
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGILL => "SIGILL",
-        libc::SIGINT => "SIGINT",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGSYS => "SIGSYS",
-        libc::SIGTERM => "SIGTERM",
-        _ => "other",
+/// The name of signal `sig` (`SIGSEGV`), `SIGRTMIN+n` for a real-time one.
+pub(crate) fn signal_name(sig: i32) -> String {
+    const NAMES: [(i32, &str); 31] = [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGSTKFLT, "SIGSTKFLT"),
+        (libc::SIGCHLD, "SIGCHLD"),
+        (libc::SIGCONT, "SIGCONT"),
+        (libc::SIGSTOP, "SIGSTOP"),
+        (libc::SIGTSTP, "SIGTSTP"),
+        (libc::SIGTTIN, "SIGTTIN"),
+        (libc::SIGTTOU, "SIGTTOU"),
+        (libc::SIGURG, "SIGURG"),
+        (libc::SIGXCPU, "SIGXCPU"),
+        (libc::SIGXFSZ, "SIGXFSZ"),
+        (libc::SIGVTALRM, "SIGVTALRM"),
+        (libc::SIGPROF, "SIGPROF"),
+        (libc::SIGWINCH, "SIGWINCH"),
+        (libc::SIGIO, "SIGIO"),
+        (libc::SIGPWR, "SIGPWR"),
+        (libc::SIGSYS, "SIGSYS"),
+    ];
+    match NAMES.iter().find(|(n, _)| *n == sig) {
+        Some((_, name)) => (*name).to_owned(),
+        None if sig >= libc::SIGRTMIN() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        None => format!("signal {sig}"),
     }
 }
 
@@ -128,11 +169,27 @@ mod tests {
     #[test]
     fn the_exit_status_is_a_code_or_a_signal() {
         let code = ExitStatus::from_raw(3 << 8);
-        assert_eq!(process_json(Some(code), vec![])["exit"], json!({"code": 3}));
+        assert_eq!(
+            process_json(Some(code), vec![], false)["exit"],
+            json!({"code": 3})
+        );
         let sig = ExitStatus::from_raw(libc::SIGABRT);
         assert_eq!(
-            process_json(Some(sig), vec!["boom".into()]),
+            process_json(Some(sig), vec!["boom".into()], false),
             json!({"exit": {"signal": 6, "name": "SIGABRT"}, "stderrTail": ["boom"]})
         );
+        // The sandbox's 128 + N names the signal too, keeping the code.
+        let killed = ExitStatus::from_raw((128 + 9) << 8);
+        assert_eq!(
+            exit_json(Some(killed), true),
+            json!({"code": 137, "signal": 9, "name": "SIGKILL"})
+        );
+        assert_eq!(exit_json(Some(killed), false), json!({"code": 137}));
+        assert_eq!(
+            exit_json(Some(ExitStatus::from_raw(128 << 8)), true),
+            json!({"code": 128})
+        );
+        assert_eq!(signal_name(libc::SIGXCPU), "SIGXCPU");
+        assert_eq!(signal_name(libc::SIGRTMIN() + 2), "SIGRTMIN+2");
     }
 }

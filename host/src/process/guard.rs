@@ -30,6 +30,11 @@ impl TreeGuard {
         }
     }
 
+    /// The slot the guard (and its deferred kill) records the status in.
+    pub(super) fn status_slot(&self) -> Arc<Mutex<Option<std::process::ExitStatus>>> {
+        self.status.clone()
+    }
+
     /// How the launched process ended, if it has (a non-blocking look).
     pub(super) fn status_now(&self) -> Option<std::process::ExitStatus> {
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,7 +88,7 @@ impl TreeGuard {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tree) = taken {
             if aborted {
-                kill_after_flush(tree, self.stdin_probe.take());
+                kill_after_flush(tree, self.stdin_probe.take(), self.status.clone());
             } else {
                 reaper::reap_later(tree);
             }
@@ -99,7 +104,7 @@ impl Drop for TreeGuard {
     fn drop(&mut self) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tree) = taken {
-            kill_after_flush(tree, self.stdin_probe.take());
+            kill_after_flush(tree, self.stdin_probe.take(), self.status.clone());
         }
     }
 }
@@ -173,7 +178,26 @@ fn any_thread_runnable(pid: u32) -> bool {
 /// waits for them.
 pub(super) static PENDING_KILLS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-fn kill_after_flush(tree: Box<dyn ProcessTree>, stdin_probe: Option<OwnedFd>) {
+/// The status of a tree the deferred kill ends: its own, when it exited
+/// before the kill (a plugin that acted on the `turn/abort`), else how the
+/// kill left it, or SIGKILL (what the host sent) when it cannot be read.
+fn kill_and_record(tree: &mut dyn ProcessTree, seen: &Mutex<Option<std::process::ExitStatus>>) {
+    use std::os::unix::process::ExitStatusExt;
+    let before = tree.try_wait().ok().flatten();
+    tree.start_kill();
+    let _ = tree.kill_tree();
+    let status = before
+        .or_else(|| tree.try_wait().ok().flatten())
+        .unwrap_or_else(|| std::process::ExitStatus::from_raw(libc::SIGKILL));
+    let mut slot = seen.lock().unwrap_or_else(|p| p.into_inner());
+    slot.get_or_insert(status);
+}
+
+fn kill_after_flush(
+    tree: Box<dyn ProcessTree>,
+    stdin_probe: Option<OwnedFd>,
+    seen: Arc<Mutex<Option<std::process::ExitStatus>>>,
+) {
     let pid = tree.pid();
     let slot = Arc::new(Mutex::new(Some(tree)));
     let deferred = slot.clone();
@@ -182,8 +206,7 @@ fn kill_after_flush(tree: Box<dyn ProcessTree>, stdin_probe: Option<OwnedFd>) {
         .spawn(move || {
             wait_for_abort_delivery(stdin_probe.as_ref(), pid);
             if let Some(mut tree) = deferred.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                tree.start_kill();
-                let _ = tree.kill_tree();
+                kill_and_record(tree.as_mut(), &seen);
             }
         });
     let mut pending = PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner());

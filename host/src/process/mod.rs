@@ -197,8 +197,9 @@ impl ProcessRuntime {
         reason: &'static str,
         status: Option<std::process::ExitStatus>,
         tail: Vec<String>,
+        sandboxed: bool,
     ) {
-        let process = diagnosis::process_json(status, tail);
+        let process = diagnosis::process_json(status, tail, sandboxed);
         tracing::warn!(
             runtime = %self.config.manifest.id,
             execution_id = %escape_text(execution_id),

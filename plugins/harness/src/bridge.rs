@@ -189,13 +189,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sharedos-bridge-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("mcp.sock");
-        let server = Arc::new(TurnServer::new(
-            Arc::new(EchoHost),
-            &[],
-            false,
-            Identifier::new("trace").unwrap(),
-            "exec",
-        ));
+        let server = Arc::new(
+            TurnServer::new(
+                Arc::new(EchoHost),
+                &[],
+                false,
+                Identifier::new("trace").unwrap(),
+                "exec",
+            )
+            .unwrap(),
+        );
         let bridge = Bridge::bind(&path, server).unwrap();
         let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
         let init = ask(

@@ -37,8 +37,13 @@ pub enum Ended {
     Exited(i32),
     /// Killed by a signal it did not get from the harness (a crash).
     Signaled(i32),
-    /// Stopped by the harness: the drain or the abort.
-    Stopped(StopReason),
+    /// Stopped by the harness: the drain or the abort; how it then ended
+    /// (its exit code, or the signal that killed it), when known.
+    Stopped {
+        why: StopReason,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
     /// It could not be started.
     SpawnFailed(String),
 }
@@ -54,6 +59,8 @@ pub enum StopReason {
 #[derive(Debug)]
 pub struct Run {
     pub ended: Ended,
+    /// The turn's drain stopped the CLI (whatever it did then).
+    pub drained: bool,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
 }
@@ -102,7 +109,14 @@ fn ended(stopped: Option<StopReason>, status: std::io::Result<std::process::Exit
         // A CLI that wraps up cleanly when asked to stop is taken at its
         // word (its final message is read as usual).
         (Some(StopReason::Drain), Ok(s)) if s.code() == Some(0) => Ended::Exited(0),
-        (Some(why), _) => Ended::Stopped(why),
+        (Some(why), status) => {
+            let status = status.ok();
+            Ended::Stopped {
+                why,
+                code: status.and_then(|s| s.code()),
+                signal: status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
+            }
+        }
         (None, Ok(s)) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
             (Some(c), _) => Ended::Exited(c),
             (None, Some(sig)) => Ended::Signaled(sig),
@@ -129,6 +143,7 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         Err(e) => {
             return Run {
                 ended: Ended::SpawnFailed(format!("{}: {e}", launch.command.display())),
+                drained: false,
                 stdout: Vec::new(),
                 stderr: Vec::new(),
             };
@@ -178,10 +193,12 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         // is at once, and the bound covers a writer the sweep cannot see.
         let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
     }
+    let drained = stopped == Some(StopReason::Drain);
     let ended = ended(stopped, status);
     let take = |t: &Arc<Mutex<Tail>>| t.lock().map(|t| t.bytes().to_vec()).unwrap_or_default();
     Run {
         ended,
+        drained,
         stdout: take(&out),
         stderr: take(&err),
     }

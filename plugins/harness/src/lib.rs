@@ -217,6 +217,18 @@ impl RuntimePlugin for HarnessPlugin {
         // Before the server exists, so before it can take a call.
         host.annotate("promptHash", json!(prompt_hash(&prompt)))
             .map_err(|e| RuntimeError::Failed(e.to_string()))?;
+        // Before the CLI exists: a catalogue it could not be given whole
+        // ends the turn here.
+        let server = match mcp::TurnServer::new(
+            host.clone(),
+            &request.tools,
+            spec.escalation,
+            request.context.trace_id.clone(),
+            request.execution_id.as_str(),
+        ) {
+            Ok(server) => Arc::new(server),
+            Err(collision) => return Ok(settle::names_collide(&collision)),
+        };
         let base = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
         let turn_dir = TurnDir(base.join(format!("sharedos-harness-{}", std::process::id())));
         let vars = self.turn_vars(prompt, &turn_dir)?;
@@ -226,13 +238,6 @@ impl RuntimePlugin for HarnessPlugin {
                 &vars.render(&f.content)?,
             )?;
         }
-        let server = Arc::new(mcp::TurnServer::new(
-            host.clone(),
-            &request.tools,
-            spec.escalation,
-            request.context.trace_id.clone(),
-            request.execution_id.as_str(),
-        ));
         let transport = self.serve(&vars, &server).await?;
         let launch = cli::Launch {
             command: PathBuf::from(&spec.command),

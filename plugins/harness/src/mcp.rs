@@ -2,7 +2,10 @@
 //! for every transport (the stdio bridge and streamable HTTP).
 //!
 //! `tools/list` is exactly the catalogue the turn offers the CLI, with its
-//! JSON Schemas and `_meta["sharedos/catalogHash"]`; `tools/call` goes
+//! JSON Schemas and `_meta["sharedos/catalogHash"]`, each name as every
+//! model API accepts it (`files.write` is `files__write`,
+//! `sharedos_protocol::api_names`), since CLIs pass MCP names on to their
+//! model; a call's name is mapped back to the catalogue's. `tools/call` goes
 //! through the escalation latch to `host/invokeTool`; a refusal is a tool
 //! result with `isError: true` and `_meta` status and code, never a
 //! JSON-RPC error. Unknown methods are answered `-32601` at once.
@@ -13,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use sharedos_plugin_sdk::RuntimeHost;
+use sharedos_protocol::api_names::{ApiNameCollision, ApiNames};
 use sharedos_protocol::harness::SERVER_NAME;
 use sharedos_protocol::{
     Identifier, Timestamp, ToolCall, ToolDefinition, ToolResult, ToolStatus, canonical_json,
@@ -36,6 +40,8 @@ pub struct TurnServer {
     host: Arc<dyn RuntimeHost>,
     latch: Latch,
     tools: Vec<Value>,
+    /// The listed tools' names as the CLI has them, both ways.
+    names: ApiNames,
     catalog_hash: String,
     trace_id: Identifier,
     execution_id: String,
@@ -48,33 +54,36 @@ pub struct TurnServer {
 impl TurnServer {
     /// The server for a turn whose effective catalogue is `tools`;
     /// `escalation` is the spec's: offer `sharedos.escalate` when present.
+    /// Refused when two listed names would be the same for the CLI.
     pub fn new(
         host: Arc<dyn RuntimeHost>,
         tools: &[ToolDefinition],
         escalation: bool,
         trace_id: Identifier,
         execution_id: &str,
-    ) -> Self {
+    ) -> Result<Self, ApiNameCollision> {
         let offered = escalation && tools.iter().any(|t| t.name.as_str() == ESCALATE_TOOL);
-        let listed: Vec<Value> = tools
+        let tools: Vec<&ToolDefinition> = tools
             .iter()
             .filter(|t| offered || t.name.as_str() != ESCALATE_TOOL)
-            .map(mcp_tool)
             .collect();
+        let names = ApiNames::new(tools.iter().map(|t| t.name.as_str()))?;
+        let listed: Vec<Value> = tools.iter().map(|t| mcp_tool(t, &names)).collect();
         let catalog_hash = hex(&Sha256::digest(
             canonical_json(&Value::Array(listed.clone())).as_bytes(),
         ));
-        Self {
+        Ok(Self {
             host,
             latch: Latch::new(offered),
             tools: listed,
+            names,
             catalog_hash,
             trace_id,
             execution_id: execution_id.to_owned(),
             calls: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             first_list: std::sync::OnceLock::new(),
-        }
+        })
     }
 
     pub fn catalog_hash(&self) -> &str {
@@ -147,6 +156,9 @@ impl TurnServer {
             .get("name")
             .and_then(Value::as_str)
             .ok_or("tools/call needs params.name, a string")?;
+        // The catalogue's name; one it never listed goes on as given, for
+        // the envelope to refuse and audit.
+        let name = self.names.catalogue(name).unwrap_or(name);
         let arguments = match params.get("arguments") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(a)) => a.clone(),
@@ -208,10 +220,10 @@ impl TurnServer {
     }
 }
 
-/// A tool definition as MCP lists it.
-fn mcp_tool(t: &ToolDefinition) -> Value {
+/// A tool definition as MCP lists it, under its API name.
+fn mcp_tool(t: &ToolDefinition, names: &ApiNames) -> Value {
     let mut tool = json!({
-        "name": t.name.as_str(),
+        "name": names.api(t.name.as_str()).unwrap_or(t.name.as_str()),
         "description": t.description.as_str(),
         "inputSchema": t.input_schema,
     });

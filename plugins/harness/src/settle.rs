@@ -2,6 +2,7 @@
 //! turn ends"): the final message, the outcome and its code, the latch.
 
 use serde_json::{Map, Value, json};
+use sharedos_protocol::api_names::ApiNameCollision;
 use sharedos_protocol::harness::{FinalMessage, StdoutTake};
 use sharedos_protocol::{ProtocolError, Reason, RuntimeTurnOutcome};
 
@@ -78,11 +79,23 @@ fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static st
             "harness_cli_crashed",
             format!("The CLI was killed by signal {s}."),
         )),
-        (Ended::Stopped(StopReason::Drain), _) => Err((
+        (
+            Ended::Stopped {
+                why: StopReason::Drain,
+                ..
+            },
+            _,
+        ) => Err((
             "harness_cli_stopped",
             "The turn was drained; the CLI was stopped.".into(),
         )),
-        (Ended::Stopped(StopReason::Abort), _) => Err((
+        (
+            Ended::Stopped {
+                why: StopReason::Abort,
+                ..
+            },
+            _,
+        ) => Err((
             "harness_cli_stopped",
             "The turn was aborted; the CLI was killed.".into(),
         )),
@@ -93,19 +106,46 @@ fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static st
     }
 }
 
+/// The outcome of a turn whose catalogue has two tools the CLI would see
+/// under one name: the CLI never starts.
+pub fn names_collide(collision: &ApiNameCollision) -> RuntimeTurnOutcome {
+    let code = "harness_tool_names_collide";
+    let mut meta = Map::new();
+    meta.insert("toolshare".into(), json!("mcp"));
+    meta.insert("harnessOutcome".into(), json!("fail"));
+    meta.insert("harnessErrorCode".into(), json!(code));
+    RuntimeTurnOutcome::Fail {
+        error: ProtocolError::new(code, &collision.to_string(), Some(false)),
+        metadata: Some(meta),
+    }
+}
+
 /// The outcome of the turn.
 pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnOutcome {
     let mut meta = Map::new();
     meta.insert("toolshare".into(), json!("mcp"));
     meta.insert("catalogHash".into(), json!(facts.catalog_hash));
     match &run.ended {
-        Ended::Exited(c) => {
+        Ended::Exited(c)
+        | Ended::Stopped {
+            code: Some(c),
+            signal: None,
+            ..
+        } => {
             meta.insert("exitCode".into(), json!(c));
         }
-        Ended::Signaled(s) => {
+        Ended::Signaled(s)
+        | Ended::Stopped {
+            signal: Some(s), ..
+        } => {
             meta.insert("signal".into(), json!(s));
         }
         _ => {}
+    }
+    // A CLI the drain stopped says so, even when it then exited 0 and its
+    // final message completes the turn.
+    if run.drained {
+        meta.insert("drained".into(), json!(true));
     }
     // An escalated turn has no output: its final message, if any, goes to
     // the reviewer in the metadata, cut to 4096 characters.
@@ -165,6 +205,7 @@ mod tests {
     fn run(ended: Ended, stdout: &str) -> Run {
         Run {
             ended,
+            drained: false,
             stdout: stdout.as_bytes().to_vec(),
             stderr: Vec::new(),
         }
@@ -214,7 +255,14 @@ mod tests {
         );
         assert_eq!(
             code(&outcome(
-                &run(Ended::Stopped(StopReason::Abort), ""),
+                &run(
+                    Ended::Stopped {
+                        why: StopReason::Abort,
+                        code: None,
+                        signal: Some(9),
+                    },
+                    ""
+                ),
                 None,
                 facts()
             )),

@@ -11,11 +11,12 @@
 //! deltas as runtime events, usage and finish reason in the outcome's
 //! metadata, and a typed failure for each way the model can go wrong.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
+use sharedos_plugin_sdk::protocol::api_names::ApiNames;
 use sharedos_plugin_sdk::protocol::{ProtocolError, RuntimeTurnRequest};
 use sharedos_plugin_sdk::{
     AgentTurnDecision, AgentTurnDriver, AgentTurnInput, AgentTurnSession, DriverError, Signal,
@@ -85,10 +86,6 @@ impl ModelDriver {
     }
 }
 
-fn function_name(tool: &str) -> String {
-    tool.replace('.', "__")
-}
-
 /// A tool's schema as an object schema (`{}` says nothing; the APIs want
 /// `"type": "object"`).
 fn object_schema(schema: &Map<String, Value>) -> Value {
@@ -119,18 +116,17 @@ impl AgentTurnDriver for ModelDriver {
         request: &RuntimeTurnRequest,
         _signal: Signal,
     ) -> Result<Box<dyn AgentTurnSession>, DriverError> {
-        let mut names = HashMap::new();
+        // The names model APIs accept (`files.write` is `files__write`),
+        // one table both ways; a catalogue where two collide is refused.
+        let names = ApiNames::new(request.tools.iter().map(|t| t.name.as_str()))
+            .map_err(|e| DriverError::Failed(format!("tool_names_collide: {e}")))?;
         let tools = request
             .tools
             .iter()
-            .map(|t| {
-                let name = function_name(t.name.as_str());
-                names.insert(name.clone(), t.name.to_string());
-                ToolSpec {
-                    name,
-                    description: t.description.to_string(),
-                    schema: object_schema(&t.input_schema),
-                }
+            .map(|t| ToolSpec {
+                name: names.api(t.name.as_str()).unwrap_or_default().to_owned(),
+                description: t.description.to_string(),
+                schema: object_schema(&t.input_schema),
             })
             .collect();
         let prompt = match &request.message.payload {
@@ -154,8 +150,8 @@ impl AgentTurnDriver for ModelDriver {
 struct ModelSession {
     config: Arc<ModelConfig>,
     api: Box<dyn ModelApi>,
-    /// Function name → catalogue name.
-    names: HashMap<String, String>,
+    /// The catalogue's names as the model API has them, both ways.
+    names: ApiNames,
     /// The calls of the last answer not yet handed to the loop (the front
     /// one is in flight once decided).
     pending: VecDeque<Call>,
@@ -170,18 +166,17 @@ struct ModelSession {
 /// The catalogue name the model meant: the function name mapped back,
 /// or, for a namespaced call, the namespace and name joined; a name the
 /// catalogue does not hold is passed on for the envelope to refuse.
-fn catalogue_name(names: &HashMap<String, String>, call: &Call) -> String {
-    if let Some(t) = names.get(&call.name) {
-        return t.clone();
+fn catalogue_name(names: &ApiNames, call: &Call) -> String {
+    if let Some(t) = names.catalogue(&call.name) {
+        return t.to_owned();
     }
     if let Some(ns) = call.namespace.as_deref().filter(|n| !n.is_empty()) {
-        for joined in [
-            format!("{ns}__{}", call.name),
-            format!("{ns}.{}", call.name),
-        ] {
-            if let Some(t) = names.get(&joined) {
-                return t.clone();
-            }
+        if let Some(t) = names.catalogue(&format!("{ns}__{}", call.name)) {
+            return t.to_owned();
+        }
+        let dotted = format!("{ns}.{}", call.name);
+        if names.api(&dotted).is_some() {
+            return dotted;
         }
     }
     call.name.clone()
@@ -342,7 +337,7 @@ mod tests {
 
     #[test]
     fn names_map_back_to_the_catalogue_with_or_without_a_namespace() {
-        let names = HashMap::from([("files__read".to_owned(), "files.read".to_owned())]);
+        let names = ApiNames::new(["files.read"]).unwrap();
         let call = |name: &str, ns: Option<&str>| Call {
             name: name.into(),
             namespace: ns.map(str::to_owned),

@@ -6,7 +6,9 @@
 //! `normal` (default), `silent` (never answers `initialize`), `noise`
 //! (prints to stdout before the handshake), `wrong-manifest` (reports
 //! another runtime id), `bad-version` (chooses protocol version 99),
-//! `exit-early` (exits before reading anything), `early-request` (sends a
+//! `exit-early` (exits 3 before reading anything), `crash-early` (aborts,
+//! SIGABRT, before reading anything), `stderr-exit` (writes 200 numbered
+//! stderr lines, then exits 4 before reading anything), `early-request` (sends a
 //! request of an unknown method before answering `initialize`), `many`
 //! (accepts `turns: "many"`: serves turn after turn on one connection when
 //! the host offers it; its outcome's `turnsServed` counts them).
@@ -62,6 +64,14 @@ fn main() {
     eprintln!("testplugin: pid {} mode {mode}", std::process::id());
     if mode == "exit-early" {
         std::process::exit(3);
+    }
+    if mode == "crash-early" {
+        eprintln!("testplugin: crashing before initialize");
+        std::process::abort();
+    }
+    if mode == "stderr-exit" {
+        stderr_lines(200);
+        std::process::exit(4);
     }
     let mut p = Plugin {
         input: BufReader::new(std::io::stdin()),
@@ -361,6 +371,16 @@ fn process_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
         "hold" => hold(p),
         "fork" => fork(p, s),
         "crash" => std::process::abort(),
+        "stderr_lines" => stderr_lines(num(s, "n", 100)),
+        "kill_self" => {
+            // The plugin killed by a signal from outside its own code.
+            let signal = s["signal"].as_str().unwrap_or("KILL");
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(std::process::id().to_string())
+                .status();
+            std::thread::sleep(Duration::from_secs(30));
+        }
         "exit" => std::process::exit(i32::try_from(num(s, "code", 0)).unwrap_or(1)),
         "close_stdout" => {
             if let Ok(null) = OpenOptions::new().write(true).open("/dev/null") {
@@ -496,4 +516,13 @@ fn sleeper(args: &[String]) -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// `n` numbered lines on stderr, flushed: `testplugin: stderr line i of n`.
+fn stderr_lines(n: u64) {
+    let mut err = std::io::stderr().lock();
+    for i in 1..=n {
+        let _ = writeln!(err, "testplugin: stderr line {i} of {n}");
+    }
+    let _ = err.flush();
 }

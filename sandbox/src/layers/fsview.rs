@@ -232,6 +232,12 @@ fn check_form(entry: &str, extra: bool) -> Result<PathBuf, String> {
             "\"/\" would expose the whole host; name the directories the runtime needs".into(),
         );
     }
+    if crate::users::would_show_host_users(entry) {
+        return Err(format!(
+            "{entry} would show the host's users and groups; name the entries of it the runtime \
+             needs (/etc/passwd and /etc/group inside are the sandbox's own)"
+        ));
+    }
     if let Some(m) = managed(&p) {
         let root = rustix::process::geteuid().is_root();
         let tmp_ok = extra && m == "/tmp" && p != Path::new("/tmp") && root;

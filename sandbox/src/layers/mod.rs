@@ -19,6 +19,7 @@ pub mod namespaces;
 pub mod procmask;
 pub mod rlimits;
 pub mod seccomp;
+pub mod users;
 mod vfs;
 
 pub(crate) use layer::{Layer, Stage};

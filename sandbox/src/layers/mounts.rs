@@ -197,6 +197,14 @@ pub fn build(spec: &RootSpec) -> Result<Built, String> {
         on: spec.describe,
         mounts: Vec::new(),
     };
+    // The sandbox's own users, never the host's (sealed with the rest).
+    super::users::write(root)?;
+    dirs.0.insert(root.join("etc"));
+    for path in super::users::GENERATED {
+        view.add(path, "ro", || {
+            format!("generated: the user `{}` and nobody", super::users::USER)
+        });
+    }
     bind_read_only(spec, root, &mut dirs, &mut view)?;
     crate::timing::stamp("pid1", "root: read-only paths bound");
     // The staged plugin binary, from the fd taken before any tmpfs.
@@ -372,6 +380,9 @@ fn bind_read_only(
     for (entry, extra) in all.chain(spec.extra_ro.iter().map(|p| (p, true))) {
         let src = Path::new(entry);
         let label = if extra { "extraRoPaths" } else { "roPaths" };
+        if super::users::replaces(entry)? {
+            continue; // the sandbox's own file is there
+        }
         if extra && below_another(entry, spec.extra_ro) {
             continue; // bound with the directory that holds it
         }

@@ -160,6 +160,14 @@ pub fn ledger_slow_definition() -> ToolDefinition {
     serde_json::from_value(d).expect("ledger.slow definition")
 }
 
+/// `ledger__slow`: `ledger.slow` under the name model APIs know it by, a
+/// tool whose name collides with it there.
+pub fn ledger_slow_twin_definition() -> ToolDefinition {
+    let mut d = serde_json::to_value(ledger_slow_definition()).expect("definition");
+    d["name"] = json!("ledger__slow");
+    serde_json::from_value(d).expect("ledger__slow definition")
+}
+
 /// The kernel definition of `ledger.append`.
 pub fn ledger_definition() -> ToolDefinition {
     serde_json::from_value(json!({
@@ -203,7 +211,7 @@ fn request_tool(name: &str) -> Value {
         "files.write" => ("files", "files", "write", "write"),
         "files.list" => ("files", "files", "list", "read"),
         "files.delete" => ("files", "files", "delete", "write"),
-        "ledger.append" | "ledger.slow" => ("ledger", "ledger", "append", "write"),
+        "ledger.append" | "ledger.slow" | "ledger__slow" => ("ledger", "ledger", "append", "write"),
         "sharedos.escalate" => ("sharedos", "sharedos.escalation", "request", "read"),
         other => panic!("unknown tool {other}"),
     };

@@ -148,6 +148,7 @@ mod audit_outage;
 mod broken;
 mod cancel;
 mod deadline;
+mod exits;
 mod hostile;
 mod observers;
 mod outcomes;
