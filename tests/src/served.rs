@@ -375,3 +375,59 @@ pub async fn run_to_end(socket: &Path, session: &str, request: &str, script: Val
     let run = start_run(socket, session, request, script).await;
     wait_state(socket, &run, "ended").await
 }
+
+/// The store a served host uses in a test: SQLite beside its config, or a
+/// fresh database on a real PostgreSQL server.
+pub enum Backend {
+    Sqlite,
+    Postgres(sharedos_store::cluster::TestDatabase),
+}
+
+impl Backend {
+    /// `sharedos serve` on this store, its socket and config in `dir`.
+    pub fn start(&self, dir: &Path) -> Server {
+        match self {
+            Backend::Sqlite => start(dir),
+            Backend::Postgres(db) => start_with(dir, "serve.sock", &["--postgres", &db.conninfo]),
+        }
+    }
+
+    /// Rows of sessions and runs in the store, read behind the server.
+    pub async fn rows(&self, dir: &Path) -> (i64, i64) {
+        let count = "SELECT (SELECT COUNT(*) FROM sessions), (SELECT COUNT(*) FROM runs)";
+        match self {
+            Backend::Sqlite => {
+                let conn = rusqlite::Connection::open(dir.join("sharedos.db")).unwrap();
+                conn.query_row(count, [], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap()
+            }
+            Backend::Postgres(db) => {
+                let (client, conn) = tokio_postgres::connect(&db.conninfo, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                let row = client.query_one(count, &[]).await.unwrap();
+                (row.get(0), row.get(1))
+            }
+        }
+    }
+}
+
+/// Runs one `async fn(Backend)` test body against each store: a module of
+/// the body's name with a `sqlite` and a `postgres` test.
+#[macro_export]
+macro_rules! both_stores {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::served::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let db = sharedos_store::cluster::TestDatabase::new().await.unwrap();
+                super::$name($crate::served::Backend::Postgres(db)).await
+            }
+        }
+    };
+}

@@ -3,51 +3,17 @@
 //! both stores (SQLite and a real PostgreSQL server), and recovery after
 //! the host is SIGKILLed mid-run.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_store::cluster::TestDatabase;
 use sharedos_tests::served::{
-    Events, Server, call, open_session, run_body, start, start_with, wait_state, write_config,
+    Backend, Events, call, open_session, run_body, start, wait_state, write_config,
 };
 use sharedos_tests::turns::{AGENT, NAMESPACE};
 
-/// The store a served host uses in a test.
-enum Backend {
-    Sqlite,
-    Postgres(TestDatabase),
-}
-
-impl Backend {
-    fn start(&self, dir: &Path) -> Server {
-        match self {
-            Backend::Sqlite => start(dir),
-            Backend::Postgres(db) => start_with(dir, "serve.sock", &["--postgres", &db.conninfo]),
-        }
-    }
-}
-
-/// Runs one test body against each store.
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(super::Backend::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let db = sharedos_store::cluster::TestDatabase::new().await.unwrap();
-                super::$name(super::Backend::Postgres(db)).await
-            }
-        }
-    };
-}
-
-both!(dedupe_scope_and_close_over_the_socket);
-both!(an_observer_re_attaches_after_a_disconnect_without_gap_or_duplicate);
-both!(cancel_over_the_socket_ends_the_run_cancelled);
+sharedos_tests::both_stores!(dedupe_scope_and_close_over_the_socket);
+sharedos_tests::both_stores!(an_observer_re_attaches_after_a_disconnect_without_gap_or_duplicate);
+sharedos_tests::both_stores!(cancel_over_the_socket_ends_the_run_cancelled);
 
 async fn dedupe_scope_and_close_over_the_socket(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();

@@ -11,67 +11,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use serde_json::{Value, json};
-use sharedos_store::cluster::TestDatabase;
 use sharedos_tests::served::{
-    Server, call, open_session, run_body, run_to_end, scope, send, start, start_with, write_config,
+    Backend, call, open_session, run_body, run_to_end, scope, send, write_config,
 };
 
-/// The store a served host uses in a test.
-enum Backend {
-    Sqlite,
-    Postgres(TestDatabase),
-}
-
-impl Backend {
-    fn start(&self, dir: &Path) -> Server {
-        match self {
-            Backend::Sqlite => start(dir),
-            Backend::Postgres(db) => start_with(dir, "serve.sock", &["--postgres", &db.conninfo]),
-        }
-    }
-
-    /// Rows of sessions and runs in the store, read behind the server.
-    async fn rows(&self, dir: &Path) -> (i64, i64) {
-        let count = "SELECT (SELECT COUNT(*) FROM sessions), (SELECT COUNT(*) FROM runs)";
-        match self {
-            Backend::Sqlite => {
-                let conn = rusqlite::Connection::open(dir.join("sharedos.db")).unwrap();
-                conn.query_row(count, [], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .unwrap()
-            }
-            Backend::Postgres(db) => {
-                let (client, conn) = tokio_postgres::connect(&db.conninfo, tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(conn);
-                let row = client.query_one(count, &[]).await.unwrap();
-                (row.get(0), row.get(1))
-            }
-        }
-    }
-}
-
-/// Runs one test body against each store.
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(super::Backend::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let db = sharedos_store::cluster::TestDatabase::new().await.unwrap();
-                super::$name(super::Backend::Postgres(db)).await
-            }
-        }
-    };
-}
-
-both!(huge_or_malformed_sequences_are_refused_never_replayed);
-both!(a_body_that_is_not_declared_json_is_415);
-both!(hostile_ids_and_unknown_fields_are_4xx_and_write_nothing);
-both!(a_conflicting_request_id_names_the_original_run);
+sharedos_tests::both_stores!(huge_or_malformed_sequences_are_refused_never_replayed);
+sharedos_tests::both_stores!(a_body_that_is_not_declared_json_is_415);
+sharedos_tests::both_stores!(hostile_ids_and_unknown_fields_are_4xx_and_write_nothing);
+sharedos_tests::both_stores!(a_conflicting_request_id_names_the_original_run);
 
 /// A request with exactly these headers; the status and the JSON answer
 /// (`Null` when the answer is not JSON, e.g. an event stream).
