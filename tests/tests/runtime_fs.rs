@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 use sharedos_sandbox::{SandboxPolicy, SpawnSpec};
 use sharedos_tests::plugin_bin;
-use sharedos_tests::turns::{AGENT, NAMESPACE, request};
+use sharedos_tests::turns::{request, seat_toml};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -28,37 +28,6 @@ fn sharedos(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// A host configuration seating runtime `id` for the test agent, with
-/// admission granted; `body` is the rest of its `[[runtimes]]` entry.
-fn host_toml(id: &str, body: &str) -> String {
-    format!(
-        r#"[host]
-auditPath = "audit.jsonl"
-filesRoot = "files"
-
-[[runtimes]]
-id = "{id}"
-version = "0.1.0"
-{body}
-
-[[agents]]
-agentId = "{AGENT}"
-runtime = "{id}"
-
-[[kernel.grants]]
-id = "admission"
-subject = {{ kind = "agent", agentId = "{AGENT}" }}
-issuer = {{ kind = "service", serviceId = "test-host" }}
-namespaceId = "{NAMESPACE}"
-[[kernel.grants.capabilities]]
-namespace = "sharedos.execution"
-path = ["agent", "{AGENT}"]
-scope = "exact"
-actions = ["invoke"]
-"#
-    )
 }
 
 /// One turn through `sharedos run` in `dir`: (exit code, result, stderr).
@@ -157,7 +126,7 @@ fn a_python_venv_plugin_is_seated_by_naming_the_venv_and_conforms() {
     let body = format!(
         "program = {python:?}\nargs = [{main:?}]\nsandbox = {{ extraRoPaths = [{venv:?}] }}"
     );
-    let (code, result, err) = run_turn(base.path(), &host_toml("sharedos-echo-python", &body));
+    let (code, result, err) = run_turn(base.path(), &seat_toml("sharedos-echo-python", &body));
     assert_eq!(code, Some(0), "{result:#}\n{err}");
     let meta = &result["metadata"];
     // sys.prefix is the venv: the interpreter ran by the venv's own path
@@ -247,7 +216,7 @@ fn a_node_plugin_with_a_node_modules_dependency_runs_from_its_directory() {
     let body = format!(
         "program = \"/usr/bin/node\"\nargs = [{main:?}]\nsandbox = {{ extraRoPaths = [{pkg:?}] }}"
     );
-    let (code, result, err) = run_turn(base.path(), &host_toml("fixture-node", &body));
+    let (code, result, err) = run_turn(base.path(), &seat_toml("fixture-node", &body));
     assert_eq!(code, Some(0), "{result:#}\n{err}");
     assert_eq!(
         result["metadata"]["node.dep"], "from-node-modules",
@@ -344,7 +313,7 @@ fn host_configuration_homes_and_unnamed_neighbours_stay_out_of_sight() {
 
 fn write_config(dir: &Path, runtime_body: &str) -> PathBuf {
     let config = dir.join("host.toml");
-    std::fs::write(&config, host_toml("fixture", runtime_body)).unwrap();
+    std::fs::write(&config, seat_toml("fixture", runtime_body)).unwrap();
     config
 }
 
@@ -548,7 +517,7 @@ fn what_only_the_sandbox_can_tell_is_logged_where_the_operator_sees_it() {
     let base = tempfile::tempdir().unwrap();
     let body = "program = \"/bin/true\"\n\
                 sandbox = { emulateNoUserns = true, minLevel = \"reduced\" }";
-    let (code, result, err) = run_turn(base.path(), &host_toml("fixture", body));
+    let (code, result, err) = run_turn(base.path(), &seat_toml("fixture", body));
     assert_ne!(code, Some(0), "/bin/true is no plugin: {result:#}");
     let warned = err
         .lines()

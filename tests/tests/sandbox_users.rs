@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 use sharedos_tests::plugin_bin;
-use sharedos_tests::turns::{AGENT, NAMESPACE, request};
+use sharedos_tests::turns::{request, seat_toml};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -65,33 +65,11 @@ fn plugin_dir(base: &Path) -> PathBuf {
 
 fn host_toml(dir: &Path) -> String {
     let main = dir.join("main.py");
-    format!(
-        r#"[host]
-auditPath = "audit.jsonl"
-filesRoot = "files"
-
-[[runtimes]]
-id = "who"
-version = "0.1.0"
-program = "/usr/bin/python3"
-args = [{main:?}]
-sandbox = {{ extraRoPaths = [{dir:?}] }}
-
-[[agents]]
-agentId = "{AGENT}"
-runtime = "who"
-
-[[kernel.grants]]
-id = "admission"
-subject = {{ kind = "agent", agentId = "{AGENT}" }}
-issuer = {{ kind = "service", serviceId = "test-host" }}
-namespaceId = "{NAMESPACE}"
-[[kernel.grants.capabilities]]
-namespace = "sharedos.execution"
-path = ["agent", "{AGENT}"]
-scope = "exact"
-actions = ["invoke"]
-"#
+    seat_toml(
+        "who",
+        &format!(
+            "program = \"/usr/bin/python3\"\nargs = [{main:?}]\nsandbox = {{ extraRoPaths = [{dir:?}] }}"
+        ),
     )
 }
 
@@ -122,7 +100,10 @@ fn ordinary_programs_find_the_sandbox_user_and_no_host_user() {
     let err = String::from_utf8_lossy(&out.stderr);
     let result: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(out.status.code(), Some(0), "{result:#}\n{err}");
-    assert_eq!(result["metadata"]["runtime"]["sandbox"]["level"], "strong");
+    assert_eq!(
+        result["metadata"]["runtime"]["sandbox"]["level"],
+        sharedos_tests::full_level()
+    );
     let o = &result["output"];
     let uid = o["uid"].as_u64().expect("uid");
     // The sandbox's own uid, not the host's root.

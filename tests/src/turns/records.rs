@@ -112,3 +112,34 @@ actions = ["read", "write", "list"]
         program = workspace_bin("sharedos-testplugin").display(),
     )
 }
+
+/// A host configuration seating runtime `id` for the test agent, with
+/// admission granted; `body` is the rest of its `[[runtimes]]` entry.
+pub fn seat_toml(id: &str, body: &str) -> String {
+    format!(
+        r#"[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "{id}"
+version = "0.1.0"
+{body}
+
+[[agents]]
+agentId = "{AGENT}"
+runtime = "{id}"
+
+[[kernel.grants]]
+id = "admission"
+subject = {{ kind = "agent", agentId = "{AGENT}" }}
+issuer = {{ kind = "service", serviceId = "test-host" }}
+namespaceId = "{NAMESPACE}"
+[[kernel.grants.capabilities]]
+namespace = "sharedos.execution"
+path = ["agent", "{AGENT}"]
+scope = "exact"
+actions = ["invoke"]
+"#
+    )
+}
