@@ -515,9 +515,11 @@ fn a_setuid_root_binary_does_not_escalate() {
         let op = format!("exec:{path}");
         let (_, out, _) = run_in(&ws, policy, &[&op]);
         let res = ok(&out, &op);
+        // `uid=N(sandbox) gid=...`: the sandbox has a passwd entry of its
+        // own for its uid, so id(1) names it.
         let uid = res
             .strip_prefix("ok:uid=")
-            .and_then(|r| r.split_whitespace().next())
+            .and_then(|r| r.split(|c: char| c == '(' || c.is_whitespace()).next())
             .unwrap_or_default();
         assert!(is_sandbox_uid(uid), "{mode}: {res}");
         assert!(!res.contains("euid=0"), "{mode}: setuid took effect: {res}");
