@@ -48,7 +48,7 @@ pub use crate::binaries::workspace_bin;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launch {
     Direct,
-    /// `SandboxLauncher` with the default policy (minimum level strong).
+    /// `SandboxLauncher` with the default policy (minimum level isolated).
     Sandbox,
     /// `SandboxLauncher` whose helper cannot create a user namespace
     /// (`emulate_no_userns`), so the sandbox comes out below the policy's

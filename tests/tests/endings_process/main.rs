@@ -1,7 +1,7 @@
 //! Every ending of the envelope (envelope.md B.9) across the process
 //! boundary: the real executor, a real kernel with the JSONL audit sink,
 //! and `sharedos-testplugin` seated through `ProcessRuntime`, launched
-//! directly and through the sandbox (default policy, level strong) where
+//! directly and through the sandbox (default policy: level strong, or isolated without a memory controller) where
 //! the kill matters. Each ending's result is checked exactly (status,
 //! code, `retryable`, final event, annotations, `metadata.runtime` with
 //! the sandbox report), the audit `turn.ended` record, and that no process
