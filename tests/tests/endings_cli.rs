@@ -3,6 +3,7 @@
 //! exits promptly, prints the `cancelled` result, records `turn.ended`, and
 //! leaves no process behind once the host has exited.
 
+use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -11,12 +12,29 @@ use sharedos_tests::turns::{
     parse_jsonl_strict, request, testplugin_host_toml, wait_gone, workspace_bin,
 };
 
+/// The uid the host runs as where it must not be root: nobody's.
+const NOBODY: u32 = 65534;
+
 fn run_cli(
     launcher: &str,
     script: Value,
     timeout_ms: u64,
 ) -> (i32, Value, Vec<Value>, Duration, String) {
+    run_cli_as(launcher, script, timeout_ms, None)
+}
+
+/// `sharedos run` with the test plugin, as `uid` when given (the test then
+/// runs as root).
+fn run_cli_as(
+    launcher: &str,
+    script: Value,
+    timeout_ms: u64,
+    uid: Option<u32>,
+) -> (i32, Value, Vec<Value>, Duration, String) {
     let dir = tempfile::tempdir().unwrap();
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
+    }
     let marker = format!("cli-{launcher}-{}-{timeout_ms}", std::process::id());
     std::fs::write(
         dir.path().join("host.toml"),
@@ -35,7 +53,11 @@ fn run_cli(
     )
     .unwrap();
     let started = Instant::now();
-    let out = Command::new(workspace_bin("sharedos"))
+    let mut cmd = Command::new(workspace_bin("sharedos"));
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid).current_dir(dir.path());
+    }
+    let out = cmd
         .arg("run")
         .arg("--config")
         .arg(dir.path().join("host.toml"))
@@ -61,6 +83,10 @@ fn run_cli(
 }
 
 fn deadline(launcher: &str) {
+    deadline_as(launcher, None);
+}
+
+fn deadline_as(launcher: &str, uid: Option<u32>) {
     // Both launchers contain the whole tree: a `setsid` daemon and a
     // double-forked one included.
     let mut script = vec![json!({"op": "fork", "n": 2})];
@@ -69,7 +95,7 @@ fn deadline(launcher: &str) {
     script.push(json!({"op": "annotate", "key": "note", "value": "kept"}));
     script.push(json!({"op": "ignore_abort"}));
     script.push(json!({"op": "hold"}));
-    let (code, result, audit, elapsed, marker) = run_cli(launcher, json!(script), 1500);
+    let (code, result, audit, elapsed, marker) = run_cli_as(launcher, json!(script), 1500, uid);
     assert_eq!(code, 1, "a cancelled turn exits 1");
     assert_eq!(result["status"], "cancelled", "{result}");
     assert_eq!(result["error"]["code"], "turn_cancelled");
@@ -87,7 +113,18 @@ fn deadline(launcher: &str) {
     if launcher == "direct" {
         let sandbox = &result["metadata"]["runtime"]["sandbox"];
         assert_eq!(sandbox["launcher"], "direct", "{sandbox}");
-        assert_eq!(sandbox["containment"], "cgroup", "{sandbox}");
+        // A root host makes a cgroup for the plugin; a host that is not
+        // root and has no delegated cgroup holds the tree with a subreaper,
+        // and says so and why.
+        let containment = sandbox["containment"].as_str().unwrap_or_default();
+        if is_root() && uid.is_none() {
+            assert_eq!(containment, "cgroup", "{sandbox}");
+        } else {
+            assert!(
+                containment.starts_with("subreaper (no cgroup: "),
+                "{sandbox}"
+            );
+        }
     }
     assert_eq!(
         result["events"].as_array().unwrap().last().unwrap()["type"],
@@ -116,6 +153,42 @@ fn cli_deadline_sandboxed() {
 #[test]
 fn cli_deadline_direct() {
     deadline("direct");
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// The direct launcher of a host that cannot make a cgroup (here: a root
+/// test runs `sharedos run` as nobody; a test that is not root already is
+/// such a host) still ends a `setsid` and a double-forked daemon with the
+/// turn.
+#[test]
+fn cli_deadline_direct_without_a_cgroup() {
+    deadline_as("direct", is_root().then_some(NOBODY));
+}
+
+/// A plugin that exits on its own while a `setsid` daemon of its holds its
+/// stdout open: the turn ends with the plugin's failure, and the daemon
+/// dies with it, with or without a cgroup.
+#[test]
+fn direct_crash_with_a_daemon_ends_the_daemon() {
+    for uid in [None, is_root().then_some(NOBODY)] {
+        let (code, result, _, elapsed, marker) = run_cli_as(
+            "direct",
+            json!([{"op": "fork", "n": 1, "setsid": true}, {"op": "crash"}]),
+            20_000,
+            uid,
+        );
+        assert_eq!(code, 1, "{result}");
+        assert_eq!(result["error"]["code"], "runtime_failed", "{result}");
+        assert!(
+            elapsed < Duration::from_secs(15),
+            "a crashed plugin's turn took {elapsed:?}"
+        );
+        let left = wait_gone(&marker, Duration::from_secs(10));
+        assert!(left.is_empty(), "processes outlived the turn: {left:?}");
+    }
 }
 
 #[test]

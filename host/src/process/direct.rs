@@ -7,9 +7,13 @@
 //!   double-forked `setsid` daemon included, is in it; the end of the turn
 //!   is one write to `cgroup.kill`, a wait for `populated 0`, and `rmdir`.
 //!   Only a subtree without the memory controller is used: a process is
-//!   never moved between memory cgroups. Where no such cgroup can be made,
-//!   the launch still works, killed by process group, and the turn's
-//!   `metadata.runtime.sandbox.containment` and a warning say so.
+//!   never moved between memory cgroups.
+//! - **A subreaper where no cgroup can be made** (a host that is not root
+//!   and has no delegated cgroup): the plugin's parent is a small process
+//!   that adopts every orphan of the tree and kills it when the plugin
+//!   ends ([`super::shim`]). The turn's
+//!   `metadata.runtime.sandbox.containment` says `subreaper` and why no
+//!   cgroup was made, and a warning says what it cannot contain.
 //! - **`PR_SET_PDEATHSIG`.** The plugin gets SIGKILL when the host dies, so
 //!   a SIGKILLed host leaves no plugin. The signal follows the *thread*
 //!   that forked, so every direct child is forked by one long-lived thread
@@ -36,6 +40,7 @@ use std::time::Duration;
 use sharedos_sandbox::cgroup::PluginCgroup;
 
 use super::launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+use super::shim::PidPipe;
 
 /// An unsandboxed launch (see the module docs). Development only: every
 /// result says `launcher: direct`.
@@ -123,13 +128,23 @@ fn unique(kind: &str) -> String {
     )
 }
 
+/// How the plugin's tree is held together.
+#[derive(Clone, Copy)]
+enum Holder {
+    /// Joins the cgroup whose `cgroup.procs` is this descriptor.
+    Cgroup(RawFd),
+    /// Forks through a subreaper that reports the plugin's pid on this
+    /// descriptor.
+    Subreaper(RawFd),
+}
+
 /// The plugin's command: a cleared environment with the spec's, `cwd`, piped
-/// stdio, its own process group; before exec it joins the cgroup whose
-/// `cgroup.procs` is `procs_fd` (if any) and takes a parent-death signal.
-// The child's `pre_exec` (cgroup join, parent-death signal) is a system
-// call sequence std has no safe form for.
+/// stdio, its own process group; before exec it joins its cgroup, or goes
+/// through its subreaper, and takes a parent-death signal.
+// The child's `pre_exec` (cgroup join, parent-death signal, the subreaper's
+// fork) is a system call sequence std has no safe form for.
 #[allow(unsafe_code)]
-fn contained_command(spec: &LaunchSpec, cwd: &Path, procs_fd: Option<RawFd>) -> Command {
+fn contained_command(spec: &LaunchSpec, cwd: &Path, holder: Holder) -> Command {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
@@ -145,16 +160,18 @@ fn contained_command(spec: &LaunchSpec, cwd: &Path, procs_fd: Option<RawFd>) -> 
         .process_group(0);
     let host = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (write, prctl, getppid) on values
-    // copied in; it allocates nothing.
+    // only async-signal-safe functions (write, prctl, getppid, and the
+    // shim's raw system calls) on values copied in; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            if let Some(fd) = procs_fd {
-                // "0" moves the calling process: the child joins its
-                // cgroup before the plugin runs, so all it starts is in it.
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
+            let procs_fd = match holder {
+                Holder::Cgroup(fd) => fd,
+                Holder::Subreaper(pid_fd) => return super::shim::become_shim(host, pid_fd),
+            };
+            // "0" moves the calling process: the child joins its cgroup
+            // before the plugin runs, so all it starts is in it.
+            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(io::Error::last_os_error());
             }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
@@ -175,31 +192,43 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         source,
     };
     let cwd = fresh_workdir().map_err(spawn_err)?;
-    let (cgroup, containment) = match direct_cgroup() {
-        Ok(cg) => (Some(cg), "cgroup".to_owned()),
-        Err(why) => {
-            tracing::warn!(
-                runtime = %spec.runtime_id,
-                "direct launcher: no cgroup for the plugin ({why}); a process that leaves its process group is not contained"
-            );
-            (None, format!("process group only: {why}"))
-        }
-    };
     let mut tree = DirectTree {
         child: None,
         pid: 0,
-        cgroup,
+        cgroup: None,
+        shim: false,
         cwd: Some(cwd.clone()),
     };
-    let procs = match &tree.cgroup {
-        Some(cg) => Some(open_procs(cg).map_err(spawn_err)?),
-        None => None,
+    let (containment, mut child) = match direct_cgroup() {
+        Ok(cg) => {
+            let procs = open_procs(&cg).map_err(spawn_err)?;
+            tree.cgroup = Some(cg);
+            let mut cmd = contained_command(spec, &cwd, Holder::Cgroup(procs.as_raw_fd()));
+            let child = cmd.spawn().map_err(spawn_err)?;
+            drop(procs);
+            tree.pid = child.id();
+            ("cgroup".to_owned(), child)
+        }
+        Err(why) => {
+            tracing::warn!(
+                runtime = %spec.runtime_id,
+                "direct launcher: no cgroup for the plugin ({why}); a subreaper holds its tree, which a plugin that kills the subreaper leaves"
+            );
+            let pipe = PidPipe::new().map_err(spawn_err)?;
+            let mut cmd = contained_command(spec, &cwd, Holder::Subreaper(pipe.write_fd()));
+            let mut child = cmd.spawn().map_err(spawn_err)?;
+            tree.shim = true;
+            match pipe.plugin_pid() {
+                Ok(pid) => tree.pid = pid,
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(spawn_err(e));
+                }
+            }
+            (format!("subreaper (no cgroup: {why})"), child)
+        }
     };
-    let procs_fd = procs.as_ref().map(AsRawFd::as_raw_fd);
-    let mut cmd = contained_command(spec, &cwd, procs_fd);
-    let mut child = cmd.spawn().map_err(spawn_err)?;
-    drop(procs);
-    tree.pid = child.id();
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     tree.child = Some(child);
     let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
@@ -318,12 +347,16 @@ pub(crate) fn sweep_dead_hosts(parent: &Path) -> Vec<PathBuf> {
     swept
 }
 
-/// The direct launch's tree: the plugin, its cgroup (when there is one),
-/// and its working directory.
+/// The direct launch's tree: the plugin (or the subreaper above it), its
+/// cgroup (when there is one), and its working directory.
 struct DirectTree {
+    /// The host's child: the plugin, or its subreaper when `shim`.
     child: Option<Child>,
+    /// The plugin's pid.
     pid: u32,
     cgroup: Option<PluginCgroup>,
+    /// `child` is the subreaper, which kills the tree on SIGTERM.
+    shim: bool,
     cwd: Option<PathBuf>,
 }
 
@@ -339,6 +372,19 @@ impl DirectTree {
             Some(c) => matches!(c.try_wait(), Ok(None)),
             None => false,
         };
+        if leader_unreaped
+            && self.shim
+            && let Some(shim) = self
+                .child
+                .as_ref()
+                .and_then(|c| i32::try_from(c.id()).ok())
+                .and_then(rustix::process::Pid::from_raw)
+        {
+            // The subreaper SIGKILLs the plugin and every process it
+            // adopted, then exits.
+            let _ = rustix::process::kill_process(shim, rustix::process::Signal::TERM);
+            return;
+        }
         if leader_unreaped
             && let Some(pid) = i32::try_from(self.pid)
                 .ok()
@@ -402,6 +448,7 @@ impl Drop for DirectTree {
             child: self.child.take(),
             pid: self.pid,
             cgroup: self.cgroup.take(),
+            shim: self.shim,
             cwd: self.cwd.take(),
         };
         match std::thread::Builder::new()

@@ -18,6 +18,7 @@ pub mod driver;
 mod guard;
 pub mod launcher;
 mod reaper;
+mod shim;
 pub mod stderr;
 
 use std::os::fd::OwnedFd;
