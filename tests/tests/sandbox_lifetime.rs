@@ -133,6 +133,33 @@ fn c38_c39_without_a_pid_namespace_the_subreaper_and_cgroup_still_kill_the_daemo
     }
 }
 
+/// Without a pid namespace and without a cgroup (a host that is not root
+/// and has no delegated cgroup; here the cgroup is switched off), pid 1's
+/// subreaper alone still kills a double-forked and a `setsid` daemon: it
+/// lists its adopted children through the host's `/proc`, since the
+/// sandbox's own is empty without a pid namespace.
+#[test]
+fn c38_c39_without_a_pid_namespace_or_a_cgroup_the_subreaper_kills_the_daemons() {
+    let mut policy = SandboxPolicy {
+        min_level: SandboxLevel::Minimal,
+        layers: LayerToggles {
+            pidns: false,
+            ..LayerToggles::default()
+        },
+        ..SandboxPolicy::default()
+    };
+    policy.cgroup.enabled = false;
+    for id in ["C38", "C39"] {
+        let run = lifetime_turn(id, policy.clone(), 5000);
+        assert_eq!(
+            run.status(),
+            "succeeded",
+            "{id} without pidns or cgroup: {}",
+            run.error_text()
+        );
+    }
+}
+
 #[test]
 fn c41b_without_a_pid_namespace_the_grandchild_holding_stdout_dies() {
     // The plugin exits and leaves a setsid'd grandchild holding its stdio:

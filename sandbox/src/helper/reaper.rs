@@ -3,7 +3,7 @@
 //! without one it is a subreaper that kills every descendant itself.
 
 use std::convert::Infallible;
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
 
 use nix::sys::signal::Signal;
 use rustix::fs::{Mode, OFlags};
@@ -21,55 +21,54 @@ use crate::report::{LayerStatus, SandboxReport};
 use crate::request::HelperRequest;
 use crate::timing::stamp;
 
-/// Without a pid namespace: SIGKILL every descendant of this process (a
-/// subreaper, so orphans of the plugin are its children) until none is
-/// left. Best effort: bounded rounds, each scanning `/proc`.
-fn kill_descendants() {
-    let me = rustix::process::getpid().as_raw_pid();
-    for _ in 0..500 {
-        let mut parent_of = std::collections::HashMap::new();
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            for e in dir.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                    continue;
-                };
-                if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    && let Some((_, rest)) = stat.rsplit_once(") ")
-                {
-                    let mut f = rest.split_whitespace();
-                    let state = f.next().unwrap_or("");
-                    let ppid: i32 = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
-                    if state != "Z" && state != "X" {
-                        parent_of.insert(pid, ppid);
-                    }
-                }
+/// Without a pid namespace: SIGKILL every descendant of this process until
+/// none is left. It is a subreaper, so every orphan of the plugin's tree is
+/// its child; each round kills the children `proc` (the host's `/proc`,
+/// opened before the sandbox's root replaced it with an empty one) lists,
+/// reaps the dead, and the children of a killed one come back here for the
+/// next round. Bounded: a tree that forks is still ended, since every
+/// killed process forks no more.
+fn kill_descendants(proc: Option<&OwnedFd>) {
+    for _ in 0..100_000 {
+        if let Some(proc) = proc {
+            for pid in listed_children(proc) {
+                let _ = rustix::process::kill_process(pid, RustixSignal::KILL);
             }
         }
-        let is_descendant = |mut p: i32| {
-            for _ in 0..4096 {
-                match parent_of.get(&p) {
-                    Some(&pp) if pp == me => return true,
-                    Some(&pp) if pp > 1 => p = pp,
-                    _ => return false,
-                }
-            }
-            false
-        };
-        let victims: Vec<i32> = parent_of
-            .keys()
-            .copied()
-            .filter(|p| *p != me && is_descendant(*p))
-            .collect();
-        for p in victims.iter().filter_map(|p| Pid::from_raw(*p)) {
-            let _ = rustix::process::kill_process(p, RustixSignal::KILL);
+        match rustix::process::wait(WaitOptions::NOHANG) {
+            // Reaped one: the next round lists what it left.
+            Ok(Some(_)) => {}
+            // Killed, not yet dead: a moment before the next round.
+            Ok(None) => std::thread::sleep(std::time::Duration::from_micros(500)),
+            // ECHILD: none left.
+            Err(_) => return,
         }
-        // Reap whatever died (our children and adopted orphans).
-        while matches!(rustix::process::wait(WaitOptions::NOHANG), Ok(Some(_))) {}
-        if victims.is_empty() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// This single-threaded process's children, from `<proc>/thread-self/children`.
+fn listed_children(proc: &OwnedFd) -> Vec<Pid> {
+    let Ok(fd) = rustix::fs::openat(
+        proc,
+        "thread-self/children",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Vec::new();
+    };
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = rustix::io::read(&fd, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&text)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter_map(Pid::from_raw)
+        .collect()
 }
 
 /// Pid 1 of the new pid namespace (or a plain reaper without one).
@@ -85,10 +84,19 @@ pub(super) fn pid_one(
     // A neutral name (its argv[0] is already `sandbox-init`): the plugin
     // reads pid 1's comm, never the host binary's name.
     let _ = rustix::thread::set_name(c"sandbox-init");
-    if !pidns {
-        // Without a pid namespace, orphans of the plugin come back to us.
+    // Without a pid namespace, orphans of the plugin come back to us, and
+    // the host's `/proc` (the sandbox's is left empty) lists them.
+    let host_proc = if pidns {
+        None
+    } else {
         let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
-    }
+        rustix::fs::open(
+            "/proc",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
+    };
     let program_name = req
         .program
         .file_name()
@@ -131,7 +139,7 @@ pub(super) fn pid_one(
     if pidns {
         reap_in_pid_namespace(plugin)
     } else {
-        reap_as_subreaper(plugin)
+        reap_as_subreaper(plugin, host_proc.as_ref())
     }
 }
 
@@ -265,13 +273,13 @@ fn reap_in_pid_namespace(plugin: libc::pid_t) -> ! {
 
 /// No pid namespace: SIGTERM (the supervisor's death signal, or its
 /// request) and the plugin's exit both end with every descendant killed.
-fn reap_as_subreaper(plugin: libc::pid_t) -> ! {
+fn reap_as_subreaper(plugin: libc::pid_t, proc: Option<&OwnedFd>) -> ! {
     let wanted = sigset(&[Signal::SIGTERM, Signal::SIGCHLD]);
     loop {
         loop {
             match rustix::process::wait(WaitOptions::NOHANG) {
                 Ok(Some((pid, status))) if pid.as_raw_pid() == plugin => {
-                    kill_descendants();
+                    kill_descendants(proc);
                     // SAFETY: plain exit.
                     unsafe { libc::_exit(exit_code(status.as_raw())) }
                 }
@@ -286,7 +294,7 @@ fn reap_as_subreaper(plugin: libc::pid_t) -> ! {
         // SAFETY: `wanted` is initialized and blocked; null info is allowed.
         let sig = unsafe { libc::sigtimedwait(wanted.as_ref(), std::ptr::null_mut(), &timeout) };
         if sig == libc::SIGTERM {
-            kill_descendants();
+            kill_descendants(proc);
             // SAFETY: plain exit.
             unsafe { libc::_exit(128 + libc::SIGTERM) }
         }
