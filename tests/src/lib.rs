@@ -413,3 +413,24 @@ pub fn full_missing(report: &serde_json::Value) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// Whether the tests run as root (the CI host) or as a user (a developer's
+/// machine): a few host facts differ, each said where it is used.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Asserts a direct launch's `containment` is what this host can do: a
+/// cgroup of its own as root; for a user without a delegated cgroup, the
+/// subreaper, with why no cgroup was made.
+pub fn assert_direct_containment(containment: &serde_json::Value) {
+    let c = containment.as_str().unwrap_or_default();
+    if is_root() {
+        assert_eq!(c, "cgroup", "containment: {containment}");
+    } else {
+        assert!(
+            c.starts_with("subreaper (no cgroup: "),
+            "containment: {containment}"
+        );
+    }
+}

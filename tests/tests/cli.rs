@@ -7,10 +7,17 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use sharedos_tests::plugin_bin;
 
+/// `sharedos` with `TMPDIR` at `tmp`. A host that is not root keeps its
+/// state directory (staged plugins, kept across runs) in
+/// `$XDG_RUNTIME_DIR/sharedos`, else in `$TMPDIR/sharedos-<uid>`; it gets a
+/// runtime directory of its own here, so `tmp` shows only what a run
+/// leaves behind.
 fn sharedos(args: &[&str], tmp: &Path) -> Output {
+    let runtime_dir = tempfile::tempdir().unwrap();
     Command::new(plugin_bin("sharedos"))
         .args(args)
         .env("TMPDIR", tmp)
+        .env("XDG_RUNTIME_DIR", runtime_dir.path())
         .env_remove("SHAREDOS_LOG")
         .output()
         .expect("run sharedos")
