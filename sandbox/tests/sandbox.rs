@@ -487,6 +487,12 @@ fn host_ipc_and_unix_sockets_are_unreachable() {
 
 #[test]
 fn a_setuid_root_binary_does_not_escalate() {
+    if !needs_root(
+        "sandbox::a_setuid_root_binary_does_not_escalate",
+        "making a setuid-root file needs root",
+    ) {
+        return;
+    }
     let ws = workspace();
     let id = ["/usr/bin/id", "/bin/id"]
         .into_iter()
@@ -590,6 +596,20 @@ fn an_extra_read_only_path_under_tmp_is_visible_read_only() {
         )
         .into(),
     ];
+    if !rustix::process::geteuid().is_root() {
+        // A host that is not root cannot clone a path under /tmp before
+        // the sandbox's own /tmp hides it: the spawn is refused, naming
+        // the path and the fix, instead of running without it.
+        let Err(e) = spawn(&s) else {
+            panic!("an extra path under /tmp was accepted by a host that is not root");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("is under /tmp") && e.contains(&dir.display().to_string()),
+            "{e}"
+        );
+        return;
+    }
     let mut child = spawn(&s).unwrap();
     drop(child.stdin.take());
     let err = child.stderr.take().unwrap();

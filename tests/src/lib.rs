@@ -434,3 +434,50 @@ pub fn assert_direct_containment(containment: &serde_json::Value) {
         );
     }
 }
+
+/// Whether a check that only a root host can make runs here. On a host
+/// that is not root it is skipped, never silently: `test` and `why` go to
+/// stderr and, when `SHAREDOS_TEST_SKIPS` names a file, into it, and
+/// `scripts/test` lists that file when the run ends. CI runs as root, so
+/// every such check runs there.
+pub fn needs_root(test: &str, why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    record_skip(test, why);
+    false
+}
+
+/// Records a check skipped on this host (see [`needs_root`]).
+pub fn record_skip(test: &str, why: &str) {
+    let line = format!("{test}: {why}\n");
+    eprint!("skipped {line}");
+    if let Some(path) = std::env::var_os("SHAREDOS_TEST_SKIPS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// A temp directory for files a sandboxed plugin is given by path (its
+/// script, a venv, a package). As root, under the system temp dir: the
+/// sandbox's helper clones what a runtime names there before its own
+/// `/tmp` hides it. A host that is not root cannot, and refuses such a
+/// path, so there it goes under the build's `tmp` directory (beside
+/// `target/<profile>`).
+pub fn plugin_tempdir() -> tempfile::TempDir {
+    if is_root() {
+        return tempfile::tempdir().expect("a temp dir");
+    }
+    let base = binaries::profile_dir()
+        .parent()
+        .map(|t| t.join("tmp"))
+        .unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&base).expect("the build's tmp directory");
+    tempfile::tempdir_in(&base).expect("a temp dir under the build's tmp directory")
+}

@@ -29,8 +29,12 @@ fn helpers() -> HashSet<u32> {
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         // A helper runs under a neutral argv[0]: find it by its executable.
-        let runs_exe =
-            std::fs::read_link(e.path().join("exe")).is_ok_and(|p| p.to_string_lossy() == exe);
+        // A host that is not root cannot read the link of a helper (it is
+        // not dumpable): its `__sandbox-exec` argument must do.
+        let runs_exe = match std::fs::read_link(e.path().join("exe")) {
+            Ok(p) => p.to_string_lossy() == exe,
+            Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+        };
         if cmd.contains("__sandbox-exec") && runs_exe && is_alive(pid) {
             out.insert(pid);
         }

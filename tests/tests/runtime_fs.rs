@@ -113,13 +113,23 @@ fn make_venv(base: &Path) -> PathBuf {
     venv
 }
 
+/// A directory for a plugin's files below a `0700` directory. As root,
+/// under `/tmp`: the helper clones what a runtime names there before the
+/// sandbox's own `/tmp` hides it and the uid drops. A host that is not root
+/// cannot (its spawn says so), and its sandbox runs as its own uid: the
+/// files go under the build's temp dir instead.
+fn private_base() -> tempfile::TempDir {
+    let base = sharedos_tests::plugin_tempdir();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    base
+}
+
 #[test]
 fn a_python_venv_plugin_is_seated_by_naming_the_venv_and_conforms() {
     // Under /tmp, below a 0700 directory: the host is root, so the helper
     // clones the venv before the uid drop and only the venv itself must be
     // readable by others.
-    let base = tempfile::tempdir_in("/tmp").unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let base = private_base();
     let venv = make_venv(base.path());
     let python = venv.join("bin/python");
     let main = venv.join("plugin/main.py");
@@ -170,7 +180,7 @@ fn a_python_venv_plugin_is_seated_by_naming_the_venv_and_conforms() {
 
 #[test]
 fn a_node_plugin_with_a_node_modules_dependency_runs_from_its_directory() {
-    let base = tempfile::tempdir_in("/tmp").unwrap();
+    let base = private_base();
     let pkg = base.path().join("notes-plugin");
     let sdk = pkg.join("node_modules/@sharedos/plugin");
     let dep = pkg.join("node_modules/fixture-dep");
@@ -258,6 +268,12 @@ fn sh_in_sandbox(policy: SandboxPolicy, script: &str) -> (String, String) {
 
 #[test]
 fn host_configuration_homes_and_unnamed_neighbours_stay_out_of_sight() {
+    if !sharedos_tests::needs_root(
+        "runtime_fs::host_configuration_homes_and_unnamed_neighbours_stay_out_of_sight",
+        "planting bait in /root and /home needs root",
+    ) {
+        return;
+    }
     let id = std::process::id();
     // Bait the plugin must not see: a file in root's home, a user's home,
     // host configuration, and a secret next to the directory it is given.
@@ -352,6 +368,11 @@ fn paths_and_keys_the_sandbox_cannot_honour_are_load_errors_naming_the_entry() {
         ),
     ];
     for (i, (keys, says)) in cases.iter().enumerate() {
+        if i == 2 && !sharedos_tests::is_root() {
+            // A sandbox of a host that is not root runs as the host's own
+            // uid, which reads the host's 0700 directory: nothing to refuse.
+            continue;
+        }
         let body = format!("program = \"/bin/true\"\n{keys}");
         let config = write_config(base.path(), &body);
         // The same error from every command that loads the configuration.
@@ -413,7 +434,7 @@ fn paths_and_keys_the_sandbox_cannot_honour_are_load_errors_naming_the_entry() {
 
 #[test]
 fn sandbox_check_runtime_shows_every_mount_the_program_and_the_env_keys() {
-    let base = tempfile::tempdir_in("/tmp").unwrap();
+    let base = private_base();
     let venv = make_venv(base.path());
     let python = venv.join("bin/python");
     let main = venv.join("plugin/main.py");
@@ -456,8 +477,13 @@ fn sandbox_check_runtime_shows_every_mount_the_program_and_the_env_keys() {
         "environment keys: HOME, LANG, PATH, SHAREDOS_PLUGIN, TMPDIR (HOME=/sandbox/home, TMPDIR=/tmp)",
     );
     has(&format!(
-        "ro {} extraRoPaths (on top of the private /tmp)",
-        venv.display()
+        "ro {} extraRoPaths{}",
+        venv.display(),
+        if sharedos_tests::is_root() {
+            " (on top of the private /tmp)"
+        } else {
+            ""
+        }
     ));
     has("ro /usr/bin roPaths");
     has("rw /workspace tmpfs 256 MiB");

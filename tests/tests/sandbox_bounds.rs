@@ -103,6 +103,12 @@ fn observed(r: &Value) -> String {
 
 #[test]
 fn c31b_every_kind_of_memory_stops_at_its_bound_and_the_tree_stays_under_it() {
+    if !sharedos_tests::needs_root(
+        "sandbox_bounds::c31b_every_kind_of_memory_stops_at_its_bound_and_the_tree_stays_under_it",
+        "SysV segments are bounded by the ipc namespace's shmall, which only a root host can write (a sandbox of a host that is not root reports them unbounded)",
+    ) {
+        return;
+    }
     let _serial = serial();
     let mut policy = SandboxPolicy::default();
     policy.rlimits.address_space = Some(256 * MIB);
@@ -254,6 +260,12 @@ fn second_sandbox_unaffected(policy: SandboxPolicy, inotify_max: usize, sigq_max
 
 #[test]
 fn c35b_inotify_and_queued_signals_stop_at_the_sandbox_ceilings_and_spare_the_next() {
+    if !sharedos_tests::needs_root(
+        "sandbox_bounds::c35b_inotify_and_queued_signals_stop_at_the_sandbox_ceilings_and_spare_the_next",
+        "separating two sandboxes' per-user counts needs a uid of their own each, which only a root host gives",
+    ) {
+        return;
+    }
     let _serial = serial();
     // The policy's per-namespace ceiling and RLIMIT_SIGPENDING.
     let policy = SandboxPolicy::default();
@@ -264,6 +276,12 @@ fn c35b_inotify_and_queued_signals_stop_at_the_sandbox_ceilings_and_spare_the_ne
 
 #[test]
 fn c35b_without_ceilings_the_per_uid_limits_still_separate_sandboxes() {
+    if !sharedos_tests::needs_root(
+        "sandbox_bounds::c35b_without_ceilings_the_per_uid_limits_still_separate_sandboxes",
+        "per-uid limits separate sandboxes only when each has a uid of its own, which only a root host gives",
+    ) {
+        return;
+    }
     let _serial = serial();
     // No ceilings: the host's per-uid limits bind, per sandbox uid. With a
     // uid shared between sandboxes the second would get nothing.

@@ -80,7 +80,7 @@ fn names(text: &str) -> Vec<&str> {
 
 #[test]
 fn ordinary_programs_find_the_sandbox_user_and_no_host_user() {
-    let base = tempfile::tempdir_in("/tmp").unwrap();
+    let base = sharedos_tests::plugin_tempdir();
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let dir = plugin_dir(base.path());
     let config = base.path().join("host.toml");

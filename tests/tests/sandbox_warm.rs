@@ -115,6 +115,12 @@ fn executor(launcher: Arc<SandboxLauncher>, dir: &std::path::Path) -> Executor {
 
 #[test]
 fn warm_runtimes_take_prepared_sandboxes_and_leave_nothing() {
+    if !sharedos_tests::needs_root(
+        "sandbox_warm::warm_runtimes_take_prepared_sandboxes_and_leave_nothing",
+        "a prepared sandbox's workspace is seen through /proc/<pid>/root of a process that is not dumpable, which only root may read",
+    ) {
+        return;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -20,7 +20,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 /// A connection to the socket, retried while the server's backlog is full.
+/// The test process holds thousands: its soft descriptor limit goes to the
+/// hard one first, as the host's own does (a user's soft limit is often
+/// 1024).
 async fn connect(socket: &Path) -> UnixStream {
+    static RAISED: std::sync::Once = std::sync::Once::new();
+    RAISED.call_once(|| {
+        sharedos_host::process::raise_fd_limit().expect("raise the soft RLIMIT_NOFILE");
+    });
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match UnixStream::connect(socket).await {

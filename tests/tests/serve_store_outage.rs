@@ -74,6 +74,12 @@ fn write_script(name: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_sqlite_disk_refuses_runs_and_fails_a_run_in_flight_audit_unavailable() {
+    if !sharedos_tests::needs_root(
+        "serve_store_outage::a_full_sqlite_disk_refuses_runs_and_fails_a_run_in_flight_audit_unavailable",
+        "a small full disk is a tmpfs mounted for the test, which needs root",
+    ) {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
     let disk = Tmpfs::mount(&dir.path().join("db"), "4m");
@@ -324,6 +330,12 @@ async fn superuser(conninfo: &str) -> tokio_postgres::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_postgres_tablespace_refuses_runs_and_fails_a_run_in_flight_audit_unavailable() {
+    if !sharedos_tests::needs_root(
+        "serve_store_outage::a_full_postgres_tablespace_refuses_runs_and_fails_a_run_in_flight_audit_unavailable",
+        "a small full tablespace is a tmpfs mounted for the test, which needs root",
+    ) {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
     // The database lives in a tablespace on a tmpfs: the server's own

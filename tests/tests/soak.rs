@@ -18,9 +18,14 @@ fn a_short_soak_leaves_nothing_and_does_not_grow() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
+    // A host that is not root keeps its state directory in
+    // $XDG_RUNTIME_DIR, else in TMPDIR: its own here, so TMPDIR shows only
+    // what the turns leave.
+    let runtime_dir = tempfile::tempdir().unwrap();
     let out = Command::new(workspace_bin("sharedos-bench"))
         .args(["soak", "--turns", "200", "--every", "50"])
         .env("TMPDIR", tmp.path())
+        .env("XDG_RUNTIME_DIR", runtime_dir.path())
         .env("SHAREDOS_LOG", "error")
         .output()
         .unwrap();

@@ -10,7 +10,9 @@ use std::process::Command;
 #[test]
 fn an_unreachable_registry_is_reported_first_with_the_tests_that_need_it() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let env_dir = tempfile::tempdir().unwrap();
+    // Not under /tmp where the host is not root: scripts/test refuses that
+    // location first (its sandboxes could not bind it).
+    let env_dir = sharedos_tests::plugin_tempdir();
     let npm_cache = tempfile::tempdir().unwrap();
     // What an interrupted run leaves: a venv with no stamp.
     let venv = env_dir.path().join("venv");

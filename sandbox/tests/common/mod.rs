@@ -116,11 +116,22 @@ pub fn kill_child(c: SandboxedChild) {
     drop(c);
 }
 
-/// Whether `uid` (decimal) is one of the policy's default per-sandbox uids.
+/// Whether `uid` (decimal) is the uid a sandbox runs as on this host: one
+/// of the policy's default per-sandbox uids as root, the host's own
+/// otherwise.
 pub fn is_sandbox_uid(uid: &str) -> bool {
     let r = sharedos_sandbox::UidPolicy::default();
-    uid.parse::<u32>()
-        .is_ok_and(|u| (r.first..r.first + r.count).contains(&u))
+    let me = rustix::process::geteuid().as_raw();
+    uid.parse::<u32>().is_ok_and(|u| {
+        if me == 0 {
+            (r.first..r.first + r.count).contains(&u)
+        } else {
+            // A host that is not root has no uid range to give: its
+            // sandboxes run as its own uid (mapped to itself in their user
+            // namespace), which the report says (`own_uid` unavailable).
+            u == me
+        }
+    })
 }
 
 /// A string member of the probe's report (empty when absent).
@@ -164,4 +175,26 @@ pub fn full_level() -> sharedos_sandbox::SandboxLevel {
     } else {
         sharedos_sandbox::SandboxLevel::Isolated
     }
+}
+
+/// Whether a check that only a root host can make runs here; on a host
+/// that is not root it is skipped and said so (stderr, and the file
+/// `SHAREDOS_TEST_SKIPS` names, which `scripts/test` lists at the end).
+pub fn needs_root(test: &str, why: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    let line = format!("{test}: {why}\n");
+    eprint!("skipped {line}");
+    if let Some(path) = std::env::var_os("SHAREDOS_TEST_SKIPS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+    false
 }

@@ -83,6 +83,7 @@ pub fn workspaces_parent() -> &'static Path {
 /// exit.
 extern "C" fn remove_process_dirs() {
     let _ = std::fs::remove_dir_all(workspaces_parent());
+    let _ = std::fs::remove_dir_all(runtime_dir());
     if let Some(copy) = PLUGIN_COPY.get() {
         let _ = std::fs::remove_dir_all(copy._dir.path());
     }
@@ -126,8 +127,24 @@ fn prepare_process() {
                 std::env::set_var(k, v);
             }
             std::env::set_var("TMPDIR", &tmp);
+            // A host that is not root keeps its state directory (staged
+            // plugins) in $XDG_RUNTIME_DIR, else in TMPDIR: one of its own,
+            // so TMPDIR holds only the turns' workspaces.
+            std::env::set_var("XDG_RUNTIME_DIR", runtime_dir());
         }
     });
+}
+
+/// This test process's `XDG_RUNTIME_DIR` (private, removed at exit).
+fn runtime_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = PathBuf::from(format!("/tmp/sharedos-bait-rt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).expect("create the runtime dir");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    })
 }
 
 /// The `sharedos` binary, which serves `__sandbox-exec`.
