@@ -291,3 +291,24 @@ fn a_malformed_pin_is_a_config_error_naming_the_entry_and_the_fix() {
         assert!(e.message.contains("sha256sum"), "{e}");
     }
 }
+
+#[test]
+fn a_pinned_script_is_refused_at_seating_with_the_interpreter_as_the_fix() {
+    let _serial = sharedos_tests::serial();
+    for launcher in LAUNCHERS {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("plugin.sh");
+        let body = format!("#!/bin/sh\n# {launcher} {:?}\nexit 0\n", dir.path());
+        std::fs::write(&script, &body).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let pin = ProgramDigest::of_reader(body.as_bytes()).unwrap();
+        let text = pinned_toml(&script, &pin.hex(), launcher);
+        let config = HostConfig::parse(&text, "host.toml", dir.path()).expect("well-formed");
+        let e = registry_from_config(&config, launcher_for)
+            .err()
+            .expect("a pinned script must refuse the runtime")
+            .to_string();
+        assert!(e.contains("`#!` script"), "{launcher}: {e}");
+        assert!(e.contains("pin the interpreter"), "{launcher}: {e}");
+    }
+}

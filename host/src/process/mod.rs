@@ -133,6 +133,13 @@ pub enum LoadError {
         expected: sharedos_sandbox::ProgramDigest,
         actual: sharedos_sandbox::ProgramDigest,
     },
+    #[error(
+        "plugin binary {program} is pinned but is a `#!` script: a pinned program is executed \
+         through the descriptor that was hashed, which an interpreter cannot open by path; pin \
+         the interpreter instead (program = the interpreter, sha256 = its digest, the script \
+         in args; docs/SECURITY.md, \"Content pin\")"
+    )]
+    PinnedScript { program: PathBuf },
     #[error("plugin binary {program} is pinned but could not be staged and hashed: {reason}")]
     PinUnchecked { program: PathBuf, reason: String },
 }
@@ -170,7 +177,8 @@ impl ProcessRuntime {
             return Err(LoadError::NotExecutable { program });
         }
         if let Some(pin) = &config.program_sha256 {
-            stage_pinned(&program, pin)?;
+            let staged = stage_pinned(&program, pin)?;
+            refuse_pinned_script(&program, &staged)?;
         }
         let lot = match (&config.affinity, &config.egress) {
             (Some(a), None) => Some(affinity::ParkingLot::new(a.ttl())),
@@ -384,6 +392,28 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
         setrlimit(Resource::Nofile, lim).map_err(std::io::Error::from)?;
     }
     Ok(lim.current.unwrap_or(u64::MAX))
+}
+
+/// A pinned program must be an executable the kernel loads itself: a `#!`
+/// script executed through a close-on-exec descriptor would hand its
+/// interpreter a `/dev/fd/N` that is already closed.
+fn refuse_pinned_script(
+    program: &std::path::Path,
+    staged: &std::path::Path,
+) -> Result<(), LoadError> {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    let read = std::fs::File::open(staged).and_then(|mut f| f.read_exact(&mut head));
+    match read {
+        Ok(()) if &head == b"#!" => Err(LoadError::PinnedScript {
+            program: program.to_path_buf(),
+        }),
+        Ok(()) => Ok(()),
+        Err(e) => Err(LoadError::PinUnchecked {
+            program: program.to_path_buf(),
+            reason: format!("cannot read the staged copy: {e}"),
+        }),
+    }
 }
 
 /// The staged copy of a pinned program (made, or found unchanged): a
