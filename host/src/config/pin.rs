@@ -25,6 +25,14 @@ pub(super) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
             )
         })?;
     }
+    if entry.sha256.is_some()
+        && entry.launcher == super::LauncherKind::Sandbox
+        && !entry.sandbox.layers.mountns
+    {
+        return Err(format!(
+            "runtimes[{i}].sha256: a pinned program runs only from its staged copy, which the sandbox's mount namespace binds in; turn runtimes[{i}].sandbox.layers.mountns back on, or remove the pin"
+        ));
+    }
     if entry.sandbox.program_sha256.is_some() {
         return Err(format!(
             "runtimes[{i}].sandbox.programSha256: set by the host from runtimes[{i}].sha256; remove it"
@@ -74,5 +82,14 @@ sha256 = "PIN"
             );
             assert!(e.message.contains("sha256sum sharedos-echo"), "{e}");
         }
+        let no_mountns = ENTRY.replace("PIN", &good).replace(
+            "launcher = \"direct\"",
+            "sandbox = { layers = { mountns = false } }",
+        );
+        let e = HostConfig::parse(&no_mountns, "host.toml", Path::new(".")).unwrap_err();
+        assert!(
+            e.message.contains("runtimes[0].sandbox.layers.mountns"),
+            "{e}"
+        );
     }
 }
