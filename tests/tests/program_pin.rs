@@ -19,6 +19,7 @@ use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_sandbox::ProgramDigest;
+use sharedos_tests::harness::{HarnessCase, fixture_dir, run_harness};
 use sharedos_tests::turns::{request, testplugin_host_toml, workspace_bin};
 
 const LAUNCHERS: [&str; 2] = ["direct", "sandbox"];
@@ -311,4 +312,76 @@ fn a_pinned_script_is_refused_at_seating_with_the_interpreter_as_the_fix() {
         assert!(e.contains("`#!` script"), "{launcher}: {e}");
         assert!(e.contains("pin the interpreter"), "{launcher}: {e}");
     }
+}
+
+/// A harness runtime whose CLI is `cli` (a copy of a shell binary) pinned
+/// to `pin`, run as `cli -c <body>`, its final message all of stdout.
+fn pinned_cli_case(dir: &Path, cli: &Path, pin: &str, body: &str) -> HarnessCase {
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {cli:?}
+sha256 = "{pin}"
+args = ["-c", {body:?}]
+mcp = "stdio"
+final = {{ from = "stdout", take = "all" }}
+"#,
+        cli = cli.display().to_string(),
+    );
+    HarnessCase::new(&harness, vec![dir.to_path_buf()])
+}
+
+/// A copy of the shell binary `/bin/sh` names, in `dir`, and its digest.
+fn shell_copy(dir: &Path, from: &str) -> (PathBuf, ProgramDigest) {
+    let cli = dir.join("cli");
+    let bytes = std::fs::read(std::fs::canonicalize(from).unwrap()).unwrap();
+    std::fs::write(&cli, &bytes).unwrap();
+    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (cli, ProgramDigest::of_reader(&bytes[..]).unwrap())
+}
+
+/// Prints [`RAN`] first when the shell running it is bash (the file that
+/// replaces the pinned dash), then the line every run prints.
+const CLI_BODY: &str =
+    "test -n \"$BASH_VERSION\" && echo REPLACED-PROGRAM-RAN; echo pinned-cli-ran";
+
+fn harness_turn(case: HarnessCase) -> sharedos_tests::harness::HarnessTurn {
+    let _serial = sharedos_tests::serial();
+    block_on(run_harness(case))
+}
+
+#[test]
+fn a_pinned_harness_cli_runs_a_wrong_pin_is_refused_at_load_and_a_replaced_one_never_runs() {
+    let dir = fixture_dir();
+    let (cli, pin) = shell_copy(dir.path(), "/bin/sh");
+    let turn = harness_turn(pinned_cli_case(dir.path(), &cli, &pin.hex(), CLI_BODY));
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    assert_eq!(turn.json()["output"], "pinned-cli-ran");
+
+    let wrong = "0".repeat(64);
+    let case = pinned_cli_case(dir.path(), &cli, &wrong, CLI_BODY);
+    let text = sharedos_tests::harness::host_toml(&case, "m");
+    let e = HostConfig::parse(&text, "host.toml", dir.path()).unwrap_err();
+    assert!(e.message.contains("runtimes[0].harness.sha256"), "{e}");
+    assert!(
+        e.message.contains(&wrong) && e.message.contains(&pin.hex()),
+        "{e}"
+    );
+
+    // Seated with the right pin, then the CLI replaced (in place) by bash,
+    // which would say RAN first.
+    let mut case = pinned_cli_case(dir.path(), &cli, &pin.hex(), CLI_BODY);
+    let target = cli.clone();
+    case.after_seating = Some(Box::new(move || {
+        let bash = std::fs::read(std::fs::canonicalize("/bin/bash").unwrap()).unwrap();
+        std::fs::write(&target, bash).unwrap();
+    }));
+    let turn = harness_turn(case);
+    let json = turn.json();
+    assert_eq!(turn.status(), "failed", "{json:#}");
+    assert_eq!(turn.code(), "harness_cli_unavailable", "{json:#}");
+    assert!(
+        !json.to_string().contains(RAN),
+        "the replaced CLI ran: {json:#}"
+    );
+    assert!(json.to_string().contains("it was not executed"), "{json:#}");
 }
