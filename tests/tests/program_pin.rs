@@ -23,6 +23,8 @@ use sharedos_tests::harness::{HarnessCase, fixture_dir, run_harness};
 use sharedos_tests::turns::{request, testplugin_host_toml, workspace_bin};
 
 const LAUNCHERS: [&str; 2] = ["direct", "sandbox"];
+/// The sandbox launcher keeping one sandbox prepared ahead of each turn.
+const WARM: &str = "sandbox-warm";
 /// What the replacing program writes to its stderr, if it ever runs.
 const RAN: &str = "REPLACED-PROGRAM-RAN";
 
@@ -45,6 +47,10 @@ fn pinned_plugin(dir: &Path, tag: &str) -> (PathBuf, ProgramDigest) {
 
 /// The testplugin's host.toml on `launcher` with `program` pinned to `pin`.
 fn pinned_toml(program: &Path, pin: &str, launcher: &str) -> String {
+    let (launcher, warm) = match launcher {
+        WARM => ("sandbox", "\nsandbox = { warm = 1 }"),
+        other => (other, ""),
+    };
     let text = testplugin_host_toml("pin", launcher, 30_000);
     let original = format!(
         "program = \"{}\"",
@@ -53,7 +59,10 @@ fn pinned_toml(program: &Path, pin: &str, launcher: &str) -> String {
     assert!(text.contains(&original));
     text.replace(
         &original,
-        &format!("program = \"{}\"\nsha256 = \"{pin}\"", program.display()),
+        &format!(
+            "program = \"{}\"\nsha256 = \"{pin}\"{warm}",
+            program.display()
+        ),
     )
 }
 
@@ -220,7 +229,9 @@ fn a_wrong_pin_is_refused_at_seating_with_both_digests() {
 #[test]
 fn a_program_replaced_after_seating_is_refused_and_never_runs() {
     let _serial = sharedos_tests::serial();
-    for launcher in LAUNCHERS {
+    // With a prepared sandbox too: it holds the copy checked before the
+    // file was replaced, and is not started.
+    for launcher in LAUNCHERS.into_iter().chain([WARM]) {
         let dir = tempfile::tempdir().unwrap();
         let (program, pin) = pinned_plugin(dir.path(), "replaced");
         let seated = Seated::new(dir.path(), &pinned_toml(&program, &pin.hex(), launcher));
