@@ -165,9 +165,10 @@ fn contained_command(
         .stderr(Stdio::piped())
         .process_group(0);
     let host = rustix::process::getpid().as_raw_nonzero().get();
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (write, prctl, getppid, and the
-    // shim's raw system calls) on values copied in; it allocates nothing.
+    // SAFETY: the closures run in the forked child before exec and call
+    // only async-signal-safe functions (write, prctl, getppid, the shim's
+    // raw system calls, and a pinned program's execveat on arrays built
+    // before the fork) on values copied in; they allocate nothing.
     unsafe {
         cmd.pre_exec(move || {
             let procs_fd = match holder {
