@@ -118,6 +118,7 @@ fn executor(exe: &Path, calls: usize) -> Result<Executor, String> {
         manifest: manifest.clone(),
         spec: HarnessSpec {
             command: exe.display().to_string(),
+            sha256: None,
             args: vec![
                 MCP_CLIENT_SUBCOMMAND.into(),
                 "{mcpCommand}".into(),

@@ -165,6 +165,7 @@ async fn spawn_once(
         program: echo.to_path_buf(),
         args: vec![],
         env: vec![("SHAREDOS_PLUGIN".into(), "1".into())],
+        program_sha256: None,
         runtime_id: manifest.id.to_string(),
         execution_id: "bench-spawn".into(),
         turn_id: "t-bench".into(),

@@ -268,6 +268,7 @@ pub fn kill_many_direct(exe: &Path, n: usize) -> Result<Duration, String> {
         program: exe.to_path_buf(),
         args: vec!["__bench-echo".into()],
         env: Vec::new(),
+        program_sha256: None,
         runtime_id: "bench".into(),
         execution_id: "bench-kill".into(),
         turn_id: "t-bench".into(),

@@ -1,7 +1,8 @@
 //! What a seated runtime reports of a turn besides its outcome: how the
 //! turn was isolated (the sandbox report, `metadata.runtime.sandbox`), for a
-//! session turn its affinity (`metadata.runtime.affinity`), and for a turn
-//! that ended without an outcome the seat's diagnosis.
+//! session turn its affinity (`metadata.runtime.affinity`), for a pinned
+//! program the digest its launch checked (`metadata.runtime.programSha256`),
+//! and for a turn that ended without an outcome the seat's diagnosis.
 //!
 //! The seat hands a [`TurnReport`] back with the run of the turn
 //! (`executor::SeatedTurn`) and fills it as it learns each part: the
@@ -27,6 +28,13 @@ pub struct RuntimeDiagnosis {
     pub process: Value,
 }
 
+/// What the turn's program was checked against: the content pin a launch
+/// verified (`metadata.runtime.programSha256`, `programPinned: true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramProvenance {
+    pub sha256: sharedos_sandbox::ProgramDigest,
+}
+
 /// How the seat's process ended, once it has: `metadata.runtime.process`
 /// (`None` while it runs or is being killed).
 pub type ProcessEnd = Arc<dyn Fn() -> Option<Value> + Send + Sync>;
@@ -35,6 +43,7 @@ pub type ProcessEnd = Arc<dyn Fn() -> Option<Value> + Send + Sync>;
 struct Parts {
     sandbox: Option<Value>,
     affinity: Option<Value>,
+    program: Option<ProgramProvenance>,
     diagnosis: Option<RuntimeDiagnosis>,
     process_end: Option<ProcessEnd>,
 }
@@ -44,6 +53,7 @@ impl std::fmt::Debug for Parts {
         f.debug_struct("Parts")
             .field("sandbox", &self.sandbox)
             .field("affinity", &self.affinity)
+            .field("program", &self.program)
             .field("diagnosis", &self.diagnosis)
             .finish_non_exhaustive()
     }
@@ -76,6 +86,16 @@ impl TurnReport {
     /// The session affinity of the turn (which process served it).
     pub fn set_affinity(&self, affinity: Value) {
         self.parts().affinity = Some(affinity);
+    }
+
+    /// The pin the turn's program was launched under (set only by a
+    /// launch that checked it).
+    pub fn set_program(&self, program: ProgramProvenance) {
+        self.parts().program = Some(program);
+    }
+
+    pub fn program(&self) -> Option<ProgramProvenance> {
+        self.parts().program
     }
 
     /// Why the turn ended without an outcome.

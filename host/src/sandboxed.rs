@@ -192,9 +192,13 @@ impl SandboxLauncher {
     }
 
     fn key(&self, spec: &LaunchSpec) -> WarmKey {
+        let mut policy = self.policy.clone();
+        if spec.program_sha256.is_some() {
+            policy.program_sha256 = spec.program_sha256;
+        }
         WarmKey {
             helper_exe: self.helper_exe.clone(),
-            policy: self.policy.clone(),
+            policy,
             program: spec.program.clone(),
             args: spec.args.clone(),
             env: spec.env.clone(),
@@ -528,6 +532,20 @@ impl Launcher for SandboxLauncher {
 
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let key = self.key(spec);
+        if let Some(pin) = &key.policy.program_sha256 {
+            // A prepared sandbox holds the copy checked when it was built:
+            // the program is checked again now, so a file replaced since
+            // refuses this turn (found unchanged, this is one `stat`).
+            crate::process::stage_pinned(&key.program, pin).map_err(|e| LaunchError::Refused {
+                program: key.program.clone(),
+                reason: e.to_string(),
+                report: Some(serde_json::json!({
+                    "level": "none",
+                    "refused": true,
+                    "reason": e.to_string(),
+                })),
+            })?;
+        }
         let target = self.warm_target();
         if target == 0 {
             return self.launch_now(&key);

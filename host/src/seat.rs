@@ -95,6 +95,7 @@ pub fn process_runtime(
     launcher: Arc<dyn Launcher>,
 ) -> Result<Arc<ProcessRuntime>, SeatError> {
     let mut pc = ProcessRuntimeConfig::new(config.program_path(entry), entry.manifest());
+    pc.program_sha256 = entry.program_pin();
     pc.args = entry.args.clone();
     if let Some(t) = &entry.transcript {
         pc.args.push("--transcript".into());

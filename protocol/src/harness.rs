@@ -30,6 +30,12 @@ pub struct HarnessSpec {
     /// The CLI's absolute host path (no variables); the sandbox must see
     /// it (name its directory in `sandbox.extraRoPaths`).
     pub command: String,
+    /// The CLI's content pin: the SHA-256 of `command`'s bytes, 64
+    /// lowercase hex digits. Checked by the host at load and by the harness
+    /// before every start, which then executes the descriptor it hashed
+    /// (docs/HARNESS.md, "Pinning the CLI").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// The CLI's arguments, each a template. An element that is exactly
     /// `{mcpArgs}` is replaced by the relay's arguments.
     #[serde(default)]
@@ -306,8 +312,20 @@ enum Place {
 }
 
 impl HarnessSpec {
+    /// A `sha256` that is not 64 lowercase hex digits.
+    fn pin_problem(&self, field: &str) -> Option<String> {
+        let pin = self.sha256.as_deref()?;
+        let hex = pin.len() == 64 && pin.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        (!hex).then(|| {
+            format!(
+                "{field}.sha256: must be 64 lowercase hex digits (`sha256sum {}`), or absent for an unpinned CLI",
+                self.command
+            )
+        })
+    }
+
     /// Every check that needs no filesystem: templates, variables per
-    /// place and transport, the route. `field` prefixes each problem
+    /// place and transport, the route, the pin's form. `field` prefixes each problem
     /// (`runtimes[2].harness`); `routes` are the runtime's route names.
     pub fn check(&self, field: &str, routes: &[&str]) -> Vec<String> {
         let mut problems = Vec::new();
@@ -319,6 +337,7 @@ impl HarnessSpec {
         } else if self.command.contains('{') {
             problems.push(format!("{field}.command: takes no template variables"));
         }
+        problems.extend(self.pin_problem(field));
         if let Some(route) = &self.route
             && !routes.contains(&route.as_str())
         {
@@ -454,6 +473,19 @@ mod tests {
             "files": [{"path": "{home}/.cli/config.json",
                        "content": "{\"prompt\": {json:prompt}, \"server\": {\"command\": {json:mcpCommand}, \"args\": {json:mcpArgs}}}"}]
         }))
+    }
+
+    #[test]
+    fn a_cli_pin_is_64_lowercase_hex_digits() {
+        let mut s = stdio();
+        s.sha256 = Some("ab".repeat(32));
+        assert_eq!(s.check("h", &[]), Vec::<String>::new());
+        for bad in ["AB".repeat(32), "ab".repeat(31)] {
+            s.sha256 = Some(bad);
+            let problems = s.check("h", &[]);
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].starts_with("h.sha256: must be 64 lowercase hex digits"));
+        }
     }
 
     #[test]

@@ -59,6 +59,16 @@ pub enum SandboxError {
          but {0}; fix: run the host as root, or set sandbox.uids.required = false"
     )]
     NoOwnUid(String),
+    #[error(
+        "program {program:?} does not match the runtime's content pin: its sha256 is {actual}, \
+         the pin (sha256 of the runtime entry) is {expected}; fix: restore the pinned file, or \
+         set sha256 to the output of `sha256sum` on the file you mean to run"
+    )]
+    PinMismatch {
+        program: PathBuf,
+        expected: crate::pin::ProgramDigest,
+        actual: crate::pin::ProgramDigest,
+    },
     #[error("the sandbox helper did not finish its setup within {0:?}")]
     Timeout(std::time::Duration),
 }

@@ -37,6 +37,7 @@ mod error;
 mod helper;
 mod host;
 mod layers;
+mod pin;
 mod policy;
 mod report;
 mod request;
@@ -55,6 +56,7 @@ pub use helper::helper_main;
 pub use host::child::{KillHandle, SandboxedChild};
 pub use host::spawn::{PreparedSandbox, SpawnSpec, needs_host_workspace, prepare, spawn};
 pub use host::spawner::HELPER_SUBCOMMAND;
+pub use pin::ProgramDigest;
 pub use policy::{
     CgroupPolicy, IpcLimits, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits, SandboxPolicy, UidPolicy,
 };

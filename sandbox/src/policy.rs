@@ -124,6 +124,14 @@ pub struct SandboxPolicy {
     /// default: no such port. Set by the host for a harness runtime with
     /// `mcp = "http"`, never by hand.
     pub mcp_port: Option<u16>,
+    /// The content pin (docs/SECURITY.md, "Content pin"): the SHA-256 the
+    /// program's bytes must have. The program is then staged as a copy
+    /// keyed by this digest, and the plugin's process hashes the staged
+    /// file through the descriptor it executes (`execveat`), refusing any
+    /// other bytes. `None`, the default: no pin. Set by the host from the
+    /// runtime entry's `sha256`, never by hand.
+    #[schemars(with = "Option<String>")]
+    pub program_sha256: Option<crate::pin::ProgramDigest>,
 }
 
 /// `memfd_create` under the seccomp filter.
@@ -221,6 +229,7 @@ impl Default for SandboxPolicy {
             memfd_create: MemfdPolicy::Deny,
             egress_port: None,
             mcp_port: None,
+            program_sha256: None,
         }
     }
 }

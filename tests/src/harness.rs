@@ -126,6 +126,9 @@ pub struct HarnessCase {
     pub drain_grace_ms: u64,
     pub escalation_grant: bool,
     pub max_tool_calls: Option<u64>,
+    /// Called once the runtime is seated, before its turn (a file
+    /// replaced between the load's checks and the turn).
+    pub after_seating: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl HarnessCase {
@@ -147,6 +150,7 @@ impl HarnessCase {
             drain_grace_ms: 0,
             escalation_grant: true,
             max_tool_calls: None,
+            after_seating: None,
         }
     }
 }
@@ -276,7 +280,7 @@ fn kernel(files_root: &Path, audit: &Path, escalation_grant: bool) -> Kernel {
 }
 
 /// Runs one harness turn.
-pub async fn run_harness(case: HarnessCase) -> HarnessTurn {
+pub async fn run_harness(mut case: HarnessCase) -> HarnessTurn {
     let dir = tempfile::tempdir().expect("tempdir");
     let files_root = dir.path().join("files");
     std::fs::create_dir_all(
@@ -296,6 +300,9 @@ pub async fn run_harness(case: HarnessCase) -> HarnessTurn {
         entry.sandbox_policy(),
     ));
     let runtime = process_runtime(&config, entry, launcher).expect("the seat");
+    if let Some(after) = case.after_seating.take() {
+        after();
+    }
     let audit_path = dir.path().join("audit.jsonl");
     let kernel = kernel(&files_root, &audit_path, case.escalation_grant);
     let options = ExecutorOptions {

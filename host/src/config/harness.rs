@@ -54,6 +54,9 @@ pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
             }
             Ok(_) => {}
         }
+        if let Some(problem) = cli_pin_problem(&field, spec) {
+            problems.push(problem);
+        }
     }
     if spec.mcp == McpTransport::Http && entry.launcher == LauncherKind::Direct {
         problems.push(format!(
@@ -74,6 +77,44 @@ pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
     } else {
         Err(problems.join("\n"))
     }
+}
+
+/// The CLI against its content pin (`sha256`), at load: a file whose
+/// bytes hash otherwise, or a `#!` script (which the harness could not
+/// execute through the descriptor it hashed), is a problem naming both
+/// digests or the fix.
+fn cli_pin_problem(field: &str, spec: &sharedos_protocol::harness::HarnessSpec) -> Option<String> {
+    use sha2::Digest;
+    let pin = spec.sha256.as_deref()?;
+    let mut hasher = sha2::Sha256::new();
+    let mut head = Vec::new();
+    let read = std::fs::File::open(&spec.command).and_then(|f| {
+        use std::io::Read;
+        (&f).take(2).read_to_end(&mut head)?;
+        hasher.update(&head);
+        std::io::copy(&mut &f, &mut hasher)
+    });
+    if let Err(e) = read {
+        return Some(format!(
+            "{field}.sha256: {} cannot be read to check its pin: {e}",
+            spec.command
+        ));
+    }
+    let actual: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if actual != pin {
+        return Some(format!(
+            "{field}.sha256: {} has sha256 {actual}, the pin is {pin}; restore the pinned CLI, or set the pin to `sha256sum {}` if this file is the one to run",
+            spec.command, spec.command
+        ));
+    }
+    head.starts_with(b"#!").then(|| format!(
+        "{field}.sha256: {} is a `#!` script, which the harness cannot execute through the descriptor it hashed; pin its interpreter as the command and pass the script in args",
+        spec.command
+    ))
 }
 
 /// The `--harness` argument of an entry with a harness spec.

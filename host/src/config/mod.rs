@@ -25,6 +25,7 @@
 //! ```
 
 pub mod harness;
+mod pin;
 pub mod serve;
 
 use std::collections::BTreeMap;
@@ -125,6 +126,12 @@ pub struct RuntimeEntry {
     /// The plugin binary: an absolute path, a path relative to this file,
     /// or a bare name found next to the `sharedos` binary.
     pub program: String,
+    /// The content pin: the SHA-256 of the program's bytes, 64 lowercase
+    /// hex digits (`sha256sum <program>`). Checked at seating and at every
+    /// spawn; the host executes the copy it hashed (docs/SECURITY.md,
+    /// "Content pin").
+    #[serde(default)]
+    pub sha256: Option<String>,
     #[serde(default)]
     pub args: Vec<String>,
     /// Environment passed to the plugin (nothing of the host's is
@@ -178,6 +185,7 @@ impl RuntimeEntry {
             crate::egress::NetworkPolicy::None => None,
             crate::egress::NetworkPolicy::Routes(_) => Some(crate::egress::EGRESS_PORT),
         };
+        policy.program_sha256 = self.program_pin();
         // The harness mode, for a harness serving MCP over HTTP only.
         policy.mcp_port = self
             .harness
@@ -319,6 +327,7 @@ impl RuntimeEntry {
                 "runtimes[{i}].sandbox.egressPort: set by the host from runtimes[{i}].network; remove it"
             ));
         }
+        pin::check(i, r)?;
         if r.sandbox.mcp_port.is_some() {
             return Err(format!(
                 "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"

@@ -233,6 +233,7 @@ fn launch_spec(command: &[String], opts: &Options) -> Result<(LaunchSpec, Vec<St
         program,
         args,
         env,
+        program_sha256: None,
         runtime_id: "conformance".into(),
         execution_id: "exec-conformance".into(),
         turn_id: turn::TURN_ID.into(),

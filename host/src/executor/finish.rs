@@ -84,6 +84,10 @@ impl Executor {
         if let Some(a) = report.affinity() {
             runtime["affinity"] = a;
         }
+        if let Some(p) = report.program() {
+            runtime["programSha256"] = json!(p.sha256.hex());
+            runtime["programPinned"] = json!(true);
+        }
         if let Some(d) = report.diagnosis() {
             runtime["process"] = d.process;
         }

@@ -11,7 +11,7 @@ use sharedos_protocol::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use crate::provenance::{RuntimeDiagnosis, TurnReport};
+pub use crate::provenance::{ProgramProvenance, RuntimeDiagnosis, TurnReport};
 
 /// The name of the escalation affordance. Its presence in a turn's
 /// catalogue is what offers escalation.

@@ -314,6 +314,7 @@ impl ProcessRuntime {
         let mut conn = match lot.take(&key).await {
             Some(conn) => {
                 stamp(stages, "reused");
+                self.report_program(report);
                 if let Some(sandbox) = &conn.report {
                     report.set_sandbox(sandbox.clone());
                 }

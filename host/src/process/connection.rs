@@ -228,6 +228,7 @@ impl ProcessRuntime {
         let guard = TreeGuard::new(tree, stdin.try_clone().ok());
         stamp(self.config.stages.as_ref(), "launched");
         let tail = report_launch(turn_report, &guard, report.as_ref());
+        self.report_program(turn_report);
         // Dropped when the turn ends (or its future is dropped): the
         // gateway stops accepting and closes every connection of the turn.
         let gateway = self.serve_egress(execution_id, egress_listener)?;

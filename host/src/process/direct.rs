@@ -34,12 +34,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sharedos_sandbox::cgroup::PluginCgroup;
 
 use super::launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+use super::pinned::PinnedExec;
 use super::shim::PidPipe;
 
 /// An unsandboxed launch (see the module docs). Development only: every
@@ -144,7 +145,12 @@ enum Holder {
 // The child's `pre_exec` (cgroup join, parent-death signal, the subreaper's
 // fork) is a system call sequence std has no safe form for.
 #[allow(unsafe_code)]
-fn contained_command(spec: &LaunchSpec, cwd: &Path, holder: Holder) -> Command {
+fn contained_command(
+    spec: &LaunchSpec,
+    cwd: &Path,
+    holder: Holder,
+    pinned: Option<Arc<PinnedExec>>,
+) -> Command {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
@@ -159,9 +165,10 @@ fn contained_command(spec: &LaunchSpec, cwd: &Path, holder: Holder) -> Command {
         .stderr(Stdio::piped())
         .process_group(0);
     let host = rustix::process::getpid().as_raw_nonzero().get();
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (write, prctl, getppid, and the
-    // shim's raw system calls) on values copied in; it allocates nothing.
+    // SAFETY: the closures run in the forked child before exec and call
+    // only async-signal-safe functions (write, prctl, getppid, the shim's
+    // raw system calls, and a pinned program's execveat on arrays built
+    // before the fork) on values copied in; they allocate nothing.
     unsafe {
         cmd.pre_exec(move || {
             let procs_fd = match holder {
@@ -182,6 +189,11 @@ fn contained_command(spec: &LaunchSpec, cwd: &Path, holder: Holder) -> Command {
             }
             Ok(())
         });
+        if let Some(pinned) = pinned {
+            // Last: a pinned program is executed through the descriptor
+            // whose bytes were checked, never by its path.
+            cmd.pre_exec(move || Err(pinned.exec()));
+        }
     }
     cmd
 }
@@ -190,6 +202,10 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
     let spawn_err = |source| LaunchError::Spawn {
         program: spec.program.clone(),
         source,
+    };
+    let pinned = match &spec.program_sha256 {
+        Some(pin) => Some(Arc::new(PinnedExec::open(spec, pin)?)),
+        None => None,
     };
     let cwd = fresh_workdir().map_err(spawn_err)?;
     let mut tree = DirectTree {
@@ -203,7 +219,8 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         Ok(cg) => {
             let procs = open_procs(&cg).map_err(spawn_err)?;
             tree.cgroup = Some(cg);
-            let mut cmd = contained_command(spec, &cwd, Holder::Cgroup(procs.as_raw_fd()));
+            let holder = Holder::Cgroup(procs.as_raw_fd());
+            let mut cmd = contained_command(spec, &cwd, holder, pinned);
             let child = cmd.spawn().map_err(spawn_err)?;
             drop(procs);
             tree.pid = child.id();
@@ -215,7 +232,8 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
                 "direct launcher: no cgroup for the plugin ({why}); a subreaper holds its tree, which a plugin that kills the subreaper leaves"
             );
             let pipe = PidPipe::new().map_err(spawn_err)?;
-            let mut cmd = contained_command(spec, &cwd, Holder::Subreaper(pipe.write_fd()));
+            let holder = Holder::Subreaper(pipe.write_fd());
+            let mut cmd = contained_command(spec, &cwd, holder, pinned);
             let mut child = cmd.spawn().map_err(spawn_err)?;
             tree.shim = true;
             match pipe.plugin_pid() {

@@ -18,6 +18,10 @@ pub struct LaunchSpec {
     pub program: PathBuf,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// The content pin of `program` (the runtime entry's `sha256`): the
+    /// launcher runs only a staged copy whose bytes hash to it, executed
+    /// through the descriptor it hashed (docs/SECURITY.md, "Content pin").
+    pub program_sha256: Option<sharedos_sandbox::ProgramDigest>,
     /// For logs and for a sandbox's workspace naming.
     pub runtime_id: String,
     pub execution_id: String,

@@ -17,6 +17,7 @@ mod direct;
 pub mod driver;
 mod guard;
 pub mod launcher;
+mod pinned;
 mod reaper;
 mod shim;
 pub mod stderr;
@@ -48,6 +49,9 @@ use guard::PENDING_KILLS;
 #[derive(Debug, Clone)]
 pub struct ProcessRuntimeConfig {
     pub program: PathBuf,
+    /// The content pin (`sha256` of the entry): checked at seating and
+    /// at every launch; `None`, the default, runs the program unpinned.
+    pub program_sha256: Option<sharedos_sandbox::ProgramDigest>,
     pub args: Vec<String>,
     /// The environment allowlist the host passes; `SHAREDOS_PLUGIN=1` is
     /// always added. Nothing else of the host's environment is inherited.
@@ -92,6 +96,7 @@ impl ProcessRuntimeConfig {
     pub fn new(program: impl Into<PathBuf>, manifest: RuntimeManifest) -> Self {
         Self {
             program: program.into(),
+            program_sha256: None,
             args: Vec::new(),
             env: Vec::new(),
             manifest,
@@ -118,6 +123,25 @@ pub enum LoadError {
     NotAFile { program: PathBuf },
     #[error("plugin binary {program} is not executable")]
     NotExecutable { program: PathBuf },
+    #[error(
+        "plugin binary {program} does not match its content pin: its sha256 is {actual}, the pin \
+         (sha256 of the runtime entry) is {expected}; restore the pinned file, or set sha256 to \
+         the output of `sha256sum {program}` if this file is the one to run"
+    )]
+    PinMismatch {
+        program: PathBuf,
+        expected: sharedos_sandbox::ProgramDigest,
+        actual: sharedos_sandbox::ProgramDigest,
+    },
+    #[error(
+        "plugin binary {program} is pinned but is a `#!` script: a pinned program is executed \
+         through the descriptor that was hashed, which an interpreter cannot open by path; pin \
+         the interpreter instead (program = the interpreter, sha256 = its digest, the script \
+         in args; docs/SECURITY.md, \"Content pin\")"
+    )]
+    PinnedScript { program: PathBuf },
+    #[error("plugin binary {program} is pinned but could not be staged and hashed: {reason}")]
+    PinUnchecked { program: PathBuf, reason: String },
 }
 
 /// A runtime plugin run as a child process, one process per turn.
@@ -152,6 +176,10 @@ impl ProcessRuntime {
         if rustix::fs::access(&program, rustix::fs::Access::EXEC_OK).is_err() {
             return Err(LoadError::NotExecutable { program });
         }
+        if let Some(pin) = &config.program_sha256 {
+            let staged = stage_pinned(&program, pin)?;
+            refuse_pinned_script(&program, &staged)?;
+        }
         let lot = match (&config.affinity, &config.egress) {
             (Some(a), None) => Some(affinity::ParkingLot::new(a.ttl())),
             _ => None,
@@ -177,6 +205,7 @@ impl ProcessRuntime {
         env.push((PLUGIN_COOKIE_ENV.to_owned(), "1".to_owned()));
         LaunchSpec {
             program: self.config.program.clone(),
+            program_sha256: self.config.program_sha256,
             args: self.config.args.clone(),
             env,
             runtime_id: self.config.manifest.id.as_str().to_owned(),
@@ -213,6 +242,14 @@ impl ProcessRuntime {
             deterministic: is_deterministic(reason),
             process,
         });
+    }
+
+    /// A launch of a pinned program succeeded: the launcher checked the
+    /// bytes it executed against the pin, which the result states.
+    fn report_program(&self, report: &TurnReport) {
+        if let Some(sha256) = self.config.program_sha256 {
+            report.set_program(crate::provenance::ProgramProvenance { sha256 });
+        }
     }
 
     fn name(&self) -> String {
@@ -355,6 +392,51 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
         setrlimit(Resource::Nofile, lim).map_err(std::io::Error::from)?;
     }
     Ok(lim.current.unwrap_or(u64::MAX))
+}
+
+/// A pinned program must be an executable the kernel loads itself: a `#!`
+/// script executed through a close-on-exec descriptor would hand its
+/// interpreter a `/dev/fd/N` that is already closed.
+fn refuse_pinned_script(
+    program: &std::path::Path,
+    staged: &std::path::Path,
+) -> Result<(), LoadError> {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    let read = std::fs::File::open(staged).and_then(|mut f| f.read_exact(&mut head));
+    match read {
+        Ok(()) if &head == b"#!" => Err(LoadError::PinnedScript {
+            program: program.to_path_buf(),
+        }),
+        Ok(()) => Ok(()),
+        Err(e) => Err(LoadError::PinUnchecked {
+            program: program.to_path_buf(),
+            reason: format!("cannot read the staged copy: {e}"),
+        }),
+    }
+}
+
+/// The staged copy of a pinned program (made, or found unchanged): a
+/// mismatch is [`LoadError::PinMismatch`] with both digests.
+pub(crate) fn stage_pinned(
+    program: &std::path::Path,
+    pin: &sharedos_sandbox::ProgramDigest,
+) -> Result<PathBuf, LoadError> {
+    sharedos_sandbox::staging::stage_pinned(program, pin).map_err(|e| match e {
+        sharedos_sandbox::SandboxError::PinMismatch {
+            program,
+            expected,
+            actual,
+        } => LoadError::PinMismatch {
+            program,
+            expected,
+            actual,
+        },
+        other => LoadError::PinUnchecked {
+            program: program.to_path_buf(),
+            reason: other.to_string(),
+        },
+    })
 }
 
 #[cfg(test)]

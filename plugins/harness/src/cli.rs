@@ -24,6 +24,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 /// What to run.
 pub struct Launch {
     pub command: PathBuf,
+    /// The CLI's content pin (64 lowercase hex digits): the CLI runs only
+    /// if its bytes, read through the descriptor it is executed by, hash
+    /// to it.
+    pub sha256: Option<String>,
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: PathBuf,
@@ -126,9 +130,53 @@ fn ended(stopped: Option<StopReason>, status: std::io::Result<std::process::Exit
     }
 }
 
+/// A CLI that never started.
+fn not_started(why: String) -> Run {
+    Run {
+        ended: Ended::SpawnFailed(why),
+        drained: false,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    }
+}
+
+/// The CLI's command. A pinned CLI's file is opened and hashed through
+/// that descriptor, and the command is the descriptor itself
+/// (`/proc/self/fd/<n>`, which the kernel follows to the open file, not to
+/// a path): the bytes hashed are the bytes executed. The descriptor
+/// (close-on-exec, so the CLI does not inherit it) must be held until the
+/// spawn returns.
+fn command(launch: &Launch) -> Result<(tokio::process::Command, Option<std::fs::File>), String> {
+    use sha2::Digest;
+    use std::os::fd::AsRawFd;
+    let Some(pin) = &launch.sha256 else {
+        return Ok((tokio::process::Command::new(&launch.command), None));
+    };
+    let path = launch.command.display();
+    let file = std::fs::File::open(&launch.command).map_err(|e| format!("{path}: {e}"))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut &file, &mut hasher).map_err(|e| format!("{path}: {e}"))?;
+    let actual: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if actual != *pin {
+        return Err(format!(
+            "{path} has sha256 {actual}, the pin is {pin}; it was not executed"
+        ));
+    }
+    let mut cmd = tokio::process::Command::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    cmd.arg0(&launch.command);
+    Ok((cmd, Some(file)))
+}
+
 /// Runs the CLI to its end (or the drain/abort), then sweeps its tree.
 pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usize) -> Run {
-    let mut cmd = tokio::process::Command::new(&launch.command);
+    let (mut cmd, _pinned) = match command(&launch) {
+        Ok(c) => c,
+        Err(why) => return not_started(why),
+    };
     cmd.args(&launch.args)
         .env_clear()
         .envs(&launch.env)
@@ -140,14 +188,7 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         .kill_on_drop(true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => {
-            return Run {
-                ended: Ended::SpawnFailed(format!("{}: {e}", launch.command.display())),
-                drained: false,
-                stdout: Vec::new(),
-                stderr: Vec::new(),
-            };
-        }
+        Err(e) => return not_started(format!("{}: {e}", launch.command.display())),
     };
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
     let out = Arc::new(Mutex::new(Tail::new(tail_cap)));
@@ -260,6 +301,46 @@ fn children_of(parent: i32) -> Vec<i32> {
 mod tests {
     use super::*;
 
+    /// `run` reaps every child of the process (its sweep): the tests that
+    /// run a CLI take turns.
+    static ONE_CLI: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// A pinned CLI runs through its descriptor; one whose bytes differ
+    /// from the pin never starts (its marker file is never written).
+    #[tokio::test]
+    async fn a_pinned_cli_runs_only_with_its_own_bytes() {
+        use sha2::Digest;
+        let _one = ONE_CLI.lock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        let digest: String = sha2::Sha256::digest(std::fs::read(&sh).unwrap())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let marker = dir.path().join("ran");
+        let launch = |pin: &str| Launch {
+            command: sh.clone(),
+            sha256: Some(pin.to_owned()),
+            args: vec!["-c".into(), format!("echo $0; touch {}", marker.display())],
+            env: BTreeMap::new(),
+            cwd: "/".into(),
+            term_grace: Duration::from_millis(100),
+        };
+        let wrong = "0".repeat(64);
+        let run1 = run(launch(&wrong), Signal::never(), Signal::never(), 1024).await;
+        let Ended::SpawnFailed(why) = &run1.ended else {
+            panic!("{:?}", run1.ended)
+        };
+        assert!(why.contains(&digest) && why.contains(&wrong), "{why}");
+        assert!(why.contains("not executed"), "{why}");
+        assert!(!marker.exists());
+        let run2 = run(launch(&digest), Signal::never(), Signal::never(), 1024).await;
+        assert_eq!(run2.ended, Ended::Exited(0));
+        // argv[0] is the configured path, not the descriptor's.
+        assert_eq!(run2.stdout, format!("{}\n", sh.display()).into_bytes());
+        assert!(marker.exists());
+    }
+
     fn marked(marker: &str) -> Vec<String> {
         let needle = format!("HARNESS_TEST_MARKER={marker}");
         std::fs::read_dir("/proc")
@@ -282,10 +363,12 @@ mod tests {
     /// leave nothing of a tree that `setsid`s and double-forks.
     #[tokio::test]
     async fn the_sweep_kills_what_escaped_the_process_group() {
+        let _one = ONE_CLI.lock().await;
         become_subreaper();
         let marker = format!("{}-{}", std::process::id(), line!());
         let launch = Launch {
             command: "/bin/sh".into(),
+            sha256: None,
             args: vec![
                 "-c".into(),
                 "(setsid sh -c 'sleep 1000 & sleep 1000' &); (sh -c 'sleep 1000 &' &); sleep 0.3; echo done".into(),

@@ -241,6 +241,7 @@ impl RuntimePlugin for HarnessPlugin {
         let transport = self.serve(&vars, &server).await?;
         let launch = cli::Launch {
             command: PathBuf::from(&spec.command),
+            sha256: spec.sha256.clone(),
             args: vars.args(&spec.args)?,
             env: cli_env(&vars, &spec.env)?,
             cwd: vars.home.clone(),

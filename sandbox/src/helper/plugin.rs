@@ -40,6 +40,9 @@ pub(super) fn plugin_exec(
         })
         .unwrap_or_default();
 
+    // The pinned program: opened and hashed here, executed through this
+    // very descriptor, so the bytes checked are the bytes run.
+    let pinned = open_pinned(req, mountns, exe)?;
     stamp("plugin", "workdir_and_status_opened");
     lock_down(req, rep, &grants(req, mountns, workdir, tmpdir, exe))?;
 
@@ -77,7 +80,7 @@ pub(super) fn plugin_exec(
     // 17. The exec's arguments, built before the report goes out, so a
     // prepared sandbox only calls execve once started (no allocation, no
     // copy-on-write fault on the way).
-    let exec = Exec::new(exe, &req.args, &env)?;
+    let exec = Exec::new(exe, &req.args, &env, pinned)?;
     pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
     if req.hold {
         wait_for_start(pipe);
@@ -85,6 +88,39 @@ pub(super) fn plugin_exec(
     // Then execve with exactly the environment the host built.
     exec.run();
     Err(os_fail("exec", &format!("execve {exe:?}")))
+}
+
+/// The staged copy of a pinned program, opened (close-on-exec) and
+/// checked: its bytes, read through the descriptor that will be executed,
+/// must hash to the pin. `None` for a program without a pin.
+fn open_pinned(
+    req: &HelperRequest,
+    mountns: bool,
+    exe: &Path,
+) -> Result<Option<std::fs::File>, Fail> {
+    let Some(pin) = req.policy.program_sha256 else {
+        return Ok(None);
+    };
+    if !mountns || req.program_in_place {
+        return Err(fail(
+            "pin",
+            "a pinned program runs only from its staged copy, which needs the sandbox's mount \
+             namespace; it is not available here",
+        ));
+    }
+    let file = std::fs::File::open(exe).map_err(|e| fail("pin", format!("open {exe:?}: {e}")))?;
+    let actual = crate::pin::ProgramDigest::of_file(&file)
+        .map_err(|e| fail("pin", format!("read {exe:?}: {e}")))?;
+    if actual != pin {
+        return Err(fail(
+            "pin",
+            format!(
+                "the staged program's sha256 is {actual}, the runtime's pin is {pin}; it was \
+                 not executed"
+            ),
+        ));
+    }
+    Ok(Some(file))
 }
 
 /// Steps 13–16: capabilities (checked with `capget`) and any other layer
@@ -198,13 +234,21 @@ fn environment(
 /// the null-terminated pointer arrays into them.
 struct Exec {
     path: CString,
+    /// The pinned program's checked descriptor: executed with
+    /// `execveat(fd, "", AT_EMPTY_PATH)`, no path resolved again.
+    fd: Option<std::fs::File>,
     _strings: (Vec<CString>, Vec<CString>),
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
 }
 
 impl Exec {
-    fn new(exe: &Path, args: &[OsString], env: &[(String, String)]) -> Result<Exec, Fail> {
+    fn new(
+        exe: &Path,
+        args: &[OsString],
+        env: &[(String, String)],
+        fd: Option<std::fs::File>,
+    ) -> Result<Exec, Fail> {
         let path =
             CString::new(exe.as_os_str().as_bytes()).map_err(|_| fail("exec", "NUL in path"))?;
         let mut argv = vec![path.clone()];
@@ -225,12 +269,31 @@ impl Exec {
             argv: pointers(&argv),
             envp: pointers(&envp),
             path,
+            fd,
             _strings: (argv, envp),
         })
     }
 
     /// `execve`; returns only when it failed.
     fn run(&self) {
+        if let Some(fd) = &self.fd {
+            use std::os::fd::AsRawFd;
+            // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH
+            // executes the open file `fd` itself; `argv` and `envp` as
+            // below. The descriptor is close-on-exec, so the plugin does
+            // not inherit it.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_execveat,
+                    fd.as_raw_fd(),
+                    c"".as_ptr(),
+                    self.argv.as_ptr(),
+                    self.envp.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            return;
+        }
         // SAFETY: `path` is NUL-terminated; `argv` and `envp` are
         // null-terminated arrays of pointers into CStrings that `self`
         // owns (moving a CString does not move its heap buffer), all alive

@@ -282,7 +282,27 @@ impl Filters {
 /// read-only paths runs from its own path (a venv's interpreter finds its
 /// pyvenv.cfg). Any other is bound from a copy in the host-private state
 /// directory, so the mount table names no host path of it.
+///
+/// A pinned program always runs from its staged copy (a copy, keyed by its
+/// digest, checked against the pin as it is made), so it needs the mount
+/// namespace that binds the copy in.
 fn stage(spec: &SpawnSpec) -> Result<(bool, Option<PathBuf>), SandboxError> {
+    if let Some(pin) = &spec.policy.program_sha256 {
+        if !spec.policy.layers.mountns {
+            return Err(SandboxError::BadPath {
+                what: "program",
+                path: spec.program.clone(),
+                reason: "it is pinned (sha256), and a pinned program runs only from its staged \
+                         copy, which the mount namespace binds in; turn sandbox.layers.mountns \
+                         back on, or remove the pin"
+                    .into(),
+            });
+        }
+        return Ok((
+            false,
+            Some(crate::staging::stage_pinned(&spec.program, pin)?),
+        ));
+    }
     let program_in_place = crate::fsview::program_in_place(&spec.policy, &spec.program);
     let program_staged = if spec.policy.layers.mountns && !program_in_place {
         Some(crate::staging::stage_program(&spec.program)?)

@@ -9,12 +9,19 @@
 //! program's identity (device, inode, size, mtime; not ctime, which the
 //! hard link itself changes), so the copy is made once per program version
 //! and the path reveals nothing of the host.
+//!
+//! A pinned program ([`stage_pinned`]) is never a hard link: the bytes are
+//! copied into the state directory and hashed as they are copied, the copy
+//! is refused unless its digest is the pin, and it is kept under
+//! `<state dir>/plugins/sha256-<digest>/<name>`, so two different files
+//! never share a staged copy and nobody but the host can change it.
 
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::pin::ProgramDigest;
 use crate::{SandboxError, statedir};
 
 /// Programs this process staged: (program as given, its identity key,
@@ -112,6 +119,130 @@ fn stage_anew(program: &Path, md: &std::fs::Metadata, key: u64) -> Result<PathBu
     Ok(staged)
 }
 
+/// The identity of a file as far as a change of its bytes goes: any write,
+/// truncation, `rename` over it or `chmod` changes its ctime (which only
+/// the kernel sets), a replacement its inode.
+type Identity = (u64, u64, u64, i64, i64, i64, i64);
+
+fn identity(md: &std::fs::Metadata) -> Identity {
+    let m = md;
+    (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// Pinned programs this process staged: (program as given, the identity
+/// it had when its bytes were hashed, the pin, the staged copy).
+type PinnedCache = std::sync::Mutex<Vec<(PathBuf, Identity, ProgramDigest, PathBuf)>>;
+static PINNED: PinnedCache = std::sync::Mutex::new(Vec::new());
+
+/// The staged copy of `program` whose bytes hash to `pin`, made now unless
+/// this process staged the file unchanged since (same inode, same ctime).
+/// Refuses a program whose bytes are not the pinned ones with
+/// [`SandboxError::PinMismatch`]; nothing of it is staged then.
+pub fn stage_pinned(program: &Path, pin: &ProgramDigest) -> Result<PathBuf, SandboxError> {
+    let bad = |reason: String| SandboxError::BadPath {
+        what: "program",
+        path: program.to_path_buf(),
+        reason,
+    };
+    let md = std::fs::metadata(program).map_err(|e| bad(e.to_string()))?;
+    let cached = PINNED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(p, id, d, _)| p == program && *id == identity(&md) && d == pin)
+        .map(|(_, _, _, staged)| staged.clone());
+    if let Some(staged) = cached
+        && std::fs::symlink_metadata(&staged).is_ok_and(|s| s.is_file() && s.size() == md.size())
+    {
+        return Ok(staged);
+    }
+    let (staged, id) = copy_pinned(program, pin)?;
+    let mut cache = PINNED.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|(p, _, _, _)| p != program);
+    cache.push((program.to_path_buf(), id, *pin, staged.clone()));
+    Ok(staged)
+}
+
+/// Copies `program` into the state directory, hashing the bytes it copies,
+/// and moves the copy to its digest's place if the digest is `pin`.
+/// Returns the staged path and the identity the source had while read.
+fn copy_pinned(program: &Path, pin: &ProgramDigest) -> Result<(PathBuf, Identity), SandboxError> {
+    use std::io::{Read, Write};
+    let bad = |reason: String| SandboxError::BadPath {
+        what: "program",
+        path: program.to_path_buf(),
+        reason,
+    };
+    let name = program
+        .file_name()
+        .ok_or_else(|| bad("has no file name".into()))?;
+    let mut src = std::fs::File::open(program).map_err(|e| bad(e.to_string()))?;
+    let before = src.metadata().map_err(|e| bad(e.to_string()))?;
+    if !before.is_file() {
+        return Err(bad("not a file".into()));
+    }
+    let plugins = statedir::subdir("plugins")?;
+    static N: AtomicU32 = AtomicU32::new(0);
+    let tmp = plugins.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let io = |e| SandboxError::Io {
+        op: "copy the pinned plugin binary into the state directory",
+        source: e,
+    };
+    let mut hasher = ProgramDigest::hasher();
+    let copied = (|| -> std::io::Result<()> {
+        let mut dst = std::fs::File::create_new(&tmp)?;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            sha2::Digest::update(&mut hasher, &buf[..n]);
+            dst.write_all(&buf[..n])?;
+        }
+        dst.set_permissions(std::fs::Permissions::from_mode(0o555))?;
+        dst.sync_all()
+    })();
+    let actual = ProgramDigest::from_hasher(hasher);
+    let placed = copied.and_then(|()| {
+        if actual != *pin {
+            return Ok(None);
+        }
+        let dir = plugins.join(format!("sha256-{actual}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let staged = dir.join(name);
+        std::fs::rename(&tmp, &staged)?;
+        Ok(Some(staged))
+    });
+    let _ = std::fs::remove_file(&tmp);
+    match placed.map_err(io)? {
+        Some(staged) => Ok((staged, identity(&before))),
+        None => Err(SandboxError::PinMismatch {
+            program: program.to_path_buf(),
+            expected: *pin,
+            actual,
+        }),
+    }
+}
+
 /// Once per process: remove staged binaries nothing else links to any
 /// more (the program they link to was deleted, or a copy) and whose inode
 /// has not changed for an hour. A host still using one stages it again
@@ -162,5 +293,46 @@ mod tests {
         for p in [&first, &second] {
             let _ = std::fs::remove_dir_all(p.parent().unwrap());
         }
+    }
+
+    #[test]
+    fn a_pinned_program_is_a_copy_keyed_by_its_digest_and_refused_when_it_differs() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("plugin");
+        let bytes = format!("#!/bin/sh\n# {:?}\n", dir.path());
+        std::fs::write(&program, &bytes).unwrap();
+        let pin = ProgramDigest::of_reader(bytes.as_bytes()).unwrap();
+        let staged = stage_pinned(&program, &pin).unwrap();
+        assert!(
+            staged.ends_with(format!("sha256-{pin}/plugin")),
+            "{staged:?}"
+        );
+        assert_eq!(std::fs::read(&staged).unwrap(), bytes.as_bytes());
+        let (src, copy) = (program.metadata().unwrap(), staged.metadata().unwrap());
+        assert_ne!(
+            (src.dev(), src.ino()),
+            (copy.dev(), copy.ino()),
+            "a copy, not a link"
+        );
+        assert_eq!(copy.mode() & 0o7777, 0o555);
+        // Changed in place: refused with both digests, nothing new staged.
+        std::fs::write(&program, b"#!/bin/sh\necho other\n").unwrap();
+        let actual = ProgramDigest::of_reader(&b"#!/bin/sh\necho other\n"[..]).unwrap();
+        match stage_pinned(&program, &pin) {
+            Err(SandboxError::PinMismatch {
+                expected,
+                actual: a,
+                ..
+            }) => assert_eq!((expected, a), (pin, actual)),
+            other => panic!("{other:?}"),
+        }
+        let other_dir = staged
+            .parent()
+            .unwrap()
+            .with_file_name(format!("sha256-{actual}"));
+        assert!(!other_dir.exists());
+        assert_eq!(std::fs::read(&staged).unwrap(), bytes.as_bytes());
+        let _ = std::fs::remove_dir_all(staged.parent().unwrap());
     }
 }
