@@ -165,6 +165,81 @@ fn cli_deadline_direct_without_a_cgroup() {
     deadline_as("direct", is_root().then_some(NOBODY));
 }
 
+/// A pinned program through the direct launcher of a host that cannot
+/// make a cgroup: the subreaper forks the plugin, which executes the very
+/// descriptor the host hashed, and the result names the digest.
+#[test]
+fn a_pinned_direct_plugin_runs_through_the_subreaper() {
+    let program = workspace_bin("sharedos-testplugin");
+    let out = Command::new("sha256sum").arg(&program).output().unwrap();
+    let digest = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(digest.len(), 64, "sha256sum: {out:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let uid = is_root().then_some(NOBODY);
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
+    }
+    let marker = format!("cli-pinned-{}", std::process::id());
+    let config = testplugin_host_toml(&marker, "direct", 60_000).replacen(
+        "launcher = \"direct\"",
+        &format!("launcher = \"direct\"\nsha256 = \"{digest}\""),
+        1,
+    );
+    assert!(config.contains("sha256 = "), "{config}");
+    std::fs::write(dir.path().join("host.toml"), config).unwrap();
+    std::fs::write(
+        dir.path().join("turn.json"),
+        request(
+            "cli-pinned",
+            json!([{"op": "emit", "type": "x", "data": 1}]),
+            &[],
+            20_000,
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let mut cmd = Command::new(workspace_bin("sharedos"));
+    if let Some(uid) = uid {
+        // The state directory (the staged copy) of a host without
+        // XDG_RUNTIME_DIR is under its TMPDIR.
+        cmd.uid(uid)
+            .gid(uid)
+            .current_dir(dir.path())
+            .env("TMPDIR", dir.path())
+            .env_remove("XDG_RUNTIME_DIR");
+    }
+    let out = cmd
+        .arg("run")
+        .arg("--config")
+        .arg(dir.path().join("host.toml"))
+        .arg("--request")
+        .arg(dir.path().join("turn.json"))
+        .output()
+        .unwrap();
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{result:#}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runtime = &result["metadata"]["runtime"];
+    assert_eq!(runtime["programSha256"], digest.as_str(), "{runtime}");
+    assert_eq!(runtime["programPinned"], true, "{runtime}");
+    let containment = runtime["sandbox"]["containment"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        containment.starts_with("subreaper (no cgroup: "),
+        "{runtime}"
+    );
+    assert!(wait_gone(&marker, Duration::from_secs(10)).is_empty());
+}
+
 /// A plugin that exits on its own while a `setsid` daemon of its holds its
 /// stdout open: the turn ends with the plugin's failure, and the daemon
 /// dies with it, with or without a cgroup.
