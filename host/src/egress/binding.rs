@@ -44,6 +44,57 @@ pub enum EgressEvent {
     },
     /// A per-turn budget ran out: the turn ends `egress_budget_exceeded`.
     BudgetExceeded { budget: &'static str },
+    /// A route's model failed `failures` answers in a row (its
+    /// `maxFailures`): the turn ends `model_unavailable`, or
+    /// `model_access_refused` when the last answer was 401 or 403.
+    ModelFailing {
+        route: String,
+        failures: u32,
+        /// The last failed answer's status, or why none came.
+        status: Option<u16>,
+        code: Option<String>,
+    },
+}
+
+impl EgressEvent {
+    /// Whether this ends the turn, and with which reason.
+    pub fn ends_turn(&self) -> Option<&'static str> {
+        match self {
+            EgressEvent::BudgetExceeded { .. } => Some(EGRESS_BUDGET_EXCEEDED),
+            EgressEvent::ModelFailing {
+                status: Some(401 | 403),
+                ..
+            } => Some(MODEL_ACCESS_REFUSED),
+            EgressEvent::ModelFailing { .. } => Some(MODEL_UNAVAILABLE),
+            _ => None,
+        }
+    }
+}
+
+/// The turn's ending when a budget runs out.
+pub const EGRESS_BUDGET_EXCEEDED: &str = "egress_budget_exceeded";
+/// The turn's ending when a route's model fails `maxFailures` answers in a
+/// row (5xx, 429, no answer): retryable, the model may come back.
+pub const MODEL_UNAVAILABLE: &str = "model_unavailable";
+/// The same when the last answer was 401 or 403: the route's key or grant
+/// at the provider is wrong, and a retry gets the same.
+pub const MODEL_ACCESS_REFUSED: &str = "model_access_refused";
+
+/// Whether a request's outcome is the model failing (`Some(true)`), the
+/// model answering (`Some(false)`), or neither (a refusal of the gateway's
+/// own, a client error such as 400 or 404): only the first two count.
+fn model_failed(o: &Outcome) -> Option<bool> {
+    if o.code
+        .as_deref()
+        .is_some_and(|c| c.starts_with("upstream_"))
+    {
+        return Some(true);
+    }
+    match o.status {
+        Some(s) if s >= 500 || matches!(s, 401 | 403 | 429) => Some(true),
+        Some(s) if s < 400 && o.code.is_none() => Some(false),
+        _ => None,
+    }
 }
 
 /// What was spent in the turn.
@@ -72,6 +123,8 @@ pub struct TurnBinding {
     pub(super) context: AccessContext,
     pub(super) events: mpsc::UnboundedSender<EgressEvent>,
     pub(super) spent: Mutex<Spent>,
+    /// Each route's failed answers in a row.
+    failures: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl TurnBinding {
@@ -85,6 +138,31 @@ impl TurnBinding {
             context,
             events,
             spent: Mutex::new(Spent::default()),
+            failures: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Counts a model request's outcome against its route's failures in a
+    /// row; at `max` (not 0) the turn is told to end.
+    fn count_failure(&self, route: &str, max: u32, o: &Outcome) {
+        let Some(failed) = model_failed(o) else {
+            return;
+        };
+        let in_a_row = {
+            let Ok(mut counts) = self.failures.lock() else {
+                return;
+            };
+            let n = counts.entry(route.to_owned()).or_insert(0);
+            *n = if failed { n.saturating_add(1) } else { 0 };
+            *n
+        };
+        if failed && max > 0 && in_a_row == max {
+            self.emit(EgressEvent::ModelFailing {
+                route: route.to_owned(),
+                failures: in_a_row,
+                status: o.status,
+                code: o.code.clone(),
+            });
         }
     }
 
@@ -141,10 +219,13 @@ impl TurnBinding {
     pub(super) fn finish_request(
         self: &Arc<Self>,
         path: &[String],
+        max_failures: u32,
         o: Outcome,
         started: Instant,
     ) -> impl Future<Output = ()> + Send + 'static {
         let ok = o.code.is_none() && o.status.is_some_and(|s| s < 400);
+        let route = path.first().map(String::as_str).unwrap_or_default();
+        self.count_failure(route, max_failures, &o);
         let event = EgressEvent::Request {
             route: path.first().cloned().unwrap_or_default(),
             status: o.status,
@@ -197,6 +278,12 @@ pub(super) fn meta_of(event: &EgressEvent) -> JsonObject {
             "durationMs": duration_ms,
         }),
         EgressEvent::BudgetExceeded { budget } => json!({"budget": budget}),
+        EgressEvent::ModelFailing {
+            failures,
+            status,
+            code,
+            ..
+        } => json!({"failures": failures, "status": status, "code": code}),
     };
     match value {
         Value::Object(m) => m.into_iter().filter(|(_, v)| !v.is_null()).collect(),

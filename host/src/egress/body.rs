@@ -196,10 +196,12 @@ impl MeteredBody {
             usage,
             estimated_tokens: estimated,
         };
-        let record = self
-            .m
-            .binding
-            .finish_request(&self.m.route.path, outcome, self.m.started);
+        let record = self.m.binding.finish_request(
+            &self.m.route.path,
+            self.m.route.max_failures,
+            outcome,
+            self.m.started,
+        );
         self.stage = Stage::Recording {
             record: Some(Box::pin(record)),
             last,

@@ -110,7 +110,8 @@ impl Gateway {
                 .secret
                 .resolve()
                 .map_err(|e| format!("route {}: {e}", r.name))?;
-            let route = Route::new(&r.name, url, &secret, r.api, r.allow.clone(), &r.headers)?;
+            let mut route = Route::new(&r.name, url, &secret, r.api, r.allow.clone(), &r.headers)?;
+            route.max_failures = r.max_failures;
             routes.insert(r.name.clone(), Arc::new(route));
         }
         let mut destinations = HashMap::new();

@@ -55,6 +55,19 @@ pub struct ModelRoute {
     /// such headers never pass.
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+    /// Failed answers in a row (5xx, 429, 401, 403, or no answer at all)
+    /// after which the turn ends `model_unavailable` (or
+    /// `model_access_refused` for 401/403) instead of retrying until its
+    /// deadline; 0 never ends it. Default [`DEFAULT_MAX_FAILURES`].
+    #[serde(default = "default_max_failures")]
+    pub max_failures: u32,
+}
+
+/// A model route's default [`ModelRoute::max_failures`].
+pub const DEFAULT_MAX_FAILURES: u32 = 3;
+
+fn default_max_failures() -> u32 {
+    DEFAULT_MAX_FAILURES
 }
 
 /// One CONNECT destination.

@@ -78,7 +78,9 @@ impl Gateway {
             "egress_budget_exceeded" => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_GATEWAY,
         };
-        binding.finish_request(&route.path, outcome, started).await;
+        binding
+            .finish_request(&route.path, route.max_failures, outcome, started)
+            .await;
         refusal(status, &code, "the request did not reach the model")
     }
 

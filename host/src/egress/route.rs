@@ -46,6 +46,8 @@ pub(super) struct Route {
     /// The key as the answers are searched for it (masked before the
     /// plugin sees them).
     pub(super) key_bytes: bytes::Bytes,
+    /// Failed answers in a row that end the turn (0: never).
+    pub(super) max_failures: u32,
     /// The route's own organization, project or workspace headers.
     identity: Vec<(HeaderName, HeaderValue)>,
     /// The upstream's `host` header.
@@ -108,6 +110,7 @@ impl Route {
             allow,
             api,
             key_bytes: bytes::Bytes::copy_from_slice(key.as_bytes()),
+            max_failures: super::policy::DEFAULT_MAX_FAILURES,
             identity,
             authority,
             key: (key_name, key_value),

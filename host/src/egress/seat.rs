@@ -152,5 +152,14 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
         EgressEvent::BudgetExceeded { budget } => {
             ("egress.budget_exceeded", json!({ "budget": budget }))
         }
+        EgressEvent::ModelFailing {
+            route,
+            failures,
+            status,
+            code,
+        } => (
+            "egress.model_failing",
+            json!({"route": route, "failures": failures, "status": status, "code": code}),
+        ),
     }
 }

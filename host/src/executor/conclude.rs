@@ -124,13 +124,15 @@ impl Executor {
         }
     }
 
-    /// Every envelope violation is the plugin's doing and repeats on a
-    /// retry: never retryable.
+    /// An envelope violation is the plugin's doing and repeats on a retry:
+    /// never retryable. A model that kept failing may come back: retryable,
+    /// unless its provider refused the key.
     fn violation_ending(&self, turn: &Turn, reason: &'static str) -> Ending {
-        let (code, message) = if reason == EGRESS_BUDGET_EXCEEDED {
-            (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET)
-        } else {
-            (RUNTIME_FAILED, MSG_RUNTIME_FAILED)
+        let (code, message, retryable) = match reason {
+            EGRESS_BUDGET_EXCEEDED => (EGRESS_BUDGET_EXCEEDED, MSG_EGRESS_BUDGET, false),
+            MODEL_UNAVAILABLE => (MODEL_UNAVAILABLE, MSG_MODEL_UNAVAILABLE, true),
+            MODEL_ACCESS_REFUSED => (MODEL_ACCESS_REFUSED, MSG_MODEL_ACCESS_REFUSED, false),
+            _ => (RUNTIME_FAILED, MSG_RUNTIME_FAILED, false),
         };
         self.report_turn_error(turn, TurnError::Violation { reason });
         let mut details = json!({"reason": reason});
@@ -138,6 +140,6 @@ impl Executor {
             // What to fix: the limit the plugin's writes went past.
             details["limitBytes"] = json!(self.options.max_turn_bytes);
         }
-        Ending::failed(code, message, false).with_details(details)
+        Ending::failed(code, message, retryable).with_details(details)
     }
 }

@@ -1,7 +1,9 @@
 //! A turn of a seat with an egress gateway: bound to the gateway for as
 //! long as the seat runs, with the kernel as the authority of each request
 //! and connection; what the gateway reports becomes the turn's events, and
-//! a spent budget ends the turn `egress_budget_exceeded`.
+//! a spent budget ends the turn `egress_budget_exceeded`, a model failing
+//! its route's `maxFailures` answers in a row `model_unavailable` (or
+//! `model_access_refused`).
 
 use std::sync::Arc;
 
@@ -11,7 +13,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Executor;
-use super::ending::EGRESS_BUDGET_EXCEEDED;
 use super::turn::Turn;
 use crate::egress::seat::event_of;
 use crate::egress::{BoundTurn, EgressEvent, TurnBinding};
@@ -45,8 +46,8 @@ fn record(turn: &Turn, e: &EgressEvent) {
     // Charged like a plugin's own action: a plugin that makes the gateway
     // report without end meets the event budget.
     turn.push_plugin_event(kind, data.into(), 0, 0);
-    if matches!(e, EgressEvent::BudgetExceeded { .. }) {
-        turn.violate(EGRESS_BUDGET_EXCEEDED);
+    if let Some(reason) = e.ends_turn() {
+        turn.violate(reason);
     }
 }
 

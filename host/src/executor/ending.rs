@@ -12,11 +12,14 @@ pub(crate) const RUNTIME_FAILED: &str = "runtime_failed";
 pub(crate) const TURN_CANCELLED: &str = "turn_cancelled";
 pub(crate) const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 pub(crate) const INVALID_RUNTIME_OUTCOME: &str = "invalid_runtime_outcome";
-/// A per-turn egress budget (requests, bytes, tokens) ran out.
-pub(crate) const EGRESS_BUDGET_EXCEEDED: &str = "egress_budget_exceeded";
+/// A per-turn egress budget (requests, bytes, tokens) ran out; a route's
+/// model failed its `maxFailures` answers in a row.
+pub(crate) use crate::egress::{EGRESS_BUDGET_EXCEEDED, MODEL_ACCESS_REFUSED, MODEL_UNAVAILABLE};
 
 pub(crate) const MSG_RUNTIME_FAILED: &str = "The runtime plugin failed.";
 pub(crate) const MSG_EGRESS_BUDGET: &str = "The turn used up its egress budget (model requests, bytes or tokens); raise runtimes.network.budget or ask for less.";
+pub(crate) const MSG_MODEL_UNAVAILABLE: &str = "The model failed its route's maxFailures answers in a row (server errors, rate limits or no answer); the egress.model_failing event names the route and the last status.";
+pub(crate) const MSG_MODEL_ACCESS_REFUSED: &str = "The model's provider refused the route's key (401 or 403) its maxFailures times in a row; check the route's secret and the account's access.";
 pub(crate) const MSG_CANCELLED: &str = "The turn was cancelled before it completed.";
 pub(crate) const MSG_DEADLINE: &str = "The turn reached its deadline before it completed.";
 pub(crate) const MSG_AUDIT: &str =

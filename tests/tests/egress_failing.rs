@@ -1,0 +1,143 @@
+//! A model that keeps failing ends the turn with a code that says so
+//! (docs/EGRESS.md, "A model that keeps failing"): `maxFailures` failed
+//! answers in a row on one route (5xx, 429, no answer) end it
+//! `model_unavailable`, retryable; 401 or 403 end it
+//! `model_access_refused`, not retryable; an answer in between starts the
+//! count again, and `maxFailures = 0` never ends it. A plugin that retries
+//! without end no longer runs to its deadline. Observed from the host: the
+//! result, the events, what the upstream received, the audit file.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use sharedos_host::egress::mock::{MockModel, Reply, Wire, plan_script};
+use sharedos_protocol::ExecutionStatus;
+use sharedos_tests::egress::{Turn, egress_grant, key_file, run_request};
+use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
+
+/// The testplugin in the full sandbox with a route `openai` to `upstream`,
+/// the route's own settings added after `allow`.
+fn config(dir: &Path, upstream: &str, route_extra: &str) -> String {
+    let network = format!(
+        "launcher = \"sandbox\"\nnetwork = {{ routes = [{{ name = \"openai\", upstream = \"{upstream}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"]{route_extra} }}] }}\n",
+        key_file(dir).display()
+    );
+    testplugin_host_toml("egress-failing", "sandbox", 60_000)
+        .replace("launcher = \"sandbox\"\n", &network)
+        + &egress_grant("alice-model", "openai", "request")
+}
+
+/// A turn whose plugin sends `n` chat requests, one after the other (a
+/// client that retries), then emits `done`.
+async fn retrying_turn(dir: &Path, model: &MockModel, route_extra: &str, n: usize) -> Turn {
+    let text = config(dir, &model.base_url(), route_extra);
+    let mut script: Vec<Value> = (0..n)
+        .map(|_| json!({"op": "egress_flood", "n": 0, "path": "/openai/chat/completions"}))
+        .collect();
+    script.push(json!({"op": "emit", "type": "done", "data": {}}));
+    let request = testplugin_request("egress-failing-1", json!(script), &[], 60_000).to_string();
+    run_request(dir, &text, "sharedos-testplugin", &request, None).await
+}
+
+fn status(code: u16) -> Reply {
+    Reply::Status(
+        code,
+        json!({"error": {"message": "the model is having a bad day"}}),
+    )
+}
+
+fn emitted_done(turn: &Turn) -> bool {
+    turn.events_of("runtime.event")
+        .iter()
+        .any(|e| e["type"] == "done")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_server_errors_in_a_row_end_the_turn_model_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start((0..8).map(|_| status(500)).collect())
+        .await
+        .unwrap();
+    let turn = retrying_turn(dir.path(), &model, "", 8).await;
+
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Failed,
+        "{:#?}",
+        turn.result
+    );
+    let error = turn.result.error.as_ref().unwrap();
+    assert_eq!(error.code.as_str(), "model_unavailable", "{error:?}");
+    assert_eq!(error.retryable, Some(true), "{error:?}");
+    // The default `maxFailures` is 3: the fourth request never left.
+    assert_eq!(model.seen().len(), 3);
+    assert!(!emitted_done(&turn), "the plugin ran on past the ending");
+    let failing = turn.events_of("egress.model_failing");
+    assert_eq!(failing.len(), 1, "{:?}", turn.events);
+    assert_eq!(
+        failing[0],
+        json!({"route": "openai", "failures": 3, "status": 500, "code": null})
+    );
+    // Each request is on the audit file, failed, with its status.
+    let failed_records = turn
+        .audit
+        .lines()
+        .filter(|l| l.contains("\"effect.completed\"") && l.contains("\"status\":500"))
+        .count();
+    assert_eq!(failed_records, 3, "{}", turn.audit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_key_ends_the_turn_model_access_refused_not_retryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start((0..5).map(|_| status(401)).collect())
+        .await
+        .unwrap();
+    let turn = retrying_turn(dir.path(), &model, ", maxFailures = 2", 5).await;
+
+    let error = turn.result.error.as_ref().unwrap();
+    assert_eq!(error.code.as_str(), "model_access_refused", "{error:?}");
+    assert_eq!(error.retryable, Some(false), "{error:?}");
+    assert_eq!(model.seen().len(), 2);
+    let failing = turn.events_of("egress.model_failing");
+    assert_eq!(failing[0]["status"], 401, "{failing:?}");
+    assert_eq!(failing[0]["failures"], 2, "{failing:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_between_failures_starts_the_count_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let answer = plan_script(Wire::OpenaiChat).remove(1);
+    let replies = vec![status(503), status(429), answer, status(500), status(502)];
+    let model = MockModel::start(replies).await.unwrap();
+    let turn = retrying_turn(dir.path(), &model, "", 5).await;
+
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        turn.result
+    );
+    assert_eq!(model.seen().len(), 5);
+    assert!(emitted_done(&turn));
+    assert!(turn.events_of("egress.model_failing").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_failures_zero_never_ends_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start((0..6).map(|_| status(500)).collect())
+        .await
+        .unwrap();
+    let turn = retrying_turn(dir.path(), &model, ", maxFailures = 0", 6).await;
+
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Succeeded,
+        "{:#?}",
+        turn.result
+    );
+    assert_eq!(model.seen().len(), 6);
+    assert!(emitted_done(&turn));
+    assert!(turn.events_of("egress.model_failing").is_empty());
+}
