@@ -3,9 +3,11 @@
 //! built by `seat::process_runtime` (so the plugin gets `--harness`), the
 //! full sandbox, the real kernel with a JSONL audit trail, the executor.
 //!
-//! The seated CLI is either the real Python `mcp` SDK client
-//! (`tests/harness/mcp_client.py`, `pip install mcp==1.20.0`) or a small
-//! shell script for the bad-input cases. Every process of the turn carries
+//! The seated CLI is the real Python `mcp` SDK client
+//! (`tests/harness/mcp_client.py`, `pip install mcp==1.20.0`), the real
+//! TypeScript SDK client (`tests/harness/mcp_client.mjs`, the
+//! `@modelcontextprotocol/sdk` of tests/vendor-cli) or a small shell script
+//! for the bad-input cases. Every process of the turn carries
 //! a marker in its environment, so the host can prove none survives.
 
 use std::os::unix::fs::PermissionsExt;
@@ -109,6 +111,22 @@ pub fn mcp_client(dir: &Path) -> PathBuf {
     std::fs::copy(src, &p).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
     p
+}
+
+/// The TypeScript MCP SDK client, copied into `dir` beside a
+/// `node_modules` link to the pinned installation of tests/vendor-cli
+/// (`vendors::installed`, failing the test when it is missing). Returns
+/// the script and the directories the sandbox must see: `dir` and the
+/// installation's `node_modules`, where Node resolves the link to.
+pub fn ts_mcp_client(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let (package, version) = crate::vendors::MCP_SDK;
+    let modules = crate::vendors::installed(package, version).join("node_modules");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/mcp_client.mjs");
+    let p = dir.join("mcp_client.mjs");
+    std::fs::copy(src, &p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&modules, dir.join("node_modules")).unwrap();
+    (p, vec![dir.to_path_buf(), modules])
 }
 
 /// One harness turn's setup.

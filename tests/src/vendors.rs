@@ -29,6 +29,9 @@ use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
 /// The pinned versions (tests/vendor-cli/package.json, which `scripts/test` installs).
 pub const CODEX_VERSION: &str = "0.171.0";
 pub const CLAUDE_VERSION: &str = "2.1.332";
+/// The TypeScript MCP SDK the harness tests seat as a client
+/// (tests/harness/mcp_client.mjs).
+pub const MCP_SDK: (&str, &str) = ("@modelcontextprotocol/sdk", "1.32.2");
 /// The real key the gateway adds; the CLIs only ever hold the placeholder.
 pub const REAL_KEY: &str = "sk-vendor-real-5d0e27c1";
 /// Where the specs say the CLIs are installed.
@@ -67,10 +70,18 @@ impl Vendor {
 /// the specs' `/opt/sharedos-ci/cli`. Fails the test (never skips it) when
 /// `vendor`'s pinned version is not there.
 pub fn cli_dir(vendor: Vendor) -> PathBuf {
+    let (package, version) = vendor.package();
+    installed(package, version)
+}
+
+/// The directory of the pinned packages of tests/vendor-cli (the one
+/// holding `node_modules`): `SHAREDOS_VENDOR_CLI_DIR`, or the specs'
+/// `/opt/sharedos-ci/cli`. Fails the test (never skips it) when
+/// `package@version` is not installed there.
+pub fn installed(package: &str, version: &str) -> PathBuf {
     let dir = PathBuf::from(
         std::env::var("SHAREDOS_VENDOR_CLI_DIR").unwrap_or_else(|_| SPEC_DIR.to_owned()),
     );
-    let (package, version) = vendor.package();
     let manifest = dir.join("node_modules").join(package).join("package.json");
     let found = std::fs::read_to_string(&manifest)
         .ok()
@@ -80,7 +91,7 @@ pub fn cli_dir(vendor: Vendor) -> PathBuf {
         found.as_deref(),
         Some(version),
         "{package}@{version} is not installed in {dir}: run the tests with `scripts/test`, which \
-         installs the pinned CLIs (tests/vendor-cli) and sets SHAREDOS_VENDOR_CLI_DIR, or run \
+         installs the pinned packages (tests/vendor-cli) and sets SHAREDOS_VENDOR_CLI_DIR, or run \
          `npm ci` in a copy of tests/vendor-cli and point SHAREDOS_VENDOR_CLI_DIR at it",
         dir = dir.display(),
     );

@@ -1,14 +1,21 @@
 //! The real Python `mcp` SDK client (1.20.0) seated by `sharedos-harness`
 //! in the full sandbox, over the stdio relay: G 95–97 and 100–105 asserted
-//! on the turn's events, result and audit trail (docs/HARNESS.md).
+//! on the turn's events, result and audit trail (docs/HARNESS.md); it and
+//! the real TypeScript SDK client over streamable HTTP.
 //! Needs the `mcp` package that `scripts/test` installs into its
-//! environment (tests/requirements.lock); without it every test here fails
-//! saying so.
+//! environment (tests/requirements.lock) and the `@modelcontextprotocol/sdk`
+//! it installs from tests/vendor-cli (SHAREDOS_VENDOR_CLI_DIR); without
+//! them the tests that seat them fail saying so.
+
+use std::path::Path;
 
 use serde_json::{Value, json};
 use sharedos_tests::harness::{
-    HarnessCase, HarnessTurn, fixture_dir, mcp_client, python_with_mcp, run_harness,
+    HarnessCase, HarnessTurn, fixture_dir, mcp_client, python_with_mcp, run_harness, ts_mcp_client,
 };
+
+/// The Node the TypeScript client runs under (as tests/tests/runtime_fs.rs).
+const NODE: &str = "/usr/bin/node";
 
 /// A case seating the Python client with these steps.
 fn client_case(steps: Value) -> (HarnessCase, tempfile::TempDir) {
@@ -271,13 +278,9 @@ fn g104_an_ask_without_the_escalation_grant_is_tool_unavailable() {
     assert!(turn.metadata().get("escalationAsked").is_none());
 }
 
-/// The same client over streamable HTTP on the sandbox's loopback, with
-/// the per-turn bearer token; without it or with a wrong one, `401`.
-#[test]
-fn the_client_over_streamable_http_lists_and_calls_with_the_turn_token() {
-    let py = python_with_mcp();
-    let dir = fixture_dir();
-    let client = mcp_client(dir.path());
+/// A harness spec seating `exe script http {mcpUrl} {mcpToken}` with the
+/// steps both HTTP clients run: write, read, then an ungranted delete.
+fn http_harness(exe: &Path, script: &Path) -> String {
     let steps = json!([
         step(
             "files__write",
@@ -286,32 +289,56 @@ fn the_client_over_streamable_http_lists_and_calls_with_the_turn_token() {
         step("files__read", json!({"path": "notes/h.md"})),
         step("files__delete", json!({"path": "notes/h.md"})),
     ]);
-    let harness = format!(
+    format!(
         r#"[runtimes.harness]
 command = {exe:?}
-args = [{client:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
+args = [{script:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
 mcp = "http"
 env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
 final = {{ from = "stdout" }}
 escalation = true
 "#,
-        exe = py.exe.display().to_string(),
-        client = client.display().to_string(),
-    );
-    let mut ro = py.ro_paths;
-    ro.push(dir.path().to_path_buf());
-    let turn = run(HarnessCase::new(&harness, ro));
+        exe = exe.display().to_string(),
+        script = script.display().to_string(),
+    )
+}
+
+/// What a client seated by `http_harness` saw and did: `401` without the
+/// token and with a wrong one, the server, the protocol version the client
+/// asked for (`version`: each SDK asks for its latest, which the server
+/// speaks), the catalogue, the steps' results through the envelope, in the
+/// harness sandbox mode.
+fn assert_http_turn(turn: &HarnessTurn, version: &str) {
     let v = turn.json();
     assert_eq!(turn.status(), "succeeded", "{v:#}");
     let client = turn.client();
     assert_eq!(client["unauthorized"], json!([401, 401]), "{client}");
     assert_eq!(client["serverName"], "sharedos");
+    assert_eq!(client["protocolVersion"], version, "{client}");
+    assert_eq!(
+        client["tools"],
+        json!([
+            "files__list",
+            "files__read",
+            "files__write",
+            "ledger__slow",
+            "sharedos__escalate"
+        ])
+    );
     assert_eq!(client["catalogHash"], turn.metadata()["catalogHash"]);
     let r = &client["results"];
+    assert_eq!(r[0]["isError"], false, "{r}");
     assert_eq!(r[1]["isError"], false, "{r}");
     assert!(r[1]["text"].as_str().unwrap().contains("over http"), "{r}");
+    assert_eq!(r[2]["isError"], true, "{r}");
     assert_eq!(r[2]["meta"]["sharedos/status"], "denied", "{r}");
     assert_eq!(turn.events("tool.requested").len(), 3);
+    let invoked: Vec<String> = turn
+        .audit_of("tool.invoked")
+        .iter()
+        .map(|r| r.tool.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(invoked, ["files.write", "files.read", "files__delete"]);
     // The harness sandbox mode, named in the report.
     let sandbox = &v["metadata"]["runtime"]["sandbox"];
     assert_eq!(
@@ -322,6 +349,40 @@ escalation = true
         sandbox["landlock"]["net"], "tcp-bind-connect:8788",
         "{sandbox:#}"
     );
+}
+
+/// The same client over streamable HTTP on the sandbox's loopback, with
+/// the per-turn bearer token; without it or with a wrong one, `401`.
+#[test]
+fn the_client_over_streamable_http_lists_and_calls_with_the_turn_token() {
+    let py = python_with_mcp();
+    let dir = fixture_dir();
+    let client = mcp_client(dir.path());
+    let mut ro = py.ro_paths;
+    ro.push(dir.path().to_path_buf());
+    let turn = run(HarnessCase::new(&http_harness(&py.exe, &client), ro));
+    assert_http_turn(&turn, "2025-06-18");
+}
+
+/// The TypeScript SDK's client (`Client` over
+/// `StreamableHTTPClientTransport`, the bearer token in its headers) under
+/// `/usr/bin/node`, in the default sandbox policy: no rlimit is set. It
+/// guards the address-space bound's removal: with the old
+/// `rlimits.addressSpace = 4294967296` Node cannot instantiate the
+/// WebAssembly HTTP parser of its `fetch` (undici), which both the token
+/// probe and the SDK's transport use, and this test fails.
+#[test]
+fn the_typescript_sdk_client_over_streamable_http_runs_under_the_default_policy() {
+    let dir = fixture_dir();
+    let (client, ro) = ts_mcp_client(dir.path());
+    let case = HarnessCase::new(&http_harness(Path::new(NODE), &client), ro);
+    assert!(case.sandbox.is_empty());
+    let turn = run(case);
+    assert_http_turn(&turn, "2025-11-25");
+    // The sandbox's own report: no address-space bound was applied.
+    let rlimits = &turn.json()["metadata"]["runtime"]["sandbox"]["rlimits"];
+    assert!(rlimits.is_object(), "{rlimits}");
+    assert!(rlimits.get("as").is_none(), "{rlimits}");
 }
 
 /// A catalogue with two tools the CLI would see under one name
