@@ -89,6 +89,16 @@ fn signal(pid: u32, signal: Signal) {
     kill_process(pid, signal).unwrap();
 }
 
+/// SIGKILLs `pid` unless it is gone already (ESRCH: a plugin that died
+/// with its host by its parent-death signal, which is what was wanted).
+fn kill_if_alive(pid: u32) {
+    let pid = Pid::from_raw(pid as i32).unwrap();
+    match kill_process(pid, Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(e) => panic!("kill({pid:?}): {e}"),
+    }
+}
+
 /// The records of `run`'s trail of `kind` for `tool`.
 async fn records(db: &Shared, run: &str, kind: &str, tool: &str) -> usize {
     db.store()
@@ -142,7 +152,7 @@ async fn killed_host_taken_over(dir: &Path, db: Shared) {
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     if let Some(pid) = plugin {
-        signal(pid as u32, Signal::KILL);
+        kill_if_alive(pid as u32);
     }
     let effect = agent_file(dir, "effect.txt");
     assert_eq!(std::fs::read_to_string(&effect).unwrap(), "once");
