@@ -141,3 +141,40 @@ async fn max_failures_zero_never_ends_the_turn() {
     assert!(emitted_done(&turn));
     assert!(turn.events_of("egress.model_failing").is_empty());
 }
+
+/// A model request still waiting for its answer when the turn ends (here:
+/// at its deadline) is closed on the audit before the ending: its
+/// `effect.completed`, failed with `interrupted`, and its `egress.request`
+/// event, so every effect the kernel authorized has an outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_open_when_the_turn_ends_is_closed_interrupted_before_the_ending() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(vec![Reply::Hang]).await.unwrap();
+    let text = config(dir.path(), &model.base_url(), "");
+    let script = json!([{"op": "egress_flood", "n": 0, "path": "/openai/chat/completions"}]);
+    let request = testplugin_request("egress-open-1", script, &[], 3_000).to_string();
+    let turn = run_request(dir.path(), &text, "sharedos-testplugin", &request, None).await;
+
+    assert_eq!(
+        turn.result.status,
+        ExecutionStatus::Cancelled,
+        "{:#?}",
+        turn.result
+    );
+    assert_eq!(model.seen().len(), 1, "the request reached the model");
+    let requests = turn.events_of("egress.request");
+    assert_eq!(requests.len(), 1, "{:?}", turn.events);
+    assert_eq!(requests[0]["code"], "interrupted", "{requests:?}");
+    // On the audit: authorized, completed (failed, interrupted), then the
+    // turn's end, in that order.
+    let lines: Vec<&str> = turn.audit.lines().collect();
+    let at = |needle: &dyn Fn(&str) -> bool| lines.iter().position(|l| needle(l));
+    let authorized = at(&|l| l.contains("\"effect.authorized\"") && l.contains("egress"));
+    let completed = at(&|l| l.contains("\"effect.completed\"") && l.contains("\"interrupted\""));
+    let ended = at(&|l| l.contains("\"turn.ended\""));
+    assert!(
+        matches!((authorized, completed, ended), (Some(a), Some(c), Some(e)) if a < c && c < e),
+        "authorized {authorized:?}, completed {completed:?}, ended {ended:?}: {}",
+        turn.audit
+    );
+}

@@ -71,6 +71,9 @@ impl EgressEvent {
     }
 }
 
+/// The code of a request or tunnel still open when its turn ended.
+pub const INTERRUPTED: &str = "interrupted";
+
 /// The turn's ending when a budget runs out.
 pub const EGRESS_BUDGET_EXCEEDED: &str = "egress_budget_exceeded";
 /// The turn's ending when a route's model fails `maxFailures` answers in a
@@ -116,6 +119,19 @@ pub(super) struct Outcome {
     pub(super) estimated_tokens: Option<u64>,
 }
 
+/// A request or tunnel the kernel authorized and that has not ended yet.
+#[derive(Debug)]
+struct OpenEffect {
+    path: Vec<String>,
+    action: &'static str,
+    started: Instant,
+}
+
+/// The handle of an [`OpenEffect`]: whoever ends it first (the request,
+/// or the turn's end) writes its outcome, the other nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct EffectId(u64);
+
 /// The turn a listener's traffic belongs to: whose grants decide, where
 /// events go, what is left of the budget.
 pub struct TurnBinding {
@@ -125,6 +141,10 @@ pub struct TurnBinding {
     pub(super) spent: Mutex<Spent>,
     /// Each route's failed answers in a row.
     failures: Mutex<std::collections::HashMap<String, u32>>,
+    /// Requests and tunnels authorized and not ended; `None` once the
+    /// turn ended (a later end writes nothing: its outcome is written).
+    open: Mutex<Option<std::collections::HashMap<EffectId, OpenEffect>>>,
+    next_effect: std::sync::atomic::AtomicU64,
 }
 
 impl TurnBinding {
@@ -139,6 +159,88 @@ impl TurnBinding {
             events,
             spent: Mutex::new(Spent::default()),
             failures: Mutex::new(std::collections::HashMap::new()),
+            open: Mutex::new(Some(std::collections::HashMap::new())),
+            next_effect: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Notes an authorized request or tunnel as open until
+    /// [`Self::end_effect`] or the turn's end.
+    pub(super) fn open_effect(
+        &self,
+        path: &[String],
+        action: &'static str,
+        started: Instant,
+    ) -> EffectId {
+        let id = EffectId(
+            self.next_effect
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
+        if let Ok(mut open) = self.open.lock()
+            && let Some(open) = open.as_mut()
+        {
+            let path = path.to_vec();
+            open.insert(
+                id,
+                OpenEffect {
+                    path,
+                    action,
+                    started,
+                },
+            );
+        }
+        id
+    }
+
+    /// Ends an open effect: `true` when its caller writes the outcome,
+    /// `false` when the turn's end already wrote it (`interrupted`).
+    pub(super) fn end_effect(&self, id: EffectId) -> bool {
+        match self.open.lock() {
+            Ok(mut open) => match open.as_mut() {
+                Some(open) => open.remove(&id).is_some(),
+                None => false,
+            },
+            Err(_) => true,
+        }
+    }
+
+    /// At the turn's end, before its ending is written: every request and
+    /// tunnel still open gets its event and its `effect.completed`
+    /// (failed, `interrupted`), so the audit closes every effect it
+    /// authorized. Later ends of those write nothing.
+    pub async fn close_open_effects(&self) {
+        let open = match self.open.lock() {
+            Ok(mut open) => open.take().unwrap_or_default(),
+            Err(_) => return,
+        };
+        let mut open: Vec<OpenEffect> = open.into_values().collect();
+        open.sort_by_key(|e| e.started);
+        for e in open {
+            let name = e.path.first().cloned().unwrap_or_default();
+            let duration_ms = e.started.elapsed().as_millis() as u64;
+            let event = if e.action == "connect" {
+                EgressEvent::Connection {
+                    destination: name,
+                    code: Some(INTERRUPTED.to_owned()),
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    duration_ms,
+                }
+            } else {
+                EgressEvent::Request {
+                    route: name,
+                    status: None,
+                    code: Some(INTERRUPTED.to_owned()),
+                    request_bytes: 0,
+                    response_bytes: 0,
+                    duration_ms,
+                    usage: None,
+                    estimated_tokens: None,
+                }
+            };
+            let meta = meta_of(&event);
+            self.emit(event);
+            self.record(&e.path, e.action, false, meta).await;
         }
     }
 
@@ -218,11 +320,13 @@ impl TurnBinding {
     /// the answer end.
     pub(super) fn finish_request(
         self: &Arc<Self>,
-        path: &[String],
+        (path, effect): (&[String], EffectId),
         max_failures: u32,
         o: Outcome,
         started: Instant,
     ) -> impl Future<Output = ()> + Send + 'static {
+        // Ended with its turn already: its outcome is on the audit.
+        let open = self.end_effect(effect);
         let ok = o.code.is_none() && o.status.is_some_and(|s| s < 400);
         let route = path.first().map(String::as_str).unwrap_or_default();
         self.count_failure(route, max_failures, &o);
@@ -237,9 +341,15 @@ impl TurnBinding {
             estimated_tokens: o.estimated_tokens,
         };
         let meta = meta_of(&event);
-        self.emit(event);
+        if open {
+            self.emit(event);
+        }
         let (binding, path) = (Arc::clone(self), path.to_vec());
-        async move { binding.record(&path, "request", ok, meta).await }
+        async move {
+            if open {
+                binding.record(&path, "request", ok, meta).await;
+            }
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
-use super::binding::{EgressEvent, Outcome, TurnBinding};
+use super::binding::{EffectId, EgressEvent, Outcome, TurnBinding};
 use super::policy::EgressBudget;
 use super::pool::{UpstreamConn, UpstreamPool};
 use super::redact::{Redactor, redact_headers};
@@ -102,6 +102,8 @@ enum Stage {
 /// What one request carries while its answer streams.
 pub(super) struct Metering {
     pub(super) binding: Arc<TurnBinding>,
+    /// The request's open effect, ended with the answer.
+    pub(super) effect: EffectId,
     pub(super) route: Arc<Route>,
     pub(super) pool: Arc<UpstreamPool>,
     pub(super) budget: EgressBudget,
@@ -197,7 +199,7 @@ impl MeteredBody {
             estimated_tokens: estimated,
         };
         let record = self.m.binding.finish_request(
-            &self.m.route.path,
+            (&self.m.route.path, self.m.effect),
             self.m.route.max_failures,
             outcome,
             self.m.started,

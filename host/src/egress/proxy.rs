@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::header;
 use hyper::{Request, Response, StatusCode, Uri};
 
-use super::binding::{EgressEvent, Outcome, TurnBinding, meta_of};
+use super::binding::{EffectId, EgressEvent, Outcome, TurnBinding, meta_of};
 use super::body::{GatewayBody, MeteredBody, Metering, refusal};
 use super::exposure::{Exposure, allowed, split_path};
 use super::gateway::Gateway;
@@ -64,12 +64,16 @@ impl Gateway {
             binding.emit(refused(&route.name, &code, started));
             return refusal(StatusCode::FORBIDDEN, &code, "refused by the kernel");
         }
+        let effect = binding.open_effect(&route.path, "request", started);
         let outcome = match target {
             Err(()) => failed("egress_bad_request", 0),
-            Ok(target) => match self.forward(req, &route, target, &binding, started).await {
-                Ok(resp) => return resp,
-                Err(outcome) => outcome,
-            },
+            Ok(target) => {
+                let sent = self.forward(req, &route, target, (&binding, effect), started);
+                match sent.await {
+                    Ok(resp) => return resp,
+                    Err(outcome) => outcome,
+                }
+            }
         };
         let code = outcome.code.clone().unwrap_or_default();
         let status = match code.as_str() {
@@ -79,7 +83,7 @@ impl Gateway {
             _ => StatusCode::BAD_GATEWAY,
         };
         binding
-            .finish_request(&route.path, route.max_failures, outcome, started)
+            .finish_request((&route.path, effect), route.max_failures, outcome, started)
             .await;
         refusal(status, &code, "the request did not reach the model")
     }
@@ -91,7 +95,7 @@ impl Gateway {
         req: Request<Incoming>,
         route: &Arc<Route>,
         target: Uri,
-        binding: &Arc<TurnBinding>,
+        (binding, effect): (&Arc<TurnBinding>, EffectId),
         started: Instant,
     ) -> Result<Response<GatewayBody>, Outcome> {
         let (head, body) = req.into_parts();
@@ -132,6 +136,7 @@ impl Gateway {
         redact_headers(&mut parts.headers, &route.key_bytes);
         let metering = Metering {
             binding: Arc::clone(binding),
+            effect,
             route: Arc::clone(route),
             pool: Arc::clone(&self.pool),
             budget: self.budget,

@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use super::binding::{EgressEvent, TurnBinding, meta_of};
+use super::binding::{EffectId, EgressEvent, TurnBinding, meta_of};
 use super::body::{GatewayBody, refusal};
 use super::gateway::{ConnCtx, Gateway};
 use super::policy::{AddressClass, EgressBudget, split_host_port};
@@ -77,13 +77,14 @@ impl Gateway {
             binding.emit(connection_event(&path[0], Some(&code), started));
             return refusal(StatusCode::FORBIDDEN, &code, "refused by the kernel");
         }
+        let effect = binding.open_effect(&path, "connect", started);
         let timeout = self.limits.upstream_timeout;
         let tcp = match connect_tcp(&dest.host, dest.port, &dest.allow, timeout).await {
             Ok(tcp) => tcp,
             Err(e) => {
                 let message = "the destination is not reachable";
                 let why = (e.code(), StatusCode::BAD_GATEWAY, message);
-                return refuse_tunnel(&binding, &path, started, why).await;
+                return refuse_authorized(&binding, (&path, effect), started, why).await;
             }
         };
         // The connection's slot goes to the tunnel only once it opens: a
@@ -91,7 +92,7 @@ impl Gateway {
         let Some(slot) = ctx.take_slot() else {
             let message = "one tunnel per connection";
             let why = ("egress_bad_request", StatusCode::BAD_REQUEST, message);
-            return refuse_tunnel(&binding, &path, started, why).await;
+            return refuse_authorized(&binding, (&path, effect), started, why).await;
         };
         let upgrade = hyper::upgrade::on(&mut req);
         let tunnel = Tunnel {
@@ -99,6 +100,7 @@ impl Gateway {
             budget: self.budget,
             destination: dest.key,
             path,
+            effect,
             started,
             stop: ctx.stop,
             _slot: slot,
@@ -161,6 +163,20 @@ async fn refuse_tunnel(
     refusal(status, code, message)
 }
 
+/// [`refuse_tunnel`] for a tunnel the kernel authorized: its open effect
+/// ends here, unless the turn's end already wrote it.
+async fn refuse_authorized(
+    binding: &TurnBinding,
+    (path, effect): (&[String], EffectId),
+    started: Instant,
+    why: (&str, StatusCode, &str),
+) -> Response<GatewayBody> {
+    if !binding.end_effect(effect) {
+        return refusal(why.1, why.0, why.2);
+    }
+    refuse_tunnel(binding, path, started, why).await
+}
+
 /// One CONNECT tunnel once the gateway answered 200: it lives as long as
 /// both ends do and the turn lasts, on a task of its own, holding its
 /// connection's slot under the gateway's connection cap.
@@ -169,6 +185,8 @@ struct Tunnel {
     budget: EgressBudget,
     destination: String,
     path: Vec<String>,
+    /// Its open effect, ended with the tunnel.
+    effect: EffectId,
     started: Instant,
     /// The turn's end (the serve's stop) closes the tunnel.
     stop: CancellationToken,
@@ -215,6 +233,10 @@ impl Tunnel {
             bytes_down: down,
             duration_ms: self.started.elapsed().as_millis() as u64,
         };
+        // Ended with its turn already: its outcome is on the audit.
+        if !self.binding.end_effect(self.effect) {
+            return;
+        }
         let meta = meta_of(&event);
         self.binding.emit(event);
         self.binding.record(&self.path, "connect", ok, meta).await;

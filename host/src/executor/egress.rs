@@ -21,15 +21,19 @@ use crate::egress::{BoundTurn, EgressEvent, TurnBinding};
 /// end when this is dropped.
 pub(super) struct EgressTurn {
     _bound: BoundTurn,
+    binding: Arc<TurnBinding>,
     events: tokio::task::JoinHandle<()>,
     stop: CancellationToken,
 }
 
 impl EgressTurn {
-    /// Once the seat's run has returned: every event the gateway sent so
-    /// far is on the turn (and a spent budget noted) before the ending is
-    /// decided.
+    /// Once the seat's run has returned: every request and tunnel still
+    /// open is ended, and every event the gateway sent so far is on the
+    /// turn (and a spent budget noted), before the ending is decided.
     pub(super) async fn settle(&mut self) {
+        // A request or tunnel still open is ended `interrupted` now, its
+        // event and record before the turn's ending.
+        self.binding.close_open_effects().await;
         self.stop.cancel();
         let _ = (&mut self.events).await;
     }
@@ -61,8 +65,12 @@ impl Executor {
     ) -> Option<EgressTurn> {
         let seat = self.seat.egress.as_ref()?;
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let binding = TurnBinding::new(Arc::clone(kernel_turn), context.clone(), tx);
-        let bound = seat.bind(turn.execution_id().as_str(), Arc::new(binding));
+        let binding = Arc::new(TurnBinding::new(
+            Arc::clone(kernel_turn),
+            context.clone(),
+            tx,
+        ));
+        let bound = seat.bind(turn.execution_id().as_str(), Arc::clone(&binding));
         let turn = Arc::clone(turn);
         let stop = CancellationToken::new();
         let stopped = stop.clone();
@@ -85,6 +93,7 @@ impl Executor {
         });
         Some(EgressTurn {
             _bound: bound,
+            binding,
             events,
             stop,
         })

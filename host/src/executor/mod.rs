@@ -483,6 +483,11 @@ impl Executor {
                 // The seat gets one more poll to state what it holds before
                 // it is dropped (a plugin that annotates on its abort).
                 let _ = tokio::time::timeout(Duration::ZERO, &mut run).await;
+                // Its model requests and tunnels still open are ended
+                // before the ending, as on every other way out.
+                if let Some(egress) = &mut egress {
+                    egress.settle().await;
+                }
                 return Err(Caught::Aborted);
             }
             r = &mut run => r,
