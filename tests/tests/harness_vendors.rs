@@ -570,3 +570,27 @@ fn a_hostile_prompt_reaches_each_model_as_one_unchanged_string() {
         );
     }
 }
+
+/// A model that answers 500: Claude Code does not retry it
+/// (`CLAUDE_CODE_MAX_RETRIES = "0"` in the shipped spec), so the turn ends
+/// after one request, the CLI's failure naming no success; without the
+/// setting Claude Code retries with backoff until the gateway's
+/// `maxFailures` (3) ends the turn.
+#[test]
+fn claude_code_does_not_retry_a_failing_model() {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let (turn, seen) = rt.block_on(async {
+        let error = json!({"type": "error", "error": {"type": "api_error", "message": "down"}});
+        let mock = MockModel::start((0..5).map(|_| Reply::Status(500, error.clone())).collect())
+            .await
+            .unwrap();
+        let turn = run_vendor(case(Vendor::ClaudeCode, 60_000), &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    assert_eq!(v["status"], "failed", "{v:#}");
+    let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(paths, ["/v1/messages"], "{v:#}");
+}
