@@ -271,3 +271,40 @@ args = {{json:mcpArgs}}
     assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
     assert_eq!(turn.json()["output"], "intact");
 }
+
+/// A prompt holding a NUL byte given to a CLI on its command line: no
+/// `execve` argument can carry it, so the CLI never starts and the turn
+/// fails `harness_argument_invalid` naming the argument, not
+/// `harness_cli_unavailable` as if the CLI were missing.
+#[test]
+fn a_nul_in_a_prompt_on_the_command_line_is_named_and_the_cli_never_starts() {
+    let dir = fixture_dir();
+    let marker_file = dir.path().join("ran");
+    let cli = script(
+        dir.path(),
+        "cli.sh",
+        &format!("#!/bin/sh\ntouch {}\necho ran\n", marker_file.display()),
+    );
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {cli:?}
+args = ["--prompt", "{{prompt}}"]
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        cli = cli.display().to_string(),
+    );
+    let mut case = HarnessCase::new(&harness, vec![dir.path().to_path_buf()]);
+    case.prompt = json!("before\u{0}after");
+    let turn = run(case);
+    assert_eq!(turn.status(), "failed", "{:#}", turn.json());
+    assert_eq!(turn.code(), "harness_argument_invalid", "{:#}", turn.json());
+    let message = turn.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("argument 2"), "{message}");
+    assert_eq!(turn.json()["error"]["retryable"], false);
+    assert!(!marker_file.exists(), "the CLI ran");
+}

@@ -35,6 +35,23 @@ pub struct Launch {
     pub term_grace: Duration,
 }
 
+impl Launch {
+    /// What of the command line or environment holds a NUL byte, which
+    /// `execve` cannot pass: `argument 2`, `environment variable X`.
+    pub fn nul_byte(&self) -> Option<String> {
+        if let Some(i) = self.args.iter().position(|a| a.contains('\0')) {
+            return Some(format!(
+                "argument {} of the CLI (after its substitutions)",
+                i + 1
+            ));
+        }
+        self.env
+            .iter()
+            .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+            .map(|(k, _)| format!("the CLI's environment variable {}", k.replace('\0', "\\0")))
+    }
+}
+
 /// How the CLI ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {

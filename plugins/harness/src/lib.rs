@@ -247,6 +247,11 @@ impl RuntimePlugin for HarnessPlugin {
             cwd: vars.home.clone(),
             term_grace: Duration::from_millis(spec.term_grace_ms),
         };
+        if let Some(what) = launch.nul_byte() {
+            server.close();
+            transport.close();
+            return Ok(settle::nul_in_command_line(&what));
+        }
         cli::become_subreaper();
         let run = cli::run(launch, abort, host.draining(), STDOUT_TAIL_BYTES).await;
         // The turn is over for the CLI: refuse late calls, drop the bridge.

@@ -120,6 +120,24 @@ pub fn names_collide(collision: &ApiNameCollision) -> RuntimeTurnOutcome {
     }
 }
 
+/// The outcome of a turn whose command line or environment would hold a
+/// NUL byte (a prompt can carry one; no `execve` argument can): the CLI
+/// never starts, and the code says why instead of "could not be started".
+pub fn nul_in_command_line(what: &str) -> RuntimeTurnOutcome {
+    let code = "harness_argument_invalid";
+    let message = format!(
+        "{what} holds a NUL byte, which a command line or an environment cannot carry; the CLI was not started (remove it from the prompt, or give the CLI the prompt in a file through the spec's files)"
+    );
+    let mut meta = Map::new();
+    meta.insert("toolshare".into(), json!("mcp"));
+    meta.insert("harnessOutcome".into(), json!("fail"));
+    meta.insert("harnessErrorCode".into(), json!(code));
+    RuntimeTurnOutcome::Fail {
+        error: ProtocolError::new(code, &message, Some(false)),
+        metadata: Some(meta),
+    }
+}
+
 /// The outcome of the turn.
 pub fn outcome(run: &Run, message: Option<String>, facts: Facts) -> RuntimeTurnOutcome {
     let mut meta = Map::new();
