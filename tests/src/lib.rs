@@ -481,3 +481,22 @@ pub fn plugin_tempdir() -> tempfile::TempDir {
     std::fs::create_dir_all(&base).expect("the build's tmp directory");
     tempfile::tempdir_in(&base).expect("a temp dir under the build's tmp directory")
 }
+
+/// Installs the TypeScript SDK into `pkg/node_modules/@sharedos/plugin` as
+/// a copy (the way `npm install --install-links` does, never a link the
+/// sandbox could not follow), for a Node plugin package under test.
+pub fn install_typescript_sdk(pkg: &std::path::Path) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository");
+    let sdk = pkg.join("node_modules/@sharedos/plugin");
+    std::fs::create_dir_all(&sdk).expect("the SDK's directory");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(repo.join("sdk/typescript/src"))
+        .arg(repo.join("sdk/typescript/package.json"))
+        .arg(&sdk)
+        .status()
+        .expect("run cp");
+    assert!(copied.success(), "copying the TypeScript SDK failed");
+}

@@ -14,25 +14,12 @@ use sharedos_tests::egress::{egress_grant, key_file};
 use sharedos_tests::plugin_bin;
 use sharedos_tests::turns::{request, seat_toml};
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
 /// A Node plugin on the TypeScript SDK (copied in as a package, not
 /// linked) whose turn POSTs one chat completion to the `openai` route and
 /// returns the HTTP status and the answer's first bytes.
 fn node_plugin(base: &Path) -> std::path::PathBuf {
     let pkg = base.join("fetch-plugin");
-    let sdk = pkg.join("node_modules/@sharedos/plugin");
-    std::fs::create_dir_all(&sdk).unwrap();
-    let copied = Command::new("cp")
-        .arg("-r")
-        .arg(repo().join("sdk/typescript/src"))
-        .arg(repo().join("sdk/typescript/package.json"))
-        .arg(&sdk)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    sharedos_tests::install_typescript_sdk(&pkg);
     std::fs::write(
         pkg.join("package.json"),
         r#"{"name": "fetch-plugin", "version": "0.1.0", "type": "module"}"#,

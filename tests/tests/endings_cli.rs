@@ -32,6 +32,17 @@ fn run_cli_as(
     timeout_ms: u64,
     uid: Option<u32>,
 ) -> (i32, Value, Vec<Value>, Duration, String) {
+    run_cli_with(launcher, script, timeout_ms, uid, |config| config)
+}
+
+/// [`run_cli_as`] with `edit` applied to the host's configuration.
+fn run_cli_with(
+    launcher: &str,
+    script: Value,
+    timeout_ms: u64,
+    uid: Option<u32>,
+    edit: impl FnOnce(String) -> String,
+) -> (i32, Value, Vec<Value>, Duration, String) {
     let dir = tempfile::tempdir().unwrap();
     if let Some(uid) = uid {
         std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
@@ -39,7 +50,7 @@ fn run_cli_as(
     let marker = format!("cli-{launcher}-{}-{timeout_ms}", std::process::id());
     std::fs::write(
         dir.path().join("host.toml"),
-        testplugin_host_toml(&marker, launcher, 60_000),
+        edit(testplugin_host_toml(&marker, launcher, 60_000)),
     )
     .unwrap();
     std::fs::write(
@@ -56,7 +67,12 @@ fn run_cli_as(
     let started = Instant::now();
     let mut cmd = Command::new(workspace_bin("sharedos"));
     if let Some(uid) = uid {
-        cmd.uid(uid).gid(uid).current_dir(dir.path());
+        // Its state directory (staged copies) goes under its own TMPDIR.
+        cmd.uid(uid)
+            .gid(uid)
+            .current_dir(dir.path())
+            .env("TMPDIR", dir.path())
+            .env_remove("XDG_RUNTIME_DIR");
     }
     let out = cmd
         .arg("run")
@@ -178,55 +194,19 @@ fn a_pinned_direct_plugin_runs_through_the_subreaper() {
         .unwrap_or_default()
         .to_owned();
     assert_eq!(digest.len(), 64, "sha256sum: {out:?}");
-    let dir = tempfile::tempdir().unwrap();
-    let uid = is_root().then_some(NOBODY);
-    if let Some(uid) = uid {
-        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
-    }
-    let marker = format!("cli-pinned-{}", std::process::id());
-    let config = testplugin_host_toml(&marker, "direct", 60_000).replacen(
-        "launcher = \"direct\"",
-        &format!("launcher = \"direct\"\nsha256 = \"{digest}\""),
-        1,
-    );
-    assert!(config.contains("sha256 = "), "{config}");
-    std::fs::write(dir.path().join("host.toml"), config).unwrap();
-    std::fs::write(
-        dir.path().join("turn.json"),
-        request(
-            "cli-pinned",
-            json!([{"op": "emit", "type": "x", "data": 1}]),
-            &[],
-            20_000,
-        )
-        .to_string(),
-    )
-    .unwrap();
-    let mut cmd = Command::new(workspace_bin("sharedos"));
-    if let Some(uid) = uid {
-        // The state directory (the staged copy) of a host without
-        // XDG_RUNTIME_DIR is under its TMPDIR.
-        cmd.uid(uid)
-            .gid(uid)
-            .current_dir(dir.path())
-            .env("TMPDIR", dir.path())
-            .env_remove("XDG_RUNTIME_DIR");
-    }
-    let out = cmd
-        .arg("run")
-        .arg("--config")
-        .arg(dir.path().join("host.toml"))
-        .arg("--request")
-        .arg(dir.path().join("turn.json"))
-        .output()
-        .unwrap();
-    let result: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{result:#}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let pin = |config: String| {
+        let pinned = config.replacen(
+            "launcher = \"direct\"",
+            &format!("launcher = \"direct\"\nsha256 = \"{digest}\""),
+            1,
+        );
+        assert!(pinned.contains("sha256 = "), "{pinned}");
+        pinned
+    };
+    let script = json!([{"op": "emit", "type": "x", "data": 1}]);
+    let (code, result, _, _, marker) =
+        run_cli_with("direct", script, 20_000, is_root().then_some(NOBODY), pin);
+    assert_eq!(code, 0, "{result:#}");
     let runtime = &result["metadata"]["runtime"];
     assert_eq!(runtime["programSha256"], digest.as_str(), "{runtime}");
     assert_eq!(runtime["programPinned"], true, "{runtime}");

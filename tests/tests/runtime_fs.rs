@@ -182,18 +182,9 @@ fn a_python_venv_plugin_is_seated_by_naming_the_venv_and_conforms() {
 fn a_node_plugin_with_a_node_modules_dependency_runs_from_its_directory() {
     let base = private_base();
     let pkg = base.path().join("notes-plugin");
-    let sdk = pkg.join("node_modules/@sharedos/plugin");
+    sharedos_tests::install_typescript_sdk(&pkg);
     let dep = pkg.join("node_modules/fixture-dep");
-    std::fs::create_dir_all(&sdk).unwrap();
     std::fs::create_dir_all(&dep).unwrap();
-    let copied = Command::new("cp")
-        .arg("-r")
-        .arg(repo().join("sdk/typescript/src"))
-        .arg(repo().join("sdk/typescript/package.json"))
-        .arg(&sdk)
-        .status()
-        .unwrap();
-    assert!(copied.success());
     std::fs::write(
         dep.join("package.json"),
         r#"{"name": "fixture-dep", "version": "1.0.0", "main": "index.js"}"#,
