@@ -85,7 +85,9 @@ pub const MODEL_ACCESS_REFUSED: &str = "model_access_refused";
 
 /// Whether a request's outcome is the model failing (`Some(true)`), the
 /// model answering (`Some(false)`), or neither (a refusal of the gateway's
-/// own, a client error such as 400 or 404): only the first two count.
+/// own, a client error such as 400 or 404): only the first two count. An
+/// answer below 400 is the model answering even when the client hung up
+/// before its end (`client_closed`) or a budget cut it: the model is up.
 fn model_failed(o: &Outcome) -> Option<bool> {
     if o.code
         .as_deref()
@@ -95,7 +97,7 @@ fn model_failed(o: &Outcome) -> Option<bool> {
     }
     match o.status {
         Some(s) if s >= 500 || matches!(s, 401 | 403 | 429) => Some(true),
-        Some(s) if s < 400 && o.code.is_none() => Some(false),
+        Some(s) if s < 400 => Some(false),
         _ => None,
     }
 }
@@ -242,6 +244,18 @@ impl TurnBinding {
             self.emit(event);
             self.record(&e.path, e.action, false, meta).await;
         }
+    }
+
+    /// Whether `route` already failed its `max` answers in a row in this
+    /// turn: its later requests are refused without reaching the model
+    /// (the turn is ending).
+    pub(super) fn gave_up(&self, route: &str, max: u32) -> bool {
+        max > 0
+            && self
+                .failures
+                .lock()
+                .map(|c| c.get(route).is_some_and(|n| *n >= max))
+                .unwrap_or(false)
     }
 
     /// Counts a model request's outcome against its route's failures in a
@@ -398,5 +412,46 @@ pub(super) fn meta_of(event: &EgressEvent) -> JsonObject {
     match value {
         Value::Object(m) => m.into_iter().filter(|(_, v)| !v.is_null()).collect(),
         _ => JsonObject::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Outcome, model_failed};
+
+    fn outcome(status: Option<u16>, code: Option<&str>) -> Outcome {
+        Outcome {
+            status,
+            code: code.map(str::to_owned),
+            request_bytes: 0,
+            response_bytes: 0,
+            usage: None,
+            estimated_tokens: None,
+        }
+    }
+
+    #[test]
+    fn what_counts_as_the_model_failing_or_answering() {
+        for (status, code, want) in [
+            (Some(500), None, Some(true)),
+            (Some(503), None, Some(true)),
+            (Some(429), None, Some(true)),
+            (Some(401), None, Some(true)),
+            (None, Some("upstream_timeout"), Some(true)),
+            (Some(200), Some("upstream_failed"), Some(true)),
+            (Some(200), None, Some(false)),
+            // The client hung up before the answer's end: the model is up.
+            (Some(200), Some("client_closed"), Some(false)),
+            (Some(200), Some("egress_budget_exceeded"), Some(false)),
+            (Some(400), None, None),
+            (Some(404), None, None),
+            (None, Some("egress_endpoint_refused"), None),
+        ] {
+            assert_eq!(
+                model_failed(&outcome(status, code)),
+                want,
+                "{status:?} {code:?}"
+            );
+        }
     }
 }

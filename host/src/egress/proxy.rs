@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::header;
 use hyper::{Request, Response, StatusCode, Uri};
 
-use super::binding::{EffectId, EgressEvent, Outcome, TurnBinding, meta_of};
+use super::binding::{EffectId, EgressEvent, MODEL_UNAVAILABLE, Outcome, TurnBinding, meta_of};
 use super::body::{GatewayBody, MeteredBody, Metering, refusal};
 use super::exposure::{Exposure, allowed, split_path};
 use super::gateway::Gateway;
@@ -50,6 +50,11 @@ impl Gateway {
             return refuse_unsent(&binding, name, e.code(), e.message(), started).await;
         }
         let target = route.target(rest, req.uri().query());
+        if binding.gave_up(&route.name, route.max_failures) {
+            let message =
+                "the model failed this route's maxFailures answers in a row; the turn is ending";
+            return refuse_unsent(&binding, name, MODEL_UNAVAILABLE, message, started).await;
+        }
         if let Err(budget) = self.take_request(&binding) {
             binding.emit(EgressEvent::BudgetExceeded { budget });
             binding.emit(refused(&route.name, "egress_budget_exceeded", started));
@@ -246,6 +251,7 @@ async fn refuse_unsent(
     let status = match code {
         "egress_route_unknown" => StatusCode::NOT_FOUND,
         "egress_path_invalid" => StatusCode::BAD_REQUEST,
+        MODEL_UNAVAILABLE => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::FORBIDDEN,
     };
     refusal(status, code, message)
