@@ -1,0 +1,105 @@
+//! The configuration's own checks, at load.
+
+use super::*;
+
+const MIN: &str = r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "sharedos-echo"
+
+[[agents]]
+agentId = "alice"
+runtime = "r"
+"#;
+
+#[test]
+fn parses_minimal() {
+    let c = HostConfig::parse(MIN, "host.toml", Path::new("/etc/sharedos")).unwrap();
+    assert_eq!(c.runtime_for("alice").unwrap().id.as_str(), "r");
+    assert_eq!(
+        c.resolve(&c.host.audit_path),
+        PathBuf::from("/etc/sharedos/audit.jsonl")
+    );
+}
+
+#[test]
+fn unknown_key_names_the_field() {
+    let bad = MIN.replace("filesRoot", "filesroot");
+    let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+    assert!(e.to_string().starts_with("host.toml: "), "{e}");
+    assert!(e.message.contains("filesroot"), "{e}");
+}
+
+#[test]
+fn agent_bound_to_unknown_runtime_is_refused() {
+    let bad = MIN.replace("runtime = \"r\"", "runtime = \"nope\"");
+    let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+    assert!(e.message.contains("agents[0].runtime"), "{e}");
+}
+
+#[test]
+fn unknown_kernel_key_is_refused() {
+    let bad = format!("{MIN}\n[kernel]\ngrant = []\n");
+    let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+    assert!(e.message.contains("kernel.grant"), "{e}");
+}
+
+#[test]
+fn out_of_range_limits_are_refused() {
+    let bad = MIN.replace("[host]", "[host]\ndrainGraceMs = 700000");
+    let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+    assert!(e.message.contains("drainGraceMs"), "{e}");
+}
+
+#[test]
+fn a_sandbox_uid_range_with_a_host_account_is_refused() {
+    // uid 0 (root) is in every passwd; 65534 is never a sandbox uid.
+    for range in ["first = 0, count = 10", "first = 65530, count = 10"] {
+        let text = MIN.replace(
+            "program = \"sharedos-echo\"\n",
+            &format!("program = \"sharedos-echo\"\nsandbox = {{ uids = {{ {range} }} }}\n"),
+        );
+        let e = HostConfig::parse(&text, "host.toml", Path::new("/")).unwrap_err();
+        assert!(e.message.contains("runtimes[0].sandbox.uids"), "{e}");
+    }
+}
+
+#[test]
+fn the_inflight_tool_call_limit_is_per_runtime_and_bounded() {
+    let c = HostConfig::parse(MIN, "host.toml", Path::new(".")).unwrap();
+    assert_eq!(c.runtimes[0].max_inflight_tool_calls, 64);
+    let set = MIN.replace(
+        "program = \"sharedos-echo\"\n",
+        "program = \"sharedos-echo\"\nmaxInflightToolCalls = 256\n",
+    );
+    let c = HostConfig::parse(&set, "host.toml", Path::new(".")).unwrap();
+    assert_eq!(c.runtimes[0].max_inflight_tool_calls, 256);
+    for bad in ["0", "1025"] {
+        let text = set.replace("256", bad);
+        let e = HostConfig::parse(&text, "host.toml", Path::new(".")).unwrap_err();
+        assert!(
+            e.message
+                .contains("runtimes[0].maxInflightToolCalls: must be 1..=1024"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn warm_sandboxes_are_bounded() {
+    let ok = MIN.replace(
+        "program = \"sharedos-echo\"\n",
+        "program = \"sharedos-echo\"\nsandbox = { warm = 2 }\n",
+    );
+    let c = HostConfig::parse(&ok, "host.toml", Path::new(".")).unwrap();
+    assert_eq!(c.runtimes[0].sandbox.warm, 2);
+    let bad = ok.replace("warm = 2", "warm = 9");
+    let e = HostConfig::parse(&bad, "host.toml", Path::new(".")).unwrap_err();
+    assert!(e.message.contains("runtimes[0].sandbox.warm"), "{e}");
+    assert!(e.message.contains("0..=8"), "{e}");
+}
