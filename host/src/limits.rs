@@ -97,6 +97,19 @@ pub const CONNECTION_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=3_6
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// The range of `maxConnections`.
 pub const MAX_CONNECTIONS_RANGE: std::ops::RangeInclusive<usize> = 1..=1_000_000;
+/// `[serve] maxLiveRuns` by default: runs live on one host at once.
+pub const DEFAULT_MAX_LIVE_RUNS: usize = 64;
+/// The range of `maxLiveRuns` and `maxLiveRunsPerTenant`.
+pub const MAX_LIVE_RUNS_RANGE: std::ops::RangeInclusive<usize> = 1..=100_000;
+/// `[serve] admissionQueue` by default: requests waiting for a run slot.
+pub const DEFAULT_ADMISSION_QUEUE: usize = 256;
+/// The range of `admissionQueue`.
+pub const ADMISSION_QUEUE_RANGE: std::ops::RangeInclusive<usize> = 0..=1_000_000;
+/// `[serve] admissionWaitMs` by default: how long a request waits for a
+/// run slot before `429 too_many_runs`.
+pub const DEFAULT_ADMISSION_WAIT_MS: u64 = 10_000;
+/// The range of `admissionWaitMs`.
+pub const ADMISSION_WAIT_RANGE_MS: std::ops::RangeInclusive<u64> = 0..=600_000;
 /// Descriptors kept for everything but connections (the store, each run's
 /// pipes and sandbox): `maxConnections` is lowered, and says so, when the
 /// descriptor limit cannot hold both.

@@ -7,6 +7,10 @@
 //! headerReadTimeoutMs = 10000  # a request head whole this long after its first byte
 //! idleTimeoutMs = 60000        # a connection with no request under way closed after this
 //! maxConnections = 1024        # connections open at once
+//! maxLiveRuns = 64             # runs live on this host at once
+//! maxLiveRunsPerTenant = 64    # runs of one namespace live at once
+//! admissionQueue = 256         # requests waiting for a slot
+//! admissionWaitMs = 10000      # how long one waits before 429
 //! ```
 
 use std::time::Duration;
@@ -14,9 +18,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{
-    CONNECTION_TIMEOUT_RANGE_MS, DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS,
-    DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS_RANGE,
+    ADMISSION_QUEUE_RANGE, ADMISSION_WAIT_RANGE_MS, CONNECTION_TIMEOUT_RANGE_MS,
+    DEFAULT_ADMISSION_QUEUE, DEFAULT_ADMISSION_WAIT_MS, DEFAULT_HEADER_READ_TIMEOUT_MS,
+    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LIVE_RUNS, MAX_CONNECTIONS_RANGE,
+    MAX_LIVE_RUNS_RANGE,
 };
+use crate::session::AdmissionLimits;
 
 /// Options of `sharedos serve`; every one has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +47,20 @@ pub struct ServeSection {
     /// answered `503 too_many_connections`.
     #[serde(default = "max_connections")]
     pub max_connections: usize,
+    /// Runs live on this host at once; a run beyond it waits for a slot
+    /// (docs/SERVE.md, "Admission").
+    #[serde(default = "max_live_runs")]
+    pub max_live_runs: usize,
+    /// Runs of one tenant (the scope's `namespaceId`) live at once; by
+    /// default `maxLiveRuns`.
+    #[serde(default)]
+    pub max_live_runs_per_tenant: Option<usize>,
+    /// Requests waiting for a slot at once; beyond it `429 too_many_runs`.
+    #[serde(default = "admission_queue")]
+    pub admission_queue: usize,
+    /// How long a request waits for a slot before `429 too_many_runs`.
+    #[serde(default = "admission_wait")]
+    pub admission_wait_ms: u64,
 }
 
 impl Default for ServeSection {
@@ -49,6 +70,10 @@ impl Default for ServeSection {
             header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_live_runs: DEFAULT_MAX_LIVE_RUNS,
+            max_live_runs_per_tenant: None,
+            admission_queue: DEFAULT_ADMISSION_QUEUE,
+            admission_wait_ms: DEFAULT_ADMISSION_WAIT_MS,
         }
     }
 }
@@ -61,6 +86,15 @@ fn idle_timeout() -> u64 {
 }
 fn max_connections() -> usize {
     DEFAULT_MAX_CONNECTIONS
+}
+fn max_live_runs() -> usize {
+    DEFAULT_MAX_LIVE_RUNS
+}
+fn admission_queue() -> usize {
+    DEFAULT_ADMISSION_QUEUE
+}
+fn admission_wait() -> u64 {
+    DEFAULT_ADMISSION_WAIT_MS
 }
 
 impl ServeSection {
@@ -86,7 +120,52 @@ impl ServeSection {
                 self.max_connections
             ));
         }
+        self.check_admission()
+    }
+
+    fn check_admission(&self) -> Result<(), String> {
+        let range = &MAX_LIVE_RUNS_RANGE;
+        for (key, n) in [
+            ("maxLiveRuns", Some(self.max_live_runs)),
+            ("maxLiveRunsPerTenant", self.max_live_runs_per_tenant),
+        ] {
+            if let Some(n) = n
+                && !range.contains(&n)
+            {
+                return Err(format!(
+                    "serve.{key}: must be {}..={}, got {n}",
+                    range.start(),
+                    range.end()
+                ));
+            }
+        }
+        if !ADMISSION_QUEUE_RANGE.contains(&self.admission_queue) {
+            return Err(format!(
+                "serve.admissionQueue: must be {}..={} (0: refuse at once when every slot is taken), got {}",
+                ADMISSION_QUEUE_RANGE.start(),
+                ADMISSION_QUEUE_RANGE.end(),
+                self.admission_queue
+            ));
+        }
+        if !ADMISSION_WAIT_RANGE_MS.contains(&self.admission_wait_ms) {
+            return Err(format!(
+                "serve.admissionWaitMs: must be {}..={}, got {}",
+                ADMISSION_WAIT_RANGE_MS.start(),
+                ADMISSION_WAIT_RANGE_MS.end(),
+                self.admission_wait_ms
+            ));
+        }
         Ok(())
+    }
+
+    /// The admission bounds these options give.
+    pub fn admission(&self) -> AdmissionLimits {
+        AdmissionLimits {
+            max_live: self.max_live_runs,
+            max_live_per_tenant: self.max_live_runs_per_tenant.unwrap_or(self.max_live_runs),
+            queue: self.admission_queue,
+            wait: Duration::from_millis(self.admission_wait_ms),
+        }
     }
 
     pub fn header_read_timeout(&self) -> Duration {

@@ -184,7 +184,8 @@ pub fn sessions_from_config(
         .collect();
     Ok(
         Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
-            .with_catalogue(builtin_tools(config)),
+            .with_catalogue(builtin_tools(config))
+            .with_admission(config.serve.admission()),
     )
 }
 

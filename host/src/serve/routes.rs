@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -30,6 +30,8 @@ pub struct Failure {
     message: String,
     /// More members of the error object (`runId` of a conflict).
     extra: Option<(&'static str, Value)>,
+    /// `Retry-After`, in seconds (a refused run).
+    retry_after_s: Option<u64>,
 }
 
 impl Failure {
@@ -39,6 +41,7 @@ impl Failure {
             code,
             message: message.into(),
             extra: None,
+            retry_after_s: None,
         }
     }
     pub fn into_response(self) -> Response<Body> {
@@ -46,7 +49,13 @@ impl Failure {
         if let Some((key, value)) = self.extra {
             error[key] = value;
         }
-        json_response(self.status, &json!({ "error": error }))
+        let mut response = json_response(self.status, &json!({ "error": error }));
+        if let Some(seconds) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
@@ -57,6 +66,10 @@ impl From<SessionError> for Failure {
             SessionError::Store(StoreError::RequestConflict { run_id, .. }) => {
                 Some(("runId", json!(run_id)))
             }
+            _ => None,
+        };
+        let retry_after_s = match &e {
+            SessionError::TooManyRuns { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         };
         let (status, code) = match &e {
@@ -82,9 +95,11 @@ impl From<SessionError> for Failure {
             SessionError::InvalidScope(_) => (StatusCode::BAD_REQUEST, "invalid_scope"),
             SessionError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             SessionError::LeaseLost(_) => (StatusCode::SERVICE_UNAVAILABLE, "lease_lost"),
+            SessionError::TooManyRuns { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_runs"),
         };
         Failure {
             extra,
+            retry_after_s,
             ..Failure::new(status, code, message)
         }
     }
@@ -270,11 +285,15 @@ async fn handle(
 /// session).
 fn health(sessions: &Sessions) -> Response<Body> {
     let lease = sessions.lease_status();
+    let admission = sessions.admission_status();
     match &lease.lost {
-        None => json_response(StatusCode::OK, &json!({"lease": lease})),
+        None => json_response(
+            StatusCode::OK,
+            &json!({"lease": lease, "admission": admission}),
+        ),
         Some(why) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"error": {"code": "lease_lost", "message": why}, "lease": lease}),
+            &json!({"error": {"code": "lease_lost", "message": why}, "lease": lease, "admission": admission}),
         ),
     }
 }

@@ -12,6 +12,7 @@
 //! carries the caller's scope and is refused, as if the id did not exist,
 //! when it differs from the scope the session was opened with.
 
+mod admission;
 mod journal;
 mod lease;
 mod observe;
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
 
+pub use admission::{AdmissionLimits, AdmissionStatus};
 pub use lease::LeaseStatus;
 pub use observe::Observer;
 
@@ -132,6 +134,10 @@ pub enum SessionError {
     /// This host's lease was taken over; it admits no new run.
     #[error("this host admits no new run: {0}")]
     LeaseLost(String),
+    /// Every slot is taken and the queue is full, or no slot was freed in
+    /// time (admission.rs).
+    #[error("too many runs: {message}")]
+    TooManyRuns { message: String, retry_after_s: u64 },
 }
 
 /// Where a live run is: the last stored sequence, and whether it ended.
@@ -160,6 +166,9 @@ pub struct Sessions {
     lease: Mutex<LeaseStatus>,
     /// The host's tools a session may name, by name.
     catalogue: HashMap<String, ToolDefinition>,
+    /// The run slots: a run holds one from before it is stored until its
+    /// turn has ended.
+    slots: Arc<admission::Slots>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -189,7 +198,19 @@ impl Sessions {
             closing: CancellationToken::new(),
             lease: Mutex::new(LeaseStatus::default()),
             catalogue: HashMap::new(),
+            slots: admission::Slots::new(AdmissionLimits::unbounded()),
         }
+    }
+
+    /// Bounds the runs live at once (docs/SERVE.md, "Admission").
+    pub fn with_admission(mut self, limits: AdmissionLimits) -> Self {
+        self.slots = admission::Slots::new(limits);
+        self
+    }
+
+    /// What admission holds now.
+    pub fn admission_status(&self) -> AdmissionStatus {
+        self.slots.status()
     }
 
     /// The tools sessions may name instead of defining them (the host's
@@ -318,6 +339,12 @@ impl Sessions {
             return Err(SessionError::ShuttingDown);
         }
         self.check_lease()?;
+        // The slot comes first: a run is stored only when it can start.
+        let slot = self.slots.acquire(scope.namespace_id.as_str()).await?;
+        if self.closing.is_cancelled() {
+            return Err(SessionError::ShuttingDown);
+        }
+        self.check_lease()?;
         let admitted = self.store.admit_run(&new).await;
         if let Err(e @ StoreError::Fenced { .. }) = &admitted
             && self.lose_lease(e)
@@ -344,6 +371,7 @@ impl Sessions {
             let turn = (session_id.as_str(), request);
             journal::drive(&this.store, executor, turn, &live, &this.closing).await;
             this.lock_live().remove(&run_id);
+            drop(slot);
             live.progress.send_modify(|p| p.ended = true);
             this.idle.notify_waiters();
         });
