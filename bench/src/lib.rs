@@ -77,11 +77,15 @@ pub fn echo_child() -> i32 {
             Ok(_) => {}
             Err(_) => return 1,
         }
-        let Ok(req) = serde_json::from_str::<serde_json::Value>(&line) else {
+        let Ok(req) = serde_json::from_str::<FloorRequest<'_>>(&line) else {
             return 1;
         };
-        let resp = serde_json::json!({"jsonrpc": "2.0", "id": req["id"], "result": req["params"]});
-        if writeln!(out, "{resp}").is_err() {
+        let resp = FloorResponse {
+            jsonrpc: "2.0",
+            id: req.id,
+            result: req.params,
+        };
+        if serde_json::to_writer(&mut out, &resp).is_err() || out.write_all(b"\n").is_err() {
             return 1;
         }
         // Answers to requests already read are written in one go: a floor
@@ -92,8 +96,28 @@ pub fn echo_child() -> i32 {
     }
 }
 
+/// A request of the floor, typed: its params are passed through unparsed.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FloorRequest<'a> {
+    jsonrpc: &'a str,
+    id: u64,
+    method: &'a str,
+    #[serde(borrow)]
+    params: &'a serde_json::value::RawValue,
+}
+
+/// The floor's answer: the request's params as its result.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FloorResponse<'a> {
+    jsonrpc: &'a str,
+    id: u64,
+    #[serde(borrow)]
+    result: &'a serde_json::value::RawValue,
+}
+
 /// (a) The floor: a raw NDJSON request/response round trip between two
-/// processes over pipes, serde_json on both sides, blocking I/O.
+/// processes over pipes, typed serde_json on both sides, one buffered line
+/// and one `write` per message, blocking I/O.
 pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result<Figure> {
     let mut child = Command::new(exe)
         .arg("__bench-echo")
@@ -114,16 +138,35 @@ pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result
     );
     let mut samples = Vec::with_capacity(iterations);
     let mut line = String::new();
+    let mut request = Vec::with_capacity(256);
+    let params = serde_json::value::RawValue::from_string(
+        r#"{"turnId":"t-1","call":{"id":"c","tool":"bench.noop","arguments":{}}}"#.to_owned(),
+    )
+    .map_err(std::io::Error::other)?;
     let warmup = iterations / 10 + 10;
     for i in 0..(iterations + warmup) {
-        let req = serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "host/invokeTool",
-            "params": {"turnId": "t-1", "call": {"id": "c", "tool": "bench.noop", "arguments": {}}}});
         let t = Instant::now();
-        writeln!(stdin, "{req}")?;
-        stdin.flush()?;
+        // One buffered line, one write: the best simple client.
+        request.clear();
+        let req = FloorRequest {
+            jsonrpc: "2.0",
+            id: i as u64,
+            method: "host/invokeTool",
+            params: &params,
+        };
+        serde_json::to_writer(&mut request, &req).map_err(std::io::Error::other)?;
+        request.push(b'\n');
+        stdin.write_all(&request)?;
         line.clear();
         stdout.read_line(&mut line)?;
-        let _: serde_json::Value = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+        let answer: FloorResponse<'_> =
+            serde_json::from_str(&line).map_err(std::io::Error::other)?;
+        if answer.id != i as u64 {
+            return Err(std::io::Error::other(format!(
+                "answer {} to request {i}",
+                answer.id
+            )));
+        }
         if i >= warmup {
             samples.push(t.elapsed());
         }
