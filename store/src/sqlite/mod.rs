@@ -2,13 +2,14 @@
 //! `synchronous = FULL`, so a commit is on disk when it returns (the audit
 //! trail's decision-before-effect rule depends on it).
 //!
-//! One connection per store, behind a mutex, used from blocking tasks.
+//! One connection per store, owned by one thread that runs every operation
+//! in turn (worker.rs): the store's thread count does not grow with load.
 //! Writes that read first (`maxUses`, admission) run in `BEGIN IMMEDIATE`
 //! transactions: they hold SQLite's write lock from the start, so two
 //! processes sharing the file cannot both take the last use.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 mod fence;
 mod lease;
 mod runs;
+mod worker;
 
 use crate::grants::sqlite as grants;
 use crate::lease::LeaseCell;
@@ -52,8 +54,7 @@ impl Default for SqliteOptions {
 /// The SQLite store.
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
-    options: SqliteOptions,
+    worker: Arc<worker::Worker>,
     path: PathBuf,
     lease: LeaseCell,
 }
@@ -113,8 +114,7 @@ impl SqliteStore {
             .map_err(unavailable)?;
         migrate(&mut conn, &path)?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
-            options,
+            worker: Arc::new(worker::Worker::start(conn, options)?),
             path,
             lease: LeaseCell::default(),
         })
@@ -124,21 +124,12 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `f` on the connection in a blocking task.
+    /// Runs `f` on the connection's thread.
     async fn with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection, &SqliteOptions) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let conn = Arc::clone(&self.conn);
-        let options = self.options.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn
-                .lock()
-                .map_err(|_| unavailable("the store's connection lock is poisoned"))?;
-            f(&mut guard, &options)
-        })
-        .await
-        .map_err(|e| unavailable(format!("store task: {e}")))?
+        self.worker.run(f).await
     }
 }
 
