@@ -3,7 +3,6 @@
 //! blocked thread per operation, and every operation still lands.
 
 #[path = "backend/records.rs"]
-#[allow(dead_code)]
 mod records;
 
 use std::sync::Arc;
