@@ -42,13 +42,19 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_initial.sql"),
     include_str!("../migrations/sqlite/0002_grants.sql"),
     include_str!("../migrations/sqlite/0003_host_leases.sql"),
+    include_str!("../migrations/sqlite/0004_cancel_requests.sql"),
 ];
+
+/// The prefix of a [`Store::changes`] message that asks a run's host to
+/// cancel it (the run id follows).
+pub const CANCEL_PREFIX: &str = "cancel:";
 
 /// The same schema for PostgreSQL, version for version.
 pub const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0001_initial.sql"),
     include_str!("../migrations/postgres/0002_grants.sql"),
     include_str!("../migrations/postgres/0003_host_leases.sql"),
+    include_str!("../migrations/postgres/0004_cancel_requests.sql"),
 ];
 
 /// Why the store could not do what was asked. Each message says what to
@@ -216,6 +222,14 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     async fn run(&self, id: &str) -> Result<RunRecord, StoreError>;
     /// Ends an in-flight run with its result, then applies retention.
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
+    /// Asks whichever host runs `id` to cancel it: an in-flight run is
+    /// marked (once: the first time asked is kept) and its host woken
+    /// where the store can notify (PostgreSQL: `cancel:<id>` on the
+    /// changes channel). Returns the run as it is; a run no longer in
+    /// flight is left as it is.
+    async fn request_cancel(&self, id: &str, at: &str) -> Result<RunRecord, StoreError>;
+    /// Ids of the runs in flight on `host_id` whose cancel was asked.
+    async fn cancel_requests(&self, host_id: &str) -> Result<Vec<String>, StoreError>;
     /// Runs in flight on `host_id`.
     async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError>;
     /// Takes the lease of `host_id` for this process, in one transaction:
@@ -288,8 +302,11 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     /// The audit records of one trace, in the order they were committed.
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError>;
     /// Ids of runs whose journal or state changed, as other processes
-    /// commit them (PostgreSQL `LISTEN/NOTIFY`); `None` when the backend
-    /// cannot say (observers then look again periodically).
+    /// commit them (PostgreSQL `LISTEN/NOTIFY`), `cancel:<id>` for a cancel
+    /// asked of a run, or the empty string for "something changed, look
+    /// again" (SQLite, which sees that another connection committed but
+    /// not what); `None` when the backend cannot say (observers then look
+    /// again periodically).
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }

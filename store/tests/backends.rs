@@ -321,3 +321,72 @@ async fn recovery_marks_in_flight_runs_without_replaying_and_only_once(backend: 
     assert_eq!(second.lease.epoch, acquired.lease.epoch + 1);
     assert_eq!(store.audit_trail("r1").await.unwrap().len(), trail.len());
 }
+
+both!(a_cancel_asked_on_another_connection_reaches_the_runs_host_and_wakes_it);
+
+/// One connection asks a cancel of a run another connection's host runs:
+/// the run is marked once, the host finds it among its requests (and
+/// another host does not), the host's store is woken, and a run that
+/// ended is never marked.
+async fn a_cancel_asked_on_another_connection_reaches_the_runs_host_and_wakes_it(backend: Backend) {
+    let owner = backend.open().await;
+    let other = backend.open().await;
+    owner.open_session(&session("s1")).await.unwrap();
+    for run in ["r1", "r2"] {
+        owner
+            .admit_run(&new_run(run, &format!("req-{run}"), "d", "host-a"))
+            .await
+            .unwrap();
+    }
+    let mut woken = owner.changes().expect("both backends notify");
+    assert!(owner.cancel_requests("host-a").await.unwrap().is_empty());
+
+    let asked = other
+        .request_cancel("r1", "2026-12-05T00:00:00Z")
+        .await
+        .unwrap();
+    assert_eq!(asked.state, RunState::InFlight);
+    assert_eq!(asked.host_id, "host-a");
+    // Asked again: still one request.
+    other
+        .request_cancel("r1", "2026-12-05T00:00:01Z")
+        .await
+        .unwrap();
+    assert_eq!(owner.cancel_requests("host-a").await.unwrap(), ["r1"]);
+    assert!(owner.cancel_requests("host-b").await.unwrap().is_empty());
+    let message = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let m = woken.recv().await.unwrap();
+            if m == "cancel:r1" || m.is_empty() {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("the owner's store was woken");
+    assert!(message == "cancel:r1" || message.is_empty(), "{message}");
+
+    owner
+        .end_run(
+            "r1",
+            &json!({"status": "cancelled"}),
+            "2026-12-05T00:00:02Z",
+        )
+        .await
+        .unwrap();
+    assert!(owner.cancel_requests("host-a").await.unwrap().is_empty());
+    owner
+        .end_run(
+            "r2",
+            &json!({"status": "succeeded"}),
+            "2026-12-05T00:00:03Z",
+        )
+        .await
+        .unwrap();
+    let late = other
+        .request_cancel("r2", "2026-12-05T00:00:04Z")
+        .await
+        .unwrap();
+    assert_eq!(late.state, RunState::Ended);
+    assert!(owner.cancel_requests("host-a").await.unwrap().is_empty());
+}

@@ -225,6 +225,7 @@ pub async fn serve(
     start_lease(&sessions, options.lease).await?;
     let stop_lease = CancellationToken::new();
     let lease_loop = lease::spawn(Arc::clone(&sessions), options.lease, stop_lease.clone());
+    let cancels = sessions.watch_cancels(stop_lease.clone());
     let limits = ConnLimits {
         header_read: config.serve.header_read_timeout(),
         idle: config.serve.idle_timeout(),
@@ -253,6 +254,7 @@ pub async fn serve(
     sessions.drain().await;
     stop_lease.cancel();
     let _ = lease_loop.await;
+    let _ = cancels.await;
     if sessions.lease_status().lost.is_none()
         && let Err(e) = sessions.store().release_lease().await
     {

@@ -261,10 +261,10 @@ async fn handle(
             Ok(json_response(StatusCode::OK, &json!({"run": run})))
         }
         (Method::POST, ["v1", "runs", id, "cancel"]) => {
-            let cancelled = sessions.cancel(&scope, id).await?;
+            let host = sessions.cancel(&scope, id).await?;
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"cancelled": cancelled}),
+                &json!({"cancelled": host.is_some(), "hostId": host}),
             ))
         }
         (Method::GET, ["v1", "runs", id, "events"]) => {

@@ -13,6 +13,7 @@
 //! when it differs from the scope the session was opened with.
 
 mod admission;
+mod cancels;
 mod journal;
 mod lease;
 mod observe;
@@ -437,16 +438,33 @@ impl Sessions {
         Observer::start(Arc::clone(&self.store), run_id, after, progress).await
     }
 
-    /// Cancels a live run; `false` when it is not running here.
-    pub async fn cancel(&self, scope: &Scope, run_id: &str) -> Result<bool, SessionError> {
-        self.get_run(scope, run_id).await?;
-        Ok(match self.lock_live().get(run_id) {
-            Some(live) => {
-                live.cancel.cancel();
-                true
-            }
-            None => false,
-        })
+    /// Cancels a run in flight: at once when it is live here; otherwise
+    /// the cancel is recorded in the store and the host that runs it
+    /// cancels its turn when woken (cancels.rs). Returns the host that
+    /// runs it, `None` when the run is not in flight.
+    pub async fn cancel(
+        &self,
+        scope: &Scope,
+        run_id: &str,
+    ) -> Result<Option<String>, SessionError> {
+        let run = self.get_run(scope, run_id).await?;
+        if self.cancel_live(run_id) {
+            return Ok(Some(self.host_id.clone()));
+        }
+        if run.state != RunState::InFlight {
+            return Ok(None);
+        }
+        let run = self
+            .store
+            .request_cancel(run_id, &now().to_string())
+            .await?;
+        // It may have become live here meanwhile (admitted, not yet
+        // dispatched when first looked at): the request is in the store
+        // for the watcher either way.
+        if self.cancel_live(run_id) {
+            return Ok(Some(self.host_id.clone()));
+        }
+        Ok((run.state == RunState::InFlight).then_some(run.host_id))
     }
 
     /// Stops admitting runs, waits until every run live here has ended

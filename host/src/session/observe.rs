@@ -6,8 +6,9 @@
 //! stored before the observer started or while it waited. A live run's
 //! writer wakes the observer; for a run not live in this process (another
 //! host's, or one left by a crash) the store's change notifications wake
-//! it (PostgreSQL `LISTEN/NOTIFY`), and without them it looks again every
-//! `POLL` (and at least every `POLL_NOTIFIED` as a safety net).
+//! it (PostgreSQL `LISTEN/NOTIFY` naming the run; SQLite's "another
+//! connection committed"), and without them it looks again every `POLL`
+//! (and at least every `POLL_NOTIFIED` as a safety net).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -118,7 +119,8 @@ impl Observer {
                     let woken = tokio::time::timeout(POLL_NOTIFIED, async {
                         loop {
                             match rx.recv().await {
-                                Ok(id) if &id == run_id => return true,
+                                // Empty: something changed (SQLite).
+                                Ok(id) if &id == run_id || id.is_empty() => return true,
                                 Ok(_) => {}
                                 Err(broadcast::error::RecvError::Lagged(_)) => return true,
                                 Err(broadcast::error::RecvError::Closed) => return false,

@@ -443,6 +443,38 @@ impl Store for PostgresStore {
         Ok(stored)
     }
 
+    async fn request_cancel(&self, id: &str, at: &str) -> Result<RunRecord, StoreError> {
+        let mut client = self.client.lock().await;
+        let tx = client.transaction().await.map_err(pg)?;
+        let marked = tx
+            .execute(
+                "UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, $2) \
+                 WHERE id = $1 AND state = 'in_flight'",
+                &[&id, &at],
+            )
+            .await
+            .map_err(pg)?;
+        if marked > 0 {
+            notify(&tx, &format!("{}{id}", crate::CANCEL_PREFIX)).await?;
+        }
+        let run = read_run(&tx, id).await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(run)
+    }
+
+    async fn cancel_requests(&self, host_id: &str) -> Result<Vec<String>, StoreError> {
+        let client = self.client.lock().await;
+        let rows = client
+            .query(
+                "SELECT id FROM runs WHERE host_id = $1 AND state = 'in_flight' \
+                 AND cancel_requested_at IS NOT NULL",
+                &[&host_id],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+    }
+
     async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         let client = self.client.lock().await;
         let rows = client

@@ -9,7 +9,7 @@
 //! processes sharing the file cannot both take the last use.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,6 +18,7 @@ use serde_json::Value;
 use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
 use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 
+mod changes;
 mod fence;
 mod lease;
 mod runs;
@@ -55,6 +56,8 @@ impl Default for SqliteOptions {
 #[derive(Clone)]
 pub struct SqliteStore {
     worker: Arc<worker::Worker>,
+    /// Started on the first subscription (changes.rs).
+    changes: Arc<OnceLock<tokio::sync::broadcast::Sender<String>>>,
     path: PathBuf,
     lease: LeaseCell,
 }
@@ -115,6 +118,7 @@ impl SqliteStore {
         migrate(&mut conn, &path)?;
         Ok(Self {
             worker: Arc::new(worker::Worker::start(conn, options)?),
+            changes: Arc::default(),
             path,
             lease: LeaseCell::default(),
         })
@@ -215,6 +219,37 @@ impl Store for SqliteStore {
         self.with(move |conn, _| read_run(conn, &id)).await
     }
 
+    async fn request_cancel(&self, id: &str, at: &str) -> Result<RunRecord, StoreError> {
+        let (id, at) = (id.to_owned(), at.to_owned());
+        self.with(move |conn, _| {
+            conn.execute(
+                "UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, ?2) \
+                 WHERE id = ?1 AND state = 'in_flight'",
+                [&id, &at],
+            )
+            .map_err(unavailable)?;
+            read_run(conn, &id)
+        })
+        .await
+    }
+
+    async fn cancel_requests(&self, host_id: &str) -> Result<Vec<String>, StoreError> {
+        let host = host_id.to_owned();
+        self.with(move |conn, _| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id FROM runs WHERE host_id = ?1 AND state = 'in_flight' \
+                     AND cancel_requested_at IS NOT NULL",
+                )
+                .map_err(unavailable)?;
+            let rows = stmt
+                .query_map([host], |r| r.get::<_, String>(0))
+                .map_err(unavailable)?;
+            rows.map(|r| r.map_err(unavailable)).collect()
+        })
+        .await
+    }
+
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError> {
         let (id, result, at) = (id.to_owned(), result.clone(), at.to_owned());
         let lease = self.lease.get();
@@ -308,6 +343,18 @@ impl Store for SqliteStore {
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
         let trace = trace_id.to_owned();
         self.with(move |conn, _| read_trail(conn, &trace)).await
+    }
+
+    /// The empty string after another connection committed (changes.rs);
+    /// `None` outside a tokio runtime.
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        tokio::runtime::Handle::try_current().ok()?;
+        let sender = self.changes.get_or_init(|| {
+            let (sender, _) = tokio::sync::broadcast::channel(64);
+            changes::spawn(Arc::downgrade(&self.worker), sender.clone());
+            sender
+        });
+        Some(sender.subscribe())
     }
 
     async fn acquire_lease(
