@@ -381,10 +381,8 @@ mod tests {
         for k in DriverKind::ALL {
             assert_eq!(DriverKind::parse(k.as_str()), Ok(k));
         }
-        assert!(
-            DriverKind::parse("openai")
-                .unwrap_err()
-                .contains("openai-responses")
-        );
+        let e = DriverKind::parse("openai").unwrap_err();
+        assert!(e.contains("openai-responses"), "{e}");
+        assert!(e.contains("\"gemini-generate-content\""), "{e}");
     }
 }
