@@ -279,6 +279,12 @@ async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answer
             let results = results_sent(kind, &ran.seen[1].body);
             assert_eq!(results.len(), 1, "{k}");
             assert_eq!(results[0].0, result_id(kind), "{k}");
+            if kind == DriverKind::GeminiGenerateContent {
+                // The call went back with its thought signature.
+                let model_turn = &ran.seen[1].body["contents"][1];
+                let dump = model_turn.to_string();
+                assert!(dump.contains(wire::gemini::SIGNATURE), "{dump}");
+            }
             assert!(results[0].1.contains("succeeded"), "{k}: {results:?}");
 
             // The text streamed as runtime events, coalesced, in order.

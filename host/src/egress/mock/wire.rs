@@ -327,12 +327,20 @@ pub fn tools_offered(wire: Wire, body: &Value) -> Vec<String> {
 /// Gemini's `streamGenerateContent?alt=sse`: one `GenerateContentResponse`
 /// a `data:` event, CRLF-separated as Google's servers write them; calls
 /// whole (`args` an object) and without an id, as Gemini 2.x models send
-/// them; cumulative `usageMetadata`; `finishReason` on the last chunk and
-/// no end event.
-mod gemini {
+/// them, each with a `thoughtSignature` as thinking models write it; a
+/// text answer's first chunk opens with a `thought` part (reasoning, not
+/// the answer); cumulative `usageMetadata`; `finishReason` on the last
+/// chunk and no end event.
+pub mod gemini {
     use serde_json::{Value, json};
 
     use super::{ScriptedCall, items, text as text_of};
+
+    /// The `thoughtSignature` of every scripted call; a driver must send
+    /// it back with the call.
+    pub const SIGNATURE: &str = "bW9jay1zaWduYXR1cmU=";
+    /// The reasoning a text answer opens with; never the answer's text.
+    pub const THOUGHT: &str = "(the mock thinks)";
 
     fn data(v: Value) -> String {
         format!("data: {v}\r\n\r\n")
@@ -350,14 +358,15 @@ mod gemini {
     /// Calls (usage 30+10); arguments that are not JSON are sent as a
     /// string, which no Gemini model writes, so a driver's check of them
     /// can be tested.
-    pub(super) fn calls(calls: &[ScriptedCall]) -> Vec<String> {
+    pub fn calls(calls: &[ScriptedCall]) -> Vec<String> {
         let prompt = json!({"promptTokenCount": 30, "totalTokenCount": 30});
         let mut out: Vec<String> = calls
             .iter()
             .map(|c| {
                 let args = serde_json::from_str::<Value>(c.arguments)
                     .unwrap_or_else(|_| json!(c.arguments));
-                let call = json!({"functionCall": {"name": c.name, "args": args}});
+                let call = json!({"functionCall": {"name": c.name, "args": args},
+                    "thoughtSignature": SIGNATURE});
                 chunk(json!([call]), None, prompt.clone())
             })
             .collect();
@@ -369,12 +378,19 @@ mod gemini {
         out
     }
 
-    pub(super) fn text(pieces: &[&str], usage: (u64, u64)) -> Vec<String> {
+    pub fn text(pieces: &[&str], usage: (u64, u64)) -> Vec<String> {
         let (input, output) = usage;
         let prompt = json!({"promptTokenCount": input, "totalTokenCount": input});
         let mut out: Vec<String> = pieces
             .iter()
-            .map(|p| chunk(json!([{"text": p}]), None, prompt.clone()))
+            .enumerate()
+            .map(|(i, p)| {
+                let mut parts = vec![json!({"text": p})];
+                if i == 0 {
+                    parts.insert(0, json!({"text": THOUGHT, "thought": true}));
+                }
+                chunk(json!(parts), None, prompt.clone())
+            })
             .collect();
         out.push(chunk(
             json!([{"text": ""}]),
@@ -385,7 +401,7 @@ mod gemini {
         out
     }
 
-    pub(super) fn results(body: &Value) -> Vec<(String, String)> {
+    pub fn results(body: &Value) -> Vec<(String, String)> {
         items(&body["contents"])
             .filter(|c| c["role"] == "user")
             .flat_map(|c| items(&c["parts"]))
