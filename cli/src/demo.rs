@@ -45,7 +45,8 @@ pub struct ModelArgs {
 #[derive(Debug, Clone)]
 pub struct ModelSetup<'a> {
     /// The driver kind (`openai-chat`, `openai-responses`,
-    /// `anthropic-messages`); it decides the route's `api`.
+    /// `anthropic-messages`, `gemini-generate-content`); it decides the
+    /// route's `api`.
     pub kind: &'a str,
     pub upstream: &'a str,
     /// The route's `secret` reference (`env:VAR` or `file:PATH`).
@@ -63,12 +64,12 @@ pub struct ModelSetup<'a> {
 
 impl ModelSetup<'_> {
     /// The route's name (and its API shape): `anthropic` for Anthropic
-    /// Messages, `openai` otherwise.
+    /// Messages, `gemini` for Gemini, `openai` otherwise.
     pub fn route(&self) -> &'static str {
-        if self.kind == "anthropic-messages" {
-            "anthropic"
-        } else {
-            "openai"
+        match self.kind {
+            "anthropic-messages" => "anthropic",
+            "gemini-generate-content" => "gemini",
+            _ => "openai",
         }
     }
 }

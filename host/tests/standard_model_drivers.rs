@@ -1,5 +1,6 @@
-//! The standard runtime's three model drivers (`openai-chat`,
-//! `openai-responses`, `anthropic-messages`), each in process against the
+//! The standard runtime's four model drivers (`openai-chat`,
+//! `openai-responses`, `anthropic-messages`, `gemini-generate-content`),
+//! each in process against the
 //! real kernel, reaching a mock model (scripted turn by turn, plain HTTP
 //! or TLS with the test CA) only through the real egress gateway: a turn
 //! with a tool call and streamed text, and each kind of bad input.
@@ -186,6 +187,15 @@ async fn run(kind: DriverKind, script: Vec<Reply>, setup: Setup) -> Ran {
     }
 }
 
+/// What a result names its call by: the call's id, or on Gemini (whose
+/// calls come without one) the function's name.
+fn result_id(kind: DriverKind) -> &'static str {
+    match kind {
+        DriverKind::GeminiGenerateContent => "files__write",
+        _ => "call_1",
+    }
+}
+
 const WRITE_ARGS: &str = r#"{"path": "notes/plan.md", "content": "step one"}"#;
 
 fn call(kind: DriverKind, name: &str, arguments: &str) -> Vec<String> {
@@ -230,15 +240,27 @@ async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answer
 
             assert_eq!(ran.seen.len(), 2, "{k}");
             for s in &ran.seen {
-                assert_eq!(s.path, wire_of(kind).upstream_path(), "{k}");
-                assert_eq!(s.body["model"], "test-model", "{k}");
-                assert_eq!(s.body["stream"], true, "{k}");
+                assert_eq!(s.path, wire_of(kind).upstream_path("test-model"), "{k}");
+                if kind == DriverKind::GeminiGenerateContent {
+                    // The model is in the path; streaming is the method
+                    // and `alt=sse`.
+                    assert_eq!(s.query.as_deref(), Some("alt=sse"), "{k}");
+                    assert!(s.body.get("model").is_none(), "{k}");
+                } else {
+                    assert_eq!(s.body["model"], "test-model", "{k}");
+                    assert_eq!(s.body["stream"], true, "{k}");
+                }
                 // The upstream saw the real key, in the API's own header.
                 match kind {
                     DriverKind::AnthropicMessages => {
                         assert_eq!(s.api_key(), Some(REAL_KEY), "{k}");
                         assert_eq!(s.authorization(), None, "{k}");
                         assert_eq!(s.header("anthropic-version"), Some("2023-06-01"));
+                    }
+                    DriverKind::GeminiGenerateContent => {
+                        assert_eq!(s.goog_api_key(), Some(REAL_KEY), "{k}");
+                        assert_eq!(s.authorization(), None, "{k}");
+                        assert_eq!(s.api_key(), None, "{k}");
                     }
                     _ => {
                         let bearer = format!("Bearer {REAL_KEY}");
@@ -256,7 +278,13 @@ async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answer
             );
             let results = results_sent(kind, &ran.seen[1].body);
             assert_eq!(results.len(), 1, "{k}");
-            assert_eq!(results[0].0, "call_1", "{k}");
+            assert_eq!(results[0].0, result_id(kind), "{k}");
+            if kind == DriverKind::GeminiGenerateContent {
+                // The call went back with its thought signature.
+                let model_turn = &ran.seen[1].body["contents"][1];
+                let dump = model_turn.to_string();
+                assert!(dump.contains(wire::gemini::SIGNATURE), "{dump}");
+            }
             assert!(results[0].1.contains("succeeded"), "{k}: {results:?}");
 
             // The text streamed as runtime events, coalesced, in order.
@@ -274,6 +302,7 @@ async fn each_driver_calls_a_tool_through_the_kernel_streams_its_text_and_answer
                 DriverKind::AnthropicMessages => "\"input_tokens\":80",
                 DriverKind::OpenaiResponses => "\"total_tokens\":96",
                 DriverKind::OpenaiChat => "\"total_tokens\":96",
+                DriverKind::GeminiGenerateContent => "\"total_tokens\":96",
             };
             assert!(dump.contains(total), "{k}: {dump}");
             assert!(!format!("{r:?}").contains(REAL_KEY), "{k}");
@@ -466,7 +495,7 @@ runtime = "r"
             let e = parsed.unwrap_err().to_string();
             assert!(e.contains("runtimes[0].driver.kind"), "{e}");
             assert!(
-                e.contains("anthropic-messages"),
+                e.contains("anthropic-messages") && e.contains("gemini-generate-content"),
                 "the error names the kinds: {e}"
             );
         } else {
@@ -591,4 +620,82 @@ async fn an_upstream_refusing_connections_ends_the_turn_with_the_gateways_code()
         );
         assert!(ran.seen.is_empty(), "{k}");
     }
+}
+
+#[tokio::test]
+async fn gemini_max_output_tokens_is_sent_only_when_configured() {
+    let kind = DriverKind::GeminiGenerateContent;
+    for (max_tokens, sent) in [(None, Value::Null), (Some(512), json!(512))] {
+        let script = vec![Reply::Stream(text_turn(kind, &["ok"]))];
+        let setup = Setup {
+            max_tokens,
+            ..Setup::default()
+        };
+        let ran = run(kind, script, setup).await;
+        assert_eq!(
+            ran.result.status,
+            ExecutionStatus::Succeeded,
+            "{max_tokens:?}"
+        );
+        let body = &ran.seen[0].body;
+        let limit = body.pointer("/generationConfig/maxOutputTokens");
+        assert_eq!(limit.cloned().unwrap_or(Value::Null), sent, "{body}");
+    }
+}
+
+/// The configuration with one runtime on the Gemini driver.
+fn gemini_config(model: &str, max_tokens: &str) -> Result<HostConfig, String> {
+    let text = format!(
+        r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "r"
+version = "1"
+program = "/bin/true"
+driver = {{ kind = "gemini-generate-content", baseUrl = "http://127.0.0.1:8787/gemini", model = "{model}"{max_tokens} }}
+[runtimes.network]
+routes = [{{ name = "gemini", upstream = "https://generativelanguage.googleapis.com/v1beta", secret = "env:GEMINI_API_KEY", api = "gemini" }}]
+
+[[agents]]
+agentId = "alice"
+runtime = "r"
+"#
+    );
+    HostConfig::parse(&text, "host.toml", std::path::Path::new("/tmp")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_gemini_model_must_be_a_plain_id_and_may_have_max_tokens() {
+    let base = "http://127.0.0.1:8787/gemini";
+    let kind = DriverKind::GeminiGenerateContent;
+    // The model is a segment of the request's path: nothing that could
+    // change the path or the method.
+    for bad in [
+        "models/gemini-2.5-flash",
+        "gemini:generateContent",
+        "..",
+        "a b",
+    ] {
+        let e = sharedos_standard::model_plugin_with(kind, base, bad, "k", None)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("plain id"), "{bad}: {e}");
+        let e = gemini_config(bad, "").unwrap_err();
+        assert!(e.contains("runtimes[0].driver.model"), "{bad}: {e}");
+        assert!(e.contains("gemini-2.5-flash"), "{bad}: {e}");
+    }
+    assert!(
+        sharedos_standard::model_plugin_with(kind, base, "gemini-2.5-flash", "k", Some(512))
+            .is_ok()
+    );
+    let ok = gemini_config("gemini-2.5-flash", ", maxTokens = 512").unwrap();
+    assert_eq!(
+        ok.runtimes[0].driver.as_ref().unwrap().max_tokens,
+        Some(512)
+    );
+    let e = gemini_config("gemini-2.5-flash", ", maxTokens = 0").unwrap_err();
+    assert!(e.contains("1..=131072"), "{e}");
 }

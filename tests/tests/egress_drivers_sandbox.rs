@@ -1,5 +1,6 @@
 //! Each model driver of the standard runtime (`openai-chat`,
-//! `openai-responses`, `anthropic-messages`) in the full sandbox, reaching
+//! `openai-responses`, `anthropic-messages`, `gemini-generate-content`)
+//! in the full sandbox, reaching
 //! a mock model on the host's loopback only through the gateway's listener
 //! in its own network namespace (docs/EGRESS.md). Observed from the host:
 //! what the upstream received, the plugin's environment read from /proc
@@ -13,9 +14,19 @@ use sharedos_host::egress::mock::{
     MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire, plan_script, wire,
 };
 use sharedos_protocol::ExecutionStatus;
+use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_tests::egress::{
     DEMO_REQUEST, PLACEHOLDER, REAL_KEY, environments_of, key_file, model_text, run, run_request,
 };
+
+/// What a result names its call by: the call's id, or on Gemini (whose
+/// calls come without one) the function's name.
+fn result_id(w: Wire) -> &'static str {
+    match w {
+        Wire::Gemini => "files__write",
+        _ => "call_1",
+    }
+}
 
 async fn mock(script: Vec<Reply>, hook: Option<OnRequest>) -> MockModel {
     let options = MockOptions {
@@ -86,12 +97,18 @@ async fn each_sandboxed_driver_calls_a_tool_streams_and_answers_through_the_gate
         let seen = model.seen();
         assert_eq!(seen.len(), 2, "{k}: {seen:?}");
         for s in &seen {
-            assert_eq!(s.path, w.upstream_path(), "{k}");
+            assert_eq!(s.path, w.upstream_path("test-model"), "{k}");
             match w {
                 Wire::AnthropicMessages => {
                     assert_eq!(s.body["max_tokens"], 1234, "{k}");
                     assert_eq!(s.api_key(), Some(REAL_KEY), "{k}");
                     assert_eq!(s.authorization(), None, "{k}");
+                }
+                Wire::Gemini => {
+                    assert_eq!(s.query.as_deref(), Some("alt=sse"), "{k}");
+                    assert_eq!(s.goog_api_key(), Some(REAL_KEY), "{k}");
+                    assert_eq!(s.authorization(), None, "{k}");
+                    assert_eq!(s.api_key(), None, "{k}");
                 }
                 _ => {
                     let bearer = format!("Bearer {REAL_KEY}");
@@ -107,7 +124,13 @@ async fn each_sandboxed_driver_calls_a_tool_streams_and_answers_through_the_gate
         );
         let results = wire::results_sent(w, &seen[1].body);
         assert_eq!(results.len(), 1, "{k}");
-        assert_eq!(results[0].0, "call_1", "{k}");
+        assert_eq!(results[0].0, result_id(w), "{k}");
+        // Every tool name the model received is one each API accepts.
+        for s in &seen {
+            for name in wire::tools_offered(w, &s.body) {
+                assert!(is_api_tool_name(&name), "{k}: {name:?}");
+            }
+        }
         assert!(results[0].1.contains("succeeded"), "{k}: {results:?}");
 
         // The plugin's own environment, read while it waited for its
@@ -133,14 +156,7 @@ async fn each_sandboxed_driver_calls_a_tool_streams_and_answers_through_the_gate
         assert_eq!(requests.len(), 2, "{k}: {:?}", turn.events);
         for r in &requests {
             assert_eq!(r["status"], 200, "{k}: {r}");
-            assert_eq!(
-                r["route"],
-                if k == "anthropic-messages" {
-                    "anthropic"
-                } else {
-                    "openai"
-                }
-            );
+            assert_eq!(r["route"], w.route_api(), "{k}");
         }
         assert_eq!(requests[1]["inputTokens"], 40, "{k}: {requests:?}");
         assert_eq!(
@@ -325,5 +341,115 @@ async fn each_sandboxed_driver_keeps_the_loops_rules_on_a_misbehaving_model() {
             .map(|e| e.code.as_str().to_owned());
         assert_eq!(code.as_deref(), Some("step_limit_exceeded"), "{k}");
         assert_eq!(model.seen().len(), 3, "{k}: one decision per step");
+    }
+}
+
+/// The code the turn ended with.
+fn code_of(turn: &sharedos_tests::egress::Turn) -> String {
+    let error = turn.result.error.as_ref();
+    error.map_or(String::new(), |e| e.code.as_str().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sandboxed_drivers_usage_is_charged_against_the_token_budget() {
+    for w in Wire::ALL {
+        let k = w.kind();
+        let dir = tempfile::tempdir().unwrap();
+        let model = mock(plan_script(w), None).await;
+        // The first answer reports 30+10 tokens: past 35, so the second
+        // request is refused before it reaches the model.
+        let budget = "budget = { tokens = 35 }";
+        let text = model_text(
+            k,
+            &model.base_url(),
+            &key_file(dir.path()),
+            budget,
+            "",
+            true,
+        );
+        let turn = run(dir.path(), &text).await;
+        assert_eq!(
+            turn.result.status,
+            ExecutionStatus::Failed,
+            "{k}: {:#?}",
+            turn.result
+        );
+        assert_eq!(code_of(&turn), "egress_budget_exceeded", "{k}");
+        assert_eq!(model.seen().len(), 1, "{k}");
+        let exceeded = turn.events_of("egress.budget_exceeded");
+        assert_eq!(exceeded.len(), 1, "{k}: {:?}", turn.events);
+        assert_eq!(exceeded[0]["budget"], "tokens", "{k}");
+        // Charged what the wire reported, not an estimate from its bytes.
+        let first = &turn.events_of("egress.request")[0];
+        assert_eq!(first["inputTokens"], 30, "{k}: {first}");
+        assert_eq!(first["outputTokens"], 10, "{k}: {first}");
+        assert!(first["estimatedTokens"].is_null(), "{k}: {first}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sandboxed_driver_maps_the_models_failures_to_typed_codes() {
+    for w in Wire::ALL {
+        let k = w.kind();
+        let mut early = wire::text_turn(w, &["Half ", "an ", "answer"]);
+        early.truncate(3);
+        let body = serde_json::json!({"error": {"message": "upstream says 500"}});
+        let cases = [
+            (
+                Reply::Status(500, body),
+                "model_http_500",
+                "upstream says 500",
+            ),
+            (Reply::Stream(early), "model_stream_cut", "ended before"),
+            (
+                Reply::Stream(vec!["data: {not json\n\n".into()]),
+                "model_stream_invalid",
+                "",
+            ),
+        ];
+        for (reply, code, message) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let model = mock(vec![reply], None).await;
+            let text = model_text(k, &model.base_url(), &key_file(dir.path()), "", "", true);
+            let turn = run(dir.path(), &text).await;
+            assert_eq!(turn.result.status, ExecutionStatus::Failed, "{k} {code}");
+            assert_eq!(code_of(&turn), code, "{k}: {:#?}", turn.result);
+            let error = turn.result.error.as_ref().unwrap();
+            assert!(error.message.as_str().contains(message), "{k}: {error:?}");
+            assert!(turn.events_of("tool.completed").is_empty(), "{k}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_gemini_refusal_ends_the_turn_model_error_naming_its_reason() {
+    let k = Wire::Gemini.kind();
+    let blocked = serde_json::json!({"promptFeedback": {"blockReason": "SAFETY"},
+        "usageMetadata": {"promptTokenCount": 8, "totalTokenCount": 8}});
+    let stopped = serde_json::json!({"candidates": [{"content": {"role": "model",
+        "parts": [{"text": "The song goes"}]}, "finishReason": "RECITATION", "index": 0}]});
+    for (chunk, reason) in [(blocked, "SAFETY"), (stopped, "RECITATION")] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = mock(
+            vec![Reply::Stream(vec![format!("data: {chunk}\r\n\r\n")])],
+            None,
+        )
+        .await;
+        let text = model_text(k, &model.base_url(), &key_file(dir.path()), "", "", true);
+        let turn = run(dir.path(), &text).await;
+        assert_eq!(turn.result.status, ExecutionStatus::Failed, "{reason}");
+        assert_eq!(
+            code_of(&turn),
+            "model_error",
+            "{reason}: {:#?}",
+            turn.result
+        );
+        let error = turn.result.error.as_ref().unwrap();
+        assert!(error.message.as_str().starts_with(reason), "{error:?}");
+        assert_eq!(
+            turn.result.metadata["driver"], k,
+            "{:?}",
+            turn.result.metadata
+        );
     }
 }

@@ -185,30 +185,34 @@ struct Counts<'a> {
     output_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     candidatesTokenCount: Option<&'a RawValue>,
+    /// Gemini's thinking tokens, billed as output but not counted in
+    /// `candidatesTokenCount` (OpenAI's and Anthropic's output counts
+    /// include reasoning).
+    #[serde(borrow, default)]
+    thoughtsTokenCount: Option<&'a RawValue>,
 }
 
 impl Counts<'_> {
     fn input(&self) -> u64 {
-        first_count(&[self.prompt_tokens, self.input_tokens, self.promptTokenCount])
+        first_count(&[self.prompt_tokens, self.input_tokens, self.promptTokenCount]).unwrap_or(0)
     }
 
+    /// OpenAI's or Anthropic's output count, else Gemini's candidates and
+    /// thoughts together.
     fn output(&self) -> u64 {
-        let names = [
-            self.completion_tokens,
-            self.output_tokens,
-            self.candidatesTokenCount,
-        ];
-        first_count(&names)
+        first_count(&[self.completion_tokens, self.output_tokens]).unwrap_or_else(|| {
+            let candidates = first_count(&[self.candidatesTokenCount]).unwrap_or(0);
+            candidates.saturating_add(first_count(&[self.thoughtsTokenCount]).unwrap_or(0))
+        })
     }
 }
 
 /// The first of `raws` that is a whole number in `u64` (a JSON integer
-/// written plainly; a fraction, exponent or sign is not a count), else 0.
-fn first_count(raws: &[Option<&RawValue>]) -> u64 {
+/// written plainly; a fraction, exponent or sign is not a count).
+fn first_count(raws: &[Option<&RawValue>]) -> Option<u64> {
     raws.iter()
         .flatten()
         .find_map(|r| r.get().parse::<u64>().ok())
-        .unwrap_or(0)
 }
 
 /// Whether JSON text can hold a `usage` or `usageMetadata` key: it has
@@ -282,6 +286,21 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_gemini_stream_counts_its_thoughts_as_output() {
+        // Cumulative usageMetadata on every chunk, CRLF between events;
+        // the last chunk holds the totals.
+        let first = "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hi\"}]}}],\"usageMetadata\":{\"promptTokenCount\":12,\"totalTokenCount\":12}}\r\n\r\n";
+        let last = "data: {\"candidates\":[{\"finishReason\":\"STOP\"}],\"usageMetadata\":{\"promptTokenCount\":12,\"candidatesTokenCount\":5,\"thoughtsTokenCount\":30,\"totalTokenCount\":47}}\r\n\r\n";
+        assert_eq!(
+            scan(&[first, &last[..40], &last[40..]]),
+            Some(TokenUsage {
+                input: 12,
+                output: 35
+            })
+        );
+    }
+
     /// The reading before the typed one: the whole document as a `Value`.
     fn by_value(json: &str) -> Option<TokenUsage> {
         let v: serde_json::Value = serde_json::from_str(json).ok()?;
@@ -297,19 +316,15 @@ mod tests {
                 names
                     .iter()
                     .find_map(|n| u.get(*n).and_then(serde_json::Value::as_u64))
-                    .unwrap_or(0)
             };
             let seen = found.get_or_insert_default();
-            seen.input = seen.input.max(field(&[
-                "prompt_tokens",
-                "input_tokens",
-                "promptTokenCount",
-            ]));
-            seen.output = seen.output.max(field(&[
-                "completion_tokens",
-                "output_tokens",
-                "candidatesTokenCount",
-            ]));
+            let input = field(&["prompt_tokens", "input_tokens", "promptTokenCount"]);
+            seen.input = seen.input.max(input.unwrap_or(0));
+            let output = field(&["completion_tokens", "output_tokens"]).unwrap_or_else(|| {
+                let candidates = field(&["candidatesTokenCount"]).unwrap_or(0);
+                candidates.saturating_add(field(&["thoughtsTokenCount"]).unwrap_or(0))
+            });
+            seen.output = seen.output.max(output);
         }
         found
     }
@@ -330,6 +345,10 @@ mod tests {
             r#"{"choices":[{"message":{"content":"usage","usage":{"prompt_tokens":1}}}]}"#,
             r#"[{"usage":{"prompt_tokens":1}}]"#,
             r#"{"usage":{"prompt_tokens":3},"usageMetadata":{"candidatesTokenCount":6}}"#,
+            r#"{"usageMetadata":{"promptTokenCount":2,"candidatesTokenCount":6,"thoughtsTokenCount":9}}"#,
+            r#"{"usageMetadata":{"thoughtsTokenCount":18446744073709551615,"candidatesTokenCount":1}}"#,
+            r#"{"usageMetadata":{"thoughtsTokenCount":4,"candidatesTokenCount":-1}}"#,
+            r#"{"usage":{"output_tokens":5,"thoughtsTokenCount":7}}"#,
             r#"  {"usage" : { "prompt_tokens" : 12 , "completion_tokens" : 5 } }  "#,
             r#"{"usage":{"prompt_tokens":3}"#,
         ];

@@ -115,11 +115,7 @@ impl AnthropicApi {
 }
 
 impl ModelApi for AnthropicApi {
-    fn request(
-        &self,
-        model: &str,
-        key: &str,
-    ) -> (&'static str, Vec<(&'static str, String)>, Value) {
+    fn request(&self, model: &str, key: &str) -> (String, Vec<(&'static str, String)>, Value) {
         let mut body = json!({"model": model, "max_tokens": self.max_tokens,
             "messages": self.messages, "stream": true});
         if !self.tools.is_empty() {
@@ -129,7 +125,7 @@ impl ModelApi for AnthropicApi {
             ("x-api-key", key.to_owned()),
             ("anthropic-version", ANTHROPIC_VERSION.to_owned()),
         ];
-        ("/messages", headers, body)
+        ("/messages".to_owned(), headers, body)
     }
 
     fn absorb(&mut self, data: &str, answer: &mut Answer) -> Result<String, String> {

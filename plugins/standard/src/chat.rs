@@ -38,11 +38,7 @@ impl ChatApi {
 }
 
 impl ModelApi for ChatApi {
-    fn request(
-        &self,
-        model: &str,
-        key: &str,
-    ) -> (&'static str, Vec<(&'static str, String)>, Value) {
+    fn request(&self, model: &str, key: &str) -> (String, Vec<(&'static str, String)>, Value) {
         let mut body = json!({
             "model": model,
             "messages": self.messages,
@@ -53,7 +49,7 @@ impl ModelApi for ChatApi {
             body["tools"] = json!(self.tools);
         }
         let headers = vec![("authorization", format!("Bearer {key}"))];
-        ("/chat/completions", headers, body)
+        ("/chat/completions".to_owned(), headers, body)
     }
 
     fn absorb(&mut self, data: &str, answer: &mut Answer) -> Result<String, String> {

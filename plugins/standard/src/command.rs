@@ -3,16 +3,18 @@
 //!
 //! - `--transcript <json>`: a scripted sequence of decisions;
 //! - `--driver <kind> --base-url http://<gateway>/<route> --model M`, kind
-//!   `openai-chat`, `openai-responses` or `anthropic-messages`: the model
+//!   `openai-chat`, `openai-responses`, `anthropic-messages` or
+//!   `gemini-generate-content`: the model
 //!   API through the host's egress gateway. The key is
 //!   `SHAREDOS_MODEL_KEY` from the environment, a placeholder the gateway
 //!   replaces; the real key never reaches this process. `--max-tokens N`
-//!   sets Anthropic's `max_tokens` (default 4096, 1..=131072).
+//!   sets Anthropic's `max_tokens` (default 4096) or Gemini's
+//!   `maxOutputTokens` (default: not sent), 1..=131072.
 
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: sharedos-standard --transcript '<JSON array of decisions>'\n   \
-     or: sharedos-standard --driver openai-chat|openai-responses|anthropic-messages --base-url http://<gateway>/<route> --model <name> [--max-tokens N]";
+     or: sharedos-standard --driver openai-chat|openai-responses|anthropic-messages|gemini-generate-content --base-url http://<gateway>/<route> --model <name> [--max-tokens N]";
 
 pub fn run() -> ExitCode {
     let mut args = std::env::args().skip(1);

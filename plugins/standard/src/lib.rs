@@ -1,6 +1,6 @@
 //! The standard runtime with a transcript driver or a model driver
 //! (`model`: OpenAI Chat Completions, OpenAI Responses, Anthropic
-//! Messages) seated.
+//! Messages, Gemini) seated.
 //!
 //! The transcript is a scripted sequence of decisions named by the
 //! runtime's trusted registry entry (never by a request). Each entry is an
@@ -21,6 +21,7 @@ pub mod anthropic;
 pub mod chat;
 pub mod command;
 pub mod deltas;
+pub mod gemini;
 pub mod model;
 pub mod responses;
 mod sse;
@@ -179,9 +180,12 @@ pub fn model_plugin(
     model_plugin_with(kind, base_url, model, key, None)
 }
 
-/// [`model_plugin`] with Anthropic's `max_tokens` (`None`: its default,
-/// [`anthropic::DEFAULT_MAX_TOKENS`]); a value outside
-/// [`anthropic::MAX_TOKENS_RANGE`], or one for another wire, is refused.
+/// [`model_plugin`] with a limit on the answer's tokens: Anthropic's
+/// `max_tokens` (`None`: its default, [`anthropic::DEFAULT_MAX_TOKENS`])
+/// or Gemini's `generationConfig.maxOutputTokens` (`None`: not sent); a
+/// value outside [`anthropic::MAX_TOKENS_RANGE`], or one for an OpenAI
+/// wire, is refused. A Gemini model must be a plain id
+/// ([`gemini::model_id_ok`]): it is a segment of the request's path.
 pub fn model_plugin_with(
     kind: DriverKind,
     base_url: &str,
@@ -190,9 +194,13 @@ pub fn model_plugin_with(
     max_tokens: Option<u64>,
 ) -> Result<Arc<dyn RuntimePlugin>, TranscriptError> {
     if let Some(n) = max_tokens {
-        if kind != DriverKind::AnthropicMessages {
+        if !matches!(
+            kind,
+            DriverKind::AnthropicMessages | DriverKind::GeminiGenerateContent
+        ) {
             return Err(TranscriptError(
-                "max tokens applies to the anthropic-messages driver only".into(),
+                "max tokens applies to the anthropic-messages and gemini-generate-content drivers only"
+                    .into(),
             ));
         }
         if !anthropic::MAX_TOKENS_RANGE.contains(&n) {
@@ -206,6 +214,12 @@ pub fn model_plugin_with(
     let base = sse::BaseUrl::parse(base_url).map_err(TranscriptError)?;
     if model.trim().is_empty() {
         return Err(TranscriptError("the model must be named".into()));
+    }
+    if kind == DriverKind::GeminiGenerateContent && !gemini::model_id_ok(model) {
+        return Err(TranscriptError(format!(
+            "the Gemini model {model:?} must be a plain id such as gemini-2.5-flash \
+             (letters, digits, '.', '_', '-'; no \"models/\" prefix)"
+        )));
     }
     let driver = model::ModelDriver::new(model::ModelConfig {
         kind,

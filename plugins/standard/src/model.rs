@@ -1,12 +1,12 @@
 //! The model drivers of the standard runtime: one session shape for the
-//! three APIs (OpenAI Chat Completions, OpenAI Responses, Anthropic
-//! Messages), each reached through the host's egress gateway with a
+//! four APIs (OpenAI Chat Completions, OpenAI Responses, Anthropic
+//! Messages, Gemini's streamGenerateContent), each reached through the host's egress gateway with a
 //! placeholder key the gateway replaces.
 //!
 //! A [`ModelApi`] knows one wire: how the conversation so far is written
 //! as a request, how a streamed answer is read, how the answer and each
 //! tool result are kept for the next request. [`ModelSession`] does the
-//! rest the same way for all three: the catalogue as tool definitions, one
+//! rest the same way for all four: the catalogue as tool definitions, one
 //! `ToolCall` per model call (in the order the model made them), text
 //! deltas as runtime events, usage and finish reason in the outcome's
 //! metadata, and a typed failure for each way the model can go wrong.
@@ -32,13 +32,15 @@ pub enum DriverKind {
     OpenaiChat,
     OpenaiResponses,
     AnthropicMessages,
+    GeminiGenerateContent,
 }
 
 impl DriverKind {
-    pub const ALL: [DriverKind; 3] = [
+    pub const ALL: [DriverKind; 4] = [
         DriverKind::OpenaiChat,
         DriverKind::OpenaiResponses,
         DriverKind::AnthropicMessages,
+        DriverKind::GeminiGenerateContent,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +48,7 @@ impl DriverKind {
             DriverKind::OpenaiChat => "openai-chat",
             DriverKind::OpenaiResponses => "openai-responses",
             DriverKind::AnthropicMessages => "anthropic-messages",
+            DriverKind::GeminiGenerateContent => "gemini-generate-content",
         }
     }
 
@@ -54,8 +57,13 @@ impl DriverKind {
             .into_iter()
             .find(|k| k.as_str() == text)
             .ok_or_else(|| {
+                let kinds: Vec<String> = Self::ALL
+                    .iter()
+                    .map(|k| format!("{:?}", k.as_str()))
+                    .collect();
                 format!(
-                    "{text:?} is not a driver kind (one of \"openai-chat\", \"openai-responses\", \"anthropic-messages\")"
+                    "{text:?} is not a driver kind (one of {})",
+                    kinds.join(", ")
                 )
             })
     }
@@ -69,7 +77,8 @@ pub struct ModelConfig {
     pub model: String,
     /// A placeholder: the gateway replaces it.
     pub key: String,
-    /// Anthropic's `max_tokens`; `None` is its default.
+    /// Anthropic's `max_tokens` (`None`: its default) or Gemini's
+    /// `generationConfig.maxOutputTokens` (`None`: not sent).
     pub max_tokens: Option<u64>,
 }
 
@@ -106,6 +115,11 @@ fn open_api(config: &ModelConfig, prompt: String, tools: Vec<ToolSpec>) -> Box<d
                 prompt, tools, max_tokens,
             ))
         }
+        DriverKind::GeminiGenerateContent => Box::new(crate::gemini::GeminiApi::new(
+            prompt,
+            tools,
+            config.max_tokens,
+        )),
     }
 }
 
@@ -190,7 +204,7 @@ fn failure(e: &str) -> (&str, &str) {
 impl ModelSession {
     async fn ask(&mut self) -> Result<Answer, String> {
         let (path, headers, body) = self.api.request(&self.config.model, &self.config.key);
-        let (status, body) = post(&self.config.base, path, &headers, &body).await?;
+        let (status, body) = post(&self.config.base, &path, &headers, &body).await?;
         let mut events = EventReader::new(body);
         if status >= 400 {
             let text = events.rest().await;
@@ -205,6 +219,10 @@ impl ModelSession {
                 if answer.done {
                     return Ok(());
                 }
+            }
+            self.api.stream_ended(&mut answer);
+            if answer.done {
+                return Ok(());
             }
             Err("model_stream_cut: the stream ended before the model finished its answer".into())
         };
@@ -363,10 +381,8 @@ mod tests {
         for k in DriverKind::ALL {
             assert_eq!(DriverKind::parse(k.as_str()), Ok(k));
         }
-        assert!(
-            DriverKind::parse("openai")
-                .unwrap_err()
-                .contains("openai-responses")
-        );
+        let e = DriverKind::parse("openai").unwrap_err();
+        assert!(e.contains("openai-responses"), "{e}");
+        assert!(e.contains("\"gemini-generate-content\""), "{e}");
     }
 }

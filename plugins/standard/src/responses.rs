@@ -139,17 +139,13 @@ fn failure_message(event: &Value) -> String {
 }
 
 impl ModelApi for ResponsesApi {
-    fn request(
-        &self,
-        model: &str,
-        key: &str,
-    ) -> (&'static str, Vec<(&'static str, String)>, Value) {
+    fn request(&self, model: &str, key: &str) -> (String, Vec<(&'static str, String)>, Value) {
         let mut body = json!({"model": model, "input": self.input, "stream": true});
         if !self.tools.is_empty() {
             body["tools"] = json!(self.tools);
         }
         let headers = vec![("authorization", format!("Bearer {key}"))];
-        ("/responses", headers, body)
+        ("/responses".to_owned(), headers, body)
     }
 
     fn absorb(&mut self, data: &str, answer: &mut Answer) -> Result<String, String> {

@@ -1,5 +1,5 @@
 //! What a model API's wire is to the driver loop: the interface each of
-//! the three APIs implements ([`ModelApi`]) and the values they exchange
+//! the four APIs implements ([`ModelApi`]) and the values they exchange
 //! with the loop in `model.rs`. It lives apart from the loop so the APIs
 //! and the loop that picks among them do not import each other.
 
@@ -44,11 +44,14 @@ pub struct Answer {
 pub trait ModelApi: Send {
     /// The path under the base URL, the headers and the body of the next
     /// request, for the conversation so far.
-    fn request(&self, model: &str, key: &str)
-    -> (&'static str, Vec<(&'static str, String)>, Value);
+    fn request(&self, model: &str, key: &str) -> (String, Vec<(&'static str, String)>, Value);
     /// Reads one streamed event's `data` into the answer; returns the
     /// text it added. `Err` is a code and a message.
     fn absorb(&mut self, data: &str, answer: &mut Answer) -> Result<String, String>;
+    /// The stream ended (the body's end, not an error). An API whose
+    /// stream has no end event of its own (Gemini's) marks the answer
+    /// done here once it has seen its finish; the others need nothing.
+    fn stream_ended(&mut self, _answer: &mut Answer) {}
     /// Keeps the answer (with its calls) as the model's turn.
     fn record_answer(&mut self, answer: &Answer);
     /// Keeps the result of one of the answer's calls (`ok`: it

@@ -4,7 +4,7 @@
 //! runtimes' tests. It answers request `i` with reply `i` of its script
 //! (past the end, the last reply again: a model that never stops), takes
 //! more replies while it runs, and records every request it received.
-//! [`wire`] writes the answers of the three model APIs as their wires do.
+//! [`wire`] writes the answers of the four model APIs as their wires do.
 
 pub mod wire;
 
@@ -61,6 +61,8 @@ impl Reply {
 pub struct SeenRequest {
     pub method: String,
     pub path: String,
+    /// The query, as received (`alt=sse`).
+    pub query: Option<String>,
     /// Every header, lowercase names, in the order received.
     pub headers: Vec<(String, String)>,
     /// The body as JSON (`Null` when it was not JSON).
@@ -83,6 +85,10 @@ impl SeenRequest {
     /// Anthropic's key header.
     pub fn api_key(&self) -> Option<&str> {
         self.header("x-api-key")
+    }
+    /// Gemini's key header.
+    pub fn goog_api_key(&self) -> Option<&str> {
+        self.header("x-goog-api-key")
     }
 }
 
@@ -255,6 +261,7 @@ async fn answer(req: Request<Incoming>, state: &State) -> Response<Body> {
         .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
         .collect();
     let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+    let query = req.uri().query().map(str::to_owned);
     let bytes = req
         .into_body()
         .collect()
@@ -266,6 +273,7 @@ async fn answer(req: Request<Incoming>, state: &State) -> Response<Body> {
         seen.push(SeenRequest {
             method,
             path,
+            query,
             headers,
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             body_len: bytes.len(),

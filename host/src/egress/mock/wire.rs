@@ -1,5 +1,6 @@
-//! The streamed answers of the three model APIs as their wires write them
-//! (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages), and
+//! The streamed answers of the four model APIs as their wires write them
+//! (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages,
+//! Gemini's streamGenerateContent), and
 //! readers of what a driver sent: the tools it offered, the results it
 //! returned.
 
@@ -11,13 +12,15 @@ pub enum Wire {
     OpenaiChat,
     OpenaiResponses,
     AnthropicMessages,
+    Gemini,
 }
 
 impl Wire {
-    pub const ALL: [Wire; 3] = [
+    pub const ALL: [Wire; 4] = [
         Wire::OpenaiChat,
         Wire::OpenaiResponses,
         Wire::AnthropicMessages,
+        Wire::Gemini,
     ];
 
     /// From a driver's `kind` in host.toml (`openai-chat`, ...).
@@ -26,6 +29,7 @@ impl Wire {
             "openai-chat" => Wire::OpenaiChat,
             "openai-responses" => Wire::OpenaiResponses,
             "anthropic-messages" => Wire::AnthropicMessages,
+            "gemini-generate-content" => Wire::Gemini,
             _ => return None,
         })
     }
@@ -36,15 +40,18 @@ impl Wire {
             Wire::OpenaiChat => "openai-chat",
             Wire::OpenaiResponses => "openai-responses",
             Wire::AnthropicMessages => "anthropic-messages",
+            Wire::Gemini => "gemini-generate-content",
         }
     }
 
-    /// The path a driver posts to, under the route's upstream `/v1`.
-    pub fn upstream_path(self) -> &'static str {
+    /// The path a driver of `model` posts to, under the route's upstream
+    /// `/v1` (Gemini's names the model; its query is `alt=sse`).
+    pub fn upstream_path(self, model: &str) -> String {
         match self {
-            Wire::OpenaiChat => "/v1/chat/completions",
-            Wire::OpenaiResponses => "/v1/responses",
-            Wire::AnthropicMessages => "/v1/messages",
+            Wire::OpenaiChat => "/v1/chat/completions".into(),
+            Wire::OpenaiResponses => "/v1/responses".into(),
+            Wire::AnthropicMessages => "/v1/messages".into(),
+            Wire::Gemini => format!("/v1/models/{model}:streamGenerateContent"),
         }
     }
 
@@ -52,7 +59,17 @@ impl Wire {
     pub fn route_api(self) -> &'static str {
         match self {
             Wire::AnthropicMessages => "anthropic",
+            Wire::Gemini => "gemini",
             _ => "openai",
+        }
+    }
+
+    /// The header the route puts the real key in.
+    pub fn key_header(self) -> &'static str {
+        match self {
+            Wire::AnthropicMessages => "x-api-key",
+            Wire::Gemini => "x-goog-api-key",
+            _ => "authorization",
         }
     }
 
@@ -62,6 +79,7 @@ impl Wire {
             Wire::OpenaiChat => "stop",
             Wire::OpenaiResponses => "completed",
             Wire::AnthropicMessages => "end_turn",
+            Wire::Gemini => "STOP",
         }
     }
 }
@@ -101,6 +119,7 @@ pub fn calls_turn(wire: Wire, calls: &[ScriptedCall]) -> Vec<String> {
         Wire::OpenaiChat => chat_calls(calls),
         Wire::OpenaiResponses => responses_calls(calls),
         Wire::AnthropicMessages => anthropic_calls(calls),
+        Wire::Gemini => gemini::calls(calls),
     }
 }
 
@@ -191,6 +210,9 @@ pub fn text_turn(wire: Wire, pieces: &[&str]) -> Vec<String> {
 /// An answer that writes these pieces of text and stops, reporting
 /// `(input, output)` tokens.
 pub fn text_turn_with_usage(wire: Wire, pieces: &[&str], usage: (u64, u64)) -> Vec<String> {
+    if wire == Wire::Gemini {
+        return gemini::text(pieces, usage);
+    }
     let (input, output) = usage;
     let mut out = Vec::new();
     match wire {
@@ -248,6 +270,7 @@ pub fn text_turn_with_usage(wire: Wire, pieces: &[&str], usage: (u64, u64)) -> V
             ));
             out.push(typed(json!({"type": "message_stop"})));
         }
+        Wire::Gemini => {}
     }
     out
 }
@@ -261,7 +284,9 @@ fn items(v: &Value) -> impl Iterator<Item = &Value> {
 }
 
 /// The tool results a driver sent back, in order, as `(call id, content
-/// text)`, read from a request body.
+/// text)`, read from a request body. Gemini's results carry the
+/// function's name (and an id only when the call had one): `(id or name,
+/// the response object as JSON text)`.
 pub fn results_sent(wire: Wire, body: &Value) -> Vec<(String, String)> {
     match wire {
         Wire::OpenaiChat => items(&body["messages"])
@@ -278,16 +303,113 @@ pub fn results_sent(wire: Wire, body: &Value) -> Vec<(String, String)> {
             .filter(|b| b["type"] == "tool_result")
             .map(|b| (text(&b["tool_use_id"]), text(&b["content"])))
             .collect(),
+        Wire::Gemini => gemini::results(body),
     }
 }
 
 /// The function names a driver offered the model, read from a request
 /// body.
 pub fn tools_offered(wire: Wire, body: &Value) -> Vec<String> {
+    if wire == Wire::Gemini {
+        return items(&body["tools"])
+            .flat_map(|t| items(&t["functionDeclarations"]))
+            .map(|d| text(&d["name"]))
+            .collect();
+    }
     items(&body["tools"])
         .map(|t| match wire {
             Wire::OpenaiChat => text(&t["function"]["name"]),
             _ => text(&t["name"]),
         })
         .collect()
+}
+
+/// Gemini's `streamGenerateContent?alt=sse`: one `GenerateContentResponse`
+/// a `data:` event, CRLF-separated as Google's servers write them; calls
+/// whole (`args` an object) and without an id, as Gemini 2.x models send
+/// them, each with a `thoughtSignature` as thinking models write it; a
+/// text answer's first chunk opens with a `thought` part (reasoning, not
+/// the answer); cumulative `usageMetadata`; `finishReason` on the last
+/// chunk and no end event.
+pub mod gemini {
+    use serde_json::{Value, json};
+
+    use super::{ScriptedCall, items, text as text_of};
+
+    /// The `thoughtSignature` of every scripted call; a driver must send
+    /// it back with the call.
+    pub const SIGNATURE: &str = "bW9jay1zaWduYXR1cmU=";
+    /// The reasoning a text answer opens with; never the answer's text.
+    pub const THOUGHT: &str = "(the mock thinks)";
+
+    fn data(v: Value) -> String {
+        format!("data: {v}\r\n\r\n")
+    }
+
+    fn chunk(parts: Value, finish: Option<&str>, usage: Value) -> String {
+        let mut candidate = json!({"content": {"role": "model", "parts": parts}, "index": 0});
+        if let Some(f) = finish {
+            candidate["finishReason"] = json!(f);
+        }
+        data(json!({"candidates": [candidate], "usageMetadata": usage,
+            "modelVersion": "gemini-mock"}))
+    }
+
+    /// Calls (usage 30+10); arguments that are not JSON are sent as a
+    /// string, which no Gemini model writes, so a driver's check of them
+    /// can be tested.
+    pub fn calls(calls: &[ScriptedCall]) -> Vec<String> {
+        let prompt = json!({"promptTokenCount": 30, "totalTokenCount": 30});
+        let mut out: Vec<String> = calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str::<Value>(c.arguments)
+                    .unwrap_or_else(|_| json!(c.arguments));
+                let call = json!({"functionCall": {"name": c.name, "args": args},
+                    "thoughtSignature": SIGNATURE});
+                chunk(json!([call]), None, prompt.clone())
+            })
+            .collect();
+        out.push(chunk(
+            json!([]),
+            Some("STOP"),
+            json!({"promptTokenCount": 30, "candidatesTokenCount": 10, "totalTokenCount": 40}),
+        ));
+        out
+    }
+
+    pub fn text(pieces: &[&str], usage: (u64, u64)) -> Vec<String> {
+        let (input, output) = usage;
+        let prompt = json!({"promptTokenCount": input, "totalTokenCount": input});
+        let mut out: Vec<String> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut parts = vec![json!({"text": p})];
+                if i == 0 {
+                    parts.insert(0, json!({"text": THOUGHT, "thought": true}));
+                }
+                chunk(json!(parts), None, prompt.clone())
+            })
+            .collect();
+        out.push(chunk(
+            json!([{"text": ""}]),
+            Some("STOP"),
+            json!({"promptTokenCount": input, "candidatesTokenCount": output,
+                "totalTokenCount": input + output}),
+        ));
+        out
+    }
+
+    pub fn results(body: &Value) -> Vec<(String, String)> {
+        items(&body["contents"])
+            .filter(|c| c["role"] == "user")
+            .flat_map(|c| items(&c["parts"]))
+            .filter_map(|p| p.get("functionResponse"))
+            .map(|r| {
+                let id = r.get("id").unwrap_or(&r["name"]);
+                (text_of(id), r["response"].to_string())
+            })
+            .collect()
+    }
 }
