@@ -225,6 +225,9 @@ async fn handle(
     if method == Method::GET && parts == ["v1", "health"] {
         return Ok(health(sessions));
     }
+    if method == Method::GET && parts == ["metrics"] {
+        return Ok(metrics(sessions));
+    }
     let scope = scope_of(&req)?;
     match (method, parts.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => {
@@ -296,6 +299,19 @@ fn health(sessions: &Sessions) -> Response<Body> {
             &json!({"error": {"code": "lease_lost", "message": why}, "lease": lease, "admission": admission}),
         ),
     }
+}
+
+/// The OpenMetrics text exposition Prometheus scrapes (no scope needed:
+/// it names no session).
+fn metrics(sessions: &Sessions) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(sessions.metrics_text())).boxed_unsync());
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    r.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
 }
 
 /// `afterSequence` from the query, or the SSE `Last-Event-ID` header a

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::LiveRun;
+use super::metrics::Metrics;
 use crate::executor::{ExecuteOptions, Executor, OnEvent, RecordOutage};
 
 /// How often, and how many times, a failed end-of-run write is retried
@@ -42,7 +43,9 @@ pub(super) async fn drive(
     (session_id, request): (&str, ExecutionRequest),
     live: &Arc<LiveRun>,
     closing: &CancellationToken,
+    metrics: &Arc<Metrics>,
 ) {
+    let started = std::time::Instant::now();
     let run_id = request.execution_id.to_string();
     let (tx, rx) = mpsc::unbounded_channel::<Entry>();
     let outage = RecordOutage::new();
@@ -50,7 +53,7 @@ pub(super) async fn drive(
         Arc::clone(store),
         Arc::clone(live),
         outage.clone(),
-        run_id.clone(),
+        (run_id.clone(), Arc::clone(metrics)),
         rx,
     ));
     let events = tx.clone();
@@ -82,18 +85,29 @@ pub(super) async fn drive(
     if let (Some(error), Value::Object(map)) = (journal_error, &mut result) {
         map.insert("journalError".into(), Value::String(error));
     }
-    end(store, closing, &run_id, &result).await;
+    // Counted before the end is stored: whoever sees the run ended sees
+    // it counted.
+    metrics.ended(&result, started.elapsed());
+    end(store, closing, &run_id, &result, metrics).await;
 }
 
 /// Stores the run's end, retrying while the store is unavailable. If it
 /// never succeeds, the run stays in flight in the store and the next
 /// start of this host reconciles it as interrupted.
-async fn end(store: &Arc<dyn Store>, closing: &CancellationToken, run_id: &str, result: &Value) {
+async fn end(
+    store: &Arc<dyn Store>,
+    closing: &CancellationToken,
+    run_id: &str,
+    result: &Value,
+    metrics: &Metrics,
+) {
     for attempt in 1..=END_ATTEMPTS {
-        match store
+        let asked = std::time::Instant::now();
+        let ended = store
             .end_run(run_id, result, Timestamp::now().as_str())
-            .await
-        {
+            .await;
+        metrics.store_op("end_run", asked.elapsed());
+        match ended {
             Ok(_) => return,
             Err(e @ sharedos_store::StoreError::Unavailable(_)) if attempt < END_ATTEMPTS => {
                 tracing::warn!(run_id, "could not record the end of the run, retrying: {e}");
@@ -122,17 +136,22 @@ async fn write(
     store: Arc<dyn Store>,
     live: Arc<LiveRun>,
     outage: RecordOutage,
-    run_id: String,
+    (run_id, metrics): (String, Arc<Metrics>),
     mut rx: mpsc::UnboundedReceiver<Entry>,
 ) {
     let mut error: Option<String> = None;
     while let Some(entry) = rx.recv().await {
         match entry {
             Entry::Event(event) if error.is_none() => {
-                match store.append_event(&run_id, &event).await {
-                    Ok(()) => live
-                        .progress
-                        .send_modify(|p| p.last_sequence = Some(event.sequence)),
+                let asked = std::time::Instant::now();
+                let stored = store.append_event(&run_id, &event).await;
+                metrics.store_op("append_event", asked.elapsed());
+                match stored {
+                    Ok(()) => {
+                        metrics.event(&event);
+                        live.progress
+                            .send_modify(|p| p.last_sequence = Some(event.sequence));
+                    }
                     Err(e) => {
                         tracing::error!(run_id, "journal write failed, an audit outage: {e}");
                         error = Some(e.to_string());

@@ -16,6 +16,7 @@ mod admission;
 mod cancels;
 mod journal;
 mod lease;
+mod metrics;
 mod observe;
 mod request;
 
@@ -34,6 +35,7 @@ use crate::executor::Executor;
 
 pub use admission::{AdmissionLimits, AdmissionStatus};
 pub use lease::LeaseStatus;
+pub use metrics::Metrics;
 pub use observe::Observer;
 
 /// The trusted scope a session is opened under and every call re-checks.
@@ -170,6 +172,7 @@ pub struct Sessions {
     /// The run slots: a run holds one from before it is stored until its
     /// turn has ended.
     slots: Arc<admission::Slots>,
+    metrics: Arc<Metrics>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -200,6 +203,7 @@ impl Sessions {
             lease: Mutex::new(LeaseStatus::default()),
             catalogue: HashMap::new(),
             slots: admission::Slots::new(AdmissionLimits::unbounded()),
+            metrics: Arc::new(Metrics::new()),
         }
     }
 
@@ -212,6 +216,12 @@ impl Sessions {
     /// What admission holds now.
     pub fn admission_status(&self) -> AdmissionStatus {
         self.slots.status()
+    }
+
+    /// The Prometheus text exposition of this host's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.metrics
+            .render(self.slots.status(), &self.lease_status())
     }
 
     /// The tools sessions may name instead of defining them (the host's
@@ -317,6 +327,7 @@ impl Sessions {
         request_id: &str,
         input: RunInput,
     ) -> Result<RunHandle, SessionError> {
+        let asked = std::time::Instant::now();
         request::check_request_id(request_id)?;
         let session = self.session(scope, session_id).await?;
         let executor = self
@@ -341,12 +352,20 @@ impl Sessions {
         }
         self.check_lease()?;
         // The slot comes first: a run is stored only when it can start.
-        let slot = self.slots.acquire(scope.namespace_id.as_str()).await?;
+        let slot = match self.slots.acquire(scope.namespace_id.as_str()).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.metrics.refused();
+                return Err(e);
+            }
+        };
         if self.closing.is_cancelled() {
             return Err(SessionError::ShuttingDown);
         }
         self.check_lease()?;
+        let storing = std::time::Instant::now();
         let admitted = self.store.admit_run(&new).await;
+        self.metrics.store_op("admit_run", storing.elapsed());
         if let Err(e @ StoreError::Fenced { .. }) = &admitted
             && self.lose_lease(e)
         {
@@ -361,6 +380,7 @@ impl Sessions {
             }
             Admission::New(run) => run,
         };
+        self.metrics.admitted(asked.elapsed());
         let live = Arc::new(LiveRun {
             cancel: CancellationToken::new(),
             progress: watch::Sender::new(Progress::default()),
@@ -370,7 +390,15 @@ impl Sessions {
         let session_id = session.id;
         tokio::spawn(async move {
             let turn = (session_id.as_str(), request);
-            journal::drive(&this.store, executor, turn, &live, &this.closing).await;
+            journal::drive(
+                &this.store,
+                executor,
+                turn,
+                &live,
+                &this.closing,
+                &this.metrics,
+            )
+            .await;
             this.lock_live().remove(&run_id);
             drop(slot);
             live.progress.send_modify(|p| p.ended = true);
