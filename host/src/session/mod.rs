@@ -347,22 +347,8 @@ impl Sessions {
             host_id: self.host_id.clone(),
             admitted_at: now().to_string(),
         };
-        if self.closing.is_cancelled() {
-            return Err(SessionError::ShuttingDown);
-        }
-        self.check_lease()?;
         // The slot comes first: a run is stored only when it can start.
-        let slot = match self.slots.acquire(scope.namespace_id.as_str()).await {
-            Ok(slot) => slot,
-            Err(e) => {
-                self.metrics.refused();
-                return Err(e);
-            }
-        };
-        if self.closing.is_cancelled() {
-            return Err(SessionError::ShuttingDown);
-        }
-        self.check_lease()?;
+        let slot = self.take_slot(scope).await?;
         let storing = std::time::Instant::now();
         let admitted = self.store.admit_run(&new).await;
         self.metrics.store_op("admit_run", storing.elapsed());
@@ -381,33 +367,58 @@ impl Sessions {
             Admission::New(run) => run,
         };
         self.metrics.admitted(asked.elapsed());
+        self.dispatch(executor, (session.id, request), slot);
+        Ok(RunHandle {
+            run,
+            repeated: false,
+        })
+    }
+
+    /// A slot for a run of `scope`'s tenant, unless the host is closing or
+    /// lost its lease (before and after a wait for the slot).
+    async fn take_slot(&self, scope: &Scope) -> Result<admission::Slot, SessionError> {
+        if self.closing.is_cancelled() {
+            return Err(SessionError::ShuttingDown);
+        }
+        self.check_lease()?;
+        let slot = match self.slots.acquire(scope.namespace_id.as_str()).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.metrics.refused();
+                return Err(e);
+            }
+        };
+        if self.closing.is_cancelled() {
+            return Err(SessionError::ShuttingDown);
+        }
+        self.check_lease()?;
+        Ok(slot)
+    }
+
+    /// Runs an admitted turn in the background; its slot is given back
+    /// once the run's end is stored.
+    fn dispatch(
+        self: &Arc<Self>,
+        executor: Arc<Executor>,
+        (session_id, request): (String, sharedos_protocol::ExecutionRequest),
+        slot: admission::Slot,
+    ) {
+        let run_id = request.execution_id.to_string();
         let live = Arc::new(LiveRun {
             cancel: CancellationToken::new(),
             progress: watch::Sender::new(Progress::default()),
         });
         self.lock_live().insert(run_id.clone(), Arc::clone(&live));
         let this = Arc::clone(self);
-        let session_id = session.id;
         tokio::spawn(async move {
             let turn = (session_id.as_str(), request);
-            journal::drive(
-                &this.store,
-                executor,
-                turn,
-                &live,
-                &this.closing,
-                &this.metrics,
-            )
-            .await;
+            let closing = &this.closing;
+            journal::drive(&this.store, executor, turn, &live, closing, &this.metrics).await;
             this.lock_live().remove(&run_id);
             drop(slot);
             live.progress.send_modify(|p| p.ended = true);
             this.idle.notify_waiters();
         });
-        Ok(RunHandle {
-            run,
-            repeated: false,
-        })
     }
 
     /// The run, if `scope` may see its session.
