@@ -29,6 +29,7 @@ use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
 /// The pinned versions (tests/vendor-cli/package.json, which `scripts/test` installs).
 pub const CODEX_VERSION: &str = "0.171.0";
 pub const CLAUDE_VERSION: &str = "2.1.332";
+pub const OPENCODE_VERSION: &str = "1.18.33";
 /// The TypeScript MCP SDK the harness tests seat as a client
 /// (tests/harness/mcp_client.mjs).
 pub const MCP_SDK: (&str, &str) = ("@modelcontextprotocol/sdk", "1.32.2");
@@ -42,6 +43,7 @@ const SPEC_DIR: &str = "/opt/sharedos-ci/cli";
 pub enum Vendor {
     Codex,
     ClaudeCode,
+    Opencode,
 }
 
 impl Vendor {
@@ -49,18 +51,20 @@ impl Vendor {
         match self {
             Vendor::Codex => "codex.toml",
             Vendor::ClaudeCode => "claude-code.toml",
+            Vendor::Opencode => "opencode.toml",
         }
     }
     fn package(self) -> (&'static str, &'static str) {
         match self {
             Vendor::Codex => ("@openai/codex", CODEX_VERSION),
             Vendor::ClaudeCode => ("@anthropic-ai/claude-code", CLAUDE_VERSION),
+            Vendor::Opencode => ("opencode-ai", OPENCODE_VERSION),
         }
     }
     /// The route the spec names and the upstream it points at.
     fn route(self) -> (&'static str, &'static str) {
         match self {
-            Vendor::Codex => ("openai", "https://api.openai.com/v1"),
+            Vendor::Codex | Vendor::Opencode => ("openai", "https://api.openai.com/v1"),
             Vendor::ClaudeCode => ("anthropic", "https://api.anthropic.com"),
         }
     }
@@ -115,7 +119,7 @@ pub fn spec_text(
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (route, upstream) = vendor.route();
     let mock_upstream = match vendor {
-        Vendor::Codex => mock.base_url(),
+        Vendor::Codex | Vendor::Opencode => mock.base_url(),
         Vendor::ClaudeCode => format!("http://127.0.0.1:{}", mock.port),
     };
     let mut out = text.replace(SPEC_DIR, &dir.display().to_string());
@@ -145,7 +149,7 @@ pub fn spec_text(
                 "model = \"gpt-5.5\"".to_owned(),
                 "model = \"sharedos-mock-model\"".to_owned(),
             ),
-            Vendor::ClaudeCode => (String::new(), String::new()),
+            Vendor::ClaudeCode | Vendor::Opencode => (String::new(), String::new()),
         },
         (
             "env = { ".to_owned() + first_env_key(vendor),
@@ -171,7 +175,7 @@ pub fn spec_text(
 
 fn secret_env(vendor: Vendor) -> &'static str {
     match vendor {
-        Vendor::Codex => "OPENAI_API_KEY",
+        Vendor::Codex | Vendor::Opencode => "OPENAI_API_KEY",
         Vendor::ClaudeCode => "ANTHROPIC_API_KEY",
     }
 }
@@ -181,6 +185,7 @@ fn first_env_key(vendor: Vendor) -> &'static str {
     match vendor {
         Vendor::Codex => "CODEX_HOME",
         Vendor::ClaudeCode => "ANTHROPIC_BASE_URL",
+        Vendor::Opencode => "OPENCODE_CONFIG",
     }
 }
 
