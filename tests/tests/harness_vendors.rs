@@ -132,11 +132,13 @@ fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) {
     assert!(!seen.is_empty(), "the mock model saw no request");
     for s in seen {
         let key = match vendor {
-            Vendor::Codex | Vendor::Opencode => s.authorization().map(str::to_owned),
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
+                s.authorization().map(str::to_owned)
+            }
             Vendor::ClaudeCode => s.api_key().map(str::to_owned),
         };
         let want = match vendor {
-            Vendor::Codex | Vendor::Opencode => format!("Bearer {REAL_KEY}"),
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => format!("Bearer {REAL_KEY}"),
             Vendor::ClaudeCode => REAL_KEY.to_owned(),
         };
         assert_eq!(key.as_deref(), Some(want.as_str()), "{}", s.path);

@@ -119,18 +119,21 @@ fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest]) {
     assert!(requests.iter().all(|r| r["status"] == 200), "{requests:?}");
 }
 
-/// opencode's MCP tools reach its model as `<server>_<tool>`.
-#[test]
-fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
+/// One turn of `vendor` whose model calls `files.write` under `name` (as
+/// the CLI lists the sharedos tools to its model: `prefix` then the MCP
+/// name), then answers in text; everything the tests of a granted call
+/// assert.
+fn a_granted_call_goes_through_the_envelope(vendor: Vendor, prefix: &str, http: bool) {
     let _serial = sharedos_tests::serial();
     let rt = runtime();
     let marker = unique_marker();
     let args = r#"{"path": "notes/team.md", "content": "standup moved to 10:00"}"#;
+    let name = format!("{prefix}files__write");
     let (turn, seen) = rt.block_on(async {
         let call = ScriptedCall {
             id: "call_1",
             namespace: None,
-            name: "sharedos_files__write",
+            name: &name,
             arguments: args,
         };
         let mock = MockModel::start(vec![
@@ -140,24 +143,27 @@ fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_t
         .await
         .unwrap();
         let prompt = json!("Write a note for the team, then tell me you did.");
-        let turn = run_vendor(case(Vendor::Opencode, prompt), &mock, &marker).await;
+        let mut case = case(vendor, prompt);
+        case.http = http;
+        let turn = run_vendor(case, &mock, &marker).await;
         (turn, mock.seen())
     });
     let v = turn.json();
+    let mode = &v["metadata"]["runtime"]["sandbox"]["seccomp"]["mode"];
+    let want = if http {
+        "namespace+harness"
+    } else {
+        "namespace+egress"
+    };
+    assert_eq!(mode, want, "{v:#}");
     let names = seen.first().map(|s| offered(&s.body)).unwrap_or_default();
     assert_eq!(v["status"], "succeeded", "{v:#}\noffered: {names:?}");
     assert_eq!(v["output"], "Wrote the note.", "{v:#}");
     assert_eq!(v["metadata"]["harnessOutcome"], "complete");
-    // Only the sharedos tools (every built-in denied), not the ungranted
-    // files.delete, and every name one OpenAI's API accepts.
-    assert!(
-        names.contains(&"sharedos_files__write".to_owned()),
-        "{names:?}"
-    );
-    assert!(
-        names.iter().all(|t| t.starts_with("sharedos_")),
-        "{names:?}"
-    );
+    // Only the sharedos tools (no built-in, no tool search), not the
+    // ungranted files.delete, and every name one OpenAI's API accepts.
+    assert!(names.contains(&name), "{names:?}");
+    assert!(names.iter().all(|t| t.starts_with(prefix)), "{names:?}");
     assert!(!names.iter().any(|t| t.contains("delete")), "{names:?}");
     for s in &seen {
         let all = offered(&s.body);
@@ -167,7 +173,7 @@ fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_t
         invoked(&turn),
         vec![("files.write".to_owned(), "succeeded".to_owned())]
     );
-    // No title request or other side call: the call, then the answer.
+    // No title, memory or other side request: the call, then the answer.
     assert_eq!(seen.len(), 2, "{seen:?}");
     let results = tool_results(&seen[1].body);
     assert_eq!(results.len(), 1, "{:#}", seen[1].body["messages"]);
@@ -177,33 +183,62 @@ fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_t
     assert!(left.is_empty(), "survivors: {left:?}");
 }
 
-/// The spec gives opencode the prompt on its stdin: a leading `--version`,
-/// quotes, brackets, a template variable, shell syntax and newlines reach
-/// the model as one unchanged user message.
+/// opencode lists MCP tools to its model as `<server>_<tool>`.
 #[test]
-fn opencode_takes_a_hostile_prompt_on_stdin_unchanged() {
-    let _serial = sharedos_tests::serial();
-    let rt = runtime();
-    let marker = unique_marker();
+fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
+    a_granted_call_goes_through_the_envelope(Vendor::Opencode, "sharedos_", false);
+}
+
+/// opencode over streamable HTTP MCP: a `remote` server with the turn's
+/// bearer token in its headers, OAuth discovery off.
+#[test]
+fn opencode_over_streamable_http_calls_a_granted_tool() {
+    a_granted_call_goes_through_the_envelope(Vendor::Opencode, "sharedos_", true);
+}
+
+/// Qwen Code lists MCP tools as `mcp__<server>__<tool>`, directly (its
+/// tool search off).
+#[test]
+fn qwen_code_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
+    a_granted_call_goes_through_the_envelope(Vendor::QwenCode, "mcp__sharedos__", false);
+}
+
+/// Qwen Code over streamable HTTP MCP: `httpUrl` with the turn's bearer
+/// token in its headers.
+#[test]
+fn qwen_code_over_streamable_http_calls_a_granted_tool() {
+    a_granted_call_goes_through_the_envelope(Vendor::QwenCode, "mcp__sharedos__", true);
+}
+
+/// Both specs give the CLI the prompt on its stdin: a leading
+/// `--version`, quotes, brackets, a template variable, shell syntax and
+/// newlines reach the model as one unchanged user message.
+#[test]
+fn a_hostile_prompt_on_stdin_reaches_each_model_unchanged() {
     let prompt = "--version\n\"\"\" ]] {home} {json:prompt} $(id) `id` '; exit 1";
-    let (turn, seen) = rt.block_on(async {
-        let mock = MockModel::start(vec![Reply::Stream(text_turn(
-            Wire::OpenaiChat,
-            &["Understood."],
-        ))])
-        .await
-        .unwrap();
-        let turn = run_vendor(case(Vendor::Opencode, json!(prompt)), &mock, &marker).await;
-        (turn, mock.seen())
-    });
-    let v = turn.json();
-    assert_eq!(v["status"], "succeeded", "{v:#}");
-    assert_eq!(v["output"], "Understood.", "{v:#}");
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    let texts = user_texts(&seen[0].body);
-    assert!(
-        texts.iter().any(|t| t.trim() == prompt),
-        "the prompt arrived changed: {texts:#?}"
-    );
-    assert_key_kept(&turn, &seen);
+    for vendor in [Vendor::Opencode, Vendor::QwenCode] {
+        let _serial = sharedos_tests::serial();
+        let rt = runtime();
+        let marker = unique_marker();
+        let (turn, seen) = rt.block_on(async {
+            let mock = MockModel::start(vec![Reply::Stream(text_turn(
+                Wire::OpenaiChat,
+                &["Understood."],
+            ))])
+            .await
+            .unwrap();
+            let turn = run_vendor(case(vendor, json!(prompt)), &mock, &marker).await;
+            (turn, mock.seen())
+        });
+        let v = turn.json();
+        assert_eq!(v["status"], "succeeded", "{vendor:?}: {v:#}");
+        assert_eq!(v["output"], "Understood.", "{vendor:?}: {v:#}");
+        assert_eq!(seen.len(), 1, "{vendor:?}: {seen:?}");
+        let texts = user_texts(&seen[0].body);
+        assert!(
+            texts.iter().any(|t| t.trim() == prompt),
+            "{vendor:?}: the prompt arrived changed: {texts:#?}"
+        );
+        assert_key_kept(&turn, &seen);
+    }
 }
