@@ -242,3 +242,36 @@ fn a_hostile_prompt_on_stdin_reaches_each_model_unchanged() {
         assert_key_kept(&turn, &seen);
     }
 }
+
+/// One turn of `vendor` against a model that answers only 500: the
+/// result and how many requests the model saw.
+fn against_a_failing_model(vendor: Vendor) -> (Value, usize) {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let (turn, seen) = rt.block_on(async {
+        let error = json!({"error": {"message": "down", "type": "server_error"}});
+        let replies = (0..8).map(|_| Reply::Status(500, error.clone())).collect();
+        let mock = MockModel::start(replies).await.unwrap();
+        let turn = run_vendor(case(vendor, json!("Say hi.")), &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
+    (turn.json(), seen.len())
+}
+
+/// Neither CLI has a setting for its own retry loop (opencode 1.18.33:
+/// five retries with backoff; Qwen Code 0.24.4: seven attempts, fixed in
+/// their code), so the route's `maxFailures` (3 by default) ends the turn
+/// `model_unavailable` after the third 500, long before the deadline,
+/// with nothing of the CLI left.
+#[test]
+fn a_cli_retrying_a_failing_model_is_stopped_by_the_routes_max_failures() {
+    for vendor in [Vendor::Opencode, Vendor::QwenCode] {
+        let (v, requests) = against_a_failing_model(vendor);
+        assert_eq!(v["status"], "failed", "{vendor:?}: {v:#}");
+        assert_eq!(v["error"]["code"], "model_unavailable", "{vendor:?}: {v:#}");
+        assert_eq!(requests, 3, "{vendor:?}: {v:#}");
+    }
+}
