@@ -286,12 +286,16 @@ pub fn http_variant(vendor: Vendor, spec: &str) -> String {
 }
 
 /// The kernel of the harness tests (`turns::kernel_config`: files, ledger,
-/// escalation) with the model route granted to the agent.
-fn kernel_config_with_route(route: &str) -> KernelConfig {
+/// escalation) with the `egress` namespace, and the model route granted
+/// to the agent when there is one.
+fn kernel_config_with_route(route: Option<&str>) -> KernelConfig {
     let mut config = serde_json::to_value(kernel_config()).expect("kernel config");
     if let Some(namespaces) = config["namespaces"].as_array_mut() {
         namespaces.push(json!("egress"));
     }
+    let Some(route) = route else {
+        return serde_json::from_value(config).expect("kernel config");
+    };
     let grants = config["grants"].as_array_mut().expect("grants");
     let caps = grants[1]["capabilities"]
         .as_array_mut()
@@ -313,6 +317,10 @@ pub struct VendorCase {
     pub http: bool,
     /// The request's `maxToolCalls` (1000 when `None`).
     pub max_tool_calls: Option<u64>,
+    /// Grant the agent the route (`egress` / `[<route>]` / `request`, as
+    /// docs/HARNESS.md, "The grants a route needs" says); `false` leaves
+    /// it out.
+    pub route_granted: bool,
 }
 
 /// What a vendor turn left.
@@ -357,7 +365,7 @@ pub fn unique_marker() -> String {
 
 /// The real kernel over `dir/files` with the route granted, its JSONL
 /// audit trail at `dir/audit.jsonl`.
-fn kernel_in(dir: &Path, route: &str) -> (Arc<Kernel>, PathBuf) {
+fn kernel_in(dir: &Path, route: Option<&str>) -> (Arc<Kernel>, PathBuf) {
     let files_root = dir.join("files");
     let notes = files_root
         .join(crate::turns::NAMESPACE)
@@ -407,7 +415,8 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
         .resolve(config.runtimes[0].id.as_str())
         .expect("the seat")
         .clone();
-    let (kernel, audit_path) = kernel_in(dir.path(), case.vendor.route().0);
+    let route = case.route_granted.then_some(case.vendor.route().0);
+    let (kernel, audit_path) = kernel_in(dir.path(), route);
     let executor = Executor::new(kernel, seat, ExecutorOptions::default()).expect("executor");
     let mut req = request(
         &format!("exec-{marker}"),

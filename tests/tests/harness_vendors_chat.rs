@@ -44,6 +44,7 @@ fn case(vendor: Vendor, prompt: Value) -> VendorCase {
         timeout_ms: 60_000,
         http: false,
         max_tool_calls: None,
+        route_granted: true,
     }
 }
 
@@ -274,4 +275,50 @@ fn a_cli_retrying_a_failing_model_is_stopped_by_the_routes_max_failures() {
         assert_eq!(v["error"]["code"], "model_unavailable", "{vendor:?}: {v:#}");
         assert_eq!(requests, 3, "{vendor:?}: {v:#}");
     }
+}
+
+/// Without the grant of its route (docs/HARNESS.md, "The grants a route
+/// needs") the CLI's model request is refused by the kernel before a byte
+/// leaves: the model sees nothing, the turn fails, and the refusal is an
+/// `egress.request` event with the kernel's code and a denied
+/// `effect.authorized` in the audit.
+#[test]
+fn a_route_without_its_grant_reaches_no_model() {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let (turn, seen) = rt.block_on(async {
+        let mock = MockModel::start(vec![Reply::Stream(text_turn(
+            Wire::OpenaiChat,
+            &["never sent"],
+        ))])
+        .await
+        .unwrap();
+        let mut case = case(Vendor::Opencode, json!("Say hi."));
+        case.route_granted = false;
+        let turn = run_vendor(case, &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    // opencode reads the gateway's 403 as a failure it does not retry.
+    assert_eq!(v["status"], "failed", "{v:#}");
+    assert_eq!(v["error"]["code"], "harness_cli_failed", "{v:#}");
+    assert!(seen.is_empty(), "{seen:?}");
+    // Refused before forwarding: the kernel's code, no upstream status.
+    let requests = turn.events("egress.request");
+    assert!(!requests.is_empty(), "{v:#}");
+    assert!(
+        requests
+            .iter()
+            .all(|r| r["code"] == "no_matching_grant" && r["status"].is_null()),
+        "{requests:?}"
+    );
+    let denied: Vec<_> = turn
+        .audit_of("effect.authorized")
+        .into_iter()
+        .filter(|r| serde_json::to_value(r.outcome).unwrap() == "denied")
+        .collect();
+    assert_eq!(denied.len(), requests.len(), "{}", turn.audit_text);
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
 }
