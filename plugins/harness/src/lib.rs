@@ -344,3 +344,54 @@ fn report_stderr(stderr: &[u8]) {
         String::from_utf8_lossy(tail)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> TurnVars {
+        TurnVars {
+            prompt: "-p \"hi\"".into(),
+            home: "/sandbox/home".into(),
+            tmp: "/tmp/t".into(),
+            route_url: String::new(),
+            placeholder_key: String::new(),
+            mcp_url: String::new(),
+            mcp_token: String::new(),
+            mcp_command: "/plugin/sharedos-harness".into(),
+            mcp_args: vec!["mcp-relay".into(), "/tmp/t/mcp.sock".into()],
+        }
+    }
+
+    /// A list variable alone in an argument becomes one argument per
+    /// element, in each of its spellings; anywhere else it is rendered as
+    /// text, and other arguments are rendered once.
+    #[test]
+    fn list_variables_alone_in_an_argument_are_spliced() {
+        let v = vars();
+        let args: Vec<String> = [
+            "{mcpCommandLine}",
+            "{...mcpArgs}",
+            "{mcpArgs}",
+            "--mcp=[{...mcpCommandLine}]",
+            "{prompt}",
+        ]
+        .map(String::from)
+        .to_vec();
+        let out = v.args(&args).unwrap();
+        assert_eq!(
+            out,
+            [
+                "/plugin/sharedos-harness",
+                "mcp-relay",
+                "/tmp/t/mcp.sock",
+                "mcp-relay",
+                "/tmp/t/mcp.sock",
+                "mcp-relay",
+                "/tmp/t/mcp.sock",
+                "--mcp=[\"/plugin/sharedos-harness\", \"mcp-relay\", \"/tmp/t/mcp.sock\"]",
+                "-p \"hi\"",
+            ]
+        );
+    }
+}
