@@ -191,42 +191,38 @@ fn command(launch: &Launch) -> Result<(tokio::process::Command, Option<std::fs::
     Ok((cmd, Some(file)))
 }
 
+/// The CLI's arguments, environment, working directory and stdio; its own
+/// process group; killed if the harness drops it.
+fn configure(cmd: &mut tokio::process::Command, launch: &Launch) {
+    cmd.args(&launch.args)
+        .env_clear()
+        .envs(&launch.env)
+        .current_dir(&launch.cwd)
+        .stdin(
+            launch
+                .stdin
+                .as_ref()
+                .map_or_else(Stdio::null, |_| Stdio::piped()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+}
+
 /// Runs the CLI to its end (or the drain/abort), then sweeps its tree.
 pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usize) -> Run {
     let (mut cmd, _pinned) = match command(&launch) {
         Ok(c) => c,
         Err(why) => return not_started(why),
     };
-    cmd.args(&launch.args)
-        .env_clear()
-        .envs(&launch.env)
-        .current_dir(&launch.cwd)
-        .stdin(if launch.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+    configure(&mut cmd, &launch);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return not_started(format!("{}: {e}", launch.command.display())),
     };
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
-    // The prompt on stdin, written beside the wait (a CLI that reads it
-    // only after writing output cannot deadlock the harness), then closed.
-    // A CLI that exits or closes stdin unread ends the write (EPIPE),
-    // which is no failure of the turn.
-    let writer = match (child.stdin.take(), launch.stdin) {
-        (Some(mut pipe), Some(bytes)) => Some(tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let _ = pipe.write_all(&bytes).await;
-            let _ = pipe.shutdown().await;
-        })),
-        _ => None,
-    };
+    let writer = write_stdin(&mut child, launch.stdin);
     let out = Arc::new(Mutex::new(Tail::new(tail_cap)));
     let err = Arc::new(Mutex::new(Tail::new(tail_cap)));
     let readers = [
@@ -283,6 +279,22 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         stdout: take(&out),
         stderr: take(&err),
     }
+}
+
+/// The CLI's `stdin` bytes, written beside the wait (a CLI that reads
+/// them only after writing output cannot deadlock the harness), then
+/// closed. A CLI that exits or closes stdin unread ends the write (EPIPE),
+/// which is no failure of the turn.
+fn write_stdin(
+    child: &mut tokio::process::Child,
+    bytes: Option<Vec<u8>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let (mut pipe, bytes) = (child.stdin.take()?, bytes?);
+    Some(tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = pipe.write_all(&bytes).await;
+        let _ = pipe.shutdown().await;
+    }))
 }
 
 async fn drain_into(mut r: impl AsyncRead + Unpin, tail: Arc<Mutex<Tail>>) {
