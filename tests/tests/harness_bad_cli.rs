@@ -308,3 +308,34 @@ final = {{ from = "stdout" }}
     assert_eq!(turn.json()["error"]["retryable"], false);
     assert!(!marker_file.exists(), "the CLI ran");
 }
+
+/// The same prompt on the CLI's stdin (`stdin = "{prompt}"`, the fix the
+/// message above names): a pipe carries every byte, so the CLI starts in
+/// the sandbox, reads the prompt whole, NUL included, then EOF, and its
+/// answer completes the turn.
+#[test]
+fn a_prompt_on_stdin_reaches_the_cli_whole_nul_included() {
+    let dir = fixture_dir();
+    let cli = script(
+        dir.path(),
+        "cli.sh",
+        "#!/bin/sh\nbytes=$(od -An -c | tr -s ' \\n' ' ')\nprintf 'read:%s\\n' \"$bytes\"\n",
+    );
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {cli:?}
+stdin = "{{prompt}}"
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        cli = cli.display().to_string(),
+    );
+    let mut case = HarnessCase::new(&harness, vec![dir.path().to_path_buf()]);
+    case.prompt = json!("a\u{0}b");
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    // `od -c` spells the NUL `\0`: the three bytes arrived, and `od` saw
+    // the end of its input (it would wait forever otherwise).
+    assert_eq!(turn.json()["output"], "read: a \\0 b", "{:#}", turn.json());
+}

@@ -138,7 +138,7 @@ pub fn names_collide(collision: &ApiNameCollision) -> RuntimeTurnOutcome {
 pub fn nul_in_command_line(what: &str) -> RuntimeTurnOutcome {
     let code = "harness_argument_invalid";
     let message = format!(
-        "{what} holds a NUL byte, which a command line or an environment cannot carry; the CLI was not started (remove it from the prompt, or give the CLI the prompt in a file through the spec's files)"
+        "{what} holds a NUL byte, which a command line or an environment cannot carry; the CLI was not started (remove it from the prompt, or give the CLI the prompt on its stdin, `stdin = \"{{prompt}}\"`, or in a file through the spec's files)"
     );
     let mut meta = Map::new();
     meta.insert("toolshare".into(), json!("mcp"));
