@@ -124,6 +124,7 @@ fn executor(exe: &Path, calls: usize) -> Result<Executor, String> {
                 "{mcpCommand}".into(),
                 "{mcpArgs}".into(),
             ],
+            stdin: None,
             route: None,
             mcp: McpTransport::Stdio,
             env: [("CALLS".to_string(), calls.to_string())].into(),

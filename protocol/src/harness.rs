@@ -36,10 +36,15 @@ pub struct HarnessSpec {
     /// (docs/HARNESS.md, "Pinning the CLI").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
-    /// The CLI's arguments, each a template. An element that is exactly
-    /// `{mcpArgs}` is replaced by the relay's arguments.
+    /// The CLI's arguments, each a template. An element that is exactly a
+    /// list variable (`{mcpArgs}`, `{mcpCommandLine}`, or the same as
+    /// `{...name}`) is replaced by the list's elements, one argument each.
     #[serde(default)]
     pub args: Vec<String>,
+    /// What the CLI reads on its stdin, a template (`"{prompt}"`), written
+    /// whole and then closed; absent: stdin is `/dev/null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
     /// The `network.routes` entry the CLI's model traffic uses.
     #[serde(default)]
     pub route: Option<String>,
@@ -105,9 +110,29 @@ pub enum FinalMessage {
         #[serde(default)]
         take: StdoutTake,
     },
-    /// The last non-empty stdout line parsed as JSON, the string at
-    /// `pointer` (an RFC 6901 JSON pointer, e.g. `/result`).
-    Json { pointer: String },
+    /// JSON on stdout, the value at `pointer` (an RFC 6901 JSON pointer,
+    /// e.g. `/result`): a string as is, anything else as JSON text. Which
+    /// JSON is `take`'s.
+    Json {
+        pointer: String,
+        #[serde(default)]
+        take: JsonTake,
+    },
+}
+
+/// Which JSON of stdout a `from = "json"` final message reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum JsonTake {
+    /// The last non-empty line, parsed as JSON.
+    #[default]
+    LastLine,
+    /// All of stdout as one JSON document (pretty-printed across lines).
+    Document,
+    /// JSON lines: the last line that parses as JSON and has a non-null
+    /// value at the pointer (lines that do not parse, or lack it, are
+    /// skipped).
+    Lines,
 }
 
 /// The most bytes of stdout the harness keeps (the tail); more is read and
@@ -150,11 +175,12 @@ pub enum Var {
     McpToken,
     McpCommand,
     McpArgs,
+    McpCommandLine,
     ServerName,
 }
 
 impl Var {
-    const ALL: [(&'static str, Var); 10] = [
+    const ALL: [(&'static str, Var); 11] = [
         ("prompt", Var::Prompt),
         ("home", Var::Home),
         ("tmp", Var::Tmp),
@@ -164,6 +190,7 @@ impl Var {
         ("mcpToken", Var::McpToken),
         ("mcpCommand", Var::McpCommand),
         ("mcpArgs", Var::McpArgs),
+        ("mcpCommandLine", Var::McpCommandLine),
         ("serverName", Var::ServerName),
     ];
 
@@ -177,23 +204,38 @@ impl Var {
     fn parse(name: &str) -> Option<Var> {
         Var::ALL.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
+
+    /// A list variable: its value is a list of strings.
+    pub fn is_list(self) -> bool {
+        matches!(self, Var::McpArgs | Var::McpCommandLine)
+    }
+}
+
+/// How a variable is inserted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `{name}`: the value as is (a list as a JSON/TOML array).
+    Raw,
+    /// `{json:name}`: a JSON string literal, also a valid TOML basic
+    /// string; a list as a JSON/TOML array of them.
+    Json,
+    /// `{...name}`, lists only: the elements as quoted strings separated by
+    /// `, `, to go inside an array next to other elements; as a whole
+    /// argument, one argument each.
+    Splice,
 }
 
 /// A piece of a parsed template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
     Text(String),
-    /// `{name}` (raw) or `{json:name}` (a JSON string literal, also a valid
-    /// TOML basic string).
-    Var {
-        var: Var,
-        json: bool,
-    },
+    Var { var: Var, form: Form },
 }
 
-/// A parsed template: `{name}` and `{json:name}` are variables, `{{` is a
-/// literal `{`, every other brace is literal text (so JSON and TOML bodies
-/// need no escaping). A `{word}` naming no variable is an error.
+/// A parsed template: `{name}`, `{json:name}` and `{...name}` are
+/// variables, `{{` is a literal `{`, every other brace is literal text (so
+/// JSON and TOML bodies need no escaping). A `{word}` naming no variable is
+/// an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template(pub Vec<Piece>);
 
@@ -211,7 +253,7 @@ impl Template {
                 continue;
             }
             let word_len = rest[1..]
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == ':' || c == '_'))
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '.')))
                 .unwrap_or(rest.len() - 1);
             let word = &rest[1..1 + word_len];
             if word.is_empty() || !rest[1 + word_len..].starts_with('}') {
@@ -219,20 +261,28 @@ impl Template {
                 rest = &rest[1..];
                 continue;
             }
-            let (json, name) = match word.strip_prefix("json:") {
-                Some(n) => (true, n),
-                None => (false, word),
+            let (form, name) = if let Some(n) = word.strip_prefix("json:") {
+                (Form::Json, n)
+            } else if let Some(n) = word.strip_prefix("...") {
+                (Form::Splice, n)
+            } else {
+                (Form::Raw, word)
             };
             let Some(var) = Var::parse(name) else {
                 return Err(format!(
-                    "{{{word}}} is not a template variable (known: {}; json:NAME for a JSON/TOML string; {{{{ for a literal brace)",
+                    "{{{word}}} is not a template variable (known: {}; json:NAME for a JSON/TOML string, ...NAME to splice a list into an array; {{{{ for a literal brace)",
                     Var::ALL.map(|(n, _)| n).join(", ")
                 ));
             };
+            if form == Form::Splice && !var.is_list() {
+                return Err(format!(
+                    "{{{word}}} splices a list, and {name} is one value: write {{json:{name}}} inside the array"
+                ));
+            }
             if !text.is_empty() {
                 pieces.push(Piece::Text(std::mem::take(&mut text)));
             }
-            pieces.push(Piece::Var { var, json });
+            pieces.push(Piece::Var { var, form });
             rest = &rest[2 + word_len..];
         }
         text.push_str(rest);
@@ -242,12 +292,27 @@ impl Template {
         Ok(Template(pieces))
     }
 
-    /// The variables used, with whether they are JSON-encoded.
-    pub fn vars(&self) -> impl Iterator<Item = (Var, bool)> + '_ {
+    /// The variables used, with how they are inserted.
+    pub fn vars(&self) -> impl Iterator<Item = (Var, Form)> + '_ {
         self.0.iter().filter_map(|p| match p {
-            Piece::Var { var, json } => Some((*var, *json)),
+            Piece::Var { var, form } => Some((*var, *form)),
             Piece::Text(_) => None,
         })
+    }
+
+    /// The list variable this template is, whole (`{mcpArgs}` or
+    /// `{...mcpArgs}` and nothing else): as an argument it is spliced, one
+    /// argument per element.
+    pub fn whole_list(&self) -> Option<Var> {
+        match self.0.as_slice() {
+            [
+                Piece::Var {
+                    var,
+                    form: Form::Raw | Form::Splice,
+                },
+            ] if var.is_list() => Some(*var),
+            _ => None,
+        }
     }
 
     /// Renders in one pass: a value is never scanned for variables again.
@@ -256,12 +321,13 @@ impl Template {
         for p in &self.0 {
             match p {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Var { var, json } => match (value(*var), json) {
-                    (VarValue::One(s), false) => out.push_str(&s),
-                    (VarValue::One(s), true) => out.push_str(&quote(&s)),
-                    (VarValue::List(l), _) => {
+                Piece::Var { var, form } => match (value(*var), form) {
+                    (VarValue::One(s), Form::Raw | Form::Splice) => out.push_str(&s),
+                    (VarValue::One(s), Form::Json) => out.push_str(&quote(&s)),
+                    (VarValue::List(l), Form::Splice) => out.push_str(&quote_list(&l)),
+                    (VarValue::List(l), Form::Raw | Form::Json) => {
                         out.push('[');
-                        out.push_str(&l.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", "));
+                        out.push_str(&quote_list(&l));
                         out.push(']');
                     }
                 },
@@ -275,8 +341,15 @@ impl Template {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VarValue {
     One(String),
-    /// `{mcpArgs}`: spliced as arguments, an array in files.
+    /// `{mcpArgs}`, `{mcpCommandLine}`: spliced as arguments, an array in
+    /// files (never empty: `{...name}` inside an array needs no comma
+    /// handling).
     List(Vec<String>),
+}
+
+/// The elements quoted ([`quote`]) and joined by `, `.
+fn quote_list(l: &[String]) -> String {
+    l.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ")
 }
 
 /// `s` as a double-quoted string literal valid in both JSON and TOML: every
@@ -307,6 +380,7 @@ pub fn quote(s: &str) -> String {
 enum Place {
     Arg,
     Env,
+    Stdin,
     FilePath,
     FileContent,
 }
@@ -369,6 +443,14 @@ impl HarnessSpec {
             }
             self.check_template(&format!("{field}.env.{k}"), v, Place::Env, &mut problems);
         }
+        if let Some(stdin) = &self.stdin {
+            self.check_template(
+                &format!("{field}.stdin"),
+                stdin,
+                Place::Stdin,
+                &mut problems,
+            );
+        }
         for (i, f) in self.files.iter().enumerate() {
             let at = format!("{field}.files[{i}]");
             self.check_template(
@@ -384,14 +466,20 @@ impl HarnessSpec {
                 &mut problems,
             );
         }
+        self.check_final(field, &mut problems);
+        problems
+    }
+
+    /// `final`: its file path a file template, its pointer a JSON pointer.
+    fn check_final(&self, field: &str, problems: &mut Vec<String>) {
         match &self.final_message {
             FinalMessage::File { path } => self.check_template(
                 &format!("{field}.final.path"),
                 path,
                 Place::FilePath,
-                &mut problems,
+                problems,
             ),
-            FinalMessage::Json { pointer } => {
+            FinalMessage::Json { pointer, .. } => {
                 if !(pointer.is_empty() || pointer.starts_with('/')) {
                     problems.push(format!(
                         "{field}.final.pointer: {pointer:?} is not a JSON pointer (\"/result\")"
@@ -400,7 +488,6 @@ impl HarnessSpec {
             }
             FinalMessage::Stdout { .. } => {}
         }
-        problems
     }
 
     fn check_template(&self, at: &str, text: &str, place: Place, problems: &mut Vec<String>) {
@@ -413,7 +500,7 @@ impl HarnessSpec {
                 t.0.first(),
                 Some(Piece::Var {
                     var: Var::Home | Var::Tmp,
-                    json: false
+                    form: Form::Raw
                 })
             ) && matches!(t.0.get(1), Some(Piece::Text(s)) if s.starts_with('/'));
             let dotdot = t.0.iter().any(|p| match p {
@@ -427,158 +514,41 @@ impl HarnessSpec {
                 return;
             }
         }
-        let whole_mcp_args = place == Place::Arg && text == "{mcpArgs}";
-        for (var, json) in t.vars() {
+        let whole_list = place == Place::Arg && t.whole_list().is_some();
+        for (var, form) in t.vars() {
             let name = var.name();
             let needs = match var {
                 Var::McpUrl | Var::McpToken if self.mcp != McpTransport::Http => {
                     Some("needs mcp = \"http\"")
                 }
-                Var::McpCommand | Var::McpArgs if self.mcp != McpTransport::Stdio => {
+                Var::McpCommand | Var::McpArgs | Var::McpCommandLine
+                    if self.mcp != McpTransport::Stdio =>
+                {
                     Some("needs mcp = \"stdio\"")
                 }
                 Var::RouteUrl | Var::PlaceholderKey if self.route.is_none() => {
                     Some("needs route = \"<one of network.routes>\"")
                 }
-                Var::Prompt if place == Place::FileContent && !json => Some(
+                Var::Prompt if place == Place::FileContent && form != Form::Json => Some(
                     "is raw here, so a prompt could break the file: write {json:prompt} (a quoted JSON/TOML string)",
                 ),
-                Var::McpArgs if !json && !whole_mcp_args && place != Place::FileContent => Some(
-                    "is a list: use it as a whole argument \"{mcpArgs}\" or as {json:mcpArgs} in a file",
-                ),
+                v if v.is_list()
+                    && form == Form::Raw
+                    && !whole_list
+                    && place != Place::FileContent =>
+                {
+                    Some(
+                        "is a list: use it as a whole argument (\"{NAME}\", one argument per element), as {json:NAME} (an array) or inside an array as [..., {...NAME}]",
+                    )
+                }
                 _ => None,
             };
             if let Some(why) = needs {
-                problems.push(format!("{at}: {{{name}}} {why}"));
+                problems.push(format!("{at}: {{{name}}} {}", why.replace("NAME", name)));
             }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(toml_like: serde_json::Value) -> HarnessSpec {
-        serde_json::from_value(toml_like).unwrap()
-    }
-
-    fn stdio() -> HarnessSpec {
-        spec(serde_json::json!({
-            "command": "/opt/cli/bin/cli",
-            "args": ["run", "{prompt}", "--mcp", "{mcpCommand}", "{mcpArgs}"],
-            "mcp": "stdio",
-            "env": {"CLI_HOME": "{home}/.cli"},
-            "final": {"from": "file", "path": "{home}/last.txt"},
-            "files": [{"path": "{home}/.cli/config.json",
-                       "content": "{\"prompt\": {json:prompt}, \"server\": {\"command\": {json:mcpCommand}, \"args\": {json:mcpArgs}}}"}]
-        }))
-    }
-
-    #[test]
-    fn a_cli_pin_is_64_lowercase_hex_digits() {
-        let mut s = stdio();
-        s.sha256 = Some("ab".repeat(32));
-        assert_eq!(s.check("h", &[]), Vec::<String>::new());
-        for bad in ["AB".repeat(32), "ab".repeat(31)] {
-            s.sha256 = Some(bad);
-            let problems = s.check("h", &[]);
-            assert_eq!(problems.len(), 1, "{problems:?}");
-            assert!(problems[0].starts_with("h.sha256: must be 64 lowercase hex digits"));
-        }
-    }
-
-    #[test]
-    fn a_good_spec_has_no_problems() {
-        assert_eq!(
-            stdio().check("runtimes[0].harness", &[]),
-            Vec::<String>::new()
-        );
-    }
-
-    #[test]
-    fn unknown_and_misplaced_variables_are_named() {
-        let mut s = stdio();
-        s.args.push("{promt}".into());
-        s.env.insert("K".into(), "{mcpUrl}".into());
-        s.files[0].content = "x = {prompt}".into();
-        s.files.push(HarnessFile {
-            path: "/etc/passwd".into(),
-            content: String::new(),
-        });
-        s.args.push("--url={routeUrl}".into());
-        let p = s.check("runtimes[2].harness", &[]);
-        let all = p.join("\n");
-        assert!(
-            all.contains("runtimes[2].harness.args[5]: {promt} is not a template variable"),
-            "{all}"
-        );
-        assert!(
-            all.contains("runtimes[2].harness.env.K: {mcpUrl} needs mcp = \"http\""),
-            "{all}"
-        );
-        assert!(
-            all.contains("files[0].content: {prompt} is raw here"),
-            "{all}"
-        );
-        assert!(
-            all.contains("files[1].path: \"/etc/passwd\" must be {home}/"),
-            "{all}"
-        );
-        assert!(all.contains("args[6]: {routeUrl} needs route"), "{all}");
-        assert_eq!(p.len(), 5, "{all}");
-    }
-
-    #[test]
-    fn a_route_must_be_one_of_the_runtimes() {
-        let mut s = stdio();
-        s.route = Some("openai".into());
-        assert!(s.check("h", &["openai"]).is_empty());
-        let p = s.check("h", &["anthropic"]);
-        assert_eq!(p.len(), 1);
-        assert!(
-            p[0].starts_with("h.route: \"openai\" is not one of"),
-            "{p:?}"
-        );
-    }
-
-    #[test]
-    fn paths_that_climb_out_are_refused() {
-        let mut s = stdio();
-        s.files[0].path = "{home}/../etc/x".into();
-        s.final_message = FinalMessage::File {
-            path: "{home}{tmp}/x".into(),
-        };
-        assert_eq!(s.check("h", &[]).len(), 2);
-    }
-
-    #[test]
-    fn a_hostile_prompt_stays_one_string_in_json_and_toml() {
-        let hostile =
-            "\"}, \"evil\": true, \"x\": {\"\n\"\"\"\n[evil]\nkey = 1\u{7f}\u{0}\\ {home} '''";
-        let t = Template::parse("a = {json:prompt}\n[b]\nc = {json:mcpArgs}\n").unwrap();
-        let v = |var: Var| match var {
-            Var::Prompt => VarValue::One(hostile.into()),
-            Var::McpArgs => VarValue::List(vec!["relay".into(), hostile.into()]),
-            _ => VarValue::One(String::new()),
-        };
-        let rendered = t.render(&v);
-        let parsed: toml::Table = toml::from_str(&rendered).expect("valid TOML");
-        assert_eq!(parsed["a"].as_str(), Some(hostile));
-        assert_eq!(parsed.len(), 2, "{parsed:?}");
-        let j = Template::parse("{\"p\": {json:prompt}, \"a\": {json:mcpArgs}}").unwrap();
-        let parsed: serde_json::Value = serde_json::from_str(&j.render(&v)).expect("valid JSON");
-        assert_eq!(parsed["p"], hostile);
-        assert_eq!(parsed["a"][1], hostile);
-        assert_eq!(parsed.as_object().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn braces_that_are_not_variables_are_text() {
-        let t = Template::parse("{\"a\": {\"b\": 1}} {{home} { home} {}").unwrap();
-        assert_eq!(
-            t.render(&|_| VarValue::One("X".into())),
-            "{\"a\": {\"b\": 1}} {home} { home} {}"
-        );
-    }
-}
+mod tests;

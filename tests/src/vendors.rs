@@ -29,6 +29,10 @@ use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
 /// The pinned versions (tests/vendor-cli/package.json, which `scripts/test` installs).
 pub const CODEX_VERSION: &str = "0.171.0";
 pub const CLAUDE_VERSION: &str = "2.1.332";
+pub const OPENCODE_VERSION: &str = "1.18.33";
+pub const QWEN_VERSION: &str = "0.24.4";
+/// Where the Qwen Code spec says a Node.js >= 22 is.
+const SPEC_NODE_DIR: &str = "/opt/sharedos-ci/node/bin";
 /// The TypeScript MCP SDK the harness tests seat as a client
 /// (tests/harness/mcp_client.mjs).
 pub const MCP_SDK: (&str, &str) = ("@modelcontextprotocol/sdk", "1.32.2");
@@ -42,6 +46,8 @@ const SPEC_DIR: &str = "/opt/sharedos-ci/cli";
 pub enum Vendor {
     Codex,
     ClaudeCode,
+    Opencode,
+    QwenCode,
 }
 
 impl Vendor {
@@ -49,18 +55,24 @@ impl Vendor {
         match self {
             Vendor::Codex => "codex.toml",
             Vendor::ClaudeCode => "claude-code.toml",
+            Vendor::Opencode => "opencode.toml",
+            Vendor::QwenCode => "qwen-code.toml",
         }
     }
     fn package(self) -> (&'static str, &'static str) {
         match self {
             Vendor::Codex => ("@openai/codex", CODEX_VERSION),
             Vendor::ClaudeCode => ("@anthropic-ai/claude-code", CLAUDE_VERSION),
+            Vendor::Opencode => ("opencode-ai", OPENCODE_VERSION),
+            Vendor::QwenCode => ("@qwen-code/qwen-code", QWEN_VERSION),
         }
     }
     /// The route the spec names and the upstream it points at.
     fn route(self) -> (&'static str, &'static str) {
         match self {
-            Vendor::Codex => ("openai", "https://api.openai.com/v1"),
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
+                ("openai", "https://api.openai.com/v1")
+            }
             Vendor::ClaudeCode => ("anthropic", "https://api.anthropic.com"),
         }
     }
@@ -98,6 +110,38 @@ pub fn installed(package: &str, version: &str) -> PathBuf {
     dir
 }
 
+/// The directory of the Node.js >= 22 the Qwen Code spec runs:
+/// `SHAREDOS_VENDOR_NODE_DIR` (`scripts/test` sets it, installing one when
+/// the machine's is older), else the specs' `/opt/sharedos-ci/node/bin`.
+/// Fails the test (never skips it) when the `node` there is missing or
+/// older.
+pub fn vendor_node_dir() -> PathBuf {
+    let dir = PathBuf::from(
+        std::env::var("SHAREDOS_VENDOR_NODE_DIR").unwrap_or_else(|_| SPEC_NODE_DIR.to_owned()),
+    );
+    let node = dir.join("node");
+    let version = std::process::Command::new(&node)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let major = version.as_deref().and_then(|v| {
+        v.trim_start_matches('v')
+            .split('.')
+            .next()?
+            .parse::<u32>()
+            .ok()
+    });
+    assert!(
+        major.is_some_and(|m| m >= 22),
+        "{} is {version:?}, not a Node.js >= 22: run the tests with `scripts/test`, which provides \
+         one and sets SHAREDOS_VENDOR_NODE_DIR, or point SHAREDOS_VENDOR_NODE_DIR at the directory \
+         of one",
+        node.display()
+    );
+    dir
+}
+
 /// The shipped spec of `vendor` as it will be loaded: installed in `dir`,
 /// the route's upstream the mock model (a loopback target, allowed for the
 /// test) with the key in `key_file`, the harness binary of this build, and
@@ -115,10 +159,12 @@ pub fn spec_text(
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (route, upstream) = vendor.route();
     let mock_upstream = match vendor {
-        Vendor::Codex => mock.base_url(),
+        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => mock.base_url(),
         Vendor::ClaudeCode => format!("http://127.0.0.1:{}", mock.port),
     };
-    let mut out = text.replace(SPEC_DIR, &dir.display().to_string());
+    let mut out = text
+        .replace(SPEC_DIR, &dir.display().to_string())
+        .replace(SPEC_NODE_DIR, &vendor_node_dir().display().to_string());
     for (from, to) in [
         (
             "program = \"sharedos-harness\"".to_owned(),
@@ -145,7 +191,9 @@ pub fn spec_text(
                 "model = \"gpt-5.5\"".to_owned(),
                 "model = \"sharedos-mock-model\"".to_owned(),
             ),
-            Vendor::ClaudeCode => (String::new(), String::new()),
+            Vendor::ClaudeCode | Vendor::Opencode | Vendor::QwenCode => {
+                (String::new(), String::new())
+            }
         },
         (
             "env = { ".to_owned() + first_env_key(vendor),
@@ -171,7 +219,7 @@ pub fn spec_text(
 
 fn secret_env(vendor: Vendor) -> &'static str {
     match vendor {
-        Vendor::Codex => "OPENAI_API_KEY",
+        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => "OPENAI_API_KEY",
         Vendor::ClaudeCode => "ANTHROPIC_API_KEY",
     }
 }
@@ -181,38 +229,73 @@ fn first_env_key(vendor: Vendor) -> &'static str {
     match vendor {
         Vendor::Codex => "CODEX_HOME",
         Vendor::ClaudeCode => "ANTHROPIC_BASE_URL",
+        Vendor::Opencode => "OPENCODE_CONFIG",
+        Vendor::QwenCode => "QWEN_HOME",
     }
 }
 
-/// Codex's spec switched to streamable HTTP, as docs/HARNESS.md says:
-/// `mcp = "http"` and the server entry's `url` and bearer token instead
-/// of the relay's command.
-pub fn http_variant(codex: &str) -> String {
-    let mut out = codex.to_owned();
-    for (from, to) in [
-        ("mcp = \"stdio\"", "mcp = \"http\""),
-        (
-            "command = {json:mcpCommand}\nargs = {json:mcpArgs}\n",
-            "url = {json:mcpUrl}\nbearer_token_env_var = \"SHAREDOS_MCP_TOKEN\"\n",
-        ),
-        (
-            "CODEX_HOME = ",
-            "SHAREDOS_MCP_TOKEN = \"{mcpToken}\", CODEX_HOME = ",
-        ),
-    ] {
-        assert!(out.contains(from), "the Codex spec no longer has {from:?}");
+/// `vendor`'s spec switched to streamable HTTP, as docs/HARNESS.md says
+/// for each: `mcp = "http"` and the server entry's URL and bearer token
+/// instead of the relay's command.
+pub fn http_variant(vendor: Vendor, spec: &str) -> String {
+    let server: [(&str, &str); 2] = match vendor {
+        Vendor::Codex => [
+            (
+                "command = {json:mcpCommand}\nargs = {json:mcpArgs}\n",
+                "url = {json:mcpUrl}\nbearer_token_env_var = \"SHAREDOS_MCP_TOKEN\"\n",
+            ),
+            (
+                "CODEX_HOME = ",
+                "SHAREDOS_MCP_TOKEN = \"{mcpToken}\", CODEX_HOME = ",
+            ),
+        ],
+        Vendor::Opencode => [
+            (
+                "{\"type\": \"local\", \"command\": {json:mcpCommandLine}, \"enabled\": true}",
+                "{\"type\": \"remote\", \"url\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"}, \"oauth\": false, \"enabled\": true}",
+            ),
+            ("", ""),
+        ],
+        Vendor::QwenCode => [
+            (
+                "\"command\": {json:mcpCommand}, \"args\": {json:mcpArgs},",
+                "\"httpUrl\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"},",
+            ),
+            ("", ""),
+        ],
+        Vendor::ClaudeCode => [
+            (
+                "\"type\": \"stdio\", \"command\": {json:mcpCommand}, \"args\": {json:mcpArgs},",
+                "\"type\": \"http\", \"url\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"},",
+            ),
+            ("", ""),
+        ],
+    };
+    let mut out = spec.to_owned();
+    for (from, to) in std::iter::once(("mcp = \"stdio\"", "mcp = \"http\"")).chain(server) {
+        if from.is_empty() {
+            continue;
+        }
+        assert!(
+            out.contains(from),
+            "the {vendor:?} spec no longer has {from:?}"
+        );
         out = out.replacen(from, to, 1);
     }
     out
 }
 
 /// The kernel of the harness tests (`turns::kernel_config`: files, ledger,
-/// escalation) with the model route granted to the agent.
-fn kernel_config_with_route(route: &str) -> KernelConfig {
+/// escalation) with the `egress` namespace, and the model route granted
+/// to the agent when there is one.
+fn kernel_config_with_route(route: Option<&str>) -> KernelConfig {
     let mut config = serde_json::to_value(kernel_config()).expect("kernel config");
     if let Some(namespaces) = config["namespaces"].as_array_mut() {
         namespaces.push(json!("egress"));
     }
+    let Some(route) = route else {
+        return serde_json::from_value(config).expect("kernel config");
+    };
     let grants = config["grants"].as_array_mut().expect("grants");
     let caps = grants[1]["capabilities"]
         .as_array_mut()
@@ -234,6 +317,10 @@ pub struct VendorCase {
     pub http: bool,
     /// The request's `maxToolCalls` (1000 when `None`).
     pub max_tool_calls: Option<u64>,
+    /// Grant the agent the route (`egress` / `[<route>]` / `request`, as
+    /// docs/HARNESS.md, "The grants a route needs" says); `false` leaves
+    /// it out.
+    pub route_granted: bool,
 }
 
 /// What a vendor turn left.
@@ -278,7 +365,7 @@ pub fn unique_marker() -> String {
 
 /// The real kernel over `dir/files` with the route granted, its JSONL
 /// audit trail at `dir/audit.jsonl`.
-fn kernel_in(dir: &Path, route: &str) -> (Arc<Kernel>, PathBuf) {
+fn kernel_in(dir: &Path, route: Option<&str>) -> (Arc<Kernel>, PathBuf) {
     let files_root = dir.join("files");
     let notes = files_root
         .join(crate::turns::NAMESPACE)
@@ -301,7 +388,11 @@ fn host_toml(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str) -> S
     let key_file = dir.join("model.key");
     std::fs::write(&key_file, REAL_KEY).unwrap();
     let spec = spec_text(case.vendor, &cli_dir(case.vendor), mock, &key_file, marker);
-    let spec = if case.http { http_variant(&spec) } else { spec };
+    let spec = if case.http {
+        http_variant(case.vendor, &spec)
+    } else {
+        spec
+    };
     format!("[host]\nauditPath = \"audit.jsonl\"\nfilesRoot = \"files\"\n\n{spec}")
 }
 
@@ -324,7 +415,8 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
         .resolve(config.runtimes[0].id.as_str())
         .expect("the seat")
         .clone();
-    let (kernel, audit_path) = kernel_in(dir.path(), case.vendor.route().0);
+    let route = case.route_granted.then_some(case.vendor.route().0);
+    let (kernel, audit_path) = kernel_in(dir.path(), route);
     let executor = Executor::new(kernel, seat, ExecutorOptions::default()).expect("executor");
     let mut req = request(
         &format!("exec-{marker}"),

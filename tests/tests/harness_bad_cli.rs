@@ -308,3 +308,66 @@ final = {{ from = "stdout" }}
     assert_eq!(turn.json()["error"]["retryable"], false);
     assert!(!marker_file.exists(), "the CLI ran");
 }
+
+/// The same prompt on the CLI's stdin (`stdin = "{prompt}"`, the fix the
+/// message above names): a pipe carries every byte, so the CLI starts in
+/// the sandbox, reads the prompt whole, NUL included, then EOF, and its
+/// answer completes the turn.
+#[test]
+fn a_prompt_on_stdin_reaches_the_cli_whole_nul_included() {
+    let dir = fixture_dir();
+    let cli = script(
+        dir.path(),
+        "cli.sh",
+        "#!/bin/sh\nbytes=$(od -An -c | tr -s ' \\n' ' ')\nprintf 'read:%s\\n' \"$bytes\"\n",
+    );
+    let harness = format!(
+        r#"[runtimes.harness]
+command = {cli:?}
+stdin = "{{prompt}}"
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        cli = cli.display().to_string(),
+    );
+    let mut case = HarnessCase::new(&harness, vec![dir.path().to_path_buf()]);
+    case.prompt = json!("a\u{0}b");
+    let turn = run(case);
+    assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
+    // `od -c` spells the NUL `\0`: the three bytes arrived, and `od` saw
+    // the end of its input (it would wait forever otherwise).
+    assert_eq!(turn.json()["output"], "read: a \\0 b", "{:#}", turn.json());
+}
+
+/// A CLI that prints its answer as one pretty-printed JSON document (as
+/// Gemini CLI's `--output-format json` does): `take = "document"` reads
+/// the pointer from all of stdout; the default `lastLine` sees only `}`
+/// and the same run fails `harness_no_final_message`.
+#[test]
+fn a_pretty_printed_json_answer_is_read_as_one_document() {
+    for (take, status) in [("document", "succeeded"), ("lastLine", "failed")] {
+        let dir = fixture_dir();
+        let cli = script(
+            dir.path(),
+            "cli.sh",
+            "#!/bin/sh\nprintf '{\\n  \"response\": \"All done.\",\\n  \"stats\": {\\n    \"n\": 1\\n  }\\n}\\n'\n",
+        );
+        let harness = format!(
+            r#"[runtimes.harness]
+command = {cli:?}
+mcp = "stdio"
+env = {{ SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "json", take = "{take}", pointer = "/response" }}
+"#,
+            cli = cli.display().to_string(),
+        );
+        let turn = run(HarnessCase::new(&harness, vec![dir.path().to_path_buf()]));
+        assert_eq!(turn.status(), status, "{take}: {:#}", turn.json());
+        if status == "succeeded" {
+            assert_eq!(turn.json()["output"], "All done.", "{:#}", turn.json());
+        } else {
+            assert_eq!(turn.code(), "harness_no_final_message", "{:#}", turn.json());
+        }
+    }
+}

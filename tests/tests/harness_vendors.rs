@@ -52,6 +52,7 @@ fn case(vendor: Vendor, timeout_ms: u64) -> VendorCase {
         timeout_ms,
         http: false,
         max_tool_calls: None,
+        route_granted: true,
     }
 }
 
@@ -132,11 +133,13 @@ fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) {
     assert!(!seen.is_empty(), "the mock model saw no request");
     for s in seen {
         let key = match vendor {
-            Vendor::Codex => s.authorization().map(str::to_owned),
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
+                s.authorization().map(str::to_owned)
+            }
             Vendor::ClaudeCode => s.api_key().map(str::to_owned),
         };
         let want = match vendor {
-            Vendor::Codex => format!("Bearer {REAL_KEY}"),
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => format!("Bearer {REAL_KEY}"),
             Vendor::ClaudeCode => REAL_KEY.to_owned(),
         };
         assert_eq!(key.as_deref(), Some(want.as_str()), "{}", s.path);
@@ -510,6 +513,56 @@ fn claude_code_calls_a_granted_tool_end_to_end() {
     let results = results_sent(Wire::AnthropicMessages, &seen[seen.len() - 1].body);
     assert_eq!(results.len(), 1, "{seen:?}");
     assert!(!results[0].1, "the call was not allowed: {results:?}");
+    assert_key_kept(&turn, &seen, Vendor::ClaudeCode);
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
+}
+
+/// Claude Code over streamable HTTP MCP (docs/HARNESS.md, "Claude Code"):
+/// the `--mcp-config` server entry `type: "http"` with the turn's bearer
+/// token in its headers, in the harness sandbox mode.
+#[test]
+fn claude_code_over_streamable_http_calls_a_granted_tool() {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let args = r#"{"path": "notes/http.md", "content": "over http"}"#;
+    let (turn, seen) = rt.block_on(async {
+        let call = ScriptedCall {
+            id: "toolu_1",
+            namespace: None,
+            name: "mcp__sharedos__files__write",
+            arguments: args,
+        };
+        let mock = MockModel::start(vec![
+            Reply::Stream(calls_turn(Wire::AnthropicMessages, &[call])),
+            Reply::Stream(text_turn(Wire::AnthropicMessages, &["Done over HTTP."])),
+        ])
+        .await
+        .unwrap();
+        let mut case = case(Vendor::ClaudeCode, 60_000);
+        case.http = true;
+        let turn = run_vendor(case, &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    assert_eq!(v["status"], "succeeded", "{v:#}");
+    assert_eq!(v["output"], "Done over HTTP.", "{v:#}");
+    let sandbox = &v["metadata"]["runtime"]["sandbox"];
+    assert_eq!(
+        sandbox["seccomp"]["mode"], "namespace+harness",
+        "{sandbox:#}"
+    );
+    assert_eq!(
+        invoked(&turn),
+        vec![("files.write".to_owned(), "succeeded/-".to_owned())]
+    );
+    let results = results_sent(Wire::AnthropicMessages, &seen[seen.len() - 1].body);
+    assert_eq!(results.len(), 1, "{seen:?}");
+    assert!(
+        !results[0].1 && results[0].0.contains("notes/http.md"),
+        "{results:?}"
+    );
     assert_key_kept(&turn, &seen, Vendor::ClaudeCode);
     let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
     assert!(left.is_empty(), "survivors: {left:?}");

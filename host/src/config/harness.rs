@@ -173,6 +173,49 @@ final = { from = "stdout" }"#,
         );
     }
 
+    /// The spec language's misuses are load errors naming the field and
+    /// the fix; the same forms used right load.
+    #[test]
+    fn the_spec_languages_misuses_are_refused_naming_the_fix() {
+        let e = config(
+            r#"command = "/bin/sh"
+mcp = "stdio"
+args = ["--mcp={mcpCommandLine}", "{...prompt}"]
+stdin = "{promt}"
+final = { from = "json", pointer = "/r" }"#,
+        )
+        .unwrap_err();
+        for want in [
+            "runtimes[1].harness.args[0]: {mcpCommandLine} is a list: use it as a whole argument",
+            "runtimes[1].harness.args[1]: {...prompt} splices a list, and prompt is one value: write {json:prompt}",
+            "runtimes[1].harness.stdin: {promt} is not a template variable",
+        ] {
+            assert!(e.contains(want), "{want}\n{e}");
+        }
+        let e = config(
+            r#"command = "/bin/sh"
+mcp = "stdio"
+final = { from = "json", pointer = "/r", take = "last" }"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("unknown variant `last`, expected one of `lastLine`, `document`, `lines`"),
+            "{e}"
+        );
+        config(
+            r#"command = "/bin/sh"
+mcp = "stdio"
+args = ["{mcpCommandLine}", "-c", "{prompt}"]
+stdin = "{prompt}"
+final = { from = "json", pointer = "/r", take = "document" }
+[[runtimes.harness.files]]
+path = "{tmp}/c.json"
+content = """{"command": {json:mcpCommandLine}, "again": [{json:mcpCommand}, {...mcpArgs}]}"""
+"#,
+        )
+        .unwrap();
+    }
+
     #[test]
     fn a_cli_the_sandbox_cannot_see_is_refused_and_a_good_spec_loads() {
         let e = config(

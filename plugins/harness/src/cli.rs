@@ -30,6 +30,9 @@ pub struct Launch {
     pub sha256: Option<String>,
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// Written to the CLI's stdin, which is then closed; `None`: stdin is
+    /// `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
     pub cwd: PathBuf,
     /// After SIGTERM on a drain, the time before SIGKILL.
     pub term_grace: Duration,
@@ -188,26 +191,38 @@ fn command(launch: &Launch) -> Result<(tokio::process::Command, Option<std::fs::
     Ok((cmd, Some(file)))
 }
 
+/// The CLI's arguments, environment, working directory and stdio; its own
+/// process group; killed if the harness drops it.
+fn configure(cmd: &mut tokio::process::Command, launch: &Launch) {
+    cmd.args(&launch.args)
+        .env_clear()
+        .envs(&launch.env)
+        .current_dir(&launch.cwd)
+        .stdin(
+            launch
+                .stdin
+                .as_ref()
+                .map_or_else(Stdio::null, |_| Stdio::piped()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+}
+
 /// Runs the CLI to its end (or the drain/abort), then sweeps its tree.
 pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usize) -> Run {
     let (mut cmd, _pinned) = match command(&launch) {
         Ok(c) => c,
         Err(why) => return not_started(why),
     };
-    cmd.args(&launch.args)
-        .env_clear()
-        .envs(&launch.env)
-        .current_dir(&launch.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+    configure(&mut cmd, &launch);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return not_started(format!("{}: {e}", launch.command.display())),
     };
     let pgid = child.id().map(|p| Pid::from_raw(p as i32));
+    let writer = write_stdin(&mut child, launch.stdin);
     let out = Arc::new(Mutex::new(Tail::new(tail_cap)));
     let err = Arc::new(Mutex::new(Tail::new(tail_cap)));
     let readers = [
@@ -246,6 +261,10 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
     // Whatever the CLI left in its group, and whatever escaped it.
     group(Sig::SIGKILL);
     sweep();
+    if let Some(w) = writer {
+        // Its read end died with the CLI, so the write has ended.
+        w.abort();
+    }
     for r in readers.into_iter().flatten() {
         // A reader ends when the last writer is gone; after the sweep that
         // is at once, and the bound covers a writer the sweep cannot see.
@@ -260,6 +279,22 @@ pub async fn run(launch: Launch, abort: Signal, draining: Signal, tail_cap: usiz
         stdout: take(&out),
         stderr: take(&err),
     }
+}
+
+/// The CLI's `stdin` bytes, written beside the wait (a CLI that reads
+/// them only after writing output cannot deadlock the harness), then
+/// closed. A CLI that exits or closes stdin unread ends the write (EPIPE),
+/// which is no failure of the turn.
+fn write_stdin(
+    child: &mut tokio::process::Child,
+    bytes: Option<Vec<u8>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let (mut pipe, bytes) = (child.stdin.take()?, bytes?);
+    Some(tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = pipe.write_all(&bytes).await;
+        let _ = pipe.shutdown().await;
+    }))
 }
 
 async fn drain_into(mut r: impl AsyncRead + Unpin, tail: Arc<Mutex<Tail>>) {
@@ -340,6 +375,7 @@ mod tests {
             sha256: Some(pin.to_owned()),
             args: vec!["-c".into(), format!("echo $0; touch {}", marker.display())],
             env: BTreeMap::new(),
+            stdin: None,
             cwd: "/".into(),
             term_grace: Duration::from_millis(100),
         };
@@ -391,6 +427,7 @@ mod tests {
                 "(setsid sh -c 'sleep 1000 & sleep 1000' &); (sh -c 'sleep 1000 &' &); sleep 0.3; echo done".into(),
             ],
             env: [("HARNESS_TEST_MARKER".to_string(), marker.clone())].into(),
+            stdin: None,
             cwd: "/".into(),
             term_grace: Duration::from_millis(100),
         };
@@ -398,6 +435,75 @@ mod tests {
         assert_eq!(run.ended, Ended::Exited(0));
         assert_eq!(run.stdout, b"done\n");
         assert_eq!(marked(&marker), Vec::<String>::new());
+    }
+
+    fn sh(script: &str, stdin: Option<Vec<u8>>) -> Launch {
+        Launch {
+            command: "/bin/sh".into(),
+            sha256: None,
+            args: vec!["-c".into(), script.into()],
+            env: BTreeMap::new(),
+            stdin,
+            cwd: "/".into(),
+            term_grace: Duration::from_millis(100),
+        }
+    }
+
+    /// `stdin` reaches the CLI whole, then its end: `cat` exits. Without a
+    /// `stdin` the CLI reads `/dev/null`.
+    #[tokio::test]
+    async fn the_prompt_on_stdin_arrives_whole_then_eof() {
+        let _one = ONE_CLI.lock().await;
+        let prompt = "line one\n\"quoted\" $(id)\n\u{0}nul".as_bytes().to_vec();
+        let r = run(
+            sh("cat; echo end", Some(prompt.clone())),
+            Signal::never(),
+            Signal::never(),
+            1024,
+        )
+        .await;
+        assert_eq!(r.ended, Ended::Exited(0));
+        assert_eq!(r.stdout, [prompt, b"end\n".to_vec()].concat());
+        let r = run(
+            sh("cat; echo end", None),
+            Signal::never(),
+            Signal::never(),
+            1024,
+        )
+        .await;
+        assert_eq!((r.ended, r.stdout), (Ended::Exited(0), b"end\n".to_vec()));
+    }
+
+    /// A stdin larger than a pipe holds, to a CLI that never reads it and
+    /// exits (or writes much before reading): neither side waits on the
+    /// other.
+    #[tokio::test]
+    async fn a_stdin_the_cli_does_not_read_blocks_nothing() {
+        let _one = ONE_CLI.lock().await;
+        let big = vec![b'x'; 4 << 20];
+        let r = run(
+            sh("exit 3", Some(big.clone())),
+            Signal::never(),
+            Signal::never(),
+            64,
+        )
+        .await;
+        assert_eq!(r.ended, Ended::Exited(3));
+        let r = run(
+            sh("head -c 1000000 /dev/zero; wc -c", Some(big)),
+            Signal::never(),
+            Signal::never(),
+            64,
+        )
+        .await;
+        assert_eq!(r.ended, Ended::Exited(0));
+        assert!(
+            String::from_utf8_lossy(&r.stdout)
+                .trim_end()
+                .ends_with("4194304"),
+            "{:?}",
+            r.stdout
+        );
     }
 
     #[test]

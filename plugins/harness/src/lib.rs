@@ -96,6 +96,11 @@ impl TurnVars {
             Var::McpToken => one(&self.mcp_token),
             Var::McpCommand => one(&self.mcp_command),
             Var::McpArgs => VarValue::List(self.mcp_args.clone()),
+            Var::McpCommandLine => VarValue::List(
+                std::iter::once(self.mcp_command.clone())
+                    .chain(self.mcp_args.iter().cloned())
+                    .collect(),
+            ),
             Var::ServerName => one(SERVER_NAME),
         }
     }
@@ -105,14 +110,16 @@ impl TurnVars {
         Ok(t.render(&|v| self.value(v)))
     }
 
-    /// The CLI's arguments: `{mcpArgs}` alone splices the relay's.
+    /// The CLI's arguments: an element that is a list variable alone
+    /// (`{mcpArgs}`, `{...mcpCommandLine}`) is spliced, one argument per
+    /// element.
     fn args(&self, args: &[String]) -> Result<Vec<String>, RuntimeError> {
         let mut out = Vec::new();
         for a in args {
-            if a == "{mcpArgs}" {
-                out.extend(self.mcp_args.iter().cloned());
-            } else {
-                out.push(self.render(a)?);
+            let t = Template::parse(a).map_err(RuntimeError::Failed)?;
+            match t.whole_list().map(|v| self.value(v)) {
+                Some(VarValue::List(list)) => out.extend(list),
+                _ => out.push(t.render(&|v| self.value(v))),
             }
         }
         Ok(out)
@@ -244,6 +251,10 @@ impl RuntimePlugin for HarnessPlugin {
             sha256: spec.sha256.clone(),
             args: vars.args(&spec.args)?,
             env: cli_env(&vars, &spec.env)?,
+            stdin: match &spec.stdin {
+                Some(t) => Some(vars.render(t)?.into_bytes()),
+                None => None,
+            },
             cwd: vars.home.clone(),
             term_grace: Duration::from_millis(spec.term_grace_ms),
         };
@@ -332,4 +343,55 @@ fn report_stderr(stderr: &[u8]) {
         "sharedos-harness: the CLI's stderr (tail):\n{}",
         String::from_utf8_lossy(tail)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> TurnVars {
+        TurnVars {
+            prompt: "-p \"hi\"".into(),
+            home: "/sandbox/home".into(),
+            tmp: "/tmp/t".into(),
+            route_url: String::new(),
+            placeholder_key: String::new(),
+            mcp_url: String::new(),
+            mcp_token: String::new(),
+            mcp_command: "/plugin/sharedos-harness".into(),
+            mcp_args: vec!["mcp-relay".into(), "/tmp/t/mcp.sock".into()],
+        }
+    }
+
+    /// A list variable alone in an argument becomes one argument per
+    /// element, in each of its spellings; anywhere else it is rendered as
+    /// text, and other arguments are rendered once.
+    #[test]
+    fn list_variables_alone_in_an_argument_are_spliced() {
+        let v = vars();
+        let args: Vec<String> = [
+            "{mcpCommandLine}",
+            "{...mcpArgs}",
+            "{mcpArgs}",
+            "--mcp=[{...mcpCommandLine}]",
+            "{prompt}",
+        ]
+        .map(String::from)
+        .to_vec();
+        let out = v.args(&args).unwrap();
+        assert_eq!(
+            out,
+            [
+                "/plugin/sharedos-harness",
+                "mcp-relay",
+                "/tmp/t/mcp.sock",
+                "mcp-relay",
+                "/tmp/t/mcp.sock",
+                "mcp-relay",
+                "/tmp/t/mcp.sock",
+                "--mcp=[\"/plugin/sharedos-harness\", \"mcp-relay\", \"/tmp/t/mcp.sock\"]",
+                "-p \"hi\"",
+            ]
+        );
+    }
 }

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 use sharedos_protocol::api_names::ApiNameCollision;
-use sharedos_protocol::harness::{FinalMessage, StdoutTake};
+use sharedos_protocol::harness::{FinalMessage, JsonTake, StdoutTake};
 use sharedos_protocol::{ProtocolError, Reason, RuntimeTurnOutcome};
 
 use crate::cli::{Ended, Run, StopReason};
@@ -44,12 +44,24 @@ pub fn final_message(
                 StdoutTake::LastLine => last_line(&out)?.to_owned(),
             }
         }
-        FinalMessage::Json { pointer } => {
+        FinalMessage::Json { pointer, take } => {
             let out = String::from_utf8_lossy(&run.stdout).into_owned();
-            let v: Value = serde_json::from_str(last_line(&out)?).ok()?;
-            match v.pointer(pointer)? {
-                Value::String(s) => s.clone(),
-                Value::Null => return None,
+            let at = |text: &str| -> Option<Value> {
+                let v: Value = serde_json::from_str(text).ok()?;
+                v.pointer(pointer).filter(|v| !v.is_null()).cloned()
+            };
+            let found = match take {
+                JsonTake::LastLine => at(last_line(&out)?)?,
+                JsonTake::Document => at(out.trim())?,
+                JsonTake::Lines => out
+                    .lines()
+                    .rev()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .find_map(at)?,
+            };
+            match found {
+                Value::String(s) => s,
                 other => other.to_string(),
             }
         }
@@ -126,7 +138,7 @@ pub fn names_collide(collision: &ApiNameCollision) -> RuntimeTurnOutcome {
 pub fn nul_in_command_line(what: &str) -> RuntimeTurnOutcome {
     let code = "harness_argument_invalid";
     let message = format!(
-        "{what} holds a NUL byte, which a command line or an environment cannot carry; the CLI was not started (remove it from the prompt, or give the CLI the prompt in a file through the spec's files)"
+        "{what} holds a NUL byte, which a command line or an environment cannot carry; the CLI was not started (remove it from the prompt, or give the CLI the prompt on its stdin, `stdin = \"{{prompt}}\"`, or in a file through the spec's files)"
     );
     let mut meta = Map::new();
     meta.insert("toolshare".into(), json!("mcp"));
@@ -300,6 +312,7 @@ mod tests {
     fn json_final_messages_take_the_pointer() {
         let how = FinalMessage::Json {
             pointer: "/result".into(),
+            take: JsonTake::LastLine,
         };
         let r = run(
             Ended::Exited(0),
@@ -307,6 +320,61 @@ mod tests {
         );
         assert_eq!(final_message(&how, &r, None).as_deref(), Some("done"));
         let r = run(Ended::Exited(0), "not json\n");
+        assert_eq!(final_message(&how, &r, None), None);
+    }
+
+    /// Pretty-printed JSON across lines (Gemini CLI's `--output-format
+    /// json`): only `take = "document"` reads it; the last line alone is
+    /// `}`.
+    #[test]
+    fn a_pretty_printed_document_is_read_whole() {
+        let stdout = "{\n  \"response\": \"done\",\n  \"stats\": {\"n\": 2}\n}\n";
+        let r = run(Ended::Exited(0), stdout);
+        let doc = |pointer: &str| FinalMessage::Json {
+            pointer: pointer.into(),
+            take: JsonTake::Document,
+        };
+        assert_eq!(
+            final_message(&doc("/response"), &r, None).as_deref(),
+            Some("done")
+        );
+        assert_eq!(
+            final_message(&doc("/stats"), &r, None).as_deref(),
+            Some("{\"n\":2}")
+        );
+        assert_eq!(final_message(&doc("/missing"), &r, None), None);
+        let last = FinalMessage::Json {
+            pointer: "/response".into(),
+            take: JsonTake::LastLine,
+        };
+        assert_eq!(final_message(&last, &r, None), None);
+        // Text before the document is no document.
+        let r = run(Ended::Exited(0), &format!("warning: x\n{stdout}"));
+        assert_eq!(final_message(&doc("/response"), &r, None), None);
+    }
+
+    /// JSON lines: the last line that parses and has the pointer, skipping
+    /// later lines that are not JSON, lack the field or hold null.
+    #[test]
+    fn json_lines_take_the_last_line_with_the_pointer() {
+        let how = FinalMessage::Json {
+            pointer: "/part/text".into(),
+            take: JsonTake::Lines,
+        };
+        let r = run(
+            Ended::Exited(0),
+            "{\"part\":{\"text\":\"first\"}}\n{\"part\":{\"text\":\"second\"}}\n{\"type\":\"step_finish\"}\n{\"part\":{\"text\":null}}\nnot json\n\n",
+        );
+        assert_eq!(final_message(&how, &r, None).as_deref(), Some("second"));
+        let any = FinalMessage::Json {
+            pointer: String::new(),
+            take: JsonTake::Lines,
+        };
+        assert_eq!(
+            final_message(&any, &r, None).as_deref(),
+            Some("{\"part\":{\"text\":null}}")
+        );
+        let r = run(Ended::Exited(0), "no json at all\n");
         assert_eq!(final_message(&how, &r, None), None);
     }
 

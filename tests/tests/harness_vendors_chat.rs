@@ -1,0 +1,324 @@
+//! The vendor CLIs whose shipped specs speak OpenAI's chat completions
+//! (opencode), seated like Codex and Claude Code in harness_vendors.rs: the
+//! spec in `plugins/harness/specs/` loaded through `HostConfig`, the full
+//! sandbox, the real kernel with its JSONL audit trail, a scripted mock
+//! model on the host's loopback reached only through the egress gateway.
+//! Needs the pinned CLIs that `scripts/test` installs (tests/vendor-cli);
+//! without them every test fails naming it.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sharedos_host::egress::mock::wire::{calls_turn, text_turn};
+use sharedos_host::egress::mock::{MockModel, Reply, ScriptedCall, SeenRequest, Wire};
+use sharedos_protocol::api_names::is_api_tool_name;
+use sharedos_tests::vendors::{
+    REAL_KEY, Vendor, VendorCase, VendorTurn, run_vendor, unique_marker,
+};
+
+const TOOLS: [&str; 5] = [
+    "files.read",
+    "files.write",
+    "files.list",
+    "files.delete",
+    "sharedos.escalate",
+];
+
+fn runtime() -> tokio::runtime::Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn case(vendor: Vendor, prompt: Value) -> VendorCase {
+    VendorCase {
+        vendor,
+        prompt,
+        tools: TOOLS.to_vec(),
+        timeout_ms: 60_000,
+        http: false,
+        max_tool_calls: None,
+        route_granted: true,
+    }
+}
+
+/// The function names a chat-completions request offered its model.
+fn offered(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["function"]["name"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// The contents of the `tool` messages a chat-completions request carried.
+fn tool_results(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| match &m["content"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// The user texts a chat-completions request carried.
+fn user_texts(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .flat_map(|m| match &m["content"] {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str().map(str::to_owned))
+                .collect(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+fn invoked(turn: &VendorTurn) -> Vec<(String, String)> {
+    turn.audit_of("tool.invoked")
+        .iter()
+        .map(|r| {
+            let outcome = serde_json::to_value(r.outcome).unwrap();
+            (
+                r.tool.clone().unwrap_or_default(),
+                outcome.as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The real key reached only the upstream (as a bearer token), never the
+/// result, the events or the audit; every model request went through the
+/// gateway and was answered 200.
+fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest]) {
+    assert!(!seen.is_empty(), "the mock model saw no request");
+    let want = format!("Bearer {REAL_KEY}");
+    for s in seen {
+        assert_eq!(s.authorization(), Some(want.as_str()), "{}", s.path);
+        assert_eq!(s.path, "/v1/chat/completions");
+    }
+    let everything = format!("{:?}{}", turn.json(), turn.audit_text);
+    assert!(!everything.contains(REAL_KEY), "the key leaked");
+    let requests = turn.events("egress.request");
+    assert_eq!(requests.len(), seen.len(), "{requests:?}");
+    assert!(requests.iter().all(|r| r["status"] == 200), "{requests:?}");
+}
+
+/// One turn of `vendor` whose model calls `files.write` under `name` (as
+/// the CLI lists the sharedos tools to its model: `prefix` then the MCP
+/// name), then answers in text; everything the tests of a granted call
+/// assert.
+fn a_granted_call_goes_through_the_envelope(vendor: Vendor, prefix: &str, http: bool) {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let args = r#"{"path": "notes/team.md", "content": "standup moved to 10:00"}"#;
+    let name = format!("{prefix}files__write");
+    let (turn, seen) = rt.block_on(async {
+        let call = ScriptedCall {
+            id: "call_1",
+            namespace: None,
+            name: &name,
+            arguments: args,
+        };
+        let mock = MockModel::start(vec![
+            Reply::Stream(calls_turn(Wire::OpenaiChat, &[call])),
+            Reply::Stream(text_turn(Wire::OpenaiChat, &["Wrote ", "the note."])),
+        ])
+        .await
+        .unwrap();
+        let prompt = json!("Write a note for the team, then tell me you did.");
+        let mut case = case(vendor, prompt);
+        case.http = http;
+        let turn = run_vendor(case, &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    let mode = &v["metadata"]["runtime"]["sandbox"]["seccomp"]["mode"];
+    let want = if http {
+        "namespace+harness"
+    } else {
+        "namespace+egress"
+    };
+    assert_eq!(mode, want, "{v:#}");
+    let names = seen.first().map(|s| offered(&s.body)).unwrap_or_default();
+    assert_eq!(v["status"], "succeeded", "{v:#}\noffered: {names:?}");
+    assert_eq!(v["output"], "Wrote the note.", "{v:#}");
+    assert_eq!(v["metadata"]["harnessOutcome"], "complete");
+    // Only the sharedos tools (no built-in, no tool search), not the
+    // ungranted files.delete, and every name one OpenAI's API accepts.
+    assert!(names.contains(&name), "{names:?}");
+    assert!(names.iter().all(|t| t.starts_with(prefix)), "{names:?}");
+    assert!(!names.iter().any(|t| t.contains("delete")), "{names:?}");
+    for s in &seen {
+        let all = offered(&s.body);
+        assert!(all.iter().all(|t| is_api_tool_name(t)), "{all:?}");
+    }
+    assert_eq!(
+        invoked(&turn),
+        vec![("files.write".to_owned(), "succeeded".to_owned())]
+    );
+    // No title, memory or other side request: the call, then the answer.
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let results = tool_results(&seen[1].body);
+    assert_eq!(results.len(), 1, "{:#}", seen[1].body["messages"]);
+    assert!(results[0].contains("notes/team.md"), "{results:?}");
+    assert_key_kept(&turn, &seen);
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
+}
+
+/// opencode lists MCP tools to its model as `<server>_<tool>`.
+#[test]
+fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
+    a_granted_call_goes_through_the_envelope(Vendor::Opencode, "sharedos_", false);
+}
+
+/// opencode over streamable HTTP MCP: a `remote` server with the turn's
+/// bearer token in its headers, OAuth discovery off.
+#[test]
+fn opencode_over_streamable_http_calls_a_granted_tool() {
+    a_granted_call_goes_through_the_envelope(Vendor::Opencode, "sharedos_", true);
+}
+
+/// Qwen Code lists MCP tools as `mcp__<server>__<tool>`, directly (its
+/// tool search off).
+#[test]
+fn qwen_code_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
+    a_granted_call_goes_through_the_envelope(Vendor::QwenCode, "mcp__sharedos__", false);
+}
+
+/// Qwen Code over streamable HTTP MCP: `httpUrl` with the turn's bearer
+/// token in its headers.
+#[test]
+fn qwen_code_over_streamable_http_calls_a_granted_tool() {
+    a_granted_call_goes_through_the_envelope(Vendor::QwenCode, "mcp__sharedos__", true);
+}
+
+/// Both specs give the CLI the prompt on its stdin: a leading
+/// `--version`, quotes, brackets, a template variable, shell syntax and
+/// newlines reach the model as one unchanged user message.
+#[test]
+fn a_hostile_prompt_on_stdin_reaches_each_model_unchanged() {
+    let prompt = "--version\n\"\"\" ]] {home} {json:prompt} $(id) `id` '; exit 1";
+    for vendor in [Vendor::Opencode, Vendor::QwenCode] {
+        let _serial = sharedos_tests::serial();
+        let rt = runtime();
+        let marker = unique_marker();
+        let (turn, seen) = rt.block_on(async {
+            let mock = MockModel::start(vec![Reply::Stream(text_turn(
+                Wire::OpenaiChat,
+                &["Understood."],
+            ))])
+            .await
+            .unwrap();
+            let turn = run_vendor(case(vendor, json!(prompt)), &mock, &marker).await;
+            (turn, mock.seen())
+        });
+        let v = turn.json();
+        assert_eq!(v["status"], "succeeded", "{vendor:?}: {v:#}");
+        assert_eq!(v["output"], "Understood.", "{vendor:?}: {v:#}");
+        assert_eq!(seen.len(), 1, "{vendor:?}: {seen:?}");
+        let texts = user_texts(&seen[0].body);
+        assert!(
+            texts.iter().any(|t| t.trim() == prompt),
+            "{vendor:?}: the prompt arrived changed: {texts:#?}"
+        );
+        assert_key_kept(&turn, &seen);
+    }
+}
+
+/// One turn of `vendor` against a model that answers only 500: the
+/// result and how many requests the model saw.
+fn against_a_failing_model(vendor: Vendor) -> (Value, usize) {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let (turn, seen) = rt.block_on(async {
+        let error = json!({"error": {"message": "down", "type": "server_error"}});
+        let replies = (0..8).map(|_| Reply::Status(500, error.clone())).collect();
+        let mock = MockModel::start(replies).await.unwrap();
+        let turn = run_vendor(case(vendor, json!("Say hi.")), &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
+    (turn.json(), seen.len())
+}
+
+/// Neither CLI has a setting for its own retry loop (opencode 1.18.33:
+/// five retries with backoff; Qwen Code 0.24.4: seven attempts, fixed in
+/// their code), so the route's `maxFailures` (3 by default) ends the turn
+/// `model_unavailable` after the third 500, long before the deadline,
+/// with nothing of the CLI left.
+#[test]
+fn a_cli_retrying_a_failing_model_is_stopped_by_the_routes_max_failures() {
+    for vendor in [Vendor::Opencode, Vendor::QwenCode] {
+        let (v, requests) = against_a_failing_model(vendor);
+        assert_eq!(v["status"], "failed", "{vendor:?}: {v:#}");
+        assert_eq!(v["error"]["code"], "model_unavailable", "{vendor:?}: {v:#}");
+        assert_eq!(requests, 3, "{vendor:?}: {v:#}");
+    }
+}
+
+/// Without the grant of its route (docs/HARNESS.md, "The grants a route
+/// needs") the CLI's model request is refused by the kernel before a byte
+/// leaves: the model sees nothing, the turn fails, and the refusal is an
+/// `egress.request` event with the kernel's code and a denied
+/// `effect.authorized` in the audit.
+#[test]
+fn a_route_without_its_grant_reaches_no_model() {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let (turn, seen) = rt.block_on(async {
+        let mock = MockModel::start(vec![Reply::Stream(text_turn(
+            Wire::OpenaiChat,
+            &["never sent"],
+        ))])
+        .await
+        .unwrap();
+        let mut case = case(Vendor::Opencode, json!("Say hi."));
+        case.route_granted = false;
+        let turn = run_vendor(case, &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    // opencode reads the gateway's 403 as a failure it does not retry.
+    assert_eq!(v["status"], "failed", "{v:#}");
+    assert_eq!(v["error"]["code"], "harness_cli_failed", "{v:#}");
+    assert!(seen.is_empty(), "{seen:?}");
+    // Refused before forwarding: the kernel's code, no upstream status.
+    let requests = turn.events("egress.request");
+    assert!(!requests.is_empty(), "{v:#}");
+    assert!(
+        requests
+            .iter()
+            .all(|r| r["code"] == "no_matching_grant" && r["status"].is_null()),
+        "{requests:?}"
+    );
+    let denied: Vec<_> = turn
+        .audit_of("effect.authorized")
+        .into_iter()
+        .filter(|r| serde_json::to_value(r.outcome).unwrap() == "denied")
+        .collect();
+    assert_eq!(denied.len(), requests.len(), "{}", turn.audit_text);
+    let left = sharedos_tests::turns::wait_gone(&marker, Duration::from_secs(5));
+    assert!(left.is_empty(), "survivors: {left:?}");
+}
