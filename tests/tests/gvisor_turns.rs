@@ -1,0 +1,282 @@
+//! `launcher = "gvisor"` through the whole host (`sharedos run`): the test
+//! plugin in a real runsc container, its tool calls through the envelope,
+//! the deadline of a plugin that ignores the abort, a crash mid-turn, and
+//! what each leaves: no runsc process naming the container, no bundle, no
+//! container state. Configurations the engine cannot carry are refused
+//! with the reason; a host without runsc gets the fix.
+//!
+//! runsc runs here as root only (docs/SECURITY.md, "gVisor"): on a host
+//! that is not root each test is a named skip.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sharedos_tests::needs_root;
+use sharedos_tests::turns::{parse_jsonl_strict, request, testplugin_host_toml, workspace_bin};
+
+struct CliRun {
+    code: i32,
+    result: Value,
+    stderr: String,
+    audit: Vec<Value>,
+    elapsed: Duration,
+}
+
+/// `sharedos run` of `script` with `config` (the test plugin's host.toml).
+fn run_cli(config: &str, script: Value, timeout_ms: u64, path: Option<&str>) -> CliRun {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.toml"), config).unwrap();
+    let turn = request(
+        "gvisor-turn",
+        script,
+        &["files.read", "files.write"],
+        timeout_ms,
+    );
+    std::fs::write(dir.path().join("turn.json"), turn.to_string()).unwrap();
+    let started = Instant::now();
+    let mut cmd = Command::new(workspace_bin("sharedos"));
+    if let Some(path) = path {
+        cmd.env("PATH", path);
+    }
+    let out = cmd
+        .arg("run")
+        .arg("--config")
+        .arg(dir.path().join("host.toml"))
+        .arg("--request")
+        .arg(dir.path().join("turn.json"))
+        .output()
+        .unwrap();
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let result = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let audit_path = dir.path().join("audit.jsonl");
+    let audit = if audit_path.exists() {
+        parse_jsonl_strict(&audit_path)
+    } else {
+        Vec::new()
+    };
+    CliRun {
+        code: out.status.code().unwrap_or(-1),
+        result,
+        stderr,
+        audit,
+        elapsed,
+    }
+}
+
+fn gvisor_toml(tag: &str) -> String {
+    let marker = format!("gvisor-{tag}-{}", std::process::id());
+    testplugin_host_toml(&marker, "gvisor", 60_000)
+}
+
+/// Processes whose command line names `needle`.
+fn processes_naming(needle: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains(needle).then(|| format!("{pid}: {cmd}"))
+        })
+        .collect()
+}
+
+/// The report's container and bundle are gone: no process names the
+/// container (runsc, its sandbox, its gofer), the bundle directory (and
+/// with it runsc's state directory for the container) does not exist.
+fn nothing_left(report: &Value) {
+    let id = report["container"]
+        .as_str()
+        .expect("the report names the container");
+    let bundle = report["bundle"]
+        .as_str()
+        .expect("the report names the bundle");
+    assert!(id.starts_with("sharedos-"), "{report}");
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut left = processes_naming(id);
+    while !left.is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        left = processes_naming(id);
+    }
+    assert!(
+        left.is_empty(),
+        "processes of container {id} outlived the turn: {left:?}"
+    );
+    assert!(
+        !Path::new(bundle).exists(),
+        "the bundle and state of {id} are left at {bundle}"
+    );
+}
+
+fn sandbox_report(run: &CliRun) -> &Value {
+    &run.result["metadata"]["runtime"]["sandbox"]
+}
+
+#[test]
+fn a_turn_with_tool_calls_runs_in_gvisor_and_reports_the_engine() {
+    if !needs_root(
+        "gvisor_turns::a_turn_with_tool_calls",
+        "runsc runs as root only here",
+    ) {
+        return;
+    }
+    let script = json!([
+        {"op": "call", "tool": "files.write", "arguments": {"path": "g.txt", "content": "in gvisor"}},
+        {"op": "call", "tool": "files.read", "arguments": {"path": "g.txt"}}
+    ]);
+    let run = run_cli(&gvisor_toml("tools"), script, 30_000, None);
+    assert_eq!(
+        run.result["status"], "succeeded",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert_eq!(run.code, 0);
+    let text = run.result.to_string();
+    assert!(
+        text.contains("in gvisor"),
+        "the read did not return the write: {text}"
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["engine"], "gvisor", "{report}");
+    assert_eq!(report["level"], "isolated", "{report}");
+    let platform = report["platform"]["name"].as_str().unwrap_or_default();
+    assert!(platform == "ptrace" || platform == "kvm", "{report}");
+    assert!(
+        !report["platform"]["why"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+    );
+    let version = report["runsc"]["version"].as_str().unwrap_or_default();
+    assert!(version.starts_with("runsc version "), "{report}");
+    assert!(
+        report["network"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("none")
+    );
+    assert_eq!(
+        report["memory"]["tree_bound_bytes"],
+        Value::Null,
+        "{report}"
+    );
+    assert_eq!(report["missing"][0]["layer"], "memory", "{report}");
+    assert_eq!(
+        report["uid"],
+        sharedos_sandbox::SandboxPolicy::default().uids.first
+    );
+    assert_eq!(run.audit.last().unwrap()["type"], "turn.ended");
+    nothing_left(report);
+}
+
+#[test]
+fn a_plugin_ignoring_the_abort_is_killed_at_the_deadline_and_leaves_nothing() {
+    if !needs_root("gvisor_turns::deadline", "runsc runs as root only here") {
+        return;
+    }
+    let script = json!([
+        {"op": "fork", "n": 2},
+        {"op": "fork", "n": 1, "setsid": true, "double": true},
+        {"op": "ignore_abort"},
+        {"op": "hold"}
+    ]);
+    let run = run_cli(&gvisor_toml("deadline"), script, 3000, None);
+    assert_eq!(
+        run.result["status"], "cancelled",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert_eq!(run.result["error"]["code"], "turn_cancelled");
+    assert_eq!(run.code, 1);
+    assert!(
+        run.elapsed < Duration::from_millis(3000) + Duration::from_secs(15),
+        "sharedos run took {:?} for a 3000 ms deadline",
+        run.elapsed
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["engine"], "gvisor", "{report}");
+    nothing_left(report);
+}
+
+#[test]
+fn a_crash_mid_turn_fails_the_turn_and_leaves_nothing() {
+    if !needs_root("gvisor_turns::crash", "runsc runs as root only here") {
+        return;
+    }
+    let script = json!([
+        {"op": "call", "tool": "files.write", "arguments": {"path": "c.txt", "content": "before"}},
+        {"op": "crash"}
+    ]);
+    let run = run_cli(&gvisor_toml("crash"), script, 30_000, None);
+    assert_eq!(
+        run.result["status"], "failed",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert_eq!(
+        run.result["error"]["code"], "runtime_failed",
+        "{}",
+        run.result
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["engine"], "gvisor", "{report}");
+    nothing_left(report);
+}
+
+#[test]
+fn a_gvisor_runtime_with_a_network_policy_is_refused_at_load() {
+    let config = gvisor_toml("egress").replace(
+        "launcher = \"gvisor\"",
+        "launcher = \"gvisor\"\nnetwork = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
+    );
+    let run = run_cli(&config, json!([]), 5000, None);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("runtimes[0].network: not available with launcher = \"gvisor\"")
+            && run.stderr.contains("egress gateway's listener"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_host_without_runsc_gets_the_fix() {
+    if !needs_root(
+        "gvisor_turns::runsc_missing",
+        "the launcher asks for root first",
+    ) {
+        return;
+    }
+    // No runsc on PATH.
+    let run = run_cli(
+        &gvisor_toml("missing"),
+        json!([]),
+        5000,
+        Some("/nonexistent"),
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("runsc (gVisor) is not installed")
+            && run.stderr.contains("apt-get install runsc"),
+        "{}",
+        run.stderr
+    );
+    // A configured path that is not runsc.
+    let config = gvisor_toml("broken").replace(
+        "launcher = \"gvisor\"",
+        "launcher = \"gvisor\"\ngvisor = { runsc = \"/nonexistent/runsc\" }",
+    );
+    let run = run_cli(&config, json!([]), 5000, None);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("runsc at /nonexistent/runsc cannot be used"),
+        "{}",
+        run.stderr
+    );
+}
