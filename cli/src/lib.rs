@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod demo;
+pub mod engines;
 pub mod grants;
 pub mod sandbox_check;
 pub mod serve;

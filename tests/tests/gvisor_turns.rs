@@ -280,3 +280,58 @@ fn a_host_without_runsc_gets_the_fix() {
         run.stderr
     );
 }
+
+/// `sharedos sandbox check` with `PATH` set to `path`: its stdout, and
+/// the pid it ran as.
+fn sandbox_check(path: Option<&str>) -> (String, u32) {
+    let mut cmd = Command::new(workspace_bin("sharedos"));
+    if let Some(path) = path {
+        cmd.env("PATH", path);
+    }
+    let child = cmd
+        .args(["sandbox", "check"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), pid)
+}
+
+#[test]
+fn sandbox_check_lists_every_engine_and_the_fix_for_a_missing_runsc() {
+    if !needs_root(
+        "gvisor_turns::sandbox_check",
+        "runsc runs as root only here",
+    ) {
+        return;
+    }
+    let (text, pid) = sandbox_check(None);
+    let line = |engine: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(engine))
+            .unwrap_or_else(|| panic!("no {engine} line in: {text}"))
+            .to_owned()
+    };
+    assert!(line("namespace (").contains(": yes, at level "), "{text}");
+    let gvisor = line("gvisor (");
+    assert!(gvisor.contains(": yes, runsc version "), "{gvisor}");
+    assert!(
+        gvisor.contains("platform ptrace") || gvisor.contains("platform kvm"),
+        "{gvisor}"
+    );
+    assert!(line("direct (").contains("no isolation"), "{text}");
+    // Its KVM probe (if /dev/kvm opens) left no process behind.
+    let probe = format!("sharedos-probe-{pid}");
+    assert!(
+        processes_naming(&probe).is_empty(),
+        "{probe} outlived the check"
+    );
+    let (text, _) = sandbox_check(Some("/nonexistent"));
+    assert!(
+        text.contains("gvisor (launcher = \"gvisor\"): no: runsc (gVisor) is not installed")
+            && text.contains("apt-get install runsc"),
+        "{text}"
+    );
+}
