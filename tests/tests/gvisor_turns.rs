@@ -335,3 +335,29 @@ fn sandbox_check_lists_every_engine_and_the_fix_for_a_missing_runsc() {
         "{text}"
     );
 }
+
+/// The protocol battery (`sharedos conformance`) against a real plugin
+/// under gVisor: every check passes, nothing outlives a launch.
+#[test]
+fn the_echo_plugin_conforms_under_gvisor() {
+    if !needs_root("gvisor_turns::conformance", "runsc runs as root only here") {
+        return;
+    }
+    let echo = workspace_bin("sharedos-echo");
+    let out = Command::new(workspace_bin("sharedos"))
+        .args(["conformance", "--launcher", "gvisor", "--"])
+        .arg(&echo)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("(gvisor launcher)"), "{text}");
+    assert!(text.contains("sandbox level \"isolated\""), "{text}");
+    assert!(text.contains("PASS nothing_left_behind"), "{text}");
+    assert!(text.contains("CONFORMS: 15 passed, 0 failed"), "{text}");
+}
