@@ -110,6 +110,11 @@ fn nothing_left(report: &Value) {
         !Path::new(bundle).exists(),
         "the bundle and state of {id} are left at {bundle}"
     );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(bundle),
+        "a mount of the bundle {bundle} is left on the host: {mounts}"
+    );
 }
 
 fn sandbox_report(run: &CliRun) -> &Value {
@@ -192,6 +197,11 @@ fn a_plugin_ignoring_the_abort_is_killed_at_the_deadline_and_leaves_nothing() {
     );
     assert_eq!(run.result["error"]["code"], "turn_cancelled");
     assert_eq!(run.code, 1);
+    assert!(
+        run.elapsed >= Duration::from_millis(2900),
+        "{:?}",
+        run.elapsed
+    );
     assert!(
         run.elapsed < Duration::from_millis(3000) + Duration::from_secs(15),
         "sharedos run took {:?} for a 3000 ms deadline",
@@ -360,4 +370,110 @@ fn the_echo_plugin_conforms_under_gvisor() {
     assert!(text.contains("sandbox level \"isolated\""), "{text}");
     assert!(text.contains("PASS nothing_left_behind"), "{text}");
     assert!(text.contains("CONFORMS: 15 passed, 0 failed"), "{text}");
+}
+
+/// The report's `network: none` checked from outside: a listener on the
+/// host's loopback is not reachable from the container, and sees nothing.
+#[test]
+fn the_container_has_no_network_to_the_host() {
+    if !needs_root("gvisor_turns::network", "runsc runs as root only here") {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let target = listener.local_addr().unwrap().to_string();
+    let script = json!([{"op": "net_probe", "targets": [target]}]);
+    let run = run_cli(&gvisor_toml("net"), script, 30_000, None);
+    assert_eq!(
+        run.result["status"], "succeeded",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    let probe = run.result["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "runtime.event" && e["data"]["type"] == "net_probe")
+        .unwrap_or_else(|| panic!("no net_probe event: {}", run.result))["data"]["data"]
+        .clone();
+    let got = probe[&target].as_str().unwrap_or_default();
+    assert!(!got.is_empty() && got != "connected", "{probe}");
+    // No capability: no raw socket either.
+    assert_ne!(probe["raw"], "created", "{probe}");
+    assert!(
+        listener.accept().is_err(),
+        "the host's listener accepted a connection from the container"
+    );
+    nothing_left(sandbox_report(&run));
+}
+
+/// A pinned program runs from its staged copy, bound at `/plugin/<name>`,
+/// and the report names the digest.
+#[test]
+fn a_pinned_program_runs_from_its_staged_copy() {
+    if !needs_root("gvisor_turns::pinned", "runsc runs as root only here") {
+        return;
+    }
+    let program = workspace_bin("sharedos-testplugin");
+    let out = Command::new("sha256sum").arg(&program).output().unwrap();
+    let digest = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(digest.len(), 64, "sha256sum: {out:?}");
+    let config = gvisor_toml("pinned").replace(
+        "launcher = \"gvisor\"",
+        &format!("launcher = \"gvisor\"\nsha256 = \"{digest}\""),
+    );
+    let run = run_cli(&config, json!([]), 30_000, None);
+    assert_eq!(
+        run.result["status"], "succeeded",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["program_sha256"], digest.as_str(), "{report}");
+    assert_eq!(report["program"], "/plugin/sharedos-testplugin", "{report}");
+    let root = report["root"].as_array().unwrap();
+    let bound = root
+        .iter()
+        .find(|m| m["path"] == "/plugin/sharedos-testplugin")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        bound["what"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("staged copy"),
+        "{report}"
+    );
+    nothing_left(report);
+}
+
+/// A runtime asking for a memory bound is refused at launch: a gVisor
+/// container here has none, and the refusal's report says so.
+#[test]
+fn a_runtime_requiring_a_memory_bound_is_refused_with_the_report() {
+    if !needs_root("gvisor_turns::memory_bound", "runsc runs as root only here") {
+        return;
+    }
+    let config = gvisor_toml("strong").replace(
+        "launcher = \"gvisor\"",
+        "launcher = \"gvisor\"\nsandbox = { minLevel = \"strong\" }",
+    );
+    let run = run_cli(&config, json!([]), 30_000, None);
+    assert_eq!(
+        run.result["status"], "failed",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["engine"], "gvisor", "{report}");
+    assert_eq!(report["refused"], true, "{report}");
+    assert_eq!(report["level"], "isolated", "{report}");
+    let reason = report["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("memory unbounded") && reason.contains("strong"),
+        "{report}"
+    );
 }
