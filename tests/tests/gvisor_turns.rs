@@ -477,3 +477,68 @@ fn a_runtime_requiring_a_memory_bound_is_refused_with_the_report() {
         "{report}"
     );
 }
+
+/// The bundle directories of the host process `pid`.
+fn bundles_of(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("sharedos-gvisor-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A host SIGKILLed mid-turn: its container dies with it (runsc has a
+/// parent-death signal, its sandbox is attached), and the next host's
+/// first gVisor seat removes the bundle and state it left.
+#[test]
+fn a_killed_host_leaves_no_container_and_the_next_host_removes_its_bundle() {
+    if !needs_root("gvisor_turns::killed_host", "runsc runs as root only here") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.toml"), gvisor_toml("killed")).unwrap();
+    let script = json!([{"op": "ignore_abort"}, {"op": "hold"}]);
+    let turn = request("gvisor-killed", script, &[], 120_000);
+    std::fs::write(dir.path().join("turn.json"), turn.to_string()).unwrap();
+    let mut host = Command::new(workspace_bin("sharedos"))
+        .arg("run")
+        .arg("--config")
+        .arg(dir.path().join("host.toml"))
+        .arg("--request")
+        .arg(dir.path().join("turn.json"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = host.id();
+    // The turn's container is running once runsc names its id.
+    let id_prefix = format!("sharedos-{pid}-");
+    let end = Instant::now() + Duration::from_secs(60);
+    while processes_naming(&id_prefix).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !processes_naming(&id_prefix).is_empty(),
+        "no container started"
+    );
+    let left = bundles_of(pid);
+    assert!(!left.is_empty(), "the running host has no bundle");
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !processes_naming(&id_prefix).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        processes_naming(&id_prefix).is_empty(),
+        "the container outlived its host: {:?}",
+        processes_naming(&id_prefix)
+    );
+    // The next host seats a gVisor runtime: the dead host's bundle goes
+    // (a host of another test of this binary may have swept it first).
+    let run = run_cli(&gvisor_toml("after"), json!([]), 30_000, None);
+    assert_eq!(run.result["status"], "succeeded", "{}", run.stderr);
+    assert!(bundles_of(pid).is_empty(), "left: {left:?}");
+}

@@ -1,4 +1,5 @@
-//! The OCI bundle of one launch, in a private `0700` directory of its own:
+//! The OCI bundle of one launch, in a private `0700` directory of its own
+//! (`$TMPDIR/sharedos-gvisor-<host pid>-<random>`):
 //! `bundle/config.json`, an empty `bundle/root` (read-only; everything
 //! the plugin sees is a mount the policy grants), the sandbox's own
 //! `passwd` and `group`, and `state/`, runsc's `--root` for this one
@@ -9,6 +10,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use sharedos_sandbox::{SandboxPolicy, fsview, users};
+
+/// Every bundle directory is `$TMPDIR/sharedos-gvisor-<host pid>-<random>`,
+/// so a host can tell the ones a dead host left ([`super::sweep`]).
+pub(super) const PREFIX: &str = "sharedos-gvisor-";
 
 /// A bundle on disk and what it grants, for the report.
 pub(super) struct Bundle {
@@ -44,7 +49,7 @@ pub(super) struct Process<'a> {
 /// `uid` (and the same gid) inside.
 pub(super) fn write(policy: &SandboxPolicy, process: &Process, uid: u32) -> io::Result<Bundle> {
     let dir = tempfile::Builder::new()
-        .prefix("sharedos-gvisor-")
+        .prefix(&format!("{PREFIX}{}-", std::process::id()))
         .tempdir()?;
     let root = dir.path().join("bundle/root");
     std::fs::create_dir_all(&root)?;

@@ -18,6 +18,7 @@ mod bundle;
 pub mod platform;
 mod report;
 pub mod runsc;
+mod sweep;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -195,8 +196,11 @@ impl Launcher for GvisorLauncher {
     }
 
     /// At seating: the platform is chosen now (the KVM probe may take a
-    /// few seconds once per host process), not in the first turn.
+    /// few seconds once per host process), not in the first turn, and
+    /// what a dead host left of its containers is removed now, once per
+    /// host process.
     fn prewarm(&self, _spec: &LaunchSpec) {
+        sweep::sweep_once(&self.runsc);
         let platform = platform(&self.runsc);
         tracing::info!(platform = platform.name, why = %platform.why, "gvisor platform");
     }
