@@ -5,15 +5,15 @@
 //! container state. Configurations the engine cannot carry are refused
 //! with the reason; a host without runsc gets the fix.
 //!
-//! runsc runs here as root only (docs/SECURITY.md, "gVisor"): on a host
-//! that is not root each test is a named skip.
+//! A host that is not root runs runsc `--rootless`; a root host checks that
+//! path too, running `sharedos run` as nobody.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sharedos_tests::needs_root;
+use sharedos_tests::is_root;
 use sharedos_tests::turns::{parse_jsonl_strict, request, testplugin_host_toml, workspace_bin};
 
 struct CliRun {
@@ -26,6 +26,17 @@ struct CliRun {
 
 /// `sharedos run` of `script` with `config` (the test plugin's host.toml).
 fn run_cli(config: &str, script: Value, timeout_ms: u64, path: Option<&str>) -> CliRun {
+    run_cli_as(config, script, timeout_ms, path, None)
+}
+
+/// [`run_cli`] as `uid` (a root test), its TMPDIR the run's directory.
+fn run_cli_as(
+    config: &str,
+    script: Value,
+    timeout_ms: u64,
+    path: Option<&str>,
+    uid: Option<u32>,
+) -> CliRun {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("host.toml"), config).unwrap();
     let turn = request(
@@ -39,6 +50,17 @@ fn run_cli(config: &str, script: Value, timeout_ms: u64, path: Option<&str>) -> 
     let mut cmd = Command::new(workspace_bin("sharedos"));
     if let Some(path) = path {
         cmd.env("PATH", path);
+    }
+    if let Some(uid) = uid {
+        use std::os::unix::process::CommandExt;
+        for f in ["", "host.toml", "turn.json"] {
+            std::os::unix::fs::chown(dir.path().join(f), Some(uid), Some(uid)).unwrap();
+        }
+        cmd.uid(uid)
+            .gid(uid)
+            .current_dir(dir.path())
+            .env("TMPDIR", dir.path())
+            .env_remove("XDG_RUNTIME_DIR");
     }
     let out = cmd
         .arg("run")
@@ -123,12 +145,6 @@ fn sandbox_report(run: &CliRun) -> &Value {
 
 #[test]
 fn a_turn_with_tool_calls_runs_in_gvisor_and_reports_the_engine() {
-    if !needs_root(
-        "gvisor_turns::a_turn_with_tool_calls",
-        "runsc runs as root only here",
-    ) {
-        return;
-    }
     let script = json!([
         {"op": "call", "tool": "files.write", "arguments": {"path": "g.txt", "content": "in gvisor"}},
         {"op": "call", "tool": "files.read", "arguments": {"path": "g.txt"}}
@@ -180,9 +196,6 @@ fn a_turn_with_tool_calls_runs_in_gvisor_and_reports_the_engine() {
 
 #[test]
 fn a_plugin_ignoring_the_abort_is_killed_at_the_deadline_and_leaves_nothing() {
-    if !needs_root("gvisor_turns::deadline", "runsc runs as root only here") {
-        return;
-    }
     let script = json!([
         {"op": "fork", "n": 2},
         {"op": "fork", "n": 1, "setsid": true, "double": true},
@@ -214,9 +227,6 @@ fn a_plugin_ignoring_the_abort_is_killed_at_the_deadline_and_leaves_nothing() {
 
 #[test]
 fn a_crash_mid_turn_fails_the_turn_and_leaves_nothing() {
-    if !needs_root("gvisor_turns::crash", "runsc runs as root only here") {
-        return;
-    }
     let script = json!([
         {"op": "call", "tool": "files.write", "arguments": {"path": "c.txt", "content": "before"}},
         {"op": "crash"}
@@ -256,12 +266,6 @@ fn a_gvisor_runtime_with_a_network_policy_is_refused_at_load() {
 
 #[test]
 fn a_host_without_runsc_gets_the_fix() {
-    if !needs_root(
-        "gvisor_turns::runsc_missing",
-        "the launcher asks for root first",
-    ) {
-        return;
-    }
     // No runsc on PATH.
     let run = run_cli(
         &gvisor_toml("missing"),
@@ -311,12 +315,6 @@ fn sandbox_check(path: Option<&str>) -> (String, u32) {
 
 #[test]
 fn sandbox_check_lists_every_engine_and_the_fix_for_a_missing_runsc() {
-    if !needs_root(
-        "gvisor_turns::sandbox_check",
-        "runsc runs as root only here",
-    ) {
-        return;
-    }
     let (text, pid) = sandbox_check(None);
     let line = |engine: &str| {
         text.lines()
@@ -350,9 +348,6 @@ fn sandbox_check_lists_every_engine_and_the_fix_for_a_missing_runsc() {
 /// under gVisor: every check passes, nothing outlives a launch.
 #[test]
 fn the_echo_plugin_conforms_under_gvisor() {
-    if !needs_root("gvisor_turns::conformance", "runsc runs as root only here") {
-        return;
-    }
     let echo = workspace_bin("sharedos-echo");
     let out = Command::new(workspace_bin("sharedos"))
         .args(["conformance", "--launcher", "gvisor", "--"])
@@ -376,9 +371,6 @@ fn the_echo_plugin_conforms_under_gvisor() {
 /// host's loopback is not reachable from the container, and sees nothing.
 #[test]
 fn the_container_has_no_network_to_the_host() {
-    if !needs_root("gvisor_turns::network", "runsc runs as root only here") {
-        return;
-    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let target = listener.local_addr().unwrap().to_string();
@@ -411,9 +403,6 @@ fn the_container_has_no_network_to_the_host() {
 /// and the report names the digest.
 #[test]
 fn a_pinned_program_runs_from_its_staged_copy() {
-    if !needs_root("gvisor_turns::pinned", "runsc runs as root only here") {
-        return;
-    }
     let program = workspace_bin("sharedos-testplugin");
     let out = Command::new("sha256sum").arg(&program).output().unwrap();
     let digest = String::from_utf8_lossy(&out.stdout)
@@ -454,9 +443,6 @@ fn a_pinned_program_runs_from_its_staged_copy() {
 /// container here has none, and the refusal's report says so.
 #[test]
 fn a_runtime_requiring_a_memory_bound_is_refused_with_the_report() {
-    if !needs_root("gvisor_turns::memory_bound", "runsc runs as root only here") {
-        return;
-    }
     let config = gvisor_toml("strong").replace(
         "launcher = \"gvisor\"",
         "launcher = \"gvisor\"\nsandbox = { minLevel = \"strong\" }",
@@ -494,9 +480,6 @@ fn bundles_of(pid: u32) -> Vec<std::path::PathBuf> {
 /// first gVisor seat removes the bundle and state it left.
 #[test]
 fn a_killed_host_leaves_no_container_and_the_next_host_removes_its_bundle() {
-    if !needs_root("gvisor_turns::killed_host", "runsc runs as root only here") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("host.toml"), gvisor_toml("killed")).unwrap();
     let script = json!([{"op": "ignore_abort"}, {"op": "hold"}]);
@@ -541,4 +524,30 @@ fn a_killed_host_leaves_no_container_and_the_next_host_removes_its_bundle() {
     let run = run_cli(&gvisor_toml("after"), json!([]), 30_000, None);
     assert_eq!(run.result["status"], "succeeded", "{}", run.stderr);
     assert!(bundles_of(pid).is_empty(), "left: {left:?}");
+}
+
+/// A host that is not root runs runsc `--rootless`: the plugin still runs
+/// as the sandbox uid inside, the report says `rootless`, and nothing is
+/// left. (A root test runs the host as nobody; a test that is not root
+/// already is such a host.)
+#[test]
+fn a_host_that_is_not_root_runs_runsc_rootless() {
+    let uid = is_root().then_some(65534);
+    let script = json!([
+        {"op": "call", "tool": "files.write", "arguments": {"path": "r.txt", "content": "rootless"}},
+        {"op": "fork", "n": 1}
+    ]);
+    let run = run_cli_as(&gvisor_toml("rootless"), script, 30_000, None, uid);
+    assert_eq!(
+        run.result["status"], "succeeded",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["runsc"]["rootless"], true, "{report}");
+    assert_eq!(
+        report["uid"],
+        sharedos_sandbox::SandboxPolicy::default().uids.first
+    );
+    nothing_left(report);
 }

@@ -132,9 +132,8 @@ impl GvisorLauncher {
     // std has no form for.
     #[allow(unsafe_code)]
     fn run_command(&self, bundle: &bundle::Bundle, id: &str, platform: &str) -> Command {
-        let mut cmd = Command::new(&self.runsc.path);
-        cmd.arg(format!("--root={}", bundle.state_dir().display()))
-            .args(["--network=none", "--ignore-cgroups"])
+        let mut cmd = self.runsc.command(&bundle.state_dir());
+        cmd.args(["--network=none", "--ignore-cgroups"])
             .arg(format!("--platform={platform}"))
             .arg("run")
             .arg("--bundle")

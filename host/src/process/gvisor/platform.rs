@@ -78,8 +78,8 @@ fn probe_run(runsc: &Runsc, platform: &str, bound: Duration) -> io::Result<bool>
     };
     let bundle = bundle::write(&policy, &process, policy.uids.first)?;
     let id = format!("sharedos-probe-{}", std::process::id());
-    let child = std::process::Command::new(&runsc.path)
-        .arg(format!("--root={}", bundle.state_dir().display()))
+    let child = runsc
+        .command(&bundle.state_dir())
         .args(["--network=none", "--ignore-cgroups"])
         .arg(format!("--platform={platform}"))
         .arg("run")

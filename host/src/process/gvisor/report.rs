@@ -17,7 +17,11 @@ pub(super) fn base(runsc: &Runsc, platform: &Platform) -> Value {
     json!({
         "engine": "gvisor",
         "level": GVISOR_LEVEL.to_string(),
-        "runsc": { "path": runsc.path.display().to_string(), "version": runsc.version },
+        "runsc": {
+            "path": runsc.path.display().to_string(),
+            "version": runsc.version,
+            "rootless": runsc.rootless,
+        },
         "platform": { "name": platform.name, "why": platform.why },
     })
 }

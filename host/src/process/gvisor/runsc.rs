@@ -23,12 +23,6 @@ pub enum GvisorError {
         runsc.display()
     )]
     RunscBroken { runsc: PathBuf, reason: String },
-    #[error(
-        "launcher = \"gvisor\" needs a root host here: runsc runs the plugin as the sandbox uid \
-         inside its container only when started by root (rootless runsc maps the caller to \
-         root inside); run the host as root or use launcher = \"sandbox\""
-    )]
-    NotRoot,
 }
 
 /// A located, working runsc.
@@ -37,14 +31,15 @@ pub struct Runsc {
     pub path: PathBuf,
     /// The first line of `runsc --version` (`runsc version 0.0~20221219.0`).
     pub version: String,
+    /// The host is not root: every runsc command gets `--rootless` (runsc
+    /// then maps the host's uid to root of a user namespace of its own; the
+    /// plugin still runs as the sandbox uid inside the gVisor kernel).
+    pub rootless: bool,
 }
 
 impl Runsc {
     /// `configured`, or `runsc` on `PATH`; checked by running `--version`.
     pub fn locate(configured: Option<&Path>) -> Result<Runsc, GvisorError> {
-        if !rustix::process::geteuid().is_root() {
-            return Err(GvisorError::NotRoot);
-        }
         let path = match configured {
             Some(p) => p.to_path_buf(),
             None => on_path("runsc").ok_or_else(|| GvisorError::RunscMissing {
@@ -70,14 +65,29 @@ impl Runsc {
                 "`runsc --version` printed {version:?}, not a runsc version"
             )));
         }
-        Ok(Runsc { path, version })
+        Ok(Runsc {
+            path,
+            version,
+            rootless: !rustix::process::geteuid().is_root(),
+        })
+    }
+
+    /// `runsc` with its global flags: the state directory `state`, and
+    /// `--rootless` for a host that is not root.
+    pub(super) fn command(&self, state: &Path) -> Command {
+        let mut cmd = Command::new(&self.path);
+        if self.rootless {
+            cmd.arg("--rootless");
+        }
+        cmd.arg(format!("--root={}", state.display()));
+        cmd
     }
 
     /// `runsc --root <state> <args>` with a bound: killed (by its pid) and
     /// reaped when it takes longer than `bound`.
     pub(super) fn bounded(&self, state: &Path, args: &[&str], bound: Duration) -> io::Result<()> {
-        let child = Command::new(&self.path)
-            .arg(format!("--root={}", state.display()))
+        let child = self
+            .command(state)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
