@@ -4,7 +4,9 @@
 
 use std::io::Write;
 
+use serde_json::Value;
 use sharedos_host::config::RuntimeEntry;
+use sharedos_host::process::LaunchSpec;
 use sharedos_host::process::gvisor::{GVISOR_LEVEL, GvisorLauncher, platform};
 use sharedos_sandbox::SandboxLevel;
 
@@ -44,7 +46,11 @@ pub fn print_engines(namespace: Option<SandboxLevel>, out: &mut dyn Write) -> st
 /// `sandbox check --runtime` of a gVisor runtime: runsc, the platform and
 /// the level; 0 when it reaches the runtime's minimum, 1 when it does not
 /// or runsc cannot run here.
-pub fn check_gvisor(entry: &RuntimeEntry, out: &mut dyn Write) -> std::io::Result<i32> {
+pub fn check_gvisor(
+    entry: &RuntimeEntry,
+    spec: &LaunchSpec,
+    out: &mut dyn Write,
+) -> std::io::Result<i32> {
     let runsc = entry.gvisor.as_ref().and_then(|g| g.runsc.as_deref());
     let launcher = match GvisorLauncher::new(entry.sandbox_policy(), runsc) {
         Ok(l) => l,
@@ -66,6 +72,10 @@ pub fn check_gvisor(entry: &RuntimeEntry, out: &mut dyn Write) -> std::io::Resul
         out,
         "level: {GVISOR_LEVEL} (the container's memory is unbounded: runsc --ignore-cgroups)"
     )?;
+    match launcher.describe(spec) {
+        Ok(report) => print_container(&report, out)?,
+        Err(e) => writeln!(out, "refused: {e}")?,
+    }
     let s = &entry.sandbox;
     writeln!(out, "required: {} (runtimes.sandbox.minLevel)", s.min_level)?;
     let ok = s.min_level <= GVISOR_LEVEL && !s.require_memory_bound;
@@ -76,4 +86,33 @@ pub fn check_gvisor(entry: &RuntimeEntry, out: &mut dyn Write) -> std::io::Resul
         )?;
     }
     Ok(if ok { 0 } else { 1 })
+}
+
+/// What the container of a runtime holds: the program, the environment
+/// keys and every mount of its root.
+fn print_container(report: &Value, out: &mut dyn Write) -> std::io::Result<()> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    writeln!(out, "program: {}", text(&report["program"]))?;
+    let keys: Vec<String> = report["env_keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    writeln!(out, "environment keys: {}", keys.join(", "))?;
+    writeln!(out, "network: {}", text(&report["network"]))?;
+    writeln!(
+        out,
+        "filesystem (every mount; nothing else of the host exists inside):"
+    )?;
+    for m in report["root"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "  {:<3} {:<40} {}",
+            text(&m["mode"]),
+            text(&m["path"]),
+            text(&m["what"])
+        )?;
+    }
+    Ok(())
 }

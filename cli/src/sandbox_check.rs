@@ -57,7 +57,7 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
     )
     .map_err(w)?;
     if entry.launcher == LauncherKind::Gvisor {
-        return crate::engines::check_gvisor(entry, out).map_err(w);
+        return crate::engines::check_gvisor(entry, &spec, out).map_err(w);
     }
     if entry.launcher == LauncherKind::Direct {
         writeln!(

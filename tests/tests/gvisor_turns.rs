@@ -551,3 +551,41 @@ fn a_host_that_is_not_root_runs_runsc_rootless() {
     );
     nothing_left(report);
 }
+
+/// `sharedos sandbox check --runtime` of a gVisor runtime: runsc, the
+/// platform, the level and every mount of the container's root, with
+/// nothing run and nothing left.
+#[test]
+fn sandbox_check_of_a_gvisor_runtime_shows_its_container() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.toml"), gvisor_toml("check")).unwrap();
+    let out = Command::new(workspace_bin("sharedos"))
+        .args([
+            "sandbox",
+            "check",
+            "--runtime",
+            "sharedos-testplugin",
+            "--config",
+        ])
+        .arg(dir.path().join("host.toml"))
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("launcher: gvisor: runsc version "), "{text}");
+    assert!(text.contains("level: isolated"), "{text}");
+    assert!(
+        text.contains("program: /plugin/sharedos-testplugin"),
+        "{text}"
+    );
+    assert!(text.contains("ro  /usr/lib "), "{text}");
+    assert!(text.contains("rw  /workspace "), "{text}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("sharedos-gvisor-"))
+        .collect();
+    assert!(left.is_empty(), "the check left {left:?}");
+}

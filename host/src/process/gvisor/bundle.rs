@@ -133,11 +133,19 @@ fn private_mounts(policy: &SandboxPolicy, uid: u32, b: &mut Bundle) -> Vec<Value
         b.mounts
             .push((dest.to_owned(), "rw", format!("tmpfs of {size} bytes")));
     }
-    b.mounts.push((
-        "/proc".into(),
-        "rw",
-        "the gVisor kernel's own procfs".into(),
-    ));
+    for (dest, what) in [
+        ("/proc", "the gVisor kernel's own procfs"),
+        (
+            "/dev",
+            "the gVisor kernel's own device files (added by runsc)",
+        ),
+        (
+            "/sys",
+            "the gVisor kernel's own synthetic sysfs (added by runsc)",
+        ),
+    ] {
+        b.mounts.push((dest.into(), "rw", what.into()));
+    }
     mounts
 }
 

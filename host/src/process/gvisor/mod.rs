@@ -71,7 +71,10 @@ impl GvisorLauncher {
         }
     }
 
-    fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
+    /// The container `spec` would run in: its bundle written, its id and
+    /// its report; refused below the policy's minimum or with a pin the
+    /// program does not match.
+    fn prepare(&self, spec: &LaunchSpec) -> Result<Prepared, LaunchError> {
         let platform = platform(&self.runsc);
         let p = &self.policy;
         if p.min_level > GVISOR_LEVEL || p.require_memory_bound {
@@ -99,6 +102,27 @@ impl GvisorLauncher {
             .map_err(|e| self.refused(spec, format!("the container's bundle: {e}"), &platform))?;
         let id = container_id();
         let report = report::launched(&self.runsc, &platform, p, &bundle, &id, pin.as_ref());
+        Ok(Prepared {
+            bundle,
+            id,
+            report,
+            platform,
+        })
+    }
+
+    /// The report a launch of `spec` would have (its bundle written and
+    /// removed again; nothing runs): `sharedos sandbox check --runtime`.
+    pub fn describe(&self, spec: &LaunchSpec) -> Result<serde_json::Value, LaunchError> {
+        self.prepare(spec).map(|p| p.report)
+    }
+
+    fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
+        let Prepared {
+            bundle,
+            id,
+            report,
+            platform,
+        } = self.prepare(spec)?;
         let cmd = self.run_command(&bundle, &id, platform.name);
         let spawned = super::direct::on_spawn_thread(move || spawn(cmd))
             .and_then(|r| r)
@@ -162,6 +186,14 @@ impl GvisorLauncher {
         }
         cmd
     }
+}
+
+/// A container ready to run: its bundle, id, report and platform.
+struct Prepared {
+    bundle: bundle::Bundle,
+    id: String,
+    report: serde_json::Value,
+    platform: Platform,
 }
 
 type Spawned = (Child, OwnedFd, OwnedFd, OwnedFd);
