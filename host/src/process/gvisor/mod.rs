@@ -152,9 +152,6 @@ impl GvisorLauncher {
     /// `runsc run` of the bundle: stdio piped, its own process group,
     /// SIGKILLed when the forking thread (a thread that lives as long as
     /// the host) goes.
-    // The parent-death signal is set between fork and exec: a system call
-    // std has no form for.
-    #[allow(unsafe_code)]
     fn run_command(&self, bundle: &bundle::Bundle, id: &str, platform: &str) -> Command {
         let mut cmd = self.runsc.command(&bundle.state_dir());
         cmd.args(["--network=none", "--ignore-cgroups"])
@@ -170,20 +167,7 @@ impl GvisorLauncher {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let host = rustix::process::getpid().as_raw_nonzero().get();
-        // SAFETY: runs in the forked child before exec and calls only
-        // async-signal-safe functions (prctl, getppid) on copied values.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::getppid() != host {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
+        runsc::dies_with_host(&mut cmd);
         cmd
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use sharedos_sandbox::SandboxPolicy;
 
 use super::bundle;
-use super::runsc::{COMMAND_TIMEOUT, Runsc, wait_bounded};
+use super::runsc::{COMMAND_TIMEOUT, Runsc, dies_with_host, wait_bounded};
 
 /// How long the KVM probe guest may take to run `/bin/true`.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -78,9 +78,8 @@ fn probe_run(runsc: &Runsc, platform: &str, bound: Duration) -> io::Result<bool>
     };
     let bundle = bundle::write(&policy, &process, policy.uids.first)?;
     let id = format!("sharedos-probe-{}", std::process::id());
-    let child = runsc
-        .command(&bundle.state_dir())
-        .args(["--network=none", "--ignore-cgroups"])
+    let mut cmd = runsc.command(&bundle.state_dir());
+    cmd.args(["--network=none", "--ignore-cgroups"])
         .arg(format!("--platform={platform}"))
         .arg("run")
         .arg("--bundle")
@@ -88,8 +87,10 @@ fn probe_run(runsc: &Runsc, platform: &str, bound: Duration) -> io::Result<bool>
         .arg(&id)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+        .stderr(std::process::Stdio::null());
+    // Forked like a turn's runsc: a host that dies mid-probe takes it along.
+    dies_with_host(&mut cmd);
+    let child = super::super::direct::on_spawn_thread(move || cmd.spawn()).and_then(|r| r)?;
     let status = wait_bounded(child, bound)?;
     let state = bundle.state_dir();
     let bound = COMMAND_TIMEOUT;

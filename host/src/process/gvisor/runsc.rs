@@ -126,3 +126,28 @@ fn on_path(name: &str) -> Option<PathBuf> {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
 }
+
+/// Gives `cmd` a parent-death SIGKILL, so runsc (and the sandbox and
+/// gofer attached to it) dies with the host. The signal follows the thread
+/// that forks: spawn `cmd` on the direct launcher's long-lived spawn
+/// thread.
+// The parent-death signal is set between fork and exec: a system call std
+// has no form for.
+#[allow(unsafe_code)]
+pub(super) fn dies_with_host(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let host = rustix::process::getpid().as_raw_nonzero().get();
+    // SAFETY: runs in the forked child before exec and calls only
+    // async-signal-safe functions (prctl, getppid) on copied values.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != host {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
