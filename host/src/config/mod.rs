@@ -318,7 +318,7 @@ impl RuntimeEntry {
         // The sandbox uid range is checked at start, against this
         // machine's accounts and the host's own ids: a bad range
         // refuses the config rather than sharing a uid with anyone.
-        if matches!(r.launcher, LauncherKind::Sandbox) {
+        if matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) {
             sharedos_sandbox::uid::check_range(&r.sandbox.uids)
                 .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
         }

@@ -123,6 +123,12 @@ fn gvisor_refuses_at_load_what_it_cannot_carry() {
         "gvisor = { runsc = \"bin/runsc\" }",
         "runtimes[0].gvisor.runsc: must be an absolute path",
     );
+    // The container's uid (uids.first) is checked like the sandbox's:
+    // never root, never an account of this machine.
+    bad(
+        "sandbox = { uids = { first = 0, count = 16 } }",
+        "runtimes[0].sandbox.uids:",
+    );
     bad(
         "sandbox = { warm = 1 }",
         "runtimes[0].sandbox.warm: launcher = \"gvisor\" prepares no containers",
