@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod demo;
+pub mod engines;
 pub mod grants;
 pub mod sandbox_check;
 pub mod serve;
@@ -188,6 +189,7 @@ pub struct ConformanceArgs {
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum ConformanceLauncher {
     Sandbox,
+    Gvisor,
     Direct,
 }
 
@@ -199,6 +201,7 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
         launcher: match args.launcher {
             ConformanceLauncher::Sandbox => LauncherKind::Sandbox,
             ConformanceLauncher::Direct => LauncherKind::Direct,
+            ConformanceLauncher::Gvisor => LauncherKind::Gvisor,
         },
         ro_paths: args.ro.clone(),
         handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
@@ -240,6 +243,7 @@ fn conformance_bench(opts: &sharedos_host::conformance::Options, calls: usize, j
         let launcher = match opts.launcher {
             LauncherKind::Direct => "direct",
             LauncherKind::Sandbox => "sandbox",
+            LauncherKind::Gvisor => "gvisor",
         };
         sharedos_host::conformance::print_bench(&rows, launcher, &mut out);
     }

@@ -181,7 +181,9 @@ fn sandbox_check(runtime: Option<&str>, config: Option<&std::path::Path>) -> Exi
         sharedos_host::process::settle_kills();
         return ExitCode::from(code as u8);
     }
-    match sharedos_sandbox::check(&mut out) {
+    let checked = sharedos_sandbox::check(&mut out);
+    let _ = cli::engines::print_engines(checked.as_ref().ok().copied(), &mut out);
+    match checked {
         Ok(level) if level >= sharedos_sandbox::SandboxPolicy::default().min_level => {
             ExitCode::SUCCESS
         }

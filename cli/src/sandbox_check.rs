@@ -56,6 +56,9 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
         config_path.display()
     )
     .map_err(w)?;
+    if entry.launcher == LauncherKind::Gvisor {
+        return crate::engines::check_gvisor(entry, &spec, out).map_err(w);
+    }
     if entry.launcher == LauncherKind::Direct {
         writeln!(
             out,

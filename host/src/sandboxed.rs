@@ -458,7 +458,7 @@ fn refused(program: &std::path::Path, e: SandboxError) -> LaunchError {
     LaunchError::Refused {
         program: program.to_path_buf(),
         reason,
-        report,
+        report: report.map(with_engine),
     }
 }
 
@@ -473,7 +473,7 @@ fn launched(
     for w in &child.report.warnings {
         tracing::warn!(program = %program.display(), "sandbox: {w}");
     }
-    let report = serde_json::to_value(&child.report).ok();
+    let report = serde_json::to_value(&child.report).ok().map(with_engine);
     let missing = || LaunchError::Spawn {
         program: program.to_path_buf(),
         source: io::Error::other("a stdio pipe is missing"),
@@ -490,6 +490,20 @@ fn launched(
         tree: Box::new(SandboxTree { child, workspace }),
         report,
     })
+}
+
+/// The report with `"engine": "namespace"` first, the common shape every
+/// launcher's report has (docs/SECURITY.md, "Engines").
+fn with_engine(report: serde_json::Value) -> serde_json::Value {
+    match report {
+        serde_json::Value::Object(fields) => {
+            let mut out = serde_json::Map::new();
+            out.insert("engine".into(), "namespace".into());
+            out.extend(fields);
+            serde_json::Value::Object(out)
+        }
+        other => other,
+    }
 }
 
 /// A sandboxed tree and its host workspace if it has one, removed with it.

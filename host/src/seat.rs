@@ -84,6 +84,13 @@ pub enum SeatError {
     Load { runtime: String, source: LoadError },
     #[error("runtime {runtime:?}: {message}")]
     Invalid { runtime: String, message: String },
+    /// The runtime's engine cannot run on this host (runsc missing, ...);
+    /// the error names the fix.
+    #[error("runtime {runtime:?}: {source}")]
+    Engine {
+        runtime: String,
+        source: crate::process::GvisorError,
+    },
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -188,8 +195,9 @@ pub fn process_seat(runtime: Arc<ProcessRuntime>) -> Seat {
 pub type LauncherFor = dyn Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>;
 
 /// The launcher an entry configures: the sandbox helper (the current
-/// executable, re-executed as `__sandbox-exec`) with the entry's policy, or
-/// a direct child when the entry says `launcher = "direct"`.
+/// executable, re-executed as `__sandbox-exec`) with the entry's policy,
+/// runsc with a container built from that policy (`launcher = "gvisor"`),
+/// or a direct child when the entry says `launcher = "direct"`.
 pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError> {
     match entry.launcher {
         LauncherKind::Direct => Ok(Arc::new(DirectLauncher)),
@@ -200,6 +208,16 @@ pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, Se
                     message: format!("cannot find the sharedos binary: {e}"),
                 }
             })?;
+            Ok(Arc::new(l))
+        }
+        LauncherKind::Gvisor => {
+            let runsc = entry.gvisor.as_ref().and_then(|g| g.runsc.as_deref());
+            let l = crate::process::GvisorLauncher::new(entry.sandbox_policy(), runsc).map_err(
+                |source| SeatError::Engine {
+                    runtime: entry.id.to_string(),
+                    source,
+                },
+            )?;
             Ok(Arc::new(l))
         }
     }

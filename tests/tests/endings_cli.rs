@@ -127,6 +127,12 @@ fn deadline_as(launcher: &str, uid: Option<u32>) {
         result["metadata"]["runtime"]["sandbox"]["level"],
         expected_level
     );
+    let engine = if launcher == "sandbox" {
+        "namespace"
+    } else {
+        "direct"
+    };
+    assert_eq!(result["metadata"]["runtime"]["sandbox"]["engine"], engine);
     if launcher == "direct" {
         let sandbox = &result["metadata"]["runtime"]["sandbox"];
         assert_eq!(sandbox["launcher"], "direct", "{sandbox}");

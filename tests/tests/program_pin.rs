@@ -73,6 +73,9 @@ fn launcher_for(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, sharedos_host
             workspace_bin("sharedos"),
             entry.sandbox_policy(),
         )),
+        sharedos_host::config::LauncherKind::Gvisor => {
+            return sharedos_host::seat::configured_launcher(entry);
+        }
     })
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
                     spec.command
                 ));
             }
-            Ok(_) if entry.launcher == LauncherKind::Sandbox => {
+            Ok(_) if matches!(entry.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) => {
                 // The sandbox must see the CLI (and its `#!` interpreter):
                 // the same check as for a plugin program.
                 if !fsview::visible(&entry.sandbox, command) {

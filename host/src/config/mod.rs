@@ -24,6 +24,7 @@
 //! # grants, file tools, escalation: see docs/KERNEL.md
 //! ```
 
+pub mod gvisor;
 pub mod harness;
 mod pin;
 pub mod serve;
@@ -150,10 +151,15 @@ pub struct RuntimeEntry {
     /// harnesses issue many parallel calls, hence 64 by default; 1..=1024.
     #[serde(default = "default_inflight")]
     pub max_inflight_tool_calls: u32,
-    /// How the plugin is launched: `sandbox` (the default) or `direct`
-    /// (no sandbox at all; the result's provenance says so).
+    /// How the plugin is launched: `sandbox` (the default), `gvisor`
+    /// (under gVisor's runsc, docs/SECURITY.md "gVisor") or `direct` (no
+    /// sandbox at all; the result's provenance says so).
     #[serde(default)]
     pub launcher: LauncherKind,
+    /// `launcher = "gvisor"` only: where runsc is (absent: found on PATH
+    /// when the runtime is seated).
+    #[serde(default)]
+    pub gvisor: Option<gvisor::GvisorSection>,
     /// The sandbox policy of this runtime (see docs/SECURITY.md). Absent:
     /// the full sandbox, refusing to start below `isolated`.
     #[serde(default)]
@@ -294,6 +300,9 @@ pub enum LauncherKind {
     /// A plain child process in its own process group: no isolation. For
     /// trusted plugins and measurements only.
     Direct,
+    /// Under gVisor's runsc: an OCI container built from the same policy,
+    /// the plugin's system calls served by gVisor's user-space kernel.
+    Gvisor,
 }
 
 fn default_handshake() -> u64 {
@@ -335,7 +344,7 @@ impl RuntimeEntry {
         // The sandbox uid range is checked at start, against this
         // machine's accounts and the host's own ids: a bad range
         // refuses the config rather than sharing a uid with anyone.
-        if matches!(r.launcher, LauncherKind::Sandbox) {
+        if matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) {
             sharedos_sandbox::uid::check_range(&r.sandbox.uids)
                 .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
         }
@@ -354,6 +363,7 @@ impl RuntimeEntry {
             ));
         }
         pin::check(i, r)?;
+        gvisor::check(i, r)?;
         if r.sandbox.mcp_port.is_some() {
             return Err(format!(
                 "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
@@ -539,7 +549,7 @@ impl HostConfig {
         }
         // What the sandbox would drop or skip when the plugin starts
         // is refused now, naming the entry (docs/PLUGINS.md, section 4).
-        if matches!(r.launcher, LauncherKind::Sandbox) {
+        if matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) {
             crate::runtime_policy::check_sandboxed(i, &r.env, &r.sandbox, &self.program_path(r))?;
         }
         Ok(())

@@ -103,3 +103,48 @@ fn warm_sandboxes_are_bounded() {
     assert!(e.message.contains("runtimes[0].sandbox.warm"), "{e}");
     assert!(e.message.contains("0..=8"), "{e}");
 }
+
+#[test]
+fn gvisor_refuses_at_load_what_it_cannot_carry() {
+    let gvisor = MIN.replace(
+        "program = \"sharedos-echo\"",
+        "program = \"/bin/true\"\nlauncher = \"gvisor\"",
+    );
+    assert!(HostConfig::parse(&gvisor, "host.toml", Path::new("/")).is_ok());
+    let bad = |extra: &str, expect: &str| {
+        let text = gvisor.replace(
+            "launcher = \"gvisor\"",
+            &format!("launcher = \"gvisor\"\n{extra}"),
+        );
+        let e = HostConfig::parse(&text, "host.toml", Path::new("/")).unwrap_err();
+        assert!(e.message.contains(expect), "{extra}: {e}");
+    };
+    bad(
+        "gvisor = { runsc = \"bin/runsc\" }",
+        "runtimes[0].gvisor.runsc: must be an absolute path",
+    );
+    // The container's uid (uids.first) is checked like the sandbox's:
+    // never root, never an account of this machine.
+    bad(
+        "sandbox = { uids = { first = 0, count = 16 } }",
+        "runtimes[0].sandbox.uids:",
+    );
+    bad(
+        "sandbox = { warm = 1 }",
+        "runtimes[0].sandbox.warm: launcher = \"gvisor\" prepares no containers",
+    );
+    bad(
+        "network = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
+        "runtimes[0].network: not available with launcher = \"gvisor\"",
+    );
+    let direct = MIN.replace(
+        "program = \"sharedos-echo\"",
+        "program = \"/bin/true\"\nlauncher = \"direct\"\ngvisor = { runsc = \"/usr/bin/runsc\" }",
+    );
+    let e = HostConfig::parse(&direct, "host.toml", Path::new("/")).unwrap_err();
+    assert!(
+        e.message
+            .contains("runtimes[0].gvisor: applies to launcher = \"gvisor\" only"),
+        "{e}"
+    );
+}

@@ -69,6 +69,13 @@ fn launcher_for(
 ) -> Result<Arc<dyn Launcher>, String> {
     Ok(match kind {
         LauncherKind::Direct => Arc::new(DirectLauncher),
+        LauncherKind::Gvisor => {
+            let policy = SandboxPolicy {
+                extra_ro_paths: ro.to_vec(),
+                ..SandboxPolicy::default()
+            };
+            Arc::new(crate::process::GvisorLauncher::new(policy, None).map_err(|e| e.to_string())?)
+        }
         LauncherKind::Sandbox => {
             let policy = SandboxPolicy {
                 extra_ro_paths: ro.to_vec(),
@@ -131,6 +138,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         launcher: match opts.launcher {
             LauncherKind::Direct => "direct",
             LauncherKind::Sandbox => "sandbox",
+            LauncherKind::Gvisor => "gvisor",
         },
         read_only_paths: ro,
         passed: results
@@ -201,7 +209,7 @@ fn launch_spec(command: &[String], opts: &Options) -> Result<(LaunchSpec, Vec<St
         .split_first()
         .ok_or("give the plugin's command after --, e.g. sharedos conformance -- ./my-plugin")?;
     let search = match opts.launcher {
-        LauncherKind::Sandbox => SANDBOX_PATH.to_owned(),
+        LauncherKind::Sandbox | LauncherKind::Gvisor => SANDBOX_PATH.to_owned(),
         LauncherKind::Direct => std::env::var("PATH").unwrap_or_else(|_| SANDBOX_PATH.into()),
     };
     let program = resolve_program(first, &search)?;

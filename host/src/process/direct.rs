@@ -84,7 +84,9 @@ type Job = Box<dyn FnOnce() + Send>;
 /// Runs `job` on the one thread that forks every direct plugin, and waits
 /// for it. That thread lives as long as the host: a plugin's parent-death
 /// signal fires when the thread that forked it exits.
-fn on_spawn_thread<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+pub(super) fn on_spawn_thread<T: Send + 'static>(
+    job: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<T> {
     static QUEUE: OnceLock<Option<Mutex<mpsc::Sender<Job>>>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Job>();
@@ -259,6 +261,7 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         tree: Box::new(tree),
         // Said explicitly, so a result never leaves its isolation unsaid.
         report: Some(serde_json::json!({
+            "engine": "direct",
             "launcher": "direct",
             "level": "none",
             "reason": "launched without a sandbox",

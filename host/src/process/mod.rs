@@ -16,6 +16,7 @@ mod diagnosis;
 mod direct;
 pub mod driver;
 mod guard;
+pub mod gvisor;
 pub mod launcher;
 mod pinned;
 mod reaper;
@@ -38,6 +39,7 @@ use sharedos_protocol::{
 pub use affinity::{AffinityConfig, AffinityKey, MAX_AFFINITY_TTL_MS};
 pub use diagnosis::is_deterministic;
 pub use direct::DirectLauncher;
+pub use gvisor::{GvisorError, GvisorLauncher};
 pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 pub use reaper::{adopt_orphans, reap_orphans};
 pub use stderr::StderrLimits;

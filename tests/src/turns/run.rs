@@ -176,7 +176,7 @@ impl TurnRun {
                 crate::assert_direct_containment(&containment);
                 assert_eq!(
                     report,
-                    json!({"launcher": "direct", "level": "none", "reason": "launched without a sandbox",
+                    json!({"engine": "direct", "launcher": "direct", "level": "none", "reason": "launched without a sandbox",
                            "use": "development only"}),
                     "provenance: {rt}"
                 );

@@ -1,0 +1,58 @@
+//! `launcher = "gvisor"` of a runtime entry checked at load: where runsc
+//! is, and what the gVisor launcher cannot carry yet, refused with the
+//! reason (docs/SECURITY.md, "gVisor").
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LauncherKind, RuntimeEntry};
+
+/// `[runtimes.gvisor]`: the gVisor launcher's own settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GvisorSection {
+    /// The runsc binary, an absolute path. Absent: `runsc` is looked up on
+    /// the host's `PATH` when the runtime is seated.
+    #[serde(default)]
+    pub runsc: Option<PathBuf>,
+}
+
+/// What the gVisor launcher of entry `i` cannot do, refused now.
+pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
+    if r.launcher != LauncherKind::Gvisor {
+        if r.gvisor.is_some() {
+            return Err(format!(
+                "runtimes[{i}].gvisor: applies to launcher = \"gvisor\" only; remove it or set the launcher"
+            ));
+        }
+        return Ok(());
+    }
+    if let Some(runsc) = r.gvisor.as_ref().and_then(|g| g.runsc.as_ref())
+        && !runsc.is_absolute()
+    {
+        return Err(format!(
+            "runtimes[{i}].gvisor.runsc: must be an absolute path, got {:?}",
+            runsc.display()
+        ));
+    }
+    if r.network != crate::egress::NetworkPolicy::None {
+        return Err(format!(
+            "runtimes[{i}].network: not available with launcher = \"gvisor\": the egress gateway's listener cannot be placed inside a gVisor container yet (runsc runs it with --network=none); use launcher = \"sandbox\" for a runtime with a network policy"
+        ));
+    }
+    if r.harness
+        .as_ref()
+        .is_some_and(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)
+    {
+        return Err(format!(
+            "runtimes[{i}].harness.mcp: \"http\" is not available with launcher = \"gvisor\" (its loopback listener is not carried into the container yet); use mcp = \"stdio\" or launcher = \"sandbox\""
+        ));
+    }
+    if r.sandbox.warm > 0 {
+        return Err(format!(
+            "runtimes[{i}].sandbox.warm: launcher = \"gvisor\" prepares no containers ahead of turns; remove it or use launcher = \"sandbox\""
+        ));
+    }
+    Ok(())
+}
