@@ -135,9 +135,8 @@ pub fn drive(
             Recv::Eof => {
                 let status = session.wait_exit(Duration::from_secs(2));
                 t.problems.push(format!(
-                    "closed stdout before answering turn/run (exit status {}; stderr: {})",
-                    status.map_or("unknown".into(), |s| s.to_string()),
-                    session.stderr_tail()
+                    "closed stdout before answering turn/run ({})",
+                    status.map_or("exit status unknown".into(), |s| s.to_string()),
                 ));
                 return t;
             }
@@ -229,11 +228,7 @@ pub fn await_answer(session: &mut Session, id: u64, budget: Duration) -> Result<
     loop {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!(
-                "did not answer within {} ms (stderr: {})",
-                budget.as_millis(),
-                session.stderr_tail()
-            ));
+            return Err(format!("did not answer within {} ms", budget.as_millis()));
         }
         match session.recv(left) {
             Recv::Message(v, _) if v.get("id") == Some(&Value::from(id)) => return Ok(v),
@@ -244,9 +239,8 @@ pub fn await_answer(session: &mut Session, id: u64, budget: Duration) -> Result<
             Recv::Eof => {
                 let status = session.wait_exit(Duration::from_secs(2));
                 return Err(format!(
-                    "closed stdout without answering (exit status {}; stderr: {})",
-                    status.map_or("unknown".into(), |s| s.to_string()),
-                    session.stderr_tail()
+                    "closed stdout without answering ({})",
+                    status.map_or("exit status unknown".into(), |s| s.to_string()),
                 ));
             }
             Recv::Timeout => continue,
