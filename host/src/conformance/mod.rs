@@ -3,6 +3,12 @@
 //! says for each what section of docs/PROTOCOL.md it enforces and what to
 //! fix. Every check launches the plugin afresh and kills its tree after.
 //!
+//! `real_turn` (real.rs) runs one turn through the real envelope (the
+//! executor, the process runtime, the kernel's file tools); the scripted
+//! checks after it produce situations a real turn cannot order on demand.
+//! The checks run in a dependency order (`Gated`): one whose dependency
+//! failed is not run and names it, so one defect is one failure.
+//!
 //! The checks that need the plugin to call tools drive it with the echo
 //! payload (`{"calls": [...], "parallel", "outcome", "noise"}`) that the
 //! three SDKs' echo examples follow; a plugin that ignores it gets "not
