@@ -223,7 +223,7 @@ impl Battery<'_> {
     ) -> Result<(Session, Transcript), String> {
         let mut s = self.ready(max_bytes, 64)?;
         s.send(&turn::turn_run(payload))?;
-        let t = drive(&mut s, self.step, on_call);
+        let t = drive(&mut s, self.step, max_bytes, on_call);
         Ok((s, t))
     }
 

@@ -214,6 +214,13 @@ fn classify(raw: &[u8]) -> Line {
     let Ok(text) = std::str::from_utf8(body) else {
         return Line::Invalid(format!("a line that is not UTF-8: {shown:?}"));
     };
+    // The host's own classifier: its id rules, no batches, no null id.
+    if let Err(e) = sharedos_protocol::jsonrpc::classify(text) {
+        return Line::Invalid(format!(
+            "a line the host refuses, {e} ({}): {shown:?}",
+            e.reason()
+        ));
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(v) if v.get("jsonrpc") == Some(&Value::from("2.0")) && v.is_object() => {
             Line::Message(v, body.len())
@@ -256,4 +263,50 @@ fn stderr_line(raw: &[u8]) -> String {
     escape_for_operator(body, STDERR_LINE_BYTES)
         .trim_end()
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scripted turns read lines with the host's classifier: what the
+    /// real host refuses is refused here too, with its reason.
+    #[test]
+    fn a_line_the_host_refuses_is_invalid_with_its_reason() {
+        let refused = [
+            (
+                r#"{"jsonrpc":"2.0","id":null,"method":"host/invokeTool","params":{}}"#,
+                "invalid_envelope",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1.5,"method":"host/invokeTool","params":{}}"#,
+                "invalid_envelope",
+            ),
+            (
+                r#"[{"jsonrpc":"2.0","method":"host/emit"}]"#,
+                "batch_not_supported",
+            ),
+            ("not json", "invalid_json"),
+        ];
+        for (line, reason) in refused {
+            match classify(line.as_bytes()) {
+                Line::Invalid(why) => assert!(why.contains(reason), "{line}: {why}"),
+                other => panic!("{line} was accepted: {other:?}"),
+            }
+        }
+        let ok = r#"{"jsonrpc":"2.0","id":7,"method":"host/invokeTool","params":{}}"#;
+        assert!(matches!(classify(ok.as_bytes()), Line::Message(..)));
+    }
+
+    #[test]
+    fn a_stderr_line_is_whole_and_escaped() {
+        let long = "x".repeat(STDERR_LINE_BYTES + 10);
+        let line = stderr_line(format!("{long}\n").as_bytes());
+        assert!(
+            line.starts_with(&"x".repeat(STDERR_LINE_BYTES)) && line.ends_with('…'),
+            "{line}"
+        );
+        let line = stderr_line(b"bad \x1b[31m \xff end\r\n");
+        assert!(!line.contains('\u{1b}') && line.contains("end"), "{line}");
+    }
 }
