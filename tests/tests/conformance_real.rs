@@ -311,3 +311,118 @@ fn a_venv_interpreter_given_as_an_argument_keeps_its_path() {
         conformance(&["--launcher", "direct", "--", "/usr/bin/env", python, plugin]);
     assert_real_turn_passes("venv", &out, &report);
 }
+
+/// The configuration and request of `sharedos run` for the raw plugin in
+/// `mode`, with the catalogue and payload of conformance's real turn.
+fn run_files(dir: &Path, program: &str, mode: &str) -> (PathBuf, PathBuf) {
+    let tests = repo().join("tests");
+    let config = format!(
+        r#"[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "conformance-variants"
+version = "1.0.0"
+program = {program:?}
+args = [{variants:?}, {mode:?}]
+[runtimes.sandbox]
+extraRoPaths = [{tests:?}]
+
+[[agents]]
+agentId = "conformance"
+runtime = "conformance-variants"
+
+[[kernel.grants]]
+id = "admission"
+subject = {{ kind = "agent", agentId = "conformance" }}
+issuer = {{ kind = "service", serviceId = "sharedos-conformance" }}
+namespaceId = "conformance"
+capabilities = [{{ namespace = "sharedos.execution", path = ["agent", "conformance"], scope = "exact", actions = ["invoke"] }}]
+
+[[kernel.grants]]
+id = "files"
+subject = {{ kind = "agent", agentId = "conformance" }}
+issuer = {{ kind = "service", serviceId = "sharedos-conformance" }}
+namespaceId = "conformance"
+capabilities = [{{ namespace = "files", path = ["conformance"], scope = "descendants", actions = ["read", "write", "list"] }}]
+"#,
+        variants = repo().join(VARIANTS).display().to_string(),
+        tests = tests.display().to_string(),
+    );
+    let tool = |name: &str, action: &str| {
+        serde_json::json!({"name": name, "description": name, "namespace": "files",
+            "source": "request", "readWrite": if action == "write" { "write" } else { "read" },
+            "inputSchema": {},
+            "requiredCapability": {"resource": {"namespace": "files", "path": []}, "action": action}})
+    };
+    let agent = serde_json::json!({"kind": "agent", "agentId": "conformance"});
+    let human = serde_json::json!({"kind": "human", "userId": "conformance"});
+    let now = "2026-12-01T00:00:00Z";
+    let request = serde_json::json!({
+        "version": "1", "executionId": "exec-run", "agent": agent,
+        "context": {"namespaceId": "conformance", "actor": agent, "owner": human,
+                    "authority": {"kind": "service", "serviceId": "sharedos-conformance"},
+                    "purpose": "conformance", "traceId": "trace-run",
+                    "enabledToolNamespaces": ["files"], "now": now},
+        "message": {"version": "1", "id": "msg-run", "sender": human, "receiver": agent,
+                    "purpose": "conformance", "traceId": "trace-run", "createdAt": now,
+                    "payload": {"calls": [
+                        {"tool": "files.write", "arguments": {"path": "probe/run.txt", "content": "x"}},
+                        {"tool": "files.read", "arguments": {"path": "probe/run.txt"}}]}},
+        "tools": [tool("files.write", "write"), tool("files.read", "read")]
+    });
+    let (c, r) = (dir.join("host.toml"), dir.join("turn.json"));
+    std::fs::write(&c, config).expect("host.toml");
+    std::fs::write(&r, request.to_string()).expect("turn.json");
+    (c, r)
+}
+
+/// What conformance's real turn says is what `sharedos run` says of the
+/// same plugin with the same catalogue: a pass where the turn succeeds,
+/// the host's own violation reason where it fails.
+#[test]
+fn the_real_turn_agrees_with_sharedos_run() {
+    for (mode, reason) in [
+        ("ok", None),
+        ("null-id", Some("invalid_envelope")),
+        ("long-line", Some("frame_too_large")),
+    ] {
+        let (_, report) = conformance(&["--", "python3", VARIANTS, mode]);
+        let program = report["program"].as_str().expect("program");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (config, request) = run_files(dir.path(), program, mode);
+        let out = Command::new(plugin_bin("sharedos"))
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--request")
+            .arg(&request)
+            .env_remove("SHAREDOS_LOG")
+            .output()
+            .expect("sharedos run");
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{mode}: no result ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let real = find(&report, "real_turn");
+        match reason {
+            None => {
+                assert_eq!(result["status"], "succeeded", "{mode}: {result:#}");
+                assert_eq!(real["status"], "pass", "{mode}: {real}");
+            }
+            Some(r) => {
+                assert_eq!(result["status"], "failed", "{mode}: {result:#}");
+                assert_eq!(
+                    result["error"]["details"]["reason"], r,
+                    "{mode}: {result:#}"
+                );
+                assert_eq!(real["status"], "fail", "{mode}: {real}");
+                let cause = real["cause"].as_str().unwrap_or_default();
+                assert!(cause.contains(&format!("({r})")), "{mode}: {cause}");
+            }
+        }
+    }
+}
