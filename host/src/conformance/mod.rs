@@ -435,11 +435,7 @@ pub fn print_human(report: &Report, out: &mut dyn Write) -> i32 {
         if c.status == Status::Fail {
             let _ = writeln!(out, "       fix: {}", c.fix);
             if !c.stderr.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "       the plugin's stderr (last {} lines):",
-                    c.stderr.len()
-                );
+                let _ = writeln!(out, "       the plugin's last stderr lines:");
             }
             for line in &c.stderr {
                 let _ = writeln!(out, "         | {line}");
