@@ -118,7 +118,12 @@ fn programs_that_are_not_plugins_are_reported_and_leave_nothing() {
             args.extend(cmd.iter().copied());
             let (out, report) = conformance(&args);
             assert_eq!(out.status.code(), Some(1), "{what} ({launcher}): {report}");
-            assert_eq!(status(&report, "handshake"), "fail", "{what} ({launcher})");
+            // One cause: it ended, spoke out of turn, or never answered.
+            let failed: Vec<&str> = ["starts", "silent_before_initialize", "handshake"]
+                .into_iter()
+                .filter(|id| status(&report, id) == "fail")
+                .collect();
+            assert_eq!(failed.len(), 1, "{what} ({launcher}): {report}");
             assert_eq!(status(&report, "drain"), "not_run", "{what} ({launcher})");
             assert!(
                 started.elapsed() < Duration::from_secs(60),
@@ -167,7 +172,11 @@ sys.stdin.read()
     let (out, report) = conformance(&["--", "python3", "-c", script]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(status(&report, "handshake"), "fail");
-    let detail = report["checks"][1]["detail"].as_str().unwrap_or_default();
+    let handshake = report["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["id"] == "handshake"))
+        .expect("the handshake check");
+    let detail = handshake["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("not offered"), "{detail}");
     // Run by hand it does not say what it is: it waits on stdin.
     assert_eq!(status(&report, "run_by_hand"), "fail");

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use sharedos_protocol::{InitializeResult, RuntimeTurnOutcome};
+use sharedos_protocol::{InitializeResult, RuntimeManifest, RuntimeTurnOutcome};
 
 use super::session::{Recv, Session};
 use super::turn::{self, Transcript, await_answer, drive, short};
@@ -20,10 +20,12 @@ pub enum Status {
     /// The plugin does not follow the echo payload, so the situation could
     /// not be produced (docs/PLUGINS.md).
     NotApplicable,
-    /// An earlier failure (the handshake) made the check meaningless.
+    /// A check it depends on failed (`blocked_by`), so it was not run.
     NotRun,
 }
 
+/// One check of the report; its JSON shape is documented in
+/// docs/PLUGINS.md ("The JSON report") and pinned by a test.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     pub id: &'static str,
@@ -31,8 +33,15 @@ pub struct Check {
     pub section: &'static str,
     pub status: Status,
     pub detail: String,
-    /// What to change when it fails.
+    /// Why it did not pass: what went wrong (`fail`), or "not run because
+    /// <check> failed" (`not_run`); `None` otherwise.
+    pub cause: Option<String>,
+    /// The failed check this one depends on (`not_run` only).
+    pub blocked_by: Option<&'static str>,
+    /// What the check asks of the plugin: what to change when it failed.
     pub fix: &'static str,
+    /// The plugin's last stderr lines (whole, escaped) of a failed check.
+    pub stderr: Vec<String>,
 }
 
 /// What the battery needs to launch the plugin.
@@ -43,6 +52,8 @@ pub struct Battery<'a> {
     pub step: Duration,
     /// Processes found alive after a launch's tree was killed.
     pub leftovers: std::rc::Rc<std::cell::Cell<usize>>,
+    /// The stderr lines of the last launch that ended.
+    pub last_stderr: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
 }
 
 pub(super) const MIB: u64 = 1 << 20;
@@ -55,7 +66,10 @@ pub(super) fn check(id: &'static str, section: &'static str, fix: &'static str) 
         section,
         status: Status::Pass,
         detail: String::new(),
+        cause: None,
+        blocked_by: None,
         fix,
+        stderr: Vec::new(),
     }
 }
 
@@ -67,6 +81,15 @@ impl Check {
     pub(super) fn fail(mut self, detail: impl Into<String>) -> Self {
         self.status = Status::Fail;
         self.detail = detail.into();
+        self.cause = Some(self.detail.clone());
+        self
+    }
+    /// Not run: `blocker` (a check it depends on) failed.
+    pub(super) fn not_run(mut self, blocker: &'static str) -> Self {
+        self.status = Status::NotRun;
+        self.detail = format!("not run because {blocker} failed");
+        self.cause = Some(self.detail.clone());
+        self.blocked_by = Some(blocker);
         self
     }
     pub(super) fn na(mut self, detail: impl Into<String>) -> Self {
@@ -113,25 +136,55 @@ pub(super) fn kind(o: &RuntimeTurnOutcome) -> &'static str {
     }
 }
 
+/// The checks of the first launch, in their order.
+fn handshake_checks() -> [Check; 4] {
+    let starts = check(
+        "starts",
+        "1",
+        "the program must start and keep reading stdin until initialize: fix what its stderr names (a missing module or file, a path the sandbox does not bind: --ro)",
+    );
+    let silent = check(
+        "silent_before_initialize",
+        "1, 4.1",
+        "write nothing on stdout before the answer to initialize; log to stderr",
+    );
+    let hs = check(
+        "handshake",
+        "4.1",
+        "answer initialize within the handshake timeout with protocolVersion 1 and a manifest",
+    );
+    let mf = check(
+        "manifest",
+        "4.1",
+        "return {id, version, protocolVersion: \"1\"} (and optional metadata) from manifest()",
+    );
+    [starts, silent, hs, mf]
+}
+
+/// Why a launch that ended before answering `initialize` ended: its exit
+/// status (code or signal); its stderr goes with the failure.
+fn ended_early(s: &mut Session) -> String {
+    match s.wait_exit(Duration::from_secs(2)) {
+        Some(st) => format!("the program ended before answering initialize ({st})"),
+        None => "the program closed its stdout before answering initialize".into(),
+    }
+}
+
 /// `silent_before_initialize`: nothing on the plugin's stdout in the
-/// 300 ms before `initialize` is sent.
-fn silent_before_initialize(s: &mut Session, silent: Check) -> Check {
-    match s.recv(Duration::from_millis(300)) {
+/// 300 ms before `initialize` is sent. `Err` when the program already
+/// ended (the `starts` check fails instead).
+fn silent_before_initialize(s: &mut Session, silent: Check) -> Result<Check, String> {
+    Ok(match s.recv(Duration::from_millis(300)) {
         Recv::Timeout => silent.pass("nothing on stdout in the 300 ms before initialize"),
         Recv::Message(v, _) => silent.fail(format!("wrote {} before initialize", short(&v))),
         Recv::Invalid(why) => silent.fail(format!("wrote {why} before initialize")),
-        Recv::Eof => silent.fail(format!(
-            "closed stdout before initialize (exit status {}; stderr: {})",
-            s.wait_exit(Duration::from_secs(2))
-                .map_or("unknown".into(), |st| st.to_string()),
-            s.stderr_tail()
-        )),
-    }
+        Recv::Eof => return Err(ended_early(s)),
+    })
 }
 
 impl Battery<'_> {
     pub(super) fn launch(&self, spec: &LaunchSpec) -> Result<Session, String> {
-        Session::launch(self.launcher, spec, &self.leftovers)
+        Session::launch(self.launcher, spec, &self.leftovers, &self.last_stderr)
             .map_err(|e| format!("cannot launch: {e}"))
     }
 
@@ -170,51 +223,56 @@ impl Battery<'_> {
     ) -> Result<(Session, Transcript), String> {
         let mut s = self.ready(max_bytes, 64)?;
         s.send(&turn::turn_run(payload))?;
-        let t = drive(&mut s, self.step, on_call);
+        let t = drive(&mut s, self.step, max_bytes, on_call);
         Ok((s, t))
     }
 
-    /// The first launch: silence before `initialize`, the handshake and the
-    /// manifest. `None` when the plugin cannot be spoken to at all.
-    pub fn handshake(&self) -> (Vec<Check>, bool) {
-        let silent = check(
-            "silent_before_initialize",
-            "1, 4.1",
-            "write nothing on stdout before the answer to initialize; log to stderr",
-        );
-        let hs = check(
-            "handshake",
-            "4.1",
-            "answer initialize within the handshake timeout with protocolVersion 1 and a manifest",
-        );
-        let mf = check(
-            "manifest",
-            "4.1",
-            "return {id, version, protocolVersion: \"1\"} (and optional metadata) from manifest()",
-        );
+    /// The first launch: the program starts, is silent before
+    /// `initialize`, answers it with a manifest. Each check after a failed
+    /// one is not run; the manifest is returned when all passed.
+    pub fn handshake(&self) -> (Vec<Check>, Option<RuntimeManifest>) {
+        let [starts, silent, hs, mf] = handshake_checks();
+        let blocked = |mut all: Vec<Check>, rest: Vec<Check>| {
+            let id = all.last().map_or("starts", |c| c.id);
+            all.extend(rest.into_iter().map(|c| c.not_run(id)));
+            (all, None)
+        };
         let mut s = match self.launch(&self.spec) {
             Ok(s) => s,
-            Err(e) => return (vec![hs.fail(e)], false),
+            Err(e) => return blocked(vec![starts.fail(e)], vec![silent, hs, mf]),
         };
-        let silent = silent_before_initialize(&mut s, silent);
+        let silence = silent_before_initialize(&mut s, silent.clone());
+        let silent = match silence {
+            Ok(c) if c.status == Status::Fail => {
+                return blocked(vec![starts.pass("started"), c], vec![hs, mf]);
+            }
+            Ok(c) => c,
+            Err(e) => return blocked(vec![starts.fail(e)], vec![silent, hs, mf]),
+        };
         let started = Instant::now();
         let answer = s
             .send(&turn::initialize(&[1], DEFAULT_MAX, 8))
             .and_then(|()| await_answer(&mut s, 1, self.handshake));
         let answer = match answer {
             Ok(a) => a,
-            Err(e) => return (vec![silent, hs.fail(e), mf.fail("no manifest")], false),
+            Err(_) if s.has_ended() => {
+                let why = ended_early(&mut s);
+                return blocked(vec![starts.fail(why)], vec![silent, hs, mf]);
+            }
+            Err(e) => {
+                return blocked(vec![starts.pass("started"), silent, hs.fail(e)], vec![mf]);
+            }
         };
-        let parsed = serde_json::from_value::<InitializeResult>(answer["result"].clone());
-        match parsed {
+        let starts = starts.pass("started and kept running");
+        match serde_json::from_value::<InitializeResult>(answer["result"].clone()) {
             Ok(r) if r.protocol_version == 1 => {
-                let ms = started.elapsed().as_millis();
                 let level = s
                     .sandbox_report
                     .as_ref()
                     .and_then(|r| r.get("level").cloned());
                 let hs = hs.pass(format!(
-                    "answered in {ms} ms with protocol 1 (sdk {}; sandbox level {})",
+                    "answered in {} ms with protocol 1 (sdk {}; sandbox level {})",
+                    started.elapsed().as_millis(),
                     r.sdk.as_deref().unwrap_or("not stated"),
                     level.map_or("unknown".into(), |l| l.to_string())
                 ));
@@ -224,30 +282,28 @@ impl Battery<'_> {
                     m.id.as_str(),
                     m.version.as_str()
                 ));
-                (vec![silent, hs, mf], true)
+                (vec![starts, silent, hs, mf], Some(r.manifest))
             }
-            Ok(r) => (
-                vec![
-                    silent,
-                    hs.fail(format!(
-                        "chose protocol {}, which was not offered",
-                        r.protocol_version
-                    )),
-                    mf,
-                ],
-                false,
-            ),
-            Err(e) => (
-                vec![
-                    silent,
-                    hs.fail(format!(
-                        "the answer is not an InitializeResult: {e}: {}",
-                        short(&answer)
-                    )),
-                    mf.fail("no valid manifest"),
-                ],
-                false,
-            ),
+            Ok(r) => {
+                let why = format!(
+                    "chose protocol {}, which was not offered",
+                    r.protocol_version
+                );
+                (
+                    vec![starts, silent, hs.fail(why), mf.not_run("handshake")],
+                    None,
+                )
+            }
+            Err(e) => {
+                let why = format!(
+                    "the answer is not an InitializeResult: {e}: {}",
+                    short(&answer)
+                );
+                (
+                    vec![starts, silent, hs.fail(why), mf.not_run("handshake")],
+                    None,
+                )
+            }
         }
     }
 

@@ -3,6 +3,12 @@
 //! says for each what section of docs/PROTOCOL.md it enforces and what to
 //! fix. Every check launches the plugin afresh and kills its tree after.
 //!
+//! `real_turn` (real.rs) runs one turn through the real envelope (the
+//! executor, the process runtime, the kernel's file tools); the scripted
+//! checks after it produce situations a real turn cannot order on demand.
+//! The checks run in a dependency order (`Gated`): one whose dependency
+//! failed is not run and names it, so one defect is one failure.
+//!
 //! The checks that need the plugin to call tools drive it with the echo
 //! payload (`{"calls": [...], "parallel", "outcome", "noise"}`) that the
 //! three SDKs' echo examples follow; a plugin that ignores it gets "not
@@ -12,6 +18,7 @@ mod bench;
 mod checks;
 mod lifecycle;
 mod load;
+mod real;
 mod session;
 mod sweep;
 mod turn;
@@ -108,29 +115,52 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         handshake: opts.handshake_timeout,
         step: opts.step_timeout,
         leftovers: Default::default(),
+        last_stderr: Default::default(),
     };
-    let (mut results, spoken) = battery.handshake();
-    if spoken {
-        results.extend(battery.versions());
-        results.extend(battery.round_trip());
-        results.push(battery.concurrent());
-        results.push(battery.drain());
-        results.push(battery.abort());
-        results.push(battery.outcome_kinds());
-        results.push(battery.large());
-        results.push(battery.noise());
-    } else {
-        for (id, section) in NOT_RUN_AFTER_HANDSHAKE {
-            results.push(Check {
-                id,
-                section,
-                status: Status::NotRun,
-                detail: "not run: the handshake failed".into(),
-                fix: "fix the handshake first",
-            });
-        }
-    }
-    results.push(battery.by_hand());
+    let (mut results, manifest) = battery.handshake();
+    attach_stderr(&mut results, &battery);
+    let mut gated = Gated {
+        results,
+        battery: &battery,
+    };
+    gated.run(
+        &["handshake"],
+        &[
+            ("version_newer_host", "4.1"),
+            ("version_unsupported", "4.1, 6"),
+        ],
+        |b| b.versions(),
+    );
+    gated.run(
+        &["handshake", "silent_before_initialize"],
+        &[("real_turn", "4")],
+        |b| vec![real_turn_check(b, &launcher, manifest.clone(), opts)],
+    );
+    let after_turn = ["real_turn"];
+    gated.run(
+        &after_turn,
+        &[
+            ("tool_call_round_trip", "4.2, 4.3"),
+            ("emit_annotate", "4.4, 5"),
+        ],
+        |b| b.round_trip(),
+    );
+    gated.run(
+        &after_turn,
+        &[("concurrent_calls_out_of_order", "4.3, 5")],
+        |b| vec![b.concurrent()],
+    );
+    gated.run(&after_turn, &[("drain", "4.5")], |b| vec![b.drain()]);
+    gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
+    gated.run(&after_turn, &[("outcome_kinds", "4.2")], |b| {
+        vec![b.outcome_kinds()]
+    });
+    gated.run(&after_turn, &[("large_messages", "2, 6")], |b| {
+        vec![b.large()]
+    });
+    gated.run(&after_turn, &[("stderr_noise", "1")], |b| vec![b.noise()]);
+    gated.run(&[], &[("run_by_hand", "1")], |b| vec![b.by_hand()]);
+    let mut results = gated.results;
     results.push(battery.nothing_left(subreaper));
     Ok(Report {
         command: opts.command.clone(),
@@ -146,6 +176,84 @@ pub fn run(opts: &Options) -> Result<Report, String> {
             .all(|c| c.status != Status::Fail && c.status != Status::NotRun),
         checks: results,
     })
+}
+
+/// `real_turn`: the plugin through the real envelope (`real.rs`).
+fn real_turn_check(
+    b: &checks::Battery<'_>,
+    launcher: &Arc<dyn Launcher>,
+    manifest: Option<sharedos_protocol::RuntimeManifest>,
+    opts: &Options,
+) -> Check {
+    let c = checks::check("real_turn", "4", REAL_TURN_FIX);
+    let Some(m) = manifest else {
+        return c.not_run("manifest");
+    };
+    let timeout = opts.step_timeout.max(Duration::from_secs(30));
+    let real = real::real_turn(
+        launcher.clone(),
+        &b.spec,
+        m,
+        opts.handshake_timeout,
+        timeout,
+    );
+    let mut c = c.verdict(real.verdict);
+    if c.status == Status::Fail {
+        c.stderr = real.stderr;
+        c.fix = real.fix.unwrap_or(REAL_TURN_FIX);
+    }
+    c
+}
+
+const REAL_TURN_FIX: &str = "pass one turn of the real host (sharedos run's code path) with the catalogue [files.write, files.read]: call only the tools the request lists, with ids that are strings or numbers, lines within maxMessageBytes, and answer turn/run with a valid outcome";
+
+/// The checks in their dependency order: a group whose dependency failed
+/// (or was itself not run) is not run, naming the failed check.
+struct Gated<'a, 'b> {
+    results: Vec<Check>,
+    battery: &'a checks::Battery<'b>,
+}
+
+impl<'b> Gated<'_, 'b> {
+    /// Runs `group` (the checks `ids` names, with their sections) unless
+    /// one of `deps` failed; its failures carry the stderr of the group's
+    /// last launch when they have none of their own.
+    fn run(
+        &mut self,
+        deps: &[&str],
+        ids: &[(&'static str, &'static str)],
+        group: impl FnOnce(&checks::Battery<'b>) -> Vec<Check>,
+    ) {
+        let blocker = deps.iter().find_map(|d| {
+            let c = self.results.iter().find(|c| c.id == *d)?;
+            match c.status {
+                Status::Fail => Some(c.id),
+                Status::NotRun => c.blocked_by,
+                _ => None,
+            }
+        });
+        if let Some(b) = blocker {
+            self.results.extend(
+                ids.iter()
+                    .map(|(id, section)| checks::check(id, section, NOT_RUN_FIX).not_run(b)),
+            );
+            return;
+        }
+        let mut checks = group(self.battery);
+        attach_stderr(&mut checks, self.battery);
+        self.results.extend(checks);
+    }
+}
+
+/// The fix of a check that was not run.
+const NOT_RUN_FIX: &str = "fix the check named in blocked_by first";
+
+fn attach_stderr(checks: &mut [Check], battery: &checks::Battery<'_>) {
+    for c in checks.iter_mut() {
+        if c.status == Status::Fail && c.stderr.is_empty() {
+            c.stderr = battery.last_stderr.borrow().clone();
+        }
+    }
 }
 
 /// `--bench CALLS`: the round trip of each command (separated by `:::`),
@@ -174,6 +282,7 @@ pub fn bench(opts: &Options, calls: usize) -> Result<Vec<bench::BenchRow>, Strin
                 handshake: opts.handshake_timeout,
                 step: opts.step_timeout,
                 leftovers: leftovers.clone(),
+                last_stderr: Default::default(),
             };
             let round = bench::one_round(&battery, calls).map_err(|e| format!("{name}: {e}"))?;
             samples[i].extend(round);
@@ -187,19 +296,6 @@ pub fn bench(opts: &Options, calls: usize) -> Result<Vec<bench::BenchRow>, Strin
 }
 
 pub use bench::{BenchRow, print_table as print_bench};
-
-const NOT_RUN_AFTER_HANDSHAKE: [(&str, &str); 10] = [
-    ("version_newer_host", "4.1"),
-    ("version_unsupported", "4.1, 6"),
-    ("tool_call_round_trip", "4.2, 4.3"),
-    ("emit_annotate", "4.4, 5"),
-    ("concurrent_calls_out_of_order", "4.3, 5"),
-    ("drain", "4.5"),
-    ("abort", "1, 4.5"),
-    ("outcome_kinds", "4.2"),
-    ("large_messages", "2, 6"),
-    ("stderr_noise", "1"),
-];
 
 /// The launch of `opts.command`: the program resolved, path arguments made
 /// absolute, and (for the sandbox) the read-only paths that make a script
@@ -216,15 +312,7 @@ fn launch_spec(command: &[String], opts: &Options) -> Result<(LaunchSpec, Vec<St
     let mut ro: Vec<String> = Vec::new();
     let mut args = Vec::with_capacity(rest.len());
     for a in rest {
-        let p = Path::new(a);
-        match p.canonicalize() {
-            Ok(abs) if p.exists() && !a.starts_with('-') => {
-                let root = package_root(&abs);
-                push_unique(&mut ro, root.display().to_string());
-                args.push(abs.display().to_string());
-            }
-            _ => args.push(a.clone()),
-        }
+        args.push(path_argument(a, &mut ro));
     }
     for extra in &opts.ro_paths {
         let abs = extra
@@ -247,6 +335,39 @@ fn launch_spec(command: &[String], opts: &Options) -> Result<(LaunchSpec, Vec<St
         turn_id: turn::TURN_ID.into(),
     };
     Ok((spec, ro))
+}
+
+/// An argument as given, or, when it names an existing file, its absolute
+/// path with its last component's symlink kept (a venv's `bin/python` must stay that path
+/// to find its `pyvenv.cfg`). The package roots of the path and of its
+/// target are bound read-only, so both are visible in the sandbox.
+fn path_argument(a: &str, ro: &mut Vec<String>) -> String {
+    let p = Path::new(a);
+    if a.starts_with('-') || !p.exists() {
+        return a.to_owned();
+    }
+    // The directory is resolved (so `..` goes), the last component kept.
+    let abs = match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            dir.canonicalize().map(|d| d.join(name))
+        }
+        _ => p.canonicalize(),
+    };
+    let Ok(abs) = abs else {
+        return a.to_owned();
+    };
+    push_unique(ro, package_root(&abs).display().to_string());
+    if let Ok(target) = abs.canonicalize()
+        && target != abs
+    {
+        push_unique(ro, package_root(&target).display().to_string());
+    }
+    abs.display().to_string()
 }
 
 fn push_unique(v: &mut Vec<String>, s: String) {
@@ -311,29 +432,23 @@ pub fn print_human(report: &Report, out: &mut dyn Write) -> i32 {
             report.read_only_paths.join(", ")
         );
     }
-    for c in report.checks.iter().filter(|c| c.status != Status::NotRun) {
+    for c in &report.checks {
         let tag = match c.status {
             Status::Pass => "PASS",
             Status::Fail => "FAIL",
-            _ => "N/A ",
+            Status::NotApplicable => "N/A ",
+            Status::NotRun => "----",
         };
         let _ = writeln!(out, "  {tag} {:<30} §{:<8} {}", c.id, c.section, c.detail);
         if c.status == Status::Fail {
             let _ = writeln!(out, "       fix: {}", c.fix);
+            if !c.stderr.is_empty() {
+                let _ = writeln!(out, "       the plugin's last stderr lines:");
+            }
+            for line in &c.stderr {
+                let _ = writeln!(out, "         | {line}");
+            }
         }
-    }
-    let not_run: Vec<&str> = report
-        .checks
-        .iter()
-        .filter(|c| c.status == Status::NotRun)
-        .map(|c| c.id)
-        .collect();
-    if !not_run.is_empty() {
-        let _ = writeln!(
-            out,
-            "  not run, the handshake failed: {}",
-            not_run.join(", ")
-        );
     }
     let count = |s| report.checks.iter().filter(|c| c.status == s).count();
     let _ = writeln!(

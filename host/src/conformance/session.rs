@@ -1,7 +1,7 @@
 //! One launch of the plugin under test, spoken to line by line: a reader
 //! thread per output stream, blocking sends, and a tree killed on drop.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::ExitStatus;
@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sharedos_protocol::text::escape_for_operator;
 
 use crate::process::{LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 
@@ -44,7 +45,9 @@ pub struct StderrLog {
 }
 
 use crate::limits::MAX_CONFORMANCE_READ_LINE as MAX_READ_LINE;
-const KEPT_STDERR_LINES: usize = 5;
+/// The stderr lines kept for a report, and the most bytes of one line.
+pub(super) const KEPT_STDERR_LINES: usize = 20;
+const STDERR_LINE_BYTES: usize = 4096;
 
 pub struct Session {
     tree: Box<dyn ProcessTree>,
@@ -55,6 +58,8 @@ pub struct Session {
     exited: Option<ExitStatus>,
     /// Where the processes that outlive this launch are counted.
     leftovers: Rc<Cell<usize>>,
+    /// Where the stderr tail is left when the launch ends.
+    last_stderr: Rc<RefCell<Vec<String>>>,
 }
 
 impl Session {
@@ -62,6 +67,7 @@ impl Session {
         launcher: &dyn Launcher,
         spec: &LaunchSpec,
         leftovers: &Rc<Cell<usize>>,
+        last_stderr: &Rc<RefCell<Vec<String>>>,
     ) -> Result<Self, String> {
         let LaunchedChild {
             stdin,
@@ -86,6 +92,7 @@ impl Session {
             sandbox_report: report,
             exited: None,
             leftovers: leftovers.clone(),
+            last_stderr: last_stderr.clone(),
         })
     }
 
@@ -128,6 +135,12 @@ impl Session {
         }
     }
 
+    /// The launched process has exited, or its stdout has ended (the
+    /// program is going or gone).
+    pub fn has_ended(&mut self) -> bool {
+        self.wait_exit(Duration::from_millis(500)).is_some()
+    }
+
     pub fn pid(&self) -> u32 {
         self.tree.pid()
     }
@@ -150,12 +163,25 @@ impl Session {
         }
         log.last.join(" | ")
     }
+
+    /// The kept stderr lines, whole and escaped.
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last
+            .clone()
+    }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         self.stdin = None;
         let _ = self.tree.kill_tree();
+        // The tree is gone, so the pipe ends at once; the bound only
+        // covers a reader slowed by load.
+        self.wait_stderr_end(Duration::from_secs(1));
+        *self.last_stderr.borrow_mut() = self.stderr_lines();
         let left = super::sweep::sweep();
         self.leftovers.set(self.leftovers.get() + left);
     }
@@ -188,6 +214,13 @@ fn classify(raw: &[u8]) -> Line {
     let Ok(text) = std::str::from_utf8(body) else {
         return Line::Invalid(format!("a line that is not UTF-8: {shown:?}"));
     };
+    // The host's own classifier: its id rules, no batches, no null id.
+    if let Err(e) = sharedos_protocol::jsonrpc::classify(text) {
+        return Line::Invalid(format!(
+            "a line the host refuses, {e} ({}): {shown:?}",
+            e.reason()
+        ));
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(v) if v.get("jsonrpc") == Some(&Value::from("2.0")) && v.is_object() => {
             Line::Message(v, body.len())
@@ -210,11 +243,7 @@ fn read_stderr(err: File, log: Arc<Mutex<StderrLog>>) {
             Ok(n) => {
                 let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
                 l.bytes += n;
-                let text: String = String::from_utf8_lossy(&buf)
-                    .trim()
-                    .chars()
-                    .take(200)
-                    .collect();
+                let text = stderr_line(&buf);
                 if !text.is_empty() {
                     l.last.push(text);
                     if l.last.len() > KEPT_STDERR_LINES {
@@ -223,5 +252,61 @@ fn read_stderr(err: File, log: Arc<Mutex<StderrLog>>) {
                 }
             }
         }
+    }
+}
+
+/// One stderr line for a report: whole up to 4 KiB (then `…`), control
+/// characters and bytes that are not UTF-8 escaped.
+fn stderr_line(raw: &[u8]) -> String {
+    let body = raw.strip_suffix(b"\n").unwrap_or(raw);
+    let body = body.strip_suffix(b"\r").unwrap_or(body);
+    escape_for_operator(body, STDERR_LINE_BYTES)
+        .trim_end()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scripted turns read lines with the host's classifier: what the
+    /// real host refuses is refused here too, with its reason.
+    #[test]
+    fn a_line_the_host_refuses_is_invalid_with_its_reason() {
+        let refused = [
+            (
+                r#"{"jsonrpc":"2.0","id":null,"method":"host/invokeTool","params":{}}"#,
+                "invalid_envelope",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1.5,"method":"host/invokeTool","params":{}}"#,
+                "invalid_envelope",
+            ),
+            (
+                r#"[{"jsonrpc":"2.0","method":"host/emit"}]"#,
+                "batch_not_supported",
+            ),
+            ("not json", "invalid_json"),
+        ];
+        for (line, reason) in refused {
+            match classify(line.as_bytes()) {
+                Line::Invalid(why) => assert!(why.contains(reason), "{line}: {why}"),
+                other => panic!("{line} was accepted: {other:?}"),
+            }
+        }
+        let ok = r#"{"jsonrpc":"2.0","id":7,"method":"host/invokeTool","params":{}}"#;
+        assert!(matches!(classify(ok.as_bytes()), Line::Message(..)));
+    }
+
+    #[test]
+    fn a_stderr_line_is_whole_and_escaped() {
+        let long = "x".repeat(STDERR_LINE_BYTES + 10);
+        let line = stderr_line(format!("{long}\n").as_bytes());
+        assert!(
+            line.starts_with(&"x".repeat(STDERR_LINE_BYTES)) && line.ends_with('…'),
+            "{line}"
+        );
+        let line = stderr_line(b"bad \x1b[31m \xff end\r\n");
+        assert!(!line.contains('\u{1b}') && line.contains("end"), "{line}");
     }
 }

@@ -15,6 +15,8 @@ use super::session::{Recv, Session};
 
 pub const TURN_ID: &str = "t-conformance-1";
 pub const TRACE_ID: &str = "trace-conformance";
+/// The one tool of the scripted turns' catalogue.
+pub const ECHO_TOOL: &str = "conformance.echo";
 /// The request id of `turn/run` (initialize is 1).
 pub const RUN_ID: u64 = 2;
 /// How long the driver waits with nothing on the wire before it lets the
@@ -49,7 +51,7 @@ pub fn turn_request(payload: Value) -> Value {
         "message": {"version": "1", "id": "msg-conformance-1", "sender": human,
                     "receiver": agent, "purpose": "conformance", "payload": payload,
                     "traceId": TRACE_ID, "createdAt": now()},
-        "tools": [{"name": "conformance.echo", "description": "Echoes its arguments.",
+        "tools": [{"name": ECHO_TOOL, "description": "Echoes its arguments.",
                    "namespace": "conformance", "source": "conformance", "readWrite": "read",
                    "inputSchema": {"type": "object"},
                    "requiredCapability": {"resource": {"namespace": "conformance", "path": []},
@@ -70,7 +72,7 @@ pub fn notification(method: &str) -> Value {
 /// The payload asking for `n` calls of the echo tool.
 pub fn calls(n: usize, parallel: bool) -> Value {
     let calls: Vec<Value> = (0..n)
-        .map(|i| json!({"tool": "conformance.echo", "arguments": {"n": i}}))
+        .map(|i| json!({"tool": ECHO_TOOL, "arguments": {"n": i}}))
         .collect();
     json!({"calls": calls, "parallel": parallel})
 }
@@ -117,6 +119,7 @@ impl Transcript {
 pub fn drive(
     session: &mut Session,
     budget: Duration,
+    max_bytes: u64,
     on_call: &mut dyn FnMut(&mut Session, Option<&Value>),
 ) -> Transcript {
     let mut t = Transcript::default();
@@ -126,6 +129,12 @@ pub fn drive(
         let msg = match session.recv(IDLE) {
             Recv::Message(v, n) => {
                 t.longest_line = t.longest_line.max(n);
+                if n as u64 > max_bytes {
+                    t.problems.push(format!(
+                        "wrote a {n} byte line, over the maxMessageBytes {max_bytes} it was given (frame_too_large)"
+                    ));
+                    return t;
+                }
                 v
             }
             Recv::Invalid(why) => {
@@ -135,9 +144,8 @@ pub fn drive(
             Recv::Eof => {
                 let status = session.wait_exit(Duration::from_secs(2));
                 t.problems.push(format!(
-                    "closed stdout before answering turn/run (exit status {}; stderr: {})",
-                    status.map_or("unknown".into(), |s| s.to_string()),
-                    session.stderr_tail()
+                    "closed stdout before answering turn/run ({})",
+                    status.map_or("exit status unknown".into(), |s| s.to_string()),
                 ));
                 return t;
             }
@@ -182,6 +190,10 @@ fn check_message(t: &mut Transcript, inflight: &mut HashSet<String>, msg: &Value
                 Err(e) => t
                     .problems
                     .push(format!("sent invalid host/invokeTool params: {e}")),
+                Ok(p) if p.call.tool.as_str() != ECHO_TOOL => t.problems.push(format!(
+                    "called {:?}, which is not in the turn's catalogue [{ECHO_TOOL}] (denied tool_unavailable)",
+                    p.call.tool.as_str()
+                )),
                 Ok(p) if p.call.trace_id.as_str() != TRACE_ID => t.problems.push(format!(
                     "sent call.traceId {:?}, not the turn's {TRACE_ID:?} (trace_mismatch)",
                     p.call.trace_id.as_str()
@@ -229,11 +241,7 @@ pub fn await_answer(session: &mut Session, id: u64, budget: Duration) -> Result<
     loop {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!(
-                "did not answer within {} ms (stderr: {})",
-                budget.as_millis(),
-                session.stderr_tail()
-            ));
+            return Err(format!("did not answer within {} ms", budget.as_millis()));
         }
         match session.recv(left) {
             Recv::Message(v, _) if v.get("id") == Some(&Value::from(id)) => return Ok(v),
@@ -244,9 +252,8 @@ pub fn await_answer(session: &mut Session, id: u64, budget: Duration) -> Result<
             Recv::Eof => {
                 let status = session.wait_exit(Duration::from_secs(2));
                 return Err(format!(
-                    "closed stdout without answering (exit status {}; stderr: {})",
-                    status.map_or("unknown".into(), |s| s.to_string()),
-                    session.stderr_tail()
+                    "closed stdout without answering ({})",
+                    status.map_or("exit status unknown".into(), |s| s.to_string()),
                 ));
             }
             Recv::Timeout => continue,
