@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 use sharedos_host::egress::mock::{MockModel, Reply, Wire, plan_script};
 use sharedos_protocol::ExecutionStatus;
-use sharedos_tests::egress::{Turn, egress_grant, key_file, run_request};
+use sharedos_tests::egress::{REAL_KEY, Turn, egress_grant, key_file, run_request};
 use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
 
 /// The testplugin in the full sandbox with a route `openai` to `upstream`,
@@ -55,7 +55,15 @@ fn emitted_done(turn: &Turn) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_server_errors_in_a_row_end_the_turn_model_unavailable() {
     let dir = tempfile::tempdir().unwrap();
-    let model = MockModel::start((0..8).map(|_| status(500)).collect())
+    // An upstream that reflects the key in its error: the turn's account
+    // keeps the body's beginning with the key masked.
+    let reflecting = || {
+        Reply::Status(
+            500,
+            json!({"error": {"message": format!("the model is having a bad day ({REAL_KEY})")}}),
+        )
+    };
+    let model = MockModel::start((0..8).map(|_| reflecting()).collect())
         .await
         .unwrap();
     let turn = retrying_turn(dir.path(), &model, "", 8).await;
@@ -85,6 +93,52 @@ async fn three_server_errors_in_a_row_end_the_turn_model_unavailable() {
         .filter(|l| l.contains("\"effect.completed\"") && l.contains("\"status\":500"))
         .count();
     assert_eq!(failed_records, 3, "{}", turn.audit);
+    // The result says why: the model's answers by status, the last error's
+    // beginning (escaped, the key masked), the route giving up.
+    let egress = egress_account(&turn);
+    assert_eq!(egress["answers"], json!({"500": 3}), "{egress}");
+    assert_eq!(egress["lastError"]["route"], "openai", "{egress}");
+    assert_eq!(egress["lastError"]["status"], 500, "{egress}");
+    let head = egress["lastError"]["bodyHead"].as_str().unwrap();
+    assert!(head.contains("the model is having a bad day"), "{head}");
+    assert!(!head.contains(REAL_KEY), "{head}");
+    assert_eq!(egress["modelFailing"]["failures"], 3, "{egress}");
+    assert!(egress["refused"].is_null(), "{egress}");
+}
+
+/// `metadata.runtime.egress` of the turn's result.
+fn egress_account(turn: &Turn) -> Value {
+    serde_json::to_value(&turn.result).unwrap()["metadata"]["runtime"]["egress"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_its_grant_is_named_in_the_result_with_the_grant_it_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
+    let granted = config(dir.path(), &model.base_url(), "");
+    let text = granted.replace(&egress_grant("alice-model", "openai", "request"), "");
+    assert_ne!(text, granted, "the grant was taken out");
+    let script = json!([
+        {"op": "egress_flood", "n": 0, "path": "/openai/chat/completions"},
+        {"op": "emit", "type": "done", "data": {}},
+    ]);
+    let request = testplugin_request("egress-failing-2", script, &[], 60_000).to_string();
+    let turn = run_request(dir.path(), &text, "sharedos-testplugin", &request, None).await;
+
+    assert!(model.seen().is_empty(), "the model was reached");
+    let egress = egress_account(&turn);
+    assert_eq!(egress["requests"], 1, "{egress}");
+    let refused = &egress["refused"];
+    assert_eq!(
+        refused["needed"],
+        json!({"namespace": "egress", "path": ["openai"], "action": "request"}),
+        "{egress}"
+    );
+    let code = refused["code"].as_str().unwrap_or_default();
+    assert!(!code.is_empty(), "{egress}");
+    assert_eq!(egress["failed"][code], 1, "{egress}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

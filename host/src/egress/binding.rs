@@ -119,6 +119,21 @@ pub(super) struct Outcome {
     pub(super) response_bytes: u64,
     pub(super) usage: Option<TokenUsage>,
     pub(super) estimated_tokens: Option<u64>,
+    /// The first bytes of an answer of status 400 or more, as the plugin
+    /// got them (the key masked), for the turn's account of why the model
+    /// failed; never in an event or the audit.
+    pub(super) error_head: Option<Vec<u8>>,
+}
+
+/// How many bytes of a failed answer's body the turn's account keeps.
+pub(super) const ERROR_HEAD_BYTES: usize = 256;
+
+/// What the turn's result says of its egress besides the events' counts:
+/// the last failed answer, and the last request the kernel refused.
+#[derive(Debug, Default)]
+struct Account {
+    last_error: Option<serde_json::Value>,
+    refused: Option<serde_json::Value>,
 }
 
 /// A request or tunnel the kernel authorized and that has not ended yet.
@@ -147,6 +162,7 @@ pub struct TurnBinding {
     /// turn ended (a later end writes nothing: its outcome is written).
     open: Mutex<Option<std::collections::HashMap<EffectId, OpenEffect>>>,
     next_effect: std::sync::atomic::AtomicU64,
+    account: Mutex<Account>,
 }
 
 impl TurnBinding {
@@ -163,7 +179,25 @@ impl TurnBinding {
             failures: Mutex::new(std::collections::HashMap::new()),
             open: Mutex::new(Some(std::collections::HashMap::new())),
             next_effect: std::sync::atomic::AtomicU64::new(0),
+            account: Mutex::new(Account::default()),
         }
+    }
+
+    /// `{lastError, refused}` of the turn's egress so far (each `null`
+    /// when there was none): the last answer of status 400 or more with
+    /// its route and the first bytes of its body, escaped; the last
+    /// request the kernel refused, with the grant it lacked.
+    pub fn account(&self) -> serde_json::Value {
+        let account = lock(&self.account);
+        serde_json::json!({"lastError": account.last_error, "refused": account.refused})
+    }
+
+    /// Notes a request the kernel refused: the capability it needed.
+    pub(super) fn note_refused(&self, path: &[String], action: &str, code: &str) {
+        lock(&self.account).refused = Some(serde_json::json!({
+            "code": code,
+            "needed": {"namespace": "egress", "path": path, "action": action},
+        }));
     }
 
     /// Notes an authorized request or tunnel as open until
@@ -343,6 +377,13 @@ impl TurnBinding {
         let open = self.end_effect(effect);
         let ok = o.code.is_none() && o.status.is_some_and(|s| s < 400);
         let route = path.first().map(String::as_str).unwrap_or_default();
+        if let (Some(status), Some(head)) = (o.status.filter(|s| *s >= 400), &o.error_head) {
+            lock(&self.account).last_error = Some(serde_json::json!({
+                "route": route,
+                "status": status,
+                "bodyHead": sharedos_protocol::text::escape_text(&String::from_utf8_lossy(head)),
+            }));
+        }
         self.count_failure(route, max_failures, &o);
         let event = EgressEvent::Request {
             route: path.first().cloned().unwrap_or_default(),
@@ -365,6 +406,12 @@ impl TurnBinding {
             }
         }
     }
+}
+
+/// The account's lock; a panic while it was held leaves a value that is
+/// still whole (each field is replaced at once).
+fn lock(m: &Mutex<Account>) -> std::sync::MutexGuard<'_, Account> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The audit metadata of an event: counts and codes only.
@@ -427,6 +474,7 @@ mod tests {
             response_bytes: 0,
             usage: None,
             estimated_tokens: None,
+            error_head: None,
         }
     }
 

@@ -127,6 +127,9 @@ pub struct MeteredBody {
     /// The route's key masked out of the answer.
     redactor: Redactor,
     response_bytes: u64,
+    /// The first bytes of a failed answer as the plugin gets them
+    /// (`Outcome::error_head`); `None` for a status below 400.
+    error_head: Option<Vec<u8>>,
     /// The deadline of the chunk awaited; armed only while waiting.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     waiting: bool,
@@ -140,11 +143,20 @@ impl MeteredBody {
             conn: Some(conn),
             redactor: Redactor::new(m.route.key_bytes.clone()),
             response_bytes: m.response_head,
+            error_head: (m.status >= 400).then(Vec::new),
             m,
             scanner: UsageScanner::default(),
             deadline: None,
             waiting: false,
             stage: Stage::Streaming,
+        }
+    }
+
+    /// Keeps the beginning of a failed answer, as the plugin gets it.
+    fn keep_error_head(&mut self, shown: &[u8]) {
+        if let Some(head) = &mut self.error_head {
+            let room = super::binding::ERROR_HEAD_BYTES.saturating_sub(head.len());
+            head.extend_from_slice(&shown[..room.min(shown.len())]);
         }
     }
 
@@ -197,6 +209,7 @@ impl MeteredBody {
             response_bytes: self.response_bytes,
             usage,
             estimated_tokens: estimated,
+            error_head: self.error_head.take(),
         };
         let record = self.m.binding.finish_request(
             (&self.m.route.path, self.m.effect),
@@ -227,6 +240,7 @@ impl MeteredBody {
             Poll::Ready(None) => {
                 // What was held as a possible beginning of the key was not.
                 let held = self.redactor.finish();
+                self.keep_error_head(&held);
                 let last = (!held.is_empty()).then(|| Ok(Frame::data(held)));
                 self.end(None, last);
                 return None;
@@ -258,6 +272,7 @@ impl MeteredBody {
                 if at_end {
                     shown = [shown, self.redactor.finish()].concat().into();
                 }
+                self.keep_error_head(&shown);
                 Frame::data(shown)
             }
             Err(mut other) => {

@@ -66,6 +66,7 @@ impl Gateway {
         }
         if let Err(code) = binding.authorize(&route.path, "request").await {
             // The kernel wrote the refusal (`effect.authorized`, denied).
+            binding.note_refused(&route.path, "request", &code);
             binding.emit(refused(&route.name, &code, started));
             return refusal(StatusCode::FORBIDDEN, &code, "refused by the kernel");
         }
@@ -229,6 +230,7 @@ fn failed(code: &str, request_bytes: u64) -> Outcome {
         response_bytes: 0,
         usage: None,
         estimated_tokens: None,
+        error_head: None,
     }
 }
 

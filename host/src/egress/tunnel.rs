@@ -74,6 +74,7 @@ impl Gateway {
             return refuse_tunnel(&binding, &path, started, why).await;
         }
         if let Err(code) = binding.authorize(&path, "connect").await {
+            binding.note_refused(&path, "connect", &code);
             binding.emit(connection_event(&path[0], Some(&code), started));
             return refusal(StatusCode::FORBIDDEN, &code, "refused by the kernel");
         }

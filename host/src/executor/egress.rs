@@ -5,7 +5,10 @@
 //! its route's `maxFailures` answers in a row `model_unavailable` (or
 //! `model_access_refused`).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
 
 use sharedos_kernel::KernelTurn;
 use sharedos_protocol::AccessContext;
@@ -24,6 +27,63 @@ pub(super) struct EgressTurn {
     binding: Arc<TurnBinding>,
     events: tokio::task::JoinHandle<()>,
     stop: CancellationToken,
+    turn: Arc<Turn>,
+    summary: Arc<Mutex<Summary>>,
+}
+
+/// The counts of a turn's egress, from its events: what the result says
+/// of the model's answers when a turn fails (`metadata.runtime.egress`).
+#[derive(Debug, Default)]
+struct Summary {
+    requests: u64,
+    /// Answers by HTTP status.
+    answers: BTreeMap<u16, u64>,
+    /// Requests that ended without an answer, or were refused, by code.
+    failed: BTreeMap<String, u64>,
+    tunnels: u64,
+    tunnels_failed: BTreeMap<String, u64>,
+    model_failing: Option<Value>,
+}
+
+impl Summary {
+    fn add(&mut self, e: &EgressEvent) {
+        match e {
+            EgressEvent::Request { status, code, .. } => {
+                self.requests += 1;
+                match (code, status) {
+                    (Some(code), _) => *self.failed.entry(code.clone()).or_default() += 1,
+                    (None, Some(status)) => *self.answers.entry(*status).or_default() += 1,
+                    (None, None) => {}
+                }
+            }
+            EgressEvent::Connection { code, .. } => {
+                self.tunnels += 1;
+                if let Some(code) = code {
+                    *self.tunnels_failed.entry(code.clone()).or_default() += 1;
+                }
+            }
+            EgressEvent::ModelFailing { .. } => self.model_failing = Some(event_of(e).1),
+            EgressEvent::BudgetExceeded { .. } => {}
+        }
+    }
+
+    fn to_value(&self, account: Value) -> Value {
+        let answers: BTreeMap<String, u64> = self
+            .answers
+            .iter()
+            .map(|(s, n)| (s.to_string(), *n))
+            .collect();
+        json!({
+            "requests": self.requests,
+            "answers": answers,
+            "failed": self.failed,
+            "tunnels": self.tunnels,
+            "tunnelsFailed": self.tunnels_failed,
+            "modelFailing": self.model_failing,
+            "lastError": account["lastError"],
+            "refused": account["refused"],
+        })
+    }
 }
 
 impl EgressTurn {
@@ -36,6 +96,13 @@ impl EgressTurn {
         self.binding.close_open_effects().await;
         self.stop.cancel();
         let _ = (&mut self.events).await;
+        let summary = self
+            .summary
+            .lock()
+            .map(|s| s.to_value(self.binding.account()))
+            .unwrap_or(Value::Null);
+        tracing::info!(execution_id = %self.turn.execution_id(), egress = %summary, "the turn's egress");
+        self.turn.set_egress(summary);
     }
 }
 
@@ -45,7 +112,10 @@ impl Drop for EgressTurn {
     }
 }
 
-fn record(turn: &Turn, e: &EgressEvent) {
+fn record(turn: &Turn, summary: &Mutex<Summary>, e: &EgressEvent) {
+    if let Ok(mut s) = summary.lock() {
+        s.add(e);
+    }
     let (kind, data) = event_of(e);
     // Charged like a plugin's own action: a plugin that makes the gateway
     // report without end meets the event budget.
@@ -71,7 +141,8 @@ impl Executor {
             tx,
         ));
         let bound = seat.bind(turn.execution_id().as_str(), Arc::clone(&binding));
-        let turn = Arc::clone(turn);
+        let summary = Arc::new(Mutex::new(Summary::default()));
+        let (for_task, counts) = (Arc::clone(turn), Arc::clone(&summary));
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let events = tokio::spawn(async move {
@@ -79,12 +150,12 @@ impl Executor {
                 tokio::select! {
                     biased;
                     e = rx.recv() => match e {
-                        Some(e) => record(&turn, &e),
+                        Some(e) => record(&for_task, &counts, &e),
                         None => return,
                     },
                     _ = stopped.cancelled() => {
                         while let Ok(e) = rx.try_recv() {
-                            record(&turn, &e);
+                            record(&for_task, &counts, &e);
                         }
                         return;
                     }
@@ -96,6 +167,8 @@ impl Executor {
             binding,
             events,
             stop,
+            turn: Arc::clone(turn),
+            summary,
         })
     }
 }

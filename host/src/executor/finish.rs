@@ -94,6 +94,9 @@ impl Executor {
         if let Some(w) = self.no_working_time(turn.limits().timeout_ms) {
             runtime["warnings"] = json!([w]);
         }
+        if let Some(egress) = turn.egress() {
+            runtime["egress"] = egress.clone();
+        }
         runtime
     }
 

@@ -59,6 +59,8 @@ pub(crate) struct Turn {
     authority: Authority,
     annotations: Annotations,
     violation: OnceLock<&'static str>,
+    /// The gateway's account of the turn (`metadata.runtime.egress`).
+    egress: OnceLock<Value>,
 }
 
 impl Turn {
@@ -89,6 +91,7 @@ impl Turn {
             authority: Authority::new(p.context),
             annotations: Annotations::new(p.budget.annotations),
             violation: OnceLock::new(),
+            egress: OnceLock::new(),
         })
     }
 
@@ -176,6 +179,15 @@ impl Turn {
         }
         tracing::warn!(execution_id = %self.execution_id, reason, "the runtime broke a limit of the envelope; stopping the seat");
         self.signals.raise_hard();
+    }
+
+    /// Notes the gateway's account of the turn, once.
+    pub fn set_egress(&self, account: Value) {
+        let _ = self.egress.set(account);
+    }
+
+    pub fn egress(&self) -> Option<&Value> {
+        self.egress.get()
     }
 
     pub fn violation(&self) -> Option<&'static str> {
