@@ -171,7 +171,7 @@ fn settle(host: &Arc<dyn RuntimeHost>, decision: AgentTurnDecision) -> Next {
         AgentTurnDecision::Escalate { reason, metadata } => {
             let _ = host.annotate(
                 "escalationAsked",
-                json!({"tool": "sharedos.escalate", "reason": reason.as_str()}),
+                json!({"tool": sharedos_protocol::ESCALATE_TOOL, "reason": reason.as_str()}),
             );
             Next::Ended(
                 RuntimeTurnOutcome::Escalate { reason, metadata },

@@ -9,6 +9,11 @@ use serde_json::Value;
 
 use crate::primitives::*;
 
+/// The escalation affordance's tool name (spec E.3): its presence in a
+/// turn's catalogue is what offers escalation. Its one home: the kernel,
+/// the envelope, the SDK and the harness all name it through this.
+pub const ESCALATE_TOOL: &str = "sharedos.escalate";
+
 /// The literal contract version `"1"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum Version {

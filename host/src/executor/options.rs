@@ -13,9 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::provenance::{ProgramProvenance, RuntimeDiagnosis, TurnReport};
 
-/// The name of the escalation affordance. Its presence in a turn's
-/// catalogue is what offers escalation.
-pub const ESCALATE_TOOL: &str = "sharedos.escalate";
+pub use sharedos_protocol::ESCALATE_TOOL;
 
 pub use crate::limits::{
     DEFAULT_MAX_ANNOTATION_BYTES, DEFAULT_MAX_ANNOTATION_KEYS, DEFAULT_MAX_EVENTS_PER_TURN,

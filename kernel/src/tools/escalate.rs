@@ -12,8 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Def, ESCALATION_NAMESPACE};
 use crate::registry::{HandlerAnswer, ToolError, ToolHandler};
 
-/// The tool name the envelope looks for in the catalogue.
-pub const ESCALATE_TOOL: &str = "sharedos.escalate";
+pub use sharedos_protocol::ESCALATE_TOOL;
 
 pub fn definition() -> ToolDefinition {
     Def {

@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 
-/// The affordance's tool name.
-pub const ESCALATE_TOOL: &str = "sharedos.escalate";
+pub use sharedos_protocol::ESCALATE_TOOL;
 
 /// The reason used when the ask carries none (missing, empty, or not a
 /// string).

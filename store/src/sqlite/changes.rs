@@ -5,7 +5,9 @@
 //! `PRAGMA data_version` changes when another connection commits to the
 //! file. One task per store reads it every `INTERVAL` while anyone is
 //! subscribed, and sends the empty string ("something changed, look
-//! again") when it moved. However many observers wait, the store reads one
+//! again") when it moved, and once at its first reading after a
+//! subscription (its baseline), so no commit between a subscription and
+//! that reading goes unsignalled. However many observers wait, the store reads one
 //! number per interval, and each observer reads its run again only after a
 //! commit.
 
@@ -43,7 +45,10 @@ pub(super) fn spawn(worker: Weak<Worker>, sender: broadcast::Sender<String>) {
             drop(worker);
             match version {
                 Ok(v) => {
-                    if last.is_some_and(|l| l != v) {
+                    // The first reading after someone subscribed wakes
+                    // them too: a commit between their subscription and
+                    // this baseline would otherwise go unsignalled.
+                    if last != Some(v) {
                         let _ = sender.send(String::new());
                     }
                     last = Some(v);
