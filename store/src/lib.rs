@@ -303,16 +303,6 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
         grants: &[Grant],
         at: &str,
     ) -> Result<GrantImport, StoreError>;
-    /// Stores a new tenant token (its secret's hash only).
-    async fn add_token(&self, token: &StoredToken) -> Result<(), StoreError>;
-    /// Revokes a token for every later request of every host; `Ok(false)`
-    /// when it was already revoked, `NotFound` when there is no such id.
-    async fn revoke_token(&self, id: &str, at: &str) -> Result<bool, StoreError>;
-    /// Every stored token, revoked ones included, in the order added.
-    async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError>;
-    /// The token whose secret hashes to `secret_sha256` (lowercase hex),
-    /// revoked or not.
-    async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<StoredToken>, StoreError>;
     /// The audit records of one trace, in the order they were committed.
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError>;
     /// Ids of runs whose journal or state changed, as other processes
@@ -324,4 +314,14 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }
+    /// Stores a new tenant token (its secret's hash only).
+    async fn add_token(&self, token: &StoredToken) -> Result<(), StoreError>;
+    /// Revokes a token for every later request of every host; `Ok(false)`
+    /// when it was already revoked, `NotFound` when there is no such id.
+    async fn revoke_token(&self, id: &str, at: &str) -> Result<bool, StoreError>;
+    /// Every stored token, revoked ones included, in the order added.
+    async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError>;
+    /// The token whose secret hashes to `secret_sha256` (lowercase hex),
+    /// revoked or not.
+    async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<StoredToken>, StoreError>;
 }

@@ -243,54 +243,14 @@ pub async fn serve(
         idle: config.serve.idle_timeout(),
         max_connections: conn::connection_cap(config.serve.max_connections),
     };
-    match &options.listen {
-        Listen::Unix(path) => {
-            let listener = bind_unix(path)?;
-            eprintln!("sharedos serve: listening on unix:{}", path.display());
-            let peers = Arc::new(config.serve.peers.clone());
-            let prepare = move |s: UnixStream| {
-                let gate = unix_gate(&peers, &s);
-                async move { gate.map(|g| (s, g)) }
-            };
-            accept_loop(&sessions, limits, &shutdown, || listener.accept(), prepare).await;
-            let _ = std::fs::remove_file(path);
-        }
-        Listen::Tcp { addr, token, .. } => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
-            let gate = Gate::Bearer {
-                operator: Arc::new(token.clone()),
-                store: gate_store,
-            };
-            let accept = || listener.accept();
-            match acceptor {
-                None => {
-                    eprintln!(
-                        "sharedos serve: listening on tcp:{addr} (plain; bearer token required)"
-                    );
-                    let prepare = move |s: TcpStream| {
-                        let gate = gate.clone();
-                        async move { Some((s, gate)) }
-                    };
-                    accept_loop(&sessions, limits, &shutdown, accept, prepare).await;
-                }
-                Some(acceptor) => {
-                    eprintln!(
-                        "sharedos serve: listening on tcp:{addr} (TLS; bearer token required)"
-                    );
-                    let prepare = move |s: TcpStream| {
-                        let (acceptor, gate) = (acceptor.clone(), gate.clone());
-                        async move {
-                            let tls = tokio::time::timeout(limits.header_read, acceptor.accept(s));
-                            Some((tls.await.ok()?.ok()?, gate))
-                        }
-                    };
-                    accept_loop(&sessions, limits, &shutdown, accept, prepare).await;
-                }
-            }
-        }
-    }
+    let listening = Listening {
+        config,
+        sessions: &sessions,
+        store: gate_store,
+        limits,
+        shutdown: &shutdown,
+    };
+    listening.run(&options.listen, acceptor).await?;
     eprintln!("sharedos serve: draining runs in flight");
     sessions.drain().await;
     stop_lease.cancel();
@@ -303,6 +263,83 @@ pub async fn serve(
     }
     eprintln!("sharedos serve: stopped");
     Ok(())
+}
+
+/// What the listener serves, and until when.
+struct Listening<'a> {
+    config: &'a HostConfig,
+    sessions: &'a Arc<Sessions>,
+    store: Arc<dyn Store>,
+    limits: ConnLimits,
+    shutdown: &'a CancellationToken,
+}
+
+impl Listening<'_> {
+    /// Listens on `listen` until shutdown: the unix socket (each peer's
+    /// gate by its uid), or TCP (plain or TLS, bearer tokens).
+    async fn run(
+        self,
+        listen: &Listen,
+        acceptor: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Result<(), ServeError> {
+        let Listening {
+            config,
+            sessions,
+            store,
+            limits,
+            shutdown,
+        } = self;
+        match listen {
+            Listen::Unix(path) => {
+                let listener = bind_unix(path)?;
+                eprintln!("sharedos serve: listening on unix:{}", path.display());
+                let peers = Arc::new(config.serve.peers.clone());
+                let prepare = move |s: UnixStream| {
+                    let gate = unix_gate(&peers, &s);
+                    async move { gate.map(|g| (s, g)) }
+                };
+                accept_loop(sessions, limits, shutdown, || listener.accept(), prepare).await;
+                let _ = std::fs::remove_file(path);
+            }
+            Listen::Tcp { addr, token, .. } => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
+                let gate = Gate::Bearer {
+                    operator: Arc::new(token.clone()),
+                    store,
+                };
+                let accept = || listener.accept();
+                match acceptor {
+                    None => {
+                        eprintln!(
+                            "sharedos serve: listening on tcp:{addr} (plain; bearer token required)"
+                        );
+                        let prepare = move |s: TcpStream| {
+                            let gate = gate.clone();
+                            async move { Some((s, gate)) }
+                        };
+                        accept_loop(sessions, limits, shutdown, accept, prepare).await;
+                    }
+                    Some(acceptor) => {
+                        eprintln!(
+                            "sharedos serve: listening on tcp:{addr} (TLS; bearer token required)"
+                        );
+                        let prepare = move |s: TcpStream| {
+                            let (acceptor, gate) = (acceptor.clone(), gate.clone());
+                            async move {
+                                let tls =
+                                    tokio::time::timeout(limits.header_read, acceptor.accept(s));
+                                Some((tls.await.ok()?.ok()?, gate))
+                            }
+                        };
+                        accept_loop(sessions, limits, shutdown, accept, prepare).await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// TLS for a TCP listener, when its files are given (by flag or
