@@ -64,8 +64,16 @@ async fn add(
     let authority: Address = serde_json::from_str(authority).map_err(|e| {
         format!("--authority: not an Address ({e}): e.g. '{{\"kind\":\"service\",\"serviceId\":\"app-a\"}}'")
     })?;
-    if label.chars().any(char::is_control) {
-        return Err("--label: use printable characters only".into());
+    for (what, text) in [
+        ("--namespace", namespace.as_str()),
+        ("--authority", &authority.path()[1]),
+        ("--label", label),
+    ] {
+        if text.chars().any(char::is_control) {
+            return Err(format!(
+                "{what}: a control character: use printable characters only"
+            ));
+        }
     }
     let at = Timestamp::now().to_string();
     let (token, secret) = new_token(&namespace, &authority, label, &at)

@@ -592,3 +592,134 @@ async fn a_mapped_unix_peer_is_bound_to_its_tenant() {
     let (status, body) = call_as(&socket, "GET", "/metrics", &owner, Value::Null).await;
     assert_eq!(status, 403, "{body}");
 }
+
+#[test]
+fn tls_files_that_cannot_serve_refuse_the_start_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    self_signed(dir.path());
+    let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    std::fs::write(
+        dir.path().join("other-key.pem"),
+        other.signing_key.serialize_pem(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("not.pem"), "not PEM").unwrap();
+    std::fs::write(dir.path().join("operator.token"), OPERATOR).unwrap();
+    let db = dir.path().join("sharedos.db");
+    for (cert, key, says) in [
+        ("missing.pem", "key.pem", "missing.pem"),
+        ("not.pem", "key.pem", "no CERTIFICATE"),
+        ("cert.pem", "not.pem", "not.pem"),
+        ("cert.pem", "other-key.pem", "does not fit the certificate"),
+    ] {
+        let out = Command::new(workspace_bin("sharedos"))
+            .args(["serve", "--config"])
+            .arg(dir.path().join("host.toml"))
+            .args(["--listen", &free_port().to_string(), "--token-file"])
+            .arg(dir.path().join("operator.token"))
+            .arg("--tls-cert")
+            .arg(dir.path().join(cert))
+            .arg("--tls-key")
+            .arg(dir.path().join(key))
+            .arg("--database")
+            .arg(&db)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cert} {key}: {err}");
+        assert!(
+            err.contains("TLS") && err.contains(says),
+            "{cert} {key}: {err}"
+        );
+        assert!(!db.exists(), "no store created");
+    }
+}
+
+#[test]
+fn a_token_with_a_bad_scope_is_refused_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let store = vec![
+        "--database".to_owned(),
+        dir.path().join("sharedos.db").display().to_string(),
+    ];
+    let service = json!({"kind": "service", "serviceId": "app"}).to_string();
+    for (namespace, authority, says) in [
+        ("", service.as_str(), "--namespace"),
+        ("tenant\u{1}", service.as_str(), "control character"),
+        (
+            "tenant-a",
+            "{\"kind\":\"robot\"}",
+            "--authority: not an Address",
+        ),
+        ("tenant-a", "app", "--authority: not an Address"),
+    ] {
+        let (code, out, err) = tokens_cli(
+            dir.path(),
+            &store,
+            &["add", "--namespace", namespace, "--authority", authority],
+        );
+        assert_eq!(code, 1, "{namespace:?} {authority}: {out} {err}");
+        assert!(err.contains(says), "{err}");
+        assert!(out.is_empty(), "no secret printed: {out}");
+    }
+    let (code, out, _) = tokens_cli(dir.path(), &store, &["list", "--json"]);
+    assert_eq!((code, out.trim()), (0, "[]"));
+    let (code, _, err) = tokens_cli(dir.path(), &store, &["revoke", "tok_nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no token \"tok_nope\""), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_refuses_a_tenant_503_never_lets_it_through() {
+    let mut db = sharedos_store::cluster::TestDatabase::private()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let store = vec!["--postgres".to_owned(), db.conninfo.clone()];
+    let (_, tenant) = add_token(dir.path(), &store, NAMESPACE, "test-host");
+    let addr = free_port();
+    let _server = start_tcp(dir.path(), addr, &store);
+    let tcp = Tcp(addr);
+    let (status, _, body) = tcp
+        .call(
+            "GET",
+            "/v1/health",
+            Some(&tenant),
+            &owner_only("u"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    db.stop();
+    let (status, challenge, body) = tcp
+        .call(
+            "GET",
+            "/v1/health",
+            Some(&tenant),
+            &owner_only("u"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (503, json!("store_unavailable")),
+        "{body}"
+    );
+    assert_eq!(challenge, None, "not an authentication failure");
+    // The operator's token needs no store to be checked.
+    let (status, _, body) = tcp
+        .call(
+            "GET",
+            "/metrics",
+            Some(OPERATOR),
+            &owner_only("u"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+}

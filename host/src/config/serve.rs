@@ -168,6 +168,12 @@ impl ServeSection {
             return Err("serve.tlsCert and serve.tlsKey go together: give both, or neither".into());
         }
         for (i, p) in self.peers.iter().enumerate() {
+            let ids = [p.namespace_id.as_str(), &p.authority.path()[1]];
+            if ids.iter().any(|id| id.chars().any(char::is_control)) {
+                return Err(format!(
+                    "serve.peers[{i}]: a control character in namespaceId or authority: use printable characters only"
+                ));
+            }
             if self.peers[..i].iter().any(|q| q.uid == p.uid) {
                 return Err(format!(
                     "serve.peers[{i}]: uid {} is mapped twice: keep one entry per uid",
