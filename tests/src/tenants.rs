@@ -94,16 +94,17 @@ pub fn start_tcp(dir: &Path, addr: SocketAddr, extra: &[String]) -> Running {
         dir.join("operator.token").display().to_string(),
     ];
     command.extend(extra.iter().cloned());
+    let log = dir.join(format!("serve-tcp-{}.log", addr.port()));
     let mut child = Command::new(&command[0])
         .args(&command[1..])
         .stdin(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("serve-tcp.log")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(addr).is_err() {
         if let Some(status) = child.try_wait().unwrap() {
-            let log = std::fs::read_to_string(dir.join("serve-tcp.log")).unwrap();
+            let log = std::fs::read_to_string(&log).unwrap();
             panic!("sharedos serve exited ({status}): {log}");
         }
         assert!(Instant::now() < deadline, "sharedos serve did not start");

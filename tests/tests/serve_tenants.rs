@@ -52,6 +52,12 @@ async fn each_tenant_sees_only_its_own_and_a_revoked_token_is_refused_at_once(ba
     let addr = free_port();
     let _server = start_tcp(dir.path(), addr, &store);
     let tcp = Tcp(addr);
+    // A second host on the same store, which reads the same tokens.
+    let addr_2 = free_port();
+    let mut store_2 = store.clone();
+    store_2.extend(["--host-id".to_owned(), "host-2".to_owned()]);
+    let _server_2 = start_tcp(dir.path(), addr_2, &store_2);
+    let tcp_2 = Tcp(addr_2);
 
     // Tenant A gives only the owner; the namespace and authority come from its token.
     let (status, _, body) = tcp
@@ -221,24 +227,40 @@ async fn each_tenant_sees_only_its_own_and_a_revoked_token_is_refused_at_once(ba
         .await;
     assert_eq!(status, 200);
 
-    // Revoked through the CLI (another process): A's very next request is 401; B goes on.
-    let (code, out, err) = tokens_cli(dir.path(), &store, &["revoke", &a_id]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), format!("revoked {a_id}"));
-    let (status, challenge, body) = tcp
+    // The other host knows A's token and A's session.
+    let session_path = format!("/v1/sessions/{session_a}");
+    let (status, _, body) = tcp_2
         .call(
             "GET",
-            &format!("/v1/sessions/{session_a}"),
+            &session_path,
             Some(&a),
             &owner_only("u"),
             Value::Null,
         )
         .await;
-    assert_eq!(
-        (status, challenge.as_deref()),
-        (401, Some("Bearer")),
-        "{body}"
-    );
+    assert_eq!(status, 200, "{body}");
+
+    // Revoked through the CLI (another process): A's very next request is
+    // 401 on both hosts; B goes on.
+    let (code, out, err) = tokens_cli(dir.path(), &store, &["revoke", &a_id]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("revoked {a_id}"));
+    for host in [&tcp, &tcp_2] {
+        let (status, challenge, body) = host
+            .call(
+                "GET",
+                &session_path,
+                Some(&a),
+                &owner_only("u"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(
+            (status, challenge.as_deref()),
+            (401, Some("Bearer")),
+            "{body}"
+        );
+    }
     let (status, _, _) = tcp
         .call(
             "GET",
