@@ -7,6 +7,8 @@
 //! outage during the check is 503, never a pass; a bad token scope is
 //! refused by the CLI; a unix peer mapped by `[[serve.peers]]` is bound
 //! like a token. TLS: serve_tenants_tls.rs.
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -419,4 +421,86 @@ async fn a_store_outage_refuses_a_tenant_503_never_lets_it_through() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// `curl` as `uid` over the unix socket: the status and the JSON body.
+fn curl_as(uid: u32, socket: &Path, method: &str, path: &str, scope: &Value) -> (u16, Value) {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new("curl");
+    command
+        .uid(uid)
+        .gid(uid)
+        .env("HOME", "/nonexistent")
+        .args([
+            "-q",
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+            "--unix-socket",
+        ])
+        .arg(socket)
+        .args(["-H", &format!("Sharedos-Scope: {scope}")]);
+    if method == "POST" {
+        command.args(["-H", "Content-Type: application/json", "--data"]);
+        command.arg(session_spec().to_string());
+    }
+    let out = command
+        .arg(format!("http://sharedos{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').expect("a status line");
+    (
+        status.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// Another uid on the socket, which the operator opened to it: mapped in
+/// `[[serve.peers]]`, it is bound to its tenant; the socket's owner, not
+/// mapped, still names any scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_uid_mapped_to_a_tenant_is_bound_and_the_unmapped_owner_is_not() {
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let dir = tempfile::tempdir().unwrap();
+    write_config_with(
+        dir.path(),
+        &format!(
+            "[[serve.peers]]\nuid = {NOBODY}\nnamespaceId = \"tenant-p\"\nauthority = {{ kind = \"service\", serviceId = \"app-p\" }}\n"
+        ),
+    );
+    let db = dir.path().join("sharedos.db").display().to_string();
+    let server = start_with(dir.path(), "serve.sock", &["--database", &db]);
+    let socket = server.socket();
+    // The operator's choice: the socket's directory and the socket open to the peer.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+
+    let (status, body) = curl_as(NOBODY, &socket, "POST", "/v1/sessions", &owner_only("u"));
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["session"]["scope"]["namespaceId"], "tenant-p");
+    let session = body["session"]["id"].as_str().unwrap().to_owned();
+    let theirs = full_scope(NAMESPACE, "test-host", "u");
+    let (status, body) = curl_as(NOBODY, &socket, "POST", "/v1/sessions", &theirs);
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (403, json!("scope_not_permitted"))
+    );
+    let (status, _) = curl_as(NOBODY, &socket, "GET", "/metrics", &owner_only("u"));
+    assert_eq!(status, 403);
+
+    // The owner (uid 0 here, unmapped) names the whole scope, any namespace.
+    let path = format!("/v1/sessions/{session}");
+    let tenant = full_scope("tenant-p", "app-p", "u").to_string();
+    let (status, body) = call_as(&socket, "GET", &path, &tenant, Value::Null).await;
+    assert_eq!(status, 200, "{body}");
+    let owner = owner_only("u").to_string();
+    let (status, body) = call_as(&socket, "GET", &path, &owner, Value::Null).await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (400, json!("invalid_scope"))
+    );
 }
