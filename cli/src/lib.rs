@@ -1,5 +1,5 @@
 //! The `sharedos` command line over the host library: `demo`, `run`,
-//! `serve`, `grants`, `sandbox check`, `conformance` (the bench and the
+//! `serve`, `grants`, `tokens`, `sandbox check`, `conformance` (the bench and the
 //! soak are the `sharedos-bench` binary's). `main.rs` parses and dispatches.
 
 #![forbid(unsafe_code)]
@@ -9,6 +9,7 @@ pub mod engines;
 pub mod grants;
 pub mod sandbox_check;
 pub mod serve;
+pub mod tokens;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

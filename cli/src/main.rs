@@ -68,6 +68,9 @@ enum Command {
     /// List, add or revoke the grants a served host reads from its store
     /// (docs/STORE.md).
     Grants(cli::grants::GrantsArgs),
+    /// Add, list or revoke the tenants' tokens of `sharedos serve` over TCP
+    /// (docs/SERVE.md, "Tenants").
+    Tokens(cli::tokens::TokensArgs),
     /// What the sandbox can enforce on this machine.
     Sandbox {
         #[command(subcommand)]
@@ -203,6 +206,7 @@ async fn dispatch(command: Command) -> i32 {
         Command::Run { config, request } => run(&config, &request, &*launcher_for).await,
         Command::Serve(args) => cli::serve::command(args, &*launcher_for).await,
         Command::Grants(args) => cli::grants::command(args).await,
+        Command::Tokens(args) => cli::tokens::command(args).await,
         Command::Sandbox { .. } | Command::Conformance(_) => 2,
     }
 }

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use sharedos_host::config::HostConfig;
 use sharedos_host::seat::LauncherFor;
-use sharedos_host::serve::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, serve};
+use sharedos_host::serve::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, TlsFiles, serve};
 
 /// The shortest lease accepted: renewals every third of it must have time
 /// to reach the store.
@@ -24,9 +24,16 @@ pub struct ServeArgs {
     /// Listen on TCP instead (opt-in); requires --token-file.
     #[arg(long, value_name = "ADDR:PORT", requires = "token_file")]
     pub listen: Option<SocketAddr>,
-    /// A file holding the bearer token TCP clients must send.
+    /// A file holding the operator's bearer token (any scope); tenants
+    /// send their own (`sharedos tokens add`).
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// TLS for --listen: the certificate chain (PEM); with --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key", requires = "listen")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS for --listen: the certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// The SQLite database (default: sharedos.db next to the configuration).
     #[arg(long, value_name = "PATH", conflicts_with = "postgres")]
     pub database: Option<PathBuf>,
@@ -61,7 +68,18 @@ fn options(args: &ServeArgs, config: &HostConfig) -> Result<ServeOptions, String
                     file.display()
                 ));
             }
-            Listen::Tcp { addr: *addr, token }
+            let tls = match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                _ => None,
+            };
+            Listen::Tcp {
+                addr: *addr,
+                token,
+                tls,
+            }
         }
         (Some(_), None) => return Err("--listen needs --token-file".into()),
         (None, _) => Listen::Unix(

@@ -18,6 +18,7 @@ mod lease;
 mod postgres;
 pub mod recovery;
 mod sqlite;
+pub mod tokens;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,7 @@ pub use grants::{GrantImport, GrantOrigin, StoreGrants, StoredGrant};
 pub use lease::{Acquired, Lease};
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
+pub use tokens::StoredToken;
 
 /// The schema version this build writes; a database with a higher one is
 /// refused at open.
@@ -43,6 +45,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0002_grants.sql"),
     include_str!("../migrations/sqlite/0003_host_leases.sql"),
     include_str!("../migrations/sqlite/0004_cancel_requests.sql"),
+    include_str!("../migrations/sqlite/0005_tokens.sql"),
 ];
 
 /// The prefix of a [`Store::changes`] message that asks a run's host to
@@ -55,6 +58,7 @@ pub const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0002_grants.sql"),
     include_str!("../migrations/postgres/0003_host_leases.sql"),
     include_str!("../migrations/postgres/0004_cancel_requests.sql"),
+    include_str!("../migrations/postgres/0005_tokens.sql"),
 ];
 
 /// Why the store could not do what was asked. Each message says what to
@@ -310,4 +314,14 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }
+    /// Stores a new tenant token (its secret's hash only).
+    async fn add_token(&self, token: &StoredToken) -> Result<(), StoreError>;
+    /// Revokes a token for every later request of every host; `Ok(false)`
+    /// when it was already revoked, `NotFound` when there is no such id.
+    async fn revoke_token(&self, id: &str, at: &str) -> Result<bool, StoreError>;
+    /// Every stored token, revoked ones included, in the order added.
+    async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError>;
+    /// The token whose secret hashes to `secret_sha256` (lowercase hex),
+    /// revoked or not.
+    async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<StoredToken>, StoreError>;
 }

@@ -15,6 +15,8 @@ pub mod harness;
 pub mod leftovers;
 /// `sharedos serve` and an HTTP client over its socket.
 pub mod served;
+/// `sharedos serve` on TCP with tenants' tokens.
+pub mod tenants;
 /// Turns through the whole host, and the invariants every turn keeps.
 pub mod turns;
 /// The real Codex CLI and Claude Code seated by their shipped specs.

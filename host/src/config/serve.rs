@@ -11,11 +11,21 @@
 //! maxLiveRunsPerTenant = 64    # runs of one namespace live at once
 //! admissionQueue = 256         # requests waiting for a slot
 //! admissionWaitMs = 10000      # how long one waits before 429
+//! tlsCert = "cert.pem"         # TLS for --listen (with tlsKey; or --tls-cert/--tls-key)
+//! tlsKey = "key.pem"
+//! allowPlainTcp = false        # true: plain TCP (no TLS) on a non-loopback address
+//!
+//! [[serve.peers]]              # a unix peer uid bound to a tenant's scope
+//! uid = 1000
+//! namespaceId = "tenant-a"
+//! authority = { kind = "service", serviceId = "app-a" }
 //! ```
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sharedos_protocol::{Address, Identifier};
 
 use crate::limits::{
     ADMISSION_QUEUE_RANGE, ADMISSION_WAIT_RANGE_MS, CONNECTION_TIMEOUT_RANGE_MS,
@@ -61,6 +71,31 @@ pub struct ServeSection {
     /// How long a request waits for a slot before `429 too_many_runs`.
     #[serde(default = "admission_wait")]
     pub admission_wait_ms: u64,
+    /// TLS for `--listen`: the certificate chain (PEM), relative to the
+    /// configuration's directory; with `tlsKey`.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `tlsCert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Listen on plain TCP (no TLS) on an address other than loopback.
+    /// Off by default: bearer tokens would cross the network in clear.
+    #[serde(default)]
+    pub allow_plain_tcp: bool,
+    /// Unix peers (by uid, `SO_PEERCRED`) bound to a tenant's scope; an
+    /// unmapped peer is the socket's owner, trusted with any scope.
+    #[serde(default)]
+    pub peers: Vec<PeerTenant>,
+}
+
+/// A unix peer bound to a tenant: its requests get this namespace and
+/// authority, and may give only the owner (docs/SERVE.md, "Tenants").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PeerTenant {
+    pub uid: u32,
+    pub namespace_id: Identifier,
+    pub authority: Address,
 }
 
 impl Default for ServeSection {
@@ -74,6 +109,10 @@ impl Default for ServeSection {
             max_live_runs_per_tenant: None,
             admission_queue: DEFAULT_ADMISSION_QUEUE,
             admission_wait_ms: DEFAULT_ADMISSION_WAIT_MS,
+            tls_cert: None,
+            tls_key: None,
+            allow_plain_tcp: false,
+            peers: Vec::new(),
         }
     }
 }
@@ -120,7 +159,29 @@ impl ServeSection {
                 self.max_connections
             ));
         }
+        self.check_tenants()?;
         self.check_admission()
+    }
+
+    fn check_tenants(&self) -> Result<(), String> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("serve.tlsCert and serve.tlsKey go together: give both, or neither".into());
+        }
+        for (i, p) in self.peers.iter().enumerate() {
+            let ids = [p.namespace_id.as_str(), &p.authority.path()[1]];
+            if ids.iter().any(|id| id.chars().any(char::is_control)) {
+                return Err(format!(
+                    "serve.peers[{i}]: a control character in namespaceId or authority: use printable characters only"
+                ));
+            }
+            if self.peers[..i].iter().any(|q| q.uid == p.uid) {
+                return Err(format!(
+                    "serve.peers[{i}]: uid {} is mapped twice: keep one entry per uid",
+                    p.uid
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn check_admission(&self) -> Result<(), String> {

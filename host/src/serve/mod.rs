@@ -2,8 +2,10 @@
 //! application in any language (docs/SERVE.md).
 //!
 //! A unix socket by default (its file mode 0600: whoever can open it is
-//! the trusted host application); TCP only when asked, and then every
-//! request must carry the bearer token. The kernel audits into the store
+//! the trusted host application, unless `[[serve.peers]]` binds its uid to
+//! a tenant); TCP only when asked, with TLS or on loopback, and then every
+//! request must carry a bearer token: the operator's, or a tenant's that
+//! fixes its scope ([`tenants`]). The kernel audits into the store
 //! and counts `maxUses` in it. At start it takes its host id's lease and
 //! reconciles the runs earlier processes under that id left in flight
 //! (never re-run); while it runs it renews the lease and takes over the
@@ -15,6 +17,8 @@ mod at_rest;
 mod conn;
 mod lease;
 pub mod routes;
+pub mod tenants;
+mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,7 +36,7 @@ use sharedos_kernel::{AuditSink, Kernel, UsageStore};
 use sharedos_protocol::Timestamp;
 use sharedos_store::{PostgresStore, SqliteOptions, SqliteStore, Store, StoreGrants};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +47,8 @@ use crate::seat::{LauncherFor, SeatError, executor_options, process_runtime, pro
 use crate::session::Sessions;
 use conn::{AcceptBackoff, ConnLimits, Connections, Slot, Watched};
 use routes::Failure;
+use tenants::{Gate, Refusal};
+pub use tls::TlsFiles;
 
 /// Why a server (or its sessions) could not be set up: what failed and
 /// what to do.
@@ -58,10 +64,14 @@ pub enum ServeError {
 #[derive(Debug, Clone)]
 pub enum Listen {
     Unix(PathBuf),
-    /// TCP, every request authenticated with this bearer token.
+    /// TCP, every request authenticated with a bearer token: this one,
+    /// the operator's (any scope), or a tenant's from the store. With TLS
+    /// when `tls` is given; plain TCP only on loopback unless `[serve]
+    /// allowPlainTcp`.
     Tcp {
         addr: SocketAddr,
         token: String,
+        tls: Option<TlsFiles>,
     },
 }
 
@@ -214,8 +224,10 @@ pub async fn serve(
     let allow_shared = config.serve.allow_shared_store;
     at_rest::check_store(&options.store, allow_shared)?;
     at_rest::files_root(&config.resolve(&config.host.files_root), allow_shared)?;
+    let acceptor = tcp_security(config, &options.listen)?;
     let store = options.store.open().await?;
     import_grants(config, store.as_ref()).await?;
+    let gate_store = Arc::clone(&store);
     let sessions = Arc::new(sessions_from_config(
         config,
         store,
@@ -231,25 +243,14 @@ pub async fn serve(
         idle: config.serve.idle_timeout(),
         max_connections: conn::connection_cap(config.serve.max_connections),
     };
-    let token = match &options.listen {
-        Listen::Tcp { token, .. } => Some(Arc::new(token.clone())),
-        Listen::Unix(_) => None,
+    let listening = Listening {
+        config,
+        sessions: &sessions,
+        store: gate_store,
+        limits,
+        shutdown: &shutdown,
     };
-    match &options.listen {
-        Listen::Unix(path) => {
-            let listener = bind_unix(path)?;
-            eprintln!("sharedos serve: listening on unix:{}", path.display());
-            accept_loop(&sessions, None, limits, &shutdown, || listener.accept()).await;
-            let _ = std::fs::remove_file(path);
-        }
-        Listen::Tcp { addr, .. } => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
-            eprintln!("sharedos serve: listening on tcp:{addr} (bearer token required)");
-            accept_loop(&sessions, token, limits, &shutdown, || listener.accept()).await;
-        }
-    }
+    listening.run(&options.listen, acceptor).await?;
     eprintln!("sharedos serve: draining runs in flight");
     sessions.drain().await;
     stop_lease.cancel();
@@ -262,6 +263,127 @@ pub async fn serve(
     }
     eprintln!("sharedos serve: stopped");
     Ok(())
+}
+
+/// What the listener serves, and until when.
+struct Listening<'a> {
+    config: &'a HostConfig,
+    sessions: &'a Arc<Sessions>,
+    store: Arc<dyn Store>,
+    limits: ConnLimits,
+    shutdown: &'a CancellationToken,
+}
+
+impl Listening<'_> {
+    /// Listens on `listen` until shutdown: the unix socket (each peer's
+    /// gate by its uid), or TCP (plain or TLS, bearer tokens).
+    async fn run(
+        self,
+        listen: &Listen,
+        acceptor: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Result<(), ServeError> {
+        let Listening {
+            config,
+            sessions,
+            store,
+            limits,
+            shutdown,
+        } = self;
+        match listen {
+            Listen::Unix(path) => {
+                let listener = bind_unix(path)?;
+                eprintln!("sharedos serve: listening on unix:{}", path.display());
+                let peers = Arc::new(config.serve.peers.clone());
+                let prepare = move |s: UnixStream| {
+                    let gate = unix_gate(&peers, &s);
+                    async move { gate.map(|g| (s, g)) }
+                };
+                accept_loop(sessions, limits, shutdown, || listener.accept(), prepare).await;
+                let _ = std::fs::remove_file(path);
+            }
+            Listen::Tcp { addr, token, .. } => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| ServeError::Setup(format!("cannot listen on {addr}: {e}")))?;
+                let gate = Gate::Bearer {
+                    operator: Arc::new(token.clone()),
+                    store,
+                };
+                let accept = || listener.accept();
+                match acceptor {
+                    None => {
+                        eprintln!(
+                            "sharedos serve: listening on tcp:{addr} (plain; bearer token required)"
+                        );
+                        let prepare = move |s: TcpStream| {
+                            let gate = gate.clone();
+                            async move { Some((s, gate)) }
+                        };
+                        accept_loop(sessions, limits, shutdown, accept, prepare).await;
+                    }
+                    Some(acceptor) => {
+                        eprintln!(
+                            "sharedos serve: listening on tcp:{addr} (TLS; bearer token required)"
+                        );
+                        let prepare = move |s: TcpStream| {
+                            let (acceptor, gate) = (acceptor.clone(), gate.clone());
+                            async move {
+                                let tls =
+                                    tokio::time::timeout(limits.header_read, acceptor.accept(s));
+                                Some((tls.await.ok()?.ok()?, gate))
+                            }
+                        };
+                        accept_loop(sessions, limits, shutdown, accept, prepare).await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// TLS for a TCP listener, when its files are given (by flag or
+/// `[serve]`); without them, plain TCP only on a loopback address unless
+/// `[serve] allowPlainTcp`. Checked before anything is opened.
+fn tcp_security(
+    config: &HostConfig,
+    listen: &Listen,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, ServeError> {
+    let Listen::Tcp { addr, tls, .. } = listen else {
+        return Ok(None);
+    };
+    let configured = match (&config.serve.tls_cert, &config.serve.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: config.resolve(cert),
+            key: config.resolve(key),
+        }),
+        _ => None,
+    };
+    match tls.clone().or(configured) {
+        Some(files) => tls::acceptor(&files).map(Some),
+        None if addr.ip().is_loopback() || config.serve.allow_plain_tcp => Ok(None),
+        None => Err(ServeError::Setup(format!(
+            "--listen {addr} is not a loopback address and no TLS is configured: bearer tokens would cross the network in clear; give --tls-cert and --tls-key (or [serve] tlsCert/tlsKey), listen on 127.0.0.1 or ::1, or set [serve] allowPlainTcp = true"
+        ))),
+    }
+}
+
+/// The gate of a unix connection: the socket's owner when no peer is
+/// mapped; else by the peer's uid. A peer whose credentials cannot be read
+/// while peers are mapped is refused (closed): it could be any tenant.
+fn unix_gate(peers: &[crate::config::serve::PeerTenant], stream: &UnixStream) -> Option<Gate> {
+    if peers.is_empty() {
+        return Some(Gate::Trusted);
+    }
+    match stream.peer_cred() {
+        Ok(cred) => Some(tenants::peer_gate(peers, cred.uid())),
+        Err(e) => {
+            eprintln!(
+                "sharedos serve: a unix peer's credentials could not be read ({e}): its connection is closed"
+            );
+            None
+        }
+    }
 }
 
 /// Takes the lease of this host id and reports the runs it reconciled.
@@ -317,16 +439,18 @@ fn bind_unix(path: &PathBuf) -> Result<UnixListener, ServeError> {
 /// Accepts connections until `shutdown`, each held to `limits`
 /// ([`conn`]): at the cap the longest idle one makes room, or the new one
 /// is answered `503`; exhausted descriptors pause accepting.
-async fn accept_loop<S, A, F, Fut>(
+async fn accept_loop<S, A, F, Fut, P, PFut, T>(
     sessions: &Arc<Sessions>,
-    token: Option<Arc<String>>,
     limits: ConnLimits,
     shutdown: &CancellationToken,
     accept: F,
+    prepare: P,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn() -> Fut,
     Fut: Future<Output = std::io::Result<(S, A)>>,
+    P: Fn(S) -> PFut,
+    PFut: Future<Output = Option<(T, Gate)>> + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let connections = Connections::new(limits.max_connections);
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING_CONNECTIONS));
@@ -350,20 +474,25 @@ async fn accept_loop<S, A, F, Fut>(
                 }
             },
         };
+        // A TLS handshake, or reading the peer's credentials, happens in
+        // the connection's own task (bounded by `headerReadTimeoutMs`).
         match connections.admit() {
             Some(slot) => {
-                let sessions = Arc::clone(sessions);
-                tokio::spawn(serve_connection(
-                    stream,
-                    slot,
-                    sessions,
-                    token.clone(),
-                    limits,
-                ));
+                let (sessions, prepared) = (Arc::clone(sessions), prepare(stream));
+                tokio::spawn(async move {
+                    if let Some((stream, gate)) = prepared.await {
+                        serve_connection(stream, slot, sessions, gate, limits).await;
+                    }
+                });
             }
             None => {
                 if let Ok(permit) = Arc::clone(&refusing).try_acquire_owned() {
-                    tokio::spawn(refuse(stream, permit, limits));
+                    let prepared = prepare(stream);
+                    tokio::spawn(async move {
+                        if let Some((stream, _)) = prepared.await {
+                            refuse(stream, permit, limits).await;
+                        }
+                    });
                 }
             }
         }
@@ -376,25 +505,29 @@ async fn serve_connection<S>(
     stream: S,
     slot: Slot,
     sessions: Arc<Sessions>,
-    token: Option<Arc<String>>,
+    gate: Gate,
     limits: ConnLimits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::clone(&slot.activity);
-    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+    let service = service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let guard = activity.begin();
         let sessions = Arc::clone(&sessions);
-        let token = token.clone();
+        let gate = gate.clone();
         async move {
-            let response = match &token {
-                Some(t) if !authorized(&req, t) => Failure::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "send Authorization: Bearer <token>",
-                )
-                .into_response(),
-                _ => routes::route(sessions, req, limits.header_read).await,
+            let authorization = req
+                .headers()
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            let response = match gate.admit(authorization, req.uri().path()).await {
+                Ok(bound) => {
+                    if let Some(binding) = bound {
+                        req.extensions_mut().insert(binding);
+                    }
+                    routes::route(sessions, req, limits.header_read).await
+                }
+                Err(refusal) => refused(refusal),
             };
             // The request is under way until its response's body is done.
             let response = response.map(|body| {
@@ -441,20 +574,15 @@ where
     let _ = tokio::time::timeout(limits.header_read, connection).await;
 }
 
-/// Compares the bearer token in constant time.
-fn authorized(req: &Request<hyper::body::Incoming>, token: &str) -> bool {
-    let Some(given) = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+/// A request refused before routing; a `401` says how to authenticate.
+fn refused(r: Refusal) -> hyper::Response<routes::Body> {
+    let unauthorized = r.status == StatusCode::UNAUTHORIZED;
+    let mut response = Failure::new(r.status, r.code, r.message).into_response();
+    if unauthorized {
+        response.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
 }

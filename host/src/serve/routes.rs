@@ -126,13 +126,19 @@ fn scope_of(req: &Request<Incoming>) -> Result<Scope, Failure> {
         })?
         .to_str()
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_scope", "Sharedos-Scope is not text"))?;
-    let scope: Scope = serde_json::from_str(text).map_err(|e| {
-        Failure::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_scope",
-            format!("Sharedos-Scope: {e}"),
-        )
-    })?;
+    // A tenant's credential fixes the namespace and authority (docs/SERVE.md, "Tenants").
+    let scope: Scope = match req.extensions().get::<super::tenants::Binding>() {
+        Some(bound) => bound
+            .scope(text)
+            .map_err(|r| Failure::new(r.status, r.code, r.message))?,
+        None => serde_json::from_str(text).map_err(|e| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_scope",
+                format!("Sharedos-Scope: {e}"),
+            )
+        })?,
+    };
     scope.check()?;
     Ok(scope)
 }

@@ -27,6 +27,7 @@ use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Row};
 use crate::grants::postgres as grants;
 use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
+use crate::tokens::{StoredToken, postgres as tokens};
 use crate::{
     Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunRecord,
     RunState, SessionRecord, Store, StoreError, StoredGrant,
@@ -556,6 +557,22 @@ impl Store for PostgresStore {
 
     async fn revoke_grant(&self, id: &str, at: &str) -> Result<bool, StoreError> {
         grants::revoke(&mut *self.client.lock().await, id, at).await
+    }
+
+    async fn add_token(&self, token: &StoredToken) -> Result<(), StoreError> {
+        tokens::add(&*self.client.lock().await, token).await
+    }
+
+    async fn revoke_token(&self, id: &str, at: &str) -> Result<bool, StoreError> {
+        tokens::revoke(&*self.client.lock().await, id, at).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError> {
+        tokens::all(&*self.client.lock().await).await
+    }
+
+    async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<StoredToken>, StoreError> {
+        tokens::by_hash(&*self.client.lock().await, secret_sha256).await
     }
 
     async fn grant(&self, id: &str) -> Result<Option<StoredGrant>, StoreError> {

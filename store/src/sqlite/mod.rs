@@ -27,6 +27,7 @@ mod worker;
 use crate::grants::sqlite as grants;
 use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
+use crate::tokens::{StoredToken, sqlite as tokens};
 use crate::{
     Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunRecord, SCHEMA_VERSION,
     SessionRecord, Store, StoreError, StoredGrant,
@@ -338,6 +339,26 @@ impl Store for SqliteStore {
         let (list, at) = (list.to_vec(), at.to_owned());
         self.with(move |conn, _| grants::import(conn, &list, &at))
             .await
+    }
+
+    async fn add_token(&self, token: &StoredToken) -> Result<(), StoreError> {
+        let token = token.clone();
+        self.with(move |conn, _| tokens::add(conn, &token)).await
+    }
+
+    async fn revoke_token(&self, id: &str, at: &str) -> Result<bool, StoreError> {
+        let (id, at) = (id.to_owned(), at.to_owned());
+        self.with(move |conn, _| tokens::revoke(conn, &id, &at))
+            .await
+    }
+
+    async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError> {
+        self.with(|conn, _| tokens::all(conn)).await
+    }
+
+    async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<StoredToken>, StoreError> {
+        let hash = secret_sha256.to_owned();
+        self.with(move |conn, _| tokens::by_hash(conn, &hash)).await
     }
 
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
