@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod grants;
 mod lease;
+mod listing;
 mod postgres;
 pub mod recovery;
 mod sqlite;
@@ -29,6 +30,7 @@ use recovery::RecoveredRun;
 
 pub use grants::{GrantImport, GrantOrigin, StoreGrants, StoredGrant};
 pub use lease::{Acquired, Lease};
+pub use listing::{Keyset, RunQuery, SessionQuery, TimeRange};
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 
@@ -43,6 +45,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0002_grants.sql"),
     include_str!("../migrations/sqlite/0003_host_leases.sql"),
     include_str!("../migrations/sqlite/0004_cancel_requests.sql"),
+    include_str!("../migrations/sqlite/0006_listing.sql"),
 ];
 
 /// The prefix of a [`Store::changes`] message that asks a run's host to
@@ -55,6 +58,7 @@ pub const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0002_grants.sql"),
     include_str!("../migrations/postgres/0003_host_leases.sql"),
     include_str!("../migrations/postgres/0004_cancel_requests.sql"),
+    include_str!("../migrations/postgres/0006_listing.sql"),
 ];
 
 /// Why the store could not do what was asked. Each message says what to
@@ -215,6 +219,12 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     async fn open_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
     async fn session(&self, id: &str) -> Result<SessionRecord, StoreError>;
     async fn close_session(&self, id: &str, at: &str) -> Result<(), StoreError>;
+    /// Up to `query.limit` sessions of one scope in creation order, after
+    /// `query.after` (docs/STORE.md, "Listing").
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError>;
+    /// Up to `query.limit` runs of one session in admission order, after
+    /// `query.after` (docs/STORE.md, "Listing").
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError>;
     /// Admits a run under its session's `requestId`, atomically: a new
     /// requestId stores the run; the same one with the same digest returns
     /// the original; a different digest is `RequestConflict`.

@@ -14,6 +14,7 @@
 mod at_rest;
 mod conn;
 mod lease;
+mod listing;
 pub mod routes;
 
 use std::collections::HashMap;

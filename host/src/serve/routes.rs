@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_store::StoreError;
 
+use super::listing::{self, Refusal};
 use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessions};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -229,15 +230,16 @@ async fn handle(
         return Ok(metrics(sessions));
     }
     let scope = scope_of(&req)?;
+    if method == Method::GET
+        && let Some(answer) = reads(sessions, &scope, &parts, req.uri().query()).await
+    {
+        return answer;
+    }
     match (method, parts.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => {
             let spec: OpenSession = body_of(req, body_within).await?;
             let s = sessions.open_session(&scope, spec).await?;
             Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
-        }
-        (Method::GET, ["v1", "sessions", id]) => {
-            let s = sessions.session(&scope, id).await?;
-            Ok(json_response(StatusCode::OK, &json!({"session": s})))
         }
         (Method::DELETE, ["v1", "sessions", id]) => {
             sessions.close_session(&scope, id).await?;
@@ -281,6 +283,33 @@ async fn handle(
             "no such endpoint: see docs/SERVE.md",
         )),
     }
+}
+
+/// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and
+/// runs"): a session with its active run, the scope's sessions, a
+/// session's runs; `None` for any other path.
+async fn reads(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    parts: &[&str],
+    query: Option<&str>,
+) -> Option<Result<Response<Body>, Failure>> {
+    let answer = match parts {
+        ["v1", "sessions"] => listing::sessions(sessions, scope, query).await,
+        ["v1", "sessions", id] => match sessions.session_with_active_run(scope, id).await {
+            Ok((s, active)) => Ok(json!({"session": s, "activeRun": active})),
+            Err(e) => Err(e.into()),
+        },
+        ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
+        _ => return None,
+    };
+    Some(match answer {
+        Ok(value) => Ok(json_response(StatusCode::OK, &value)),
+        Err(Refusal::Query { code, message }) => {
+            Err(Failure::new(StatusCode::BAD_REQUEST, code, message))
+        }
+        Err(Refusal::Session(e)) => Err(e.into()),
+    })
 }
 
 /// This host and its lease: `200` while the lease holds, `503 lease_lost`

@@ -12,6 +12,7 @@
 
 mod kernel;
 mod lease;
+mod listing;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,8 +29,8 @@ use crate::grants::postgres as grants;
 use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::{
-    Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunRecord,
-    RunState, SessionRecord, Store, StoreError, StoredGrant,
+    Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunQuery,
+    RunRecord, RunState, SessionQuery, SessionRecord, Store, StoreError, StoredGrant,
 };
 
 const CHANNEL: &str = "sharedos_runs";
@@ -336,6 +337,14 @@ impl Store for PostgresStore {
             });
         }
         Ok(())
+    }
+
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError> {
+        listing::sessions(&*self.client.lock().await, query).await
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        listing::runs(&*self.client.lock().await, query).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {

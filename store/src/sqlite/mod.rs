@@ -21,6 +21,7 @@ use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 mod changes;
 mod fence;
 mod lease;
+mod listing;
 mod runs;
 mod worker;
 
@@ -28,8 +29,8 @@ use crate::grants::sqlite as grants;
 use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::{
-    Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunRecord, SCHEMA_VERSION,
-    SessionRecord, Store, StoreError, StoredGrant,
+    Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunQuery, RunRecord,
+    SCHEMA_VERSION, SessionQuery, SessionRecord, Store, StoreError, StoredGrant,
 };
 use runs::{RUN_COLUMNS, admit, end, events, raw_run, read_run, read_session, run_of};
 
@@ -206,6 +207,17 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError> {
+        let query = query.clone();
+        self.with(move |conn, _| listing::sessions(conn, &query))
+            .await
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        let query = query.clone();
+        self.with(move |conn, _| listing::runs(conn, &query)).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
