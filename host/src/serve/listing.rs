@@ -40,7 +40,7 @@ fn bad(code: &'static str, message: impl Into<String>) -> Refusal {
 }
 
 /// `%XX` escapes decoded; `+` is kept as it is (a time's offset).
-fn percent_decode(text: &str) -> Result<String, Refusal> {
+pub(super) fn percent_decode(text: &str) -> Result<String, Refusal> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -13,6 +13,7 @@
 
 mod at_rest;
 mod conn;
+mod event_filter;
 mod lease;
 mod listing;
 pub mod routes;

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_store::StoreError;
 
+use super::event_filter::KindFilter;
 use super::listing::{self, Refusal};
 use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessions};
 
@@ -274,8 +275,9 @@ async fn handle(
         }
         (Method::GET, ["v1", "runs", id, "events"]) => {
             let after = after_sequence(&req)?;
+            let kinds = KindFilter::from_query(req.uri().query())?;
             let observer = sessions.observe(&scope, id, after).await?;
-            Ok(sse(observer))
+            Ok(sse(observer, kinds))
         }
         _ => Err(Failure::new(
             StatusCode::NOT_FOUND,
@@ -303,13 +305,22 @@ async fn reads(
         ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
         _ => return None,
     };
-    Some(match answer {
-        Ok(value) => Ok(json_response(StatusCode::OK, &value)),
-        Err(Refusal::Query { code, message }) => {
-            Err(Failure::new(StatusCode::BAD_REQUEST, code, message))
+    Some(
+        answer
+            .map(|value| json_response(StatusCode::OK, &value))
+            .map_err(Failure::from),
+    )
+}
+
+impl From<Refusal> for Failure {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Query { code, message } => {
+                Failure::new(StatusCode::BAD_REQUEST, code, message)
+            }
+            Refusal::Session(e) => e.into(),
         }
-        Err(Refusal::Session(e)) => Err(e.into()),
-    })
+    }
 }
 
 /// This host and its lease: `200` while the lease holds, `503 lease_lost`
@@ -371,23 +382,34 @@ fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
 
 /// The events as server-sent events: `id` is the sequence, `event` the
 /// type, `data` the event; a last `end` event once the run has ended. A
-/// client that goes away drops the stream, and with it the observer.
-fn sse(observer: Observer) -> Response<Body> {
-    let stream = futures_util::stream::unfold(Some(observer), |state| async move {
-        let mut observer = state?;
-        let (frame, next) = match observer.next().await {
-            Ok(Some(e)) => {
-                let data = serde_json::to_string(&e).unwrap_or_default();
-                let text = format!("id: {}\nevent: {}\ndata: {data}\n\n", e.sequence, e.kind);
-                (text, Some(observer))
+/// client that goes away drops the stream, and with it the observer. With
+/// `kinds`, only the events it admits (their sequences unchanged).
+fn sse(observer: Observer, kinds: Option<KindFilter>) -> Response<Body> {
+    let stream = futures_util::stream::unfold(Some(observer), move |state| {
+        let kinds = kinds.clone();
+        async move {
+            let mut observer = state?;
+            let mut next_event = observer.next().await;
+            while let (Ok(Some(e)), Some(k)) = (&next_event, &kinds) {
+                if k.admits(e.kind.as_str()) {
+                    break;
+                }
+                next_event = observer.next().await;
             }
-            Ok(None) => ("event: end\ndata: {}\n\n".to_owned(), None),
-            Err(e) => {
-                let data = json!({"message": e.to_string()});
-                (format!("event: error\ndata: {data}\n\n"), None)
-            }
-        };
-        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(frame))), next))
+            let (frame, next) = match next_event {
+                Ok(Some(e)) => {
+                    let data = serde_json::to_string(&e).unwrap_or_default();
+                    let text = format!("id: {}\nevent: {}\ndata: {data}\n\n", e.sequence, e.kind);
+                    (text, Some(observer))
+                }
+                Ok(None) => ("event: end\ndata: {}\n\n".to_owned(), None),
+                Err(e) => {
+                    let data = json!({"message": e.to_string()});
+                    (format!("event: error\ndata: {data}\n\n"), None)
+                }
+            };
+            Some((Ok::<_, Infallible>(Frame::data(Bytes::from(frame))), next))
+        }
     });
     let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
     r.headers_mut()
