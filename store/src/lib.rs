@@ -110,6 +110,9 @@ pub enum StoreError {
     GrantConflict(String),
     #[error("run {0:?} has already ended")]
     RunEnded(String),
+    /// A run still in flight cannot be deleted.
+    #[error("run {0:?} is in flight: cancel it, and delete it once it has ended")]
+    RunInFlight(String),
     /// This process's lease was taken over (its epoch moved on): another
     /// host reconciled its runs after the lease expired, or another process
     /// started under the same host id. The write was refused, whole.
@@ -230,6 +233,10 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     /// the original; a different digest is `RequestConflict`.
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError>;
     async fn run(&self, id: &str) -> Result<RunRecord, StoreError>;
+    /// Deletes a run that is no longer in flight, and its journal, in one
+    /// transaction; its audit records are kept. Returns the run as it was;
+    /// `RunInFlight` (nothing deleted) while it runs.
+    async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError>;
     /// Ends an in-flight run with its result, then applies retention.
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
     /// Asks whichever host runs `id` to cancel it: an in-flight run is

@@ -80,6 +80,7 @@ impl From<SessionError> for Failure {
                 StoreError::RequestConflict { .. } => (StatusCode::CONFLICT, "request_conflict"),
                 StoreError::SessionClosed(_) => (StatusCode::CONFLICT, "session_closed"),
                 StoreError::RunEnded(_) => (StatusCode::CONFLICT, "run_ended"),
+                StoreError::RunInFlight(_) => (StatusCode::CONFLICT, "run_in_flight"),
                 StoreError::GrantConflict(_) => (StatusCode::CONFLICT, "grant_conflict"),
                 StoreError::BeyondEnd { .. } => (StatusCode::BAD_REQUEST, "sequence_beyond_end"),
                 StoreError::Dropped { .. } => (StatusCode::GONE, "sequence_dropped"),
@@ -265,6 +266,10 @@ async fn handle(
         (Method::GET, ["v1", "runs", id]) => {
             let run = sessions.get_run(&scope, id).await?;
             Ok(json_response(StatusCode::OK, &json!({"run": run})))
+        }
+        (Method::DELETE, ["v1", "runs", id]) => {
+            sessions.delete_run(&scope, id).await?;
+            Ok(json_response(StatusCode::OK, &json!({"deleted": id})))
         }
         (Method::POST, ["v1", "runs", id, "cancel"]) => {
             let host = sessions.cancel(&scope, id).await?;

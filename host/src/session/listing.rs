@@ -87,6 +87,14 @@ impl Sessions {
         }))
     }
 
+    /// Deletes a run `scope` may see that is no longer in flight, with its
+    /// journal; its audit records are kept (docs/SERVE.md, "Deletion").
+    pub async fn delete_run(&self, scope: &Scope, run_id: &str) -> Result<(), SessionError> {
+        self.get_run(scope, run_id).await?;
+        self.store.delete_run(run_id).await?;
+        Ok(())
+    }
+
     /// The session and its active run: the id of its earliest-admitted run
     /// still in flight, `None` when none is.
     pub async fn session_with_active_run(

@@ -10,6 +10,7 @@
 //! another host committed. Host leases and the writes they fence are in
 //! [`lease`].
 
+mod delete;
 mod kernel;
 mod lease;
 mod listing;
@@ -345,6 +346,10 @@ impl Store for PostgresStore {
 
     async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
         listing::runs(&*self.client.lock().await, query).await
+    }
+
+    async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        delete::run(&mut *self.client.lock().await, id).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {

@@ -19,6 +19,7 @@ use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
 use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 
 mod changes;
+mod delete;
 mod fence;
 mod lease;
 mod listing;
@@ -218,6 +219,11 @@ impl Store for SqliteStore {
     async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
         let query = query.clone();
         self.with(move |conn, _| listing::runs(conn, &query)).await
+    }
+
+    async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, _| delete::run(conn, &id)).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
