@@ -110,6 +110,9 @@ pub enum StoreError {
     GrantConflict(String),
     #[error("run {0:?} has already ended")]
     RunEnded(String),
+    /// An open session cannot be deleted.
+    #[error("session {0:?} is open: close it (DELETE without purge), then delete it")]
+    SessionOpen(String),
     /// A run still in flight cannot be deleted.
     #[error("run {0:?} is in flight: cancel it, and delete it once it has ended")]
     RunInFlight(String),
@@ -237,6 +240,10 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     /// transaction; its audit records are kept. Returns the run as it was;
     /// `RunInFlight` (nothing deleted) while it runs.
     async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError>;
+    /// Deletes a closed session with its runs and their journals, in one
+    /// transaction; audit records are kept. `SessionOpen` while it is
+    /// open, `RunInFlight` while one of its runs is (nothing deleted).
+    async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError>;
     /// Ends an in-flight run with its result, then applies retention.
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
     /// Asks whichever host runs `id` to cancel it: an in-flight run is

@@ -240,3 +240,18 @@ pub async fn runs(
     let page = sessions.list_runs(scope, session_id, f).await?;
     Ok(answer('r', "runs", page))
 }
+
+/// `DELETE /v1/sessions/{id}`'s query: none closes the session,
+/// `purge=true` deletes a closed one with its runs (docs/SERVE.md,
+/// "Deletion"); anything else is refused.
+pub fn purge(query: Option<&str>) -> Result<bool, Refusal> {
+    let mut purge = false;
+    for (_, value) in parameters(query, &["purge"])? {
+        purge = match value.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => return Err(bad("invalid_query", "purge is true or false")),
+        };
+    }
+    Ok(purge)
+}

@@ -81,6 +81,7 @@ impl From<SessionError> for Failure {
                 StoreError::SessionClosed(_) => (StatusCode::CONFLICT, "session_closed"),
                 StoreError::RunEnded(_) => (StatusCode::CONFLICT, "run_ended"),
                 StoreError::RunInFlight(_) => (StatusCode::CONFLICT, "run_in_flight"),
+                StoreError::SessionOpen(_) => (StatusCode::CONFLICT, "session_open"),
                 StoreError::GrantConflict(_) => (StatusCode::CONFLICT, "grant_conflict"),
                 StoreError::BeyondEnd { .. } => (StatusCode::BAD_REQUEST, "sequence_beyond_end"),
                 StoreError::Dropped { .. } => (StatusCode::GONE, "sequence_dropped"),
@@ -244,8 +245,7 @@ async fn handle(
             Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
         }
         (Method::DELETE, ["v1", "sessions", id]) => {
-            sessions.close_session(&scope, id).await?;
-            Ok(json_response(StatusCode::OK, &json!({"closed": id})))
+            close_or_delete(sessions, &scope, id, req.uri().query()).await
         }
         (Method::POST, ["v1", "sessions", id, "runs"]) => {
             let id = id.to_string();
@@ -326,6 +326,22 @@ impl From<Refusal> for Failure {
             Refusal::Session(e) => e.into(),
         }
     }
+}
+
+/// `DELETE /v1/sessions/{id}`: closes the session, or with `purge=true`
+/// deletes a closed one with its runs (docs/SERVE.md, "Deletion").
+async fn close_or_delete(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    id: &str,
+    query: Option<&str>,
+) -> Result<Response<Body>, Failure> {
+    if listing::purge(query)? {
+        sessions.delete_session(scope, id).await?;
+        return Ok(json_response(StatusCode::OK, &json!({"deleted": id})));
+    }
+    sessions.close_session(scope, id).await?;
+    Ok(json_response(StatusCode::OK, &json!({"closed": id})))
 }
 
 /// This host and its lease: `200` while the lease holds, `503 lease_lost`

@@ -95,6 +95,14 @@ impl Sessions {
         Ok(())
     }
 
+    /// Deletes a closed session `scope` may see, with its runs and their
+    /// journals; audit records are kept (docs/SERVE.md, "Deletion").
+    pub async fn delete_session(&self, scope: &Scope, id: &str) -> Result<(), SessionError> {
+        self.session(scope, id).await?;
+        self.store.delete_session(id).await?;
+        Ok(())
+    }
+
     /// The session and its active run: the id of its earliest-admitted run
     /// still in flight, `None` when none is.
     pub async fn session_with_active_run(

@@ -1,10 +1,12 @@
-//! Deleting an ended run and its journal (docs/STORE.md, "Deletion"); its
-//! audit records are kept.
+//! Deleting an ended run and its journal, or a closed session with its
+//! runs and their journals (docs/STORE.md, "Deletion"); audit records are
+//! kept.
 
 use tokio_postgres::Client;
 
+use super::listing::{SESSION_COLUMNS, session_of};
 use super::{pg, read_run};
-use crate::{RunRecord, RunState, StoreError};
+use crate::{RunRecord, RunState, SessionRecord, StoreError};
 
 pub(super) async fn run(client: &mut Client, id: &str) -> Result<RunRecord, StoreError> {
     let tx = client.transaction().await.map_err(pg)?;
@@ -25,4 +27,53 @@ pub(super) async fn run(client: &mut Client, id: &str) -> Result<RunRecord, Stor
         .map_err(pg)?;
     tx.commit().await.map_err(pg)?;
     Ok(run)
+}
+
+pub(super) async fn session(client: &mut Client, id: &str) -> Result<SessionRecord, StoreError> {
+    let tx = client.transaction().await.map_err(pg)?;
+    // Admission locks the session's row too: no run is admitted into it
+    // while this transaction decides.
+    let row = tx
+        .query_opt("SELECT open FROM sessions WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .map_err(pg)?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "session",
+            id: id.to_owned(),
+        })?;
+    if row.get::<_, bool>(0) {
+        return Err(StoreError::SessionOpen(id.to_owned()));
+    }
+    let flying = tx
+        .query_opt(
+            "SELECT id FROM runs WHERE session_id = $1 AND state = 'in_flight' LIMIT 1 FOR UPDATE",
+            &[&id],
+        )
+        .await
+        .map_err(pg)?;
+    if let Some(run) = flying {
+        return Err(StoreError::RunInFlight(run.get(0)));
+    }
+    let row = tx
+        .query_one(
+            &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1"),
+            &[&id],
+        )
+        .await
+        .map_err(pg)?;
+    let session = session_of(&row)?;
+    tx.execute(
+        "DELETE FROM run_events WHERE run_id IN (SELECT id FROM runs WHERE session_id = $1)",
+        &[&id],
+    )
+    .await
+    .map_err(pg)?;
+    tx.execute("DELETE FROM runs WHERE session_id = $1", &[&id])
+        .await
+        .map_err(pg)?;
+    tx.execute("DELETE FROM sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(pg)?;
+    tx.commit().await.map_err(pg)?;
+    Ok(session)
 }

@@ -2,7 +2,7 @@
 //! `listing`): ordered by `sharedos_millis`, the function the migration's
 //! indexes hold.
 
-use tokio_postgres::GenericClient;
+use tokio_postgres::{GenericClient, Row};
 
 use super::{RUN_COLUMNS, corrupt, pg, run_of};
 use crate::listing::{bounds, sql_limit};
@@ -32,20 +32,25 @@ pub(super) async fn sessions(
         )
         .await
         .map_err(pg)?;
-    rows.iter()
-        .map(|row| {
-            Ok(SessionRecord {
-                id: row.get(0),
-                agent_id: row.get(1),
-                runtime_id: row.get(2),
-                scope: serde_json::from_str(row.get(3)).map_err(corrupt)?,
-                binding: serde_json::from_str(row.get(4)).map_err(corrupt)?,
-                open: row.get(5),
-                created_at: row.get(6),
-                closed_at: row.get(7),
-            })
-        })
-        .collect()
+    rows.iter().map(session_of).collect()
+}
+
+/// The session columns this module and deletion read.
+pub(super) const SESSION_COLUMNS: &str =
+    "id, agent_id, runtime_id, scope, binding, open, created_at, closed_at";
+
+/// A row of [`SESSION_COLUMNS`].
+pub(super) fn session_of(row: &Row) -> Result<SessionRecord, StoreError> {
+    Ok(SessionRecord {
+        id: row.get(0),
+        agent_id: row.get(1),
+        runtime_id: row.get(2),
+        scope: serde_json::from_str(row.get(3)).map_err(corrupt)?,
+        binding: serde_json::from_str(row.get(4)).map_err(corrupt)?,
+        open: row.get(5),
+        created_at: row.get(6),
+        closed_at: row.get(7),
+    })
 }
 
 pub(super) async fn runs(

@@ -348,6 +348,10 @@ impl Store for PostgresStore {
         listing::runs(&*self.client.lock().await, query).await
     }
 
+    async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
+        delete::session(&mut *self.client.lock().await, id).await
+    }
+
     async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
         delete::run(&mut *self.client.lock().await, id).await
     }

@@ -221,6 +221,11 @@ impl Store for SqliteStore {
         self.with(move |conn, _| listing::runs(conn, &query)).await
     }
 
+    async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, _| delete::session(conn, &id)).await
+    }
+
     async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
         let id = id.to_owned();
         self.with(move |conn, _| delete::run(conn, &id)).await
