@@ -375,6 +375,19 @@ fn metrics(sessions: &Sessions) -> Response<Body> {
     r
 }
 
+/// The observer's next event `kinds` admits (every one without a filter).
+async fn next_admitted(
+    observer: &mut Observer,
+    kinds: Option<&KindFilter>,
+) -> Result<Option<sharedos_protocol::ExecutionEvent>, SessionError> {
+    loop {
+        match observer.next().await? {
+            Some(e) if kinds.is_some_and(|k| !k.admits(e.kind.as_str())) => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
 /// `afterSequence` from the query, or the SSE `Last-Event-ID` header a
 /// reconnecting client sends.
 fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
@@ -406,31 +419,21 @@ fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
 /// client that goes away drops the stream, and with it the observer. With
 /// `kinds`, only the events it admits (their sequences unchanged).
 fn sse(observer: Observer, kinds: Option<KindFilter>) -> Response<Body> {
-    let stream = futures_util::stream::unfold(Some(observer), move |state| {
-        let kinds = kinds.clone();
-        async move {
-            let mut observer = state?;
-            let mut next_event = observer.next().await;
-            while let (Ok(Some(e)), Some(k)) = (&next_event, &kinds) {
-                if k.admits(e.kind.as_str()) {
-                    break;
-                }
-                next_event = observer.next().await;
+    let stream = futures_util::stream::unfold(Some((observer, kinds)), |state| async move {
+        let (mut observer, kinds) = state?;
+        let (frame, next) = match next_admitted(&mut observer, kinds.as_ref()).await {
+            Ok(Some(e)) => {
+                let data = serde_json::to_string(&e).unwrap_or_default();
+                let text = format!("id: {}\nevent: {}\ndata: {data}\n\n", e.sequence, e.kind);
+                (text, Some((observer, kinds)))
             }
-            let (frame, next) = match next_event {
-                Ok(Some(e)) => {
-                    let data = serde_json::to_string(&e).unwrap_or_default();
-                    let text = format!("id: {}\nevent: {}\ndata: {data}\n\n", e.sequence, e.kind);
-                    (text, Some(observer))
-                }
-                Ok(None) => ("event: end\ndata: {}\n\n".to_owned(), None),
-                Err(e) => {
-                    let data = json!({"message": e.to_string()});
-                    (format!("event: error\ndata: {data}\n\n"), None)
-                }
-            };
-            Some((Ok::<_, Infallible>(Frame::data(Bytes::from(frame))), next))
-        }
+            Ok(None) => ("event: end\ndata: {}\n\n".to_owned(), None),
+            Err(e) => {
+                let data = json!({"message": e.to_string()});
+                (format!("event: error\ndata: {data}\n\n"), None)
+            }
+        };
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(frame))), next))
     });
     let mut r = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
     r.headers_mut()
