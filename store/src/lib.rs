@@ -209,6 +209,26 @@ pub struct RunRecord {
     pub ended_at: Option<String>,
 }
 
+/// What a retention sweep deletes: the sessions closed before
+/// `closed_sessions_before_ms` (none of whose runs is in flight) with their
+/// runs, and the runs no longer in flight that ended before
+/// `ended_runs_before_ms`, with their journals; at most `limit` of each.
+/// Times in milliseconds since the Unix epoch; `None` sweeps nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepQuery {
+    pub ended_runs_before_ms: Option<i64>,
+    pub closed_sessions_before_ms: Option<i64>,
+    pub limit: usize,
+}
+
+/// What a retention sweep deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Swept {
+    pub sessions: u64,
+    pub runs: u64,
+}
+
 /// What `admit_run` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admission {
@@ -244,6 +264,9 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     /// transaction; audit records are kept. `SessionOpen` while it is
     /// open, `RunInFlight` while one of its runs is (nothing deleted).
     async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError>;
+    /// Retention by age, in one transaction ([`SweepQuery`]); audit
+    /// records are kept.
+    async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError>;
     /// Ends an in-flight run with its result, then applies retention.
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
     /// Asks whichever host runs `id` to cancel it: an in-flight run is

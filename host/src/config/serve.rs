@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::retention::RetentionSection;
 use crate::limits::{
     ADMISSION_QUEUE_RANGE, ADMISSION_WAIT_RANGE_MS, CONNECTION_TIMEOUT_RANGE_MS,
     DEFAULT_ADMISSION_QUEUE, DEFAULT_ADMISSION_WAIT_MS, DEFAULT_HEADER_READ_TIMEOUT_MS,
@@ -61,6 +62,9 @@ pub struct ServeSection {
     /// How long a request waits for a slot before `429 too_many_runs`.
     #[serde(default = "admission_wait")]
     pub admission_wait_ms: u64,
+    /// `[serve.retention]`: ended runs and closed sessions deleted by age.
+    #[serde(default)]
+    pub retention: RetentionSection,
 }
 
 impl Default for ServeSection {
@@ -74,6 +78,7 @@ impl Default for ServeSection {
             max_live_runs_per_tenant: None,
             admission_queue: DEFAULT_ADMISSION_QUEUE,
             admission_wait_ms: DEFAULT_ADMISSION_WAIT_MS,
+            retention: RetentionSection::default(),
         }
     }
 }
@@ -120,7 +125,8 @@ impl ServeSection {
                 self.max_connections
             ));
         }
-        self.check_admission()
+        self.check_admission()?;
+        self.retention.check()
     }
 
     fn check_admission(&self) -> Result<(), String> {

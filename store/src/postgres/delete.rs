@@ -6,7 +6,7 @@ use tokio_postgres::Client;
 
 use super::listing::{SESSION_COLUMNS, session_of};
 use super::{pg, read_run};
-use crate::{RunRecord, RunState, SessionRecord, StoreError};
+use crate::{RunRecord, RunState, SessionRecord, StoreError, SweepQuery, Swept};
 
 pub(super) async fn run(client: &mut Client, id: &str) -> Result<RunRecord, StoreError> {
     let tx = client.transaction().await.map_err(pg)?;
@@ -76,4 +76,56 @@ pub(super) async fn session(client: &mut Client, id: &str) -> Result<SessionReco
         .map_err(pg)?;
     tx.commit().await.map_err(pg)?;
     Ok(session)
+}
+
+pub(super) async fn sweep(client: &mut Client, q: &SweepQuery) -> Result<Swept, StoreError> {
+    let (runs_before, sessions_before) = (q.ended_runs_before_ms, q.closed_sessions_before_ms);
+    let tx = client.transaction().await.map_err(pg)?;
+    let limit = crate::listing::sql_limit(q.limit);
+    let mut swept = Swept::default();
+    if let Some(before) = sessions_before {
+        let rows = tx
+            .query(
+                "SELECT id FROM sessions s WHERE NOT open AND sharedos_millis(closed_at) < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.session_id = s.id AND r.state = 'in_flight') \
+                 LIMIT $2 FOR UPDATE",
+                &[&before, &limit],
+            )
+            .await
+            .map_err(pg)?;
+        let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        tx.execute(
+            "DELETE FROM run_events WHERE run_id IN (SELECT id FROM runs WHERE session_id = ANY($1))",
+            &[&ids],
+        )
+        .await
+        .map_err(pg)?;
+        tx.execute("DELETE FROM runs WHERE session_id = ANY($1)", &[&ids])
+            .await
+            .map_err(pg)?;
+        tx.execute("DELETE FROM sessions WHERE id = ANY($1)", &[&ids])
+            .await
+            .map_err(pg)?;
+        swept.sessions = ids.len() as u64;
+    }
+    if let Some(before) = runs_before {
+        let rows = tx
+            .query(
+                "SELECT id FROM runs WHERE state <> 'in_flight' AND sharedos_millis(ended_at) < $1 \
+                 LIMIT $2 FOR UPDATE",
+                &[&before, &limit],
+            )
+            .await
+            .map_err(pg)?;
+        let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        tx.execute("DELETE FROM run_events WHERE run_id = ANY($1)", &[&ids])
+            .await
+            .map_err(pg)?;
+        tx.execute("DELETE FROM runs WHERE id = ANY($1)", &[&ids])
+            .await
+            .map_err(pg)?;
+        swept.runs = ids.len() as u64;
+    }
+    tx.commit().await.map_err(pg)?;
+    Ok(swept)
 }

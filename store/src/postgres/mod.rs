@@ -31,7 +31,8 @@ use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::{
     Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunQuery,
-    RunRecord, RunState, SessionQuery, SessionRecord, Store, StoreError, StoredGrant,
+    RunRecord, RunState, SessionQuery, SessionRecord, Store, StoreError, StoredGrant, SweepQuery,
+    Swept,
 };
 
 const CHANNEL: &str = "sharedos_runs";
@@ -350,6 +351,10 @@ impl Store for PostgresStore {
 
     async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
         delete::session(&mut *self.client.lock().await, id).await
+    }
+
+    async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError> {
+        delete::sweep(&mut *self.client.lock().await, query).await
     }
 
     async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {

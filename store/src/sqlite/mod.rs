@@ -31,7 +31,7 @@ use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::{
     Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunQuery, RunRecord,
-    SCHEMA_VERSION, SessionQuery, SessionRecord, Store, StoreError, StoredGrant,
+    SCHEMA_VERSION, SessionQuery, SessionRecord, Store, StoreError, StoredGrant, SweepQuery, Swept,
 };
 use runs::{RUN_COLUMNS, admit, end, events, raw_run, read_run, read_session, run_of};
 
@@ -224,6 +224,11 @@ impl Store for SqliteStore {
     async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
         let id = id.to_owned();
         self.with(move |conn, _| delete::session(conn, &id)).await
+    }
+
+    async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError> {
+        let query = *query;
+        self.with(move |conn, _| delete::sweep(conn, &query)).await
     }
 
     async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
