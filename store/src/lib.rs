@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod grants;
 mod lease;
+mod listing;
 mod postgres;
 pub mod recovery;
 mod sqlite;
@@ -30,6 +31,7 @@ use recovery::RecoveredRun;
 
 pub use grants::{GrantImport, GrantOrigin, StoreGrants, StoredGrant};
 pub use lease::{Acquired, Lease};
+pub use listing::{Keyset, RunQuery, SessionQuery, TimeRange};
 pub use postgres::PostgresStore;
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub use tokens::StoredToken;
@@ -46,6 +48,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0003_host_leases.sql"),
     include_str!("../migrations/sqlite/0004_cancel_requests.sql"),
     include_str!("../migrations/sqlite/0005_tokens.sql"),
+    include_str!("../migrations/sqlite/0006_listing.sql"),
 ];
 
 /// The prefix of a [`Store::changes`] message that asks a run's host to
@@ -59,6 +62,7 @@ pub const POSTGRES_MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0003_host_leases.sql"),
     include_str!("../migrations/postgres/0004_cancel_requests.sql"),
     include_str!("../migrations/postgres/0005_tokens.sql"),
+    include_str!("../migrations/postgres/0006_listing.sql"),
 ];
 
 /// Why the store could not do what was asked. Each message says what to
@@ -110,6 +114,12 @@ pub enum StoreError {
     GrantConflict(String),
     #[error("run {0:?} has already ended")]
     RunEnded(String),
+    /// An open session cannot be deleted.
+    #[error("session {0:?} is open: close it (DELETE without purge), then delete it")]
+    SessionOpen(String),
+    /// A run still in flight cannot be deleted.
+    #[error("run {0:?} is in flight: cancel it, and delete it once it has ended")]
+    RunInFlight(String),
     /// This process's lease was taken over (its epoch moved on): another
     /// host reconciled its runs after the lease expired, or another process
     /// started under the same host id. The write was refused, whole.
@@ -203,6 +213,26 @@ pub struct RunRecord {
     pub ended_at: Option<String>,
 }
 
+/// What a retention sweep deletes: the sessions closed before
+/// `closed_sessions_before_ms` (none of whose runs is in flight) with their
+/// runs, and the runs no longer in flight that ended before
+/// `ended_runs_before_ms`, with their journals; at most `limit` of each.
+/// Times in milliseconds since the Unix epoch; `None` sweeps nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepQuery {
+    pub ended_runs_before_ms: Option<i64>,
+    pub closed_sessions_before_ms: Option<i64>,
+    pub limit: usize,
+}
+
+/// What a retention sweep deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Swept {
+    pub sessions: u64,
+    pub runs: u64,
+}
+
 /// What `admit_run` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admission {
@@ -219,11 +249,28 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     async fn open_session(&self, session: &SessionRecord) -> Result<(), StoreError>;
     async fn session(&self, id: &str) -> Result<SessionRecord, StoreError>;
     async fn close_session(&self, id: &str, at: &str) -> Result<(), StoreError>;
+    /// Up to `query.limit` sessions of one scope in creation order, after
+    /// `query.after` (docs/STORE.md, "Listing").
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError>;
+    /// Up to `query.limit` runs of one session in admission order, after
+    /// `query.after` (docs/STORE.md, "Listing").
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError>;
     /// Admits a run under its session's `requestId`, atomically: a new
     /// requestId stores the run; the same one with the same digest returns
     /// the original; a different digest is `RequestConflict`.
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError>;
     async fn run(&self, id: &str) -> Result<RunRecord, StoreError>;
+    /// Deletes a run that is no longer in flight, and its journal, in one
+    /// transaction; its audit records are kept. Returns the run as it was;
+    /// `RunInFlight` (nothing deleted) while it runs.
+    async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError>;
+    /// Deletes a closed session with its runs and their journals, in one
+    /// transaction; audit records are kept. `SessionOpen` while it is
+    /// open, `RunInFlight` while one of its runs is (nothing deleted).
+    async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError>;
+    /// Retention by age, in one transaction ([`SweepQuery`]); audit
+    /// records are kept.
+    async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError>;
     /// Ends an in-flight run with its result, then applies retention.
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError>;
     /// Asks whichever host runs `id` to cancel it: an in-flight run is

@@ -392,6 +392,41 @@ impl Backend {
         }
     }
 
+    /// One number `sql` (a `SELECT` of one `BIGINT` value) reads in the
+    /// store, behind the server.
+    pub async fn count(&self, dir: &Path, sql: &str) -> i64 {
+        match self {
+            Backend::Sqlite => {
+                let conn = rusqlite::Connection::open(dir.join("sharedos.db")).unwrap();
+                conn.query_row(sql, [], |r| r.get(0)).unwrap()
+            }
+            Backend::Postgres(db) => {
+                let (client, conn) = tokio_postgres::connect(&db.conninfo, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                client.query_one(sql, &[]).await.unwrap().get(0)
+            }
+        }
+    }
+
+    /// Runs `sql` (a change) on the store, behind the server.
+    pub async fn execute(&self, dir: &Path, sql: &str) {
+        match self {
+            Backend::Sqlite => {
+                let conn = rusqlite::Connection::open(dir.join("sharedos.db")).unwrap();
+                conn.execute_batch(sql).unwrap();
+            }
+            Backend::Postgres(db) => {
+                let (client, conn) = tokio_postgres::connect(&db.conninfo, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                client.batch_execute(sql).await.unwrap();
+            }
+        }
+    }
+
     /// Rows of sessions and runs in the store, read behind the server.
     pub async fn rows(&self, dir: &Path) -> (i64, i64) {
         let count = "SELECT (SELECT COUNT(*) FROM sessions), (SELECT COUNT(*) FROM runs)";

@@ -27,6 +27,7 @@
 pub mod gvisor;
 pub mod harness;
 mod pin;
+pub mod retention;
 pub mod serve;
 
 use std::collections::BTreeMap;

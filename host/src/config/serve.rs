@@ -27,6 +27,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sharedos_protocol::{Address, Identifier};
 
+use super::retention::RetentionSection;
 use crate::limits::{
     ADMISSION_QUEUE_RANGE, ADMISSION_WAIT_RANGE_MS, CONNECTION_TIMEOUT_RANGE_MS,
     DEFAULT_ADMISSION_QUEUE, DEFAULT_ADMISSION_WAIT_MS, DEFAULT_HEADER_READ_TIMEOUT_MS,
@@ -86,6 +87,9 @@ pub struct ServeSection {
     /// unmapped peer is the socket's owner, trusted with any scope.
     #[serde(default)]
     pub peers: Vec<PeerTenant>,
+    /// `[serve.retention]`: ended runs and closed sessions deleted by age.
+    #[serde(default)]
+    pub retention: RetentionSection,
 }
 
 /// A unix peer bound to a tenant: its requests get this namespace and
@@ -113,6 +117,7 @@ impl Default for ServeSection {
             tls_key: None,
             allow_plain_tcp: false,
             peers: Vec::new(),
+            retention: RetentionSection::default(),
         }
     }
 }
@@ -160,7 +165,8 @@ impl ServeSection {
             ));
         }
         self.check_tenants()?;
-        self.check_admission()
+        self.check_admission()?;
+        self.retention.check()
     }
 
     fn check_tenants(&self) -> Result<(), String> {

@@ -3,7 +3,8 @@
 //! expired (docs/STORE.md, "Recovery across machines"). A renewal that
 //! finds the lease taken over stops the loop for good: the host admits no
 //! new run, says so on stderr and in `/v1/health`, and the store refuses
-//! every write it would still make.
+//! every write it would still make. While the lease holds, each tick also
+//! gives the retention sweep its turn (retention.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,12 +14,13 @@ use sharedos_store::StoreError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::retention::Sweeper;
 use crate::session::Sessions;
 
 /// Starts the loop; it ends when `stop` fires or the lease is lost.
 pub(super) fn spawn(
     sessions: Arc<Sessions>,
-    lease: Duration,
+    (lease, mut sweeper): (Duration, Sweeper),
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     let every = lease / 3;
@@ -31,6 +33,7 @@ pub(super) fn spawn(
             if !tick(&sessions).await {
                 return;
             }
+            sweeper.tick(sessions.store().as_ref()).await;
         }
     })
 }

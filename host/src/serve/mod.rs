@@ -15,7 +15,10 @@
 
 mod at_rest;
 mod conn;
+mod event_filter;
 mod lease;
+mod listing;
+mod retention;
 pub mod routes;
 pub mod tenants;
 mod tls;
@@ -236,7 +239,12 @@ pub async fn serve(
     )?);
     start_lease(&sessions, options.lease).await?;
     let stop_lease = CancellationToken::new();
-    let lease_loop = lease::spawn(Arc::clone(&sessions), options.lease, stop_lease.clone());
+    let sweeper = retention::Sweeper::new(config.serve.retention.clone());
+    let lease_loop = lease::spawn(
+        Arc::clone(&sessions),
+        (options.lease, sweeper),
+        stop_lease.clone(),
+    );
     let cancels = sessions.watch_cancels(stop_lease.clone());
     let limits = ConnLimits {
         header_read: config.serve.header_read_timeout(),

@@ -17,6 +17,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_store::StoreError;
 
+use super::event_filter::KindFilter;
+use super::listing::{self, Refusal};
 use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessions};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -78,6 +80,8 @@ impl From<SessionError> for Failure {
                 StoreError::RequestConflict { .. } => (StatusCode::CONFLICT, "request_conflict"),
                 StoreError::SessionClosed(_) => (StatusCode::CONFLICT, "session_closed"),
                 StoreError::RunEnded(_) => (StatusCode::CONFLICT, "run_ended"),
+                StoreError::RunInFlight(_) => (StatusCode::CONFLICT, "run_in_flight"),
+                StoreError::SessionOpen(_) => (StatusCode::CONFLICT, "session_open"),
                 StoreError::GrantConflict(_) => (StatusCode::CONFLICT, "grant_conflict"),
                 StoreError::BeyondEnd { .. } => (StatusCode::BAD_REQUEST, "sequence_beyond_end"),
                 StoreError::Dropped { .. } => (StatusCode::GONE, "sequence_dropped"),
@@ -235,19 +239,19 @@ async fn handle(
         return Ok(metrics(sessions));
     }
     let scope = scope_of(&req)?;
+    if method == Method::GET
+        && let Some(answer) = reads(sessions, &scope, &parts, req.uri().query()).await
+    {
+        return answer;
+    }
     match (method, parts.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => {
             let spec: OpenSession = body_of(req, body_within).await?;
             let s = sessions.open_session(&scope, spec).await?;
             Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
         }
-        (Method::GET, ["v1", "sessions", id]) => {
-            let s = sessions.session(&scope, id).await?;
-            Ok(json_response(StatusCode::OK, &json!({"session": s})))
-        }
         (Method::DELETE, ["v1", "sessions", id]) => {
-            sessions.close_session(&scope, id).await?;
-            Ok(json_response(StatusCode::OK, &json!({"closed": id})))
+            close_or_delete(sessions, &scope, id, req.uri().query()).await
         }
         (Method::POST, ["v1", "sessions", id, "runs"]) => {
             let id = id.to_string();
@@ -269,6 +273,10 @@ async fn handle(
             let run = sessions.get_run(&scope, id).await?;
             Ok(json_response(StatusCode::OK, &json!({"run": run})))
         }
+        (Method::DELETE, ["v1", "runs", id]) => {
+            sessions.delete_run(&scope, id).await?;
+            Ok(json_response(StatusCode::OK, &json!({"deleted": id})))
+        }
         (Method::POST, ["v1", "runs", id, "cancel"]) => {
             let host = sessions.cancel(&scope, id).await?;
             Ok(json_response(
@@ -278,8 +286,9 @@ async fn handle(
         }
         (Method::GET, ["v1", "runs", id, "events"]) => {
             let after = after_sequence(&req)?;
+            let kinds = KindFilter::from_query(req.uri().query())?;
             let observer = sessions.observe(&scope, id, after).await?;
-            Ok(sse(observer))
+            Ok(sse(observer, kinds))
         }
         _ => Err(Failure::new(
             StatusCode::NOT_FOUND,
@@ -287,6 +296,58 @@ async fn handle(
             "no such endpoint: see docs/SERVE.md",
         )),
     }
+}
+
+/// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and
+/// runs"): a session with its active run, the scope's sessions, a
+/// session's runs; `None` for any other path.
+async fn reads(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    parts: &[&str],
+    query: Option<&str>,
+) -> Option<Result<Response<Body>, Failure>> {
+    let answer = match parts {
+        ["v1", "sessions"] => listing::sessions(sessions, scope, query).await,
+        ["v1", "sessions", id] => match sessions.session_with_active_run(scope, id).await {
+            Ok((s, active)) => Ok(json!({"session": s, "activeRun": active})),
+            Err(e) => Err(e.into()),
+        },
+        ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
+        _ => return None,
+    };
+    Some(
+        answer
+            .map(|value| json_response(StatusCode::OK, &value))
+            .map_err(Failure::from),
+    )
+}
+
+impl From<Refusal> for Failure {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Query { code, message } => {
+                Failure::new(StatusCode::BAD_REQUEST, code, message)
+            }
+            Refusal::Session(e) => e.into(),
+        }
+    }
+}
+
+/// `DELETE /v1/sessions/{id}`: closes the session, or with `purge=true`
+/// deletes a closed one with its runs (docs/SERVE.md, "Deletion").
+async fn close_or_delete(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    id: &str,
+    query: Option<&str>,
+) -> Result<Response<Body>, Failure> {
+    if listing::purge(query)? {
+        sessions.delete_session(scope, id).await?;
+        return Ok(json_response(StatusCode::OK, &json!({"deleted": id})));
+    }
+    sessions.close_session(scope, id).await?;
+    Ok(json_response(StatusCode::OK, &json!({"closed": id})))
 }
 
 /// This host and its lease: `200` while the lease holds, `503 lease_lost`
@@ -320,6 +381,19 @@ fn metrics(sessions: &Sessions) -> Response<Body> {
     r
 }
 
+/// The observer's next event `kinds` admits (every one without a filter).
+async fn next_admitted(
+    observer: &mut Observer,
+    kinds: Option<&KindFilter>,
+) -> Result<Option<sharedos_protocol::ExecutionEvent>, SessionError> {
+    loop {
+        match observer.next().await? {
+            Some(e) if kinds.is_some_and(|k| !k.admits(e.kind.as_str())) => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
 /// `afterSequence` from the query, or the SSE `Last-Event-ID` header a
 /// reconnecting client sends.
 fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
@@ -348,15 +422,16 @@ fn after_sequence(req: &Request<Incoming>) -> Result<Option<u64>, Failure> {
 
 /// The events as server-sent events: `id` is the sequence, `event` the
 /// type, `data` the event; a last `end` event once the run has ended. A
-/// client that goes away drops the stream, and with it the observer.
-fn sse(observer: Observer) -> Response<Body> {
-    let stream = futures_util::stream::unfold(Some(observer), |state| async move {
-        let mut observer = state?;
-        let (frame, next) = match observer.next().await {
+/// client that goes away drops the stream, and with it the observer. With
+/// `kinds`, only the events it admits (their sequences unchanged).
+fn sse(observer: Observer, kinds: Option<KindFilter>) -> Response<Body> {
+    let stream = futures_util::stream::unfold(Some((observer, kinds)), |state| async move {
+        let (mut observer, kinds) = state?;
+        let (frame, next) = match next_admitted(&mut observer, kinds.as_ref()).await {
             Ok(Some(e)) => {
                 let data = serde_json::to_string(&e).unwrap_or_default();
                 let text = format!("id: {}\nevent: {}\ndata: {data}\n\n", e.sequence, e.kind);
-                (text, Some(observer))
+                (text, Some((observer, kinds)))
             }
             Ok(None) => ("event: end\ndata: {}\n\n".to_owned(), None),
             Err(e) => {

@@ -16,6 +16,7 @@ mod admission;
 mod cancels;
 mod journal;
 mod lease;
+mod listing;
 mod metrics;
 mod observe;
 mod request;
@@ -35,6 +36,7 @@ use crate::executor::Executor;
 
 pub use admission::{AdmissionLimits, AdmissionStatus};
 pub use lease::LeaseStatus;
+pub use listing::{ListFilter, Page};
 pub use metrics::Metrics;
 pub use observe::Observer;
 

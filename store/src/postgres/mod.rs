@@ -10,8 +10,10 @@
 //! another host committed. Host leases and the writes they fence are in
 //! [`lease`].
 
+mod delete;
 mod kernel;
 mod lease;
+mod listing;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +31,9 @@ use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::tokens::{StoredToken, postgres as tokens};
 use crate::{
-    Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunRecord,
-    RunState, SessionRecord, Store, StoreError, StoredGrant,
+    Acquired, Admission, GrantImport, GrantOrigin, NewRun, POSTGRES_MIGRATIONS, RunQuery,
+    RunRecord, RunState, SessionQuery, SessionRecord, Store, StoreError, StoredGrant, SweepQuery,
+    Swept,
 };
 
 const CHANNEL: &str = "sharedos_runs";
@@ -337,6 +340,26 @@ impl Store for PostgresStore {
             });
         }
         Ok(())
+    }
+
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError> {
+        listing::sessions(&*self.client.lock().await, query).await
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        listing::runs(&*self.client.lock().await, query).await
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
+        delete::session(&mut *self.client.lock().await, id).await
+    }
+
+    async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError> {
+        delete::sweep(&mut *self.client.lock().await, query).await
+    }
+
+    async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        delete::run(&mut *self.client.lock().await, id).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {

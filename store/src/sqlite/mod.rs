@@ -19,8 +19,10 @@ use sharedos_kernel::{AuditError, AuditRecord, AuditSink, Grant, UsageStore};
 use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
 
 mod changes;
+mod delete;
 mod fence;
 mod lease;
+mod listing;
 mod runs;
 mod worker;
 
@@ -29,8 +31,8 @@ use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::tokens::{StoredToken, sqlite as tokens};
 use crate::{
-    Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunRecord, SCHEMA_VERSION,
-    SessionRecord, Store, StoreError, StoredGrant,
+    Acquired, Admission, GrantImport, GrantOrigin, MIGRATIONS, NewRun, RunQuery, RunRecord,
+    SCHEMA_VERSION, SessionQuery, SessionRecord, Store, StoreError, StoredGrant, SweepQuery, Swept,
 };
 use runs::{RUN_COLUMNS, admit, end, events, raw_run, read_run, read_session, run_of};
 
@@ -207,6 +209,32 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError> {
+        let query = query.clone();
+        self.with(move |conn, _| listing::sessions(conn, &query))
+            .await
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        let query = query.clone();
+        self.with(move |conn, _| listing::runs(conn, &query)).await
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, _| delete::session(conn, &id)).await
+    }
+
+    async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError> {
+        let query = *query;
+        self.with(move |conn, _| delete::sweep(conn, &query)).await
+    }
+
+    async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, _| delete::run(conn, &id)).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
