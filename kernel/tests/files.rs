@@ -433,13 +433,19 @@ async fn a_namespace_id_that_is_not_a_name_is_refused() {
     g.namespace_id = ctx.namespace_id.clone();
     f.kernel.config_grants().unwrap().replace(vec![g]);
     let turn = f.kernel.open_turn(&ctx).await.unwrap();
-    let c = call("c1", "files.write", json!({"path": "x", "content": "y"}));
+    // A name no other program has put beside the root (its parent is
+    // the shared temp directory).
+    let name = format!(
+        "escaped-{}",
+        f.root.path().file_name().unwrap().to_string_lossy()
+    );
+    let c = call("c1", "files.write", json!({"path": name, "content": "y"}));
     let r = turn
         .invoke_tool(&ctx, &c, CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(code(&r), Some("path_not_allowed"));
-    assert!(!f.root.path().parent().unwrap().join("x").exists());
+    assert!(!f.root.path().parent().unwrap().join(&name).exists());
 }
 
 #[tokio::test]
