@@ -174,6 +174,7 @@ fn the_shipped_binary_lists_only_product_commands() {
             "run",
             "serve",
             "grants",
+            "tokens",
             "sandbox",
             "conformance",
             "help"
