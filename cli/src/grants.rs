@@ -157,47 +157,67 @@ async fn act(args: &GrantsArgs, config: &HostConfig, store: &dyn Store) -> Resul
             }
             Ok(())
         }
-        GrantsAction::Revoke { id } => match store.revoke_grant(id, &at).await {
-            Ok(true) => {
-                println!("revoked {id}");
-                Ok(())
-            }
-            Ok(false) => {
-                println!("{id} was already revoked");
-                Ok(())
-            }
-            Err(StoreError::NotFound { .. }) => Err(format!(
-                "no grant {id:?} in the store: `sharedos grants list` shows the ids"
-            )),
-            Err(e) => Err(e.to_string()),
-        },
+        GrantsAction::Revoke { id } => revoked("grant", id, store.revoke_grant(id, &at).await),
     }
 }
 
 /// Runs `sharedos grants`; returns the exit code (2: the store or the
 /// configuration could not be used; 1: the change was refused).
 pub async fn command(args: GrantsArgs) -> i32 {
-    let config = match HostConfig::load(&args.config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("sharedos grants: {e}");
-            return 2;
-        }
-    };
-    let choice = StoreChoice::from_flags(&config, args.database.clone(), args.postgres.clone());
-    let store = match choice.open().await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("sharedos grants: {e}");
-            return 2;
-        }
-    };
+    let (config, store) =
+        match open_store("grants", &args.config, &args.database, &args.postgres).await {
+            Ok(opened) => opened,
+            Err(code) => return code,
+        };
     match act(&args, &config, store.as_ref()).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("sharedos grants: {e}");
             1
         }
+    }
+}
+
+/// The configuration and the store a store-managing command (`grants`,
+/// `tokens`) works on; `Err(2)`, said on stderr, when either cannot be
+/// used.
+pub(crate) async fn open_store(
+    command: &str,
+    config: &std::path::Path,
+    database: &Option<PathBuf>,
+    postgres: &Option<String>,
+) -> Result<(HostConfig, std::sync::Arc<dyn Store>), i32> {
+    let config = HostConfig::load(config).map_err(|e| {
+        eprintln!("sharedos {command}: {e}");
+        2
+    })?;
+    let choice = StoreChoice::from_flags(&config, database.clone(), postgres.clone());
+    let store = choice.open().await.map_err(|e| {
+        eprintln!("sharedos {command}: {e}");
+        2
+    })?;
+    Ok((config, store))
+}
+
+/// What a revocation of `what` `id` did, as `grants` and `tokens` print it.
+pub(crate) fn revoked(
+    what: &str,
+    id: &str,
+    result: Result<bool, StoreError>,
+) -> Result<(), String> {
+    match result {
+        Ok(true) => {
+            println!("revoked {id}");
+            Ok(())
+        }
+        Ok(false) => {
+            println!("{id} was already revoked");
+            Ok(())
+        }
+        Err(StoreError::NotFound { .. }) => Err(format!(
+            "no {what} {id:?} in the store: `sharedos {what}s list` shows the ids"
+        )),
+        Err(e) => Err(e.to_string()),
     }
 }
 

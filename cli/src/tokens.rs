@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 
 use sharedos_protocol::{Address, Identifier, Timestamp};
-use sharedos_store::{Store, StoreError};
+use sharedos_store::Store;
 
-use sharedos_host::config::HostConfig;
-use sharedos_host::serve::StoreChoice;
 use sharedos_host::serve::tenants::new_token;
+
+use crate::grants::{open_store, revoked};
 
 /// `sharedos tokens` arguments: the store, as `sharedos serve` takes it.
 #[derive(Debug, clap::Args)]
@@ -125,42 +125,21 @@ async fn act(action: &TokensAction, store: &dyn Store) -> Result<(), String> {
             label,
         } => add(store, namespace, authority, label).await,
         TokensAction::List { json } => list(store, *json).await,
-        TokensAction::Revoke { id } => {
-            match store.revoke_token(id, &Timestamp::now().to_string()).await {
-                Ok(true) => {
-                    println!("revoked {id}");
-                    Ok(())
-                }
-                Ok(false) => {
-                    println!("{id} was already revoked");
-                    Ok(())
-                }
-                Err(StoreError::NotFound { .. }) => Err(format!(
-                    "no token {id:?} in the store: `sharedos tokens list` shows the ids"
-                )),
-                Err(e) => Err(e.to_string()),
-            }
-        }
+        TokensAction::Revoke { id } => revoked(
+            "token",
+            id,
+            store.revoke_token(id, &Timestamp::now().to_string()).await,
+        ),
     }
 }
 
 /// Runs `sharedos tokens`; returns the exit code (2: the store or the
 /// configuration could not be used; 1: the change was refused).
 pub async fn command(args: TokensArgs) -> i32 {
-    let config = match HostConfig::load(&args.config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("sharedos tokens: {e}");
-            return 2;
-        }
-    };
-    let choice = StoreChoice::from_flags(&config, args.database.clone(), args.postgres.clone());
-    let store = match choice.open().await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("sharedos tokens: {e}");
-            return 2;
-        }
+    let (_, store) = match open_store("tokens", &args.config, &args.database, &args.postgres).await
+    {
+        Ok(opened) => opened,
+        Err(code) => return code,
     };
     match act(&args.action, store.as_ref()).await {
         Ok(()) => 0,
