@@ -98,7 +98,7 @@ pub fn model_config(setup: &ModelSetup) -> Result<String, String> {
          routes = [{{ name = \"{route}\", upstream = {upstream}, secret = {secret}, api = \"{route}\", allow = [{allow}] }}]\n\
          {network_extra}\n",
         kind = quote(setup.kind),
-        gateway = sharedos_host::egress::egress_url(),
+        gateway = sharedos_egress::egress_url(),
         model = quote(setup.model),
         upstream = quote(setup.upstream),
         secret = quote(setup.secret),
@@ -149,14 +149,7 @@ fn chat_setup(model: &str) -> ModelSetup<'_> {
 async fn config_text(
     model: &ModelArgs,
     dir: &std::path::Path,
-) -> Result<
-    (
-        String,
-        String,
-        Option<sharedos_host::egress::mock::MockModel>,
-    ),
-    String,
-> {
+) -> Result<(String, String, Option<sharedos_egress::mock::MockModel>), String> {
     if !model.model {
         return Ok((
             DEMO_CONFIG.to_owned(),
@@ -165,9 +158,8 @@ async fn config_text(
         ));
     }
     if model.mock {
-        let script =
-            sharedos_host::egress::mock::plan_script(sharedos_host::egress::mock::Wire::OpenaiChat);
-        let mock = sharedos_host::egress::mock::MockModel::start(script)
+        let script = sharedos_egress::mock::plan_script(sharedos_egress::mock::Wire::OpenaiChat);
+        let mock = sharedos_egress::mock::MockModel::start(script)
             .await
             .map_err(|e| format!("cannot start the mock model: {e}"))?;
         let key = dir.join("mock-model.key");
@@ -229,10 +221,10 @@ async fn config_text(
 /// typed on the command line is the operator's consent to reach it, and
 /// the demo says so; a configuration file still needs `allow` spelled out.
 fn consented_classes(url: &str, allow: &[String]) -> Result<Vec<String>, String> {
-    let parsed = sharedos_host::egress::policy::UpstreamUrl::parse(url)
+    let parsed = sharedos_egress::policy::UpstreamUrl::parse(url)
         .map_err(|e| format!("--base-url {url}: {e}"))?;
     let mut allow = allow.to_vec();
-    let class = sharedos_host::egress::policy::class_of_host(&parsed.host)
+    let class = sharedos_egress::policy::class_of_host(&parsed.host)
         .and_then(|c| serde_json::to_value(c).ok())
         .and_then(|v| v.as_str().map(str::to_owned));
     if let Some(class) = class

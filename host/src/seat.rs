@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
-use crate::egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
+use sharedos_egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
 use sharedos_plugin_sdk::{RuntimeHost, Signal};
 use sharedos_protocol::RuntimeTurnRequest;
 
@@ -152,7 +152,7 @@ pub fn process_runtime(
     pc.egress = egress_seat(entry)?;
     if pc.egress.is_some() {
         pc.env
-            .push(("SHAREDOS_EGRESS_URL".into(), crate::egress::egress_url()));
+            .push(("SHAREDOS_EGRESS_URL".into(), sharedos_egress::egress_url()));
     }
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
     pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
+use sharedos_egress::{NetworkPolicy, SecretRef};
 use sharedos_host::config::HostConfig;
-use sharedos_host::egress::{NetworkPolicy, SecretRef};
 
 fn config(network: &str) -> Result<HostConfig, String> {
     config_for("sharedos-standard", network)

@@ -2,15 +2,16 @@
 //! real kernel, reaching a scripted mock model only through the egress
 //! gateway.
 
+#[path = "../../egress/tests/egress_support/mod.rs"]
 mod egress_support;
 
 use std::sync::Arc;
 
 use egress_support::*;
 use serde_json::json;
+use sharedos_egress::GatewayLimits;
+use sharedos_egress::mock::{Wire, plan_script};
 use sharedos_host::config::HostConfig;
-use sharedos_host::egress::GatewayLimits;
-use sharedos_host::egress::mock::{Wire, plan_script};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
 use sharedos_kernel::{Kernel, MemoryAuditSink};
 use sharedos_protocol::{ExecutionRequest, ExecutionStatus};

@@ -5,6 +5,7 @@
 //! or TLS with the test CA) only through the real egress gateway: a turn
 //! with a tool call and streamed text, and each kind of bad input.
 
+#[path = "../../egress/tests/egress_support/mod.rs"]
 mod egress_support;
 
 use std::path::PathBuf;
@@ -14,9 +15,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use egress_support::*;
 use serde_json::{Value, json};
+use sharedos_egress::GatewayLimits;
+use sharedos_egress::mock::{ScriptedCall, SeenRequest, Wire, wire};
 use sharedos_host::config::HostConfig;
-use sharedos_host::egress::GatewayLimits;
-use sharedos_host::egress::mock::{ScriptedCall, SeenRequest, Wire, wire};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, Seat};
 use sharedos_kernel::{Kernel, MemoryAuditSink};
 use sharedos_plugin_sdk::{RuntimeError, RuntimeHost, RuntimePlugin, Signal};

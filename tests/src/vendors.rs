@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sharedos_egress::mock::MockModel;
 use sharedos_host::config::HostConfig;
-use sharedos_host::egress::mock::MockModel;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;

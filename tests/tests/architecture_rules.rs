@@ -74,6 +74,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sharedos-kernel", &["sharedos-protocol"]),
     ("sharedos-sandbox", &[]),
     ("sharedos-store", &["sharedos-protocol", "sharedos-kernel"]),
+    ("sharedos-egress", &["sharedos-protocol", "sharedos-kernel"]),
     (
         "sharedos-host",
         &[
@@ -82,6 +83,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-plugin-sdk",
             "sharedos-kernel",
             "sharedos-sandbox",
+            "sharedos-egress",
             "sharedos-store",
         ],
     ),
@@ -112,6 +114,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-plugin-sdk",
             "sharedos-kernel",
             "sharedos-sandbox",
+            "sharedos-egress",
             "sharedos-host",
             "sharedos-testplugin",
         ],
@@ -122,6 +125,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-protocol",
             "sharedos-kernel",
             "sharedos-sandbox",
+            "sharedos-egress",
             "sharedos-host",
             "sharedos-store",
             "sharedos-standard",

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+use sharedos_egress::mock::{MockModel, Wire, plan_script};
 use sharedos_tests::plugin_bin;
 
 fn stderr(o: &Output) -> String {

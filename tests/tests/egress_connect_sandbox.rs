@@ -6,7 +6,7 @@
 //! from the host: what the TLS server and a bystander listener accepted,
 //! the events, the audit file and the turn's ending.
 
-#[path = "../../host/tests/egress_support/ca.rs"]
+#[path = "../../egress/tests/egress_support/ca.rs"]
 mod ca;
 
 use std::path::Path;
@@ -260,7 +260,7 @@ async fn eventually(what: &str, f: impl Fn() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_tunnel_attempts_leave_the_host_its_descriptors() {
-    use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+    use sharedos_egress::mock::{MockModel, Wire, plan_script};
     let dir = tempfile::tempdir().unwrap();
     let (port, live, release) = tcp_echo().await;
     let model = MockModel::start(plan_script(Wire::OpenaiChat))

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sharedos_host::egress::mock::{
+use sharedos_egress::mock::{
     MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire, plan_script, wire,
 };
 use sharedos_protocol::ExecutionStatus;

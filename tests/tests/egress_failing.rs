@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
-use sharedos_host::egress::mock::{MockModel, Reply, Wire, plan_script};
+use sharedos_egress::mock::{MockModel, Reply, Wire, plan_script};
 use sharedos_protocol::ExecutionStatus;
 use sharedos_tests::egress::{REAL_KEY, Turn, egress_grant, key_file, run_request};
 use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};

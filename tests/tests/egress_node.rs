@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{Value, json};
-use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+use sharedos_egress::mock::{MockModel, Wire, plan_script};
 use sharedos_tests::egress::{egress_grant, key_file};
 use sharedos_tests::plugin_bin;
 use sharedos_tests::turns::{request, seat_toml};

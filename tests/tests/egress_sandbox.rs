@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use sharedos_host::egress::mock::{MockModel, Wire, plan_script};
+use sharedos_egress::mock::{MockModel, Wire, plan_script};
 use sharedos_host::executor::OnEvent;
 use sharedos_protocol::{ExecutionEvent, ExecutionStatus};
 use sharedos_tests::bait::helper_exe;

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_host::egress::mock::wire::{calls_turn, text_turn};
-use sharedos_host::egress::mock::{
+use sharedos_egress::mock::wire::{calls_turn, text_turn};
+use sharedos_egress::mock::{
     MockModel, MockOptions, OnRequest, Reply, ScriptedCall, SeenRequest, Wire,
 };
 use sharedos_protocol::api_names::is_api_tool_name;

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_host::egress::mock::wire::{calls_turn, text_turn};
-use sharedos_host::egress::mock::{MockModel, Reply, ScriptedCall, SeenRequest, Wire};
+use sharedos_egress::mock::wire::{calls_turn, text_turn};
+use sharedos_egress::mock::{MockModel, Reply, ScriptedCall, SeenRequest, Wire};
 use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_tests::vendors::{
     REAL_KEY, Vendor, VendorCase, VendorTurn, run_vendor, unique_marker,

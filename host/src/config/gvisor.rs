@@ -36,7 +36,7 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
             runsc.display()
         ));
     }
-    if r.network != crate::egress::NetworkPolicy::None {
+    if r.network != sharedos_egress::NetworkPolicy::None {
         return Err(format!(
             "runtimes[{i}].network: not available with launcher = \"gvisor\": the egress gateway's listener cannot be placed inside a gVisor container yet (runsc runs it with --network=none); use launcher = \"sandbox\" for a runtime with a network policy"
         ));

@@ -10,7 +10,7 @@ use sharedos_protocol::harness::{HarnessLaunch, MAX_LAUNCH_BYTES, McpTransport};
 use sharedos_sandbox::fsview;
 
 use super::{LauncherKind, RuntimeEntry};
-use crate::egress::{NetworkPolicy, PLACEHOLDER_KEY, egress_url};
+use sharedos_egress::{NetworkPolicy, PLACEHOLDER_KEY, egress_url};
 
 /// Checks runtime `i`'s harness spec; the error lists every problem, one a
 /// line.

@@ -168,7 +168,7 @@ pub struct RuntimeEntry {
     /// Egress: `"none"` (the default) or model routes and destinations
     /// served by the host's gateway (docs/EGRESS.md).
     #[serde(default)]
-    pub network: crate::egress::NetworkPolicy,
+    pub network: sharedos_egress::NetworkPolicy,
     /// For the standard runtime: a model driver instead of a transcript.
     #[serde(default)]
     pub driver: Option<ModelDriver>,
@@ -189,8 +189,8 @@ impl RuntimeEntry {
     pub fn sandbox_policy(&self) -> SandboxPolicy {
         let mut policy = self.sandbox.clone();
         policy.egress_port = match self.network {
-            crate::egress::NetworkPolicy::None => None,
-            crate::egress::NetworkPolicy::Routes(_) => Some(crate::egress::EGRESS_PORT),
+            sharedos_egress::NetworkPolicy::None => None,
+            sharedos_egress::NetworkPolicy::Routes(_) => Some(sharedos_egress::EGRESS_PORT),
         };
         policy.program_sha256 = self.program_pin();
         // The harness mode, for a harness serving MCP over HTTP only.
@@ -245,7 +245,7 @@ fn gemini_model_ok(model: &str) -> bool {
 }
 
 impl ModelDriver {
-    fn check(&self, entry: &str, network: &crate::egress::NetworkPolicy) -> Result<(), String> {
+    fn check(&self, entry: &str, network: &sharedos_egress::NetworkPolicy) -> Result<(), String> {
         if !DRIVER_KINDS.contains(&self.kind.as_str()) {
             return Err(format!(
                 "{entry}.driver.kind: {:?} is not a driver kind (one of {})",
@@ -282,7 +282,7 @@ impl ModelDriver {
                 ));
             }
         }
-        if *network == crate::egress::NetworkPolicy::None {
+        if *network == sharedos_egress::NetworkPolicy::None {
             return Err(format!(
                 "{entry}.driver: a model driver needs a route; set {entry}.network"
             ));
@@ -352,7 +352,7 @@ impl RuntimeEntry {
         r.network.check(&format!("runtimes[{i}].network"))?;
         if let Some(a) = &r.affinity {
             a.check(&format!("runtimes[{i}].affinity"))?;
-            if r.network != crate::egress::NetworkPolicy::None {
+            if r.network != sharedos_egress::NetworkPolicy::None {
                 return Err(format!(
                     "runtimes[{i}].affinity: not available with a network policy (the gateway serves one turn at a time); remove one of them"
                 ));
@@ -483,11 +483,11 @@ impl HostConfig {
         config.base_dir = base_dir.to_path_buf();
         // The gateway's effects are the host's own namespace: grants may
         // name it wherever a runtime has a network policy.
-        let egress = crate::egress::EGRESS_NAMESPACE;
+        let egress = sharedos_egress::EGRESS_NAMESPACE;
         if config
             .runtimes
             .iter()
-            .any(|r| r.network != crate::egress::NetworkPolicy::None)
+            .any(|r| r.network != sharedos_egress::NetworkPolicy::None)
             && !config.kernel.namespaces.iter().any(|n| n == egress)
         {
             config.kernel.namespaces.push(egress.to_owned());
@@ -518,7 +518,7 @@ impl HostConfig {
     /// A runtime entry's network, driver or harness, environment and
     /// sandbox policy (`i` its index, for the error).
     fn check_runtime(&self, i: usize, r: &RuntimeEntry) -> Result<(), String> {
-        if r.network != crate::egress::NetworkPolicy::None
+        if r.network != sharedos_egress::NetworkPolicy::None
             && matches!(r.launcher, LauncherKind::Direct)
         {
             return Err(format!(

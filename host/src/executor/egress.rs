@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Executor;
 use super::turn::Turn;
-use crate::egress::seat::event_of;
-use crate::egress::{BoundTurn, EgressEvent, TurnBinding};
+use sharedos_egress::seat::event_of;
+use sharedos_egress::{BoundTurn, EgressEvent, TurnBinding};
 
 /// The binding and the task turning egress events into turn events; both
 /// end when this is dropped.

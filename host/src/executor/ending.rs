@@ -14,7 +14,7 @@ pub(crate) const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 pub(crate) const INVALID_RUNTIME_OUTCOME: &str = "invalid_runtime_outcome";
 /// A per-turn egress budget (requests, bytes, tokens) ran out; a route's
 /// model failed its `maxFailures` answers in a row.
-pub(crate) use crate::egress::{EGRESS_BUDGET_EXCEEDED, MODEL_ACCESS_REFUSED, MODEL_UNAVAILABLE};
+pub(crate) use sharedos_egress::{EGRESS_BUDGET_EXCEEDED, MODEL_ACCESS_REFUSED, MODEL_UNAVAILABLE};
 
 pub(crate) const MSG_RUNTIME_FAILED: &str = "The runtime plugin failed.";
 pub(crate) const MSG_EGRESS_BUDGET: &str = "The turn used up its egress budget (model requests, bytes or tokens); raise runtimes.network.budget or ask for less.";

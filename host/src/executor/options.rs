@@ -241,7 +241,7 @@ pub struct Seat {
     pub runtime: Arc<dyn SeatedRuntime>,
     /// The seat's egress gateway (a runtime with a network policy): the
     /// envelope binds each turn to it.
-    pub egress: Option<Arc<crate::egress::EgressSeat>>,
+    pub egress: Option<Arc<sharedos_egress::EgressSeat>>,
     /// A seat that may serve consecutive turns of one session from one
     /// process (session affinity); `None`: every turn is `runtime.turn`.
     pub sessions: Option<Arc<dyn SessionSeat>>,

@@ -205,7 +205,7 @@ impl ProcessRuntime {
         abort: &Signal,
         offer_many: bool,
         turn_report: &TurnReport,
-    ) -> Result<(Connection, Option<crate::egress::ServeHandle>), RuntimeError> {
+    ) -> Result<(Connection, Option<sharedos_egress::ServeHandle>), RuntimeError> {
         let spec = self.launch_spec(execution_id.to_owned(), turn_id.as_str().to_owned());
         let launcher = self.launcher.clone();
         // If this future is dropped while the launch runs, the blocking

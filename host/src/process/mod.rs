@@ -71,7 +71,7 @@ pub struct ProcessRuntimeConfig {
     pub stages: Option<StageLog>,
     /// The runtime's egress gateway (a `network` policy): each turn's
     /// sandbox hands over its listener, served for the turn's length.
-    pub egress: Option<Arc<crate::egress::EgressSeat>>,
+    pub egress: Option<Arc<sharedos_egress::EgressSeat>>,
     /// Session affinity (`affinity` of the entry): a process whose plugin
     /// accepts `turns: "many"` may serve consecutive turns of one session
     /// ([`affinity`]). `None`, the default: one process per turn. Ignored
@@ -276,7 +276,7 @@ impl ProcessRuntime {
         &self,
         execution_id: &str,
         listener: Option<OwnedFd>,
-    ) -> Result<Option<crate::egress::ServeHandle>, RuntimeError> {
+    ) -> Result<Option<sharedos_egress::ServeHandle>, RuntimeError> {
         match (&self.config.egress, listener) {
             (None, _) => Ok(None),
             (Some(_), None) => Err(self.load_error(

@@ -1,10 +1,13 @@
 //! The egress gateway: the only way a runtime reaches a network, owned by
 //! the host. See docs/EGRESS.md.
 
+#![forbid(unsafe_code)]
+
 mod binding;
 mod body;
 mod exposure;
 pub mod gateway;
+#[cfg(any(test, feature = "mock"))]
 pub mod mock;
 pub mod policy;
 mod pool;

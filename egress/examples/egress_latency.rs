@@ -38,7 +38,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use sharedos_host::egress::{Gateway, GatewayLimits, NetworkRoutes, ServeHandle, TurnBinding};
+use sharedos_egress::{Gateway, GatewayLimits, NetworkRoutes, ServeHandle, TurnBinding};
 use sharedos_kernel::{AuditError, AuditRecord, AuditSink, ConfigGrantSource, Kernel, TurnKernel};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::Notify;

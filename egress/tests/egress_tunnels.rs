@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use egress_support::*;
 use serde_json::json;
-use sharedos_host::egress::{EgressEvent, GatewayLimits};
+use sharedos_egress::{EgressEvent, GatewayLimits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -1,5 +1,5 @@
 //! A real kernel with a memory audit sink and a gateway bound to a turn,
-//! for the egress tests; the mock model is `sharedos_host::egress::mock`.
+//! for the egress tests; the mock model is `sharedos_egress::mock`.
 #![allow(dead_code)]
 
 mod ca;
@@ -13,7 +13,7 @@ use hyper::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use sharedos_host::egress::{
+use sharedos_egress::{
     EgressEvent, Gateway, GatewayLimits, NetworkRoutes, ServeHandle, TurnBinding,
 };
 use sharedos_kernel::{AuditRecord, ConfigGrantSource, Grant, Kernel, MemoryAuditSink, TurnKernel};
@@ -21,7 +21,7 @@ use sharedos_protocol::{AccessContext, Address, Identifier, Purpose, Timestamp};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 
-pub use sharedos_host::egress::mock::{MockModel, MockOptions, Reply};
+pub use sharedos_egress::mock::{MockModel, MockOptions, Reply};
 
 #[allow(unused_imports)]
 pub use ca::test_ca;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use egress_support::*;
 use serde_json::json;
-use sharedos_host::egress::GatewayLimits;
+use sharedos_egress::GatewayLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use egress_support::*;
 use http_body_util::BodyExt;
 use serde_json::json;
-use sharedos_host::egress::mock::{Wire, plan_script};
-use sharedos_host::egress::{EgressEvent, GatewayLimits};
+use sharedos_egress::mock::{Wire, plan_script};
+use sharedos_egress::{EgressEvent, GatewayLimits};
 use sharedos_kernel::AuditOutcome;
 use tokio::sync::Notify;
 

@@ -16,8 +16,8 @@ use sharedos_kernel::{
 use sharedos_protocol::{AccessContext, Address, Identifier, Purpose, Timestamp};
 use tokio::sync::{Notify, mpsc};
 
-use crate::egress::mock::{MockModel, Reply};
-use crate::egress::{Gateway, GatewayLimits, NetworkRoutes, TurnBinding};
+use crate::mock::{MockModel, Reply};
+use crate::{Gateway, GatewayLimits, NetworkRoutes, TurnBinding};
 
 /// Holds every `effect.completed` record until `release` is notified.
 struct HeldSink {
