@@ -197,7 +197,7 @@ pub enum ConformanceLauncher {
 /// Runs the conformance battery; the exit code is 0 when the plugin
 /// conforms, 1 when a check failed, 2 on a usage or setup error.
 pub fn conformance(args: &ConformanceArgs) -> i32 {
-    let opts = sharedos_host::conformance::Options {
+    let opts = sharedos_conformance::Options {
         command: args.command.clone(),
         launcher: match args.launcher {
             ConformanceLauncher::Sandbox => LauncherKind::Sandbox,
@@ -211,7 +211,7 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
     if let Some(calls) = args.bench {
         return conformance_bench(&opts, calls, args.json);
     }
-    let report = match sharedos_host::conformance::run(&opts) {
+    let report = match sharedos_conformance::run(&opts) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sharedos conformance: {e}");
@@ -224,12 +224,12 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
         let _ = writeln!(out, "{text}");
         i32::from(!report.passed)
     } else {
-        sharedos_host::conformance::print_human(&report, &mut out)
+        sharedos_conformance::print_human(&report, &mut out)
     }
 }
 
-fn conformance_bench(opts: &sharedos_host::conformance::Options, calls: usize, json: bool) -> i32 {
-    let rows = match sharedos_host::conformance::bench(opts, calls.max(2)) {
+fn conformance_bench(opts: &sharedos_conformance::Options, calls: usize, json: bool) -> i32 {
+    let rows = match sharedos_conformance::bench(opts, calls.max(2)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sharedos conformance --bench: {e}");
@@ -246,7 +246,7 @@ fn conformance_bench(opts: &sharedos_host::conformance::Options, calls: usize, j
             LauncherKind::Sandbox => "sandbox",
             LauncherKind::Gvisor => "gvisor",
         };
-        sharedos_host::conformance::print_bench(&rows, launcher, &mut out);
+        sharedos_conformance::print_bench(&rows, launcher, &mut out);
     }
     0
 }

@@ -1,7 +1,7 @@
 //! The sharedos host as a library: the envelope (executor), the stdio peer,
 //! the process runtime and its sandboxed launcher, the registry and seats,
 //! the configuration, sessions and `serve`'s HTTP API, the event
-//! descriptions (observe) and the plugin conformance battery. The egress
+//! descriptions (observe). The conformance battery is `sharedos-conformance`; the egress
 //! gateway is the `sharedos-egress` crate, which the seats bind. The
 //! `sharedos` command is the `sharedos-cli` package, the benchmarks the
 //! `sharedos-bench` package; neither is part of this API.
@@ -9,7 +9,6 @@
 #![deny(unsafe_code)]
 
 pub mod config;
-pub mod conformance;
 pub mod executor;
 pub mod limits;
 pub mod observe;

@@ -88,6 +88,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "sharedos-conformance",
+        &[
+            "sharedos-protocol",
+            "sharedos-kernel",
+            "sharedos-sandbox",
+            "sharedos-host",
+        ],
+    ),
+    (
         "sharedos-echo",
         &["sharedos-protocol", "sharedos-plugin-sdk"],
     ),
@@ -127,6 +136,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-sandbox",
             "sharedos-egress",
             "sharedos-host",
+            "sharedos-conformance",
             "sharedos-store",
             "sharedos-standard",
             "sharedos-harness",

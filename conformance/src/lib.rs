@@ -14,6 +14,8 @@
 //! three SDKs' echo examples follow; a plugin that ignores it gets "not
 //! applicable" for those, never a pass it did not earn.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod checks;
 mod lifecycle;
@@ -34,9 +36,9 @@ use sharedos_sandbox::SandboxPolicy;
 
 pub use checks::{Check, Status};
 
-use crate::config::LauncherKind;
-use crate::process::{DirectLauncher, LaunchSpec, Launcher};
-use crate::sandboxed::SandboxLauncher;
+use sharedos_host::config::LauncherKind;
+use sharedos_host::process::{DirectLauncher, LaunchSpec, Launcher};
+use sharedos_host::sandboxed::SandboxLauncher;
 
 /// Where a bare program name is looked up for a sandboxed run: the system
 /// directories the sandbox binds (an interpreter under a private home, such
@@ -81,7 +83,10 @@ fn launcher_for(
                 extra_ro_paths: ro.to_vec(),
                 ..SandboxPolicy::default()
             };
-            Arc::new(crate::process::GvisorLauncher::new(policy, None).map_err(|e| e.to_string())?)
+            Arc::new(
+                sharedos_host::process::GvisorLauncher::new(policy, None)
+                    .map_err(|e| e.to_string())?,
+            )
         }
         LauncherKind::Sandbox => {
             let policy = SandboxPolicy {

@@ -16,8 +16,8 @@ use sharedos_protocol::{
     ExecutionRequest, ExecutionResult, ExecutionStatus, PLUGIN_COOKIE_ENV, RuntimeManifest,
 };
 
-use crate::executor::{ExecuteOptions, Executor, ExecutorOptions};
-use crate::process::{LaunchSpec, Launcher, ProcessRuntime, ProcessRuntimeConfig};
+use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
+use sharedos_host::process::{LaunchSpec, Launcher, ProcessRuntime, ProcessRuntimeConfig};
 
 /// The agent the turn runs as, and the directory of the files root it may use.
 const AGENT: &str = "conformance";
@@ -182,7 +182,7 @@ fn run(
         .collect();
     pc.handshake_timeout = handshake;
     let runtime = ProcessRuntime::new(pc, launcher).map_err(|e| e.to_string())?;
-    let seat = crate::seat::process_seat(Arc::new(runtime));
+    let seat = sharedos_host::seat::process_seat(Arc::new(runtime));
     let executor = Executor::new(Arc::new(kernel), seat, ExecutorOptions::default())
         .map_err(|e| format!("executor: {e}"))?;
     let request = request(timeout)?;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sharedos_protocol::text::escape_for_operator;
 
-use crate::process::{LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+use sharedos_host::process::{LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 
 /// What the plugin wrote on stdout, one line at a time.
 #[derive(Debug)]
@@ -44,7 +44,7 @@ pub struct StderrLog {
     pub ended: bool,
 }
 
-use crate::limits::MAX_CONFORMANCE_READ_LINE as MAX_READ_LINE;
+use sharedos_host::limits::MAX_CONFORMANCE_READ_LINE as MAX_READ_LINE;
 /// The stderr lines kept for a report, and the most bytes of one line.
 pub(super) const KEPT_STDERR_LINES: usize = 20;
 const STDERR_LINE_BYTES: usize = 4096;

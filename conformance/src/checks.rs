@@ -10,7 +10,7 @@ use sharedos_protocol::{InitializeResult, RuntimeManifest, RuntimeTurnOutcome};
 
 use super::session::{Recv, Session};
 use super::turn::{self, Transcript, await_answer, drive, short};
-use crate::process::{LaunchSpec, Launcher};
+use sharedos_host::process::{LaunchSpec, Launcher};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
