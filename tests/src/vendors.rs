@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
-use sharedos_host::egress::mock::MockModel;
+use sharedos_host::egress::mock::{MockModel, SeenRequest, Wire};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;
@@ -31,7 +31,8 @@ pub const CODEX_VERSION: &str = "0.171.0";
 pub const CLAUDE_VERSION: &str = "2.1.332";
 pub const OPENCODE_VERSION: &str = "1.18.33";
 pub const QWEN_VERSION: &str = "0.24.4";
-/// Where the Qwen Code spec says a Node.js >= 22 is.
+pub const GEMINI_VERSION: &str = "0.61.0";
+/// Where the Qwen Code and Gemini CLI specs say a Node.js >= 22 is.
 const SPEC_NODE_DIR: &str = "/opt/sharedos-ci/node/bin";
 /// The TypeScript MCP SDK the harness tests seat as a client
 /// (tests/harness/mcp_client.mjs).
@@ -48,6 +49,7 @@ pub enum Vendor {
     ClaudeCode,
     Opencode,
     QwenCode,
+    Gemini,
 }
 
 impl Vendor {
@@ -57,6 +59,7 @@ impl Vendor {
             Vendor::ClaudeCode => "claude-code.toml",
             Vendor::Opencode => "opencode.toml",
             Vendor::QwenCode => "qwen-code.toml",
+            Vendor::Gemini => "gemini.toml",
         }
     }
     fn package(self) -> (&'static str, &'static str) {
@@ -65,6 +68,16 @@ impl Vendor {
             Vendor::ClaudeCode => ("@anthropic-ai/claude-code", CLAUDE_VERSION),
             Vendor::Opencode => ("opencode-ai", OPENCODE_VERSION),
             Vendor::QwenCode => ("@qwen-code/qwen-code", QWEN_VERSION),
+            Vendor::Gemini => ("@google/gemini-cli", GEMINI_VERSION),
+        }
+    }
+    /// The model API's wire the spec's CLI speaks.
+    pub fn wire(self) -> Wire {
+        match self {
+            Vendor::Codex => Wire::OpenaiResponses,
+            Vendor::ClaudeCode => Wire::AnthropicMessages,
+            Vendor::Opencode | Vendor::QwenCode => Wire::OpenaiChat,
+            Vendor::Gemini => Wire::Gemini,
         }
     }
     /// The route the spec names and the upstream it points at.
@@ -74,6 +87,7 @@ impl Vendor {
                 ("openai", "https://api.openai.com/v1")
             }
             Vendor::ClaudeCode => ("anthropic", "https://api.anthropic.com"),
+            Vendor::Gemini => ("gemini", "https://generativelanguage.googleapis.com"),
         }
     }
 }
@@ -160,7 +174,8 @@ pub fn spec_text(
     let (route, upstream) = vendor.route();
     let mock_upstream = match vendor {
         Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => mock.base_url(),
-        Vendor::ClaudeCode => format!("http://127.0.0.1:{}", mock.port),
+        // Both CLIs add the API's version segment themselves.
+        Vendor::ClaudeCode | Vendor::Gemini => format!("http://127.0.0.1:{}", mock.port),
     };
     let mut out = text
         .replace(SPEC_DIR, &dir.display().to_string())
@@ -191,7 +206,7 @@ pub fn spec_text(
                 "model = \"gpt-5.5\"".to_owned(),
                 "model = \"sharedos-mock-model\"".to_owned(),
             ),
-            Vendor::ClaudeCode | Vendor::Opencode | Vendor::QwenCode => {
+            Vendor::ClaudeCode | Vendor::Opencode | Vendor::QwenCode | Vendor::Gemini => {
                 (String::new(), String::new())
             }
         },
@@ -221,6 +236,7 @@ fn secret_env(vendor: Vendor) -> &'static str {
     match vendor {
         Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => "OPENAI_API_KEY",
         Vendor::ClaudeCode => "ANTHROPIC_API_KEY",
+        Vendor::Gemini => "GEMINI_API_KEY",
     }
 }
 
@@ -231,6 +247,7 @@ fn first_env_key(vendor: Vendor) -> &'static str {
         Vendor::ClaudeCode => "ANTHROPIC_BASE_URL",
         Vendor::Opencode => "OPENCODE_CONFIG",
         Vendor::QwenCode => "QWEN_HOME",
+        Vendor::Gemini => "GEMINI_CLI_HOME",
     }
 }
 
@@ -256,7 +273,7 @@ pub fn http_variant(vendor: Vendor, spec: &str) -> String {
             ),
             ("", ""),
         ],
-        Vendor::QwenCode => [
+        Vendor::QwenCode | Vendor::Gemini => [
             (
                 "\"command\": {json:mcpCommand}, \"args\": {json:mcpArgs},",
                 "\"httpUrl\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"},",
@@ -458,4 +475,29 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
         started,
         elapsed,
     }
+}
+
+/// What every vendor turn keeps: the real key reached only the upstream,
+/// in the header `vendor`'s route writes it (never the result, the events
+/// or the audit), and every model request went through the gateway and
+/// was answered 200.
+pub fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) {
+    assert!(!seen.is_empty(), "the mock model saw no request");
+    let wire = vendor.wire();
+    let want = match wire {
+        Wire::OpenaiChat | Wire::OpenaiResponses => format!("Bearer {REAL_KEY}"),
+        Wire::AnthropicMessages | Wire::Gemini => REAL_KEY.to_owned(),
+    };
+    for s in seen {
+        let key = s.header(wire.key_header());
+        assert_eq!(key, Some(want.as_str()), "{vendor:?}: {}", s.path);
+    }
+    let everything = format!("{:?}{}", turn.json(), turn.audit_text);
+    assert!(!everything.contains(REAL_KEY), "{vendor:?}: the key leaked");
+    let requests = turn.events("egress.request");
+    assert_eq!(requests.len(), seen.len(), "{vendor:?}: {requests:?}");
+    assert!(
+        requests.iter().all(|r| r["status"] == 200),
+        "{vendor:?}: {requests:?}"
+    );
 }

@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_host::egress::mock::wire::{calls_turn, text_turn};
-use sharedos_host::egress::mock::{
-    MockModel, MockOptions, OnRequest, Reply, ScriptedCall, SeenRequest, Wire,
-};
+use sharedos_host::egress::mock::{MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire};
 use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_tests::turns::marked_pids;
 use sharedos_tests::vendors::{
-    REAL_KEY, Vendor, VendorCase, VendorTurn, run_vendor, unique_marker,
+    Vendor, VendorCase, VendorTurn, assert_key_kept, run_vendor, unique_marker,
 };
 
 const TOOLS: [&str; 5] = [
@@ -124,31 +122,6 @@ fn invoked(turn: &VendorTurn) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-/// What every vendor turn keeps: the real key reached only the upstream
-/// (never the result, the events or the audit), the CLI carried the
-/// placeholder, and the model traffic went through the gateway.
-fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) {
-    assert!(!seen.is_empty(), "the mock model saw no request");
-    for s in seen {
-        let key = match vendor {
-            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
-                s.authorization().map(str::to_owned)
-            }
-            Vendor::ClaudeCode => s.api_key().map(str::to_owned),
-        };
-        let want = match vendor {
-            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => format!("Bearer {REAL_KEY}"),
-            Vendor::ClaudeCode => REAL_KEY.to_owned(),
-        };
-        assert_eq!(key.as_deref(), Some(want.as_str()), "{}", s.path);
-    }
-    let everything = format!("{:?}{}", turn.json(), turn.audit_text);
-    assert!(!everything.contains(REAL_KEY), "the key leaked");
-    let requests = turn.events("egress.request");
-    assert_eq!(requests.len(), seen.len(), "{requests:?}");
-    assert!(requests.iter().all(|r| r["status"] == 200), "{requests:?}");
 }
 
 #[test]
