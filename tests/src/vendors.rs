@@ -32,6 +32,7 @@ pub const CLAUDE_VERSION: &str = "2.1.332";
 pub const OPENCODE_VERSION: &str = "1.18.33";
 pub const QWEN_VERSION: &str = "0.24.4";
 pub const GEMINI_VERSION: &str = "0.61.0";
+pub const CLINE_VERSION: &str = "3.0.65";
 /// Where the Qwen Code and Gemini CLI specs say a Node.js >= 22 is.
 const SPEC_NODE_DIR: &str = "/opt/sharedos-ci/node/bin";
 /// The TypeScript MCP SDK the harness tests seat as a client
@@ -50,6 +51,7 @@ pub enum Vendor {
     Opencode,
     QwenCode,
     Gemini,
+    Cline,
 }
 
 impl Vendor {
@@ -60,6 +62,7 @@ impl Vendor {
             Vendor::Opencode => "opencode.toml",
             Vendor::QwenCode => "qwen-code.toml",
             Vendor::Gemini => "gemini.toml",
+            Vendor::Cline => "cline.toml",
         }
     }
     fn package(self) -> (&'static str, &'static str) {
@@ -69,6 +72,7 @@ impl Vendor {
             Vendor::Opencode => ("opencode-ai", OPENCODE_VERSION),
             Vendor::QwenCode => ("@qwen-code/qwen-code", QWEN_VERSION),
             Vendor::Gemini => ("@google/gemini-cli", GEMINI_VERSION),
+            Vendor::Cline => ("@cline/cli-linux-x64", CLINE_VERSION),
         }
     }
     /// The model API's wire the spec's CLI speaks.
@@ -76,14 +80,14 @@ impl Vendor {
         match self {
             Vendor::Codex => Wire::OpenaiResponses,
             Vendor::ClaudeCode => Wire::AnthropicMessages,
-            Vendor::Opencode | Vendor::QwenCode => Wire::OpenaiChat,
+            Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => Wire::OpenaiChat,
             Vendor::Gemini => Wire::Gemini,
         }
     }
     /// The route the spec names and the upstream it points at.
     fn route(self) -> (&'static str, &'static str) {
         match self {
-            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => {
                 ("openai", "https://api.openai.com/v1")
             }
             Vendor::ClaudeCode => ("anthropic", "https://api.anthropic.com"),
@@ -173,7 +177,7 @@ pub fn spec_text(
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (route, upstream) = vendor.route();
     let mock_upstream = match vendor {
-        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => mock.base_url(),
+        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => mock.base_url(),
         // Both CLIs add the API's version segment themselves.
         Vendor::ClaudeCode | Vendor::Gemini => format!("http://127.0.0.1:{}", mock.port),
     };
@@ -206,9 +210,11 @@ pub fn spec_text(
                 "model = \"gpt-5.5\"".to_owned(),
                 "model = \"sharedos-mock-model\"".to_owned(),
             ),
-            Vendor::ClaudeCode | Vendor::Opencode | Vendor::QwenCode | Vendor::Gemini => {
-                (String::new(), String::new())
-            }
+            Vendor::ClaudeCode
+            | Vendor::Opencode
+            | Vendor::QwenCode
+            | Vendor::Gemini
+            | Vendor::Cline => (String::new(), String::new()),
         },
         (
             "env = { ".to_owned() + first_env_key(vendor),
@@ -234,7 +240,7 @@ pub fn spec_text(
 
 fn secret_env(vendor: Vendor) -> &'static str {
     match vendor {
-        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => "OPENAI_API_KEY",
+        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => "OPENAI_API_KEY",
         Vendor::ClaudeCode => "ANTHROPIC_API_KEY",
         Vendor::Gemini => "GEMINI_API_KEY",
     }
@@ -248,6 +254,7 @@ fn first_env_key(vendor: Vendor) -> &'static str {
         Vendor::Opencode => "OPENCODE_CONFIG",
         Vendor::QwenCode => "QWEN_HOME",
         Vendor::Gemini => "GEMINI_CLI_HOME",
+        Vendor::Cline => "CLINE_SESSION_BACKEND_MODE",
     }
 }
 
@@ -277,6 +284,13 @@ pub fn http_variant(vendor: Vendor, spec: &str) -> String {
             (
                 "\"command\": {json:mcpCommand}, \"args\": {json:mcpArgs},",
                 "\"httpUrl\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"},",
+            ),
+            ("", ""),
+        ],
+        Vendor::Cline => [
+            (
+                "\"type\": \"stdio\", \"command\": {json:mcpCommand}, \"args\": {json:mcpArgs}",
+                "\"type\": \"streamableHttp\", \"url\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"}",
             ),
             ("", ""),
         ],

@@ -218,6 +218,19 @@ fn gemini_over_streamable_http_calls_a_granted_tool() {
     a_granted_call_goes_through_the_envelope(Vendor::Gemini, "mcp_sharedos_", true);
 }
 
+/// Cline lists MCP tools to its model as `<server>__<tool>`.
+#[test]
+fn cline_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
+    a_granted_call_goes_through_the_envelope(Vendor::Cline, "sharedos__", false);
+}
+
+/// Cline over streamable HTTP MCP: a `streamableHttp` server with the
+/// turn's bearer token in its headers.
+#[test]
+fn cline_over_streamable_http_calls_a_granted_tool() {
+    a_granted_call_goes_through_the_envelope(Vendor::Cline, "sharedos__", true);
+}
+
 /// opencode lists MCP tools to its model as `<server>_<tool>`.
 #[test]
 fn opencode_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
@@ -245,37 +258,52 @@ fn qwen_code_over_streamable_http_calls_a_granted_tool() {
     a_granted_call_goes_through_the_envelope(Vendor::QwenCode, "mcp__sharedos__", true);
 }
 
-/// The three specs give the CLI the prompt on its stdin: a leading
-/// `--version`, quotes, brackets, a template variable, shell syntax and
-/// newlines reach the model as one unchanged user message.
+/// A prompt with a leading `--version`, quotes, brackets, a template
+/// variable, shell syntax and newlines.
+const HOSTILE: &str = "--version\n\"\"\" ]] {home} {json:prompt} $(id) `id` '; exit 1";
+
+/// One turn of `vendor` given [`HOSTILE`]: it reaches the model as one
+/// unchanged user message and the model's answer is the output.
+fn the_hostile_prompt_reaches_the_model_unchanged(vendor: Vendor) {
+    let _serial = sharedos_tests::serial();
+    let rt = runtime();
+    let marker = unique_marker();
+    let (turn, seen) = rt.block_on(async {
+        let mock = MockModel::start(vec![Reply::Stream(text_turn(
+            vendor.wire(),
+            &["Understood."],
+        ))])
+        .await
+        .unwrap();
+        let turn = run_vendor(case(vendor, json!(HOSTILE)), &mock, &marker).await;
+        (turn, mock.seen())
+    });
+    let v = turn.json();
+    assert_eq!(v["status"], "succeeded", "{vendor:?}: {v:#}");
+    assert_eq!(v["output"], "Understood.", "{vendor:?}: {v:#}");
+    assert_eq!(seen.len(), 1, "{vendor:?}: {seen:?}");
+    let texts = user_texts(vendor, &seen[0].body);
+    assert!(
+        texts.iter().any(|t| t.trim() == HOSTILE),
+        "{vendor:?}: the prompt arrived changed: {texts:#?}"
+    );
+    assert_only_the_model_reached(&turn, &seen, vendor);
+}
+
+/// The opencode, Qwen Code and Gemini CLI specs give the CLI the prompt
+/// on its stdin.
 #[test]
 fn a_hostile_prompt_on_stdin_reaches_each_model_unchanged() {
-    let prompt = "--version\n\"\"\" ]] {home} {json:prompt} $(id) `id` '; exit 1";
     for vendor in [Vendor::Opencode, Vendor::QwenCode, Vendor::Gemini] {
-        let _serial = sharedos_tests::serial();
-        let rt = runtime();
-        let marker = unique_marker();
-        let (turn, seen) = rt.block_on(async {
-            let mock = MockModel::start(vec![Reply::Stream(text_turn(
-                vendor.wire(),
-                &["Understood."],
-            ))])
-            .await
-            .unwrap();
-            let turn = run_vendor(case(vendor, json!(prompt)), &mock, &marker).await;
-            (turn, mock.seen())
-        });
-        let v = turn.json();
-        assert_eq!(v["status"], "succeeded", "{vendor:?}: {v:#}");
-        assert_eq!(v["output"], "Understood.", "{vendor:?}: {v:#}");
-        assert_eq!(seen.len(), 1, "{vendor:?}: {seen:?}");
-        let texts = user_texts(vendor, &seen[0].body);
-        assert!(
-            texts.iter().any(|t| t.trim() == prompt),
-            "{vendor:?}: the prompt arrived changed: {texts:#?}"
-        );
-        assert_only_the_model_reached(&turn, &seen, vendor);
+        the_hostile_prompt_reaches_the_model_unchanged(vendor);
     }
+}
+
+/// Cline reads no prompt from a pipe in its JSON mode: its spec passes it
+/// as the argument after `--`.
+#[test]
+fn a_hostile_prompt_after_the_separator_reaches_cline_unchanged() {
+    the_hostile_prompt_reaches_the_model_unchanged(Vendor::Cline);
 }
 
 /// One turn of `vendor` against a model that answers only 500: the
@@ -301,14 +329,15 @@ fn against_a_failing_model(vendor: Vendor) -> (Value, usize) {
     (turn.json(), seen.len())
 }
 
-/// Neither CLI has a setting for its own retry loop (opencode 1.18.33:
-/// five retries with backoff; Qwen Code 0.24.4: seven attempts, fixed in
-/// their code), so the route's `maxFailures` (3 by default) ends the turn
+/// None of these CLIs has a setting for its own retry loop (opencode
+/// 1.18.33: five retries with backoff; Qwen Code 0.24.4: seven attempts;
+/// Cline 3.0.65: five per request and three more turns, fixed in their
+/// code), so the route's `maxFailures` (3 by default) ends the turn
 /// `model_unavailable` after the third 500, long before the deadline,
 /// with nothing of the CLI left.
 #[test]
 fn a_cli_retrying_a_failing_model_is_stopped_by_the_routes_max_failures() {
-    for vendor in [Vendor::Opencode, Vendor::QwenCode] {
+    for vendor in [Vendor::Opencode, Vendor::QwenCode, Vendor::Cline] {
         let (v, requests) = against_a_failing_model(vendor);
         assert_eq!(v["status"], "failed", "{vendor:?}: {v:#}");
         assert_eq!(v["error"]["code"], "model_unavailable", "{vendor:?}: {v:#}");
