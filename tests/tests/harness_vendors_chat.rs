@@ -331,8 +331,8 @@ fn against_a_failing_model(vendor: Vendor) -> (Value, usize) {
 
 /// None of these CLIs has a setting for its own retry loop (opencode
 /// 1.18.33: five retries with backoff; Qwen Code 0.24.4: seven attempts;
-/// Cline 3.0.65: five per request and three more turns, fixed in their
-/// code), so the route's `maxFailures` (3 by default) ends the turn
+/// Cline 3.0.65: its client's and its agent loop's, fixed in their code),
+/// so the route's `maxFailures` (3 by default) ends the turn
 /// `model_unavailable` after the third 500, long before the deadline,
 /// with nothing of the CLI left.
 #[test]
