@@ -1,4 +1,5 @@
-//! The real vendor CLIs (Codex CLI, Claude Code) seated by the specs the
+//! The real vendor CLIs (Codex CLI, Claude Code, opencode, Qwen Code,
+//! Gemini CLI, Cline) seated by the specs the
 //! repository ships (`plugins/harness/specs/*.toml`), through the whole
 //! host path: the host.toml parsed and checked by `HostConfig`, the seat
 //! with its egress gateway, the full sandbox, the real kernel with a JSONL
