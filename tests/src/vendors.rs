@@ -23,6 +23,7 @@ use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
+use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
 use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
@@ -515,4 +516,13 @@ pub fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) 
         requests.iter().all(|r| r["status"] == 200),
         "{vendor:?}: {requests:?}"
     );
+}
+
+/// Whether `name` is a function name every model API accepts: OpenAI's
+/// and Anthropic's `^[a-zA-Z0-9_-]{1,64}$`, and Google's rule for Gemini
+/// (the Gemini API also allows `.` and `:`, but Vertex AI and Firebase AI
+/// Logic require a letter or `_` first), so the strictest of them:
+/// `^[a-zA-Z_][a-zA-Z0-9_-]{0,63}$`.
+pub fn every_model_api_accepts(name: &str) -> bool {
+    is_api_tool_name(name) && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
 }

@@ -14,10 +14,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sharedos_host::egress::mock::wire::{calls_turn, text_turn};
 use sharedos_host::egress::mock::{MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire};
-use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_tests::turns::marked_pids;
 use sharedos_tests::vendors::{
-    Vendor, VendorCase, VendorTurn, assert_key_kept, run_vendor, unique_marker,
+    Vendor, VendorCase, VendorTurn, assert_key_kept, every_model_api_accepts, run_vendor,
+    unique_marker,
 };
 
 const TOOLS: [&str; 5] = [
@@ -177,7 +177,10 @@ fn codex_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_
     );
     assert!(!offered.iter().any(|t| t.contains("delete")), "{offered:?}");
     // Every name the model got is one OpenAI's and Anthropic's APIs accept.
-    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
+    assert!(
+        offered.iter().all(|t| every_model_api_accepts(t)),
+        "{offered:?}"
+    );
     // The call is the kernel's: requested, invoked, in the audit trail.
     let requested: Vec<Value> = turn
         .events("tool.requested")
@@ -314,7 +317,10 @@ fn codex_over_streamable_http_calls_a_granted_tool() {
     );
     let offered = codex_offered(&seen[0].body);
     assert!(offered.contains(&"files__write".to_owned()), "{offered:?}");
-    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
+    assert!(
+        offered.iter().all(|t| every_model_api_accepts(t)),
+        "{offered:?}"
+    );
     assert_eq!(
         invoked(&turn),
         vec![("files.write".to_owned(), "succeeded/-".to_owned())]
@@ -477,7 +483,10 @@ fn claude_code_calls_a_granted_tool_end_to_end() {
         offered.contains(&"mcp__sharedos__files__write".to_owned()),
         "{offered:?}"
     );
-    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
+    assert!(
+        offered.iter().all(|t| every_model_api_accepts(t)),
+        "{offered:?}"
+    );
     assert!(!offered.iter().any(|t| t.contains("delete")), "{offered:?}");
     assert_eq!(
         invoked(&turn),

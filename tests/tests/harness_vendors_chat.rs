@@ -12,9 +12,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sharedos_host::egress::mock::wire::{calls_turn, results_sent, text_turn, tools_offered};
 use sharedos_host::egress::mock::{MockModel, Reply, ScriptedCall, SeenRequest, Wire};
-use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_tests::vendors::{
-    Vendor, VendorCase, VendorTurn, assert_key_kept, run_vendor, unique_marker,
+    Vendor, VendorCase, VendorTurn, assert_key_kept, every_model_api_accepts, run_vendor,
+    unique_marker,
 };
 
 const TOOLS: [&str; 5] = [
@@ -52,15 +52,6 @@ fn case(vendor: Vendor, prompt: Value) -> VendorCase {
 /// The function names a request offered its model.
 fn offered(vendor: Vendor, body: &Value) -> Vec<String> {
     tools_offered(vendor.wire(), body)
-}
-
-/// Whether `name` is a function name every model API accepts: OpenAI's
-/// and Anthropic's `^[a-zA-Z0-9_-]{1,64}$`, and Google's rule for Gemini
-/// (the Gemini API also allows `.` and `:`, but Vertex AI and Firebase AI
-/// Logic require a letter or `_` first), so the strictest of them:
-/// `^[a-zA-Z_][a-zA-Z0-9_-]{0,63}$`.
-fn every_api_accepts(name: &str) -> bool {
-    is_api_tool_name(name) && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
 }
 
 /// The tool results a request carried back to its model: the `tool`
@@ -189,7 +180,7 @@ fn a_granted_call_goes_through_the_envelope(vendor: Vendor, prefix: &str, http: 
     assert!(!names.iter().any(|t| t.contains("delete")), "{names:?}");
     for s in &seen {
         let all = offered(vendor, &s.body);
-        assert!(all.iter().all(|t| every_api_accepts(t)), "{all:?}");
+        assert!(all.iter().all(|t| every_model_api_accepts(t)), "{all:?}");
     }
     assert_eq!(
         invoked(&turn),
