@@ -1,4 +1,5 @@
-//! The real vendor CLIs (Codex CLI, Claude Code) seated by the specs the
+//! The real vendor CLIs (Codex CLI, Claude Code, opencode, Qwen Code,
+//! Gemini CLI, Cline) seated by the specs the
 //! repository ships (`plugins/harness/specs/*.toml`), through the whole
 //! host path: the host.toml parsed and checked by `HostConfig`, the seat
 //! with its egress gateway, the full sandbox, the real kernel with a JSONL
@@ -15,13 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sharedos_egress::mock::MockModel;
 use sharedos_host::config::HostConfig;
+use sharedos_egress::mock::{MockModel, SeenRequest, Wire};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
+use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
 use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
@@ -31,7 +33,9 @@ pub const CODEX_VERSION: &str = "0.171.0";
 pub const CLAUDE_VERSION: &str = "2.1.332";
 pub const OPENCODE_VERSION: &str = "1.18.33";
 pub const QWEN_VERSION: &str = "0.24.4";
-/// Where the Qwen Code spec says a Node.js >= 22 is.
+pub const GEMINI_VERSION: &str = "0.61.0";
+pub const CLINE_VERSION: &str = "3.0.65";
+/// Where the Qwen Code and Gemini CLI specs say a Node.js >= 22 is.
 const SPEC_NODE_DIR: &str = "/opt/sharedos-ci/node/bin";
 /// The TypeScript MCP SDK the harness tests seat as a client
 /// (tests/harness/mcp_client.mjs).
@@ -48,6 +52,8 @@ pub enum Vendor {
     ClaudeCode,
     Opencode,
     QwenCode,
+    Gemini,
+    Cline,
 }
 
 impl Vendor {
@@ -57,6 +63,8 @@ impl Vendor {
             Vendor::ClaudeCode => "claude-code.toml",
             Vendor::Opencode => "opencode.toml",
             Vendor::QwenCode => "qwen-code.toml",
+            Vendor::Gemini => "gemini.toml",
+            Vendor::Cline => "cline.toml",
         }
     }
     fn package(self) -> (&'static str, &'static str) {
@@ -65,15 +73,27 @@ impl Vendor {
             Vendor::ClaudeCode => ("@anthropic-ai/claude-code", CLAUDE_VERSION),
             Vendor::Opencode => ("opencode-ai", OPENCODE_VERSION),
             Vendor::QwenCode => ("@qwen-code/qwen-code", QWEN_VERSION),
+            Vendor::Gemini => ("@google/gemini-cli", GEMINI_VERSION),
+            Vendor::Cline => ("@cline/cli-linux-x64", CLINE_VERSION),
+        }
+    }
+    /// The model API's wire the spec's CLI speaks.
+    pub fn wire(self) -> Wire {
+        match self {
+            Vendor::Codex => Wire::OpenaiResponses,
+            Vendor::ClaudeCode => Wire::AnthropicMessages,
+            Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => Wire::OpenaiChat,
+            Vendor::Gemini => Wire::Gemini,
         }
     }
     /// The route the spec names and the upstream it points at.
     fn route(self) -> (&'static str, &'static str) {
         match self {
-            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
+            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => {
                 ("openai", "https://api.openai.com/v1")
             }
             Vendor::ClaudeCode => ("anthropic", "https://api.anthropic.com"),
+            Vendor::Gemini => ("gemini", "https://generativelanguage.googleapis.com"),
         }
     }
 }
@@ -159,8 +179,9 @@ pub fn spec_text(
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (route, upstream) = vendor.route();
     let mock_upstream = match vendor {
-        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => mock.base_url(),
-        Vendor::ClaudeCode => format!("http://127.0.0.1:{}", mock.port),
+        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => mock.base_url(),
+        // Both CLIs add the API's version segment themselves.
+        Vendor::ClaudeCode | Vendor::Gemini => format!("http://127.0.0.1:{}", mock.port),
     };
     let mut out = text
         .replace(SPEC_DIR, &dir.display().to_string())
@@ -191,9 +212,11 @@ pub fn spec_text(
                 "model = \"gpt-5.5\"".to_owned(),
                 "model = \"sharedos-mock-model\"".to_owned(),
             ),
-            Vendor::ClaudeCode | Vendor::Opencode | Vendor::QwenCode => {
-                (String::new(), String::new())
-            }
+            Vendor::ClaudeCode
+            | Vendor::Opencode
+            | Vendor::QwenCode
+            | Vendor::Gemini
+            | Vendor::Cline => (String::new(), String::new()),
         },
         (
             "env = { ".to_owned() + first_env_key(vendor),
@@ -219,8 +242,9 @@ pub fn spec_text(
 
 fn secret_env(vendor: Vendor) -> &'static str {
     match vendor {
-        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => "OPENAI_API_KEY",
+        Vendor::Codex | Vendor::Opencode | Vendor::QwenCode | Vendor::Cline => "OPENAI_API_KEY",
         Vendor::ClaudeCode => "ANTHROPIC_API_KEY",
+        Vendor::Gemini => "GEMINI_API_KEY",
     }
 }
 
@@ -231,6 +255,8 @@ fn first_env_key(vendor: Vendor) -> &'static str {
         Vendor::ClaudeCode => "ANTHROPIC_BASE_URL",
         Vendor::Opencode => "OPENCODE_CONFIG",
         Vendor::QwenCode => "QWEN_HOME",
+        Vendor::Gemini => "GEMINI_CLI_HOME",
+        Vendor::Cline => "CLINE_SESSION_BACKEND_MODE",
     }
 }
 
@@ -256,10 +282,17 @@ pub fn http_variant(vendor: Vendor, spec: &str) -> String {
             ),
             ("", ""),
         ],
-        Vendor::QwenCode => [
+        Vendor::QwenCode | Vendor::Gemini => [
             (
                 "\"command\": {json:mcpCommand}, \"args\": {json:mcpArgs},",
                 "\"httpUrl\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"},",
+            ),
+            ("", ""),
+        ],
+        Vendor::Cline => [
+            (
+                "\"type\": \"stdio\", \"command\": {json:mcpCommand}, \"args\": {json:mcpArgs}",
+                "\"type\": \"streamableHttp\", \"url\": {json:mcpUrl}, \"headers\": {\"Authorization\": \"Bearer {mcpToken}\"}",
             ),
             ("", ""),
         ],
@@ -458,4 +491,38 @@ pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> Ven
         started,
         elapsed,
     }
+}
+
+/// What every vendor turn keeps: the real key reached only the upstream,
+/// in the header `vendor`'s route writes it (never the result, the events
+/// or the audit), and every model request went through the gateway and
+/// was answered 200.
+pub fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) {
+    assert!(!seen.is_empty(), "the mock model saw no request");
+    let wire = vendor.wire();
+    let want = match wire {
+        Wire::OpenaiChat | Wire::OpenaiResponses => format!("Bearer {REAL_KEY}"),
+        Wire::AnthropicMessages | Wire::Gemini => REAL_KEY.to_owned(),
+    };
+    for s in seen {
+        let key = s.header(wire.key_header());
+        assert_eq!(key, Some(want.as_str()), "{vendor:?}: {}", s.path);
+    }
+    let everything = format!("{:?}{}", turn.json(), turn.audit_text);
+    assert!(!everything.contains(REAL_KEY), "{vendor:?}: the key leaked");
+    let requests = turn.events("egress.request");
+    assert_eq!(requests.len(), seen.len(), "{vendor:?}: {requests:?}");
+    assert!(
+        requests.iter().all(|r| r["status"] == 200),
+        "{vendor:?}: {requests:?}"
+    );
+}
+
+/// Whether `name` is a function name every model API accepts: OpenAI's
+/// and Anthropic's `^[a-zA-Z0-9_-]{1,64}$`, and Google's rule for Gemini
+/// (the Gemini API also allows `.` and `:`, but Vertex AI and Firebase AI
+/// Logic require a letter or `_` first), so the strictest of them:
+/// `^[a-zA-Z_][a-zA-Z0-9_-]{0,63}$`.
+pub fn every_model_api_accepts(name: &str) -> bool {
+    is_api_tool_name(name) && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
 }

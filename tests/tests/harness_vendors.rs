@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_egress::mock::wire::{calls_turn, text_turn};
-use sharedos_egress::mock::{
-    MockModel, MockOptions, OnRequest, Reply, ScriptedCall, SeenRequest, Wire,
-};
-use sharedos_protocol::api_names::is_api_tool_name;
+use sharedos_egress::mock::{MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire};
 use sharedos_tests::turns::marked_pids;
 use sharedos_tests::vendors::{
-    REAL_KEY, Vendor, VendorCase, VendorTurn, run_vendor, unique_marker,
+    Vendor, VendorCase, VendorTurn, assert_key_kept, every_model_api_accepts, run_vendor,
+    unique_marker,
 };
 
 const TOOLS: [&str; 5] = [
@@ -126,31 +124,6 @@ fn invoked(turn: &VendorTurn) -> Vec<(String, String)> {
         .collect()
 }
 
-/// What every vendor turn keeps: the real key reached only the upstream
-/// (never the result, the events or the audit), the CLI carried the
-/// placeholder, and the model traffic went through the gateway.
-fn assert_key_kept(turn: &VendorTurn, seen: &[SeenRequest], vendor: Vendor) {
-    assert!(!seen.is_empty(), "the mock model saw no request");
-    for s in seen {
-        let key = match vendor {
-            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => {
-                s.authorization().map(str::to_owned)
-            }
-            Vendor::ClaudeCode => s.api_key().map(str::to_owned),
-        };
-        let want = match vendor {
-            Vendor::Codex | Vendor::Opencode | Vendor::QwenCode => format!("Bearer {REAL_KEY}"),
-            Vendor::ClaudeCode => REAL_KEY.to_owned(),
-        };
-        assert_eq!(key.as_deref(), Some(want.as_str()), "{}", s.path);
-    }
-    let everything = format!("{:?}{}", turn.json(), turn.audit_text);
-    assert!(!everything.contains(REAL_KEY), "the key leaked");
-    let requests = turn.events("egress.request");
-    assert_eq!(requests.len(), seen.len(), "{requests:?}");
-    assert!(requests.iter().all(|r| r["status"] == 200), "{requests:?}");
-}
-
 #[test]
 fn codex_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_output() {
     let _serial = sharedos_tests::serial();
@@ -204,7 +177,10 @@ fn codex_calls_a_granted_tool_through_the_envelope_and_its_final_message_is_the_
     );
     assert!(!offered.iter().any(|t| t.contains("delete")), "{offered:?}");
     // Every name the model got is one OpenAI's and Anthropic's APIs accept.
-    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
+    assert!(
+        offered.iter().all(|t| every_model_api_accepts(t)),
+        "{offered:?}"
+    );
     // The call is the kernel's: requested, invoked, in the audit trail.
     let requested: Vec<Value> = turn
         .events("tool.requested")
@@ -341,7 +317,10 @@ fn codex_over_streamable_http_calls_a_granted_tool() {
     );
     let offered = codex_offered(&seen[0].body);
     assert!(offered.contains(&"files__write".to_owned()), "{offered:?}");
-    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
+    assert!(
+        offered.iter().all(|t| every_model_api_accepts(t)),
+        "{offered:?}"
+    );
     assert_eq!(
         invoked(&turn),
         vec![("files.write".to_owned(), "succeeded/-".to_owned())]
@@ -504,7 +483,10 @@ fn claude_code_calls_a_granted_tool_end_to_end() {
         offered.contains(&"mcp__sharedos__files__write".to_owned()),
         "{offered:?}"
     );
-    assert!(offered.iter().all(|t| is_api_tool_name(t)), "{offered:?}");
+    assert!(
+        offered.iter().all(|t| every_model_api_accepts(t)),
+        "{offered:?}"
+    );
     assert!(!offered.iter().any(|t| t.contains("delete")), "{offered:?}");
     assert_eq!(
         invoked(&turn),
