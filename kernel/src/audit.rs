@@ -97,6 +97,10 @@ pub enum AuditKind {
     /// An effect outside the catalogue finished.
     #[serde(rename = "effect.completed")]
     EffectCompleted,
+    /// An operator recorded the outcome of a tool call a crash left
+    /// unknown, as observed at its source (`sharedos serve`).
+    #[serde(rename = "effect.settled")]
+    EffectSettled,
 }
 
 impl AuditKind {
@@ -111,6 +115,7 @@ impl AuditKind {
             Self::TurnEnded => "turn.ended",
             Self::EffectAuthorized => "effect.authorized",
             Self::EffectCompleted => "effect.completed",
+            Self::EffectSettled => "effect.settled",
         }
     }
 }

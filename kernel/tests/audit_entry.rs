@@ -97,6 +97,7 @@ fn kinds() -> impl Strategy<Value = (AuditKind, AuditOutcome, AuditSource)> {
             AuditKind::TurnEnded,
             AuditKind::EffectAuthorized,
             AuditKind::EffectCompleted,
+            AuditKind::EffectSettled,
         ]),
         prop::sample::select(vec![
             AuditOutcome::Allowed,

@@ -15,6 +15,7 @@
 
 mod at_rest;
 mod conn;
+mod effects;
 mod event_filter;
 mod lease;
 mod listing;

@@ -68,6 +68,10 @@ impl From<SessionError> for Failure {
             SessionError::Store(StoreError::RequestConflict { run_id, .. }) => {
                 Some(("runId", json!(run_id)))
             }
+            SessionError::EffectSettled { settlement, .. } => {
+                Some(("settlement", json!(settlement)))
+            }
+            SessionError::EffectNotUnresolved { state, .. } => Some(("state", json!(state))),
             _ => None,
         };
         let retry_after_s = match &e {
@@ -100,6 +104,12 @@ impl From<SessionError> for Failure {
             SessionError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             SessionError::LeaseLost(_) => (StatusCode::SERVICE_UNAVAILABLE, "lease_lost"),
             SessionError::TooManyRuns { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_runs"),
+            SessionError::InvalidSettlement(_) => (StatusCode::BAD_REQUEST, "invalid_settlement"),
+            SessionError::InvalidOperationId(_) => (StatusCode::BAD_REQUEST, "invalid_id"),
+            SessionError::EffectSettled { .. } => (StatusCode::CONFLICT, "effect_settled"),
+            SessionError::EffectNotUnresolved { .. } => {
+                (StatusCode::CONFLICT, "effect_not_unresolved")
+            }
         };
         Failure {
             extra,
@@ -168,7 +178,7 @@ fn json_content_type(req: &Request<Incoming>) -> Result<(), Failure> {
     ))
 }
 
-async fn body_of<T: for<'de> Deserialize<'de>>(
+pub(super) async fn body_of<T: for<'de> Deserialize<'de>>(
     req: Request<Incoming>,
     within: Duration,
 ) -> Result<T, Failure> {
@@ -284,6 +294,10 @@ async fn handle(
                 &json!({"cancelled": host.is_some(), "hostId": host}),
             ))
         }
+        (Method::POST, ["v1", "runs", id, "effects", op, "settle"]) => {
+            let (id, op) = (id.to_string(), op.to_string());
+            super::effects::settle(sessions, &scope, &id, &op, req, body_within).await
+        }
         (Method::GET, ["v1", "runs", id, "events"]) => {
             let after = after_sequence(&req)?;
             let kinds = KindFilter::from_query(req.uri().query())?;
@@ -314,7 +328,10 @@ async fn reads(
             Err(e) => Err(e.into()),
         },
         ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
-        _ => return None,
+        _ => {
+            let answer = super::effects::list(sessions, scope, parts, query).await?;
+            return Some(answer.map(|value| json_response(StatusCode::OK, &value)));
+        }
     };
     Some(
         answer

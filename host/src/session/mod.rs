@@ -14,6 +14,7 @@
 
 mod admission;
 mod cancels;
+mod effects;
 mod journal;
 mod lease;
 mod listing;
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::executor::Executor;
 
 pub use admission::{AdmissionLimits, AdmissionStatus};
+pub use effects::{EffectList, Observed, SettleRequest};
 pub use lease::LeaseStatus;
 pub use listing::{ListFilter, Page};
 pub use metrics::Metrics;
@@ -143,6 +145,28 @@ pub enum SessionError {
     /// time (admission.rs).
     #[error("too many runs: {message}")]
     TooManyRuns { message: String, retry_after_s: u64 },
+    /// A settlement's body that cannot be recorded.
+    #[error("the settlement is invalid: {0}")]
+    InvalidSettlement(String),
+    /// An operation id no call can have.
+    #[error(
+        "operation id {0:?} is not one a call can have: 1 to 256 characters, no control character, no /"
+    )]
+    InvalidOperationId(String),
+    /// The call was settled before (by this host or another).
+    #[error("effect {operation_id:?} was already settled: the first settlement stands")]
+    EffectSettled {
+        operation_id: String,
+        settlement: Box<sharedos_kernel::AuditRecord>,
+    },
+    /// Only an unresolved call may be settled.
+    #[error(
+        "effect {operation_id:?} is {state}, not unresolved: only a call a crash left without outcome is settled"
+    )]
+    EffectNotUnresolved {
+        operation_id: String,
+        state: &'static str,
+    },
 }
 
 /// Where a live run is: the last stored sequence, and whether it ended.

@@ -125,6 +125,7 @@ fn kind_fragment(kind: AuditKind) -> &'static Fragment {
         AuditKind::TurnEnded => kind!(TurnEnded),
         AuditKind::EffectAuthorized => kind!(EffectAuthorized),
         AuditKind::EffectCompleted => kind!(EffectCompleted),
+        AuditKind::EffectSettled => kind!(EffectSettled),
     }
 }
 
