@@ -58,8 +58,9 @@ async fn unstall(backend: &Backend, dir: &Path) {
     let sql = match backend {
         Backend::Sqlite => "DROP TRIGGER stall_outcome; DROP TABLE stall_rows;",
         Backend::Postgres(_) => {
-            "DROP TRIGGER stall_outcome ON audit_records;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep';"
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+               WHERE wait_event = 'PgSleep' AND datname = current_database();
+             DROP TRIGGER stall_outcome ON audit_records;"
         }
     };
     backend.execute(dir, sql).await;
@@ -107,6 +108,19 @@ async fn crash_mid_effect(backend: &Backend, dir: &Path) -> Crashed {
     while !agent_file(dir, "stalled.txt").exists() {
         assert!(Instant::now() < deadline, "the call never had its effect");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // On PostgreSQL the outcome's insert outlives its client: wait until
+    // the server holds it in the trigger, so it never lands afterwards.
+    if let Backend::Postgres(_) = backend {
+        let sleeping = "SELECT CAST(COUNT(*) AS BIGINT) FROM pg_stat_activity \
+                        WHERE wait_event = 'PgSleep' AND datname = current_database()";
+        while backend.count(dir, sleeping).await == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the outcome never reached the store"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     // The effect is done, its outcome held back: SIGKILL now.
     server.child.kill().unwrap();

@@ -17,9 +17,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_store::StoreError;
 
+use super::effects;
 use super::event_filter::KindFilter;
 use super::listing::{self, Refusal};
-use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessions};
+use crate::session::{
+    Observer, OpenSession, RunInput, Scope, SessionError, Sessions, SettleRequest,
+};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -178,7 +181,7 @@ fn json_content_type(req: &Request<Incoming>) -> Result<(), Failure> {
     ))
 }
 
-pub(super) async fn body_of<T: for<'de> Deserialize<'de>>(
+async fn body_of<T: for<'de> Deserialize<'de>>(
     req: Request<Incoming>,
     within: Duration,
 ) -> Result<T, Failure> {
@@ -265,19 +268,7 @@ async fn handle(
         }
         (Method::POST, ["v1", "sessions", id, "runs"]) => {
             let id = id.to_string();
-            let body: RunBody = body_of(req, body_within).await?;
-            let h = sessions
-                .run(&scope, &id, &body.request_id, body.input)
-                .await?;
-            let status = if h.repeated {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            };
-            Ok(json_response(
-                status,
-                &json!({"run": h.run, "repeated": h.repeated}),
-            ))
+            post_run(sessions, &scope, &id, req, body_within).await
         }
         (Method::GET, ["v1", "runs", id]) => {
             let run = sessions.get_run(&scope, id).await?;
@@ -295,8 +286,8 @@ async fn handle(
             ))
         }
         (Method::POST, ["v1", "runs", id, "effects", op, "settle"]) => {
-            let (id, op) = (id.to_string(), op.to_string());
-            super::effects::settle(sessions, &scope, &id, &op, req, body_within).await
+            let (id, op) = (id.to_string(), effects::operation_id(op)?);
+            settle(sessions, &scope, (&id, &op), req, body_within).await
         }
         (Method::GET, ["v1", "runs", id, "events"]) => {
             let after = after_sequence(&req)?;
@@ -310,6 +301,49 @@ async fn handle(
             "no such endpoint: see docs/SERVE.md",
         )),
     }
+}
+
+/// `POST /v1/sessions/{id}/runs`: `201` for a new run, `200` for a repeat.
+async fn post_run(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    id: &str,
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let body: RunBody = body_of(req, body_within).await?;
+    let h = sessions
+        .run(scope, id, &body.request_id, body.input)
+        .await?;
+    let status = if h.repeated {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok(json_response(
+        status,
+        &json!({"run": h.run, "repeated": h.repeated}),
+    ))
+}
+
+/// `POST /v1/runs/{id}/effects/{operationId}/settle` (docs/SERVE.md,
+/// "Unresolved effects"): `201` with the settlement.
+async fn settle(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    (run_id, operation_id): (&str, &str),
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let settled_by = effects::settled_by(&req);
+    let body: SettleRequest = body_of(req, body_within).await?;
+    let record = sessions
+        .settle_effect(scope, run_id, operation_id, &body, &settled_by)
+        .await?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"settlement": record}),
+    ))
 }
 
 /// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and
@@ -328,10 +362,7 @@ async fn reads(
             Err(e) => Err(e.into()),
         },
         ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
-        _ => {
-            let answer = super::effects::list(sessions, scope, parts, query).await?;
-            return Some(answer.map(|value| json_response(StatusCode::OK, &value)));
-        }
+        _ => effects::list(sessions, scope, parts, query).await?,
     };
     Some(
         answer
