@@ -101,6 +101,13 @@ pub enum AuditKind {
     /// unknown, as observed at its source (`sharedos serve`).
     #[serde(rename = "effect.settled")]
     EffectSettled,
+    /// A host application put a file into a session's files
+    /// (`sharedos serve`).
+    #[serde(rename = "file.uploaded")]
+    FileUploaded,
+    /// A host application read a file out of a session's files.
+    #[serde(rename = "file.downloaded")]
+    FileDownloaded,
 }
 
 impl AuditKind {
@@ -116,6 +123,8 @@ impl AuditKind {
             Self::EffectAuthorized => "effect.authorized",
             Self::EffectCompleted => "effect.completed",
             Self::EffectSettled => "effect.settled",
+            Self::FileUploaded => "file.uploaded",
+            Self::FileDownloaded => "file.downloaded",
         }
     }
 }

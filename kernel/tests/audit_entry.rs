@@ -98,6 +98,8 @@ fn kinds() -> impl Strategy<Value = (AuditKind, AuditOutcome, AuditSource)> {
             AuditKind::EffectAuthorized,
             AuditKind::EffectCompleted,
             AuditKind::EffectSettled,
+            AuditKind::FileUploaded,
+            AuditKind::FileDownloaded,
         ]),
         prop::sample::select(vec![
             AuditOutcome::Allowed,

@@ -13,7 +13,7 @@ use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{Address, Identifier, JsonObject, PathSegment, ResourceRef, Timestamp};
 use strategies::*;
 
-const KINDS: [AuditKind; 9] = [
+const KINDS: [AuditKind; 11] = [
     AuditKind::AuthorityResolved,
     AuditKind::AuthorizationChecked,
     AuditKind::ToolCatalogListed,
@@ -23,6 +23,8 @@ const KINDS: [AuditKind; 9] = [
     AuditKind::EffectAuthorized,
     AuditKind::EffectCompleted,
     AuditKind::EffectSettled,
+    AuditKind::FileUploaded,
+    AuditKind::FileDownloaded,
 ];
 const OUTCOMES: [AuditOutcome; 6] = [
     AuditOutcome::Allowed,

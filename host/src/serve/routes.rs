@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -19,6 +19,7 @@ use sharedos_store::StoreError;
 
 use super::effects;
 use super::event_filter::KindFilter;
+use super::files;
 use super::listing::{self, Refusal};
 use crate::session::{
     Observer, OpenSession, RunInput, Scope, SessionError, Sessions, SettleRequest,
@@ -113,12 +114,26 @@ impl From<SessionError> for Failure {
             SessionError::EffectNotUnresolved { .. } => {
                 (StatusCode::CONFLICT, "effect_not_unresolved")
             }
+            SessionError::Files(f) => (files_status(f.code), f.code),
+            SessionError::FilesDisabled => (StatusCode::NOT_FOUND, "files_disabled"),
         };
         Failure {
             extra,
             retry_after_s,
             ..Failure::new(status, code, message)
         }
+    }
+}
+
+/// The status of a file tools' code (docs/SERVE.md, "Files in and out").
+fn files_status(code: &str) -> StatusCode {
+    match code {
+        "file_not_found" => StatusCode::NOT_FOUND,
+        "path_not_allowed" | "path_too_long" => StatusCode::BAD_REQUEST,
+        "is_a_directory" | "not_a_directory" | "not_a_file" | "file_too_large" => {
+            StatusCode::CONFLICT
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -252,6 +267,10 @@ async fn handle(
         return Ok(metrics(sessions));
     }
     let scope = scope_of(&req)?;
+    if let Some((id, file)) = files::split(req.uri().path()) {
+        let (id, file) = (id.to_owned(), file.to_owned());
+        return transfer(sessions, &scope, (&id, &file), req, body_within).await;
+    }
     if method == Method::GET
         && let Some(answer) = reads(sessions, &scope, &parts, req.uri().query()).await
     {
@@ -344,6 +363,54 @@ async fn settle(
         StatusCode::CREATED,
         &json!({"settlement": record}),
     ))
+}
+
+impl From<files::Refused> for Failure {
+    fn from(r: files::Refused) -> Self {
+        Failure::new(r.status, r.code, r.message)
+    }
+}
+
+/// `PUT` (`201 {path, bytes, sha256}`) or `GET` (the bytes) of a
+/// session's file (docs/SERVE.md, "Files in and out").
+async fn transfer(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    (id, file): (&str, &str),
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let segments = files::segments(file)?;
+    let path = segments.join("/");
+    let max = sessions
+        .max_upload_bytes()
+        .ok_or(SessionError::FilesDisabled)?;
+    if req.method() == Method::PUT {
+        sessions.session(scope, id).await?;
+        let bytes = files::body(req, max, body_within).await?;
+        let done = sessions.upload(scope, id, segments, bytes.to_vec()).await?;
+        let answer = json!({"path": path, "bytes": done.size, "sha256": done.sha256});
+        return Ok(json_response(StatusCode::CREATED, &answer));
+    }
+    if req.method() != Method::GET {
+        return Err(Failure::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "a session's file takes PUT (upload) or GET (download)",
+        ));
+    }
+    let done = sessions.download(scope, id, segments, max).await?;
+    let length = HeaderValue::from(done.size);
+    let mut r = Response::new(Full::new(Bytes::from(done.bytes)).boxed_unsync());
+    r.headers_mut().insert(CONTENT_LENGTH, length);
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(digest) = HeaderValue::from_str(&done.sha256) {
+        r.headers_mut().insert("x-sharedos-sha256", digest);
+    }
+    Ok(r)
 }
 
 /// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and

@@ -15,6 +15,7 @@
 mod admission;
 mod cancels;
 mod effects;
+mod files;
 mod journal;
 mod lease;
 mod listing;
@@ -37,6 +38,7 @@ use crate::executor::Executor;
 
 pub use admission::{AdmissionLimits, AdmissionStatus};
 pub use effects::{EffectList, Observed, SettleRequest};
+pub use files::{SessionFiles, Transfer};
 pub use lease::LeaseStatus;
 pub use listing::{ListFilter, Page};
 pub use metrics::Metrics;
@@ -159,6 +161,12 @@ pub enum SessionError {
         operation_id: String,
         settlement: Box<sharedos_kernel::AuditRecord>,
     },
+    /// A file could not be moved in or out of a session.
+    #[error("{0}")]
+    Files(sharedos_kernel::tools::files::FileError),
+    /// This host has no file tools (`[kernel.files] enabled = false`).
+    #[error("this host has no session files: [kernel.files] is disabled in its configuration")]
+    FilesDisabled,
     /// Only an unresolved call may be settled.
     #[error(
         "effect {operation_id:?} is {state}, not unresolved: only a call a crash left without outcome is settled"
@@ -199,6 +207,8 @@ pub struct Sessions {
     /// turn has ended.
     slots: Arc<admission::Slots>,
     metrics: Arc<Metrics>,
+    /// Files in and out of sessions (`None`: no file tools on this host).
+    files: Option<Arc<files::SessionFiles>>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -230,6 +240,7 @@ impl Sessions {
             catalogue: HashMap::new(),
             slots: admission::Slots::new(AdmissionLimits::unbounded()),
             metrics: Arc::new(Metrics::new()),
+            files: None,
         }
     }
 

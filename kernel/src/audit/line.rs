@@ -126,6 +126,8 @@ fn kind_fragment(kind: AuditKind) -> &'static Fragment {
         AuditKind::EffectAuthorized => kind!(EffectAuthorized),
         AuditKind::EffectCompleted => kind!(EffectCompleted),
         AuditKind::EffectSettled => kind!(EffectSettled),
+        AuditKind::FileUploaded => kind!(FileUploaded),
+        AuditKind::FileDownloaded => kind!(FileDownloaded),
     }
 }
 
