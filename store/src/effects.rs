@@ -193,3 +193,64 @@ pub enum Settled {
     /// Settled before (by any host): the first settlement's record.
     Before(Box<AuditRecord>),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record(id: &str, kind: &str, outcome: &str, op: &str) -> AuditRecord {
+        let agent = json!({"kind": "agent", "agentId": "alice"});
+        let service = json!({"kind": "service", "serviceId": "host"});
+        serde_json::from_value(json!({
+            "id": id, "type": kind, "outcome": outcome, "at": "2026-12-05T04:00:00Z",
+            "traceId": "run-1", "namespaceId": "ns", "actor": agent, "authority": service,
+            "owner": service, "purpose": "p", "source": "kernel", "operationId": op,
+            "tool": "files.write", "reason": "host_restarted",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn each_allowed_call_gets_the_state_its_records_say() {
+        let trail = vec![
+            record("d1", "authorization.checked", "allowed", "c1"),
+            record("o1", "tool.invoked", "succeeded", "c1"),
+            record("d2", "authorization.checked", "allowed", "c2"),
+            record("o2", "tool.invoked", "failed", "c2"),
+            record("d3", "authorization.checked", "allowed", "c3"),
+            record("d3.recovered", "tool.invoked", "interrupted", "c3"),
+            record("d4", "authorization.checked", "allowed", "c4"),
+            record("d4.recovered", "tool.invoked", "interrupted", "c4"),
+            record("d4.settled", "effect.settled", "failed", "c4"),
+            record("d5", "authorization.checked", "allowed", "c5"),
+            record("d6", "authorization.checked", "denied", "c6"),
+        ];
+        let states: Vec<(String, EffectState)> = effects_of("run-1", &trail)
+            .into_iter()
+            .map(|e| (e.operation_id, e.state))
+            .collect();
+        let expected = [
+            ("c1", EffectState::Succeeded),
+            ("c2", EffectState::Failed),
+            ("c3", EffectState::Unresolved),
+            ("c4", EffectState::Settled),
+            ("c5", EffectState::InProgress),
+        ];
+        let expected: Vec<(String, EffectState)> = expected
+            .iter()
+            .map(|(o, s)| ((*o).to_owned(), *s))
+            .collect();
+        assert_eq!(states, expected);
+        let settled = &effects_of("run-1", &trail)[3];
+        assert_eq!(
+            settled.settlement.as_ref().map(|r| r.id.as_str()),
+            Some("d4.settled")
+        );
+        assert_eq!(
+            settled.unresolved_because.as_deref(),
+            Some("host_restarted")
+        );
+        assert_eq!(settlement_id("d3"), "d3.settled");
+    }
+}
