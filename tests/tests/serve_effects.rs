@@ -21,8 +21,11 @@ use sharedos_tests::served::{
     Backend, Events, Server, agent_file, call, open_session, run_to_end, start_run, wait_state,
     write_config,
 };
+use sharedos_tests::tenants::{Tcp, add_token, free_port, owner_only, start_tcp, store_args};
+use sharedos_tests::turns::NAMESPACE;
 
 both_stores!(an_effect_a_crash_left_unknown_is_listed_and_settled_once);
+both_stores!(a_tenant_settles_with_its_token_and_another_tenant_finds_nothing);
 
 /// Stalls the insert of a call's `succeeded` outcome: on SQLite a
 /// trigger counting a cross join far too large to finish, on PostgreSQL
@@ -409,4 +412,65 @@ async fn concurrent_settlements(socket: &Path, run: &str, op: &str) -> Value {
         assert_eq!(&body["error"]["settlement"], created[0]);
     }
     created[0].clone()
+}
+
+/// Over TCP, a tenant's token settles its own session's call and is named
+/// in the settlement; another tenant's token finds neither the call nor
+/// the listing (`404`), and writes nothing.
+async fn a_tenant_settles_with_its_token_and_another_tenant_finds_nothing(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = crash_mid_effect(&backend, dir.path()).await;
+    let (run, op) = (crashed.run.as_str(), crashed.op.as_str());
+    let store = store_args(&backend, dir.path());
+    let (a_id, a) = add_token(dir.path(), &store, NAMESPACE, "test-host");
+    let (_, b) = add_token(dir.path(), &store, "tenant-b", "app-b");
+    let addr = free_port();
+    let mut flags = store.clone();
+    flags.extend(["--host-id".to_owned(), "tcp".to_owned()]);
+    let _tcp_server = start_tcp(dir.path(), addr, &flags);
+    let tcp = Tcp(addr);
+    let owner = owner_only("operator");
+    let body = json!({"outcome": "failed", "observed": {"row": null}, "note": "not in the ledger"});
+
+    let listing = format!("/v1/sessions/{}/effects", crashed.session);
+    let (status, _, answer) = tcp
+        .call("GET", &listing, Some(&b), &owner, Value::Null)
+        .await;
+    assert_eq!(status, 404, "{answer}");
+    let (status, _, answer) = tcp
+        .call(
+            "POST",
+            &settle_path(run, op),
+            Some(&b),
+            &owner,
+            body.clone(),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (404, Some("not_found")),
+        "{answer}"
+    );
+    assert_eq!(count(&backend, dir.path(), run, "effect.settled").await, 0);
+
+    let (status, _, answer) = tcp
+        .call("POST", &settle_path(run, op), Some(&a), &owner, body)
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let settlement = &answer["settlement"];
+    assert_eq!(settlement["outcome"], json!("failed"));
+    assert_eq!(
+        settlement["metadata"]["settledBy"]["credential"],
+        json!(format!("token {a_id}"))
+    );
+    assert_eq!(
+        settlement["metadata"]["settledBy"]["owner"]["userId"],
+        json!("operator")
+    );
+    let (status, _, answer) = tcp
+        .call("GET", &listing, Some(&a), &owner, Value::Null)
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["effects"][0]["state"], json!("settled"), "{answer}");
+    assert_eq!(count(&backend, dir.path(), run, "effect.settled").await, 1);
 }
