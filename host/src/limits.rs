@@ -85,6 +85,12 @@ pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(10
 pub const MIN_TOKEN_LEN: usize = 16;
 /// The most bytes a request body of `serve`'s API may have.
 pub const MAX_REQUEST_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// `[serve] maxUploadBytes` by default: the most bytes one file put into
+/// a session's files may have.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 8 * 1024 * 1024;
+/// The range of `maxUploadBytes` (1 GiB at most: a file is held whole in
+/// memory while it is hashed and written).
+pub const MAX_UPLOAD_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1..=1024 * 1024 * 1024;
 /// `[serve] headerReadTimeoutMs` by default: a request head must be whole
 /// this long after its first byte (and its body this long after the head).
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;

@@ -97,6 +97,17 @@ pub enum AuditKind {
     /// An effect outside the catalogue finished.
     #[serde(rename = "effect.completed")]
     EffectCompleted,
+    /// An operator recorded the outcome of a tool call a crash left
+    /// unknown, as observed at its source (`sharedos serve`).
+    #[serde(rename = "effect.settled")]
+    EffectSettled,
+    /// A host application put a file into a session's files
+    /// (`sharedos serve`).
+    #[serde(rename = "file.uploaded")]
+    FileUploaded,
+    /// A host application read a file out of a session's files.
+    #[serde(rename = "file.downloaded")]
+    FileDownloaded,
 }
 
 impl AuditKind {
@@ -111,6 +122,9 @@ impl AuditKind {
             Self::TurnEnded => "turn.ended",
             Self::EffectAuthorized => "effect.authorized",
             Self::EffectCompleted => "effect.completed",
+            Self::EffectSettled => "effect.settled",
+            Self::FileUploaded => "file.uploaded",
+            Self::FileDownloaded => "file.downloaded",
         }
     }
 }

@@ -97,6 +97,9 @@ fn kinds() -> impl Strategy<Value = (AuditKind, AuditOutcome, AuditSource)> {
             AuditKind::TurnEnded,
             AuditKind::EffectAuthorized,
             AuditKind::EffectCompleted,
+            AuditKind::EffectSettled,
+            AuditKind::FileUploaded,
+            AuditKind::FileDownloaded,
         ]),
         prop::sample::select(vec![
             AuditOutcome::Allowed,

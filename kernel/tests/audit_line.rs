@@ -13,7 +13,7 @@ use sharedos_kernel::{AuditKind, AuditOutcome, AuditRecord, AuditSource};
 use sharedos_protocol::{Address, Identifier, JsonObject, PathSegment, ResourceRef, Timestamp};
 use strategies::*;
 
-const KINDS: [AuditKind; 8] = [
+const KINDS: [AuditKind; 11] = [
     AuditKind::AuthorityResolved,
     AuditKind::AuthorizationChecked,
     AuditKind::ToolCatalogListed,
@@ -22,6 +22,9 @@ const KINDS: [AuditKind; 8] = [
     AuditKind::TurnEnded,
     AuditKind::EffectAuthorized,
     AuditKind::EffectCompleted,
+    AuditKind::EffectSettled,
+    AuditKind::FileUploaded,
+    AuditKind::FileDownloaded,
 ];
 const OUTCOMES: [AuditOutcome; 6] = [
     AuditOutcome::Allowed,

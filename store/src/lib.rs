@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod effects;
 pub mod grants;
 mod lease;
 mod listing;
@@ -352,6 +353,15 @@ pub trait Store: AuditSink + UsageStore + Send + Sync {
     ) -> Result<GrantImport, StoreError>;
     /// The audit records of one trace, in the order they were committed.
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError>;
+    /// Records a settlement ([`effects`]) in one transaction: its
+    /// `effect.settled` audit record and, after the run's last event, its
+    /// journal event. Once per record id, whatever the hosts: a second
+    /// settlement of the same call writes nothing and returns the first.
+    /// `NotFound` when the run is gone.
+    async fn settle_effect(
+        &self,
+        settlement: &effects::Settlement,
+    ) -> Result<effects::Settled, StoreError>;
     /// Ids of runs whose journal or state changed, as other processes
     /// commit them (PostgreSQL `LISTEN/NOTIFY`), `cancel:<id>` for a cancel
     /// asked of a run, or the empty string for "something changed, look

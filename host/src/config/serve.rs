@@ -14,6 +14,7 @@
 //! tlsCert = "cert.pem"         # TLS for --listen (with tlsKey; or --tls-cert/--tls-key)
 //! tlsKey = "key.pem"
 //! allowPlainTcp = false        # true: plain TCP (no TLS) on a non-loopback address
+//! maxUploadBytes = 8388608     # the most bytes one file put into a session's files has
 //!
 //! [[serve.peers]]              # a unix peer uid bound to a tenant's scope
 //! uid = 1000
@@ -31,8 +32,8 @@ use super::retention::RetentionSection;
 use crate::limits::{
     ADMISSION_QUEUE_RANGE, ADMISSION_WAIT_RANGE_MS, CONNECTION_TIMEOUT_RANGE_MS,
     DEFAULT_ADMISSION_QUEUE, DEFAULT_ADMISSION_WAIT_MS, DEFAULT_HEADER_READ_TIMEOUT_MS,
-    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LIVE_RUNS, MAX_CONNECTIONS_RANGE,
-    MAX_LIVE_RUNS_RANGE,
+    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LIVE_RUNS,
+    DEFAULT_MAX_UPLOAD_BYTES, MAX_CONNECTIONS_RANGE, MAX_LIVE_RUNS_RANGE, MAX_UPLOAD_BYTES_RANGE,
 };
 use crate::session::AdmissionLimits;
 
@@ -83,6 +84,10 @@ pub struct ServeSection {
     /// Off by default: bearer tokens would cross the network in clear.
     #[serde(default)]
     pub allow_plain_tcp: bool,
+    /// The most bytes of one file put into a session's files
+    /// (`PUT /v1/sessions/{id}/files/{path}`); beyond it `413`.
+    #[serde(default = "max_upload_bytes")]
+    pub max_upload_bytes: u64,
     /// Unix peers (by uid, `SO_PEERCRED`) bound to a tenant's scope; an
     /// unmapped peer is the socket's owner, trusted with any scope.
     #[serde(default)]
@@ -116,6 +121,7 @@ impl Default for ServeSection {
             tls_cert: None,
             tls_key: None,
             allow_plain_tcp: false,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             peers: Vec::new(),
             retention: RetentionSection::default(),
         }
@@ -136,6 +142,9 @@ fn max_live_runs() -> usize {
 }
 fn admission_queue() -> usize {
     DEFAULT_ADMISSION_QUEUE
+}
+fn max_upload_bytes() -> u64 {
+    DEFAULT_MAX_UPLOAD_BYTES
 }
 fn admission_wait() -> u64 {
     DEFAULT_ADMISSION_WAIT_MS
@@ -162,6 +171,14 @@ impl ServeSection {
                 MAX_CONNECTIONS_RANGE.start(),
                 MAX_CONNECTIONS_RANGE.end(),
                 self.max_connections
+            ));
+        }
+        if !MAX_UPLOAD_BYTES_RANGE.contains(&self.max_upload_bytes) {
+            return Err(format!(
+                "serve.maxUploadBytes: must be {}..={}, got {}",
+                MAX_UPLOAD_BYTES_RANGE.start(),
+                MAX_UPLOAD_BYTES_RANGE.end(),
+                self.max_upload_bytes
             ));
         }
         self.check_tenants()?;

@@ -15,7 +15,9 @@
 
 mod at_rest;
 mod conn;
+mod effects;
 mod event_filter;
+mod files;
 mod lease;
 mod listing;
 mod retention;
@@ -195,11 +197,31 @@ pub fn sessions_from_config(
         .iter()
         .map(|a| (a.agent_id.to_string(), a.runtime.to_string()))
         .collect();
-    Ok(
-        Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
-            .with_catalogue(builtin_tools(config))
-            .with_admission(config.serve.admission()),
-    )
+    let sessions = Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
+        .with_catalogue(builtin_tools(config))
+        .with_admission(config.serve.admission());
+    Ok(match session_files(config, &files_root)? {
+        Some(files) => sessions.with_files(files),
+        None => sessions,
+    })
+}
+
+/// The files root sessions' files are moved in and out of, when the
+/// kernel has file tools (docs/SERVE.md, "Files in and out").
+fn session_files(
+    config: &HostConfig,
+    files_root: &std::path::Path,
+) -> Result<Option<crate::session::SessionFiles>, ServeError> {
+    if !config.kernel.files.enabled {
+        return Ok(None);
+    }
+    let root =
+        sharedos_kernel::tools::files::FilesRoot::open(files_root, config.kernel.files.clone())
+            .map_err(|e| ServeError::Setup(format!("files root {}: {e}", files_root.display())))?;
+    Ok(Some(crate::session::SessionFiles {
+        root: Arc::new(root),
+        max_upload_bytes: config.serve.max_upload_bytes,
+    }))
 }
 
 /// The built-in tools the configuration's kernel registers (the file tools,

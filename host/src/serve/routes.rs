@@ -11,15 +11,19 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_store::StoreError;
 
+use super::effects;
 use super::event_filter::KindFilter;
+use super::files;
 use super::listing::{self, Refusal};
-use crate::session::{Observer, OpenSession, RunInput, Scope, SessionError, Sessions};
+use crate::session::{
+    Observer, OpenSession, RunInput, Scope, SessionError, Sessions, SettleRequest,
+};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -68,6 +72,10 @@ impl From<SessionError> for Failure {
             SessionError::Store(StoreError::RequestConflict { run_id, .. }) => {
                 Some(("runId", json!(run_id)))
             }
+            SessionError::EffectSettled { settlement, .. } => {
+                Some(("settlement", json!(settlement)))
+            }
+            SessionError::EffectNotUnresolved { state, .. } => Some(("state", json!(state))),
             _ => None,
         };
         let retry_after_s = match &e {
@@ -100,12 +108,32 @@ impl From<SessionError> for Failure {
             SessionError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             SessionError::LeaseLost(_) => (StatusCode::SERVICE_UNAVAILABLE, "lease_lost"),
             SessionError::TooManyRuns { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_runs"),
+            SessionError::InvalidSettlement(_) => (StatusCode::BAD_REQUEST, "invalid_settlement"),
+            SessionError::InvalidOperationId(_) => (StatusCode::BAD_REQUEST, "invalid_id"),
+            SessionError::EffectSettled { .. } => (StatusCode::CONFLICT, "effect_settled"),
+            SessionError::EffectNotUnresolved { .. } => {
+                (StatusCode::CONFLICT, "effect_not_unresolved")
+            }
+            SessionError::Files(f) => (files_status(f.code), f.code),
+            SessionError::FilesDisabled => (StatusCode::NOT_FOUND, "files_disabled"),
         };
         Failure {
             extra,
             retry_after_s,
             ..Failure::new(status, code, message)
         }
+    }
+}
+
+/// The status of a file tools' code (docs/SERVE.md, "Files in and out").
+fn files_status(code: &str) -> StatusCode {
+    match code {
+        "file_not_found" => StatusCode::NOT_FOUND,
+        "path_not_allowed" | "path_too_long" => StatusCode::BAD_REQUEST,
+        "is_a_directory" | "not_a_directory" | "not_a_file" | "file_too_large" => {
+            StatusCode::CONFLICT
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -239,6 +267,10 @@ async fn handle(
         return Ok(metrics(sessions));
     }
     let scope = scope_of(&req)?;
+    if let Some((id, file)) = files::split(req.uri().path()) {
+        let (id, file) = (id.to_owned(), file.to_owned());
+        return transfer(sessions, &scope, (&id, &file), req, body_within).await;
+    }
     if method == Method::GET
         && let Some(answer) = reads(sessions, &scope, &parts, req.uri().query()).await
     {
@@ -255,19 +287,7 @@ async fn handle(
         }
         (Method::POST, ["v1", "sessions", id, "runs"]) => {
             let id = id.to_string();
-            let body: RunBody = body_of(req, body_within).await?;
-            let h = sessions
-                .run(&scope, &id, &body.request_id, body.input)
-                .await?;
-            let status = if h.repeated {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            };
-            Ok(json_response(
-                status,
-                &json!({"run": h.run, "repeated": h.repeated}),
-            ))
+            post_run(sessions, &scope, &id, req, body_within).await
         }
         (Method::GET, ["v1", "runs", id]) => {
             let run = sessions.get_run(&scope, id).await?;
@@ -284,6 +304,10 @@ async fn handle(
                 &json!({"cancelled": host.is_some(), "hostId": host}),
             ))
         }
+        (Method::POST, ["v1", "runs", id, "effects", op, "settle"]) => {
+            let (id, op) = (id.to_string(), effects::operation_id(op)?);
+            settle(sessions, &scope, (&id, &op), req, body_within).await
+        }
         (Method::GET, ["v1", "runs", id, "events"]) => {
             let after = after_sequence(&req)?;
             let kinds = KindFilter::from_query(req.uri().query())?;
@@ -296,6 +320,97 @@ async fn handle(
             "no such endpoint: see docs/SERVE.md",
         )),
     }
+}
+
+/// `POST /v1/sessions/{id}/runs`: `201` for a new run, `200` for a repeat.
+async fn post_run(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    id: &str,
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let body: RunBody = body_of(req, body_within).await?;
+    let h = sessions
+        .run(scope, id, &body.request_id, body.input)
+        .await?;
+    let status = if h.repeated {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok(json_response(
+        status,
+        &json!({"run": h.run, "repeated": h.repeated}),
+    ))
+}
+
+/// `POST /v1/runs/{id}/effects/{operationId}/settle` (docs/SERVE.md,
+/// "Unresolved effects"): `201` with the settlement.
+async fn settle(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    (run_id, operation_id): (&str, &str),
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let settled_by = effects::settled_by(&req);
+    let body: SettleRequest = body_of(req, body_within).await?;
+    let record = sessions
+        .settle_effect(scope, run_id, operation_id, &body, &settled_by)
+        .await?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"settlement": record}),
+    ))
+}
+
+impl From<files::Refused> for Failure {
+    fn from(r: files::Refused) -> Self {
+        Failure::new(r.status, r.code, r.message)
+    }
+}
+
+/// `PUT` (`201 {path, bytes, sha256}`) or `GET` (the bytes) of a
+/// session's file (docs/SERVE.md, "Files in and out").
+async fn transfer(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    (id, file): (&str, &str),
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let segments = files::segments(file)?;
+    let path = segments.join("/");
+    let max = sessions
+        .max_upload_bytes()
+        .ok_or(SessionError::FilesDisabled)?;
+    if req.method() == Method::PUT {
+        sessions.session(scope, id).await?;
+        let bytes = files::body(req, max, body_within).await?;
+        let done = sessions.upload(scope, id, segments, bytes.to_vec()).await?;
+        let answer = json!({"path": path, "bytes": done.size, "sha256": done.sha256});
+        return Ok(json_response(StatusCode::CREATED, &answer));
+    }
+    if req.method() != Method::GET {
+        return Err(Failure::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "a session's file takes PUT (upload) or GET (download)",
+        ));
+    }
+    let done = sessions.download(scope, id, segments, max).await?;
+    let length = HeaderValue::from(done.size);
+    let mut r = Response::new(Full::new(Bytes::from(done.bytes)).boxed_unsync());
+    r.headers_mut().insert(CONTENT_LENGTH, length);
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(digest) = HeaderValue::from_str(&done.sha256) {
+        r.headers_mut().insert("x-sharedos-sha256", digest);
+    }
+    Ok(r)
 }
 
 /// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and
@@ -314,7 +429,7 @@ async fn reads(
             Err(e) => Err(e.into()),
         },
         ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
-        _ => return None,
+        _ => effects::list(sessions, scope, parts, query).await?,
     };
     Some(
         answer

@@ -34,7 +34,7 @@ fn page<T>(mut items: Vec<T>, limit: usize, key: impl Fn(&T) -> Keyset) -> Page<
 
 /// A stored time in milliseconds since the Unix epoch (the order the store
 /// pages in).
-fn millis(at: &str) -> i64 {
+pub(super) fn millis(at: &str) -> i64 {
     let t = sharedos_protocol::Timestamp::parse(at)
         .map(|t| t.to_offset())
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);

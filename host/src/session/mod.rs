@@ -14,6 +14,8 @@
 
 mod admission;
 mod cancels;
+mod effects;
+mod files;
 mod journal;
 mod lease;
 mod listing;
@@ -35,6 +37,8 @@ use tokio_util::sync::CancellationToken;
 use crate::executor::Executor;
 
 pub use admission::{AdmissionLimits, AdmissionStatus};
+pub use effects::{EffectList, Observed, SettleRequest};
+pub use files::{SessionFiles, Transfer};
 pub use lease::LeaseStatus;
 pub use listing::{ListFilter, Page};
 pub use metrics::Metrics;
@@ -143,6 +147,34 @@ pub enum SessionError {
     /// time (admission.rs).
     #[error("too many runs: {message}")]
     TooManyRuns { message: String, retry_after_s: u64 },
+    /// A settlement's body that cannot be recorded.
+    #[error("the settlement is invalid: {0}")]
+    InvalidSettlement(String),
+    /// An operation id no call can have.
+    #[error(
+        "operation id {0:?} is not one a call can have: 1 to 256 characters, no control character, no /"
+    )]
+    InvalidOperationId(String),
+    /// The call was settled before (by this host or another).
+    #[error("effect {operation_id:?} was already settled: the first settlement stands")]
+    EffectSettled {
+        operation_id: String,
+        settlement: Box<sharedos_kernel::AuditRecord>,
+    },
+    /// A file could not be moved in or out of a session.
+    #[error("{0}")]
+    Files(sharedos_kernel::tools::files::FileError),
+    /// This host has no file tools (`[kernel.files] enabled = false`).
+    #[error("this host has no session files: [kernel.files] is disabled in its configuration")]
+    FilesDisabled,
+    /// Only an unresolved call may be settled.
+    #[error(
+        "effect {operation_id:?} is {state}, not unresolved: only a call a crash left without outcome is settled"
+    )]
+    EffectNotUnresolved {
+        operation_id: String,
+        state: &'static str,
+    },
 }
 
 /// Where a live run is: the last stored sequence, and whether it ended.
@@ -175,6 +207,8 @@ pub struct Sessions {
     /// turn has ended.
     slots: Arc<admission::Slots>,
     metrics: Arc<Metrics>,
+    /// Files in and out of sessions (`None`: no file tools on this host).
+    files: Option<Arc<files::SessionFiles>>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -206,6 +240,7 @@ impl Sessions {
             catalogue: HashMap::new(),
             slots: admission::Slots::new(AdmissionLimits::unbounded()),
             metrics: Arc::new(Metrics::new()),
+            files: None,
         }
     }
 

@@ -125,6 +125,9 @@ fn kind_fragment(kind: AuditKind) -> &'static Fragment {
         AuditKind::TurnEnded => kind!(TurnEnded),
         AuditKind::EffectAuthorized => kind!(EffectAuthorized),
         AuditKind::EffectCompleted => kind!(EffectCompleted),
+        AuditKind::EffectSettled => kind!(EffectSettled),
+        AuditKind::FileUploaded => kind!(FileUploaded),
+        AuditKind::FileDownloaded => kind!(FileDownloaded),
     }
 }
 

@@ -240,6 +240,32 @@ impl From<std::io::Error> for FileFail {
     }
 }
 
+/// Why [`FilesRoot::read_file`] or [`FilesRoot::write_file`] failed:
+/// `code` is the file tools' own (`path_not_allowed` for a symlink or a
+/// path leaving the directory, `file_not_found`, `not_a_file`, ...), or
+/// `io_error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct FileError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl From<FileFail> for FileError {
+    fn from(f: FileFail) -> Self {
+        match f {
+            FileFail::Result(code, message) => FileError {
+                code,
+                message: message.to_owned(),
+            },
+            FileFail::Io(message) => FileError {
+                code: "io_error",
+                message,
+            },
+        }
+    }
+}
+
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS);
 
 // No `O_NOFOLLOW` here: with `O_DIRECTORY` it turns a symlink into ENOTDIR,
@@ -291,6 +317,62 @@ impl FilesRoot {
         Ok(Self { root, config })
     }
 
+    /// The bytes of the agent's file `path` (relative, as [`parse_path`]
+    /// takes it), at most `max`; resolved beneath the agent's directory
+    /// without following any symlink. For a host moving files in and out
+    /// of a session; a turn reads through `files.read`.
+    pub fn read_file(
+        &self,
+        namespace_id: &str,
+        agent: &str,
+        segments: &[String],
+        max: u64,
+    ) -> Result<Vec<u8>, FileError> {
+        self.read_at_most(namespace_id, agent, segments, max)
+            .map_err(FileError::from)
+    }
+
+    /// Writes the agent's file `path` atomically (0600, its directories
+    /// 0700 when made), resolved as [`FilesRoot::read_file`].
+    pub fn write_file(
+        &self,
+        namespace_id: &str,
+        agent: &str,
+        segments: &[String],
+        content: &[u8],
+    ) -> Result<(), FileError> {
+        self.refuse_symlink_leaf(namespace_id, agent, segments)?;
+        self.write_all(namespace_id, agent, segments, content)
+            .map_err(FileError::from)
+    }
+
+    /// A symlink where the file would go is refused, not replaced: the
+    /// host application is told, where a turn's `files.write` replaces
+    /// the link itself (never following it).
+    fn refuse_symlink_leaf(
+        &self,
+        namespace_id: &str,
+        agent: &str,
+        segments: &[String],
+    ) -> Result<(), FileError> {
+        let Some((leaf, parents)) = segments.split_last() else {
+            return Ok(());
+        };
+        let dir = match self.agent_dir(namespace_id, agent, false) {
+            Ok(base) => Self::walk(base, parents, false),
+            Err(e) => Err(e),
+        };
+        let Ok(dir) = dir else {
+            return Ok(()); // not there yet: the write makes it, or says why not
+        };
+        match rustix::fs::statat(&dir, leaf.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                Err(FileFail::from(Errno::LOOP).into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn agent_dir(
         &self,
         namespace_id: &str,
@@ -331,7 +413,14 @@ impl FilesRoot {
         Ok(cur)
     }
 
-    fn read(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {
+    /// The bytes of a regular file, at most `max` of them.
+    fn read_at_most(
+        &self,
+        ns: &str,
+        agent: &str,
+        segs: &[String],
+        max: u64,
+    ) -> Result<Vec<u8>, FileFail> {
         let (leaf, parents) = segs.split_last().ok_or(FileFail::Result(
             "is_a_directory",
             "The path names a directory.",
@@ -351,7 +440,6 @@ impl FilesRoot {
                 "The path does not name a regular file.",
             ));
         }
-        let max = self.config.max_read_bytes;
         let mut bytes = Vec::new();
         std::fs::File::from(fd)
             .take(max + 1)
@@ -362,6 +450,11 @@ impl FilesRoot {
                 "The file is larger than the read limit.",
             ));
         }
+        Ok(bytes)
+    }
+
+    fn read(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {
+        let bytes = self.read_at_most(ns, agent, segs, self.config.max_read_bytes)?;
         let size = bytes.len();
         let content = String::from_utf8(bytes)
             .map_err(|_| FileFail::Result("file_not_text", "The file is not UTF-8 text."))?;
@@ -375,6 +468,19 @@ impl FilesRoot {
         segs: &[String],
         content: &str,
     ) -> Result<Value, FileFail> {
+        self.write_all(ns, agent, segs, content.as_bytes())?;
+        Ok(json!({"path": segs.join("/"), "bytes": content.len()}))
+    }
+
+    /// Writes `content` atomically: a temp file (0600), `fsync`,
+    /// `renameat`, `fsync` of the directory.
+    fn write_all(
+        &self,
+        ns: &str,
+        agent: &str,
+        segs: &[String],
+        content: &[u8],
+    ) -> Result<(), FileFail> {
         let (leaf, parents) = segs.split_last().ok_or(FileFail::Result(
             "is_a_directory",
             "The path names a directory.",
@@ -393,7 +499,7 @@ impl FilesRoot {
             // write's temp file.
             rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)?;
             let mut file = std::fs::File::from(fd);
-            file.write_all(content.as_bytes())?;
+            file.write_all(content)?;
             file.sync_all()?;
             rustix::fs::renameat(&dir, temp.as_str(), &dir, leaf.as_str())?;
             rustix::fs::fsync(&dir)?;
@@ -402,8 +508,7 @@ impl FilesRoot {
         if result.is_err() {
             let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
         }
-        result?;
-        Ok(json!({"path": segs.join("/"), "bytes": content.len()}))
+        result
     }
 
     fn list(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {

@@ -14,6 +14,7 @@ mod delete;
 mod kernel;
 mod lease;
 mod listing;
+mod settle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -620,6 +621,15 @@ impl Store for PostgresStore {
         at: &str,
     ) -> Result<GrantImport, StoreError> {
         grants::import(&mut *self.client.lock().await, list, at).await
+    }
+
+    async fn settle_effect(
+        &self,
+        settlement: &crate::effects::Settlement,
+    ) -> Result<crate::effects::Settled, StoreError> {
+        let lease = self.lease.get();
+        let mut client = self.client.lock().await;
+        settle::settle(&mut client, lease.as_ref(), settlement).await
     }
 
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {

@@ -24,6 +24,7 @@ mod fence;
 mod lease;
 mod listing;
 mod runs;
+mod settle;
 mod worker;
 
 use crate::grants::sqlite as grants;
@@ -392,6 +393,15 @@ impl Store for SqliteStore {
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
         let trace = trace_id.to_owned();
         self.with(move |conn, _| read_trail(conn, &trace)).await
+    }
+
+    async fn settle_effect(
+        &self,
+        settlement: &crate::effects::Settlement,
+    ) -> Result<crate::effects::Settled, StoreError> {
+        let (s, lease) = (settlement.clone(), self.lease.get());
+        self.with(move |conn, _| settle::settle(conn, lease.as_ref(), &s))
+            .await
     }
 
     /// The empty string after another connection committed (changes.rs);
