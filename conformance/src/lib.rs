@@ -17,7 +17,9 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod calls;
 mod checks;
+mod envelope;
 mod lifecycle;
 mod load;
 mod real;
@@ -136,10 +138,27 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         ],
         |b| b.versions(),
     );
+    let envelope = manifest.map(|manifest| envelope::Envelope {
+        launcher: launcher.clone(),
+        spec: spec.clone(),
+        manifest,
+        handshake: opts.handshake_timeout,
+    });
+    let timeout = opts.step_timeout.max(Duration::from_secs(30));
+    let envelope = &envelope;
+    // A check through the real envelope (which exists once the handshake
+    // stated a manifest, which every check after it depends on).
+    let real = |(id, section): (&'static str, &'static str),
+                f: fn(&envelope::Envelope, Duration) -> Check| {
+        move |_: &checks::Battery<'_>| match &envelope {
+            Some(e) => vec![f(e, timeout)],
+            None => vec![checks::check(id, section, NOT_RUN_FIX).not_run("manifest")],
+        }
+    };
     gated.run(
         &["handshake", "silent_before_initialize"],
         &[("real_turn", "4")],
-        |b| vec![real_turn_check(b, &launcher, manifest.clone(), opts)],
+        real(("real_turn", "4"), real_turn_check),
     );
     let after_turn = ["real_turn"];
     gated.run(
@@ -153,13 +172,18 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     gated.run(
         &after_turn,
         &[("concurrent_calls_out_of_order", "4.3, 5")],
-        |b| vec![b.concurrent()],
+        real(
+            ("concurrent_calls_out_of_order", "4.3, 5"),
+            calls::concurrent,
+        ),
     );
     gated.run(&after_turn, &[("drain", "4.5")], |b| vec![b.drain()]);
     gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
-    gated.run(&after_turn, &[("outcome_kinds", "4.2")], |b| {
-        vec![b.outcome_kinds()]
-    });
+    gated.run(
+        &after_turn,
+        &[("outcome_kinds", "4.2")],
+        real(("outcome_kinds", "4.2"), calls::outcome_kinds),
+    );
     gated.run(&after_turn, &[("large_messages", "2, 6")], |b| {
         vec![b.large()]
     });
@@ -184,25 +208,9 @@ pub fn run(opts: &Options) -> Result<Report, String> {
 }
 
 /// `real_turn`: the plugin through the real envelope (`real.rs`).
-fn real_turn_check(
-    b: &checks::Battery<'_>,
-    launcher: &Arc<dyn Launcher>,
-    manifest: Option<sharedos_protocol::RuntimeManifest>,
-    opts: &Options,
-) -> Check {
-    let c = checks::check("real_turn", "4", REAL_TURN_FIX);
-    let Some(m) = manifest else {
-        return c.not_run("manifest");
-    };
-    let timeout = opts.step_timeout.max(Duration::from_secs(30));
-    let real = real::real_turn(
-        launcher.clone(),
-        &b.spec,
-        m,
-        opts.handshake_timeout,
-        timeout,
-    );
-    let mut c = c.verdict(real.verdict);
+fn real_turn_check(envelope: &envelope::Envelope, timeout: Duration) -> Check {
+    let real = real::real_turn(envelope, timeout);
+    let mut c = checks::check("real_turn", "4", REAL_TURN_FIX).verdict(real.verdict);
     if c.status == Status::Fail {
         c.stderr = real.stderr;
         c.fix = real.fix.unwrap_or(REAL_TURN_FIX);

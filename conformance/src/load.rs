@@ -1,110 +1,11 @@
-//! Checks under load and at the edges: 64 concurrent calls answered out of
-//! order, every outcome kind, lines near the limit, noise on stderr.
-
-use serde_json::{Value, json};
-use sharedos_protocol::RuntimeTurnOutcome;
+//! Checks at the edges: lines near the limit, noise on stderr.
 
 use super::checks::{Battery, Check, DEFAULT_MAX, MIB, check, kind, outcome_of, outcome_or_fault};
 use super::session::Session;
 use super::turn;
-
-const CONCURRENT: usize = 64;
+use serde_json::{Value, json};
 
 impl Battery<'_> {
-    pub fn concurrent(&self) -> Check {
-        let c = check(
-            "concurrent_calls_out_of_order",
-            "4.3, 5",
-            "match each tool result to its call by the JSON-RPC id, not by arrival order; keep reading stdin while calls are in flight",
-        );
-        let mut held: Vec<Value> = Vec::new();
-        let mut widest = 0usize;
-        let mut on_call = |s: &mut Session, req: Option<&Value>| {
-            if let Some(r) = req {
-                held.push(r.clone());
-                widest = widest.max(held.len());
-                if held.len() < CONCURRENT {
-                    return;
-                }
-            }
-            // Answer whatever is held, last asked first.
-            while let Some(r) = held.pop() {
-                let id = r["params"]["call"]["id"].clone();
-                let _ = s.send(&turn::succeeded(&r, json!({"callId": id})));
-            }
-        };
-        let (_s, t) = match self.turn(DEFAULT_MAX, turn::calls(CONCURRENT, true), &mut on_call) {
-            Ok(x) => x,
-            Err(e) => return c.fail(e),
-        };
-        let outcome = match outcome_or_fault(&t) {
-            Ok(o) => o,
-            Err(e) => return c.fail(e),
-        };
-        if t.calls.is_empty() {
-            return c.na("made no tool call for the echo payload");
-        }
-        if let RuntimeTurnOutcome::Complete { output, .. } = &outcome
-            && let Some(results) = output.get("results").and_then(Value::as_array)
-        {
-            let crossed = results
-                .iter()
-                .filter(|r| r["output"]["callId"] != r["callId"])
-                .count();
-            if crossed > 0 {
-                return c.fail(format!(
-                    "{crossed} result(s) were attached to the wrong call"
-                ));
-            }
-        }
-        c.pass(format!(
-            "{} calls, up to {widest} in flight at once, answered in reverse order; a {} outcome",
-            t.calls.len(),
-            kind(&outcome)
-        ))
-    }
-
-    pub fn outcome_kinds(&self) -> Check {
-        let c = check(
-            "outcome_kinds",
-            "4.2",
-            "answer turn/run with exactly {type: complete, output[, metadata]}, {type: fail, error: {code, message}} or {type: escalate, reason}; no other keys",
-        );
-        let mut seen = Vec::new();
-        for asked in ["complete", "fail", "escalate"] {
-            let mut answer = |s: &mut Session, req: Option<&Value>| {
-                if let Some(r) = req {
-                    let _ = s.send(&turn::succeeded(r, Value::Null));
-                }
-            };
-            let ran = self.turn(
-                DEFAULT_MAX,
-                json!({"calls": [], "outcome": asked}),
-                &mut answer,
-            );
-            let (_s, t) = match ran {
-                Ok(x) => x,
-                Err(e) => return c.fail(e),
-            };
-            match outcome_or_fault(&t) {
-                Ok(o) => seen.push(format!("asked {asked}, got {}", kind(&o))),
-                Err(e) => return c.fail(format!("asked for {asked}: {e}")),
-            }
-        }
-        let all = seen.iter().all(|s| {
-            let mut w = s.split(", got ");
-            w.next().map(|a| a.trim_start_matches("asked ")) == w.next()
-        });
-        if all {
-            c.pass(seen.join("; "))
-        } else {
-            c.na(format!(
-                "every outcome was valid, but the plugin does not follow payload.outcome: {}",
-                seen.join("; ")
-            ))
-        }
-    }
-
     pub fn large(&self) -> Check {
         let c = check(
             "large_messages",
