@@ -1,6 +1,7 @@
 //! Checks of the plugin's tool calls through the real envelope
 //! (`envelope.rs`): calls in flight at once, answered by the real tool out
-//! of order; and every outcome kind, a call's (`succeeded`, `failed`, and
+//! of order; the real deadline's drain raised with a call in flight; and
+//! every outcome kind, a call's (`succeeded`, `failed`, and
 //! `denied` for a tool outside the catalogue, by the real kernel) and the
 //! turn's (`complete`, `fail`, `escalate`).
 
@@ -11,7 +12,7 @@ use serde_json::{Value, json};
 use sharedos_protocol::{ESCALATE_TOOL, ExecutionResult, ExecutionStatus};
 
 use super::checks::{Check, check};
-use super::envelope::{ECHO_TOOL, Envelope, Ran};
+use super::envelope::{ECHO_TOOL, Envelope, Plan, Ran};
 use super::real::{failure_text, stderr_tail};
 
 /// The calls of the concurrency turn; each waits at the real tool, the
@@ -19,6 +20,12 @@ use super::real::{failure_text, stderr_tail};
 const CONCURRENT: u64 = 8;
 /// How long the first call waits; each later one `STEP` less.
 const STEP_MS: u64 = 150;
+/// When the drain check's `turn/draining` comes, from the start of the
+/// turn: time for the plugin to start and make its first call (which the
+/// echo tool holds until the drain began).
+const DRAIN_AFTER: Duration = Duration::from_secs(5);
+/// The drain grace of that turn: time to answer `turn/run` once draining.
+const DRAIN_GRACE: Duration = Duration::from_secs(20);
 /// A tool outside every catalogue of the battery: the kernel denies it.
 const UNLISTED: &str = "conformance.unlisted";
 
@@ -30,15 +37,15 @@ fn failed_turn(c: Check, result: &ExecutionResult, asked: &str) -> Check {
     c
 }
 
-/// The `tool.completed` events of a turn: (tool, status).
-fn completed(result: &ExecutionResult) -> Vec<(String, String)> {
+/// The `tool.completed` events of a turn: (tool, status, code).
+fn completed(result: &ExecutionResult) -> Vec<(String, String, String)> {
     result
         .events
         .iter()
         .filter(|e| e.kind.as_str() == "tool.completed")
         .map(|e| {
             let s = |k: &str| e.data[k].as_str().unwrap_or("").to_owned();
-            (s("tool"), s("status"))
+            (s("tool"), s("status"), s("code"))
         })
         .collect()
 }
@@ -61,7 +68,14 @@ pub(super) fn concurrent(envelope: &Envelope, timeout: Duration) -> Check {
         })
         .collect();
     let payload = json!({"calls": calls, "parallel": true});
-    let Ran { result, echo, .. } = match envelope.run(payload, &[ECHO_TOOL], timeout, None) {
+    let plan = Plan {
+        payload,
+        catalogue: &[ECHO_TOOL],
+        timeout,
+        read_back: None,
+        drain_grace: None,
+    };
+    let Ran { result, echo, .. } = match envelope.run(plan) {
         Ok(r) => r,
         Err(e) => return c.fail(e),
     };
@@ -72,7 +86,7 @@ pub(super) fn concurrent(envelope: &Envelope, timeout: Duration) -> Check {
     if done.is_empty() {
         return c.na("made no tool call for the echo payload");
     }
-    if let Some((tool, status)) = done.iter().find(|(_, s)| s != "succeeded") {
+    if let Some((tool, status, _)) = done.iter().find(|(_, s, _)| s != "succeeded") {
         return c.fail(format!("a call of {tool:?} was answered {status}"));
     }
     let crossed = reported(&result).map_or(0, |results| {
@@ -116,7 +130,14 @@ pub(super) fn outcome_kinds(envelope: &Envelope, timeout: Duration) -> Check {
     for asked in ["complete", "fail", "escalate"] {
         let payload = json!({"calls": if asked == "complete" { calls.clone() } else { json!([]) },
                              "outcome": asked});
-        let result = match envelope.run(payload, &[ECHO_TOOL, ESCALATE_TOOL], timeout, None) {
+        let plan = Plan {
+            payload,
+            catalogue: &[ECHO_TOOL, ESCALATE_TOOL],
+            timeout,
+            read_back: None,
+            drain_grace: None,
+        };
+        let result = match envelope.run(plan) {
             Ok(r) => r.result,
             Err(e) => return c.fail(e),
         };
@@ -153,7 +174,7 @@ pub(super) fn outcome_kinds(envelope: &Envelope, timeout: Duration) -> Check {
 /// denied by the real host, and the plugin reported each as answered.
 fn call_kinds(result: &ExecutionResult) -> Result<(), String> {
     let done = completed(result);
-    let statuses: Vec<&str> = done.iter().map(|(_, s)| s.as_str()).collect();
+    let statuses: Vec<&str> = done.iter().map(|(_, s, _)| s.as_str()).collect();
     if statuses.is_empty() {
         return Ok(());
     }
@@ -170,4 +191,65 @@ fn call_kinds(result: &ExecutionResult) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
+    let c = check(
+        "drain",
+        "4.5",
+        "after turn/draining start no new tool call (check host.draining before each), let calls in flight finish, and answer turn/run",
+    );
+    let calls: Vec<Value> = (0..3)
+        .map(|i| json!({"tool": ECHO_TOOL, "arguments": {"n": i, "untilDrained": i == 0}}))
+        .collect();
+    let plan = Plan {
+        payload: json!({"calls": calls}),
+        catalogue: &[ECHO_TOOL],
+        timeout: DRAIN_AFTER + DRAIN_GRACE,
+        read_back: None,
+        drain_grace: Some(DRAIN_GRACE),
+    };
+    let result = match envelope.run(plan) {
+        Ok(r) => r.result,
+        Err(e) => return c.fail(e),
+    };
+    let done = completed(&result);
+    let Some((_, first, _)) = done.first() else {
+        return c
+            .na("made no tool call for the echo payload, so no call was in flight at the drain");
+    };
+    if first != "succeeded" {
+        return c.na(format!(
+            "the first call came after the drain began ({} s into the turn) and was answered {first}: the plugin started too slowly for this check",
+            DRAIN_AFTER.as_secs()
+        ));
+    }
+    let late = done
+        .iter()
+        .filter(|(_, _, code)| code == "turn_draining")
+        .count();
+    if late > 0 {
+        let mut c = c.fail(format!(
+            "started {late} new tool call(s) after turn/draining; the real host denied each turn_draining"
+        ));
+        c.stderr = stderr_tail(&result);
+        return c;
+    }
+    match (result.status, result.error.as_ref()) {
+        (ExecutionStatus::Cancelled, _) => failed_turn(
+            c,
+            &result,
+            &format!(
+                "did not answer turn/run within the {} s drain grace",
+                DRAIN_GRACE.as_secs()
+            ),
+        ),
+        (ExecutionStatus::Succeeded | ExecutionStatus::Escalated, _) => c.pass(
+            "the real deadline's turn/draining came with a call in flight: its result arrived, no new call was started, turn/run was answered within the grace",
+        ),
+        (ExecutionStatus::Failed, Some(e)) if e.code.as_str() != "runtime_failed" => c.pass(
+            "the real deadline's turn/draining came with a call in flight: no new call was started, a fail outcome within the grace",
+        ),
+        _ => failed_turn(c, &result, "drained"),
+    }
 }

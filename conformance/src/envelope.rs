@@ -4,12 +4,13 @@
 //! really answer: the kernel's `files.write` and `files.read` on a
 //! temporary files root, and `conformance.echo`, a host-side tool
 //! registered in the kernel the way the kernel's own tools are, which
-//! echoes its call, waits `delayMs` when asked (so calls overlap) and fails
+//! echoes its call, waits `delayMs` when asked (so calls overlap), holds a
+//! call until the turn's drain has begun (`"untilDrained": true`) and fails
 //! when asked (`"fail": true`), counting the calls in flight at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -30,6 +31,9 @@ pub(super) const AGENT: &str = "conformance";
 pub(super) const ECHO_TOOL: &str = "conformance.echo";
 /// The longest wait `conformance.echo` grants one call.
 const MAX_DELAY: Duration = Duration::from_secs(5);
+/// How long after the drain began a call held `untilDrained` is answered,
+/// so the `turn/draining` the host wrote is on the wire before its answer.
+const AFTER_DRAIN: Duration = Duration::from_secs(1);
 
 /// What launches the plugin for a real turn.
 pub(super) struct Envelope {
@@ -48,6 +52,21 @@ pub(super) struct EchoProbe {
     /// The most calls in flight at once.
     pub widest: AtomicUsize,
     pub calls: AtomicUsize,
+    /// When the turn's drain begins, at the latest (a turn with a drain).
+    drain_at: std::sync::OnceLock<Instant>,
+}
+
+/// One real turn to run: the payload, the catalogue the check declares,
+/// the deadline, and optionally a drain.
+pub(super) struct Plan<'a> {
+    pub payload: Value,
+    pub catalogue: &'a [&'a str],
+    pub timeout: Duration,
+    /// A file of the agent's directory to return as the turn left it.
+    pub read_back: Option<&'a str>,
+    /// The host's drain grace: `turn/draining` comes `timeout - grace`
+    /// into the turn (the real deadline's drain).
+    pub drain_grace: Option<Duration>,
 }
 
 /// One real turn: its result, and a file of the files root as the kernel
@@ -75,8 +94,14 @@ impl ToolHandler for EchoTool {
         let args = &call.arguments;
         let delay = Duration::from_millis(args.get("delayMs").and_then(Value::as_u64).unwrap_or(0))
             .min(MAX_DELAY);
+        let mut until = Instant::now() + delay;
+        if args.get("untilDrained").and_then(Value::as_bool) == Some(true)
+            && let Some(drain) = probe.drain_at.get()
+        {
+            until = until.max(*drain + AFTER_DRAIN);
+        }
         let waited = tokio::select! {
-            () = tokio::time::sleep(delay) => true,
+            () = tokio::time::sleep_until(until.into()) => true,
             () = abort.cancelled() => false,
         };
         probe.inflight.fetch_sub(1, Ordering::SeqCst);
@@ -160,15 +185,8 @@ fn request(
 }
 
 impl Envelope {
-    /// Runs one turn of `payload` with `catalogue`; `read_back` names a
-    /// file of the agent's directory to return as the turn left it.
-    pub fn run(
-        &self,
-        payload: Value,
-        catalogue: &[&str],
-        timeout: Duration,
-        read_back: Option<&str>,
-    ) -> Result<Ran, String> {
+    /// Runs the turn `plan` describes.
+    pub fn run(&self, plan: Plan<'_>) -> Result<Ran, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("cannot create a files root: {e}"))?;
         let root = dir.path().join("files");
         std::fs::create_dir_all(&root).map_err(|e| format!("cannot create a files root: {e}"))?;
@@ -181,18 +199,31 @@ impl Envelope {
         kernel
             .register(definition, Arc::new(EchoTool(echo.clone())))
             .map_err(|e| format!("cannot register the echo tool: {e}"))?;
-        let executor = Executor::new(Arc::new(kernel), self.seat()?, ExecutorOptions::default())
+        let options = ExecutorOptions {
+            drain_grace_ms: plan
+                .drain_grace
+                .map_or(0, |g| u64::try_from(g.as_millis()).unwrap_or(u64::MAX)),
+            ..ExecutorOptions::default()
+        };
+        let executor = Executor::new(Arc::new(kernel), self.seat()?, options)
             .map_err(|e| format!("executor: {e}"))?;
-        let request = request(payload, catalogue, timeout)?;
+        let request = request(plan.payload, plan.catalogue, plan.timeout)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+        if let Some(grace) = plan.drain_grace {
+            // The deadline is armed after this, so its drain comes no sooner.
+            let _ = echo
+                .drain_at
+                .set(Instant::now() + plan.timeout.saturating_sub(grace));
+        }
         let result = rt
             .block_on(executor.execute(request, ExecuteOptions::default()))
             .map_err(|e| e.to_string())?;
-        let file = read_back
+        let file = plan
+            .read_back
             .and_then(|p| std::fs::read_to_string(root.join(AGENT).join(AGENT).join(p)).ok());
         Ok(Ran { result, file, echo })
     }

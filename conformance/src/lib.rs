@@ -177,7 +177,11 @@ pub fn run(opts: &Options) -> Result<Report, String> {
             calls::concurrent,
         ),
     );
-    gated.run(&after_turn, &[("drain", "4.5")], |b| vec![b.drain()]);
+    gated.run(
+        &after_turn,
+        &[("drain", "4.5")],
+        real(("drain", "4.5"), calls::drain),
+    );
     gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
     gated.run(
         &after_turn,

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ExecutionResult, ExecutionStatus};
 
-use super::envelope::Envelope;
+use super::envelope::{Envelope, Plan};
 
 /// What the turn writes and reads back.
 pub(super) const PROBE_PATH: &str = "probe/conformance.txt";
@@ -91,7 +91,14 @@ fn payload() -> Value {
 
 /// Runs the real turn through `envelope`.
 pub(super) fn real_turn(envelope: &Envelope, timeout: Duration) -> RealTurn {
-    match envelope.run(payload(), &CATALOGUE, timeout, Some(PROBE_PATH)) {
+    let plan = Plan {
+        payload: payload(),
+        catalogue: &CATALOGUE,
+        timeout,
+        read_back: Some(PROBE_PATH),
+        drain_grace: None,
+    };
+    match envelope.run(plan) {
         Ok(ran) => RealTurn {
             stderr: stderr_tail(&ran.result),
             fix: reason(&ran.result).map(|(_, _, fix)| fix),
