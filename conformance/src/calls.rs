@@ -29,6 +29,25 @@ const DRAIN_GRACE: Duration = Duration::from_secs(20);
 /// A tool outside every catalogue of the battery: the kernel denies it.
 const UNLISTED: &str = "conformance.unlisted";
 
+/// The codes of a `failed` result that the host gives, never a plugin's
+/// `fail` outcome (PROTOCOL.md, the table of endings).
+const HOST_CODES: [&str; 5] = [
+    "runtime_failed",
+    "invalid_runtime_outcome",
+    "audit_unavailable",
+    "tool_unavailable",
+    "turn_cancelled",
+];
+
+/// The turn ended `failed` by the plugin's own `fail` outcome.
+fn plugin_failed(result: &ExecutionResult) -> bool {
+    result.status == ExecutionStatus::Failed
+        && result
+            .error
+            .as_ref()
+            .is_some_and(|e| !HOST_CODES.contains(&e.code.as_str()))
+}
+
 /// A check's failure from a turn the host ended otherwise than asked:
 /// the host's own words, and the plugin's stderr tail.
 fn failed_turn(c: Check, result: &ExecutionResult, asked: &str) -> Check {
@@ -141,10 +160,10 @@ pub(super) fn outcome_kinds(envelope: &Envelope, timeout: Duration) -> Check {
             Ok(r) => r.result,
             Err(e) => return c.fail(e),
         };
-        let got = match (result.status, result.error.as_ref()) {
-            (ExecutionStatus::Succeeded, _) => "complete",
-            (ExecutionStatus::Escalated, _) => "escalate",
-            (ExecutionStatus::Failed, Some(e)) if e.code.as_str() != "runtime_failed" => "fail",
+        let got = match result.status {
+            ExecutionStatus::Succeeded => "complete",
+            ExecutionStatus::Escalated => "escalate",
+            _ if plugin_failed(&result) => "fail",
             _ => return failed_turn(c, &result, &format!("asked for {asked}")),
         };
         if asked == "complete"
@@ -235,8 +254,8 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
         c.stderr = stderr_tail(&result);
         return c;
     }
-    match (result.status, result.error.as_ref()) {
-        (ExecutionStatus::Cancelled, _) => failed_turn(
+    match result.status {
+        ExecutionStatus::Cancelled => failed_turn(
             c,
             &result,
             &format!(
@@ -244,10 +263,10 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
                 DRAIN_GRACE.as_secs()
             ),
         ),
-        (ExecutionStatus::Succeeded | ExecutionStatus::Escalated, _) => c.pass(
+        ExecutionStatus::Succeeded | ExecutionStatus::Escalated => c.pass(
             "the real deadline's turn/draining came with a call in flight: its result arrived, no new call was started, turn/run was answered within the grace",
         ),
-        (ExecutionStatus::Failed, Some(e)) if e.code.as_str() != "runtime_failed" => c.pass(
+        _ if plugin_failed(&result) => c.pass(
             "the real deadline's turn/draining came with a call in flight: no new call was started, a fail outcome within the grace",
         ),
         _ => failed_turn(c, &result, "drained"),
