@@ -93,6 +93,7 @@ pub(super) fn concurrent(envelope: &Envelope, timeout: Duration) -> Check {
         timeout,
         read_back: None,
         drain_grace: None,
+        max_message_bytes: None,
     };
     let Ran { result, echo, .. } = match envelope.run(plan) {
         Ok(r) => r,
@@ -155,6 +156,7 @@ pub(super) fn outcome_kinds(envelope: &Envelope, timeout: Duration) -> Check {
             timeout,
             read_back: None,
             drain_grace: None,
+            max_message_bytes: None,
         };
         let result = match envelope.run(plan) {
             Ok(r) => r.result,
@@ -227,6 +229,7 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
         timeout: DRAIN_AFTER + DRAIN_GRACE,
         read_back: None,
         drain_grace: Some(DRAIN_GRACE),
+        max_message_bytes: None,
     };
     let result = match envelope.run(plan) {
         Ok(r) => r.result,

@@ -67,6 +67,8 @@ pub(super) struct Plan<'a> {
     /// The host's drain grace: `turn/draining` comes `timeout - grace`
     /// into the turn (the real deadline's drain).
     pub drain_grace: Option<Duration>,
+    /// The peer's line limit (`maxMessageBytes`), when not the default.
+    pub max_message_bytes: Option<usize>,
 }
 
 /// One real turn: its result, and a file of the files root as the kernel
@@ -205,8 +207,12 @@ impl Envelope {
                 .map_or(0, |g| u64::try_from(g.as_millis()).unwrap_or(u64::MAX)),
             ..ExecutorOptions::default()
         };
-        let executor = Executor::new(Arc::new(kernel), self.seat()?, options)
-            .map_err(|e| format!("executor: {e}"))?;
+        let executor = Executor::new(
+            Arc::new(kernel),
+            self.seat(plan.max_message_bytes)?,
+            options,
+        )
+        .map_err(|e| format!("executor: {e}"))?;
         let request = request(plan.payload, plan.catalogue, plan.timeout)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -228,7 +234,10 @@ impl Envelope {
         Ok(Ran { result, file, echo })
     }
 
-    fn seat(&self) -> Result<sharedos_host::executor::Seat, String> {
+    fn seat(
+        &self,
+        max_message_bytes: Option<usize>,
+    ) -> Result<sharedos_host::executor::Seat, String> {
         let mut pc = ProcessRuntimeConfig::new(self.spec.program.clone(), self.manifest.clone());
         pc.args = self.spec.args.clone();
         pc.env = self
@@ -239,6 +248,9 @@ impl Envelope {
             .cloned()
             .collect();
         pc.handshake_timeout = self.handshake;
+        if let Some(max) = max_message_bytes {
+            pc.max_message_bytes = max;
+        }
         let runtime = ProcessRuntime::new(pc, self.launcher.clone()).map_err(|e| e.to_string())?;
         Ok(sharedos_host::seat::process_seat(Arc::new(runtime)))
     }

@@ -20,6 +20,7 @@ mod bench;
 mod calls;
 mod checks;
 mod envelope;
+mod large;
 mod lifecycle;
 mod load;
 mod real;
@@ -188,9 +189,11 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         &[("outcome_kinds", "4.2")],
         real(("outcome_kinds", "4.2"), calls::outcome_kinds),
     );
-    gated.run(&after_turn, &[("large_messages", "2, 6")], |b| {
-        vec![b.large()]
-    });
+    gated.run(
+        &after_turn,
+        &[("large_messages", "2, 6")],
+        real(("large_messages", "2, 6"), large::large),
+    );
     gated.run(&after_turn, &[("stderr_noise", "1")], |b| vec![b.noise()]);
     gated.run(&[], &[("run_by_hand", "1")], |b| vec![b.by_hand()]);
     let mut results = gated.results;

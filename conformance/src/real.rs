@@ -97,6 +97,7 @@ pub(super) fn real_turn(envelope: &Envelope, timeout: Duration) -> RealTurn {
         timeout,
         read_back: Some(PROBE_PATH),
         drain_grace: None,
+        max_message_bytes: None,
     };
     match envelope.run(plan) {
         Ok(ran) => RealTurn {
