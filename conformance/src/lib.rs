@@ -4,10 +4,15 @@
 //! fix. Every check launches the plugin afresh and kills its tree after.
 //!
 //! `real_turn` (real.rs) runs one turn through the real envelope (the
-//! executor, the process runtime, the kernel's file tools); the scripted
-//! checks after it produce situations a real turn cannot order on demand.
-//! The checks run in a dependency order (`Gated`): one whose dependency
-//! failed is not run and names it, so one defect is one failure.
+//! executor, the process runtime, the kernel's file tools); the checks of
+//! concurrency, drain, outcome kinds and large lines (calls.rs, large.rs)
+//! run through the same envelope (envelope.rs) with a catalogue of their
+//! own and a host-side test tool registered in the kernel. The rest speak
+//! to the plugin directly (session.rs, turn.rs): the abort, because the
+//! real host kills the tree right after `turn/abort`, so only a host that
+//! waits sees the plugin exit on its own. The checks run in a dependency
+//! order (`Gated`): one whose dependency failed is not run and names it,
+//! so one defect is one failure.
 //!
 //! The checks that need the plugin to call tools drive it with the echo
 //! payload (`{"calls": [...], "parallel", "outcome", "noise"}`) that the
