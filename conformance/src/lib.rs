@@ -135,6 +135,15 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     let mut gated = Gated {
         results,
         battery: &battery,
+        // The real envelope exists once the handshake stated a manifest,
+        // which every check through it depends on.
+        envelope: manifest.map(|manifest| envelope::Envelope {
+            launcher: launcher.clone(),
+            spec: spec.clone(),
+            manifest,
+            handshake: opts.handshake_timeout,
+        }),
+        timeout: opts.step_timeout.max(Duration::from_secs(30)),
     };
     gated.run(
         &["handshake"],
@@ -144,27 +153,10 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         ],
         |b| b.versions(),
     );
-    let envelope = manifest.map(|manifest| envelope::Envelope {
-        launcher: launcher.clone(),
-        spec: spec.clone(),
-        manifest,
-        handshake: opts.handshake_timeout,
-    });
-    let timeout = opts.step_timeout.max(Duration::from_secs(30));
-    let envelope = &envelope;
-    // A check through the real envelope (which exists once the handshake
-    // stated a manifest, which every check after it depends on).
-    let real = |(id, section): (&'static str, &'static str),
-                f: fn(&envelope::Envelope, Duration) -> Check| {
-        move |_: &checks::Battery<'_>| match &envelope {
-            Some(e) => vec![f(e, timeout)],
-            None => vec![checks::check(id, section, NOT_RUN_FIX).not_run("manifest")],
-        }
-    };
-    gated.run(
+    gated.real(
         &["handshake", "silent_before_initialize"],
-        &[("real_turn", "4")],
-        real(("real_turn", "4"), real_turn_check),
+        ("real_turn", "4"),
+        real_turn_check,
     );
     let after_turn = ["real_turn"];
     gated.run(
@@ -175,30 +167,15 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         ],
         |b| b.round_trip(),
     );
-    gated.run(
+    gated.real(
         &after_turn,
-        &[("concurrent_calls_out_of_order", "4.3, 5")],
-        real(
-            ("concurrent_calls_out_of_order", "4.3, 5"),
-            calls::concurrent,
-        ),
+        ("concurrent_calls_out_of_order", "4.3, 5"),
+        calls::concurrent,
     );
-    gated.run(
-        &after_turn,
-        &[("drain", "4.5")],
-        real(("drain", "4.5"), calls::drain),
-    );
+    gated.real(&after_turn, ("drain", "4.5"), calls::drain);
     gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
-    gated.run(
-        &after_turn,
-        &[("outcome_kinds", "4.2")],
-        real(("outcome_kinds", "4.2"), calls::outcome_kinds),
-    );
-    gated.run(
-        &after_turn,
-        &[("large_messages", "2, 6")],
-        real(("large_messages", "2, 6"), large::large),
-    );
+    gated.real(&after_turn, ("outcome_kinds", "4.2"), calls::outcome_kinds);
+    gated.real(&after_turn, ("large_messages", "2, 6"), large::large);
     gated.run(&after_turn, &[("stderr_noise", "1")], |b| vec![b.noise()]);
     gated.run(&[], &[("run_by_hand", "1")], |b| vec![b.by_hand()]);
     let mut results = gated.results;
@@ -237,6 +214,9 @@ const REAL_TURN_FIX: &str = "pass one turn of the real host (sharedos run's code
 struct Gated<'a, 'b> {
     results: Vec<Check>,
     battery: &'a checks::Battery<'b>,
+    envelope: Option<envelope::Envelope>,
+    /// The deadline of a turn through the envelope.
+    timeout: Duration,
 }
 
 impl<'b> Gated<'_, 'b> {
@@ -267,6 +247,25 @@ impl<'b> Gated<'_, 'b> {
         let mut checks = group(self.battery);
         attach_stderr(&mut checks, self.battery);
         self.results.extend(checks);
+    }
+}
+
+impl Gated<'_, '_> {
+    /// Runs `check` through the real envelope unless one of `deps` failed.
+    fn real(
+        &mut self,
+        deps: &[&str],
+        check: (&'static str, &'static str),
+        f: fn(&envelope::Envelope, Duration) -> Check,
+    ) {
+        let (id, section) = check;
+        let timeout = self.timeout;
+        let envelope = self.envelope.take();
+        self.run(deps, &[check], |_| match &envelope {
+            Some(e) => vec![f(e, timeout)],
+            None => vec![checks::check(id, section, NOT_RUN_FIX).not_run("manifest")],
+        });
+        self.envelope = envelope;
     }
 }
 

@@ -8,10 +8,11 @@ echo payload one call at a time, or, by its one argument, a broken variant:
   long-line   writes a line longer than limits.maxMessageBytes
   unlisted    calls a tool that is not in the turn's catalogue
   ignore-drain  keeps starting calls after turn/draining
+  ignore-abort  ignores turn/abort and keeps running after its input ended
   wrong-outcome answers a requested fail with an outcome kind that does not
               exist ("failed")
 """
-import json, os, sys
+import json, os, sys, time
 
 if "SHAREDOS_PLUGIN" not in os.environ or sys.stdin.isatty():
     sys.exit("This program is a sharedos runtime plugin, run by a sharedos host.")
@@ -37,9 +38,12 @@ def read():
         if msg.get("method") == "turn/draining":
             draining = True
         elif msg.get("method") == "turn/abort":
-            sys.exit(0)
+            if MODE != "ignore-abort":
+                sys.exit(0)
         else:
             return msg
+    if MODE == "ignore-abort":
+        time.sleep(3600)
     return None
 
 

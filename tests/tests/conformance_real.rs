@@ -119,11 +119,12 @@ fn the_sdk_examples_and_a_raw_plugin_pass_the_real_turn() {
     }
 }
 
-/// A plugin that keeps calling after `turn/draining`, or answers with an
-/// outcome kind that does not exist, fails that check alone (nothing
-/// depends on it), with the real host's words and the fix.
+/// A plugin that keeps calling after `turn/draining`, answers with an
+/// outcome kind that does not exist, or ignores `turn/abort` and the end of
+/// its input, fails that check alone (nothing depends on it), with its
+/// cause and the fix.
 #[test]
-fn ignoring_the_drain_or_a_wrong_outcome_kind_fails_that_check_alone() {
+fn ignoring_drain_or_abort_or_a_wrong_outcome_kind_fails_that_check_alone() {
     // (mode, the failing check, in its cause, in its fix)
     let cases = [
         (
@@ -137,6 +138,12 @@ fn ignoring_the_drain_or_a_wrong_outcome_kind_fails_that_check_alone() {
             "outcome_kinds",
             "asked for fail: the turn ended failed invalid_runtime_outcome",
             "{type: fail, error: {code, message}}",
+        ),
+        (
+            "ignore-abort",
+            "abort",
+            "still running 2000 ms after turn/abort and the end of stdin",
+            "on turn/abort stop at once",
         ),
     ];
     for (mode, id, cause, fix) in cases {
