@@ -5,7 +5,7 @@
 //!
 //! `real_turn` (real.rs) runs one turn through the real envelope (the
 //! executor, the process runtime, the kernel's file tools); the checks of
-//! concurrency, drain, outcome kinds and large lines (calls.rs, large.rs)
+//! concurrency, drain, outcome kinds, large lines and noise (calls.rs, edges.rs)
 //! run through the same envelope (envelope.rs) with a catalogue of their
 //! own and a host-side test tool registered in the kernel. The rest speak
 //! to the plugin directly (session.rs, turn.rs): the abort, because the
@@ -24,10 +24,9 @@
 mod bench;
 mod calls;
 mod checks;
+mod edges;
 mod envelope;
-mod large;
 mod lifecycle;
-mod load;
 mod real;
 mod session;
 mod sweep;
@@ -175,8 +174,8 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     gated.real(&after_turn, ("drain", "4.5"), calls::drain);
     gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
     gated.real(&after_turn, ("outcome_kinds", "4.2"), calls::outcome_kinds);
-    gated.real(&after_turn, ("large_messages", "2, 6"), large::large);
-    gated.run(&after_turn, &[("stderr_noise", "1")], |b| vec![b.noise()]);
+    gated.real(&after_turn, ("large_messages", "2, 6"), edges::large);
+    gated.real(&after_turn, ("stderr_noise", "1"), edges::noise);
     gated.run(&[], &[("run_by_hand", "1")], |b| vec![b.by_hand()]);
     let mut results = gated.results;
     results.push(battery.nothing_left(subreaper));

@@ -8,6 +8,7 @@ echo payload one call at a time, or, by its one argument, a broken variant:
   long-line   writes a line longer than limits.maxMessageBytes
   unlisted    calls a tool that is not in the turn's catalogue
   ignore-drain  keeps starting calls after turn/draining
+  stdout-noise  prints a log line on stdout when the payload asks for noise
   ignore-abort  ignores turn/abort and keeps running after its input ended
   wrong-outcome answers a requested fail with an outcome kind that does not
               exist ("failed")
@@ -49,6 +50,9 @@ def read():
 
 def run(turn_id, request):
     calls = request["message"]["payload"].get("calls", [])
+    if MODE == "stdout-noise" and request["message"]["payload"].get("noise"):
+        out.write("variants: a log line on stdout\n")
+        out.flush()
     if MODE == "unlisted":
         calls = [{"tool": "conformance.undeclared", "arguments": {}}]
     results = []

@@ -120,11 +120,11 @@ fn the_sdk_examples_and_a_raw_plugin_pass_the_real_turn() {
 }
 
 /// A plugin that keeps calling after `turn/draining`, answers with an
-/// outcome kind that does not exist, or ignores `turn/abort` and the end of
-/// its input, fails that check alone (nothing depends on it), with its
+/// outcome kind that does not exist, prints on stdout, or ignores
+/// `turn/abort` and the end of its input, fails that check alone (nothing depends on it), with its
 /// cause and the fix.
 #[test]
-fn ignoring_drain_or_abort_or_a_wrong_outcome_kind_fails_that_check_alone() {
+fn each_check_through_the_envelope_or_the_abort_fails_alone_for_its_defect() {
     // (mode, the failing check, in its cause, in its fix)
     let cases = [
         (
@@ -138,6 +138,12 @@ fn ignoring_drain_or_abort_or_a_wrong_outcome_kind_fails_that_check_alone() {
             "outcome_kinds",
             "asked for fail: the turn ended failed invalid_runtime_outcome",
             "{type: fail, error: {code, message}}",
+        ),
+        (
+            "stdout-noise",
+            "stderr_noise",
+            "the real host refused a line that is not JSON",
+            "write only JSON-RPC lines on stdout",
         ),
         (
             "ignore-abort",

@@ -1,7 +1,9 @@
-//! `large_messages` through the real envelope (`envelope.rs`): the real
-//! peer with a 1 MiB line limit, a `turn/run` and a tool result each near
-//! it (an argument the echo tool echoes back), and the plugin's own lines
-//! held to it by the host's reader.
+//! The edges of the wire through the real envelope (`envelope.rs`):
+//! `large_messages`, the real peer with a 1 MiB line limit, a `turn/run`
+//! and a tool result each near it (an argument the echo tool echoes back),
+//! the plugin's own lines held to it by the host's reader; and
+//! `stderr_noise`, a turn in which the plugin prints, read by the real
+//! peer, which ends the turn over a line on stdout that is not JSON-RPC.
 
 use std::time::Duration;
 
@@ -53,4 +55,29 @@ pub(super) fn large(envelope: &Envelope, timeout: Duration) -> Check {
             c
         }
     }
+}
+
+pub(super) fn noise(envelope: &Envelope, timeout: Duration) -> Check {
+    let fix = "write logs and prints to stderr only; redirect print/console.log to stderr at startup (the SDKs do)";
+    let c = check("stderr_noise", "1", fix);
+    let payload = json!({"noise": true, "calls": [{"tool": ECHO_TOOL, "arguments": {}}]});
+    let plan = Plan {
+        payload,
+        catalogue: &[ECHO_TOOL],
+        timeout,
+        read_back: None,
+        drain_grace: None,
+        max_message_bytes: None,
+    };
+    let result = match envelope.run(plan) {
+        Ok(r) => r.result,
+        Err(e) => return c.fail(e),
+    };
+    if result.status == ExecutionStatus::Succeeded {
+        return c.pass("asked to print, the plugin kept stdout clean: the real peer read every line as JSON-RPC and the turn succeeded");
+    }
+    let mut c = c.fail(failure_text(&result));
+    c.fix = reason(&result).map_or(fix, |(_, _, f)| f);
+    c.stderr = stderr_tail(&result);
+    c
 }
