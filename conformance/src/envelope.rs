@@ -27,8 +27,8 @@ use sharedos_host::process::{LaunchSpec, Launcher, ProcessRuntime, ProcessRuntim
 
 /// The agent the turns run as, and the directory of the files root it may use.
 pub(super) const AGENT: &str = "conformance";
-/// The host-side test tool.
-pub(super) const ECHO_TOOL: &str = "conformance.echo";
+/// The host-side test tool (the name the scripted turns' catalogue gives).
+pub(super) use super::turn::ECHO_TOOL;
 /// The longest wait `conformance.echo` grants one call.
 const MAX_DELAY: Duration = Duration::from_secs(5);
 /// How long after the drain began a call held `untilDrained` is answered,
