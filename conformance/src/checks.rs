@@ -56,7 +56,6 @@ pub struct Battery<'a> {
     pub last_stderr: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
 }
 
-pub(super) const MIB: u64 = 1 << 20;
 /// The protocol's default frame limit, as the battery offers it.
 pub(super) const DEFAULT_MAX: u64 = sharedos_protocol::DEFAULT_MAX_MESSAGE_BYTES as u64;
 

@@ -4,10 +4,15 @@
 //! fix. Every check launches the plugin afresh and kills its tree after.
 //!
 //! `real_turn` (real.rs) runs one turn through the real envelope (the
-//! executor, the process runtime, the kernel's file tools); the scripted
-//! checks after it produce situations a real turn cannot order on demand.
-//! The checks run in a dependency order (`Gated`): one whose dependency
-//! failed is not run and names it, so one defect is one failure.
+//! executor, the process runtime, the kernel's file tools); the checks of
+//! concurrency, drain, outcome kinds, large lines and noise (calls.rs, edges.rs)
+//! run through the same envelope (envelope.rs) with a catalogue of their
+//! own and a host-side test tool registered in the kernel. The rest speak
+//! to the plugin directly (session.rs, turn.rs): the abort, because the
+//! real host kills the tree right after `turn/abort`, so only a host that
+//! waits sees the plugin exit on its own. The checks run in a dependency
+//! order (`Gated`): one whose dependency failed is not run and names it,
+//! so one defect is one failure.
 //!
 //! The checks that need the plugin to call tools drive it with the echo
 //! payload (`{"calls": [...], "parallel", "outcome", "noise"}`) that the
@@ -17,9 +22,11 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod calls;
 mod checks;
+mod edges;
+mod envelope;
 mod lifecycle;
-mod load;
 mod real;
 mod session;
 mod sweep;
@@ -127,6 +134,15 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     let mut gated = Gated {
         results,
         battery: &battery,
+        // The real envelope exists once the handshake stated a manifest,
+        // which every check through it depends on.
+        envelope: manifest.map(|manifest| envelope::Envelope {
+            launcher: launcher.clone(),
+            spec: spec.clone(),
+            manifest,
+            handshake: opts.handshake_timeout,
+        }),
+        timeout: opts.step_timeout.max(Duration::from_secs(30)),
     };
     gated.run(
         &["handshake"],
@@ -136,10 +152,10 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         ],
         |b| b.versions(),
     );
-    gated.run(
+    gated.real(
         &["handshake", "silent_before_initialize"],
-        &[("real_turn", "4")],
-        |b| vec![real_turn_check(b, &launcher, manifest.clone(), opts)],
+        ("real_turn", "4"),
+        real_turn_check,
     );
     let after_turn = ["real_turn"];
     gated.run(
@@ -150,20 +166,16 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         ],
         |b| b.round_trip(),
     );
-    gated.run(
+    gated.real(
         &after_turn,
-        &[("concurrent_calls_out_of_order", "4.3, 5")],
-        |b| vec![b.concurrent()],
+        ("concurrent_calls_out_of_order", "4.3, 5"),
+        calls::concurrent,
     );
-    gated.run(&after_turn, &[("drain", "4.5")], |b| vec![b.drain()]);
+    gated.real(&after_turn, ("drain", "4.5"), calls::drain);
     gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
-    gated.run(&after_turn, &[("outcome_kinds", "4.2")], |b| {
-        vec![b.outcome_kinds()]
-    });
-    gated.run(&after_turn, &[("large_messages", "2, 6")], |b| {
-        vec![b.large()]
-    });
-    gated.run(&after_turn, &[("stderr_noise", "1")], |b| vec![b.noise()]);
+    gated.real(&after_turn, ("outcome_kinds", "4.2"), calls::outcome_kinds);
+    gated.real(&after_turn, ("large_messages", "2, 6"), edges::large);
+    gated.real(&after_turn, ("stderr_noise", "1"), edges::noise);
     gated.run(&[], &[("run_by_hand", "1")], |b| vec![b.by_hand()]);
     let mut results = gated.results;
     results.push(battery.nothing_left(subreaper));
@@ -184,25 +196,9 @@ pub fn run(opts: &Options) -> Result<Report, String> {
 }
 
 /// `real_turn`: the plugin through the real envelope (`real.rs`).
-fn real_turn_check(
-    b: &checks::Battery<'_>,
-    launcher: &Arc<dyn Launcher>,
-    manifest: Option<sharedos_protocol::RuntimeManifest>,
-    opts: &Options,
-) -> Check {
-    let c = checks::check("real_turn", "4", REAL_TURN_FIX);
-    let Some(m) = manifest else {
-        return c.not_run("manifest");
-    };
-    let timeout = opts.step_timeout.max(Duration::from_secs(30));
-    let real = real::real_turn(
-        launcher.clone(),
-        &b.spec,
-        m,
-        opts.handshake_timeout,
-        timeout,
-    );
-    let mut c = c.verdict(real.verdict);
+fn real_turn_check(envelope: &envelope::Envelope, timeout: Duration) -> Check {
+    let real = real::real_turn(envelope, timeout);
+    let mut c = checks::check("real_turn", "4", REAL_TURN_FIX).verdict(real.verdict);
     if c.status == Status::Fail {
         c.stderr = real.stderr;
         c.fix = real.fix.unwrap_or(REAL_TURN_FIX);
@@ -217,6 +213,9 @@ const REAL_TURN_FIX: &str = "pass one turn of the real host (sharedos run's code
 struct Gated<'a, 'b> {
     results: Vec<Check>,
     battery: &'a checks::Battery<'b>,
+    envelope: Option<envelope::Envelope>,
+    /// The deadline of a turn through the envelope.
+    timeout: Duration,
 }
 
 impl<'b> Gated<'_, 'b> {
@@ -247,6 +246,25 @@ impl<'b> Gated<'_, 'b> {
         let mut checks = group(self.battery);
         attach_stderr(&mut checks, self.battery);
         self.results.extend(checks);
+    }
+}
+
+impl Gated<'_, '_> {
+    /// Runs `check` through the real envelope unless one of `deps` failed.
+    fn real(
+        &mut self,
+        deps: &[&str],
+        check: (&'static str, &'static str),
+        f: fn(&envelope::Envelope, Duration) -> Check,
+    ) {
+        let (id, section) = check;
+        let timeout = self.timeout;
+        let envelope = self.envelope.take();
+        self.run(deps, &[check], |_| match &envelope {
+            Some(e) => vec![f(e, timeout)],
+            None => vec![checks::check(id, section, NOT_RUN_FIX).not_run("manifest")],
+        });
+        self.envelope = envelope;
     }
 }
 

@@ -1,13 +1,12 @@
-//! Checks of a turn's life: the drain, the abort, and a person running the
-//! plugin by hand.
+//! Checks of a turn's life: the abort, and a person running the plugin by
+//! hand.
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use sharedos_protocol::PLUGIN_COOKIE_ENV;
 
-use super::checks::{Battery, Check, DEFAULT_MAX, check, kind, outcome_or_fault};
-use super::session::{Recv, Session};
+use super::checks::{Battery, Check, DEFAULT_MAX, check};
+use super::session::Recv;
 use super::turn;
 
 /// How soon a plugin must exit after `turn/abort` and the end of its input.
@@ -16,46 +15,6 @@ const ABORT_EXIT: Duration = Duration::from_secs(2);
 const BY_HAND_EXIT: Duration = Duration::from_secs(5);
 
 impl Battery<'_> {
-    pub fn drain(&self) -> Check {
-        let c = check(
-            "drain",
-            "4.5",
-            "after turn/draining start no new tool call (check host.draining before each), let calls in flight finish, and answer turn/run",
-        );
-        let mut drained = false;
-        let mut late = 0usize;
-        let mut on_call = |s: &mut Session, req: Option<&Value>| {
-            let Some(r) = req else { return };
-            if drained {
-                late += 1;
-                let _ = s.send(&turn::denied_draining(r));
-            } else {
-                drained = true;
-                let _ = s.send(&turn::notification("turn/draining"));
-                let _ = s.send(&turn::succeeded(
-                    r,
-                    r["params"]["call"]["arguments"].clone(),
-                ));
-            }
-        };
-        let ran = self.turn(DEFAULT_MAX, turn::calls(3, false), &mut on_call);
-        let (_s, t) = match ran {
-            Ok(x) => x,
-            Err(e) => return c.fail(e),
-        };
-        match outcome_or_fault(&t) {
-            Err(e) => c.fail(e),
-            Ok(_) if !drained => c.na("made no tool call for the echo payload, so no drain was in flight"),
-            Ok(_) if late > 0 => c.fail(format!(
-                "started {late} new tool call(s) after turn/draining (each is denied turn_draining)"
-            )),
-            Ok(o) => c.pass(format!(
-                "turn/draining sent with a call in flight: no new call, the call's result used, a {} outcome",
-                kind(&o)
-            )),
-        }
-    }
-
     pub fn abort(&self) -> Check {
         let c = check(
             "abort",

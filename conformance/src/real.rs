@@ -6,21 +6,14 @@
 //! budgets, the catalogue) is the host's own code, so a plugin that passes
 //! this check passes the same turn under `sharedos run`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_kernel::{Kernel, KernelConfig, MemoryAuditSink};
 use sharedos_protocol::text::escape_text;
-use sharedos_protocol::{
-    ExecutionRequest, ExecutionResult, ExecutionStatus, PLUGIN_COOKIE_ENV, RuntimeManifest,
-};
+use sharedos_protocol::{ExecutionResult, ExecutionStatus};
 
-use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
-use sharedos_host::process::{LaunchSpec, Launcher, ProcessRuntime, ProcessRuntimeConfig};
+use super::envelope::{Envelope, Plan};
 
-/// The agent the turn runs as, and the directory of the files root it may use.
-const AGENT: &str = "conformance";
 /// What the turn writes and reads back.
 pub(super) const PROBE_PATH: &str = "probe/conformance.txt";
 const PROBE_TEXT: &str = "written by sharedos conformance through the kernel's files.write";
@@ -87,69 +80,30 @@ const REASONS: [(&str, &str, &str); 9] = [
     ),
 ];
 
-/// The kernel's grants: admission of the agent, and read/write under its
-/// own directory of the files root.
-fn kernel_config() -> Result<KernelConfig, String> {
-    let issuer = json!({"kind": "service", "serviceId": "sharedos-conformance"});
-    let subject = json!({"kind": "agent", "agentId": AGENT});
-    serde_json::from_value(json!({"grants": [
-        {"id": "conformance-admission", "subject": subject, "issuer": issuer,
-         "namespaceId": AGENT, "capabilities": [{"namespace": "sharedos.execution",
-            "path": ["agent", AGENT], "scope": "exact", "actions": ["invoke"]}]},
-        {"id": "conformance-files", "subject": subject, "issuer": issuer,
-         "namespaceId": AGENT, "capabilities": [{"namespace": "files", "path": [AGENT],
-            "scope": "descendants", "actions": ["read", "write", "list"]}]}
-    ]}))
-    .map_err(|e| format!("the conformance kernel configuration is invalid: {e}"))
-}
-
-fn tool(name: &str, action: &str) -> Value {
-    json!({"name": name, "description": format!("The kernel's {name}."), "namespace": "files",
-           "source": "request", "readWrite": if action == "write" { "write" } else { "read" },
-           "inputSchema": {},
-           "requiredCapability": {"resource": {"namespace": "files", "path": []}, "action": action}})
-}
-
-/// The request: the echo payload asking to write the probe, then read it.
-pub(super) fn request(timeout: Duration) -> Result<ExecutionRequest, String> {
-    let agent = json!({"kind": "agent", "agentId": AGENT});
-    let human = json!({"kind": "human", "userId": "conformance"});
-    let now =
-        serde_json::to_value(sharedos_protocol::Timestamp::now()).map_err(|e| e.to_string())?;
-    let payload = json!({"calls": [
+/// The payload of the real turn: the echo payload asking to write the
+/// probe, then read it.
+fn payload() -> Value {
+    json!({"calls": [
         {"tool": "files.write", "arguments": {"path": PROBE_PATH, "content": PROBE_TEXT}},
         {"tool": "files.read", "arguments": {"path": PROBE_PATH}}
-    ]});
-    serde_json::from_value(json!({
-        "version": "1", "executionId": "exec-conformance-real", "agent": agent,
-        "context": {"namespaceId": AGENT, "actor": agent, "owner": human,
-                    "authority": {"kind": "service", "serviceId": "sharedos-conformance"},
-                    "purpose": "conformance", "traceId": "trace-conformance-real",
-                    "enabledToolNamespaces": ["files"], "now": now},
-        "message": {"version": "1", "id": "msg-conformance-real", "sender": human,
-                    "receiver": agent, "purpose": "conformance", "payload": payload,
-                    "traceId": "trace-conformance-real", "createdAt": now},
-        "tools": [tool(CATALOGUE[0], "write"), tool(CATALOGUE[1], "read")],
-        "options": {"timeoutMs": u64::try_from(timeout.as_millis()).unwrap_or(60_000)}
-    }))
-    .map_err(|e| format!("the conformance request is invalid: {e}"))
+    ]})
 }
 
-/// Runs the real turn. `manifest` is the one the plugin stated in the
-/// handshake check, so the seat's comparison passes for a plugin whose
-/// manifest is stable.
-pub(super) fn real_turn(
-    launcher: Arc<dyn Launcher>,
-    spec: &LaunchSpec,
-    manifest: RuntimeManifest,
-    handshake: Duration,
-    timeout: Duration,
-) -> RealTurn {
-    match run(launcher, spec, manifest, handshake, timeout) {
-        Ok((result, written)) => RealTurn {
-            stderr: stderr_tail(&result),
-            fix: reason(&result).map(|(_, _, fix)| fix),
-            verdict: judge(&result, written.as_deref()),
+/// Runs the real turn through `envelope`.
+pub(super) fn real_turn(envelope: &Envelope, timeout: Duration) -> RealTurn {
+    let plan = Plan {
+        payload: payload(),
+        catalogue: &CATALOGUE,
+        timeout,
+        read_back: Some(PROBE_PATH),
+        drain_grace: None,
+        max_message_bytes: None,
+    };
+    match envelope.run(plan) {
+        Ok(ran) => RealTurn {
+            stderr: stderr_tail(&ran.result),
+            fix: reason(&ran.result).map(|(_, _, fix)| fix),
+            verdict: judge(&ran.result, ran.file.as_deref()),
         },
         Err(e) => RealTurn {
             verdict: Err(e),
@@ -159,47 +113,8 @@ pub(super) fn real_turn(
     }
 }
 
-/// The result, and the probe file as the kernel left it (if any).
-fn run(
-    launcher: Arc<dyn Launcher>,
-    spec: &LaunchSpec,
-    manifest: RuntimeManifest,
-    handshake: Duration,
-    timeout: Duration,
-) -> Result<(ExecutionResult, Option<String>), String> {
-    let dir = tempfile::tempdir().map_err(|e| format!("cannot create a files root: {e}"))?;
-    let root = dir.path().join("files");
-    std::fs::create_dir_all(&root).map_err(|e| format!("cannot create a files root: {e}"))?;
-    let kernel = Kernel::from_config(&kernel_config()?, &root, Arc::new(MemoryAuditSink::new()))
-        .map_err(|e| format!("the conformance kernel cannot start: {e}"))?;
-    let mut pc = ProcessRuntimeConfig::new(spec.program.clone(), manifest);
-    pc.args = spec.args.clone();
-    pc.env = spec
-        .env
-        .iter()
-        .filter(|(k, _)| k != PLUGIN_COOKIE_ENV)
-        .cloned()
-        .collect();
-    pc.handshake_timeout = handshake;
-    let runtime = ProcessRuntime::new(pc, launcher).map_err(|e| e.to_string())?;
-    let seat = sharedos_host::seat::process_seat(Arc::new(runtime));
-    let executor = Executor::new(Arc::new(kernel), seat, ExecutorOptions::default())
-        .map_err(|e| format!("executor: {e}"))?;
-    let request = request(timeout)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let result = rt
-        .block_on(executor.execute(request, ExecuteOptions::default()))
-        .map_err(|e| e.to_string())?;
-    let written = std::fs::read_to_string(root.join(AGENT).join(AGENT).join(PROBE_PATH)).ok();
-    Ok((result, written))
-}
-
 /// The plugin's stderr tail as the host reported it.
-fn stderr_tail(result: &ExecutionResult) -> Vec<String> {
+pub(super) fn stderr_tail(result: &ExecutionResult) -> Vec<String> {
     let runtime = result.metadata.get("runtime").cloned().unwrap_or_default();
     runtime["process"]["stderrTail"]
         .as_array()
@@ -258,7 +173,9 @@ fn judge(result: &ExecutionResult, written: Option<&str>) -> Result<String, Stri
 }
 
 /// The violation the host named in the result, from [`REASONS`].
-fn reason(result: &ExecutionResult) -> Option<(&'static str, &'static str, &'static str)> {
+pub(super) fn reason(
+    result: &ExecutionResult,
+) -> Option<(&'static str, &'static str, &'static str)> {
     let e = serde_json::to_value(result.error.as_ref()?).ok()?;
     let token = e["details"]["reason"].as_str()?;
     REASONS.iter().find(|(r, _, _)| *r == token).copied()
@@ -266,7 +183,7 @@ fn reason(result: &ExecutionResult) -> Option<(&'static str, &'static str, &'sta
 
 /// `the turn ended failed runtime_failed: <message> <details>`, escaped,
 /// with what a named violation means.
-fn failure_text(result: &ExecutionResult) -> String {
+pub(super) fn failure_text(result: &ExecutionResult) -> String {
     if let Some((token, meaning, _)) = reason(result) {
         return format!("the real host refused {meaning} and ended the turn failed ({token})");
     }

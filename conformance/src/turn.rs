@@ -85,14 +85,6 @@ pub fn succeeded(req: &Value, output: Value) -> Value {
         "completedAt": now(), "output": output}})
 }
 
-/// A `denied turn_draining` answer, as the host gives during a drain.
-pub fn denied_draining(req: &Value) -> Value {
-    let call = &req["params"]["call"];
-    json!({"jsonrpc": "2.0", "id": req["id"], "result": {
-        "status": "denied", "callId": call["id"], "tool": call["tool"], "completedAt": now(),
-        "error": {"code": "turn_draining", "message": "The turn is draining.", "retryable": false}}})
-}
-
 /// Everything one turn put on the wire.
 #[derive(Debug, Default)]
 pub struct Transcript {

@@ -7,8 +7,13 @@ echo payload one call at a time, or, by its one argument, a broken variant:
   null-id     sends host/invokeTool with "id": null
   long-line   writes a line longer than limits.maxMessageBytes
   unlisted    calls a tool that is not in the turn's catalogue
+  ignore-drain  keeps starting calls after turn/draining
+  stdout-noise  prints a log line on stdout when the payload asks for noise
+  ignore-abort  ignores turn/abort and keeps running after its input ended
+  wrong-outcome answers a requested fail with an outcome kind that does not
+              exist ("failed")
 """
-import json, os, sys
+import json, os, sys, time
 
 if "SHAREDOS_PLUGIN" not in os.environ or sys.stdin.isatty():
     sys.exit("This program is a sharedos runtime plugin, run by a sharedos host.")
@@ -34,19 +39,25 @@ def read():
         if msg.get("method") == "turn/draining":
             draining = True
         elif msg.get("method") == "turn/abort":
-            sys.exit(0)
+            if MODE != "ignore-abort":
+                sys.exit(0)
         else:
             return msg
+    if MODE == "ignore-abort":
+        time.sleep(3600)
     return None
 
 
 def run(turn_id, request):
     calls = request["message"]["payload"].get("calls", [])
+    if MODE == "stdout-noise" and request["message"]["payload"].get("noise"):
+        out.write("variants: a log line on stdout\n")
+        out.flush()
     if MODE == "unlisted":
         calls = [{"tool": "conformance.undeclared", "arguments": {}}]
     results = []
     for i, c in enumerate(calls):
-        if draining:
+        if draining and MODE != "ignore-drain":
             break
         call = {"id": f"call-{i}", "tool": c["tool"], "arguments": c.get("arguments", {}),
                 "traceId": request["context"]["traceId"], "requestedAt": "2026-01-01T00:00:00Z"}
@@ -60,6 +71,12 @@ def run(turn_id, request):
     if MODE == "long-line":
         send({"method": "host/emit", "params": {"turnId": turn_id, "event": {
             "type": "progress", "data": {"pad": "x" * (max_bytes + 1024)}}}})
+    kind = request["message"]["payload"].get("outcome", "complete")
+    if kind == "fail":
+        return {"type": "failed" if MODE == "wrong-outcome" else "fail",
+                "error": {"code": "echo_requested_failure", "message": "The request asked to fail."}}
+    if kind == "escalate":
+        return {"type": "escalate", "reason": "The request asked for a human."}
     return {"type": "complete", "output": {"results": results}}
 
 

@@ -69,6 +69,34 @@ fn assert_real_turn_passes(what: &str, out: &Output, report: &Value) {
     assert_eq!(out.status.code(), Some(0), "{what}");
 }
 
+/// The checks that run through the real envelope passed: the drain (the
+/// real deadline's), every outcome kind (the real host's answers), and the
+/// calls, `parallel` of them observed in flight at once at the real tool.
+fn assert_envelope_checks_pass(what: &str, report: &Value, parallel: bool) {
+    for id in ["drain", "outcome_kinds", "concurrent_calls_out_of_order"] {
+        assert_eq!(find(report, id)["status"], "pass", "{what}: {id}");
+    }
+    let detail = |id| find(report, id)["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail("drain").contains("the real deadline's turn/draining came with a call in flight"),
+        "{what}: {}",
+        detail("drain")
+    );
+    assert!(
+        detail("outcome_kinds").contains("asked escalate, got escalate")
+            && detail("outcome_kinds").contains("succeeded, failed and denied"),
+        "{what}: {}",
+        detail("outcome_kinds")
+    );
+    let concurrency = detail("concurrent_calls_out_of_order");
+    let expected = if parallel {
+        "in flight at once at the real tool"
+    } else {
+        "one at a time"
+    };
+    assert!(concurrency.contains(expected), "{what}: {concurrency}");
+}
+
 #[test]
 fn the_sdk_examples_and_a_raw_plugin_pass_the_real_turn() {
     let cases: [(&str, Vec<&str>); 3] = [
@@ -85,6 +113,60 @@ fn the_sdk_examples_and_a_raw_plugin_pass_the_real_turn() {
     for (what, args) in &cases {
         let (out, report) = conformance(args);
         assert_real_turn_passes(what, &out, &report);
+        // The SDK examples run the echo payload's calls in parallel when
+        // asked; the raw plugin one at a time, which the protocol allows.
+        assert_envelope_checks_pass(what, &report, *what != "raw");
+    }
+}
+
+/// A plugin that keeps calling after `turn/draining`, answers with an
+/// outcome kind that does not exist, prints on stdout, or ignores
+/// `turn/abort` and the end of its input, fails that check alone (nothing depends on it), with its
+/// cause and the fix.
+#[test]
+fn each_check_through_the_envelope_or_the_abort_fails_alone_for_its_defect() {
+    // (mode, the failing check, in its cause, in its fix)
+    let cases = [
+        (
+            "ignore-drain",
+            "drain",
+            "started 2 new tool call(s) after turn/draining; the real host denied each turn_draining",
+            "start no new tool call",
+        ),
+        (
+            "wrong-outcome",
+            "outcome_kinds",
+            "asked for fail: the turn ended failed invalid_runtime_outcome",
+            "{type: fail, error: {code, message}}",
+        ),
+        (
+            "stdout-noise",
+            "stderr_noise",
+            "the real host refused a line that is not JSON",
+            "write only JSON-RPC lines on stdout",
+        ),
+        (
+            "ignore-abort",
+            "abort",
+            "still running 2000 ms after turn/abort and the end of stdin",
+            "on turn/abort stop at once",
+        ),
+    ];
+    for (mode, id, cause, fix) in cases {
+        let (out, report) = conformance(&["--", "python3", VARIANTS, mode]);
+        assert_eq!(out.status.code(), Some(1), "{mode}");
+        let failed: Vec<&Value> = checks(&report)
+            .iter()
+            .filter(|c| c["status"] == "fail" || c["status"] == "not_run")
+            .collect();
+        assert_eq!(failed.len(), 1, "{mode}: {failed:#?}");
+        assert_eq!(failed[0]["id"], id, "{mode}: {:#}", failed[0]);
+        assert_eq!(failed[0]["status"], "fail", "{mode}");
+        let text = failed[0]["cause"].as_str().unwrap_or_default();
+        assert!(text.contains(cause), "{mode}: {text}");
+        let f = failed[0]["fix"].as_str().unwrap_or_default();
+        assert!(f.contains(fix), "{mode}: {f}");
+        assert_eq!(find(&report, "real_turn")["status"], "pass", "{mode}");
     }
 }
 
