@@ -258,3 +258,61 @@ fn a_sandbox_below_its_minimums_never_executes_the_plugin() {
         }
     }
 }
+
+/// Read from inside the sandbox: its network namespace's socket sysctls.
+const NET_SYSCTLS: &str = "for f in ipv4/tcp_rmem ipv4/tcp_wmem core/optmem_max unix/max_dgram_qlen; \
+    do printf '%s=' \"$f\"; tr -s '\\t' ' ' < /proc/sys/net/$f; done";
+
+#[test]
+fn the_sandbox_network_namespace_has_the_policy_socket_sysctls() {
+    let _serial = serial();
+    let mut policy = SandboxPolicy::default();
+    // Values no kernel defaults to, so a value seen inside is the policy's.
+    policy.net.tcp_rmem = Some([4096, 32_768, 786_432]);
+    policy.net.unix_max_dgram_qlen = Some(7);
+    let spec = SpawnSpec {
+        helper_exe: plugin_bin("sharedos"),
+        program: "/bin/sh".into(),
+        args: vec!["-c".into(), NET_SYSCTLS.into()],
+        env: vec![],
+        policy,
+        workspace: None,
+    };
+    let mut child = spawn(&spec).expect("spawn the sandbox");
+    drop(child.stdin.take());
+    let mut out = String::new();
+    std::fs::File::from(child.stdout.take().unwrap())
+        .read_to_string(&mut out)
+        .unwrap();
+    let report = child.report.clone();
+    assert!(child.wait().expect("wait").success(), "{out}");
+    let seen: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        seen,
+        [
+            "ipv4/tcp_rmem=4096 32768 786432",
+            "ipv4/tcp_wmem=4096 16384 1048576",
+            "core/optmem_max=20480",
+            "unix/max_dgram_qlen=7",
+        ],
+        "{out}"
+    );
+    // The report says what was written, in the memory axis' socket row.
+    assert!(report.net_limits_status.is_enforced(), "{report:?}");
+    assert_eq!(
+        report.net_limits.get("ipv4/tcp_rmem").map(String::as_str),
+        Some("4096 32768 786432")
+    );
+    let row = report
+        .memory
+        .layers
+        .iter()
+        .find(|l| l.name.starts_with("socket buffers"))
+        .expect("the socket row");
+    for part in [
+        "net.ipv4.tcp_rmem 4096 32768 786432",
+        "net.unix.max_dgram_qlen 7",
+    ] {
+        assert!(row.detail.contains(part), "{part:?} not in {}", row.detail);
+    }
+}
