@@ -2,6 +2,7 @@
 //! turn was isolated (the sandbox report, `metadata.runtime.sandbox`), for a
 //! session turn its affinity (`metadata.runtime.affinity`), for a pinned
 //! program the digest its launch checked (`metadata.runtime.programSha256`),
+//! for a harness with a pinned CLI that pin (`harnessCliSha256`),
 //! and for a turn that ended without an outcome the seat's diagnosis.
 //!
 //! The seat hands a [`TurnReport`] back with the run of the turn
@@ -44,6 +45,7 @@ struct Parts {
     sandbox: Option<Value>,
     affinity: Option<Value>,
     program: Option<ProgramProvenance>,
+    cli: Option<sharedos_sandbox::ProgramDigest>,
     diagnosis: Option<RuntimeDiagnosis>,
     process_end: Option<ProcessEnd>,
 }
@@ -54,6 +56,7 @@ impl std::fmt::Debug for Parts {
             .field("sandbox", &self.sandbox)
             .field("affinity", &self.affinity)
             .field("program", &self.program)
+            .field("cli", &self.cli)
             .field("diagnosis", &self.diagnosis)
             .finish_non_exhaustive()
     }
@@ -96,6 +99,16 @@ impl TurnReport {
 
     pub fn program(&self) -> Option<ProgramProvenance> {
         self.parts().program
+    }
+
+    /// The pin a harness holds its CLI to (`harness.sha256`): the CLI ran
+    /// with exactly these bytes, or not at all.
+    pub fn set_cli(&self, sha256: sharedos_sandbox::ProgramDigest) {
+        self.parts().cli = Some(sha256);
+    }
+
+    pub fn cli(&self) -> Option<sharedos_sandbox::ProgramDigest> {
+        self.parts().cli
     }
 
     /// Why the turn ended without an outcome.

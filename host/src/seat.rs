@@ -103,6 +103,13 @@ pub fn process_runtime(
 ) -> Result<Arc<ProcessRuntime>, SeatError> {
     let mut pc = ProcessRuntimeConfig::new(config.program_path(entry), entry.manifest());
     pc.program_sha256 = entry.program_pin();
+    // Checked at load (config/harness.rs): a pin that does not parse
+    // never gets here.
+    pc.cli_sha256 = entry
+        .harness
+        .as_ref()
+        .and_then(|h| h.sha256.as_deref())
+        .and_then(|hex| sharedos_sandbox::ProgramDigest::parse(hex).ok());
     pc.args = entry.args.clone();
     if let Some(t) = &entry.transcript {
         pc.args.push("--transcript".into());

@@ -58,7 +58,8 @@ pub use host::spawn::{PreparedSandbox, SpawnSpec, needs_host_workspace, prepare,
 pub use host::spawner::HELPER_SUBCOMMAND;
 pub use pin::ProgramDigest;
 pub use policy::{
-    CgroupPolicy, IpcLimits, MAX_WARM, MemfdPolicy, NsCeilings, Rlimits, SandboxPolicy, UidPolicy,
+    CgroupPolicy, IpcLimits, MAX_WARM, MemfdPolicy, NetLimits, NsCeilings, Rlimits, SandboxPolicy,
+    UidPolicy,
 };
 pub use report::{
     CgroupReport, LandlockReport, LayerStatus, MemoryLayer, MemoryReport, MissingLayer,

@@ -61,6 +61,9 @@ pub struct SandboxPolicy {
     /// Per-user-namespace ceilings written into the sandbox's own user
     /// namespace (`/proc/sys/user/*`).
     pub ceilings: NsCeilings,
+    /// Socket sysctls written into the sandbox's own network namespace,
+    /// where the kernel namespaces them (docs/SECURITY.md, "Memory").
+    pub net: NetLimits,
     /// Host paths a runtime adds to `ro_paths`, bound read-only at the
     /// same path inside (an install directory, a venv, an interpreter and
     /// its libraries, CA certificates). A program inside one is executed
@@ -206,6 +209,7 @@ impl Default for SandboxPolicy {
             uids: UidPolicy::default(),
             ipc: IpcLimits::default(),
             ceilings: NsCeilings::default(),
+            net: NetLimits::default(),
             extra_ro_paths: Vec::new(),
             env_allowlist: [
                 "PATH",
@@ -379,6 +383,35 @@ impl Default for IpcLimits {
             msgmax: Some(8192),
             msgmnb: Some(16384),
             msgmni: Some(16),
+        }
+    }
+}
+
+/// Socket sysctls of the sandbox's own network namespace (Linux 6.x
+/// namespaces these four; `net.core.[rw]mem_max`, `tcp_mem` and `udp_mem`
+/// stay host-wide). `None` leaves the kernel's default for a new namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct NetLimits {
+    /// `net.ipv4.tcp_rmem`: a TCP socket's receive buffer, min, default
+    /// and max, bytes.
+    pub tcp_rmem: Option<[u64; 3]>,
+    /// `net.ipv4.tcp_wmem`: a TCP socket's send buffer, min, default and
+    /// max, bytes.
+    pub tcp_wmem: Option<[u64; 3]>,
+    /// `net.core.optmem_max`: ancillary buffer of a socket, bytes.
+    pub optmem_max: Option<u64>,
+    /// `net.unix.max_dgram_qlen`: datagrams one unix socket queues.
+    pub unix_max_dgram_qlen: Option<u64>,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        NetLimits {
+            tcp_rmem: Some([4096, 65_536, 1 << 20]),
+            tcp_wmem: Some([4096, 16_384, 1 << 20]),
+            optmem_max: Some(20_480),
+            unix_max_dgram_qlen: Some(10),
         }
     }
 }

@@ -210,6 +210,12 @@ pub struct SandboxReport {
     pub ipc_limits: BTreeMap<String, u64>,
     #[serde(default)]
     pub ipc_limits_status: LayerStatus,
+    /// Socket sysctls written into the sandbox's network namespace
+    /// (`/proc/sys/net/...`, as written: `ipv4/tcp_rmem` = "4096 65536 1048576").
+    #[serde(default)]
+    pub net_limits: BTreeMap<String, String>,
+    #[serde(default)]
+    pub net_limits_status: LayerStatus,
     /// What bounds memory here and the resulting bound.
     #[serde(default)]
     pub memory: MemoryReport,

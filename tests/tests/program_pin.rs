@@ -370,6 +370,13 @@ fn a_pinned_harness_cli_runs_a_wrong_pin_is_refused_at_load_and_a_replaced_one_n
     let turn = harness_turn(pinned_cli_case(dir.path(), &cli, &pin.hex(), CLI_BODY));
     assert_eq!(turn.status(), "succeeded", "{:#}", turn.json());
     assert_eq!(turn.json()["output"], "pinned-cli-ran");
+    // The result states the pin the CLI ran under.
+    assert_eq!(
+        turn.json()["metadata"]["runtime"]["harnessCliSha256"],
+        pin.hex(),
+        "{:#}",
+        turn.json()
+    );
 
     let wrong = "0".repeat(64);
     let case = pinned_cli_case(dir.path(), &cli, &wrong, CLI_BODY);

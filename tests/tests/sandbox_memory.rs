@@ -10,7 +10,7 @@ use std::io::Read;
 
 use sharedos_host::executor::TurnError;
 use sharedos_plugin_sdk::RuntimeError;
-use sharedos_sandbox::{SandboxPolicy, SpawnSpec, spawn};
+use sharedos_sandbox::{SandboxError, SandboxLevel, SandboxPolicy, SpawnSpec, spawn};
 use sharedos_tests::bait::*;
 use sharedos_tests::plugin_bin;
 
@@ -63,7 +63,9 @@ fn without_a_controller_the_report_says_unbounded_and_require_memory_bound_refus
     );
 
     // requireMemoryBound (host.toml's `[runtimes.sandbox]`) refuses the
-    // runtime before any plugin code runs.
+    // runtime before any plugin code runs: the helper checks the report
+    // against the policy's minimums and ends the plugin's process before
+    // its execve (a_sandbox_below_its_minimums_never_executes_the_plugin).
     let policy: SandboxPolicy = toml::from_str("requireMemoryBound = true").expect("the policy");
     assert!(policy.require_memory_bound);
     let run = run_turn(TurnSpec::new(policy, serde_json::json!({})).only(&["C10"]));
@@ -196,4 +198,121 @@ fn sandbox_check_runtime_says_a_required_memory_bound_is_missing() {
         .unwrap_or_else(|| panic!("no refusal in\n{stdout}"));
     assert!(refused.contains("sandbox.requireMemoryBound"), "{refused}");
     assert!(refused.contains("kernel objects"), "{refused}");
+}
+
+/// The plugin's first act: a marker in its workspace, a host directory.
+const MARKER: &str = ": > started";
+
+#[test]
+fn a_sandbox_below_its_minimums_never_executes_the_plugin() {
+    let _serial = serial();
+    if sharedos_sandbox::cgroup::memory_delegated() {
+        // Both minimums can be met on a host with a controller.
+        return;
+    }
+    let strong = SandboxPolicy {
+        min_level: SandboxLevel::Strong,
+        ..SandboxPolicy::default()
+    };
+    let bounded = SandboxPolicy {
+        require_memory_bound: true,
+        ..SandboxPolicy::default()
+    };
+    // Several times each: without the check in the helper, the plugin's
+    // execve raced the host's check and the marker was written.
+    for round in 0..8 {
+        for policy in [&strong, &bounded] {
+            let ws = tempfile::tempdir().expect("workspace");
+            let spec = SpawnSpec {
+                helper_exe: plugin_bin("sharedos"),
+                program: "/bin/sh".into(),
+                args: vec!["-c".into(), MARKER.into()],
+                env: vec![],
+                policy: policy.clone(),
+                workspace: Some(ws.path().to_path_buf()),
+            };
+            let err = match spawn(&spec) {
+                Ok(mut child) => {
+                    let _ = child.wait();
+                    panic!("round {round}: started below the minimum: {policy:?}");
+                }
+                Err(e) => e,
+            };
+            let text = err.to_string();
+            match (&err, policy.require_memory_bound) {
+                (SandboxError::BelowMinimum { required, .. }, false) => {
+                    assert_eq!(*required, SandboxLevel::Strong);
+                    assert!(text.contains("memory"), "{text}");
+                }
+                (SandboxError::MemoryUnbounded { unbounded }, true) => {
+                    assert!(!unbounded.is_empty());
+                    assert!(text.contains("sandbox.requireMemoryBound"), "{text}");
+                }
+                _ => panic!("round {round}: not the typed refusal: {err:?}"),
+            }
+            let marker = ws.path().join("started");
+            assert!(
+                !marker.exists(),
+                "round {round}: the plugin ran before the refusal ({text})"
+            );
+        }
+    }
+}
+
+/// Read from inside the sandbox: its network namespace's socket sysctls.
+const NET_SYSCTLS: &str = "for f in ipv4/tcp_rmem ipv4/tcp_wmem core/optmem_max unix/max_dgram_qlen; \
+    do printf '%s=' \"$f\"; tr -s '\\t' ' ' < /proc/sys/net/$f; done";
+
+#[test]
+fn the_sandbox_network_namespace_has_the_policy_socket_sysctls() {
+    let _serial = serial();
+    let mut policy = SandboxPolicy::default();
+    // Values no kernel defaults to, so a value seen inside is the policy's.
+    policy.net.tcp_rmem = Some([4096, 32_768, 786_432]);
+    policy.net.unix_max_dgram_qlen = Some(7);
+    let spec = SpawnSpec {
+        helper_exe: plugin_bin("sharedos"),
+        program: "/bin/sh".into(),
+        args: vec!["-c".into(), NET_SYSCTLS.into()],
+        env: vec![],
+        policy,
+        workspace: None,
+    };
+    let mut child = spawn(&spec).expect("spawn the sandbox");
+    drop(child.stdin.take());
+    let mut out = String::new();
+    std::fs::File::from(child.stdout.take().unwrap())
+        .read_to_string(&mut out)
+        .unwrap();
+    let report = child.report.clone();
+    assert!(child.wait().expect("wait").success(), "{out}");
+    let seen: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        seen,
+        [
+            "ipv4/tcp_rmem=4096 32768 786432",
+            "ipv4/tcp_wmem=4096 16384 1048576",
+            "core/optmem_max=20480",
+            "unix/max_dgram_qlen=7",
+        ],
+        "{out}"
+    );
+    // The report says what was written, in the memory axis' socket row.
+    assert!(report.net_limits_status.is_enforced(), "{report:?}");
+    assert_eq!(
+        report.net_limits.get("ipv4/tcp_rmem").map(String::as_str),
+        Some("4096 32768 786432")
+    );
+    let row = report
+        .memory
+        .layers
+        .iter()
+        .find(|l| l.name.starts_with("socket buffers"))
+        .expect("the socket row");
+    for part in [
+        "net.ipv4.tcp_rmem 4096 32768 786432",
+        "net.unix.max_dgram_qlen 7",
+    ] {
+        assert!(row.detail.contains(part), "{part:?} not in {}", row.detail);
+    }
 }

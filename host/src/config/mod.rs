@@ -24,6 +24,7 @@
 //! # grants, file tools, escalation: see docs/KERNEL.md
 //! ```
 
+mod direct;
 pub mod gvisor;
 pub mod harness;
 mod pin;
@@ -480,6 +481,7 @@ impl HostConfig {
                 }
             }
         }
+        direct::check(&raw).map_err(err)?;
         config.base_dir = base_dir.to_path_buf();
         // The gateway's effects are the host's own namespace: grants may
         // name it wherever a runtime has a network policy.

@@ -184,3 +184,48 @@ fn serve_peers_parse_and_a_uid_mapped_twice_or_half_a_tls_pair_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn a_direct_runtime_asking_for_a_sandbox_level_or_memory_bound_is_refused_at_load() {
+    let direct = |sandbox: &str| {
+        MIN.replace(
+            "program = \"sharedos-echo\"",
+            &format!("program = \"/bin/true\"\nlauncher = \"direct\"\n{sandbox}"),
+        )
+    };
+    for (sandbox, key, part) in [
+        (
+            "sandbox = { minLevel = \"isolated\" }",
+            "runtimes[0].sandbox.minLevel",
+            "can never be met; fix: use launcher = \"sandbox\"",
+        ),
+        (
+            "sandbox = { minLevel = \"strong\" }",
+            "runtimes[0].sandbox.minLevel",
+            "minLevel = \"strong\"",
+        ),
+        (
+            "sandbox = { requireMemoryBound = true }",
+            "runtimes[0].sandbox.requireMemoryBound",
+            "delegated cgroup v2 memory controller",
+        ),
+    ] {
+        let e = HostConfig::parse(&direct(sandbox), "host.toml", Path::new("/")).unwrap_err();
+        assert!(e.message.starts_with(key), "{sandbox}: {e}");
+        assert!(e.message.contains(part), "{sandbox}: {e}");
+    }
+    // Nothing asked, or nothing it cannot meet: loads.
+    for sandbox in [
+        "",
+        "sandbox = { minLevel = \"minimal\", requireMemoryBound = false }",
+    ] {
+        HostConfig::parse(&direct(sandbox), "host.toml", Path::new("/"))
+            .unwrap_or_else(|e| panic!("{sandbox:?}: {e}"));
+    }
+    // The same keys under the sandbox launcher are its to enforce.
+    let sandboxed = MIN.replace(
+        "program = \"sharedos-echo\"",
+        "program = \"/bin/true\"\nsandbox = { requireMemoryBound = true }",
+    );
+    HostConfig::parse(&sandboxed, "host.toml", Path::new("/")).expect("a sandboxed runtime");
+}

@@ -88,6 +88,9 @@ impl Executor {
             runtime["programSha256"] = json!(p.sha256.hex());
             runtime["programPinned"] = json!(true);
         }
+        if let Some(cli) = report.cli() {
+            runtime["harnessCliSha256"] = json!(cli.hex());
+        }
         if let Some(d) = report.diagnosis() {
             runtime["process"] = d.process;
         }

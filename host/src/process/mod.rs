@@ -54,6 +54,11 @@ pub struct ProcessRuntimeConfig {
     /// The content pin (`sha256` of the entry): checked at seating and
     /// at every launch; `None`, the default, runs the program unpinned.
     pub program_sha256: Option<sharedos_sandbox::ProgramDigest>,
+    /// A harness runtime's CLI pin (`harness.sha256`): the harness executes
+    /// the CLI only with these bytes (refusing any other), and each turn's
+    /// result states it (`metadata.runtime.harnessCliSha256`). `None`: no
+    /// harness, or an unpinned CLI.
+    pub cli_sha256: Option<sharedos_sandbox::ProgramDigest>,
     pub args: Vec<String>,
     /// The environment allowlist the host passes; `SHAREDOS_PLUGIN=1` is
     /// always added. Nothing else of the host's environment is inherited.
@@ -99,6 +104,7 @@ impl ProcessRuntimeConfig {
         Self {
             program: program.into(),
             program_sha256: None,
+            cli_sha256: None,
             args: Vec::new(),
             env: Vec::new(),
             manifest,
@@ -247,10 +253,14 @@ impl ProcessRuntime {
     }
 
     /// A launch of a pinned program succeeded: the launcher checked the
-    /// bytes it executed against the pin, which the result states.
+    /// bytes it executed against the pin, which the result states; and the
+    /// pin the harness holds its CLI to, if any.
     fn report_program(&self, report: &TurnReport) {
         if let Some(sha256) = self.config.program_sha256 {
             report.set_program(crate::provenance::ProgramProvenance { sha256 });
+        }
+        if let Some(cli) = self.config.cli_sha256 {
+            report.set_cli(cli);
         }
     }
 

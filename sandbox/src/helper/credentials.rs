@@ -143,6 +143,15 @@ fn own_limits(req: &HelperRequest, rep: &mut SandboxReport, root: bool) -> Resul
             "the host is not root: the ipc namespace's sysctls are writable only by its root uid",
         );
     }
+    // The socket sysctls of its own network namespace: needs
+    // CAP_NET_ADMIN there (the helper's, in its user namespace). Reported,
+    // not fatal: the memory axis then says they were not applied.
+    if rep.netns == LayerStatus::Applied {
+        let values = namespaces::net_values(&req.policy.net);
+        (rep.net_limits, rep.net_limits_status) = namespaces::write_text_sysctls("net", &values);
+    } else if req.policy.layers.netns {
+        rep.net_limits_status = LayerStatus::unavailable("no network namespace of its own");
+    }
     // The layers with a step of their own (the rlimits).
     layers::apply_at(Stage::Supervisor, req, rep).map_err(|(layer, e)| fail(layer, e))
 }

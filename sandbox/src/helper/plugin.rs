@@ -82,12 +82,26 @@ pub(super) fn plugin_exec(
     // copy-on-write fault on the way).
     let exec = Exec::new(exe, &req.args, &env, pinned)?;
     pipe.send(&HelperMessage::Report(Box::new(rep.clone())));
+    // The policy's minimums, checked here with the same functions the host
+    // runs on this report, so a sandbox below them never executes a byte
+    // of the plugin: the host gets the report (and names what is missing
+    // in its typed error), this process ends without `execve`.
+    meets_minimums(req, rep)?;
     if req.hold {
         wait_for_start(pipe);
     }
     // Then execve with exactly the environment the host built.
     exec.run();
     Err(os_fail("exec", &format!("execve {exe:?}")))
+}
+
+/// `minLevel` and `requireMemoryBound` against the finished report: `Err`
+/// ends the plugin's process before its `execve`.
+fn meets_minimums(req: &HelperRequest, rep: &SandboxReport) -> Result<(), Fail> {
+    let p = &req.policy;
+    rep.require(p.min_level)
+        .and_then(|()| rep.require_memory_bound(p.require_memory_bound))
+        .map_err(|e| fail("minimum", format!("{e}; the plugin was not executed")))
 }
 
 /// The staged copy of a pinned program, opened (close-on-exec) and

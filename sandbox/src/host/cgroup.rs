@@ -241,18 +241,38 @@ pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
 }
 
 /// In the helper: move the calling process into every plugin cgroup.
+///
+/// A cgroup the process could not join bounds nothing of the tree, so the
+/// report stops claiming what it would have held: `memory.max` whatever
+/// the path (the memory axis trusts it as the whole tree's bound, and a
+/// tree split across cgroups is not bounded as a whole), `pids.max` and
+/// `cgroup.kill` where that directory carries them.
 pub fn join(paths: &[PathBuf], report: &mut CgroupReport) {
     let pid = std::process::id().to_string();
     let mut joined = Vec::new();
+    let mut failed = Vec::new();
     for p in paths {
         match std::fs::write(p.join("cgroup.procs"), &pid) {
             Ok(()) => joined.push(p.display().to_string()),
             Err(e) => {
-                report.status = LayerStatus::Degraded {
-                    reason: format!("joining {}: {e}", p.display()),
+                failed.push(format!("joining {}: {e}", p.display()));
+                report.memory_max = None;
+                if p.join("pids.max").exists() {
+                    report.pids_max = None;
+                }
+                if p.join("cgroup.kill").exists() {
+                    report.kill = false;
                 }
             }
         }
+    }
+    if !failed.is_empty() {
+        report.status = LayerStatus::Degraded {
+            reason: format!(
+                "{}; the tree is outside that cgroup, so no bound of it is claimed",
+                failed.join("; ")
+            ),
+        };
     }
     report.paths = joined;
 }
@@ -444,6 +464,54 @@ mod tests {
             std::fs::write(d.path().join(f), "max\n").unwrap();
         }
         d
+    }
+
+    #[test]
+    fn a_cgroup_the_helper_could_not_join_claims_no_bound() {
+        use crate::report::{CgroupReport, LayerStatus};
+        let skeleton = || CgroupReport {
+            status: LayerStatus::Applied,
+            kill: true,
+            pids_max: Some(64),
+            memory_max: Some(512 << 20),
+            ..CgroupReport::default()
+        };
+        // Joined: an emulated cgroup directory takes the pid, the bounds stand.
+        let d = emulated(&["memory.max", "pids.max", "cgroup.kill"]);
+        let mut rep = skeleton();
+        super::join(&[d.path().to_path_buf()], &mut rep);
+        assert_eq!(rep.status, LayerStatus::Applied);
+        assert_eq!(rep.memory_max, Some(512 << 20));
+        assert_eq!(rep.paths, [d.path().display().to_string()]);
+        // Not joined (its cgroup.procs refuses the write): no bound, no
+        // kill, degraded.
+        let refusing = d.path().join("refusing");
+        std::fs::create_dir(&refusing).unwrap();
+        for f in ["memory.max", "pids.max", "cgroup.kill"] {
+            std::fs::write(refusing.join(f), "max\n").unwrap();
+        }
+        std::fs::create_dir(refusing.join("cgroup.procs")).unwrap();
+        let mut rep = skeleton();
+        super::join(std::slice::from_ref(&refusing), &mut rep);
+        assert_eq!(rep.memory_max, None);
+        assert_eq!(rep.pids_max, None);
+        assert!(!rep.kill);
+        assert!(rep.paths.is_empty());
+        match &rep.status {
+            LayerStatus::Degraded { reason } => {
+                assert!(reason.contains("no bound of it is claimed"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // And the memory axis then says the tree is unbounded.
+        let mut full = crate::report::SandboxReport {
+            cgroup: rep,
+            ..Default::default()
+        };
+        full.memory =
+            crate::memory::assess(&full, &crate::policy::SandboxPolicy::default(), true, true);
+        assert_eq!(full.memory.tree_bound_bytes, None);
+        assert!(full.require_memory_bound(true).is_err());
     }
 
     #[test]

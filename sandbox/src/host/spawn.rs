@@ -100,8 +100,11 @@ pub fn needs_host_workspace(policy: &SandboxPolicy) -> bool {
 
 /// Launch `spec.program` in the sandbox. Returns once the helper has built
 /// every layer and the plugin's `execve` succeeded, with the report checked
-/// against `spec.policy.min_level` (below it, the tree is killed and
-/// [`SandboxError::BelowMinimum`] names each missing layer).
+/// against `spec.policy.min_level` and `require_memory_bound` (below them,
+/// the tree is killed and [`SandboxError::BelowMinimum`] or
+/// [`SandboxError::MemoryUnbounded`] names what is missing). The helper runs
+/// the same check on the same report before the `execve`, so a sandbox
+/// below its minimums never runs any of the plugin's code.
 pub fn spawn(spec: &SpawnSpec) -> Result<SandboxedChild, SandboxError> {
     begin(spec, false)?.start()
 }

@@ -201,16 +201,40 @@ fn pipe_row(rep: &SandboxReport) -> MemoryLayer {
     }
 }
 
+/// The socket name of the memory section's row.
+pub(crate) const SOCKETS: &str = "socket buffers (unix, tcp, udp queues)";
+
+/// What the sandbox's own network namespace caps per socket, as written.
+fn net_detail(rep: &SandboxReport) -> String {
+    if !rep.net_limits_status.is_enforced() || rep.net_limits.is_empty() {
+        return "no socket sysctl of the sandbox's own network namespace applied".into();
+    }
+    let set: Vec<String> = rep
+        .net_limits
+        .iter()
+        .map(|(k, v)| format!("net.{} {v}", k.replace('/', ".")))
+        .collect();
+    format!(
+        "per socket, in the sandbox's own network namespace: {}",
+        set.join(", ")
+    )
+}
+
 /// Socket buffers and kernel objects: only a memory controller charges
-/// them.
-fn kernel_rows() -> [MemoryLayer; 2] {
+/// them. The network namespace's sysctls cap a TCP socket's buffers, the
+/// ancillary data and a unix socket's datagram queue, one socket at a
+/// time; unix stream queues (up to `net.core.wmem_max`) and the sum over
+/// sockets stay host-wide, so the row is unbounded without a controller.
+fn kernel_rows(rep: &SandboxReport) -> [MemoryLayer; 2] {
     [
         unbounded(
-            "socket buffers (unix, tcp, udp queues)",
+            SOCKETS,
             "no memory controller",
-            "each socket up to net.core.wmem_max/rmem_max, host-wide sysctls (as tcp_mem and \
-             udp_mem: not per network namespace), times RLIMIT_NOFILE x RLIMIT_NPROC sockets"
-                .into(),
+            format!(
+                "{}; unix stream queues up to net.core.wmem_max and the sum over sockets \
+                 (RLIMIT_NOFILE x RLIMIT_NPROC of them) are host-wide, not per network namespace",
+                net_detail(rep)
+            ),
         ),
         unbounded(
             "kernel objects (page tables, inodes, dentries, tasks, epoll, in-flight fds)",
@@ -236,13 +260,22 @@ pub(crate) fn assess(
     layers.push(memfd_row(rep, memfd_refused));
     layers.extend(tmpfs_rows(rep, policy, tmpfs_workspace));
     layers.push(pipe_row(rep));
-    layers.extend(kernel_rows());
+    layers.extend(kernel_rows(rep));
     let cg = rep.cgroup.memory_max;
     if let Some(max) = cg {
         for l in layers.iter_mut().filter(|l| l.bytes.is_none()) {
             l.status = LayerStatus::Applied;
             l.bytes = Some(max);
-            l.detail = format!("charged to the tree's memory.max; {}", l.detail);
+            l.detail = if l.name == SOCKETS {
+                // TCP and UDP buffers are charged to the socket's cgroup;
+                // that unix socket queues are has not been shown here.
+                format!(
+                    "charged to the tree's memory.max (tcp, udp; unix queues unverified); {}",
+                    l.detail
+                )
+            } else {
+                format!("charged to the tree's memory.max; {}", l.detail)
+            };
         }
     }
     let kinds: Vec<String> = layers

@@ -77,6 +77,24 @@ pub fn write_sysctls(
     dir: &str,
     values: &[(&'static str, u64)],
 ) -> (std::collections::BTreeMap<String, u64>, LayerStatus) {
+    let text: Vec<(&'static str, String)> =
+        values.iter().map(|(n, v)| (*n, v.to_string())).collect();
+    let (set, st) = write_text_sysctls(dir, &text);
+    let set = values
+        .iter()
+        .filter(|(n, _)| set.contains_key(*n))
+        .map(|(n, v)| ((*n).to_string(), *v))
+        .collect();
+    (set, st)
+}
+
+/// [`write_sysctls`] with values as the file takes them (a vector such as
+/// `tcp_rmem`'s three numbers, separated by spaces); `name` may be a path
+/// under `dir` (`ipv4/tcp_rmem`).
+pub fn write_text_sysctls(
+    dir: &str,
+    values: &[(&'static str, String)],
+) -> (std::collections::BTreeMap<String, String>, LayerStatus) {
     let mut set = std::collections::BTreeMap::new();
     let mut missing = Vec::new();
     // Each file opened relative to the directory, looked up once.
@@ -86,9 +104,9 @@ pub fn write_sysctls(
         Err(e) => return (set, LayerStatus::unavailable(format!("open {parent}: {e}"))),
     };
     for (name, v) in values {
-        match write_at(&d, name, &v.to_string()) {
+        match write_at(&d, name, v) {
             Ok(()) => {
-                set.insert((*name).to_string(), *v);
+                set.insert((*name).to_string(), v.clone());
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(*name),
             Err(e) => {
@@ -105,6 +123,23 @@ pub fn write_sysctls(
         }
     };
     (set, st)
+}
+
+/// The socket sysctls of `l` as `/proc/sys/net` takes them.
+pub fn net_values(l: &crate::policy::NetLimits) -> Vec<(&'static str, String)> {
+    let triple = |t: Option<[u64; 3]>| t.map(|[a, b, c]| format!("{a} {b} {c}"));
+    [
+        ("ipv4/tcp_rmem", triple(l.tcp_rmem)),
+        ("ipv4/tcp_wmem", triple(l.tcp_wmem)),
+        ("core/optmem_max", l.optmem_max.map(|v| v.to_string())),
+        (
+            "unix/max_dgram_qlen",
+            l.unix_max_dgram_qlen.map(|v| v.to_string()),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(n, v)| v.map(|v| (n, v)))
+    .collect()
 }
 
 /// `name` under the directory `d`, opened for writing and given `text` in

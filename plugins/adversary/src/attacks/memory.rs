@@ -16,7 +16,7 @@ const MIB: usize = 1 << 20;
 const SHM_CHUNK: usize = 8 * MIB;
 
 /// One kind's outcome: MiB obtained, and what stopped it (None: all of it).
-type Got = (u64, Option<String>);
+pub(super) type Got = (u64, Option<String>);
 
 pub fn c31b_memory_past_the_bound(bait: &Bait) -> Receipt {
     const A: &str = "C31b-memory-past-the-bound";
@@ -52,14 +52,14 @@ pub fn hold(bait: &Bait) {
     sys::raw_sleep(bait.hang_secs());
 }
 
-fn touch(p: *mut u8, len: usize) {
+pub(super) fn touch(p: *mut u8, len: usize) {
     for off in (0..len).step_by(4096) {
         // SAFETY: `off` is inside the `len`-byte writable mapping at `p`.
         unsafe { p.add(off).write_volatile(0x5a) };
     }
 }
 
-fn shared_anonymous(want: u64) -> Got {
+pub(super) fn shared_anonymous(want: u64) -> Got {
     const CHUNK: usize = 64 * MIB;
     let mut got = 0;
     while got < want {
@@ -86,7 +86,7 @@ fn shared_anonymous(want: u64) -> Got {
 
 /// Segments are touched through a mapping, then detached: a detached
 /// segment keeps its memory (only `shmall` counts it then).
-fn sysv_shm(want: u64) -> Got {
+pub(super) fn sysv_shm(want: u64) -> Got {
     let mut got = 0;
     while got < want {
         // SAFETY: plain shmget arguments.
@@ -123,7 +123,7 @@ fn write_until(mut f: std::fs::File, want: u64) -> Got {
     (got, None)
 }
 
-fn file_fill(dir: &Path, want: u64) -> Got {
+pub(super) fn file_fill(dir: &Path, want: u64) -> Got {
     let path = dir.join(sys::unique("hold"));
     match std::fs::File::create(&path) {
         Ok(f) => write_until(f, want),
@@ -134,7 +134,7 @@ fn file_fill(dir: &Path, want: u64) -> Got {
     }
 }
 
-fn memfd(want: u64) -> Got {
+pub(super) fn memfd(want: u64) -> Got {
     // SAFETY: memfd_create with a static name; the fd is owned below.
     let fd = unsafe { libc::memfd_create(c"hold".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {

@@ -12,6 +12,7 @@ pub mod kernel;
 pub mod leaks;
 pub mod lifetime;
 pub mod memory;
+pub mod memory_kinds;
 pub mod network;
 pub mod processes;
 pub mod resources;
@@ -104,6 +105,7 @@ use kernel::*;
 use leaks::*;
 use lifetime::*;
 use memory::*;
+use memory_kinds::*;
 use network::*;
 use processes::*;
 use resources::*;
@@ -245,6 +247,13 @@ pub const CATALOGUE: &[Attack] = &[
         c31b_memory_past_the_bound,
         Some(hold),
         "alloc_mib hang_secs",
+    ),
+    sel(
+        "C31c",
+        "memory-every-kind",
+        c31c_memory_every_kind,
+        Some(hold),
+        "alloc_mib (a kind, at most 160) hang_secs",
     ),
     sel(
         "C32",
