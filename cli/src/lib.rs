@@ -245,6 +245,7 @@ fn conformance_bench(opts: &sharedos_host::conformance::Options, calls: usize, j
             LauncherKind::Direct => "direct",
             LauncherKind::Sandbox => "sandbox",
             LauncherKind::Gvisor => "gvisor",
+            LauncherKind::Microvm => "microvm",
         };
         sharedos_host::conformance::print_bench(&rows, launcher, &mut out);
     }

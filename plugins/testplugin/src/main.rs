@@ -401,6 +401,14 @@ fn process_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
             }
         }
         "stderr" => eprintln!("{}", s["text"].as_str().unwrap_or_default()),
+        "alloc" => {
+            // Allocates and touches `mib` MiB, one MiB at a time, and keeps it.
+            let mut held: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..num(s, "mib", 64) {
+                held.push(vec![1u8; 1 << 20]);
+            }
+            std::hint::black_box(&held);
+        }
         _ => return false,
     }
     true
