@@ -161,3 +161,142 @@ fn a_turn_with_tool_calls_runs_in_a_microvm_and_reports_the_engine() {
     );
     nothing_left(report);
 }
+
+#[test]
+fn a_plugin_ignoring_the_abort_is_killed_at_the_deadline_and_leaves_nothing() {
+    let script = json!([
+        {"op": "fork", "n": 2},
+        {"op": "ignore_abort"},
+        {"op": "hold"}
+    ]);
+    let run = run_cli(&microvm_toml("deadline", RAM_256), script, 30_000);
+    assert_eq!(
+        run.result["status"], "cancelled",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert_eq!(run.result["error"]["code"], "turn_cancelled");
+    assert_eq!(run.code, 1);
+    assert!(
+        run.elapsed >= Duration::from_millis(29_900),
+        "{:?}",
+        run.elapsed
+    );
+    assert!(
+        run.elapsed < Duration::from_secs(30 + 30),
+        "sharedos run took {:?} for a 30 s deadline",
+        run.elapsed
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(report["engine"], "microvm", "{report}");
+    nothing_left(report);
+}
+
+#[test]
+fn a_crash_is_reported_with_its_signal_and_leaves_nothing() {
+    let script = json!([
+        {"op": "call", "tool": "files.write", "arguments": {"path": "c.txt", "content": "before"}},
+        {"op": "crash"}
+    ]);
+    let run = run_cli(&microvm_toml("crash", RAM_256), script, 120_000);
+    assert_eq!(
+        run.result["status"], "failed",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert_eq!(
+        run.result["error"]["code"], "runtime_failed",
+        "{}",
+        run.result
+    );
+    let exit = &run.result["metadata"]["runtime"]["process"]["exit"];
+    assert_eq!(exit["name"], "SIGABRT", "{}", run.result);
+    nothing_left(sandbox_report(&run));
+}
+
+/// The VM's RAM bounds the plugin: allocating past it ends the turn, the
+/// exit names the kill and the stderr tail says it was the guest's
+/// out-of-memory killer; the host goes on.
+#[test]
+fn a_plugin_allocating_past_the_vms_ram_ends_the_turn_naming_it() {
+    let script = json!([{"op": "alloc", "mib": 512}, {"op": "hold"}]);
+    let config = microvm_toml("oom", "microvm = { memoryMib = 192 }");
+    let run = run_cli(&config, script, 120_000);
+    assert_eq!(
+        run.result["status"], "failed",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert_eq!(
+        run.result["error"]["code"], "runtime_failed",
+        "{}",
+        run.result
+    );
+    let process = &run.result["metadata"]["runtime"]["process"];
+    assert_eq!(process["exit"]["name"], "SIGKILL", "{}", run.result);
+    let tail = process["stderrTail"].to_string();
+    assert!(
+        tail.contains("out of memory") && tail.contains("192 MiB"),
+        "{}",
+        run.result
+    );
+    let report = sandbox_report(&run);
+    assert_eq!(
+        report["memory"]["tree_bound_bytes"],
+        192u64 << 20,
+        "{report}"
+    );
+    nothing_left(report);
+}
+
+#[test]
+fn a_kernel_that_does_not_exist_is_refused_at_load_with_the_fix() {
+    let config = microvm_toml(
+        "nokernel",
+        "microvm = { kernel = \"/nonexistent/vmlinuz\" }",
+    );
+    let run = run_cli(&config, json!([]), 5000);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("runtimes[0].microvm.kernel: /nonexistent/vmlinuz cannot be read")
+            && run.stderr.contains("linux-image-cloud-amd64"),
+        "{}",
+        run.stderr
+    );
+    // A file that is not a kernel gets past the load and is refused when
+    // the runtime is seated, naming what it is not.
+    let not_kernel = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_kernel.path(), vec![0u8; 4096]).unwrap();
+    let extra = format!(
+        "microvm = {{ kernel = \"{}\" }}",
+        not_kernel.path().display()
+    );
+    let run = run_cli(&microvm_toml("badkernel", &extra), json!([]), 5000);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("is not an x86 bzImage")
+            && run
+                .stderr
+                .contains("apt-get install --no-install-recommends linux-image-cloud-amd64"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_microvm_runtime_with_a_network_policy_is_refused_at_load() {
+    let config = microvm_toml(
+        "egress",
+        "network = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
+    );
+    let run = run_cli(&config, json!([]), 5000);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("runtimes[0].network: not available with launcher = \"microvm\"")
+            && run.stderr.contains("no network device"),
+        "{}",
+        run.stderr
+    );
+}
