@@ -300,3 +300,35 @@ fn a_microvm_runtime_with_a_network_policy_is_refused_at_load() {
         run.stderr
     );
 }
+
+/// `sharedos sandbox check` with `PATH` set to `path`: its stdout.
+fn sandbox_check(path: &str) -> String {
+    let out = Command::new(workspace_bin("sharedos"))
+        .args(["sandbox", "check"])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn sandbox_check_lists_the_microvm_engine_and_the_fix_for_a_missing_qemu() {
+    workspace_bin("sharedos-guest-init");
+    let text = sandbox_check("/usr/sbin:/usr/bin:/sbin:/bin");
+    let line = text
+        .lines()
+        .find(|l| l.contains("microvm (launcher = \"microvm\")"))
+        .unwrap_or_else(|| panic!("no microvm engine line: {text}"));
+    assert!(
+        line.contains(": yes, QEMU emulator version")
+            && line.contains("a probe guest booted to its init in")
+            && line.contains("level strong"),
+        "{line}"
+    );
+    let text = sandbox_check("/nonexistent");
+    assert!(
+        text.contains("microvm (launcher = \"microvm\"): no: QEMU is not installed")
+            && text.contains("apt-get install --no-install-recommends qemu-system-x86"),
+        "{text}"
+    );
+}

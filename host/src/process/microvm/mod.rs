@@ -101,6 +101,30 @@ impl MicrovmLauncher {
         vm::accel(&self.qemu, &self.kernel, &self.init)
     }
 
+    /// Boots a probe guest under the accelerator launches use, within
+    /// the probe's bound (`sandbox check`): its milliseconds, or why not.
+    pub fn boot_check(&self) -> Result<(Accel, u128), String> {
+        let accel = self.accel();
+        let bound = match accel.name {
+            "kvm" => vm::KVM_PROBE_TIMEOUT,
+            _ => vm::TCG_PROBE_TIMEOUT,
+        };
+        vm::boot_probe(&self.qemu, &self.kernel, &self.init, accel.name, bound)
+            .map(|ms| (accel, ms))
+    }
+
+    /// QEMU, the kernel and the VM's RAM, for `sandbox check`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} ({}), kernel {}, {} MiB RAM, {} vCPU",
+            self.qemu.version,
+            self.qemu.path.display(),
+            self.kernel.display(),
+            self.memory_mib,
+            self.vcpus
+        )
+    }
+
     fn refused(&self, spec: &LaunchSpec, reason: String) -> LaunchError {
         let mut report = report::base(self, &self.accel());
         report["refused"] = true.into();
