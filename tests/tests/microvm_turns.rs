@@ -155,8 +155,11 @@ fn a_turn_with_tool_calls_runs_in_a_microvm_and_reports_the_engine() {
     );
     assert_eq!(report["memory"]["unbounded"], json!([]), "{report}");
     assert_eq!(report["missing"], json!([]), "{report}");
+    let boot_ms = report["boot_ms"]
+        .as_u64()
+        .expect("the report gives the boot's time");
     eprintln!(
-        "microvm turn with two tool calls under {accel}: {:?}",
+        "microvm under {accel}: QEMU start to the guest init's ready line {boot_ms} ms; `sharedos run` of the turn (host start, accelerator probe, image, boot, initialize, two tool calls) {:?}",
         run.elapsed
     );
     nothing_left(report);

@@ -261,7 +261,7 @@ impl MicrovmLauncher {
     }
 
     fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        let (dir, report) = self.prepare(spec)?;
+        let (dir, mut report) = self.prepare(spec)?;
         let initrd = dir.path().join("initrd");
         let machine = vm::Machine {
             qemu: &self.qemu,
@@ -282,6 +282,7 @@ impl MicrovmLauncher {
             program: spec.program.clone(),
             source,
         };
+        let started = std::time::Instant::now();
         let mut child = super::direct::on_spawn_thread(move || cmd.spawn())
             .and_then(|r| r)
             .map_err(spawn_error)?;
@@ -303,6 +304,8 @@ impl MicrovmLauncher {
             );
             return Err(self.refused(spec, reason));
         }
+        // QEMU's start to the guest init's ready line: the boot.
+        report["boot_ms"] = (started.elapsed().as_millis() as u64).into();
         Ok(LaunchedChild {
             stdin: OwnedFd::from(i),
             stdout: OwnedFd::from(o),
