@@ -31,6 +31,8 @@ const LAUNCH: &str = "/sharedos/launch.json";
 /// The line that tells the host the protocol line is ready (the host
 /// strips it; host/src/process/microvm/ready.rs).
 const READY: &[u8] = b"sharedos-guest-ready\n";
+/// Where the image holds `extraRoPaths` (bound at their own paths).
+const RO_DIR: &str = "/sharedos/ro";
 /// Present in the host's accelerator probe image only.
 const PROBE: &str = "/sharedos/probe";
 /// The `isa-debug-exit` device's port (QEMU `iobase=0xf4`).
@@ -53,6 +55,11 @@ struct Launch {
     rlimits: Vec<(String, u64)>,
     /// The VM's RAM, for the out-of-memory message.
     ram_mib: u64,
+    /// `extraRoPaths`: each is in the image under [`RO_DIR`] and bound
+    /// read-only at its own path once the tmpfs mounts are made (so one
+    /// under `/tmp` is not hidden by the guest's `/tmp`).
+    #[serde(default)]
+    binds: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +107,9 @@ fn run() -> Res<u8> {
         std::fs::create_dir_all(&t.path).map_err(|e| format!("mkdir {}: {e}", t.path))?;
         let flags = libc::MS_NOSUID | libc::MS_NODEV;
         mount("tmpfs", &t.path, "tmpfs", flags, &data)?;
+    }
+    for path in &launch.binds {
+        bind_read_only(path)?;
     }
     remount_root_read_only()?;
     let ooms_before = oom_kills();
@@ -152,6 +162,53 @@ fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &
     let rc = unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), flags, d.as_ptr().cast()) };
     if rc != 0 {
         return Err(os_err(&format!("mount {fstype} on {target}")));
+    }
+    Ok(())
+}
+
+/// `RO_DIR/<path>` bound read-only at `path`, its mount point made first.
+fn bind_read_only(path: &str) -> Res<()> {
+    let source = format!("{RO_DIR}{path}");
+    let meta = std::fs::symlink_metadata(&source).map_err(|e| format!("{source}: {e}"))?;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(&source).map_err(|e| format!("{source}: {e}"))?;
+        if let Some(parent) = std::path::Path::new(path).parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        return std::os::unix::fs::symlink(target, path)
+            .map_err(|e| format!("symlink {path}: {e}"));
+    }
+    if meta.is_dir() {
+        std::fs::create_dir_all(path).map_err(|e| format!("mkdir {path}: {e}"))?;
+    } else {
+        if let Some(parent) = std::path::Path::new(path).parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+        }
+        std::fs::write(path, b"").map_err(|e| format!("create {path}: {e}"))?;
+    }
+    let (s, t) = (cstr(&source)?, cstr(path)?);
+    let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    // SAFETY: NUL-terminated source and target, null type and data, as a
+    // bind mount and its remount allow.
+    let ok = unsafe {
+        libc::mount(
+            s.as_ptr(),
+            t.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        ) == 0
+            && libc::mount(
+                std::ptr::null(),
+                t.as_ptr(),
+                std::ptr::null(),
+                ro,
+                std::ptr::null(),
+            ) == 0
+    };
+    if !ok {
+        return Err(os_err(&format!("bind {path} read-only")));
     }
     Ok(())
 }

@@ -335,3 +335,49 @@ fn sandbox_check_lists_the_microvm_engine_and_the_fix_for_a_missing_qemu() {
         "{text}"
     );
 }
+
+/// The guest holds `extraRoPaths` read-only, a writable workspace, and
+/// nothing else of the host.
+#[test]
+fn extra_ro_paths_are_in_the_guest_read_only_and_nothing_else_of_the_host() {
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::write(shared.path().join("data.txt"), "granted").unwrap();
+    let dir = shared.path().display().to_string();
+    let file = format!("{dir}/data.txt");
+    let extra = format!("{RAM_256}\nsandbox = {{ extraRoPaths = [\"{dir}\"] }}");
+    let script = json!([{
+        "op": "fs_probe",
+        "read": [file, "/etc/hostname", "/etc/passwd"],
+        "write": [file, format!("{dir}/new.txt"), "/workspace/w.txt", "/etc/x"]
+    }]);
+    let run = run_cli(&microvm_toml("ro", &extra), script, 120_000);
+    assert_eq!(
+        run.result["status"], "succeeded",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    let probe = run.result["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["data"]["type"] == "fs_probe")
+        .unwrap_or_else(|| panic!("no fs_probe event: {}", run.result))["data"]["data"]
+        .clone();
+    assert_eq!(probe["read"][&file], "granted", "{probe}");
+    let host_only = probe["read"]["/etc/hostname"].as_str().unwrap_or_default();
+    assert!(host_only.starts_with("error:"), "{probe}");
+    assert!(
+        probe["read"]["/etc/passwd"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("sandbox:x:"),
+        "{probe}"
+    );
+    for denied in [file.clone(), format!("{dir}/new.txt"), "/etc/x".into()] {
+        let got = probe["write"][&denied].as_str().unwrap_or_default();
+        assert!(got.starts_with("error:"), "{denied}: {probe}");
+    }
+    assert_eq!(probe["write"]["/workspace/w.txt"], "ok", "{probe}");
+    assert_eq!(sandbox_report(&run)["extra_ro_paths"], json!([dir]));
+    nothing_left(sandbox_report(&run));
+}

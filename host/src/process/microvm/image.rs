@@ -21,6 +21,9 @@ use std::process::{Command, Stdio};
 pub(super) const INIT: &str = "init";
 pub(super) const PLUGIN_DIR: &str = "sharedos/bin";
 pub(super) const LAUNCH: &str = "sharedos/launch.json";
+/// Where `extraRoPaths` are in the image (the init binds each read-only at
+/// its own path, after its tmpfs mounts).
+pub(super) const RO_DIR: &str = "sharedos/ro";
 
 /// Files of the image by path inside (no leading `/`): contents and mode.
 #[derive(Debug, Default)]
@@ -69,11 +72,16 @@ impl Tree {
         Ok(())
     }
 
-    /// A host directory tree at the same path, read-only; symlinks kept as
-    /// symlinks. `budget` bounds the bytes copied.
-    pub(super) fn copy_tree(&mut self, root: &Path, budget: &mut u64) -> io::Result<()> {
+    /// A host directory tree under `prefix` + its own path, read-only;
+    /// symlinks kept as symlinks. `budget` bounds the bytes copied.
+    pub(super) fn copy_tree(
+        &mut self,
+        prefix: &str,
+        root: &Path,
+        budget: &mut u64,
+    ) -> io::Result<()> {
         let meta = std::fs::symlink_metadata(root)?;
-        let inside = root.to_string_lossy().into_owned();
+        let inside = format!("{prefix}{}", root.to_string_lossy());
         if meta.file_type().is_symlink() {
             let target = std::fs::read_link(root)?;
             self.parents(inside.trim_start_matches('/'));
@@ -85,7 +93,7 @@ impl Tree {
         if meta.is_dir() {
             self.dir(&inside, meta.mode() & 0o555);
             for e in std::fs::read_dir(root)? {
-                self.copy_tree(&e?.path(), budget)?;
+                self.copy_tree(prefix, &e?.path(), budget)?;
             }
             return Ok(());
         }

@@ -181,7 +181,7 @@ impl MicrovmLauncher {
         tree.file("etc/group", 0o444, group.into_bytes());
         let mut budget = self.image_budget();
         for p in &self.policy.extra_ro_paths {
-            tree.copy_tree(Path::new(p), &mut budget)
+            tree.copy_tree(image::RO_DIR, Path::new(p), &mut budget)
                 .map_err(|e| io::Error::new(e.kind(), format!("sandbox.extraRoPaths {p}: {e}")))?;
         }
         for d in [
@@ -370,6 +370,7 @@ fn launch_json(
         "tmpfs": tmpfs,
         "rlimits": super::gvisor::rlimit_rows(p),
         "ram_mib": memory_mib,
+        "binds": p.extra_ro_paths,
     });
     (launch, env_keys, warnings)
 }
