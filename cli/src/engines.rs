@@ -8,6 +8,7 @@ use serde_json::Value;
 use sharedos_host::config::RuntimeEntry;
 use sharedos_host::process::LaunchSpec;
 use sharedos_host::process::gvisor::{GVISOR_LEVEL, GvisorLauncher, platform};
+use sharedos_host::process::microvm::{MICROVM_LEVEL, MicrovmLauncher, MicrovmSettings};
 use sharedos_sandbox::SandboxLevel;
 
 /// One line per engine. `namespace` is the level the check above found.
@@ -37,10 +38,42 @@ pub fn print_engines(namespace: Option<SandboxLevel>, out: &mut dyn Write) -> st
         }
         Err(e) => writeln!(out, "  gvisor (launcher = \"gvisor\"): no: {e}")?,
     }
+    print_microvm(out)?;
     writeln!(
         out,
         "  direct (launcher = \"direct\"): yes, with no isolation at all (development only)"
     )
+}
+
+/// The microVM engine: QEMU, the guest kernel and init found, and a probe
+/// guest booted under the accelerator launches would use.
+fn print_microvm(out: &mut dyn Write) -> std::io::Result<()> {
+    let settings = MicrovmSettings {
+        qemu: None,
+        kernel: None,
+        init: None,
+        memory_mib: sharedos_host::config::microvm::DEFAULT_MEMORY_MIB,
+        vcpus: 1,
+    };
+    let launcher = match MicrovmLauncher::new(sharedos_sandbox::SandboxPolicy::default(), &settings)
+    {
+        Ok(l) => l,
+        Err(e) => return writeln!(out, "  microvm (launcher = \"microvm\"): no: {e}"),
+    };
+    match launcher.boot_check() {
+        Ok((accel, ms)) => writeln!(
+            out,
+            "  microvm (launcher = \"microvm\"): yes, {}; accelerator {} ({}), a probe guest booted to its init in {ms} ms; level {MICROVM_LEVEL}, memory bounded by the VM's RAM",
+            launcher.summary(),
+            accel.name,
+            accel.why
+        ),
+        Err(e) => writeln!(
+            out,
+            "  microvm (launcher = \"microvm\"): no: {}; a probe guest did not boot: {e}; check the kernel (runtimes.microvm.kernel) and that QEMU runs (`qemu-system-x86_64 -M microvm -accel tcg`)",
+            launcher.summary()
+        ),
+    }
 }
 
 /// `sandbox check --runtime` of a gVisor runtime: runsc, the platform and
@@ -86,6 +119,42 @@ pub fn check_gvisor(
         )?;
     }
     Ok(if ok { 0 } else { 1 })
+}
+
+/// `sandbox check --runtime` of a microVM runtime: QEMU, the kernel, the
+/// accelerator, and the report a launch would have; 0 when it would
+/// launch, 1 when it cannot run here or would be refused.
+pub fn check_microvm(
+    entry: &RuntimeEntry,
+    spec: &LaunchSpec,
+    out: &mut dyn Write,
+) -> std::io::Result<i32> {
+    let settings = sharedos_host::config::microvm::settings(entry);
+    let launcher = match MicrovmLauncher::new(entry.sandbox_policy(), &settings) {
+        Ok(l) => l,
+        Err(e) => {
+            writeln!(out, "launcher: microvm: cannot run here: {e}")?;
+            return Ok(1);
+        }
+    };
+    let accel = launcher.accel();
+    writeln!(out, "launcher: microvm: {}", launcher.summary())?;
+    writeln!(out, "accelerator: {} ({})", accel.name, accel.why)?;
+    writeln!(
+        out,
+        "level: {MICROVM_LEVEL} (memory bounded by the VM's RAM)"
+    )?;
+    match launcher.describe(spec) {
+        Ok(report) => {
+            let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+            writeln!(out, "report: {text}")?;
+            Ok(0)
+        }
+        Err(e) => {
+            writeln!(out, "refused: {e}")?;
+            Ok(1)
+        }
+    }
 }
 
 /// What the container of a runtime holds: the program, the environment

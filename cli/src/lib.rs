@@ -245,6 +245,7 @@ fn conformance_bench(opts: &sharedos_conformance::Options, calls: usize, json: b
             LauncherKind::Direct => "direct",
             LauncherKind::Sandbox => "sandbox",
             LauncherKind::Gvisor => "gvisor",
+            LauncherKind::Microvm => "microvm",
         };
         sharedos_conformance::print_bench(&rows, launcher, &mut out);
     }

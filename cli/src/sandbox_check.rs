@@ -59,6 +59,9 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
     if entry.launcher == LauncherKind::Gvisor {
         return crate::engines::check_gvisor(entry, &spec, out).map_err(w);
     }
+    if entry.launcher == LauncherKind::Microvm {
+        return crate::engines::check_microvm(entry, &spec, out).map_err(w);
+    }
     if entry.launcher == LauncherKind::Direct {
         writeln!(
             out,

@@ -95,6 +95,23 @@ fn launcher_for(
                     .map_err(|e| e.to_string())?,
             )
         }
+        LauncherKind::Microvm => {
+            let policy = SandboxPolicy {
+                extra_ro_paths: ro.to_vec(),
+                ..SandboxPolicy::default()
+            };
+            let settings = sharedos_host::process::microvm::MicrovmSettings {
+                qemu: None,
+                kernel: None,
+                init: None,
+                memory_mib: sharedos_host::config::microvm::DEFAULT_MEMORY_MIB,
+                vcpus: 1,
+            };
+            Arc::new(
+                sharedos_host::process::MicrovmLauncher::new(policy, &settings)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         LauncherKind::Sandbox => {
             let policy = SandboxPolicy {
                 extra_ro_paths: ro.to_vec(),
@@ -186,6 +203,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
             LauncherKind::Direct => "direct",
             LauncherKind::Sandbox => "sandbox",
             LauncherKind::Gvisor => "gvisor",
+            LauncherKind::Microvm => "microvm",
         },
         read_only_paths: ro,
         passed: results
@@ -328,7 +346,9 @@ fn launch_spec(command: &[String], opts: &Options) -> Result<(LaunchSpec, Vec<St
         .split_first()
         .ok_or("give the plugin's command after --, e.g. sharedos conformance -- ./my-plugin")?;
     let search = match opts.launcher {
-        LauncherKind::Sandbox | LauncherKind::Gvisor => SANDBOX_PATH.to_owned(),
+        LauncherKind::Sandbox | LauncherKind::Gvisor | LauncherKind::Microvm => {
+            SANDBOX_PATH.to_owned()
+        }
         LauncherKind::Direct => std::env::var("PATH").unwrap_or_else(|_| SANDBOX_PATH.into()),
     };
     let program = resolve_program(first, &search)?;

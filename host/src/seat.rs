@@ -91,6 +91,13 @@ pub enum SeatError {
         runtime: String,
         source: crate::process::GvisorError,
     },
+    /// The microVM engine cannot run on this host (QEMU or the guest
+    /// kernel missing, ...); the error names the fix.
+    #[error("runtime {runtime:?}: {source}")]
+    Microvm {
+        runtime: String,
+        source: crate::process::MicrovmError,
+    },
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -225,6 +232,15 @@ pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, Se
                     source,
                 },
             )?;
+            Ok(Arc::new(l))
+        }
+        LauncherKind::Microvm => {
+            let settings = crate::config::microvm::settings(entry);
+            let l = crate::process::MicrovmLauncher::new(entry.sandbox_policy(), &settings)
+                .map_err(|source| SeatError::Microvm {
+                    runtime: entry.id.to_string(),
+                    source,
+                })?;
             Ok(Arc::new(l))
         }
     }

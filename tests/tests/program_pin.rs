@@ -73,7 +73,8 @@ fn launcher_for(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, sharedos_host
             workspace_bin("sharedos"),
             entry.sandbox_policy(),
         )),
-        sharedos_host::config::LauncherKind::Gvisor => {
+        sharedos_host::config::LauncherKind::Gvisor
+        | sharedos_host::config::LauncherKind::Microvm => {
             return sharedos_host::seat::configured_launcher(entry);
         }
     })

@@ -27,6 +27,7 @@
 mod direct;
 pub mod gvisor;
 pub mod harness;
+pub mod microvm;
 mod pin;
 pub mod retention;
 pub mod serve;
@@ -162,6 +163,10 @@ pub struct RuntimeEntry {
     /// when the runtime is seated).
     #[serde(default)]
     pub gvisor: Option<gvisor::GvisorSection>,
+    /// `launcher = "microvm"` only: QEMU, the guest kernel and init, the
+    /// VM's RAM and vCPUs (docs/SECURITY.md, "microVM").
+    #[serde(default)]
+    pub microvm: Option<microvm::MicrovmSection>,
     /// The sandbox policy of this runtime (see docs/SECURITY.md). Absent:
     /// the full sandbox, refusing to start below `isolated`.
     #[serde(default)]
@@ -305,6 +310,9 @@ pub enum LauncherKind {
     /// Under gVisor's runsc: an OCI container built from the same policy,
     /// the plugin's system calls served by gVisor's user-space kernel.
     Gvisor,
+    /// In a QEMU microVM of its own: a guest kernel, an image built from
+    /// the same policy, the VM's RAM as the memory bound.
+    Microvm,
 }
 
 fn default_handshake() -> u64 {
@@ -346,7 +354,10 @@ impl RuntimeEntry {
         // The sandbox uid range is checked at start, against this
         // machine's accounts and the host's own ids: a bad range
         // refuses the config rather than sharing a uid with anyone.
-        if matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) {
+        if matches!(
+            r.launcher,
+            LauncherKind::Sandbox | LauncherKind::Gvisor | LauncherKind::Microvm
+        ) {
             sharedos_sandbox::uid::check_range(&r.sandbox.uids)
                 .map_err(|e| format!("runtimes[{i}].sandbox.uids: {e}"))?;
         }
@@ -366,6 +377,7 @@ impl RuntimeEntry {
         }
         pin::check(i, r)?;
         gvisor::check(i, r)?;
+        microvm::check(i, r)?;
         if r.sandbox.mcp_port.is_some() {
             return Err(format!(
                 "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
@@ -552,7 +564,10 @@ impl HostConfig {
         }
         // What the sandbox would drop or skip when the plugin starts
         // is refused now, naming the entry (docs/PLUGINS.md, section 4).
-        if matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) {
+        if matches!(
+            r.launcher,
+            LauncherKind::Sandbox | LauncherKind::Gvisor | LauncherKind::Microvm
+        ) {
             crate::runtime_policy::check_sandboxed(i, &r.env, &r.sandbox, &self.program_path(r))?;
         }
         Ok(())

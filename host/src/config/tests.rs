@@ -105,6 +105,65 @@ fn warm_sandboxes_are_bounded() {
 }
 
 #[test]
+fn microvm_refuses_at_load_what_it_cannot_carry_and_a_bad_shape() {
+    let vm = MIN.replace(
+        "program = \"sharedos-echo\"",
+        "program = \"/bin/true\"\nlauncher = \"microvm\"",
+    );
+    let c = HostConfig::parse(&vm, "host.toml", Path::new("/")).unwrap();
+    // The RAM defaults to the policy's memory bound (cgroup.memoryMax).
+    let s = super::microvm::settings(&c.runtimes[0]);
+    let policy_max = c.runtimes[0].sandbox.cgroup.memory_max;
+    assert_eq!(
+        s.memory_mib,
+        policy_max.map_or(super::microvm::DEFAULT_MEMORY_MIB, |b| b.div_ceil(1 << 20))
+    );
+    assert_eq!(s.vcpus, 1);
+    let bad = |extra: &str, expect: &str| {
+        let text = vm.replace(
+            "launcher = \"microvm\"",
+            &format!("launcher = \"microvm\"\n{extra}"),
+        );
+        let e = HostConfig::parse(&text, "host.toml", Path::new("/")).unwrap_err();
+        assert!(e.message.contains(expect), "{extra}: {e}");
+    };
+    bad(
+        "microvm = { kernel = \"boot/vmlinuz\" }",
+        "runtimes[0].microvm.kernel: must be an absolute path",
+    );
+    bad(
+        "microvm = { kernel = \"/nonexistent/vmlinuz\" }",
+        "runtimes[0].microvm.kernel: /nonexistent/vmlinuz cannot be read",
+    );
+    bad(
+        "microvm = { memoryMib = 16 }",
+        "runtimes[0].microvm.memoryMib: must be 64..=65536, got 16",
+    );
+    bad(
+        "microvm = { vcpus = 0 }",
+        "runtimes[0].microvm.vcpus: must be 1..=64",
+    );
+    bad(
+        "sandbox = { warm = 1 }",
+        "runtimes[0].sandbox.warm: launcher = \"microvm\" prepares no VMs",
+    );
+    bad(
+        "network = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
+        "runtimes[0].network: not available with launcher = \"microvm\"",
+    );
+    let direct = MIN.replace(
+        "program = \"sharedos-echo\"",
+        "program = \"/bin/true\"\nlauncher = \"direct\"\nmicrovm = { vcpus = 2 }",
+    );
+    let e = HostConfig::parse(&direct, "host.toml", Path::new("/")).unwrap_err();
+    assert!(
+        e.message
+            .contains("runtimes[0].microvm: applies to launcher = \"microvm\" only"),
+        "{e}"
+    );
+}
+
+#[test]
 fn gvisor_refuses_at_load_what_it_cannot_carry() {
     let gvisor = MIN.replace(
         "program = \"sharedos-echo\"",

@@ -18,6 +18,7 @@ pub mod driver;
 mod guard;
 pub mod gvisor;
 pub mod launcher;
+pub mod microvm;
 mod pinned;
 mod reaper;
 mod shim;
@@ -41,6 +42,7 @@ pub use diagnosis::is_deterministic;
 pub use direct::DirectLauncher;
 pub use gvisor::{GvisorError, GvisorLauncher};
 pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use microvm::{MicrovmError, MicrovmLauncher};
 pub use reaper::{adopt_orphans, reap_orphans};
 pub use stderr::StderrLimits;
 

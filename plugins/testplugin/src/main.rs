@@ -221,6 +221,10 @@ fn num(s: &Value, key: &str, default: u64) -> u64 {
 /// - `raw {line}`, `invalid_utf8`, `long_line {bytes}`, `batch`,
 ///   `bogus_response` (an answer to id 999 never sent)
 /// - `stderr {text}`: writes `text` and a newline to stderr
+/// - `alloc {mib}`: allocates and touches `mib` MiB and keeps it
+/// - `fs_probe {read, write}`: reads each path of `read` and writes each
+///   of `write`, emitting `{type:"fs_probe", data:{read:{path: content or
+///   "error: ..."}, write:{path: "ok" or "error: ..."}}}`
 /// - `invoke_as_notification {tool, n?}`: sends `host/invokeTool` without an
 ///   id, n times (default 1)
 /// - `big_calls {n, bytes, tool}`: n tool calls one after the other, each
@@ -270,6 +274,29 @@ fn notification_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
                     json!({"turnId": p.turn_id, "key": format!("k{i}"), "value": s["value"]});
                 p.notify("host/annotate", params);
             }
+        }
+        "fs_probe" => {
+            let paths = |k: &str| -> Vec<String> {
+                s[k].as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            };
+            let mut read = serde_json::Map::new();
+            for path in paths("read") {
+                let got = std::fs::read_to_string(&path).unwrap_or_else(|e| format!("error: {e}"));
+                read.insert(path, got.into());
+            }
+            let mut write = serde_json::Map::new();
+            for path in paths("write") {
+                let got = std::fs::write(&path, b"x")
+                    .map_or_else(|e| format!("error: {e}"), |()| "ok".into());
+                write.insert(path, got.into());
+            }
+            let data = json!({"read": read, "write": write});
+            let params = json!({"turnId": p.turn_id, "event": {"type": "fs_probe", "data": data}});
+            p.notify("host/emit", params);
         }
         "emit_pid" => {
             let params = json!({"turnId": p.turn_id, "event": {"type": "pid", "data": {"pid": std::process::id()}}});
@@ -401,6 +428,14 @@ fn process_step(p: &mut Plugin, op: &str, s: &Value) -> bool {
             }
         }
         "stderr" => eprintln!("{}", s["text"].as_str().unwrap_or_default()),
+        "alloc" => {
+            // Allocates and touches `mib` MiB, one MiB at a time, and keeps it.
+            let mut held: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..num(s, "mib", 64) {
+                held.push(vec![1u8; 1 << 20]);
+            }
+            std::hint::black_box(&held);
+        }
         _ => return false,
     }
     true

@@ -249,7 +249,7 @@ fn environment(policy: &SandboxPolicy, env: &[(String, String)], b: &mut Bundle)
 
 /// The policy's rlimits as OCI `process.rlimits` (soft = hard), and the
 /// same as a name → value map for the report.
-pub(super) fn rlimit_rows(policy: &SandboxPolicy) -> Vec<(&'static str, u64)> {
+pub(crate) fn rlimit_rows(policy: &SandboxPolicy) -> Vec<(&'static str, u64)> {
     let r = &policy.rlimits;
     [
         ("RLIMIT_CORE", r.core),

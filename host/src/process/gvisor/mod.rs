@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sharedos_sandbox::{SandboxLevel, SandboxPolicy};
 
+pub(crate) use bundle::rlimit_rows;
 pub use platform::{Platform, platform};
 pub use runsc::{GvisorError, Runsc};
 

@@ -105,7 +105,7 @@ impl Runsc {
 
 /// Waits for `child` up to `bound`; past it, SIGKILLs it (by its pid),
 /// reaps it and returns `None`.
-pub(super) fn wait_bounded(mut child: Child, bound: Duration) -> io::Result<Option<ExitStatus>> {
+pub(crate) fn wait_bounded(mut child: Child, bound: Duration) -> io::Result<Option<ExitStatus>> {
     let end = Instant::now() + bound;
     loop {
         if let Some(s) = child.try_wait()? {
@@ -134,7 +134,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 // The parent-death signal is set between fork and exec: a system call std
 // has no form for.
 #[allow(unsafe_code)]
-pub(super) fn dies_with_host(cmd: &mut Command) {
+pub(crate) fn dies_with_host(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     let host = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: runs in the forked child before exec and calls only

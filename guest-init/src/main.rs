@@ -1,0 +1,437 @@
+//! The init of a sharedos microVM guest (pid 1 of the guest kernel).
+//!
+//! It reads the launch the host wrote into the initramfs
+//! (`/sharedos/launch.json`), mounts `/dev`, `/proc`, `/sys` and the
+//! private tmpfs mounts of the policy's sizes, makes the root read-only,
+//! sets both serial lines raw, says `sharedos-guest-ready` on the
+//! protocol line (the host writes nothing before it), and runs the plugin as the sandbox uid
+//! with its stdin and stdout on the first serial line (the protocol) and
+//! its stderr on the second. When the plugin has ended it kills whatever
+//! the plugin left, waits for both lines to drain, and reports how the
+//! plugin ended through the `isa-debug-exit` port: QEMU then exits with
+//! `(code << 1) | 1`, where `code` is ([`encode`]):
+//!
+//! - `0..=95`: the plugin's exit code (95 for any code above);
+//! - `96 + N`: killed by signal N (`1..=29`);
+//! - `126`: this init could not set the guest up (the reason is on the
+//!   stderr line);
+//! - `127`: the guest kernel's out-of-memory killer killed a process of
+//!   the plugin (the VM's RAM is its memory bound).
+//!
+//! Where the port cannot be used the guest reboots, which QEMU (`-no-reboot`)
+//! turns into an exit with status 0: "ended without a report".
+
+use std::ffi::CString;
+use std::io::Write;
+
+use serde::Deserialize;
+
+/// Where the host puts the launch in the initramfs.
+const LAUNCH: &str = "/sharedos/launch.json";
+/// The line that tells the host the protocol line is ready (the host
+/// strips it; host/src/process/microvm/ready.rs).
+const READY: &[u8] = b"sharedos-guest-ready\n";
+/// Where the image holds `extraRoPaths` (bound at their own paths).
+const RO_DIR: &str = "/sharedos/ro";
+/// Present in the host's accelerator probe image only.
+const PROBE: &str = "/sharedos/probe";
+/// The `isa-debug-exit` device's port (QEMU `iobase=0xf4`).
+const EXIT_PORT: u16 = 0xf4;
+const SETUP_FAILED: u8 = 126;
+const OUT_OF_MEMORY: u8 = 127;
+
+#[derive(Debug, Deserialize)]
+struct Launch {
+    /// argv, the program's path inside the guest first.
+    argv: Vec<String>,
+    /// The complete environment, `KEY=value`.
+    env: Vec<String>,
+    uid: u32,
+    cwd: String,
+    /// The policy's inode cap of each tmpfs.
+    nr_inodes: u64,
+    tmpfs: Vec<Tmpfs>,
+    /// `(name, value)`: `RLIMIT_NOFILE` and the like, soft = hard.
+    rlimits: Vec<(String, u64)>,
+    /// The VM's RAM, for the out-of-memory message.
+    ram_mib: u64,
+    /// `extraRoPaths`: each is in the image under [`RO_DIR`] and bound
+    /// read-only at its own path once the tmpfs mounts are made (so one
+    /// under `/tmp` is not hidden by the guest's `/tmp`).
+    #[serde(default)]
+    binds: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Tmpfs {
+    path: String,
+    bytes: u64,
+    mode: String,
+    /// Owned by the sandbox uid (else root).
+    owned: bool,
+}
+
+fn main() {
+    let code = match run() {
+        Ok(code) => code,
+        Err(e) => {
+            say(&format!(
+                "sharedos-guest-init: the guest could not be set up: {e}"
+            ));
+            SETUP_FAILED
+        }
+    };
+    power_off(code)
+}
+
+type Res<T> = Result<T, String>;
+
+fn run() -> Res<u8> {
+    if std::path::Path::new(PROBE).exists() {
+        // The host's accelerator probe: reaching init is all it asks.
+        return Ok(0);
+    }
+    mount("devtmpfs", "/dev", "devtmpfs", 0, "mode=0755")?;
+    let proto = open_line("/dev/ttyS0")?;
+    let err = open_line("/dev/ttyS1")?;
+    mount("proc", "/proc", "proc", 0, "")?;
+    mount("sysfs", "/sys", "sysfs", 0, "")?;
+    let text = std::fs::read_to_string(LAUNCH).map_err(|e| format!("{LAUNCH}: {e}"))?;
+    let launch: Launch = serde_json::from_str(&text).map_err(|e| format!("{LAUNCH}: {e}"))?;
+    for t in &launch.tmpfs {
+        let owner = if t.owned { launch.uid } else { 0 };
+        let data = format!(
+            "size={},mode={},uid={owner},gid={owner},nr_inodes={}",
+            t.bytes, t.mode, launch.nr_inodes
+        );
+        std::fs::create_dir_all(&t.path).map_err(|e| format!("mkdir {}: {e}", t.path))?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV;
+        mount("tmpfs", &t.path, "tmpfs", flags, &data)?;
+    }
+    for path in &launch.binds {
+        bind_read_only(path)?;
+    }
+    remount_root_read_only()?;
+    let ooms_before = oom_kills();
+    // The host writes nothing before this line: bytes that reach the
+    // serial port before the line is open and raw would be lost.
+    // SAFETY: proto is open; the buffer outlives the call.
+    unsafe { libc::write(proto, READY.as_ptr().cast(), READY.len()) };
+    drain(proto, err);
+    let pid = spawn_plugin(&launch, proto, err)?;
+    let status = reap_until(pid);
+    // Whatever the plugin left behind goes with it.
+    // SAFETY: kill(-1) signals every process but this init; no memory is touched.
+    unsafe { libc::kill(-1, libc::SIGKILL) };
+    while reap_any() {}
+    if oom_kills() > ooms_before {
+        say(&format!(
+            "sharedos-guest-init: out of memory: the guest kernel's OOM killer killed the plugin; the VM's RAM ({} MiB) is its memory bound",
+            launch.ram_mib
+        ));
+        drain(proto, err);
+        return Ok(OUT_OF_MEMORY);
+    }
+    drain(proto, err);
+    Ok(encode(status))
+}
+
+/// A plugin's wait status as the code QEMU reports (see the module doc).
+fn encode(status: libc::c_int) -> u8 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status).clamp(0, 95) as u8
+    } else if libc::WIFSIGNALED(status) {
+        96 + libc::WTERMSIG(status).clamp(1, 29) as u8
+    } else {
+        SETUP_FAILED
+    }
+}
+
+fn cstr(s: &str) -> Res<CString> {
+    CString::new(s).map_err(|_| format!("{s:?} holds a NUL byte"))
+}
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &str) -> Res<()> {
+    let _ = std::fs::create_dir_all(target);
+    let (s, t, f, d) = (cstr(source)?, cstr(target)?, cstr(fstype)?, cstr(data)?);
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), flags, d.as_ptr().cast()) };
+    if rc != 0 {
+        return Err(os_err(&format!("mount {fstype} on {target}")));
+    }
+    Ok(())
+}
+
+/// `RO_DIR/<path>` bound read-only at `path`, its mount point made first.
+fn bind_read_only(path: &str) -> Res<()> {
+    let source = format!("{RO_DIR}{path}");
+    let meta = std::fs::symlink_metadata(&source).map_err(|e| format!("{source}: {e}"))?;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(&source).map_err(|e| format!("{source}: {e}"))?;
+        if let Some(parent) = std::path::Path::new(path).parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        return std::os::unix::fs::symlink(target, path)
+            .map_err(|e| format!("symlink {path}: {e}"));
+    }
+    if meta.is_dir() {
+        std::fs::create_dir_all(path).map_err(|e| format!("mkdir {path}: {e}"))?;
+    } else {
+        if let Some(parent) = std::path::Path::new(path).parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
+        }
+        std::fs::write(path, b"").map_err(|e| format!("create {path}: {e}"))?;
+    }
+    let (s, t) = (cstr(&source)?, cstr(path)?);
+    let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    // SAFETY: NUL-terminated source and target, null type and data, as a
+    // bind mount and its remount allow.
+    let ok = unsafe {
+        libc::mount(
+            s.as_ptr(),
+            t.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        ) == 0
+            && libc::mount(
+                std::ptr::null(),
+                t.as_ptr(),
+                std::ptr::null(),
+                ro,
+                std::ptr::null(),
+            ) == 0
+    };
+    if !ok {
+        return Err(os_err(&format!("bind {path} read-only")));
+    }
+    Ok(())
+}
+
+/// The initramfs root is read-only from here on: the plugin writes only
+/// to its tmpfs mounts.
+fn remount_root_read_only() -> Res<()> {
+    let root = cstr("/")?;
+    let flags = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    // SAFETY: a NUL-terminated target and null source, type and data, as
+    // a remount allows.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(os_err("remount / read-only"));
+    }
+    Ok(())
+}
+
+/// A serial line opened (not as a controlling terminal) and set raw: no
+/// echo, no line editing, no CR/LF translation, no signals from bytes.
+fn open_line(path: &str) -> Res<libc::c_int> {
+    let p = cstr(path)?;
+    // SAFETY: a NUL-terminated path; the descriptor is owned by this init.
+    let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_err(&format!("open {path}")));
+    }
+    // SAFETY: termios is plain data, filled by tcgetattr before use.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; t is a valid termios to write and read.
+    let ok = unsafe {
+        libc::tcgetattr(fd, &mut t) == 0 && {
+            libc::cfmakeraw(&mut t);
+            t.c_cflag |= libc::CLOCAL | libc::CREAD;
+            libc::tcsetattr(fd, libc::TCSANOW, &t) == 0
+        }
+    };
+    if !ok {
+        return Err(os_err(&format!("set {path} raw")));
+    }
+    Ok(fd)
+}
+
+/// Writes a line to the stderr line (the kernel log if that is not open).
+fn say(line: &str) {
+    let sent = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/ttyS1")
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+    if sent.is_err() {
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/kmsg")
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
+}
+
+/// Waits until both lines have sent what was written to them.
+fn drain(proto: libc::c_int, err: libc::c_int) {
+    for fd in [proto, err] {
+        // SAFETY: fd is an open terminal of this init.
+        unsafe { libc::tcdrain(fd) };
+    }
+}
+
+/// The guest kernel's count of out-of-memory kills (`oom_kill` of
+/// `/proc/vmstat`).
+fn oom_kills() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Everything the plugin's exec needs, prepared before the fork (the
+/// child only makes system calls).
+struct Exec {
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+}
+
+fn rlimit_resource(name: &str) -> Res<libc::__rlimit_resource_t> {
+    Ok(match name {
+        "RLIMIT_CORE" => libc::RLIMIT_CORE,
+        "RLIMIT_NOFILE" => libc::RLIMIT_NOFILE,
+        "RLIMIT_FSIZE" => libc::RLIMIT_FSIZE,
+        "RLIMIT_DATA" => libc::RLIMIT_DATA,
+        "RLIMIT_AS" => libc::RLIMIT_AS,
+        "RLIMIT_NPROC" => libc::RLIMIT_NPROC,
+        "RLIMIT_CPU" => libc::RLIMIT_CPU,
+        "RLIMIT_MEMLOCK" => libc::RLIMIT_MEMLOCK,
+        "RLIMIT_MSGQUEUE" => libc::RLIMIT_MSGQUEUE,
+        "RLIMIT_RTPRIO" => libc::RLIMIT_RTPRIO,
+        "RLIMIT_SIGPENDING" => libc::RLIMIT_SIGPENDING,
+        other => return Err(format!("unknown rlimit {other}")),
+    })
+}
+
+fn prepare(launch: &Launch) -> Res<Exec> {
+    if launch.argv.is_empty() {
+        return Err("the launch names no program".into());
+    }
+    let all = |v: &[String]| v.iter().map(|s| cstr(s)).collect::<Res<Vec<_>>>();
+    let rlimits = launch
+        .rlimits
+        .iter()
+        .map(|(n, v)| Ok((rlimit_resource(n)?, *v)))
+        .collect::<Res<Vec<_>>>()?;
+    Ok(Exec {
+        argv: all(&launch.argv)?,
+        env: all(&launch.env)?,
+        cwd: cstr(&launch.cwd)?,
+        rlimits,
+    })
+}
+
+/// Forks the plugin: stdin and stdout the protocol line, stderr the
+/// stderr line, its rlimits, no supplementary groups, the sandbox uid and
+/// gid, no new privileges, then exec.
+fn spawn_plugin(launch: &Launch, proto: libc::c_int, err: libc::c_int) -> Res<libc::pid_t> {
+    let exec = prepare(launch)?;
+    let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = exec.env.iter().map(|a| a.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let uid = launch.uid;
+    // SAFETY: this init has one thread, so the child may run any code;
+    // it only makes system calls on data prepared before the fork and
+    // ends in execve or _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(os_err("fork"));
+    }
+    if pid > 0 {
+        return Ok(pid);
+    }
+    // SAFETY: in the child: system calls on valid descriptors and on
+    // pointers into `exec`, `argv` and `envp`, alive until execve.
+    unsafe {
+        let ok = libc::dup2(proto, 0) == 0
+            && libc::dup2(proto, 1) == 1
+            && libc::dup2(err, 2) == 2
+            && exec.rlimits.iter().all(|(r, v)| {
+                let lim = libc::rlimit {
+                    rlim_cur: *v,
+                    rlim_max: *v,
+                };
+                libc::setrlimit(*r, &lim) == 0
+            })
+            && libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setgid(uid) == 0
+            && libc::setuid(uid) == 0
+            && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::chdir(exec.cwd.as_ptr()) == 0;
+        if ok {
+            libc::execve(argv[0], argv.as_ptr(), envp.as_ptr());
+        }
+        let msg = b"sharedos-guest-init: the plugin could not be started\n";
+        libc::write(err, msg.as_ptr().cast(), msg.len());
+        libc::_exit(SETUP_FAILED as libc::c_int);
+    }
+}
+
+/// Reaps every child (init adopts the plugin's orphans) until `pid` has
+/// ended; returns its wait status.
+fn reap_until(pid: libc::pid_t) -> libc::c_int {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer.
+        let got = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if got == pid {
+            return status;
+        }
+        if got < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return 0;
+        }
+    }
+}
+
+/// Reaps one ended child; `false` once none is left.
+fn reap_any() -> bool {
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer.
+    unsafe { libc::waitpid(-1, &mut status, 0) > 0 }
+}
+
+/// Reports `code` through the `isa-debug-exit` port, which ends QEMU; a
+/// reboot (QEMU exits 0 under `-no-reboot`) if the port cannot be used.
+fn power_off(code: u8) -> ! {
+    // SAFETY: ioperm and the port write only touch the debug-exit port
+    // this init was given by the VM; reboot ends the guest.
+    unsafe {
+        if libc::ioperm(EXIT_PORT.into(), 1, 1) == 0 {
+            std::arch::asm!("out dx, al", in("dx") EXIT_PORT, in("al") code);
+        }
+        libc::reboot(libc::RB_AUTOBOOT);
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_wait_status_becomes_the_reported_code() {
+        assert_eq!(super::encode(0), 0);
+        assert_eq!(super::encode(3 << 8), 3);
+        assert_eq!(super::encode(200 << 8), 95);
+        assert_eq!(super::encode(9), 105);
+        assert_eq!(super::encode(31), 125);
+    }
+}

@@ -1,0 +1,124 @@
+//! `launcher = "microvm"` of a runtime entry checked at load: QEMU, the
+//! guest kernel and init, the VM's shape, and what the microVM launcher
+//! cannot carry yet, refused with the reason (docs/SECURITY.md, "microVM").
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LauncherKind, RuntimeEntry};
+
+/// The VM's RAM when neither `memoryMib` nor the policy's
+/// `cgroup.memoryMax` says.
+pub const DEFAULT_MEMORY_MIB: u64 = 256;
+/// The range of `memoryMib`: enough for the kernel and a small image, at
+/// most 64 GiB.
+pub const MEMORY_MIB: std::ops::RangeInclusive<u64> = 64..=65_536;
+/// The range of `vcpus`.
+pub const VCPUS: std::ops::RangeInclusive<u32> = 1..=64;
+
+/// `[runtimes.microvm]`: the microVM launcher's own settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MicrovmSection {
+    /// `qemu-system-x86_64`, an absolute path. Absent: found on `PATH`.
+    #[serde(default)]
+    pub qemu: Option<PathBuf>,
+    /// The guest kernel (a bzImage), an absolute path. Absent: the newest
+    /// `/boot/vmlinuz-*-cloud-amd64`, else `/vmlinuz`.
+    #[serde(default)]
+    pub kernel: Option<PathBuf>,
+    /// The guest init, an absolute path. Absent: `sharedos-guest-init`
+    /// next to the running `sharedos`.
+    #[serde(default)]
+    pub init: Option<PathBuf>,
+    /// The VM's RAM in MiB: the memory bound of everything in the guest.
+    /// Absent: the policy's `cgroup.memoryMax` rounded up to MiB, else 256.
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// The VM's vCPUs (default 1).
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+}
+
+/// The launcher's settings for entry `r`.
+pub fn settings(r: &RuntimeEntry) -> crate::process::microvm::MicrovmSettings {
+    let s = r.microvm.clone().unwrap_or_default();
+    let from_policy = r.sandbox.cgroup.memory_max.map(|b| b.div_ceil(1 << 20));
+    crate::process::microvm::MicrovmSettings {
+        qemu: s.qemu,
+        kernel: s.kernel,
+        init: s.init,
+        memory_mib: s.memory_mib.or(from_policy).unwrap_or(DEFAULT_MEMORY_MIB),
+        vcpus: s.vcpus.unwrap_or(1),
+    }
+}
+
+/// What the microVM launcher of entry `i` cannot do, refused now.
+pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
+    if r.launcher != LauncherKind::Microvm {
+        if r.microvm.is_some() {
+            return Err(format!(
+                "runtimes[{i}].microvm: applies to launcher = \"microvm\" only; remove it or set the launcher"
+            ));
+        }
+        return Ok(());
+    }
+    let s = r.microvm.clone().unwrap_or_default();
+    for (field, path) in [("qemu", &s.qemu), ("kernel", &s.kernel), ("init", &s.init)] {
+        if let Some(p) = path
+            && !p.is_absolute()
+        {
+            return Err(format!(
+                "runtimes[{i}].microvm.{field}: must be an absolute path, got {:?}",
+                p.display()
+            ));
+        }
+    }
+    if let Some(k) = &s.kernel
+        && let Err(e) = std::fs::File::open(k)
+    {
+        return Err(format!(
+            "runtimes[{i}].microvm.kernel: {} cannot be read: {e}; install a guest kernel (`apt-get install --no-install-recommends linux-image-cloud-amd64`) or fix the path",
+            k.display()
+        ));
+    }
+    let set = settings(r);
+    if !MEMORY_MIB.contains(&set.memory_mib) {
+        return Err(format!(
+            "runtimes[{i}].microvm.memoryMib: must be {}..={}, got {}",
+            MEMORY_MIB.start(),
+            MEMORY_MIB.end(),
+            set.memory_mib
+        ));
+    }
+    if !VCPUS.contains(&set.vcpus) {
+        return Err(format!(
+            "runtimes[{i}].microvm.vcpus: must be {}..={}, got {}",
+            VCPUS.start(),
+            VCPUS.end(),
+            set.vcpus
+        ));
+    }
+    refuse_unsupported(i, r)
+}
+
+/// Egress, MCP over HTTP, harnesses and warm VMs are not carried yet.
+fn refuse_unsupported(i: usize, r: &RuntimeEntry) -> Result<(), String> {
+    if r.network != sharedos_egress::NetworkPolicy::None {
+        return Err(format!(
+            "runtimes[{i}].network: not available with launcher = \"microvm\": the VM has no network device and the egress gateway is not carried over a serial channel yet; use launcher = \"sandbox\" for a runtime with a network policy"
+        ));
+    }
+    if r.harness.is_some() {
+        return Err(format!(
+            "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds only the program, its libraries and extraRoPaths, not a vendor CLI's runtime; use launcher = \"sandbox\""
+        ));
+    }
+    if r.sandbox.warm > 0 {
+        return Err(format!(
+            "runtimes[{i}].sandbox.warm: launcher = \"microvm\" prepares no VMs ahead of turns yet; remove it or use launcher = \"sandbox\""
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! Finding QEMU, the guest kernel and the guest init, and the errors that
+//! say what to install when one is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Why the microVM engine cannot be used on this host, with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MicrovmError {
+    #[error(
+        "QEMU is not installed: no `qemu-system-x86_64` on PATH ({path}); install it with \
+         `apt-get install --no-install-recommends qemu-system-x86`, or set \
+         runtimes.microvm.qemu to its absolute path"
+    )]
+    QemuMissing { path: String },
+    #[error(
+        "QEMU at {} cannot be used: {reason}; reinstall it (`apt-get install --reinstall \
+         qemu-system-x86`) or point runtimes.microvm.qemu at a working one",
+        qemu.display()
+    )]
+    QemuBroken { qemu: PathBuf, reason: String },
+    #[error(
+        "the guest kernel {} cannot be used: {reason}; install one with `apt-get install \
+         --no-install-recommends linux-image-cloud-amd64`, or set runtimes.microvm.kernel to a \
+         readable bzImage",
+        kernel.display()
+    )]
+    KernelMissing { kernel: PathBuf, reason: String },
+    #[error(
+        "the guest init {} cannot be used: {reason}; build it (`cargo build -p \
+         sharedos-guest-init`, it is installed next to `sharedos`) or set runtimes.microvm.init",
+        init.display()
+    )]
+    InitMissing { init: PathBuf, reason: String },
+}
+
+/// A located, working QEMU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qemu {
+    pub path: PathBuf,
+    /// The first line of `qemu-system-x86_64 --version`.
+    pub version: String,
+}
+
+impl Qemu {
+    /// `configured`, or `qemu-system-x86_64` on `PATH`; checked by running
+    /// `--version`.
+    pub fn locate(configured: Option<&Path>) -> Result<Qemu, MicrovmError> {
+        let path = match configured {
+            Some(p) => p.to_path_buf(),
+            None => on_path("qemu-system-x86_64").ok_or_else(|| MicrovmError::QemuMissing {
+                path: std::env::var("PATH").unwrap_or_default(),
+            })?,
+        };
+        let broken = |reason: String| MicrovmError::QemuBroken {
+            qemu: path.clone(),
+            reason,
+        };
+        let out = Command::new(&path)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| broken(format!("it does not start: {e}")))?;
+        if !out.status.success() {
+            return Err(broken(format!("`--version` exited {}", out.status)));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = text.lines().next().unwrap_or_default().trim().to_owned();
+        if !version.starts_with("QEMU emulator version") {
+            return Err(broken(format!(
+                "`--version` printed {version:?}, not a QEMU version"
+            )));
+        }
+        Ok(Qemu { path, version })
+    }
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `configured`, or the newest `/boot/vmlinuz-*-cloud-amd64` (the kernel
+/// Debian builds for VMs), or `/vmlinuz`; checked to be a readable x86
+/// bzImage (its `HdrS` boot header).
+pub fn kernel(configured: Option<&Path>) -> Result<PathBuf, MicrovmError> {
+    let path = match configured {
+        Some(p) => p.to_path_buf(),
+        None => newest_cloud_kernel(Path::new("/boot")).unwrap_or_else(|| "/vmlinuz".into()),
+    };
+    let missing = |reason: String| MicrovmError::KernelMissing {
+        kernel: path.clone(),
+        reason,
+    };
+    let mut head = [0u8; 0x206];
+    let read = std::fs::File::open(&path).and_then(|mut f| {
+        use std::io::Read;
+        f.read_exact(&mut head)
+    });
+    match read {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(missing("it does not exist".into()))
+        }
+        Err(e) => Err(missing(format!("it cannot be read: {e}"))),
+        Ok(()) if &head[0x202..0x206] != b"HdrS" => Err(missing(
+            "it is not an x86 bzImage (no HdrS boot header)".into(),
+        )),
+        Ok(()) => Ok(path),
+    }
+}
+
+fn newest_cloud_kernel(boot: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(boot)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("vmlinuz-") && n.ends_with("-cloud-amd64"))
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// `configured`, or `sharedos-guest-init` next to the running executable;
+/// checked to be an ELF file.
+pub fn init(configured: Option<&Path>) -> Result<PathBuf, MicrovmError> {
+    let path = match configured {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.join("sharedos-guest-init")))
+            .unwrap_or_else(|| "sharedos-guest-init".into()),
+    };
+    match super::image::interpreter(&path) {
+        Ok(_) => Ok(path),
+        Err(e) => Err(MicrovmError::InitMissing {
+            init: path,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_that_is_missing_or_not_a_bzimage_is_named_with_the_fix() {
+        let e = kernel(Some(Path::new("/nonexistent/vmlinuz"))).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("/nonexistent/vmlinuz cannot be used: it does not exist"));
+        assert!(text.contains("apt-get install --no-install-recommends linux-image-cloud-amd64"));
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), vec![0u8; 4096]).unwrap();
+        let e = kernel(Some(f.path())).unwrap_err();
+        assert!(e.to_string().contains("not an x86 bzImage"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_qemu_is_named_with_the_fix() {
+        let e = Qemu::locate(Some(Path::new("/nonexistent/qemu"))).unwrap_err();
+        assert!(e.to_string().contains("does not start"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("apt-get install --reinstall qemu-system-x86")
+        );
+    }
+}
