@@ -82,13 +82,23 @@ fn on_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// `configured`, or the newest `/boot/vmlinuz-*-cloud-amd64` (the kernel
-/// Debian builds for VMs), or `/vmlinuz`; checked to be a readable x86
-/// bzImage (its `HdrS` boot header).
+/// The environment variable naming the guest kernel when a runtime's
+/// `microvm.kernel` does not (docs/SECURITY.md, "microVM"): a kernel
+/// unpacked outside `/boot`, as the test command's provisioning does.
+pub const KERNEL_ENV: &str = "SHAREDOS_MICROVM_KERNEL";
+
+/// `configured`, or the kernel [`KERNEL_ENV`] names, or the newest
+/// `/boot/vmlinuz-*-cloud-amd64` (the kernel Debian builds for VMs), or
+/// `/vmlinuz`; checked to be a readable x86 bzImage (its `HdrS` boot
+/// header).
 pub fn kernel(configured: Option<&Path>) -> Result<PathBuf, MicrovmError> {
-    let path = match configured {
-        Some(p) => p.to_path_buf(),
-        None => newest_cloud_kernel(Path::new("/boot")).unwrap_or_else(|| "/vmlinuz".into()),
+    let from_env = std::env::var_os(KERNEL_ENV).filter(|v| !v.is_empty());
+    let path = match (configured, from_env) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(v)) => PathBuf::from(v),
+        (None, None) => {
+            newest_cloud_kernel(Path::new("/boot")).unwrap_or_else(|| "/vmlinuz".into())
+        }
     };
     let missing = |reason: String| MicrovmError::KernelMissing {
         kernel: path.clone(),
