@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sharedos_host::config::HostConfig;
 use sharedos_egress::mock::{MockModel, SeenRequest, Wire};
+use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;

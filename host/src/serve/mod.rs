@@ -18,6 +18,7 @@ mod conn;
 mod event_filter;
 mod lease;
 mod listing;
+mod preflight;
 mod retention;
 pub mod routes;
 pub mod tenants;
@@ -198,6 +199,10 @@ pub fn sessions_from_config(
     Ok(
         Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
             .with_catalogue(builtin_tools(config))
+            .with_preflight(crate::preflight::Preflight::new(
+                config.clone(),
+                builtin_tools(config),
+            ))
             .with_admission(config.serve.admission()),
     )
 }

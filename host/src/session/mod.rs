@@ -175,6 +175,8 @@ pub struct Sessions {
     /// turn has ended.
     slots: Arc<admission::Slots>,
     metrics: Arc<Metrics>,
+    /// What a session would get here (`GET /v1/preflight`).
+    preflight: Option<Arc<crate::preflight::Preflight>>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -206,7 +208,19 @@ impl Sessions {
             catalogue: HashMap::new(),
             slots: admission::Slots::new(AdmissionLimits::unbounded()),
             metrics: Arc::new(Metrics::new()),
+            preflight: None,
         }
+    }
+
+    /// Answers `GET /v1/preflight` from `preflight`.
+    pub fn with_preflight(mut self, preflight: crate::preflight::Preflight) -> Self {
+        self.preflight = Some(Arc::new(preflight));
+        self
+    }
+
+    /// The preflight, when the host was built from a configuration.
+    pub fn preflight(&self) -> Option<&Arc<crate::preflight::Preflight>> {
+        self.preflight.as_ref()
     }
 
     /// Bounds the runs live at once (docs/SERVE.md, "Admission").
