@@ -4,13 +4,15 @@
 //! it announces for a runtime in the real sandbox is the one a real run of
 //! that runtime reports; a runtime that cannot reach its `minLevel` or
 //! memory bound says so with the fix; an unknown agent or parameter is a
-//! `400` with a code.
+//! `400` with a code; a store that is down is `503`.
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 use sharedos_tests::both_stores;
-use sharedos_tests::served::{Backend, call_as, grants_cli, start, wait_state_as, write_config};
+use sharedos_tests::served::{
+    Backend, call_as, grants_cli, scope, start, start_with, wait_state_as, write_config,
+};
 use sharedos_tests::tenants::{Tcp, add_token, free_port, owner_only, start_tcp, store_args};
 use sharedos_tests::turns::{AGENT, NAMESPACE};
 
@@ -219,4 +221,28 @@ async fn the_announced_level_is_the_one_a_real_run_reports() {
         message.contains("alice, bob"),
         "names the agents: {message}"
     );
+}
+
+/// The grants cannot be read (the PostgreSQL server is down): `503
+/// store_unavailable`, never an answer that says nothing is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_is_503_not_an_empty_answer() {
+    let mut db = sharedos_store::cluster::TestDatabase::private()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let server = start_with(dir.path(), "serve.sock", &["--postgres", &db.conninfo]);
+    let socket = server.socket();
+    let scope = scope("u");
+    let (status, answer) = call_as(&socket, "GET", "/v1/preflight", &scope, Value::Null).await;
+    assert_eq!(status, 200, "{answer}");
+    db.stop();
+    let (status, err) = call_as(&socket, "GET", "/v1/preflight", &scope, Value::Null).await;
+    assert_eq!(
+        (status, &err["error"]["code"]),
+        (503, &json!("store_unavailable")),
+        "{err}"
+    );
+    drop(server);
 }
