@@ -255,7 +255,8 @@ impl Preflight {
                 .map(|a| a.agent_id.as_str())
                 .collect();
             return Err(PreflightError::UnknownAgent {
-                name: name.to_owned(),
+                // A hostile name is shown cut short, never echoed whole.
+                name: name.chars().take(64).collect(),
                 known: known.join(", "),
             });
         }

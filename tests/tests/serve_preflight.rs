@@ -203,8 +203,17 @@ async fn the_announced_level_is_the_one_a_real_run_reports() {
     // The answer is the same on a second request (built once, kept).
     assert_eq!(get("/v1/preflight?agent=alice").await, (200, alice));
 
+    let long = format!("/v1/preflight?agent={}", "a".repeat(10_000));
+    let (status, err) = call_as(&socket, "GET", &long, &scope, Value::Null).await;
+    assert_eq!(
+        (status, &err["error"]["code"]),
+        (400, &json!("unknown_agent"))
+    );
+    assert!(err.to_string().len() < 1_000, "not echoed whole: {err}");
     for (path, code) in [
         ("/v1/preflight?agent=mallory", "unknown_agent"),
+        ("/v1/preflight?agent=%00", "unknown_agent"),
+        ("/v1/preflight?agent=..%2F..%2Fetc", "unknown_agent"),
         ("/v1/preflight?agent=%zz", "invalid_query"),
         ("/v1/preflight?agents=alice", "unknown_parameter"),
     ] {
