@@ -79,13 +79,12 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
     sharedos_sandbox::check::print_report(&report, out).map_err(w)?;
     let required = entry.sandbox.min_level;
     writeln!(out, "required: {required} (runtimes.sandbox.minLevel)").map_err(w)?;
-    let memory = report
-        .require_memory_bound(entry.sandbox.require_memory_bound)
-        .map_err(|e| e.to_string());
-    if let Err(e) = &memory {
+    // The verdict `GET /v1/preflight` gives too.
+    let verdict = preflight::sandbox_verdict(entry, &report);
+    if let Err(e) = report.require_memory_bound(entry.sandbox.require_memory_bound) {
         writeln!(out, "refused: {e}").map_err(w)?;
     }
-    Ok(if report.level >= required && memory.is_ok() {
+    Ok(if verdict.meets_min_level && verdict.meets_memory_bound {
         0
     } else {
         1

@@ -121,19 +121,23 @@ pub fn runtime_sandbox(config: &HostConfig, entry: &RuntimeEntry) -> RuntimeSand
         }
         LauncherKind::Gvisor => gvisor_sandbox(entry),
         LauncherKind::Sandbox => {
-            let mut s = RuntimeSandbox::new(entry, "sandbox");
             let report = launch_spec(config, entry).and_then(|spec| probe_sandbox(entry, &spec));
-            match report {
-                Ok(r) => judge(&mut s, &r),
-                Err(e) => s.refused = Some(e),
-            }
-            s
+            report.map_or_else(
+                |e| RuntimeSandbox {
+                    refused: Some(e),
+                    ..RuntimeSandbox::new(entry, "sandbox")
+                },
+                |r| sandbox_verdict(entry, &r),
+            )
         }
     }
 }
 
-/// The verdict on a built sandbox's report.
-fn judge(s: &mut RuntimeSandbox, r: &SandboxReport) {
+/// The verdict on the report of `entry`'s sandbox (built with
+/// [`probe_sandbox`]): its level and memory bound against the runtime's
+/// `minLevel` and `requireMemoryBound`.
+pub fn sandbox_verdict(entry: &RuntimeEntry, r: &SandboxReport) -> RuntimeSandbox {
+    let mut s = RuntimeSandbox::new(entry, "sandbox");
     s.level = Some(r.level.to_string());
     if let Some(bytes) = r.memory.tree_bound_bytes {
         s.memory_bound = json!(bytes);
@@ -158,6 +162,7 @@ fn judge(s: &mut RuntimeSandbox, r: &SandboxReport) {
     if !why.is_empty() {
         s.refused = Some(why.join("; "));
     }
+    s
 }
 
 fn gvisor_sandbox(entry: &RuntimeEntry) -> RuntimeSandbox {
