@@ -224,6 +224,9 @@ async fn the_announced_level_is_the_one_a_real_run_reports() {
             "{path}: {err}"
         );
     }
+    let (_, err) = get("/v1/preflight?agents=alice").await;
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("takes agent"), "{message}");
     let (_, err) = get("/v1/preflight?agent=mallory").await;
     let message = err["error"]["message"].as_str().unwrap();
     assert!(

@@ -85,7 +85,7 @@ pub(super) fn parameters(
             return Err(bad(
                 "unknown_parameter",
                 format!(
-                    "unknown query parameter {shown:?}: this listing takes {}",
+                    "unknown query parameter {shown:?}: this endpoint takes {}",
                     known.join(", ")
                 ),
             ));
