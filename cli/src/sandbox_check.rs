@@ -8,13 +8,11 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 
-use sharedos_sandbox::{SandboxLevel, SandboxReport, SpawnSpec};
+use sharedos_sandbox::SandboxReport;
 
 use sharedos_host::config::{HostConfig, LauncherKind, RuntimeEntry};
-use sharedos_host::process::DirectLauncher;
-use sharedos_host::seat::process_runtime;
+use sharedos_host::preflight;
 
 /// Prints what runtime `id` of `config_path` sees. Exit code: 0 when its
 /// sandbox reaches the runtime's `minLevel` (and bounds the tree's memory
@@ -46,9 +44,7 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
         })?;
     // The seat's own launch spec: program, arguments, environment and the
     // plugin cookie exactly as a turn gets them.
-    let runtime =
-        process_runtime(&config, entry, Arc::new(DirectLauncher)).map_err(|e| e.to_string())?;
-    let spec = runtime.launch_spec(String::new(), String::new());
+    let spec = preflight::launch_spec(&config, entry)?;
     let w = |e: std::io::Error| e.to_string();
     writeln!(
         out,
@@ -75,7 +71,7 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
         .map_err(w)?;
         return Ok(1);
     }
-    let report = build(entry, &spec)?;
+    let report = preflight::probe_sandbox(entry, &spec)?;
     print_view(entry, &spec.args, &report, out).map_err(w)?;
     writeln!(
         out,
@@ -86,55 +82,16 @@ fn check(config_path: &Path, id: &str, out: &mut dyn Write) -> Result<i32, Strin
     sharedos_sandbox::check::print_report(&report, out).map_err(w)?;
     let required = entry.sandbox.min_level;
     writeln!(out, "required: {required} (runtimes.sandbox.minLevel)").map_err(w)?;
-    let memory = report
-        .require_memory_bound(entry.sandbox.require_memory_bound)
-        .map_err(|e| e.to_string());
-    if let Err(e) = &memory {
+    // The verdict `GET /v1/preflight` gives too.
+    let verdict = preflight::sandbox_verdict(entry, &report);
+    if let Err(e) = report.require_memory_bound(entry.sandbox.require_memory_bound) {
         writeln!(out, "refused: {e}").map_err(w)?;
     }
-    Ok(if report.level >= required && memory.is_ok() {
+    Ok(if verdict.meets_min_level && verdict.meets_memory_bound {
         0
     } else {
         1
     })
-}
-
-/// Builds the runtime's sandbox up to the plugin's `execve` and returns
-/// its report, with the root described; the plugin never runs.
-fn build(
-    entry: &RuntimeEntry,
-    spec: &sharedos_host::process::LaunchSpec,
-) -> Result<SandboxReport, String> {
-    // The policy a turn's launcher gets (the egress listener, the harness
-    // mode's port, and so the seccomp mode and the network rules), built by
-    // the one function the seat calls too.
-    let mut policy = entry.sandbox_policy();
-    policy.describe = true;
-    // The report must come back whatever the level; it is compared with
-    // the runtime's minimum below.
-    policy.min_level = SandboxLevel::Minimal;
-    policy.require_memory_bound = false;
-    policy.warm = 0;
-    let workspace = if sharedos_sandbox::needs_host_workspace(&policy) {
-        Some(tempfile::tempdir().map_err(|e| format!("a probe workspace: {e}"))?)
-    } else {
-        None
-    };
-    let helper_exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the sharedos binary: {e}"))?;
-    let prepared = sharedos_sandbox::prepare(&SpawnSpec {
-        helper_exe,
-        program: spec.program.clone(),
-        args: spec.args.iter().map(Into::into).collect(),
-        env: spec.env.clone(),
-        policy,
-        workspace: workspace.as_ref().map(|w| w.path().to_path_buf()),
-    })
-    .map_err(|e| format!("the sandbox could not be built: {e}"))?;
-    let report = prepared.report().clone();
-    // Discarded before its start order: killed, never executed.
-    drop(prepared);
-    Ok(report)
 }
 
 fn keys<'a>(k: impl Iterator<Item = &'a str>) -> String {

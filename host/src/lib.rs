@@ -12,6 +12,7 @@ pub mod config;
 pub mod executor;
 pub mod limits;
 pub mod observe;
+pub mod preflight;
 pub mod process;
 pub mod provenance;
 pub mod registry;

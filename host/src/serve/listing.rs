@@ -68,7 +68,10 @@ pub(super) fn percent_decode(text: &str) -> Result<String, Refusal> {
 
 /// The query's parameters, each named at most once and each one of
 /// `known`.
-fn parameters(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, Refusal> {
+pub(super) fn parameters(
+    query: Option<&str>,
+    known: &[&str],
+) -> Result<Vec<(String, String)>, Refusal> {
     let mut seen: Vec<(String, String)> = Vec::new();
     for pair in query
         .unwrap_or_default()
@@ -82,7 +85,7 @@ fn parameters(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String
             return Err(bad(
                 "unknown_parameter",
                 format!(
-                    "unknown query parameter {shown:?}: this listing takes {}",
+                    "unknown query parameter {shown:?}: this endpoint takes {}",
                     known.join(", ")
                 ),
             ));

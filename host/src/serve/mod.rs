@@ -20,6 +20,7 @@ mod event_filter;
 mod files;
 mod lease;
 mod listing;
+mod preflight;
 mod retention;
 pub mod routes;
 pub mod tenants;
@@ -199,6 +200,10 @@ pub fn sessions_from_config(
         .collect();
     let sessions = Sessions::new(store as Arc<dyn Store>, executors, agents, host_id)
         .with_catalogue(builtin_tools(config))
+        .with_preflight(crate::preflight::Preflight::new(
+            config.clone(),
+            builtin_tools(config),
+        ))
         .with_admission(config.serve.admission());
     Ok(match session_files(config, &files_root)? {
         Some(files) => sessions.with_files(files),

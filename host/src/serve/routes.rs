@@ -415,7 +415,8 @@ async fn transfer(
 
 /// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and
 /// runs"): a session with its active run, the scope's sessions, a
-/// session's runs; `None` for any other path.
+/// session's runs; the preflight (docs/SERVE.md, "Preflight"); `None` for
+/// any other path.
 async fn reads(
     sessions: &Arc<Sessions>,
     scope: &Scope,
@@ -429,6 +430,7 @@ async fn reads(
             Err(e) => Err(e.into()),
         },
         ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
+        ["v1", "preflight"] => super::preflight::preflight(sessions, scope, query).await?,
         _ => effects::list(sessions, scope, parts, query).await?,
     };
     Some(

@@ -209,6 +209,8 @@ pub struct Sessions {
     metrics: Arc<Metrics>,
     /// Files in and out of sessions (`None`: no file tools on this host).
     files: Option<Arc<files::SessionFiles>>,
+    /// What a session would get here (`GET /v1/preflight`).
+    preflight: Option<Arc<crate::preflight::Preflight>>,
 }
 
 /// How often an observer of a run that is not live in this process looks
@@ -241,7 +243,19 @@ impl Sessions {
             slots: admission::Slots::new(AdmissionLimits::unbounded()),
             metrics: Arc::new(Metrics::new()),
             files: None,
+            preflight: None,
         }
+    }
+
+    /// Answers `GET /v1/preflight` from `preflight`.
+    pub fn with_preflight(mut self, preflight: crate::preflight::Preflight) -> Self {
+        self.preflight = Some(Arc::new(preflight));
+        self
+    }
+
+    /// The preflight, when the host was built from a configuration.
+    pub fn preflight(&self) -> Option<&Arc<crate::preflight::Preflight>> {
+        self.preflight.as_ref()
     }
 
     /// Bounds the runs live at once (docs/SERVE.md, "Admission").

@@ -55,6 +55,14 @@ impl Machine<'_> {
         cmd.args(["-M", "microvm,isa-serial=on,pit=on,pic=on,rtc=on"])
             .args(["-accel", self.accel])
             .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
+            // QEMU's own seccomp filter: no obsolete system calls, no
+            // privilege change, no new processes or programs, no
+            // scheduling or affinity changes, for the VMM that holds the
+            // boundary (docs/SECURITY.md, "microVM").
+            .args([
+                "-sandbox",
+                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            ])
             .args(["-m", &format!("{}M", self.memory_mib)])
             .args(["-smp", &self.vcpus.to_string()])
             .arg("-kernel")
