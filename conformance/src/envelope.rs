@@ -227,7 +227,13 @@ impl Envelope {
         }
         let result = rt
             .block_on(executor.execute(request, ExecuteOptions::default()))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string());
+        // The turn's tree is killed and reaped off its path (under gVisor
+        // with `runsc kill` and `runsc delete`); wait for that here, so the
+        // next check's sweep does not count this turn's teardown as a
+        // process left behind.
+        sharedos_host::process::settle_kills();
+        let result = result?;
         let file = plan
             .read_back
             .and_then(|p| std::fs::read_to_string(root.join(AGENT).join(AGENT).join(p)).ok());

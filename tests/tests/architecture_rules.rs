@@ -73,6 +73,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("sharedos-kernel", &["sharedos-protocol"]),
     ("sharedos-sandbox", &[]),
+    // The microVM guest's init: a program of its own, on nothing of ours.
+    ("sharedos-guest-init", &[]),
     ("sharedos-store", &["sharedos-protocol", "sharedos-kernel"]),
     ("sharedos-egress", &["sharedos-protocol", "sharedos-kernel"]),
     (
