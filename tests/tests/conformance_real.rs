@@ -472,23 +472,7 @@ fn the_real_turn_agrees_with_sharedos_run() {
     ] {
         let (_, report) = conformance(&["--", "python3", VARIANTS, mode]);
         let program = report["program"].as_str().expect("program");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (config, request) = run_files(dir.path(), program, mode);
-        let out = Command::new(plugin_bin("sharedos"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--request")
-            .arg(&request)
-            .env_remove("SHAREDOS_LOG")
-            .output()
-            .expect("sharedos run");
-        let result: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{mode}: no result ({e}): {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+        let (result, _) = sharedos_run(program, mode);
         let real = find(&report, "real_turn");
         match reason {
             None => {
@@ -507,4 +491,68 @@ fn the_real_turn_agrees_with_sharedos_run() {
             }
         }
     }
+}
+
+/// `sharedos run` of the raw plugin in `mode` with conformance's catalogue
+/// and payload: the result, and what the host logged.
+fn sharedos_run(program: &str, mode: &str) -> (Value, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (config, request) = run_files(dir.path(), program, mode);
+    let out = Command::new(plugin_bin("sharedos"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--request")
+        .arg(&request)
+        .env("SHAREDOS_LOG", "warn")
+        .output()
+        .expect("sharedos run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{mode}: no result ({e}): {stderr}"));
+    (result, stderr)
+}
+
+/// A real plugin's malformed emits and annotations are dropped by the
+/// host, and the result of the turn says so by name and count
+/// (`metadata.runtime.protocolViolations`), as does the log of its ending;
+/// a turn that sent none has no such field.
+#[test]
+fn the_result_names_the_messages_the_host_dropped() {
+    let python = which_python();
+    for (mode, counted) in [
+        ("ok", None),
+        ("bad-emit", Some(("invalid_emit", 2))),
+        ("bad-annotate", Some(("invalid_annotate", 1))),
+    ] {
+        let (result, log) = sharedos_run(&python, mode);
+        assert_eq!(result["status"], "succeeded", "{mode}: {result:#}");
+        let dropped = &result["metadata"]["runtime"]["protocolViolations"];
+        match counted {
+            None => assert!(dropped.is_null(), "{mode}: {result:#}"),
+            Some((name, n)) => {
+                assert_eq!(
+                    dropped,
+                    &serde_json::json!({ name: n }),
+                    "{mode}: {result:#}"
+                );
+                assert!(
+                    log.contains("dropped and counted") && log.contains(name),
+                    "{mode}: {log}"
+                );
+            }
+        }
+    }
+}
+
+/// The interpreter `python3` resolves to, as a path the host can launch.
+fn which_python() -> String {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; print(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
