@@ -37,7 +37,7 @@ pub fn one_round(battery: &Battery<'_>, calls: usize) -> Result<Vec<Duration>, S
     let mut answered: Option<Instant> = None;
     loop {
         let msg = match s.recv(battery.step) {
-            Recv::Message(v, _) => v,
+            Recv::Message(v) => v,
             Recv::Invalid(why) => return Err(format!("wrote {why}")),
             Recv::Eof => return Err(format!("closed stdout (stderr: {})", s.stderr_tail())),
             Recv::Timeout => return Err("stopped answering".into()),

@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{Value, json};
-use sharedos_protocol::{InitializeResult, RuntimeManifest, RuntimeTurnOutcome};
+use serde_json::json;
+use sharedos_protocol::{InitializeResult, RuntimeManifest};
 
 use super::session::{Recv, Session};
-use super::turn::{self, Transcript, await_answer, drive, short};
+use super::turn::{self, await_answer, short};
 use sharedos_host::process::{LaunchSpec, Launcher};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -104,37 +104,6 @@ impl Check {
     }
 }
 
-/// The outcome in a `turn/run` response, checked strictly.
-pub(super) fn outcome_of(resp: &Value) -> Result<RuntimeTurnOutcome, String> {
-    if let Some(e) = resp.get("error") {
-        return Err(format!(
-            "answered turn/run with a JSON-RPC error (the turn ends failed runtime_failed): {}",
-            short(e)
-        ));
-    }
-    serde_json::from_value(resp.get("result").cloned().unwrap_or(Value::Null)).map_err(|e| {
-        format!("the outcome is not a valid RuntimeTurnOutcome (invalid_runtime_outcome): {e}")
-    })
-}
-
-pub(super) fn outcome_or_fault(t: &Transcript) -> Result<RuntimeTurnOutcome, String> {
-    if let Some(p) = t.fault() {
-        return Err(p);
-    }
-    t.outcome
-        .as_ref()
-        .ok_or_else(|| "no outcome".to_owned())
-        .and_then(outcome_of)
-}
-
-pub(super) fn kind(o: &RuntimeTurnOutcome) -> &'static str {
-    match o {
-        RuntimeTurnOutcome::Complete { .. } => "complete",
-        RuntimeTurnOutcome::Fail { .. } => "fail",
-        RuntimeTurnOutcome::Escalate { .. } => "escalate",
-    }
-}
-
 /// The checks of the first launch, in their order.
 fn handshake_checks() -> [Check; 4] {
     let starts = check(
@@ -175,7 +144,7 @@ fn ended_early(s: &mut Session) -> String {
 fn silent_before_initialize(s: &mut Session, silent: Check) -> Result<Check, String> {
     Ok(match s.recv(Duration::from_millis(300)) {
         Recv::Timeout => silent.pass("nothing on stdout in the 300 ms before initialize"),
-        Recv::Message(v, _) => silent.fail(format!("wrote {} before initialize", short(&v))),
+        Recv::Message(v) => silent.fail(format!("wrote {} before initialize", short(&v))),
         Recv::Invalid(why) => silent.fail(format!("wrote {why} before initialize")),
         Recv::Eof => return Err(ended_early(s)),
     })
@@ -211,19 +180,6 @@ impl Battery<'_> {
             Some(1) => Ok(s),
             _ => Err(format!("initialize was answered with {}", short(&answer))),
         }
-    }
-
-    /// One turn with `payload`; `on_call` answers the plugin's tool calls.
-    pub(super) fn turn(
-        &self,
-        max_bytes: u64,
-        payload: Value,
-        on_call: &mut dyn FnMut(&mut Session, Option<&Value>),
-    ) -> Result<(Session, Transcript), String> {
-        let mut s = self.ready(max_bytes, 64)?;
-        s.send(&turn::turn_run(payload))?;
-        let t = drive(&mut s, self.step, max_bytes, on_call);
-        Ok((s, t))
     }
 
     /// The first launch: the program starts, is silent before
@@ -338,53 +294,5 @@ impl Battery<'_> {
             }
         }));
         vec![newer, none]
-    }
-
-    pub fn round_trip(&self) -> Vec<Check> {
-        let rt = check(
-            "tool_call_round_trip",
-            "4.2, 4.3",
-            "send host/invokeTool with a strict ToolCall (call.traceId = request.context.traceId) and answer turn/run with a valid outcome",
-        );
-        let notes = check(
-            "emit_annotate",
-            "4.4, 5",
-            "send host/emit {turnId, event: {type, data}} and host/annotate {turnId, key, value} with a key other than \"\", runtime, __proto__",
-        );
-        let mut answer = |s: &mut Session, req: Option<&Value>| {
-            if let Some(r) = req {
-                let _ = s.send(&turn::succeeded(
-                    r,
-                    r["params"]["call"]["arguments"].clone(),
-                ));
-            }
-        };
-        let (_s, t) = match self.turn(DEFAULT_MAX, turn::calls(2, false), &mut answer) {
-            Ok(x) => x,
-            Err(e) => return vec![rt.fail(e.clone()), notes.fail(e)],
-        };
-        let rt = match outcome_or_fault(&t) {
-            Err(e) => rt.fail(e),
-            Ok(_) if t.calls.is_empty() => {
-                rt.na("made no tool call for the echo payload {\"calls\": [...]}")
-            }
-            Ok(o) => rt.pass(format!(
-                "{} tool calls, then a {} outcome",
-                t.calls.len(),
-                kind(&o)
-            )),
-        };
-        let notes = match t.fault() {
-            Some(e) => notes.fail(e),
-            None if t.emits == 0 && t.annotations.is_empty() => {
-                notes.na("sent no host/emit or host/annotate")
-            }
-            None => notes.pass(format!(
-                "{} events and {} annotations, all valid, within the budgets (10,000 burst, 2,000/s)",
-                t.emits,
-                t.annotations.len()
-            )),
-        };
-        vec![rt, notes]
     }
 }

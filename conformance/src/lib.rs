@@ -27,6 +27,7 @@ mod checks;
 mod edges;
 mod envelope;
 mod lifecycle;
+mod notes;
 mod real;
 mod session;
 mod sweep;
@@ -175,14 +176,12 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         real_turn_check,
     );
     let after_turn = ["real_turn"];
-    gated.run(
+    gated.real(
         &after_turn,
-        &[
-            ("tool_call_round_trip", "4.2, 4.3"),
-            ("emit_annotate", "4.4, 5"),
-        ],
-        |b| b.round_trip(),
+        ("tool_call_round_trip", "4.2, 4.3"),
+        notes::round_trip,
     );
+    gated.real(&after_turn, ("emit_annotate", "4.4, 5"), notes::notes);
     gated.real(
         &after_turn,
         ("concurrent_calls_out_of_order", "4.3, 5"),

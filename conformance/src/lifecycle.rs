@@ -30,8 +30,8 @@ impl Battery<'_> {
         let end = Instant::now() + self.step;
         let during_call = loop {
             match s.recv(end.saturating_duration_since(Instant::now())) {
-                Recv::Message(v, _) if v["method"] == "host/invokeTool" => break true,
-                Recv::Message(v, _) if v.get("method").is_none() => break false,
+                Recv::Message(v) if v["method"] == "host/invokeTool" => break true,
+                Recv::Message(v) if v.get("method").is_none() => break false,
                 Recv::Message(..) => continue,
                 Recv::Invalid(why) => return Err(format!("wrote {why} on stdout")),
                 Recv::Eof => {

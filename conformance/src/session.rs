@@ -19,7 +19,7 @@ use sharedos_host::process::{LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 #[derive(Debug)]
 pub enum Line {
     /// A JSON-RPC 2.0 object, and the length of its line in bytes.
-    Message(Value, usize),
+    Message(Value),
     /// A line the host would end the turn over, and why.
     Invalid(String),
     /// End of stdout.
@@ -29,7 +29,7 @@ pub enum Line {
 /// What `recv` saw.
 #[derive(Debug)]
 pub enum Recv {
-    Message(Value, usize),
+    Message(Value),
     Invalid(String),
     Eof,
     Timeout,
@@ -110,7 +110,7 @@ impl Session {
 
     pub fn recv(&self, timeout: Duration) -> Recv {
         match self.lines.recv_timeout(timeout) {
-            Ok(Line::Message(v, n)) => Recv::Message(v, n),
+            Ok(Line::Message(v)) => Recv::Message(v),
             Ok(Line::Invalid(why)) => Recv::Invalid(why),
             Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => Recv::Eof,
             Err(RecvTimeoutError::Timeout) => Recv::Timeout,
@@ -222,9 +222,7 @@ fn classify(raw: &[u8]) -> Line {
         ));
     }
     match serde_json::from_str::<Value>(text) {
-        Ok(v) if v.get("jsonrpc") == Some(&Value::from("2.0")) && v.is_object() => {
-            Line::Message(v, body.len())
-        }
+        Ok(v) if v.get("jsonrpc") == Some(&Value::from("2.0")) && v.is_object() => Line::Message(v),
         Ok(_) => Line::Invalid(format!("JSON that is not a JSON-RPC 2.0 object: {shown:?}")),
         Err(_) => Line::Invalid(format!("a line that is not JSON: {shown:?}")),
     }

@@ -1,15 +1,11 @@
-//! The host side of one conformance turn: the messages the battery sends
-//! (a complete, valid `RuntimeTurnRequest` carrying the echo payload) and a
-//! driver that reads the plugin's lines until its outcome, checking each
-//! one as the host's turn driver would.
+//! The messages the scripted checks send (a complete, valid
+//! `RuntimeTurnRequest` carrying the echo payload), the echo payload the
+//! envelope's turns carry, and reading the answer to one request.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sharedos_protocol::{
-    AnnotateParams, EmitParams, InvokeToolParams, Timestamp, annotation_key_refused,
-};
+use sharedos_protocol::Timestamp;
 
 use super::session::{Recv, Session};
 
@@ -19,9 +15,6 @@ pub const TRACE_ID: &str = "trace-conformance";
 pub const ECHO_TOOL: &str = "conformance.echo";
 /// The request id of `turn/run` (initialize is 1).
 pub const RUN_ID: u64 = 2;
-/// How long the driver waits with nothing on the wire before it lets the
-/// caller answer calls it held back.
-const IDLE: Duration = Duration::from_millis(250);
 
 fn now() -> Value {
     serde_json::to_value(Timestamp::now()).unwrap_or(Value::Null)
@@ -85,148 +78,6 @@ pub fn succeeded(req: &Value, output: Value) -> Value {
         "completedAt": now(), "output": output}})
 }
 
-/// Everything one turn put on the wire.
-#[derive(Debug, Default)]
-pub struct Transcript {
-    /// The response to `turn/run` (the whole JSON-RPC object).
-    pub outcome: Option<Value>,
-    pub calls: Vec<Value>,
-    pub emits: usize,
-    pub annotations: Vec<(String, Value)>,
-    /// Protocol faults the host would end the turn over, or drop silently.
-    pub problems: Vec<String>,
-    pub longest_line: usize,
-}
-
-impl Transcript {
-    /// The first problem, or why no outcome arrived.
-    pub fn fault(&self) -> Option<String> {
-        self.problems.first().cloned()
-    }
-}
-
-/// Reads until the outcome. `on_call(session, Some(request))` is told of
-/// every tool call (valid or not) and answers it or holds it;
-/// `on_call(session, None)` runs when the wire is idle, to answer held ones.
-pub fn drive(
-    session: &mut Session,
-    budget: Duration,
-    max_bytes: u64,
-    on_call: &mut dyn FnMut(&mut Session, Option<&Value>),
-) -> Transcript {
-    let mut t = Transcript::default();
-    let mut inflight: HashSet<String> = HashSet::new();
-    let mut last = Instant::now();
-    loop {
-        let msg = match session.recv(IDLE) {
-            Recv::Message(v, n) => {
-                t.longest_line = t.longest_line.max(n);
-                if n as u64 > max_bytes {
-                    t.problems.push(format!(
-                        "wrote a {n} byte line, over the maxMessageBytes {max_bytes} it was given (frame_too_large)"
-                    ));
-                    return t;
-                }
-                v
-            }
-            Recv::Invalid(why) => {
-                t.problems.push(format!("wrote {why} on stdout"));
-                return t;
-            }
-            Recv::Eof => {
-                let status = session.wait_exit(Duration::from_secs(2));
-                t.problems.push(format!(
-                    "closed stdout before answering turn/run ({})",
-                    status.map_or("exit status unknown".into(), |s| s.to_string()),
-                ));
-                return t;
-            }
-            Recv::Timeout => {
-                on_call(session, None);
-                if last.elapsed() > budget {
-                    t.problems.push(format!(
-                        "did not answer turn/run within {} ms of its last message",
-                        budget.as_millis()
-                    ));
-                    return t;
-                }
-                continue;
-            }
-        };
-        last = Instant::now();
-        if msg.get("method").is_none() && msg.get("id") == Some(&Value::from(RUN_ID)) {
-            t.outcome = Some(msg);
-            return t;
-        }
-        check_message(&mut t, &mut inflight, &msg);
-        if msg.get("method") == Some(&Value::from("host/invokeTool")) && msg.get("id").is_some() {
-            on_call(session, Some(&msg));
-        }
-    }
-}
-
-/// Checks one plugin → host message as the host's turn driver would.
-fn check_message(t: &mut Transcript, inflight: &mut HashSet<String>, msg: &Value) {
-    let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
-    let params = msg.get("params").cloned().unwrap_or(Value::Null);
-    let turn_ok = params.get("turnId") == Some(&Value::from(TURN_ID));
-    match (method, msg.get("id")) {
-        ("host/invokeTool", Some(id)) => {
-            t.calls.push(msg.clone());
-            if !inflight.insert(id.to_string()) {
-                t.problems.push(format!(
-                    "reused the request id {id} (duplicate_inflight_id)"
-                ));
-            }
-            match serde_json::from_value::<InvokeToolParams>(params.clone()) {
-                Err(e) => t
-                    .problems
-                    .push(format!("sent invalid host/invokeTool params: {e}")),
-                Ok(p) if p.call.tool.as_str() != ECHO_TOOL => t.problems.push(format!(
-                    "called {:?}, which is not in the turn's catalogue [{ECHO_TOOL}] (denied tool_unavailable)",
-                    p.call.tool.as_str()
-                )),
-                Ok(p) if p.call.trace_id.as_str() != TRACE_ID => t.problems.push(format!(
-                    "sent call.traceId {:?}, not the turn's {TRACE_ID:?} (trace_mismatch)",
-                    p.call.trace_id.as_str()
-                )),
-                Ok(_) if !turn_ok => t
-                    .problems
-                    .push("sent a tool call for another turnId".into()),
-                Ok(_) => {}
-            }
-        }
-        ("host/invokeTool", None) => t
-            .problems
-            .push("sent host/invokeTool without an id (a notification is dropped)".into()),
-        ("host/emit", None) => {
-            t.emits += 1;
-            if let Err(e) = serde_json::from_value::<EmitParams>(params) {
-                t.problems
-                    .push(format!("sent invalid host/emit params: {e}"));
-            } else if !turn_ok {
-                t.problems.push("sent host/emit for another turnId".into());
-            }
-        }
-        ("host/annotate", None) => match serde_json::from_value::<AnnotateParams>(params) {
-            Ok(p) if annotation_key_refused(&p.key) || !turn_ok => t.problems.push(format!(
-                "sent an annotation the host drops (key {:?}, or another turnId)",
-                p.key
-            )),
-            Ok(p) => t.annotations.push((p.key, p.value)),
-            Err(e) => t
-                .problems
-                .push(format!("sent invalid host/annotate params: {e}")),
-        },
-        ("", Some(id)) => t.problems.push(format!(
-            "answered id {id}, which the host never asked (dropped and counted)"
-        )),
-        (other, _) => t.problems.push(format!(
-            "sent {other:?}, which is not a plugin → host method of protocol v1"
-        )),
-    }
-}
-
 /// Reads until `initialize` is answered (or not), within `budget`.
 pub fn await_answer(session: &mut Session, id: u64, budget: Duration) -> Result<Value, String> {
     let end = Instant::now() + budget;
@@ -236,8 +87,8 @@ pub fn await_answer(session: &mut Session, id: u64, budget: Duration) -> Result<
             return Err(format!("did not answer within {} ms", budget.as_millis()));
         }
         match session.recv(left) {
-            Recv::Message(v, _) if v.get("id") == Some(&Value::from(id)) => return Ok(v),
-            Recv::Message(v, _) => {
+            Recv::Message(v) if v.get("id") == Some(&Value::from(id)) => return Ok(v),
+            Recv::Message(v) => {
                 return Err(format!("wrote {} before answering", short(&v)));
             }
             Recv::Invalid(why) => return Err(format!("wrote {why} on stdout")),

@@ -2,7 +2,8 @@
 //! turn was isolated (the sandbox report, `metadata.runtime.sandbox`), for a
 //! session turn its affinity (`metadata.runtime.affinity`), for a pinned
 //! program the digest its launch checked (`metadata.runtime.programSha256`),
-//! for a harness with a pinned CLI that pin (`harnessCliSha256`),
+//! for a harness with a pinned CLI that pin (`harnessCliSha256`), the
+//! messages its peer dropped and counted (`protocolViolations`),
 //! and for a turn that ended without an outcome the seat's diagnosis.
 //!
 //! The seat hands a [`TurnReport`] back with the run of the turn
@@ -48,6 +49,7 @@ struct Parts {
     cli: Option<sharedos_sandbox::ProgramDigest>,
     diagnosis: Option<RuntimeDiagnosis>,
     process_end: Option<ProcessEnd>,
+    violations: std::collections::BTreeMap<String, u32>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -58,6 +60,7 @@ impl std::fmt::Debug for Parts {
             .field("program", &self.program)
             .field("cli", &self.cli)
             .field("diagnosis", &self.diagnosis)
+            .field("violations", &self.violations)
             .finish_non_exhaustive()
     }
 }
@@ -120,6 +123,28 @@ impl TurnReport {
     /// at launch).
     pub fn set_process_end(&self, end: ProcessEnd) {
         self.parts().process_end = Some(end);
+    }
+
+    /// The protocol violations the seat's peer dropped and counted
+    /// (`metadata.runtime.protocolViolations`), by name.
+    pub fn set_protocol_violations(&self, counted: std::collections::BTreeMap<String, u32>) {
+        self.parts().violations = counted;
+    }
+
+    /// `metadata.runtime.protocolViolations`: `None` when nothing was
+    /// dropped.
+    pub fn protocol_violations(&self) -> Option<Value> {
+        let parts = self.parts();
+        if parts.violations.is_empty() {
+            return None;
+        }
+        Some(Value::Object(
+            parts
+                .violations
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(*v)))
+                .collect(),
+        ))
     }
 
     /// How the turn's process ended, waiting up to `bound` for the host's

@@ -227,6 +227,12 @@ impl Peer {
         self.shared.counted.load(Ordering::Relaxed)
     }
 
+    /// The dropped-and-counted messages so far, by the name they were
+    /// counted under (`invalid_emit`, `unknown_notification`, ...).
+    pub fn violations_by_name(&self) -> std::collections::BTreeMap<String, u32> {
+        lock(&self.shared.counted_by_name).clone()
+    }
+
     /// Marks the peer dead with a violation found by the consumer.
     pub fn fail(&self, v: Violation) -> Violation {
         self.shared.fail(v)

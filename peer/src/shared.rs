@@ -2,7 +2,7 @@
 //! consumer), the writer task, and the senders ([`crate::Peer`],
 //! [`crate::Replier`]). One lock each, never two held at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     /// Incoming requests not answered yet.
     pub(crate) inflight: Mutex<InflightIds>,
     pub(crate) counted: AtomicU32,
+    /// The counted violations by name (the names are the host's and the
+    /// peer's own constants, so the map stays a handful of entries).
+    pub(crate) counted_by_name: Mutex<BTreeMap<String, u32>>,
     pub(crate) budget: u32,
     /// The line limit for what this end writes (the SDK learns the host's
     /// in `initialize`).
@@ -122,6 +125,7 @@ impl Shared {
             pending: Mutex::new(HashMap::new()),
             inflight: Mutex::new(InflightIds::default()),
             counted: AtomicU32::new(0),
+            counted_by_name: Mutex::new(BTreeMap::new()),
             budget,
             max_message_bytes: AtomicUsize::new(max_message_bytes),
             closing: CancellationToken::new(),
@@ -179,6 +183,15 @@ impl Shared {
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
         tracing::debug!(violation = what, count = n, "peer message dropped");
+        {
+            let mut by_name = lock(&self.counted_by_name);
+            match by_name.get_mut(what) {
+                Some(c) => *c = c.saturating_add(1),
+                None => {
+                    by_name.insert(what.to_owned(), 1);
+                }
+            }
+        }
         if n > self.budget {
             return Err(self.fail(Violation::new(
                 ViolationReason::ViolationBudgetExceeded,

@@ -135,6 +135,16 @@ async fn response_to_an_id_never_sent_is_dropped_and_counted() {
         Inbound::Notification { .. }
     ));
     assert_eq!(peer.violations_counted(), 3);
+    peer.count_violation("invalid_emit").unwrap();
+    let by_name: Vec<(String, u32)> = peer.violations_by_name().into_iter().collect();
+    assert_eq!(
+        by_name,
+        [
+            ("empty_line".to_owned(), 1),
+            ("invalid_emit".to_owned(), 1),
+            ("unknown_response_id".to_owned(), 2),
+        ]
+    );
 }
 
 #[tokio::test]

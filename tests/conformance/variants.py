@@ -10,6 +10,8 @@ echo payload one call at a time, or, by its one argument, a broken variant:
   ignore-drain  keeps starting calls after turn/draining
   stdout-noise  prints a log line on stdout when the payload asks for noise
   ignore-abort  ignores turn/abort and keeps running after its input ended
+  bad-emit    sends two host/emit without an event before its outcome
+  bad-annotate  sends a host/annotate without a key before its outcome
   wrong-outcome answers a requested fail with an outcome kind that does not
               exist ("failed")
 """
@@ -71,6 +73,11 @@ def run(turn_id, request):
     if MODE == "long-line":
         send({"method": "host/emit", "params": {"turnId": turn_id, "event": {
             "type": "progress", "data": {"pad": "x" * (max_bytes + 1024)}}}})
+    if MODE == "bad-emit":
+        for _ in range(2):
+            send({"method": "host/emit", "params": {"turnId": turn_id}})
+    if MODE == "bad-annotate":
+        send({"method": "host/annotate", "params": {"turnId": turn_id, "value": 1}})
     kind = request["message"]["payload"].get("outcome", "complete")
     if kind == "fail":
         return {"type": "failed" if MODE == "wrong-outcome" else "fail",

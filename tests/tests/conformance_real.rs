@@ -73,10 +73,36 @@ fn assert_real_turn_passes(what: &str, out: &Output, report: &Value) {
 /// real deadline's), every outcome kind (the real host's answers), and the
 /// calls, `parallel` of them observed in flight at once at the real tool.
 fn assert_envelope_checks_pass(what: &str, report: &Value, parallel: bool) {
-    for id in ["drain", "outcome_kinds", "concurrent_calls_out_of_order"] {
+    for id in [
+        "drain",
+        "outcome_kinds",
+        "concurrent_calls_out_of_order",
+        "tool_call_round_trip",
+    ] {
         assert_eq!(find(report, id)["status"], "pass", "{what}: {id}");
     }
     let detail = |id| find(report, id)["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail("tool_call_round_trip").contains(
+            "2 call(s) answered by the real conformance.echo tool, 2 of its answers back"
+        ),
+        "{what}: {}",
+        detail("tool_call_round_trip")
+    );
+    // The SDK examples emit a progress event per call and annotate the
+    // count; the raw plugin sends neither, which is not applicable.
+    let notes = find(report, "emit_annotate");
+    if what == "raw" {
+        assert_eq!(notes["status"], "not_applicable", "{what}: {notes}");
+    } else {
+        assert_eq!(notes["status"], "pass", "{what}: {notes}");
+        assert!(
+            detail("emit_annotate")
+                .contains("2 events and 1 annotations recorded by the real host, none dropped"),
+            "{what}: {}",
+            detail("emit_annotate")
+        );
+    }
     assert!(
         detail("drain").contains("the real deadline's turn/draining came with a call in flight"),
         "{what}: {}",
@@ -120,7 +146,8 @@ fn the_sdk_examples_and_a_raw_plugin_pass_the_real_turn() {
 }
 
 /// A plugin that keeps calling after `turn/draining`, answers with an
-/// outcome kind that does not exist, prints on stdout, or ignores
+/// outcome kind that does not exist, prints on stdout, sends malformed
+/// emits or annotations (judged from the real result), or ignores
 /// `turn/abort` and the end of its input, fails that check alone (nothing depends on it), with its
 /// cause and the fix.
 #[test]
@@ -144,6 +171,18 @@ fn each_check_through_the_envelope_or_the_abort_fails_alone_for_its_defect() {
             "stderr_noise",
             "the real host refused a line that is not JSON",
             "write only JSON-RPC lines on stdout",
+        ),
+        (
+            "bad-emit",
+            "emit_annotate",
+            "the real host dropped and counted 2 message(s) of the plugin: invalid_emit x2",
+            "send host/emit {turnId, event: {type, data}}",
+        ),
+        (
+            "bad-annotate",
+            "emit_annotate",
+            "the real host dropped and counted 1 message(s) of the plugin: invalid_annotate x1",
+            "host/annotate {turnId, key, value}",
         ),
         (
             "ignore-abort",
@@ -472,23 +511,7 @@ fn the_real_turn_agrees_with_sharedos_run() {
     ] {
         let (_, report) = conformance(&["--", "python3", VARIANTS, mode]);
         let program = report["program"].as_str().expect("program");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (config, request) = run_files(dir.path(), program, mode);
-        let out = Command::new(plugin_bin("sharedos"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--request")
-            .arg(&request)
-            .env_remove("SHAREDOS_LOG")
-            .output()
-            .expect("sharedos run");
-        let result: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{mode}: no result ({e}): {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+        let (result, _) = sharedos_run(program, mode);
         let real = find(&report, "real_turn");
         match reason {
             None => {
@@ -507,4 +530,68 @@ fn the_real_turn_agrees_with_sharedos_run() {
             }
         }
     }
+}
+
+/// `sharedos run` of the raw plugin in `mode` with conformance's catalogue
+/// and payload: the result, and what the host logged.
+fn sharedos_run(program: &str, mode: &str) -> (Value, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (config, request) = run_files(dir.path(), program, mode);
+    let out = Command::new(plugin_bin("sharedos"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--request")
+        .arg(&request)
+        .env("SHAREDOS_LOG", "warn")
+        .output()
+        .expect("sharedos run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{mode}: no result ({e}): {stderr}"));
+    (result, stderr)
+}
+
+/// A real plugin's malformed emits and annotations are dropped by the
+/// host, and the result of the turn says so by name and count
+/// (`metadata.runtime.protocolViolations`), as does the log of its ending;
+/// a turn that sent none has no such field.
+#[test]
+fn the_result_names_the_messages_the_host_dropped() {
+    let python = which_python();
+    for (mode, counted) in [
+        ("ok", None),
+        ("bad-emit", Some(("invalid_emit", 2))),
+        ("bad-annotate", Some(("invalid_annotate", 1))),
+    ] {
+        let (result, log) = sharedos_run(&python, mode);
+        assert_eq!(result["status"], "succeeded", "{mode}: {result:#}");
+        let dropped = &result["metadata"]["runtime"]["protocolViolations"];
+        match counted {
+            None => assert!(dropped.is_null(), "{mode}: {result:#}"),
+            Some((name, n)) => {
+                assert_eq!(
+                    dropped,
+                    &serde_json::json!({ name: n }),
+                    "{mode}: {result:#}"
+                );
+                assert!(
+                    log.contains("dropped and counted") && log.contains(name),
+                    "{mode}: {log}"
+                );
+            }
+        }
+    }
+}
+
+/// The interpreter `python3` resolves to, as a path the host can launch.
+fn which_python() -> String {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; print(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }

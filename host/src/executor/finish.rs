@@ -78,7 +78,8 @@ impl Executor {
     }
 
     /// `metadata.runtime` of a turn that ran: the seat's report (the
-    /// sandbox, the affinity, the process's diagnosis) and the warnings.
+    /// sandbox, the affinity, the process's diagnosis, the protocol
+    /// violations its peer counted) and the warnings.
     fn turn_provenance(&self, turn: &Turn, report: &TurnReport) -> Value {
         let mut runtime = self.runtime_provenance(report.sandbox());
         if let Some(a) = report.affinity() {
@@ -93,6 +94,14 @@ impl Executor {
         }
         if let Some(d) = report.diagnosis() {
             runtime["process"] = d.process;
+        }
+        if let Some(v) = report.protocol_violations() {
+            tracing::warn!(
+                execution_id = %turn.execution_id(),
+                protocol_violations = %v,
+                "the turn ended with messages of the runtime's dropped and counted"
+            );
+            runtime["protocolViolations"] = v;
         }
         if let Some(w) = self.no_working_time(turn.limits().timeout_ms) {
             runtime["warnings"] = json!([w]);

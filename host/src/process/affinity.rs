@@ -329,7 +329,9 @@ impl ProcessRuntime {
         };
         conn.turns += 1;
         report.set_affinity(conn.affinity_provenance());
-        let outcome = conn.turn(&turn_id, request, host, abort.clone()).await;
+        let outcome = conn
+            .turn(&turn_id, request, host, abort.clone(), report)
+            .await;
         stamp(stages, "settled");
         match &outcome {
             Ok(RuntimeTurnOutcome::Complete { .. }) if conn.reusable() && !abort.is_raised() => {

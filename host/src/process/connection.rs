@@ -92,13 +92,15 @@ impl Connection {
     }
 
     /// Runs one turn on the connection: `turn/run` with a fresh turn id,
-    /// then the turn's messages until its outcome.
+    /// then the turn's messages until its outcome; `report` learns the
+    /// messages the peer dropped and counted.
     pub(super) async fn turn(
         &mut self,
         turn_id: &TurnId,
         request: RuntimeTurnRequest,
         host: Arc<dyn RuntimeHost>,
         abort: Signal,
+        report: &TurnReport,
     ) -> Result<RuntimeTurnOutcome, RuntimeError> {
         let params = turn_run_params(turn_id, request, host.limits());
         let run_id = self
@@ -107,7 +109,7 @@ impl Connection {
             .await
             .map_err(|v| RuntimeError::Protocol(v.to_string()))?;
         let exited = self.guard.exited();
-        drive_turn(
+        let outcome = drive_turn(
             &self.peer,
             run_id,
             &mut self.inbound,
@@ -116,7 +118,11 @@ impl Connection {
             abort,
             exited,
         )
-        .await
+        .await;
+        // A connection that counted one is never reused, so what its peer
+        // counted is this turn's (and its handshake's).
+        report.set_protocol_violations(self.peer.violations_by_name());
+        outcome
     }
 
     /// The process may serve another turn: it accepted `turns: "many"`,

@@ -384,7 +384,9 @@ impl ProcessRuntime {
             .open(&execution_id, &turn_id, &abort, false, report)
             .await?;
         conn.turns = 1;
-        let outcome = conn.turn(&turn_id, request, host, abort.clone()).await;
+        let outcome = conn
+            .turn(&turn_id, request, host, abort.clone(), report)
+            .await;
         stamp(self.config.stages.as_ref(), "settled");
         if let Err(e) = &outcome {
             self.diagnose_error(report, &execution_id, e, &abort, &mut conn, &turn_id)
