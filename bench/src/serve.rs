@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use sharedos_protocol::Timestamp;
 
-use crate::served::{Events, Host, Store, WARM, call, open_session, run_body, write_config};
+use crate::served::{self, Events, Host, Store, WARM, call, open_session, run_body, write_config};
 
 /// Events the observed run emits, one every [`EVENT_GAP_MS`].
 const EVENTS: usize = 300;
@@ -30,6 +30,28 @@ pub struct ServeFigures {
     pub same_host_us: Vec<u64>,
     /// The same, for an observer on the other host.
     pub cross_host_us: Vec<u64>,
+    /// The first host's own account (`GET /metrics`), means in ms over
+    /// every run it served (the warm-up and the observed run included):
+    /// admission, the store's `admit_run`, `append_event`, `end_run`, and a
+    /// run from stored to ended.
+    pub host_means_ms: Vec<(&'static str, Option<f64>)>,
+}
+
+/// The first host's own account of where a run's time went.
+async fn host_means(socket: &Path) -> Result<Vec<(&'static str, Option<f64>)>, String> {
+    let text = served::metrics(socket).await?;
+    let store =
+        |op: &str| served::mean_ms(&text, "store_seconds", &format!("{{operation=\"{op}\"}}"));
+    Ok(vec![
+        ("admission", served::mean_ms(&text, "admission_seconds", "")),
+        ("store admit_run", store("admit_run")),
+        ("store append_event", store("append_event")),
+        ("store end_run", store("end_run")),
+        (
+            "run stored → ended",
+            served::mean_ms(&text, "run_seconds", ""),
+        ),
+    ])
 }
 
 /// The `p`-th percentile (nearest rank) of sorted `v`.
@@ -82,6 +104,7 @@ pub async fn measure(
     one_run(a.socket.clone(), ids[0].clone(), "warmup".into()).await?;
     let (admission_us, run_us, runs_per_s) = batch(&a.socket, &ids, runs).await?;
     let (same_host_us, cross_host_us) = observe(&a.socket, &b.socket, &ids[0]).await?;
+    let host_means_ms = host_means(&a.socket).await?;
     Ok(ServeFigures {
         store,
         admission_us,
@@ -89,6 +112,7 @@ pub async fn measure(
         runs_per_s,
         same_host_us,
         cross_host_us,
+        host_means_ms,
     })
 }
 
@@ -288,6 +312,15 @@ pub fn print(figures: &ServeFigures) {
         ms(cross99),
         verdict(cross99 <= 50_000)
     );
+    let means: Vec<String> = f
+        .host_means_ms
+        .iter()
+        .map(|(what, mean)| match mean {
+            Some(ms) => format!("{what} {ms:.2} ms"),
+            None => format!("{what} (none)"),
+        })
+        .collect();
+    println!("    host a's account, means: {}", means.join(", "));
 }
 
 /// Measures and prints each of `stores`; false if any measurement failed.

@@ -201,6 +201,32 @@ pub async fn call(
     ))
 }
 
+/// The host's `GET /metrics` text.
+pub async fn metrics(socket: &Path) -> Result<String, String> {
+    let resp = send(socket, "GET", "/metrics", &Value::Null).await?;
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The mean of histogram `name` (with `labels`, e.g. `{operation="x"}`, or
+/// empty) in `metrics`, in ms, from its `_sum` and `_count`.
+pub fn mean_ms(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let value = |suffix: &str| {
+        let key = format!("sharedos_{name}_{suffix}{labels} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let (sum, count) = (value("sum")?, value("count")?);
+    (count > 0.0).then(|| sum / count * 1000.0)
+}
+
 /// Opens a session for [`AGENT`]; its id.
 pub async fn open_session(socket: &Path) -> Result<String, String> {
     let spec =
