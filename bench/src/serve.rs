@@ -101,7 +101,13 @@ pub async fn measure(
         ids.push(open_session(&a.socket).await?);
     }
     // One run first, so the runtime's warm sandboxes are up.
-    one_run(a.socket.clone(), ids[0].clone(), "warmup".into()).await?;
+    one_run(
+        a.socket.clone(),
+        ids[0].clone(),
+        "warmup".into(),
+        Instant::now(),
+    )
+    .await?;
     let (admission_us, run_us, runs_per_s) = batch(&a.socket, &ids, runs).await?;
     let (same_host_us, cross_host_us) = observe(&a.socket, &b.socket, &ids[0]).await?;
     let host_means_ms = host_means(&a.socket).await?;
@@ -117,8 +123,14 @@ pub async fn measure(
 }
 
 /// One run of an echo turn: asked for, then followed to its end on its
-/// stream. Its admission and whole latency (µs).
-async fn one_run(socket: PathBuf, session: String, request: String) -> Result<(u64, u64), String> {
+/// stream. Its admission and whole latency, and the time from `batch` to
+/// its admission (µs).
+async fn one_run(
+    socket: PathBuf,
+    session: String,
+    request: String,
+    batch: Instant,
+) -> Result<(u64, u64, u64), String> {
     let script = json!([{"op": "emit", "type": "echo", "data": {"request": request}}]);
     let sent = Instant::now();
     let (status, body) = call(
@@ -129,6 +141,7 @@ async fn one_run(socket: PathBuf, session: String, request: String) -> Result<(u
     )
     .await?;
     let admitted = sent.elapsed();
+    let admitted_at = batch.elapsed();
     let Some(run) = body["run"]["id"]
         .as_str()
         .filter(|_| status == 201 || status == 202)
@@ -149,7 +162,8 @@ async fn one_run(socket: PathBuf, session: String, request: String) -> Result<(u
         }
         None => return Err(format!("run {request}: its stream closed before its end")),
     }
-    Ok((admitted.as_micros() as u64, ended.as_micros() as u64))
+    let us = |d: Duration| d.as_micros() as u64;
+    Ok((us(admitted), us(ended), us(admitted_at)))
 }
 
 /// `runs` runs asked for at once, across `sessions`; admission and run
@@ -160,21 +174,23 @@ async fn batch(
     runs: usize,
 ) -> Result<(Vec<u64>, Vec<u64>, f64), String> {
     let mut set = tokio::task::JoinSet::new();
+    let start = Instant::now();
     for i in 0..runs {
         let (socket, session) = (socket.to_path_buf(), sessions[i % sessions.len()].clone());
-        set.spawn(async move { one_run(socket, session, format!("run-{i}")).await });
+        set.spawn(async move { one_run(socket, session, format!("run-{i}"), start).await });
     }
     let (mut admission, mut whole) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    let mut last_admitted = 1;
     while let Some(joined) = set.join_next().await {
-        let (a, w) = joined.map_err(|e| e.to_string())??;
+        let (a, w, at) = joined.map_err(|e| e.to_string())??;
         admission.push(a);
         whole.push(w);
+        last_admitted = last_admitted.max(at);
     }
     admission.sort_unstable();
     whole.sort_unstable();
-    // Every request was sent within a few ms of the start (their tasks
-    // spawned at once), so the last 201 closes the admission window.
-    let window = admission.last().copied().unwrap_or(1).max(1) as f64 / 1e6;
+    // From the first request's task spawned to the last 201.
+    let window = last_admitted as f64 / 1e6;
     Ok((admission, whole, runs as f64 / window))
 }
 
