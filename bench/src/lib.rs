@@ -16,6 +16,8 @@ pub mod fixture;
 pub mod harness;
 pub mod kernel;
 pub mod process;
+pub mod serve;
+pub mod served;
 pub mod soak;
 pub mod spawn;
 pub mod turn;
@@ -215,6 +217,10 @@ pub enum Only {
     /// A session's next turn on its parked process (session affinity)
     /// against a fresh prepared sandbox and the in-process floor.
     Affinity,
+    /// Runs admitted at speed through real `sharedos serve` hosts, and
+    /// their events' latency to SSE observers on the same and another host
+    /// (`--runs`, `--store`).
+    Serve,
 }
 
 /// Issue 15's figures alone.
@@ -268,6 +274,10 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
         }
         Only::Affinity => {
             failed |= !affinity::print(exe, (iterations / 20).clamp(20, 200)).await;
+        }
+        Only::Serve => {
+            let stores = [served::Store::Sqlite, served::Store::Postgres];
+            failed |= !serve::run(exe, 200, &stores).await;
         }
         Only::Harness => {
             failed |= !harness::print(

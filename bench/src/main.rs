@@ -33,9 +33,48 @@ struct Cli {
     /// against bwrap, layer costs and stage timings), `harness` (the MCP
     /// harness: execute() to the first tools/list, an MCP tool call against
     /// an in-process plugin's) or `affinity` (a session's next turn on its
-    /// parked process).
+    /// parked process) or `serve` (runs admitted at speed through real
+    /// `sharedos serve` hosts, and their events' latency over SSE).
     #[arg(long)]
     only: Option<sharedos_bench::Only>,
+    /// With `--only serve`: runs asked for at once (one session for every
+    /// ten, at most 20 sessions).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    runs: u32,
+    /// With `--only serve`: the store(s) the hosts share.
+    #[arg(long, value_enum, default_value_t = StoreArg::Both)]
+    store: StoreArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StoreArg {
+    Sqlite,
+    Postgres,
+    Both,
+}
+
+impl StoreArg {
+    fn stores(self) -> Vec<sharedos_bench::served::Store> {
+        use sharedos_bench::served::Store;
+        match self {
+            StoreArg::Sqlite => vec![Store::Sqlite],
+            StoreArg::Postgres => vec![Store::Postgres],
+            StoreArg::Both => vec![Store::Sqlite, Store::Postgres],
+        }
+    }
+}
+
+/// `--only serve` with its own options.
+async fn serve(runs: u32, store: StoreArg) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sharedos-bench: cannot find its own binary: {e}");
+            return 2;
+        }
+    };
+    let ok = sharedos_bench::serve::run(&exe, runs as usize, &store.stores()).await;
+    if ok { 0 } else { 1 }
 }
 
 #[derive(Subcommand)]
@@ -139,6 +178,9 @@ fn main() -> ExitCode {
                 testplugin,
                 adversary,
             }) => soak(turns, every, testplugin, adversary).await,
+            None if cli.only == Some(sharedos_bench::Only::Serve) => {
+                serve(cli.runs, cli.store).await
+            }
             None => sharedos_bench::run(cli.iterations, cli.only).await,
         }
     });
