@@ -127,6 +127,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-sandbox",
             "sharedos-egress",
             "sharedos-host",
+            "sharedos-store",
             "sharedos-testplugin",
         ],
     ),
