@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sharedos_tests::is_root;
+use sharedos_tests::leftovers::processes_naming;
 use sharedos_tests::turns::{parse_jsonl_strict, request, testplugin_host_toml, workspace_bin};
 
 struct CliRun {
@@ -91,20 +92,6 @@ fn run_cli_as(
 fn gvisor_toml(tag: &str) -> String {
     let marker = format!("gvisor-{tag}-{}", std::process::id());
     testplugin_host_toml(&marker, "gvisor", 60_000)
-}
-
-/// Processes whose command line names `needle`.
-fn processes_naming(needle: &str) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            cmd.contains(needle).then(|| format!("{pid}: {cmd}"))
-        })
-        .collect()
 }
 
 /// The report's container and bundle are gone: no process names the

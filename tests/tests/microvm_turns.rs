@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sharedos_tests::leftovers::processes_naming;
 use sharedos_tests::turns::{request, testplugin_host_toml, workspace_bin};
 
 struct CliRun {
@@ -69,20 +70,6 @@ const RAM_256: &str = "microvm = { memoryMib = 256 }";
 
 fn sandbox_report(run: &CliRun) -> &Value {
     &run.result["metadata"]["runtime"]["sandbox"]
-}
-
-/// Processes whose command line names `needle`.
-fn processes_naming(needle: &str) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            cmd.contains(needle).then(|| format!("{pid}: {cmd}"))
-        })
-        .collect()
 }
 
 /// The run's QEMU is gone (no process names its run directory) and so is
