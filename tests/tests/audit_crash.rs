@@ -271,16 +271,12 @@ fn cgroups_of(pid: u32) -> Vec<PathBuf> {
     out
 }
 
-/// A short sandboxed turn through `sharedos run`, as the next host after a
-/// crash.
-fn next_host_run(tmp: &Path) {
+/// A short turn through `sharedos run` with `launcher`, as the next host
+/// after a crash.
+fn next_host_run(tmp: &Path, launcher: &str) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("host.toml");
-    std::fs::write(
-        &config,
-        testplugin_host_toml("next-host", "sandbox", 30_000),
-    )
-    .unwrap();
+    std::fs::write(&config, testplugin_host_toml("next-host", launcher, 30_000)).unwrap();
     let req = dir.path().join("turn.json");
     std::fs::write(
         &req,
@@ -313,7 +309,7 @@ fn host_sigkill_mid_turn_sandboxed() {
         let before = cgroups_of(crashed.host_pid);
         eprintln!("cgroups left by host {}: {before:?}", crashed.host_pid);
         // ...the next host's first spawn sweeps them, once empty.
-        next_host_run(&crashed.tmp);
+        next_host_run(&crashed.tmp, "sandbox");
         let left = cgroups_of(crashed.host_pid);
         assert!(left.is_empty(), "cgroups of the dead host left: {left:?}");
     }
@@ -326,10 +322,30 @@ fn host_sigkill_mid_turn_sandboxed() {
 #[test]
 fn host_sigkill_leaves_no_sandbox_workspace_after_the_next_host_starts() {
     let crashed = crash_once("sandbox", 5);
-    next_host_run(&crashed.tmp);
+    next_host_run(&crashed.tmp, "sandbox");
     let left = workspaces_in(&crashed.tmp);
     assert!(
         left.is_empty(),
         "workspaces of the dead host left: {left:?}"
     );
+}
+
+/// The direct launcher's working directories (`$TMPDIR/sharedos-direct-
+/// <host pid>-cwd…`) that a dead host left are removed by the next host's
+/// first direct launch; a live host's are kept.
+#[test]
+fn a_dead_hosts_direct_working_directories_are_removed_by_the_next_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    // A pid above the kernel's maximum is never alive; this process is.
+    let dead = tmp.join("sharedos-direct-99999999-cwd0-0123456789abcdef");
+    let live = tmp.join(format!("sharedos-direct-{}-cwd0-x", std::process::id()));
+    for d in [&dead, &live] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("left.txt"), b"written by a plugin").unwrap();
+    }
+    next_host_run(&tmp, "direct");
+    assert!(!dead.exists(), "the dead host's working directory is left");
+    assert!(live.exists(), "a live host's working directory was removed");
 }

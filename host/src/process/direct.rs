@@ -273,8 +273,13 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
 }
 
 /// A fresh empty `0700` directory for the plugin's working directory.
+/// The first one of a host process removes those dead hosts left
+/// (`process/dead_hosts.rs`): a SIGKILLed host cannot remove its own.
 fn fresh_workdir() -> io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT
+        .call_once(|| super::dead_hosts::sweep(&std::env::temp_dir(), PREFIX, "working directory"));
     let dir = std::env::temp_dir().join(format!(
         "{}-{}",
         unique("cwd"),

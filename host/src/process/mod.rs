@@ -12,6 +12,7 @@
 
 pub mod affinity;
 mod connection;
+mod dead_hosts;
 mod diagnosis;
 mod direct;
 pub mod driver;
