@@ -94,6 +94,7 @@ pub(super) fn concurrent(envelope: &Envelope, timeout: Duration) -> Check {
         read_back: None,
         drain_grace: None,
         max_message_bytes: None,
+        abort_grace: None,
     };
     let Ran { result, echo, .. } = match envelope.run(plan) {
         Ok(r) => r,
@@ -157,6 +158,7 @@ pub(super) fn outcome_kinds(envelope: &Envelope, timeout: Duration) -> Check {
             read_back: None,
             drain_grace: None,
             max_message_bytes: None,
+            abort_grace: None,
         };
         let result = match envelope.run(plan) {
             Ok(r) => r.result,
@@ -230,6 +232,7 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
         read_back: None,
         drain_grace: Some(DRAIN_GRACE),
         max_message_bytes: None,
+        abort_grace: None,
     };
     let result = match envelope.run(plan) {
         Ok(r) => r.result,

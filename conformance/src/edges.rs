@@ -32,6 +32,7 @@ pub(super) fn large(envelope: &Envelope, timeout: Duration) -> Check {
         read_back: None,
         drain_grace: None,
         max_message_bytes: Some(LIMIT),
+        abort_grace: None,
     };
     let result = match envelope.run(plan) {
         Ok(r) => r.result,
@@ -68,6 +69,7 @@ pub(super) fn noise(envelope: &Envelope, timeout: Duration) -> Check {
         read_back: None,
         drain_grace: None,
         max_message_bytes: None,
+        abort_grace: None,
     };
     let result = match envelope.run(plan) {
         Ok(r) => r.result,

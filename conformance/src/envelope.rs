@@ -69,6 +69,10 @@ pub(super) struct Plan<'a> {
     pub drain_grace: Option<Duration>,
     /// The peer's line limit (`maxMessageBytes`), when not the default.
     pub max_message_bytes: Option<usize>,
+    /// How long the plugin may take to exit by itself after its
+    /// `turn/abort` (`ProcessRuntimeConfig::abort_grace`); `None`: the
+    /// host's default (killed once the abort is delivered).
+    pub abort_grace: Option<Duration>,
 }
 
 /// One real turn: its result, and a file of the files root as the kernel
@@ -209,7 +213,7 @@ impl Envelope {
         };
         let executor = Executor::new(
             Arc::new(kernel),
-            self.seat(plan.max_message_bytes)?,
+            self.seat(plan.max_message_bytes, plan.abort_grace)?,
             options,
         )
         .map_err(|e| format!("executor: {e}"))?;
@@ -243,6 +247,7 @@ impl Envelope {
     fn seat(
         &self,
         max_message_bytes: Option<usize>,
+        abort_grace: Option<Duration>,
     ) -> Result<sharedos_host::executor::Seat, String> {
         let mut pc = ProcessRuntimeConfig::new(self.spec.program.clone(), self.manifest.clone());
         pc.args = self.spec.args.clone();
@@ -254,6 +259,9 @@ impl Envelope {
             .cloned()
             .collect();
         pc.handshake_timeout = self.handshake;
+        if let Some(grace) = abort_grace {
+            pc.abort_grace = grace;
+        }
         if let Some(max) = max_message_bytes {
             pc.max_message_bytes = max;
         }

@@ -7,10 +7,11 @@
 //! executor, the process runtime, the kernel's file tools); the checks of
 //! concurrency, drain, outcome kinds, large lines and noise (calls.rs, edges.rs)
 //! run through the same envelope (envelope.rs) with a catalogue of their
-//! own and a host-side test tool registered in the kernel. The rest speak
-//! to the plugin directly (session.rs, turn.rs): the abort, because the
-//! real host kills the tree right after `turn/abort`, so only a host that
-//! waits sees the plugin exit on its own. The checks run in a dependency
+//! own and a host-side test tool registered in the kernel; so does the
+//! abort (abort.rs), whose seat gives the plugin a grace to exit by itself
+//! after `turn/abort` before its kill. The rest speak to the plugin
+//! directly (session.rs): the handshake, the versions and a person running
+//! the plugin by hand. The checks run in a dependency
 //! order (`Gated`): one whose dependency failed is not run and names it,
 //! so one defect is one failure.
 //!
@@ -21,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+mod abort;
 mod bench;
 mod calls;
 mod checks;
@@ -188,7 +190,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         calls::concurrent,
     );
     gated.real(&after_turn, ("drain", "4.5"), calls::drain);
-    gated.run(&after_turn, &[("abort", "1, 4.5")], |b| vec![b.abort()]);
+    gated.real(&after_turn, ("abort", "1, 4.5"), abort::abort);
     gated.real(&after_turn, ("outcome_kinds", "4.2"), calls::outcome_kinds);
     gated.real(&after_turn, ("large_messages", "2, 6"), edges::large);
     gated.real(&after_turn, ("stderr_noise", "1"), edges::noise);

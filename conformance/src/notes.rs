@@ -35,6 +35,7 @@ fn echo_turn(envelope: &Envelope, timeout: Duration) -> Result<Ran, String> {
         read_back: None,
         drain_grace: None,
         max_message_bytes: None,
+        abort_grace: None,
     })
 }
 

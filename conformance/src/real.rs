@@ -98,6 +98,7 @@ pub(super) fn real_turn(envelope: &Envelope, timeout: Duration) -> RealTurn {
         read_back: Some(PROBE_PATH),
         drain_grace: None,
         max_message_bytes: None,
+        abort_grace: None,
     };
     match envelope.run(plan) {
         Ok(ran) => RealTurn {

@@ -117,10 +117,6 @@ impl Session {
         }
     }
 
-    pub fn close_stdin(&mut self) {
-        self.stdin = None;
-    }
-
     /// Waits up to `timeout` for the launched process to exit.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + timeout;
@@ -139,10 +135,6 @@ impl Session {
     /// program is going or gone).
     pub fn has_ended(&mut self) -> bool {
         self.wait_exit(Duration::from_millis(500)).is_some()
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.tree.pid()
     }
 
     /// Waits up to `timeout` for the stderr reader to reach the end of the

@@ -58,10 +58,6 @@ pub fn turn_run(payload: Value) -> Value {
         "limits": {"maxSteps": 1000, "maxToolCalls": 10000, "timeoutMs": 60000}}})
 }
 
-pub fn notification(method: &str) -> Value {
-    json!({"jsonrpc": "2.0", "method": method, "params": {"turnId": TURN_ID}})
-}
-
 /// The payload asking for `n` calls of the echo tool.
 pub fn calls(n: usize, parallel: bool) -> Value {
     let calls: Vec<Value> = (0..n)

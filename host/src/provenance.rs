@@ -49,6 +49,9 @@ struct Parts {
     cli: Option<sharedos_sandbox::ProgramDigest>,
     diagnosis: Option<RuntimeDiagnosis>,
     process_end: Option<ProcessEnd>,
+    /// How long the process may take to exit by itself after an abort
+    /// before its kill (`ProcessRuntimeConfig::abort_grace`).
+    abort_grace: std::time::Duration,
     violations: std::collections::BTreeMap<String, u32>,
 }
 
@@ -125,6 +128,12 @@ impl TurnReport {
         self.parts().process_end = Some(end);
     }
 
+    /// The grace the process gets to exit by itself after an abort; a
+    /// stopped turn's result waits that much longer for how it ended.
+    pub fn set_abort_grace(&self, grace: std::time::Duration) {
+        self.parts().abort_grace = grace;
+    }
+
     /// The protocol violations the seat's peer dropped and counted
     /// (`metadata.runtime.protocolViolations`), by name.
     pub fn set_protocol_violations(&self, counted: std::collections::BTreeMap<String, u32>) {
@@ -151,8 +160,11 @@ impl TurnReport {
     /// kill to finish; `None` for a seat without a process or one still
     /// running at the bound.
     pub async fn process_end_within(&self, bound: std::time::Duration) -> Option<Value> {
-        let end = self.parts().process_end.clone()?;
-        let until = tokio::time::Instant::now() + bound;
+        let (end, grace) = {
+            let parts = self.parts();
+            (parts.process_end.clone()?, parts.abort_grace)
+        };
+        let until = tokio::time::Instant::now() + bound + grace;
         loop {
             if let Some(v) = end() {
                 return Some(v);

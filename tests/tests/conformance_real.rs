@@ -187,7 +187,7 @@ fn each_check_through_the_envelope_or_the_abort_fails_alone_for_its_defect() {
         (
             "ignore-abort",
             "abort",
-            "still running 2000 ms after turn/abort and the end of stdin",
+            "still running 5 s after the real deadline's turn/abort",
             "on turn/abort stop at once",
         ),
     ];

@@ -174,6 +174,7 @@ fn report_launch(
         tail.clone(),
         report.is_some(),
     ));
+    turn_report.set_abort_grace(guard.abort_grace());
     tail
 }
 
@@ -231,7 +232,7 @@ impl ProcessRuntime {
         let pid = tree.pid();
         // A failed duplicate only loses the wait for the plugin to read its
         // `turn/abort`; the kill itself never depends on it.
-        let guard = TreeGuard::new(tree, stdin.try_clone().ok());
+        let guard = TreeGuard::new(tree, stdin.try_clone().ok(), self.config.abort_grace);
         stamp(self.config.stages.as_ref(), "launched");
         let tail = report_launch(turn_report, &guard, report.as_ref());
         self.report_program(turn_report);

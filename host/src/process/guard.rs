@@ -19,15 +19,28 @@ pub(super) struct TreeGuard {
     /// much the plugin has not read yet (never written to): the deferred
     /// kill waits until a queued `turn/abort` has been read.
     stdin_probe: Option<OwnedFd>,
+    /// How long the plugin may take to exit by itself once a `turn/abort`
+    /// has reached it (`ProcessRuntimeConfig::abort_grace`).
+    abort_grace: Duration,
 }
 
 impl TreeGuard {
-    pub(super) fn new(tree: Box<dyn ProcessTree>, stdin_probe: Option<OwnedFd>) -> Self {
+    pub(super) fn new(
+        tree: Box<dyn ProcessTree>,
+        stdin_probe: Option<OwnedFd>,
+        abort_grace: Duration,
+    ) -> Self {
         Self {
             tree: Arc::new(Mutex::new(Some(tree))),
             status: Arc::new(Mutex::new(None)),
             stdin_probe,
+            abort_grace,
         }
+    }
+
+    /// How long the plugin may take to exit by itself after an abort.
+    pub(super) fn abort_grace(&self) -> Duration {
+        self.abort_grace
     }
 
     /// The slot the guard (and its deferred kill) records the status in.
@@ -88,7 +101,8 @@ impl TreeGuard {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tree) = taken {
             if aborted {
-                kill_after_flush(tree, self.stdin_probe.take(), self.status.clone());
+                let probe = self.stdin_probe.take();
+                kill_after_flush(tree, probe, self.status.clone(), self.abort_grace);
             } else {
                 reaper::reap_later(tree);
             }
@@ -104,7 +118,8 @@ impl Drop for TreeGuard {
     fn drop(&mut self) {
         let taken = self.tree.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tree) = taken {
-            kill_after_flush(tree, self.stdin_probe.take(), self.status.clone());
+            let probe = self.stdin_probe.take();
+            kill_after_flush(tree, probe, self.status.clone(), self.abort_grace);
         }
     }
 }
@@ -193,10 +208,35 @@ fn kill_and_record(tree: &mut dyn ProcessTree, seen: &Mutex<Option<std::process:
     slot.get_or_insert(status);
 }
 
+/// Waits up to `grace` for the tree's launched process to exit by itself,
+/// recording its status in `seen` when it does.
+fn await_own_exit(
+    slot: &Mutex<Option<Box<dyn ProcessTree>>>,
+    seen: &Mutex<Option<std::process::ExitStatus>>,
+    grace: Duration,
+) {
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        let mut locked = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tree) = locked.as_mut() else {
+            return;
+        };
+        if let Ok(Some(status)) = tree.try_wait() {
+            seen.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(status);
+            return;
+        }
+        drop(locked);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn kill_after_flush(
     tree: Box<dyn ProcessTree>,
     stdin_probe: Option<OwnedFd>,
     seen: Arc<Mutex<Option<std::process::ExitStatus>>>,
+    grace: Duration,
 ) {
     let pid = tree.pid();
     let slot = Arc::new(Mutex::new(Some(tree)));
@@ -205,6 +245,12 @@ fn kill_after_flush(
         .name("sharedos-kill".into())
         .spawn(move || {
             wait_for_abort_delivery(stdin_probe.as_ref(), pid);
+            // The probe is a write end of the plugin's stdin: closed here,
+            // so a plugin given a grace sees its end-of-file.
+            drop(stdin_probe);
+            if !grace.is_zero() {
+                await_own_exit(&deferred, &seen, grace);
+            }
             if let Some(mut tree) = deferred.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 kill_and_record(tree.as_mut(), &seen);
             }

@@ -85,6 +85,12 @@ pub struct ProcessRuntimeConfig {
     /// ([`affinity`]). `None`, the default: one process per turn. Ignored
     /// for a runtime with a network policy (its gateway serves one turn).
     pub affinity: Option<affinity::AffinityConfig>,
+    /// How long a plugin gets to exit on its own once its `turn/abort` has
+    /// reached it, before its tree is killed. Zero, the default: the kill
+    /// follows the abort's delivery at once (the turn is over; the host
+    /// does not wait for the plugin). `sharedos conformance` sets it so
+    /// that a plugin that honours the abort is seen to exit by itself.
+    pub abort_grace: Duration,
 }
 
 /// The stages of a process turn, as stamped into a [`StageLog`]: `run`
@@ -121,6 +127,7 @@ impl ProcessRuntimeConfig {
             stages: None,
             egress: None,
             affinity: None,
+            abort_grace: Duration::ZERO,
         }
     }
 }
