@@ -31,15 +31,27 @@ fn helpers() -> HashSet<u32> {
         // A helper runs under a neutral argv[0]: find it by its executable.
         // A host that is not root cannot read the link of a helper (it is
         // not dumpable): its `__sandbox-exec` argument must do.
+        // Unreadable, it must at least run under this user's uid: another
+        // user's hosts (a second checkout's suite) run helpers of their own.
         let runs_exe = match std::fs::read_link(e.path().join("exe")) {
             Ok(p) => p.to_string_lossy() == exe,
-            Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+            Err(err) => {
+                err.kind() == std::io::ErrorKind::PermissionDenied
+                    && real_uid(&e.path()) == Some(rustix::process::getuid().as_raw())
+            }
         };
         if cmd.contains("__sandbox-exec") && runs_exe && is_alive(pid) {
             out.insert(pid);
         }
     }
     out
+}
+
+/// The real uid of the process at `proc_dir`, as this namespace sees it.
+fn real_uid(proc_dir: &std::path::Path) -> Option<u32> {
+    let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[test]

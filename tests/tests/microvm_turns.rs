@@ -327,7 +327,9 @@ fn sandbox_check_lists_the_microvm_engine_and_the_fix_for_a_missing_qemu() {
 /// nothing else of the host.
 #[test]
 fn extra_ro_paths_are_in_the_guest_read_only_and_nothing_else_of_the_host() {
-    let shared = tempfile::tempdir().unwrap();
+    // Outside /tmp: a host that is not root refuses an `extraRoPaths`
+    // entry under /tmp (the policy's rule for every launcher).
+    let shared = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     std::fs::write(shared.path().join("data.txt"), "granted").unwrap();
     let dir = shared.path().display().to_string();
     let file = format!("{dir}/data.txt");
