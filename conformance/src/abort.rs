@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_protocol::ExecutionResult;
+use sharedos_protocol::{ExecutionResult, ExecutionStatus};
 
 use super::checks::{Check, check};
 use super::envelope::{ECHO_TOOL, Envelope, Plan};
@@ -42,6 +42,16 @@ pub(super) fn abort(envelope: &Envelope, _timeout: Duration) -> Check {
         Ok(r) => r,
         Err(e) => return c.fail(e),
     };
+    if ran.result.status != ExecutionStatus::Cancelled {
+        // The turn ended by itself before its deadline (a plugin that does
+        // not follow the echo payload answers at once): no `turn/abort`
+        // was sent, so the situation was not produced.
+        return c.na(format!(
+            "the turn ended {:?} before its {} s deadline, so no turn/abort was sent (the plugin does not follow the echo payload {{\"calls\": [...]}})",
+            ran.result.status,
+            ABORT_AT.as_secs()
+        ));
+    }
     let during_call = ran.echo.calls.load(std::sync::atomic::Ordering::SeqCst) > 0;
     let when = if during_call {
         "a tool call in flight"

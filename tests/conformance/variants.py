@@ -30,8 +30,15 @@ max_bytes = 1 << 20
 
 
 def send(msg):
-    out.write(json.dumps(dict(msg, jsonrpc="2.0"), separators=(",", ":")) + "\n")
-    out.flush()
+    try:
+        out.write(json.dumps(dict(msg, jsonrpc="2.0"), separators=(",", ":")) + "\n")
+        out.flush()
+    except BrokenPipeError:
+        # The host stopped reading (the turn was aborted): ignore-abort
+        # keeps running regardless, the others end here.
+        if MODE == "ignore-abort":
+            time.sleep(3600)
+        raise
 
 
 def read():
@@ -43,6 +50,7 @@ def read():
         elif msg.get("method") == "turn/abort":
             if MODE != "ignore-abort":
                 sys.exit(0)
+            time.sleep(3600)
         else:
             return msg
     if MODE == "ignore-abort":
