@@ -16,6 +16,7 @@ mod dead_hosts;
 mod diagnosis;
 mod direct;
 pub mod driver;
+mod engine_tool;
 mod guard;
 pub mod gvisor;
 pub mod launcher;

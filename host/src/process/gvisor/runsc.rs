@@ -40,36 +40,19 @@ pub struct Runsc {
 impl Runsc {
     /// `configured`, or `runsc` on `PATH`; checked by running `--version`.
     pub fn locate(configured: Option<&Path>) -> Result<Runsc, GvisorError> {
-        let path = match configured {
-            Some(p) => p.to_path_buf(),
-            None => on_path("runsc").ok_or_else(|| GvisorError::RunscMissing {
-                path: std::env::var("PATH").unwrap_or_default(),
-            })?,
-        };
-        let broken = |reason: String| GvisorError::RunscBroken {
-            runsc: path.clone(),
-            reason,
-        };
-        let out = Command::new(&path)
-            .arg("--version")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| broken(format!("it does not start: {e}")))?;
-        if !out.status.success() {
-            return Err(broken(format!("`runsc --version` exited {}", out.status)));
+        use crate::process::engine_tool::{ToolProblem, locate};
+        match locate(configured, "runsc", "runsc version") {
+            Ok((path, version)) => Ok(Runsc {
+                path,
+                version,
+                rootless: !rustix::process::geteuid().is_root(),
+            }),
+            Err(ToolProblem::Missing { path }) => Err(GvisorError::RunscMissing { path }),
+            Err(ToolProblem::Broken { path, reason }) => Err(GvisorError::RunscBroken {
+                runsc: path,
+                reason,
+            }),
         }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let version = text.lines().next().unwrap_or_default().trim().to_owned();
-        if !version.starts_with("runsc version") {
-            return Err(broken(format!(
-                "`runsc --version` printed {version:?}, not a runsc version"
-            )));
-        }
-        Ok(Runsc {
-            path,
-            version,
-            rootless: !rustix::process::geteuid().is_root(),
-        })
     }
 
     /// `runsc` with its global flags: the state directory `state`, and
@@ -118,13 +101,6 @@ pub(crate) fn wait_bounded(mut child: Child, bound: Duration) -> io::Result<Opti
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 /// Gives `cmd` a parent-death SIGKILL, so runsc (and the sandbox and

@@ -2,7 +2,6 @@
 //! say what to install when one is missing.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 /// Why the microVM engine cannot be used on this host, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,40 +45,15 @@ impl Qemu {
     /// `configured`, or `qemu-system-x86_64` on `PATH`; checked by running
     /// `--version`.
     pub fn locate(configured: Option<&Path>) -> Result<Qemu, MicrovmError> {
-        let path = match configured {
-            Some(p) => p.to_path_buf(),
-            None => on_path("qemu-system-x86_64").ok_or_else(|| MicrovmError::QemuMissing {
-                path: std::env::var("PATH").unwrap_or_default(),
-            })?,
-        };
-        let broken = |reason: String| MicrovmError::QemuBroken {
-            qemu: path.clone(),
-            reason,
-        };
-        let out = Command::new(&path)
-            .arg("--version")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| broken(format!("it does not start: {e}")))?;
-        if !out.status.success() {
-            return Err(broken(format!("`--version` exited {}", out.status)));
+        use crate::process::engine_tool::{ToolProblem, locate};
+        match locate(configured, "qemu-system-x86_64", "QEMU emulator version") {
+            Ok((path, version)) => Ok(Qemu { path, version }),
+            Err(ToolProblem::Missing { path }) => Err(MicrovmError::QemuMissing { path }),
+            Err(ToolProblem::Broken { path, reason }) => {
+                Err(MicrovmError::QemuBroken { qemu: path, reason })
+            }
         }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let version = text.lines().next().unwrap_or_default().trim().to_owned();
-        if !version.starts_with("QEMU emulator version") {
-            return Err(broken(format!(
-                "`--version` printed {version:?}, not a QEMU version"
-            )));
-        }
-        Ok(Qemu { path, version })
     }
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 /// The environment variable naming the guest kernel when a runtime's
