@@ -53,33 +53,12 @@ impl Sessions {
         segments: Vec<String>,
         content: Vec<u8>,
     ) -> Result<Transfer, SessionError> {
-        let (files, agent, purpose) = self.files_of(scope, id).await?;
-        let ns = scope.namespace_id.to_string();
-        let (segs, agent_name) = (segments.clone(), agent.clone());
-        let transfer = tokio::task::spawn_blocking(move || {
-            files.root.write_file(&ns, &agent_name, &segs, &content)?;
-            Ok::<_, FileError>(transfer_of(content, false))
-        })
-        .await
-        .map_err(|e| {
-            SessionError::Files(FileError {
-                code: "io_error",
-                message: e.to_string(),
-            })
-        })?
-        .map_err(SessionError::Files)?;
-        let record = record(
-            AuditKind::FileUploaded,
-            scope,
-            (id, &agent, &purpose),
-            &segments,
-            &transfer,
-        )?;
-        self.store
-            .append(&record)
+        let op = move |root: &FilesRoot, ns: &str, agent: &str, segs: &[String]| {
+            root.write_file(ns, agent, segs, &content)?;
+            Ok(transfer_of(content, false))
+        };
+        self.audited(scope, id, segments, AuditKind::FileUploaded, op)
             .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        Ok(transfer)
     }
 
     /// Reads the file `segments` of session `id`, at most `max` bytes.
@@ -90,28 +69,42 @@ impl Sessions {
         segments: Vec<String>,
         max: u64,
     ) -> Result<Transfer, SessionError> {
+        let op = move |root: &FilesRoot, ns: &str, agent: &str, segs: &[String]| {
+            Ok(transfer_of(root.read_file(ns, agent, segs, max)?, true))
+        };
+        self.audited(scope, id, segments, AuditKind::FileDownloaded, op)
+            .await
+    }
+
+    /// Runs the file operation `op` of session `id` off the async
+    /// threads, then appends its audit record of `kind`.
+    async fn audited<F>(
+        &self,
+        scope: &Scope,
+        id: &str,
+        segments: Vec<String>,
+        kind: AuditKind,
+        op: F,
+    ) -> Result<Transfer, SessionError>
+    where
+        F: FnOnce(&FilesRoot, &str, &str, &[String]) -> Result<Transfer, FileError>
+            + Send
+            + 'static,
+    {
         let (files, agent, purpose) = self.files_of(scope, id).await?;
         let ns = scope.namespace_id.to_string();
         let (segs, agent_name) = (segments.clone(), agent.clone());
-        let transfer = tokio::task::spawn_blocking(move || {
-            let bytes = files.root.read_file(&ns, &agent_name, &segs, max)?;
-            Ok::<_, FileError>(transfer_of(bytes, true))
-        })
-        .await
-        .map_err(|e| {
-            SessionError::Files(FileError {
-                code: "io_error",
-                message: e.to_string(),
-            })
-        })?
-        .map_err(SessionError::Files)?;
-        let record = record(
-            AuditKind::FileDownloaded,
-            scope,
-            (id, &agent, &purpose),
-            &segments,
-            &transfer,
-        )?;
+        let transfer =
+            tokio::task::spawn_blocking(move || op(&files.root, &ns, &agent_name, &segs))
+                .await
+                .map_err(|e| {
+                    SessionError::Files(FileError {
+                        code: "io_error",
+                        message: e.to_string(),
+                    })
+                })?
+                .map_err(SessionError::Files)?;
+        let record = record(kind, scope, (id, &agent, &purpose), &segments, &transfer)?;
         self.store
             .append(&record)
             .await
