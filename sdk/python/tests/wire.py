@@ -29,9 +29,11 @@ class Plugin:
                                      stderr=subprocess.PIPE, env=full_env)
         self.lines = queue.Queue()
         self.stdout_raw = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._out_reader = threading.Thread(target=self._read, daemon=True)
+        self._out_reader.start()
         self.stderr = b""
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
 
     def _read(self):
         for raw in self.proc.stdout:
@@ -71,8 +73,14 @@ class Plugin:
             "output": call["arguments"] if output is None else output}})
 
     def close(self, timeout=10):
+        """Closes the plugin's stdin, waits for it to exit and for both
+        readers to reach end-of-file, so `stderr` and `stdout_raw` hold
+        everything the plugin wrote."""
         self.proc.stdin.close()
-        return self.proc.wait(timeout=timeout)
+        code = self.proc.wait(timeout=timeout)
+        self._out_reader.join(timeout=timeout)
+        self._err_reader.join(timeout=timeout)
+        return code
 
     def kill(self):
         if self.proc.poll() is None:
