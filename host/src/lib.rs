@@ -21,3 +21,4 @@ pub mod sandboxed;
 pub mod seat;
 pub mod serve;
 pub mod session;
+pub mod telemetry;
