@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use sharedos_kernel::{Grant, KernelConfig};
 use sharedos_protocol::Timestamp;
-use sharedos_store::{GrantOrigin, Store, StoreError, StoredGrant};
+use sharedos_serve::store::{GrantOrigin, Store, StoreError, StoredGrant};
 
 use sharedos_host::config::HostConfig;
-use sharedos_host::serve::StoreChoice;
+use sharedos_serve::serve::StoreChoice;
 
 /// `sharedos grants` arguments: the store, as `sharedos serve` takes it.
 #[derive(Debug, clap::Args)]

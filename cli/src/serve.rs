@@ -7,7 +7,8 @@ use tokio_util::sync::CancellationToken;
 
 use sharedos_host::config::HostConfig;
 use sharedos_host::seat::LauncherFor;
-use sharedos_host::serve::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, TlsFiles, serve};
+use sharedos_serve::config::ServeConfig;
+use sharedos_serve::serve::{Listen, MIN_TOKEN_LEN, ServeOptions, StoreChoice, TlsFiles, serve};
 
 /// The shortest lease accepted: renewals every third of it must have time
 /// to reach the store.
@@ -103,14 +104,14 @@ fn options(args: &ServeArgs, config: &HostConfig) -> Result<ServeOptions, String
 
 /// Runs `sharedos serve`; returns the exit code.
 pub async fn command(args: ServeArgs, launcher_for: &LauncherFor) -> i32 {
-    let config = match HostConfig::load(&args.config) {
+    let config = match ServeConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sharedos serve: {e}");
             return 2;
         }
     };
-    let options = match options(&args, &config) {
+    let options = match options(&args, &config.host) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("sharedos serve: {e}");

@@ -6,9 +6,8 @@
 use std::path::PathBuf;
 
 use sharedos_protocol::{Address, Identifier, Timestamp};
-use sharedos_store::Store;
-
-use sharedos_host::serve::tenants::new_token;
+use sharedos_serve::serve::tenants::new_token;
+use sharedos_serve::store::Store;
 
 use crate::grants::{open_store, revoked};
 

@@ -1,19 +1,14 @@
-//! What a session would get on this host: each runtime's sandbox, built
-//! for real up to the plugin's `execve` (the one function both `sharedos
-//! sandbox check --runtime` and `GET /v1/preflight` call), and for a
-//! scope the agents it may name with the tools its grants would offer
-//! (docs/SERVE.md, "Preflight").
+//! What a runtime gets on this host: its sandbox, built for real up to
+//! the plugin's `execve` (the one function both `sharedos sandbox check
+//! --runtime` and `GET /v1/preflight` call; the scope's half of the
+//! preflight, agents and grants, is `sharedos_serve::preflight`;
+//! docs/SERVE.md, "Preflight").
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use sharedos_kernel::Grant;
-use sharedos_protocol::{Address, Identifier, Timestamp, ToolDefinition};
 use sharedos_sandbox::{MissingLayer, SandboxLevel, SandboxReport, SpawnSpec};
-use sharedos_store::{Store, StoreError};
-use tokio::sync::OnceCell;
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
 use crate::process::gvisor::{GVISOR_LEVEL, GvisorLauncher};
@@ -90,6 +85,14 @@ pub struct RuntimeSandbox {
 }
 
 impl RuntimeSandbox {
+    /// The verdict when the probe itself could not run (`why`): refused.
+    pub fn probe_failed(entry: &RuntimeEntry, why: String) -> Self {
+        Self {
+            refused: Some(why),
+            ..Self::new(entry, engine(entry.launcher))
+        }
+    }
+
     fn new(entry: &RuntimeEntry, engine: &'static str) -> Self {
         Self {
             runtime_id: entry.id.to_string(),
@@ -207,129 +210,6 @@ fn microvm_sandbox(entry: &RuntimeEntry) -> RuntimeSandbox {
     s
 }
 
-/// Why a preflight was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum PreflightError {
-    #[error("agent {name:?} is not bound to a runtime in the configuration (agents: {known})")]
-    UnknownAgent { name: String, known: String },
-    #[error("the scope's grants could not be read: {0}")]
-    Store(#[from] StoreError),
-}
-
-/// The host's answer to "what would a session get here", each runtime's
-/// sandbox built once for the process's life.
-pub struct Preflight {
-    config: HostConfig,
-    catalogue: Vec<ToolDefinition>,
-    sandboxes: HashMap<String, Arc<OnceCell<RuntimeSandbox>>>,
-}
-
-impl Preflight {
-    /// `catalogue`: the tools a session may name (the host's built-in ones).
-    pub fn new(config: HostConfig, catalogue: Vec<ToolDefinition>) -> Self {
-        let sandboxes = config
-            .runtimes
-            .iter()
-            .map(|r| (r.id.to_string(), Arc::new(OnceCell::new())))
-            .collect();
-        Self {
-            config,
-            catalogue,
-            sandboxes,
-        }
-    }
-
-    /// The sandbox of runtime `id`, built on first use (off the async
-    /// threads: it forks) and kept.
-    async fn sandbox(&self, id: &str) -> Option<RuntimeSandbox> {
-        let cell = self.sandboxes.get(id)?;
-        let entry = self.config.runtimes.iter().find(|r| r.id.as_str() == id)?;
-        let built = cell
-            .get_or_init(|| async {
-                let (config, probe) = (self.config.clone(), entry.clone());
-                tokio::task::spawn_blocking(move || runtime_sandbox(&config, &probe))
-                    .await
-                    .unwrap_or_else(|e| {
-                        let mut s = RuntimeSandbox::new(entry, engine(entry.launcher));
-                        s.refused = Some(format!("the sandbox probe failed: {e}"));
-                        s
-                    })
-            })
-            .await;
-        Some(built.clone())
-    }
-
-    /// What a session in `namespace_id` under `authority` would get:
-    /// every agent it may name (or only `agent`), its runtime's sandbox,
-    /// and the catalogue's tools with whether a live grant of that scope
-    /// covers each tool's namespace and action.
-    pub async fn answer(
-        &self,
-        store: &dyn Store,
-        namespace_id: &Identifier,
-        authority: &Address,
-        agent: Option<&str>,
-    ) -> Result<Value, PreflightError> {
-        let agents: Vec<_> = self
-            .config
-            .agents
-            .iter()
-            .filter(|a| agent.is_none_or(|name| a.agent_id.as_str() == name))
-            .collect();
-        if let (Some(name), true) = (agent, agents.is_empty()) {
-            let known: Vec<&str> = self
-                .config
-                .agents
-                .iter()
-                .map(|a| a.agent_id.as_str())
-                .collect();
-            return Err(PreflightError::UnknownAgent {
-                // A hostile name is shown cut short, never echoed whole.
-                name: name.chars().take(64).collect(),
-                known: known.join(", "),
-            });
-        }
-        let now = Timestamp::now();
-        let mut out = Vec::new();
-        for a in agents {
-            let subject = Address::Agent {
-                agent_id: a.agent_id.clone(),
-            };
-            let grants = store.grants_for(namespace_id.as_str(), &subject).await?;
-            let live: Vec<&Grant> = grants
-                .iter()
-                .filter(|g| &g.issuer == authority && live_at(g, &now))
-                .collect();
-            out.push(json!({
-                "agentId": a.agent_id,
-                "sandbox": self.sandbox(a.runtime.as_str()).await,
-                "tools": self.tools(&live),
-            }));
-        }
-        Ok(json!({"namespaceId": namespace_id, "agents": out}))
-    }
-
-    fn tools(&self, grants: &[&Grant]) -> Vec<Value> {
-        let mut tools: Vec<Value> = self
-            .catalogue
-            .iter()
-            .map(|t| {
-                let need = &t.required_capability;
-                let granted = grants.iter().any(|g| {
-                    g.capabilities.iter().any(|c| {
-                        c.namespace == need.resource.namespace
-                            && c.allows_action(need.action.as_str())
-                    })
-                });
-                json!({"name": t.name, "description": t.description, "namespace": t.namespace,
-                       "action": need.action, "granted": granted})
-            })
-            .collect();
-        tools.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-        tools
-    }
-}
-
 fn engine(launcher: LauncherKind) -> &'static str {
     match launcher {
         LauncherKind::Direct => "direct",
@@ -337,12 +217,4 @@ fn engine(launcher: LauncherKind) -> &'static str {
         LauncherKind::Microvm => "microvm",
         LauncherKind::Sandbox => "sandbox",
     }
-}
-
-/// Not revoked and inside its time window at `now`.
-fn live_at(g: &Grant, now: &Timestamp) -> bool {
-    let now = now.to_offset();
-    !g.revoked
-        && g.not_before.as_ref().is_none_or(|t| now >= t.to_offset())
-        && g.expires_at.as_ref().is_none_or(|t| now <= t.to_offset())
 }

@@ -86,6 +86,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-kernel",
             "sharedos-sandbox",
             "sharedos-egress",
+        ],
+    ),
+    // Sessions and the HTTP API: the one product crate on the store.
+    (
+        "sharedos-serve",
+        &[
+            "sharedos-protocol",
+            "sharedos-kernel",
+            "sharedos-host",
             "sharedos-store",
         ],
     ),
@@ -140,7 +149,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-egress",
             "sharedos-host",
             "sharedos-conformance",
-            "sharedos-store",
+            "sharedos-serve",
             "sharedos-standard",
             "sharedos-harness",
         ],

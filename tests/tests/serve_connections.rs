@@ -246,7 +246,7 @@ fn connection_options_out_of_range_are_refused_naming_the_key() {
         let dir = tempfile::tempdir().unwrap();
         write_config_with(dir.path(), &format!("\n[serve]\n{extra}\n"));
         let config = dir.path().join("host.toml");
-        let err = sharedos_host::config::HostConfig::load(&config).unwrap_err();
+        let err = sharedos_serve::config::ServeConfig::load(&config).unwrap_err();
         assert!(err.to_string().contains(key), "{err}");
     }
 }

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
 use sharedos_host::process::{AffinityConfig, ProcessRuntime, ProcessRuntimeConfig};
 use sharedos_host::seat::process_seat;
-use sharedos_host::session::{OpenSession, RunInput, Scope, Sessions};
 use sharedos_kernel::{AuditSink, Kernel, UsageStore};
+use sharedos_serve::session::{OpenSession, RunInput, Scope, Sessions};
 use sharedos_store::{SqliteOptions, SqliteStore, Store};
 use sharedos_tests::leftovers::{eventually, own_cgroups, own_workspaces};
 use sharedos_tests::turns::{

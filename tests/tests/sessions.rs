@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use sharedos_host::executor::{Executor, ExecutorOptions};
 use sharedos_host::process::{DirectLauncher, ProcessRuntime, ProcessRuntimeConfig};
 use sharedos_host::seat::process_seat;
-use sharedos_host::session::{OpenSession, RunInput, Scope, SessionError, Sessions};
 use sharedos_kernel::{AuditOutcome, AuditSink, Kernel, UsageStore};
+use sharedos_serve::session::{OpenSession, RunInput, Scope, SessionError, Sessions};
 use sharedos_store::{RunState, SqliteOptions, SqliteStore, Store, StoreError};
 use sharedos_tests::turns::{AGENT, NAMESPACE, kernel_config, testplugin_manifest, workspace_bin};
 

@@ -209,42 +209,6 @@ fn gvisor_refuses_at_load_what_it_cannot_carry() {
 }
 
 #[test]
-fn serve_peers_parse_and_a_uid_mapped_twice_or_half_a_tls_pair_is_refused() {
-    let peer = |uid: u32, ns: &str| {
-        format!(
-            "[[serve.peers]]\nuid = {uid}\nnamespaceId = \"{ns}\"\nauthority = {{ kind = \"service\", serviceId = \"app\" }}\n"
-        )
-    };
-    let ok = format!("{MIN}{}{}", peer(1000, "a"), peer(1001, "b"));
-    let c = HostConfig::parse(&ok, "host.toml", Path::new(".")).unwrap();
-    assert_eq!(c.serve.peers.len(), 2);
-    assert_eq!(c.serve.peers[1].namespace_id.as_str(), "b");
-    assert!(!c.serve.allow_plain_tcp && c.serve.tls_cert.is_none());
-
-    let twice = format!("{MIN}{}{}", peer(1000, "a"), peer(1000, "b"));
-    let e = HostConfig::parse(&twice, "host.toml", Path::new(".")).unwrap_err();
-    assert!(
-        e.message
-            .contains("serve.peers[1]: uid 1000 is mapped twice"),
-        "{e}"
-    );
-
-    let half = format!("{MIN}[serve]\ntlsCert = \"cert.pem\"\n");
-    let e = HostConfig::parse(&half, "host.toml", Path::new(".")).unwrap_err();
-    assert!(
-        e.message.contains("tlsCert and serve.tlsKey go together"),
-        "{e}"
-    );
-
-    let bad_ns = format!("{MIN}{}", peer(7, "a\\u0000b"));
-    let e = HostConfig::parse(&bad_ns, "host.toml", Path::new(".")).unwrap_err();
-    assert!(
-        e.message.contains("serve.peers[0]: a control character"),
-        "{e}"
-    );
-}
-
-#[test]
 fn a_direct_runtime_asking_for_a_sandbox_level_or_memory_bound_is_refused_at_load() {
     let direct = |sandbox: &str| {
         MIN.replace(

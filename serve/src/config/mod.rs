@@ -1,5 +1,8 @@
 //! `[serve]` of host.toml: what `sharedos serve` alone reads
-//! (docs/SERVE.md, docs/STORE.md, "Data at rest").
+//! (docs/SERVE.md, docs/STORE.md, "Data at rest"). The host's own
+//! configuration keeps the table unread ([`HostConfig::serve`]); a
+//! [`ServeConfig`] is the host's configuration with this section parsed
+//! and checked, its errors worded as the host's (file, key, what to fix).
 //!
 //! ```toml
 //! [serve]
@@ -22,13 +25,17 @@
 //! authority = { kind = "service", serviceId = "app-a" }
 //! ```
 
-use std::path::PathBuf;
+pub mod retention;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sharedos_host::config::{ConfigError, HostConfig, describe_toml_error};
 use sharedos_protocol::{Address, Identifier};
 
-use super::retention::RetentionSection;
 use crate::limits::{
     ADMISSION_QUEUE_RANGE, ADMISSION_WAIT_RANGE_MS, CONNECTION_TIMEOUT_RANGE_MS,
     DEFAULT_ADMISSION_QUEUE, DEFAULT_ADMISSION_WAIT_MS, DEFAULT_HEADER_READ_TIMEOUT_MS,
@@ -36,6 +43,7 @@ use crate::limits::{
     DEFAULT_MAX_UPLOAD_BYTES, MAX_CONNECTIONS_RANGE, MAX_LIVE_RUNS_RANGE, MAX_UPLOAD_BYTES_RANGE,
 };
 use crate::session::AdmissionLimits;
+use retention::RetentionSection;
 
 /// Options of `sharedos serve`; every one has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,7 +160,7 @@ fn admission_wait() -> u64 {
 
 impl ServeSection {
     /// Each bound in its range, the key named.
-    pub(super) fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), String> {
         for (key, ms) in [
             ("headerReadTimeoutMs", self.header_read_timeout_ms),
             ("idleTimeoutMs", self.idle_timeout_ms),
@@ -258,5 +266,66 @@ impl ServeSection {
 
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
+    }
+}
+
+/// A host configuration with its `[serve]` section parsed and checked:
+/// what `sharedos serve` runs from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeConfig {
+    pub host: HostConfig,
+    pub serve: ServeSection,
+}
+
+/// The file as `[serve]` reads it: every other table is the host's.
+#[derive(Deserialize)]
+struct ServeFile {
+    #[serde(default)]
+    serve: ServeSection,
+}
+
+impl ServeConfig {
+    /// Reads and checks a configuration file, `[serve]` included.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            message: format!("cannot be read: {e}"),
+        })?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Self::parse(&text, &file, &base)
+    }
+
+    /// Parses and checks configuration text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str, base_dir: &Path) -> Result<Self, ConfigError> {
+        let err = |message: String| ConfigError {
+            file: file.to_owned(),
+            message,
+        };
+        // The section is read from the text, not from the host's table,
+        // so an unknown key's error names the byte it is at.
+        let section: ServeFile = toml::from_str(text).map_err(|e| err(describe_toml_error(&e)))?;
+        section.serve.check().map_err(err)?;
+        let host = HostConfig::parse(text, file, base_dir)?;
+        Ok(Self {
+            host,
+            serve: section.serve,
+        })
+    }
+
+    /// The `[serve]` table a host configuration kept unread, parsed and
+    /// checked (for a configuration built without its file's text).
+    pub fn from_host(host: HostConfig, file: &str) -> Result<Self, ConfigError> {
+        let err = |message: String| ConfigError {
+            file: file.to_owned(),
+            message,
+        };
+        let serve = ServeSection::deserialize(toml::Value::Table(host.serve.clone()))
+            .map_err(|e| err(format!("serve: {}", e.message().trim())))?;
+        serve.check().map_err(err)?;
+        Ok(Self { host, serve })
     }
 }

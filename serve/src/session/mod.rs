@@ -34,7 +34,7 @@ use sharedos_store::{Admission, NewRun, RunRecord, RunState, SessionRecord, Stor
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::executor::Executor;
+use sharedos_host::executor::Executor;
 
 pub use admission::{AdmissionLimits, AdmissionStatus};
 pub use effects::{EffectList, Observed, SettleRequest};

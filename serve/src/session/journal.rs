@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::LiveRun;
 use super::metrics::Metrics;
-use crate::executor::{ExecuteOptions, Executor, OnEvent, RecordOutage};
+use sharedos_host::executor::{ExecuteOptions, Executor, OnEvent, RecordOutage};
 
 /// How often, and how many times, a failed end-of-run write is retried
 /// before the run is left in flight for the next start to reconcile.

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use sharedos_protocol::{Address, Identifier};
 use sharedos_store::{Store, StoredToken};
 
-use crate::config::serve::PeerTenant;
+use crate::config::PeerTenant;
 use crate::session::Scope;
 
 /// The prefix of every tenant token's secret.

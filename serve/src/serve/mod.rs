@@ -46,13 +46,16 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HostConfig;
-use crate::executor::{Executor, OnTurnError};
+use crate::config::ServeConfig;
 use crate::limits::MAX_REFUSING_CONNECTIONS;
-use crate::seat::{LauncherFor, SeatError, executor_options, process_runtime, process_seat};
 use crate::session::Sessions;
 use conn::{AcceptBackoff, ConnLimits, Connections, Slot, Watched};
 use routes::Failure;
+use sharedos_host::config::HostConfig;
+use sharedos_host::executor::{Executor, OnTurnError};
+use sharedos_host::seat::{
+    LauncherFor, SeatError, executor_options, process_runtime, process_seat,
+};
 use tenants::{Gate, Refusal};
 pub use tls::TlsFiles;
 
@@ -165,13 +168,14 @@ pub async fn import_grants(config: &HostConfig, store: &dyn Store) -> Result<(),
 /// grants are the store's (import the configuration's first:
 /// [`import_grants`]).
 pub fn sessions_from_config(
-    config: &HostConfig,
+    served: &ServeConfig,
     store: Arc<dyn Store>,
     launcher_for: &LauncherFor,
     host_id: &str,
 ) -> Result<Sessions, ServeError> {
+    let config = &served.host;
     let files_root = config.resolve(&config.host.files_root);
-    at_rest::files_root(&files_root, config.serve.allow_shared_store)?;
+    at_rest::files_root(&files_root, served.serve.allow_shared_store)?;
     let kernel = Kernel::builder_from_config(
         &config.kernel,
         &files_root,
@@ -204,8 +208,8 @@ pub fn sessions_from_config(
             config.clone(),
             builtin_tools(config),
         ))
-        .with_admission(config.serve.admission());
-    Ok(match session_files(config, &files_root)? {
+        .with_admission(served.serve.admission());
+    Ok(match session_files(served, &files_root)? {
         Some(files) => sessions.with_files(files),
         None => sessions,
     })
@@ -214,15 +218,15 @@ pub fn sessions_from_config(
 /// The files root sessions' files are moved in and out of, when the
 /// kernel has file tools (docs/SERVE.md, "Files in and out").
 fn session_files(
-    config: &HostConfig,
+    config: &ServeConfig,
     files_root: &std::path::Path,
 ) -> Result<Option<crate::session::SessionFiles>, ServeError> {
-    if !config.kernel.files.enabled {
+    let kernel = &config.host.kernel;
+    if !kernel.files.enabled {
         return Ok(None);
     }
-    let root =
-        sharedos_kernel::tools::files::FilesRoot::open(files_root, config.kernel.files.clone())
-            .map_err(|e| ServeError::Setup(format!("files root {}: {e}", files_root.display())))?;
+    let root = sharedos_kernel::tools::files::FilesRoot::open(files_root, kernel.files.clone())
+        .map_err(|e| ServeError::Setup(format!("files root {}: {e}", files_root.display())))?;
     Ok(Some(crate::session::SessionFiles {
         root: Arc::new(root),
         max_upload_bytes: config.serve.max_upload_bytes,
@@ -245,7 +249,7 @@ fn builtin_tools(config: &HostConfig) -> Vec<sharedos_protocol::ToolDefinition> 
 
 /// Runs the server until `shutdown` fires, then drains.
 pub async fn serve(
-    config: &HostConfig,
+    config: &ServeConfig,
     options: ServeOptions,
     launcher_for: &LauncherFor,
     shutdown: CancellationToken,
@@ -253,10 +257,11 @@ pub async fn serve(
     // Nothing is opened, created or imported before both are checked.
     let allow_shared = config.serve.allow_shared_store;
     at_rest::check_store(&options.store, allow_shared)?;
-    at_rest::files_root(&config.resolve(&config.host.files_root), allow_shared)?;
+    let host = &config.host;
+    at_rest::files_root(&host.resolve(&host.host.files_root), allow_shared)?;
     let acceptor = tcp_security(config, &options.listen)?;
     let store = options.store.open().await?;
-    import_grants(config, store.as_ref()).await?;
+    import_grants(host, store.as_ref()).await?;
     let gate_store = Arc::clone(&store);
     let sessions = Arc::new(sessions_from_config(
         config,
@@ -302,7 +307,7 @@ pub async fn serve(
 
 /// What the listener serves, and until when.
 struct Listening<'a> {
-    config: &'a HostConfig,
+    config: &'a ServeConfig,
     sessions: &'a Arc<Sessions>,
     store: Arc<dyn Store>,
     limits: ConnLimits,
@@ -381,7 +386,7 @@ impl Listening<'_> {
 /// `[serve]`); without them, plain TCP only on a loopback address unless
 /// `[serve] allowPlainTcp`. Checked before anything is opened.
 fn tcp_security(
-    config: &HostConfig,
+    config: &ServeConfig,
     listen: &Listen,
 ) -> Result<Option<tokio_rustls::TlsAcceptor>, ServeError> {
     let Listen::Tcp { addr, tls, .. } = listen else {
@@ -389,8 +394,8 @@ fn tcp_security(
     };
     let configured = match (&config.serve.tls_cert, &config.serve.tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: config.resolve(cert),
-            key: config.resolve(key),
+            cert: config.host.resolve(cert),
+            key: config.host.resolve(key),
         }),
         _ => None,
     };
@@ -406,7 +411,7 @@ fn tcp_security(
 /// The gate of a unix connection: the socket's owner when no peer is
 /// mapped; else by the peer's uid. A peer whose credentials cannot be read
 /// while peers are mapped is refused (closed): it could be any tenant.
-fn unix_gate(peers: &[crate::config::serve::PeerTenant], stream: &UnixStream) -> Option<Gate> {
+fn unix_gate(peers: &[crate::config::PeerTenant], stream: &UnixStream) -> Option<Gate> {
     if peers.is_empty() {
         return Some(Gate::Trusted);
     }
