@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::Figure;
+use super::served::{AGENT, NAMESPACE};
 
 /// The flags bwrap gets (before the binds of the binary and its libraries):
 /// every namespace ours has (user, mount, pid, net, ipc, uts, cgroup), the
@@ -167,32 +168,7 @@ impl RunDir {
         let runtime_dir = tempfile::Builder::new()
             .prefix("sharedos-bench-xdg-")
             .tempdir()?;
-        let config = format!(
-            r#"
-[host]
-defaultTimeoutMs = 20000
-auditPath = "audit.jsonl"
-filesRoot = "files"
-
-[[runtimes]]
-id = "sharedos-testplugin"
-version = "0.1.0"
-program = "{program}"
-launcher = "{launcher}"
-
-[[agents]]
-agentId = "bench"
-runtime = "sharedos-testplugin"
-
-[[kernel.grants]]
-id = "admission"
-subject = {{ kind = "agent", agentId = "bench" }}
-issuer = {{ kind = "service", serviceId = "bench-host" }}
-namespaceId = "bench"
-capabilities = [{{ namespace = "sharedos.execution", path = ["agent", "bench"], scope = "exact", actions = ["invoke"] }}]
-"#,
-            program = testplugin.display()
-        );
+        let config = super::served::testplugin_config(testplugin, 20_000, "", launcher, "");
         std::fs::write(dir.path().join("host.toml"), config)?;
         Ok(Self {
             dir,
@@ -205,11 +181,11 @@ capabilities = [{{ namespace = "sharedos.execution", path = ["agent", "bench"], 
         let request = json!({
             "version": "1",
             "executionId": format!("bench-run-{n}"),
-            "agent": {"kind": "agent", "agentId": "bench"},
+            "agent": {"kind": "agent", "agentId": AGENT},
             "context": {
-                "namespaceId": "bench",
-                "actor": {"kind": "agent", "agentId": "bench"},
-                "authority": {"kind": "service", "serviceId": "bench-host"},
+                "namespaceId": NAMESPACE,
+                "actor": {"kind": "agent", "agentId": AGENT},
+                "authority": {"kind": "service", "serviceId": "bench"},
                 "owner": {"kind": "human", "userId": "operator"},
                 "purpose": "a zero-call turn",
                 "traceId": format!("trace-bench-{n}"),
@@ -220,7 +196,7 @@ capabilities = [{{ namespace = "sharedos.execution", path = ["agent", "bench"], 
                 "version": "1",
                 "id": format!("msg-{n}"),
                 "sender": {"kind": "human", "userId": "operator"},
-                "receiver": {"kind": "agent", "agentId": "bench"},
+                "receiver": {"kind": "agent", "agentId": AGENT},
                 "purpose": "a zero-call turn",
                 "payload": {"script": []},
                 "traceId": format!("trace-bench-{n}"),
