@@ -116,8 +116,8 @@ async fn settle() {
 /// serde_json, blocking I/O on both ends) with `inflight` requests
 /// outstanding. Returns calls per second.
 pub fn ndjson_parallel(exe: &Path, n: usize, inflight: usize) -> std::io::Result<f64> {
-    let mut child = Command::new(exe);
-    child.arg("__bench-echo").env_clear();
+    let mut child = super::placement::command(exe, &["__bench-echo"]);
+    child.env_clear();
     pipe_parallel(child, &[], n, inflight, |i, out| {
         writeln!(
             out,
@@ -141,8 +141,8 @@ pub fn rmcp_parallel(
     n: usize,
     inflight: usize,
 ) -> std::io::Result<f64> {
-    let mut child = Command::new(server);
-    child.args(flavor).env_clear();
+    let mut child = super::placement::command(server, flavor);
+    child.env_clear();
     let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "sharedos-bench", "version": "1"}}})
@@ -378,4 +378,286 @@ pub async fn print(exe: &Path, inflight: usize, rounds: usize) -> bool {
         env / best.max(1e-9)
     );
     true
+}
+
+/// The raw pair batched (the floor of many requests per write): `batch`
+/// requests written with one `write`, then their `batch` answers read,
+/// and again, `n` calls in all. Returns calls per second.
+pub fn ndjson_batched(exe: &Path, n: usize, batch: usize) -> std::io::Result<f64> {
+    let mut child = super::placement::command(exe, &["__bench-echo"])
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let no = |what: &str| std::io::Error::other(format!("no {what}"));
+    let mut stdin = child.stdin.take().ok_or_else(|| no("stdin"))?;
+    let mut stdout = BufReader::new(child.stdout.take().ok_or_else(|| no("stdout"))?);
+    let batch = batch.max(1);
+    let mut buffer = Vec::with_capacity(batch * 160);
+    let mut line = String::new();
+    let rounds = n.div_ceil(batch);
+    let start = Instant::now();
+    for round in 0..rounds {
+        buffer.clear();
+        for i in 0..batch {
+            let id = round * batch + i;
+            writeln!(
+                buffer,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"host/invokeTool","params":{{"turnId":"t-1","call":{{"id":"c","tool":"bench.noop","arguments":{{}}}}}}}}"#
+            )?;
+        }
+        stdin.write_all(&buffer)?;
+        for _ in 0..batch {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 {
+                return Err(std::io::Error::other("the echo closed its stdout"));
+            }
+            let answer: Answer = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+            if !answer.result {
+                return Err(std::io::Error::other("an answer without a result"));
+            }
+        }
+    }
+    let rate = (rounds * batch) as f64 / start.elapsed().as_secs_f64().max(1e-9);
+    drop(stdin);
+    let _ = child.wait();
+    Ok(rate)
+}
+
+/// rmcp's own client driving its own server (`rmcp-echo client`, started
+/// by this process, the server through [`super::placement::peer`]): its
+/// sequential median and minimum (µs) over `sequential` calls and its rate
+/// with `inflight` outstanding over `n` calls.
+pub fn rmcp_own_client(
+    echo: &Path,
+    flavor: &[&str],
+    sequential: usize,
+    n: usize,
+    inflight: usize,
+) -> std::io::Result<(f64, f64, f64)> {
+    let (server, server_args) = super::placement::peer(echo, flavor);
+    let out = Command::new(echo)
+        .arg("client")
+        .args([sequential, n, inflight].map(|v| v.to_string()))
+        .arg(server)
+        .args(server_args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "rmcp-echo client exited {}",
+            out.status
+        )));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(std::io::Error::other)?;
+    let get = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| std::io::Error::other(format!("rmcp-echo client printed no {k}")))
+    };
+    Ok((
+        get("sequentialMedianUs")?,
+        get("sequentialMinUs")?,
+        get("rate")?,
+    ))
+}
+
+/// One round of [`print_placed`]'s calls in flight.
+struct Round {
+    envelope: ParallelFigure,
+    raw: f64,
+    batched: f64,
+    /// rmcp's server driven by the raw client, each of [`RMCP_FLAVORS`].
+    rmcp_raw: Vec<f64>,
+    /// rmcp's own client and server, each of [`RMCP_FLAVORS`].
+    rmcp_own: Vec<f64>,
+}
+
+async fn one_round(exe: &Path, rmcp: Option<&Path>, inflight: usize) -> Result<Round, String> {
+    let n = CALLS_PER_TURN as usize;
+    let envelope = envelope_parallel(exe, inflight, 1).await?;
+    let e2 = exe.to_path_buf();
+    let raw = blocking(move || ndjson_parallel(&e2, n, inflight)).await?;
+    let e2 = exe.to_path_buf();
+    let batched = blocking(move || ndjson_batched(&e2, n, inflight)).await?;
+    let (mut rmcp_raw, mut rmcp_own) = (Vec::new(), Vec::new());
+    if let Some(server) = rmcp {
+        for flavor in RMCP_FLAVORS {
+            let s = server.to_path_buf();
+            let r = blocking(move || rmcp_parallel(&s, flavor, n, inflight))
+                .await
+                .map_err(|e| format!("rmcp {} (raw client): {e}", flavor.join(" ")))?;
+            rmcp_raw.push(r);
+            let s = server.to_path_buf();
+            let r = blocking(move || rmcp_own_client(&s, flavor, 0, n, inflight).map(|r| r.2))
+                .await
+                .map_err(|e| format!("rmcp {} (own client): {e}", flavor.join(" ")))?;
+            rmcp_own.push(r);
+        }
+    }
+    Ok(Round {
+        envelope,
+        raw,
+        batched,
+        rmcp_raw,
+        rmcp_own,
+    })
+}
+
+/// `--only calls`: in each placement of [`super::placement`], in one run,
+/// the sequential floor (a) and the envelope (c) over `iterations` calls,
+/// rmcp's own client sequentially, then `rounds` interleaved rounds of 64
+/// calls in flight (the envelope, the raw pair, the raw pair batched,
+/// rmcp's server driven by the raw client and by its own client), with
+/// the ratios per round. `false` when something could not be measured.
+pub async fn print_placed(exe: &Path, iterations: usize, rounds: usize) -> bool {
+    use super::placement::{Placement, apply};
+    let rmcp = std::env::var_os(RMCP_ECHO_ENV).map(std::path::PathBuf::from);
+    if rmcp.is_none() {
+        println!("    (rmcp not measured: set {RMCP_ECHO_ENV} to bench/rmcp-echo's binary)");
+    }
+    let mut ok = true;
+    for placement in [Placement::Unpinned, Placement::OneVcpu, Placement::Split] {
+        println!("\n== Tool calls, {}", placement.label());
+        if let Err(e) = apply(placement) {
+            println!("    (not measured: {e})");
+            ok = false;
+            continue;
+        }
+        ok &= placed(exe, rmcp.as_deref(), iterations, rounds).await;
+    }
+    let _ = apply(Placement::Unpinned);
+    ok
+}
+
+async fn placed(exe: &Path, rmcp: Option<&Path>, iterations: usize, rounds: usize) -> bool {
+    let e2 = exe.to_path_buf();
+    let floor = match blocking_figure(move || super::ndjson_floor(&e2, iterations)).await {
+        Ok(f) => f,
+        Err(e) => {
+            println!("    (raw pair not measured: {e})");
+            return false;
+        }
+    };
+    println!("{}", floor.line());
+    let direct = super::process::process_calls(
+        exe,
+        Arc::new(DirectLauncher),
+        "(c) tool call through the envelope, plugin out of process",
+        iterations,
+    )
+    .await;
+    match direct {
+        Ok(c) => {
+            println!("{}", c.line());
+            println!(
+                "{}",
+                super::process::ratio_line(
+                    "(c) / (a), goal ≤ 1.3× across vCPUs, ≤ 2× on one",
+                    &c,
+                    &floor
+                )
+            );
+        }
+        Err(e) => {
+            println!("    (envelope calls not measured: {e})");
+            return false;
+        }
+    }
+    if let Some(server) = rmcp {
+        let s = server.to_path_buf();
+        let n = iterations;
+        match tokio::task::spawn_blocking(move || rmcp_own_client(&s, RMCP_FLAVORS[0], n, 0, 1))
+            .await
+        {
+            Ok(Ok((median, min, _))) => println!(
+                "{:<58} median {:>10.1} µs   min {:>9.1} µs   (n={n})",
+                "rmcp's own client and server (current, pipes)", median, min
+            ),
+            Ok(Err(e)) => println!("    (rmcp's own client not measured: {e})"),
+            Err(e) => println!("    (rmcp's own client not measured: {e})"),
+        }
+    }
+    let inflight = 64;
+    let mut all = Vec::new();
+    for round in 0..rounds {
+        match one_round(exe, rmcp, inflight).await {
+            Ok(r) => {
+                let best = |v: &[f64]| v.iter().copied().fold(0f64, f64::max);
+                let rmcp_part = if r.rmcp_raw.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", rmcp best {:.0}/s (raw client) {:.0}/s (own client): envelope/rmcp {:.2}×",
+                        best(&r.rmcp_raw),
+                        best(&r.rmcp_own),
+                        r.envelope.rate / best(&r.rmcp_raw).max(1e-9)
+                    )
+                };
+                println!(
+                    "    round {}: envelope {:.0}/s, raw {:.0}/s, batched {:.0}/s: envelope/raw {:.2}×{rmcp_part}; host CPU {:.1} µs a call",
+                    round + 1,
+                    r.envelope.rate,
+                    r.raw,
+                    r.batched,
+                    r.envelope.rate / r.raw.max(1e-9),
+                    r.envelope.host_cpu_us
+                );
+                all.push(r);
+            }
+            Err(e) => {
+                println!("    (calls in flight not measured: {e})");
+                return false;
+            }
+        }
+    }
+    let med = |f: &dyn Fn(&Round) -> f64| median(all.iter().map(f).collect());
+    let env = med(&|r| r.envelope.rate);
+    let raw = med(&|r| r.raw);
+    println!(
+        "{:<58} {:>12.0} calls/s   host CPU {:.1} µs, plugin CPU {:.1} µs a call",
+        format!("{inflight} in flight, through the envelope (median of {rounds})"),
+        env,
+        med(&|r| r.envelope.host_cpu_us),
+        med(&|r| r.envelope.plugin_cpu_us)
+    );
+    println!(
+        "{:<58} {:>12.0} calls/s",
+        format!("{inflight} in flight, raw pair"),
+        raw
+    );
+    println!(
+        "{:<58} {:>12.0} calls/s",
+        format!("{inflight} a batch, raw pair batched (one write a batch)"),
+        med(&|r| r.batched)
+    );
+    if rmcp.is_some() {
+        for (i, flavor) in RMCP_FLAVORS.iter().enumerate() {
+            println!(
+                "{:<58} {:>12.0} calls/s (raw client)   {:>10.0} calls/s (own client)",
+                format!("{inflight} in flight, rmcp ({})", flavor.join(", ")),
+                med(&|r| r.rmcp_raw.get(i).copied().unwrap_or(f64::NAN)),
+                med(&|r| r.rmcp_own.get(i).copied().unwrap_or(f64::NAN)),
+            );
+        }
+    }
+    println!(
+        "    envelope / raw pair: {:.2}× (medians; goal ≥ 0.5× in every round)",
+        env / raw.max(1e-9)
+    );
+    true
+}
+
+/// Runs a blocking measurement that gives a figure off the async runtime.
+async fn blocking_figure(
+    f: impl FnOnce() -> std::io::Result<super::Figure> + Send + 'static,
+) -> Result<super::Figure, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
 }

@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -15,12 +15,14 @@ pub mod envelope;
 pub mod fixture;
 pub mod harness;
 pub mod kernel;
+pub mod placement;
 pub mod process;
 pub mod serve;
 pub mod served;
 pub mod soak;
 pub mod spawn;
 pub mod turn;
+pub mod wholeturn;
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
@@ -121,8 +123,7 @@ struct FloorResponse<'a> {
 /// processes over pipes, typed serde_json on both sides, one buffered line
 /// and one `write` per message, blocking I/O.
 pub fn ndjson_floor(exe: &std::path::Path, iterations: usize) -> std::io::Result<Figure> {
-    let mut child = Command::new(exe)
-        .arg("__bench-echo")
+    let mut child = placement::command(exe, &["__bench-echo"])
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -217,6 +218,9 @@ pub enum Only {
     /// A session's next turn on its parked process (session affinity)
     /// against a fresh prepared sandbox and the in-process floor.
     Affinity,
+    /// A whole zero-call `sharedos run`, direct and sandboxed, against the
+    /// plugin binary alone and bwrap launching it, with its stages.
+    WholeTurn,
     /// Runs admitted at speed through real `sharedos serve` hosts, and
     /// their events' latency to SSE observers on the same and another host
     /// (`--runs`, `--store`).
@@ -247,23 +251,7 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
             }
         }
         Only::Calls => {
-            let e2 = exe.to_path_buf();
-            let floor = tokio::task::spawn_blocking(move || ndjson_floor(&e2, iterations))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()));
-            let floor = show(floor, &mut failed);
-            let direct = process::process_calls(
-                exe,
-                std::sync::Arc::new(sharedos_host::process::DirectLauncher),
-                "(c) tool call through the envelope, plugin out of process",
-                iterations,
-            )
-            .await;
-            if let (Some(c), Some(a)) = (show(direct, &mut failed), &floor) {
-                println!("{}", process::ratio_line("(c) / (a), target ≤ 1.5×", &c, a));
-            }
-            failed |= !calls::print(exe, 64, 5).await;
+            failed |= !calls::print_placed(exe, iterations, (iterations / 600).clamp(1, 5)).await;
         }
         Only::Inflight => {
             failed |= !calls::print_envelope(exe, 64, (iterations / 40).clamp(1, 50)).await;
@@ -271,6 +259,9 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
         Only::Spawn => {
             let spawns = (iterations / 20).clamp(20, 200);
             failed |= spawn_figures(exe, spawns).await;
+        }
+        Only::WholeTurn => {
+            failed |= !wholeturn::print((iterations / 20).clamp(1, 200)).await;
         }
         Only::Affinity => {
             failed |= !affinity::print(exe, (iterations / 20).clamp(20, 200)).await;

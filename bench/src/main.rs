@@ -29,11 +29,13 @@ struct Cli {
     #[arg(long, default_value_t = 2000)]
     iterations: usize,
     /// Only one part: `turns` (a zero-call turn stage by stage), `calls`
-    /// (sequential and concurrent tool calls), `spawn` (every sandbox mode
+    /// (sequential and concurrent tool calls in every CPU placement), `spawn` (every sandbox mode
     /// against bwrap, layer costs and stage timings), `harness` (the MCP
     /// harness: execute() to the first tools/list, an MCP tool call against
     /// an in-process plugin's) or `affinity` (a session's next turn on its
-    /// parked process) or `serve` (runs admitted at speed through real
+    /// parked process), `whole-turn` (a zero-call `sharedos run`, direct and
+    /// sandboxed, against the plugin binary alone and bwrap launching it)
+    /// or `serve` (runs admitted at speed through real
     /// `sharedos serve` hosts, and their events' latency over SSE).
     #[arg(long)]
     only: Option<sharedos_bench::Only>,

@@ -39,8 +39,10 @@ fn sibling(exe: &Path, name: &str) -> PathBuf {
 
 pub(super) fn timing_executor(exe: &Path, launcher: Arc<dyn Launcher>) -> Result<Executor, String> {
     let manifest = fixture::manifest();
-    let mut config = ProcessRuntimeConfig::new(exe, manifest);
-    config.args = vec![BENCH_PLUGIN_SUBCOMMAND.to_owned()];
+    // On the placement's cpu for peers (`--only calls`), if any.
+    let (program, args) = super::placement::peer(exe, &[BENCH_PLUGIN_SUBCOMMAND]);
+    let mut config = ProcessRuntimeConfig::new(program, manifest);
+    config.args = args;
     let runtime = ProcessRuntime::new(config, launcher).map_err(|e| e.to_string())?;
     Executor::new(
         Arc::new(fixture::kernel()),

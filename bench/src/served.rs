@@ -43,29 +43,47 @@ impl Store {
 /// high enough that `runs` concurrent runs are never refused.
 pub fn write_config(dir: &Path, testplugin: &Path, runs: usize) -> std::io::Result<()> {
     let live = runs.clamp(64, 100_000);
-    let config = format!(
+    let serve = format!(
+        "[serve]\nmaxLiveRuns = {live}\nmaxLiveRunsPerTenant = {live}\nadmissionQueue = {queue}\n\
+         admissionWaitMs = 120000\nmaxConnections = {connections}\n",
+        queue = runs * 2,
+        connections = (runs * 4).max(1024),
+    );
+    let config = testplugin_config(
+        testplugin,
+        60_000,
+        &serve,
+        "sandbox",
+        &format!("[runtimes.sandbox]\nwarm = {WARM}\n"),
+    );
+    std::fs::write(dir.join("host.toml"), config)
+}
+
+/// A `host.toml` of `sharedos-testplugin` (launched by `launcher`) for
+/// [`AGENT`], admitted in [`NAMESPACE`], with `sections` after `[host]`
+/// and `runtime` after the runtime's entry.
+pub fn testplugin_config(
+    testplugin: &Path,
+    timeout_ms: u64,
+    sections: &str,
+    launcher: &str,
+    runtime: &str,
+) -> String {
+    format!(
         r#"
 [host]
-defaultTimeoutMs = 60000
+defaultTimeoutMs = {timeout_ms}
 auditPath = "audit.jsonl"
 filesRoot = "files"
 
-[serve]
-maxLiveRuns = {live}
-maxLiveRunsPerTenant = {live}
-admissionQueue = {queue}
-admissionWaitMs = 120000
-maxConnections = {connections}
-
+{sections}
 [[runtimes]]
 id = "sharedos-testplugin"
 version = "0.1.0"
 program = "{program}"
-launcher = "sandbox"
+launcher = "{launcher}"
 
-[runtimes.sandbox]
-warm = {WARM}
-
+{runtime}
 [[agents]]
 agentId = "{AGENT}"
 runtime = "sharedos-testplugin"
@@ -77,11 +95,8 @@ issuer = {{ kind = "service", serviceId = "bench" }}
 namespaceId = "{NAMESPACE}"
 capabilities = [{{ namespace = "sharedos.execution", path = ["agent", "{AGENT}"], scope = "exact", actions = ["invoke"] }}]
 "#,
-        queue = runs * 2,
-        connections = (runs * 4).max(1024),
         program = testplugin.display()
-    );
-    std::fs::write(dir.join("host.toml"), config)
+    )
 }
 
 /// A running `sharedos serve`, killed (SIGKILL) and reaped on drop.

@@ -9,6 +9,7 @@ pub mod engines;
 pub mod grants;
 pub mod sandbox_check;
 pub mod serve;
+pub mod timings;
 pub mod tokens;
 
 use std::io::Write;
@@ -76,10 +77,13 @@ pub async fn run_turn(
         .resolve(entry.id.as_str())
         .map_err(SeatError::from)?
         .clone();
+    timings::mark("seated");
     let (kernel, audit_path) = kernel(config)?;
+    timings::mark("kernel");
     let options = executor_options(config, Arc::new(report_turn_error));
     let executor = Executor::new(Arc::new(kernel), seat, options)
         .map_err(|e| CliError::Setup(format!("executor: {e}")))?;
+    timings::mark("executor");
     let on_event = events.map(|sink| {
         let cb: sharedos_host::executor::OnEvent = Arc::new(move |e| sink(observe::describe(e)));
         cb
@@ -94,6 +98,7 @@ pub async fn run_turn(
         )
         .await
         .map_err(|e| request_error(e.to_string()))?;
+    timings::mark("executed");
     Ok(TurnRun { result, audit_path })
 }
 

@@ -104,6 +104,7 @@ fn main() -> ExitCode {
     if let Some(code) = internal_subcommand() {
         return code;
     }
+    cli::timings::start();
     let telemetry = match telemetry::init() {
         Ok(t) => t,
         Err(e) => {
@@ -146,14 +147,22 @@ fn main() -> ExitCode {
                 false
             }
         };
+    cli::timings::mark("started");
     let code = runtime.block_on(dispatch(cli.command));
     // No plugin tree outlives its host: wait for kills deferred so that a
     // `turn/abort` could reach the plugin first.
     sharedos_host::process::settle_kills();
+    cli::timings::mark("kills");
     if adopted {
         sharedos_host::process::reap_orphans(std::time::Duration::from_secs(2));
+        cli::timings::mark("reaped");
     }
+    // The runtime's blocking threads are shut down before the last stamp,
+    // so the timings see that too.
+    drop(runtime);
+    cli::timings::mark("dropped");
     telemetry.shutdown();
+    cli::timings::print();
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
@@ -244,6 +253,7 @@ async fn run(
             return 2;
         }
     };
+    cli::timings::mark("config");
     let printer: Arc<dyn Fn(String) + Send + Sync> = Arc::new(|line| eprintln!("{line}"));
     match cli::run_turn(
         &config,
@@ -254,7 +264,11 @@ async fn run(
     )
     .await
     {
-        Ok(run) => cli::print_result(&run.result),
+        Ok(run) => {
+            let code = cli::print_result(&run.result);
+            cli::timings::mark("printed");
+            code
+        }
         Err(e) => {
             eprintln!("sharedos: {e}");
             2

@@ -100,12 +100,39 @@ pub struct ProcessRuntimeConfig {
 /// reaping continues off the turn's path).
 pub type StageLog = Arc<Mutex<Vec<(&'static str, std::time::Instant)>>>;
 
+/// The process-wide stage log of [`record_stages`]: every turn of every
+/// runtime stamps into it as well as into its own config's log.
+static PROCESS_STAGES: std::sync::OnceLock<StageLog> = std::sync::OnceLock::new();
+
+/// Makes every turn of this process stamp its stages into `log` (in
+/// addition to a runtime's own [`ProcessRuntimeConfig::stages`]), and
+/// lets [`stamp_stage`] add the host's own: `sharedos run`'s per-stage
+/// timings (`SHAREDOS_TIMINGS`, docs/BENCHMARKS.md). Set once; a later
+/// call is ignored and returns `false`.
+pub fn record_stages(log: StageLog) -> bool {
+    PROCESS_STAGES.set(log).is_ok()
+}
+
+/// Stamps `stage` into the process-wide log of [`record_stages`], if any.
+pub fn stamp_stage(stage: &'static str) {
+    stamp(PROCESS_STAGES.get(), stage);
+}
+
 fn stamp(log: Option<&StageLog>, stage: &'static str) {
-    if let Some(log) = log {
+    let now = std::time::Instant::now();
+    for log in [log, PROCESS_STAGES.get()].into_iter().flatten() {
         log.lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((stage, std::time::Instant::now()));
+            .push((stage, now));
+        // The same log twice (a config handed the global one) stamps once.
+        if log_is_global(log) {
+            break;
+        }
     }
+}
+
+fn log_is_global(log: &StageLog) -> bool {
+    PROCESS_STAGES.get().is_some_and(|g| Arc::ptr_eq(g, log))
 }
 
 impl ProcessRuntimeConfig {
