@@ -111,4 +111,14 @@ fn the_writer_seeds_reach_their_comparisons() {
         serde_json::from_slice::<sharedos_protocol::ToolResult>(s).is_ok()
     });
     assert!(results >= 4, "{results} tool_result seeds are results");
+    let calls = parsed("call_line", |s| {
+        std::str::from_utf8(s).ok().is_some_and(|line| {
+            matches!(
+                sharedos_protocol::jsonrpc::classify(line),
+                Ok(sharedos_protocol::jsonrpc::Incoming::Request { params: Some(p), .. })
+                    if serde_json::from_str::<sharedos_protocol::InvokeToolParams>(p.get()).is_ok()
+            )
+        })
+    });
+    assert!(calls >= 4, "{calls} call_line seeds are tool calls");
 }
