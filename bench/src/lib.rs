@@ -15,6 +15,7 @@ pub mod envelope;
 pub mod fixture;
 pub mod harness;
 pub mod kernel;
+pub mod parsers;
 pub mod placement;
 pub mod process;
 pub mod serve;

@@ -224,4 +224,129 @@ pub fn tool_result(data: &[u8]) {
     let reference =
         serde_json::from_str::<sharedos_protocol::ToolResult>(text).map_err(|e| e.to_string());
     assert_eq!(fast, reference, "ToolResult::from_json differs on {text:?}");
+    // The hand writer the host answers every call with writes what the
+    // derive writes for the result just read.
+    if let Ok(result) = reference {
+        use sharedos_protocol::tool_json::WriteJson;
+        let mut written = Vec::new();
+        result.write_json(&mut written);
+        assert_eq!(
+            String::from_utf8_lossy(&written),
+            serde_json::to_string(&result).unwrap_or_default(),
+            "ToolResult::write_json differs on {text:?}"
+        );
+    }
+}
+
+/// The hand-written JSON text primitives (`sharedos_protocol::json`) on
+/// a plugin's bytes: a string quoted and escaped, and its length, exactly
+/// as `serde_json` writes it; the byte search a line reader uses, exactly
+/// where the first such byte is; a number as `u64::to_string` writes it.
+pub fn json_text(data: &[u8]) {
+    use sharedos_protocol::json;
+    let Some((&byte, rest)) = data.split_first() else {
+        return;
+    };
+    assert_eq!(
+        json::find_byte(rest, byte),
+        rest.iter().position(|&b| b == byte),
+        "find_byte({byte}) differs on {rest:?}"
+    );
+    if let Some(word) = rest.first_chunk::<8>() {
+        let n = u64::from_le_bytes(*word) >> (byte % 64);
+        let mut out = Vec::new();
+        json::write_u64(&mut out, n);
+        assert_eq!(out, n.to_string().into_bytes());
+    }
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let reference = serde_json::to_string(text).unwrap_or_default();
+    let mut written = b"prefix".to_vec();
+    json::write_str(&mut written, text);
+    assert_eq!(
+        String::from_utf8_lossy(&written[6..]),
+        reference,
+        "write_str differs on {text:?}"
+    );
+    assert_eq!(json::str_len(text), reference.len(), "str_len on {text:?}");
+}
+
+/// Any JSON value a plugin sends (a tool's arguments, a result's output),
+/// written back by the hand writers: `tool_json::write_value`, and the
+/// peer's request line built without serde (`request_line_written`), each
+/// exactly what serde writes for the same value.
+pub fn json_value(data: &[u8]) {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let mut written = Vec::new();
+    sharedos_protocol::tool_json::write_value(&mut written, &value);
+    let reference = serde_json::to_string(&value).unwrap_or_default();
+    assert_eq!(
+        String::from_utf8_lossy(&written),
+        reference,
+        "write_value differs on {value:?}"
+    );
+    let id = data.len() as u64 * 7919;
+    let method = value
+        .as_object()
+        .and_then(|o| o.keys().next().cloned())
+        .unwrap_or_else(|| "host/invokeTool".to_owned());
+    let fast = sharedos_peer::request_line_written(id, &method, &value);
+    let serde_line = sharedos_peer::request_line(id, &method, &value).unwrap_or_default();
+    assert_eq!(
+        String::from_utf8_lossy(&fast),
+        serde_line,
+        "the written request line differs on {value:?}"
+    );
+}
+
+/// An audit record as JSON (the shape the JSONL sink and the stores keep;
+/// its strings come from plugins, grants and configuration): the line the
+/// kernel writes by hand is exactly the derive's line and a newline.
+pub fn audit_line(data: &[u8]) {
+    let Ok(record) = serde_json::from_slice::<sharedos_kernel::AuditRecord>(data) else {
+        return;
+    };
+    let Ok(mut reference) = serde_json::to_vec(&record) else {
+        return;
+    };
+    reference.push(b'\n');
+    match record.to_json_line() {
+        Ok(line) => assert_eq!(
+            String::from_utf8_lossy(&line),
+            String::from_utf8_lossy(&reference),
+            "to_json_line differs on {record:?}"
+        ),
+        Err(e) => panic!("serde writes {record:?} but to_json_line refuses it: {e}"),
+    }
+}
+
+/// The contracts' bounded text (`Text<MIN, MAX>`), which skips trimming
+/// and counting where the ends and the byte length already decide: the
+/// same verdict and the same kept text as trimming and counting every
+/// character.
+pub fn bounded_text(data: &[u8]) {
+    use sharedos_protocol::Text;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    fn reference<const MIN: usize, const MAX: usize>(s: &str) -> Option<String> {
+        let t = s.trim();
+        let n = t.chars().count();
+        (MIN..=MAX).contains(&n).then(|| t.to_owned())
+    }
+    fn check<const MIN: usize, const MAX: usize>(s: &str) {
+        let fast = Text::<MIN, MAX>::new(s).ok().map(Text::into_string);
+        assert_eq!(
+            fast,
+            reference::<MIN, MAX>(s),
+            "Text<{MIN}, {MAX}> differs on {s:?}"
+        );
+    }
+    check::<1, 4>(text);
+    check::<2, 8>(text);
+    check::<1, 16>(text);
+    check::<1, 256>(text);
 }

@@ -37,6 +37,7 @@ mod error;
 mod helper;
 mod host;
 mod layers;
+mod level;
 mod pin;
 mod policy;
 mod report;

@@ -3,6 +3,9 @@
 //! - no two source files of a crate import each other (a module and its
 //!   own submodules excepted: a parent declares and re-exports its
 //!   children, a child uses what its parent shares);
+//! - no modules of a crate import each other through a cycle of any
+//!   length (a strongly connected component of the import graph), with
+//!   one such cycle printed;
 //! - no function over 80 lines outside tests (`tests/` directories,
 //!   `tests.rs` files, `#[cfg(test)] mod tests`) and the seccomp emitter
 //!   with its syscall tables (`sandbox/src/layers/seccomp/`);
@@ -27,6 +30,11 @@ const LONG_FN_EXCEPTIONS: &[(&str, &str)] = &[];
 /// line once it is resolved (the test fails on a line that no longer
 /// names a pair).
 const IMPORT_PAIR_EXCEPTIONS: &[(&str, &str)] = &[];
+
+/// Import cycles still present, as `(crate directory, a module of the
+/// cycle)`: each line says why it stays and is removed once it is broken
+/// (the test fails on a line whose module is in no cycle).
+const CYCLE_EXCEPTIONS: &[(&str, &str)] = &[];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -225,18 +233,76 @@ fn referenced_paths(code: &str) -> Vec<String> {
     paths
 }
 
+/// Each module's re-exports: the name it gives (`Name`, or the alias of
+/// `as`) and the path it re-exports, as written (`pub use a::b::Name;`).
+type Reexports = BTreeMap<Vec<String>, BTreeMap<String, String>>;
+
+fn reexports_of(code: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for head in ["pub use ", "pub(crate) use ", "pub(super) use "] {
+        let mut rest = code;
+        while let Some(at) = rest.find(head) {
+            let after = &rest[at + head.len()..];
+            let end = after.find(';').unwrap_or(after.len());
+            let mut with_alias = Vec::new();
+            expand_use_tree_aliased(&after[..end], "", &mut with_alias);
+            for (path, name) in with_alias {
+                if name != "*" && name != "self" {
+                    out.insert(name, path);
+                }
+            }
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// [`expand_use_tree`], keeping for each path the name it is known by.
+fn expand_use_tree_aliased(tree: &str, prefix: &str, out: &mut Vec<(String, String)>) {
+    let mut plain = Vec::new();
+    expand_use_tree(tree, prefix, &mut plain);
+    let mut aliases = BTreeMap::new();
+    for piece in tree.split([',', '{', '}']) {
+        if let Some((path, alias)) = piece.split_once(" as ") {
+            let last = path.trim().rsplit("::").next().unwrap_or("").to_owned();
+            aliases.insert(last, alias.trim().to_owned());
+        }
+    }
+    for path in plain {
+        let last = path.rsplit("::").next().unwrap_or("").to_owned();
+        let name = aliases.get(&last).cloned().unwrap_or(last);
+        out.push((path, name));
+    }
+}
+
 /// The module a path names, as the longest known module prefix of it,
-/// resolved from module `from` (`super` and `self` are relative to it).
+/// resolved from module `from` (`super` and `self` are relative to it; a
+/// bare path is relative to `from`, as a re-export's is). A name that
+/// module re-exports is followed to the module it comes from.
 fn resolve(
     path: &str,
     from: &[String],
     modules: &BTreeMap<Vec<String>, PathBuf>,
+    reexports: &Reexports,
+) -> Option<Vec<String>> {
+    resolve_within(path, from, modules, reexports, 4)
+}
+
+fn resolve_within(
+    path: &str,
+    from: &[String],
+    modules: &BTreeMap<Vec<String>, PathBuf>,
+    reexports: &Reexports,
+    depth: usize,
 ) -> Option<Vec<String>> {
     let mut segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
     let mut base: Vec<String> = match segments.first() {
         Some(&"crate") => Vec::new(),
-        Some(&"self") => from.to_vec(),
-        Some(&"super") => from.to_vec(),
+        Some(&"self") | Some(&"super") => from.to_vec(),
+        Some(_) if depth < 4 => {
+            segments.insert(0, "self");
+            from.to_vec()
+        }
         _ => return None,
     };
     let skip_first = !matches!(segments.first(), Some(&"super"));
@@ -249,49 +315,201 @@ fn resolve(
     }
     let mut full = base;
     full.extend(segments.iter().map(|s| (*s).to_owned()));
-    (0..=full.len())
+    let found = (0..=full.len())
         .rev()
         .map(|n| full[..n].to_vec())
-        .find(|m| modules.contains_key(m))
+        .find(|m| modules.contains_key(m))?;
+    let reexported = full
+        .get(found.len())
+        .and_then(|name| reexports.get(&found)?.get(name));
+    match reexported {
+        Some(target) if depth > 0 => {
+            let mut path = target.clone();
+            for rest in &full[found.len() + 1..] {
+                path = format!("{path}::{rest}");
+            }
+            resolve_within(&path, &found, modules, reexports, depth - 1).or(Some(found))
+        }
+        _ => Some(found),
+    }
 }
 
-/// The module of a file (`a/b.rs` and `a/b/mod.rs` are `a::b`).
-fn module_of(file: &Path, modules: &BTreeMap<Vec<String>, PathBuf>) -> Option<Vec<String>> {
-    modules
-        .iter()
-        .find(|(_, f)| f.as_path() == file)
-        .map(|(m, _)| m.clone())
-}
+/// The module import graph of the crate at `src`: each module and the
+/// modules it names (a module's own parent and children left out: a
+/// parent declares and re-exports its children, a child uses what its
+/// parent shares).
+type Graph = BTreeMap<Vec<String>, BTreeSet<Vec<String>>>;
 
-/// The pairs of files of the crate at `src` that import each other.
-fn import_pairs(root: &Path, src: &Path) -> Vec<(String, String)> {
+fn import_graph(src: &Path) -> (BTreeMap<Vec<String>, PathBuf>, Graph) {
     let modules = module_map(src);
-    let mut edges: BTreeSet<(Vec<String>, Vec<String>)> = BTreeSet::new();
-    for (module, file) in &modules {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        let code = code_only(non_test_text(&text));
-        for path in referenced_paths(&code) {
-            if let Some(target) = resolve(&path, module, &modules)
+    let code: BTreeMap<&Vec<String>, String> = modules
+        .iter()
+        .map(|(m, file)| {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            (m, code_only(non_test_text(&text)))
+        })
+        .collect();
+    let reexports: Reexports = code
+        .iter()
+        .map(|(m, c)| ((*m).clone(), reexports_of(c)))
+        .collect();
+    let mut graph: Graph = BTreeMap::new();
+    for (&module, code) in &code {
+        let out = graph.entry((*module).clone()).or_default();
+        for path in referenced_paths(code) {
+            if let Some(target) = resolve(&path, module, &modules, &reexports)
                 && &target != module
                 && !target.starts_with(module)
                 && !module.starts_with(&target)
             {
-                edges.insert((module.clone(), target));
+                out.insert(target);
             }
         }
     }
+    (modules, graph)
+}
+
+/// The pairs of files of the crate at `src` that import each other.
+fn import_pairs(root: &Path, src: &Path) -> Vec<(String, String)> {
+    let (modules, graph) = import_graph(src);
     let mut pairs = Vec::new();
-    for (a, b) in &edges {
-        if a < b && edges.contains(&(b.clone(), a.clone())) {
-            let file = |m: &Vec<String>| {
-                module_of(&modules[m], &modules)
-                    .map(|_| relative(root, &modules[m]))
-                    .unwrap_or_default()
-            };
-            pairs.push((file(a), file(b)));
+    for (a, targets) in &graph {
+        for b in targets {
+            if a < b && graph.get(b).is_some_and(|t| t.contains(a)) {
+                pairs.push((relative(root, &modules[a]), relative(root, &modules[b])));
+            }
         }
     }
     pairs
+}
+
+/// The strongly connected components of more than one module (Tarjan's
+/// algorithm, iterative), each sorted.
+fn cycles_in(graph: &Graph) -> Vec<Vec<Vec<String>>> {
+    let nodes: Vec<&Vec<String>> = graph
+        .keys()
+        .chain(graph.values().flatten())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let index_of: BTreeMap<&Vec<String>, usize> =
+        nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let succ: Vec<Vec<usize>> = nodes
+        .iter()
+        .map(|n| {
+            graph
+                .get(*n)
+                .map(|t| t.iter().map(|m| index_of[m]).collect())
+                .unwrap_or_default()
+        })
+        .collect();
+    let n = nodes.len();
+    let (mut index, mut low) = (vec![usize::MAX; n], vec![0; n]);
+    let (mut on_stack, mut stack, mut next) = (vec![false; n], Vec::new(), 0);
+    let mut components = Vec::new();
+    for start in 0..n {
+        if index[start] != usize::MAX {
+            continue;
+        }
+        // (node, how many of its successors were visited)
+        let mut work = vec![(start, 0)];
+        while let Some(&mut (v, ref mut i)) = work.last_mut() {
+            if *i == 0 {
+                index[v] = next;
+                low[v] = next;
+                next += 1;
+                stack.push(v);
+                on_stack[v] = true;
+            }
+            if let Some(&w) = succ[v].get(*i) {
+                *i += 1;
+                if index[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    component.push(nodes[w].clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    components.push(component);
+                }
+            }
+        }
+    }
+    components.sort();
+    components
+}
+
+/// One cycle through a component, as `a -> b -> ... -> a` (a shortest
+/// path back to its first module, found breadth first).
+fn one_cycle(graph: &Graph, component: &[Vec<String>]) -> Vec<Vec<String>> {
+    let Some(first) = component.first() else {
+        return Vec::new();
+    };
+    let inside: BTreeSet<&Vec<String>> = component.iter().collect();
+    let mut came_from: BTreeMap<&Vec<String>, &Vec<String>> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([first]);
+    while let Some(v) = queue.pop_front() {
+        for w in graph.get(v).into_iter().flatten() {
+            if !inside.contains(w) {
+                continue;
+            }
+            if w == first {
+                let mut path = vec![first.clone()];
+                let mut at = v;
+                while at != first {
+                    path.push(at.clone());
+                    at = came_from[at];
+                }
+                path.push(first.clone());
+                path.reverse();
+                return path;
+            }
+            if !came_from.contains_key(w) {
+                came_from.insert(w, v);
+                queue.push_back(w);
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// The import cycles of any length among the modules of the crate at
+/// `src`: each component's modules, and one cycle through it, both as
+/// module paths (`crate::a::b`).
+fn module_cycles(src: &Path) -> Vec<(Vec<String>, String)> {
+    let (_, graph) = import_graph(src);
+    let name = |m: &Vec<String>| {
+        std::iter::once("crate")
+            .chain(m.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join("::")
+    };
+    cycles_in(&graph)
+        .into_iter()
+        .map(|component| {
+            let cycle = one_cycle(&graph, &component)
+                .iter()
+                .map(name)
+                .collect::<Vec<_>>()
+                .join(" -> ");
+            (component.iter().map(name).collect(), cycle)
+        })
+        .collect()
 }
 
 // ------------------------------------------------------------ long functions
@@ -427,6 +645,44 @@ fn no_two_files_of_a_crate_import_each_other() {
     );
 }
 
+/// The cycles of every member crate, as `(crate directory, modules, one
+/// cycle)`.
+fn workspace_cycles(root: &Path) -> Vec<(String, Vec<String>, String)> {
+    let mut out = Vec::new();
+    for member in members(root) {
+        let dir = relative(root, &member);
+        for (component, cycle) in module_cycles(&member.join("src")) {
+            out.push((dir.clone(), component, cycle));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_modules_of_a_crate_import_each_other_in_a_cycle() {
+    let found: Vec<String> = workspace_cycles(&workspace_root())
+        .into_iter()
+        .filter(|(dir, component, _)| {
+            !CYCLE_EXCEPTIONS
+                .iter()
+                .any(|(d, m)| d == dir && component.iter().any(|c| c == m))
+        })
+        .map(|(dir, component, cycle)| {
+            format!(
+                "{dir}: {} modules in a cycle ({}), e.g. {cycle}",
+                component.len(),
+                component.join(", ")
+            )
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "these modules import each other through a cycle; move what they share into a \
+         module of its own that imports none of them (docs/ARCHITECTURE.md):\n  {}",
+        found.join("\n  ")
+    );
+}
+
 #[test]
 fn no_function_outside_tests_is_over_80_lines() {
     let root = workspace_root();
@@ -493,6 +749,48 @@ fn the_checks_see_what_they_check() {
             "{a} and {b} no longer import each other: remove them from IMPORT_PAIR_EXCEPTIONS"
         );
     }
+    let cycles = workspace_cycles(&root);
+    for (dir, module) in CYCLE_EXCEPTIONS {
+        assert!(
+            cycles
+                .iter()
+                .any(|(d, component, _)| d == dir && component.iter().any(|c| c == module)),
+            "{dir}: {module} is in no cycle any more: remove it from CYCLE_EXCEPTIONS"
+        );
+    }
+    // A cycle of three is found, and one of its loops printed; a module
+    // hanging off it is not part of it.
+    let m = |s: &str| vec![s.to_owned()];
+    let graph: Graph = BTreeMap::from([
+        (m("a"), BTreeSet::from([m("b")])),
+        (m("b"), BTreeSet::from([m("c")])),
+        (m("c"), BTreeSet::from([m("a"), m("d")])),
+        (m("d"), BTreeSet::new()),
+    ]);
+    assert_eq!(cycles_in(&graph), vec![vec![m("a"), m("b"), m("c")]]);
+    assert_eq!(
+        one_cycle(&graph, &[m("a"), m("b"), m("c")]),
+        vec![m("a"), m("b"), m("c"), m("a")]
+    );
+    let chain: Graph = BTreeMap::from([(m("a"), BTreeSet::from([m("b")]))]);
+    assert!(cycles_in(&chain).is_empty());
+    // A name the crate root re-exports is followed to the module it comes
+    // from (a cycle through `crate::X` is a cycle).
+    let modules = BTreeMap::from([
+        (Vec::new(), PathBuf::from("lib.rs")),
+        (m("a"), PathBuf::from("a.rs")),
+        (m("b"), PathBuf::from("b.rs")),
+    ]);
+    let reexports: Reexports =
+        BTreeMap::from([(Vec::new(), reexports_of("pub use a::{X, Y as Z};\n"))]);
+    assert_eq!(
+        resolve("crate::Z", &m("b"), &modules, &reexports),
+        Some(m("a"))
+    );
+    assert_eq!(
+        resolve("crate::W", &m("b"), &modules, &reexports),
+        Some(Vec::new())
+    );
     let long = long_functions(&root);
     for (file, name) in LONG_FN_EXCEPTIONS {
         assert!(

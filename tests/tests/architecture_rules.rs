@@ -263,6 +263,14 @@ fn cited_paths(text: &str) -> Vec<String> {
     out
 }
 
+/// The text of a Rust file's `//` comments, one line each.
+fn comments(text: &str) -> String {
+    text.lines()
+        .filter_map(|l| l.split_once("//").map(|(_, c)| c))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn every_path_the_docs_cite_exists() {
     let files = tracked();
@@ -295,18 +303,36 @@ fn every_path_the_docs_cite_exists() {
             .any(|d| d.trim_end_matches('/').rsplit('/').next() == Some(first))
     };
     let mut missing = Vec::new();
-    for doc in files.iter().filter(|f| f.ends_with(".md")) {
-        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+    let mut seen = 0;
+    for doc in files
+        .iter()
+        .filter(|f| f.ends_with(".md") || f.ends_with(".rs"))
+    {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap_or_default();
+        // In Rust source, the comments cite (`//`, `///`, `//!`).
+        let text = if doc.ends_with(".rs") {
+            comments(&text)
+        } else {
+            text
+        };
         for p in cited_paths(&text) {
+            seen += 1;
             if ours(&p) && !exists(&p) {
                 missing.push(format!("{doc}: `{p}`"));
             }
         }
     }
+    assert!(seen > 200, "the citations were found ({seen})");
     assert!(
         missing.is_empty(),
-        "paths the docs cite that do not exist:\n  {}",
+        "paths the docs and the code's comments cite that do not exist:\n  {}",
         missing.join("\n  ")
+    );
+    assert_eq!(
+        cited_paths(&comments(
+            "let x = \"`a/b.rs`\";\n/// see `host/src/seat.rs`\n"
+        )),
+        vec!["host/src/seat.rs".to_owned()]
     );
     assert_eq!(
         cited_paths("see `host/src/seat.rs`, `a b`, `fd/` and `host/src/`"),

@@ -71,3 +71,54 @@ fn timestamp_hand_check_agrees_with_time_on_seeds() {
 fn tool_result_one_pass_agrees_with_the_derive_on_seeds() {
     run("tool_result", targets::tool_result);
 }
+
+#[test]
+fn json_text_writers_agree_with_serde_on_seeds() {
+    run("json_text", targets::json_text);
+}
+
+#[test]
+fn json_value_writers_agree_with_serde_on_seeds() {
+    run("json_value", targets::json_value);
+}
+
+#[test]
+fn audit_line_writer_agrees_with_the_derive_on_seeds() {
+    run("audit_line", targets::audit_line);
+}
+
+#[test]
+fn bounded_text_agrees_with_trim_and_count_on_seeds() {
+    run("bounded_text", targets::bounded_text);
+}
+
+/// The writer targets return early on input their reference does not
+/// read: most of their seeds must get past that, or the comparison never
+/// runs on the seeds.
+#[test]
+fn the_writer_seeds_reach_their_comparisons() {
+    let parsed =
+        |target: &str, ok: fn(&[u8]) -> bool| seeds(target).iter().filter(|s| ok(s)).count();
+    let records = parsed("audit_line", |s| {
+        serde_json::from_slice::<sharedos_kernel::AuditRecord>(s).is_ok()
+    });
+    assert!(records >= 4, "{records} audit_line seeds are records");
+    let values = parsed("json_value", |s| {
+        serde_json::from_slice::<serde_json::Value>(s).is_ok()
+    });
+    assert!(values >= 7, "{values} json_value seeds are JSON");
+    let results = parsed("tool_result", |s| {
+        serde_json::from_slice::<sharedos_protocol::ToolResult>(s).is_ok()
+    });
+    assert!(results >= 4, "{results} tool_result seeds are results");
+    let calls = parsed("call_line", |s| {
+        std::str::from_utf8(s).ok().is_some_and(|line| {
+            matches!(
+                sharedos_protocol::jsonrpc::classify(line),
+                Ok(sharedos_protocol::jsonrpc::Incoming::Request { params: Some(p), .. })
+                    if serde_json::from_str::<sharedos_protocol::InvokeToolParams>(p.get()).is_ok()
+            )
+        })
+    });
+    assert!(calls >= 4, "{calls} call_line seeds are tool calls");
+}

@@ -18,16 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::SandboxPolicy;
 
-/// The per-turn home inside the sandbox (`HOME`): a tmpfs of the
-/// sandbox's own, `homeSizeBytes` large, gone with the sandbox. Not under
-/// `/home`, so no host user's home directory is ever confused with it.
-pub const HOME: &str = "/sandbox/home";
-/// The per-turn temp directory inside the sandbox (`TMPDIR`).
-pub const TMP: &str = "/tmp";
-/// Where the workspace appears inside.
-pub const WORKSPACE: &str = "/workspace";
-/// Where the plugin binary appears inside.
-pub const PLUGIN_DIR: &str = "/plugin";
+pub use super::inside::{HOME, PLUGIN_DIR, TMP, WORKSPACE, clean};
 
 /// Directories the sandbox mounts itself: no host path can be bound there.
 /// `/tmp` is special: a path strictly below it is cloned by a root host
@@ -66,17 +57,6 @@ pub struct FsProblem {
     /// The field of the runtime entry: `program`, `sandbox.extraRoPaths[2]`.
     pub field: String,
     pub message: String,
-}
-
-/// `p` made lexically clean: absolute, no `.` or `..`, no trailing slash.
-/// `None` for a relative path or one with `..` (never bound: what it
-/// names depends on symlinks at bind time).
-pub fn clean(p: &str) -> Option<PathBuf> {
-    let path = Path::new(p);
-    if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
-        return None;
-    }
-    Some(path.components().collect())
 }
 
 /// Whether `p` is under (or is) a directory the sandbox mounts itself.
@@ -232,7 +212,7 @@ fn check_form(entry: &str, extra: bool) -> Result<PathBuf, String> {
             "\"/\" would expose the whole host; name the directories the runtime needs".into(),
         );
     }
-    if crate::users::would_show_host_users(entry) {
+    if super::users::would_show_host_users(entry) {
         return Err(format!(
             "{entry} would show the host's users and groups; name the entries of it the runtime \
              needs (/etc/passwd and /etc/group inside are the sandbox's own)"

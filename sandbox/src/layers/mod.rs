@@ -2,15 +2,13 @@
 //! each with its [`Layer`] descriptor, and the registry [`LAYERS`] that the
 //! report's initial state, its `missing` list and level, `sandbox check`
 //! and the helper's generic steps read. A new layer is a module here, a
-//! line in [`LAYERS`], its switch in [`LayerToggles`] and its field in the
-//! report (docs/ARCHITECTURE.md, "Where to change X").
-
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+//! line in [`LAYERS`], its switch in [`LayerToggles`] (`toggles.rs`) and its
+//! field in the report (docs/ARCHITECTURE.md, "Where to change X").
 
 pub mod caps;
 pub mod fsview;
 mod identity;
+pub(crate) mod inside;
 pub mod landlock;
 pub(crate) mod layer;
 pub(crate) mod memory;
@@ -19,10 +17,12 @@ pub mod namespaces;
 pub mod procmask;
 pub mod rlimits;
 pub mod seccomp;
+pub(crate) mod toggles;
 pub mod users;
 mod vfs;
 
 pub(crate) use layer::{Layer, Stage};
+pub use toggles::LayerToggles;
 
 use crate::host::cgroup;
 use crate::report::{LayerStatus, SandboxLevel, SandboxReport};
@@ -53,72 +53,6 @@ pub(crate) const LAYERS: &[&Layer] = &[
     &identity::NO_NEW_PRIVS,
     &cgroup::LAYER,
 ];
-
-/// One switch per layer; all on by default.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct LayerToggles {
-    /// Leave uid 0 when the host runs as root.
-    pub drop_uid: bool,
-    /// New user namespace (needed for every other namespace as non-root).
-    pub userns: bool,
-    /// Mount namespace + minimal root via `pivot_root`.
-    pub mountns: bool,
-    /// Pid namespace with a pid-1 reaper (the tree dies with it).
-    pub pidns: bool,
-    /// Empty network namespace.
-    pub netns: bool,
-    /// Private SysV IPC / POSIX mqueue namespace.
-    pub ipcns: bool,
-    /// Private hostname.
-    pub utsns: bool,
-    /// Private cgroup namespace view.
-    pub cgroupns: bool,
-    /// Landlock filesystem, TCP and scope rules.
-    pub landlock: bool,
-    /// The seccomp allowlist.
-    pub seccomp: bool,
-    /// Resource limits.
-    pub rlimits: bool,
-}
-
-impl Default for LayerToggles {
-    fn default() -> Self {
-        LayerToggles {
-            drop_uid: true,
-            userns: true,
-            mountns: true,
-            pidns: true,
-            netns: true,
-            ipcns: true,
-            utsns: true,
-            cgroupns: true,
-            landlock: true,
-            seccomp: true,
-            rlimits: true,
-        }
-    }
-}
-
-impl LayerToggles {
-    /// Every layer off: only for measuring the cost of the layers and for
-    /// tests ([`crate::SandboxPolicy::unconfined`]).
-    pub fn none() -> Self {
-        LayerToggles {
-            drop_uid: false,
-            userns: false,
-            mountns: false,
-            pidns: false,
-            netns: false,
-            ipcns: false,
-            utsns: false,
-            cgroupns: false,
-            landlock: false,
-            seccomp: false,
-            rlimits: false,
-        }
-    }
-}
 
 /// Run the steps of the layers built at `stage` that have one, in
 /// registry order; the first that fails names its layer.

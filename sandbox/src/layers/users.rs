@@ -22,7 +22,7 @@ pub const GENERATED: [&str; 2] = ["/etc/passwd", "/etc/group"];
 
 /// The `/etc/passwd` text for a sandbox running as `uid`/`gid`.
 pub fn passwd(uid: u32, gid: u32) -> String {
-    let home = crate::fsview::HOME;
+    let home = super::inside::HOME;
     let mut s = format!("{USER}:x:{uid}:{gid}:sharedos sandbox:{home}:{SHELL}\n");
     if uid != NOBODY {
         s.push_str(&format!(
@@ -44,13 +44,13 @@ pub fn group(gid: u32) -> String {
 /// Whether `entry` (a read-only path of the policy) is a generated file:
 /// it is not bound, the sandbox's own file is there instead.
 pub fn is_generated(entry: &str) -> bool {
-    crate::fsview::clean(entry).is_some_and(|p| GENERATED.iter().any(|g| p == Path::new(g)))
+    super::inside::clean(entry).is_some_and(|p| GENERATED.iter().any(|g| p == Path::new(g)))
 }
 
 /// Whether binding `entry` whole would show a generated file's host
 /// original (`/etc` itself): such an entry is refused.
 pub fn would_show_host_users(entry: &str) -> bool {
-    crate::fsview::clean(entry).is_some_and(|p| {
+    super::inside::clean(entry).is_some_and(|p| {
         GENERATED
             .iter()
             .any(|g| Path::new(g).starts_with(&p) && p != Path::new(g))
