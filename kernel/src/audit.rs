@@ -257,6 +257,15 @@ pub trait AuditSink: Send + Sync {
 pub struct JsonlAuditSink {
     jobs: mpsc::Sender<Job>,
     path: PathBuf,
+    commits: Arc<Commits>,
+}
+
+/// What the writer thread has committed: records, and commits (one
+/// `write` and one `fsync` each).
+#[derive(Debug, Default)]
+struct Commits {
+    records: std::sync::atomic::AtomicU64,
+    commits: std::sync::atomic::AtomicU64,
 }
 
 type Job = (Vec<u8>, oneshot::Sender<Result<(), String>>);
@@ -281,18 +290,35 @@ impl JsonlAuditSink {
             File::open(dir)?.sync_all()?;
         }
         let (jobs, rx) = mpsc::channel::<Job>();
+        let commits = Arc::new(Commits::default());
+        let counted = commits.clone();
         std::thread::Builder::new()
             .name("sharedos-audit".into())
-            .spawn(move || commit_loop(file, rx))?;
-        Ok(Self { jobs, path })
+            .spawn(move || commit_loop(file, rx, &counted))?;
+        Ok(Self {
+            jobs,
+            path,
+            commits,
+        })
     }
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// `(records, commits)` written so far by this sink (shared by its
+    /// clones): each commit is one `write` and one `fsync`, so records per
+    /// commit is how much the group commit shares a sync.
+    pub fn committed(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.commits.records.load(Relaxed),
+            self.commits.commits.load(Relaxed),
+        )
+    }
 }
 
 /// Runs until every sender is gone.
-fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>) {
+fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>, counted: &Commits) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -312,6 +338,11 @@ fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>) {
             write_line(&mut file, &buf)
         }
         .map_err(|e| e.to_string());
+        if result.is_ok() {
+            use std::sync::atomic::Ordering::Relaxed;
+            counted.records.fetch_add(batch.len() as u64, Relaxed);
+            counted.commits.fetch_add(1, Relaxed);
+        }
         for (_, reply) in batch {
             let _ = reply.send(result.clone());
         }

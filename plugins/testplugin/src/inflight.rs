@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::connection::Plugin;
 
@@ -30,7 +30,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     <serde::de::IgnoredAny as Deserialize>::deserialize(d).map(|_| true)
 }
 
-/// A `host/invokeTool` request of `tool` with no arguments, the parts
+/// A `host/invokeTool` request of `tool` with `arguments`, the parts
 /// around its request id and its call's number serialized once.
 struct Template {
     /// From `,"method"` to the call id's opening quote and `p`.
@@ -40,14 +40,19 @@ struct Template {
 }
 
 impl Template {
-    fn new(p: &Plugin, tool: &str) -> Self {
+    fn new(p: &Plugin, tool: &str, arguments: &Value) -> Self {
         let middle = format!(
             r#","method":"host/invokeTool","params":{{"turnId":{},"call":{{"id":"p"#,
             p.turn_id
         );
         let end = format!(
-            r#"","tool":{},"arguments":{{}},"traceId":{},"requestedAt":"2026-01-01T00:00:00Z"}}}}}}"#,
+            r#"","tool":{},"arguments":{},"traceId":{},"requestedAt":"2026-01-01T00:00:00Z"}}}}}}"#,
             json!(tool),
+            if arguments.is_null() {
+                json!({})
+            } else {
+                arguments.clone()
+            },
             p.trace
         );
         let mut end = end.into_bytes();
@@ -68,11 +73,18 @@ impl Template {
     }
 }
 
-/// `n` calls of `tool`, at most `inflight` unanswered at a time; reports
-/// the nanoseconds they took as `parallelNs`. An error says why the calls
-/// stopped (the turn is then failed with it).
-pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Result<(), String> {
-    let template = Template::new(p, tool);
+/// `n` calls of `tool` with `arguments` (null: none), at most `inflight`
+/// unanswered at a time; reports the nanoseconds they took as
+/// `parallelNs`. An error says why the calls stopped (the turn is then
+/// failed with it).
+pub fn parallel_calls(
+    p: &mut Plugin,
+    tool: &str,
+    n: u64,
+    inflight: u64,
+    arguments: &Value,
+) -> Result<(), String> {
+    let template = Template::new(p, tool, arguments);
     let t = Instant::now();
     let mut pending = HashSet::new();
     let mut sent = 0;
