@@ -35,8 +35,9 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
 struct Template {
     /// From `,"method"` to the call id's opening quote and `p`.
     middle: Vec<u8>,
-    /// From the call id's closing quote to the end of the line.
-    end: Vec<u8>,
+    /// From the call id's closing quote to the end of the line, cut at
+    /// each `{n}` of the arguments (where the call's number goes).
+    end: Vec<Vec<u8>>,
 }
 
 impl Template {
@@ -55,8 +56,10 @@ impl Template {
             },
             p.trace
         );
-        let mut end = end.into_bytes();
-        end.push(b'\n');
+        let end = format!("{end}\n")
+            .split("{n}")
+            .map(|part| part.as_bytes().to_vec())
+            .collect();
         Self {
             middle: middle.into_bytes(),
             end,
@@ -69,12 +72,17 @@ impl Template {
         let _ = write!(out, r#"{{"jsonrpc":"2.0","id":{id}"#);
         out.extend_from_slice(&self.middle);
         let _ = write!(out, "{number}");
-        out.extend_from_slice(&self.end);
+        for (i, part) in self.end.iter().enumerate() {
+            if i > 0 {
+                let _ = write!(out, "{number}");
+            }
+            out.extend_from_slice(part);
+        }
     }
 }
 
-/// `n` calls of `tool` with `arguments` (null: none), at most `inflight`
-/// unanswered at a time; reports the nanoseconds they took as
+/// `n` calls of `tool` with `arguments` (null: none; each `{n}` in them
+/// is the call's number, from 0), at most `inflight` unanswered at a time; reports the nanoseconds they took as
 /// `parallelNs`. An error says why the calls stopped (the turn is then
 /// failed with it).
 pub fn parallel_calls(

@@ -80,8 +80,9 @@ pub enum Step {
         #[serde(default, skip_serializing_if = "Value::is_null")]
         arguments: Value,
     },
-    /// `n` calls of `tool` with `arguments` (default none), `inflight` at a
-    /// time; reports the nanoseconds they took in all as `parallelNs`.
+    /// `n` calls of `tool` with `arguments` (default none; over the wire
+    /// each `{n}` in them is the call's number), `inflight` at a time;
+    /// reports the nanoseconds they took in all as `parallelNs`.
     ParallelCalls {
         tool: String,
         n: u64,
