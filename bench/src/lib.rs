@@ -286,7 +286,7 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
         }
         Only::Durable => {
             let sequential = iterations.clamp(20, 3000) as u64;
-            let in_flight = (iterations as u64 * 5).clamp(200, 10_000);
+            let in_flight = (iterations as u64 * 2).clamp(200, 4_000);
             let exe = exe.to_path_buf();
             failed |=
                 !tokio::task::spawn_blocking(move || durable::print(&exe, sequential, in_flight))
