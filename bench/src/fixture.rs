@@ -225,14 +225,25 @@ pub fn idle() -> Value {
 /// carries each call's nanoseconds as `callNs`.
 pub fn calls(n: usize) -> Value {
     let tool = NOOP_TOOL.to_owned();
-    Script(vec![Step::TimedCalls { tool, n: n as u64 }]).payload()
+    Script(vec![Step::TimedCalls {
+        tool,
+        n: n as u64,
+        arguments: Value::Null,
+    }])
+    .payload()
 }
 
 /// `n` calls of `bench.noop`, `inflight` at a time; the output carries the
 /// nanoseconds they took in all as `parallelNs`.
 pub fn parallel(n: u64, inflight: u64) -> Value {
     let tool = NOOP_TOOL.to_owned();
-    Script(vec![Step::ParallelCalls { tool, n, inflight }]).payload()
+    Script(vec![Step::ParallelCalls {
+        tool,
+        n,
+        inflight,
+        arguments: Value::Null,
+    }])
+    .payload()
 }
 
 /// `n` events `bench.tick`; the output carries `emits` and `emitNs`.

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 pub mod affinity;
 pub mod calls;
+pub mod durable;
 pub mod envelope;
 pub mod fixture;
 pub mod harness;
@@ -226,6 +227,10 @@ pub enum Only {
     /// their events' latency to SSE observers on the same and another host
     /// (`--runs`, `--store`).
     Serve,
+    /// The durable path through a real `sharedos run` (fsync'd JSONL
+    /// audit, `files.read`), sequential and 64 in flight, direct and
+    /// sandboxed, against a bare append + fsync on the same disk.
+    Durable,
 }
 
 /// Issue 15's figures alone.
@@ -270,6 +275,15 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
         Only::Serve => {
             let stores = [served::Store::Sqlite, served::Store::Postgres];
             failed |= !serve::run(exe, 200, &stores).await;
+        }
+        Only::Durable => {
+            let sequential = iterations.clamp(20, 3000) as u64;
+            let in_flight = (iterations as u64 * 2).clamp(200, 4_000);
+            let exe = exe.to_path_buf();
+            failed |=
+                !tokio::task::spawn_blocking(move || durable::print(&exe, sequential, in_flight))
+                    .await
+                    .unwrap_or(false);
         }
         Only::Harness => {
             failed |= !harness::print(

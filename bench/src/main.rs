@@ -34,9 +34,11 @@ struct Cli {
     /// harness: execute() to the first tools/list, an MCP tool call against
     /// an in-process plugin's) or `affinity` (a session's next turn on its
     /// parked process), `whole-turn` (a zero-call `sharedos run`, direct and
-    /// sandboxed, against the plugin binary alone and bwrap launching it)
-    /// or `serve` (runs admitted at speed through real
-    /// `sharedos serve` hosts, and their events' latency over SSE).
+    /// sandboxed, against the plugin binary alone and bwrap launching it),
+    /// `serve` (runs admitted at speed through real `sharedos serve` hosts,
+    /// and their events' latency over SSE) or `durable` (tool calls through
+    /// a real `sharedos run` with its fsync'd audit trail, against a bare
+    /// append + fsync).
     #[arg(long)]
     only: Option<sharedos_bench::Only>,
     /// With `--only serve`: runs asked for at once (one session for every

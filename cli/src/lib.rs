@@ -78,7 +78,7 @@ pub async fn run_turn(
         .map_err(SeatError::from)?
         .clone();
     timings::mark("seated");
-    let (kernel, audit_path) = kernel(config)?;
+    let (kernel, audit, audit_path) = kernel(config)?;
     timings::mark("kernel");
     let options = executor_options(config, Arc::new(report_turn_error));
     let executor = Executor::new(Arc::new(kernel), seat, options)
@@ -99,13 +99,20 @@ pub async fn run_turn(
         .await
         .map_err(|e| request_error(e.to_string()))?;
     timings::mark("executed");
+    let (records, commits) = audit.committed();
+    tracing::debug!(
+        target: "sharedos::audit",
+        records,
+        commits,
+        "the audit trail committed {records} records in {commits} commits (one fsync each)"
+    );
     Ok(TurnRun { result, audit_path })
 }
 
 /// The configuration's kernel: its grants, the JSONL audit trail at
-/// `host.auditPath` (returned) and the file tools over `host.filesRoot`,
-/// both created when missing.
-fn kernel(config: &HostConfig) -> Result<(Kernel, PathBuf), CliError> {
+/// `host.auditPath` (returned, with the sink) and the file tools over
+/// `host.filesRoot`, both created when missing.
+fn kernel(config: &HostConfig) -> Result<(Kernel, JsonlAuditSink, PathBuf), CliError> {
     let audit_path = config.resolve(&config.host.audit_path);
     if let Some(parent) = audit_path.parent() {
         std::fs::create_dir_all(parent)
@@ -124,9 +131,9 @@ fn kernel(config: &HostConfig) -> Result<(Kernel, PathBuf), CliError> {
             files_root.display()
         ))
     })?;
-    let kernel = Kernel::from_config(&config.kernel, &files_root, Arc::new(audit))
+    let kernel = Kernel::from_config(&config.kernel, &files_root, Arc::new(audit.clone()))
         .map_err(|e| CliError::Setup(format!("kernel: {e}")))?;
-    Ok((kernel, audit_path))
+    Ok((kernel, audit, audit_path))
 }
 
 /// A turn's error for the person at the terminal (and the log).

@@ -10,6 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -257,6 +258,15 @@ pub trait AuditSink: Send + Sync {
 pub struct JsonlAuditSink {
     jobs: mpsc::Sender<Job>,
     path: PathBuf,
+    commits: Arc<Commits>,
+}
+
+/// What the writer thread has committed: records, and commits (one
+/// `write` and one `fsync` each).
+#[derive(Debug, Default)]
+struct Commits {
+    records: std::sync::atomic::AtomicU64,
+    commits: std::sync::atomic::AtomicU64,
 }
 
 type Job = (Vec<u8>, oneshot::Sender<Result<(), String>>);
@@ -281,26 +291,83 @@ impl JsonlAuditSink {
             File::open(dir)?.sync_all()?;
         }
         let (jobs, rx) = mpsc::channel::<Job>();
+        let commits = Arc::new(Commits::default());
+        let counted = commits.clone();
         std::thread::Builder::new()
             .name("sharedos-audit".into())
-            .spawn(move || commit_loop(file, rx))?;
-        Ok(Self { jobs, path })
+            .spawn(move || commit_loop(file, rx, &counted))?;
+        Ok(Self {
+            jobs,
+            path,
+            commits,
+        })
     }
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// `(records, commits)` written so far by this sink (shared by its
+    /// clones): each commit is one `write` and one `fsync`, so records per
+    /// commit is how much the group commit shares a sync.
+    pub fn committed(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.commits.records.load(Relaxed),
+            self.commits.commits.load(Relaxed),
+        )
+    }
+}
+
+/// The longest a commit waits for the appends of the callers the last
+/// commit released (see [`gather`]).
+const MAX_GATHER: Duration = Duration::from_millis(1);
+
+/// Takes every record already waiting, up to [`MAX_BATCH`].
+fn drain(rx: &mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+}
+
+/// With concurrent writers, waits a little for the rest of them before
+/// committing. The callers a commit releases append again a moment later
+/// (a decision's effect then its outcome; an answer then the next call's
+/// decision); a commit started on the first of them would leave the others
+/// to wait a whole `fsync` for the next one, so concurrent calls would get
+/// one record durable every two syncs. So when the last commit held
+/// `last` > 1 records, this one waits until as many are queued, at most a
+/// quarter of the last sync's duration (and [`MAX_GATHER`]). A lone writer
+/// (`last` ≤ 1) never waits: a sequential call still pays two syncs.
+fn gather(rx: &mpsc::Receiver<Job>, batch: &mut Vec<Job>, last: usize, last_sync: Duration) {
+    if last <= 1 {
+        return;
+    }
+    let until = Instant::now() + (last_sync / 4).min(MAX_GATHER);
+    while batch.len() < last.min(MAX_BATCH) {
+        let Some(left) = until.checked_duration_since(Instant::now()) else {
+            return;
+        };
+        match rx.recv_timeout(left) {
+            Ok(job) => {
+                batch.push(job);
+                drain(rx, batch);
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 /// Runs until every sender is gone.
-fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>) {
+fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>, counted: &Commits) {
+    let (mut last, mut last_sync) = (0usize, Duration::ZERO);
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+        drain(&rx, &mut batch);
+        gather(&rx, &mut batch, last, last_sync);
+        let started = Instant::now();
         // One record (the common case at low load) is written as it is.
         let result = if let [(line, _)] = batch.as_slice() {
             write_line(&mut file, line)
@@ -312,6 +379,12 @@ fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>) {
             write_line(&mut file, &buf)
         }
         .map_err(|e| e.to_string());
+        (last, last_sync) = (batch.len(), started.elapsed());
+        if result.is_ok() {
+            use std::sync::atomic::Ordering::Relaxed;
+            counted.records.fetch_add(batch.len() as u64, Relaxed);
+            counted.commits.fetch_add(1, Relaxed);
+        }
         for (_, reply) in batch {
             let _ = reply.send(result.clone());
         }

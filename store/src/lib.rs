@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod effects;
 pub mod grants;
+mod group;
 mod lease;
 mod listing;
 mod postgres;

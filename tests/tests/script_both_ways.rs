@@ -4,7 +4,7 @@
 //! (`ProcessRuntime`). The host sees the same calls, events and
 //! annotations, in the same order, and the same ending.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use sharedos_plugin_sdk::{RuntimeError, RuntimePlugin, RuntimeTurnOutcome, Signal};
 use sharedos_testplugin::{Script, ScriptPlugin, Step};
 use sharedos_tests::{Record, RecordingHost, isolated, testplugin, turn_request};
@@ -155,6 +155,7 @@ fn calls_in_flight_are_each_made_once_both_ways() {
             tool: "echo".into(),
             n: 300,
             inflight: 64,
+            arguments: Value::Null,
         }]);
         let [(records, ending), (wire_records, wire_ending)] = both_ways(script, |_| {}).await;
         for (records, ending) in [(records, ending), (wire_records, wire_ending)] {

@@ -222,10 +222,15 @@ impl Run<'_> {
                     *lock(&log.host) = Some(self.host.clone());
                 }
             }
-            Step::TimedCalls { tool, n } => self.timed_calls(tool, *n).await?,
-            Step::ParallelCalls { tool, n, inflight } => {
-                self.parallel_calls(tool, *n, *inflight).await?
+            Step::TimedCalls { tool, n, arguments } => {
+                self.timed_calls(tool, *n, arguments).await?
             }
+            Step::ParallelCalls {
+                tool,
+                n,
+                inflight,
+                arguments,
+            } => self.parallel_calls(tool, *n, *inflight, arguments).await?,
             Step::TimedEmits { kind, n } => self.timed_emits(kind, *n)?,
         }
         Ok(None)
@@ -287,10 +292,15 @@ impl Run<'_> {
         self.host.emit(RuntimeEvent { kind, data }).map_err(failed)
     }
 
-    async fn timed_calls(&mut self, tool: &str, n: u64) -> Result<(), RuntimeError> {
+    async fn timed_calls(
+        &mut self,
+        tool: &str,
+        n: u64,
+        arguments: &Value,
+    ) -> Result<(), RuntimeError> {
         let mut samples = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
         for i in 0..n {
-            let call = self.tool_call(Some(&format!("c{i}")), tool, &Value::Null)?;
+            let call = self.tool_call(Some(&format!("c{i}")), tool, arguments)?;
             let t = Instant::now();
             self.host.invoke_tool(call, None).await.map_err(failed)?;
             samples.push(t.elapsed().as_nanos() as u64);
@@ -304,9 +314,10 @@ impl Run<'_> {
         tool: &str,
         n: u64,
         inflight: u64,
+        arguments: &Value,
     ) -> Result<(), RuntimeError> {
         let calls = (0..n)
-            .map(|i| self.tool_call(Some(&format!("p{i}")), tool, &Value::Null))
+            .map(|i| self.tool_call(Some(&format!("p{i}")), tool, arguments))
             .collect::<Result<Vec<_>, _>>()?;
         let t = Instant::now();
         let host = self.host;

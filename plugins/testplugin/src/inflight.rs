@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::connection::Plugin;
 
@@ -30,28 +30,36 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     <serde::de::IgnoredAny as Deserialize>::deserialize(d).map(|_| true)
 }
 
-/// A `host/invokeTool` request of `tool` with no arguments, the parts
+/// A `host/invokeTool` request of `tool` with `arguments`, the parts
 /// around its request id and its call's number serialized once.
 struct Template {
     /// From `,"method"` to the call id's opening quote and `p`.
     middle: Vec<u8>,
-    /// From the call id's closing quote to the end of the line.
-    end: Vec<u8>,
+    /// From the call id's closing quote to the end of the line, cut at
+    /// each `{n}` of the arguments (where the call's number goes).
+    end: Vec<Vec<u8>>,
 }
 
 impl Template {
-    fn new(p: &Plugin, tool: &str) -> Self {
+    fn new(p: &Plugin, tool: &str, arguments: &Value) -> Self {
         let middle = format!(
             r#","method":"host/invokeTool","params":{{"turnId":{},"call":{{"id":"p"#,
             p.turn_id
         );
         let end = format!(
-            r#"","tool":{},"arguments":{{}},"traceId":{},"requestedAt":"2026-01-01T00:00:00Z"}}}}}}"#,
+            r#"","tool":{},"arguments":{},"traceId":{},"requestedAt":"2026-01-01T00:00:00Z"}}}}}}"#,
             json!(tool),
+            if arguments.is_null() {
+                json!({})
+            } else {
+                arguments.clone()
+            },
             p.trace
         );
-        let mut end = end.into_bytes();
-        end.push(b'\n');
+        let end = format!("{end}\n")
+            .split("{n}")
+            .map(|part| part.as_bytes().to_vec())
+            .collect();
         Self {
             middle: middle.into_bytes(),
             end,
@@ -64,15 +72,27 @@ impl Template {
         let _ = write!(out, r#"{{"jsonrpc":"2.0","id":{id}"#);
         out.extend_from_slice(&self.middle);
         let _ = write!(out, "{number}");
-        out.extend_from_slice(&self.end);
+        for (i, part) in self.end.iter().enumerate() {
+            if i > 0 {
+                let _ = write!(out, "{number}");
+            }
+            out.extend_from_slice(part);
+        }
     }
 }
 
-/// `n` calls of `tool`, at most `inflight` unanswered at a time; reports
-/// the nanoseconds they took as `parallelNs`. An error says why the calls
-/// stopped (the turn is then failed with it).
-pub fn parallel_calls(p: &mut Plugin, tool: &str, n: u64, inflight: u64) -> Result<(), String> {
-    let template = Template::new(p, tool);
+/// `n` calls of `tool` with `arguments` (null: none; each `{n}` in them
+/// is the call's number, from 0), at most `inflight` unanswered at a time; reports the nanoseconds they took as
+/// `parallelNs`. An error says why the calls stopped (the turn is then
+/// failed with it).
+pub fn parallel_calls(
+    p: &mut Plugin,
+    tool: &str,
+    n: u64,
+    inflight: u64,
+    arguments: &Value,
+) -> Result<(), String> {
+    let template = Template::new(p, tool, arguments);
     let t = Instant::now();
     let mut pending = HashSet::new();
     let mut sent = 0;

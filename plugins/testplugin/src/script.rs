@@ -72,16 +72,24 @@ pub enum Step {
     /// Keeps the turn's host for use after the turn (in process only: the
     /// binary ends the turn with an error saying so).
     CaptureHost,
-    /// `n` calls of `tool`, one after the other; reports each call's
-    /// nanoseconds as `callNs`.
-    TimedCalls { tool: String, n: u64 },
-    /// `n` calls of `tool`, `inflight` at a time; reports the nanoseconds
-    /// they took in all as `parallelNs`.
+    /// `n` calls of `tool` with `arguments` (default none), one after the
+    /// other; reports each call's nanoseconds as `callNs`.
+    TimedCalls {
+        tool: String,
+        n: u64,
+        #[serde(default, skip_serializing_if = "Value::is_null")]
+        arguments: Value,
+    },
+    /// `n` calls of `tool` with `arguments` (default none; over the wire
+    /// each `{n}` in them is the call's number), `inflight` at a time;
+    /// reports the nanoseconds they took in all as `parallelNs`.
     ParallelCalls {
         tool: String,
         n: u64,
         #[serde(default = "one")]
         inflight: u64,
+        #[serde(default, skip_serializing_if = "Value::is_null")]
+        arguments: Value,
     },
     /// `n` events of `type` (data: their index); reports `emits` and the
     /// nanoseconds they took as `emitNs`.

@@ -95,9 +95,14 @@ fn over_wire(p: &mut Plugin, step: &Step) -> Flow {
                 "capture_host runs in process only: there is no host object to keep",
             );
         }
-        Step::TimedCalls { tool, n } => return timed_calls(p, tool, *n),
-        Step::ParallelCalls { tool, n, inflight } => {
-            return match inflight::parallel_calls(p, tool, *n, *inflight) {
+        Step::TimedCalls { tool, n, arguments } => return timed_calls(p, tool, *n, arguments),
+        Step::ParallelCalls {
+            tool,
+            n,
+            inflight,
+            arguments,
+        } => {
+            return match inflight::parallel_calls(p, tool, *n, *inflight, arguments) {
                 Ok(()) => Flow::Next,
                 Err(e) => fail(p, &e),
             };
@@ -120,11 +125,16 @@ fn emit(p: &mut Plugin, kind: Value, data: Value) {
     p.notify("host/emit", params);
 }
 
-fn timed_calls(p: &mut Plugin, tool: &str, n: u64) -> Flow {
+fn timed_calls(p: &mut Plugin, tool: &str, n: u64, arguments: &Value) -> Flow {
+    let arguments = if arguments.is_null() {
+        json!({})
+    } else {
+        arguments.clone()
+    };
     let mut samples = Vec::new();
     for i in 0..n {
         let t = Instant::now();
-        let answer = p.call_as(Some(&format!("c{i}")), tool, json!({}), None);
+        let answer = p.call_as(Some(&format!("c{i}")), tool, arguments.clone(), None);
         if let Some(e) = answer.get("error") {
             return fail(p, &format!("uncaught: {e}"));
         }

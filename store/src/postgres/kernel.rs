@@ -4,18 +4,47 @@
 use async_trait::async_trait;
 use sharedos_kernel::{AuditError, AuditRecord, AuditSink, UsageStore};
 
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+
 use super::lease::{consume, insert_audit};
 use super::{PostgresStore, pg};
+use crate::StoreError;
+use crate::group::{AuditQueue, Batch};
 
+/// Group commit (`group.rs`): the append that finds the queue empty
+/// starts a task that takes the connection and writes every record queued
+/// by then in one transaction.
 #[async_trait]
 impl AuditSink for PostgresStore {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let lease = self.lease.get();
-        let client = self.client.lock().await;
-        insert_audit(&*client, record, lease.as_ref())
-            .await
-            .map_err(|e| AuditError::Sink(e.to_string()))
+        let (pending, first) = self.audit.push(record.clone(), self.lease.get());
+        if first {
+            let (client, queue) = (self.client.clone(), self.audit.clone());
+            tokio::spawn(async move { commit_audit(&client, &queue).await });
+        }
+        pending.done().await
     }
+}
+
+/// Writes every queued audit record, one transaction per lease, and
+/// answers each append with its transaction's result.
+async fn commit_audit(client: &Mutex<Client>, queue: &AuditQueue) {
+    let mut client = client.lock().await;
+    for batch in queue.take() {
+        let result = commit_batch(&mut client, &batch)
+            .await
+            .map_err(|e| e.to_string());
+        batch.answer(result);
+    }
+}
+
+async fn commit_batch(client: &mut Client, batch: &Batch) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(pg)?;
+    for r in batch.records() {
+        insert_audit(&tx, r, batch.lease.as_ref()).await?;
+    }
+    tx.commit().await.map_err(pg)
 }
 
 #[async_trait]

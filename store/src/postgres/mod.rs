@@ -48,6 +48,8 @@ pub struct PostgresStore {
     changes: broadcast::Sender<String>,
     keep_events_per_run: Option<u64>,
     lease: LeaseCell,
+    /// Audit records waiting for their group commit (`kernel.rs`).
+    audit: crate::group::AuditQueue,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -110,6 +112,7 @@ impl PostgresStore {
             client: Arc::new(Mutex::new(client)),
             changes,
             keep_events_per_run,
+            audit: crate::group::AuditQueue::default(),
             lease: LeaseCell::default(),
         })
     }

@@ -28,6 +28,7 @@ mod settle;
 mod worker;
 
 use crate::grants::sqlite as grants;
+use crate::group::AuditQueue;
 use crate::lease::LeaseCell;
 use crate::recovery::RecoveredRun;
 use crate::tokens::{StoredToken, sqlite as tokens};
@@ -64,6 +65,8 @@ pub struct SqliteStore {
     changes: Arc<OnceLock<tokio::sync::broadcast::Sender<String>>>,
     path: PathBuf,
     lease: LeaseCell,
+    /// Audit records waiting for their group commit.
+    audit: AuditQueue,
 }
 
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -125,6 +128,7 @@ impl SqliteStore {
             changes: Arc::default(),
             path,
             lease: LeaseCell::default(),
+            audit: AuditQueue::default(),
         })
     }
 
@@ -495,13 +499,35 @@ pub(crate) fn insert_event(
     Ok(())
 }
 
+/// Group commit (`group.rs`): the append that finds the queue empty sends
+/// the commit job to the connection's thread; every record queued by the
+/// time it runs goes into one fenced transaction.
 #[async_trait]
 impl AuditSink for SqliteStore {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let (r, lease) = (record.clone(), self.lease.get());
-        self.with(move |conn, _| fence::fenced(conn, lease.as_ref(), |tx| insert_audit(tx, &r)))
-            .await
-            .map_err(|e| AuditError::Sink(e.to_string()))
+        let (pending, first) = self.audit.push(record.clone(), self.lease.get());
+        if first {
+            let queue = self.audit.clone();
+            let sent = self.worker.send(move |conn, _| commit_audit(conn, &queue));
+            if let Err(e) = sent {
+                self.audit.fail_all(&e.to_string());
+            }
+        }
+        pending.done().await
+    }
+}
+
+/// Writes every queued audit record, one fenced transaction per lease,
+/// and answers each append with its transaction's result.
+fn commit_audit(conn: &mut Connection, queue: &AuditQueue) {
+    for batch in queue.take() {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fence::fenced(conn, batch.lease.as_ref(), |tx| {
+                batch.records().try_for_each(|r| insert_audit(tx, r))
+            })
+        }))
+        .unwrap_or_else(|_| Err(unavailable("an audit commit panicked")));
+        batch.answer(result.map_err(|e| e.to_string()));
     }
 }
 

@@ -42,6 +42,20 @@ impl Worker {
         })
     }
 
+    /// Queues `f` on the connection's thread without waiting for it; an
+    /// error when the thread has ended (`f` then never runs).
+    pub(super) fn send(
+        &self,
+        f: impl FnOnce(&mut Connection, &SqliteOptions) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let jobs = self
+            .jobs
+            .as_ref()
+            .ok_or_else(|| unavailable("the store is closed"))?;
+        jobs.send(Box::new(f))
+            .map_err(|_| unavailable("the store's thread has ended"))
+    }
+
     /// Runs `f` on the connection's thread. A panic in `f` fails this
     /// operation only (an open transaction is rolled back as it unwinds).
     pub(super) async fn run<T: Send + 'static>(
