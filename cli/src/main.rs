@@ -12,6 +12,8 @@ use sharedos_cli as cli;
 use sharedos_host::config::HostConfig;
 use sharedos_host::seat::LauncherFor;
 
+mod telemetry;
+
 /// `sharedos --version`: the crate's version, the protocol versions it
 /// speaks and the commit it was built from (cli/build.rs).
 static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -102,7 +104,13 @@ fn main() -> ExitCode {
     if let Some(code) = internal_subcommand() {
         return code;
     }
-    init_tracing();
+    let telemetry = match telemetry::init() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sharedos: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = sharedos_host::process::raise_fd_limit() {
         eprintln!("sharedos: could not raise the open-file limit: {e}");
     }
@@ -118,10 +126,14 @@ fn main() -> ExitCode {
         command: SandboxCommand::Check { runtime, config },
     } = &cli.command
     {
-        return sandbox_check(runtime.as_deref(), config.as_deref());
+        let code = sandbox_check(runtime.as_deref(), config.as_deref());
+        telemetry.shutdown();
+        return code;
     }
     if let Command::Conformance(args) = &cli.command {
-        return ExitCode::from(cli::conformance(args) as u8);
+        let code = cli::conformance(args);
+        telemetry.shutdown();
+        return ExitCode::from(code as u8);
     }
     // A command that runs its turns and exits adopts its orphans (a
     // sandbox's pid 1 that outlives its helper by an instant), so it can
@@ -141,6 +153,7 @@ fn main() -> ExitCode {
     if adopted {
         sharedos_host::process::reap_orphans(std::time::Duration::from_secs(2));
     }
+    telemetry.shutdown();
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
@@ -247,16 +260,4 @@ async fn run(
             2
         }
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SHAREDOS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // Colour codes only for a terminal: a log file or a pipe gets plain
-    // text, so that any escape byte in it is a finding, never ours.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
 }

@@ -20,3 +20,4 @@ pub mod registry;
 mod runtime_policy;
 pub mod sandboxed;
 pub mod seat;
+pub mod telemetry;

@@ -37,6 +37,7 @@ use sharedos_protocol::{
     AccessContext, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult, RuntimeLimits,
     RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest,
 };
+use tracing::Instrument;
 
 pub use crate::limits::{EVENT_OVERHEAD_BYTES, STDERR_TAIL_RESERVE_BYTES, VALUE_NODE_BYTES};
 pub use mediation::EnvelopeHost;
@@ -302,7 +303,24 @@ impl Executor {
         [cancel_watch, outage_watch].into_iter().flatten().collect()
     }
 
+    /// One turn inside its span (`sharedos.turn`, host/src/telemetry.rs).
     async fn execute_turn(
+        &self,
+        request: ExecutionRequest,
+        opts: ExecuteOptions,
+        outage: Option<RecordOutage>,
+        session: Option<&str>,
+    ) -> Result<ExecutionResult, ExecuteError> {
+        let span = crate::telemetry::turn_span(&request, session);
+        let result = self
+            .execute_in_span(request, opts, outage, session)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::record_end(&span, &result);
+        result
+    }
+
+    async fn execute_in_span(
         &self,
         request: ExecutionRequest,
         opts: ExecuteOptions,
