@@ -139,7 +139,7 @@ pub enum StoreError {
 
 /// A session as stored. `scope` is the trusted scope the host bound it
 /// to; the store keeps it and never interprets it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionRecord {
     pub id: String,
@@ -154,7 +154,7 @@ pub struct SessionRecord {
 }
 
 /// Where a run is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
     /// Admitted; its turn may be running on `host_id`.
@@ -197,7 +197,7 @@ pub struct NewRun {
 }
 
 /// A run as stored.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRecord {
     pub id: String,

@@ -449,6 +449,33 @@ pub struct HostConfig {
     pub base_dir: PathBuf,
 }
 
+/// A configuration file's text, its name for errors and the directory
+/// its relative paths are resolved against.
+pub struct ConfigText {
+    pub text: String,
+    pub file: String,
+    pub base_dir: PathBuf,
+}
+
+impl ConfigText {
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            message: format!("cannot be read: {e}"),
+        })?;
+        let base_dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Ok(Self {
+            text,
+            file,
+            base_dir,
+        })
+    }
+}
+
 /// A configuration that cannot be used, with the file and what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}: {message}")]
@@ -460,16 +487,8 @@ pub struct ConfigError {
 impl HostConfig {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            message: format!("cannot be read: {e}"),
-        })?;
-        let base = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
-        Self::parse(&text, &file, &base)
+        let f = ConfigText::read(path)?;
+        Self::parse(&f.text, &f.file, &f.base_dir)
     }
 
     /// Parses and checks configuration text; `file` names it in errors.

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sharedos_host::config::{ConfigError, HostConfig, describe_toml_error};
+use sharedos_host::config::{ConfigError, ConfigText, HostConfig, describe_toml_error};
 use sharedos_protocol::{Address, Identifier};
 
 use crate::limits::{
@@ -287,16 +287,8 @@ struct ServeFile {
 impl ServeConfig {
     /// Reads and checks a configuration file, `[serve]` included.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            message: format!("cannot be read: {e}"),
-        })?;
-        let base = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
-        Self::parse(&text, &file, &base)
+        let f = ConfigText::read(path)?;
+        Self::parse(&f.text, &f.file, &f.base_dir)
     }
 
     /// Parses and checks configuration text; `file` names it in errors.

@@ -13,6 +13,7 @@
 //! server stops accepting and waits for every run in flight to end (each
 //! ends by its own deadline at the latest), then lets its lease go.
 
+pub mod api;
 mod at_rest;
 mod conn;
 mod effects;

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sharedos_store::StoreError;
 
+use super::api::{self, Op};
 use super::effects;
 use super::event_filter::KindFilter;
 use super::files;
@@ -246,6 +247,14 @@ pub async fn route(
     }
 }
 
+fn no_route() -> Failure {
+    Failure::new(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        "no such endpoint: see docs/SERVE.md",
+    )
+}
+
 async fn handle(
     sessions: &Arc<Sessions>,
     req: Request<Incoming>,
@@ -259,67 +268,103 @@ async fn handle(
         .map(str::to_owned)
         .collect();
     let parts: Vec<&str> = path.iter().map(String::as_str).collect();
-    let method = req.method().clone();
-    if method == Method::GET && parts == ["v1", "health"] {
-        return Ok(health(sessions));
-    }
-    if method == Method::GET && parts == ["metrics"] {
-        return Ok(metrics(sessions));
+    let route = api::find(req.method().as_str(), &parts).map(|r| r.op);
+    match route {
+        Some(Op::Health) => return Ok(health(sessions)),
+        Some(Op::Metrics) => return Ok(metrics(sessions)),
+        Some(Op::OpenApi) => return Ok(openapi()),
+        _ => {}
     }
     let scope = scope_of(&req)?;
     if let Some((id, file)) = files::split(req.uri().path()) {
         let (id, file) = (id.to_owned(), file.to_owned());
         return transfer(sessions, &scope, (&id, &file), req, body_within).await;
     }
-    if method == Method::GET
-        && let Some(answer) = reads(sessions, &scope, &parts, req.uri().query()).await
-    {
-        return answer;
-    }
-    match (method, parts.as_slice()) {
-        (Method::POST, ["v1", "sessions"]) => {
+    let Some(op) = route else {
+        return Err(no_route());
+    };
+    dispatch(sessions, &scope, (op, &parts), req, body_within).await
+}
+
+/// Answers a request of a row of the table (`op`, the path's `parts`)
+/// whose scope is read.
+async fn dispatch(
+    sessions: &Arc<Sessions>,
+    scope: &Scope,
+    (op, parts): (Op, &[&str]),
+    req: Request<Incoming>,
+    body_within: Duration,
+) -> Result<Response<Body>, Failure> {
+    let query = req.uri().query();
+    match (op, parts) {
+        (Op::OpenSession, _) => {
             let spec: OpenSession = body_of(req, body_within).await?;
-            let s = sessions.open_session(&scope, spec).await?;
+            let s = sessions.open_session(scope, spec).await?;
             Ok(json_response(StatusCode::CREATED, &json!({"session": s})))
         }
-        (Method::DELETE, ["v1", "sessions", id]) => {
-            close_or_delete(sessions, &scope, id, req.uri().query()).await
+        (Op::ListSessions, _) => read(listing::sessions(sessions, scope, query).await),
+        (Op::GetSession, [_, _, id]) => {
+            let (s, active) = sessions.session_with_active_run(scope, id).await?;
+            read(Ok(json!({"session": s, "activeRun": active})))
         }
-        (Method::POST, ["v1", "sessions", id, "runs"]) => {
+        (Op::CloseSession, [_, _, id]) => close_or_delete(sessions, scope, id, query).await,
+        (Op::ListRuns, [_, _, id, _]) => read(listing::runs(sessions, scope, id, query).await),
+        (Op::Preflight, _) => match super::preflight::preflight(sessions, scope, query).await {
+            Some(answer) => read(answer),
+            None => Err(no_route()),
+        },
+        (Op::SessionEffects | Op::RunEffects, _) => {
+            match effects::list(sessions, scope, parts, query).await {
+                Some(answer) => read(answer),
+                None => Err(no_route()),
+            }
+        }
+        (Op::PostRun, [_, _, id, _]) => {
             let id = id.to_string();
-            post_run(sessions, &scope, &id, req, body_within).await
+            post_run(sessions, scope, &id, req, body_within).await
         }
-        (Method::GET, ["v1", "runs", id]) => {
-            let run = sessions.get_run(&scope, id).await?;
+        (Op::GetRun, [_, _, id]) => {
+            let run = sessions.get_run(scope, id).await?;
             Ok(json_response(StatusCode::OK, &json!({"run": run})))
         }
-        (Method::DELETE, ["v1", "runs", id]) => {
-            sessions.delete_run(&scope, id).await?;
+        (Op::DeleteRun, [_, _, id]) => {
+            sessions.delete_run(scope, id).await?;
             Ok(json_response(StatusCode::OK, &json!({"deleted": id})))
         }
-        (Method::POST, ["v1", "runs", id, "cancel"]) => {
-            let host = sessions.cancel(&scope, id).await?;
+        (Op::CancelRun, [_, _, id, _]) => {
+            let host = sessions.cancel(scope, id).await?;
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"cancelled": host.is_some(), "hostId": host}),
             ))
         }
-        (Method::POST, ["v1", "runs", id, "effects", op, "settle"]) => {
+        (Op::SettleEffect, [_, _, id, _, op, _]) => {
             let (id, op) = (id.to_string(), effects::operation_id(op)?);
-            settle(sessions, &scope, (&id, &op), req, body_within).await
+            settle(sessions, scope, (&id, &op), req, body_within).await
         }
-        (Method::GET, ["v1", "runs", id, "events"]) => {
+        (Op::RunEvents, [_, _, id, _]) => {
             let after = after_sequence(&req)?;
-            let kinds = KindFilter::from_query(req.uri().query())?;
-            let observer = sessions.observe(&scope, id, after).await?;
+            let kinds = KindFilter::from_query(query)?;
+            let observer = sessions.observe(scope, id, after).await?;
             Ok(sse(observer, kinds))
         }
-        _ => Err(Failure::new(
-            StatusCode::NOT_FOUND,
-            "no_route",
-            "no such endpoint: see docs/SERVE.md",
-        )),
+        // Answered above (files by their raw path), or a row whose shape
+        // the arms above do not name: never reached for the table's rows.
+        _ => Err(no_route()),
     }
+}
+
+/// A read's answer as `200` JSON, or its refusal.
+fn read(answer: Result<Value, Refusal>) -> Result<Response<Body>, Failure> {
+    answer
+        .map(|value| json_response(StatusCode::OK, &value))
+        .map_err(Failure::from)
+}
+
+/// `GET /v1/openapi.json`: the document of the route table, built once.
+fn openapi() -> Response<Body> {
+    static DOCUMENT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    json_response(StatusCode::OK, DOCUMENT.get_or_init(api::document))
 }
 
 /// `POST /v1/sessions/{id}/runs`: `201` for a new run, `200` for a repeat.
@@ -411,33 +456,6 @@ async fn transfer(
         r.headers_mut().insert("x-sharedos-sha256", digest);
     }
     Ok(r)
-}
-
-/// The reads of sessions and runs (docs/SERVE.md, "Listing sessions and
-/// runs"): a session with its active run, the scope's sessions, a
-/// session's runs; the preflight (docs/SERVE.md, "Preflight"); `None` for
-/// any other path.
-async fn reads(
-    sessions: &Arc<Sessions>,
-    scope: &Scope,
-    parts: &[&str],
-    query: Option<&str>,
-) -> Option<Result<Response<Body>, Failure>> {
-    let answer = match parts {
-        ["v1", "sessions"] => listing::sessions(sessions, scope, query).await,
-        ["v1", "sessions", id] => match sessions.session_with_active_run(scope, id).await {
-            Ok((s, active)) => Ok(json!({"session": s, "activeRun": active})),
-            Err(e) => Err(e.into()),
-        },
-        ["v1", "sessions", id, "runs"] => listing::runs(sessions, scope, id, query).await,
-        ["v1", "preflight"] => super::preflight::preflight(sessions, scope, query).await?,
-        _ => effects::list(sessions, scope, parts, query).await?,
-    };
-    Some(
-        answer
-            .map(|value| json_response(StatusCode::OK, &value))
-            .map_err(Failure::from),
-    )
 }
 
 impl From<Refusal> for Failure {

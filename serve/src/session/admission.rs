@@ -44,7 +44,7 @@ impl AdmissionLimits {
 }
 
 /// What admission holds now, for `/v1/health`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionStatus {
     pub live: usize,

@@ -23,7 +23,7 @@ const MAX_OPERATION_ID_CHARS: usize = 256;
 pub const MAX_LISTED_EFFECTS: usize = 10_000;
 
 /// What the operator saw at the call's source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Observed {
     Succeeded,
@@ -31,7 +31,7 @@ pub enum Observed {
 }
 
 /// The body of a settlement.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettleRequest {
     pub outcome: Observed,

@@ -11,7 +11,7 @@ use sharedos_store::{Acquired, StoreError};
 use super::{SessionError, Sessions, now};
 
 /// What `/v1/health` reports of the lease.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseStatus {
     pub host_id: String,

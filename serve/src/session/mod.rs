@@ -45,7 +45,7 @@ pub use metrics::Metrics;
 pub use observe::Observer;
 
 /// The trusted scope a session is opened under and every call re-checks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Scope {
     pub namespace_id: Identifier,
@@ -56,7 +56,7 @@ pub struct Scope {
 }
 
 /// What a session fixes for all its runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct OpenSession {
     pub agent_id: Identifier,
@@ -71,7 +71,7 @@ pub struct OpenSession {
 
 /// One tool a session offers: a name, resolved from the host's catalogue
 /// when the session is opened, or a whole definition.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum SessionTool {
     Named(Identifier),
@@ -95,7 +95,7 @@ impl<'de> Deserialize<'de> for SessionTool {
 }
 
 /// One run's input: the message payload and optional limits.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RunInput {
     pub payload: Value,
