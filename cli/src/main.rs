@@ -254,7 +254,13 @@ async fn run(
         }
     };
     cli::timings::mark("config");
-    let printer: Arc<dyn Fn(String) + Send + Sync> = Arc::new(|line| eprintln!("{line}"));
+    // One `write` per event line (eprintln! writes the line and its newline
+    // apart, on an unbuffered stderr): live, and half the calls.
+    let printer: Arc<dyn Fn(String) + Send + Sync> = Arc::new(|mut line| {
+        use std::io::Write;
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    });
     match cli::run_turn(
         &config,
         &text,
