@@ -322,7 +322,7 @@ pub(super) mod tests {
             execution_id: sharedos_protocol::ident("exec \"quoted\" \\ and\ttab"),
             trace_id: sharedos_protocol::ident("trace-\u{1}-\u{7f}-é-☃"),
             sequence,
-            kind: sharedos_protocol::ShortName::new("tool.requested").unwrap(),
+            kind: sharedos_protocol::EventKind::ToolRequested.short_name(),
             data: data.into(),
             occurred_at: sharedos_protocol::Timestamp::now(),
         }

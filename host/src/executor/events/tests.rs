@@ -69,14 +69,13 @@ impl Gen {
             EventData::Call(self.call())
         }
     }
-    fn kind(&mut self) -> &'static str {
+    fn kind(&mut self) -> EventKind {
         self.pick(&[
             CALL_REQUESTED,
             CALL_COMPLETED,
-            "runtime.event",
-            "turn.started",
-            " spaced.kind ",
-            "",
+            EventKind::RuntimeEvent,
+            EventKind::TurnStarted,
+            EventKind::EgressBudgetExceeded,
         ])
     }
 }
@@ -124,7 +123,7 @@ impl Model {
         }
     }
 
-    fn candidate(&mut self, kind: &str, data: EventData) -> ExecutionEvent {
+    fn candidate(&mut self, kind: EventKind, data: EventData) -> ExecutionEvent {
         let id = self.next_id;
         self.next_id += 1;
         ExecutionEvent {
@@ -133,7 +132,7 @@ impl Model {
             execution_id: ident("exec-1"),
             trace_id: ident("trace \"q\" é"),
             sequence: self.events.len() as u64,
-            kind: ShortName::new(kind).unwrap_or_else(|_| ShortName::new("event").unwrap()),
+            kind: ShortName::new(kind.as_str()).unwrap(),
             data,
             occurred_at: at(),
         }
@@ -144,18 +143,18 @@ impl Model {
         self.events.push(e);
     }
 
-    fn envelope(&mut self, kind: &str, data: Value) {
+    fn envelope(&mut self, kind: EventKind, data: Value) {
         if self.taken {
             return;
         }
-        self.sealed |= TERMINAL_EVENTS.contains(&kind);
+        self.sealed |= EventKind::TERMINAL.contains(&kind);
         self.charged_events += 1;
         let e = self.candidate(kind, data.into());
         self.held += measured(&e);
         self.append(e);
     }
 
-    fn prepaid(&mut self, kind: &str, data: CallEventData) {
+    fn prepaid(&mut self, kind: EventKind, data: CallEventData) {
         if !self.sealed {
             let e = self.candidate(kind, EventData::Call(data));
             self.append(e);
@@ -164,7 +163,7 @@ impl Model {
 
     fn plugin(
         &mut self,
-        kind: &str,
+        kind: EventKind,
         data: EventData,
         prepaid_events: usize,
         prepaid_bytes: usize,
@@ -225,7 +224,7 @@ fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
         for step in 0..g.below(1_500) {
             let what = g.below(1000);
             if what < end_per_mille {
-                let kind = g.pick(TERMINAL_EVENTS);
+                let kind = g.pick(EventKind::TERMINAL);
                 let data = g.value();
                 ledger.push_envelope(kind, data.clone());
                 model.envelope(kind, data);
