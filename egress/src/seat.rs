@@ -25,10 +25,6 @@ pub fn egress_url() -> String {
     format!("http://127.0.0.1:{EGRESS_PORT}")
 }
 
-/// The placeholder a plugin is given where a program insists on a key;
-/// the gateway drops it and adds the real one.
-pub const PLACEHOLDER_KEY: &str = "sharedos-placeholder";
-
 /// A runtime's gateway and the turns bound to it, by execution id.
 pub struct EgressSeat {
     gateway: Arc<Gateway>,

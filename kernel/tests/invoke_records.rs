@@ -138,7 +138,7 @@ async fn g39_g104_the_escalate_affordance_is_granted_and_never_terminates_by_cal
     assert!(
         listed
             .iter()
-            .any(|t| t.name == sharedos_kernel::ESCALATE_TOOL)
+            .any(|t| t.name == sharedos_protocol::ESCALATE_TOOL)
     );
     let c = call("c1", "sharedos.escalate", json!({"reason": "please"}));
     let r = turn

@@ -13,8 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::provenance::{ProgramProvenance, RuntimeDiagnosis, TurnReport};
 
-pub use sharedos_protocol::ESCALATE_TOOL;
-
 pub use crate::limits::{
     DEFAULT_MAX_ANNOTATION_BYTES, DEFAULT_MAX_ANNOTATION_KEYS, DEFAULT_MAX_EVENTS_PER_TURN,
     DEFAULT_MAX_TURN_BYTES, MAX_TIMEOUT_MS, MAX_TURN_BYTES, MIN_EVENTS_PER_TURN, MIN_TURN_BYTES,
