@@ -78,6 +78,32 @@ pub trait Side: Send + Sync + 'static {
     type Notification: Received;
 }
 
+/// One side's enum of the methods of one kind it receives.
+macro_rules! received_enum {
+    ($(#[$doc:meta])* $enum:ident { $( $variant:ident = $name:literal, )* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $enum {
+            $( #[doc = concat!("`", $name, "`")] $variant, )*
+        }
+
+        impl Received for $enum {
+            fn from_name(name: &str) -> Option<Self> {
+                match name {
+                    $( $name => Some(Self::$variant), )*
+                    _ => None,
+                }
+            }
+
+            fn name(self) -> &'static str {
+                match self {
+                    $( Self::$variant => $name, )*
+                }
+            }
+        }
+    };
+}
+
 /// The method table: each method's marker type (with its [`Method`] and
 /// [`Request`] or [`Notification`] impl), the enums of what each side
 /// receives ([`to_plugin`], [`to_host`]) and [`TABLE`], all from one list.
@@ -116,49 +142,16 @@ macro_rules! methods {
 
             #[doc = concat!("What the receiving side of `", stringify!($dir), "` takes.")]
             pub mod $side {
-                use super::{Direction, Method, Received};
+                use super::{Direction, Received};
 
-                /// The requests this side serves.
-                #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-                pub enum Request {
-                    $( #[doc = concat!("`", $rname, "`")] $req, )*
-                }
-
-                impl Received for Request {
-                    fn from_name(name: &str) -> Option<Self> {
-                        match name {
-                            $( $rname => Some(Self::$req), )*
-                            _ => None,
-                        }
-                    }
-
-                    fn name(self) -> &'static str {
-                        match self {
-                            $( Self::$req => <super::$req as Method>::NAME, )*
-                        }
-                    }
-                }
-
-                /// The notifications this side takes.
-                #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-                pub enum Notification {
-                    $( #[doc = concat!("`", $nname, "`")] $note, )*
-                }
-
-                impl Received for Notification {
-                    fn from_name(name: &str) -> Option<Self> {
-                        match name {
-                            $( $nname => Some(Self::$note), )*
-                            _ => None,
-                        }
-                    }
-
-                    fn name(self) -> &'static str {
-                        match self {
-                            $( Self::$note => <super::$note as Method>::NAME, )*
-                        }
-                    }
-                }
+                received_enum!(
+                    /// The requests this side serves.
+                    Request { $( $req = $rname, )* }
+                );
+                received_enum!(
+                    /// The notifications this side takes.
+                    Notification { $( $note = $nname, )* }
+                );
 
                 /// This side, as a type.
                 #[derive(Debug, Clone, Copy)]
