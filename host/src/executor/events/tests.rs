@@ -10,22 +10,19 @@ use sharedos_protocol::{Timestamp, ToolStatus, ident};
 use super::super::ledger::tests::measured;
 use super::*;
 
-/// A small deterministic generator (xorshift), so a failure names its
-/// seed.
-struct Gen(u64);
+/// The test kit's generator with this suite's values, so a failure names
+/// its seed.
+struct Gen(sharedos_testkit::XorShift);
 
 impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+    fn new(seed: u64) -> Self {
+        Self(sharedos_testkit::XorShift::new(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.below(n)
     }
     fn pick<T: Clone>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len() as u64) as usize].clone()
+        self.0.pick(from)
     }
     fn text(&mut self) -> String {
         const PIECES: &[&str] = &[
@@ -207,7 +204,7 @@ fn serialized(events: &[ExecutionEvent]) -> Vec<String> {
 #[test]
 fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
     for seed in 1..300u64 {
-        let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut g = Gen::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let max_events = g.pick(&[16, 300, 900, 100_000]);
         let max_bytes = g.pick(&[256 * 1024, 1 << 20, 1 << 30]);
         let end_per_mille = g.pick(&[0, 1, 5]);
@@ -266,7 +263,7 @@ fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
 /// scan), every charge is still what the event measures serialized.
 #[test]
 fn default_ids_and_times_are_charged_as_serialized() {
-    let mut g = Gen(0x2545_F491_4F6C_DD1D);
+    let mut g = Gen::new(0x2545_F491_4F6C_DD1D);
     let stamp = EventStamp {
         ids: IdSource::uuid(),
         clock: Arc::new(Timestamp::now),
