@@ -136,7 +136,7 @@ fn executor(exe: &Path, calls: usize) -> Result<Executor, String> {
             term_grace_ms: 1000,
         },
         route_url: None,
-        placeholder_key: sharedos_egress::PLACEHOLDER_KEY.into(),
+        placeholder_key: sharedos_protocol::PLACEHOLDER_MODEL_KEY.into(),
     };
     let mut config = ProcessRuntimeConfig::new(&harness, manifest);
     config.args = vec![

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sharedos_protocol::{ConnectionLimits, RuntimeManifest};
+use sharedos_protocol::{ConnectionLimits, EventKind, RuntimeManifest};
 use tokio::net::unix::pipe;
 
 use super::Figure;
@@ -84,7 +84,7 @@ pub async fn process_emits(exe: &Path, n: usize) -> Result<f64, String> {
     let seen: Arc<std::sync::Mutex<EmitSpan>> = Arc::default();
     let probe = seen.clone();
     let on_event: sharedos_host::executor::OnEvent = Arc::new(move |e| {
-        if e.kind == "runtime.event" {
+        if e.kind == EventKind::RuntimeEvent {
             let now = Instant::now();
             let mut s = probe.lock().unwrap_or_else(|p| p.into_inner());
             s.0.get_or_insert(now);
@@ -330,7 +330,7 @@ fn forked_pids(result: &sharedos_protocol::ExecutionResult) -> Vec<i32> {
     result
         .events
         .iter()
-        .filter(|e| e.kind == "runtime.event" && e.data["type"] == "forked")
+        .filter(|e| e.kind == EventKind::RuntimeEvent && e.data["type"] == "forked")
         .flat_map(|e| {
             e.data["data"]["pids"]
                 .as_array()

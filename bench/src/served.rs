@@ -12,6 +12,7 @@ use hyper::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use sharedos_protocol::EventKind;
 use tokio::net::UnixStream;
 
 /// The agent every run of the family is for.
@@ -311,7 +312,7 @@ impl Events {
     pub async fn to_end(&mut self) -> Option<bool> {
         let mut completed = false;
         while let Some((event, _, _)) = self.next().await {
-            completed |= event == "turn.completed";
+            completed |= event == EventKind::TurnCompleted.as_str();
             if event == "end" {
                 return Some(completed);
             }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sharedos_protocol::{ESCALATE_TOOL, ExecutionResult, ExecutionStatus};
+use sharedos_protocol::{ESCALATE_TOOL, EventKind, ExecutionResult, ExecutionStatus};
 
 use super::checks::{Check, check};
 use super::envelope::{ECHO_TOOL, Envelope, Plan, Ran};
@@ -61,7 +61,7 @@ fn completed(result: &ExecutionResult) -> Vec<(String, String, String)> {
     result
         .events
         .iter()
-        .filter(|e| e.kind.as_str() == "tool.completed")
+        .filter(|e| e.kind == EventKind::ToolCompleted)
         .map(|e| {
             let s = |k: &str| e.data[k].as_str().unwrap_or("").to_owned();
             (s("tool"), s("status"), s("code"))

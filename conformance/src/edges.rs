@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sharedos_protocol::ExecutionStatus;
+use sharedos_protocol::{EventKind, ExecutionStatus};
 
 use super::checks::{Check, check};
 use super::envelope::{ECHO_TOOL, Envelope, Plan};
@@ -41,7 +41,7 @@ pub(super) fn large(envelope: &Envelope, timeout: Duration) -> Check {
     let calls = result
         .events
         .iter()
-        .filter(|e| e.kind.as_str() == "tool.completed")
+        .filter(|e| e.kind == EventKind::ToolCompleted)
         .count();
     match result.status {
         ExecutionStatus::Succeeded if calls == 0 => c.na("made no tool call for the echo payload"),

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_kernel::registry::{HandlerAnswer, ToolError, ToolHandler};
-use sharedos_kernel::{ESCALATE_TOOL, Kernel, KernelConfig, MemoryAuditSink};
+use sharedos_kernel::{Kernel, KernelConfig, MemoryAuditSink};
+use sharedos_protocol::ESCALATE_TOOL;
 use sharedos_protocol::{
     AccessContext, ExecutionRequest, ExecutionResult, PLUGIN_COOKIE_ENV, RuntimeManifest,
     Timestamp, ToolCall, ToolDefinition, ToolResult,

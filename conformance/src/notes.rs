@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use sharedos_protocol::{ExecutionResult, ExecutionStatus};
+use sharedos_protocol::{EventKind, ExecutionResult, ExecutionStatus};
 
 use super::checks::{Check, check};
 use super::envelope::{ECHO_TOOL, Envelope, Plan, Ran};
@@ -95,7 +95,7 @@ pub(super) fn notes(envelope: &Envelope, timeout: Duration) -> Check {
     let events = result
         .events
         .iter()
-        .filter(|e| e.kind.as_str() == "runtime.event")
+        .filter(|e| e.kind == EventKind::RuntimeEvent)
         .count();
     let annotations = result.metadata.keys().filter(|k| *k != "runtime").count();
     if events == 0 && annotations == 0 {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_protocol::text::escape_text;
-use sharedos_protocol::{ExecutionResult, ExecutionStatus};
+use sharedos_protocol::{EventKind, ExecutionResult, ExecutionStatus};
 
 use super::envelope::{Envelope, Plan};
 
@@ -138,7 +138,7 @@ fn judge(result: &ExecutionResult, written: Option<&str>) -> Result<String, Stri
     let completed: Vec<&Value> = result
         .events
         .iter()
-        .filter(|e| e.kind.as_str() == "tool.completed")
+        .filter(|e| e.kind == EventKind::ToolCompleted)
         .map(|e| &*e.data)
         .collect();
     if let Some(bad) = completed.iter().find(|d| d["status"] != "succeeded") {

@@ -26,7 +26,5 @@ pub use gateway::{EgressEvent, Gateway, GatewayLimits, ServeHandle, TurnBinding}
 pub use policy::{
     AddressClass, ApiShape, Destination, EgressBudget, ModelRoute, NetworkPolicy, NetworkRoutes,
 };
-pub use seat::{
-    BoundTurn, EGRESS_NAMESPACE, EGRESS_PORT, EgressSeat, PLACEHOLDER_KEY, ServeError, egress_url,
-};
+pub use seat::{BoundTurn, EGRESS_NAMESPACE, EGRESS_PORT, EgressSeat, ServeError, egress_url};
 pub use secret::{Secret, SecretRef};

@@ -8,6 +8,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
+use sharedos_protocol::EventKind;
 
 use super::gateway::{EgressEvent, Gateway, ServeHandle, TurnBinding};
 
@@ -23,10 +24,6 @@ pub const EGRESS_PORT: u16 = 8787;
 pub fn egress_url() -> String {
     format!("http://127.0.0.1:{EGRESS_PORT}")
 }
-
-/// The placeholder a plugin is given where a program insists on a key;
-/// the gateway drops it and adds the real one.
-pub const PLACEHOLDER_KEY: &str = "sharedos-placeholder";
 
 /// A runtime's gateway and the turns bound to it, by execution id.
 pub struct EgressSeat {
@@ -108,7 +105,7 @@ impl Drop for BoundTurn {
 
 /// An egress event as the turn's event (kind, data): counts and codes
 /// only, never a payload or a key.
-pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
+pub fn event_of(e: &EgressEvent) -> (EventKind, Value) {
     match e {
         EgressEvent::Request {
             route,
@@ -120,7 +117,7 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
             usage,
             estimated_tokens,
         } => (
-            "egress.request",
+            EventKind::EgressRequest,
             json!({
                 "route": route,
                 "status": status,
@@ -140,7 +137,7 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
             bytes_down,
             duration_ms,
         } => (
-            "egress.connection",
+            EventKind::EgressConnection,
             json!({
                 "destination": destination,
                 "code": code,
@@ -150,7 +147,7 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
             }),
         ),
         EgressEvent::BudgetExceeded { budget } => {
-            ("egress.budget_exceeded", json!({ "budget": budget }))
+            (EventKind::EgressBudgetExceeded, json!({ "budget": budget }))
         }
         EgressEvent::ModelFailing {
             route,
@@ -158,7 +155,7 @@ pub fn event_of(e: &EgressEvent) -> (&'static str, Value) {
             status,
             code,
         } => (
-            "egress.model_failing",
+            EventKind::EgressModelFailing,
             json!({"route": route, "failures": failures, "status": status, "code": code}),
         ),
     }

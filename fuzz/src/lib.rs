@@ -122,7 +122,7 @@ enum CallBody {
 }
 
 fn call_body(method: &str, raw: &serde_json::value::RawValue) -> CallBody {
-    if method == "host/invokeTool" {
+    if method == sharedos_protocol::methods::HOST_INVOKE_TOOL {
         CallBody::Call(serde_json::from_str(raw.get()).ok().map(Box::new))
     } else {
         CallBody::Text(raw.get().to_owned())

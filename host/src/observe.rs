@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use sharedos_protocol::ExecutionEvent;
 use sharedos_protocol::text::escape_text;
+use sharedos_protocol::{EventKind, ExecutionEvent};
 use tokio::sync::mpsc;
 
 use crate::executor::OnEvent;
@@ -36,8 +36,9 @@ pub fn event_stream() -> (OnEvent, mpsc::UnboundedReceiver<ExecutionEvent>) {
 pub fn describe(event: &ExecutionEvent) -> String {
     let d = &event.data;
     let s = |k: &str| d.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
-    let detail = match event.kind.as_str() {
-        "turn.started" => format!(
+    // A kind this build does not know (a log of another host) has no detail.
+    let detail = match EventKind::from_name(event.kind.as_str()) {
+        Some(EventKind::TurnStarted) => format!(
             "runtime {} {}, tools [{}]",
             d["runtime"]["id"].as_str().unwrap_or(""),
             d["runtime"]["version"].as_str().unwrap_or(""),
@@ -50,8 +51,8 @@ pub fn describe(event: &ExecutionEvent) -> String {
                     .join(", "))
                 .unwrap_or_default()
         ),
-        "tool.requested" => format!("{} ({})", s("tool"), s("callId")),
-        "tool.completed" => {
+        Some(EventKind::ToolRequested) => format!("{} ({})", s("tool"), s("callId")),
+        Some(EventKind::ToolCompleted) => {
             let code = s("code");
             if code.is_empty() {
                 format!("{} → {}", s("tool"), s("status"))
@@ -59,11 +60,11 @@ pub fn describe(event: &ExecutionEvent) -> String {
                 format!("{} → {} {}", s("tool"), s("status"), code)
             }
         }
-        "runtime.event" => format!("{} {}", s("type"), d["data"]),
-        "turn.failed" => format!("{} (source {})", s("code"), s("source")),
-        "turn.denied" => s("code"),
-        "turn.escalated" => s("reason"),
-        "egress.request" => {
+        Some(EventKind::RuntimeEvent) => format!("{} {}", s("type"), d["data"]),
+        Some(EventKind::TurnFailed) => format!("{} (source {})", s("code"), s("source")),
+        Some(EventKind::TurnDenied) => s("code"),
+        Some(EventKind::TurnEscalated) => s("reason"),
+        Some(EventKind::EgressRequest) => {
             let outcome = match (d["status"].as_u64(), d["code"].as_str()) {
                 (_, Some(code)) => code.to_owned(),
                 (Some(status), None) => status.to_string(),
@@ -75,9 +76,12 @@ pub fn describe(event: &ExecutionEvent) -> String {
             }
             line
         }
-        "egress.connection" => format!("{} {}", s("destination"), s("code")),
-        "egress.budget_exceeded" => s("budget"),
-        _ => String::new(),
+        Some(EventKind::EgressConnection) => format!("{} {}", s("destination"), s("code")),
+        Some(EventKind::EgressBudgetExceeded) => s("budget"),
+        Some(
+            EventKind::TurnCompleted | EventKind::TurnCancelled | EventKind::EgressModelFailing,
+        )
+        | None => String::new(),
     };
     escape_text(&format!(
         "[{:>3}] {:<16} {}",

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{HostConfig, LauncherKind, RuntimeEntry};
-use sharedos_egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy, PLACEHOLDER_KEY};
+use sharedos_egress::{EgressSeat, Gateway, GatewayLimits, NetworkPolicy};
 use sharedos_plugin_sdk::{RuntimeHost, Signal};
 use sharedos_protocol::RuntimeTurnRequest;
+use sharedos_protocol::{EGRESS_URL_ENV, MODEL_KEY_ENV, PLACEHOLDER_MODEL_KEY};
 
 use crate::executor::{
     DEFAULT_MAX_TURN_BYTES, ExecutorOptions, OnTurnError, Seat, SeatedRuntime, SeatedTurn,
@@ -161,12 +162,12 @@ pub fn process_runtime(
         // A placeholder, so a program that insists on a key has one; the
         // real key stays in the host's gateway.
         pc.env
-            .push(("SHAREDOS_MODEL_KEY".into(), PLACEHOLDER_KEY.into()));
+            .push((MODEL_KEY_ENV.into(), PLACEHOLDER_MODEL_KEY.into()));
     }
     pc.egress = egress_seat(entry)?;
     if pc.egress.is_some() {
         pc.env
-            .push(("SHAREDOS_EGRESS_URL".into(), sharedos_egress::egress_url()));
+            .push((EGRESS_URL_ENV.into(), sharedos_egress::egress_url()));
     }
     pc.handshake_timeout = Duration::from_millis(entry.handshake_timeout_ms);
     pc.max_inflight_tool_calls = entry.max_inflight_tool_calls as usize;

@@ -251,18 +251,8 @@ fn outcome_failing_kernel() -> (
     Shared,
     tempfile::TempDir,
 ) {
-    use sharedos_kernel::{AuditError, AuditRecord, AuditSink, ErrorHook, MemoryAuditSink};
+    use sharedos_kernel::{AuditError, AuditRecord, ErrorHook, MemoryAuditSink};
 
-    struct FailsAfterEffect(MemoryAuditSink);
-    #[async_trait::async_trait]
-    impl AuditSink for FailsAfterEffect {
-        async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-            if record.kind == "tool.invoked" {
-                return Err(AuditError::Sink("disk full after the effect".into()));
-            }
-            self.0.append(record).await
-        }
-    }
     struct Reported(Shared);
     impl ErrorHook for Reported {
         fn audit_error(&self, _: &AuditError, record: &AuditRecord) {
@@ -305,7 +295,10 @@ fn outcome_failing_kernel() -> (
     let kernel = sharedos_kernel::Kernel::builder_from_config(
         &config,
         dir.path(),
-        Arc::new(FailsAfterEffect(MemoryAuditSink::new())),
+        Arc::new(sharedos_testkit::FaultySink::failing(
+            MemoryAuditSink::new(),
+            &[sharedos_kernel::AuditKind::ToolInvoked],
+        )),
     )
     .unwrap()
     .error_hook(Arc::new(Reported(reported.clone())))

@@ -55,5 +55,4 @@ pub use port::{
     TurnEnd, TurnKernel,
 };
 pub use registry::{HandlerAnswer, RegistrationError, ToolError, ToolHandler, ToolRegistry};
-pub use tools::escalate::ESCALATE_TOOL;
 pub use usage::JsonlUsageStore;

@@ -27,7 +27,8 @@ async fn g76_f13_a_failed_decision_write_refuses_the_call_and_nothing_runs() {
     );
     let ctx = context("alice");
     let turn = f.kernel.open_turn(&ctx).await.unwrap();
-    f.sink.fail_on("authorization.checked");
+    f.sink
+        .fail_on(sharedos_kernel::AuditKind::AuthorizationChecked);
     let r = turn
         .invoke_tool(
             &ctx,
@@ -66,12 +67,14 @@ async fn g81_a_failed_catalogue_write_refuses_the_listing() {
     );
     let ctx = context("alice");
     let turn = f.kernel.open_turn(&ctx).await.unwrap();
-    f.sink.fail_on("tool.catalog.listed");
+    f.sink
+        .fail_on(sharedos_kernel::AuditKind::ToolCatalogListed);
     assert!(matches!(
         turn.list_tools(&ctx).await,
         Err(KernelError::AuditUnavailable { .. })
     ));
-    f.sink.fail_on("authority.resolved");
+    f.sink
+        .fail_on(sharedos_kernel::AuditKind::AuthorityResolved);
     assert!(matches!(
         f.kernel.open_turn(&ctx).await,
         Err(KernelError::AuditUnavailable { .. })
@@ -86,9 +89,10 @@ async fn g83_a_failed_outcome_write_goes_to_the_hook_and_changes_nothing() {
     );
     let ctx = context("alice");
     let turn = f.kernel.open_turn(&ctx).await.unwrap();
-    f.sink.fail_on("tool.invoked");
-    f.sink.fail_on("turn.ended");
-    f.sink.fail_on("escalation.requested");
+    f.sink.fail_on(sharedos_kernel::AuditKind::ToolInvoked);
+    f.sink.fail_on(sharedos_kernel::AuditKind::TurnEnded);
+    f.sink
+        .fail_on(sharedos_kernel::AuditKind::EscalationRequested);
     let r = turn
         .invoke_tool(
             &ctx,
@@ -135,7 +139,7 @@ async fn outcome_writes_are_bounded_by_the_timeout_and_decisions_are_not() {
         .audit_write_timeout(Some(Duration::from_millis(20)))
         .build();
     let ctx = context("alice");
-    *sink.delay.lock().unwrap() = Some(Duration::from_millis(150));
+    sink.slow_all(Some(Duration::from_millis(150)));
     // Decision path: waits for the slow sink, whatever the timeout.
     let started = Instant::now();
     kernel.open_turn(&ctx).await.unwrap();
@@ -328,7 +332,8 @@ async fn g79_an_outage_on_call_2_leaves_call_1_to_be_recorded_interrupted() {
     while f.tool.calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    f.sink.fail_on("authorization.checked");
+    f.sink
+        .fail_on(sharedos_kernel::AuditKind::AuthorizationChecked);
     let c2 = call("call-2", "test.records", json!({"record": "b"}));
     let r2 = turn.invoke_tool(&ctx, &c2, hard.clone()).await;
     assert!(matches!(
@@ -342,7 +347,7 @@ async fn g79_an_outage_on_call_2_leaves_call_1_to_be_recorded_interrupted() {
     // The envelope drains with no grace: the hard signal fires.
     hard.cancel();
     assert_eq!(call1.await.unwrap(), Err(KernelError::Interrupted));
-    let last = f.sink.records().pop().unwrap();
+    let last = f.sink.inner().records().pop().unwrap();
     assert_eq!(last.operation_id.as_deref(), Some("call-1"));
     assert_eq!(
         (last.outcome, last.reason.as_deref()),

@@ -230,7 +230,7 @@ async fn a_call_under_another_context_is_recorded_with_its_own_identity() {
         assert_eq!(code(&result), None);
     }
     let from_file = sharedos_kernel::audit::read_jsonl(&path).unwrap();
-    for records in [from_file, f.sink.records()] {
+    for records in [from_file, f.sink.inner().records()] {
         let purposes: Vec<(String, &str)> = records
             .iter()
             .map(|r| (r.kind.to_string(), r.purpose.as_str()))

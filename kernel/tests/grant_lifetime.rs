@@ -387,6 +387,7 @@ async fn f19_a_child_claiming_more_than_its_parent_is_delegation_chain_invalid()
         assert_eq!(f.tool.calls(), 0);
         let checked: Vec<_> = f
             .sink
+            .inner()
             .records()
             .into_iter()
             .filter(|r| r.kind == "authorization.checked")

@@ -101,6 +101,7 @@ async fn g36_f23_an_escalation_is_recorded_and_grants_nothing() {
     assert_eq!(serde_json::to_value(e.status).unwrap(), json!("pending"));
     let recs: Vec<_> = f
         .sink
+        .inner()
         .records()
         .into_iter()
         .filter(|r| r.kind == "escalation.requested")
@@ -138,7 +139,7 @@ async fn g39_g104_the_escalate_affordance_is_granted_and_never_terminates_by_cal
     assert!(
         listed
             .iter()
-            .any(|t| t.name == sharedos_kernel::ESCALATE_TOOL)
+            .any(|t| t.name == sharedos_protocol::ESCALATE_TOOL)
     );
     let c = call("c1", "sharedos.escalate", json!({"reason": "please"}));
     let r = turn
@@ -201,6 +202,7 @@ async fn f27_allowed_kernel_denied_and_envelope_refused_calls_are_all_recorded()
     .unwrap();
     let invoked: Vec<_> = f
         .sink
+        .inner()
         .records()
         .into_iter()
         .filter(|r| r.kind == "tool.invoked")
@@ -277,7 +279,7 @@ async fn turn_end_records_cancelled_as_failed_turn_cancelled_and_marks_fail_clos
         .record_turn_end(&ctx, end(ExecutionStatus::Succeeded, None, None))
         .await
         .unwrap();
-    let r = f.sink.records();
+    let r = f.sink.inner().records();
     assert_eq!(
         (r[0].outcome, r[0].reason.as_deref()),
         (AuditOutcome::Failed, Some("turn_cancelled"))
@@ -318,7 +320,7 @@ async fn an_aborted_handler_is_recorded_interrupted_and_rejects() {
         )
         .await;
     assert_eq!(err, Err(KernelError::Interrupted));
-    let last = f.sink.records().pop().unwrap();
+    let last = f.sink.inner().records().pop().unwrap();
     assert_eq!(
         (last.kind.as_str(), last.outcome),
         ("tool.invoked", AuditOutcome::Interrupted)
@@ -354,7 +356,7 @@ async fn a_handler_that_answers_despite_the_abort_keeps_its_real_outcome() {
         .unwrap();
     assert_eq!(r.status(), ToolStatus::Succeeded);
     assert_eq!(
-        f.sink.records().pop().unwrap().outcome,
+        f.sink.inner().records().pop().unwrap().outcome,
         AuditOutcome::Succeeded
     );
 }
@@ -371,7 +373,7 @@ async fn an_abort_before_the_port_is_entered_writes_nothing() {
     );
     let ctx = context("alice");
     let turn = f.kernel.open_turn(&ctx).await.unwrap();
-    let before = f.sink.records().len();
+    let before = f.sink.inner().records().len();
     let abort = CancellationToken::new();
     abort.cancel();
     let r = turn
@@ -382,7 +384,7 @@ async fn an_abort_before_the_port_is_entered_writes_nothing() {
         )
         .await;
     assert_eq!(r, Err(KernelError::Aborted));
-    assert_eq!(f.sink.records().len(), before);
+    assert_eq!(f.sink.inner().records().len(), before);
     assert_eq!(f.tool.calls(), 0);
 }
 
@@ -408,7 +410,7 @@ async fn a_nested_audit_outage_is_interrupted_with_effect_unknown() {
             ..
         })
     ));
-    let last = f.sink.records().pop().unwrap();
+    let last = f.sink.inner().records().pop().unwrap();
     assert_eq!(
         (last.outcome, last.reason.as_deref()),
         (AuditOutcome::Interrupted, Some("audit_unavailable"))

@@ -1,10 +1,9 @@
 //! A peer's limits and its side of the method table. The host's hardening
 //! is one configuration ([`PeerConfig::default`] with `handshake_first`),
-//! the plugin SDK's another ([`PeerConfig::plugin`]).
+//! the plugin SDK's another ([`PeerConfig::plugin`]). Which methods a
+//! peer takes is its type's side ([`crate::Inbox`]), not configuration.
 
 use std::time::Duration;
-
-use sharedos_protocol::method::{Direction, MethodEntry, TABLE};
 
 /// Limits of one peer. On the host one peer serves one process, which
 /// serves one turn, so every budget here is per turn.
@@ -27,10 +26,6 @@ pub struct PeerConfig {
     /// Token bucket on notifications, requests and empty lines: refill
     /// rate per second and burst.
     pub notification_rate: (u32, u32),
-    /// Which side this peer is: it takes the methods of the protocol's
-    /// table ([`TABLE`]) sent the other way. Other requests get `-32601`,
-    /// other notifications are dropped and counted.
-    pub receives: Direction,
     /// The other end speaks only after answering this end's first request
     /// (`initialize`): until a response to a pending request is read, any
     /// other line is fatal (`stdout_before_handshake`).
@@ -56,7 +51,6 @@ impl Default for PeerConfig {
             notification_budget: 100_000,
             notification_bytes_budget: 64 << 20,
             notification_rate: (2_000, 10_000),
-            receives: Direction::PluginToHost,
             handshake_first: false,
         }
     }
@@ -75,61 +69,7 @@ impl PeerConfig {
             notification_budget: u64::MAX,
             notification_bytes_budget: u64::MAX,
             notification_rate: (u32::MAX, u32::MAX),
-            receives: Direction::HostToPlugin,
             ..Self::default()
         }
-    }
-
-    /// The table's entry for a request this peer serves.
-    pub(crate) fn request(&self, method: &str) -> Option<&'static MethodEntry> {
-        self.entry(method).filter(|m| m.result.is_some())
-    }
-
-    /// The table's entry for a notification this peer takes.
-    pub(crate) fn notification(&self, method: &str) -> Option<&'static MethodEntry> {
-        self.entry(method).filter(|m| m.result.is_none())
-    }
-
-    fn entry(&self, method: &str) -> Option<&'static MethodEntry> {
-        TABLE
-            .iter()
-            .find(|m| m.direction == self.receives && m.name == method)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use sharedos_protocol::method::{Direction, TABLE};
-
-    use super::PeerConfig;
-
-    /// Each side takes exactly its half of the protocol's method table,
-    /// split by kind, and nothing of the other half.
-    #[test]
-    fn each_side_takes_exactly_the_other_sides_methods_of_the_table() {
-        for (config, sender) in [
-            (PeerConfig::default(), Direction::PluginToHost),
-            (PeerConfig::plugin(), Direction::HostToPlugin),
-        ] {
-            for m in TABLE {
-                let is_request = m.result.is_some();
-                let ours = m.direction == sender;
-                assert_eq!(
-                    config.request(m.name).is_some(),
-                    ours && is_request,
-                    "{}",
-                    m.name
-                );
-                assert_eq!(
-                    config.notification(m.name).is_some(),
-                    ours && !is_request,
-                    "{}",
-                    m.name
-                );
-            }
-            assert!(config.request("probe/unknown").is_none());
-        }
-        assert!(PeerConfig::default().request("host/invokeTool").is_some());
-        assert!(PeerConfig::plugin().request("turn/run").is_some());
     }
 }

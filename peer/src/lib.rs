@@ -13,7 +13,10 @@
 //! - One writer task drains a bounded queue with a write-stall timeout,
 //!   writing everything queued in one flush.
 //! - What each side takes is its half of the protocol's method table
-//!   ([`sharedos_protocol::method::TABLE`], [`PeerConfig::receives`]);
+//!   ([`sharedos_protocol::method::TABLE`]), as its type says: an
+//!   [`Inbox`] of the host's side ([`HostInbox`]) hands out the requests
+//!   and notifications of `method::to_host` as enums, the plugin's
+//!   ([`PluginInbox`]) those of `method::to_plugin`;
 //!   consumers parse params with [`params`] as the method's declared type
 //!   and answer with [`Replier::answer`].
 //!
@@ -58,7 +61,7 @@ pub use line::{
     error, error_with, request as request_line, request_written as request_line_written,
 };
 pub use peer::Peer;
-pub use read::{Inbound, Inbox, RequestParams};
+pub use read::{HostInbound, HostInbox, Inbound, Inbox, PluginInbound, PluginInbox, RequestParams};
 pub use reply::Replier;
 pub use shared::Answer;
 pub use violation::{

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 use sharedos_protocol::ErrorKind;
 use sharedos_protocol::jsonrpc::WireError;
-use sharedos_protocol::method;
+use sharedos_protocol::method::{self, Side};
 use sharedos_protocol::tool_json::WriteJson;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
@@ -34,8 +34,9 @@ pub struct Peer {
 impl Peer {
     /// Starts the writer task (inside a tokio runtime) and returns the
     /// reader, which its consumer pulls.
-    pub fn spawn<R, W>(reader: R, writer: W, config: PeerConfig) -> (Peer, Inbox)
+    pub fn spawn<S, R, W>(reader: R, writer: W, config: PeerConfig) -> (Peer, Inbox<S>)
     where
+        S: Side,
         R: AsyncRead + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {

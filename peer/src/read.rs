@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use sharedos_protocol::jsonrpc::{self, Incoming, Params, RequestId, WireError};
+use sharedos_protocol::method::{Received, Side, to_host, to_plugin};
 use sharedos_protocol::text::escape_text;
 use sharedos_protocol::{ErrorKind, FrameError, InvokeToolParams};
 use tokio::sync::{Semaphore, mpsc};
@@ -28,20 +29,21 @@ use crate::reply::Replier;
 use crate::shared::{Line, Shared, Waiter, lock};
 use crate::violation::*;
 
-/// One accepted incoming message, in wire order.
+/// One accepted incoming message, in wire order, for side `S` (the host's
+/// end, [`to_host::Host`], or the plugin's, [`to_plugin::Plugin`]).
 #[derive(Debug)]
-pub enum Inbound {
+pub enum Inbound<S: Side> {
     /// A request to serve. Answer through `reply`; dropping it unanswered
     /// frees the id and the in-flight slot.
     Request {
         /// A request of the method table this end receives.
-        method: &'static str,
+        method: S::Request,
         params: Option<RequestParams>,
         reply: Replier,
     },
     Notification {
         /// A notification of the method table this end receives.
-        method: &'static str,
+        method: S::Notification,
         params: Option<Box<RawValue>>,
     },
     /// The answer to one of this end's [`crate::Peer::request`]s.
@@ -72,16 +74,28 @@ impl RequestParams {
     }
 }
 
-/// The plugin's messages, read on demand in the consumer's task (the turn
-/// driver's). The last item is [`Inbound::Closed`]; `None` after it.
-pub struct Inbox {
+/// The other end's messages, read on demand in the consumer's task (the
+/// turn driver's). The last item is [`Inbound::Closed`]; `None` after it.
+/// `S` is the side this end is: it takes the methods of the protocol's
+/// table sent its way ([`Side`]).
+pub struct Inbox<S: Side> {
     lines: Lines,
-    intake: Intake,
+    intake: Intake<S>,
     closed: bool,
 }
 
+/// The host's end of a plugin connection.
+pub type HostInbox = Inbox<to_host::Host>;
+/// What the host's end hands out.
+pub type HostInbound = Inbound<to_host::Host>;
+/// The plugin's end of the host connection.
+pub type PluginInbox = Inbox<to_plugin::Plugin>;
+/// What the plugin's end hands out.
+pub type PluginInbound = Inbound<to_plugin::Plugin>;
+
 /// What the reader decides about each line, apart from the framing.
-struct Intake {
+struct Intake<S> {
+    side: std::marker::PhantomData<fn() -> S>,
     shared: Arc<Shared>,
     out: mpsc::Sender<Line>,
     config: PeerConfig,
@@ -95,14 +109,14 @@ struct Intake {
 }
 
 /// One line's effect.
-enum Step {
-    Deliver(Inbound),
+enum Step<S: Side> {
+    Deliver(Inbound<S>),
     /// Dropped, counted or answered by the reader itself.
     Next,
     Fatal(Violation),
 }
 
-impl std::fmt::Debug for Inbox {
+impl<S: Side> std::fmt::Debug for Inbox<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inbox")
             .field("closed", &self.closed)
@@ -110,7 +124,7 @@ impl std::fmt::Debug for Inbox {
     }
 }
 
-impl Inbox {
+impl<S: Side> Inbox<S> {
     pub(crate) fn new(
         reader: BoxRead,
         out: mpsc::Sender<Line>,
@@ -120,6 +134,7 @@ impl Inbox {
         Self {
             lines: Lines::new(reader, config.max_message_bytes),
             intake: Intake {
+                side: std::marker::PhantomData,
                 shared,
                 out,
                 permits: Arc::new(Semaphore::new(config.max_inflight_requests)),
@@ -135,7 +150,7 @@ impl Inbox {
     /// The next accepted message, in wire order. Cancel-safe: a message
     /// is taken from the pipe and handed out in one step, and an answer
     /// owed to the plugin is kept until it is queued.
-    pub async fn recv(&mut self) -> Option<Inbound> {
+    pub async fn recv(&mut self) -> Option<Inbound<S>> {
         if self.closed {
             return None;
         }
@@ -165,7 +180,7 @@ impl Inbox {
         }
     }
 
-    fn close(&mut self, v: Violation) -> Inbound {
+    fn close(&mut self, v: Violation) -> Inbound<S> {
         self.closed = true;
         Inbound::Closed(self.intake.shared.fail(v))
     }
@@ -190,9 +205,9 @@ fn frame_violation(sample: &[u8], e: FrameError) -> Violation {
     }
 }
 
-impl Intake {
+impl<S: Side> Intake<S> {
     /// Applies one line: the handshake rule, the budgets, the envelope.
-    fn take(&mut self, line: &str) -> Step {
+    fn take(&mut self, line: &str) -> Step<S> {
         if !self.answered_first && !answers_pending(line, &self.shared) {
             return Step::Fatal(
                 Violation::new(
@@ -241,7 +256,7 @@ impl Intake {
 
     /// An answer: to the consumer in wire order, to a waiting caller, or
     /// dropped and counted when nothing waits for that id.
-    fn response(&mut self, id: RequestId, result: Result<&RawValue, WireError>) -> Step {
+    fn response(&mut self, id: RequestId, result: Result<&RawValue, WireError>) -> Step<S> {
         let waiter = match id {
             RequestId::Number(n) => lock(&self.shared.pending).remove(&n).map(|w| (n, w)),
             RequestId::String(_) => None,
@@ -258,14 +273,14 @@ impl Intake {
         }
     }
 
-    fn counted(&self, what: &str) -> Step {
+    fn counted(&self, what: &str) -> Step<S> {
         match self.shared.count(what) {
             Ok(()) => Step::Next,
             Err(v) => Step::Fatal(v),
         }
     }
 
-    fn request(&mut self, id: RequestId, method: &str, params: Option<Params<'_>>) -> Step {
+    fn request(&mut self, id: RequestId, method: &str, params: Option<Params<'_>>) -> Step<S> {
         // Taken in the set in the same lookup that checks it; a request
         // refused below gives its id back.
         if !lock(&self.shared.inflight).insert(&id) {
@@ -274,7 +289,7 @@ impl Intake {
                 format!("request id {id} reused while still in flight"),
             ));
         }
-        let Some(method) = self.config.request(method).map(|m| m.name) else {
+        let Some(method) = S::Request::from_name(method) else {
             lock(&self.shared.inflight).remove(&id);
             if let Err(v) = self.shared.count(UNKNOWN_METHOD) {
                 return Step::Fatal(v);
@@ -313,8 +328,8 @@ impl Intake {
         })
     }
 
-    fn notification(&mut self, method: &str, params: Option<Params<'_>>) -> Step {
-        if self.config.request(method).is_some() {
+    fn notification(&mut self, method: &str, params: Option<Params<'_>>) -> Step<S> {
+        if S::Request::from_name(method).is_some() {
             // Never served (there is no id to answer), but never silent
             // either: logged, and counted like any dropped message.
             tracing::warn!(
@@ -324,7 +339,7 @@ impl Intake {
             );
             return self.counted(REQUEST_WITHOUT_ID);
         }
-        let Some(method) = self.config.notification(method).map(|m| m.name) else {
+        let Some(method) = S::Notification::from_name(method) else {
             return self.counted(UNKNOWN_NOTIFICATION);
         };
         // `classify_call` parses params only for a request (an `id` came

@@ -9,6 +9,8 @@ use tokio::io::{
     AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, ReadHalf, WriteHalf,
 };
 
+use sharedos_protocol::method::Side;
+
 use crate::{Inbox, Peer, PeerConfig};
 
 /// The raw end facing a [`Peer`] over `tokio::io::duplex`.
@@ -45,7 +47,7 @@ impl RawEnd {
 
 /// A peer with `config` whose inbox the test pulls itself (as the turn
 /// driver pulls it), and the raw end facing it.
-pub fn direct_pair(config: PeerConfig) -> (Peer, Inbox, RawEnd) {
+pub fn direct_pair<S: Side>(config: PeerConfig) -> (Peer, Inbox<S>, RawEnd) {
     let (host, plugin) = tokio::io::duplex(4096);
     let (hr, hw) = tokio::io::split(host);
     let (pr, pw) = tokio::io::split(plugin);

@@ -9,7 +9,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::testing::{RawEnd, direct_pair};
-use crate::{Inbound, Peer, PeerConfig, Violation, ViolationReason};
+use sharedos_protocol::method::{Side, to_host, to_plugin};
+
+use crate::{HostInbound as Inbound, Peer, PeerConfig, Violation, ViolationReason};
 
 /// The host's configuration without the handshake rule, for tests of the
 /// reader that start mid-connection.
@@ -24,7 +26,12 @@ fn config() -> PeerConfig {
 /// that is always waiting for the next message, so a test can script the
 /// plugin's side first and look at what was delivered after.
 fn pair(config: PeerConfig) -> (Peer, mpsc::Receiver<Inbound>, RawEnd) {
-    let (peer, mut inbox, plugin) = direct_pair(config);
+    pair_as::<to_host::Host>(config)
+}
+
+/// [`pair`] for either side.
+fn pair_as<S: Side>(config: PeerConfig) -> (Peer, mpsc::Receiver<crate::Inbound<S>>, RawEnd) {
+    let (peer, mut inbox, plugin) = direct_pair::<S>(config);
     let (tx, rx) = mpsc::channel(1024);
     tokio::spawn(async move {
         while let Some(item) = inbox.recv().await {
@@ -202,7 +209,9 @@ async fn unknown_request_method_gets_32601_and_unknown_notification_is_dropped()
         .write(b"{\"jsonrpc\":\"2.0\",\"method\":\"host\\/emit\"}\n")
         .await;
     match next(&mut inbound).await {
-        Inbound::Notification { method, .. } => assert_eq!(method, "host/emit"),
+        Inbound::Notification { method, .. } => {
+            assert_eq!(method, to_host::Notification::Emit)
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(peer.violations_counted(), 3);
@@ -228,7 +237,7 @@ async fn duplicate_inflight_request_id_is_fatal() {
 /// next message; and it reads nothing the consumer did not ask for.
 #[tokio::test]
 async fn the_inbox_answers_refusals_in_order_when_pulled() {
-    let (peer, mut inbox, mut plugin) = direct_pair(config());
+    let (peer, mut inbox, mut plugin) = direct_pair::<to_host::Host>(config());
     plugin
         .line(json!({"jsonrpc":"2.0","id":"x","method":"turn/run","params":{}}))
         .await;
@@ -246,7 +255,7 @@ async fn the_inbox_answers_refusals_in_order_when_pulled() {
         .unwrap();
     match first {
         Some(Inbound::Notification { method, params }) => {
-            assert_eq!(method, "host/emit");
+            assert_eq!(method, to_host::Notification::Emit);
             assert_eq!(params.unwrap().get(), r#"{"n":1}"#);
         }
         other => panic!("{other:?}"),
@@ -260,7 +269,7 @@ async fn the_inbox_answers_refusals_in_order_when_pulled() {
         .unwrap()
     {
         Some(Inbound::Request { method, reply, .. }) => {
-            assert_eq!(method, "host/invokeTool");
+            assert_eq!(method, to_host::Request::InvokeTool);
             reply.result(&json!(2)).await.unwrap();
         }
         other => panic!("{other:?}"),
@@ -351,7 +360,7 @@ async fn dropped_messages_over_the_budget_are_fatal() {
 async fn a_plugin_that_never_reads_stdin_is_a_write_stall() {
     let (host, _plugin) = tokio::io::duplex(256);
     let (hr, hw) = tokio::io::split(host);
-    let (peer, _inbound) = Peer::spawn(
+    let (peer, _inbound): (_, crate::HostInbox) = Peer::spawn(
         hr,
         hw,
         PeerConfig {
@@ -465,10 +474,7 @@ async fn a_request_sent_as_a_notification_is_counted() {
 #[tokio::test]
 async fn call_answers_go_to_the_caller_and_a_dead_peer_cancels_them() {
     use sharedos_protocol::method::InvokeTool;
-    let (peer, mut inbox, mut plugin) = direct_pair(PeerConfig {
-        receives: sharedos_protocol::method::Direction::HostToPlugin,
-        ..config()
-    });
+    let (peer, mut inbox, mut plugin) = direct_pair::<to_plugin::Plugin>(config());
     let params = serde_json::from_value(json!({
         "turnId": "t", "call": {"id": "c1", "tool": "echo", "arguments": {},
         "traceId": "tr", "requestedAt": "2026-01-01T00:00:00Z"}
@@ -486,7 +492,9 @@ async fn call_answers_go_to_the_caller_and_a_dead_peer_cancels_them() {
     // The reader routes answers to callers only while it is pulled.
     let (got, closed, ()) = tokio::join!(call, inbox.recv(), answer);
     assert_eq!(got.unwrap().unwrap().get(), r#"{"ok":1}"#);
-    assert!(matches!(closed, Some(Inbound::Closed(v)) if v.reason == ViolationReason::InvalidJson));
+    assert!(
+        matches!(closed, Some(crate::Inbound::Closed(v)) if v.reason == ViolationReason::InvalidJson)
+    );
     assert_eq!(peer.violations_counted(), 1);
     let late = tokio::time::timeout(Duration::from_secs(5), peer.call::<InvokeTool>(&params))
         .await
@@ -500,7 +508,7 @@ async fn call_answers_go_to_the_caller_and_a_dead_peer_cancels_them() {
 /// and goes out in order.
 #[tokio::test]
 async fn a_plugin_queues_a_burst_of_notifications_the_host_accepts() {
-    let (peer, _inbox, mut host) = direct_pair(PeerConfig::plugin());
+    let (peer, _inbox, mut host) = direct_pair::<to_plugin::Plugin>(PeerConfig::plugin());
     let burst = PeerConfig::default().notification_rate.1;
     for i in 0..burst {
         // No await in between: the writer cannot drain meanwhile.
@@ -603,10 +611,7 @@ async fn answers_beyond_a_full_write_queue_wait_and_keep_their_order() {
 /// runs a few, which check every answer reaches its call.
 #[tokio::test(flavor = "current_thread")]
 async fn calls_one_at_a_time() {
-    let (peer, _inbound, mut host) = pair(PeerConfig {
-        receives: sharedos_protocol::method::Direction::HostToPlugin,
-        ..PeerConfig::default()
-    });
+    let (peer, _inbound, mut host) = pair_as::<to_plugin::Plugin>(PeerConfig::default());
     let params = json!({
         "turnId": "t", "call": {"id": "c1", "tool": "echo", "arguments": {"text": "hello"},
         "traceId": "tr", "requestedAt": "2026-01-01T00:00:00Z"}

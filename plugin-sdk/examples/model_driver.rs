@@ -182,7 +182,7 @@ impl AgentTurnDriver for ChatDriver {
             .map_or_else(|| payload.to_string(), str::to_owned);
         Ok(Box::new(ChatSession {
             url,
-            key: std::env::var("SHAREDOS_MODEL_KEY").unwrap_or_default(),
+            key: std::env::var(sharedos_protocol::MODEL_KEY_ENV).unwrap_or_default(),
             model: std::env::var("SHAREDOS_MODEL_NAME").unwrap_or_else(|_| "default".into()),
             trace_id: request.context.trace_id.clone(),
             names,

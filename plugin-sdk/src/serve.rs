@@ -31,9 +31,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sharedos_peer::{
-    Inbound, Peer, PeerConfig, Replier, RequestParams, Violation, ViolationReason,
+    Peer, PeerConfig, PluginInbound as Inbound, PluginInbox, Replier, RequestParams, Violation,
+    ViolationReason,
 };
-use sharedos_protocol::method::{Initialize, Method, TurnAbort, TurnDraining, TurnRun};
+use sharedos_protocol::method::{Initialize, TurnAbort, TurnDraining, TurnRun, to_plugin};
 use sharedos_protocol::{
     ErrorKind, InitializeResult, PLUGIN_COOKIE_ENV, PROTOCOL_VERSIONS, TurnId,
 };
@@ -168,7 +169,7 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let (peer, mut inbox) = Peer::spawn(reader, writer, PeerConfig::plugin());
+    let (peer, mut inbox): (_, PluginInbox) = Peer::spawn(reader, writer, PeerConfig::plugin());
     let mut session = Session {
         plugin: Arc::new(plugin),
         peer: Arc::new(peer),
@@ -215,19 +216,17 @@ struct Session<P> {
 }
 
 impl<P: RuntimePlugin + 'static> Session<P> {
-    async fn request(&mut self, method: &str, params: Option<&RawValue>, reply: Replier) {
-        // The peer delivers only the host→plugin requests of the table.
+    async fn request(
+        &mut self,
+        method: to_plugin::Request,
+        params: Option<&RawValue>,
+        reply: Replier,
+    ) {
+        // The peer delivers only the host→plugin requests of the table
+        // (others are answered `-32601` by the peer itself).
         let answered = match method {
-            Initialize::NAME => self.initialize(params, reply).await,
-            TurnRun::NAME => self.run(params, reply),
-            _ => {
-                reply
-                    .error(&sharedos_peer::error(
-                        ErrorKind::MethodNotFound,
-                        "method not found",
-                    ))
-                    .await
-            }
+            to_plugin::Request::Initialize => self.initialize(params, reply).await,
+            to_plugin::Request::TurnRun => self.run(params, reply),
         };
         if let Err(v) = answered {
             tracing::debug!("cannot answer the host: {v}");
@@ -345,23 +344,24 @@ impl<P: RuntimePlugin + 'static> Session<P> {
 
     /// `turn/draining` and `turn/abort` for the running turn; unknown or
     /// mismatched host notifications are ignored (B.7).
-    fn notification(&mut self, method: &str, params: Option<&RawValue>) {
+    fn notification(&mut self, method: to_plugin::Notification, params: Option<&RawValue>) {
         let Some(t) = &self.turn else { return };
         match method {
-            TurnDraining::NAME
+            to_plugin::Notification::TurnDraining => {
                 if sharedos_peer::params::<TurnDraining>(params)
-                    .is_some_and(|p| p.turn_id == t.turn_id) =>
-            {
-                t.drain.raise();
+                    .is_some_and(|p| p.turn_id == t.turn_id)
+                {
+                    t.drain.raise();
+                }
             }
-            TurnAbort::NAME
+            to_plugin::Notification::TurnAbort => {
                 if sharedos_peer::params::<TurnAbort>(params)
-                    .is_some_and(|p| p.turn_id == t.turn_id) =>
-            {
-                t.stop();
-                self.peer.cancel_calls("the turn was aborted");
+                    .is_some_and(|p| p.turn_id == t.turn_id)
+                {
+                    t.stop();
+                    self.peer.cancel_calls("the turn was aborted");
+                }
             }
-            _ => {}
         }
     }
 

@@ -19,6 +19,7 @@ pub mod api_names;
 pub mod codec;
 pub mod contract;
 pub mod errors;
+mod event_kind;
 pub mod execution;
 pub mod harness;
 pub mod json;
@@ -34,6 +35,7 @@ pub mod wire;
 pub use codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, NdjsonCodec};
 pub use contract::*;
 pub use errors::{ErrorKind, RpcErrorCode};
+pub use event_kind::EventKind;
 pub use execution::*;
 pub use primitives::*;
 pub use wire::*;
@@ -59,3 +61,15 @@ pub mod methods {
 /// The environment variable a host sets so an SDK knows it was started by a
 /// host (a UX cookie, not a security measure).
 pub const PLUGIN_COOKIE_ENV: &str = "SHAREDOS_PLUGIN";
+
+/// The environment variable a host sets to its egress gateway's URL
+/// (`http://host:port`) for a plugin whose traffic goes through it.
+pub const EGRESS_URL_ENV: &str = "SHAREDOS_EGRESS_URL";
+
+/// The environment variable a host sets to [`PLACEHOLDER_MODEL_KEY`] for a
+/// model driver that insists on a key.
+pub const MODEL_KEY_ENV: &str = "SHAREDOS_MODEL_KEY";
+
+/// The placeholder a plugin is given where a program insists on a key;
+/// the egress gateway drops it and adds the real one.
+pub const PLACEHOLDER_MODEL_KEY: &str = "sharedos-placeholder";

@@ -5,9 +5,12 @@
 //! result). Everything that lists methods derives from these declarations:
 //! the name constants in [`crate::methods`], the schema bundle's `methods`
 //! index ([`TABLE`]), and the peers' dispatch, which parses a message's
-//! params as `M::Params` and answers a request with `M::Result`. A new
-//! method is one declaration here and one line in [`TABLE`], plus its
-//! handler on the side that receives it.
+//! params as `M::Params` and answers a request with `M::Result`. The
+//! [`methods!`] list below declares every method once; it generates the
+//! marker types, [`TABLE`] and, per side, the enums of what that side
+//! receives ([`to_host`], [`to_plugin`]), on which the dispatchers match
+//! exhaustively. A new method is one line in that list plus its handler on
+//! the side that receives it: the compiler points at the dispatcher.
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Serialize, de::DeserializeOwned};
@@ -55,64 +58,151 @@ pub trait Request: Method {
 /// A method that is not answered (a JSON-RPC notification, no id).
 pub trait Notification: Method {}
 
-macro_rules! request {
-    ($(#[$doc:meta])* $ty:ident, $name:literal, $dir:ident, $params:ty => $result:ty) => {
+/// A set of methods one side receives, as an enum: dispatch matches on it
+/// exhaustively, so a new method makes the compiler point at every
+/// dispatcher that must handle it.
+pub trait Received: Copy + Eq + std::fmt::Debug + Send + Sync + 'static {
+    /// The method of this set named `name`, if any.
+    fn from_name(name: &str) -> Option<Self>;
+    /// Its wire name.
+    fn name(self) -> &'static str;
+}
+
+/// One side of a connection: the requests and notifications it receives.
+pub trait Side: Send + Sync + 'static {
+    /// Who sends what this side receives.
+    const SENDER: Direction;
+    /// The requests it serves.
+    type Request: Received;
+    /// The notifications it takes.
+    type Notification: Received;
+}
+
+/// One side's enum of the methods of one kind it receives.
+macro_rules! received_enum {
+    ($(#[$doc:meta])* $enum:ident { $( $variant:ident = $name:literal, )* }) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy)]
-        pub struct $ty;
-        impl Method for $ty {
-            const NAME: &'static str = $name;
-            const DIRECTION: Direction = Direction::$dir;
-            type Params = $params;
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $enum {
+            $( #[doc = concat!("`", $name, "`")] $variant, )*
         }
-        impl Request for $ty {
-            type Result = $result;
+
+        impl Received for $enum {
+            fn from_name(name: &str) -> Option<Self> {
+                match name {
+                    $( $name => Some(Self::$variant), )*
+                    _ => None,
+                }
+            }
+
+            fn name(self) -> &'static str {
+                match self {
+                    $( Self::$variant => $name, )*
+                }
+            }
         }
     };
 }
 
-macro_rules! notification {
-    ($(#[$doc:meta])* $ty:ident, $name:literal, $dir:ident, $params:ty) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy)]
-        pub struct $ty;
-        impl Method for $ty {
-            const NAME: &'static str = $name;
-            const DIRECTION: Direction = Direction::$dir;
-            type Params = $params;
+/// The method table: each method's marker type (with its [`Method`] and
+/// [`Request`] or [`Notification`] impl), the enums of what each side
+/// receives ([`to_plugin`], [`to_host`]) and [`TABLE`], all from one list.
+macro_rules! methods {
+    ($(
+        $side:ident ($dir:ident, $marker:ident) {
+            requests { $( $(#[$rdoc:meta])* $req:ident = $rname:literal, $rparams:ty => $result:ty; )* }
+            notifications { $( $(#[$ndoc:meta])* $note:ident = $nname:literal, $nparams:ty; )* }
         }
-        impl Notification for $ty {}
+    )*) => {
+        $(
+            $(
+                $(#[$rdoc])*
+                #[derive(Debug, Clone, Copy)]
+                pub struct $req;
+                impl Method for $req {
+                    const NAME: &'static str = $rname;
+                    const DIRECTION: Direction = Direction::$dir;
+                    type Params = $rparams;
+                }
+                impl Request for $req {
+                    type Result = $result;
+                }
+            )*
+            $(
+                $(#[$ndoc])*
+                #[derive(Debug, Clone, Copy)]
+                pub struct $note;
+                impl Method for $note {
+                    const NAME: &'static str = $nname;
+                    const DIRECTION: Direction = Direction::$dir;
+                    type Params = $nparams;
+                }
+                impl Notification for $note {}
+            )*
+
+            #[doc = concat!("What the receiving side of `", stringify!($dir), "` takes.")]
+            pub mod $side {
+                use super::{Direction, Received};
+
+                received_enum!(
+                    /// The requests this side serves.
+                    Request { $( $req = $rname, )* }
+                );
+                received_enum!(
+                    /// The notifications this side takes.
+                    Notification { $( $note = $nname, )* }
+                );
+
+                /// This side, as a type.
+                #[derive(Debug, Clone, Copy)]
+                pub struct $marker;
+
+                impl super::Side for $marker {
+                    const SENDER: Direction = Direction::$dir;
+                    type Request = Request;
+                    type Notification = Notification;
+                }
+            }
+        )*
+
+        /// Every method of the protocol, in the order the documentation lists them.
+        pub const TABLE: &[MethodEntry] = &[
+            $(
+                $( MethodEntry::request::<$req>(), )*
+                $( MethodEntry::notification::<$note>(), )*
+            )*
+        ];
     };
 }
 
-request!(
-    /// The handshake: versions, limits, the plugin's identity.
-    Initialize, "initialize", HostToPlugin, InitializeParams => InitializeResult
-);
-request!(
-    /// One turn; its result is the turn's outcome.
-    TurnRun, "turn/run", HostToPlugin, TurnRunParams => RuntimeTurnOutcome
-);
-notification!(
-    /// The turn is draining: no new decision, finish what is in flight.
-    TurnDraining, "turn/draining", HostToPlugin, TurnDrainingParams
-);
-notification!(
-    /// The turn is aborted: stop, exit at end of input.
-    TurnAbort, "turn/abort", HostToPlugin, TurnAbortParams
-);
-request!(
-    /// A tool call, re-authorized by the host's kernel.
-    InvokeTool, "host/invokeTool", PluginToHost, InvokeToolParams => ToolResult
-);
-notification!(
-    /// A runtime event of the turn.
-    Emit, "host/emit", PluginToHost, EmitParams
-);
-notification!(
-    /// A provenance annotation of the turn.
-    Annotate, "host/annotate", PluginToHost, AnnotateParams
-);
+methods! {
+    to_plugin (HostToPlugin, Plugin) {
+        requests {
+            /// The handshake: versions, limits, the plugin's identity.
+            Initialize = "initialize", InitializeParams => InitializeResult;
+            /// One turn; its result is the turn's outcome.
+            TurnRun = "turn/run", TurnRunParams => RuntimeTurnOutcome;
+        }
+        notifications {
+            /// The turn is draining: no new decision, finish what is in flight.
+            TurnDraining = "turn/draining", TurnDrainingParams;
+            /// The turn is aborted: stop, exit at end of input.
+            TurnAbort = "turn/abort", TurnAbortParams;
+        }
+    }
+    to_host (PluginToHost, Host) {
+        requests {
+            /// A tool call, re-authorized by the host's kernel.
+            InvokeTool = "host/invokeTool", InvokeToolParams => ToolResult;
+        }
+        notifications {
+            /// A runtime event of the turn.
+            Emit = "host/emit", EmitParams;
+            /// A provenance annotation of the turn.
+            Annotate = "host/annotate", AnnotateParams;
+        }
+    }
+}
 
 /// One row of [`TABLE`]: a method as data, for what lists every method.
 #[derive(Debug, Clone, Copy)]
@@ -160,17 +250,6 @@ impl MethodEntry {
     }
 }
 
-/// Every method of the protocol, in the order the documentation lists them.
-pub const TABLE: &[MethodEntry] = &[
-    MethodEntry::request::<Initialize>(),
-    MethodEntry::request::<TurnRun>(),
-    MethodEntry::notification::<TurnDraining>(),
-    MethodEntry::notification::<TurnAbort>(),
-    MethodEntry::request::<InvokeTool>(),
-    MethodEntry::notification::<Emit>(),
-    MethodEntry::notification::<Annotate>(),
-];
-
 /// The methods `direction`'s receiver handles, by name.
 pub fn received_by(direction: Direction) -> impl Iterator<Item = &'static MethodEntry> {
     TABLE.iter().filter(move |m| m.direction == direction)
@@ -189,5 +268,32 @@ mod tests {
         assert_eq!(crate::methods::HOST_INVOKE_TOOL, InvokeTool::NAME);
         assert_eq!(received_by(Direction::PluginToHost).count(), 3);
         assert_eq!(received_by(Direction::HostToPlugin).count(), 4);
+    }
+
+    /// Each side's enums hold exactly its half of the table, split by
+    /// kind, and name each method as the table does.
+    #[test]
+    fn each_sides_enums_are_its_half_of_the_table() {
+        fn check<S: Side>() {
+            for m in TABLE {
+                let ours = m.direction == S::SENDER;
+                let request = S::Request::from_name(m.name);
+                let notification = S::Notification::from_name(m.name);
+                assert_eq!(request.is_some(), ours && m.result.is_some(), "{}", m.name);
+                assert_eq!(
+                    notification.is_some(),
+                    ours && m.result.is_none(),
+                    "{}",
+                    m.name
+                );
+                assert!(request.is_none_or(|r| r.name() == m.name));
+                assert!(notification.is_none_or(|n| n.name() == m.name));
+            }
+            assert!(S::Request::from_name("probe/unknown").is_none());
+        }
+        check::<to_host::Host>();
+        check::<to_plugin::Plugin>();
+        assert_eq!(to_host::Request::InvokeTool.name(), "host/invokeTool");
+        assert_eq!(to_plugin::Notification::TurnAbort.name(), "turn/abort");
     }
 }

@@ -154,6 +154,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-harness",
         ],
     ),
+    // The test kit: dev-dependencies only (and sharedos-tests').
+    (
+        "sharedos-testkit",
+        &[
+            "sharedos-protocol",
+            "sharedos-plugin-sdk",
+            "sharedos-kernel",
+        ],
+    ),
     ("sharedos-tests", &["*"]),
     ("sharedos-fuzz", &["*"]),
     ("rmcp-echo", &[]),

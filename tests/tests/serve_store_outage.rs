@@ -311,14 +311,9 @@ async fn a_postgres_server_that_is_down_refuses_runs_before_dispatch() {
 /// holding them needs `n` bytes of new pages (TOAST), not the free space
 /// left in a page the table already has.
 fn incompressible(n: usize) -> String {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut g = sharedos_testkit::XorShift::new(0x9e37_79b9_7f4a_7c15);
     (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            char::from(b"0123456789abcdef"[(x & 15) as usize])
-        })
+        .map(|_| char::from(b"0123456789abcdef"[(g.next_u64() & 15) as usize]))
         .collect()
 }
 

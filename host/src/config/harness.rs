@@ -10,7 +10,8 @@ use sharedos_protocol::harness::{HarnessLaunch, MAX_LAUNCH_BYTES, McpTransport};
 use sharedos_sandbox::fsview;
 
 use super::{LauncherKind, RuntimeEntry};
-use sharedos_egress::{NetworkPolicy, PLACEHOLDER_KEY, egress_url};
+use sharedos_egress::{NetworkPolicy, egress_url};
+use sharedos_protocol::PLACEHOLDER_MODEL_KEY;
 
 /// Checks runtime `i`'s harness spec; the error lists every problem, one a
 /// line.
@@ -125,7 +126,7 @@ pub fn launch_arg(entry: &RuntimeEntry) -> Option<String> {
         manifest: entry.manifest(),
         spec,
         route_url,
-        placeholder_key: PLACEHOLDER_KEY.into(),
+        placeholder_key: PLACEHOLDER_MODEL_KEY.into(),
     };
     serde_json::to_string(&launch).ok()
 }

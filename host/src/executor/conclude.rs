@@ -11,7 +11,9 @@ use sharedos_protocol::{Escalation, EscalationStatus, RuntimeTurnOutcome};
 use super::ending::*;
 use super::events::TURN_MEMORY_EXCEEDED;
 use super::turn::Turn;
-use super::{Caught, ESCALATE_TOOL, Executor, RuntimeDiagnosis, TurnError};
+use sharedos_protocol::ESCALATE_TOOL;
+
+use super::{Caught, Executor, RuntimeDiagnosis, TurnError};
 
 impl Executor {
     /// Step 16 of B.1: the ending a runtime's outcome makes.

@@ -2,8 +2,8 @@
 
 use serde_json::{Value, json};
 use sharedos_protocol::{
-    Escalation, ExecutionResult, ExecutionStatus, JsonObject, ProtocolError, RuntimeTurnOutcome,
-    Timestamp, Version,
+    Escalation, EventKind, ExecutionResult, ExecutionStatus, JsonObject, ProtocolError,
+    RuntimeTurnOutcome, Timestamp, Version,
 };
 
 use super::turn::Turn;
@@ -62,12 +62,12 @@ pub(crate) struct Ending {
     pub error: Option<ProtocolError>,
     pub escalation: Option<Escalation>,
     pub outcome_metadata: Option<JsonObject>,
-    pub event: Option<(&'static str, Value)>,
+    pub event: Option<(EventKind, Value)>,
     pub ended_by: Option<&'static str>,
 }
 
 impl Ending {
-    fn new(status: ExecutionStatus, event: &'static str, data: Value) -> Self {
+    fn new(status: ExecutionStatus, event: EventKind, data: Value) -> Self {
         Self {
             status,
             output: None,
@@ -80,14 +80,18 @@ impl Ending {
     }
     /// `succeeded`, with the plugin's output.
     pub fn completed(output: Value) -> Self {
-        let mut ending = Self::new(ExecutionStatus::Succeeded, "turn.completed", json!({}));
+        let mut ending = Self::new(
+            ExecutionStatus::Succeeded,
+            EventKind::TurnCompleted,
+            json!({}),
+        );
         ending.output = Some(output);
         ending
     }
     /// `failed` with the plugin's own error (`source: runtime`).
     pub fn failed_by_runtime(error: ProtocolError) -> Self {
         let data = failed_event(error.code.as_str(), "runtime");
-        let mut ending = Self::new(ExecutionStatus::Failed, "turn.failed", data);
+        let mut ending = Self::new(ExecutionStatus::Failed, EventKind::TurnFailed, data);
         ending.error = Some(error);
         ending.ended_by = Some("runtime");
         ending
@@ -95,7 +99,7 @@ impl Ending {
     /// `escalated`, as the kernel recorded it.
     pub fn escalated(escalation: Escalation) -> Self {
         let data = json!({"reason": escalation.reason, "reviewer": escalation.reviewer});
-        let mut ending = Self::new(ExecutionStatus::Escalated, "turn.escalated", data);
+        let mut ending = Self::new(ExecutionStatus::Escalated, EventKind::TurnEscalated, data);
         ending.escalation = Some(escalation);
         ending
     }
@@ -103,7 +107,7 @@ impl Ending {
     pub fn failed(code: &str, message: &str, retryable: bool) -> Self {
         let mut ending = Self::new(
             ExecutionStatus::Failed,
-            "turn.failed",
+            EventKind::TurnFailed,
             failed_event(code, "envelope"),
         );
         ending.error = Some(ProtocolError::new(code, message, Some(retryable)));
@@ -120,14 +124,18 @@ impl Ending {
         } else {
             MSG_CANCELLED
         };
-        let mut ending = Self::new(ExecutionStatus::Cancelled, "turn.cancelled", json!({}));
+        let mut ending = Self::new(
+            ExecutionStatus::Cancelled,
+            EventKind::TurnCancelled,
+            json!({}),
+        );
         ending.error = Some(ProtocolError::new(TURN_CANCELLED, message, Some(retryable)));
         ending.with_details(json!({"cause": cause}))
     }
     pub fn denied(code: &str, message: &str) -> Self {
         let mut ending = Self::new(
             ExecutionStatus::Denied,
-            "turn.denied",
+            EventKind::TurnDenied,
             json!({"code": code}),
         );
         ending.error = Some(ProtocolError::new(code, message, Some(false)));

@@ -10,8 +10,8 @@ use std::sync::{Mutex, TryLockError};
 use serde_json::Value;
 use sharedos_protocol::json::str_len;
 use sharedos_protocol::{
-    CallEventData, EventData, ExecutionEvent, Identifier, MAX_EXECUTION_TOOL_CALLS, ShortName,
-    Version,
+    CallEventData, EventData, EventKind, ExecutionEvent, Identifier, MAX_EXECUTION_TOOL_CALLS,
+    ShortName, Version,
 };
 
 use super::ledger::{ByteLedger, data_held_bytes, frame_held_bytes, time_len, turn_fixed_len};
@@ -26,17 +26,8 @@ pub(crate) const RATE_LIMIT_EXCEEDED: &str = "rate_limit_exceeded";
 pub(crate) const TURN_MEMORY_EXCEEDED: &str = "turn_memory_exceeded";
 
 /// The types of a call's two events.
-pub(crate) const CALL_REQUESTED: &str = "tool.requested";
-pub(crate) const CALL_COMPLETED: &str = "tool.completed";
-
-/// The envelope's terminal events: the last of a turn.
-const TERMINAL_EVENTS: &[&str] = &[
-    "turn.completed",
-    "turn.failed",
-    "turn.cancelled",
-    "turn.escalated",
-    "turn.denied",
-];
+pub(crate) const CALL_REQUESTED: EventKind = EventKind::ToolRequested;
+pub(crate) const CALL_COMPLETED: EventKind = EventKind::ToolCompleted;
 
 /// What stamps each event with the turn's ids and time.
 pub(crate) struct EventStamp {
@@ -119,7 +110,7 @@ pub(crate) struct EventLedger {
     stamp: EventStamp,
     /// `tool.requested` and `tool.completed`, written for every call, with
     /// their serialized lengths.
-    call_kinds: [(ShortName, usize); 2],
+    call_kinds: [(EventKind, ShortName, usize); 2],
     /// What every event's frame and turn ids add to its size.
     fixed_len: usize,
 }
@@ -150,11 +141,8 @@ impl EventLedger {
             on_event,
             fixed_len: turn_fixed_len(&stamp.execution_id, &stamp.trace_id),
             stamp,
-            call_kinds: [CALL_REQUESTED, CALL_COMPLETED].map(|k| {
-                let kind = ShortName::new(k).unwrap_or_else(|_| unreachable!());
-                let len = str_len(kind.as_str());
-                (kind, len)
-            }),
+            call_kinds: [CALL_REQUESTED, CALL_COMPLETED]
+                .map(|k| (k, k.short_name(), str_len(k.as_str()))),
         }
     }
 
@@ -175,7 +163,7 @@ impl EventLedger {
     /// The next event of the log, not yet appended, and what holding it
     /// costs apart from its `data` ([`frame_held_bytes`]), measured from
     /// the lengths its parts come with.
-    fn event(&self, log: &EventLog, kind: &str, data: EventData) -> (ExecutionEvent, usize) {
+    fn event(&self, log: &EventLog, kind: EventKind, data: EventData) -> (ExecutionEvent, usize) {
         let (event_id, id_len) = self.stamp.ids.next_measured();
         let (kind, kind_len) = self.kind(kind);
         let sequence = log.events.len() as u64;
@@ -202,14 +190,11 @@ impl EventLedger {
 
     /// `kind` as an event's type, and its serialized length: a call's,
     /// copied from the ones made once.
-    fn kind(&self, kind: &str) -> (ShortName, usize) {
-        if let Some(known) = self.call_kinds.iter().find(|k| k.0.as_str() == kind) {
-            return known.clone();
+    fn kind(&self, kind: EventKind) -> (ShortName, usize) {
+        if let Some((_, name, len)) = self.call_kinds.iter().find(|k| k.0 == kind) {
+            return (name.clone(), *len);
         }
-        let kind = ShortName::new(kind)
-            .unwrap_or_else(|_| ShortName::new("event").unwrap_or_else(|_| unreachable!()));
-        let len = str_len(kind.as_str());
-        (kind, len)
+        (kind.short_name(), str_len(kind.as_str()))
     }
 
     /// Appends one of the envelope's own events (`turn.*`) and hands an
@@ -217,13 +202,13 @@ impl EventLedger {
     /// for the ending (`RESERVED_EVENTS`), and what comes before the seat
     /// runs is the envelope's, not the plugin's. A terminal event seals the
     /// log. A panicking observer changes nothing.
-    pub fn push_envelope(&self, kind: &str, data: Value) {
+    pub fn push_envelope(&self, kind: EventKind, data: Value) {
         {
             let mut log = lock(&self.log);
             if log.taken {
                 return;
             }
-            if TERMINAL_EVENTS.contains(&kind) {
+            if kind.is_terminal() {
                 // The ending is the last event: a call still in mediation
                 // or with the kernel writes nothing after it.
                 log.sealed = true;
@@ -239,7 +224,7 @@ impl EventLedger {
 
     /// Appends a `tool.completed` whose call paid for it when it was
     /// requested.
-    pub fn push_prepaid(&self, kind: &str, data: CallEventData) {
+    pub fn push_prepaid(&self, kind: EventKind, data: CallEventData) {
         {
             let mut log = lock(&self.log);
             if log.sealed {
@@ -260,7 +245,7 @@ impl EventLedger {
     /// the bytes). `Ok(false)`: the log is sealed, nothing was written.
     pub fn push_plugin(
         &self,
-        kind: &str,
+        kind: EventKind,
         data: EventData,
         prepaid_events: usize,
         prepaid_bytes: usize,

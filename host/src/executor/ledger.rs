@@ -322,7 +322,7 @@ pub(super) mod tests {
             execution_id: sharedos_protocol::ident("exec \"quoted\" \\ and\ttab"),
             trace_id: sharedos_protocol::ident("trace-\u{1}-\u{7f}-é-☃"),
             sequence,
-            kind: sharedos_protocol::ShortName::new("tool.requested").unwrap(),
+            kind: sharedos_protocol::EventKind::ToolRequested.short_name(),
             data: data.into(),
             occurred_at: sharedos_protocol::Timestamp::now(),
         }
@@ -365,19 +365,19 @@ pub(super) mod tests {
         );
     }
 
-    /// A small deterministic generator (xorshift), so a failure names its
-    /// seed.
-    struct Gen(u64);
+    /// The test kit's generator with this suite's values, so a failure
+    /// names its seed.
+    struct Gen(sharedos_testkit::XorShift);
 
     impl Gen {
+        fn new(seed: u64) -> Self {
+            Self(sharedos_testkit::XorShift::new(seed))
+        }
         fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
+            self.0.next_u64()
         }
         fn pick<T: Clone>(&mut self, from: &[T]) -> T {
-            from[(self.next() % from.len() as u64) as usize].clone()
+            self.0.pick(from)
         }
         fn string(&mut self) -> String {
             const PIECES: &[&str] = &[
@@ -433,7 +433,7 @@ pub(super) mod tests {
     #[test]
     fn generated_values_cost_their_serialized_bytes_and_nodes() {
         for seed in 1..3_000u64 {
-            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut g = Gen::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
             let v = g.value(3);
             assert_eq!(
                 value_held_bytes(&v),
@@ -490,7 +490,7 @@ pub(super) mod tests {
             ToolStatus::Failed,
         ];
         for seed in 1..5_000u64 {
-            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut g = Gen::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
             let (call_id, tool) = (g.identifier(), g.identifier());
             let step = match g.next() % 4 {
                 0 => None,
@@ -573,7 +573,7 @@ pub(super) mod tests {
             "\"", "\\", "\n", "\t", "\u{0}", "\u{1f}", "\u{7f}", " ", "é", "\u{2028}", "T", "z",
             "0", "9", ":", "-", "+", ".", "", "",
         ];
-        let mut g = Gen(0x9E37_79B9_7F4A_7C15);
+        let mut g = Gen::new(0x9E37_79B9_7F4A_7C15);
         let mut accepted = 0;
         for case in 0..50_000u64 {
             let mut text = g.pick(SHAPES).to_owned();

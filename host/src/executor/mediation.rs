@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use sharedos_kernel::{AuditEffect, KernelError, RefusedCall};
 use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal, check_annotation};
 use sharedos_protocol::{
-    CallEventData, ErrorKind, EventData, Identifier, RuntimeEvent, RuntimeLimits, ToolCall,
-    ToolResult, ToolStatus,
+    CallEventData, ErrorKind, EventData, EventKind, Identifier, RuntimeEvent, RuntimeLimits,
+    ToolCall, ToolResult, ToolStatus,
 };
 
 use super::detach::{Panicked, RunToEnd};
@@ -304,7 +304,7 @@ impl RuntimeHost for EnvelopeHost {
             json!({"runtime": turn.runtime_ref(), "type": event.kind.as_str(), "data": event.data});
         // Over the turn's event budget the seat is stopped; the emit is
         // answered as one after the abort.
-        if !turn.push_plugin_event("runtime.event", data.into(), 0, 0) {
+        if !turn.push_plugin_event(EventKind::RuntimeEvent, data.into(), 0, 0) {
             return Err(HostCallError::closed());
         }
         Ok(())

@@ -34,8 +34,8 @@ use serde_json::{Value, json};
 use sharedos_kernel::{KernelError, KernelTurn, TurnKernel};
 use sharedos_plugin_sdk::{RuntimeError, Signal};
 use sharedos_protocol::{
-    AccessContext, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult, RuntimeLimits,
-    RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest,
+    AccessContext, EventKind, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult,
+    RuntimeLimits, RuntimeManifest, RuntimeTurnOutcome, RuntimeTurnRequest,
 };
 use tracing::Instrument;
 
@@ -461,7 +461,7 @@ impl Executor {
         } = opened;
         let runtime_request = sanitize(&request, &context, reach, effective.clone());
         turn.events().push_envelope(
-            "turn.started",
+            EventKind::TurnStarted,
             json!({
                 "agent": request.agent,
                 "visibleTools": effective.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),

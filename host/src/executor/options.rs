@@ -13,8 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::provenance::{ProgramProvenance, RuntimeDiagnosis, TurnReport};
 
-pub use sharedos_protocol::ESCALATE_TOOL;
-
 pub use crate::limits::{
     DEFAULT_MAX_ANNOTATION_BYTES, DEFAULT_MAX_ANNOTATION_KEYS, DEFAULT_MAX_EVENTS_PER_TURN,
     DEFAULT_MAX_TURN_BYTES, MAX_TIMEOUT_MS, MAX_TURN_BYTES, MIN_EVENTS_PER_TURN, MIN_TURN_BYTES,
@@ -334,13 +332,8 @@ mod tests {
     /// shape, lowercase, hyphenated, for generated bases and counters.
     #[test]
     fn an_id_is_the_uuid_crates_text_of_the_base_and_counter() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut g = sharedos_testkit::XorShift::new(0x9E37_79B9_7F4A_7C15);
+        let mut next = || g.next_u64();
         for case in 0..20_000u64 {
             let base = match case {
                 0 => 0,

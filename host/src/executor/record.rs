@@ -5,8 +5,8 @@
 use serde::Serialize;
 use serde_json::Value;
 use sharedos_protocol::{
-    Address, Escalation, ExecutionEvent, ExecutionRequest, ExecutionResult, ExecutionStatus,
-    Identifier, RuntimeManifest, Timestamp,
+    Address, Escalation, EventKind, ExecutionEvent, ExecutionRequest, ExecutionResult,
+    ExecutionStatus, Identifier, RuntimeManifest, Timestamp,
 };
 
 /// `{tool, reason}` as stated through `annotate("escalationAsked", …)`.
@@ -119,7 +119,7 @@ fn exposed_tools(result: &ExecutionResult) -> Vec<String> {
     result
         .events
         .iter()
-        .find(|e| e.kind == "turn.started")
+        .find(|e| e.kind == EventKind::TurnStarted)
         .and_then(|e| e.data.get("visibleTools"))
         .and_then(Value::as_array)
         .map(|a| {
@@ -142,8 +142,8 @@ fn operations(result: &ExecutionResult) -> Vec<OperationRecord> {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        match e.kind.as_str() {
-            "tool.requested" => operations.push(OperationRecord {
+        match EventKind::from_name(e.kind.as_str()) {
+            Some(EventKind::ToolRequested) => operations.push(OperationRecord {
                 call_id,
                 tool: e
                     .data
@@ -155,7 +155,7 @@ fn operations(result: &ExecutionResult) -> Vec<OperationRecord> {
                 code: None,
                 step: e.data.get("step").and_then(Value::as_u64),
             }),
-            "tool.completed" => {
+            Some(EventKind::ToolCompleted) => {
                 if let Some(op) = operations
                     .iter_mut()
                     .rev()

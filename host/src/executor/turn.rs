@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
-use sharedos_protocol::{AccessContext, EventData, Identifier, RuntimeLimits, Timestamp};
+use sharedos_protocol::{
+    AccessContext, EventData, EventKind, Identifier, RuntimeLimits, Timestamp,
+};
 
 use super::annotations::{AnnotationBounds, Annotations};
 use super::authority::Authority;
@@ -153,7 +155,7 @@ impl Turn {
     /// stopped for the violation and `false` returned, as for a sealed log.
     pub fn push_plugin_event(
         &self,
-        kind: &str,
+        kind: EventKind,
         data: EventData,
         prepaid_events: usize,
         prepaid_bytes: usize,

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Def, ESCALATION_NAMESPACE};
 use crate::registry::{HandlerAnswer, ToolError, ToolHandler};
 
-pub use sharedos_protocol::ESCALATE_TOOL;
+use sharedos_protocol::ESCALATE_TOOL;
 
 pub fn definition() -> ToolDefinition {
     Def {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_kernel::{
-    AuditError, AuditRecord, AuditSink, Capability, ConfigGrantSource, ErrorHook, Grant,
-    HandlerAnswer, Kernel, MemoryAuditSink, Scope, ToolError, ToolHandler,
+    AuditError, AuditRecord, Capability, ConfigGrantSource, ErrorHook, Grant, HandlerAnswer,
+    Kernel, MemoryAuditSink, Scope, ToolError, ToolHandler,
 };
 use sharedos_protocol::{
     AccessContext, Address, CapabilityRequirement, JsonObject, PathSegment, Purpose, ReadWrite,
@@ -254,51 +254,9 @@ impl ToolHandler for ScriptedTool {
     }
 }
 
-/// A sink that can be made to fail on records of given types, or to hang.
-#[derive(Default)]
-pub struct FlakySink {
-    pub inner: MemoryAuditSink,
-    pub fail_types: Mutex<Vec<String>>,
-    pub delay: Mutex<Option<Duration>>,
-}
-
-impl FlakySink {
-    pub fn fail_on(&self, kind: &str) {
-        self.fail_types.lock().unwrap().push(kind.to_owned());
-    }
-    pub fn heal(&self) {
-        self.fail_types.lock().unwrap().clear();
-    }
-    pub fn records(&self) -> Vec<AuditRecord> {
-        self.inner.records()
-    }
-    pub fn types(&self) -> Vec<String> {
-        self.records()
-            .into_iter()
-            .map(|r| r.kind.to_string())
-            .collect()
-    }
-}
-
-#[async_trait]
-impl AuditSink for FlakySink {
-    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let delay = *self.delay.lock().unwrap();
-        if let Some(d) = delay {
-            tokio::time::sleep(d).await;
-        }
-        if self
-            .fail_types
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|t| record.kind == t.as_str())
-        {
-            return Err(AuditError::Sink("disk on fire".into()));
-        }
-        self.inner.append(record).await
-    }
-}
+/// A sink that can be made to fail on records of given kinds, or to hang:
+/// the test kit's, over the in-memory sink.
+pub type FlakySink = sharedos_testkit::FaultySink<MemoryAuditSink>;
 
 /// A hook that keeps what it was told.
 #[derive(Default)]

@@ -94,45 +94,20 @@ impl RuntimePlugin for AdversaryPlugin {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use sharedos_plugin_sdk::{HostCallError, RuntimeLimits, SignalSource, ToolCall, ToolResult};
+    use sharedos_plugin_sdk::SignalSource;
+    use sharedos_testkit::{Record, RecordingHost};
 
     use super::*;
 
-    #[derive(Default)]
-    struct RecordingHost {
-        events: Mutex<Vec<RuntimeEvent>>,
-    }
-
-    #[async_trait]
-    impl RuntimeHost for RecordingHost {
-        fn limits(&self) -> RuntimeLimits {
-            RuntimeLimits {
-                max_steps: 1,
-                max_tool_calls: 0,
-                timeout_ms: 10_000,
-                drain_grace_ms: None,
-                drain_at_ms: None,
-            }
-        }
-        async fn invoke_tool(
-            &self,
-            _: ToolCall,
-            _: Option<u64>,
-        ) -> Result<ToolResult, HostCallError> {
-            Err(HostCallError::closed())
-        }
-        fn emit(&self, event: RuntimeEvent) -> Result<(), HostCallError> {
-            self.events.lock().unwrap().push(event);
-            Ok(())
-        }
-        fn annotate(&self, _: &str, _: Value) -> Result<(), HostCallError> {
-            Ok(())
-        }
-        fn draining(&self) -> Signal {
-            Signal::never()
-        }
+    /// The events the plugin emitted, as (type, data).
+    fn emitted(host: &RecordingHost) -> Vec<(String, Value)> {
+        host.records()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Emit { kind, data } => Some((kind, data)),
+                _ => None,
+            })
+            .collect()
     }
 
     fn request(payload: Value) -> RuntimeTurnRequest {
@@ -157,7 +132,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_receipt_is_emitted_and_summarised() {
-        let host = Arc::new(RecordingHost::default());
+        let host = RecordingHost::new();
         let abort = SignalSource::new();
         let payload =
             json!({ "bait": { "cleanup": true }, "only": ["C10", "c12-bind-tcp-listener", "C62"] });
@@ -165,10 +140,10 @@ mod tests {
             .run(request(payload), host.clone(), abort.signal())
             .await
             .expect("the turn completes");
-        let events = host.events.lock().unwrap();
+        let events = emitted(&host);
         let attacks: Vec<&str> = events
             .iter()
-            .map(|e| e.data["attack"].as_str().unwrap())
+            .map(|(_, data)| data["attack"].as_str().unwrap())
             .collect();
         assert_eq!(
             attacks,
@@ -178,9 +153,9 @@ mod tests {
                 "C62-race-sandbox-setup"
             ]
         );
-        for e in events.iter() {
-            assert_eq!(e.kind.as_str(), ATTACK_EVENT);
-            let keys: Vec<&String> = e.data.as_object().unwrap().keys().collect();
+        for (kind, data) in &events {
+            assert_eq!(kind, ATTACK_EVENT);
+            let keys: Vec<&String> = data.as_object().unwrap().keys().collect();
             assert_eq!(keys.len(), 4, "{keys:?}");
         }
         let RuntimeTurnOutcome::Complete { output, .. } = outcome else {
@@ -196,7 +171,7 @@ mod tests {
     /// type into the terminal of whoever runs the tests.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_default_sequence_runs_inside_a_turn() {
-        let host = Arc::new(RecordingHost::default());
+        let host = RecordingHost::new();
         let ids: Vec<&str> = crate::attacks::default_sequence()
             .map(|a| a.id)
             .filter(|id| *id != "C54")
@@ -209,13 +184,13 @@ mod tests {
         let RuntimeTurnOutcome::Complete { output, .. } = outcome else {
             panic!()
         };
-        assert_eq!(host.events.lock().unwrap().len(), ids.len());
+        assert_eq!(emitted(&host).len(), ids.len());
         assert_eq!(output["summary"]["attacks"], ids.len());
     }
 
     #[tokio::test]
     async fn a_raised_abort_stops_before_the_next_attempt() {
-        let host = Arc::new(RecordingHost::default());
+        let host = RecordingHost::new();
         let abort = SignalSource::new();
         abort.raise();
         let outcome = AdversaryPlugin
@@ -226,7 +201,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert!(host.events.lock().unwrap().is_empty());
+        assert!(emitted(&host).is_empty());
         let RuntimeTurnOutcome::Complete { output, .. } = outcome else {
             panic!()
         };

@@ -131,48 +131,10 @@ mod tests {
     use std::sync::Arc;
 
     use serde_json::{Value, json};
-    use sharedos_plugin_sdk::{HostCallError, RuntimeHost, Signal};
-    use sharedos_protocol::{
-        Identifier, RuntimeEvent, RuntimeLimits, Timestamp, ToolCall, ToolResult,
-    };
+    use sharedos_protocol::Identifier;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     use super::*;
-
-    struct EchoHost;
-
-    #[async_trait::async_trait]
-    impl RuntimeHost for EchoHost {
-        fn limits(&self) -> RuntimeLimits {
-            RuntimeLimits {
-                max_steps: 1,
-                max_tool_calls: 8,
-                timeout_ms: 1000,
-                drain_grace_ms: None,
-                drain_at_ms: None,
-            }
-        }
-        async fn invoke_tool(
-            &self,
-            call: ToolCall,
-            _: Option<u64>,
-        ) -> Result<ToolResult, HostCallError> {
-            Ok(ToolResult::succeeded(
-                &call,
-                json!({"echo": call.arguments}),
-                Timestamp::now(),
-            ))
-        }
-        fn emit(&self, _: RuntimeEvent) -> Result<(), HostCallError> {
-            Ok(())
-        }
-        fn annotate(&self, _: &str, _: Value) -> Result<(), HostCallError> {
-            Ok(())
-        }
-        fn draining(&self) -> Signal {
-            Signal::never()
-        }
-    }
 
     async fn ask(stream: &mut tokio::net::UnixStream, msg: Value) -> Value {
         let (r, mut w) = stream.split();
@@ -191,7 +153,7 @@ mod tests {
         let path = dir.join("mcp.sock");
         let server = Arc::new(
             TurnServer::new(
-                Arc::new(EchoHost),
+                sharedos_testkit::RecordingHost::new(),
                 &[],
                 false,
                 Identifier::new("trace").unwrap(),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 
-pub use sharedos_protocol::ESCALATE_TOOL;
+use sharedos_protocol::ESCALATE_TOOL;
 
 /// The reason used when the ask carries none (missing, empty, or not a
 /// string).

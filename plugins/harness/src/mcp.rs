@@ -22,7 +22,9 @@ use sharedos_protocol::{
     Identifier, Timestamp, ToolCall, ToolDefinition, ToolResult, ToolStatus, canonical_json,
 };
 
-use crate::latch::{ESCALATE_TOOL, Gate, Latch};
+use sharedos_protocol::ESCALATE_TOOL;
+
+use crate::latch::{Gate, Latch};
 
 /// The MCP versions spoken, oldest first; an unknown one gets the newest.
 pub const MCP_VERSIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];

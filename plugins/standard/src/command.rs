@@ -63,8 +63,8 @@ pub fn run() -> ExitCode {
                 eprintln!("sharedos-standard: --driver needs --base-url and --model\n{USAGE}");
                 return ExitCode::from(2);
             };
-            let key = std::env::var("SHAREDOS_MODEL_KEY")
-                .unwrap_or_else(|_| "sharedos-placeholder".into());
+            let key = std::env::var(sharedos_protocol::MODEL_KEY_ENV)
+                .unwrap_or_else(|_| sharedos_protocol::PLACEHOLDER_MODEL_KEY.into());
             crate::model_plugin_with(kind, &base, &model, &key, max_tokens)
         }
         _ => {

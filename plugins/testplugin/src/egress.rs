@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 /// The gateway's `host:port`, from `SHAREDOS_EGRESS_URL`.
 pub fn gateway() -> Option<String> {
-    let url = std::env::var("SHAREDOS_EGRESS_URL").ok()?;
+    let url = std::env::var(sharedos_protocol::EGRESS_URL_ENV).ok()?;
     Some(
         url.strip_prefix("http://")?
             .trim_end_matches('/')

@@ -61,7 +61,7 @@ fn over_wire(p: &mut Plugin, step: &Step) -> Flow {
         Step::Emit { kind, data } => emit(p, json!(kind), data.clone()),
         Step::Annotate { key, value } => {
             let params = json!({"turnId": p.turn_id, "key": key, "value": value});
-            p.notify("host/annotate", params);
+            p.notify(sharedos_protocol::methods::HOST_ANNOTATE, params);
         }
         Step::Sleep { ms } => std::thread::sleep(Duration::from_millis(*ms)),
         Step::Stall => loop {
@@ -86,7 +86,7 @@ fn over_wire(p: &mut Plugin, step: &Step) -> Flow {
                 let _ = p.read_one();
             }
             let params = json!({"turnId": p.turn_id, "key": key, "value": value});
-            p.notify("host/annotate", params);
+            p.notify(sharedos_protocol::methods::HOST_ANNOTATE, params);
             return fail(p, "aborted");
         }
         Step::CaptureHost => {

@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
-use sharedos_protocol::ExecutionEvent;
+use sharedos_protocol::{EventKind, ExecutionEvent};
 
 use super::{AdmissionStatus, LeaseStatus};
 
@@ -221,13 +221,13 @@ impl Metrics {
     /// One event of a run, as the journal stores it.
     pub(super) fn event(&self, event: &ExecutionEvent) {
         let d = &event.data;
-        match event.kind.as_str() {
-            "tool.completed" => {
+        match EventKind::from_name(event.kind.as_str()) {
+            Some(EventKind::ToolCompleted) => {
                 let status = known(d["status"].as_str(), CALL_STATUSES);
                 self.tool_calls.get_or_create(&Status { status }).inc();
             }
-            "egress.request" => self.egress_request(d),
-            "egress.connection" => {
+            Some(EventKind::EgressRequest) => self.egress_request(d),
+            Some(EventKind::EgressConnection) => {
                 self.bytes(d["bytesUp"].as_u64(), d["bytesDown"].as_u64());
             }
             _ => {}

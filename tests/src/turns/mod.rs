@@ -25,10 +25,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use sharedos_host::process::{DirectLauncher, Launcher};
 use sharedos_host::sandboxed::SandboxLauncher;
-use sharedos_kernel::{
-    AuditError, AuditRecord, AuditSink, HandlerAnswer, JsonlAuditSink, KernelConfig, ToolError,
-    ToolHandler,
-};
+use sharedos_kernel::{AuditKind, HandlerAnswer, KernelConfig, ToolError, ToolHandler};
 use sharedos_protocol::{AccessContext, RuntimeManifest, ToolCall, ToolDefinition, ToolResult};
 use sharedos_sandbox::SandboxPolicy;
 use tokio_util::sync::CancellationToken;
@@ -75,38 +72,16 @@ impl Launch {
     }
 }
 
-/// The JSONL sink, with a switch that makes every decision-path write
-/// (`authority.resolved`, `authorization.checked`, `tool.catalog.listed`)
-/// fail while it is on: an audit outage on demand. Outcome-path records
+/// The decision-path records (`authority.resolved`,
+/// `authorization.checked`, `tool.catalog.listed`): a `fault` step makes
+/// them fail, an audit outage on demand. Outcome-path records
 /// (`tool.invoked`, `turn.ended`, ...) still go through, so the trail shows
 /// how the turn ended.
-pub struct FaultySink {
-    inner: JsonlAuditSink,
-    broken: Arc<std::sync::atomic::AtomicBool>,
-    /// While non-zero, each call's `authorization.checked` takes this many
-    /// milliseconds to become durable (a slow disk).
-    decision_delay_ms: Arc<std::sync::atomic::AtomicU64>,
-}
-
-#[async_trait]
-impl AuditSink for FaultySink {
-    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let decision = matches!(
-            record.kind.as_str(),
-            "authority.resolved" | "authorization.checked" | "tool.catalog.listed"
-        );
-        if decision && self.broken.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(AuditError::Sink("disk on fire (test fault)".into()));
-        }
-        let delay = self
-            .decision_delay_ms
-            .load(std::sync::atomic::Ordering::SeqCst);
-        if delay > 0 && record.kind == "authorization.checked" && record.tool.is_some() {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        self.inner.append(record).await
-    }
-}
+pub const DECISION_KINDS: [AuditKind; 3] = [
+    AuditKind::AuthorityResolved,
+    AuditKind::AuthorizationChecked,
+    AuditKind::ToolCatalogListed,
+];
 
 /// `ledger.append`: a write tool that is not idempotent, so a call that
 /// reached it makes a retry unsafe (envelope.md B.7).

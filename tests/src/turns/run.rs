@@ -11,14 +11,15 @@ use sharedos_host::executor::{
 };
 use sharedos_host::process::{ProcessRuntime, ProcessRuntimeConfig};
 use sharedos_host::seat::process_seat;
-use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel};
+use sharedos_kernel::{AuditKind, AuditRecord, JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
+use sharedos_testkit::FaultySink;
 use tokio_util::sync::CancellationToken;
 
 use super::procs::{is_alive, marked_pids, wait_gone};
 use super::records::check_audit_invariants;
 use super::{
-    FaultySink, Launch, LedgerAppend, LedgerSlow, MARKER_ENV, TRACE, kernel_config,
+    DECISION_KINDS, Launch, LedgerAppend, LedgerSlow, MARKER_ENV, TRACE, kernel_config,
     ledger_definition, ledger_slow_definition, request, testplugin_manifest, workspace_bin,
 };
 
@@ -268,14 +269,10 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
     let files_root = dir.path().join("files");
     std::fs::create_dir_all(&files_root).expect("files root");
     let audit_path = dir.path().join("audit.jsonl");
-    let broken: Arc<std::sync::atomic::AtomicBool> = Arc::default();
-    let delay: Arc<std::sync::atomic::AtomicU64> = Arc::default();
-    let audit = FaultySink {
-        inner: JsonlAuditSink::open(&audit_path).expect("audit sink"),
-        broken: broken.clone(),
-        decision_delay_ms: delay.clone(),
-    };
-    let kernel = Kernel::builder_from_config(&kernel_config(), &files_root, Arc::new(audit))
+    let audit = Arc::new(FaultySink::new(
+        JsonlAuditSink::open(&audit_path).expect("audit sink"),
+    ));
+    let kernel = Kernel::builder_from_config(&kernel_config(), &files_root, audit.clone())
         .expect("kernel builder")
         .tool(ledger_definition(), Arc::new(LedgerAppend))
         .expect("ledger tool")
@@ -344,12 +341,16 @@ pub async fn run_turn(spec: TurnSpec) -> TurnRun {
                 cancel2.cancel();
             }
             if fault_on.is_some_and(|k| e.data["type"] == k) {
-                broken.store(true, std::sync::atomic::Ordering::SeqCst);
+                for kind in DECISION_KINDS {
+                    audit.fail_on(kind);
+                }
             }
             if let Some((k, ms)) = slow_decisions
                 && e.data["type"] == k
             {
-                delay.store(ms, std::sync::atomic::Ordering::SeqCst);
+                // Each call's check becomes durable this much later (a
+                // slow disk).
+                audit.slow_calls_on(AuditKind::AuthorizationChecked, Duration::from_millis(ms));
             }
         }
     });

@@ -10,22 +10,19 @@ use sharedos_protocol::{Timestamp, ToolStatus, ident};
 use super::super::ledger::tests::measured;
 use super::*;
 
-/// A small deterministic generator (xorshift), so a failure names its
-/// seed.
-struct Gen(u64);
+/// The test kit's generator with this suite's values, so a failure names
+/// its seed.
+struct Gen(sharedos_testkit::XorShift);
 
 impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+    fn new(seed: u64) -> Self {
+        Self(sharedos_testkit::XorShift::new(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.below(n)
     }
     fn pick<T: Clone>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len() as u64) as usize].clone()
+        self.0.pick(from)
     }
     fn text(&mut self) -> String {
         const PIECES: &[&str] = &[
@@ -69,14 +66,13 @@ impl Gen {
             EventData::Call(self.call())
         }
     }
-    fn kind(&mut self) -> &'static str {
+    fn kind(&mut self) -> EventKind {
         self.pick(&[
             CALL_REQUESTED,
             CALL_COMPLETED,
-            "runtime.event",
-            "turn.started",
-            " spaced.kind ",
-            "",
+            EventKind::RuntimeEvent,
+            EventKind::TurnStarted,
+            EventKind::EgressBudgetExceeded,
         ])
     }
 }
@@ -124,7 +120,7 @@ impl Model {
         }
     }
 
-    fn candidate(&mut self, kind: &str, data: EventData) -> ExecutionEvent {
+    fn candidate(&mut self, kind: EventKind, data: EventData) -> ExecutionEvent {
         let id = self.next_id;
         self.next_id += 1;
         ExecutionEvent {
@@ -133,7 +129,7 @@ impl Model {
             execution_id: ident("exec-1"),
             trace_id: ident("trace \"q\" é"),
             sequence: self.events.len() as u64,
-            kind: ShortName::new(kind).unwrap_or_else(|_| ShortName::new("event").unwrap()),
+            kind: ShortName::new(kind.as_str()).unwrap(),
             data,
             occurred_at: at(),
         }
@@ -144,18 +140,18 @@ impl Model {
         self.events.push(e);
     }
 
-    fn envelope(&mut self, kind: &str, data: Value) {
+    fn envelope(&mut self, kind: EventKind, data: Value) {
         if self.taken {
             return;
         }
-        self.sealed |= TERMINAL_EVENTS.contains(&kind);
+        self.sealed |= EventKind::TERMINAL.contains(&kind);
         self.charged_events += 1;
         let e = self.candidate(kind, data.into());
         self.held += measured(&e);
         self.append(e);
     }
 
-    fn prepaid(&mut self, kind: &str, data: CallEventData) {
+    fn prepaid(&mut self, kind: EventKind, data: CallEventData) {
         if !self.sealed {
             let e = self.candidate(kind, EventData::Call(data));
             self.append(e);
@@ -164,7 +160,7 @@ impl Model {
 
     fn plugin(
         &mut self,
-        kind: &str,
+        kind: EventKind,
         data: EventData,
         prepaid_events: usize,
         prepaid_bytes: usize,
@@ -208,7 +204,7 @@ fn serialized(events: &[ExecutionEvent]) -> Vec<String> {
 #[test]
 fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
     for seed in 1..300u64 {
-        let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut g = Gen::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let max_events = g.pick(&[16, 300, 900, 100_000]);
         let max_bytes = g.pick(&[256 * 1024, 1 << 20, 1 << 30]);
         let end_per_mille = g.pick(&[0, 1, 5]);
@@ -225,7 +221,7 @@ fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
         for step in 0..g.below(1_500) {
             let what = g.below(1000);
             if what < end_per_mille {
-                let kind = g.pick(TERMINAL_EVENTS);
+                let kind = g.pick(EventKind::TERMINAL);
                 let data = g.value();
                 ledger.push_envelope(kind, data.clone());
                 model.envelope(kind, data);
@@ -267,7 +263,7 @@ fn generated_pushes_seals_and_takes_come_out_as_a_plain_log_would() {
 /// scan), every charge is still what the event measures serialized.
 #[test]
 fn default_ids_and_times_are_charged_as_serialized() {
-    let mut g = Gen(0x2545_F491_4F6C_DD1D);
+    let mut g = Gen::new(0x2545_F491_4F6C_DD1D);
     let stamp = EventStamp {
         ids: IdSource::uuid(),
         clock: Arc::new(Timestamp::now),

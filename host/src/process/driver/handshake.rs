@@ -5,20 +5,21 @@
 use std::time::Duration;
 
 use serde_json::value::RawValue;
-use sharedos_peer::{Inbound, Inbox, Peer, PeerConfig, Violation, ViolationReason};
+use sharedos_peer::{
+    HostInbound as Inbound, HostInbox as Inbox, Peer, PeerConfig, Violation, ViolationReason,
+};
 use sharedos_protocol::jsonrpc::truncate;
-use sharedos_protocol::method::{Direction, Initialize, Method};
+use sharedos_protocol::method::{Initialize, Method, Received};
 use sharedos_protocol::{
     ConnectionLimits, HostInfo, InitializeParams, InitializeResult, JsonObject, PROTOCOL_VERSIONS,
     RuntimeManifest,
 };
 
-/// A peer configuration for the host end of a plugin connection: it takes
-/// the plugin→host methods of the protocol's table, and the plugin speaks
-/// only after answering `initialize`.
+/// A peer configuration for the host end of a plugin connection (its
+/// [`Inbox`] takes the plugin→host methods of the protocol's table): the
+/// plugin speaks only after answering `initialize`.
 pub fn host_peer_config(base: PeerConfig) -> PeerConfig {
     PeerConfig {
-        receives: Direction::PluginToHost,
         handshake_first: true,
         ..base
     }
@@ -110,6 +111,14 @@ pub async fn handshake_offering(
     Ok(result)
 }
 
+/// The plugin sent `method` before answering `initialize`.
+fn spoke_first(method: &str) -> HandshakeError {
+    HandshakeError::StdoutBeforeHandshake {
+        reason: "stdout_before_handshake",
+        sample: sharedos_protocol::codec::escaped_sample(method.as_bytes(), 200),
+    }
+}
+
 async fn wait_handshake(inbound: &mut Inbox, id: u64) -> Result<Box<RawValue>, HandshakeError> {
     loop {
         match inbound.recv().await {
@@ -120,12 +129,8 @@ async fn wait_handshake(inbound: &mut Inbox, id: u64) -> Result<Box<RawValue>, H
                 });
             }
             Some(Inbound::Response { .. }) => continue,
-            Some(Inbound::Request { method, .. }) | Some(Inbound::Notification { method, .. }) => {
-                return Err(HandshakeError::StdoutBeforeHandshake {
-                    reason: "stdout_before_handshake",
-                    sample: sharedos_protocol::codec::escaped_sample(method.as_bytes(), 200),
-                });
-            }
+            Some(Inbound::Request { method, .. }) => return Err(spoke_first(method.name())),
+            Some(Inbound::Notification { method, .. }) => return Err(spoke_first(method.name())),
             Some(Inbound::Closed(v)) => {
                 return Err(match v.reason {
                     ViolationReason::InvalidJson

@@ -11,7 +11,10 @@ pub mod turn;
 pub use handshake::{
     HandshakeError, check_manifest, handshake, handshake_offering, host_peer_config,
 };
-pub use sharedos_peer::{Inbound, Inbox, Peer, PeerConfig, Replier, Violation, ViolationReason};
+pub use sharedos_peer::{
+    HostInbound as Inbound, HostInbox as Inbox, Peer, PeerConfig, Replier, Violation,
+    ViolationReason,
+};
 pub use turn::{EXIT_DRAIN_GRACE, drive_turn, host_call_error, turn_run_params};
 
 #[cfg(test)]

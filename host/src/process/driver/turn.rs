@@ -13,11 +13,14 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 use sharedos_peer::{
-    ErrorObjectOwned, Inbound, Inbox, Peer, Replier, RequestParams, Violation, ViolationReason,
+    ErrorObjectOwned, HostInbound as Inbound, HostInbox as Inbox, Peer, Replier, RequestParams,
+    Violation, ViolationReason,
 };
 use sharedos_plugin_sdk::{HostCallError, RuntimeError, RuntimeHost, Signal};
 use sharedos_protocol::jsonrpc::{WireError, truncate};
-use sharedos_protocol::method::{Annotate, Emit, InvokeTool, Method, TurnAbort, TurnDraining};
+use sharedos_protocol::method::{
+    Annotate, Emit, InvokeTool, Method, TurnAbort, TurnDraining, to_host,
+};
 use sharedos_protocol::{
     ErrorKind, InvokeToolParams, RuntimeLimits, RuntimeTurnOutcome, RuntimeTurnRequest, ToolResult,
     TurnAbortParams, TurnDrainingParams, TurnId, TurnRunParams,
@@ -234,10 +237,9 @@ impl<C: Future<Output = Served> + Send + 'static> TurnDriver<'_, C> {
                 method,
                 params,
                 reply,
-            } => {
-                debug_assert_eq!(method, InvokeTool::NAME);
-                self.invoke(params, reply).await
-            }
+            } => match method {
+                to_host::Request::InvokeTool => self.invoke(params, reply).await,
+            },
         }
     }
 
@@ -386,23 +388,22 @@ fn apply_notification(
     peer: &Peer,
     turn_id: &TurnId,
     host: &dyn RuntimeHost,
-    method: &str,
+    method: to_host::Notification,
     params: Option<&RawValue>,
 ) -> Result<(), Violation> {
     let applied = match method {
-        Emit::NAME => match sharedos_peer::params::<Emit>(params) {
+        to_host::Notification::Emit => match sharedos_peer::params::<Emit>(params) {
             Some(p) if &p.turn_id == turn_id => host.emit(p.event).map_err(|_| "emit_rejected"),
             Some(_) => Err("notification_for_inactive_turn"),
             None => Err("invalid_emit"),
         },
-        Annotate::NAME => match sharedos_peer::params::<Annotate>(params) {
+        to_host::Notification::Annotate => match sharedos_peer::params::<Annotate>(params) {
             Some(p) if &p.turn_id == turn_id => host
                 .annotate(&p.key, p.value)
                 .map_err(|_| "annotate_rejected"),
             Some(_) => Err("notification_for_inactive_turn"),
             None => Err("invalid_annotate"),
         },
-        _ => Err("unknown_notification"),
     };
     match applied {
         Ok(()) => Ok(()),
