@@ -534,6 +534,20 @@ pub async fn print_placed(exe: &Path, iterations: usize, rounds: usize) -> bool 
 }
 
 async fn placed(exe: &Path, rmcp: Option<&Path>, iterations: usize, rounds: usize) -> bool {
+    if !placed_sequential(exe, rmcp, iterations).await {
+        return false;
+    }
+    let inflight = 64;
+    let Some(all) = placed_rounds(exe, rmcp, inflight, rounds).await else {
+        return false;
+    };
+    print_inflight(&all, rmcp.is_some(), inflight, rounds);
+    true
+}
+
+/// The sequential figures of one placement: the raw pair, the envelope and
+/// rmcp's own client. False when one could not be measured.
+async fn placed_sequential(exe: &Path, rmcp: Option<&Path>, iterations: usize) -> bool {
     let e2 = exe.to_path_buf();
     let floor = match blocking_figure(move || super::ndjson_floor(&e2, iterations)).await {
         Ok(f) => f,
@@ -581,7 +595,17 @@ async fn placed(exe: &Path, rmcp: Option<&Path>, iterations: usize, rounds: usiz
             Err(e) => println!("    (rmcp's own client not measured: {e})"),
         }
     }
-    let inflight = 64;
+    true
+}
+
+/// `rounds` rounds of `inflight` calls in flight, each printed; `None` when
+/// one could not be measured.
+async fn placed_rounds(
+    exe: &Path,
+    rmcp: Option<&Path>,
+    inflight: usize,
+    rounds: usize,
+) -> Option<Vec<Round>> {
     let mut all = Vec::new();
     for round in 0..rounds {
         match one_round(exe, rmcp, inflight).await {
@@ -610,10 +634,15 @@ async fn placed(exe: &Path, rmcp: Option<&Path>, iterations: usize, rounds: usiz
             }
             Err(e) => {
                 println!("    (calls in flight not measured: {e})");
-                return false;
+                return None;
             }
         }
     }
+    Some(all)
+}
+
+/// The medians of the rounds in flight and the goal's ratio.
+fn print_inflight(all: &[Round], with_rmcp: bool, inflight: usize, rounds: usize) {
     let med = |f: &dyn Fn(&Round) -> f64| median(all.iter().map(f).collect());
     let env = med(&|r| r.envelope.rate);
     let raw = med(&|r| r.raw);
@@ -634,7 +663,7 @@ async fn placed(exe: &Path, rmcp: Option<&Path>, iterations: usize, rounds: usiz
         format!("{inflight} a batch, raw pair batched (one write a batch)"),
         med(&|r| r.batched)
     );
-    if rmcp.is_some() {
+    if with_rmcp {
         for (i, flavor) in RMCP_FLAVORS.iter().enumerate() {
             println!(
                 "{:<58} {:>12.0} calls/s (raw client)   {:>10.0} calls/s (own client)",
@@ -648,7 +677,6 @@ async fn placed(exe: &Path, rmcp: Option<&Path>, iterations: usize, rounds: usiz
         "    envelope / raw pair: {:.2}× (medians; goal ≥ 0.5× in every round)",
         env / raw.max(1e-9)
     );
-    true
 }
 
 /// Runs a blocking measurement that gives a figure off the async runtime.
