@@ -17,13 +17,6 @@ use super::{Executor, TurnReport};
 /// reach the plugin, then kills and reaps the tree).
 const STOPPED_PROCESS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How long the ending waits for calls still with the kernel (admitted
-/// before the turn closed, told to stop by its hard signal) to write their
-/// outcome records, so `turn.ended` is the turn's last audit record. A
-/// handler that ignores the abort past this bound is logged and its record
-/// follows.
-const IN_FLIGHT_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 impl Executor {
     /// Ends the turn. `report`: the seat's report, `None` when the turn
     /// ended before the deadline machinery started (a context mismatch,
@@ -39,7 +32,6 @@ impl Executor {
         report: Option<&TurnReport>,
     ) -> ExecutionResult {
         turn.close();
-        self.settle_in_flight(turn).await;
         if let Some((kind, data)) = ending.event.take() {
             // The ending seals the log: nothing is written after it.
             turn.events().push_envelope(kind, data);
@@ -118,25 +110,6 @@ impl Executor {
             runtime["egress"] = egress.clone();
         }
         runtime
-    }
-
-    /// Waits (bounded) for the calls the kernel is still serving: a call
-    /// admitted just before the turn closed (a crash or a kill while its
-    /// mediation was under way) records its outcome before `turn.ended`.
-    async fn settle_in_flight(&self, turn: &Turn) {
-        if turn.gate().idle() {
-            return;
-        }
-        if tokio::time::timeout(IN_FLIGHT_SETTLE_WAIT, turn.gate().wait_idle())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                execution_id = %turn.execution_id(),
-                wait_ms = IN_FLIGHT_SETTLE_WAIT.as_millis() as u64,
-                "a call was still with the kernel when the turn ended; its outcome record follows turn.ended"
-            );
-        }
     }
 
     async fn record_end(
