@@ -3,14 +3,14 @@
 //! answers and the error codes it may refuse with. The router dispatches
 //! by it ([`find`]: a request no row matches is `404 no_route`), and
 //! `GET /v1/openapi.json` is the OpenAPI 3.1 document generated from it
-//! ([`document`]), so the two cannot name different endpoints.
+//! (`openapi.rs`), so the two cannot name different endpoints.
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use sharedos_store::{RunRecord, SessionRecord};
 
-use crate::session::{AdmissionStatus, LeaseStatus, OpenSession, RunInput, Scope, SettleRequest};
+use crate::session::{AdmissionStatus, LeaseStatus, OpenSession, RunInput, SettleRequest};
 
 /// What the router does with a request: one per row of [`ROUTES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub struct Route {
     pub refusals: &'static [(u16, &'static str)],
 }
 
-fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+pub(super) fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
     g.subschema_for::<T>()
 }
 
@@ -86,7 +86,7 @@ struct RunBody {
 
 /// Every error answer: `{"error": {"code", "message", ...}}`.
 #[derive(Serialize, JsonSchema)]
-struct ErrorAnswer {
+pub(super) struct ErrorAnswer {
     error: ErrorBody,
 }
 
@@ -258,7 +258,7 @@ pub const COMMON_REFUSALS: &[(u16, &str)] = &[
     (503, "too_many_connections"),
 ];
 
-const JSON_BODY: &[(u16, &str)] = &[
+pub(super) const JSON_BODY: &[(u16, &str)] = &[
     (400, "invalid_body"),
     (408, "request_timeout"),
     (415, "unsupported_media_type"),
@@ -691,128 +691,11 @@ fn segments_match(want: &[&str], parts: &[&str]) -> bool {
         .all(|(w, p)| (w.starts_with('{') && w.ends_with('}')) || w == p)
 }
 
-/// The OpenAPI 3.1 document of [`ROUTES`].
-pub fn document() -> Value {
-    let mut generator = schemars::generate::SchemaSettings::draft2020_12()
-        .with(|s| s.definitions_path = "/components/schemas".into())
-        .into_generator();
-    let error = schema::<ErrorAnswer>(&mut generator);
-    let mut paths = Map::new();
-    for route in ROUTES {
-        let operation = operation(route, &mut generator, &error);
-        let item = paths
-            .entry(route.path.to_owned())
-            .or_insert_with(|| json!({}));
-        item[route.method.to_ascii_lowercase()] = operation;
-    }
-    let schemas = generator.take_definitions(true);
-    json!({
-        "openapi": "3.1.0",
-        "info": {
-            "title": "sharedos serve",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": "Sessions and runs over HTTP+JSON (docs/SERVE.md). On the unix socket the peer is trusted (or mapped to a tenant by uid); over TCP every request carries a bearer token."
-        },
-        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
-        "paths": paths,
-        "components": {
-            "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
-        },
-        "security": [{}, {"bearer": []}]
-    })
-}
-
-fn operation(route: &Route, generator: &mut SchemaGenerator, error: &Schema) -> Value {
-    let mut parameters: Vec<Value> = route
-        .path
-        .split('/')
-        .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
-        .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
-        .collect();
-    if route.scoped {
-        parameters.push(json!({
-            "name": "Sharedos-Scope", "in": "header", "required": true,
-            "description": "The trusted scope as JSON: {\"namespaceId\", \"authority\", \"owner\"}",
-            "content": {"application/json": {"schema": schema::<Scope>(generator)}}
-        }));
-    }
-    for (name, what) in route.query {
-        parameters.push(json!({"name": name, "in": "query", "required": false,
-                               "description": what, "schema": {"type": "string"}}));
-    }
-    let mut responses = Map::new();
-    for a in route.answers {
-        responses.insert(
-            a.status.to_string(),
-            json!({"description": a.what, "content": content(a.content, generator)}),
-        );
-    }
-    let common = if route.scoped { COMMON_REFUSALS } else { &[] };
-    let body = if matches!(route.request, Some(Content::Json(_))) {
-        JSON_BODY
-    } else {
-        &[]
-    };
-    // An id in the path that sharedos never issues.
-    let ids: &[(u16, &str)] = if route.path.contains("Id}") {
-        &[(400, "invalid_id")]
-    } else {
-        &[]
-    };
-    let mut by_status: std::collections::BTreeMap<u16, Vec<&str>> = Default::default();
-    for (status, code) in route.refusals.iter().chain(common).chain(body).chain(ids) {
-        let codes = by_status.entry(*status).or_default();
-        if !codes.contains(code) {
-            codes.push(code);
-        }
-    }
-    for (status, codes) in by_status {
-        if responses.contains_key(&status.to_string()) {
-            continue;
-        }
-        responses.insert(
-            status.to_string(),
-            json!({
-                "description": format!("refused: {}", codes.join(", ")),
-                "content": {"application/json": {"schema": {
-                    "allOf": [error, {"properties": {"error": {"properties": {"code": {"enum": codes}}}}}]
-                }}}
-            }),
-        );
-    }
-    let mut op = json!({
-        "operationId": format!("{:?}", route.op).chars().enumerate()
-            .map(|(i, c)| if i == 0 { c.to_ascii_lowercase() } else { c }).collect::<String>(),
-        "summary": route.summary,
-        "parameters": parameters,
-        "responses": responses,
-    });
-    if !route.scoped {
-        op["security"] = json!([{}, {"bearer": []}]);
-    }
-    if let Some(request) = route.request {
-        op["requestBody"] = json!({"required": true, "content": content(request, generator)});
-    }
-    op
-}
-
-fn content(c: Content, generator: &mut SchemaGenerator) -> Value {
-    match c {
-        Content::Json(schema) => json!({"application/json": {"schema": schema(generator)}}),
-        Content::EventStream => json!({"text/event-stream": {"schema": {"type": "string"}}}),
-        Content::OpenMetrics => {
-            json!({"application/openmetrics-text": {"schema": {"type": "string"}}})
-        }
-        Content::Bytes => {
-            json!({"application/octet-stream": {"schema": {"type": "string", "contentEncoding": "binary"}}})
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::openapi::document;
     use super::*;
+    use serde_json::json;
 
     /// A concrete path of a template: each `{name}` an example segment.
     fn concrete(template: &str) -> Vec<String> {

@@ -21,6 +21,7 @@ mod event_filter;
 mod files;
 mod lease;
 mod listing;
+pub mod openapi;
 mod preflight;
 mod retention;
 pub mod routes;

@@ -364,7 +364,10 @@ fn read(answer: Result<Value, Refusal>) -> Result<Response<Body>, Failure> {
 /// `GET /v1/openapi.json`: the document of the route table, built once.
 fn openapi() -> Response<Body> {
     static DOCUMENT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
-    json_response(StatusCode::OK, DOCUMENT.get_or_init(api::document))
+    json_response(
+        StatusCode::OK,
+        DOCUMENT.get_or_init(super::openapi::document),
+    )
 }
 
 /// `POST /v1/sessions/{id}/runs`: `201` for a new run, `200` for a repeat.
