@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sharedos_sandbox::{PreparedSandbox, SandboxError, SandboxPolicy, SandboxedChild, SpawnSpec};
 
-use crate::process::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+use crate::process::{LaunchError, LaunchSpec, LaunchedChild, Launcher, LimitsWatch, ProcessTree};
 
 /// Host workspaces are named `sharedos-ws-<host pid>-<random>`, so a host
 /// can tell the workspaces a dead host left behind. Only a sandbox without
@@ -487,7 +487,11 @@ fn launched(
         stdout,
         stderr,
         egress_listener,
-        tree: Box::new(SandboxTree { child, workspace }),
+        tree: Box::new(SandboxTree {
+            limits: LimitsWatch::new(child.limits_reader()),
+            child,
+            workspace,
+        }),
         report,
     })
 }
@@ -510,6 +514,8 @@ fn with_engine(report: serde_json::Value) -> serde_json::Value {
 struct SandboxTree {
     child: SandboxedChild,
     workspace: Option<HostWorkspace>,
+    /// Kept when the helper is first seen exited, and before a kill.
+    limits: LimitsWatch,
 }
 
 impl ProcessTree for SandboxTree {
@@ -517,17 +523,26 @@ impl ProcessTree for SandboxTree {
         self.child.pid as u32
     }
     fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        self.child.try_wait()
+        let status = self.child.try_wait()?;
+        if status.is_some() {
+            self.limits.keep();
+        }
+        Ok(status)
     }
     fn start_kill(&mut self) {
+        self.limits.keep();
         self.child.kill_tree();
     }
     fn kill_tree(&mut self) -> io::Result<()> {
+        self.limits.keep();
         self.child.kill_tree();
         self.child.wait()?;
         // Removed iteratively; a failure is logged, never the turn's error.
         drop(self.workspace.take());
         Ok(())
+    }
+    fn limits(&self) -> Option<LimitsWatch> {
+        Some(self.limits.clone())
     }
 }
 

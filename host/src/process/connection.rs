@@ -86,6 +86,14 @@ impl Connection {
         (status, lines)
     }
 
+    /// The limits the kernel enforced on the tree so far, if any was hit.
+    pub(super) fn limits_hit(&self) -> Option<sharedos_sandbox::cgroup::LimitsHit> {
+        self.guard
+            .limits()
+            .as_ref()
+            .and_then(super::LimitsWatch::read)
+    }
+
     /// Whether the process runs in the sandbox (its launcher reported).
     pub(super) fn sandboxed(&self) -> bool {
         self.report.is_some()
@@ -173,6 +181,7 @@ fn report_launch(
         guard.status_slot(),
         tail.clone(),
         report.is_some(),
+        guard.limits(),
     ));
     turn_report.set_abort_grace(guard.abort_grace());
     tail
@@ -184,11 +193,13 @@ fn process_end(
     status: std::sync::Arc<std::sync::Mutex<Option<std::process::ExitStatus>>>,
     tail: stderr::SharedTail,
     sandboxed: bool,
+    limits: Option<super::LimitsWatch>,
 ) -> crate::provenance::ProcessEnd {
     std::sync::Arc::new(move || {
         let status = (*status.lock().unwrap_or_else(|p| p.into_inner()))?;
         let lines = tail.lock().unwrap_or_else(|p| p.into_inner()).lines();
-        Some(diagnosis::process_json(Some(status), lines, sandboxed))
+        let hit = limits.as_ref().and_then(super::LimitsWatch::read);
+        Some(diagnosis::process_json(Some(status), lines, sandboxed, hit))
     })
 }
 
@@ -302,7 +313,8 @@ impl ProcessRuntime {
             LaunchError::Refused { .. } => "launch_refused",
             LaunchError::Spawn { .. } => "launch_failed",
         };
-        self.keep_diagnosis(turn_report, execution_id, reason, None, Vec::new(), false);
+        let process = diagnosis::process_json(None, Vec::new(), false, None);
+        self.keep_diagnosis(turn_report, execution_id, reason, process);
         self.load_error(e)
     }
 
@@ -352,8 +364,8 @@ impl ProcessRuntime {
             _ => std::time::Duration::ZERO,
         };
         let (status, lines) = conn.ending(bound).await;
-        let sandboxed = conn.sandboxed();
-        self.keep_diagnosis(report, execution_id, reason, status, lines, sandboxed);
+        let process = diagnosis::process_json(status, lines, conn.sandboxed(), conn.limits_hit());
+        self.keep_diagnosis(report, execution_id, reason, process);
     }
 
     /// After a turn on `conn` ended in error: its diagnosis, where the
@@ -382,8 +394,9 @@ impl ProcessRuntime {
                 std::time::Duration::ZERO
             };
             let (status, lines) = conn.ending(bound).await;
-            let sandboxed = conn.sandboxed();
-            self.keep_diagnosis(report, execution_id, reason, status, lines, sandboxed);
+            let process =
+                diagnosis::process_json(status, lines, conn.sandboxed(), conn.limits_hit());
+            self.keep_diagnosis(report, execution_id, reason, process);
         }
         tracing::debug!(runtime = %self.config.manifest.id, turn = %turn_id, "turn ended without an outcome: {}", escape_text(&truncate(&error.to_string(), 500)));
     }

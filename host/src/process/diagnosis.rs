@@ -9,6 +9,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
 use serde_json::{Value, json};
+use sharedos_sandbox::cgroup::LimitsHit;
 
 use super::driver::HandshakeError;
 
@@ -74,17 +75,57 @@ pub(crate) fn handshake_reason(e: &HandshakeError) -> &'static str {
 }
 
 /// `metadata.runtime.process`: how the launched process ended (`None`:
-/// still running when the turn ended, then killed by the host) and its
-/// last stderr lines. `sandboxed`: the status is the sandbox helper's,
-/// which exits with the plugin's code, or with 128 + N when the plugin was
-/// killed by signal N (the shell's convention): such a code also names
-/// the signal it stands for.
+/// still running when the turn ended, then killed by the host), its last
+/// stderr lines, and the limits the kernel enforced on its tree, if any
+/// was hit. `sandboxed`: the status is the sandbox helper's, which exits
+/// with the plugin's code, or with 128 + N when the plugin was killed by
+/// signal N (the shell's convention): such a code also names the signal
+/// it stands for.
 pub(crate) fn process_json(
     status: Option<ExitStatus>,
     tail: Vec<String>,
     sandboxed: bool,
+    limits: Option<LimitsHit>,
 ) -> Value {
-    json!({"exit": exit_json(status, sandboxed), "stderrTail": tail})
+    let mut process = json!({"exit": exit_json(status, sandboxed), "stderrTail": tail});
+    if let Some(hit) = limits {
+        process["limitsHit"] = limits_json(&hit);
+    }
+    process
+}
+
+/// `limitsHit`: each cgroup bound the tree reached, with its value and
+/// what the kernel did there (docs/PROTOCOL.md, "How the process ended").
+fn limits_json(hit: &LimitsHit) -> Value {
+    let mut rows = Vec::new();
+    if hit.pids_refused > 0 {
+        rows.push(json!({
+            "limit": "pids.max",
+            "value": hit.pids_max,
+            "refused": hit.pids_refused,
+            "what": "forks and threads refused: the tree reached its process count",
+        }));
+    }
+    if hit.memory_reached > 0 || hit.oom_kills > 0 {
+        rows.push(json!({
+            "limit": "memory.max",
+            "value": hit.memory_max,
+            "reached": hit.memory_reached,
+            "oomKills": hit.oom_kills,
+            "what": "the tree reached its memory bound; the OOM killer ended the processes counted",
+        }));
+    }
+    Value::Array(rows)
+}
+
+/// The rlimit a signal stands for when the kernel sends it at that
+/// limit: `SIGXCPU` at `RLIMIT_CPU`, `SIGXFSZ` at `RLIMIT_FSIZE`.
+fn rlimit_of_signal(sig: i32) -> Option<&'static str> {
+    match sig {
+        libc::SIGXCPU => Some("RLIMIT_CPU"),
+        libc::SIGXFSZ => Some("RLIMIT_FSIZE"),
+        _ => None,
+    }
 }
 
 /// The `exit` of [`process_json`].
@@ -93,14 +134,25 @@ pub(crate) fn exit_json(status: Option<ExitStatus>, sandboxed: bool) -> Value {
         Some(s) => match (s.code(), s.signal()) {
             (Some(code), _) if sandboxed && (129..=128 + 64).contains(&code) => {
                 let sig = code - 128;
-                json!({"code": code, "signal": sig, "name": signal_name(sig)})
+                with_rlimit(
+                    json!({"code": code, "signal": sig, "name": signal_name(sig)}),
+                    sig,
+                )
             }
             (Some(code), _) => json!({"code": code}),
-            (None, Some(sig)) => json!({"signal": sig, "name": signal_name(sig)}),
+            (None, Some(sig)) => with_rlimit(json!({"signal": sig, "name": signal_name(sig)}), sig),
             _ => json!("unknown"),
         },
         None => json!("running (killed by the host at the end of the turn)"),
     }
+}
+
+/// `exit` with the rlimit its signal stands for, if it does.
+fn with_rlimit(mut exit: Value, sig: i32) -> Value {
+    if let Some(limit) = rlimit_of_signal(sig) {
+        exit["limit"] = json!(limit);
+    }
+    exit
 }
 
 /// The name of signal `sig` (`SIGSEGV`), `SIGRTMIN+n` for a real-time one.
@@ -150,6 +202,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_signal_sent_at_an_rlimit_and_a_cgroup_bound_reached_are_named() {
+        let xcpu = ExitStatus::from_raw((128 + libc::SIGXCPU) << 8);
+        assert_eq!(
+            exit_json(Some(xcpu), true),
+            json!({"code": 128 + libc::SIGXCPU, "signal": libc::SIGXCPU, "name": "SIGXCPU", "limit": "RLIMIT_CPU"})
+        );
+        let xfsz = ExitStatus::from_raw(libc::SIGXFSZ);
+        assert_eq!(exit_json(Some(xfsz), false)["limit"], json!("RLIMIT_FSIZE"));
+        assert!(
+            exit_json(Some(ExitStatus::from_raw(libc::SIGKILL)), false)
+                .get("limit")
+                .is_none()
+        );
+        let hit = LimitsHit {
+            pids_max: Some(16),
+            pids_refused: 3,
+            memory_max: Some(1 << 20),
+            memory_reached: 0,
+            oom_kills: 1,
+        };
+        let p = process_json(None, vec![], true, Some(hit));
+        assert_eq!(p["limitsHit"][0]["limit"], "pids.max");
+        assert_eq!(p["limitsHit"][0]["value"], 16);
+        assert_eq!(p["limitsHit"][0]["refused"], 3);
+        assert_eq!(p["limitsHit"][1]["limit"], "memory.max");
+        assert_eq!(p["limitsHit"][1]["oomKills"], 1);
+        assert!(
+            process_json(None, vec![], true, None)
+                .get("limitsHit")
+                .is_none()
+        );
+    }
+
+    #[test]
     fn deterministic_violations_are_told_from_transient_ones() {
         assert_eq!(
             stream_reason("invalid_json: not JSON (sample: x)"),
@@ -170,12 +256,12 @@ mod tests {
     fn the_exit_status_is_a_code_or_a_signal() {
         let code = ExitStatus::from_raw(3 << 8);
         assert_eq!(
-            process_json(Some(code), vec![], false)["exit"],
+            process_json(Some(code), vec![], false, None)["exit"],
             json!({"code": 3})
         );
         let sig = ExitStatus::from_raw(libc::SIGABRT);
         assert_eq!(
-            process_json(Some(sig), vec!["boom".into()], false),
+            process_json(Some(sig), vec!["boom".into()], false, None),
             json!({"exit": {"signal": 6, "name": "SIGABRT"}, "stderrTail": ["boom"]})
         );
         // The sandbox's 128 + N names the signal too, keeping the code.

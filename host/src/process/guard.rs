@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{ProcessTree, reaper};
+use super::{LimitsWatch, ProcessTree, reaper};
 
 /// Owns the tree for the whole turn. Dropped anywhere (including when the
 /// `run` future is dropped), it SIGKILLs the tree at once and reaps it on
@@ -22,6 +22,9 @@ pub(super) struct TreeGuard {
     /// How long the plugin may take to exit by itself once a `turn/abort`
     /// has reached it (`ProcessRuntimeConfig::abort_grace`).
     abort_grace: Duration,
+    /// The limits the kernel enforced on the tree, where the launcher
+    /// counts them.
+    limits: Option<LimitsWatch>,
 }
 
 impl TreeGuard {
@@ -31,6 +34,7 @@ impl TreeGuard {
         abort_grace: Duration,
     ) -> Self {
         Self {
+            limits: tree.limits(),
             tree: Arc::new(Mutex::new(Some(tree))),
             status: Arc::new(Mutex::new(None)),
             stdin_probe,
@@ -41,6 +45,11 @@ impl TreeGuard {
     /// How long the plugin may take to exit by itself after an abort.
     pub(super) fn abort_grace(&self) -> Duration {
         self.abort_grace
+    }
+
+    /// The limits the kernel enforced on the tree (its cgroups' counters).
+    pub(super) fn limits(&self) -> Option<LimitsWatch> {
+        self.limits.clone()
     }
 
     /// The slot the guard (and its deferred kill) records the status in.

@@ -10,6 +10,9 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::sync::{Arc, OnceLock};
+
+use sharedos_sandbox::cgroup::LimitsHit;
 
 /// What to start. `env` is the complete environment of the child (the host
 /// has already applied its allowlist and added `SHAREDOS_PLUGIN=1`).
@@ -28,6 +31,44 @@ pub struct LaunchSpec {
     pub turn_id: String,
 }
 
+/// What the kernel's bounds refused or killed in a tree (its cgroups'
+/// event counters), read live while the cgroups exist and kept from the
+/// moment the tree's process is seen exited or is killed, so the result
+/// can tell it after the cgroups are gone.
+#[derive(Clone)]
+pub struct LimitsWatch {
+    live: Arc<dyn Fn() -> LimitsHit + Send + Sync>,
+    kept: Arc<OnceLock<LimitsHit>>,
+}
+
+impl LimitsWatch {
+    pub fn new(live: impl Fn() -> LimitsHit + Send + Sync + 'static) -> Self {
+        Self {
+            live: Arc::new(live),
+            kept: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Keeps what the counters say now (the first call wins).
+    pub fn keep(&self) {
+        let _ = self.kept.get_or_init(|| (self.live)());
+    }
+
+    /// The limits hit, kept or live; `None` when none was.
+    pub fn read(&self) -> Option<LimitsHit> {
+        let hit = self.kept.get().copied().unwrap_or_else(|| (self.live)());
+        (!hit.is_empty()).then_some(hit)
+    }
+}
+
+impl std::fmt::Debug for LimitsWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitsWatch")
+            .field("kept", &self.kept.get())
+            .finish()
+    }
+}
+
 /// The live process tree of one turn.
 pub trait ProcessTree: Send {
     /// The pid of the process the launcher started (the helper or the
@@ -40,6 +81,11 @@ pub trait ProcessTree: Send {
     fn start_kill(&mut self);
     /// Kills the whole tree and reaps it. May block briefly.
     fn kill_tree(&mut self) -> io::Result<()>;
+    /// The limits the kernel enforced on the tree, where the launcher has
+    /// counters for them (a cgroup); `None` otherwise.
+    fn limits(&self) -> Option<LimitsWatch> {
+        None
+    }
 }
 
 /// A started plugin: its stdio, its tree, and the sandbox report.

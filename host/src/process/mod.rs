@@ -43,7 +43,7 @@ pub use affinity::{AffinityConfig, AffinityKey, MAX_AFFINITY_TTL_MS};
 pub use diagnosis::is_deterministic;
 pub use direct::DirectLauncher;
 pub use gvisor::{GvisorError, GvisorLauncher};
-pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
+pub use launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, LimitsWatch, ProcessTree};
 pub use microvm::{MicrovmError, MicrovmLauncher};
 pub use reaper::{adopt_orphans, reap_orphans};
 pub use stderr::StderrLimits;
@@ -264,18 +264,15 @@ impl ProcessRuntime {
         &self.config
     }
 
-    /// Reports why the turn ended without an outcome, and logs it with the
-    /// plugin's exit status and last stderr lines.
+    /// Reports why the turn ended without an outcome, and logs it with how
+    /// the plugin's process ended (`diagnosis::process_json`).
     fn keep_diagnosis(
         &self,
         report: &TurnReport,
         execution_id: &str,
         reason: &'static str,
-        status: Option<std::process::ExitStatus>,
-        tail: Vec<String>,
-        sandboxed: bool,
+        process: serde_json::Value,
     ) {
-        let process = diagnosis::process_json(status, tail, sandboxed);
         tracing::warn!(
             runtime = %self.config.manifest.id,
             execution_id = %escape_text(execution_id),

@@ -89,7 +89,7 @@ fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static st
         )),
         (Ended::Signaled(s), _) => Err((
             "harness_cli_crashed",
-            format!("The CLI was killed by signal {s}."),
+            format!("The CLI was killed by {}.", signal_words(*s)),
         )),
         (
             Ended::Stopped {
@@ -115,6 +115,42 @@ fn ending(ended: &Ended, message: Option<String>) -> Result<String, (&'static st
             "harness_cli_unavailable",
             format!("The CLI could not be started: {why}"),
         )),
+    }
+}
+
+/// Signal `sig` by number and name, and, for a signal the kernel sends at
+/// an rlimit, that limit and its value here (the CLI inherits the
+/// harness's limits): `signal 24 (SIGXCPU: the CPU-time limit,
+/// RLIMIT_CPU = 3600 s, was reached)`.
+fn signal_words(sig: i32) -> String {
+    use nix::sys::resource::{Resource, getrlimit};
+    use nix::sys::signal::Signal;
+    let Ok(name) = Signal::try_from(sig) else {
+        return format!("signal {sig}");
+    };
+    let limit = match name {
+        Signal::SIGXCPU => Some((
+            "the CPU-time limit",
+            "RLIMIT_CPU",
+            Resource::RLIMIT_CPU,
+            " s",
+        )),
+        Signal::SIGXFSZ => Some((
+            "the file-size limit",
+            "RLIMIT_FSIZE",
+            Resource::RLIMIT_FSIZE,
+            " bytes",
+        )),
+        _ => None,
+    };
+    match limit {
+        Some((what, rlimit, resource, unit)) => {
+            let value = getrlimit(resource)
+                .map(|(soft, _)| format!(" = {soft}{unit}"))
+                .unwrap_or_default();
+            format!("signal {sig} ({name}: {what}, {rlimit}{value}, was reached)")
+        }
+        None => format!("signal {sig} ({name})"),
     }
 }
 
@@ -283,6 +319,16 @@ mod tests {
             code(&outcome(&run(Ended::Signaled(11), ""), None, facts())),
             "harness_cli_crashed"
         );
+        assert_eq!(signal_words(11), "signal 11 (SIGSEGV)");
+        let n = nix::sys::signal::Signal::SIGXCPU as i32;
+        let xcpu = signal_words(n);
+        assert!(
+            xcpu.starts_with(&format!(
+                "signal {n} (SIGXCPU: the CPU-time limit, RLIMIT_CPU"
+            )),
+            "{xcpu}"
+        );
+        assert_eq!(signal_words(99), "signal 99");
         assert_eq!(
             code(&outcome(
                 &run(

@@ -352,6 +352,79 @@ impl PluginCgroup {
     }
 }
 
+/// Limits the kernel enforced on a plugin's tree, from its cgroups' event
+/// counters (`pids.events`, `memory.events`); zero where nothing was hit
+/// or the counter does not exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitsHit {
+    /// `pids.max`, when set.
+    pub pids_max: Option<u64>,
+    /// Forks and clones refused at `pids.max` (`pids.events` `max`).
+    pub pids_refused: u64,
+    /// `memory.max`, when set.
+    pub memory_max: Option<u64>,
+    /// Times the tree's usage reached `memory.max` (`memory.events` `max`).
+    pub memory_reached: u64,
+    /// Processes the OOM killer ended inside the tree (`memory.events`
+    /// `oom_kill`).
+    pub oom_kills: u64,
+}
+
+impl LimitsHit {
+    /// True when no limit was hit.
+    pub fn is_empty(&self) -> bool {
+        self.pids_refused == 0 && self.memory_reached == 0 && self.oom_kills == 0
+    }
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`max 3\n`).
+fn event_count(file: &Path, key: &str) -> u64 {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
+impl PluginCgroup {
+    /// What the kernel refused or killed at the cgroups' bounds so far
+    /// (read while the cgroups exist: before [`PluginCgroup::remove`]).
+    pub fn limits_hit(&self) -> LimitsHit {
+        let mut hit = LimitsHit {
+            pids_max: self.pids_max,
+            memory_max: self.memory_max,
+            ..LimitsHit::default()
+        };
+        for p in &self.paths {
+            hit.pids_refused += event_count(&p.join("pids.events"), "max");
+        }
+        if let Some(v2) = &self.v2 {
+            let events = v2.join("memory.events");
+            hit.memory_reached = event_count(&events, "max");
+            hit.oom_kills = event_count(&events, "oom_kill");
+        }
+        hit
+    }
+
+    /// A reader of [`PluginCgroup::limits_hit`] that outlives this handle:
+    /// it reads the same files by path, so it reads zeros once the cgroups
+    /// are removed.
+    pub fn limits_reader(&self) -> impl Fn() -> LimitsHit + Send + Sync + 'static {
+        let cg = PluginCgroup {
+            paths: self.paths.clone(),
+            v2: self.v2.clone(),
+            pids_max: self.pids_max,
+            memory_max: self.memory_max,
+            problems: Vec::new(),
+        };
+        move || cg.limits_hit()
+    }
+}
+
 /// SIGKILL everything in the given cgroups: one write to `cgroup.kill`
 /// when there is a v2 cgroup (every plugin process is in it, so the v1
 /// `pids` cgroup needs no pass of its own); else each pid listed.
@@ -431,7 +504,7 @@ pub(crate) const LAYER: Layer = Layer {
 
 #[cfg(test)]
 mod tests {
-    use super::{create, write_memory_limits};
+    use super::{LimitsHit, PluginCgroup, create, write_memory_limits};
     use crate::policy::CgroupPolicy;
 
     #[test]
@@ -512,6 +585,37 @@ mod tests {
             crate::memory::assess(&full, &crate::policy::SandboxPolicy::default(), true, true);
         assert_eq!(full.memory.tree_bound_bytes, None);
         assert!(full.require_memory_bound(true).is_err());
+    }
+
+    #[test]
+    fn the_limits_hit_are_read_from_the_event_counters() {
+        let dir = emulated(&["pids.events", "memory.events", "cgroup.kill"]);
+        std::fs::write(dir.path().join("pids.events"), "max 7\n").unwrap();
+        std::fs::write(
+            dir.path().join("memory.events"),
+            "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 1\n",
+        )
+        .unwrap();
+        let cg = PluginCgroup {
+            paths: vec![dir.path().to_path_buf()],
+            v2: Some(dir.path().to_path_buf()),
+            pids_max: Some(16),
+            memory_max: Some(1 << 20),
+            problems: Vec::new(),
+        };
+        let hit = cg.limits_hit();
+        assert_eq!(
+            hit,
+            LimitsHit {
+                pids_max: Some(16),
+                pids_refused: 7,
+                memory_max: Some(1 << 20),
+                memory_reached: 12,
+                oom_kills: 1,
+            }
+        );
+        assert!(!hit.is_empty());
+        assert!(PluginCgroup::default().limits_hit().is_empty());
     }
 
     #[test]

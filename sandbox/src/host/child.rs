@@ -61,6 +61,13 @@ impl SandboxedChild {
         self.uid.as_ref().map(UidLease::uid)
     }
 
+    /// The limits the kernel enforced on the tree, from its cgroups'
+    /// event counters: a reader that outlives this handle (zeros once
+    /// [`SandboxedChild::wait`] has removed the cgroups).
+    pub fn limits_reader(&self) -> impl Fn() -> cgroup::LimitsHit + Send + Sync + 'static {
+        self.cgroup.limits_reader()
+    }
+
     /// The helper's pidfd (poll it for exit; POLLIN when it is gone).
     pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
         self.pidfd.as_ref().map(|f| f.as_fd())

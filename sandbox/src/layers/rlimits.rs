@@ -11,7 +11,10 @@ use super::layer::{Layer, Need, Slot, Stage, no_detail};
 use crate::policy::Rlimits;
 use crate::report::LayerStatus;
 
-/// Apply every configured limit (soft = hard). Returns what was set.
+/// Apply every configured limit (soft = hard, but for `RLIMIT_CPU`, whose
+/// hard limit is one second past the soft one: the kernel sends `SIGXCPU`
+/// at the soft limit, which names the limit in how the plugin ended, and
+/// `SIGKILL` at the hard one, which names nothing). Returns what was set.
 pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
     let table: [(&str, Resource, Option<u64>); 11] = [
         ("core", Resource::Core, r.core),
@@ -31,7 +34,11 @@ pub fn apply(r: &Rlimits) -> Result<BTreeMap<String, u64>, String> {
         let Some(v) = value else { continue };
         let lim = Rlimit {
             current: Some(v),
-            maximum: Some(v),
+            maximum: Some(if matches!(res, Resource::Cpu) {
+                v.saturating_add(1)
+            } else {
+                v
+            }),
         };
         if let Err(e) = setrlimit(res, lim) {
             return Err(format!(

@@ -10,10 +10,12 @@
 //! process of a turn in `/proc` whatever its pid namespace, and prove none
 //! survives the turn.
 
+mod cli;
 mod procs;
 mod records;
 mod run;
 
+pub use cli::*;
 pub use procs::*;
 pub use records::*;
 pub use run::*;
