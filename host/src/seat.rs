@@ -1,6 +1,8 @@
 //! Seating a configured runtime: the trusted registry entry, launched as a
 //! child process through the configured launcher.
 
+pub(crate) mod harness;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,7 +113,7 @@ pub fn process_runtime(
 ) -> Result<Arc<ProcessRuntime>, SeatError> {
     let mut pc = ProcessRuntimeConfig::new(config.program_path(entry), entry.manifest());
     pc.program_sha256 = entry.program_pin();
-    // Checked at load (config/harness.rs): a pin that does not parse
+    // Checked at load (seat/harness.rs): a pin that does not parse
     // never gets here.
     pc.cli_sha256 = entry
         .harness
@@ -127,7 +129,11 @@ pub fn process_runtime(
                 message: format!("transcript: {e}"),
             })?);
     }
-    if let Some(arg) = crate::config::harness::launch_arg(entry) {
+    if let Some(arg) = entry
+        .harness
+        .as_ref()
+        .and_then(|spec| harness::launch_arg(entry.manifest(), spec))
+    {
         pc.args.push("--harness".into());
         pc.args.push(arg);
     }

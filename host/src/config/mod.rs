@@ -24,9 +24,7 @@
 //! # grants, file tools, escalation: see docs/KERNEL.md
 //! ```
 
-mod direct;
 pub mod gvisor;
-pub mod harness;
 pub mod microvm;
 mod pin;
 
@@ -512,7 +510,7 @@ impl HostConfig {
                 }
             }
         }
-        direct::check(&raw).map_err(err)?;
+        crate::process::direct::config::check(&raw).map_err(err)?;
         config.base_dir = base_dir.to_path_buf();
         // The gateway's effects are the host's own namespace: grants may
         // name it wherever a runtime has a network policy.
@@ -565,13 +563,21 @@ impl HostConfig {
             }
             d.check(&format!("runtimes[{i}]"), &r.network)?;
         }
-        if r.harness.is_some() {
+        if let Some(h) = &r.harness {
             if r.transcript.is_some() || r.driver.is_some() {
                 return Err(format!(
                     "runtimes[{i}]: a harness runtime takes no transcript or driver"
                 ));
             }
-            harness::check(i, r)?;
+            crate::seat::harness::check(&crate::seat::harness::HarnessEntry {
+                index: i,
+                manifest: r.manifest(),
+                spec: h,
+                sandbox_view: matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor),
+                direct: r.launcher == LauncherKind::Direct,
+                network: &r.network,
+                sandbox: &r.sandbox,
+            })?;
         }
         for k in r.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
