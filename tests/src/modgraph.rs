@@ -181,12 +181,25 @@ pub fn referenced_paths(code: &str) -> Vec<String> {
     paths
 }
 
-/// Each module's re-exports: the name it gives (`Name`, or the alias of
-/// `as`) and the path it re-exports, as written (`pub use a::b::Name;`).
-pub type Reexports = BTreeMap<Vec<String>, BTreeMap<String, String>>;
+/// What a module gives to the paths that name it: each name it
+/// re-exports (`Name`, or the alias of `as`) with the path it re-exports,
+/// as written (`pub use a::b::Name;`), the paths its glob re-exports
+/// (`pub use a::b::*;` gives `a::b`) and the names it defines itself.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Exports {
+    pub named: BTreeMap<String, String>,
+    pub globs: Vec<String>,
+    pub defined: BTreeSet<String>,
+}
 
-pub fn reexports_of(code: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
+/// Each module's [`Exports`].
+pub type Reexports = BTreeMap<Vec<String>, Exports>;
+
+pub fn reexports_of(code: &str) -> Exports {
+    let mut out = Exports {
+        defined: defined_names(code),
+        ..Exports::default()
+    };
     for head in ["pub use ", "pub(crate) use ", "pub(super) use "] {
         let mut rest = code;
         while let Some(at) = rest.find(head) {
@@ -195,14 +208,43 @@ pub fn reexports_of(code: &str) -> BTreeMap<String, String> {
             let mut with_alias = Vec::new();
             expand_use_tree_aliased(&after[..end], "", &mut with_alias);
             for (path, name) in with_alias {
-                if name != "*" && name != "self" {
-                    out.insert(name, path);
+                if name == "*" {
+                    out.globs
+                        .push(path.trim_end_matches("*").trim_end_matches("::").to_owned());
+                } else if name != "self" {
+                    out.named.insert(name, path);
                 }
             }
             rest = &after[end..];
         }
     }
     out
+}
+
+/// The names of the items a module's code defines (`struct X`, `fn f`,
+/// `mod m`, `macro_rules! m`, ...), read from its text.
+fn defined_names(code: &str) -> BTreeSet<String> {
+    const KEYWORDS: [&str; 10] = [
+        "struct",
+        "enum",
+        "fn",
+        "trait",
+        "type",
+        "const",
+        "static",
+        "union",
+        "mod",
+        "macro_rules!",
+    ];
+    let words: Vec<&str> = code
+        .split(|c: char| c.is_whitespace() || matches!(c, '(' | '{' | '<' | ':' | ';' | '='))
+        .filter(|w| !w.is_empty())
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| KEYWORDS.contains(&w[0]))
+        .map(|w| w[1].to_owned())
+        .collect()
 }
 
 /// [`expand_use_tree`], keeping for each path the name it is known by.
@@ -226,7 +268,9 @@ pub fn expand_use_tree_aliased(tree: &str, prefix: &str, out: &mut Vec<(String, 
 /// The module a path names, as the longest known module prefix of it,
 /// resolved from module `from` (`super` and `self` are relative to it; a
 /// bare path is relative to `from`, as a re-export's is). A name that
-/// module re-exports is followed to the module it comes from.
+/// module re-exports is followed to the module it comes from, through a
+/// glob (`pub use a::*`) too when the module does not define the name
+/// itself and the glob's module gives it.
 pub fn resolve(
     path: &str,
     from: &[String],
@@ -267,12 +311,31 @@ pub fn resolve_within(
         .rev()
         .map(|n| full[..n].to_vec())
         .find(|m| modules.contains_key(m))?;
-    let reexported = full
-        .get(found.len())
-        .and_then(|name| reexports.get(&found)?.get(name));
+    let name = full.get(found.len());
+    let exports = reexports.get(&found);
+    let reexported = name.and_then(|name| {
+        let exports = exports?;
+        if let Some(target) = exports.named.get(name) {
+            return Some(target.clone());
+        }
+        if exports.defined.contains(name) {
+            return None;
+        }
+        // A glob re-export: the glob whose module gives the name.
+        exports.globs.iter().find_map(|glob| {
+            let from_glob = resolve_within(glob, &found, modules, reexports, 0)?;
+            let mut sub = from_glob.clone();
+            sub.push(name.clone());
+            let gives = modules.contains_key(&sub)
+                || reexports.get(&from_glob).is_some_and(|e| {
+                    e.defined.contains(name) || e.named.contains_key(name) || !e.globs.is_empty()
+                });
+            gives.then(|| format!("{glob}::{name}"))
+        })
+    });
     match reexported {
         Some(target) if depth > 0 => {
-            let mut path = target.clone();
+            let mut path = target;
             for rest in &full[found.len() + 1..] {
                 path = format!("{path}::{rest}");
             }
