@@ -11,7 +11,9 @@
 //!   `tests.rs` files, `#[cfg(test)] mod tests`) and the seccomp emitter
 //!   with its syscall tables (`sandbox/src/layers/seccomp/`);
 //! - every crate root whose crate has no `unsafe` says
-//!   `#![forbid(unsafe_code)]`.
+//!   `#![forbid(unsafe_code)]`;
+//! - the hand-written fast paths' own types are named only in their
+//!   modules and by the users docs/ARCHITECTURE.md names.
 //!
 //! Each failure says what to fix. The source is read as text, with the
 //! same rules as `python3 /work/tools/longfns.py .` for function length.
@@ -174,6 +176,101 @@ fn roots_without_forbid(root: &Path) -> Vec<String> {
     missing
 }
 
+// ------------------------------------------------------------ fast paths
+
+/// The names of the hand-written fast paths that stay in public APIs
+/// (docs/ARCHITECTURE.md, "Fast paths sit behind their references", says
+/// why each stays, with its figure), each with the only files outside
+/// tests that may name it: its own module, the one consumer the doc
+/// names, and the fuzz and bench code that holds it to its reference.
+/// `(name, allowed path prefixes from the workspace root)`.
+const FAST_PATH_NAMES: &[(&str, &[&str])] = &[
+    // The call parsed in the pass that classified the line: the peer
+    // hands it on, the host's driver takes it.
+    (
+        "Params::InvokeTool",
+        &[
+            "protocol/src/jsonrpc",
+            "peer/src/read.rs",
+            "fuzz/",
+            "bench/src/parsers.rs",
+        ],
+    ),
+    (
+        "RequestParams::InvokeTool",
+        &["peer/src/", "host/src/process/driver/turn.rs"],
+    ),
+    // A result written without serde: the peer and the SDK's RemoteHost.
+    (
+        "WriteJson",
+        &[
+            "protocol/src/tool_json",
+            "peer/src/peer.rs",
+            "peer/src/reply.rs",
+            "peer/src/line.rs",
+            "plugin-sdk/src/remote.rs",
+            "fuzz/",
+            "bench/src/parsers.rs",
+        ],
+    ),
+    // The turn's shared record parts: the kernel's, and a sink's
+    // `append_entry` (the bench's counting sink).
+    ("AuditEntry", &["kernel/src/", "bench/src/fixture.rs"]),
+    ("RecordIdentity", &["kernel/src/"]),
+    ("RecordMetadata", &["kernel/src/"]),
+    ("IdentityRef", &["kernel/src/"]),
+    ("MetadataRef", &["kernel/src/"]),
+    // The call owned whole, so the host's RunToEnd can hand it to a task.
+    (
+        "invoke_tool_owned",
+        &[
+            "kernel/src/port.rs",
+            "kernel/src/kernel/turn.rs",
+            "host/src/executor/mediation.rs",
+        ],
+    ),
+    ("OwnedInvoke", &["kernel/src/"]),
+];
+
+/// Whether `code` names `name` as a whole path (not as the tail of a
+/// longer name: `RequestParams::InvokeTool` does not name
+/// `Params::InvokeTool`).
+fn names(code: &str, name: &str) -> bool {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    code.match_indices(name)
+        .any(|(at, _)| !code[..at].ends_with(word) && !code[at + name.len()..].starts_with(word))
+}
+
+/// Whether a file is test code as a whole (a `tests/` directory or a
+/// `tests.rs` file).
+fn is_test_file(rel: &str) -> bool {
+    rel.split('/').any(|p| p == "tests") || rel.ends_with("/tests.rs")
+}
+
+/// `file: name` for each fast-path name a non-test file names outside its
+/// allowed files.
+fn fast_path_names_outside(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    for dir in members(root).into_iter().chain([root.join("fuzz")]) {
+        rust_files(&dir, &mut files);
+    }
+    let mut found = Vec::new();
+    for file in files {
+        let rel = relative(root, &file);
+        if is_test_file(&rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let code = code_only(non_test_text(&text));
+        for (name, allowed) in FAST_PATH_NAMES {
+            if names(&code, name) && !allowed.iter().any(|a| rel.starts_with(a)) {
+                found.push(format!("{rel}: {name}"));
+            }
+        }
+    }
+    found
+}
+
 // ------------------------------------------------------------ the tests
 
 #[test]
@@ -263,6 +360,19 @@ fn every_crate_without_unsafe_forbids_it() {
         "these crates have no unsafe code: add #![forbid(unsafe_code)] to their root, so that \
          unsafe has to move to the sandbox crate (docs/ARCHITECTURE.md, \"unsafe\"):\n  {}",
         missing.join("\n  ")
+    );
+}
+
+#[test]
+fn no_fast_path_type_is_named_outside_its_modules() {
+    let found = fast_path_names_outside(&workspace_root());
+    assert!(
+        found.is_empty(),
+        "these files name a hand-written fast path's own type outside the modules allowed to \
+         (FAST_PATH_NAMES): use the reference's face (the serde type, `invoke_tool`, \
+         `AuditRecord`), or say in docs/ARCHITECTURE.md (\"Fast paths\") why this user needs \
+         the fast one, with its figure, and allow it:\n  {}",
+        found.join("\n  ")
     );
 }
 
@@ -377,6 +487,25 @@ fn the_checks_see_what_they_check() {
     let found = module_cycles(files.path());
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].0, vec!["crate::a", "crate::b"]);
+    // A fast path named where it may not be is seen, a longer name that
+    // ends with it is not; every allowed prefix still holds a file.
+    assert!(names(
+        "match p { Params::InvokeTool(c) => c }",
+        "Params::InvokeTool"
+    ));
+    assert!(!names("RequestParams::InvokeTool(c)", "Params::InvokeTool"));
+    assert!(!names("WriteJsonish", "WriteJson"));
+    for (name, allowed) in FAST_PATH_NAMES {
+        for prefix in *allowed {
+            let mut files = Vec::new();
+            let path = root.join(prefix);
+            rust_files(path.parent().unwrap_or(&root), &mut files);
+            assert!(
+                files.iter().any(|f| relative(&root, f).starts_with(prefix)),
+                "{name}: no file starts with {prefix}: remove it from FAST_PATH_NAMES"
+            );
+        }
+    }
     let long = long_functions(&root);
     for (file, name) in LONG_FN_EXCEPTIONS {
         assert!(
