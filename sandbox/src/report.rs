@@ -194,7 +194,7 @@ pub struct SandboxReport {
     /// What the plugin sees of the filesystem (only with
     /// `policy.describe`: `sharedos sandbox check --runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub view: Option<crate::fsview::RootView>,
+    pub view: Option<RootView>,
 }
 
 /// The memory section of the report: one row per kind of memory a tree
@@ -230,6 +230,31 @@ pub struct MemoryLayer {
     pub bytes: Option<u64>,
     /// The mechanism, and how `bytes` is made up.
     pub detail: String,
+}
+
+/// What the plugin sees, as the helper built it (`policy.describe`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RootView {
+    /// The program's path inside (what `execve` is given).
+    pub program: String,
+    /// Whether the program runs from its own path (inside a read-only
+    /// path of the runtime) or from a staged copy at `/plugin/<name>`.
+    pub program_in_place: bool,
+    /// The working directory (the workspace).
+    pub workdir: String,
+    /// Every mount and mirrored link of the root, in the order built.
+    pub mounts: Vec<ViewMount>,
+}
+
+/// One entry of the root.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ViewMount {
+    /// The path inside (the same as the host path for a bind).
+    pub path: String,
+    /// `ro` or `rw`.
+    pub access: String,
+    /// Where it comes from: `roPaths`, `extraRoPaths`, `tmpfs 128 MiB (TMPDIR)`, ...
+    pub source: String,
 }
 
 /// One layer that is missing for the next level, with what to do about it.
