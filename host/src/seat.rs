@@ -2,6 +2,7 @@
 //! child process through the configured launcher.
 
 pub(crate) mod harness;
+pub(crate) mod standard;
 
 use std::sync::Arc;
 use std::time::Duration;
