@@ -155,17 +155,7 @@ pub fn process_runtime(
         });
     }
     if let Some(d) = &entry.driver {
-        pc.args.extend([
-            "--driver".into(),
-            d.kind.clone(),
-            "--base-url".into(),
-            d.base_url.clone(),
-            "--model".into(),
-            d.model.clone(),
-        ]);
-        if let Some(n) = d.max_tokens {
-            pc.args.extend(["--max-tokens".into(), n.to_string()]);
-        }
+        pc.args.extend(d.args());
         // A placeholder, so a program that insists on a key has one; the
         // real key stays in the host's gateway.
         pc.env

@@ -1,5 +1,6 @@
 //! The standard runtime's table: the model driver (`driver`, passed as
-//! `--driver <kind> --base-url <url> --model <model>`) checked at load.
+//! `--driver <kind> --base-url <url> --model <model>`) checked at load,
+//! and the arguments the seat passes for it.
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +48,24 @@ fn gemini_model_ok(model: &str) -> bool {
 }
 
 impl ModelDriver {
+    /// What the seat passes the plugin for this driver:
+    /// `--driver <kind> --base-url <url> --model <model>`, and
+    /// `--max-tokens <n>` when set.
+    pub(crate) fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--driver".into(),
+            self.kind.clone(),
+            "--base-url".into(),
+            self.base_url.clone(),
+            "--model".into(),
+            self.model.clone(),
+        ];
+        if let Some(n) = self.max_tokens {
+            args.extend(["--max-tokens".into(), n.to_string()]);
+        }
+        args
+    }
+
     pub(crate) fn check(
         &self,
         entry: &str,
@@ -94,5 +113,33 @@ impl ModelDriver {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModelDriver;
+
+    #[test]
+    fn the_seat_passes_the_driver_as_the_standard_runtime_reads_it() {
+        let mut d = ModelDriver {
+            kind: "anthropic-messages".into(),
+            base_url: "http://127.0.0.1:9/model".into(),
+            model: "m".into(),
+            max_tokens: None,
+        };
+        let plain = [
+            "--driver",
+            "anthropic-messages",
+            "--base-url",
+            "http://127.0.0.1:9/model",
+            "--model",
+            "m",
+        ];
+        assert_eq!(d.args(), plain);
+        d.max_tokens = Some(512);
+        let mut with = plain.to_vec();
+        with.extend(["--max-tokens", "512"]);
+        assert_eq!(d.args(), with);
     }
 }
