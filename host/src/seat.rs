@@ -1,6 +1,9 @@
 //! Seating a configured runtime: the trusted registry entry, launched as a
 //! child process through the configured launcher.
 
+pub(crate) mod harness;
+pub(crate) mod standard;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,7 +114,7 @@ pub fn process_runtime(
 ) -> Result<Arc<ProcessRuntime>, SeatError> {
     let mut pc = ProcessRuntimeConfig::new(config.program_path(entry), entry.manifest());
     pc.program_sha256 = entry.program_pin();
-    // Checked at load (config/harness.rs): a pin that does not parse
+    // Checked at load (seat/harness.rs): a pin that does not parse
     // never gets here.
     pc.cli_sha256 = entry
         .harness
@@ -127,7 +130,11 @@ pub fn process_runtime(
                 message: format!("transcript: {e}"),
             })?);
     }
-    if let Some(arg) = crate::config::harness::launch_arg(entry) {
+    if let Some(arg) = entry
+        .harness
+        .as_ref()
+        .and_then(|spec| harness::launch_arg(entry.manifest(), spec))
+    {
         pc.args.push("--harness".into());
         pc.args.push(arg);
     }
@@ -148,17 +155,7 @@ pub fn process_runtime(
         });
     }
     if let Some(d) = &entry.driver {
-        pc.args.extend([
-            "--driver".into(),
-            d.kind.clone(),
-            "--base-url".into(),
-            d.base_url.clone(),
-            "--model".into(),
-            d.model.clone(),
-        ]);
-        if let Some(n) = d.max_tokens {
-            pc.args.extend(["--max-tokens".into(), n.to_string()]);
-        }
+        pc.args.extend(d.args());
         // A placeholder, so a program that insists on a key has one; the
         // real key stays in the host's gateway.
         pc.env

@@ -47,7 +47,6 @@ pub mod timing;
 pub use helper::fds;
 pub(crate) use host::listener;
 pub use host::{cgroup, removal, staging, statedir, uid};
-pub use layers::LayerToggles;
 pub(crate) use layers::memory;
 pub use layers::{caps, fsview, landlock, mounts, namespaces, procmask, rlimits, seccomp, users};
 
@@ -63,7 +62,7 @@ pub use policy::{
     UidPolicy,
 };
 pub use report::{
-    CgroupReport, LandlockReport, LayerStatus, MemoryLayer, MemoryReport, MissingLayer,
-    SandboxLevel, SandboxReport, SeccompReport, SelfCheck,
+    CgroupReport, LandlockReport, LayerStatus, LayerToggles, MemoryLayer, MemoryReport,
+    MissingLayer, SandboxLevel, SandboxReport, SeccompReport, SelfCheck,
 };
 pub use timing::StageTiming;

@@ -9,8 +9,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::layers::toggles::LayerToggles;
 use crate::level::SandboxLevel;
+use crate::report::LayerToggles;
 
 /// Everything the helper needs to know about how to confine one plugin.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

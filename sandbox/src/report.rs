@@ -6,6 +6,13 @@
 //! then capped by the self-check the helper reads from `/proc/self/status`
 //! after the last layer: a layer that returned `Ok` but does not show in the
 //! kernel's own view does not count.
+//!
+//! Each layer's plain data sits here, both ends of it: its switch in the
+//! policy ([`LayerToggles`], which [`crate::SandboxPolicy`] holds) and its
+//! outcome in the report. This module imports neither the policy nor the
+//! layers, so the policy can hold the switches without an import cycle,
+//! and a new layer is its module, its line in the registry and this file
+//! (docs/ARCHITECTURE.md, "Where to change X").
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,6 +21,72 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use crate::level::SandboxLevel;
+
+/// One switch per layer; all on by default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct LayerToggles {
+    /// Leave uid 0 when the host runs as root.
+    pub drop_uid: bool,
+    /// New user namespace (needed for every other namespace as non-root).
+    pub userns: bool,
+    /// Mount namespace + minimal root via `pivot_root`.
+    pub mountns: bool,
+    /// Pid namespace with a pid-1 reaper (the tree dies with it).
+    pub pidns: bool,
+    /// Empty network namespace.
+    pub netns: bool,
+    /// Private SysV IPC / POSIX mqueue namespace.
+    pub ipcns: bool,
+    /// Private hostname.
+    pub utsns: bool,
+    /// Private cgroup namespace view.
+    pub cgroupns: bool,
+    /// Landlock filesystem, TCP and scope rules.
+    pub landlock: bool,
+    /// The seccomp allowlist.
+    pub seccomp: bool,
+    /// Resource limits.
+    pub rlimits: bool,
+}
+
+impl Default for LayerToggles {
+    fn default() -> Self {
+        LayerToggles {
+            drop_uid: true,
+            userns: true,
+            mountns: true,
+            pidns: true,
+            netns: true,
+            ipcns: true,
+            utsns: true,
+            cgroupns: true,
+            landlock: true,
+            seccomp: true,
+            rlimits: true,
+        }
+    }
+}
+
+impl LayerToggles {
+    /// Every layer off: only for measuring the cost of the layers and for
+    /// tests ([`crate::SandboxPolicy::unconfined`]).
+    pub fn none() -> Self {
+        LayerToggles {
+            drop_uid: false,
+            userns: false,
+            mountns: false,
+            pidns: false,
+            netns: false,
+            ipcns: false,
+            utsns: false,
+            cgroupns: false,
+            landlock: false,
+            seccomp: false,
+            rlimits: false,
+        }
+    }
+}
 
 /// The outcome of one layer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -194,7 +267,7 @@ pub struct SandboxReport {
     /// What the plugin sees of the filesystem (only with
     /// `policy.describe`: `sharedos sandbox check --runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub view: Option<crate::fsview::RootView>,
+    pub view: Option<RootView>,
 }
 
 /// The memory section of the report: one row per kind of memory a tree
@@ -230,6 +303,31 @@ pub struct MemoryLayer {
     pub bytes: Option<u64>,
     /// The mechanism, and how `bytes` is made up.
     pub detail: String,
+}
+
+/// What the plugin sees, as the helper built it (`policy.describe`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RootView {
+    /// The program's path inside (what `execve` is given).
+    pub program: String,
+    /// Whether the program runs from its own path (inside a read-only
+    /// path of the runtime) or from a staged copy at `/plugin/<name>`.
+    pub program_in_place: bool,
+    /// The working directory (the workspace).
+    pub workdir: String,
+    /// Every mount and mirrored link of the root, in the order built.
+    pub mounts: Vec<ViewMount>,
+}
+
+/// One entry of the root.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ViewMount {
+    /// The path inside (the same as the host path for a bind).
+    pub path: String,
+    /// `ro` or `rw`.
+    pub access: String,
+    /// Where it comes from: `roPaths`, `extraRoPaths`, `tmpfs 128 MiB (TMPDIR)`, ...
+    pub source: String,
 }
 
 /// One layer that is missing for the next level, with what to do about it.

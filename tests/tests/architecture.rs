@@ -4,19 +4,27 @@
 //!   own submodules excepted: a parent declares and re-exports its
 //!   children, a child uses what its parent shares);
 //! - no modules of a crate import each other through a cycle of any
-//!   length (a strongly connected component of the import graph), with
-//!   one such cycle printed;
+//!   length (a strongly connected component of the import graph, built
+//!   by `sharedos_tests::modgraph`, re-exports and glob re-exports
+//!   followed), with one such cycle printed;
 //! - no function over 80 lines outside tests (`tests/` directories,
 //!   `tests.rs` files, `#[cfg(test)] mod tests`) and the seccomp emitter
 //!   with its syscall tables (`sandbox/src/layers/seccomp/`);
 //! - every crate root whose crate has no `unsafe` says
-//!   `#![forbid(unsafe_code)]`.
+//!   `#![forbid(unsafe_code)]`;
+//! - the hand-written fast paths' own types are named only in their
+//!   modules and by the users docs/ARCHITECTURE.md names.
 //!
 //! Each failure says what to fix. The source is read as text, with the
 //! same rules as `python3 /work/tools/longfns.py .` for function length.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+use sharedos_tests::modgraph::{
+    Graph, Reexports, code_only, cycles_in, import_pairs, module_cycles, module_map, non_test_text,
+    one_cycle, reexports_of, referenced_paths, relative, resolve, rust_files,
+};
 
 /// The longest a function may be, in lines from `fn` to its closing brace.
 const MAX_FN_LINES: usize = 80;
@@ -56,459 +64,6 @@ fn members(root: &Path) -> Vec<PathBuf> {
         .skip(1)
         .step_by(2)
         .map(|m| root.join(m))
-        .collect()
-}
-
-/// Every `.rs` file under `dir`, skipping `target`, `node_modules`, `.git`.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
-    entries.sort();
-    for path in entries {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if path.is_dir() {
-            if !matches!(name, "target" | "node_modules" | ".git") {
-                rust_files(&path, out);
-            }
-        } else if name.ends_with(".rs") {
-            out.push(path);
-        }
-    }
-}
-
-fn relative(root: &Path, path: &Path) -> String {
-    path.strip_prefix(root)
-        .unwrap_or(path)
-        .display()
-        .to_string()
-}
-
-/// The text before a file's `#[cfg(test)] mod tests` (the tests follow it).
-fn non_test_text(text: &str) -> &str {
-    let mut offset = 0;
-    let lines: Vec<&str> = text.split_inclusive('\n').collect();
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim_start().starts_with("#[cfg(test)]")
-            && lines
-                .get(i + 1)
-                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
-        {
-            return &text[..offset];
-        }
-        offset += line.len();
-    }
-    text
-}
-
-/// Removes `//` comments (doc comments included) and the contents of
-/// string literals, so that paths in prose are not read as imports.
-fn code_only(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines() {
-        let mut in_string = false;
-        let mut prev = ' ';
-        let chars: Vec<char> = line.chars().collect();
-        let mut i = 0;
-        while i < chars.len() {
-            let c = chars[i];
-            if !in_string && c == '/' && chars.get(i + 1) == Some(&'/') {
-                break;
-            }
-            if c == '"' && prev != '\\' {
-                in_string = !in_string;
-                out.push(c);
-            } else if !in_string {
-                out.push(c);
-            }
-            prev = if prev == '\\' && c == '\\' { ' ' } else { c };
-            i += 1;
-        }
-        out.push('\n');
-    }
-    out
-}
-
-// ------------------------------------------------------------ import pairs
-
-/// A crate's modules: module path (`["process", "driver"]`) → file.
-fn module_map(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    let mut map = BTreeMap::new();
-    for file in files {
-        let rel = file.strip_prefix(src).expect("under src");
-        let mut parts: Vec<String> = rel
-            .iter()
-            .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_owned())
-            .collect();
-        // Binaries are crate roots of their own.
-        if parts.first().is_some_and(|p| p == "bin") {
-            continue;
-        }
-        if parts
-            .last()
-            .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
-        {
-            parts.pop();
-        }
-        map.entry(parts).or_insert(file);
-    }
-    map
-}
-
-/// Expands a `use` tree (`a::{b, c::{d, e}}`) into full paths.
-fn expand_use_tree(tree: &str, prefix: &str, out: &mut Vec<String>) {
-    let tree = tree.trim();
-    if let Some(open) = tree.find('{') {
-        let head = tree[..open].trim().trim_end_matches("::");
-        let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
-        let base = join_path(prefix, head);
-        let mut depth = 0;
-        let mut start = 0;
-        for (i, c) in inner.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    expand_use_tree(&inner[start..i], &base, out);
-                    start = i + 1;
-                }
-                _ => {}
-            }
-        }
-        expand_use_tree(&inner[start..], &base, out);
-    } else if !tree.is_empty() {
-        let path = tree.split(" as ").next().unwrap_or(tree).trim();
-        out.push(join_path(prefix, path));
-    }
-}
-
-fn join_path(prefix: &str, path: &str) -> String {
-    match (prefix.is_empty(), path.is_empty()) {
-        (true, _) => path.to_owned(),
-        (_, true) => prefix.to_owned(),
-        _ => format!("{prefix}::{path}"),
-    }
-}
-
-/// Every `crate::`, `super::` and `self::` path a file's code names: its
-/// `use` trees expanded, and the paths written inline.
-fn referenced_paths(code: &str) -> Vec<String> {
-    let mut paths = Vec::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("use ") {
-        let boundary = at == 0 || !rest[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
-        let after = &rest[at + 4..];
-        let end = after.find(';').unwrap_or(after.len());
-        if boundary {
-            expand_use_tree(&after[..end], "", &mut paths);
-        }
-        rest = &after[end.min(after.len())..];
-    }
-    let bytes: Vec<char> = code.chars().collect();
-    let mut i = 0;
-    while i < bytes.len() {
-        let starts_word = i == 0 || !(bytes[i - 1].is_alphanumeric() || bytes[i - 1] == '_');
-        if starts_word && (bytes[i].is_alphabetic() || bytes[i] == '_') {
-            let mut j = i;
-            while j < bytes.len()
-                && (bytes[j].is_alphanumeric() || bytes[j] == '_' || bytes[j] == ':')
-            {
-                j += 1;
-            }
-            let word: String = bytes[i..j].iter().collect();
-            if ["crate::", "super::", "self::"]
-                .iter()
-                .any(|p| word.starts_with(p))
-            {
-                paths.push(word.trim_end_matches(':').to_owned());
-            }
-            i = j;
-        } else {
-            i += 1;
-        }
-    }
-    paths
-}
-
-/// Each module's re-exports: the name it gives (`Name`, or the alias of
-/// `as`) and the path it re-exports, as written (`pub use a::b::Name;`).
-type Reexports = BTreeMap<Vec<String>, BTreeMap<String, String>>;
-
-fn reexports_of(code: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for head in ["pub use ", "pub(crate) use ", "pub(super) use "] {
-        let mut rest = code;
-        while let Some(at) = rest.find(head) {
-            let after = &rest[at + head.len()..];
-            let end = after.find(';').unwrap_or(after.len());
-            let mut with_alias = Vec::new();
-            expand_use_tree_aliased(&after[..end], "", &mut with_alias);
-            for (path, name) in with_alias {
-                if name != "*" && name != "self" {
-                    out.insert(name, path);
-                }
-            }
-            rest = &after[end..];
-        }
-    }
-    out
-}
-
-/// [`expand_use_tree`], keeping for each path the name it is known by.
-fn expand_use_tree_aliased(tree: &str, prefix: &str, out: &mut Vec<(String, String)>) {
-    let mut plain = Vec::new();
-    expand_use_tree(tree, prefix, &mut plain);
-    let mut aliases = BTreeMap::new();
-    for piece in tree.split([',', '{', '}']) {
-        if let Some((path, alias)) = piece.split_once(" as ") {
-            let last = path.trim().rsplit("::").next().unwrap_or("").to_owned();
-            aliases.insert(last, alias.trim().to_owned());
-        }
-    }
-    for path in plain {
-        let last = path.rsplit("::").next().unwrap_or("").to_owned();
-        let name = aliases.get(&last).cloned().unwrap_or(last);
-        out.push((path, name));
-    }
-}
-
-/// The module a path names, as the longest known module prefix of it,
-/// resolved from module `from` (`super` and `self` are relative to it; a
-/// bare path is relative to `from`, as a re-export's is). A name that
-/// module re-exports is followed to the module it comes from.
-fn resolve(
-    path: &str,
-    from: &[String],
-    modules: &BTreeMap<Vec<String>, PathBuf>,
-    reexports: &Reexports,
-) -> Option<Vec<String>> {
-    resolve_within(path, from, modules, reexports, 4)
-}
-
-fn resolve_within(
-    path: &str,
-    from: &[String],
-    modules: &BTreeMap<Vec<String>, PathBuf>,
-    reexports: &Reexports,
-    depth: usize,
-) -> Option<Vec<String>> {
-    let mut segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-    let mut base: Vec<String> = match segments.first() {
-        Some(&"crate") => Vec::new(),
-        Some(&"self") | Some(&"super") => from.to_vec(),
-        Some(_) if depth < 4 => {
-            segments.insert(0, "self");
-            from.to_vec()
-        }
-        _ => return None,
-    };
-    let skip_first = !matches!(segments.first(), Some(&"super"));
-    if skip_first {
-        segments.remove(0);
-    }
-    while segments.first() == Some(&"super") {
-        base.pop()?;
-        segments.remove(0);
-    }
-    let mut full = base;
-    full.extend(segments.iter().map(|s| (*s).to_owned()));
-    let found = (0..=full.len())
-        .rev()
-        .map(|n| full[..n].to_vec())
-        .find(|m| modules.contains_key(m))?;
-    let reexported = full
-        .get(found.len())
-        .and_then(|name| reexports.get(&found)?.get(name));
-    match reexported {
-        Some(target) if depth > 0 => {
-            let mut path = target.clone();
-            for rest in &full[found.len() + 1..] {
-                path = format!("{path}::{rest}");
-            }
-            resolve_within(&path, &found, modules, reexports, depth - 1).or(Some(found))
-        }
-        _ => Some(found),
-    }
-}
-
-/// The module import graph of the crate at `src`: each module and the
-/// modules it names (a module's own parent and children left out: a
-/// parent declares and re-exports its children, a child uses what its
-/// parent shares).
-type Graph = BTreeMap<Vec<String>, BTreeSet<Vec<String>>>;
-
-fn import_graph(src: &Path) -> (BTreeMap<Vec<String>, PathBuf>, Graph) {
-    let modules = module_map(src);
-    let code: BTreeMap<&Vec<String>, String> = modules
-        .iter()
-        .map(|(m, file)| {
-            let text = std::fs::read_to_string(file).unwrap_or_default();
-            (m, code_only(non_test_text(&text)))
-        })
-        .collect();
-    let reexports: Reexports = code
-        .iter()
-        .map(|(m, c)| ((*m).clone(), reexports_of(c)))
-        .collect();
-    let mut graph: Graph = BTreeMap::new();
-    for (&module, code) in &code {
-        let out = graph.entry((*module).clone()).or_default();
-        for path in referenced_paths(code) {
-            if let Some(target) = resolve(&path, module, &modules, &reexports)
-                && &target != module
-                && !target.starts_with(module)
-                && !module.starts_with(&target)
-            {
-                out.insert(target);
-            }
-        }
-    }
-    (modules, graph)
-}
-
-/// The pairs of files of the crate at `src` that import each other.
-fn import_pairs(root: &Path, src: &Path) -> Vec<(String, String)> {
-    let (modules, graph) = import_graph(src);
-    let mut pairs = Vec::new();
-    for (a, targets) in &graph {
-        for b in targets {
-            if a < b && graph.get(b).is_some_and(|t| t.contains(a)) {
-                pairs.push((relative(root, &modules[a]), relative(root, &modules[b])));
-            }
-        }
-    }
-    pairs
-}
-
-/// The strongly connected components of more than one module (Tarjan's
-/// algorithm, iterative), each sorted.
-fn cycles_in(graph: &Graph) -> Vec<Vec<Vec<String>>> {
-    let nodes: Vec<&Vec<String>> = graph
-        .keys()
-        .chain(graph.values().flatten())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let index_of: BTreeMap<&Vec<String>, usize> =
-        nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let succ: Vec<Vec<usize>> = nodes
-        .iter()
-        .map(|n| {
-            graph
-                .get(*n)
-                .map(|t| t.iter().map(|m| index_of[m]).collect())
-                .unwrap_or_default()
-        })
-        .collect();
-    let n = nodes.len();
-    let (mut index, mut low) = (vec![usize::MAX; n], vec![0; n]);
-    let (mut on_stack, mut stack, mut next) = (vec![false; n], Vec::new(), 0);
-    let mut components = Vec::new();
-    for start in 0..n {
-        if index[start] != usize::MAX {
-            continue;
-        }
-        // (node, how many of its successors were visited)
-        let mut work = vec![(start, 0)];
-        while let Some(&mut (v, ref mut i)) = work.last_mut() {
-            if *i == 0 {
-                index[v] = next;
-                low[v] = next;
-                next += 1;
-                stack.push(v);
-                on_stack[v] = true;
-            }
-            if let Some(&w) = succ[v].get(*i) {
-                *i += 1;
-                if index[w] == usize::MAX {
-                    work.push((w, 0));
-                } else if on_stack[w] {
-                    low[v] = low[v].min(index[w]);
-                }
-                continue;
-            }
-            work.pop();
-            if let Some(&(parent, _)) = work.last() {
-                low[parent] = low[parent].min(low[v]);
-            }
-            if low[v] == index[v] {
-                let mut component = Vec::new();
-                while let Some(w) = stack.pop() {
-                    on_stack[w] = false;
-                    component.push(nodes[w].clone());
-                    if w == v {
-                        break;
-                    }
-                }
-                if component.len() > 1 {
-                    component.sort();
-                    components.push(component);
-                }
-            }
-        }
-    }
-    components.sort();
-    components
-}
-
-/// One cycle through a component, as `a -> b -> ... -> a` (a shortest
-/// path back to its first module, found breadth first).
-fn one_cycle(graph: &Graph, component: &[Vec<String>]) -> Vec<Vec<String>> {
-    let Some(first) = component.first() else {
-        return Vec::new();
-    };
-    let inside: BTreeSet<&Vec<String>> = component.iter().collect();
-    let mut came_from: BTreeMap<&Vec<String>, &Vec<String>> = BTreeMap::new();
-    let mut queue = std::collections::VecDeque::from([first]);
-    while let Some(v) = queue.pop_front() {
-        for w in graph.get(v).into_iter().flatten() {
-            if !inside.contains(w) {
-                continue;
-            }
-            if w == first {
-                let mut path = vec![first.clone()];
-                let mut at = v;
-                while at != first {
-                    path.push(at.clone());
-                    at = came_from[at];
-                }
-                path.push(first.clone());
-                path.reverse();
-                return path;
-            }
-            if !came_from.contains_key(w) {
-                came_from.insert(w, v);
-                queue.push_back(w);
-            }
-        }
-    }
-    Vec::new()
-}
-
-/// The import cycles of any length among the modules of the crate at
-/// `src`: each component's modules, and one cycle through it, both as
-/// module paths (`crate::a::b`).
-fn module_cycles(src: &Path) -> Vec<(Vec<String>, String)> {
-    let (_, graph) = import_graph(src);
-    let name = |m: &Vec<String>| {
-        std::iter::once("crate")
-            .chain(m.iter().map(String::as_str))
-            .collect::<Vec<_>>()
-            .join("::")
-    };
-    cycles_in(&graph)
-        .into_iter()
-        .map(|component| {
-            let cycle = one_cycle(&graph, &component)
-                .iter()
-                .map(name)
-                .collect::<Vec<_>>()
-                .join(" -> ");
-            (component.iter().map(name).collect(), cycle)
-        })
         .collect()
 }
 
@@ -621,6 +176,101 @@ fn roots_without_forbid(root: &Path) -> Vec<String> {
     missing
 }
 
+// ------------------------------------------------------------ fast paths
+
+/// The names of the hand-written fast paths that stay in public APIs
+/// (docs/ARCHITECTURE.md, "Fast paths sit behind their references", says
+/// why each stays, with its figure), each with the only files outside
+/// tests that may name it: its own module, the one consumer the doc
+/// names, and the fuzz and bench code that holds it to its reference.
+/// `(name, allowed path prefixes from the workspace root)`.
+const FAST_PATH_NAMES: &[(&str, &[&str])] = &[
+    // The call parsed in the pass that classified the line: the peer
+    // hands it on, the host's driver takes it.
+    (
+        "Params::InvokeTool",
+        &[
+            "protocol/src/jsonrpc",
+            "peer/src/read.rs",
+            "fuzz/",
+            "bench/src/parsers.rs",
+        ],
+    ),
+    (
+        "RequestParams::InvokeTool",
+        &["peer/src/", "host/src/process/driver/turn.rs"],
+    ),
+    // A result written without serde: the peer and the SDK's RemoteHost.
+    (
+        "WriteJson",
+        &[
+            "protocol/src/tool_json",
+            "peer/src/peer.rs",
+            "peer/src/reply.rs",
+            "peer/src/line.rs",
+            "plugin-sdk/src/remote.rs",
+            "fuzz/",
+            "bench/src/parsers.rs",
+        ],
+    ),
+    // The turn's shared record parts: the kernel's, and a sink's
+    // `append_entry` (the bench's counting sink).
+    ("AuditEntry", &["kernel/src/", "bench/src/fixture.rs"]),
+    ("RecordIdentity", &["kernel/src/"]),
+    ("RecordMetadata", &["kernel/src/"]),
+    ("IdentityRef", &["kernel/src/"]),
+    ("MetadataRef", &["kernel/src/"]),
+    // The call owned whole, so the host's RunToEnd can hand it to a task.
+    (
+        "invoke_tool_owned",
+        &[
+            "kernel/src/port.rs",
+            "kernel/src/kernel/turn.rs",
+            "host/src/executor/mediation.rs",
+        ],
+    ),
+    ("OwnedInvoke", &["kernel/src/"]),
+];
+
+/// Whether `code` names `name` as a whole path (not as the tail of a
+/// longer name: `RequestParams::InvokeTool` does not name
+/// `Params::InvokeTool`).
+fn names(code: &str, name: &str) -> bool {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    code.match_indices(name)
+        .any(|(at, _)| !code[..at].ends_with(word) && !code[at + name.len()..].starts_with(word))
+}
+
+/// Whether a file is test code as a whole (a `tests/` directory or a
+/// `tests.rs` file).
+fn is_test_file(rel: &str) -> bool {
+    rel.split('/').any(|p| p == "tests") || rel.ends_with("/tests.rs")
+}
+
+/// `file: name` for each fast-path name a non-test file names outside its
+/// allowed files.
+fn fast_path_names_outside(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    for dir in members(root).into_iter().chain([root.join("fuzz")]) {
+        rust_files(&dir, &mut files);
+    }
+    let mut found = Vec::new();
+    for file in files {
+        let rel = relative(root, &file);
+        if is_test_file(&rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let code = code_only(non_test_text(&text));
+        for (name, allowed) in FAST_PATH_NAMES {
+            if names(&code, name) && !allowed.iter().any(|a| rel.starts_with(a)) {
+                found.push(format!("{rel}: {name}"));
+            }
+        }
+    }
+    found
+}
+
 // ------------------------------------------------------------ the tests
 
 #[test]
@@ -714,6 +364,19 @@ fn every_crate_without_unsafe_forbids_it() {
 }
 
 #[test]
+fn no_fast_path_type_is_named_outside_its_modules() {
+    let found = fast_path_names_outside(&workspace_root());
+    assert!(
+        found.is_empty(),
+        "these files name a hand-written fast path's own type outside the modules allowed to \
+         (FAST_PATH_NAMES): use the reference's face (the serde type, `invoke_tool`, \
+         `AuditRecord`), or say in docs/ARCHITECTURE.md (\"Fast paths\") why this user needs \
+         the fast one, with its figure, and allow it:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
 fn the_checks_see_what_they_check() {
     // Guards against a check that passes because it reads nothing.
     let root = workspace_root();
@@ -791,6 +454,58 @@ fn the_checks_see_what_they_check() {
         resolve("crate::W", &m("b"), &modules, &reexports),
         Some(Vec::new())
     );
+    // A glob re-export is followed to the module that defines the name;
+    // a name the re-exporting module defines itself stays there.
+    let reexports: Reexports = BTreeMap::from([
+        (Vec::new(), reexports_of("pub use a::*;\npub struct W;\n")),
+        (
+            m("a"),
+            reexports_of("pub struct X;\npub(crate) fn f() {}\n"),
+        ),
+    ]);
+    for (path, module) in [
+        ("crate::X", m("a")),
+        ("crate::f", m("a")),
+        ("crate::W", Vec::new()),
+    ] {
+        assert_eq!(
+            resolve(path, &m("b"), &modules, &reexports),
+            Some(module),
+            "{path}"
+        );
+    }
+    // ... so a cycle through a glob is a cycle: b names crate::X, which
+    // is a's, and a names b.
+    let files = tempfile::tempdir().expect("a temporary directory");
+    for (file, text) in [
+        ("lib.rs", "mod a;\nmod b;\npub use a::*;\n"),
+        ("a.rs", "pub struct X;\npub fn g() { crate::b::h() }\n"),
+        ("b.rs", "pub fn h() { let _ = crate::X; }\n"),
+    ] {
+        std::fs::write(files.path().join(file), text).expect("a source file");
+    }
+    let found = module_cycles(files.path());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, vec!["crate::a", "crate::b"]);
+    // A fast path named where it may not be is seen, a longer name that
+    // ends with it is not; every allowed prefix still holds a file.
+    assert!(names(
+        "match p { Params::InvokeTool(c) => c }",
+        "Params::InvokeTool"
+    ));
+    assert!(!names("RequestParams::InvokeTool(c)", "Params::InvokeTool"));
+    assert!(!names("WriteJsonish", "WriteJson"));
+    for (name, allowed) in FAST_PATH_NAMES {
+        for prefix in *allowed {
+            let mut files = Vec::new();
+            let path = root.join(prefix);
+            rust_files(path.parent().unwrap_or(&root), &mut files);
+            assert!(
+                files.iter().any(|f| relative(&root, f).starts_with(prefix)),
+                "{name}: no file starts with {prefix}: remove it from FAST_PATH_NAMES"
+            );
+        }
+    }
     let long = long_functions(&root);
     for (file, name) in LONG_FN_EXCEPTIONS {
         assert!(

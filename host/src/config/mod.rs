@@ -24,9 +24,7 @@
 //! # grants, file tools, escalation: see docs/KERNEL.md
 //! ```
 
-mod direct;
 pub mod gvisor;
-pub mod harness;
 pub mod microvm;
 mod pin;
 
@@ -46,6 +44,7 @@ use crate::limits::{
 pub use crate::limits::{
     DEFAULT_INFLIGHT_TOOL_CALLS, MAX_AFFINITY_TTL_MS, MAX_INFLIGHT_TOOL_CALLS, MAX_TOKENS_RANGE,
 };
+pub use crate::seat::standard::{DRIVER_KINDS, ModelDriver};
 
 /// Limits and paths of the host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -204,94 +203,6 @@ impl RuntimeEntry {
             .filter(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)
             .map(|_| sharedos_protocol::harness::MCP_HTTP_PORT);
         policy
-    }
-}
-
-/// A model driver of the standard runtime, passed as
-/// `--driver <kind> --base-url <url> --model <model>`; the plugin gets a
-/// placeholder key only (`SHAREDOS_MODEL_KEY`), the gateway adds the real
-/// one.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ModelDriver {
-    /// `openai-chat`, `openai-responses`, `anthropic-messages` or
-    /// `gemini-generate-content`.
-    pub kind: String,
-    /// The gateway's route as the plugin sees it,
-    /// `http://127.0.0.1:<port>/<route>`.
-    pub base_url: String,
-    pub model: String,
-    /// `anthropic-messages`: the API's `max_tokens`, absent 4096;
-    /// `gemini-generate-content`: `generationConfig.maxOutputTokens`,
-    /// absent not sent; 1..=131072 (passed as `--max-tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<u64>,
-}
-
-/// The kinds `sharedos-standard --driver` takes (its `DriverKind`).
-pub const DRIVER_KINDS: [&str; 4] = [
-    "openai-chat",
-    "openai-responses",
-    "anthropic-messages",
-    "gemini-generate-content",
-];
-
-/// The kinds that take `maxTokens`.
-const MAX_TOKENS_KINDS: [&str; 2] = ["anthropic-messages", "gemini-generate-content"];
-
-/// Whether a Gemini model can be the path segment `models/<model>:...`
-/// (the standard runtime's `gemini::model_id_ok`).
-fn gemini_model_ok(model: &str) -> bool {
-    model.bytes().any(|b| b.is_ascii_alphanumeric())
-        && model
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-impl ModelDriver {
-    fn check(&self, entry: &str, network: &sharedos_egress::NetworkPolicy) -> Result<(), String> {
-        if !DRIVER_KINDS.contains(&self.kind.as_str()) {
-            return Err(format!(
-                "{entry}.driver.kind: {:?} is not a driver kind (one of {})",
-                self.kind,
-                DRIVER_KINDS.map(|k| format!("{k:?}")).join(", ")
-            ));
-        }
-        if !self.base_url.starts_with("http://") {
-            return Err(format!(
-                "{entry}.driver.baseUrl: must be the gateway's http:// route (the host adds TLS)"
-            ));
-        }
-        if self.model.trim().is_empty() {
-            return Err(format!("{entry}.driver.model: must name the model"));
-        }
-        if self.kind == "gemini-generate-content" && !gemini_model_ok(&self.model) {
-            return Err(format!(
-                "{entry}.driver.model: {:?} must be a plain Gemini model id such as \
-                 \"gemini-2.5-flash\" (letters, digits, '.', '_', '-'; no \"models/\" prefix)",
-                self.model
-            ));
-        }
-        if let Some(n) = self.max_tokens {
-            if !MAX_TOKENS_KINDS.contains(&self.kind.as_str()) {
-                return Err(format!(
-                    "{entry}.driver.maxTokens: applies to kinds \"anthropic-messages\" and \"gemini-generate-content\" only; remove it"
-                ));
-            }
-            if !MAX_TOKENS_RANGE.contains(&n) {
-                return Err(format!(
-                    "{entry}.driver.maxTokens: must be {}..={}, got {n}",
-                    MAX_TOKENS_RANGE.start(),
-                    MAX_TOKENS_RANGE.end()
-                ));
-            }
-        }
-        if *network == sharedos_egress::NetworkPolicy::None {
-            return Err(format!(
-                "{entry}.driver: a model driver needs a route; set {entry}.network"
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -512,7 +423,7 @@ impl HostConfig {
                 }
             }
         }
-        direct::check(&raw).map_err(err)?;
+        crate::process::direct::config::check(&raw).map_err(err)?;
         config.base_dir = base_dir.to_path_buf();
         // The gateway's effects are the host's own namespace: grants may
         // name it wherever a runtime has a network policy.
@@ -565,13 +476,21 @@ impl HostConfig {
             }
             d.check(&format!("runtimes[{i}]"), &r.network)?;
         }
-        if r.harness.is_some() {
+        if let Some(h) = &r.harness {
             if r.transcript.is_some() || r.driver.is_some() {
                 return Err(format!(
                     "runtimes[{i}]: a harness runtime takes no transcript or driver"
                 ));
             }
-            harness::check(i, r)?;
+            crate::seat::harness::check(&crate::seat::harness::HarnessEntry {
+                index: i,
+                manifest: r.manifest(),
+                spec: h,
+                sandbox_view: matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor),
+                direct: r.launcher == LauncherKind::Direct,
+                network: &r.network,
+                sandbox: &r.sandbox,
+            })?;
         }
         for k in r.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {

@@ -26,6 +26,8 @@
 //!   host's is inherited. The working directory is a fresh empty `0700`
 //!   directory under the host's temp dir, removed with the tree.
 
+pub(crate) mod config;
+
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

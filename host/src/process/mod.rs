@@ -14,7 +14,7 @@ pub mod affinity;
 mod connection;
 mod dead_hosts;
 mod diagnosis;
-mod direct;
+pub(crate) mod direct;
 pub mod driver;
 mod engine_tool;
 mod guard;

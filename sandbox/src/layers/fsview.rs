@@ -13,42 +13,15 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use crate::policy::SandboxPolicy;
 
 pub use super::inside::{HOME, PLUGIN_DIR, TMP, WORKSPACE, clean};
+pub use crate::report::{RootView, ViewMount};
 
 /// Directories the sandbox mounts itself: no host path can be bound there.
 /// `/tmp` is special: a path strictly below it is cloned by a root host
 /// and attached on top of the private `/tmp`.
 const MANAGED: [&str; 6] = ["/dev", "/proc", WORKSPACE, PLUGIN_DIR, "/sandbox", "/tmp"];
-
-/// What the plugin sees, as the helper built it (`policy.describe`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct RootView {
-    /// The program's path inside (what `execve` is given).
-    pub program: String,
-    /// Whether the program runs from its own path (inside a read-only
-    /// path of the runtime) or from a staged copy at `/plugin/<name>`.
-    pub program_in_place: bool,
-    /// The working directory (the workspace).
-    pub workdir: String,
-    /// Every mount and mirrored link of the root, in the order built.
-    pub mounts: Vec<ViewMount>,
-}
-
-/// One entry of the root.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct ViewMount {
-    /// The path inside (the same as the host path for a bind).
-    pub path: String,
-    /// `ro` or `rw`.
-    pub access: String,
-    /// Where it comes from: `roPaths`, `extraRoPaths`, `tmpfs 128 MiB (TMPDIR)`, ...
-    pub source: String,
-}
 
 /// A path a runtime names that cannot be used, with what to fix.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -2,8 +2,8 @@
 //! each with its [`Layer`] descriptor, and the registry [`LAYERS`] that the
 //! report's initial state, its `missing` list and level, `sandbox check`
 //! and the helper's generic steps read. A new layer is a module here, a
-//! line in [`LAYERS`], its switch in [`LayerToggles`] (`toggles.rs`) and its
-//! field in the report (docs/ARCHITECTURE.md, "Where to change X").
+//! line in [`LAYERS`], and its switch ([`crate::LayerToggles`]) and
+//! status field in `report.rs` (docs/ARCHITECTURE.md, "Where to change X").
 
 pub mod caps;
 pub mod fsview;
@@ -17,12 +17,10 @@ pub mod namespaces;
 pub mod procmask;
 pub mod rlimits;
 pub mod seccomp;
-pub(crate) mod toggles;
 pub mod users;
 mod vfs;
 
 pub(crate) use layer::{Layer, Stage};
-pub use toggles::LayerToggles;
 
 use crate::host::cgroup;
 use crate::report::{LayerStatus, SandboxLevel, SandboxReport};

@@ -7,7 +7,7 @@
 
 /// `raw`: the configuration file as a TOML table. `Err` names the entry,
 /// the key and the fix.
-pub(super) fn check(raw: &toml::Table) -> Result<(), String> {
+pub(crate) fn check(raw: &toml::Table) -> Result<(), String> {
     let Some(toml::Value::Array(runtimes)) = raw.get("runtimes") else {
         return Ok(());
     };

@@ -6,21 +6,36 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use sharedos_protocol::harness::{HarnessLaunch, MAX_LAUNCH_BYTES, McpTransport};
-use sharedos_sandbox::fsview;
-
-use super::{LauncherKind, RuntimeEntry};
 use sharedos_egress::{NetworkPolicy, egress_url};
-use sharedos_protocol::PLACEHOLDER_MODEL_KEY;
+use sharedos_protocol::harness::{HarnessLaunch, HarnessSpec, MAX_LAUNCH_BYTES, McpTransport};
+use sharedos_protocol::{PLACEHOLDER_MODEL_KEY, RuntimeManifest};
+use sharedos_sandbox::{SandboxPolicy, fsview};
 
-/// Checks runtime `i`'s harness spec; the error lists every problem, one a
-/// line.
-pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
-    let Some(spec) = &entry.harness else {
-        return Ok(());
-    };
+/// What the harness's check reads of its runtime entry: the spec (the
+/// entry's `[runtimes.harness]` table) and the entry's parts it depends
+/// on. Parts, not the entry, so that this module does not import the
+/// configuration that dispatches to it.
+pub(crate) struct HarnessEntry<'a> {
+    /// The entry's index in `runtimes`, for the error.
+    pub index: usize,
+    pub manifest: RuntimeManifest,
+    pub spec: &'a HarnessSpec,
+    /// The CLI runs in a sandbox's filesystem view (`launcher =
+    /// "sandbox"` or `"gvisor"`), so it must be visible there.
+    pub sandbox_view: bool,
+    /// The CLI runs unsandboxed (`launcher = "direct"`): no loopback of
+    /// its own for an MCP listener.
+    pub direct: bool,
+    pub network: &'a NetworkPolicy,
+    pub sandbox: &'a SandboxPolicy,
+}
+
+/// Checks runtime `entry.index`'s harness spec; the error lists every
+/// problem, one a line.
+pub(crate) fn check(entry: &HarnessEntry<'_>) -> Result<(), String> {
+    let (i, spec) = (entry.index, entry.spec);
     let field = format!("runtimes[{i}].harness");
-    let routes: Vec<&str> = match &entry.network {
+    let routes: Vec<&str> = match entry.network {
         NetworkPolicy::None => Vec::new(),
         NetworkPolicy::Routes(r) => r.routes.iter().map(|r| r.name.as_str()).collect(),
     };
@@ -38,16 +53,16 @@ pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
                     spec.command
                 ));
             }
-            Ok(_) if matches!(entry.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor) => {
+            Ok(_) if entry.sandbox_view => {
                 // The sandbox must see the CLI (and its `#!` interpreter):
                 // the same check as for a plugin program.
-                if !fsview::visible(&entry.sandbox, command) {
+                if !fsview::visible(entry.sandbox, command) {
                     problems.push(format!(
                         "{field}.command: {} is not visible in the sandbox; add its directory to runtimes[{i}].sandbox.extraRoPaths",
                         spec.command
                     ));
                 }
-                for p in fsview::check_runtime(&entry.sandbox, command) {
+                for p in fsview::check_runtime(entry.sandbox, command) {
                     if p.field == "program" {
                         problems.push(format!("{field}.command: {}", p.message));
                     }
@@ -59,13 +74,13 @@ pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
             problems.push(problem);
         }
     }
-    if spec.mcp == McpTransport::Http && entry.launcher == LauncherKind::Direct {
+    if spec.mcp == McpTransport::Http && entry.direct {
         problems.push(format!(
             "{field}.mcp: \"http\" needs launcher = \"sandbox\" (the MCP listener lives on the sandbox's own loopback)"
         ));
     }
     if problems.is_empty()
-        && let Some(arg) = launch_arg(entry)
+        && let Some(arg) = launch_arg(entry.manifest.clone(), spec)
         && arg.len() > MAX_LAUNCH_BYTES
     {
         problems.push(format!(
@@ -84,7 +99,7 @@ pub(crate) fn check(i: usize, entry: &RuntimeEntry) -> Result<(), String> {
 /// bytes hash otherwise, or a `#!` script (which the harness could not
 /// execute through the descriptor it hashed), is a problem naming both
 /// digests or the fix.
-fn cli_pin_problem(field: &str, spec: &sharedos_protocol::harness::HarnessSpec) -> Option<String> {
+fn cli_pin_problem(field: &str, spec: &HarnessSpec) -> Option<String> {
     use sha2::Digest;
     let pin = spec.sha256.as_deref()?;
     let mut hasher = sha2::Sha256::new();
@@ -118,12 +133,13 @@ fn cli_pin_problem(field: &str, spec: &sharedos_protocol::harness::HarnessSpec) 
     ))
 }
 
-/// The `--harness` argument of an entry with a harness spec.
-pub fn launch_arg(entry: &RuntimeEntry) -> Option<String> {
-    let spec = entry.harness.clone()?;
+/// The `--harness` argument of the runtime `manifest` names, whose
+/// harness spec is `spec`.
+pub fn launch_arg(manifest: RuntimeManifest, spec: &HarnessSpec) -> Option<String> {
+    let spec = spec.clone();
     let route_url = spec.route.as_ref().map(|r| format!("{}/{r}", egress_url()));
     let launch = HarnessLaunch {
-        manifest: entry.manifest(),
+        manifest,
         spec,
         route_url,
         placeholder_key: PLACEHOLDER_MODEL_KEY.into(),
@@ -237,7 +253,8 @@ args = ["-c", "{prompt}", "{mcpCommand}", "{mcpArgs}"]
 final = { from = "file", path = "{home}/out" }"#,
         )
         .unwrap();
-        let arg = super::launch_arg(&ok.runtimes[1]).unwrap();
+        let entry = &ok.runtimes[1];
+        let arg = super::launch_arg(entry.manifest(), entry.harness.as_ref().unwrap()).unwrap();
         assert!(
             arg.contains("\"placeholderKey\":\"sharedos-placeholder\""),
             "{arg}"
