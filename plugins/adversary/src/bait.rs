@@ -79,6 +79,9 @@ pub struct Bait {
     pub fork_count: Option<u32>,
     /// MiB to allocate and touch (C31), at most 6144.
     pub alloc_mib: Option<u64>,
+    /// The kinds C31c takes, by the names of its receipt (`pipes`,
+    /// `unix-sockets`, ...); every kind when empty.
+    pub memory_kinds: Vec<String>,
     /// MiB to write per fill target (C32, C33), at most 200.
     pub fill_mib: Option<u64>,
     /// Empty files to create (C34), at most 1 000 000.

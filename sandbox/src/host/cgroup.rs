@@ -140,13 +140,15 @@ pub fn sweep_stale() -> Vec<PathBuf> {
 /// makes them with the controller): nothing is created, and no process is
 /// moved here. Without `memory.swap.max` (no swap accounting) the swap
 /// limit is refused rather than skipped, since swapped-out pages would
-/// escape `memory.max`.
+/// escape `memory.max`. The bound returned, the one the report claims, is
+/// `memory.max` read back: what the kernel holds (it rounds to pages), and
+/// no bound at all if the write did not take.
 pub(crate) fn write_memory_limits(
     dir: &Path,
     delegated: bool,
     max: u64,
     swap: Option<u64>,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     if !delegated {
         return Err(
             "memory.max: the memory controller is not delegated to the v2 hierarchy".into(),
@@ -164,7 +166,16 @@ pub(crate) fn write_memory_limits(
     if let Some(sw) = swap {
         write("memory.swap.max", sw)?;
     }
-    write("memory.oom.group", 1)
+    write("memory.oom.group", 1)?;
+    let held = std::fs::read_to_string(dir.join("memory.max"))
+        .map_err(|e| format!("memory.max in {}: {e}", dir.display()))?;
+    held.trim().parse().map_err(|_| {
+        format!(
+            "memory.max in {} reads back {:?}, not the bound written",
+            dir.display(),
+            held.trim()
+        )
+    })
 }
 
 pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
@@ -221,7 +232,7 @@ pub fn create(policy: &CgroupPolicy) -> PluginCgroup {
                 }
                 if let Some(max) = policy.memory_max {
                     match write_memory_limits(&dir, ctl("memory"), max, policy.memory_swap_max) {
-                        Ok(()) => cg.memory_max = Some(max),
+                        Ok(held) => cg.memory_max = Some(held),
                         Err(e) => cg.problems.push(e),
                     }
                 }
@@ -621,7 +632,8 @@ mod tests {
     #[test]
     fn memory_max_and_swap_are_written_where_the_controller_is_delegated() {
         let d = emulated(&["memory.max", "memory.swap.max", "memory.oom.group"]);
-        write_memory_limits(d.path(), true, 512 << 20, Some(0)).unwrap();
+        let held = write_memory_limits(d.path(), true, 512 << 20, Some(0)).unwrap();
+        assert_eq!(held, 512 << 20);
         let read = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap();
         assert_eq!(read("memory.max"), (512u64 << 20).to_string());
         assert_eq!(read("memory.swap.max"), "0");

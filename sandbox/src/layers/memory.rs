@@ -266,16 +266,11 @@ pub(crate) fn assess(
         for l in layers.iter_mut().filter(|l| l.bytes.is_none()) {
             l.status = LayerStatus::Applied;
             l.bytes = Some(max);
-            l.detail = if l.name == SOCKETS {
-                // TCP and UDP buffers are charged to the socket's cgroup;
-                // that unix socket queues are has not been shown here.
-                format!(
-                    "charged to the tree's memory.max (tcp, udp; unix queues unverified); {}",
-                    l.detail
-                )
-            } else {
-                format!("charged to the tree's memory.max; {}", l.detail)
-            };
+            // Socket buffers included: TCP and UDP ones are charged to
+            // the socket's cgroup, and unix socket queues alone took a tree
+            // to its memory.max and OOM kill in a guest kernel with the
+            // controller (tests/tests/memory_controller_guest.rs).
+            l.detail = format!("charged to the tree's memory.max; {}", l.detail);
         }
     }
     let kinds: Vec<String> = layers

@@ -224,6 +224,25 @@ pub(super) fn libraries(program: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
+/// An initramfs (`newc` cpio) of `files`, each `(path inside, host file)`,
+/// with the shared libraries every ELF program among them needs at their
+/// host paths: the image of a guest that runs something other than a
+/// plugin (tests/tests/memory_controller_guest.rs boots the host itself
+/// in a guest kernel that delegates it a memory controller). A file that
+/// is not a 64-bit ELF program is copied as it is.
+pub fn initramfs(files: &[(&str, &Path)]) -> io::Result<Vec<u8>> {
+    let mut tree = Tree::default();
+    for (inside, source) in files {
+        tree.copy(inside, source)?;
+        if interpreter(source).is_ok() {
+            for lib in libraries(source)? {
+                tree.copy(&lib.to_string_lossy(), &lib)?;
+            }
+        }
+    }
+    Ok(tree.cpio())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

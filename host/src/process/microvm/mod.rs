@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use sharedos_sandbox::{SandboxLevel, SandboxPolicy};
 
+pub use image::initramfs;
 pub use qemu::{MicrovmError, Qemu};
 pub use vm::Accel;
 
