@@ -11,13 +11,11 @@ use serde_json::Value;
 use sharedos_cli::demo::{ModelSetup, model_config};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
-use sharedos_host::process::Launcher;
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
-use crate::bait::helper_exe;
+use crate::engines::Engine;
 use crate::turns::{AGENT, NAMESPACE, workspace_bin};
 
 /// The real key of every route here; nothing the host writes may hold it.
@@ -101,11 +99,20 @@ pub async fn run_request(
     request: &str,
     watch: Option<OnEvent>,
 ) -> Turn {
+    run_request_in(Engine::Sandbox, dir, text, runtime, request, watch).await
+}
+
+/// [`run_request`] with every runtime launched in `engine`.
+pub async fn run_request_in(
+    engine: Engine,
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    request: &str,
+    watch: Option<OnEvent>,
+) -> Turn {
     let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
-    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
-        let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
-        Ok(l)
-    };
+    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| Ok(engine.launcher(e));
     let registry = registry_from_config(&config, launcher_for).expect("the seats");
     let seat = registry.resolve(runtime).expect("the runtime").clone();
     let files_root = config.resolve(&config.host.files_root);

@@ -8,6 +8,8 @@ pub mod bait;
 pub mod binaries;
 /// Turns of runtimes with a network policy, and what the host sees.
 pub mod egress;
+/// The engines (namespace sandbox, gVisor) the shared cases run in.
+pub mod engines;
 /// Harness turns: a vendor CLI (or the Python MCP client) seated by
 /// `sharedos-harness` in the full sandbox.
 pub mod harness;

@@ -235,23 +235,6 @@ fn a_crash_mid_turn_fails_the_turn_and_leaves_nothing() {
 }
 
 #[test]
-fn a_gvisor_runtime_with_a_network_policy_is_refused_at_load() {
-    let config = gvisor_toml("egress").replace(
-        "launcher = \"gvisor\"",
-        "launcher = \"gvisor\"\nnetwork = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
-    );
-    let run = run_cli(&config, json!([]), 5000, None);
-    assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("runtimes[0].network: not available with launcher = \"gvisor\"")
-            && run.stderr.contains("egress gateway's listener"),
-        "{}",
-        run.stderr
-    );
-}
-
-#[test]
 fn a_host_without_runsc_gets_the_fix() {
     // No runsc on PATH.
     let run = run_cli(

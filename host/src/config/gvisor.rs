@@ -36,11 +36,6 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
             runsc.display()
         ));
     }
-    if r.network != sharedos_egress::NetworkPolicy::None {
-        return Err(format!(
-            "runtimes[{i}].network: not available with launcher = \"gvisor\": the egress gateway's listener cannot be placed inside a gVisor container yet (runsc runs it with --network=none); use launcher = \"sandbox\" for a runtime with a network policy"
-        ));
-    }
     if r.harness
         .as_ref()
         .is_some_and(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)

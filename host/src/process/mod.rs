@@ -329,7 +329,7 @@ impl ProcessRuntime {
             (None, _) => Ok(None),
             (Some(_), None) => Err(self.load_error(
                 "the runtime has a network policy but its launch gave no gateway listener \
-                 (only the sandbox launcher makes one)",
+                 (the sandbox and gVisor launchers make one)",
             )),
             (Some(seat), Some(fd)) => seat
                 .serve(execution_id, fd)

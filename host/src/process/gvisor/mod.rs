@@ -2,7 +2,12 @@
 //! OCI container of its own under runsc, built from the runtime's
 //! `SandboxPolicy` ([`bundle`]). The plugin's system calls are served by
 //! gVisor's user-space kernel; runsc runs with `--network=none` and
-//! `--ignore-cgroups` (no memory controller is delegated here, so the
+//! `--ignore-cgroups`. A runtime with a network policy reaches the egress
+//! gateway only: the loopback relay (`sharedos __sandbox-exec
+//! --loopback-relay`, [`sharedos_sandbox::RelayArgs`]) is the container's
+//! first process, listens on the gateway's port of the container's own
+//! loopback and carries each connection to a unix socket of the bundle the
+//! host serves the gateway on (runsc `--host-uds=open`) (no memory controller is delegated here, so the
 //! container's memory is not bounded, and the report says so). The
 //! protocol travels over the stdio of `runsc run`.
 //!
@@ -43,6 +48,10 @@ pub const GVISOR_LEVEL: SandboxLevel = SandboxLevel::Isolated;
 pub struct GvisorLauncher {
     policy: SandboxPolicy,
     runsc: Runsc,
+    /// The binary serving `__sandbox-exec --loopback-relay` (the running
+    /// `sharedos`), bound into the container of a runtime with a network
+    /// policy.
+    relay: Option<std::path::PathBuf>,
 }
 
 impl GvisorLauncher {
@@ -54,7 +63,16 @@ impl GvisorLauncher {
         Ok(Self {
             policy,
             runsc: Runsc::locate(configured)?,
+            relay: std::env::current_exe().ok(),
         })
+    }
+
+    /// The same launcher with `exe` as the binary that serves
+    /// `__sandbox-exec` (a host that is not the `sharedos` binary itself:
+    /// a test, a library user).
+    pub fn with_helper_exe(mut self, exe: std::path::PathBuf) -> Self {
+        self.relay = Some(exe);
+        self
     }
 
     pub fn runsc(&self) -> &Runsc {
@@ -98,6 +116,7 @@ impl GvisorLauncher {
             staged: staged.as_deref(),
             args: &spec.args,
             env: &spec.env,
+            relay: self.relay.as_deref(),
         };
         let bundle = bundle::write(p, &process, p.uids.first)
             .map_err(|e| self.refused(spec, format!("the container's bundle: {e}"), &platform))?;
@@ -119,7 +138,7 @@ impl GvisorLauncher {
 
     fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let Prepared {
-            bundle,
+            mut bundle,
             id,
             report,
             platform,
@@ -132,6 +151,7 @@ impl GvisorLauncher {
                 source,
             })?;
         let (child, stdin, stdout, stderr) = spawned;
+        let egress_listener = bundle.egress_listener.take();
         for w in &bundle.warnings {
             tracing::warn!(program = %spec.program.display(), "gvisor: {w}");
         }
@@ -146,7 +166,7 @@ impl GvisorLauncher {
                 bundle: Some(bundle),
             }),
             report: Some(report),
-            egress_listener: None,
+            egress_listener,
         })
     }
 
@@ -155,8 +175,14 @@ impl GvisorLauncher {
     /// the host) goes.
     fn run_command(&self, bundle: &bundle::Bundle, id: &str, platform: &str) -> Command {
         let mut cmd = self.runsc.command(&bundle.state_dir());
-        cmd.args(["--network=none", "--ignore-cgroups"])
-            .arg(format!("--platform={platform}"))
+        cmd.args(["--network=none", "--ignore-cgroups"]);
+        if bundle.egress_listener.is_some() {
+            // The relay connects to the gateway's socket bound into the
+            // container; with `open`, connecting to a host socket the
+            // mounts show is all the container may do (no bind, no create).
+            cmd.arg("--host-uds=open");
+        }
+        cmd.arg(format!("--platform={platform}"))
             .arg("run")
             .arg("--bundle")
             .arg(bundle.bundle_dir())

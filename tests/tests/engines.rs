@@ -1,0 +1,188 @@
+//! The same cases in every engine (tests/src/engines.rs: the namespace
+//! sandbox and gVisor): a model turn through the egress gateway, what else
+//! a plugin with a network policy can reach, and what each turn leaves.
+//! Each case runs in every engine of [`ENGINES`]; a machine without an
+//! engine's tool fails the case with the fix.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sharedos_egress::mock::{MockModel, Wire, plan_script};
+use sharedos_protocol::ExecutionStatus;
+use sharedos_tests::egress::{
+    DEMO_REQUEST, REAL_KEY, Turn, egress_grant, key_file, model_text, run_request_in,
+};
+use sharedos_tests::engines::{ENGINES, Engine};
+use sharedos_tests::leftovers::processes_naming;
+use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
+
+/// The sandbox report of a turn's result.
+fn report(turn: &Turn) -> Value {
+    turn.result.metadata["runtime"]["sandbox"].clone()
+}
+
+/// What the engine's launch left after the turn: nothing. gVisor: no
+/// process names the container, its bundle (and runsc's state) is gone.
+/// The namespace sandbox's own leftovers checks are its suites'
+/// (sandbox_lifetime.rs); here its report names the engine.
+fn nothing_left(engine: Engine, report: &Value) {
+    assert_eq!(report["engine"], engine.report_engine(), "{report}");
+    if engine != Engine::Gvisor {
+        return;
+    }
+    let id = report["container"].as_str().expect("the container");
+    let bundle = report["bundle"].as_str().expect("the bundle");
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut left = processes_naming(id);
+    while !left.is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        left = processes_naming(id);
+    }
+    assert!(left.is_empty(), "{id} outlived its turn: {left:?}");
+    assert!(!Path::new(bundle).exists(), "{bundle} is left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_turn_goes_through_the_gateway_in_every_engine() {
+    for engine in ENGINES {
+        let e = engine.name();
+        let dir = tempfile::tempdir().unwrap();
+        let model = MockModel::start(plan_script(Wire::OpenaiChat))
+            .await
+            .unwrap();
+        let key = key_file(dir.path());
+        let text = engine.configure(&model_text(
+            "openai-chat",
+            &model.base_url(),
+            &key,
+            "",
+            "",
+            true,
+        ));
+        let turn = run_request_in(
+            engine,
+            dir.path(),
+            &text,
+            "sharedos.standard",
+            DEMO_REQUEST,
+            None,
+        )
+        .await;
+        let result = &turn.result;
+        assert_eq!(
+            result.status,
+            ExecutionStatus::Succeeded,
+            "{e}: {result:#?}"
+        );
+        assert_eq!(
+            result.output.as_ref().unwrap()["text"],
+            "Plan written.",
+            "{e}"
+        );
+        let written = std::fs::read_to_string(dir.path().join("files/demo/alice/notes/plan.md"));
+        assert_eq!(written.unwrap(), "step one", "{e}");
+        // The model saw both requests, with the real key the gateway added.
+        let seen = model.seen();
+        assert_eq!(seen.len(), 2, "{e}: {seen:?}");
+        let bearer = format!("Bearer {REAL_KEY}");
+        for s in &seen {
+            assert_eq!(s.authorization(), Some(bearer.as_str()), "{e}");
+        }
+        let report = report(&turn);
+        if engine == Engine::Gvisor {
+            let network = report["network"].as_str().unwrap_or_default();
+            assert!(network.starts_with("the egress gateway only"), "{report}");
+        }
+        nothing_left(engine, &report);
+    }
+}
+
+/// The test plugin with a route to `upstream`, in `engine`.
+fn testplugin_text(engine: Engine, upstream: &str, key_file: &Path) -> String {
+    let network = format!(
+        "launcher = \"{}\"\nnetwork = {{ routes = [{{ name = \"openai\", upstream = \"{upstream}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"] }}] }}\n",
+        engine.name(),
+        key_file.display()
+    );
+    let launcher = format!("launcher = \"{}\"\n", engine.name());
+    testplugin_host_toml("engines", engine.name(), 60_000).replace(&launcher, &network)
+        + &egress_grant("alice-model", "openai", "request")
+}
+
+/// The runtime events (`{type, data}`) the test plugin emitted.
+fn emitted(turn: &Turn) -> Vec<Value> {
+    turn.events
+        .iter()
+        .filter(|e| e.kind.as_str() == "runtime.event")
+        .map(|e| e.data.clone().into_value())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_every_engine() {
+    for engine in ENGINES {
+        let e = engine.name();
+        let dir = tempfile::tempdir().unwrap();
+        let model = MockModel::start(plan_script(Wire::OpenaiChat))
+            .await
+            .unwrap();
+        // A listener on the host's loopback that no policy allows.
+        let bystander = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = bystander.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let watcher = tokio::spawn(async move {
+            while bystander.accept().await.is_ok() {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let targets = [
+            format!("127.0.0.1:{port}"),
+            format!("127.0.0.1:{}", model.port),
+            "10.0.0.1:443".to_owned(),
+            "1.1.1.1:443".to_owned(),
+            format!("127.0.0.1:{}", sharedos_egress::EGRESS_PORT),
+        ];
+        let script = json!([{"op": "net_probe", "targets": targets, "resolve": "example.com"}]);
+        let text = testplugin_text(engine, &model.base_url(), &key_file(dir.path()));
+        let request = testplugin_request("engines-net", script, &[], 60_000).to_string();
+        let turn = run_request_in(
+            engine,
+            dir.path(),
+            &text,
+            "sharedos-testplugin",
+            &request,
+            None,
+        )
+        .await;
+        assert_eq!(
+            turn.result.status,
+            ExecutionStatus::Succeeded,
+            "{e}: {:#?}",
+            turn.result
+        );
+        let emitted = emitted(&turn);
+        let probe = &emitted
+            .iter()
+            .find(|v| v["type"] == "net_probe")
+            .unwrap_or_else(|| panic!("{e}: no probe event: {emitted:?}"))["data"];
+        // Only the gateway's own listener answers.
+        assert_eq!(probe[targets[4].as_str()], "connected", "{e}: {probe}");
+        for t in &targets[..4] {
+            let got = probe[t.as_str()].as_str().unwrap_or_default();
+            assert!(!got.is_empty() && got != "connected", "{e}: {t}: {probe}");
+        }
+        let resolved = probe["resolve example.com"].as_str().unwrap_or_default();
+        assert!(!resolved.starts_with("resolved"), "{e}: {probe}");
+        assert_ne!(probe["raw"], "created", "{e}: {probe}");
+        // Observed on the host: nothing reached the bystander or the model.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "{e}");
+        assert!(model.seen().is_empty(), "{e}: {:?}", model.seen());
+        watcher.abort();
+        nothing_left(engine, &report(&turn));
+    }
+}
