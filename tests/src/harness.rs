@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::{process_runtime, process_seat};
 use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
 use sharedos_protocol::ExecutionResult;
 
+use crate::engines::Engine;
 use crate::turns::{
     LedgerAppend, LedgerSlow, MARKER_ENV, kernel_config, ledger_definition, ledger_slow_definition,
     ledger_slow_twin_definition, marked_pids, request, wait_gone, workspace_bin,
@@ -147,6 +147,8 @@ pub struct HarnessCase {
     /// Called once the runtime is seated, before its turn (a file
     /// replaced between the load's checks and the turn).
     pub after_seating: Option<Box<dyn FnOnce() + Send>>,
+    /// The engine the harness runs in (the namespace sandbox unless set).
+    pub engine: Engine,
 }
 
 impl HarnessCase {
@@ -169,6 +171,7 @@ impl HarnessCase {
             escalation_grant: true,
             max_tool_calls: None,
             after_seating: None,
+            engine: Engine::Sandbox,
         }
     }
 }
@@ -309,14 +312,11 @@ pub async fn run_harness(mut case: HarnessCase) -> HarnessTurn {
     )
     .unwrap();
     let marker = unique();
-    let text = host_toml(&case, &marker);
+    let text = case.engine.configure(&host_toml(&case, &marker));
     let config = HostConfig::parse(&text, "harness.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
     let entry = &config.runtimes[0];
-    let launcher = Arc::new(SandboxLauncher::new(
-        workspace_bin("sharedos"),
-        entry.sandbox_policy(),
-    ));
+    let launcher = case.engine.launcher(entry);
     let runtime = process_runtime(&config, entry, launcher).expect("the seat");
     if let Some(after) = case.after_seating.take() {
         after();

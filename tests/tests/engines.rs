@@ -16,6 +16,7 @@ use sharedos_tests::egress::{
     DEMO_REQUEST, REAL_KEY, Turn, egress_grant, key_file, model_text, run_request_in,
 };
 use sharedos_tests::engines::{ENGINES, Engine};
+use sharedos_tests::harness::{HarnessCase, fixture_dir, mcp_client, python_with_mcp, run_harness};
 use sharedos_tests::leftovers::processes_naming;
 use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
 
@@ -184,5 +185,63 @@ async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_
         assert!(model.seen().is_empty(), "{e}: {:?}", model.seen());
         watcher.abort();
         nothing_left(engine, &report(&turn));
+    }
+}
+
+/// The harness's MCP server over HTTP (`mcp = "http"`): the real Python
+/// `mcp` client, seated by `sharedos-harness`, reaches the harness's
+/// listener on the engine's own loopback and calls tools through the
+/// envelope: a write, a read of it, an ungranted delete.
+#[test]
+fn a_harness_turn_over_mcp_http_runs_in_every_engine() {
+    let _serial = sharedos_tests::serial();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for engine in ENGINES {
+        let e = engine.name();
+        let py = python_with_mcp();
+        let dir = fixture_dir();
+        let client = mcp_client(dir.path());
+        let steps = json!([
+            {"tool": "files__write", "args": {"path": "notes/h.md", "content": "over http"}},
+            {"tool": "files__read", "args": {"path": "notes/h.md"}},
+            {"tool": "files__delete", "args": {"path": "notes/h.md"}},
+        ]);
+        let harness = format!(
+            r#"[runtimes.harness]
+command = {exe:?}
+args = [{client:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
+mcp = "http"
+env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+            exe = py.exe.display().to_string(),
+            client = client.display().to_string(),
+        );
+        let mut ro = py.ro_paths;
+        ro.push(dir.path().to_path_buf());
+        let mut case = HarnessCase::new(&harness, ro);
+        case.engine = engine;
+        case.timeout_ms = 120_000;
+        let turn = rt.block_on(run_harness(case));
+        turn.assert_no_survivor();
+        assert_eq!(turn.status(), "succeeded", "{e}: {:#}", turn.json());
+        let client = turn.client();
+        assert_eq!(client["unauthorized"], json!([401, 401]), "{e}: {client}");
+        let r = &client["results"];
+        assert_eq!(r[0]["isError"], false, "{e}: {r}");
+        assert!(
+            r[1]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("over http"),
+            "{e}: {r}"
+        );
+        assert_eq!(r[2]["isError"], true, "{e}: {r}");
+        assert_eq!(turn.events("tool.requested").len(), 3, "{e}");
+        nothing_left(engine, &turn.metadata()["runtime"]["sandbox"]);
     }
 }

@@ -36,14 +36,6 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
             runsc.display()
         ));
     }
-    if r.harness
-        .as_ref()
-        .is_some_and(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)
-    {
-        return Err(format!(
-            "runtimes[{i}].harness.mcp: \"http\" is not available with launcher = \"gvisor\" (its loopback listener is not carried into the container yet); use mcp = \"stdio\" or launcher = \"sandbox\""
-        ));
-    }
     if r.sandbox.warm > 0 {
         return Err(format!(
             "runtimes[{i}].sandbox.warm: launcher = \"gvisor\" prepares no containers ahead of turns; remove it or use launcher = \"sandbox\""
