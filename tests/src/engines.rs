@@ -58,16 +58,15 @@ impl Engine {
     }
 
     /// `text` (a host.toml with `[[runtimes]]` entries) with every runtime
-    /// in this engine.
+    /// in this engine: `launcher = ...` after each `[[runtimes]]` header.
     pub fn configure(self, text: &str) -> String {
-        let launcher = format!("\nlauncher = \"{}\"\n", self.name());
         let mut out = String::with_capacity(text.len() + 64);
-        for (i, part) in text.split("[[runtimes]]").enumerate() {
-            if i > 0 {
-                out.push_str("[[runtimes]]");
-                out.push_str(&launcher);
+        for line in text.lines() {
+            out.push_str(line);
+            out.push('\n');
+            if line.trim() == "[[runtimes]]" {
+                out.push_str(&format!("launcher = \"{}\"\n", self.name()));
             }
-            out.push_str(part);
         }
         out
     }

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sharedos_egress::mock::{MockModel, Wire, plan_script};
+use sharedos_egress::mock::wire::{calls_turn, text_turn};
+use sharedos_egress::mock::{MockModel, Reply, ScriptedCall, Wire, plan_script};
 use sharedos_protocol::ExecutionStatus;
 use sharedos_tests::egress::{
     DEMO_REQUEST, REAL_KEY, Turn, egress_grant, key_file, model_text, run_request_in,
@@ -19,6 +20,7 @@ use sharedos_tests::engines::{ENGINES, Engine};
 use sharedos_tests::harness::{HarnessCase, fixture_dir, mcp_client, python_with_mcp, run_harness};
 use sharedos_tests::leftovers::processes_naming;
 use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
+use sharedos_tests::vendors::{Vendor, VendorCase, assert_key_kept, run_vendor, unique_marker};
 
 /// The sandbox report of a turn's result.
 fn report(turn: &Turn) -> Value {
@@ -243,5 +245,67 @@ final = {{ from = "stdout" }}
         assert_eq!(r[2]["isError"], true, "{e}: {r}");
         assert_eq!(turn.events("tool.requested").len(), 3, "{e}");
         nothing_left(engine, &turn.metadata()["runtime"]["sandbox"]);
+    }
+}
+
+/// A vendor CLI in each engine: the real Codex CLI seated over streamable
+/// HTTP (`mcp = "http"`), its model a scripted mock on the host reached
+/// only through the egress gateway: one granted tool call through the
+/// envelope, the final message as the output, the real key kept from the
+/// CLI.
+#[test]
+fn a_codex_turn_over_mcp_http_through_the_gateway_runs_in_every_engine() {
+    let _serial = sharedos_tests::serial();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for engine in ENGINES {
+        let e = engine.name();
+        let marker = unique_marker();
+        let args = r#"{"path": "notes/http.md", "content": "over http"}"#;
+        let call = ScriptedCall {
+            id: "call_1",
+            namespace: Some("mcp__sharedos"),
+            name: "files__write",
+            arguments: args,
+        };
+        let (turn, seen) = rt.block_on(async {
+            let mock = MockModel::start(vec![
+                Reply::Stream(calls_turn(Wire::OpenaiResponses, &[call])),
+                Reply::Stream(text_turn(Wire::OpenaiResponses, &["Done over HTTP."])),
+            ])
+            .await
+            .unwrap();
+            let case = VendorCase {
+                vendor: Vendor::Codex,
+                prompt: json!("Write a note for the team, then tell me you did."),
+                tools: vec!["files.read", "files.write", "files.list"],
+                timeout_ms: 120_000,
+                http: true,
+                max_tool_calls: None,
+                route_granted: true,
+                engine,
+            };
+            let turn = run_vendor(case, &mock, &marker).await;
+            (turn, mock.seen())
+        });
+        let v = turn.json();
+        assert_eq!(v["status"], "succeeded", "{e}: {v:#}");
+        assert_eq!(v["output"], "Done over HTTP.", "{e}: {v:#}");
+        assert_eq!(seen.len(), 2, "{e}: {seen:?}");
+        let invoked: Vec<(Option<String>, Value)> = turn
+            .audit_of("tool.invoked")
+            .iter()
+            .map(|r| (r.tool.clone(), serde_json::to_value(r.outcome).unwrap()))
+            .collect();
+        assert_eq!(
+            invoked,
+            vec![(Some("files.write".to_owned()), json!("succeeded"))],
+            "{e}"
+        );
+        assert_key_kept(&turn, &seen, Vendor::Codex);
+        nothing_left(engine, &v["metadata"]["runtime"]["sandbox"]);
     }
 }
