@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 use sharedos_egress::mock::wire::{calls_turn, text_turn};
 use sharedos_egress::mock::{MockModel, Reply, ScriptedCall, Wire, plan_script};
 use sharedos_protocol::ExecutionStatus;
+use sharedos_sandbox::SandboxPolicy;
+use sharedos_tests::bait::{HostBait, TurnSpec, keep_pid, leaked_secrets, run_turn, serial};
 use sharedos_tests::egress::{
     DEMO_REQUEST, REAL_KEY, Turn, egress_grant, key_file, model_text, run_request_in,
 };
@@ -36,6 +38,8 @@ fn nothing_left(engine: Engine, report: &Value) {
     if engine != Engine::Gvisor {
         return;
     }
+    // The teardown of a finished turn runs off its path: wait for it.
+    sharedos_host::process::settle_kills();
     let id = report["container"].as_str().expect("the container");
     let bundle = report["bundle"].as_str().expect("the bundle");
     let end = Instant::now() + Duration::from_secs(10);
@@ -307,5 +311,146 @@ fn a_codex_turn_over_mcp_http_through_the_gateway_runs_in_every_engine() {
         );
         assert_key_kept(&turn, &seen, Vendor::Codex);
         nothing_left(engine, &v["metadata"]["runtime"]["sandbox"]);
+    }
+}
+
+/// The adversary's attacks that apply to any container, in each engine,
+/// with every piece of bait laid on the host: file escapes (C01–C07,
+/// C29), the network (C09, C11, C13, C14, C19; never C17, the vsock
+/// socket), other processes and /proc (C20–C25), inherited fds and
+/// credentials in the environment (C27, C28). Judged on the host side
+/// (the bait files, listeners, the victim) as well as by the receipts.
+#[test]
+fn the_adversarys_container_attacks_are_stopped_in_every_engine() {
+    const IDS: [&str; 21] = [
+        "C01", "C02", "C03", "C04", "C05", "C06", "C07", "C29", "C09", "C11", "C13", "C14", "C19",
+        "C20", "C21", "C22", "C23", "C27", "C28", "C25", "C24",
+    ];
+    for engine in ENGINES {
+        let e = engine.name();
+        let _serial = serial();
+        let mut bait = HostBait::lay();
+        keep_pid(bait.victim_pid());
+        let policy = SandboxPolicy {
+            extra_ro_paths: bait.extra_ro_paths(),
+            ..SandboxPolicy::default()
+        };
+        let mut json = bait.json();
+        json["allow_kill_all"] = true.into();
+        let run = run_turn(
+            TurnSpec::new(policy, json)
+                .only(&IDS)
+                .timeout_ms(90_000)
+                .engine(engine),
+        );
+        let h = bait.inspect();
+        let secrets = bait.secrets.clone();
+        bait.reap_victim();
+        assert_eq!(run.status(), "succeeded", "{e}: {}", run.error_text());
+        let r = run.receipts();
+        let missing: Vec<&str> = IDS
+            .iter()
+            .copied()
+            .filter(|id| !r.contains_key(*id))
+            .collect();
+        assert!(missing.is_empty(), "{e}: no receipt from {missing:?}");
+        let worked: Vec<(&String, &Value)> =
+            r.iter().filter(|(_, v)| v["blocked"] == false).collect();
+        assert!(worked.is_empty(), "{e}: attacks that worked: {worked:#?}");
+        for f in [
+            "secret",
+            "ssh_key",
+            "aws_credentials",
+            "host_tmp",
+            "codex_auth",
+        ] {
+            assert_eq!(h.files[f], None, "{e}: the host's {f} was touched");
+        }
+        assert!(
+            h.pwned.is_empty(),
+            "{e}: files written on the host: {:?}",
+            h.pwned
+        );
+        assert_eq!(h.tcp_accepts, 0, "{e}: C09 the host's listener accepted");
+        assert_eq!(
+            h.udp_datagrams, 0,
+            "{e}: C11 the host's socket got datagrams"
+        );
+        assert_eq!(
+            h.unix_accepts, 0,
+            "{e}: C13 the host's unix socket accepted"
+        );
+        assert_eq!(
+            h.abstract_accepts, 0,
+            "{e}: C14 the abstract socket accepted"
+        );
+        assert_eq!(
+            h.victim_tracer.as_deref(),
+            Some("0"),
+            "{e}: C20 the victim was traced"
+        );
+        assert!(h.victim_alive, "{e}: C24/C25 the victim died");
+        let text = serde_json::to_string(&run.json()).unwrap();
+        let leaked = leaked_secrets(&text, &secrets);
+        assert!(leaked.is_empty(), "{e}: secrets in the result: {leaked:?}");
+        assert!(run.survivors.is_empty(), "{e}: {:?}", run.survivors);
+        nothing_left(engine, &run.sandbox_report());
+    }
+}
+
+/// What bounds a plugin in each engine: a fork bomb stops at the policy's
+/// `RLIMIT_NPROC` (C30), a 2 GiB stdout line at the host's framing limit
+/// (C42), and a plugin sleeping through the abort (C37) is killed at the
+/// deadline; each leaves nothing.
+#[test]
+fn a_fork_bomb_a_huge_line_and_an_ignored_abort_are_bounded_in_every_engine() {
+    for engine in ENGINES {
+        let e = engine.name();
+        let _serial = serial();
+        let mut policy = SandboxPolicy::default();
+        policy.rlimits.nproc = Some(64);
+        let run = run_turn(
+            TurnSpec::new(policy, json!({"fork_count": 300}))
+                .only(&["C30"])
+                .engine(engine),
+        );
+        let c30 = &run.receipts()["C30"];
+        assert_eq!(c30["blocked"], true, "{e}: C30 fork bomb: {c30}");
+        assert!(run.survivors.is_empty(), "{e}: C30 {:?}", run.survivors);
+        nothing_left(engine, &run.sandbox_report());
+
+        let run = run_turn(
+            TurnSpec::new(SandboxPolicy::default(), json!({"line_mib": 2048}))
+                .only(&["C42"])
+                .timeout_ms(20_000)
+                .engine(engine),
+        );
+        assert_eq!(
+            (run.status().as_str(), run.code().as_deref()),
+            ("failed", Some("runtime_failed")),
+            "{e}: C42 {}",
+            run.error_text()
+        );
+        assert!(
+            run.error_text().contains("frame_too_large"),
+            "{e}: C42 {}",
+            run.error_text()
+        );
+        nothing_left(engine, &run.sandbox_report());
+
+        let run = run_turn(
+            TurnSpec::new(SandboxPolicy::default(), json!({"hang_secs": 120}))
+                .only(&["C37"])
+                .timeout_ms(3000)
+                .engine(engine),
+        );
+        assert!(
+            run.status() == "cancelled" || run.code().as_deref() == Some("runtime_failed"),
+            "{e}: C37 {} {:?}",
+            run.status(),
+            run.code()
+        );
+        assert!(run.survivors.is_empty(), "{e}: C37 {:?}", run.survivors);
+        nothing_left(engine, &run.sandbox_report());
     }
 }
