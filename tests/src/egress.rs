@@ -205,3 +205,57 @@ actions = ["{action}"]
 "#
     )
 }
+
+/// A listener on the host's loopback that no policy allows, counting the
+/// connections it accepts.
+pub struct Bystander {
+    pub port: u16,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Bystander {
+    /// Starts accepting; must be called inside a tokio runtime.
+    pub async fn start() -> Bystander {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("the bystander's listener");
+        let port = listener.local_addr().expect("its address").port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            while listener.accept().await.is_ok() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        Bystander {
+            port,
+            accepted,
+            task,
+        }
+    }
+
+    /// The connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a plugin with a network policy probes (`net_probe`): the
+/// bystander's port and the model's on the host's loopback, two outside
+/// addresses (none of which may answer), and last the gateway's port.
+pub fn probe_targets(bystander: u16, model: u16) -> [String; 5] {
+    [
+        format!("127.0.0.1:{bystander}"),
+        format!("127.0.0.1:{model}"),
+        "10.0.0.1:443".to_owned(),
+        "1.1.1.1:443".to_owned(),
+        format!("127.0.0.1:{}", sharedos_egress::EGRESS_PORT),
+    ]
+}

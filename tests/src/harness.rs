@@ -129,6 +129,23 @@ pub fn ts_mcp_client(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
     (p, vec![dir.to_path_buf(), modules])
 }
 
+/// A harness spec seating `exe script http {mcpUrl} {mcpToken}` over
+/// streamable HTTP (`mcp = "http"`) with the client's `steps`; keys of
+/// `[runtimes.harness]` may follow.
+pub fn http_harness(exe: &Path, script: &Path, steps: &Value) -> String {
+    format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{script:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
+mcp = "http"
+env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        exe = exe.display().to_string(),
+        script = script.display().to_string(),
+    )
+}
+
 /// One harness turn's setup.
 pub struct HarnessCase {
     /// The `[runtimes.harness]` table and anything after it (TOML), with

@@ -75,6 +75,15 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A two-worker tokio runtime, for tests that block on their turns.
+pub fn blocking_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// The recording `RuntimeHost` double, from the test kit.
 pub use sharedos_testkit::{Record, RecordingHost};
 

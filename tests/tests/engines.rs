@@ -5,22 +5,23 @@
 //! engine's tool fails the case with the fix.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_egress::mock::wire::{calls_turn, text_turn};
 use sharedos_egress::mock::{MockModel, Reply, ScriptedCall, Wire, plan_script};
 use sharedos_protocol::ExecutionStatus;
 use sharedos_sandbox::SandboxPolicy;
-use sharedos_tests::bait::{HostBait, TurnSpec, keep_pid, leaked_secrets, run_turn, serial};
+use sharedos_tests::bait::{HostBait, TurnRun, TurnSpec, leaked_secrets, run_turn, serial};
 use sharedos_tests::egress::{
-    DEMO_REQUEST, REAL_KEY, Turn, egress_grant, key_file, model_text, run_request_in,
+    Bystander, DEMO_REQUEST, REAL_KEY, Turn, egress_grant, key_file, model_text, probe_targets,
+    run_request_in,
 };
 use sharedos_tests::engines::{ENGINES, Engine};
-use sharedos_tests::harness::{HarnessCase, fixture_dir, mcp_client, python_with_mcp, run_harness};
-use sharedos_tests::leftovers::processes_naming;
+use sharedos_tests::harness::{
+    HarnessCase, fixture_dir, http_harness, mcp_client, python_with_mcp, run_harness,
+};
+use sharedos_tests::leftovers::processes_naming_after;
 use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
 use sharedos_tests::vendors::{Vendor, VendorCase, assert_key_kept, run_vendor, unique_marker};
 
@@ -42,12 +43,7 @@ fn nothing_left(engine: Engine, report: &Value) {
     sharedos_host::process::settle_kills();
     let id = report["container"].as_str().expect("the container");
     let bundle = report["bundle"].as_str().expect("the bundle");
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut left = processes_naming(id);
-    while !left.is_empty() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(50));
-        left = processes_naming(id);
-    }
+    let left = processes_naming_after(id, Duration::from_secs(10));
     assert!(left.is_empty(), "{id} outlived its turn: {left:?}");
     assert!(!Path::new(bundle).exists(), "{bundle} is left");
 }
@@ -136,23 +132,8 @@ async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_
         let model = MockModel::start(plan_script(Wire::OpenaiChat))
             .await
             .unwrap();
-        // A listener on the host's loopback that no policy allows.
-        let bystander = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = bystander.local_addr().unwrap().port();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        let watcher = tokio::spawn(async move {
-            while bystander.accept().await.is_ok() {
-                count.fetch_add(1, Ordering::SeqCst);
-            }
-        });
-        let targets = [
-            format!("127.0.0.1:{port}"),
-            format!("127.0.0.1:{}", model.port),
-            "10.0.0.1:443".to_owned(),
-            "1.1.1.1:443".to_owned(),
-            format!("127.0.0.1:{}", sharedos_egress::EGRESS_PORT),
-        ];
+        let bystander = Bystander::start().await;
+        let targets = probe_targets(bystander.port, model.port);
         let script = json!([{"op": "net_probe", "targets": targets, "resolve": "example.com"}]);
         let text = testplugin_text(engine, &model.base_url(), &key_file(dir.path()));
         let request = testplugin_request("engines-net", script, &[], 60_000).to_string();
@@ -187,9 +168,8 @@ async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_
         assert_ne!(probe["raw"], "created", "{e}: {probe}");
         // Observed on the host: nothing reached the bystander or the model.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(accepted.load(Ordering::SeqCst), 0, "{e}");
+        assert_eq!(bystander.accepted(), 0, "{e}");
         assert!(model.seen().is_empty(), "{e}: {:?}", model.seen());
-        watcher.abort();
         nothing_left(engine, &report(&turn));
     }
 }
@@ -201,11 +181,7 @@ async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_
 #[test]
 fn a_harness_turn_over_mcp_http_runs_in_every_engine() {
     let _serial = sharedos_tests::serial();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = sharedos_tests::blocking_runtime();
     for engine in ENGINES {
         let e = engine.name();
         let py = python_with_mcp();
@@ -216,17 +192,7 @@ fn a_harness_turn_over_mcp_http_runs_in_every_engine() {
             {"tool": "files__read", "args": {"path": "notes/h.md"}},
             {"tool": "files__delete", "args": {"path": "notes/h.md"}},
         ]);
-        let harness = format!(
-            r#"[runtimes.harness]
-command = {exe:?}
-args = [{client:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
-mcp = "http"
-env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
-final = {{ from = "stdout" }}
-"#,
-            exe = py.exe.display().to_string(),
-            client = client.display().to_string(),
-        );
+        let harness = http_harness(&py.exe, &client, &steps);
         let mut ro = py.ro_paths;
         ro.push(dir.path().to_path_buf());
         let mut case = HarnessCase::new(&harness, ro);
@@ -260,11 +226,7 @@ final = {{ from = "stdout" }}
 #[test]
 fn a_codex_turn_over_mcp_http_through_the_gateway_runs_in_every_engine() {
     let _serial = sharedos_tests::serial();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = sharedos_tests::blocking_runtime();
     for engine in ENGINES {
         let e = engine.name();
         let marker = unique_marker();
@@ -330,11 +292,7 @@ fn the_adversarys_container_attacks_are_stopped_in_every_engine() {
         let e = engine.name();
         let _serial = serial();
         let mut bait = HostBait::lay();
-        keep_pid(bait.victim_pid());
-        let policy = SandboxPolicy {
-            extra_ro_paths: bait.extra_ro_paths(),
-            ..SandboxPolicy::default()
-        };
+        let policy = bait.policy();
         let mut json = bait.json();
         json["allow_kill_all"] = true.into();
         let run = run_turn(
@@ -398,6 +356,17 @@ fn the_adversarys_container_attacks_are_stopped_in_every_engine() {
     }
 }
 
+/// One attack `id` of the adversary with `bait`, under the default policy
+/// in `engine`, its deadline `timeout_ms`.
+fn attack(engine: Engine, id: &str, bait: Value, timeout_ms: u64) -> TurnRun {
+    run_turn(
+        TurnSpec::new(SandboxPolicy::default(), bait)
+            .only(&[id])
+            .timeout_ms(timeout_ms)
+            .engine(engine),
+    )
+}
+
 /// What bounds a plugin in each engine: a fork bomb stops at the policy's
 /// `RLIMIT_NPROC` (C30), a 2 GiB stdout line at the host's framing limit
 /// (C42), and a plugin sleeping through the abort (C37) is killed at the
@@ -419,12 +388,7 @@ fn a_fork_bomb_a_huge_line_and_an_ignored_abort_are_bounded_in_every_engine() {
         assert!(run.survivors.is_empty(), "{e}: C30 {:?}", run.survivors);
         nothing_left(engine, &run.sandbox_report());
 
-        let run = run_turn(
-            TurnSpec::new(SandboxPolicy::default(), json!({"line_mib": 2048}))
-                .only(&["C42"])
-                .timeout_ms(20_000)
-                .engine(engine),
-        );
+        let run = attack(engine, "C42", json!({"line_mib": 2048}), 20_000);
         assert_eq!(
             (run.status().as_str(), run.code().as_deref()),
             ("failed", Some("runtime_failed")),
@@ -438,12 +402,7 @@ fn a_fork_bomb_a_huge_line_and_an_ignored_abort_are_bounded_in_every_engine() {
         );
         nothing_left(engine, &run.sandbox_report());
 
-        let run = run_turn(
-            TurnSpec::new(SandboxPolicy::default(), json!({"hang_secs": 120}))
-                .only(&["C37"])
-                .timeout_ms(3000)
-                .engine(engine),
-        );
+        let run = attack(engine, "C37", json!({"hang_secs": 120}), 3000);
         assert!(
             run.status() == "cancelled" || run.code().as_deref() == Some("runtime_failed"),
             "{e}: C37 {} {:?}",
