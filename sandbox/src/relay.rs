@@ -2,10 +2,12 @@
 //! but must reach a host-side listener on its loopback (the gVisor
 //! launcher's egress gateway, docs/SECURITY.md "gVisor"):
 //!
-//! `sharedos __sandbox-exec --loopback-relay <port>=<unix socket> ... -- <program> <args>...`
+//! `sharedos __sandbox-exec --loopback-relay [--gate] <port>=<unix socket> ... -- <program> <args>...`
 //!
 //! runs as the container's first process. It listens on `127.0.0.1:<port>`
-//! of the container's own loopback for each pair, then starts the program
+//! of the container's own loopback for each pair, with `--gate` waits for
+//! one byte on stdin (a container prepared ahead: the host writes it when
+//! a turn takes the container; end of file ends it), then starts the program
 //! with the same stdio and environment, and carries every connection to
 //! the port to a fresh connection to the unix socket (a host socket the
 //! engine placed inside). It exits with the program's status; the engine
@@ -25,27 +27,31 @@ use std::process::Command;
 
 /// The argument of `__sandbox-exec` that selects the relay.
 pub const RELAY_ARG: &str = "--loopback-relay";
+/// The relay's first argument when it waits for the host's byte.
+const GATE_ARG: &str = "--gate";
 
 /// What the relay was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayArgs {
     /// Each loopback port and the unix socket its connections go to.
     pub routes: Vec<(u16, PathBuf)>,
+    /// Wait for one byte on stdin before starting the program (a
+    /// container prepared ahead of its turn: the host writes it when the
+    /// turn takes the container).
+    pub gate: bool,
     /// The program and its arguments.
     pub program: Vec<OsString>,
 }
 
 /// The arguments after [`RELAY_ARG`]: the command line of a relay for
 /// `routes` around `program`.
-pub fn relay_args(routes: &[(u16, PathBuf)], program: &[OsString]) -> Vec<OsString> {
-    let mut out: Vec<OsString> = routes
-        .iter()
-        .map(|(port, path)| {
-            let mut a = OsString::from(format!("{port}="));
-            a.push(path);
-            a
-        })
-        .collect();
+pub fn relay_args(routes: &[(u16, PathBuf)], gate: bool, program: &[OsString]) -> Vec<OsString> {
+    let mut out: Vec<OsString> = gate.then(|| GATE_ARG.into()).into_iter().collect();
+    out.extend(routes.iter().map(|(port, path)| {
+        let mut a = OsString::from(format!("{port}="));
+        a.push(path);
+        a
+    }));
     out.push("--".into());
     out.extend(program.iter().cloned());
     out
@@ -57,9 +63,13 @@ pub fn parse(args: &[OsString]) -> Result<RelayArgs, String> {
         .iter()
         .position(|a| a == "--")
         .ok_or("no `--` before the program")?;
-    let (routes, program) = (&args[..split], &args[split + 1..]);
+    let (mut routes, program) = (&args[..split], &args[split + 1..]);
     if program.is_empty() {
         return Err("no program after `--`".into());
+    }
+    let gate = routes.first().is_some_and(|a| a == GATE_ARG);
+    if gate {
+        routes = &routes[1..];
     }
     let routes = routes
         .iter()
@@ -81,6 +91,7 @@ pub fn parse(args: &[OsString]) -> Result<RelayArgs, String> {
         .collect::<Result<Vec<_>, String>>()?;
     Ok(RelayArgs {
         routes,
+        gate,
         program: program.to_vec(),
     })
 }
@@ -106,6 +117,10 @@ fn run(args: &RelayArgs) -> io::Result<i32> {
             .map_err(|e| io::Error::new(e.kind(), format!("listen on 127.0.0.1:{port}: {e}")))?;
         listeners.push((l, socket.clone()));
     }
+    if args.gate && !gate_opened()? {
+        // The host let the prepared container go unused.
+        return Ok(0);
+    }
     let mut child = Command::new(&args.program[0])
         .args(&args.program[1..])
         .spawn()
@@ -122,6 +137,20 @@ fn run(args: &RelayArgs) -> io::Result<i32> {
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// Reads exactly one byte of stdin (never more: the rest is the
+/// program's protocol): `false` at end of file.
+fn gate_opened() -> io::Result<bool> {
+    use std::os::fd::AsFd;
+    let mut byte = [0u8; 1];
+    loop {
+        match rustix::io::read(io::stdin().as_fd(), &mut byte) {
+            Ok(n) => return Ok(n == 1),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(io::Error::new(e.kind(), format!("the gate on stdin: {e}"))),
+        }
+    }
 }
 
 fn accept_loop(listener: TcpListener, socket: PathBuf) {
@@ -165,8 +194,17 @@ mod tests {
     fn the_command_line_round_trips_and_bad_routes_are_named() {
         let routes = vec![(8787, PathBuf::from("/sharedos/egress/gateway.sock"))];
         let program: Vec<OsString> = vec!["/plugin/p".into(), "--x".into(), "--".into()];
-        let args = relay_args(&routes, &program);
-        assert_eq!(parse(&args), Ok(RelayArgs { routes, program }));
+        let args = relay_args(&routes, true, &program);
+        assert_eq!(
+            parse(&args),
+            Ok(RelayArgs {
+                routes: routes.clone(),
+                gate: true,
+                program: program.clone()
+            })
+        );
+        let args = relay_args(&routes, false, &program);
+        assert!(!parse(&args).unwrap().gate);
         let bad = |v: &[&str]| parse(&v.iter().map(OsString::from).collect::<Vec<_>>());
         assert!(bad(&["8787=/s"]).unwrap_err().contains("`--`"));
         assert!(bad(&["8787=/s", "--"]).unwrap_err().contains("no program"));

@@ -188,10 +188,6 @@ fn gvisor_refuses_at_load_what_it_cannot_carry() {
         "sandbox = { uids = { first = 0, count = 16 } }",
         "runtimes[0].sandbox.uids:",
     );
-    bad(
-        "sandbox = { warm = 1 }",
-        "runtimes[0].sandbox.warm: launcher = \"gvisor\" prepares no containers",
-    );
     // The egress gateway reaches a gVisor container through its relay.
     let egress = gvisor.replace(
         "launcher = \"gvisor\"",

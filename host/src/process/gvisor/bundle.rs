@@ -58,6 +58,9 @@ pub(super) struct Process<'a> {
     /// The binary serving `__sandbox-exec --loopback-relay`: the
     /// container's first process when the policy has an egress port.
     pub relay: Option<&'a Path>,
+    /// Prepared ahead of a turn: the relay holds the program until the
+    /// host writes one byte on its stdin.
+    pub gate: bool,
 }
 
 /// Writes the bundle for `process` under `policy`, the plugin running as
@@ -87,8 +90,8 @@ pub(super) fn write(policy: &SandboxPolicy, process: &Process, uid: u32) -> io::
     let env = environment(policy, process.env, &mut b);
     let mut args = vec![b.program_inside.clone()];
     args.extend(process.args.iter().cloned());
-    if let Some(port) = policy.egress_port {
-        let (relay_mounts, relayed) = egress_relay(port, process.relay, args, &mut b)?;
+    if policy.egress_port.is_some() || process.gate {
+        let (relay_mounts, relayed) = relay(policy.egress_port, process, args, &mut b)?;
         mounts.extend(relay_mounts);
         args = relayed;
     }
@@ -121,25 +124,70 @@ pub(super) fn write(policy: &SandboxPolicy, process: &Process, uid: u32) -> io::
     Ok(b)
 }
 
-/// The egress gateway of a runtime with a network policy: a unix socket
-/// in the bundle (`egress/gateway.sock`, mode 0666 in a 0755 directory
-/// of the 0700 bundle: only this host and the container reach it), its
-/// directory bound read-only at [`EGRESS_DIR_INSIDE`], and the relay bound
-/// at [`RELAY_INSIDE`] as the container's first process, listening on
-/// `127.0.0.1:<port>` of the container's own loopback and starting `args`.
+/// The relay bound at [`RELAY_INSIDE`] as the container's first process,
+/// starting `args`: for a prepared container once the host's byte arrives
+/// on stdin (`process.gate`), and for an `egress` port listening on
+/// `127.0.0.1:<port>` of the container's own loopback ([`egress_socket`]).
 /// Returns the mounts and the container's command line.
-fn egress_relay(
-    port: u16,
-    relay: Option<&Path>,
+fn relay(
+    egress: Option<u16>,
+    process: &Process,
     args: Vec<String>,
     b: &mut Bundle,
 ) -> io::Result<(Vec<Value>, Vec<String>)> {
-    let relay = relay.ok_or_else(|| {
+    let relay = process.relay.ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
-            "the runtime has a network policy, and the gVisor launcher has no sharedos binary to relay its gateway with",
+            "the gVisor launcher has no sharedos binary to run the container's relay with (a network policy or a prepared container needs it)",
         )
     })?;
+    let mut mounts = vec![bind_ro(relay, RELAY_INSIDE)];
+    let mut routes = Vec::new();
+    if let Some(port) = egress {
+        let (mount, socket) = egress_socket(port, b)?;
+        mounts.push(mount);
+        routes.push((port, socket.into()));
+    }
+    b.mounts.push((
+        RELAY_INSIDE.into(),
+        "ro",
+        format!(
+            "the relay ({}): the container's first process{}{}",
+            relay.display(),
+            if process.gate {
+                ", holding the program until its turn takes the container"
+            } else {
+                ""
+            },
+            match egress {
+                Some(port) => format!(", 127.0.0.1:{port} to the gateway's socket"),
+                None => String::new(),
+            }
+        ),
+    ));
+    let program: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let mut line = vec![
+        RELAY_INSIDE.to_owned(),
+        sharedos_sandbox::HELPER_SUBCOMMAND.to_owned(),
+        sharedos_sandbox::RELAY_ARG.to_owned(),
+    ];
+    for a in sharedos_sandbox::relay_args(&routes, process.gate, &program) {
+        line.push(a.into_string().map_err(|a| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("an argument of the plugin is not UTF-8: {a:?}"),
+            )
+        })?);
+    }
+    Ok((mounts, line))
+}
+
+/// The egress gateway of a runtime with a network policy: a unix socket
+/// in the bundle (`egress/gateway.sock`, mode 0666 in a 0755 directory
+/// of the 0700 bundle: only this host and the container reach it), its
+/// directory bound read-only at [`EGRESS_DIR_INSIDE`]. Returns the mount
+/// and the socket's path inside.
+fn egress_socket(port: u16, b: &mut Bundle) -> io::Result<(Value, String)> {
     let dir = b.dir.path().join("egress");
     std::fs::create_dir(&dir)?;
     set_mode(&dir, 0o755)?;
@@ -151,35 +199,11 @@ fn egress_relay(
     b.mounts.push((
         EGRESS_DIR_INSIDE.into(),
         "ro",
-        format!("the egress gateway's unix socket {inside} (runsc --host-uds=open)"),
-    ));
-    b.mounts.push((
-        RELAY_INSIDE.into(),
-        "ro",
         format!(
-            "the loopback relay ({}): the container's first process, 127.0.0.1:{port} to the gateway's socket",
-            relay.display()
+            "the egress gateway's unix socket {inside} (runsc --host-uds=open); port {port} inside"
         ),
     ));
-    let mounts = vec![
-        bind_ro(&dir, EGRESS_DIR_INSIDE),
-        bind_ro(relay, RELAY_INSIDE),
-    ];
-    let program: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    let mut line = vec![
-        RELAY_INSIDE.to_owned(),
-        sharedos_sandbox::HELPER_SUBCOMMAND.to_owned(),
-        sharedos_sandbox::RELAY_ARG.to_owned(),
-    ];
-    for a in sharedos_sandbox::relay_args(&[(port, inside.into())], &program) {
-        line.push(a.into_string().map_err(|a| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("an argument of the plugin is not UTF-8: {a:?}"),
-            )
-        })?);
-    }
-    Ok((mounts, line))
+    Ok((bind_ro(&dir, EGRESS_DIR_INSIDE), inside))
 }
 
 fn set_mode(p: &Path, mode: u32) -> io::Result<()> {

@@ -24,6 +24,7 @@ pub mod platform;
 mod report;
 pub mod runsc;
 mod sweep;
+mod warm;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -52,6 +53,9 @@ pub struct GvisorLauncher {
     /// `sharedos`), bound into the container of a runtime with a network
     /// policy.
     relay: Option<std::path::PathBuf>,
+    /// Containers prepared ahead of turns (`sandbox.warm`); clones share
+    /// them.
+    warm: std::sync::Arc<warm::WarmPool>,
 }
 
 impl GvisorLauncher {
@@ -64,6 +68,7 @@ impl GvisorLauncher {
             policy,
             runsc: Runsc::locate(configured)?,
             relay: std::env::current_exe().ok(),
+            warm: std::sync::Arc::default(),
         })
     }
 
@@ -77,6 +82,10 @@ impl GvisorLauncher {
 
     pub fn runsc(&self) -> &Runsc {
         &self.runsc
+    }
+
+    fn warm_target(&self) -> usize {
+        self.policy.warm.min(sharedos_sandbox::MAX_WARM) as usize
     }
 
     fn refused(&self, spec: &LaunchSpec, reason: String, platform: &Platform) -> LaunchError {
@@ -93,7 +102,7 @@ impl GvisorLauncher {
     /// The container `spec` would run in: its bundle written, its id and
     /// its report; refused below the policy's minimum or with a pin the
     /// program does not match.
-    fn prepare(&self, spec: &LaunchSpec) -> Result<Prepared, LaunchError> {
+    fn prepare(&self, spec: &LaunchSpec, gate: bool) -> Result<Prepared, LaunchError> {
         let platform = platform(&self.runsc);
         let p = &self.policy;
         if p.min_level > GVISOR_LEVEL || p.require_memory_bound {
@@ -117,6 +126,7 @@ impl GvisorLauncher {
             args: &spec.args,
             env: &spec.env,
             relay: self.relay.as_deref(),
+            gate,
         };
         let bundle = bundle::write(p, &process, p.uids.first)
             .map_err(|e| self.refused(spec, format!("the container's bundle: {e}"), &platform))?;
@@ -133,16 +143,19 @@ impl GvisorLauncher {
     /// The report a launch of `spec` would have (its bundle written and
     /// removed again; nothing runs): `sharedos sandbox check --runtime`.
     pub fn describe(&self, spec: &LaunchSpec) -> Result<serde_json::Value, LaunchError> {
-        self.prepare(spec).map(|p| p.report)
+        self.prepare(spec, false).map(|p| p.report)
     }
 
-    fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
+    /// A container of `spec` running: its plugin started, or, `gate`, the
+    /// relay holding it until the host writes one byte on its stdin (a
+    /// container prepared ahead, [`warm`]).
+    fn launch_blocking(&self, spec: &LaunchSpec, gate: bool) -> Result<LaunchedChild, LaunchError> {
         let Prepared {
             mut bundle,
             id,
             report,
             platform,
-        } = self.prepare(spec)?;
+        } = self.prepare(spec, gate)?;
         let cmd = self.run_command(&bundle, &id, platform.name);
         let spawned = super::direct::on_spawn_thread(move || spawn(cmd))
             .and_then(|r| r)
@@ -234,17 +247,31 @@ fn container_id() -> String {
 
 impl Launcher for GvisorLauncher {
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        self.launch_blocking(spec)
+        let target = self.warm_target();
+        if target == 0 {
+            return self.launch_blocking(spec, false);
+        }
+        let key = warm::WarmKey::of(spec);
+        let taken = self.warm.take(&key);
+        warm::WarmPool::refill(&self.warm, self, spec, target);
+        match taken {
+            Some(child) => Ok(child),
+            None => self.launch_blocking(spec, false),
+        }
     }
 
     /// At seating: the platform is chosen now (the KVM probe may take a
     /// few seconds once per host process), not in the first turn, and
     /// what a dead host left of its containers is removed now, once per
     /// host process.
-    fn prewarm(&self, _spec: &LaunchSpec) {
+    fn prewarm(&self, spec: &LaunchSpec) {
         sweep::sweep_once(&self.runsc);
         let platform = platform(&self.runsc);
         tracing::info!(platform = platform.name, why = %platform.why, "gvisor platform");
+        let target = self.warm_target();
+        if target > 0 {
+            warm::WarmPool::refill(&self.warm, self, spec, target);
+        }
     }
 }
 

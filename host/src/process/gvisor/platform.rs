@@ -76,6 +76,7 @@ fn probe_run(runsc: &Runsc, platform: &str, bound: Duration) -> io::Result<bool>
         args: &[],
         env: &[],
         relay: None,
+        gate: false,
     };
     let bundle = bundle::write(&policy, &process, policy.uids.first)?;
     let id = format!("sharedos-probe-{}", std::process::id());
