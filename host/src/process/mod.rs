@@ -354,6 +354,25 @@ pub(crate) fn track_thread(handle: std::thread::JoinHandle<()>) {
     pending.push(handle);
 }
 
+/// Drops `items` (trees whose drop kills and reaps them) on a thread named
+/// `name` that [`settle_kills`] waits for: their teardown blocks for a
+/// moment, and the caller may be an async worker. With no thread to be
+/// had they are dropped here rather than not at all.
+pub(crate) fn drop_off_path<T: Send + 'static>(items: Vec<T>, name: &str) {
+    if items.is_empty() {
+        return;
+    }
+    let slot = std::sync::Arc::new(Mutex::new(Some(items)));
+    let on_thread = std::sync::Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || drop(on_thread.lock().unwrap_or_else(|p| p.into_inner()).take()));
+    match spawned {
+        Ok(handle) => track_thread(handle),
+        Err(_) => drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take()),
+    }
+}
+
 /// Kills every parked process (session affinity), then waits until every
 /// plugin tree of a finished turn is killed and reaped
 /// and its workspace and cgroup removed (the reaping runs off the turn's

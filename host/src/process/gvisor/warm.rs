@@ -200,17 +200,6 @@ impl Drop for WarmPool {
     /// their own, which `settle_kills` waits for.
     fn drop(&mut self) {
         let spares = std::mem::take(&mut self.lock().ready);
-        if spares.is_empty() {
-            return;
-        }
-        let slot = Arc::new(Mutex::new(Some(spares)));
-        let on_thread = Arc::clone(&slot);
-        let spawned = std::thread::Builder::new()
-            .name("sharedos-gvisor-warm-drop".into())
-            .spawn(move || drop(on_thread.lock().unwrap_or_else(|p| p.into_inner()).take()));
-        match spawned {
-            Ok(handle) => crate::process::track_thread(handle),
-            Err(_) => drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take()),
-        }
+        crate::process::drop_off_path(spares, "sharedos-gvisor-warm-drop");
     }
 }
