@@ -1,6 +1,6 @@
 //! The gateway's server: accepts on a listener it is given (the loopback
-//! of the sandbox's network namespace in production, any listener in
-//! tests), bounds connections, and sends each request to a model route or
+//! of the sandbox's network namespace, a unix socket a gVisor container
+//! reaches through its relay, any listener in tests), bounds connections, and sends each request to a model route or
 //! a CONNECT destination, authorized by the kernel as an effect.
 
 use std::collections::HashMap;
@@ -11,7 +11,8 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +21,45 @@ use super::body::GatewayBody;
 use super::policy::{AddressClass, EgressBudget, NetworkRoutes, UpstreamUrl, split_host_port};
 use super::route::Route;
 use super::timer::HeadTimer;
+
+/// What a gateway accepts on: a TCP listener (the loopback of the
+/// namespace sandbox's own network namespace), or a unix socket (the one a
+/// gVisor container reaches through its loopback relay).
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(l: UnixListener) -> Self {
+        Listener::Unix(l)
+    }
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                Ok(Accepted::Tcp(s))
+            }
+            Listener::Unix(l) => Ok(Accepted::Unix(l.accept().await?.0)),
+        }
+    }
+}
 
 /// Bounds on what one gateway holds; over a bound is refused, not queued.
 #[derive(Debug, Clone)]
@@ -136,9 +176,10 @@ impl Gateway {
     /// Serves `listener` for `binding`'s turn until the handle is dropped.
     pub fn serve(
         self: &Arc<Self>,
-        listener: TcpListener,
+        listener: impl Into<Listener>,
         binding: Arc<TurnBinding>,
     ) -> ServeHandle {
+        let listener = listener.into();
         let stop = CancellationToken::new();
         let gateway = Arc::clone(self);
         let token = stop.clone();
@@ -150,7 +191,7 @@ impl Gateway {
                     _ = token.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((stream, _)) = accepted else {
+                let Ok(stream) = accepted else {
                     // EMFILE and the like: back off instead of spinning.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
@@ -161,7 +202,6 @@ impl Gateway {
                     drop(stream);
                     continue;
                 };
-                let _ = stream.set_nodelay(true);
                 let ctx = ConnCtx {
                     stop: token.clone(),
                     slot: Arc::new(Mutex::new(Some(slot))),
@@ -170,15 +210,22 @@ impl Gateway {
                     (Arc::clone(&gateway), Arc::clone(&binding), timer.clone());
                 // The slot is freed when the connection ends, unless a
                 // tunnel took it over.
-                tokio::spawn(gateway.connection(stream, binding, ctx, timer));
+                match stream {
+                    Accepted::Tcp(s) => {
+                        tokio::spawn(gateway.connection(s, binding, ctx, timer));
+                    }
+                    Accepted::Unix(s) => {
+                        tokio::spawn(gateway.connection(s, binding, ctx, timer));
+                    }
+                }
             }
         });
         ServeHandle { stop }
     }
 
-    async fn connection(
+    async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         self: Arc<Self>,
-        stream: tokio::net::TcpStream,
+        stream: S,
         binding: Arc<TurnBinding>,
         ctx: ConnCtx,
         timer: HeadTimer,

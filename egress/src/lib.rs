@@ -22,7 +22,7 @@ pub mod upstream;
 pub mod usage;
 
 pub use binding::{EGRESS_BUDGET_EXCEEDED, MODEL_ACCESS_REFUSED, MODEL_UNAVAILABLE};
-pub use gateway::{EgressEvent, Gateway, GatewayLimits, ServeHandle, TurnBinding};
+pub use gateway::{EgressEvent, Gateway, GatewayLimits, Listener, ServeHandle, TurnBinding};
 pub use policy::{
     AddressClass, ApiShape, Destination, EgressBudget, ModelRoute, NetworkPolicy, NetworkRoutes,
 };

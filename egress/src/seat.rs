@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use sharedos_protocol::EventKind;
 
-use super::gateway::{EgressEvent, Gateway, ServeHandle, TurnBinding};
+use super::gateway::{EgressEvent, Gateway, Listener, ServeHandle, TurnBinding};
 
 /// The kernel namespace of the gateway's effects (`egress`, path
 /// `[route]` / `[host:port]`).
@@ -71,8 +71,8 @@ impl EgressSeat {
         }
     }
 
-    /// Serves `listener` (the sandbox's, bound in its network namespace)
-    /// for the turn bound to `execution_id`, until the handle is dropped.
+    /// Serves `listener` (the sandbox's, bound in its network namespace,
+    /// or a gVisor container's unix socket) for the turn bound to `execution_id`, until the handle is dropped.
     /// Must be called inside a tokio runtime.
     pub fn serve(&self, execution_id: &str, listener: OwnedFd) -> Result<ServeHandle, ServeError> {
         let binding = self
@@ -80,12 +80,21 @@ impl EgressSeat {
             .get(execution_id)
             .cloned()
             .ok_or_else(|| ServeError::Unbound(execution_id.to_owned()))?;
-        let std_listener = std::net::TcpListener::from(listener);
-        std_listener
-            .set_nonblocking(true)
-            .map_err(ServeError::Listener)?;
-        let listener =
-            tokio::net::TcpListener::from_std(std_listener).map_err(ServeError::Listener)?;
+        // A unix socket answers its own address; a TCP one does not
+        // parse as one.
+        let unix = std::os::unix::net::UnixListener::from(listener);
+        let listener: Listener = if unix.local_addr().is_ok() {
+            unix.set_nonblocking(true).map_err(ServeError::Listener)?;
+            tokio::net::UnixListener::from_std(unix)
+                .map_err(ServeError::Listener)?
+                .into()
+        } else {
+            let tcp = std::net::TcpListener::from(OwnedFd::from(unix));
+            tcp.set_nonblocking(true).map_err(ServeError::Listener)?;
+            tokio::net::TcpListener::from_std(tcp)
+                .map_err(ServeError::Listener)?
+                .into()
+        };
         Ok(self.gateway.serve(listener, binding))
     }
 }

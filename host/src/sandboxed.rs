@@ -415,19 +415,7 @@ impl Drop for WarmPool {
     /// of their own, which `settle_kills` waits for.
     fn drop(&mut self) {
         let spares = std::mem::take(&mut self.lock().ready);
-        if spares.is_empty() {
-            return;
-        }
-        let slot = Arc::new(Mutex::new(Some(spares)));
-        let on_thread = Arc::clone(&slot);
-        let spawned = std::thread::Builder::new()
-            .name("sharedos-warm-drop".into())
-            .spawn(move || drop(on_thread.lock().unwrap_or_else(|p| p.into_inner()).take()));
-        match spawned {
-            Ok(handle) => crate::process::track_thread(handle),
-            // No thread: kill them here rather than not at all.
-            Err(_) => drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take()),
-        }
+        crate::process::drop_off_path(spares, "sharedos-warm-drop");
     }
 }
 

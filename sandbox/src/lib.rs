@@ -40,6 +40,7 @@ mod layers;
 mod level;
 mod pin;
 mod policy;
+mod relay;
 mod report;
 mod request;
 pub mod timing;
@@ -61,6 +62,7 @@ pub use policy::{
     CgroupPolicy, IpcLimits, MAX_WARM, MemfdPolicy, NetLimits, NsCeilings, Rlimits, SandboxPolicy,
     UidPolicy,
 };
+pub use relay::{RELAY_ARG, RelayArgs, relay_args};
 pub use report::{
     CgroupReport, LandlockReport, LayerStatus, LayerToggles, MemoryLayer, MemoryReport,
     MissingLayer, SandboxLevel, SandboxReport, SeccompReport, SelfCheck,

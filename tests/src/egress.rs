@@ -11,13 +11,11 @@ use serde_json::Value;
 use sharedos_cli::demo::{ModelSetup, model_config};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
-use sharedos_host::process::Launcher;
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
-use crate::bait::helper_exe;
+use crate::engines::Engine;
 use crate::turns::{AGENT, NAMESPACE, workspace_bin};
 
 /// The real key of every route here; nothing the host writes may hold it.
@@ -101,11 +99,20 @@ pub async fn run_request(
     request: &str,
     watch: Option<OnEvent>,
 ) -> Turn {
+    run_request_in(Engine::Sandbox, dir, text, runtime, request, watch).await
+}
+
+/// [`run_request`] with every runtime launched in `engine`.
+pub async fn run_request_in(
+    engine: Engine,
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    request: &str,
+    watch: Option<OnEvent>,
+) -> Turn {
     let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
-    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
-        let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
-        Ok(l)
-    };
+    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| Ok(engine.launcher(e));
     let registry = registry_from_config(&config, launcher_for).expect("the seats");
     let seat = registry.resolve(runtime).expect("the runtime").clone();
     let files_root = config.resolve(&config.host.files_root);
@@ -197,4 +204,58 @@ scope = "exact"
 actions = ["{action}"]
 "#
     )
+}
+
+/// A listener on the host's loopback that no policy allows, counting the
+/// connections it accepts.
+pub struct Bystander {
+    pub port: u16,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Bystander {
+    /// Starts accepting; must be called inside a tokio runtime.
+    pub async fn start() -> Bystander {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("the bystander's listener");
+        let port = listener.local_addr().expect("its address").port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            while listener.accept().await.is_ok() {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        Bystander {
+            port,
+            accepted,
+            task,
+        }
+    }
+
+    /// The connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a plugin with a network policy probes (`net_probe`): the
+/// bystander's port and the model's on the host's loopback, two outside
+/// addresses (none of which may answer), and last the gateway's port.
+pub fn probe_targets(bystander: u16, model: u16) -> [String; 5] {
+    [
+        format!("127.0.0.1:{bystander}"),
+        format!("127.0.0.1:{model}"),
+        "10.0.0.1:443".to_owned(),
+        "1.1.1.1:443".to_owned(),
+        format!("127.0.0.1:{}", sharedos_egress::EGRESS_PORT),
+    ]
 }

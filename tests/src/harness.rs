@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions};
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::{process_runtime, process_seat};
 use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
 use sharedos_protocol::ExecutionResult;
 
+use crate::engines::Engine;
 use crate::turns::{
     LedgerAppend, LedgerSlow, MARKER_ENV, kernel_config, ledger_definition, ledger_slow_definition,
     ledger_slow_twin_definition, marked_pids, request, wait_gone, workspace_bin,
@@ -129,6 +129,23 @@ pub fn ts_mcp_client(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
     (p, vec![dir.to_path_buf(), modules])
 }
 
+/// A harness spec seating `exe script http {mcpUrl} {mcpToken}` over
+/// streamable HTTP (`mcp = "http"`) with the client's `steps`; keys of
+/// `[runtimes.harness]` may follow.
+pub fn http_harness(exe: &Path, script: &Path, steps: &Value) -> String {
+    format!(
+        r#"[runtimes.harness]
+command = {exe:?}
+args = [{script:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
+mcp = "http"
+env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
+final = {{ from = "stdout" }}
+"#,
+        exe = exe.display().to_string(),
+        script = script.display().to_string(),
+    )
+}
+
 /// One harness turn's setup.
 pub struct HarnessCase {
     /// The `[runtimes.harness]` table and anything after it (TOML), with
@@ -147,6 +164,8 @@ pub struct HarnessCase {
     /// Called once the runtime is seated, before its turn (a file
     /// replaced between the load's checks and the turn).
     pub after_seating: Option<Box<dyn FnOnce() + Send>>,
+    /// The engine the harness runs in (the namespace sandbox unless set).
+    pub engine: Engine,
 }
 
 impl HarnessCase {
@@ -169,6 +188,7 @@ impl HarnessCase {
             escalation_grant: true,
             max_tool_calls: None,
             after_seating: None,
+            engine: Engine::Sandbox,
         }
     }
 }
@@ -309,14 +329,11 @@ pub async fn run_harness(mut case: HarnessCase) -> HarnessTurn {
     )
     .unwrap();
     let marker = unique();
-    let text = host_toml(&case, &marker);
+    let text = case.engine.configure(&host_toml(&case, &marker));
     let config = HostConfig::parse(&text, "harness.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
     let entry = &config.runtimes[0];
-    let launcher = Arc::new(SandboxLauncher::new(
-        workspace_bin("sharedos"),
-        entry.sandbox_policy(),
-    ));
+    let launcher = case.engine.launcher(entry);
     let runtime = process_runtime(&config, entry, launcher).expect("the seat");
     if let Some(after) = case.after_seating.take() {
         after();

@@ -77,6 +77,19 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// [`processes_naming`] `needle` once they are gone, or at `bound` (a
+/// torn-down tree's processes may take a moment to be reaped): empty when
+/// none is left.
+pub fn processes_naming_after(needle: &str, bound: std::time::Duration) -> Vec<String> {
+    let end = std::time::Instant::now() + bound;
+    let mut left = processes_naming(needle);
+    while !left.is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        left = processes_naming(needle);
+    }
+    left
+}
+
 /// Processes whose command line names `needle` (`pid: command line`).
 pub fn processes_naming(needle: &str) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

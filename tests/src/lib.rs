@@ -8,6 +8,8 @@ pub mod bait;
 pub mod binaries;
 /// Turns of runtimes with a network policy, and what the host sees.
 pub mod egress;
+/// The engines (namespace sandbox, gVisor) the shared cases run in.
+pub mod engines;
 /// Harness turns: a vendor CLI (or the Python MCP client) seated by
 /// `sharedos-harness` in the full sandbox.
 pub mod harness;
@@ -73,6 +75,15 @@ pub fn demo_kernel(files_root: &std::path::Path) -> sharedos_kernel::Kernel {
 pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A two-worker tokio runtime, for tests that block on their turns.
+pub fn blocking_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
 }
 
 /// The recording `RuntimeHost` double, from the test kit.

@@ -19,13 +19,12 @@ use serde_json::{Value, json};
 use sharedos_egress::mock::{MockModel, SeenRequest, Wire};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
-use sharedos_host::process::Launcher;
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::registry_from_config;
 use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
 use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
+use crate::engines::Engine;
 use crate::turns::{MARKER_ENV, kernel_config, request, workspace_bin};
 
 /// The pinned versions (tests/vendor-cli/package.json, which `scripts/test` installs).
@@ -354,6 +353,9 @@ pub struct VendorCase {
     /// docs/HARNESS.md, "The grants a route needs" says); `false` leaves
     /// it out.
     pub route_granted: bool,
+    /// The engine the CLI runs in (the tests' cases: the namespace
+    /// sandbox; tests/tests/engines.rs: each engine).
+    pub engine: Engine,
 }
 
 /// What a vendor turn left.
@@ -433,16 +435,13 @@ fn host_toml(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str) -> S
 /// environment of every process of the turn.
 pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> VendorTurn {
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = host_toml(&case, dir.path(), mock, marker);
+    let text = case
+        .engine
+        .configure(&host_toml(&case, dir.path(), mock, marker));
     let config = HostConfig::parse(&text, "vendor.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
-    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
-        let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(
-            workspace_bin("sharedos"),
-            e.sandbox_policy(),
-        ));
-        Ok(l)
-    };
+    let engine = case.engine;
+    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| Ok(engine.launcher(e));
     let registry = registry_from_config(&config, launcher_for).expect("the seats");
     let seat = registry
         .resolve(config.runtimes[0].id.as_str())

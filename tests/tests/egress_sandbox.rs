@@ -13,7 +13,9 @@ use sharedos_egress::mock::{MockModel, Wire, plan_script};
 use sharedos_host::executor::OnEvent;
 use sharedos_protocol::{ExecutionEvent, ExecutionStatus};
 use sharedos_tests::bait::helper_exe;
-use sharedos_tests::egress::{Turn, egress_grant, key_file, model_text, run, run_request};
+use sharedos_tests::egress::{
+    Bystander, Turn, egress_grant, key_file, model_text, probe_targets, run, run_request,
+};
 use sharedos_tests::turns::{request as testplugin_request, testplugin_host_toml};
 
 /// The demo's configuration on the chat driver with a route to
@@ -142,22 +144,8 @@ async fn direct_connections_dns_and_raw_sockets_fail_and_the_host_listener_sees_
         .await
         .unwrap();
     // A listener on the host's loopback that no policy allows.
-    let bystander = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = bystander.local_addr().unwrap().port();
-    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while bystander.accept().await.is_ok() {
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
-    let targets = [
-        format!("127.0.0.1:{port}"),
-        format!("127.0.0.1:{}", model.port),
-        "10.0.0.1:443".to_owned(),
-        "1.1.1.1:443".to_owned(),
-        "127.0.0.1:8787".to_owned(),
-    ];
+    let bystander = Bystander::start().await;
+    let targets = probe_targets(bystander.port, model.port);
     let script = json!([{"op": "net_probe", "targets": targets, "resolve": "example.com"}]);
     let (_turn, emitted) = testplugin_turn(dir.path(), &model.base_url(), script).await;
     let probe = &emitted
@@ -188,7 +176,7 @@ async fn direct_connections_dns_and_raw_sockets_fail_and_the_host_listener_sees_
     );
     // Observed on the host: nothing reached the bystander or the model.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(bystander.accepted(), 0);
     assert!(model.seen().is_empty(), "{:?}", model.seen());
 }
 

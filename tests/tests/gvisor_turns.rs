@@ -2,8 +2,9 @@
 //! plugin in a real runsc container, its tool calls through the envelope,
 //! the deadline of a plugin that ignores the abort, a crash mid-turn, and
 //! what each leaves: no runsc process naming the container, no bundle, no
-//! container state. Configurations the engine cannot carry are refused
-//! with the reason; a host without runsc gets the fix.
+//! container state; a prepared container (`warm`) serving a turn; a host
+//! without runsc gets the fix. The cases every engine shares (egress, the
+//! harness, the adversary) are in engines.rs.
 //!
 //! A host that is not root runs runsc `--rootless`; a root host checks that
 //! path too, running `sharedos run` as nobody.
@@ -232,23 +233,6 @@ fn a_crash_mid_turn_fails_the_turn_and_leaves_nothing() {
     let report = sandbox_report(&run);
     assert_eq!(report["engine"], "gvisor", "{report}");
     nothing_left(report);
-}
-
-#[test]
-fn a_gvisor_runtime_with_a_network_policy_is_refused_at_load() {
-    let config = gvisor_toml("egress").replace(
-        "launcher = \"gvisor\"",
-        "launcher = \"gvisor\"\nnetwork = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
-    );
-    let run = run_cli(&config, json!([]), 5000, None);
-    assert_eq!(run.code, 2, "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("runtimes[0].network: not available with launcher = \"gvisor\"")
-            && run.stderr.contains("egress gateway's listener"),
-        "{}",
-        run.stderr
-    );
 }
 
 #[test]
@@ -579,4 +563,48 @@ fn sandbox_check_of_a_gvisor_runtime_shows_its_container() {
         .filter(|n| n.starts_with("sharedos-gvisor-"))
         .collect();
     assert!(left.is_empty(), "the check left {left:?}");
+}
+
+/// `sandbox.warm = 1`: the turn takes the container prepared when the
+/// runtime was seated (its report says `prepared`, and the plugin ran its
+/// script in it), a replacement is prepared after it, and when the host
+/// ends every container of it is torn down: no process names one of its
+/// containers, no bundle of its pid is left.
+#[test]
+fn a_prepared_container_serves_the_turn_and_the_host_leaves_none() {
+    let config = gvisor_toml("warm").replace(
+        "launcher = \"gvisor\"",
+        "launcher = \"gvisor\"\nsandbox = { warm = 1 }",
+    );
+    let script = json!([
+        {"op": "call", "tool": "files.write", "arguments": {"path": "w.txt", "content": "warm"}},
+        {"op": "call", "tool": "files.read", "arguments": {"path": "w.txt"}}
+    ]);
+    let run = run_cli(&config, script, 60_000, None);
+    assert_eq!(
+        run.result["status"], "succeeded",
+        "{}\n{}",
+        run.result, run.stderr
+    );
+    assert!(run.result.to_string().contains("warm"), "{}", run.result);
+    let report = sandbox_report(&run);
+    assert_eq!(report["prepared"], true, "{report}");
+    let id = report["container"].as_str().unwrap();
+    let host_pid = id.split('-').nth(1).unwrap();
+    let prefix = format!("sharedos-{host_pid}-");
+    let left = sharedos_tests::leftovers::processes_naming_after(&prefix, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "containers of the host outlived it: {left:?}"
+    );
+    let bundles: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("sharedos-gvisor-{host_pid}-")))
+        .collect();
+    assert!(
+        bundles.is_empty(),
+        "bundles of the host are left: {bundles:?}"
+    );
 }

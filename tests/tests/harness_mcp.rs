@@ -289,18 +289,7 @@ fn http_harness(exe: &Path, script: &Path) -> String {
         step("files__read", json!({"path": "notes/h.md"})),
         step("files__delete", json!({"path": "notes/h.md"})),
     ]);
-    format!(
-        r#"[runtimes.harness]
-command = {exe:?}
-args = [{script:?}, "http", "{{mcpUrl}}", "{{mcpToken}}"]
-mcp = "http"
-env = {{ STEPS = '{steps}', SHAREDOS_TEST_MARKER = "MARKER" }}
-final = {{ from = "stdout" }}
-escalation = true
-"#,
-        exe = exe.display().to_string(),
-        script = script.display().to_string(),
-    )
+    sharedos_tests::harness::http_harness(exe, script, &steps) + "escalation = true\n"
 }
 
 /// What a client seated by `http_harness` saw and did: `401` without the

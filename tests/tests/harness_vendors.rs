@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sharedos_egress::mock::wire::{calls_turn, text_turn};
 use sharedos_egress::mock::{MockModel, MockOptions, OnRequest, Reply, ScriptedCall, Wire};
+use sharedos_tests::engines::Engine;
 use sharedos_tests::turns::marked_pids;
 use sharedos_tests::vendors::{
     Vendor, VendorCase, VendorTurn, assert_key_kept, every_model_api_accepts, run_vendor,
@@ -51,6 +52,7 @@ fn case(vendor: Vendor, timeout_ms: u64) -> VendorCase {
         http: false,
         max_tool_calls: None,
         route_granted: true,
+        engine: Engine::Sandbox,
     }
 }
 

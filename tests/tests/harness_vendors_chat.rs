@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sharedos_egress::mock::wire::{calls_turn, results_sent, text_turn, tools_offered};
 use sharedos_egress::mock::{MockModel, Reply, ScriptedCall, SeenRequest, Wire};
+use sharedos_tests::engines::Engine;
 use sharedos_tests::vendors::{
     Vendor, VendorCase, VendorTurn, assert_key_kept, every_model_api_accepts, run_vendor,
     unique_marker,
@@ -46,6 +47,7 @@ fn case(vendor: Vendor, prompt: Value) -> VendorCase {
         http: false,
         max_tool_calls: None,
         route_granted: true,
+        engine: Engine::Sandbox,
     }
 }
 

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use sharedos_sandbox::SandboxPolicy;
 use sharedos_tests::bait::*;
 
 /// The one strong turn, shared by the family tests below.
@@ -31,11 +30,7 @@ fn strong() -> &'static Strong {
     STRONG.get_or_init(|| {
         let _serial = serial();
         let mut bait = HostBait::lay();
-        keep_pid(bait.victim_pid());
-        let policy = SandboxPolicy {
-            extra_ro_paths: bait.extra_ro_paths(),
-            ..SandboxPolicy::default()
-        };
+        let policy = bait.policy();
         // The default sequence, with C25 (kill(-1)) just before the victim
         // is attacked last (C24): in a pid namespace it is safe to run.
         let mut sequence: Vec<String> =

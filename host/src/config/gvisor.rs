@@ -1,6 +1,6 @@
 //! `launcher = "gvisor"` of a runtime entry checked at load: where runsc
-//! is, and what the gVisor launcher cannot carry yet, refused with the
-//! reason (docs/SECURITY.md, "gVisor").
+//! is (docs/SECURITY.md, "gVisor"). A network policy, a harness over MCP
+//! HTTP and prepared containers (`warm`) are carried by the launcher.
 
 use std::path::PathBuf;
 
@@ -18,7 +18,8 @@ pub struct GvisorSection {
     pub runsc: Option<PathBuf>,
 }
 
-/// What the gVisor launcher of entry `i` cannot do, refused now.
+/// The `[runtimes.gvisor]` table of entry `i`: for the gVisor launcher
+/// only, its runsc an absolute path.
 pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
     if r.launcher != LauncherKind::Gvisor {
         if r.gvisor.is_some() {
@@ -34,24 +35,6 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
         return Err(format!(
             "runtimes[{i}].gvisor.runsc: must be an absolute path, got {:?}",
             runsc.display()
-        ));
-    }
-    if r.network != sharedos_egress::NetworkPolicy::None {
-        return Err(format!(
-            "runtimes[{i}].network: not available with launcher = \"gvisor\": the egress gateway's listener cannot be placed inside a gVisor container yet (runsc runs it with --network=none); use launcher = \"sandbox\" for a runtime with a network policy"
-        ));
-    }
-    if r.harness
-        .as_ref()
-        .is_some_and(|h| h.mcp == sharedos_protocol::harness::McpTransport::Http)
-    {
-        return Err(format!(
-            "runtimes[{i}].harness.mcp: \"http\" is not available with launcher = \"gvisor\" (its loopback listener is not carried into the container yet); use mcp = \"stdio\" or launcher = \"sandbox\""
-        ));
-    }
-    if r.sandbox.warm > 0 {
-        return Err(format!(
-            "runtimes[{i}].sandbox.warm: launcher = \"gvisor\" prepares no containers ahead of turns; remove it or use launcher = \"sandbox\""
         ));
     }
     Ok(())

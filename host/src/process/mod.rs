@@ -326,7 +326,7 @@ impl ProcessRuntime {
             (None, _) => Ok(None),
             (Some(_), None) => Err(self.load_error(
                 "the runtime has a network policy but its launch gave no gateway listener \
-                 (only the sandbox launcher makes one)",
+                 (the sandbox and gVisor launchers make one)",
             )),
             (Some(seat), Some(fd)) => seat
                 .serve(execution_id, fd)
@@ -349,6 +349,25 @@ pub(crate) fn track_thread(handle: std::thread::JoinHandle<()>) {
     let mut pending = PENDING_KILLS.lock().unwrap_or_else(|p| p.into_inner());
     pending.retain(|h| !h.is_finished());
     pending.push(handle);
+}
+
+/// Drops `items` (trees whose drop kills and reaps them) on a thread named
+/// `name` that [`settle_kills`] waits for: their teardown blocks for a
+/// moment, and the caller may be an async worker. With no thread to be
+/// had they are dropped here rather than not at all.
+pub(crate) fn drop_off_path<T: Send + 'static>(items: Vec<T>, name: &str) {
+    if items.is_empty() {
+        return;
+    }
+    let slot = std::sync::Arc::new(Mutex::new(Some(items)));
+    let on_thread = std::sync::Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || drop(on_thread.lock().unwrap_or_else(|p| p.into_inner()).take()));
+    match spawned {
+        Ok(handle) => track_thread(handle),
+        Err(_) => drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take()),
+    }
 }
 
 /// Kills every parked process (session affinity), then waits until every

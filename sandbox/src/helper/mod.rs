@@ -28,11 +28,14 @@ use crate::timing;
 
 /// Entry point of `sharedos __sandbox-exec`. Without arguments, one helper:
 /// everything arrives on the control socket at fd 0. With `--fork-server`,
-/// the fork server ([`server`]), which forks one helper per spawn.
+/// the fork server ([`server`]), which forks one helper per spawn. With
+/// `--loopback-relay`, the loopback relay of an engine without a network
+/// of its own ([`crate::relay`]; it runs inside that engine's container).
 pub fn helper_main(args: Vec<OsString>) -> ! {
     let entered = timing::now_ns();
     let server = match args.as_slice() {
         [] => false,
+        [a, rest @ ..] if a == crate::relay::RELAY_ARG => crate::relay::relay_main(rest),
         [a] if a == server::FORK_SERVER_ARG => true,
         _ => {
             eprintln!("sharedos __sandbox-exec takes no arguments; the policy comes on fd 0");

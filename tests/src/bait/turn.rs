@@ -12,14 +12,14 @@ use serde_json::{Value, json};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnTurnError, TurnError};
 use sharedos_host::process::Launcher;
-use sharedos_host::sandboxed::SandboxLauncher;
 use sharedos_host::seat::{process_runtime, process_seat};
 use sharedos_kernel::{Kernel, MemoryAuditSink};
 use sharedos_protocol::ExecutionResult;
 use sharedos_sandbox::SandboxPolicy;
 
 use super::verdicts::{leftover_workspaces, survivors};
-use super::{AGENT, CONFIG_SECRET_ENV, SANDBOX_UID, helper_exe, plugin_copy};
+use super::{AGENT, CONFIG_SECRET_ENV, SANDBOX_UID, plugin_copy};
+use crate::engines::Engine;
 
 // ------------------------------------------------------------------- turn
 
@@ -32,6 +32,8 @@ pub struct TurnSpec {
     pub only: Option<Vec<String>>,
     pub timeout_ms: u64,
     pub drain_grace_ms: u64,
+    /// The engine the adversary runs in (the namespace sandbox unless set).
+    pub engine: Engine,
 }
 
 impl TurnSpec {
@@ -42,7 +44,13 @@ impl TurnSpec {
             only: None,
             timeout_ms: 60_000,
             drain_grace_ms: 0,
+            engine: Engine::Sandbox,
         }
+    }
+    /// The same turn in `engine`.
+    pub fn engine(mut self, engine: Engine) -> TurnSpec {
+        self.engine = engine;
+        self
     }
     pub fn only(mut self, ids: &[&str]) -> TurnSpec {
         self.only = Some(ids.iter().map(|s| s.to_string()).collect());
@@ -129,9 +137,9 @@ impl TurnRun {
     }
 }
 
-/// A launcher that counts launches and otherwise is the sandbox launcher.
+/// A launcher that counts launches and otherwise is the engine's.
 struct CountingLauncher {
-    inner: SandboxLauncher,
+    inner: Arc<dyn Launcher>,
     launches: Arc<AtomicU32>,
 }
 
@@ -255,10 +263,13 @@ pub fn run_turn(spec: TurnSpec) -> TurnRun {
         CONFIG_SECRET_ENV.0.to_owned(),
         CONFIG_SECRET_ENV.1.to_owned(),
     );
+    if spec.engine == Engine::Gvisor {
+        config.runtimes[0].launcher = sharedos_host::config::LauncherKind::Gvisor;
+    }
     let entry = config.runtimes[0].clone();
     let launches = Arc::new(AtomicU32::new(0));
     let launcher = Arc::new(CountingLauncher {
-        inner: SandboxLauncher::new(helper_exe(), spec.policy.clone()),
+        inner: spec.engine.launcher(&entry),
         launches: launches.clone(),
     });
     let runtime = process_runtime(&config, &entry, launcher).expect("seat the adversary");

@@ -6,10 +6,19 @@
 //! container. Removed whole with the tree.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use sharedos_sandbox::{SandboxPolicy, fsview, users};
+
+/// Where the loopback relay (the helper binary, `sharedos`) is bound
+/// inside, for a runtime with a network policy.
+pub(super) const RELAY_INSIDE: &str = "/sharedos/relay";
+/// The directory holding the egress gateway's unix socket, inside.
+pub(super) const EGRESS_DIR_INSIDE: &str = "/sharedos/egress";
+/// The gateway's socket's name in that directory.
+const EGRESS_SOCKET: &str = "gateway.sock";
 
 /// Every bundle directory is `$TMPDIR/sharedos-gvisor-<host pid>-<random>`,
 /// so a host can tell the ones a dead host left ([`super::sweep`]).
@@ -25,6 +34,9 @@ pub(super) struct Bundle {
     pub mounts: Vec<(String, &'static str, String)>,
     pub env_keys: Vec<String>,
     pub warnings: Vec<String>,
+    /// The egress gateway's listener (a unix socket in the bundle, bound
+    /// into the container), for a runtime with a network policy.
+    pub egress_listener: Option<OwnedFd>,
 }
 
 impl Bundle {
@@ -43,6 +55,12 @@ pub(super) struct Process<'a> {
     pub staged: Option<&'a Path>,
     pub args: &'a [String],
     pub env: &'a [(String, String)],
+    /// The binary serving `__sandbox-exec --loopback-relay`: the
+    /// container's first process when the policy has an egress port.
+    pub relay: Option<&'a Path>,
+    /// Prepared ahead of a turn: the relay holds the program until the
+    /// host writes one byte on its stdin.
+    pub gate: bool,
 }
 
 /// Writes the bundle for `process` under `policy`, the plugin running as
@@ -65,12 +83,18 @@ pub(super) fn write(policy: &SandboxPolicy, process: &Process, uid: u32) -> io::
         mounts: Vec::new(),
         env_keys: Vec::new(),
         warnings: Vec::new(),
+        egress_listener: None,
     };
     let mut mounts = private_mounts(policy, uid, &mut b);
     mounts.extend(read_only_mounts(policy, process, &etc, &mut b)?);
     let env = environment(policy, process.env, &mut b);
     let mut args = vec![b.program_inside.clone()];
     args.extend(process.args.iter().cloned());
+    if policy.egress_port.is_some() || process.gate {
+        let (relay_mounts, relayed) = relay(policy.egress_port, process, args, &mut b)?;
+        mounts.extend(relay_mounts);
+        args = relayed;
+    }
     let config = json!({
         "ociVersion": "1.0.0",
         "process": {
@@ -98,6 +122,88 @@ pub(super) fn write(policy: &SandboxPolicy, process: &Process, uid: u32) -> io::
     let text = serde_json::to_vec_pretty(&config).map_err(io::Error::other)?;
     std::fs::write(b.bundle_dir().join("config.json"), text)?;
     Ok(b)
+}
+
+/// The relay bound at [`RELAY_INSIDE`] as the container's first process,
+/// starting `args`: for a prepared container once the host's byte arrives
+/// on stdin (`process.gate`), and for an `egress` port listening on
+/// `127.0.0.1:<port>` of the container's own loopback ([`egress_socket`]).
+/// Returns the mounts and the container's command line.
+fn relay(
+    egress: Option<u16>,
+    process: &Process,
+    args: Vec<String>,
+    b: &mut Bundle,
+) -> io::Result<(Vec<Value>, Vec<String>)> {
+    let relay = process.relay.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the gVisor launcher has no sharedos binary to run the container's relay with (a network policy or a prepared container needs it)",
+        )
+    })?;
+    let mut mounts = vec![bind_ro(relay, RELAY_INSIDE)];
+    let mut routes = Vec::new();
+    if let Some(port) = egress {
+        let (mount, socket) = egress_socket(port, b)?;
+        mounts.push(mount);
+        routes.push((port, socket.into()));
+    }
+    b.mounts.push((
+        RELAY_INSIDE.into(),
+        "ro",
+        format!(
+            "the relay ({}): the container's first process{}{}",
+            relay.display(),
+            if process.gate {
+                ", holding the program until its turn takes the container"
+            } else {
+                ""
+            },
+            match egress {
+                Some(port) => format!(", 127.0.0.1:{port} to the gateway's socket"),
+                None => String::new(),
+            }
+        ),
+    ));
+    let program: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let mut line = vec![
+        RELAY_INSIDE.to_owned(),
+        sharedos_sandbox::HELPER_SUBCOMMAND.to_owned(),
+        sharedos_sandbox::RELAY_ARG.to_owned(),
+    ];
+    for a in sharedos_sandbox::relay_args(&routes, process.gate, &program) {
+        line.push(a.into_string().map_err(|a| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("an argument of the plugin is not UTF-8: {a:?}"),
+            )
+        })?);
+    }
+    Ok((mounts, line))
+}
+
+/// The egress gateway of a runtime with a network policy: a unix socket
+/// in the bundle (`egress/gateway.sock`, mode 0666 in a 0755 directory
+/// of the 0700 bundle: only this host and the container reach it), its
+/// directory bound read-only at [`EGRESS_DIR_INSIDE`]. Returns the mount
+/// and the socket's path inside.
+fn egress_socket(port: u16, b: &mut Bundle) -> io::Result<(Value, String)> {
+    let dir = b.dir.path().join("egress");
+    std::fs::create_dir(&dir)?;
+    set_mode(&dir, 0o755)?;
+    let socket = dir.join(EGRESS_SOCKET);
+    let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+    set_mode(&socket, 0o666)?;
+    b.egress_listener = Some(listener.into());
+    let inside = format!("{EGRESS_DIR_INSIDE}/{EGRESS_SOCKET}");
+    b.mounts.push((
+        EGRESS_DIR_INSIDE.into(),
+        "ro",
+        format!(
+            "the egress gateway's unix socket {inside} (runsc --host-uds=open); port {port} inside"
+        ),
+    ));
+    Ok((bind_ro(&dir, EGRESS_DIR_INSIDE), inside))
 }
 
 fn set_mode(p: &Path, mode: u32) -> io::Result<()> {

@@ -2,7 +2,12 @@
 //! OCI container of its own under runsc, built from the runtime's
 //! `SandboxPolicy` ([`bundle`]). The plugin's system calls are served by
 //! gVisor's user-space kernel; runsc runs with `--network=none` and
-//! `--ignore-cgroups` (no memory controller is delegated here, so the
+//! `--ignore-cgroups`. A runtime with a network policy reaches the egress
+//! gateway only: the loopback relay (`sharedos __sandbox-exec
+//! --loopback-relay`, [`sharedos_sandbox::RelayArgs`]) is the container's
+//! first process, listens on the gateway's port of the container's own
+//! loopback and carries each connection to a unix socket of the bundle the
+//! host serves the gateway on (runsc `--host-uds=open`) (no memory controller is delegated here, so the
 //! container's memory is not bounded, and the report says so). The
 //! protocol travels over the stdio of `runsc run`.
 //!
@@ -19,6 +24,7 @@ pub mod platform;
 mod report;
 pub mod runsc;
 mod sweep;
+mod warm;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -43,6 +49,13 @@ pub const GVISOR_LEVEL: SandboxLevel = SandboxLevel::Isolated;
 pub struct GvisorLauncher {
     policy: SandboxPolicy,
     runsc: Runsc,
+    /// The binary serving `__sandbox-exec --loopback-relay` (the running
+    /// `sharedos`), bound into the container of a runtime with a network
+    /// policy.
+    relay: Option<std::path::PathBuf>,
+    /// Containers prepared ahead of turns (`sandbox.warm`); clones share
+    /// them.
+    warm: std::sync::Arc<warm::WarmPool>,
 }
 
 impl GvisorLauncher {
@@ -54,11 +67,25 @@ impl GvisorLauncher {
         Ok(Self {
             policy,
             runsc: Runsc::locate(configured)?,
+            relay: std::env::current_exe().ok(),
+            warm: std::sync::Arc::default(),
         })
+    }
+
+    /// The same launcher with `exe` as the binary that serves
+    /// `__sandbox-exec` (a host that is not the `sharedos` binary itself:
+    /// a test, a library user).
+    pub fn with_helper_exe(mut self, exe: std::path::PathBuf) -> Self {
+        self.relay = Some(exe);
+        self
     }
 
     pub fn runsc(&self) -> &Runsc {
         &self.runsc
+    }
+
+    fn warm_target(&self) -> usize {
+        self.policy.warm.min(sharedos_sandbox::MAX_WARM) as usize
     }
 
     fn refused(&self, spec: &LaunchSpec, reason: String, platform: &Platform) -> LaunchError {
@@ -75,7 +102,7 @@ impl GvisorLauncher {
     /// The container `spec` would run in: its bundle written, its id and
     /// its report; refused below the policy's minimum or with a pin the
     /// program does not match.
-    fn prepare(&self, spec: &LaunchSpec) -> Result<Prepared, LaunchError> {
+    fn prepare(&self, spec: &LaunchSpec, gate: bool) -> Result<Prepared, LaunchError> {
         let platform = platform(&self.runsc);
         let p = &self.policy;
         if p.min_level > GVISOR_LEVEL || p.require_memory_bound {
@@ -98,6 +125,8 @@ impl GvisorLauncher {
             staged: staged.as_deref(),
             args: &spec.args,
             env: &spec.env,
+            relay: self.relay.as_deref(),
+            gate,
         };
         let bundle = bundle::write(p, &process, p.uids.first)
             .map_err(|e| self.refused(spec, format!("the container's bundle: {e}"), &platform))?;
@@ -114,16 +143,19 @@ impl GvisorLauncher {
     /// The report a launch of `spec` would have (its bundle written and
     /// removed again; nothing runs): `sharedos sandbox check --runtime`.
     pub fn describe(&self, spec: &LaunchSpec) -> Result<serde_json::Value, LaunchError> {
-        self.prepare(spec).map(|p| p.report)
+        self.prepare(spec, false).map(|p| p.report)
     }
 
-    fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
+    /// A container of `spec` running: its plugin started, or, `gate`, the
+    /// relay holding it until the host writes one byte on its stdin (a
+    /// container prepared ahead, [`warm`]).
+    fn launch_blocking(&self, spec: &LaunchSpec, gate: bool) -> Result<LaunchedChild, LaunchError> {
         let Prepared {
-            bundle,
+            mut bundle,
             id,
             report,
             platform,
-        } = self.prepare(spec)?;
+        } = self.prepare(spec, gate)?;
         let cmd = self.run_command(&bundle, &id, platform.name);
         let spawned = super::direct::on_spawn_thread(move || spawn(cmd))
             .and_then(|r| r)
@@ -132,6 +164,7 @@ impl GvisorLauncher {
                 source,
             })?;
         let (child, stdin, stdout, stderr) = spawned;
+        let egress_listener = bundle.egress_listener.take();
         for w in &bundle.warnings {
             tracing::warn!(program = %spec.program.display(), "gvisor: {w}");
         }
@@ -146,7 +179,7 @@ impl GvisorLauncher {
                 bundle: Some(bundle),
             }),
             report: Some(report),
-            egress_listener: None,
+            egress_listener,
         })
     }
 
@@ -155,8 +188,14 @@ impl GvisorLauncher {
     /// the host) goes.
     fn run_command(&self, bundle: &bundle::Bundle, id: &str, platform: &str) -> Command {
         let mut cmd = self.runsc.command(&bundle.state_dir());
-        cmd.args(["--network=none", "--ignore-cgroups"])
-            .arg(format!("--platform={platform}"))
+        cmd.args(["--network=none", "--ignore-cgroups"]);
+        if bundle.egress_listener.is_some() {
+            // The relay connects to the gateway's socket bound into the
+            // container; with `open`, connecting to a host socket the
+            // mounts show is all the container may do (no bind, no create).
+            cmd.arg("--host-uds=open");
+        }
+        cmd.arg(format!("--platform={platform}"))
             .arg("run")
             .arg("--bundle")
             .arg(bundle.bundle_dir())
@@ -208,17 +247,31 @@ fn container_id() -> String {
 
 impl Launcher for GvisorLauncher {
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        self.launch_blocking(spec)
+        let target = self.warm_target();
+        if target == 0 {
+            return self.launch_blocking(spec, false);
+        }
+        let key = warm::WarmKey::of(spec);
+        let taken = self.warm.take(&key);
+        warm::WarmPool::refill(&self.warm, self, spec, target);
+        match taken {
+            Some(child) => Ok(child),
+            None => self.launch_blocking(spec, false),
+        }
     }
 
     /// At seating: the platform is chosen now (the KVM probe may take a
     /// few seconds once per host process), not in the first turn, and
     /// what a dead host left of its containers is removed now, once per
     /// host process.
-    fn prewarm(&self, _spec: &LaunchSpec) {
+    fn prewarm(&self, spec: &LaunchSpec) {
         sweep::sweep_once(&self.runsc);
         let platform = platform(&self.runsc);
         tracing::info!(platform = platform.name, why = %platform.why, "gvisor platform");
+        let target = self.warm_target();
+        if target > 0 {
+            warm::WarmPool::refill(&self.warm, self, spec, target);
+        }
     }
 }
 

@@ -75,6 +75,8 @@ fn probe_run(runsc: &Runsc, platform: &str, bound: Duration) -> io::Result<bool>
         staged: None,
         args: &[],
         env: &[],
+        relay: None,
+        gate: false,
     };
     let bundle = bundle::write(&policy, &process, policy.uids.first)?;
     let id = format!("sharedos-probe-{}", std::process::id());

@@ -50,7 +50,7 @@ pub(super) fn launched(
         "container": id,
         "bundle": bundle.dir.path().display().to_string(),
         "uid": policy.uids.first,
-        "network": "none (runsc --network=none: a loopback of the container's own, no interface to the host, no egress gateway)",
+        "network": network(policy),
         "caps": "none (every capability set empty)",
         "no_new_privs": true,
         "namespaces": ["pid", "net", "ipc", "uts", "mount"],
@@ -71,6 +71,18 @@ pub(super) fn launched(
         r.extend(f);
     }
     r
+}
+
+/// What the container's network is: its own loopback, and the egress
+/// gateway through the relay when the policy has one.
+fn network(policy: &SandboxPolicy) -> String {
+    match policy.egress_port {
+        None => "none (runsc --network=none: a loopback of the container's own, no interface to the host, no egress gateway)".into(),
+        Some(port) => format!(
+            "the egress gateway only (runsc --network=none: a loopback of the container's own, no interface to the host; the loopback relay, the container's first process, listens on 127.0.0.1:{port} and carries each connection to the gateway's unix socket at {}/, runsc --host-uds=open)",
+            super::bundle::EGRESS_DIR_INSIDE
+        ),
+    }
 }
 
 /// The memory axis: the tmpfs sizes runsc was given, `RLIMIT_AS` if set,
