@@ -493,13 +493,8 @@ async fn a_failed_opening_commit_refuses_the_turns_calls() {
             ..
         })
     ));
-    let r = turn
-        .invoke_tool(
-            &ctx,
-            &call("c1", "test.records", json!({"record": "x"})),
-            CancellationToken::new(),
-        )
-        .await;
+    let c1 = call("c1", "test.records", json!({"record": "x"}));
+    let r = turn.invoke_tool(&ctx, &c1, CancellationToken::new()).await;
     assert!(
         matches!(r, Err(KernelError::AuditUnavailable { .. })),
         "{r:?}"
