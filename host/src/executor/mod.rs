@@ -536,22 +536,14 @@ impl Executor {
                 r = &mut durable, if !committed => {
                     committed = true;
                     if let Err(e) = r {
-                        turn.note_audit_outage(&e);
-                        if let Some(egress) = &mut egress {
-                            egress.settle().await;
-                        }
-                        return Err(Caught::Kernel(e));
+                        return Err(opening_lost(turn, &mut egress, e).await);
                     }
                 }
                 r = &mut run => break r,
             }
         };
         if !committed && let Err(e) = durable.await {
-            turn.note_audit_outage(&e);
-            if let Some(egress) = &mut egress {
-                egress.settle().await;
-            }
-            return Err(Caught::Kernel(e));
+            return Err(opening_lost(turn, &mut egress, e).await);
         }
         if let Some(egress) = &mut egress {
             egress.settle().await;
@@ -578,4 +570,18 @@ impl Executor {
         };
         self.ending_of(turn, kernel_turn, hard, outcome).await
     }
+}
+
+/// The commit of the turn's opening records failed: an audit outage; the
+/// gateway's requests and tunnels are ended, as on every way out.
+async fn opening_lost(
+    turn: &Turn,
+    egress: &mut Option<egress::EgressTurn>,
+    e: KernelError,
+) -> Caught {
+    turn.note_audit_outage(&e);
+    if let Some(egress) = egress {
+        egress.settle().await;
+    }
+    Caught::Kernel(e)
 }
