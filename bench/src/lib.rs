@@ -21,6 +21,7 @@ pub mod placement;
 pub mod process;
 pub mod serve;
 pub mod served;
+pub mod serveturn;
 pub mod soak;
 pub mod spawn;
 pub mod turn;
@@ -231,6 +232,10 @@ pub enum Only {
     /// audit, `files.read`), sequential and 64 in flight, direct and
     /// sandboxed, against a bare append + fsync on the same disk.
     Durable,
+    /// A zero-call run through a real `sharedos serve` on a prepared
+    /// sandbox, end to end over its API, against an in-process turn plus
+    /// one raw round trip.
+    ServeTurn,
 }
 
 /// Issue 15's figures alone.
@@ -284,6 +289,9 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
                 !tokio::task::spawn_blocking(move || durable::print(&exe, sequential, in_flight))
                     .await
                     .unwrap_or(false);
+        }
+        Only::ServeTurn => {
+            failed |= !serveturn::print(exe, (iterations / 20).clamp(5, 200)).await;
         }
         Only::Harness => {
             failed |= !harness::print(

@@ -38,7 +38,9 @@ struct Cli {
     /// `serve` (runs admitted at speed through real `sharedos serve` hosts,
     /// and their events' latency over SSE) or `durable` (tool calls through
     /// a real `sharedos run` with its fsync'd audit trail, against a bare
-    /// append + fsync).
+    /// append + fsync) or `serve-turn` (a zero-call run through a real
+    /// `sharedos serve` on a prepared sandbox, against an in-process turn
+    /// plus one raw round trip).
     #[arg(long)]
     only: Option<sharedos_bench::Only>,
     /// With `--only serve`: runs asked for at once (one session for every

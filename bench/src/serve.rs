@@ -38,7 +38,7 @@ pub struct ServeFigures {
 }
 
 /// The first host's own account of where a run's time went.
-async fn host_means(socket: &Path) -> Result<Vec<(&'static str, Option<f64>)>, String> {
+pub(crate) async fn host_means(socket: &Path) -> Result<Vec<(&'static str, Option<f64>)>, String> {
     let text = served::metrics(socket).await?;
     let store =
         |op: &str| served::mean_ms(&text, "store_seconds", &format!("{{operation=\"{op}\"}}"));
@@ -70,16 +70,7 @@ pub async fn measure(
     runs: usize,
     sessions: usize,
 ) -> Result<ServeFigures, String> {
-    let sibling = |name: &str| exe.with_file_name(name);
-    let (sharedos, testplugin) = (sibling("sharedos"), sibling("sharedos-testplugin"));
-    for bin in [&sharedos, &testplugin] {
-        if !bin.is_file() {
-            return Err(format!(
-                "{} is missing: build it with the bench",
-                bin.display()
-            ));
-        }
-    }
+    let (sharedos, testplugin) = served::binaries(exe)?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     write_config(dir.path(), &testplugin, runs).map_err(|e| e.to_string())?;
     // Declared before the hosts so the cluster stops after them.
@@ -132,38 +123,65 @@ async fn one_run(
     batch: Instant,
 ) -> Result<(u64, u64, u64), String> {
     let script = json!([{"op": "emit", "type": "echo", "data": {"request": request}}]);
+    let ended = run_to_end(&socket, &session, &request, script).await?;
+    let us = |d: Duration| d.as_micros() as u64;
+    let admitted_at = ended.sent.saturating_duration_since(batch) + ended.admitted;
+    Ok((us(ended.admitted), us(ended.ended), us(admitted_at)))
+}
+
+/// A run followed to its end ([`run_to_end`]).
+pub struct RunEnded {
+    pub run: String,
+    /// When the request was sent.
+    pub sent: Instant,
+    /// Request sent → 201/202 with the run id.
+    pub admitted: Duration,
+    /// Request sent → `event: end` on the run's stream.
+    pub ended: Duration,
+}
+
+/// Asks for a run of `script` in `session` and follows its stream to
+/// `event: end`; an error unless the turn completed.
+pub async fn run_to_end(
+    socket: &Path,
+    session: &str,
+    request: &str,
+    script: Value,
+) -> Result<RunEnded, String> {
     let sent = Instant::now();
     let (status, body) = call(
-        &socket,
+        socket,
         "POST",
         &format!("/v1/sessions/{session}/runs"),
-        &run_body(&request, script),
+        &run_body(request, script),
     )
     .await?;
     let admitted = sent.elapsed();
-    let admitted_at = batch.elapsed();
     let Some(run) = body["run"]["id"]
         .as_str()
         .filter(|_| status == 201 || status == 202)
     else {
         return Err(format!("run {request}: {status} {body}"));
     };
-    let mut events = Events::open(&socket, run).await?;
+    let mut events = Events::open(socket, run).await?;
     let completed = events.to_end().await;
     let ended = sent.elapsed();
     match completed {
-        Some(true) => {}
+        Some(true) => Ok(RunEnded {
+            run: run.to_owned(),
+            sent,
+            admitted,
+            ended,
+        }),
         Some(false) => {
-            let (_, body) = call(&socket, "GET", &format!("/v1/runs/{run}"), &Value::Null).await?;
-            return Err(format!(
+            let (_, body) = call(socket, "GET", &format!("/v1/runs/{run}"), &Value::Null).await?;
+            Err(format!(
                 "run {request} did not complete: {}",
                 body["run"]["result"]
-            ));
+            ))
         }
-        None => return Err(format!("run {request}: its stream closed before its end")),
+        None => Err(format!("run {request}: its stream closed before its end")),
     }
-    let us = |d: Duration| d.as_micros() as u64;
-    Ok((us(admitted), us(ended), us(admitted_at)))
 }
 
 /// `runs` runs asked for at once, across `sessions`; admission and run

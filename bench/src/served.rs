@@ -39,6 +39,21 @@ impl Store {
     }
 }
 
+/// `sharedos` and `sharedos-testplugin` next to the bench's binary `exe`.
+pub fn binaries(exe: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let sibling = |name: &str| exe.with_file_name(name);
+    let (sharedos, testplugin) = (sibling("sharedos"), sibling("sharedos-testplugin"));
+    for bin in [&sharedos, &testplugin] {
+        if !bin.is_file() {
+            return Err(format!(
+                "{} is missing: build it with the bench",
+                bin.display()
+            ));
+        }
+    }
+    Ok((sharedos, testplugin))
+}
+
 /// `host.toml` in `dir`: `sharedos-testplugin` as the echo runtime in the
 /// full sandbox with [`WARM`] prepared sandboxes, and admission limits
 /// high enough that `runs` concurrent runs are never refused.

@@ -245,6 +245,16 @@ pub trait AuditSink: Send + Sync {
     async fn append_entry(&self, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
         self.append(&entry.to_record()).await
     }
+
+    /// Appends `records` in order and returns once all are durable. The
+    /// default appends them one by one; a sink that commits in groups
+    /// commits them together (the JSONL sink: one `write`, one `fsync`).
+    async fn append_all(&self, records: &[AuditRecord]) -> Result<(), AuditError> {
+        for r in records {
+            self.append(r).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The embedded sink: an append-only JSONL file, one record per line.
@@ -269,7 +279,8 @@ struct Commits {
     commits: std::sync::atomic::AtomicU64,
 }
 
-type Job = (Vec<u8>, oneshot::Sender<Result<(), String>>);
+/// Whole lines, how many records they hold, and the caller to answer.
+type Job = (Vec<u8>, u64, oneshot::Sender<Result<(), String>>);
 
 /// At most this many records share one write and one `fsync`.
 const MAX_BATCH: usize = 256;
@@ -369,11 +380,11 @@ fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>, counted: &Commits) {
         gather(&rx, &mut batch, last, last_sync);
         let started = Instant::now();
         // One record (the common case at low load) is written as it is.
-        let result = if let [(line, _)] = batch.as_slice() {
+        let result = if let [(line, _, _)] = batch.as_slice() {
             write_line(&mut file, line)
         } else {
-            let mut buf = Vec::with_capacity(batch.iter().map(|(l, _)| l.len()).sum());
-            for (line, _) in &batch {
+            let mut buf = Vec::with_capacity(batch.iter().map(|(l, _, _)| l.len()).sum());
+            for (line, _, _) in &batch {
                 buf.extend_from_slice(line);
             }
             write_line(&mut file, &buf)
@@ -382,10 +393,12 @@ fn commit_loop(mut file: File, rx: mpsc::Receiver<Job>, counted: &Commits) {
         (last, last_sync) = (batch.len(), started.elapsed());
         if result.is_ok() {
             use std::sync::atomic::Ordering::Relaxed;
-            counted.records.fetch_add(batch.len() as u64, Relaxed);
+            counted
+                .records
+                .fetch_add(batch.iter().map(|(_, n, _)| n).sum(), Relaxed);
             counted.commits.fetch_add(1, Relaxed);
         }
-        for (_, reply) in batch {
+        for (_, _, reply) in batch {
             let _ = reply.send(result.clone());
         }
     }
@@ -434,11 +447,12 @@ pub(crate) fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
 }
 
 impl JsonlAuditSink {
-    /// Hands one line to the writer thread and waits until it is durable.
-    async fn append_line(&self, line: Vec<u8>) -> Result<(), AuditError> {
+    /// Hands whole lines (`records` of them) to the writer thread and
+    /// waits until they are durable.
+    async fn append_lines(&self, lines: Vec<u8>, records: u64) -> Result<(), AuditError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send((line, reply))
+            .send((lines, records, reply))
             .map_err(|_| AuditError::Sink("the audit writer thread has stopped".into()))?;
         answer
             .await
@@ -450,10 +464,21 @@ impl JsonlAuditSink {
 #[async_trait]
 impl AuditSink for JsonlAuditSink {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        self.append_line(record.to_json_line()?).await
+        self.append_lines(record.to_json_line()?, 1).await
     }
     async fn append_entry(&self, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
-        self.append_line(entry.to_json_line()?).await
+        self.append_lines(entry.to_json_line()?, 1).await
+    }
+    /// One job of whole lines: one `write` and one `fsync` for all.
+    async fn append_all(&self, records: &[AuditRecord]) -> Result<(), AuditError> {
+        let mut lines = Vec::new();
+        for r in records {
+            lines.extend_from_slice(&r.to_json_line()?);
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.append_lines(lines, records.len() as u64).await
     }
 }
 

@@ -51,8 +51,8 @@ pub use grant::{
 };
 pub use kernel::{ErrorHook, Kernel, KernelBuilder, KernelSetupError, TracingHook, catalog_hash};
 pub use port::{
-    Admission, AuditEffect, EffectDecision, KernelError, KernelTurn, OwnedInvoke, RefusedCall,
-    TurnEnd, TurnKernel,
+    Admission, Admitted, AuditEffect, EffectDecision, KernelError, KernelTurn, Opening,
+    OpeningDurable, OwnedInvoke, RefusedCall, TurnEnd, TurnKernel,
 };
 pub use registry::{HandlerAnswer, RegistrationError, ToolError, ToolHandler, ToolRegistry};
 pub use usage::JsonlUsageStore;

@@ -118,6 +118,75 @@ pub trait TurnKernel: Send + Sync {
         context: &AccessContext,
         end: TurnEnd,
     ) -> Result<(), KernelError>;
+
+    /// A turn's opening in one call: [`TurnKernel::open_turn`], then
+    /// [`KernelTurn::admit`] and, when admitted, [`KernelTurn::reach`] and
+    /// [`KernelTurn::list_tools`]. The default makes those calls in turn,
+    /// each record durable before the next call; [`Opening::durable`] is
+    /// then already settled.
+    ///
+    /// A kernel may instead hand the opening's records (`authority.resolved`,
+    /// the admission's `authorization.checked`, `tool.catalog.listed`) to its
+    /// sink together and answer before they are durable: the caller can
+    /// start what is not an effect (the plugin's process) meanwhile, and
+    /// awaits [`Opening::durable`] before it treats the turn as admitted.
+    /// Every operation of the returned turn waits for those records first,
+    /// so no effect runs before its turn's decisions are durable; and a
+    /// failure to write them refuses each one (`AuditUnavailable`).
+    async fn open_admitted(
+        &self,
+        context: &AccessContext,
+        agent: &Address,
+    ) -> Result<Opening, KernelError> {
+        let turn = self.open_turn(context).await?;
+        let admission = turn.admit(context, agent).await?;
+        let admitted = if admission.allowed {
+            Some(Admitted {
+                reach: turn.reach(context).await?,
+                tools: turn.list_tools(context).await?,
+            })
+        } else {
+            None
+        };
+        Ok(Opening {
+            turn,
+            admission,
+            admitted,
+            durable: Box::pin(std::future::ready(Ok(()))),
+        })
+    }
+}
+
+/// The durability of a turn's opening records (see
+/// [`TurnKernel::open_admitted`]).
+pub type OpeningDurable = Pin<Box<dyn Future<Output = Result<(), KernelError>> + Send + 'static>>;
+
+/// What [`TurnKernel::open_admitted`] answers.
+pub struct Opening {
+    pub turn: Arc<dyn KernelTurn>,
+    pub admission: Admission,
+    /// The reach and the catalogue; `None` when the turn was not admitted.
+    pub admitted: Option<Admitted>,
+    /// Settles once the opening's records are durable, with
+    /// `AuditUnavailable` when they could not be written.
+    pub durable: OpeningDurable,
+}
+
+impl std::fmt::Debug for Opening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opening")
+            .field("admission", &self.admission)
+            .field("admitted", &self.admitted)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An admitted turn's reach and catalogue ([`KernelTurn::reach`],
+/// [`KernelTurn::list_tools`]).
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub reach: ReachResult,
+    pub tools: Vec<ToolDefinition>,
 }
 
 /// One turn's view of the kernel. Every operation gets the context with the
@@ -167,6 +236,13 @@ pub trait KernelTurn: Send + Sync + 'static {
         abort: CancellationToken,
     ) -> OwnedInvoke {
         Box::pin(async move { self.invoke_tool(&context, &call, abort).await })
+    }
+
+    /// Waits until the records of the turn's opening are durable (see
+    /// [`TurnKernel::open_admitted`]): `Ok` at once for a kernel that
+    /// writes each as it goes (the default).
+    async fn opened(&self) -> Result<(), KernelError> {
+        Ok(())
     }
 
     /// Records an escalation (`escalation.requested`); grants nothing.

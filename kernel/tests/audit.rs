@@ -415,3 +415,93 @@ async fn concurrent_writers_share_commits_and_lose_nothing() {
     assert_eq!(records, 320);
     assert!((1..=320).contains(&commits), "{commits} commits");
 }
+
+/// `open_admitted`: the opening's three records go to the JSONL sink as one
+/// commit (one `write`, one `fsync`), in their order, and the turn's calls
+/// come after them in the file.
+#[tokio::test]
+async fn the_opening_commits_its_three_records_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let sink = Arc::new(JsonlAuditSink::open(&path).unwrap());
+    let kernel = Kernel::builder(
+        Arc::new(ConfigGrantSource::new(vec![
+            admission("alice"),
+            records_grant("g1", &[], Scope::Descendants),
+        ])),
+        sink.clone(),
+    )
+    .tool(
+        scripted_definition("test.records", ReadWrite::Read),
+        ScriptedTool::new(Script::Echo),
+    )
+    .unwrap()
+    .build();
+    let ctx = context("alice");
+    let opening = kernel.open_admitted(&ctx, &agent("alice")).await.unwrap();
+    assert!(opening.admission.allowed);
+    let admitted = opening.admitted.as_ref().unwrap();
+    assert_eq!(admitted.tools.len(), 1);
+    // A call made before the commit is awaited still follows it.
+    let call = call("c1", "test.records", json!({"record": "x"}));
+    let result = opening
+        .turn
+        .invoke_tool(&ctx, &call, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(result.status(), ToolStatus::Succeeded);
+    opening.durable.await.unwrap();
+    let kinds: Vec<String> = read_jsonl(&path)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.kind.to_string())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "authority.resolved",
+            "authorization.checked",
+            "tool.catalog.listed",
+            "authorization.checked",
+            "tool.invoked"
+        ]
+    );
+    let (records, commits) = sink.committed();
+    assert_eq!((records, commits), (5, 3), "the opening is one commit");
+}
+
+/// A failed commit of the opening refuses every operation of the turn with
+/// `AuditUnavailable`, and no tool runs.
+#[tokio::test]
+async fn a_failed_opening_commit_refuses_the_turns_calls() {
+    let f = fixture(
+        Script::Echo,
+        vec![
+            admission("alice"),
+            records_grant("g1", &[], Scope::Descendants),
+        ],
+    );
+    f.sink
+        .fail_on(sharedos_kernel::AuditKind::ToolCatalogListed);
+    let ctx = context("alice");
+    let opening = f.kernel.open_admitted(&ctx, &agent("alice")).await.unwrap();
+    let turn = Arc::clone(&opening.turn);
+    assert!(matches!(
+        opening.durable.await,
+        Err(KernelError::AuditUnavailable {
+            effect: AuditEffect::None,
+            ..
+        })
+    ));
+    let c1 = call("c1", "test.records", json!({"record": "x"}));
+    let r = turn.invoke_tool(&ctx, &c1, CancellationToken::new()).await;
+    assert!(
+        matches!(r, Err(KernelError::AuditUnavailable { .. })),
+        "{r:?}"
+    );
+    assert!(matches!(
+        turn.opened().await,
+        Err(KernelError::AuditUnavailable { .. })
+    ));
+    assert_eq!(f.tool.calls(), 0);
+}

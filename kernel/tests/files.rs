@@ -371,6 +371,35 @@ async fn a_symlink_swapped_in_during_the_calls_never_leads_outside() {
     );
 }
 
+/// A file under the inline bound is read on the caller's thread, one over
+/// it on the blocking pool: both answer the same way, a file that errs
+/// (missing, a directory, a non-directory in the path) likewise.
+#[tokio::test]
+async fn small_and_large_files_read_alike_and_errors_are_the_same() {
+    let f = files().await;
+    let dir = f.agent_dir();
+    std::fs::create_dir_all(dir.join("d")).unwrap();
+    let small = "s".repeat(100);
+    let large = "l".repeat(sharedos_kernel::tools::files::INLINE_READ_BYTES as usize + 1);
+    std::fs::write(dir.join("d/small"), &small).unwrap();
+    std::fs::write(dir.join("d/large"), &large).unwrap();
+    for (path, content) in [("d/small", &small), ("d/large", &large)] {
+        let r = f.call("files.read", json!({"path": path})).await;
+        assert_eq!(r.status(), ToolStatus::Succeeded, "{path}: {r:?}");
+        let out = r.output().unwrap();
+        assert_eq!(out["content"], json!(content), "{path}");
+        assert_eq!(out["bytes"], json!(content.len()), "{path}");
+    }
+    for (path, expected) in [
+        ("d/missing", "file_not_found"),
+        ("d", "not_a_file"),
+        ("d/small/x", "not_a_directory"),
+    ] {
+        let r = f.call("files.read", json!({"path": path})).await;
+        assert_eq!(code(&r), Some(expected), "{path}: {r:?}");
+    }
+}
+
 #[tokio::test]
 async fn size_limits_hold() {
     let f = files_with(FilesConfig {

@@ -31,6 +31,8 @@ impl Executor {
         started_at: Timestamp,
         report: Option<&TurnReport>,
     ) -> ExecutionResult {
+        // Held past the close: `turn.ended` follows the opening's records.
+        let kernel_turn = turn.authority().kernel_turn();
         turn.close();
         if let Some((kind, data)) = ending.event.take() {
             // The ending seals the log: nothing is written after it.
@@ -58,6 +60,11 @@ impl Executor {
         let with_annotations = ending.status != ExecutionStatus::Denied;
         let ended_by = ending.ended_by;
         let mut result = build(turn, ending, started_at, &runtime, with_annotations);
+        if let Some(kernel_turn) = kernel_turn {
+            // A turn stopped while they were being committed: the end is
+            // recorded after them (their failure is already the turn's).
+            let _ = kernel_turn.opened().await;
+        }
         self.record_end(turn, &result, ended_by).await;
         turn.events().flush_delivery().await;
         result.events = turn.events().take();

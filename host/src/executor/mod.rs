@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
-use sharedos_kernel::{KernelError, KernelTurn, TurnKernel};
+use sharedos_kernel::{Admitted, KernelError, KernelTurn, Opening, OpeningDurable, TurnKernel};
 use sharedos_plugin_sdk::{RuntimeError, Signal};
 use sharedos_protocol::{
     AccessContext, EventKind, ExecutionRequest, ExecutionResult, ExecutionStatus, ReachResult,
@@ -62,6 +62,8 @@ struct Opened {
     context: Arc<AccessContext>,
     reach: ReachResult,
     effective: Vec<sharedos_protocol::ToolDefinition>,
+    /// The commit of the opening's records, still under way.
+    durable: OpeningDurable,
 }
 
 /// What the body of a turn threw.
@@ -397,21 +399,28 @@ impl Executor {
             }};
         }
         let context = turn.context_now();
-        let kernel_turn = kernel_call!(self.kernel.open_turn(&context));
+        // Authority, admission, reach and catalogue in one kernel call: its
+        // records are committed together, and the plugin's launch (not an
+        // effect) overlaps their commit (`Executor::run` waits for it).
+        let opening = kernel_call!(self.kernel.open_admitted(&context, &request.agent));
+        let Opening {
+            turn: kernel_turn,
+            admission,
+            admitted,
+            durable,
+        } = opening;
         turn.authority().hold(Arc::clone(&kernel_turn));
-
-        let admission = kernel_call!(kernel_turn.admit(&context, &request.agent));
-        if !admission.allowed {
+        let Some(Admitted { reach, tools }) = admitted else {
+            // The refusal is durable before it is answered.
+            kernel_call!(durable);
             let code = admission
                 .reason_code
                 .unwrap_or_else(|| "no_matching_grant".to_owned());
             return Ok(Err(Ending::denied(&code, MSG_ADMISSION)));
-        }
-        let reach = kernel_call!(kernel_turn.reach(&context));
-        let allowed = kernel_call!(kernel_turn.list_tools(&context));
+        };
 
         let requested: HashSet<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
-        let effective: Vec<_> = allowed
+        let effective: Vec<_> = tools
             .into_iter()
             .filter(|d| requested.contains(d.name.as_str()))
             .collect();
@@ -421,6 +430,7 @@ impl Executor {
             context,
             reach,
             effective,
+            durable,
         }))
     }
 
@@ -458,6 +468,7 @@ impl Executor {
             context,
             reach,
             effective,
+            durable,
         } = opened;
         let runtime_request = sanitize(&request, &context, reach, effective.clone());
         turn.events().push_envelope(
@@ -471,17 +482,28 @@ impl Executor {
         let host = Arc::new(EnvelopeHost { turn: turn.clone() });
         let seated = self.run_seat(runtime_request, host, hard.clone(), key);
         let ended = self
-            .run(turn, seated.outcome, &kernel_turn, &context, &hard)
+            .run(
+                turn,
+                (seated.outcome, durable),
+                &kernel_turn,
+                &context,
+                &hard,
+            )
             .await;
         (ended, seated.report)
     }
 
-    /// Steps 14–16: the seat's run raced against the hard signal, then the
-    /// ending its outcome makes.
+    /// Steps 14–16: the seat's run raced against the hard signal and the
+    /// commit of the opening's records, then the ending its outcome makes.
+    /// The plugin starts while that commit is under way; its calls wait for
+    /// it in the kernel, and the turn fails `audit_unavailable` if it fails.
     async fn run(
         &self,
         turn: &Arc<Turn>,
-        outcome: futures_util::future::BoxFuture<'_, Result<RuntimeTurnOutcome, RuntimeError>>,
+        (outcome, durable): (
+            futures_util::future::BoxFuture<'_, Result<RuntimeTurnOutcome, RuntimeError>>,
+            OpeningDurable,
+        ),
         kernel_turn: &Arc<dyn KernelTurn>,
         context: &AccessContext,
         hard: &Signal,
@@ -495,21 +517,34 @@ impl Executor {
             r.unwrap_or_else(|_| Err(RuntimeError::Failed("the runtime panicked".into())))
         });
         let mut run = std::pin::pin!(run);
-        let outcome = tokio::select! {
-            biased;
-            _ = hard.raised() => {
-                // The seat gets one more poll to state what it holds before
-                // it is dropped (a plugin that annotates on its abort).
-                let _ = tokio::time::timeout(Duration::ZERO, &mut run).await;
-                // Its model requests and tunnels still open are ended
-                // before the ending, as on every other way out.
-                if let Some(egress) = &mut egress {
-                    egress.settle().await;
+        let (mut durable, mut committed) = (durable, false);
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                _ = hard.raised() => {
+                    // The seat gets one more poll to state what it holds
+                    // before it is dropped (a plugin that annotates on its
+                    // abort).
+                    let _ = tokio::time::timeout(Duration::ZERO, &mut run).await;
+                    // Its model requests and tunnels still open are ended
+                    // before the ending, as on every other way out.
+                    if let Some(egress) = &mut egress {
+                        egress.settle().await;
+                    }
+                    return Err(Caught::Aborted);
                 }
-                return Err(Caught::Aborted);
+                r = &mut durable, if !committed => {
+                    committed = true;
+                    if let Err(e) = r {
+                        return Err(opening_lost(turn, &mut egress, e).await);
+                    }
+                }
+                r = &mut run => break r,
             }
-            r = &mut run => r,
         };
+        if !committed && let Err(e) = durable.await {
+            return Err(opening_lost(turn, &mut egress, e).await);
+        }
         if let Some(egress) = &mut egress {
             egress.settle().await;
         }
@@ -535,4 +570,18 @@ impl Executor {
         };
         self.ending_of(turn, kernel_turn, hard, outcome).await
     }
+}
+
+/// The commit of the turn's opening records failed: an audit outage; the
+/// gateway's requests and tunnels are ended, as on every way out.
+async fn opening_lost(
+    turn: &Turn,
+    egress: &mut Option<egress::EgressTurn>,
+    e: KernelError,
+) -> Caught {
+    turn.note_audit_outage(&e);
+    if let Some(egress) = egress {
+        egress.settle().await;
+    }
+    Caught::Kernel(e)
 }

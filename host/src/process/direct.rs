@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use sharedos_sandbox::cgroup::PluginCgroup;
 
+use super::into_cgroup::RawChild;
 use super::launcher::{LaunchError, LaunchSpec, LaunchedChild, Launcher, ProcessTree};
 use super::pinned::PinnedExec;
 use super::shim::PidPipe;
@@ -221,8 +222,16 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
     };
     let (containment, mut child) = match direct_cgroup() {
         Ok(cg) => {
+            let dir = cg.v2.clone().unwrap_or_default();
             let procs = open_procs(&cg).map_err(spawn_err)?;
             tree.cgroup = Some(cg);
+            // Made inside its cgroup when the kernel can; else moved in.
+            let made = super::into_cgroup::spawn_in(spec, &cwd, &dir, pinned.as_ref());
+            if let Some(s) = made.map_err(spawn_err)? {
+                tree.pid = s.child.id();
+                tree.child = Some(Leader::Raw(s.child));
+                return Ok(launched(s.stdin, s.stdout, s.stderr, tree, "cgroup"));
+            }
             let holder = Holder::Cgroup(procs.as_raw_fd());
             let mut cmd = contained_command(spec, &cwd, holder, pinned);
             let child = cmd.spawn().map_err(spawn_err)?;
@@ -252,14 +261,31 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         }
     };
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-    tree.child = Some(child);
+    tree.child = Some(Leader::Std(child));
     let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
         return Err(spawn_err(io::Error::other("stdio was not piped")));
     };
-    Ok(LaunchedChild {
-        stdin: OwnedFd::from(stdin),
-        stdout: OwnedFd::from(stdout),
-        stderr: OwnedFd::from(stderr),
+    Ok(launched(
+        OwnedFd::from(stdin),
+        OwnedFd::from(stdout),
+        OwnedFd::from(stderr),
+        tree,
+        &containment,
+    ))
+}
+
+/// The launched child with its stdio, its tree and its report.
+fn launched(
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    tree: DirectTree,
+    containment: &str,
+) -> LaunchedChild {
+    LaunchedChild {
+        stdin,
+        stdout,
+        stderr,
         tree: Box::new(tree),
         // Said explicitly, so a result never leaves its isolation unsaid.
         report: Some(serde_json::json!({
@@ -271,7 +297,35 @@ fn launch_contained(spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
             "containment": containment,
         })),
         egress_listener: None,
-    })
+    }
+}
+
+/// The host's child at the top of a direct tree: made by `Command`, or
+/// inside its cgroup by `into_cgroup::spawn`.
+enum Leader {
+    Std(Child),
+    Raw(RawChild),
+}
+
+impl Leader {
+    fn id(&self) -> u32 {
+        match self {
+            Leader::Std(c) => c.id(),
+            Leader::Raw(c) => c.id(),
+        }
+    }
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        match self {
+            Leader::Std(c) => c.try_wait(),
+            Leader::Raw(c) => c.try_wait(),
+        }
+    }
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        match self {
+            Leader::Std(c) => c.wait(),
+            Leader::Raw(c) => c.wait(),
+        }
+    }
 }
 
 /// A fresh empty `0700` directory for the plugin's working directory.
@@ -379,7 +433,7 @@ pub(crate) fn sweep_dead_hosts(parent: &Path) -> Vec<PathBuf> {
 /// cgroup (when there is one), and its working directory.
 struct DirectTree {
     /// The host's child: the plugin, or its subreaper when `shim`.
-    child: Option<Child>,
+    child: Option<Leader>,
     /// The plugin's pid.
     pid: u32,
     cgroup: Option<PluginCgroup>,

@@ -19,6 +19,7 @@ pub mod driver;
 mod engine_tool;
 mod guard;
 pub mod gvisor;
+mod into_cgroup;
 pub mod launcher;
 pub mod microvm;
 mod pinned;

@@ -34,6 +34,8 @@ pub(super) async fn authorize_effect(
     path: &[String],
     action: &str,
 ) -> Result<EffectDecision, KernelError> {
+    // The turn's opening records are durable before any of its effects.
+    turn.opened().await?;
     let req = requirement(context, namespace, path, action);
     let decision = match &turn.grants {
         Ok(grants) => authorize(grants, turn.shared.usage.as_ref(), context, &req, true).await,

@@ -43,6 +43,8 @@ pub(super) async fn invoke_tool(
     if abort.is_cancelled() {
         return Err(KernelError::Aborted);
     }
+    // The turn's opening records are durable before any of its calls.
+    turn.opened().await?;
     let mut checks = Checks {
         turn,
         context,

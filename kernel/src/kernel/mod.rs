@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sharedos_protocol::{
-    AccessContext, CapabilityRequirement, ExecutionStatus, ToolDefinition, canonical_json,
+    AccessContext, Address, CapabilityRequirement, ExecutionStatus, ToolDefinition, canonical_json,
 };
 
 use crate::audit::{
@@ -21,7 +21,7 @@ use crate::config::{ConfigError, HostPolicy, KernelConfig};
 use crate::grant::{
     ConfigGrantSource, Grant, GrantSource, MemoryUsageStore, Requirement, UsageStore,
 };
-use crate::port::{AuditEffect, KernelError, KernelTurn, TurnEnd, TurnKernel};
+use crate::port::{Admitted, AuditEffect, KernelError, KernelTurn, Opening, TurnEnd, TurnKernel};
 use crate::registry::{RegisteredTool, RegistrationError, ToolHandler, ToolRegistry};
 use crate::tools::{escalate, files};
 
@@ -228,9 +228,10 @@ fn share_identity(mut grants: Vec<Grant>, context: &AccessContext) -> Vec<Grant>
     grants
 }
 
-#[async_trait]
-impl TurnKernel for Kernel {
-    async fn open_turn(&self, context: &AccessContext) -> Result<Arc<dyn KernelTurn>, KernelError> {
+impl Kernel {
+    /// A turn's authority loaded, and its `authority.resolved`, not yet
+    /// written.
+    async fn open(&self, context: &AccessContext) -> (OpenTurn, AuditRecord) {
         let loaded = self.grants.load(context).await;
         // Every loaded grant is kept, ancestors and revoked ones included:
         // each operation filters by identity and liveness, and a delegation
@@ -259,17 +260,56 @@ impl TurnKernel for Kernel {
             entry.cause = Some(cause);
             entry.fail_closed = Some(true);
         }
-        self.shared
-            .recorder
-            .decision(&entry, AuditEffect::None)
-            .await?;
-        Ok(Arc::new(OpenTurn::new(
+        let record = entry.to_record();
+        let turn = OpenTurn::new(
             Arc::clone(&self.shared),
             grants.map(Arc::new),
             authority_hash,
             self.current_registry(),
             identity,
-        )))
+        );
+        (turn, record)
+    }
+}
+
+#[async_trait]
+impl TurnKernel for Kernel {
+    async fn open_turn(&self, context: &AccessContext) -> Result<Arc<dyn KernelTurn>, KernelError> {
+        let (turn, record) = self.open(context).await;
+        self.shared
+            .recorder
+            .decision(&record.entry(), AuditEffect::None)
+            .await?;
+        Ok(Arc::new(turn))
+    }
+
+    /// The opening's records (`authority.resolved`, the admission's
+    /// `authorization.checked`, `tool.catalog.listed`) go to the sink as
+    /// one group (one `fsync` for the JSONL sink) and this answers before
+    /// they are durable; the turn's every operation waits for them.
+    async fn open_admitted(
+        &self,
+        context: &AccessContext,
+        agent: &Address,
+    ) -> Result<Opening, KernelError> {
+        let (turn, resolved) = self.open(context).await;
+        let (admission, checked) = turn.admission(context, agent).await;
+        let mut records = vec![resolved, checked];
+        let admitted = if admission.allowed {
+            let reach = KernelTurn::reach(&turn, context).await?;
+            let (tools, listed) = turn.listing(context).await;
+            records.push(listed);
+            Some(Admitted { reach, tools })
+        } else {
+            None
+        };
+        let durable = turn.hold_opening(records);
+        Ok(Opening {
+            turn: Arc::new(turn),
+            admission,
+            admitted,
+            durable,
+        })
     }
 
     async fn record_turn_end(

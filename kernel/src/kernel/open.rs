@@ -5,14 +5,18 @@
 //! pipelines); each imports this one, none of them another.
 
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use futures_util::FutureExt;
+use futures_util::future::Shared as SharedFuture;
 use sharedos_protocol::AccessContext;
 
 use super::Shared;
 use super::records::catalog_metadata;
-use crate::audit::{RecordIdentity, RecordMetadata};
+use crate::audit::{AuditRecord, RecordIdentity, RecordMetadata};
 use crate::grant::Grant;
+use crate::port::{AuditEffect, KernelError, OpeningDurable};
 use crate::registry::ToolRegistry;
 
 /// One turn of the embedded kernel.
@@ -29,6 +33,12 @@ pub(super) struct OpenTurn {
     /// `{"catalogHash": ..}` of the catalogue listed, made (and written)
     /// once per listing: every `tool.invoked` of the turn shares it.
     catalog_metadata: Mutex<Option<Arc<RecordMetadata>>>,
+    /// The commit of the opening's records when they were handed to the
+    /// sink together (`TurnKernel::open_admitted`); every operation that
+    /// records or acts waits for it.
+    opening: OnceLock<SharedFuture<OpeningDurable>>,
+    /// Set once `opening` settled `Ok`: the check every call makes after.
+    opened: AtomicBool,
 }
 
 impl OpenTurn {
@@ -46,7 +56,45 @@ impl OpenTurn {
             registry,
             identity,
             catalog_metadata: Mutex::new(None),
+            opening: OnceLock::new(),
+            opened: AtomicBool::new(false),
         }
+    }
+
+    /// Hands the opening's `records` to the sink as one group, written on
+    /// a task of its own (it completes whoever waits), and answers its
+    /// durability; [`OpenTurn::opened`] waits for the same commit.
+    pub(super) fn hold_opening(&self, records: Vec<AuditRecord>) -> OpeningDurable {
+        let sink = Arc::clone(&self.shared.recorder.audit);
+        let task = tokio::spawn(async move { sink.append_all(&records).await });
+        let durable: OpeningDurable = Box::pin(async move {
+            let cause = match task.await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "the write of the turn's opening records did not finish".to_owned(),
+            };
+            Err(KernelError::AuditUnavailable {
+                effect: AuditEffect::None,
+                cause,
+            })
+        });
+        let shared = durable.shared();
+        let _ = self.opening.set(shared.clone());
+        Box::pin(shared)
+    }
+
+    /// Waits until the opening's records are durable (at once when they
+    /// were each written as the turn opened).
+    pub(super) async fn opened(&self) -> Result<(), KernelError> {
+        if self.opened.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(opening) = self.opening.get() else {
+            return Ok(());
+        };
+        opening.clone().await?;
+        self.opened.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The identity of `context`'s records: the turn's own when the

@@ -23,14 +23,14 @@ use crate::port::{
 use crate::tools::EXECUTION_NAMESPACE;
 
 impl OpenTurn {
-    /// Writes `tool.catalog.listed` (decision path).
-    async fn record_listing(
+    /// `tool.catalog.listed` and the catalogue's hash.
+    fn listing_record(
         &self,
         context: &AccessContext,
         enabled: &[&str],
         listed: &[ToolDefinition],
         withheld: usize,
-    ) -> Result<String, KernelError> {
+    ) -> (AuditRecord, String) {
         let hash = catalog_hash(listed);
         let outcome = if self.grants.is_ok() {
             AuditOutcome::Allowed
@@ -53,21 +53,16 @@ impl OpenTurn {
         metadata.insert("withheldCount".into(), json!(withheld));
         metadata.insert("listedCount".into(), json!(listed.len()));
         record.metadata = Some(metadata);
-        self.shared
-            .recorder
-            .decision(&record.entry(), AuditEffect::None)
-            .await?;
-        Ok(hash)
+        (record, hash)
     }
-}
 
-#[async_trait]
-impl KernelTurn for OpenTurn {
-    async fn admit(
+    /// The admission's decision and its `authorization.checked`, not yet
+    /// written.
+    pub(super) async fn admission(
         &self,
         context: &AccessContext,
         agent: &Address,
-    ) -> Result<Admission, KernelError> {
+    ) -> (Admission, AuditRecord) {
         let [kind, id] = agent.path();
         let req = Requirement {
             namespace: EXECUTION_NAMESPACE.into(),
@@ -95,14 +90,64 @@ impl KernelTurn for OpenTurn {
         if let Err(cause) = &self.grants {
             entry.cause = Some(cause);
         }
-        self.shared
-            .recorder
-            .decision(&entry, AuditEffect::None)
-            .await?;
-        Ok(match decision {
+        let record = entry.to_record();
+        let admission = match decision {
             Decision::Allowed { .. } => Admission::allowed(),
             Decision::Denied { reason, .. } => Admission::refused(reason.code()),
-        })
+        };
+        (admission, record)
+    }
+
+    /// The catalogue (tools in enabled namespaces that pass discovery) and
+    /// its `tool.catalog.listed`, not yet written; the turn keeps its hash.
+    pub(super) async fn listing(
+        &self,
+        context: &AccessContext,
+    ) -> (Vec<ToolDefinition>, AuditRecord) {
+        let enabled: Vec<&str> = context
+            .enabled_tool_namespaces
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        let mut listed = Vec::new();
+        let mut withheld = 0usize;
+        let policy = self.shared.current_policy();
+        if let Ok(grants) = &self.grants {
+            for tool in self.registry.iter() {
+                let def = &tool.definition;
+                let ceiling = requirement_of(&def.required_capability, context);
+                let frozen = policy.refuses(&ceiling.namespace, &ceiling.path, def.read_write);
+                if enabled.contains(&def.namespace.as_str())
+                    && !frozen
+                    && discover(grants, self.shared.usage.as_ref(), context, &ceiling)
+                        .await
+                        .is_ok()
+                {
+                    listed.push(def.clone());
+                } else {
+                    withheld += 1;
+                }
+            }
+        }
+        let (record, hash) = self.listing_record(context, &enabled, &listed, withheld);
+        self.set_catalog_hash(hash);
+        (listed, record)
+    }
+}
+
+#[async_trait]
+impl KernelTurn for OpenTurn {
+    async fn admit(
+        &self,
+        context: &AccessContext,
+        agent: &Address,
+    ) -> Result<Admission, KernelError> {
+        let (admission, record) = self.admission(context, agent).await;
+        self.shared
+            .recorder
+            .decision(&record.entry(), AuditEffect::None)
+            .await?;
+        Ok(admission)
     }
 
     async fn reach(&self, context: &AccessContext) -> Result<ReachResult, KernelError> {
@@ -138,36 +183,16 @@ impl KernelTurn for OpenTurn {
         &self,
         context: &AccessContext,
     ) -> Result<Vec<ToolDefinition>, KernelError> {
-        let enabled: Vec<&str> = context
-            .enabled_tool_namespaces
-            .iter()
-            .map(|n| n.as_str())
-            .collect();
-        let mut listed = Vec::new();
-        let mut withheld = 0usize;
-        let policy = self.shared.current_policy();
-        if let Ok(grants) = &self.grants {
-            for tool in self.registry.iter() {
-                let def = &tool.definition;
-                let ceiling = requirement_of(&def.required_capability, context);
-                let frozen = policy.refuses(&ceiling.namespace, &ceiling.path, def.read_write);
-                if enabled.contains(&def.namespace.as_str())
-                    && !frozen
-                    && discover(grants, self.shared.usage.as_ref(), context, &ceiling)
-                        .await
-                        .is_ok()
-                {
-                    listed.push(def.clone());
-                } else {
-                    withheld += 1;
-                }
-            }
-        }
-        let hash = self
-            .record_listing(context, &enabled, &listed, withheld)
+        let (listed, record) = self.listing(context).await;
+        self.shared
+            .recorder
+            .decision(&record.entry(), AuditEffect::None)
             .await?;
-        self.set_catalog_hash(hash);
         Ok(listed)
+    }
+
+    async fn opened(&self) -> Result<(), KernelError> {
+        OpenTurn::opened(self).await
     }
 
     async fn invoke_tool(
@@ -196,6 +221,7 @@ impl KernelTurn for OpenTurn {
         execution_id: &Identifier,
         reason: &Reason,
     ) -> Result<Escalation, KernelError> {
+        self.opened().await?;
         let mut r = AuditRecord::new(
             AuditKind::EscalationRequested,
             AuditOutcome::Escalated,
@@ -228,6 +254,7 @@ impl KernelTurn for OpenTurn {
         context: &AccessContext,
         refused: RefusedCall,
     ) -> Result<(), KernelError> {
+        self.opened().await?;
         let (id, identity) = (RecordId::new(), self.identity(context));
         let kinds = (
             AuditKind::ToolInvoked,

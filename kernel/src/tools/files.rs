@@ -197,6 +197,33 @@ pub fn parse_path(path: &str, allow_empty: bool) -> Result<Vec<String>, String> 
 pub struct FilesRoot {
     root: OwnedFd,
     config: FilesConfig,
+    /// The root is on a local disk filesystem ([`is_local`]): a small read
+    /// is made on the caller's thread rather than handed to a blocking
+    /// pool.
+    local: bool,
+}
+
+/// A read of a file this small (after `open` and `fstat`) on a local
+/// filesystem is made on the caller's thread: a few µs of page-cache copy,
+/// against the blocking pool's hand-off (two wake-ups, about 5 futex calls
+/// a read). A larger file, or a root on a network or FUSE filesystem (where
+/// any call may wait on a server), goes to the pool.
+pub const INLINE_READ_BYTES: u64 = 64 * 1024;
+
+/// Whether `fd` is on a filesystem whose calls wait only on a local disk
+/// (or on none): ext2/3/4, XFS, Btrfs, F2FS, ZFS, tmpfs, overlayfs. Any
+/// other (NFS, SMB, FUSE, 9p, Ceph, ...) is not.
+fn is_local(fd: &OwnedFd) -> bool {
+    const LOCAL: [u64; 7] = [
+        0xEF53,      // ext2/3/4
+        0x5846_5342, // XFS
+        0x9123_683E, // Btrfs
+        0xF2F5_2010, // F2FS
+        0x2FC1_2FC1, // ZFS
+        0x0102_1994, // tmpfs
+        0x794C_7630, // overlayfs
+    ];
+    rustix::fs::fstatfs(fd).is_ok_and(|st| LOCAL.contains(&(st.f_type as u64)))
 }
 
 /// A refusal or failure a caller may see (code, fixed message).
@@ -292,6 +319,36 @@ fn ensure_dir(base: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
     open_dir(base, name)
 }
 
+/// At most `max` bytes of an opened file whose `fstat` said `size` (the
+/// buffer is sized from it; a file that grew is still cut at `max`).
+fn read_open(file: std::fs::File, size: u64, max: u64) -> Result<Vec<u8>, FileFail> {
+    let mut bytes = Vec::with_capacity(size.min(max) as usize + 1);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(FileFail::Result(
+            "file_too_large",
+            "The file is larger than the read limit.",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The namespace and agent ids each name one directory.
+fn check_ids(namespace_id: &str, agent: &str) -> Result<(), FileFail> {
+    for s in [namespace_id, agent] {
+        if !PathSegment::new(s).is_ok_and(|p| p.as_str() == s)
+            || s.starts_with(TEMP_PREFIX)
+            || first_unsafe_in_name(s).is_some()
+        {
+            return Err(FileFail::Result(
+                "path_not_allowed",
+                "The namespace or agent id cannot name a directory.",
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl FilesRoot {
     /// Opens (creating) the root directory and removes the temp files of
     /// writes a crashed host left behind.
@@ -314,7 +371,12 @@ impl FilesRoot {
                 "removed temp files of interrupted writes"
             );
         }
-        Ok(Self { root, config })
+        let local = is_local(&root);
+        Ok(Self {
+            root,
+            config,
+            local,
+        })
     }
 
     /// The bytes of the agent's file `path` (relative, as [`parse_path`]
@@ -379,17 +441,7 @@ impl FilesRoot {
         agent: &str,
         create: bool,
     ) -> Result<OwnedFd, FileFail> {
-        for s in [namespace_id, agent] {
-            if !PathSegment::new(s).is_ok_and(|p| p.as_str() == s)
-                || s.starts_with(TEMP_PREFIX)
-                || first_unsafe_in_name(s).is_some()
-            {
-                return Err(FileFail::Result(
-                    "path_not_allowed",
-                    "The namespace or agent id cannot name a directory.",
-                ));
-            }
-        }
+        check_ids(namespace_id, agent)?;
         let step = |base: &OwnedFd, name: &str| {
             if create {
                 ensure_dir(base, name)
@@ -413,22 +465,38 @@ impl FilesRoot {
         Ok(cur)
     }
 
-    /// The bytes of a regular file, at most `max` of them.
-    fn read_at_most(
+    /// The agent's regular file `segs`, opened for reading, and its size.
+    /// One `openat2` of `ns/agent/segs..` beneath the root: the ids and
+    /// every segment are single names (no `/`, `.` or `..`, checked by
+    /// [`check_ids`] and [`parse_path`]) and `RESOLVE_NO_SYMLINKS` refuses a
+    /// symlink on every component, so the path can name only the file in
+    /// the agent's directory, as the walk segment by segment did.
+    fn open_regular(
         &self,
         ns: &str,
         agent: &str,
         segs: &[String],
-        max: u64,
-    ) -> Result<Vec<u8>, FileFail> {
-        let (leaf, parents) = segs.split_last().ok_or(FileFail::Result(
-            "is_a_directory",
-            "The path names a directory.",
-        ))?;
-        let dir = Self::walk(self.agent_dir(ns, agent, false)?, parents, false)?;
+    ) -> Result<(std::fs::File, u64), FileFail> {
+        check_ids(ns, agent)?;
+        if segs.is_empty() {
+            return Err(FileFail::Result(
+                "is_a_directory",
+                "The path names a directory.",
+            ));
+        }
+        let mut path = String::with_capacity(
+            ns.len() + agent.len() + segs.iter().map(|s| s.len() + 1).sum::<usize>() + 1,
+        );
+        path.push_str(ns);
+        path.push('/');
+        path.push_str(agent);
+        for s in segs {
+            path.push('/');
+            path.push_str(s);
+        }
         let fd = rustix::fs::openat2(
-            &dir,
-            leaf.as_str(),
+            &self.root,
+            path.as_str(),
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
             RESOLVE,
@@ -440,21 +508,34 @@ impl FilesRoot {
                 "The path does not name a regular file.",
             ));
         }
-        let mut bytes = Vec::new();
-        std::fs::File::from(fd)
-            .take(max + 1)
-            .read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > max {
-            return Err(FileFail::Result(
-                "file_too_large",
-                "The file is larger than the read limit.",
-            ));
-        }
-        Ok(bytes)
+        Ok((std::fs::File::from(fd), st.st_size.max(0) as u64))
+    }
+
+    /// The bytes of a regular file, at most `max` of them.
+    fn read_at_most(
+        &self,
+        ns: &str,
+        agent: &str,
+        segs: &[String],
+        max: u64,
+    ) -> Result<Vec<u8>, FileFail> {
+        let (file, size) = self.open_regular(ns, agent, segs)?;
+        read_open(file, size, max)
     }
 
     fn read(&self, ns: &str, agent: &str, segs: &[String]) -> Result<Value, FileFail> {
-        let bytes = self.read_at_most(ns, agent, segs, self.config.max_read_bytes)?;
+        let (file, size) = self.open_regular(ns, agent, segs)?;
+        self.read_answer(file, size, segs)
+    }
+
+    /// `files.read`'s answer from the opened file.
+    fn read_answer(
+        &self,
+        file: std::fs::File,
+        size: u64,
+        segs: &[String],
+    ) -> Result<Value, FileFail> {
+        let bytes = read_open(file, size, self.config.max_read_bytes)?;
         let size = bytes.len();
         let content = String::from_utf8(bytes)
             .map_err(|_| FileFail::Result("file_not_text", "The file is not UTF-8 text."))?;
@@ -582,6 +663,20 @@ impl FileTool {
     }
 }
 
+/// `work` on the blocking pool, unless the turn is stopped first.
+async fn pooled(
+    work: impl FnOnce() -> Result<Value, FileFail> + Send + 'static,
+    abort: &CancellationToken,
+) -> Result<Result<Value, FileFail>, ToolError> {
+    tokio::select! {
+        biased;
+        joined = tokio::task::spawn_blocking(work) => {
+            joined.map_err(|e| ToolError::Failed(format!("file task: {e}")))
+        }
+        _ = abort.cancelled() => Err(ToolError::Aborted),
+    }
+}
+
 fn path_arg(arguments: &JsonObject) -> &str {
     arguments.get("path").and_then(Value::as_str).unwrap_or("")
 }
@@ -649,16 +744,27 @@ impl ToolHandler for FileTool {
             .to_owned();
         let root = Arc::clone(&self.root);
         let op = self.op;
-        let work = tokio::task::spawn_blocking(move || match op {
-            FileOp::Read => root.read(&ns, &agent, &segs),
-            FileOp::Write => root.write(&ns, &agent, &segs, &content),
-            FileOp::List => root.list(&ns, &agent, &segs),
-            FileOp::Delete => root.delete(&ns, &agent, &segs),
-        });
-        let answer = tokio::select! {
-            biased;
-            joined = work => joined.map_err(|e| ToolError::Failed(format!("file task: {e}")))?,
-            _ = abort.cancelled() => return Err(ToolError::Aborted),
+        let answer = match op {
+            // A small file on a local disk is read here (see
+            // `INLINE_READ_BYTES`); the open is one `openat2` either way.
+            FileOp::Read if root.local => match root.open_regular(&ns, &agent, &segs) {
+                Ok((file, size)) if size <= INLINE_READ_BYTES => {
+                    root.read_answer(file, size, &segs)
+                }
+                Ok((file, size)) => {
+                    pooled(move || root.read_answer(file, size, &segs), &abort).await?
+                }
+                Err(e) => Err(e),
+            },
+            _ => {
+                let work = move || match op {
+                    FileOp::Read => root.read(&ns, &agent, &segs),
+                    FileOp::Write => root.write(&ns, &agent, &segs, &content),
+                    FileOp::List => root.list(&ns, &agent, &segs),
+                    FileOp::Delete => root.delete(&ns, &agent, &segs),
+                };
+                pooled(work, &abort).await?
+            }
         };
         let at = context.now.clone();
         match answer {
