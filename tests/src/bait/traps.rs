@@ -400,16 +400,6 @@ impl HostBait {
         vec![self.bin_dir.path().display().to_string()]
     }
 
-    /// The default policy with [`Self::extra_ro_paths`], the victim kept
-    /// out of the survivors (`keep_pid`).
-    pub fn policy(&self) -> sharedos_sandbox::SandboxPolicy {
-        super::keep_pid(self.victim_pid());
-        sharedos_sandbox::SandboxPolicy {
-            extra_ro_paths: self.extra_ro_paths(),
-            ..Default::default()
-        }
-    }
-
     /// The pids of processes that must stay alive.
     pub fn victim_pid(&self) -> u32 {
         self.victim.id()

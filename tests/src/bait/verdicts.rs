@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use super::traps::HostSide;
+use super::traps::{HostBait, HostSide};
 use super::{plugin_copy, workspaces_parent};
 
 // ------------------------------------------------------------- leftovers
@@ -43,6 +43,18 @@ static KEEP: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 /// Marks a pid the test spawned on purpose (a victim), not a survivor.
 pub fn keep_pid(pid: u32) {
     KEEP.lock().unwrap_or_else(|p| p.into_inner()).push(pid);
+}
+
+impl HostBait {
+    /// The default policy with [`HostBait::extra_ro_paths`], the victim
+    /// kept out of the survivors ([`keep_pid`]).
+    pub fn policy(&self) -> sharedos_sandbox::SandboxPolicy {
+        keep_pid(self.victim_pid());
+        sharedos_sandbox::SandboxPolicy {
+            extra_ro_paths: self.extra_ro_paths(),
+            ..Default::default()
+        }
+    }
 }
 
 /// Processes of a turn still alive: any descendant of this test process
