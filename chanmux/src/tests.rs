@@ -37,8 +37,8 @@ fn pair(gateway: std::path::PathBuf) -> Mux {
 
 #[test]
 fn streams_carry_their_bytes_both_ways_past_many_windows() {
-    let dir = tempfile_dir();
-    let guest = pair(echo_server(&dir));
+    let dir = tempfile::tempdir().unwrap();
+    let guest = pair(echo_server(dir.path()));
     let mut handles = Vec::new();
     for s in 0..8u8 {
         let (mine, theirs) = UnixStream::pair().unwrap();
@@ -62,24 +62,11 @@ fn streams_carry_their_bytes_both_ways_past_many_windows() {
     }
 }
 
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "chanmux-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// What the host's side says of `bytes` written by a guest that breaks
 /// the protocol.
 fn host_refuses(bytes: Vec<u8>) -> String {
-    let dir = tempfile_dir();
-    let gateway = echo_server(&dir);
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = echo_server(dir.path());
     host_refuses_with(bytes, Arc::new(move || UnixStream::connect(&gateway)))
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -136,9 +136,10 @@ impl Gateway {
     /// Serves `listener` for `binding`'s turn until the handle is dropped.
     pub fn serve(
         self: &Arc<Self>,
-        listener: TcpListener,
+        listener: impl Into<Listener>,
         binding: Arc<TurnBinding>,
     ) -> ServeHandle {
+        let listener = listener.into();
         let stop = CancellationToken::new();
         let gateway = Arc::clone(self);
         let token = stop.clone();
@@ -150,7 +151,7 @@ impl Gateway {
                     _ = token.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((stream, _)) = accepted else {
+                let Ok(stream) = accepted else {
                     // EMFILE and the like: back off instead of spinning.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
@@ -161,7 +162,6 @@ impl Gateway {
                     drop(stream);
                     continue;
                 };
-                let _ = stream.set_nodelay(true);
                 let ctx = ConnCtx {
                     stop: token.clone(),
                     slot: Arc::new(Mutex::new(Some(slot))),
@@ -170,7 +170,15 @@ impl Gateway {
                     (Arc::clone(&gateway), Arc::clone(&binding), timer.clone());
                 // The slot is freed when the connection ends, unless a
                 // tunnel took it over.
-                tokio::spawn(gateway.connection(stream, binding, ctx, timer));
+                match stream {
+                    Accepted::Tcp(s) => {
+                        let _ = s.set_nodelay(true);
+                        tokio::spawn(gateway.connection(s, binding, ctx, timer));
+                    }
+                    Accepted::Unix(s) => {
+                        tokio::spawn(gateway.connection(s, binding, ctx, timer));
+                    }
+                }
             }
         });
         ServeHandle { stop }
@@ -178,7 +186,7 @@ impl Gateway {
 
     async fn connection(
         self: Arc<Self>,
-        stream: tokio::net::TcpStream,
+        stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         binding: Arc<TurnBinding>,
         ctx: ConnCtx,
         timer: HeadTimer,
@@ -228,5 +236,39 @@ impl Gateway {
         }
         spent.requests += 1;
         Ok(())
+    }
+}
+
+/// What the gateway accepts connections on: the listener a namespace
+/// sandbox made in its own network namespace, or a unix listener whose
+/// connections a microVM's channel carries (docs/SECURITY.md, "microVM").
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(l: UnixListener) -> Self {
+        Listener::Unix(l)
+    }
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            Listener::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        }
     }
 }

@@ -80,14 +80,23 @@ impl EgressSeat {
             .get(execution_id)
             .cloned()
             .ok_or_else(|| ServeError::Unbound(execution_id.to_owned()))?;
-        let std_listener = std::net::TcpListener::from(listener);
-        std_listener
-            .set_nonblocking(true)
-            .map_err(ServeError::Listener)?;
-        let listener =
-            tokio::net::TcpListener::from_std(std_listener).map_err(ServeError::Listener)?;
+        let listener = listener_of(listener).map_err(ServeError::Listener)?;
         Ok(self.gateway.serve(listener, binding))
     }
+}
+
+/// `fd` as the gateway's listener: a unix listener (a microVM's channel
+/// connects there) or else a TCP one (a namespace sandbox's).
+fn listener_of(fd: OwnedFd) -> std::io::Result<super::gateway::Listener> {
+    // A unix socket's address reads back as one; a TCP socket's does not.
+    let unix = std::os::unix::net::UnixListener::from(fd);
+    if unix.local_addr().is_ok() {
+        unix.set_nonblocking(true)?;
+        return Ok(tokio::net::UnixListener::from_std(unix)?.into());
+    }
+    let tcp = std::net::TcpListener::from(OwnedFd::from(unix));
+    tcp.set_nonblocking(true)?;
+    Ok(tokio::net::TcpListener::from_std(tcp)?.into())
 }
 
 /// Unbinds a turn from its seat when dropped.

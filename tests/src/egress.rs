@@ -13,7 +13,7 @@ use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
 use sharedos_host::process::Launcher;
 use sharedos_host::sandboxed::SandboxLauncher;
-use sharedos_host::seat::registry_from_config;
+use sharedos_host::seat::{LauncherFor, registry_from_config};
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
@@ -101,11 +101,24 @@ pub async fn run_request(
     request: &str,
     watch: Option<OnEvent>,
 ) -> Turn {
-    let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
     let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
         let l: Arc<dyn Launcher> = Arc::new(SandboxLauncher::new(helper_exe(), e.sandbox_policy()));
         Ok(l)
     };
+    run_request_launched(dir, text, runtime, request, watch, &launcher_for).await
+}
+
+/// [`run_request`] with each runtime launched as `launcher_for` says
+/// (`configured_launcher`: as the entry configures, e.g. a microVM).
+pub async fn run_request_launched(
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    request: &str,
+    watch: Option<OnEvent>,
+    launcher_for: &LauncherFor,
+) -> Turn {
+    let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
     let registry = registry_from_config(&config, launcher_for).expect("the seats");
     let seat = registry.resolve(runtime).expect("the runtime").clone();
     let files_root = config.resolve(&config.host.files_root);

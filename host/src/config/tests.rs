@@ -147,10 +147,13 @@ fn microvm_refuses_at_load_what_it_cannot_carry_and_a_bad_shape() {
         "sandbox = { warm = 1 }",
         "runtimes[0].sandbox.warm: launcher = \"microvm\" prepares no VMs",
     );
-    bad(
-        "network = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
-        "runtimes[0].network: not available with launcher = \"microvm\"",
+    // A network policy is carried (the gateway over a serial line).
+    let egress = vm.replace(
+        "launcher = \"microvm\"",
+        "launcher = \"microvm\"\nnetwork = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
     );
+    let c = HostConfig::parse(&egress, "host.toml", Path::new("/")).unwrap();
+    assert!(c.runtimes[0].sandbox_policy().egress_port.is_some());
     let direct = MIN.replace(
         "program = \"sharedos-echo\"",
         "program = \"/bin/true\"\nlauncher = \"direct\"\nmicrovm = { vcpus = 2 }",

@@ -15,6 +15,7 @@
 //! microVM seat of a host process removes what dead hosts left
 //! ([`sweep`]).
 
+mod egress;
 mod image;
 pub mod qemu;
 mod ready;
@@ -262,6 +263,10 @@ impl MicrovmLauncher {
 
     fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let (dir, mut report) = self.prepare(spec)?;
+        let spawn_error = |source| LaunchError::Spawn {
+            program: spec.program.clone(),
+            source,
+        };
         let initrd = dir.path().join("initrd");
         let machine = vm::Machine {
             qemu: &self.qemu,
@@ -272,59 +277,91 @@ impl MicrovmLauncher {
             vcpus: self.vcpus,
         };
         let mut cmd = machine.command();
+        // With a network policy: the channel to the gateway, and a write
+        // end of the stderr pipe kept for the channel's own complaint.
+        let egress = match self.policy.egress_port {
+            Some(_) => Some(egress::prepare(dir.path()).map_err(spawn_error)?),
+            None => None,
+        };
+        if egress.is_some() {
+            cmd.args(egress::qemu_args(dir.path()));
+        }
+        let (err_r, err_w) = std::io::pipe().map_err(spawn_error)?;
+        let err_keep = egress
+            .as_ref()
+            .map(|_| err_w.try_clone().map(OwnedFd::from))
+            .transpose()
+            .map_err(spawn_error)?;
         cmd.current_dir(dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::from(err_w));
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         super::gvisor::runsc::dies_with_host(&mut cmd);
-        let spawn_error = |source| LaunchError::Spawn {
-            program: spec.program.clone(),
-            source,
-        };
         let started = std::time::Instant::now();
         let mut child = super::direct::on_spawn_thread(move || cmd.spawn())
             .and_then(|r| r)
             .map_err(spawn_error)?;
-        let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-        let (Some(i), Some(o), Some(e)) = pipes else {
+        let (Some(i), Some(o)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
             return Err(spawn_error(io::Error::other(
                 "a stdio pipe of QEMU is missing",
             )));
         };
-        if let Err(why) = ready::wait_ready(std::os::fd::AsFd::as_fd(&o), BOOT_TIMEOUT) {
-            let _ = child.kill();
-            let status = child.wait().ok().map(vm::plugin_status);
-            let tail = stderr_now(e);
-            let reason = format!(
-                "the guest did not come up: {why} (QEMU: {}); its console: {tail}",
-                status.map_or("killed".into(), |s| s.to_string())
-            );
-            return Err(self.refused(spec, reason));
-        }
+        let e = OwnedFd::from(err_r);
+        let up = ready::wait_ready(std::os::fd::AsFd::as_fd(&o), BOOT_TIMEOUT)
+            .and_then(|()| serve_egress(&child, egress.zip(err_keep)));
+        let egress_listener = match up {
+            Ok(l) => l,
+            Err(why) => {
+                let _ = child.kill();
+                let status = child.wait().ok().map(vm::plugin_status);
+                let tail = stderr_now(e);
+                let reason = format!(
+                    "the guest did not come up: {why} (QEMU: {}); its console: {tail}",
+                    status.map_or("killed".into(), |s| s.to_string())
+                );
+                return Err(self.refused(spec, reason));
+            }
+        };
         // QEMU's start to the guest init's ready line: the boot.
         report["boot_ms"] = (started.elapsed().as_millis() as u64).into();
         Ok(LaunchedChild {
             stdin: OwnedFd::from(i),
             stdout: OwnedFd::from(o),
-            stderr: OwnedFd::from(e),
+            stderr: e,
             tree: Box::new(MicrovmTree {
                 child,
                 dir: Some(dir),
             }),
             report: Some(report),
-            egress_listener: None,
+            egress_listener,
         })
     }
 }
 
+/// With a network policy, once the guest is up: the channel served (QEMU
+/// killed through `child`'s pidfd if the guest breaks it, saying so on
+/// the kept stderr write end) and the gateway's listener for the turn.
+fn serve_egress(
+    child: &Child,
+    egress: Option<(egress::Prepared, OwnedFd)>,
+) -> io::Result<Option<OwnedFd>> {
+    let Some((p, stderr)) = egress else {
+        return Ok(None);
+    };
+    let pid = rustix::process::Pid::from_child(child);
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    let listener = p.gateway.try_clone()?;
+    egress::serve(p, pidfd, stderr)?;
+    Ok(Some(listener))
+}
+
 /// The end of what QEMU wrote to its stderr so far (the guest's console
 /// and the init's message), for a guest that did not come up.
-fn stderr_now(e: std::process::ChildStderr) -> String {
+fn stderr_now(fd: OwnedFd) -> String {
     use std::io::Read;
-    let fd = OwnedFd::from(e);
     let _ = nix::fcntl::fcntl(
         &fd,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
@@ -371,6 +408,7 @@ fn launch_json(
         "rlimits": super::gvisor::rlimit_rows(p),
         "ram_mib": memory_mib,
         "binds": p.extra_ro_paths,
+        "egress_port": p.egress_port,
     });
     (launch, env_keys, warnings)
 }
