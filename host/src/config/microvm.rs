@@ -103,17 +103,12 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
     refuse_unsupported(i, r)
 }
 
-/// Harnesses and warm VMs are not carried yet (egress is: the gateway
-/// over a serial channel, host/src/process/microvm/egress.rs).
+/// Harnesses are not carried yet (egress is: the gateway over a serial
+/// channel, host/src/process/microvm/egress.rs; so are warm VMs).
 fn refuse_unsupported(i: usize, r: &RuntimeEntry) -> Result<(), String> {
     if r.harness.is_some() {
         return Err(format!(
             "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds only the program, its libraries and extraRoPaths, not a vendor CLI's runtime; use launcher = \"sandbox\""
-        ));
-    }
-    if r.sandbox.warm > 0 {
-        return Err(format!(
-            "runtimes[{i}].sandbox.warm: launcher = \"microvm\" prepares no VMs ahead of turns yet; remove it or use launcher = \"sandbox\""
         ));
     }
     Ok(())

@@ -22,6 +22,7 @@ mod ready;
 mod report;
 mod sweep;
 pub mod vm;
+mod warm;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -62,8 +63,10 @@ pub struct MicrovmSettings {
 /// The image's fixed part and the identity of its inputs.
 type CachedImage = (Vec<String>, Arc<Vec<u8>>);
 
-/// Launches plugins in microVMs with one runtime's policy.
-#[derive(Debug)]
+/// Launches plugins in microVMs with one runtime's policy. Its clones
+/// share the image cache and the warm VMs (the boots done ahead run on
+/// threads of their own with a clone).
+#[derive(Debug, Clone)]
 pub struct MicrovmLauncher {
     policy: SandboxPolicy,
     qemu: Qemu,
@@ -72,7 +75,9 @@ pub struct MicrovmLauncher {
     memory_mib: u64,
     vcpus: u32,
     /// The image's fixed part, by the identity of what went into it.
-    base: Mutex<Option<CachedImage>>,
+    base: Arc<Mutex<Option<CachedImage>>>,
+    /// VMs booted ahead of turns (`sandbox.warm`).
+    warm: Arc<warm::WarmVms>,
 }
 
 /// A run's directory (the initramfs of its VM); removed when dropped.
@@ -93,7 +98,8 @@ impl MicrovmLauncher {
             policy,
             memory_mib: s.memory_mib,
             vcpus: s.vcpus,
-            base: Mutex::new(None),
+            base: Arc::default(),
+            warm: Arc::new(warm::pool()),
         })
     }
 
@@ -445,9 +451,48 @@ fn environment(
     (out, warnings)
 }
 
+impl MicrovmLauncher {
+    fn warm_target(&self) -> usize {
+        self.policy.warm.min(sharedos_sandbox::MAX_WARM) as usize
+    }
+
+    /// A warm VM for `spec` (its report marked `warm`), its pinned
+    /// program checked again now; `None`: none is live.
+    fn take_warm(&self, spec: &LaunchSpec) -> Result<Option<LaunchedChild>, LaunchError> {
+        if let Some(pin) = spec.program_sha256.or(self.policy.program_sha256) {
+            super::stage_pinned(&spec.program, &pin)
+                .map_err(|e| self.refused(spec, e.to_string()))?;
+        }
+        let Some(mut vm) = self.warm.take(&warm::key(self, spec)) else {
+            return Ok(None);
+        };
+        if let Some(r) = vm.report.as_mut() {
+            r["warm"] = true.into();
+        }
+        Ok(Some(vm))
+    }
+}
+
 impl Launcher for MicrovmLauncher {
+    /// With `warm`: a VM booted ahead when one is live (a replacement is
+    /// ordered either way), else one booted now.
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        self.launch_blocking(spec)
+        let target = self.warm_target();
+        if target == 0 {
+            return self.launch_blocking(spec);
+        }
+        if let Some(vm) = self.take_warm(spec)? {
+            self.warm
+                .refill(&warm::key(self, spec), target, warm::booter(self, spec));
+            return Ok(vm);
+        }
+        let out = self.launch_blocking(spec);
+        if out.is_ok() {
+            self.warm.succeeded();
+        }
+        self.warm
+            .refill(&warm::key(self, spec), target, warm::booter(self, spec));
+        out
     }
 
     /// At seating: what dead hosts left is removed, the accelerator is
@@ -457,6 +502,12 @@ impl Launcher for MicrovmLauncher {
         sweep::sweep_once();
         let accel = self.accel();
         tracing::info!(accel = accel.name, why = %accel.why, "microvm accelerator");
+        let target = self.warm_target();
+        if target > 0 {
+            self.warm.adopt(&warm::key(self, spec));
+            self.warm
+                .refill(&warm::key(self, spec), target, warm::booter(self, spec));
+        }
         if spec.program_sha256.or(self.policy.program_sha256).is_none() {
             let name = spec
                 .program
