@@ -108,7 +108,7 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
 fn refuse_unsupported(i: usize, r: &RuntimeEntry) -> Result<(), String> {
     if r.harness.is_some() {
         return Err(format!(
-            "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds only the program, its libraries and extraRoPaths, not a vendor CLI's runtime; use launcher = \"sandbox\""
+            "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds the program, the shared libraries of the program and the init only, and extraRoPaths copied into the guest's RAM; a vendor CLI would be copied into every turn's image (Codex's binary alone is 301 MB) and a dynamically linked one or a node CLI would find no libraries (docs/SECURITY.md, \"microVM\"); use launcher = \"sandbox\""
         ));
     }
     Ok(())

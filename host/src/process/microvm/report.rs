@@ -13,7 +13,7 @@ use sharedos_sandbox::ProgramDigest;
 use super::{Accel, MICROVM_LEVEL, MicrovmLauncher};
 
 /// What QEMU holds outside the guest's RAM.
-const OUTSIDE_RAM: &str = "QEMU's own process (its code, the TCG translation cache under TCG, device state and buffers) is outside the guest's RAM and not bounded by it; no cgroup bounds the QEMU process here";
+const OUTSIDE_RAM: &str = "QEMU's own process is outside the guest's RAM: its code and device state, the TCG translation cache under TCG (capped at 64 MiB), and its copies of the kernel and the image (kept to reset the guest); no cgroup bounds the QEMU process here";
 
 /// One run's part of the report.
 pub(super) struct Run<'a> {
