@@ -13,6 +13,8 @@ pub mod egress;
 pub mod harness;
 /// What a turn may leave on the host: cgroups, workspaces.
 pub mod leftovers;
+/// Memory as the host reads it from `/proc`.
+pub mod meminfo;
 /// `sharedos serve` and an HTTP client over its socket.
 pub mod served;
 /// `sharedos serve` on TCP with tenants' tokens.

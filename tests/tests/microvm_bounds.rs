@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use sharedos_host::process::launcher::{LaunchSpec, Launcher};
 use sharedos_host::process::microvm::{MicrovmLauncher, MicrovmSettings};
 use sharedos_sandbox::SandboxPolicy;
+use sharedos_tests::meminfo::{kib_field, mem_available};
 use sharedos_tests::plugin_bin;
 
 const MIB: u64 = 1 << 20;
@@ -43,20 +44,6 @@ fn qemu_slack(report: &Value) -> u64 {
 /// What other processes of a shared machine may take from `MemAvailable`
 /// while the attack runs (as in sandbox_bounds.rs).
 const AVAILABLE_NOISE: u64 = 4 << 30;
-
-fn kib_field(text: &str, field: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn mem_available() -> u64 {
-    kib_field(
-        &std::fs::read_to_string("/proc/meminfo").unwrap(),
-        "MemAvailable:",
-    ) * 1024
-}
 
 fn rss(pid: u32) -> u64 {
     kib_field(
