@@ -212,6 +212,7 @@ impl Gateway {
                 // tunnel took it over.
                 match stream {
                     Accepted::Tcp(s) => {
+                        let _ = s.set_nodelay(true);
                         tokio::spawn(gateway.connection(s, binding, ctx, timer));
                     }
                     Accepted::Unix(s) => {

@@ -21,6 +21,8 @@
 //! Where the port cannot be used the guest reboots, which QEMU (`-no-reboot`)
 //! turns into an exit with status 0: "ended without a report".
 
+mod egress;
+
 use std::ffi::CString;
 use std::io::Write;
 
@@ -60,6 +62,10 @@ struct Launch {
     /// under `/tmp` is not hidden by the guest's `/tmp`).
     #[serde(default)]
     binds: Vec<String>,
+    /// The egress gateway's port: listened on in the guest's loopback and
+    /// carried over `ttyS2` to the host (absent: no network policy).
+    #[serde(default)]
+    egress_port: Option<u16>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -110,6 +116,10 @@ fn run() -> Res<u8> {
     }
     for path in &launch.binds {
         bind_read_only(path)?;
+    }
+    if let Some(port) = launch.egress_port {
+        let line = open_line("/dev/ttyS2")?;
+        egress::start(port, line)?;
     }
     remount_root_read_only()?;
     let ooms_before = oom_kills();

@@ -8,8 +8,8 @@ use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use sharedos_sandbox::{PreparedSandbox, SandboxError, SandboxPolicy, SandboxedChild, SpawnSpec};
 
@@ -142,7 +142,7 @@ impl SandboxLauncher {
         Self {
             helper_exe,
             policy,
-            warm: Arc::default(),
+            warm: Arc::new(WarmPool::new(WARM_WAIT, "sharedos-warm")),
         }
     }
 
@@ -170,21 +170,7 @@ impl SandboxLauncher {
     /// Wait up to `timeout` until no preparation is in flight; returns how
     /// many prepared sandboxes are ready then.
     pub fn wait_warm(&self, timeout: Duration) -> usize {
-        let end = Instant::now() + timeout;
-        let mut st = self.warm.lock();
-        while st.preparing > 0 {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            st = self
-                .warm
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        st.ready.len()
+        self.warm.wait_idle(timeout)
     }
 
     fn warm_target(&self) -> usize {
@@ -268,155 +254,35 @@ struct Spare {
     workspace: Option<HostWorkspace>,
 }
 
-/// Sandboxes prepared ahead of turns (`policy.warm`). Each is built by a
-/// thread of its own, off the turn's path, for the spec last given; a
-/// launch takes a ready one (or waits for one being built rather
-/// than building a second), starts its plugin and orders a replacement. A
-/// spec change discards the old ones; a failing preparation stops the
-/// refills until a launch built in the turn's path succeeds (which reports
-/// the real error otherwise). Dropping the last launcher kills every
-/// prepared tree and removes its workspace, on a thread of its own that
-/// `process::settle_kills` waits for.
-#[derive(Debug, Default)]
-pub struct WarmPool {
-    state: Mutex<WarmState>,
-    changed: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct WarmState {
-    key: Option<WarmKey>,
-    ready: Vec<Spare>,
-    preparing: usize,
-    failing: bool,
-}
+/// Sandboxes prepared ahead of turns (`policy.warm`), each built by a
+/// thread of its own for the spec last given (host/src/process/warm.rs
+/// says how the pool fills, waits and ends).
+type WarmPool = crate::process::warm::WarmPool<WarmKey, Spare>;
 
 /// The longest a launch waits for a sandbox being prepared.
 const WARM_WAIT: Duration = Duration::from_secs(30);
 
-impl WarmPool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, WarmState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Make `key` the spec to prepare for; spares of another go.
-    fn adopt(&self, key: &WarmKey) {
-        let stale = {
-            let mut st = self.lock();
-            if st.key.as_ref() == Some(key) {
-                return;
-            }
-            st.key = Some(key.clone());
-            st.failing = false;
-            std::mem::take(&mut st.ready)
-        };
-        drop(stale); // killed and reaped outside the lock
-    }
-
-    /// A live spare for `key`, waiting for one in preparation if there is
-    /// no ready one.
-    fn take(&self, key: &WarmKey) -> Option<Spare> {
-        self.adopt(key);
-        let mut dead = Vec::new();
-        let end = Instant::now() + WARM_WAIT;
-        let mut st = self.lock();
-        let found = loop {
-            if let Some(mut spare) = st.ready.pop() {
-                if spare.sandbox.is_alive() {
-                    break Some(spare);
-                }
-                dead.push(spare);
-                continue;
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            if st.preparing == 0 || st.failing || left.is_zero() {
-                break None;
-            }
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        };
-        drop(st);
-        drop(dead);
-        found
-    }
-
-    /// Order preparations until `target` are ready or being built.
-    fn refill(self: &Arc<Self>, key: &WarmKey, target: usize) {
-        let need = {
-            let mut st = self.lock();
-            if st.key.as_ref() != Some(key) || st.failing {
-                return;
-            }
-            let need = target.saturating_sub(st.ready.len() + st.preparing);
-            st.preparing += need;
-            need
-        };
-        for _ in 0..need {
-            let pool = Arc::clone(self);
-            let k = key.clone();
-            let started = std::thread::Builder::new()
-                .name("sharedos-warm".into())
-                .spawn(move || pool.prepare_one(k));
-            match started {
-                // The thread may end up owning the last reference to the
-                // pool, and so the kill of its trees: the host waits for it
-                // in `settle_kills` before it exits.
-                Ok(handle) => crate::process::track_thread(handle),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not start preparing a sandbox");
-                    let mut st = self.lock();
-                    st.preparing -= 1;
-                    self.changed.notify_all();
-                }
-            }
-        }
-    }
-
-    fn prepare_one(&self, key: WarmKey) {
-        let made = HostWorkspace::for_policy(&key.policy)
-            .map_err(|e| e.to_string())
-            .and_then(|workspace| {
-                sharedos_sandbox::prepare(&key.spawn_spec(workspace.as_ref()))
-                    .map(|sandbox| Spare { sandbox, workspace })
-                    .map_err(|e| e.to_string())
-            });
-        let stale = {
-            let mut st = self.lock();
-            st.preparing -= 1;
-            let stale = match made {
-                Ok(spare) if st.key.as_ref() == Some(&key) => {
-                    st.ready.push(spare);
-                    None
-                }
-                Ok(spare) => Some(spare),
-                Err(e) => {
-                    tracing::warn!(error = %e, program = %key.program.display(), "preparing a sandbox ahead of its turn failed; turns build theirs until one succeeds");
-                    st.failing = true;
-                    None
-                }
-            };
-            self.changed.notify_all();
-            stale
-        };
-        drop(stale);
-    }
-
-    fn succeeded(&self) {
-        self.lock().failing = false;
+impl crate::process::warm::WarmSpare for Spare {
+    fn alive(&mut self) -> bool {
+        self.sandbox.is_alive()
     }
 }
 
-impl Drop for WarmPool {
-    /// Killing and reaping a prepared tree blocks for a moment, and the last
-    /// launcher may be dropped on an async worker: the trees go on a thread
-    /// of their own, which `settle_kills` waits for.
-    fn drop(&mut self) {
-        let spares = std::mem::take(&mut self.lock().ready);
-        crate::process::drop_off_path(spares, "sharedos-warm-drop");
-    }
+/// A sandbox prepared for `key` around a fresh workspace.
+fn prepare_spare(key: &WarmKey) -> Result<Spare, String> {
+    HostWorkspace::for_policy(&key.policy)
+        .map_err(|e| e.to_string())
+        .and_then(|workspace| {
+            sharedos_sandbox::prepare(&key.spawn_spec(workspace.as_ref()))
+                .map(|sandbox| Spare { sandbox, workspace })
+                .map_err(|e| format!("{}: {e}", key.program.display()))
+        })
+}
+
+/// What refills the pool for `key`.
+fn preparer(key: &WarmKey) -> impl Fn() -> Result<Spare, String> + Clone + Send + 'static {
+    let key = key.clone();
+    move || prepare_spare(&key)
 }
 
 /// A sandbox that could not be built (or is below the minimum) refuses the
@@ -544,7 +410,7 @@ impl Launcher for SandboxLauncher {
         }
         let key = self.key(spec);
         self.warm.adopt(&key);
-        self.warm.refill(&key, target);
+        self.warm.refill(&key, target, preparer(&key));
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
@@ -572,7 +438,7 @@ impl Launcher for SandboxLauncher {
             match sandbox.start() {
                 Ok(child) => {
                     let out = launched(&key.program, child, workspace);
-                    self.warm.refill(&key, target);
+                    self.warm.refill(&key, target, preparer(&key));
                     return out;
                 }
                 // A prepared tree that died before its start: build one in
@@ -586,7 +452,7 @@ impl Launcher for SandboxLauncher {
         if out.is_ok() {
             self.warm.succeeded();
         }
-        self.warm.refill(&key, target);
+        self.warm.refill(&key, target, preparer(&key));
         out
     }
 }

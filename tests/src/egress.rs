@@ -11,7 +11,7 @@ use serde_json::Value;
 use sharedos_cli::demo::{ModelSetup, model_config};
 use sharedos_host::config::HostConfig;
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
-use sharedos_host::seat::registry_from_config;
+use sharedos_host::seat::{LauncherFor, registry_from_config};
 use sharedos_kernel::{JsonlAuditSink, Kernel};
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
 
@@ -111,26 +111,21 @@ pub async fn run_request_in(
     request: &str,
     watch: Option<OnEvent>,
 ) -> Turn {
-    let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
-    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| Ok(engine.launcher(e));
-    let registry = registry_from_config(&config, launcher_for).expect("the seats");
-    let seat = registry.resolve(runtime).expect("the runtime").clone();
-    let files_root = config.resolve(&config.host.files_root);
-    std::fs::create_dir_all(&files_root).expect("the files root");
-    let audit_path = dir.join("audit.jsonl");
-    let audit = JsonlAuditSink::open(&audit_path).expect("the audit file");
-    let kernel = Arc::new(
-        Kernel::from_config(&config.kernel, &files_root, Arc::new(audit)).expect("the kernel"),
-    );
-    // The host's limits as `sharedos run` takes them from the file.
-    let options = ExecutorOptions {
-        default_max_steps: config.host.default_max_steps,
-        default_max_tool_calls: config.host.default_max_tool_calls,
-        default_timeout_ms: config.host.default_timeout_ms,
-        drain_grace_ms: config.host.drain_grace_ms,
-        ..ExecutorOptions::default()
-    };
-    let executor = Executor::new(kernel, seat, options).expect("the executor");
+    let launcher_for = move |e: &sharedos_host::config::RuntimeEntry| Ok(engine.launcher(e));
+    run_request_launched(dir, text, runtime, request, watch, &launcher_for).await
+}
+
+/// [`run_request`] with each runtime launched as `launcher_for` says
+/// (`configured_launcher`: as the entry configures, e.g. a microVM).
+pub async fn run_request_launched(
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    request: &str,
+    watch: Option<OnEvent>,
+    launcher_for: &LauncherFor,
+) -> Turn {
+    let (executor, registry, audit_path) = executor_for(dir, text, runtime, launcher_for);
     let events: Arc<Mutex<Vec<ExecutionEvent>>> = Arc::default();
     let sink = events.clone();
     let on_event: OnEvent = Arc::new(move |e| {
@@ -160,6 +155,67 @@ pub async fn run_request_in(
         events,
         audit: std::fs::read_to_string(&audit_path).unwrap_or_default(),
     }
+}
+
+/// An executor of `runtime` as `text` configures it, each runtime
+/// launched as `launcher_for` says: with its registry (drop it, then
+/// `settle_kills`) and its audit file.
+fn executor_for(
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    launcher_for: &LauncherFor,
+) -> (Executor, sharedos_host::registry::RuntimeRegistry, PathBuf) {
+    let config = HostConfig::parse(text, "egress-e2e.toml", dir).expect("the configuration");
+    let registry = registry_from_config(&config, launcher_for).expect("the seats");
+    let seat = registry.resolve(runtime).expect("the runtime").clone();
+    let files_root = config.resolve(&config.host.files_root);
+    std::fs::create_dir_all(&files_root).expect("the files root");
+    let audit_path = dir.join("audit.jsonl");
+    let audit = JsonlAuditSink::open(&audit_path).expect("the audit file");
+    let kernel = Arc::new(
+        Kernel::from_config(&config.kernel, &files_root, Arc::new(audit)).expect("the kernel"),
+    );
+    // The host's limits as `sharedos run` takes them from the file.
+    let options = ExecutorOptions {
+        default_max_steps: config.host.default_max_steps,
+        default_max_tool_calls: config.host.default_max_tool_calls,
+        default_timeout_ms: config.host.default_timeout_ms,
+        drain_grace_ms: config.host.drain_grace_ms,
+        ..ExecutorOptions::default()
+    };
+    let executor = Executor::new(kernel, seat, options).expect("the executor");
+    (executor, registry, audit_path)
+}
+
+/// Turns of `requests` one after another on one seat (so a runtime's
+/// warm processes serve the later ones), `pause` before each but the
+/// first: each result with its wall time.
+pub async fn run_requests_launched(
+    dir: &Path,
+    text: &str,
+    runtime: &str,
+    requests: &[String],
+    pause: std::time::Duration,
+    launcher_for: &LauncherFor,
+) -> Vec<(ExecutionResult, std::time::Duration)> {
+    let (executor, registry, _) = executor_for(dir, text, runtime, launcher_for);
+    let mut out = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(pause).await;
+        }
+        let started = std::time::Instant::now();
+        let result = executor
+            .execute_json(request, ExecuteOptions::default())
+            .await
+            .expect("a valid request");
+        out.push((result, started.elapsed()));
+    }
+    drop(executor);
+    drop(registry);
+    sharedos_host::process::settle_kills();
+    out
 }
 
 /// A file in `dir` holding [`REAL_KEY`].

@@ -15,6 +15,8 @@ pub mod engines;
 pub mod harness;
 /// What a turn may leave on the host: cgroups, workspaces.
 pub mod leftovers;
+/// Memory as the host reads it from `/proc`.
+pub mod meminfo;
 /// A crate's module import graph and its cycles (the architecture test's).
 pub mod modgraph;
 /// `sharedos serve` and an HTTP client over its socket.

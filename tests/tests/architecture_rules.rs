@@ -73,8 +73,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("sharedos-kernel", &["sharedos-protocol"]),
     ("sharedos-sandbox", &[]),
-    // The microVM guest's init: a program of its own, on nothing of ours.
-    ("sharedos-guest-init", &[]),
+    // Streams over one channel (the microVM's egress line): std alone.
+    ("sharedos-chanmux", &[]),
+    // The microVM guest's init: a program of its own, on nothing of ours
+    // but the channel's framing, which the host's side shares.
+    ("sharedos-guest-init", &["sharedos-chanmux"]),
     ("sharedos-store", &["sharedos-protocol", "sharedos-kernel"]),
     ("sharedos-egress", &["sharedos-protocol", "sharedos-kernel"]),
     (
@@ -86,6 +89,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sharedos-kernel",
             "sharedos-sandbox",
             "sharedos-egress",
+            "sharedos-chanmux",
         ],
     ),
     // Sessions and the HTTP API: the one product crate on the store.

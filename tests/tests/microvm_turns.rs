@@ -14,6 +14,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sharedos_egress::mock::{MockModel, Wire, plan_script};
+use sharedos_host::seat::configured_launcher;
+use sharedos_tests::egress::{egress_grant, key_file, run_request_launched, run_requests_launched};
 use sharedos_tests::leftovers::processes_naming;
 use sharedos_tests::turns::{request, testplugin_host_toml, workspace_bin};
 
@@ -274,21 +277,133 @@ fn a_kernel_that_does_not_exist_is_refused_at_load_with_the_fix() {
     );
 }
 
-#[test]
-fn a_microvm_runtime_with_a_network_policy_is_refused_at_load() {
-    let config = microvm_toml(
-        "egress",
-        "network = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
+/// The egress gateway in a microVM: the guest has no network device; its
+/// init listens on the gateway's port of the guest's loopback and carries
+/// each connection over a third serial line to the host's gateway, which
+/// serves it as it serves a namespace sandbox's (the same route, grant and
+/// `SHAREDOS_EGRESS_URL`). Forty connections held open at once, then one
+/// model request through to the scripted mock model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_turn_reaches_the_gateway_over_the_guests_serial_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = MockModel::start(plan_script(Wire::OpenaiChat))
+        .await
+        .unwrap();
+    let network = format!(
+        "network = {{ routes = [{{ name = \"openai\", upstream = \"{}\", secret = \"file:{}\", api = \"openai\", allow = [\"loopback\"] }}] }}\n",
+        model.base_url(),
+        key_file(dir.path()).display()
     );
-    let run = run_cli(&config, json!([]), 5000);
-    assert_eq!(run.code, 2, "{}", run.stderr);
+    let init = workspace_bin("sharedos-guest-init");
+    let extra = format!(
+        "microvm = {{ memoryMib = 256, init = \"{}\" }}\n{network}",
+        init.display()
+    );
+    let text = microvm_toml("egress", &extra) + &egress_grant("alice-model", "openai", "request");
+    let script = json!([{"op": "egress_flood", "n": 40, "path": "/openai/chat/completions"}]);
+    let req = request("microvm-egress-1", script, &[], 120_000).to_string();
+    let turn = run_request_launched(
+        dir.path(),
+        &text,
+        "sharedos-testplugin",
+        &req,
+        None,
+        &configured_launcher,
+    )
+    .await;
+    let result = serde_json::to_value(&turn.result).unwrap();
+    assert_eq!(result["status"], "succeeded", "{result}");
+    let flood = turn
+        .events_of("runtime.event")
+        .into_iter()
+        .find(|e| e["type"] == "egress_flood")
+        .expect("the flood's event")["data"]
+        .clone();
+    assert_eq!(flood["connected"], 40, "{flood}");
+    assert_eq!(flood["status"], "200", "{flood}");
+    assert_eq!(model.seen().len(), 1, "{:?}", model.seen());
+    let requests = turn.events_of("egress.request");
+    assert!(requests.iter().any(|r| r["status"] == 200), "{requests:?}");
+    let report = &result["metadata"]["runtime"]["sandbox"];
+    assert_eq!(report["engine"], "microvm", "{report}");
     assert!(
-        run.stderr
-            .contains("runtimes[0].network: not available with launcher = \"microvm\"")
-            && run.stderr.contains("no network device"),
-        "{}",
-        run.stderr
+        report["network"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ttyS2"),
+        "{report}"
     );
+    nothing_left(report);
+}
+
+/// `sandbox.warm = 1`: a VM is booted when the runtime is seated, with
+/// the plugin started and waiting for `initialize`; a turn takes it (its
+/// report says `warm`) and a replacement is booted; the host's end kills
+/// every warm VM and removes its run directory. The turns' wall times,
+/// cold (no warm VM) and warm (one booted during the pause), are printed,
+/// never asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_vm_serves_the_turn_and_none_outlives_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = workspace_bin("sharedos-guest-init");
+    let vm = format!(
+        "microvm = {{ memoryMib = 256, init = \"{}\" }}\n",
+        init.display()
+    );
+    let requests: Vec<String> = (0..2)
+        .map(|i| request(&format!("microvm-warm-{i}"), json!([]), &[], 120_000).to_string())
+        .collect();
+    let pause = Duration::from_secs(45);
+    let cold_text = microvm_toml("cold", &vm);
+    let cold = run_requests_launched(
+        dir.path(),
+        &cold_text,
+        "sharedos-testplugin",
+        &requests,
+        pause,
+        &configured_launcher,
+    )
+    .await;
+    let warm_text = microvm_toml("warm", &format!("{vm}sandbox = {{ warm = 1 }}\n"));
+    let warm = run_requests_launched(
+        dir.path(),
+        &warm_text,
+        "sharedos-testplugin",
+        &requests,
+        pause,
+        &configured_launcher,
+    )
+    .await;
+    for (name, turns) in [("cold", &cold), ("warm", &warm)] {
+        for (result, elapsed) in turns.iter() {
+            let result = serde_json::to_value(result).unwrap();
+            assert_eq!(result["status"], "succeeded", "{name}: {result}");
+            let report = &result["metadata"]["runtime"]["sandbox"];
+            assert_eq!(
+                report["warm"].as_bool() == Some(true),
+                name == "warm",
+                "{name}: {report}"
+            );
+            eprintln!(
+                "{name} zero-call turn: {} ms (boot {} ms)",
+                elapsed.as_millis(),
+                report["boot_ms"]
+            );
+            nothing_left(report);
+        }
+    }
+    // The replacement booted after the last turn is gone too.
+    let prefix = format!("sharedos-microvm-{}-", std::process::id());
+    assert!(
+        processes_naming(&prefix).is_empty(),
+        "a QEMU outlived the host"
+    );
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "run directories left: {left:?}");
 }
 
 /// `sharedos sandbox check` with `PATH` set to `path`: its stdout.

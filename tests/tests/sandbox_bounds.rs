@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sharedos_sandbox::{SandboxPolicy, SandboxedChild, SpawnSpec, spawn};
+use sharedos_tests::meminfo::{kib_field, mem_available, meminfo_bytes};
 use sharedos_tests::{plugin_bin, serial};
 
 const MIB: u64 = 1 << 20;
@@ -108,15 +109,8 @@ fn tree(pid: i32) -> Vec<i32> {
     all
 }
 
-fn kib_field(text: &str, field: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn shmem_bytes() -> u64 {
-    kib_field(&std::fs::read_to_string("/proc/meminfo").unwrap(), "Shmem:") * 1024
+    meminfo_bytes("Shmem:")
 }
 
 fn observed(r: &Value) -> String {
@@ -237,13 +231,6 @@ const KIND_ROWS: [(&str, &str); 10] = [
     ("unix-sockets", "socket buffers"),
     ("processes", "private mappings"),
 ];
-
-fn mem_available() -> u64 {
-    kib_field(
-        &std::fs::read_to_string("/proc/meminfo").unwrap(),
-        "MemAvailable:",
-    ) * 1024
-}
 
 /// The most the host saw: the tree's resident anonymous memory plus the
 /// growth of the system's `Shmem` (tmpfs, SysV, shared mappings), and the

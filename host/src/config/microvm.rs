@@ -103,21 +103,12 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
     refuse_unsupported(i, r)
 }
 
-/// Egress, MCP over HTTP, harnesses and warm VMs are not carried yet.
+/// Harnesses are not carried yet (egress is: the gateway over a serial
+/// channel, host/src/process/microvm/egress.rs; so are warm VMs).
 fn refuse_unsupported(i: usize, r: &RuntimeEntry) -> Result<(), String> {
-    if r.network != sharedos_egress::NetworkPolicy::None {
-        return Err(format!(
-            "runtimes[{i}].network: not available with launcher = \"microvm\": the VM has no network device and the egress gateway is not carried over a serial channel yet; use launcher = \"sandbox\" for a runtime with a network policy"
-        ));
-    }
     if r.harness.is_some() {
         return Err(format!(
-            "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds only the program, its libraries and extraRoPaths, not a vendor CLI's runtime; use launcher = \"sandbox\""
-        ));
-    }
-    if r.sandbox.warm > 0 {
-        return Err(format!(
-            "runtimes[{i}].sandbox.warm: launcher = \"microvm\" prepares no VMs ahead of turns yet; remove it or use launcher = \"sandbox\""
+            "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds the program, the shared libraries of the program and the init only, and extraRoPaths copied into the guest's RAM; a vendor CLI would be copied into every turn's image (Codex's binary alone is 301 MB) and a dynamically linked one or a node CLI would find no libraries (docs/SECURITY.md, \"microVM\"); use launcher = \"sandbox\""
         ));
     }
     Ok(())

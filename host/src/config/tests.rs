@@ -143,14 +143,19 @@ fn microvm_refuses_at_load_what_it_cannot_carry_and_a_bad_shape() {
         "microvm = { vcpus = 0 }",
         "runtimes[0].microvm.vcpus: must be 1..=64",
     );
-    bad(
-        "sandbox = { warm = 1 }",
-        "runtimes[0].sandbox.warm: launcher = \"microvm\" prepares no VMs",
+    // VMs booted ahead are carried.
+    let warm = vm.replace(
+        "launcher = \"microvm\"",
+        "launcher = \"microvm\"\nsandbox = { warm = 1 }",
     );
-    bad(
-        "network = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
-        "runtimes[0].network: not available with launcher = \"microvm\"",
+    assert!(HostConfig::parse(&warm, "host.toml", Path::new("/")).is_ok());
+    // A network policy is carried (the gateway over a serial line).
+    let egress = vm.replace(
+        "launcher = \"microvm\"",
+        "launcher = \"microvm\"\nnetwork = { destinations = [{ address = \"127.0.0.1:9\", allow = [\"loopback\"] }] }",
     );
+    let c = HostConfig::parse(&egress, "host.toml", Path::new("/")).unwrap();
+    assert!(c.runtimes[0].sandbox_policy().egress_port.is_some());
     let direct = MIN.replace(
         "program = \"sharedos-echo\"",
         "program = \"/bin/true\"\nlauncher = \"direct\"\nmicrovm = { vcpus = 2 }",

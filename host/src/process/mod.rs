@@ -26,6 +26,7 @@ mod pinned;
 mod reaper;
 mod shim;
 pub mod stderr;
+pub(crate) mod warm;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;

@@ -15,12 +15,14 @@
 //! microVM seat of a host process removes what dead hosts left
 //! ([`sweep`]).
 
+mod egress;
 mod image;
 pub mod qemu;
 mod ready;
 mod report;
 mod sweep;
 pub mod vm;
+mod warm;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -62,8 +64,10 @@ pub struct MicrovmSettings {
 /// The image's fixed part and the identity of its inputs.
 type CachedImage = (Vec<String>, Arc<Vec<u8>>);
 
-/// Launches plugins in microVMs with one runtime's policy.
-#[derive(Debug)]
+/// Launches plugins in microVMs with one runtime's policy. Its clones
+/// share the image cache and the warm VMs (the boots done ahead run on
+/// threads of their own with a clone).
+#[derive(Debug, Clone)]
 pub struct MicrovmLauncher {
     policy: SandboxPolicy,
     qemu: Qemu,
@@ -72,7 +76,9 @@ pub struct MicrovmLauncher {
     memory_mib: u64,
     vcpus: u32,
     /// The image's fixed part, by the identity of what went into it.
-    base: Mutex<Option<CachedImage>>,
+    base: Arc<Mutex<Option<CachedImage>>>,
+    /// VMs booted ahead of turns (`sandbox.warm`).
+    warm: Arc<warm::WarmVms>,
 }
 
 /// A run's directory (the initramfs of its VM); removed when dropped.
@@ -93,7 +99,8 @@ impl MicrovmLauncher {
             policy,
             memory_mib: s.memory_mib,
             vcpus: s.vcpus,
-            base: Mutex::new(None),
+            base: Arc::default(),
+            warm: Arc::new(warm::pool()),
         })
     }
 
@@ -263,6 +270,10 @@ impl MicrovmLauncher {
 
     fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let (dir, mut report) = self.prepare(spec)?;
+        let spawn_error = |source| LaunchError::Spawn {
+            program: spec.program.clone(),
+            source,
+        };
         let initrd = dir.path().join("initrd");
         let machine = vm::Machine {
             qemu: &self.qemu,
@@ -273,59 +284,91 @@ impl MicrovmLauncher {
             vcpus: self.vcpus,
         };
         let mut cmd = machine.command();
+        // With a network policy: the channel to the gateway, and a write
+        // end of the stderr pipe kept for the channel's own complaint.
+        let egress = match self.policy.egress_port {
+            Some(_) => Some(egress::prepare(dir.path()).map_err(spawn_error)?),
+            None => None,
+        };
+        if egress.is_some() {
+            cmd.args(egress::qemu_args(dir.path()));
+        }
+        let (err_r, err_w) = std::io::pipe().map_err(spawn_error)?;
+        let err_keep = egress
+            .as_ref()
+            .map(|_| err_w.try_clone().map(OwnedFd::from))
+            .transpose()
+            .map_err(spawn_error)?;
         cmd.current_dir(dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::from(err_w));
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         super::gvisor::runsc::dies_with_host(&mut cmd);
-        let spawn_error = |source| LaunchError::Spawn {
-            program: spec.program.clone(),
-            source,
-        };
         let started = std::time::Instant::now();
         let mut child = super::direct::on_spawn_thread(move || cmd.spawn())
             .and_then(|r| r)
             .map_err(spawn_error)?;
-        let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-        let (Some(i), Some(o), Some(e)) = pipes else {
+        let (Some(i), Some(o)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
             return Err(spawn_error(io::Error::other(
                 "a stdio pipe of QEMU is missing",
             )));
         };
-        if let Err(why) = ready::wait_ready(std::os::fd::AsFd::as_fd(&o), BOOT_TIMEOUT) {
-            let _ = child.kill();
-            let status = child.wait().ok().map(vm::plugin_status);
-            let tail = stderr_now(e);
-            let reason = format!(
-                "the guest did not come up: {why} (QEMU: {}); its console: {tail}",
-                status.map_or("killed".into(), |s| s.to_string())
-            );
-            return Err(self.refused(spec, reason));
-        }
+        let e = OwnedFd::from(err_r);
+        let up = ready::wait_ready(std::os::fd::AsFd::as_fd(&o), BOOT_TIMEOUT)
+            .and_then(|()| serve_egress(&child, egress.zip(err_keep)));
+        let egress_listener = match up {
+            Ok(l) => l,
+            Err(why) => {
+                let _ = child.kill();
+                let status = child.wait().ok().map(vm::plugin_status);
+                let tail = stderr_now(e);
+                let reason = format!(
+                    "the guest did not come up: {why} (QEMU: {}); its console: {tail}",
+                    status.map_or("killed".into(), |s| s.to_string())
+                );
+                return Err(self.refused(spec, reason));
+            }
+        };
         // QEMU's start to the guest init's ready line: the boot.
         report["boot_ms"] = (started.elapsed().as_millis() as u64).into();
         Ok(LaunchedChild {
             stdin: OwnedFd::from(i),
             stdout: OwnedFd::from(o),
-            stderr: OwnedFd::from(e),
+            stderr: e,
             tree: Box::new(MicrovmTree {
                 child,
                 dir: Some(dir),
             }),
             report: Some(report),
-            egress_listener: None,
+            egress_listener,
         })
     }
 }
 
+/// With a network policy, once the guest is up: the channel served (QEMU
+/// killed through `child`'s pidfd if the guest breaks it, saying so on
+/// the kept stderr write end) and the gateway's listener for the turn.
+fn serve_egress(
+    child: &Child,
+    egress: Option<(egress::Prepared, OwnedFd)>,
+) -> io::Result<Option<OwnedFd>> {
+    let Some((p, stderr)) = egress else {
+        return Ok(None);
+    };
+    let pid = rustix::process::Pid::from_child(child);
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    let listener = p.gateway.try_clone()?;
+    egress::serve(p, pidfd, stderr)?;
+    Ok(Some(listener))
+}
+
 /// The end of what QEMU wrote to its stderr so far (the guest's console
 /// and the init's message), for a guest that did not come up.
-fn stderr_now(e: std::process::ChildStderr) -> String {
+fn stderr_now(fd: OwnedFd) -> String {
     use std::io::Read;
-    let fd = OwnedFd::from(e);
     let _ = nix::fcntl::fcntl(
         &fd,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
@@ -372,6 +415,7 @@ fn launch_json(
         "rlimits": super::gvisor::rlimit_rows(p),
         "ram_mib": memory_mib,
         "binds": p.extra_ro_paths,
+        "egress_port": p.egress_port,
     });
     (launch, env_keys, warnings)
 }
@@ -408,9 +452,48 @@ fn environment(
     (out, warnings)
 }
 
+impl MicrovmLauncher {
+    fn warm_target(&self) -> usize {
+        self.policy.warm.min(sharedos_sandbox::MAX_WARM) as usize
+    }
+
+    /// A warm VM for `spec` (its report marked `warm`), its pinned
+    /// program checked again now; `None`: none is live.
+    fn take_warm(&self, spec: &LaunchSpec) -> Result<Option<LaunchedChild>, LaunchError> {
+        if let Some(pin) = spec.program_sha256.or(self.policy.program_sha256) {
+            super::stage_pinned(&spec.program, &pin)
+                .map_err(|e| self.refused(spec, e.to_string()))?;
+        }
+        let Some(mut vm) = self.warm.take(&warm::key(self, spec)) else {
+            return Ok(None);
+        };
+        if let Some(r) = vm.report.as_mut() {
+            r["warm"] = true.into();
+        }
+        Ok(Some(vm))
+    }
+}
+
 impl Launcher for MicrovmLauncher {
+    /// With `warm`: a VM booted ahead when one is live (a replacement is
+    /// ordered either way), else one booted now.
     fn launch(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
-        self.launch_blocking(spec)
+        let target = self.warm_target();
+        if target == 0 {
+            return self.launch_blocking(spec);
+        }
+        if let Some(vm) = self.take_warm(spec)? {
+            self.warm
+                .refill(&warm::key(self, spec), target, warm::booter(self, spec));
+            return Ok(vm);
+        }
+        let out = self.launch_blocking(spec);
+        if out.is_ok() {
+            self.warm.succeeded();
+        }
+        self.warm
+            .refill(&warm::key(self, spec), target, warm::booter(self, spec));
+        out
     }
 
     /// At seating: what dead hosts left is removed, the accelerator is
@@ -420,6 +503,12 @@ impl Launcher for MicrovmLauncher {
         sweep::sweep_once();
         let accel = self.accel();
         tracing::info!(accel = accel.name, why = %accel.why, "microvm accelerator");
+        let target = self.warm_target();
+        if target > 0 {
+            self.warm.adopt(&warm::key(self, spec));
+            self.warm
+                .refill(&warm::key(self, spec), target, warm::booter(self, spec));
+        }
         if spec.program_sha256.or(self.policy.program_sha256).is_none() {
             let name = spec
                 .program

@@ -13,7 +13,7 @@ use sharedos_sandbox::ProgramDigest;
 use super::{Accel, MICROVM_LEVEL, MicrovmLauncher};
 
 /// What QEMU holds outside the guest's RAM.
-const OUTSIDE_RAM: &str = "QEMU's own process (its code, the TCG translation cache under TCG, device state and buffers) is outside the guest's RAM and not bounded by it; no cgroup bounds the QEMU process here";
+const OUTSIDE_RAM: &str = "QEMU's own process is outside the guest's RAM: its code and device state, the TCG translation cache under TCG (capped at 64 MiB), and its copies of the kernel and the image (kept to reset the guest); no cgroup bounds the QEMU process here";
 
 /// One run's part of the report.
 pub(super) struct Run<'a> {
@@ -50,10 +50,10 @@ pub(super) fn launched(l: &MicrovmLauncher, accel: &Accel, run: &Run) -> Value {
         .map(|(k, v)| (k.trim_start_matches("RLIMIT_").to_lowercase(), v.into()))
         .collect();
     let fields = json!({
-        "isolation": "a guest kernel of its own in a QEMU microVM: the plugin's system calls are served by the guest kernel, the host sees only QEMU's device emulation (two ISA serial ports, a debug-exit port, the PIT, PIC and RTC)",
+        "isolation": "a guest kernel of its own in a QEMU microVM: the plugin's system calls are served by the guest kernel, the host sees only QEMU's device emulation (two ISA serial ports, a third with a network policy, a debug-exit port, the PIT, PIC and RTC)",
         "run_dir": run.dir.display().to_string(),
         "uid": p.uids.first,
-        "network": "none (no network device in the VM; no egress gateway)",
+        "network": network(p.egress_port),
         "protocol": "stdin and stdout on the guest's ttyS0 (raw), wired to QEMU's stdio",
         "stderr": "the guest's ttyS1, written to QEMU's stderr with the guest kernel's console",
         "image": {
@@ -75,6 +75,17 @@ pub(super) fn launched(l: &MicrovmLauncher, accel: &Accel, run: &Run) -> Value {
         r.extend(f);
     }
     r
+}
+
+/// The guest's network: none, or the gateway's port on its own loopback
+/// carried over a serial line (host/src/process/microvm/egress.rs).
+fn network(egress_port: Option<u16>) -> String {
+    match egress_port {
+        None => "none (no network device in the VM; no egress gateway)".into(),
+        Some(port) => format!(
+            "no network device in the VM; the egress gateway at 127.0.0.1:{port} on the guest's own loopback, each connection carried over the guest's ttyS2 (a third ISA serial port) to the host's gateway"
+        ),
+    }
 }
 
 /// The memory axis: the tmpfs sizes inside the guest, and the guest's RAM

@@ -38,6 +38,9 @@ const APPEND: &str = "console=ttyS1 quiet loglevel=4 edd=off panic=-1 reboot=t";
 /// timing.
 const TCG_APPEND: &str = " tsc_early_khz=1000000 lpj=4000000 no_timer_check";
 
+/// The TCG translation cache's size in MiB (`-accel tcg,tb-size=`).
+pub const TCG_TB_MIB: u64 = 64;
+
 /// What a VM is made of.
 pub struct Machine<'a> {
     pub qemu: &'a Qemu,
@@ -53,7 +56,15 @@ impl Machine<'_> {
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(&self.qemu.path);
         cmd.args(["-M", "microvm,isa-serial=on,pit=on,pic=on,rtc=on"])
-            .args(["-accel", self.accel])
+            .arg("-accel")
+            .arg(match self.accel {
+                // The translation cache is QEMU's own memory, outside the
+                // guest's RAM: its default (1 GiB, filled as code is
+                // translated) is capped so that QEMU's whole footprint
+                // stays RAM + a known slack (docs/SECURITY.md, "microVM").
+                "tcg" => format!("tcg,tb-size={TCG_TB_MIB}"),
+                other => other.to_owned(),
+            })
             .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
             // QEMU's own seccomp filter: no obsolete system calls, no
             // privilege change, no new processes or programs, no
