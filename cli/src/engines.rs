@@ -129,7 +129,7 @@ pub fn check_microvm(
     spec: &LaunchSpec,
     out: &mut dyn Write,
 ) -> std::io::Result<i32> {
-    let settings = sharedos_host::config::microvm::settings(entry);
+    let settings = entry.microvm_settings();
     let launcher = match MicrovmLauncher::new(entry.sandbox_policy(), &settings) {
         Ok(l) => l,
         Err(e) => {

@@ -193,7 +193,7 @@ fn gvisor_sandbox(entry: &RuntimeEntry) -> RuntimeSandbox {
 /// is the microVM's and the memory bound the VM's RAM.
 fn microvm_sandbox(entry: &RuntimeEntry) -> RuntimeSandbox {
     let mut s = RuntimeSandbox::new(entry, "microvm");
-    let settings = crate::config::microvm::settings(entry);
+    let settings = entry.microvm_settings();
     if let Err(e) = MicrovmLauncher::new(entry.sandbox_policy(), &settings) {
         s.refused = Some(format!("a microVM cannot run here: {e}"));
         return s;

@@ -233,7 +233,7 @@ pub fn configured_launcher(entry: &RuntimeEntry) -> Result<Arc<dyn Launcher>, Se
             Ok(Arc::new(l))
         }
         LauncherKind::Microvm => {
-            let settings = crate::config::microvm::settings(entry);
+            let settings = entry.microvm_settings();
             let l = crate::process::MicrovmLauncher::new(entry.sandbox_policy(), &settings)
                 .map_err(|source| SeatError::Microvm {
                     runtime: entry.id.to_string(),

@@ -49,7 +49,11 @@ fn nothing_left(engine: Engine, report: &Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One test of this file at a time: the attack cases count every
+// descendant of the test process as a survivor.
+#[allow(clippy::await_holding_lock)]
 async fn a_model_turn_goes_through_the_gateway_in_every_engine() {
+    let _serial = serial();
     for engine in ENGINES {
         let e = engine.name();
         let dir = tempfile::tempdir().unwrap();
@@ -125,7 +129,11 @@ fn emitted(turn: &Turn) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One test of this file at a time: the attack cases count every
+// descendant of the test process as a survivor.
+#[allow(clippy::await_holding_lock)]
 async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_every_engine() {
+    let _serial = serial();
     for engine in ENGINES {
         let e = engine.name();
         let dir = tempfile::tempdir().unwrap();
@@ -180,7 +188,7 @@ async fn a_plugin_with_a_network_policy_reaches_the_gateway_and_nothing_else_in_
 /// envelope: a write, a read of it, an ungranted delete.
 #[test]
 fn a_harness_turn_over_mcp_http_runs_in_every_engine() {
-    let _serial = sharedos_tests::serial();
+    let _serial = serial();
     let rt = sharedos_tests::blocking_runtime();
     for engine in ENGINES {
         let e = engine.name();
@@ -225,7 +233,7 @@ fn a_harness_turn_over_mcp_http_runs_in_every_engine() {
 /// CLI.
 #[test]
 fn a_codex_turn_over_mcp_http_through_the_gateway_runs_in_every_engine() {
-    let _serial = sharedos_tests::serial();
+    let _serial = serial();
     let rt = sharedos_tests::blocking_runtime();
     for engine in ENGINES {
         let e = engine.name();

@@ -24,8 +24,6 @@
 //! # grants, file tools, escalation: see docs/KERNEL.md
 //! ```
 
-pub mod gvisor;
-pub mod microvm;
 mod pin;
 
 use std::collections::BTreeMap;
@@ -44,6 +42,8 @@ use crate::limits::{
 pub use crate::limits::{
     DEFAULT_INFLIGHT_TOOL_CALLS, MAX_AFFINITY_TTL_MS, MAX_INFLIGHT_TOOL_CALLS, MAX_TOKENS_RANGE,
 };
+pub use crate::process::gvisor::config as gvisor;
+pub use crate::process::microvm::config as microvm;
 pub use crate::seat::standard::{DRIVER_KINDS, ModelDriver};
 
 /// Limits and paths of the host.
@@ -285,14 +285,25 @@ impl RuntimeEntry {
             ));
         }
         pin::check(i, r)?;
-        gvisor::check(i, r)?;
-        microvm::check(i, r)?;
+        gvisor::check(i, r.launcher == LauncherKind::Gvisor, r.gvisor.as_ref())?;
+        microvm::check(
+            i,
+            r.launcher == LauncherKind::Microvm,
+            r.microvm.as_ref(),
+            r.sandbox.cgroup.memory_max,
+            r.harness.is_some(),
+        )?;
         if r.sandbox.mcp_port.is_some() {
             return Err(format!(
                 "runtimes[{i}].sandbox.mcpPort: set by the host from runtimes[{i}].harness.mcp; remove it"
             ));
         }
         Ok(())
+    }
+
+    /// The microVM launcher's settings for this entry.
+    pub fn microvm_settings(&self) -> crate::process::microvm::MicrovmSettings {
+        microvm::settings(self.microvm.as_ref(), self.sandbox.cgroup.memory_max)
     }
 
     /// The trusted manifest of the entry.

@@ -112,7 +112,7 @@ fn microvm_refuses_at_load_what_it_cannot_carry_and_a_bad_shape() {
     );
     let c = HostConfig::parse(&vm, "host.toml", Path::new("/")).unwrap();
     // The RAM defaults to the policy's memory bound (cgroup.memoryMax).
-    let s = super::microvm::settings(&c.runtimes[0]);
+    let s = c.runtimes[0].microvm_settings();
     let policy_max = c.runtimes[0].sandbox.cgroup.memory_max;
     assert_eq!(
         s.memory_mib,

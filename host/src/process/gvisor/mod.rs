@@ -20,6 +20,7 @@
 //! plugins, so a host that dies takes its containers with it.
 
 mod bundle;
+pub mod config;
 pub mod platform;
 mod report;
 pub mod runsc;

@@ -15,6 +15,7 @@
 //! microVM seat of a host process removes what dead hosts left
 //! ([`sweep`]).
 
+pub mod config;
 mod egress;
 mod image;
 pub mod qemu;

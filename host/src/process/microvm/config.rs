@@ -6,8 +6,6 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{LauncherKind, RuntimeEntry};
-
 /// The VM's RAM when neither `memoryMib` nor the policy's
 /// `cgroup.memoryMax` says.
 pub const DEFAULT_MEMORY_MIB: u64 = 256;
@@ -41,11 +39,15 @@ pub struct MicrovmSection {
     pub vcpus: Option<u32>,
 }
 
-/// The launcher's settings for entry `r`.
-pub fn settings(r: &RuntimeEntry) -> crate::process::microvm::MicrovmSettings {
-    let s = r.microvm.clone().unwrap_or_default();
-    let from_policy = r.sandbox.cgroup.memory_max.map(|b| b.div_ceil(1 << 20));
-    crate::process::microvm::MicrovmSettings {
+/// The launcher's settings from an entry's `[runtimes.microvm]` table and
+/// its policy's `cgroup.memoryMax` (`RuntimeEntry::microvm_settings`).
+pub fn settings(
+    section: Option<&MicrovmSection>,
+    memory_max: Option<u64>,
+) -> super::MicrovmSettings {
+    let s = section.cloned().unwrap_or_default();
+    let from_policy = memory_max.map(|b| b.div_ceil(1 << 20));
+    super::MicrovmSettings {
         qemu: s.qemu,
         kernel: s.kernel,
         init: s.init,
@@ -54,17 +56,25 @@ pub fn settings(r: &RuntimeEntry) -> crate::process::microvm::MicrovmSettings {
     }
 }
 
-/// What the microVM launcher of entry `i` cannot do, refused now.
-pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
-    if r.launcher != LauncherKind::Microvm {
-        if r.microvm.is_some() {
+/// The `[runtimes.microvm]` table of entry `i` (`section`; `microvm`: the
+/// entry's launcher is it) and what the microVM launcher cannot carry
+/// (`harness`: the entry has a harness spec), refused now.
+pub(crate) fn check(
+    i: usize,
+    microvm: bool,
+    section: Option<&MicrovmSection>,
+    memory_max: Option<u64>,
+    harness: bool,
+) -> Result<(), String> {
+    if !microvm {
+        if section.is_some() {
             return Err(format!(
                 "runtimes[{i}].microvm: applies to launcher = \"microvm\" only; remove it or set the launcher"
             ));
         }
         return Ok(());
     }
-    let s = r.microvm.clone().unwrap_or_default();
+    let s = section.cloned().unwrap_or_default();
     for (field, path) in [("qemu", &s.qemu), ("kernel", &s.kernel), ("init", &s.init)] {
         if let Some(p) = path
             && !p.is_absolute()
@@ -83,7 +93,7 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
             k.display()
         ));
     }
-    let set = settings(r);
+    let set = settings(section, memory_max);
     if !MEMORY_MIB.contains(&set.memory_mib) {
         return Err(format!(
             "runtimes[{i}].microvm.memoryMib: must be {}..={}, got {}",
@@ -100,13 +110,13 @@ pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
             set.vcpus
         ));
     }
-    refuse_unsupported(i, r)
+    refuse_unsupported(i, harness)
 }
 
 /// Harnesses are not carried yet (egress is: the gateway over a serial
 /// channel, host/src/process/microvm/egress.rs; so are warm VMs).
-fn refuse_unsupported(i: usize, r: &RuntimeEntry) -> Result<(), String> {
-    if r.harness.is_some() {
+fn refuse_unsupported(i: usize, harness: bool) -> Result<(), String> {
+    if harness {
         return Err(format!(
             "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds the program, the shared libraries of the program and the init only, and extraRoPaths copied into the guest's RAM; a vendor CLI would be copied into every turn's image (Codex's binary alone is 301 MB) and a dynamically linked one or a node CLI would find no libraries (docs/SECURITY.md, \"microVM\"); use launcher = \"sandbox\""
         ));

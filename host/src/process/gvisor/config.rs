@@ -6,8 +6,6 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{LauncherKind, RuntimeEntry};
-
 /// `[runtimes.gvisor]`: the gVisor launcher's own settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -18,18 +16,19 @@ pub struct GvisorSection {
     pub runsc: Option<PathBuf>,
 }
 
-/// The `[runtimes.gvisor]` table of entry `i`: for the gVisor launcher
-/// only, its runsc an absolute path.
-pub(super) fn check(i: usize, r: &RuntimeEntry) -> Result<(), String> {
-    if r.launcher != LauncherKind::Gvisor {
-        if r.gvisor.is_some() {
+/// The `[runtimes.gvisor]` table of entry `i` (`section`): for the gVisor
+/// launcher only (`gvisor`: the entry's launcher is it), its runsc an
+/// absolute path.
+pub(crate) fn check(i: usize, gvisor: bool, section: Option<&GvisorSection>) -> Result<(), String> {
+    if !gvisor {
+        if section.is_some() {
             return Err(format!(
                 "runtimes[{i}].gvisor: applies to launcher = \"gvisor\" only; remove it or set the launcher"
             ));
         }
         return Ok(());
     }
-    if let Some(runsc) = r.gvisor.as_ref().and_then(|g| g.runsc.as_ref())
+    if let Some(runsc) = section.and_then(|g| g.runsc.as_ref())
         && !runsc.is_absolute()
     {
         return Err(format!(
