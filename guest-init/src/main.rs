@@ -5,9 +5,12 @@
 //! private tmpfs mounts of the policy's sizes, makes the root read-only,
 //! sets both serial lines raw, says `sharedos-guest-ready` on the
 //! protocol line (the host writes nothing before it), and runs the plugin as the sandbox uid
-//! with its stdin and stdout on the first serial line (the protocol) and
-//! its stderr on the second. When the plugin has ended it kills whatever
-//! the plugin left, waits for both lines to drain, and reports how the
+//! with its stdin and stdout on pipes this init relays to and from the
+//! first serial line (the protocol; a plugin's stdio is pipes in every
+//! engine, and the SDKs refuse to serve a terminal, taking it for a person
+//! running the plugin by hand) and its stderr on the second line. When the
+//! plugin has ended it kills whatever the plugin left, sends the rest of
+//! its stdout, waits for both lines to drain, and reports how the
 //! plugin ended through the `isa-debug-exit` port: QEMU then exits with
 //! `(code << 1) | 1`, where `code` is ([`encode`]):
 //!
@@ -128,12 +131,28 @@ fn run() -> Res<u8> {
     // SAFETY: proto is open; the buffer outlives the call.
     unsafe { libc::write(proto, READY.as_ptr().cast(), READY.len()) };
     drain(proto, err);
-    let pid = spawn_plugin(&launch, proto, err)?;
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let pid = spawn_plugin(&launch, [stdin_r, stdout_w, err])?;
+    // The plugin holds its ends now; this init keeps only its own, and
+    // its relays are threads started after the fork.
+    close(stdin_r);
+    close(stdout_w);
+    std::thread::spawn(move || {
+        pump(proto, stdin_w);
+        close(stdin_w);
+    });
+    let stdout = std::thread::spawn(move || {
+        pump(stdout_r, proto);
+        close(stdout_r);
+    });
     let status = reap_until(pid);
     // Whatever the plugin left behind goes with it.
     // SAFETY: kill(-1) signals every process but this init; no memory is touched.
     unsafe { libc::kill(-1, libc::SIGKILL) };
     while reap_any() {}
+    // Every writer of the stdout pipe is gone: what it holds is sent.
+    let _ = stdout.join();
     if oom_kills() > ooms_before {
         say(&format!(
             "sharedos-guest-init: out of memory: the guest kernel's OOM killer killed the plugin; the VM's RAM ({} MiB) is its memory bound",
@@ -284,6 +303,50 @@ fn say(line: &str) {
     }
 }
 
+/// A pipe, both ends close-on-exec (the plugin gets its ends by `dup2`).
+fn pipe() -> Res<(libc::c_int, libc::c_int)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid out-array of two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(os_err("pipe"));
+    }
+    Ok((fds[0], fds[1]))
+}
+
+fn close(fd: libc::c_int) {
+    // SAFETY: fd is a descriptor this init owns and no longer uses.
+    unsafe { libc::close(fd) };
+}
+
+/// Copies `from` to `to` until `from` ends or either fails (the plugin's
+/// end of a pipe closed).
+fn pump(from: libc::c_int, to: libc::c_int) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: buf is valid for its length; from is open.
+        let n = unsafe { libc::read(from, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        let Ok(n) = usize::try_from(n) else { return };
+        if n == 0 {
+            return;
+        }
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: buf[sent..n] is initialized and in bounds; to is open.
+            let w = unsafe { libc::write(to, buf[sent..n].as_ptr().cast(), n - sent) };
+            if w < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            match usize::try_from(w) {
+                Ok(w) if w > 0 => sent += w,
+                _ => return,
+            }
+        }
+    }
+}
+
 /// Waits until both lines have sent what was written to them.
 fn drain(proto: libc::c_int, err: libc::c_int) {
     for fd in [proto, err] {
@@ -348,10 +411,11 @@ fn prepare(launch: &Launch) -> Res<Exec> {
     })
 }
 
-/// Forks the plugin: stdin and stdout the protocol line, stderr the
-/// stderr line, its rlimits, no supplementary groups, the sandbox uid and
-/// gid, no new privileges, then exec.
-fn spawn_plugin(launch: &Launch, proto: libc::c_int, err: libc::c_int) -> Res<libc::pid_t> {
+/// Forks the plugin: `stdio` its stdin, stdout and stderr (the relayed
+/// pipes and the stderr line), its rlimits, no supplementary groups, the
+/// sandbox uid and gid, no new privileges, then exec.
+fn spawn_plugin(launch: &Launch, stdio: [libc::c_int; 3]) -> Res<libc::pid_t> {
+    let [stdin, stdout, err] = stdio;
     let exec = prepare(launch)?;
     let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -371,8 +435,8 @@ fn spawn_plugin(launch: &Launch, proto: libc::c_int, err: libc::c_int) -> Res<li
     // SAFETY: in the child: system calls on valid descriptors and on
     // pointers into `exec`, `argv` and `envp`, alive until execve.
     unsafe {
-        let ok = libc::dup2(proto, 0) == 0
-            && libc::dup2(proto, 1) == 1
+        let ok = libc::dup2(stdin, 0) == 0
+            && libc::dup2(stdout, 1) == 1
             && libc::dup2(err, 2) == 2
             && exec.rlimits.iter().all(|(r, v)| {
                 let lim = libc::rlimit {
