@@ -285,3 +285,96 @@ async fn a_version_2_database_migrates_forward_with_in_flight_hosts_expired(back
     );
     assert_eq!(b.run("r-old").await.unwrap().state, RunState::Interrupted);
 }
+
+/// Ends every session of the test's database but the caller's, as the
+/// server does to a host paused inside a transaction past
+/// `idle_in_transaction_session_timeout`, or an operator's
+/// `pg_terminate_backend`; returns how many it ended.
+async fn end_other_sessions(conninfo: &str) -> i64 {
+    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The first result of `op` that is not `Unavailable`: the operation that
+/// finds the session gone fails so, the next ones connect again (at most
+/// 50 tries, so a store that never reconnects fails the test).
+async fn past_the_lost_session<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut last = None;
+    for _ in 0..50 {
+        match op().await {
+            Err(StoreError::Unavailable(why)) => last = Some(why),
+            other => return other,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the store never connected again: {last:?}");
+}
+
+/// A host whose session the server ended connects again: it serves reads
+/// and writes, hears other hosts' notifications again, and, its lease
+/// taken over meanwhile, learns so at its next renewal (`Fenced`) instead
+/// of failing `Unavailable` forever.
+#[tokio::test]
+async fn a_postgres_session_the_server_ended_is_made_again_and_finds_its_lease_taken() {
+    let db = sharedos_store::cluster::TestDatabase::new().await.unwrap();
+    let paused = sharedos_store::PostgresStore::connect(&db.conninfo, None)
+        .await
+        .unwrap();
+    paused.acquire_lease("a", LONG, &at()).await.unwrap();
+    paused.open_session(&session()).await.unwrap();
+    let mut changes = paused.changes().unwrap();
+
+    assert!(end_other_sessions(&db.conninfo).await >= 1);
+    // Another host takes the lease over (a new process under the id).
+    let other = sharedos_store::PostgresStore::connect(&db.conninfo, None)
+        .await
+        .unwrap();
+    other.acquire_lease("a", LONG, &at()).await.unwrap();
+
+    let renewed = past_the_lost_session(|| paused.renew_lease()).await;
+    assert!(
+        matches!(&renewed, Err(e) if is_fenced(e, "a")),
+        "the renewal after the session was made again: {renewed:?}"
+    );
+    // Reads work again on the new session.
+    let read = past_the_lost_session(|| paused.session("s1")).await;
+    assert_eq!(read.unwrap().id, "s1");
+    // And it listens again: a notification sent now reaches it.
+    let (client, conn) = tokio_postgres::connect(&db.conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("NOTIFY sharedos_runs, 'after-the-new-session'")
+        .await
+        .unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match changes.recv().await {
+                Ok(m) if m == "after-the-new-session" => return m,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("the notifications stopped: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        heard.is_ok(),
+        "no notification after the session was made again"
+    );
+}

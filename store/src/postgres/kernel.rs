@@ -4,9 +4,9 @@
 use async_trait::async_trait;
 use sharedos_kernel::{AuditError, AuditRecord, AuditSink, UsageStore};
 
-use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
+use super::conn::Connection;
 use super::lease::{consume, insert_audit};
 use super::{PostgresStore, pg};
 use crate::StoreError;
@@ -20,7 +20,7 @@ impl AuditSink for PostgresStore {
     async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
         let (pending, first) = self.audit.push(record.clone(), self.lease.get());
         if first {
-            let (client, queue) = (self.client.clone(), self.audit.clone());
+            let (client, queue) = (self.conn.clone(), self.audit.clone());
             tokio::spawn(async move { commit_audit(&client, &queue).await });
         }
         pending.done().await
@@ -29,8 +29,17 @@ impl AuditSink for PostgresStore {
 
 /// Writes every queued audit record, one transaction per lease, and
 /// answers each append with its transaction's result.
-async fn commit_audit(client: &Mutex<Client>, queue: &AuditQueue) {
-    let mut client = client.lock().await;
+async fn commit_audit(conn: &Connection, queue: &AuditQueue) {
+    let mut client = match conn.lock().await {
+        Ok(client) => client,
+        Err(e) => {
+            let e = e.to_string();
+            for batch in queue.take() {
+                batch.answer(Err(e.clone()));
+            }
+            return;
+        }
+    };
     for batch in queue.take() {
         let result = commit_batch(&mut client, &batch)
             .await
@@ -55,14 +64,14 @@ impl UsageStore for PostgresStore {
         }
         let max = i64::try_from(max_uses).unwrap_or(i64::MAX);
         let lease = self.lease.get();
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await.map_err(|e| e.to_string())?;
         consume(&client, grant_id, max, lease.as_ref())
             .await
             .map_err(|e| e.to_string())
     }
 
     async fn remaining(&self, grant_id: &str, max_uses: u64) -> Result<u64, String> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await.map_err(|e| e.to_string())?;
         let used: i64 = client
             .query_opt(
                 "SELECT used FROM usage_counters WHERE grant_id = $1",

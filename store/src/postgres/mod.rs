@@ -10,6 +10,7 @@
 //! another host committed. Host leases and the writes they fence are in
 //! [`lease`].
 
+mod conn;
 mod delete;
 mod kernel;
 mod lease;
@@ -20,12 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
 use serde_json::Value;
 use sharedos_kernel::{AuditRecord, Grant};
 use sharedos_protocol::{Address, ExecutionEvent, Timestamp};
-use tokio::sync::{Mutex, broadcast};
-use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Row};
+use tokio::sync::broadcast;
+use tokio_postgres::{Client, GenericClient, Row};
 
 use crate::grants::postgres as grants;
 use crate::lease::LeaseCell;
@@ -44,8 +44,7 @@ const MIGRATION_LOCK: i64 = 0x5348_4152_4544;
 /// The PostgreSQL store.
 #[derive(Clone)]
 pub struct PostgresStore {
-    client: Arc<Mutex<Client>>,
-    changes: broadcast::Sender<String>,
+    conn: Arc<conn::Connection>,
     keep_events_per_run: Option<u64>,
     lease: LeaseCell,
     /// Audit records waiting for their group commit (`kernel.rs`).
@@ -80,26 +79,8 @@ impl PostgresStore {
         config: &str,
         keep_events_per_run: Option<u64>,
     ) -> Result<Self, StoreError> {
-        let (mut client, mut connection) = tokio_postgres::connect(config, NoTls)
-            .await
-            .map_err(|e| unavailable(format!("cannot connect to PostgreSQL: {}", pg_text(&e))))?;
         let (changes, _) = broadcast::channel(4096);
-        let notify = changes.clone();
-        tokio::spawn(async move {
-            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        let _ = notify.send(n.payload().to_owned());
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!("the PostgreSQL connection failed: {e}");
-                        break;
-                    }
-                }
-            }
-        });
+        let mut client = conn::Connection::connect(config, &changes).await?;
         // Migrating waits on the other hosts' migrations as long as they
         // take; only then are lock waits bounded.
         migrate(&mut client, config).await?;
@@ -109,8 +90,7 @@ impl PostgresStore {
             .await
             .map_err(pg)?;
         Ok(Self {
-            client: Arc::new(Mutex::new(client)),
-            changes,
+            conn: Arc::new(conn::Connection::new(config, client, changes)),
             keep_events_per_run,
             audit: crate::group::AuditQueue::default(),
             lease: LeaseCell::default(),
@@ -283,7 +263,7 @@ async fn last_sequence(c: &impl GenericClient, run_id: &str) -> Result<Option<i6
 #[async_trait]
 impl Store for PostgresStore {
     async fn open_session(&self, s: &SessionRecord) -> Result<(), StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         client
             .execute(
                 "INSERT INTO sessions (id, agent_id, runtime_id, scope, binding, open, created_at) \
@@ -303,7 +283,7 @@ impl Store for PostgresStore {
     }
 
     async fn session(&self, id: &str) -> Result<SessionRecord, StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         let row = client
             .query_opt(
                 "SELECT id, agent_id, runtime_id, scope, binding, open, created_at, closed_at \
@@ -329,7 +309,7 @@ impl Store for PostgresStore {
     }
 
     async fn close_session(&self, id: &str, at: &str) -> Result<(), StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         let n = client
             .execute(
                 "UPDATE sessions SET open = FALSE, closed_at = COALESCE(closed_at, $2) WHERE id = $1",
@@ -347,28 +327,28 @@ impl Store for PostgresStore {
     }
 
     async fn list_sessions(&self, query: &SessionQuery) -> Result<Vec<SessionRecord>, StoreError> {
-        listing::sessions(&*self.client.lock().await, query).await
+        listing::sessions(&*self.conn.lock().await?, query).await
     }
 
     async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
-        listing::runs(&*self.client.lock().await, query).await
+        listing::runs(&*self.conn.lock().await?, query).await
     }
 
     async fn delete_session(&self, id: &str) -> Result<SessionRecord, StoreError> {
-        delete::session(&mut *self.client.lock().await, id).await
+        delete::session(&mut *self.conn.lock().await?, id).await
     }
 
     async fn sweep(&self, query: &SweepQuery) -> Result<Swept, StoreError> {
-        delete::sweep(&mut *self.client.lock().await, query).await
+        delete::sweep(&mut *self.conn.lock().await?, query).await
     }
 
     async fn delete_run(&self, id: &str) -> Result<RunRecord, StoreError> {
-        delete::run(&mut *self.client.lock().await, id).await
+        delete::run(&mut *self.conn.lock().await?, id).await
     }
 
     async fn admit_run(&self, run: &NewRun) -> Result<Admission, StoreError> {
         let lease = self.lease.get();
-        let mut client = self.client.lock().await;
+        let mut client = self.conn.lock().await?;
         let tx = client.transaction().await.map_err(pg)?;
         lease::check(&tx, lease.as_ref()).await?;
         let open: bool = tx
@@ -427,13 +407,13 @@ impl Store for PostgresStore {
     }
 
     async fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         read_run(&*client, id).await
     }
 
     async fn end_run(&self, id: &str, result: &Value, at: &str) -> Result<RunRecord, StoreError> {
         let lease = self.lease.get();
-        let mut client = self.client.lock().await;
+        let mut client = self.conn.lock().await?;
         let tx = client.transaction().await.map_err(pg)?;
         lease::check(&tx, lease.as_ref()).await?;
         let n = tx
@@ -472,7 +452,7 @@ impl Store for PostgresStore {
     }
 
     async fn request_cancel(&self, id: &str, at: &str) -> Result<RunRecord, StoreError> {
-        let mut client = self.client.lock().await;
+        let mut client = self.conn.lock().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let marked = tx
             .execute(
@@ -491,7 +471,7 @@ impl Store for PostgresStore {
     }
 
     async fn cancel_requests(&self, host_id: &str) -> Result<Vec<String>, StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         let rows = client
             .query(
                 "SELECT id FROM runs WHERE host_id = $1 AND state = 'in_flight' \
@@ -504,7 +484,7 @@ impl Store for PostgresStore {
     }
 
     async fn in_flight_runs(&self, host_id: &str) -> Result<Vec<RunRecord>, StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         let rows = client
             .query(
                 &format!(
@@ -520,7 +500,7 @@ impl Store for PostgresStore {
 
     async fn append_event(&self, run_id: &str, event: &ExecutionEvent) -> Result<(), StoreError> {
         let lease = self.lease.get();
-        let mut client = self.client.lock().await;
+        let mut client = self.conn.lock().await?;
         let tx = client.transaction().await.map_err(pg)?;
         lease::insert_event(&tx, run_id, event, lease.as_ref()).await?;
         notify(&tx, run_id).await?;
@@ -533,7 +513,7 @@ impl Store for PostgresStore {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<ExecutionEvent>, StoreError> {
-        let client = self.client.lock().await;
+        let client = self.conn.lock().await?;
         let run = read_run(&*client, run_id).await?;
         if let Some(dropped) = run.dropped_through
             && after.is_none_or(|a| a < dropped)
@@ -579,35 +559,35 @@ impl Store for PostgresStore {
         origin: GrantOrigin,
         at: &str,
     ) -> Result<(), StoreError> {
-        grants::add(&mut *self.client.lock().await, grant, origin, at).await
+        grants::add(&mut *self.conn.lock().await?, grant, origin, at).await
     }
 
     async fn revoke_grant(&self, id: &str, at: &str) -> Result<bool, StoreError> {
-        grants::revoke(&mut *self.client.lock().await, id, at).await
+        grants::revoke(&mut *self.conn.lock().await?, id, at).await
     }
 
     async fn add_token(&self, token: &StoredToken) -> Result<(), StoreError> {
-        tokens::add(&*self.client.lock().await, token).await
+        tokens::add(&*self.conn.lock().await?, token).await
     }
 
     async fn revoke_token(&self, id: &str, at: &str) -> Result<bool, StoreError> {
-        tokens::revoke(&*self.client.lock().await, id, at).await
+        tokens::revoke(&*self.conn.lock().await?, id, at).await
     }
 
     async fn tokens(&self) -> Result<Vec<StoredToken>, StoreError> {
-        tokens::all(&*self.client.lock().await).await
+        tokens::all(&*self.conn.lock().await?).await
     }
 
     async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<StoredToken>, StoreError> {
-        tokens::by_hash(&*self.client.lock().await, secret_sha256).await
+        tokens::by_hash(&*self.conn.lock().await?, secret_sha256).await
     }
 
     async fn grant(&self, id: &str) -> Result<Option<StoredGrant>, StoreError> {
-        grants::grant(&*self.client.lock().await, id).await
+        grants::grant(&*self.conn.lock().await?, id).await
     }
 
     async fn grants(&self) -> Result<Vec<StoredGrant>, StoreError> {
-        grants::all(&*self.client.lock().await).await
+        grants::all(&*self.conn.lock().await?).await
     }
 
     async fn grants_for(
@@ -615,7 +595,7 @@ impl Store for PostgresStore {
         namespace_id: &str,
         subject: &Address,
     ) -> Result<Vec<Grant>, StoreError> {
-        grants::grants_for(&*self.client.lock().await, namespace_id, subject).await
+        grants::grants_for(&*self.conn.lock().await?, namespace_id, subject).await
     }
 
     async fn import_config_grants(
@@ -623,7 +603,7 @@ impl Store for PostgresStore {
         list: &[Grant],
         at: &str,
     ) -> Result<GrantImport, StoreError> {
-        grants::import(&mut *self.client.lock().await, list, at).await
+        grants::import(&mut *self.conn.lock().await?, list, at).await
     }
 
     async fn settle_effect(
@@ -631,12 +611,12 @@ impl Store for PostgresStore {
         settlement: &crate::effects::Settlement,
     ) -> Result<crate::effects::Settled, StoreError> {
         let lease = self.lease.get();
-        let mut client = self.client.lock().await;
+        let mut client = self.conn.lock().await?;
         settle::settle(&mut client, lease.as_ref(), settlement).await
     }
 
     async fn audit_trail(&self, trace_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
-        read_trail(&*self.client.lock().await, trace_id).await
+        read_trail(&*self.conn.lock().await?, trace_id).await
     }
 
     async fn acquire_lease(
@@ -645,28 +625,27 @@ impl Store for PostgresStore {
         duration: Duration,
         at: &Timestamp,
     ) -> Result<Acquired, StoreError> {
-        let acquired =
-            lease::acquire(&mut *self.client.lock().await, host_id, duration, at).await?;
+        let acquired = lease::acquire(&mut *self.conn.lock().await?, host_id, duration, at).await?;
         self.lease.set(acquired.lease.clone());
         Ok(acquired)
     }
 
     async fn renew_lease(&self) -> Result<(), StoreError> {
         let held = self.lease.required()?;
-        lease::renew(&*self.client.lock().await, &held).await
+        lease::renew(&*self.conn.lock().await?, &held).await
     }
 
     async fn take_over_expired(&self, at: &Timestamp) -> Result<Vec<RecoveredRun>, StoreError> {
         let held = self.lease.required()?;
-        lease::take_over(&mut *self.client.lock().await, &held, at).await
+        lease::take_over(&mut *self.conn.lock().await?, &held, at).await
     }
 
     async fn release_lease(&self) -> Result<(), StoreError> {
         let held = self.lease.required()?;
-        lease::release(&*self.client.lock().await, &held).await
+        lease::release(&*self.conn.lock().await?, &held).await
     }
 
     fn changes(&self) -> Option<broadcast::Receiver<String>> {
-        Some(self.changes.subscribe())
+        Some(self.conn.changes().subscribe())
     }
 }
