@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use sharedos_kernel::audit::per_call::LineSink;
 use sharedos_kernel::{
-    AuditEntry, AuditError, AuditRecord, AuditSink, Capability, ConfigGrantSource, Grant,
-    HandlerAnswer, Kernel, Scope, ToolError, ToolHandler,
+    AuditError, Capability, ConfigGrantSource, Grant, HandlerAnswer, Kernel, Scope, ToolError,
+    ToolHandler,
 };
 use sharedos_protocol::{
     AccessContext, Address, CapabilityRequirement, ExecutionOptions, ExecutionRequest,
@@ -102,20 +103,11 @@ fn grant(id: &str, namespace: &str, path: &[&str], action: &str) -> Grant {
 /// `MemoryAuditSink` does) made the measurement one of a vector growing
 /// through hundreds of thousands of records; the file write and `fsync`
 /// are measured on their own (docs/BENCHMARKS.md, the kernel's section).
-struct SerializingSink;
-
-#[async_trait]
-impl AuditSink for SerializingSink {
-    async fn append(&self, record: &AuditRecord) -> Result<(), AuditError> {
-        let line = record.to_json_line()?;
+fn serializing_sink() -> LineSink<impl Fn(Vec<u8>) -> Result<(), AuditError> + Send + Sync> {
+    LineSink::new(|line| {
         std::hint::black_box(line);
         Ok(())
-    }
-    async fn append_entry(&self, entry: &AuditEntry<'_>) -> Result<(), AuditError> {
-        let line = entry.to_json_line()?;
-        std::hint::black_box(line);
-        Ok(())
-    }
+    })
 }
 
 /// A kernel with `bench.noop` and the grants to admit the turn and call it,
@@ -132,7 +124,7 @@ pub fn kernel() -> Kernel {
     ];
     let builder = Kernel::builder(
         Arc::new(ConfigGrantSource::new(grants)),
-        Arc::new(SerializingSink),
+        Arc::new(serializing_sink()),
     );
     match builder.tool(noop_definition(), Arc::new(Noop)) {
         Ok(b) => b.build(),

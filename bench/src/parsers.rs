@@ -4,6 +4,11 @@
 //! job, against that library, on the same input in one run
 //! (docs/BENCHMARKS.md, "Fast paths against their references").
 //!
+//! The fast and the reference reading of each row are the same functions
+//! of two modules (`sharedos_protocol::per_call::{fast, reference}`,
+//! `sharedos_kernel::audit::per_call::{fast, reference}`), so nothing here
+//! names a type of the fast paths.
+//!
 //! The library is passed in ([`Library`]): `bench/examples/parsers.rs`
 //! brings sonic-rs as a dev-dependency, so the shipped code never links it.
 //! Every row's three readings are checked to agree on the input before
@@ -13,9 +18,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use sharedos_kernel::AuditRecord;
-use sharedos_protocol::jsonrpc::{self, Incoming, Params};
-use sharedos_protocol::tool_json::WriteJson;
-use sharedos_protocol::{InvokeToolParams, Text, Timestamp, ToolResult, json};
+use sharedos_kernel::audit::per_call as audit;
+use sharedos_protocol::per_call::{fast, reference};
+use sharedos_protocol::{InvokeToolParams, Text, Timestamp, ToolResult};
 
 /// A general-purpose JSON library doing each row's job its own way.
 pub trait Library {
@@ -74,25 +79,6 @@ pub const EVENT_TEXT: &str = "Reading notes/2026/summary.md (4096 bytes) and the
 /// The time a call's context carries.
 pub const TIMESTAMP: &str = "2026-12-05T21:14:39.123+01:00";
 
-fn call_params_fast(line: &str) -> Option<Box<InvokeToolParams>> {
-    match jsonrpc::classify_call(line).ok()? {
-        Incoming::Request {
-            params: Some(Params::InvokeTool(call)),
-            ..
-        } => Some(call),
-        _ => None,
-    }
-}
-
-fn call_params_reference(line: &str) -> Option<InvokeToolParams> {
-    match jsonrpc::classify(line).ok()? {
-        Incoming::Request {
-            params: Some(raw), ..
-        } => serde_json::from_str(raw.get()).ok(),
-        _ => None,
-    }
-}
-
 fn text_reference(s: &str) -> Option<&str> {
     let t = s.trim();
     (1..=512).contains(&t.chars().count()).then_some(t)
@@ -122,21 +108,21 @@ pub fn rows(iterations: u32, library: Lib<'_>) -> Result<Vec<Row>, String> {
 /// The call line: `classify_call` (the hand reader first) against
 /// `classify` and serde on the params.
 fn call_line(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
-    let fast = call_params_fast(CALL_LINE).map(|b| *b);
+    let read = fast::read_call(CALL_LINE);
     same(
         "call line",
-        fast.is_some() && fast == call_params_reference(CALL_LINE),
+        read.is_some() && read == reference::read_call(CALL_LINE),
     )?;
     if let Some(l) = library {
-        same("call line (library)", l.read_call(CALL_LINE) == fast)?;
+        same("call line (library)", l.read_call(CALL_LINE) == read)?;
     }
     Ok(Row {
         name: "call line read (`classify_call`)",
         fast: time_ns(iterations, || {
-            drop(black_box(call_params_fast(black_box(CALL_LINE))))
+            drop(black_box(fast::read_call(black_box(CALL_LINE))))
         }),
         reference: time_ns(iterations, || {
-            drop(black_box(call_params_reference(black_box(CALL_LINE))))
+            drop(black_box(reference::read_call(black_box(CALL_LINE))))
         }),
         library: library.map(|l| time_ns(iterations, || drop(black_box(l.read_call(CALL_LINE))))),
     })
@@ -144,13 +130,10 @@ fn call_line(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
 
 /// A tool result read: `from_json` against the derive.
 fn tool_result_read(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
-    let result = ToolResult::from_json(TOOL_RESULT).map_err(|e| e.to_string())?;
+    let result = fast::read_tool_result(TOOL_RESULT).map_err(|e| e.to_string())?;
     same(
         "tool result read",
-        serde_json::from_str::<ToolResult>(TOOL_RESULT)
-            .ok()
-            .as_ref()
-            == Some(&result),
+        reference::read_tool_result(TOOL_RESULT).ok().as_ref() == Some(&result),
     )?;
     if let Some(l) = library {
         same(
@@ -161,10 +144,10 @@ fn tool_result_read(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
     Ok(Row {
         name: "tool result read (`ToolResult::from_json`)",
         fast: time_ns(iterations, || {
-            drop(black_box(ToolResult::from_json(black_box(TOOL_RESULT))))
+            drop(black_box(fast::read_tool_result(black_box(TOOL_RESULT))))
         }),
         reference: time_ns(iterations, || {
-            drop(black_box(serde_json::from_str::<ToolResult>(black_box(
+            drop(black_box(reference::read_tool_result(black_box(
                 TOOL_RESULT,
             ))))
         }),
@@ -178,25 +161,25 @@ fn tool_result_read(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
 
 /// A tool result written: `WriteJson` against the derive.
 fn tool_result_write(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
-    let result = ToolResult::from_json(TOOL_RESULT).map_err(|e| e.to_string())?;
-    let written = |r: &ToolResult| {
-        let mut out = Vec::with_capacity(256);
-        r.write_json(&mut out);
-        out
-    };
-    let reference = serde_json::to_vec(&result).map_err(|e| e.to_string())?;
-    same("tool result write", written(&result) == reference)?;
+    let result = reference::read_tool_result(TOOL_RESULT).map_err(|e| e.to_string())?;
+    let written = reference::write_tool_result(&result).map_err(|e| e.to_string())?;
+    same(
+        "tool result write",
+        fast::write_tool_result(&result).ok().as_ref() == Some(&written),
+    )?;
     if let Some(l) = library {
         same(
             "tool result write (library)",
-            l.write_tool_result(&result) == reference,
+            l.write_tool_result(&result) == written,
         )?;
     }
     Ok(Row {
         name: "tool result write (`WriteJson`)",
-        fast: time_ns(iterations, || drop(black_box(written(black_box(&result))))),
+        fast: time_ns(iterations, || {
+            drop(black_box(fast::write_tool_result(black_box(&result))))
+        }),
         reference: time_ns(iterations, || {
-            drop(black_box(serde_json::to_vec(black_box(&result))))
+            drop(black_box(reference::write_tool_result(black_box(&result))))
         }),
         library: library
             .map(|l| time_ns(iterations, || drop(black_box(l.write_tool_result(&result))))),
@@ -206,19 +189,23 @@ fn tool_result_write(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
 /// An audit record's line: `to_json_line` against the derive.
 fn audit_line(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
     let record: AuditRecord = serde_json::from_str(AUDIT_RECORD).map_err(|e| e.to_string())?;
-    let mut reference = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+    let line = audit::reference::record_line(&record).map_err(|e| e.to_string())?;
     if let Some(l) = library {
-        same("audit line (library)", l.write_record(&record) == reference)?;
+        let mut written = l.write_record(&record);
+        written.push(b'\n');
+        same("audit line (library)", written == line)?;
     }
-    reference.push(b'\n');
-    same("audit line", record.to_json_line().ok() == Some(reference))?;
+    same(
+        "audit line",
+        audit::fast::record_line(&record).ok().as_ref() == Some(&line),
+    )?;
     Ok(Row {
         name: "audit record line (`to_json_line`)",
         fast: time_ns(iterations, || {
-            drop(black_box(black_box(&record).to_json_line()))
+            drop(black_box(audit::fast::record_line(black_box(&record))))
         }),
         reference: time_ns(iterations, || {
-            drop(black_box(serde_json::to_vec(black_box(&record))))
+            drop(black_box(audit::reference::record_line(black_box(&record))))
         }),
         library: library.map(|l| time_ns(iterations, || drop(black_box(l.write_record(&record))))),
     })
@@ -226,26 +213,21 @@ fn audit_line(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
 
 /// A string quoted: `json::write_str` against `serde_json`.
 fn string_write(iterations: u32, library: Lib<'_>) -> Result<Row, String> {
-    let quoted = |s: &str| {
-        let mut out = Vec::with_capacity(96);
-        json::write_str(&mut out, s);
-        out
-    };
-    let reference = serde_json::to_vec(EVENT_TEXT).map_err(|e| e.to_string())?;
-    same("string write", quoted(EVENT_TEXT) == reference)?;
+    let quoted = reference::write_str(EVENT_TEXT).map_err(|e| e.to_string())?;
+    same(
+        "string write",
+        fast::write_str(EVENT_TEXT).ok().as_ref() == Some(&quoted),
+    )?;
     if let Some(l) = library {
-        same(
-            "string write (library)",
-            l.write_str(EVENT_TEXT) == reference,
-        )?;
+        same("string write (library)", l.write_str(EVENT_TEXT) == quoted)?;
     }
     Ok(Row {
         name: "string quoted (`json::write_str`)",
         fast: time_ns(iterations, || {
-            drop(black_box(quoted(black_box(EVENT_TEXT))))
+            drop(black_box(fast::write_str(black_box(EVENT_TEXT))))
         }),
         reference: time_ns(iterations, || {
-            drop(black_box(serde_json::to_vec(black_box(EVENT_TEXT))))
+            drop(black_box(reference::write_str(black_box(EVENT_TEXT))))
         }),
         library: library.map(|l| time_ns(iterations, || drop(black_box(l.write_str(EVENT_TEXT))))),
     })

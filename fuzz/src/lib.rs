@@ -47,6 +47,57 @@ pub fn ndjson(data: &[u8]) {
     }
 }
 
+/// The peer's hand-written line reader (`peer/src/frame.rs`, what reads a
+/// plugin's output) against the codec it is held to ([`NdjsonCodec`]):
+/// the input cut into reads whose size and the line limit come from its
+/// first byte, the same lines and the same first error from both.
+pub fn frame_lines(data: &[u8]) {
+    let Some((&knobs, rest)) = data.split_first() else {
+        return;
+    };
+    let max = 1 + usize::from(knobs & 0x3f);
+    let chunk = 1 + usize::from(knobs >> 6) * 7;
+    let chunks: Vec<&[u8]> = rest.chunks(chunk).collect();
+    let seen = |r: Result<String, FrameError>| r.map_err(|e| e.to_string());
+    let mut codec = NdjsonCodec::new(max);
+    let mut buf = BytesMut::new();
+    let mut reference = Vec::new();
+    'read: {
+        for piece in &chunks {
+            buf.extend_from_slice(piece);
+            loop {
+                match codec.decode(&mut buf) {
+                    Ok(Some(line)) => reference.push(Ok(line)),
+                    Ok(None) => break,
+                    Err(e) => {
+                        reference.push(Err(e));
+                        break 'read;
+                    }
+                }
+            }
+        }
+        loop {
+            match codec.decode_eof(&mut buf) {
+                Ok(Some(line)) => reference.push(Ok(line)),
+                Ok(None) => break 'read,
+                Err(e) => {
+                    reference.push(Err(e));
+                    break 'read;
+                }
+            }
+        }
+    }
+    let fast: Vec<_> = sharedos_peer::read_lines(&chunks, max)
+        .into_iter()
+        .map(seen)
+        .collect();
+    let reference: Vec<_> = reference.into_iter().map(seen).collect();
+    assert_eq!(
+        fast, reference,
+        "the peer's reader differs on {rest:?}, max {max}"
+    );
+}
+
 /// The JSON-RPC classifier: whatever the line, one verdict; an accepted
 /// id is a string of at most 64 bytes or an integer below 2^53.
 pub fn jsonrpc(data: &[u8]) {
@@ -215,24 +266,25 @@ pub fn timestamp(data: &[u8]) {
 
 /// A tool result read by the SDKs (`ToolResult::from_json`, one pass for
 /// the host's status-first shape): the same value, or the same error, as
-/// serde's derive.
+/// serde's derive; both through `sharedos_protocol::per_call`'s two faces.
 pub fn tool_result(data: &[u8]) {
+    use sharedos_protocol::per_call::{fast, reference};
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let fast = sharedos_protocol::ToolResult::from_json(text).map_err(|e| e.to_string());
-    let reference =
-        serde_json::from_str::<sharedos_protocol::ToolResult>(text).map_err(|e| e.to_string());
-    assert_eq!(fast, reference, "ToolResult::from_json differs on {text:?}");
+    let read = fast::read_tool_result(text).map_err(|e| e.to_string());
+    let want = reference::read_tool_result(text);
+    assert_eq!(
+        read,
+        want.as_ref().map_err(|e| e.to_string()).cloned(),
+        "ToolResult::from_json differs on {text:?}"
+    );
     // The hand writer the host answers every call with writes what the
     // derive writes for the result just read.
-    if let Ok(result) = reference {
-        use sharedos_protocol::tool_json::WriteJson;
-        let mut written = Vec::new();
-        result.write_json(&mut written);
+    if let Ok(result) = want {
         assert_eq!(
-            String::from_utf8_lossy(&written),
-            serde_json::to_string(&result).unwrap_or_default(),
+            fast::write_tool_result(&result).ok(),
+            reference::write_tool_result(&result).ok(),
             "ToolResult::write_json differs on {text:?}"
         );
     }

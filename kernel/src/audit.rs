@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 mod entry;
 mod line;
+pub mod per_call;
 
 pub use entry::{
     AuditEntry, EntryId, IdentityRef, MetadataRef, RecordId, RecordIdentity, RecordMetadata,

@@ -9,6 +9,7 @@
 //! line), and the first bytes of a line are kept for a violation's sample
 //! only when there is a violation.
 
+use std::future::Future;
 use std::pin::Pin;
 
 use sharedos_protocol::FrameError;
@@ -162,6 +163,48 @@ impl Lines {
 
     fn keep_sample(&mut self) {
         keep_sample(&self.buf, &mut self.sample);
+    }
+}
+
+/// What the reader makes of `chunks`, each arriving as one read, with
+/// lines of at most `max` bytes: every line, up to and with the first
+/// error, where the peer stops reading. The reader's face for a check
+/// against [`sharedos_protocol::NdjsonCodec`] on the same bytes (the fuzz
+/// target `frame_lines`): the same list, as `frame/tests.rs` holds it over
+/// generated streams.
+pub fn read_lines(chunks: &[&[u8]], max: usize) -> Vec<Result<String, FrameError>> {
+    /// Hands out one chunk a read; never pending.
+    struct Chunks(std::collections::VecDeque<Vec<u8>>);
+    impl AsyncRead for Chunks {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if let Some(chunk) = self.0.pop_front() {
+                buf.put_slice(&chunk);
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+    let chunks = chunks.iter().map(|c| c.to_vec()).collect();
+    let mut lines = Lines::new(Box::pin(Chunks(chunks)), max);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut out = Vec::new();
+    loop {
+        // The reads are never pending, so one poll settles each line.
+        let next = match std::pin::pin!(lines.next()).poll(&mut cx) {
+            std::task::Poll::Ready(next) => next.map(|r| r.map(str::to_owned)),
+            std::task::Poll::Pending => None,
+        };
+        match next {
+            Some(Ok(line)) => out.push(Ok(line)),
+            Some(Err(e)) => {
+                out.push(Err(e));
+                return out;
+            }
+            None => return out,
+        }
     }
 }
 

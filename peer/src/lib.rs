@@ -56,6 +56,7 @@ mod violation;
 mod write;
 
 pub use config::PeerConfig;
+pub use frame::read_lines;
 pub use jsonrpsee_types::{ErrorObject, ErrorObjectOwned};
 pub use line::{
     error, error_with, request as request_line, request_written as request_line_written,

@@ -25,6 +25,7 @@ pub mod harness;
 pub mod json;
 pub mod jsonrpc;
 pub mod method;
+pub mod per_call;
 pub mod primitives;
 mod rfc3339;
 pub mod schema;

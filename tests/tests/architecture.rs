@@ -186,15 +186,21 @@ fn roots_without_forbid(root: &Path) -> Vec<String> {
 /// `(name, allowed path prefixes from the workspace root)`.
 const FAST_PATH_NAMES: &[(&str, &[&str])] = &[
     // The call parsed in the pass that classified the line: the peer
-    // hands it on, the host's driver takes it.
+    // hands it on, the host's driver takes it; `per_call::fast` gives it
+    // the reference's face; the fuzz body holds the one pass and the hand
+    // reader alone to the reference.
     (
         "Params::InvokeTool",
         &[
             "protocol/src/jsonrpc",
+            "protocol/src/per_call.rs",
             "peer/src/read.rs",
-            "fuzz/",
-            "bench/src/parsers.rs",
+            "fuzz/src/lib.rs",
         ],
+    ),
+    (
+        "classify_call_by_hand",
+        &["protocol/src/jsonrpc", "fuzz/src/lib.rs"],
     ),
     (
         "RequestParams::InvokeTool",
@@ -205,17 +211,26 @@ const FAST_PATH_NAMES: &[(&str, &[&str])] = &[
         "WriteJson",
         &[
             "protocol/src/tool_json",
+            "protocol/src/per_call.rs",
             "peer/src/peer.rs",
             "peer/src/reply.rs",
             "peer/src/line.rs",
             "plugin-sdk/src/remote.rs",
-            "fuzz/",
-            "bench/src/parsers.rs",
         ],
     ),
-    // The turn's shared record parts: the kernel's, and a sink's
-    // `append_entry` (the bench's counting sink).
-    ("AuditEntry", &["kernel/src/", "bench/src/fixture.rs"]),
+    // The hand writers' constant pieces.
+    (
+        "Fragment",
+        &[
+            "protocol/src/json.rs",
+            "protocol/src/tool_json",
+            "kernel/src/audit/line.rs",
+        ],
+    ),
+    // The turn's shared record parts: the kernel's alone (a sink outside
+    // it that wants the lines takes `audit::per_call::LineSink`).
+    ("AuditEntry", &["kernel/src/"]),
+    ("EntryId", &["kernel/src/"]),
     ("RecordIdentity", &["kernel/src/"]),
     ("RecordMetadata", &["kernel/src/"]),
     ("IdentityRef", &["kernel/src/"]),

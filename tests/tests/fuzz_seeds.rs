@@ -43,6 +43,11 @@ fn ndjson_decoder_seeds() {
 }
 
 #[test]
+fn peer_line_reader_agrees_with_the_codec_on_seeds() {
+    run("frame_lines", targets::frame_lines);
+}
+
+#[test]
 fn jsonrpc_classifier_seeds() {
     run("jsonrpc", targets::jsonrpc);
 }
