@@ -85,6 +85,12 @@ impl GvisorLauncher {
         &self.runsc
     }
 
+    /// Waits up to `timeout` until no container is being prepared; how
+    /// many are ready then.
+    pub fn wait_warm(&self, timeout: std::time::Duration) -> usize {
+        self.warm.wait_idle(timeout)
+    }
+
     fn warm_target(&self) -> usize {
         self.policy.warm.min(sharedos_sandbox::MAX_WARM) as usize
     }
