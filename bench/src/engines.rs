@@ -318,6 +318,17 @@ fn ms(us: f64) -> f64 {
     us / 1000.0
 }
 
+/// A prepared launcher and how the bench waits for its replacement.
+fn prepared_kind<L: Launcher + 'static>(l: Arc<L>, wait: fn(&L, Duration) -> usize) -> Kind {
+    let w = l.clone();
+    Kind::Launcher {
+        launcher: l,
+        refill: Some(Box::new(move || {
+            wait(&w, REFILL_WAIT);
+        })),
+    }
+}
+
 /// The engines, in the order they run in each round.
 fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
     let mut notes = Vec::new();
@@ -357,15 +368,9 @@ fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
         n,
     ));
     let ns_warm = Arc::new(SandboxLauncher::new(exe.to_path_buf(), warm.clone()));
-    let w = ns_warm.clone();
     out.push(engine(
         "namespace sandbox, prepared",
-        Kind::Launcher {
-            launcher: ns_warm,
-            refill: Some(Box::new(move || {
-                w.wait_warm(REFILL_WAIT);
-            })),
-        },
+        prepared_kind(ns_warm, SandboxLauncher::wait_warm),
         n,
     ));
     let gvisor = |policy: SandboxPolicy| {
@@ -382,15 +387,9 @@ fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
                 platform.why
             ));
             out.push(engine("gVisor, cold", launcher(cold), n));
-            let w = prepared.clone();
             out.push(engine(
                 "gVisor, prepared",
-                Kind::Launcher {
-                    launcher: prepared,
-                    refill: Some(Box::new(move || {
-                        w.wait_warm(REFILL_WAIT);
-                    })),
-                },
+                prepared_kind(prepared, GvisorLauncher::wait_warm),
                 n,
             ));
         }
@@ -414,15 +413,9 @@ fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
                 accel.why
             ));
             out.push(engine("microVM, cold", launcher(cold), vm_cold));
-            let w = prepared.clone();
             out.push(engine(
                 "microVM, warm",
-                Kind::Launcher {
-                    launcher: prepared,
-                    refill: Some(Box::new(move || {
-                        w.wait_warm(REFILL_WAIT);
-                    })),
-                },
+                prepared_kind(prepared, MicrovmLauncher::wait_warm),
                 n,
             ));
         }
