@@ -12,6 +12,7 @@ use serde::Serialize;
 pub mod affinity;
 pub mod calls;
 pub mod durable;
+pub mod engines;
 pub mod envelope;
 pub mod fixture;
 pub mod harness;
@@ -33,6 +34,7 @@ pub struct Figure {
     pub name: String,
     pub iterations: usize,
     pub median_us: f64,
+    pub p90_us: f64,
     pub p99_us: f64,
     pub min_us: f64,
 }
@@ -53,6 +55,7 @@ impl Figure {
             name: name.to_owned(),
             iterations: samples.len(),
             median_us: us(at(0.5)),
+            p90_us: us(at(0.9)),
             p99_us: us(at(0.99)),
             min_us: us(samples.first().copied().unwrap_or_default()),
         }
@@ -236,6 +239,11 @@ pub enum Only {
     /// sandbox, end to end over its API, against an in-process turn plus
     /// one raw round trip.
     ServeTurn,
+    /// Every engine in one run: bwrap (the floor), the namespace sandbox
+    /// cold and prepared, gVisor cold and prepared, the microVM cold and
+    /// warm: launch to `initialize` answered and to a zero-call turn's
+    /// end, the idle plugin tree's memory, and issue 30's goals.
+    Engines,
 }
 
 /// Issue 15's figures alone.
@@ -289,6 +297,17 @@ async fn run_only(exe: &std::path::Path, iterations: usize, only: Only) -> i32 {
                 !tokio::task::spawn_blocking(move || durable::print(&exe, sequential, in_flight))
                     .await
                     .unwrap_or(false);
+        }
+        Only::Engines => {
+            let n = (iterations / 20).clamp(3, 200);
+            let vm_cold = (n / 4).clamp(3, 10);
+            println!(
+                "== The engines in one run ({n} interleaved rounds, the microVM cold {vm_cold}; 2 rounds discarded first, the microVM cold 1)"
+            );
+            let exe = exe.to_path_buf();
+            failed |= !tokio::task::spawn_blocking(move || engines::run(&exe, n, vm_cold))
+                .await
+                .unwrap_or(false);
         }
         Only::ServeTurn => {
             failed |= !serveturn::print(exe, (iterations / 20).clamp(5, 200)).await;

@@ -40,7 +40,10 @@ struct Cli {
     /// a real `sharedos run` with its fsync'd audit trail, against a bare
     /// append + fsync) or `serve-turn` (a zero-call run through a real
     /// `sharedos serve` on a prepared sandbox, against an in-process turn
-    /// plus one raw round trip).
+    /// plus one raw round trip) or `engines` (bwrap, the namespace sandbox
+    /// cold and prepared, gVisor cold and prepared, the microVM cold and
+    /// warm in one run: to `initialize`, a zero-call turn, the idle tree's
+    /// memory, issue 30's goals; `--iterations / 20` rounds).
     #[arg(long)]
     only: Option<sharedos_bench::Only>,
     /// With `--only serve`: runs asked for at once (one session for every

@@ -84,7 +84,7 @@ pub fn bwrap_command(bwrap: &Path, program: &Path) -> std::io::Result<Command> {
 }
 
 /// The `turn/run` request of a zero-call turn (the testplugin's empty script).
-fn turn_run_line() -> String {
+pub(crate) fn turn_run_line() -> String {
     json!({"jsonrpc": "2.0", "id": 2, "method": "turn/run", "params": {
         "turnId": "t-bench",
         "request": {"message": {"payload": {"script": []}}, "context": {"traceId": "trace-bench"}, "tools": []},
@@ -92,7 +92,7 @@ fn turn_run_line() -> String {
     .to_string()
 }
 
-const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":[1],"host":{"name":"sharedos-bench","version":"1"},"limits":{"maxMessageBytes":8388608,"maxInflightToolCalls":64,"maxConcurrentTurns":1},"capabilities":{}}}"#;
+pub(crate) const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":[1],"host":{"name":"sharedos-bench","version":"1"},"limits":{"maxMessageBytes":8388608,"maxInflightToolCalls":64,"maxConcurrentTurns":1},"capabilities":{}}}"#;
 
 /// One zero-call turn over `command`'s stdio with the raw client: spawn,
 /// `initialize`, `turn/run`, the outcome, end of input, exit. Returns the

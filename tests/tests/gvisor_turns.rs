@@ -565,6 +565,50 @@ fn sandbox_check_of_a_gvisor_runtime_shows_its_container() {
     assert!(left.is_empty(), "the check left {left:?}");
 }
 
+/// `sandbox.warm = 1` on the pool every launcher shares: two turns on one
+/// seat, each served by a prepared container (the first by the one
+/// prepared at seating, the second by the replacement ordered when the
+/// first was taken: another container), each container gone after its
+/// turn. (That the host's end takes the last replacement with it is the
+/// next test's, through `sharedos run`: here other tests of this binary
+/// share the host's pid in their containers' names.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_container_is_taken_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = gvisor_toml("replaced").replace(
+        "launcher = \"gvisor\"",
+        "launcher = \"gvisor\"\nsandbox = { warm = 1 }",
+    );
+    let requests: Vec<String> = (0..2)
+        .map(|i| request(&format!("gvisor-warm-{i}"), json!([]), &[], 60_000).to_string())
+        .collect();
+    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| {
+        Ok(sharedos_tests::engines::Engine::Gvisor.launcher(e))
+    };
+    let turns = sharedos_tests::egress::run_requests_launched(
+        dir.path(),
+        &config,
+        "sharedos-testplugin",
+        &requests,
+        Duration::from_millis(200),
+        &launcher_for,
+    )
+    .await;
+    let mut containers = Vec::new();
+    for (result, _) in &turns {
+        let result = serde_json::to_value(result).unwrap();
+        assert_eq!(result["status"], "succeeded", "{result}");
+        let report = &result["metadata"]["runtime"]["sandbox"];
+        assert_eq!(report["prepared"], true, "{report}");
+        nothing_left(report);
+        containers.push(report["container"].as_str().unwrap().to_owned());
+    }
+    assert_ne!(
+        containers[0], containers[1],
+        "the second turn was not served by a replacement"
+    );
+}
+
 /// `sandbox.warm = 1`: the turn takes the container prepared when the
 /// runtime was seated (its report says `prepared`, and the plugin ran its
 /// script in it), a replacement is prepared after it, and when the host

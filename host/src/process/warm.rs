@@ -1,6 +1,7 @@
 //! Plugins prepared ahead of turns (`warm = N`), for any launcher: the
-//! namespace sandbox's prepared sandboxes (host/src/sandboxed.rs) and the
-//! microVM's booted VMs (host/src/process/microvm/warm.rs).
+//! namespace sandbox's prepared sandboxes (host/src/sandboxed.rs), gVisor's
+//! prepared containers (host/src/process/gvisor/warm.rs) and the microVM's
+//! booted VMs (host/src/process/microvm/warm.rs).
 //!
 //! Each is made by a thread of its own, off the turn's path, for the key
 //! (the spec) last given; a launch takes a live one (or waits for one being
@@ -10,12 +11,46 @@
 //! otherwise). Dropping the pool kills what it holds on a thread of its
 //! own that `process::settle_kills` waits for.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use sharedos_sandbox::ProgramDigest;
+
+use super::launcher::{LaunchSpec, LaunchedChild};
 
 /// A plugin prepared ahead; dropping it kills it and removes what it had.
 pub(crate) trait WarmSpare: Send + 'static {
     fn alive(&mut self) -> bool;
+}
+
+/// A whole launch done ahead (a gVisor container, a microVM): alive while
+/// its tree has not exited.
+impl WarmSpare for LaunchedChild {
+    fn alive(&mut self) -> bool {
+        matches!(self.tree.try_wait(), Ok(None))
+    }
+}
+
+/// What a launch prepared ahead serves: a launch of the same program,
+/// arguments, environment and pin (the spec's, else the policy's).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LaunchKey {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    pin: Option<ProgramDigest>,
+}
+
+impl LaunchKey {
+    pub(crate) fn of(spec: &LaunchSpec, policy_pin: Option<ProgramDigest>) -> Self {
+        Self {
+            program: spec.program.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+            pin: spec.program_sha256.or(policy_pin),
+        }
+    }
 }
 
 /// The prepared plugins of one launcher, for one key at a time.

@@ -56,7 +56,7 @@ pub struct GvisorLauncher {
     relay: Option<std::path::PathBuf>,
     /// Containers prepared ahead of turns (`sandbox.warm`); clones share
     /// them.
-    warm: std::sync::Arc<warm::WarmPool>,
+    warm: std::sync::Arc<warm::WarmContainers>,
 }
 
 impl GvisorLauncher {
@@ -69,7 +69,7 @@ impl GvisorLauncher {
             policy,
             runsc: Runsc::locate(configured)?,
             relay: std::env::current_exe().ok(),
-            warm: std::sync::Arc::default(),
+            warm: std::sync::Arc::new(warm::pool()),
         })
     }
 
@@ -83,6 +83,12 @@ impl GvisorLauncher {
 
     pub fn runsc(&self) -> &Runsc {
         &self.runsc
+    }
+
+    /// Waits up to `timeout` until no container is being prepared; how
+    /// many are ready then.
+    pub fn wait_warm(&self, timeout: std::time::Duration) -> usize {
+        self.warm.wait_idle(timeout)
     }
 
     fn warm_target(&self) -> usize {
@@ -252,13 +258,20 @@ impl Launcher for GvisorLauncher {
         if target == 0 {
             return self.launch_blocking(spec, false);
         }
-        let key = warm::WarmKey::of(spec);
-        let taken = self.warm.take(&key);
-        warm::WarmPool::refill(&self.warm, self, spec, target);
-        match taken {
+        let key = warm::key(self, spec);
+        let taken = self.warm.take(&key).and_then(warm::start);
+        let out = match taken {
             Some(child) => Ok(child),
-            None => self.launch_blocking(spec, false),
-        }
+            None => {
+                let out = self.launch_blocking(spec, false);
+                if out.is_ok() {
+                    self.warm.succeeded();
+                }
+                out
+            }
+        };
+        self.warm.refill(&key, target, warm::preparer(self, spec));
+        out
     }
 
     /// At seating: the platform is chosen now (the KVM probe may take a
@@ -271,7 +284,9 @@ impl Launcher for GvisorLauncher {
         tracing::info!(platform = platform.name, why = %platform.why, "gvisor platform");
         let target = self.warm_target();
         if target > 0 {
-            warm::WarmPool::refill(&self.warm, self, spec, target);
+            let key = warm::key(self, spec);
+            self.warm.adopt(&key);
+            self.warm.refill(&key, target, warm::preparer(self, spec));
         }
     }
 }

@@ -105,6 +105,12 @@ impl MicrovmLauncher {
         })
     }
 
+    /// Waits up to `timeout` until no VM is being booted ahead; how many
+    /// are ready then.
+    pub fn wait_warm(&self, timeout: std::time::Duration) -> usize {
+        self.warm.wait_idle(timeout)
+    }
+
     /// The accelerator (probed once per host process).
     pub fn accel(&self) -> Accel {
         vm::accel(&self.qemu, &self.kernel, &self.init)

@@ -5,21 +5,15 @@
 //! the plugin started and waiting for the host's `initialize` on its
 //! stdin. Dropping one kills QEMU and removes its run directory.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::super::launcher::{LaunchSpec, LaunchedChild};
 use super::MicrovmLauncher;
-use crate::process::warm::{WarmPool, WarmSpare};
+use crate::process::warm::{LaunchKey, WarmPool};
 
 /// What a warm VM was booted for: the program, its arguments and
 /// environment, its pin.
-pub(super) type Key = (
-    PathBuf,
-    Vec<String>,
-    Vec<(String, String)>,
-    Option<sharedos_sandbox::ProgramDigest>,
-);
+pub(super) type Key = LaunchKey;
 
 /// The warm VMs of one runtime.
 pub(super) type WarmVms = WarmPool<Key, LaunchedChild>;
@@ -32,19 +26,8 @@ pub(super) fn pool() -> WarmVms {
     WarmPool::new(WARM_WAIT, "sharedos-warm-vm")
 }
 
-impl WarmSpare for LaunchedChild {
-    fn alive(&mut self) -> bool {
-        matches!(self.tree.try_wait(), Ok(None))
-    }
-}
-
 pub(super) fn key(l: &MicrovmLauncher, spec: &LaunchSpec) -> Key {
-    (
-        spec.program.clone(),
-        spec.args.clone(),
-        spec.env.clone(),
-        spec.program_sha256.or(l.policy.program_sha256),
-    )
+    LaunchKey::of(spec, l.policy.program_sha256)
 }
 
 /// What boots a warm VM for `spec` (on the pool's thread, with a clone of
