@@ -3,10 +3,11 @@
 //! It reads the launch the host wrote into the initramfs
 //! (`/sharedos/launch.json`), mounts `/dev`, `/proc`, `/sys` and the
 //! private tmpfs mounts of the policy's sizes, makes the root read-only,
-//! sets both serial lines raw, says `sharedos-guest-ready` on the
-//! protocol line (the host writes nothing before it), and runs the plugin as the sandbox uid
-//! with its stdin and stdout on the first serial line (the protocol) and
-//! its stderr on the second. When the plugin has ended it kills whatever
+//! sets both serial lines raw, mounts a harness's read-only disk when the
+//! launch has one, says `sharedos-guest-ready` on the protocol line (the
+//! host writes nothing before it), and runs the plugin as the sandbox uid
+//! with its stdin and stdout on pipes relayed to the first serial line
+//! (the protocol) and its stderr on the second. When the plugin has ended it kills whatever
 //! the plugin left, waits for both lines to drain, and reports how the
 //! plugin ended through the `isa-debug-exit` port: QEMU then exits with
 //! `(code << 1) | 1`, where `code` is ([`encode`]):
@@ -35,6 +36,10 @@ const LAUNCH: &str = "/sharedos/launch.json";
 const READY: &[u8] = b"sharedos-guest-ready\n";
 /// Where the image holds `extraRoPaths` (bound at their own paths).
 const RO_DIR: &str = "/sharedos/ro";
+/// Where a harness's read-only disk is mounted.
+const DISK_DIR: &str = "/sharedos/disk";
+/// The disk's device node.
+const DISK_DEV: &str = "/dev/vda";
 /// Present in the host's accelerator probe image only.
 const PROBE: &str = "/sharedos/probe";
 /// The `isa-debug-exit` device's port (QEMU `iobase=0xf4`).
@@ -62,10 +67,23 @@ struct Launch {
     /// under `/tmp` is not hidden by the guest's `/tmp`).
     #[serde(default)]
     binds: Vec<String>,
+    /// A harness's read-only disk (`/dev/vda`): its modules loaded, it is
+    /// mounted read-only at [`DISK_DIR`] and each of its paths bound
+    /// read-only at its own path, as `binds` are.
+    #[serde(default)]
+    disk: Option<Disk>,
     /// The egress gateway's port: listened on in the guest's loopback and
     /// carried over `ttyS2` to the host (absent: no network policy).
     #[serde(default)]
     egress_port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Disk {
+    /// Kernel modules in the image, in load order.
+    modules: Vec<String>,
+    /// Host paths on the disk (at their own paths under [`DISK_DIR`]).
+    binds: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,8 +133,14 @@ fn run() -> Res<u8> {
         mount("tmpfs", &t.path, "tmpfs", flags, &data)?;
     }
     for path in &launch.binds {
-        bind_read_only(path)?;
+        bind_read_only(RO_DIR, path)?;
     }
+    if let Some(disk) = &launch.disk {
+        mount_disk(disk)?;
+    }
+    // The guest's own loopback: the egress gateway's listener and a
+    // harness's MCP listener live on it.
+    egress::lo_up()?;
     if let Some(port) = launch.egress_port {
         let line = open_line("/dev/ttyS2")?;
         egress::start(port, line)?;
@@ -128,12 +152,23 @@ fn run() -> Res<u8> {
     // SAFETY: proto is open; the buffer outlives the call.
     unsafe { libc::write(proto, READY.as_ptr().cast(), READY.len()) };
     drain(proto, err);
-    let pid = spawn_plugin(&launch, proto, err)?;
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let pid = spawn_plugin(&launch, (stdin_r, stdout_w), err)?;
+    // SAFETY: the plugin's ends, this init's to close.
+    unsafe {
+        libc::close(stdin_r);
+        libc::close(stdout_w);
+    }
+    let output = relay(proto, stdin_w, stdout_r)?;
     let status = reap_until(pid);
     // Whatever the plugin left behind goes with it.
     // SAFETY: kill(-1) signals every process but this init; no memory is touched.
     unsafe { libc::kill(-1, libc::SIGKILL) };
     while reap_any() {}
+    // Every writer of the plugin's stdout is gone: the relay has sent the
+    // last of it once it sees the end.
+    let _ = output.join();
     if oom_kills() > ooms_before {
         say(&format!(
             "sharedos-guest-init: out of memory: the guest kernel's OOM killer killed the plugin; the VM's RAM ({} MiB) is its memory bound",
@@ -176,9 +211,54 @@ fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &
     Ok(())
 }
 
-/// `RO_DIR/<path>` bound read-only at `path`, its mount point made first.
-fn bind_read_only(path: &str) -> Res<()> {
-    let source = format!("{RO_DIR}{path}");
+/// The disk's modules loaded, `/dev/vda` mounted read-only at
+/// [`DISK_DIR`], and each of its paths bound read-only at its own path.
+fn mount_disk(disk: &Disk) -> Res<()> {
+    for m in &disk.modules {
+        load_module(m)?;
+    }
+    // The device node appears once the driver has probed the device.
+    let mut tries = 0;
+    while !std::path::Path::new(DISK_DEV).exists() {
+        tries += 1;
+        if tries > 1000 {
+            return Err(format!(
+                "{DISK_DEV} did not appear after the virtio modules were loaded"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    mount(DISK_DEV, DISK_DIR, "ext4", flags, "noload")?;
+    for path in &disk.binds {
+        bind_read_only(DISK_DIR, path)?;
+    }
+    Ok(())
+}
+
+/// Loads the kernel module at `path` (`finit_module`).
+fn load_module(path: &str) -> Res<()> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    let params = cstr("")?;
+    // SAFETY: a valid open descriptor and a NUL-terminated parameter
+    // string that outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_finit_module,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            params.as_ptr(),
+            0,
+        )
+    };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+        return Err(os_err(&format!("load module {path}")));
+    }
+    Ok(())
+}
+
+/// `<root><path>` bound read-only at `path`, its mount point made first.
+fn bind_read_only(root: &str, path: &str) -> Res<()> {
+    let source = format!("{root}{path}");
     let meta = std::fs::symlink_metadata(&source).map_err(|e| format!("{source}: {e}"))?;
     if meta.file_type().is_symlink() {
         let target = std::fs::read_link(&source).map_err(|e| format!("{source}: {e}"))?;
@@ -195,7 +275,11 @@ fn bind_read_only(path: &str) -> Res<()> {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
         }
-        std::fs::write(path, b"").map_err(|e| format!("create {path}: {e}"))?;
+        // A file already there (a library the init also uses) is the
+        // mount point as it is: never truncated.
+        if !std::path::Path::new(path).exists() {
+            std::fs::write(path, b"").map_err(|e| format!("create {path}: {e}"))?;
+        }
     }
     let (s, t) = (cstr(&source)?, cstr(path)?);
     let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
@@ -348,10 +432,68 @@ fn prepare(launch: &Launch) -> Res<Exec> {
     })
 }
 
-/// Forks the plugin: stdin and stdout the protocol line, stderr the
-/// stderr line, its rlimits, no supplementary groups, the sandbox uid and
+/// A pipe, both ends close-on-exec.
+fn pipe() -> Res<(libc::c_int, libc::c_int)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid array of two descriptors to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(os_err("pipe"));
+    }
+    Ok((fds[0], fds[1]))
+}
+
+/// The protocol line relayed to and from the plugin's stdin and stdout
+/// pipes, each way on a thread of its own (the plugin's stdio are pipes,
+/// as with every other launcher, not the serial terminal: a plugin may
+/// refuse a terminal). The returned thread ends once the plugin's stdout
+/// has no writer left and all of it was written to the line.
+fn relay(
+    proto: libc::c_int,
+    stdin_w: libc::c_int,
+    stdout_r: libc::c_int,
+) -> Res<std::thread::JoinHandle<()>> {
+    use std::os::fd::FromRawFd;
+    let dup = || {
+        // SAFETY: proto is an open descriptor of this init.
+        let fd = unsafe { libc::fcntl(proto, libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(os_err("dup the protocol line"));
+        }
+        // SAFETY: fd was just made and is owned by the File alone.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    };
+    let (mut line_in, mut line_out) = (dup()?, dup()?);
+    // SAFETY: the pipe ends were made by `pipe` and are owned by these
+    // Files alone from here on.
+    let (mut to_plugin, mut from_plugin) = unsafe {
+        (
+            std::fs::File::from_raw_fd(stdin_w),
+            std::fs::File::from_raw_fd(stdout_r),
+        )
+    };
+    // The host's bytes: until the VM ends (a serial line has no end).
+    std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            let _ = std::io::copy(&mut line_in, &mut to_plugin);
+        })
+        .map_err(|e| format!("the stdin relay: {e}"))?;
+    std::thread::Builder::new()
+        .name("stdout".into())
+        .spawn(move || {
+            let _ = std::io::copy(&mut from_plugin, &mut line_out);
+        })
+        .map_err(|e| format!("the stdout relay: {e}"))
+}
+
+/// Forks the plugin: stdin and stdout the pipes `stdio` (read end, write
+/// end) that the init relays to the protocol line, stderr the stderr line, its rlimits, no supplementary groups, the sandbox uid and
 /// gid, no new privileges, then exec.
-fn spawn_plugin(launch: &Launch, proto: libc::c_int, err: libc::c_int) -> Res<libc::pid_t> {
+fn spawn_plugin(
+    launch: &Launch,
+    stdio: (libc::c_int, libc::c_int),
+    err: libc::c_int,
+) -> Res<libc::pid_t> {
     let exec = prepare(launch)?;
     let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -371,8 +513,8 @@ fn spawn_plugin(launch: &Launch, proto: libc::c_int, err: libc::c_int) -> Res<li
     // SAFETY: in the child: system calls on valid descriptors and on
     // pointers into `exec`, `argv` and `envp`, alive until execve.
     unsafe {
-        let ok = libc::dup2(proto, 0) == 0
-            && libc::dup2(proto, 1) == 1
+        let ok = libc::dup2(stdio.0, 0) == 0
+            && libc::dup2(stdio.1, 1) == 1
             && libc::dup2(err, 2) == 2
             && exec.rlimits.iter().all(|(r, v)| {
                 let lim = libc::rlimit {

@@ -21,6 +21,8 @@ pub(super) struct Run<'a> {
     pub program_inside: &'a str,
     pub pin: Option<&'a ProgramDigest>,
     pub image_bytes: u64,
+    /// A harness's read-only disk.
+    pub disk: Option<&'a super::disk::RoDisk>,
     pub env_keys: Vec<String>,
     pub warnings: Vec<String>,
 }
@@ -58,10 +60,21 @@ pub(super) fn launched(l: &MicrovmLauncher, accel: &Accel, run: &Run) -> Value {
         "stderr": "the guest's ttyS1, written to QEMU's stderr with the guest kernel's console",
         "image": {
             "bytes": run.image_bytes,
-            "holds": "the guest init, the program, the shared libraries both need, extraRoPaths (read-only), /etc/passwd and /etc/group",
+            "holds": if run.disk.is_some() {
+                "the guest init, the program, the shared libraries both need, the virtio modules of the read-only disk, /etc/passwd and /etc/group"
+            } else {
+                "the guest init, the program, the shared libraries both need, extraRoPaths (read-only), /etc/passwd and /etc/group"
+            },
             "root": "read-only after the init's mounts",
         },
         "extra_ro_paths": p.extra_ro_paths,
+        "disk": run.disk.map(|d| json!({
+            "image": d.image.display().to_string(),
+            "bytes": d.bytes,
+            "holds": "extraRoPaths and the harness CLI's shared libraries, each bound read-only at its host path",
+            "device": "virtio-blk (virtio-mmio), read-only in QEMU and mounted read-only by the guest",
+            "memory": "not guest RAM: the image stays on the host's disk; only the pages the guest reads sit in its page cache, inside its RAM",
+        })),
         "program": run.program_inside,
         "program_sha256": run.pin.map(|d| d.to_string()),
         "rlimits": rlimits,
