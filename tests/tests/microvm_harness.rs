@@ -103,6 +103,13 @@ fn ran_in_the_vm_and_left_nothing(v: &Value) {
         image_bytes < 64 << 20,
         "the initramfs holds no CLI: {image_bytes} bytes"
     );
+    // The memory axis says the disk is not guest RAM; the RAM is the bound.
+    let memory = &report["memory"];
+    assert!(
+        memory["disk"].as_str().unwrap_or_default().contains("not guest RAM"),
+        "{memory:#}"
+    );
+    assert_eq!(memory["tree_bound_bytes"], MEMORY_MIB << 20, "{memory:#}");
     let run_dir = report["run_dir"].as_str().unwrap_or_default().to_owned();
     assert!(!run_dir.is_empty(), "{report:#}");
     let left = processes_naming(&run_dir);
@@ -131,11 +138,20 @@ fn assert_codex_turn(turn: &VendorTurn, seen: &[sharedos_egress::mock::SeenReque
     assert_key_kept(turn, seen, Vendor::Codex);
     ran_in_the_vm_and_left_nothing(&v);
     // The figures docs/BENCHMARKS.md quotes (never judged here).
+    let at = |kind: &str| {
+        v["events"]
+            .as_array()
+            .and_then(|es| es.iter().find(|e| e["type"] == kind))
+            .map(|e| e["occurredAt"].clone())
+            .unwrap_or(Value::Null)
+    };
     eprintln!(
-        "microvm harness ({how}): boot_ms {} turn_ms {} disk_bytes {}",
+        "microvm harness ({how}): boot_ms {} turn_ms {} disk_bytes {} turn.started {} first egress.request {}",
         v["metadata"]["runtime"]["sandbox"]["boot_ms"],
         turn.elapsed.as_millis(),
-        v["metadata"]["runtime"]["sandbox"]["disk"]["bytes"]
+        v["metadata"]["runtime"]["sandbox"]["disk"]["bytes"],
+        at("turn.started"),
+        at("egress.request"),
     );
 }
 

@@ -11,7 +11,9 @@
 //! (`<cache>/microvm-disks/sha256-<digest>.ext4`, mode 0600 in a 0700
 //! directory); the digest covers every path, type, mode, link target and
 //! byte the image holds, so a changed CLI gets a new image and an
-//! unchanged one is reused. The image is written to a temporary file in
+//! unchanged one is reused. The bytes are read and hashed again only when
+//! the sources' identity (each entry's path, type, size, inode, mtime and
+//! ctime) has no digest recorded yet (`identity-<hash>` beside the images). The image is written to a temporary file in
 //! the same directory, synced and renamed into place: a build that fails
 //! half-way leaves no file.
 //!
@@ -227,11 +229,28 @@ pub fn image(
         .iter()
         .map(|s| s.path.to_string_lossy().into_owned())
         .collect();
-    let mut hasher = sha2::Sha256::new();
+    let dir = cache.join("microvm-disks");
+    let build = |reason: String| DiskError::Build {
+        dir: dir.clone(),
+        reason,
+    };
+    private_dir(cache).map_err(|e| build(format!("{}: {e}", cache.display())))?;
+    private_dir(&dir).map_err(|e| build(format!("{}: {e}", dir.display())))?;
+    // The identity of every entry (path, type, mode, size, inode, mtime,
+    // ctime: a write to a file changes its ctime), from metadata alone.
+    let mut identity = sha2::Sha256::new();
     let mut stats = Stats::default();
     for s in &sources {
-        walk(&s.path, s.follow, &mut |path, kind| {
-            hash_entry(&mut hasher, path, kind)?;
+        walk(&s.path, s.follow, &mut |path, kind, md| {
+            identity.update(path.as_os_str().as_encoded_bytes());
+            identity.update(format!(
+                "\0{kind:?}:{}:{}.{}:{}.{}\0",
+                md.ino(),
+                md.mtime(),
+                md.mtime_nsec(),
+                md.ctime(),
+                md.ctime_nsec()
+            ));
             stats.add(kind);
             Ok(())
         })
@@ -240,36 +259,59 @@ pub fn image(
             reason: e.to_string(),
         })?;
     }
-    let digest: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let dir = cache.join("microvm-disks");
-    let build = |reason: String| DiskError::Build {
-        dir: dir.clone(),
-        reason,
+    // What the identity's content hash was, when it was computed before:
+    // the content is read and hashed only when some entry changed.
+    let memo = dir.join(format!("identity-{}", hex(&identity.finalize())));
+    let known = std::fs::read_to_string(&memo)
+        .ok()
+        .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
+    let (digest, fresh) = match known {
+        Some(d) if dir.join(format!("sha256-{d}.ext4")).is_file() => (d, false),
+        _ => {
+            let mut hasher = sha2::Sha256::new();
+            for s in &sources {
+                walk(&s.path, s.follow, &mut |path, kind, _| {
+                    hash_entry(&mut hasher, path, kind)
+                })
+                .map_err(|e| DiskError::Source {
+                    path: s.path.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+            (hex(&hasher.finalize()), true)
+        }
     };
-    private_dir(cache).map_err(|e| build(format!("{}: {e}", cache.display())))?;
-    private_dir(&dir).map_err(|e| build(format!("{}: {e}", dir.display())))?;
     let image = dir.join(format!("sha256-{digest}.ext4"));
-    if let Ok(md) = std::fs::metadata(&image)
-        && md.is_file()
-    {
-        return Ok(RoDisk {
-            image,
-            bytes: md.len(),
-            binds,
-            modules,
-        });
+    let bytes = match std::fs::metadata(&image) {
+        Ok(md) if md.is_file() => md.len(),
+        _ => write_image(&sources, &stats, mkfs, &dir, &image).map_err(build)?,
+    };
+    if fresh {
+        // Written once the image exists; one that cannot be written costs
+        // a hash at the next seating only.
+        let _ = write_memo(&dir, &memo, &digest);
     }
-    let bytes = write_image(&sources, &stats, mkfs, &dir, &image).map_err(build)?;
     Ok(RoDisk {
         image,
         bytes,
         binds,
         modules,
     })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `digest` written to `memo` (a temporary file renamed into place).
+fn write_memo(dir: &Path, memo: &Path, digest: &str) -> io::Result<()> {
+    use std::io::Write;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".memo-")
+        .tempfile_in(dir)?;
+    tmp.write_all(digest.as_bytes())?;
+    tmp.persist(memo).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// What a walk met.
@@ -301,7 +343,7 @@ impl Stats {
 fn walk(
     path: &Path,
     follow: bool,
-    f: &mut dyn FnMut(&Path, Kind) -> io::Result<()>,
+    f: &mut dyn FnMut(&Path, Kind, &std::fs::Metadata) -> io::Result<()>,
 ) -> io::Result<()> {
     let md = if follow {
         std::fs::metadata(path)?
@@ -310,10 +352,10 @@ fn walk(
     };
     let mode = md.mode() & 0o7777;
     if md.file_type().is_symlink() {
-        return f(path, Kind::Symlink);
+        return f(path, Kind::Symlink, &md);
     }
     if md.is_dir() {
-        f(path, Kind::Dir(mode))?;
+        f(path, Kind::Dir(mode), &md)?;
         let mut names: Vec<PathBuf> = std::fs::read_dir(path)?
             .map(|e| e.map(|e| e.path()))
             .collect::<io::Result<_>>()?;
@@ -324,7 +366,7 @@ fn walk(
         return Ok(());
     }
     if md.is_file() {
-        return f(path, Kind::File(mode, md.len()));
+        return f(path, Kind::File(mode, md.len()), &md);
     }
     // Sockets, fifos and devices are not carried.
     Ok(())
@@ -392,7 +434,7 @@ fn write_image(
         .tempdir_in(dir)
         .map_err(|e| format!("a staging directory: {e}"))?;
     for s in sources {
-        walk(&s.path, s.follow, &mut |path, kind| {
+        walk(&s.path, s.follow, &mut |path, kind, _| {
             stage(staging.path(), path, kind)
         })
         .map_err(|e| format!("copying {}: {e}", s.path.display()))?;
@@ -541,7 +583,11 @@ mod tests {
         std::fs::write(cli.join("bin/cli"), "#!/bin/sh\necho second\n").unwrap();
         let changed = image(&ro, None, &kernel, &mkfs, &cache).unwrap();
         assert_ne!(changed.image, d.image);
-        assert_eq!(listing(&cache.join("microvm-disks")).len(), 2);
+        let images: Vec<String> = listing(&cache.join("microvm-disks"))
+            .into_iter()
+            .filter(|n| n.ends_with(".ext4"))
+            .collect();
+        assert_eq!(images.len(), 2, "{images:?}");
     }
 
     /// A missing CLI directory, a missing mkfs.ext4 and missing kernel
