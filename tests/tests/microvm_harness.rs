@@ -106,7 +106,10 @@ fn ran_in_the_vm_and_left_nothing(v: &Value) {
     // The memory axis says the disk is not guest RAM; the RAM is the bound.
     let memory = &report["memory"];
     assert!(
-        memory["disk"].as_str().unwrap_or_default().contains("not guest RAM"),
+        memory["disk"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not guest RAM"),
         "{memory:#}"
     );
     assert_eq!(memory["tree_bound_bytes"], MEMORY_MIB << 20, "{memory:#}");

@@ -306,9 +306,7 @@ fn hex(bytes: &[u8]) -> String {
 /// `digest` written to `memo` (a temporary file renamed into place).
 fn write_memo(dir: &Path, memo: &Path, digest: &str) -> io::Result<()> {
     use std::io::Write;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".memo-")
-        .tempfile_in(dir)?;
+    let mut tmp = tempfile::Builder::new().prefix(".memo-").tempfile_in(dir)?;
     tmp.write_all(digest.as_bytes())?;
     tmp.persist(memo).map_err(|e| e.error)?;
     Ok(())
