@@ -171,10 +171,13 @@ pub fn read_file(path: &Path) -> Result<String, CliError> {
     })
 }
 
-/// `sharedos conformance [--launcher sandbox|direct] [--json] [--ro PATH]... -- PROGRAM [ARGS]`.
+/// `sharedos conformance [--launcher sandbox|gvisor|microvm|direct] [--json] [--ro PATH]... -- PROGRAM [ARGS]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConformanceArgs {
-    /// `sandbox` (the default, the full sandbox) or `direct` (no isolation).
+    /// `sandbox` (the default, the full sandbox), `gvisor` (runsc),
+    /// `microvm` (a QEMU microVM: QEMU on PATH, the guest kernel
+    /// SHAREDOS_MICROVM_KERNEL names or /boot's cloud kernel, the guest
+    /// init beside `sharedos`) or `direct` (no isolation).
     #[arg(long, value_enum, default_value = "sandbox")]
     pub launcher: ConformanceLauncher,
     /// Print the report as JSON on stdout.
@@ -203,6 +206,7 @@ pub struct ConformanceArgs {
 pub enum ConformanceLauncher {
     Sandbox,
     Gvisor,
+    Microvm,
     Direct,
 }
 
@@ -215,6 +219,7 @@ pub fn conformance(args: &ConformanceArgs) -> i32 {
             ConformanceLauncher::Sandbox => LauncherKind::Sandbox,
             ConformanceLauncher::Direct => LauncherKind::Direct,
             ConformanceLauncher::Gvisor => LauncherKind::Gvisor,
+            ConformanceLauncher::Microvm => LauncherKind::Microvm,
         },
         ro_paths: args.ro.clone(),
         handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),

@@ -4,11 +4,14 @@
 //! (`/sharedos/launch.json`), mounts `/dev`, `/proc`, `/sys` and the
 //! private tmpfs mounts of the policy's sizes, makes the root read-only,
 //! sets both serial lines raw, mounts a harness's read-only disk when the
-//! launch has one, says `sharedos-guest-ready` on the protocol line (the
-//! host writes nothing before it), and runs the plugin as the sandbox uid
-//! with its stdin and stdout on pipes relayed to the first serial line
-//! (the protocol) and its stderr on the second. When the plugin has ended it kills whatever
-//! the plugin left, waits for both lines to drain, and reports how the
+//! launch has one, says `sharedos-guest-ready` on the
+//! protocol line (the host writes nothing before it), and runs the plugin as the sandbox uid
+//! with its stdin and stdout on pipes this init relays to and from the
+//! first serial line (the protocol; a plugin's stdio is pipes in every
+//! engine, and the SDKs refuse to serve a terminal, taking it for a person
+//! running the plugin by hand) and its stderr on the second line. When the
+//! plugin has ended it kills whatever the plugin left, sends the rest of
+//! its stdout, waits for both lines to drain, and reports how the
 //! plugin ended through the `isa-debug-exit` port: QEMU then exits with
 //! `(code << 1) | 1`, where `code` is ([`encode`]):
 //!
@@ -154,21 +157,26 @@ fn run() -> Res<u8> {
     drain(proto, err);
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
-    let pid = spawn_plugin(&launch, (stdin_r, stdout_w), err)?;
-    // SAFETY: the plugin's ends, this init's to close.
-    unsafe {
-        libc::close(stdin_r);
-        libc::close(stdout_w);
-    }
-    let output = relay(proto, stdin_w, stdout_r)?;
+    let pid = spawn_plugin(&launch, [stdin_r, stdout_w, err])?;
+    // The plugin holds its ends now; this init keeps only its own, and
+    // its relays are threads started after the fork.
+    close(stdin_r);
+    close(stdout_w);
+    std::thread::spawn(move || {
+        pump(proto, stdin_w);
+        close(stdin_w);
+    });
+    let stdout = std::thread::spawn(move || {
+        pump(stdout_r, proto);
+        close(stdout_r);
+    });
     let status = reap_until(pid);
     // Whatever the plugin left behind goes with it.
     // SAFETY: kill(-1) signals every process but this init; no memory is touched.
     unsafe { libc::kill(-1, libc::SIGKILL) };
     while reap_any() {}
-    // Every writer of the plugin's stdout is gone: the relay has sent the
-    // last of it once it sees the end.
-    let _ = output.join();
+    // Every writer of the stdout pipe is gone: what it holds is sent.
+    let _ = stdout.join();
     if oom_kills() > ooms_before {
         say(&format!(
             "sharedos-guest-init: out of memory: the guest kernel's OOM killer killed the plugin; the VM's RAM ({} MiB) is its memory bound",
@@ -368,6 +376,50 @@ fn say(line: &str) {
     }
 }
 
+/// A pipe, both ends close-on-exec (the plugin gets its ends by `dup2`).
+fn pipe() -> Res<(libc::c_int, libc::c_int)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid out-array of two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(os_err("pipe"));
+    }
+    Ok((fds[0], fds[1]))
+}
+
+fn close(fd: libc::c_int) {
+    // SAFETY: fd is a descriptor this init owns and no longer uses.
+    unsafe { libc::close(fd) };
+}
+
+/// Copies `from` to `to` until `from` ends or either fails (the plugin's
+/// end of a pipe closed).
+fn pump(from: libc::c_int, to: libc::c_int) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: buf is valid for its length; from is open.
+        let n = unsafe { libc::read(from, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        let Ok(n) = usize::try_from(n) else { return };
+        if n == 0 {
+            return;
+        }
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: buf[sent..n] is initialized and in bounds; to is open.
+            let w = unsafe { libc::write(to, buf[sent..n].as_ptr().cast(), n - sent) };
+            if w < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            match usize::try_from(w) {
+                Ok(w) if w > 0 => sent += w,
+                _ => return,
+            }
+        }
+    }
+}
+
 /// Waits until both lines have sent what was written to them.
 fn drain(proto: libc::c_int, err: libc::c_int) {
     for fd in [proto, err] {
@@ -432,68 +484,11 @@ fn prepare(launch: &Launch) -> Res<Exec> {
     })
 }
 
-/// A pipe, both ends close-on-exec.
-fn pipe() -> Res<(libc::c_int, libc::c_int)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a valid array of two descriptors to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(os_err("pipe"));
-    }
-    Ok((fds[0], fds[1]))
-}
-
-/// The protocol line relayed to and from the plugin's stdin and stdout
-/// pipes, each way on a thread of its own (the plugin's stdio are pipes,
-/// as with every other launcher, not the serial terminal: a plugin may
-/// refuse a terminal). The returned thread ends once the plugin's stdout
-/// has no writer left and all of it was written to the line.
-fn relay(
-    proto: libc::c_int,
-    stdin_w: libc::c_int,
-    stdout_r: libc::c_int,
-) -> Res<std::thread::JoinHandle<()>> {
-    use std::os::fd::FromRawFd;
-    let dup = || {
-        // SAFETY: proto is an open descriptor of this init.
-        let fd = unsafe { libc::fcntl(proto, libc::F_DUPFD_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(os_err("dup the protocol line"));
-        }
-        // SAFETY: fd was just made and is owned by the File alone.
-        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
-    };
-    let (mut line_in, mut line_out) = (dup()?, dup()?);
-    // SAFETY: the pipe ends were made by `pipe` and are owned by these
-    // Files alone from here on.
-    let (mut to_plugin, mut from_plugin) = unsafe {
-        (
-            std::fs::File::from_raw_fd(stdin_w),
-            std::fs::File::from_raw_fd(stdout_r),
-        )
-    };
-    // The host's bytes: until the VM ends (a serial line has no end).
-    std::thread::Builder::new()
-        .name("stdin".into())
-        .spawn(move || {
-            let _ = std::io::copy(&mut line_in, &mut to_plugin);
-        })
-        .map_err(|e| format!("the stdin relay: {e}"))?;
-    std::thread::Builder::new()
-        .name("stdout".into())
-        .spawn(move || {
-            let _ = std::io::copy(&mut from_plugin, &mut line_out);
-        })
-        .map_err(|e| format!("the stdout relay: {e}"))
-}
-
-/// Forks the plugin: stdin and stdout the pipes `stdio` (read end, write
-/// end) that the init relays to the protocol line, stderr the stderr line, its rlimits, no supplementary groups, the sandbox uid and
-/// gid, no new privileges, then exec.
-fn spawn_plugin(
-    launch: &Launch,
-    stdio: (libc::c_int, libc::c_int),
-    err: libc::c_int,
-) -> Res<libc::pid_t> {
+/// Forks the plugin: `stdio` its stdin, stdout and stderr (the relayed
+/// pipes and the stderr line), its rlimits, no supplementary groups, the
+/// sandbox uid and gid, no new privileges, then exec.
+fn spawn_plugin(launch: &Launch, stdio: [libc::c_int; 3]) -> Res<libc::pid_t> {
+    let [stdin, stdout, err] = stdio;
     let exec = prepare(launch)?;
     let mut argv: Vec<*const libc::c_char> = exec.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -513,8 +508,8 @@ fn spawn_plugin(
     // SAFETY: in the child: system calls on valid descriptors and on
     // pointers into `exec`, `argv` and `envp`, alive until execve.
     unsafe {
-        let ok = libc::dup2(stdio.0, 0) == 0
-            && libc::dup2(stdio.1, 1) == 1
+        let ok = libc::dup2(stdin, 0) == 0
+            && libc::dup2(stdout, 1) == 1
             && libc::dup2(err, 2) == 2
             && exec.rlimits.iter().all(|(r, v)| {
                 let lim = libc::rlimit {

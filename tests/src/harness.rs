@@ -292,6 +292,11 @@ extraRoPaths = [{ro}]
     )
 }
 
+/// The host.toml of `case` in its engine, `marker` in its environment.
+pub fn harness_text(case: &HarnessCase, marker: &str) -> String {
+    case.engine.configure(&host_toml(case, marker))
+}
+
 fn kernel(files_root: &Path, audit: &Path, escalation_grant: bool) -> Kernel {
     let mut config: Value = serde_json::to_value(kernel_config()).unwrap();
     if !escalation_grant {
@@ -329,7 +334,7 @@ pub async fn run_harness(mut case: HarnessCase) -> HarnessTurn {
     )
     .unwrap();
     let marker = unique();
-    let text = case.engine.configure(&host_toml(&case, &marker));
+    let text = harness_text(&case, &marker);
     let config = HostConfig::parse(&text, "harness.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
     let entry = &config.runtimes[0];

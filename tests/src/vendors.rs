@@ -432,6 +432,11 @@ fn host_toml(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str) -> S
     format!("[host]\nauditPath = \"audit.jsonl\"\nfilesRoot = \"files\"\n\n{spec}")
 }
 
+/// The host.toml of `case` in its engine, in `dir`, its model `mock`.
+pub fn vendor_text(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str) -> String {
+    case.engine.configure(&host_toml(case, dir, mock, marker))
+}
+
 /// Runs one turn of `case.vendor` against `mock`, with `marker` in the
 /// environment of every process of the turn.
 pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> VendorTurn {

@@ -213,6 +213,19 @@ fn wait_for_log(dir: &Path, needle: &str, run: &str) {
     }
 }
 
+/// Every `serve-*` log of `dir`, for a failure's message.
+fn serve_logs(dir: &Path) -> String {
+    let mut out = String::new();
+    for f in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if name.starts_with("serve-") {
+            let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+            out.push_str(&format!("--- {name}\n{text}\n"));
+        }
+    }
+    out
+}
+
 async fn health(socket: &Path) -> (u16, Value) {
     call(socket, "GET", "/v1/health", "operator", Value::Null).await
 }
@@ -263,7 +276,11 @@ async fn lease_a_paused_host_is_fenced_when_it_comes_back() {
             assert_eq!(body["lease"]["hostId"], "a");
             break;
         }
-        assert!(Instant::now() < deadline, "A never reported its lease lost");
+        assert!(
+            Instant::now() < deadline,
+            "A never reported its lease lost ({status} {body}); its log:\n{}",
+            serve_logs(dir.path())
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 

@@ -4,7 +4,7 @@
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::MsgFlags;
-use rustix::process::{Pid, Signal};
+use rustix::process::{Pid, PidfdFlags, Signal};
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -35,6 +35,11 @@ pub struct SandboxedChild {
     /// the sandbox holds a copy. Take it with `Option::take`.
     pub egress_listener: Option<OwnedFd>,
     pub(super) pidfd: Option<OwnedFd>,
+    /// A pidfd of the sandbox's pid 1 (the init of its pid namespace),
+    /// opened once the report is read. Pid 1 exits only after every other
+    /// process of its namespace is gone, so where no cgroup can be waited
+    /// on, waiting for it waits for the whole tree.
+    pub(super) ns_init: Option<OwnedFd>,
     pub(super) helper: HelperProc,
     pub(super) lifeline: Option<UnixStream>,
     pub(super) cgroup: PluginCgroup,
@@ -42,6 +47,31 @@ pub struct SandboxedChild {
     /// The sandbox's own uid, released when this drops, after `Drop` has
     /// killed and waited for the tree (fields drop after `drop` runs).
     pub(super) uid: Option<UidLease>,
+}
+
+/// How long [`SandboxedChild::wait`] waits for the pid namespace's pid 1
+/// once the helper is gone, when there is no cgroup to wait on.
+const NS_INIT_WAIT: Duration = Duration::from_secs(10);
+
+/// A pidfd of the sandbox's pid 1: the helper's only child, read from
+/// `/proc/<helper>/task/<helper>/children` while the helper lives. `None`
+/// when it cannot be read (the wait then falls back to the helper's).
+/// The pidfd is kept only if the process it names is still the helper's
+/// child once it is open, so a pid recycled in between is never waited on.
+pub(super) fn ns_init_pidfd(helper: i32) -> Option<OwnedFd> {
+    let listed = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).ok()?;
+    let mut pids = listed.split_whitespace();
+    let pid: i32 = pids.next()?.parse().ok()?;
+    if pids.next().is_some() {
+        return None;
+    }
+    let fd = rustix::process::pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let parent = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse::<i32>().ok());
+    (parent == Some(helper)).then_some(fd)
 }
 
 /// How the helper was started.
@@ -117,8 +147,36 @@ impl SandboxedChild {
             }
         };
         self.lifeline = None;
+        self.wait_ns_init();
         self.cleanup_cgroup();
         Ok(st)
+    }
+
+    /// Without a cgroup whose `populated 0` covers the tree, waits (at
+    /// most [`NS_INIT_WAIT`]) for the pid namespace's pid 1, which dies by
+    /// its parent-death signal after the helper and exits only once the
+    /// kernel has killed and reaped every other process of its namespace.
+    fn wait_ns_init(&mut self) {
+        let Some(init) = self.ns_init.take() else {
+            return;
+        };
+        if !self.cgroup.paths.is_empty() {
+            return;
+        }
+        let end = Instant::now() + NS_INIT_WAIT;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+            if ms == 0 {
+                return;
+            }
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::NONE);
+            let mut pfd = [PollFd::new(init.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut pfd, timeout) {
+                Err(Errno::EINTR) => {}
+                _ => return,
+            }
+        }
     }
 
     /// Non-blocking [`Self::wait`].

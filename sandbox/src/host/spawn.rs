@@ -332,6 +332,7 @@ fn read_report(
         pid: l.pid,
         egress_listener: None,
         pidfd: l.pidfd,
+        ns_init: None,
         helper: l.helper,
         lifeline: Some(l.lifeline),
         cgroup: cg,
@@ -352,6 +353,10 @@ fn read_report(
     };
     sc.report = reader.until_report(&mut sc)?;
     clock.stamp("report received");
+    if sc.report.pidns.is_enforced() {
+        // The report is written from inside the namespace: its pid 1 is up.
+        sc.ns_init = super::child::ns_init_pidfd(sc.pid);
+    }
     if policy.egress_port.is_some() {
         // Sent by the supervisor before it forked pid 1, so it is queued
         // by the time the report (written by the plugin's process) is read.

@@ -263,9 +263,7 @@ pub fn run_turn(spec: TurnSpec) -> TurnRun {
         CONFIG_SECRET_ENV.0.to_owned(),
         CONFIG_SECRET_ENV.1.to_owned(),
     );
-    if spec.engine == Engine::Gvisor {
-        config.runtimes[0].launcher = sharedos_host::config::LauncherKind::Gvisor;
-    }
+    spec.engine.set_up(&mut config.runtimes[0]);
     let entry = config.runtimes[0].clone();
     let launches = Arc::new(AtomicU32::new(0));
     let launcher = Arc::new(CountingLauncher {
