@@ -54,6 +54,8 @@ fn print_microvm(out: &mut dyn Write) -> std::io::Result<()> {
         init: None,
         memory_mib: sharedos_host::config::microvm::DEFAULT_MEMORY_MIB,
         vcpus: 1,
+        mkfs: None,
+        harness_cli: None,
     };
     let launcher = match MicrovmLauncher::new(sharedos_sandbox::SandboxPolicy::default(), &settings)
     {

@@ -109,6 +109,8 @@ fn launcher_for(
                 init: None,
                 memory_mib: sharedos_host::config::microvm::DEFAULT_MEMORY_MIB,
                 vcpus: 1,
+                mkfs: None,
+                harness_cli: None,
             };
             Arc::new(
                 sharedos_host::process::MicrovmLauncher::new(policy, &settings)

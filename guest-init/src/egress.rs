@@ -16,7 +16,7 @@ fn os_err(what: &str) -> String {
 }
 
 /// `lo` up (the kernel gives it 127.0.0.1).
-fn lo_up() -> Res<()> {
+pub fn lo_up() -> Res<()> {
     // SAFETY: a plain socket call; the descriptor is closed below.
     let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if sock < 0 {
@@ -44,9 +44,8 @@ fn lo_up() -> Res<()> {
 }
 
 /// Listens on `127.0.0.1:port` and forks the channel's process, which
-/// owns `line` from then on.
+/// owns `line` from then on; `lo` is up by then ([`lo_up`]).
 pub fn start(port: u16, line: libc::c_int) -> Res<()> {
-    lo_up()?;
     let listener =
         TcpListener::bind(("127.0.0.1", port)).map_err(|e| format!("listen on {port}: {e}"))?;
     // SAFETY: this init has one thread, so the child may run any code; it

@@ -3,7 +3,8 @@
 //! It reads the launch the host wrote into the initramfs
 //! (`/sharedos/launch.json`), mounts `/dev`, `/proc`, `/sys` and the
 //! private tmpfs mounts of the policy's sizes, makes the root read-only,
-//! sets both serial lines raw, says `sharedos-guest-ready` on the
+//! sets both serial lines raw, mounts a harness's read-only disk when the
+//! launch has one, says `sharedos-guest-ready` on the
 //! protocol line (the host writes nothing before it), and runs the plugin as the sandbox uid
 //! with its stdin and stdout on pipes this init relays to and from the
 //! first serial line (the protocol; a plugin's stdio is pipes in every
@@ -38,6 +39,10 @@ const LAUNCH: &str = "/sharedos/launch.json";
 const READY: &[u8] = b"sharedos-guest-ready\n";
 /// Where the image holds `extraRoPaths` (bound at their own paths).
 const RO_DIR: &str = "/sharedos/ro";
+/// Where a harness's read-only disk is mounted.
+const DISK_DIR: &str = "/sharedos/disk";
+/// The disk's device node.
+const DISK_DEV: &str = "/dev/vda";
 /// Present in the host's accelerator probe image only.
 const PROBE: &str = "/sharedos/probe";
 /// The `isa-debug-exit` device's port (QEMU `iobase=0xf4`).
@@ -65,10 +70,23 @@ struct Launch {
     /// under `/tmp` is not hidden by the guest's `/tmp`).
     #[serde(default)]
     binds: Vec<String>,
+    /// A harness's read-only disk (`/dev/vda`): its modules loaded, it is
+    /// mounted read-only at [`DISK_DIR`] and each of its paths bound
+    /// read-only at its own path, as `binds` are.
+    #[serde(default)]
+    disk: Option<Disk>,
     /// The egress gateway's port: listened on in the guest's loopback and
     /// carried over `ttyS2` to the host (absent: no network policy).
     #[serde(default)]
     egress_port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Disk {
+    /// Kernel modules in the image, in load order.
+    modules: Vec<String>,
+    /// Host paths on the disk (at their own paths under [`DISK_DIR`]).
+    binds: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,8 +136,14 @@ fn run() -> Res<u8> {
         mount("tmpfs", &t.path, "tmpfs", flags, &data)?;
     }
     for path in &launch.binds {
-        bind_read_only(path)?;
+        bind_read_only(RO_DIR, path)?;
     }
+    if let Some(disk) = &launch.disk {
+        mount_disk(disk)?;
+    }
+    // The guest's own loopback: the egress gateway's listener and a
+    // harness's MCP listener live on it.
+    egress::lo_up()?;
     if let Some(port) = launch.egress_port {
         let line = open_line("/dev/ttyS2")?;
         egress::start(port, line)?;
@@ -195,9 +219,54 @@ fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &
     Ok(())
 }
 
-/// `RO_DIR/<path>` bound read-only at `path`, its mount point made first.
-fn bind_read_only(path: &str) -> Res<()> {
-    let source = format!("{RO_DIR}{path}");
+/// The disk's modules loaded, `/dev/vda` mounted read-only at
+/// [`DISK_DIR`], and each of its paths bound read-only at its own path.
+fn mount_disk(disk: &Disk) -> Res<()> {
+    for m in &disk.modules {
+        load_module(m)?;
+    }
+    // The device node appears once the driver has probed the device.
+    let mut tries = 0;
+    while !std::path::Path::new(DISK_DEV).exists() {
+        tries += 1;
+        if tries > 1000 {
+            return Err(format!(
+                "{DISK_DEV} did not appear after the virtio modules were loaded"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    mount(DISK_DEV, DISK_DIR, "ext4", flags, "noload")?;
+    for path in &disk.binds {
+        bind_read_only(DISK_DIR, path)?;
+    }
+    Ok(())
+}
+
+/// Loads the kernel module at `path` (`finit_module`).
+fn load_module(path: &str) -> Res<()> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    let params = cstr("")?;
+    // SAFETY: a valid open descriptor and a NUL-terminated parameter
+    // string that outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_finit_module,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            params.as_ptr(),
+            0,
+        )
+    };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+        return Err(os_err(&format!("load module {path}")));
+    }
+    Ok(())
+}
+
+/// `<root><path>` bound read-only at `path`, its mount point made first.
+fn bind_read_only(root: &str, path: &str) -> Res<()> {
+    let source = format!("{root}{path}");
     let meta = std::fs::symlink_metadata(&source).map_err(|e| format!("{source}: {e}"))?;
     if meta.file_type().is_symlink() {
         let target = std::fs::read_link(&source).map_err(|e| format!("{source}: {e}"))?;
@@ -214,7 +283,11 @@ fn bind_read_only(path: &str) -> Res<()> {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
         }
-        std::fs::write(path, b"").map_err(|e| format!("create {path}: {e}"))?;
+        // A file already there (a library the init also uses) is the
+        // mount point as it is: never truncated.
+        if !std::path::Path::new(path).exists() {
+            std::fs::write(path, b"").map_err(|e| format!("create {path}: {e}"))?;
+        }
     }
     let (s, t) = (cstr(&source)?, cstr(path)?);
     let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;

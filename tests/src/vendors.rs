@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sharedos_egress::mock::{MockModel, SeenRequest, Wire};
-use sharedos_host::config::HostConfig;
+use sharedos_host::config::{HostConfig, RuntimeEntry};
 use sharedos_host::executor::{ExecuteOptions, Executor, ExecutorOptions, OnEvent};
-use sharedos_host::seat::registry_from_config;
+use sharedos_host::process::Launcher;
+use sharedos_host::seat::{SeatError, registry_from_config};
 use sharedos_kernel::{AuditRecord, JsonlAuditSink, Kernel, KernelConfig};
 use sharedos_protocol::api_names::is_api_tool_name;
 use sharedos_protocol::{ExecutionEvent, ExecutionResult};
@@ -439,13 +440,32 @@ pub fn vendor_text(case: &VendorCase, dir: &Path, mock: &MockModel, marker: &str
 /// Runs one turn of `case.vendor` against `mock`, with `marker` in the
 /// environment of every process of the turn.
 pub async fn run_vendor(case: VendorCase, mock: &MockModel, marker: &str) -> VendorTurn {
+    let engine = case.engine;
+    let configure = move |text: &str| engine.configure(text);
+    let launcher_for = move |e: &RuntimeEntry| Ok(engine.launcher(e));
+    run_vendor_in(case, mock, marker, &configure, &launcher_for).await
+}
+
+/// Each entry's launcher, for [`run_vendor_in`].
+pub type LauncherFor<'a> = &'a dyn Fn(&RuntimeEntry) -> Result<Arc<dyn Launcher>, SeatError>;
+
+/// [`run_vendor`] with the host.toml passed through `configure` and each
+/// entry's launcher from `launcher_for` (`case.engine` unused): an engine
+/// the shared suites do not list, such as the microVM
+/// (tests/tests/microvm_harness.rs).
+pub async fn run_vendor_in(
+    case: VendorCase,
+    mock: &MockModel,
+    marker: &str,
+    configure: &dyn Fn(&str) -> String,
+    launcher_for: LauncherFor<'_>,
+) -> VendorTurn {
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = vendor_text(&case, dir.path(), mock, marker);
+    let text = configure(&host_toml(&case, dir.path(), mock, marker));
     let config = HostConfig::parse(&text, "vendor.toml", dir.path())
         .unwrap_or_else(|e| panic!("the configuration: {e}\n{text}"));
-    let engine = case.engine;
-    let launcher_for = |e: &sharedos_host::config::RuntimeEntry| Ok(engine.launcher(e));
-    let registry = registry_from_config(&config, launcher_for).expect("the seats");
+    let registry =
+        registry_from_config(&config, launcher_for).unwrap_or_else(|e| panic!("the seats: {e}"));
     let seat = registry
         .resolve(config.runtimes[0].id.as_str())
         .expect("the seat")

@@ -80,6 +80,8 @@ fn c31c_in_a_microvm_is_bounded_by_the_vms_ram() {
         init: Some(plugin_bin("sharedos-guest-init")),
         memory_mib: RAM_MIB,
         vcpus: 1,
+        mkfs: None,
+        harness_cli: None,
     };
     let launcher = MicrovmLauncher::new(SandboxPolicy::default(), &settings)
         .unwrap_or_else(|e| panic!("the microVM engine: {e}"));

@@ -291,7 +291,6 @@ impl RuntimeEntry {
             r.launcher == LauncherKind::Microvm,
             r.microvm.as_ref(),
             r.sandbox.cgroup.memory_max,
-            r.harness.is_some(),
         )?;
         if r.sandbox.mcp_port.is_some() {
             return Err(format!(
@@ -303,7 +302,8 @@ impl RuntimeEntry {
 
     /// The microVM launcher's settings for this entry.
     pub fn microvm_settings(&self) -> crate::process::microvm::MicrovmSettings {
-        microvm::settings(self.microvm.as_ref(), self.sandbox.cgroup.memory_max)
+        let cli = self.harness.as_ref().map(|h| PathBuf::from(&h.command));
+        microvm::settings(self.microvm.as_ref(), self.sandbox.cgroup.memory_max, cli)
     }
 
     /// The trusted manifest of the entry.
@@ -499,6 +499,7 @@ impl HostConfig {
                 spec: h,
                 sandbox_view: matches!(r.launcher, LauncherKind::Sandbox | LauncherKind::Gvisor),
                 direct: r.launcher == LauncherKind::Direct,
+                microvm: r.launcher == LauncherKind::Microvm,
                 network: &r.network,
                 sandbox: &r.sandbox,
             })?;

@@ -26,6 +26,9 @@ pub(crate) struct HarnessEntry<'a> {
     /// The CLI runs unsandboxed (`launcher = "direct"`): no loopback of
     /// its own for an MCP listener.
     pub direct: bool,
+    /// The CLI runs in a microVM (`launcher = "microvm"`), which sees it on
+    /// its read-only disk: it must lie under `extraRoPaths`.
+    pub microvm: bool,
     pub network: &'a NetworkPolicy,
     pub sandbox: &'a SandboxPolicy,
 }
@@ -68,6 +71,19 @@ pub(crate) fn check(entry: &HarnessEntry<'_>) -> Result<(), String> {
                     }
                 }
             }
+            Ok(_) if entry.microvm => {
+                let on_disk = entry
+                    .sandbox
+                    .extra_ro_paths
+                    .iter()
+                    .any(|p| command.starts_with(p));
+                if !on_disk {
+                    problems.push(format!(
+                        "{field}.command: {} is not on the microVM's read-only disk; add its directory to runtimes[{i}].sandbox.extraRoPaths",
+                        spec.command
+                    ));
+                }
+            }
             Ok(_) => {}
         }
         if let Some(problem) = cli_pin_problem(&field, spec) {
@@ -77,6 +93,12 @@ pub(crate) fn check(entry: &HarnessEntry<'_>) -> Result<(), String> {
     if spec.mcp == McpTransport::Http && entry.direct {
         problems.push(format!(
             "{field}.mcp: \"http\" needs launcher = \"sandbox\" (the MCP listener lives on the sandbox's own loopback)"
+        ));
+    }
+    if entry.microvm && !command.is_absolute() {
+        problems.push(format!(
+            "{field}.command: {} must be an absolute path under runtimes[{i}].sandbox.extraRoPaths with launcher = \"microvm\" (the guest has no PATH of the host's)",
+            spec.command
         ));
     }
     if problems.is_empty()
@@ -286,5 +308,53 @@ final = { from = "stdout", take = "sometimes" }"#,
         ))
         .unwrap_err();
         assert!(e.contains("is not visible in the sandbox; add its directory to runtimes[1].sandbox.extraRoPaths"), "{e}");
+    }
+
+    /// With `launcher = "microvm"` a harness loads (its CLI goes on the
+    /// guest's read-only disk) when the CLI lies under `extraRoPaths`, and
+    /// is refused naming the fix when it does not.
+    #[test]
+    fn a_microvm_harness_loads_with_its_cli_under_extra_ro_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let cli = d.path().join("bin/cli");
+        std::fs::create_dir_all(cli.parent().unwrap()).unwrap();
+        std::fs::copy("/bin/true", &cli).unwrap();
+        let toml = |ro: &str| {
+            format!(
+                r#"
+[host]
+auditPath = "audit.jsonl"
+filesRoot = "files"
+
+[[runtimes]]
+id = "b"
+version = "1"
+program = "/bin/true"
+launcher = "microvm"
+[runtimes.sandbox]
+extraRoPaths = [{ro}]
+[runtimes.harness]
+command = {cli:?}
+mcp = "stdio"
+final = {{ from = "stdout" }}
+"#,
+                cli = cli.display().to_string()
+            )
+        };
+        let ok = HostConfig::parse(
+            &toml(&format!("{:?}", d.path().display().to_string())),
+            "host.toml",
+            Path::new("/tmp"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let s = ok.runtimes[0].microvm_settings();
+        assert_eq!(s.harness_cli.as_deref(), Some(cli.as_path()));
+        let e = HostConfig::parse(&toml(""), "host.toml", Path::new("/tmp"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is not on the microVM's read-only disk; add its directory to runtimes[0].sandbox.extraRoPaths"),
+            "{e}"
+        );
     }
 }

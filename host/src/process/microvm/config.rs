@@ -1,6 +1,6 @@
 //! `launcher = "microvm"` of a runtime entry checked at load: QEMU, the
-//! guest kernel and init, the VM's shape, and what the microVM launcher
-//! cannot carry yet, refused with the reason (docs/SECURITY.md, "microVM").
+//! guest kernel and init, the VM's shape, and the tool that builds a
+//! harness's read-only disk (docs/SECURITY.md, "microVM").
 
 use std::path::PathBuf;
 
@@ -37,13 +37,20 @@ pub struct MicrovmSection {
     /// The VM's vCPUs (default 1).
     #[serde(default)]
     pub vcpus: Option<u32>,
+    /// `mkfs.ext4` (e2fsprogs), an absolute path, for a harness's
+    /// read-only disk. Absent: found in /usr/sbin, /sbin or on `PATH`.
+    #[serde(default)]
+    pub mkfs: Option<PathBuf>,
 }
 
 /// The launcher's settings from an entry's `[runtimes.microvm]` table and
-/// its policy's `cgroup.memoryMax` (`RuntimeEntry::microvm_settings`).
+/// its policy's `cgroup.memoryMax` (`RuntimeEntry::microvm_settings`);
+/// `harness_cli`: the entry's harness command, whose `extraRoPaths` and
+/// libraries go on the guest's read-only disk.
 pub fn settings(
     section: Option<&MicrovmSection>,
     memory_max: Option<u64>,
+    harness_cli: Option<PathBuf>,
 ) -> super::MicrovmSettings {
     let s = section.cloned().unwrap_or_default();
     let from_policy = memory_max.map(|b| b.div_ceil(1 << 20));
@@ -53,18 +60,18 @@ pub fn settings(
         init: s.init,
         memory_mib: s.memory_mib.or(from_policy).unwrap_or(DEFAULT_MEMORY_MIB),
         vcpus: s.vcpus.unwrap_or(1),
+        mkfs: s.mkfs,
+        harness_cli,
     }
 }
 
 /// The `[runtimes.microvm]` table of entry `i` (`section`; `microvm`: the
-/// entry's launcher is it) and what the microVM launcher cannot carry
-/// (`harness`: the entry has a harness spec), refused now.
+/// entry's launcher is it).
 pub(crate) fn check(
     i: usize,
     microvm: bool,
     section: Option<&MicrovmSection>,
     memory_max: Option<u64>,
-    harness: bool,
 ) -> Result<(), String> {
     if !microvm {
         if section.is_some() {
@@ -75,7 +82,12 @@ pub(crate) fn check(
         return Ok(());
     }
     let s = section.cloned().unwrap_or_default();
-    for (field, path) in [("qemu", &s.qemu), ("kernel", &s.kernel), ("init", &s.init)] {
+    for (field, path) in [
+        ("qemu", &s.qemu),
+        ("kernel", &s.kernel),
+        ("init", &s.init),
+        ("mkfs", &s.mkfs),
+    ] {
         if let Some(p) = path
             && !p.is_absolute()
         {
@@ -93,7 +105,7 @@ pub(crate) fn check(
             k.display()
         ));
     }
-    let set = settings(section, memory_max);
+    let set = settings(section, memory_max, None);
     if !MEMORY_MIB.contains(&set.memory_mib) {
         return Err(format!(
             "runtimes[{i}].microvm.memoryMib: must be {}..={}, got {}",
@@ -108,17 +120,6 @@ pub(crate) fn check(
             VCPUS.start(),
             VCPUS.end(),
             set.vcpus
-        ));
-    }
-    refuse_unsupported(i, harness)
-}
-
-/// Harnesses are not carried yet (egress is: the gateway over a serial
-/// channel, host/src/process/microvm/egress.rs; so are warm VMs).
-fn refuse_unsupported(i: usize, harness: bool) -> Result<(), String> {
-    if harness {
-        return Err(format!(
-            "runtimes[{i}].harness: not available with launcher = \"microvm\": the guest image holds the program, the shared libraries of the program and the init only, and extraRoPaths copied into the guest's RAM; a vendor CLI would be copied into every turn's image (Codex's binary alone is 301 MB) and a dynamically linked one or a node CLI would find no libraries (docs/SECURITY.md, \"microVM\"); use launcher = \"sandbox\""
         ));
     }
     Ok(())

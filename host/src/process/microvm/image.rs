@@ -24,6 +24,9 @@ pub(super) const LAUNCH: &str = "sharedos/launch.json";
 /// Where `extraRoPaths` are in the image (the init binds each read-only at
 /// its own path, after its tmpfs mounts).
 pub(super) const RO_DIR: &str = "sharedos/ro";
+/// Where the modules of a harness's read-only disk are in the image
+/// (host/src/process/microvm/disk.rs).
+pub(super) const MODULE_DIR: &str = "sharedos/modules";
 
 /// Files of the image by path inside (no leading `/`): contents and mode.
 #[derive(Debug, Default)]

@@ -16,6 +16,7 @@
 //! ([`sweep`]).
 
 pub mod config;
+pub mod disk;
 mod egress;
 mod image;
 pub mod qemu;
@@ -60,6 +61,11 @@ pub struct MicrovmSettings {
     pub init: Option<PathBuf>,
     pub memory_mib: u64,
     pub vcpus: u32,
+    /// `mkfs.ext4` for the read-only disk (absent: found).
+    pub mkfs: Option<PathBuf>,
+    /// A harness runtime's CLI: `extraRoPaths` and the CLI's libraries
+    /// go on a read-only disk ([`disk`]) instead of into the initramfs.
+    pub harness_cli: Option<PathBuf>,
 }
 
 /// The image's fixed part and the identity of its inputs.
@@ -76,6 +82,8 @@ pub struct MicrovmLauncher {
     init: PathBuf,
     memory_mib: u64,
     vcpus: u32,
+    /// A harness runtime's read-only disk, built at seating.
+    disk: Option<Arc<disk::RoDisk>>,
     /// The image's fixed part, by the identity of what went into it.
     base: Arc<Mutex<Option<CachedImage>>>,
     /// VMs booted ahead of turns (`sandbox.warm`).
@@ -92,11 +100,30 @@ pub(crate) fn run_dir() -> io::Result<tempfile::TempDir> {
 impl MicrovmLauncher {
     /// A launcher for `policy`: QEMU, the kernel and the init located and
     /// checked now.
+    /// With a harness CLI, its read-only disk is built now (or found in
+    /// the cache): a missing CLI or an unbuildable image is an error here,
+    /// at seating, naming the fix.
     pub fn new(policy: SandboxPolicy, s: &MicrovmSettings) -> Result<Self, MicrovmError> {
+        let kernel = qemu::kernel(s.kernel.as_deref())?;
+        let disk = match &s.harness_cli {
+            Some(cli) => {
+                let mkfs = disk::mkfs(s.mkfs.as_deref())?;
+                let d = disk::image(
+                    &policy.extra_ro_paths,
+                    Some(cli),
+                    &kernel,
+                    &mkfs,
+                    &disk::cache_dir(),
+                )?;
+                Some(Arc::new(d))
+            }
+            None => None,
+        };
         Ok(Self {
             qemu: Qemu::locate(s.qemu.as_deref())?,
-            kernel: qemu::kernel(s.kernel.as_deref())?,
+            kernel,
             init: qemu::init(s.init.as_deref())?,
+            disk,
             policy,
             memory_mib: s.memory_mib,
             vcpus: s.vcpus,
@@ -195,9 +222,21 @@ impl MicrovmLauncher {
         let group = sharedos_sandbox::users::group(uid);
         tree.file("etc/group", 0o444, group.into_bytes());
         let mut budget = self.image_budget();
-        for p in &self.policy.extra_ro_paths {
-            tree.copy_tree(image::RO_DIR, Path::new(p), &mut budget)
-                .map_err(|e| io::Error::new(e.kind(), format!("sandbox.extraRoPaths {p}: {e}")))?;
+        match &self.disk {
+            // On the read-only disk: only the modules that read it.
+            Some(d) => {
+                for (name, path) in &d.modules {
+                    tree.copy(&format!("{}/{name}", image::MODULE_DIR), path)?;
+                }
+            }
+            None => {
+                for p in &self.policy.extra_ro_paths {
+                    tree.copy_tree(image::RO_DIR, Path::new(p), &mut budget)
+                        .map_err(|e| {
+                            io::Error::new(e.kind(), format!("sandbox.extraRoPaths {p}: {e}"))
+                        })?;
+                }
+            }
         }
         for d in [
             "dev",
@@ -248,7 +287,14 @@ impl MicrovmLauncher {
         let base = self
             .base_image(source, &inside)
             .map_err(|e| self.refused(spec, format!("the guest image: {e}")))?;
-        let (launch, env_keys, warnings) = launch_json(p, spec, &inside, self.memory_mib);
+        let (mut launch, env_keys, warnings) = launch_json(p, spec, &inside, self.memory_mib);
+        if let Some(d) = &self.disk {
+            launch["binds"] = json!([]);
+            launch["disk"] = json!({
+                "modules": d.modules.iter().map(|(n, _)| format!("/{}/{n}", image::MODULE_DIR)).collect::<Vec<_>>(),
+                "binds": d.binds,
+            });
+        }
         let mut tail = image::Tree::default();
         tail.file(image::LAUNCH, 0o444, launch.to_string().into_bytes());
         let dir = run_dir().map_err(|e| self.refused(spec, format!("the run directory: {e}")))?;
@@ -262,6 +308,7 @@ impl MicrovmLauncher {
             program_inside: &inside,
             pin: pin.as_ref(),
             image_bytes: base.len() as u64,
+            disk: self.disk.as_deref(),
             env_keys,
             warnings,
         };
@@ -299,6 +346,9 @@ impl MicrovmLauncher {
         };
         if egress.is_some() {
             cmd.args(egress::qemu_args(dir.path()));
+        }
+        if let Some(d) = &self.disk {
+            cmd.args(disk::qemu_args(&d.image));
         }
         let (err_r, err_w) = std::io::pipe().map_err(spawn_error)?;
         let err_keep = egress

@@ -31,6 +31,9 @@ pub enum MicrovmError {
         init.display()
     )]
     InitMissing { init: PathBuf, reason: String },
+    /// A harness's read-only disk (host/src/process/microvm/disk.rs).
+    #[error(transparent)]
+    Disk(#[from] super::disk::DiskError),
 }
 
 /// A located, working QEMU.

@@ -15,12 +15,17 @@ use super::{Accel, MICROVM_LEVEL, MicrovmLauncher};
 /// What QEMU holds outside the guest's RAM.
 const OUTSIDE_RAM: &str = "QEMU's own process is outside the guest's RAM: its code and device state, the TCG translation cache under TCG (capped at 64 MiB), and its copies of the kernel and the image (kept to reset the guest); no cgroup bounds the QEMU process here";
 
+/// A harness's read-only disk on the memory axis.
+const DISK_NOT_RAM: &str = "the read-only disk (extraRoPaths, the CLI) is not guest RAM: its image stays in the host's cache directory; the pages the guest reads of it sit in the guest's page cache, inside the VM's RAM and its bound";
+
 /// One run's part of the report.
 pub(super) struct Run<'a> {
     pub dir: &'a Path,
     pub program_inside: &'a str,
     pub pin: Option<&'a ProgramDigest>,
     pub image_bytes: u64,
+    /// A harness's read-only disk.
+    pub disk: Option<&'a super::disk::RoDisk>,
     pub env_keys: Vec<String>,
     pub warnings: Vec<String>,
 }
@@ -50,7 +55,7 @@ pub(super) fn launched(l: &MicrovmLauncher, accel: &Accel, run: &Run) -> Value {
         .map(|(k, v)| (k.trim_start_matches("RLIMIT_").to_lowercase(), v.into()))
         .collect();
     let fields = json!({
-        "isolation": "a guest kernel of its own in a QEMU microVM: the plugin's system calls are served by the guest kernel, the host sees only QEMU's device emulation (two ISA serial ports, a third with a network policy, a debug-exit port, the PIT, PIC and RTC)",
+        "isolation": "a guest kernel of its own in a QEMU microVM: the plugin's system calls are served by the guest kernel, the host sees only QEMU's device emulation (two ISA serial ports, a third with a network policy, a debug-exit port, the PIT, PIC and RTC; a harness's read-only virtio-blk disk)",
         "run_dir": run.dir.display().to_string(),
         "uid": p.uids.first,
         "network": network(p.egress_port),
@@ -58,10 +63,21 @@ pub(super) fn launched(l: &MicrovmLauncher, accel: &Accel, run: &Run) -> Value {
         "stderr": "the guest's ttyS1, written to QEMU's stderr with the guest kernel's console",
         "image": {
             "bytes": run.image_bytes,
-            "holds": "the guest init, the program, the shared libraries both need, extraRoPaths (read-only), /etc/passwd and /etc/group",
+            "holds": if run.disk.is_some() {
+                "the guest init, the program, the shared libraries both need, the virtio modules of the read-only disk, /etc/passwd and /etc/group"
+            } else {
+                "the guest init, the program, the shared libraries both need, extraRoPaths (read-only), /etc/passwd and /etc/group"
+            },
             "root": "read-only after the init's mounts",
         },
         "extra_ro_paths": p.extra_ro_paths,
+        "disk": run.disk.map(|d| json!({
+            "image": d.image.display().to_string(),
+            "bytes": d.bytes,
+            "holds": "extraRoPaths and the harness CLI's shared libraries, each bound read-only at its host path",
+            "device": "virtio-blk (virtio-mmio), read-only in QEMU and mounted read-only by the guest",
+            "memory": DISK_NOT_RAM,
+        })),
         "program": run.program_inside,
         "program_sha256": run.pin.map(|d| d.to_string()),
         "rlimits": rlimits,
@@ -115,11 +131,15 @@ fn memory(l: &MicrovmLauncher) -> Value {
         "bytes": ram,
         "detail": "the VM's RAM (QEMU -m): the guest cannot use more; past it the guest kernel's OOM killer ends the plugin and the turn says so",
     }));
-    json!({
+    let mut axis = json!({
         "layers": layers,
         "per_process_bytes": p.rlimits.address_space,
         "tree_bound_bytes": ram,
         "unbounded": [],
         "outside": OUTSIDE_RAM,
-    })
+    });
+    if l.disk.is_some() {
+        axis["disk"] = DISK_NOT_RAM.into();
+    }
+    axis
 }
