@@ -332,22 +332,6 @@ fn prepared_kind<L: Launcher + 'static>(l: Arc<L>, wait: fn(&L, Duration) -> usi
 /// The engines, in the order they run in each round.
 fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
     let mut notes = Vec::new();
-    let engine = |name, kind, rounds| Engine {
-        name,
-        kind,
-        rounds,
-        init: Vec::new(),
-        turn: Vec::new(),
-        teardown: Vec::new(),
-        pss_kib: Vec::new(),
-        rss_kib: Vec::new(),
-        tree: String::new(),
-        error: None,
-    };
-    let launcher = |l: Arc<dyn Launcher>| Kind::Launcher {
-        launcher: l,
-        refill: None,
-    };
     let warm = SandboxPolicy {
         warm: 1,
         ..Default::default()
@@ -373,6 +357,43 @@ fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
         prepared_kind(ns_warm, SandboxLauncher::wait_warm),
         n,
     ));
+    gvisor_engines(exe, n, &warm, &mut out, &mut notes);
+    microvm_engines(n, vm_cold, &warm, &mut out, &mut notes);
+    (out, notes)
+}
+
+/// An engine to measure `rounds` times, nothing measured yet.
+fn engine(name: &'static str, kind: Kind, rounds: usize) -> Engine {
+    Engine {
+        name,
+        kind,
+        rounds,
+        init: Vec::new(),
+        turn: Vec::new(),
+        teardown: Vec::new(),
+        pss_kib: Vec::new(),
+        rss_kib: Vec::new(),
+        tree: String::new(),
+        error: None,
+    }
+}
+
+/// A cold launcher's engine kind (no spare to wait for).
+fn launcher(l: Arc<dyn Launcher>) -> Kind {
+    Kind::Launcher {
+        launcher: l,
+        refill: None,
+    }
+}
+
+/// gVisor cold and prepared, or the note why not.
+fn gvisor_engines(
+    exe: &Path,
+    n: usize,
+    warm: &SandboxPolicy,
+    out: &mut Vec<Engine>,
+    notes: &mut Vec<String>,
+) {
     let gvisor = |policy: SandboxPolicy| {
         GvisorLauncher::new(policy, None).map(|l| Arc::new(l.with_helper_exe(exe.to_path_buf())))
     };
@@ -395,15 +416,27 @@ fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
         }
         (Err(e), _) | (_, Err(e)) => notes.push(format!("gVisor not measured: {e}")),
     }
+}
+
+/// The microVM cold (`vm_cold` rounds) and warm, or the note why not.
+fn microvm_engines(
+    n: usize,
+    vm_cold: usize,
+    warm: &SandboxPolicy,
+    out: &mut Vec<Engine>,
+    notes: &mut Vec<String>,
+) {
     let settings = sharedos_host::process::microvm::MicrovmSettings {
         qemu: None,
         kernel: None,
         init: Some(super::soak::sibling("sharedos-guest-init")),
         memory_mib: VM_MIB,
         vcpus: 1,
+        mkfs: None,
+        harness_cli: None,
     };
     let vm = |policy: SandboxPolicy| MicrovmLauncher::new(policy, &settings).map(Arc::new);
-    match (vm(SandboxPolicy::default()), vm(warm)) {
+    match (vm(SandboxPolicy::default()), vm(warm.clone())) {
         (Ok(cold), Ok(prepared)) => {
             let accel = cold.accel();
             notes.push(format!(
@@ -421,7 +454,6 @@ fn engines(exe: &Path, n: usize, vm_cold: usize) -> (Vec<Engine>, Vec<String>) {
         }
         (Err(e), _) | (_, Err(e)) => notes.push(format!("microVM not measured: {e}")),
     }
-    (out, notes)
 }
 
 /// A prepared engine's first launch: its spare is started now (as at
@@ -484,7 +516,15 @@ pub fn run(exe: &Path, n: usize, vm_cold: usize) -> bool {
     print(&engines, &notes)
 }
 
+/// The table and the goals; `false` when an engine was not measured.
 fn print(engines: &[Engine], notes: &[String]) -> bool {
+    let (ok, figures) = print_table(engines);
+    print_goals(engines, &figures, notes);
+    ok
+}
+
+/// Each engine's row; its launch → `initialize` and zero-call turn figures.
+fn print_table(engines: &[Engine]) -> (bool, HashMap<&'static str, (Figure, Figure)>) {
     let mut ok = true;
     println!(
         "    {:<30} {:>4} {:>21} {:>21} {:>10} {:>16}",
@@ -494,7 +534,7 @@ fn print(engines: &[Engine], notes: &[String]) -> bool {
         "    {:<30} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>8}",
         "", "", "median", "p90", "median", "p90", "median ms", "MiB", "MiB"
     );
-    let mut figures: HashMap<&str, (Figure, Figure)> = HashMap::new();
+    let mut figures: HashMap<&'static str, (Figure, Figure)> = HashMap::new();
     for e in engines {
         if let Some(err) = &e.error {
             println!("    {:<30} not measured: {err}", e.name);
@@ -523,6 +563,15 @@ fn print(engines: &[Engine], notes: &[String]) -> bool {
         );
         figures.insert(e.name, (init, turn));
     }
+    (ok, figures)
+}
+
+/// The idle trees and the goals, each taken within this run.
+fn print_goals(
+    engines: &[Engine],
+    figures: &HashMap<&'static str, (Figure, Figure)>,
+    notes: &[String],
+) {
     for e in engines.iter().filter(|e| e.error.is_none()) {
         println!("    idle tree of {}: {}", e.name, e.tree);
     }
@@ -569,5 +618,4 @@ fn print(engines: &[Engine], notes: &[String]) -> bool {
         1.5,
         true,
     );
-    ok
 }

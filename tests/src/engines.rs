@@ -51,15 +51,13 @@ impl Engine {
     }
 
     /// Whether a harness runtime (`[runtimes.harness]`, a vendor CLI or
-    /// an MCP client) runs in this engine. The microVM refuses one at
-    /// load (`refuse_unsupported` in host/src/process/microvm/config.rs:
-    /// the image is an initramfs, so a vendor CLI would be copied into
-    /// every turn's image and a dynamically linked or node CLI finds no
-    /// libraries); the harness cases run in the engines that carry one.
+    /// an MCP client) runs in this engine: in every engine now (the
+    /// microVM carries the CLI on a read-only disk image,
+    /// host/src/process/microvm/disk.rs). An engine that refused one would
+    /// answer `false` here and the harness cases would check its refusal.
     pub fn runs_harness(self) -> bool {
         match self {
-            Engine::Sandbox | Engine::Gvisor => true,
-            Engine::Microvm => false,
+            Engine::Sandbox | Engine::Gvisor | Engine::Microvm => true,
         }
     }
 
