@@ -163,7 +163,7 @@ fn run() -> Res<u8> {
     close(stdin_r);
     close(stdout_w);
     std::thread::spawn(move || {
-        pump(proto, stdin_w);
+        pump_input(proto, stdin_w);
         close(stdin_w);
     });
     let stdout = std::thread::spawn(move || {
@@ -394,6 +394,20 @@ fn close(fd: libc::c_int) {
 /// Copies `from` to `to` until `from` ends or either fails (the plugin's
 /// end of a pipe closed).
 fn pump(from: libc::c_int, to: libc::c_int) {
+    relay(from, to, None);
+}
+
+/// Relays the host's protocol bytes to the plugin's stdin until the host
+/// closes it: the line's end or the host's end-of-input byte
+/// ([`sharedos_chanmux::END_OF_INPUT`], which no JSON text contains), the
+/// serial line's only way to say end-of-file.
+fn pump_input(from: libc::c_int, to: libc::c_int) {
+    relay(from, to, Some(sharedos_chanmux::END_OF_INPUT));
+}
+
+/// Copies `from` to `to` until `from` ends, a write fails, or `stop` is
+/// read (what precedes it in the same read is still written).
+fn relay(from: libc::c_int, to: libc::c_int, stop: Option<u8>) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // SAFETY: buf is valid for its length; from is open.
@@ -405,19 +419,30 @@ fn pump(from: libc::c_int, to: libc::c_int) {
         if n == 0 {
             return;
         }
-        let mut sent = 0;
-        while sent < n {
-            // SAFETY: buf[sent..n] is initialized and in bounds; to is open.
-            let w = unsafe { libc::write(to, buf[sent..n].as_ptr().cast(), n - sent) };
-            if w < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            match usize::try_from(w) {
-                Ok(w) if w > 0 => sent += w,
-                _ => return,
-            }
+        let read = &buf[..n];
+        let end = stop.and_then(|b| read.iter().position(|&c| c == b));
+        if !write_all(to, &read[..end.unwrap_or(n)]) || end.is_some() {
+            return;
         }
     }
+}
+
+/// Writes all of `data` to `to`; `false` when a write fails.
+fn write_all(to: libc::c_int, data: &[u8]) -> bool {
+    let mut sent = 0;
+    while sent < data.len() {
+        let rest = &data[sent..];
+        // SAFETY: rest is initialized and in bounds; to is open.
+        let w = unsafe { libc::write(to, rest.as_ptr().cast(), rest.len()) };
+        if w < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        match usize::try_from(w) {
+            Ok(w) if w > 0 => sent += w,
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// Waits until both lines have sent what was written to them.

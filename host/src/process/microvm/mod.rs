@@ -391,8 +391,9 @@ impl MicrovmLauncher {
         };
         // QEMU's start to the guest init's ready line: the boot.
         report["boot_ms"] = (started.elapsed().as_millis() as u64).into();
+        let stdin = stdin_relay(i).map_err(spawn_error)?;
         Ok(LaunchedChild {
-            stdin: OwnedFd::from(i),
+            stdin,
             stdout: OwnedFd::from(o),
             stderr: e,
             tree: Box::new(MicrovmTree {
@@ -612,4 +613,22 @@ impl Drop for MicrovmTree {
             let _ = self.kill_tree();
         }
     }
+}
+
+/// The plugin's stdin as the runtime holds it: a pipe whose bytes a thread
+/// copies to QEMU's stdin (the guest's protocol line), followed by
+/// [`sharedos_chanmux::END_OF_INPUT`] once the runtime closes it, since a
+/// serial line carries no end-of-file; the guest's init then closes the
+/// plugin's stdin. The thread ends with the runtime's end or with QEMU.
+fn stdin_relay(qemu: std::process::ChildStdin) -> io::Result<OwnedFd> {
+    let (from_runtime, to_plugin) = std::io::pipe()?;
+    std::thread::Builder::new()
+        .name("sharedos-vm-stdin".into())
+        .spawn(move || {
+            let (mut from_runtime, mut qemu) = (from_runtime, qemu);
+            if std::io::copy(&mut from_runtime, &mut qemu).is_ok() {
+                let _ = std::io::Write::write_all(&mut qemu, &[sharedos_chanmux::END_OF_INPUT]);
+            }
+        })?;
+    Ok(OwnedFd::from(to_plugin))
 }
