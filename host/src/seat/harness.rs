@@ -101,8 +101,18 @@ pub(crate) fn check(entry: &HarnessEntry<'_>) -> Result<(), String> {
             spec.command
         ));
     }
+    launch_size_check(entry, &field, problems)
+}
+
+/// `problems`, or (when there are none) the spec's launch argument checked
+/// against [`MAX_LAUNCH_BYTES`]; all of them joined, one a line.
+fn launch_size_check(
+    entry: &HarnessEntry<'_>,
+    field: &str,
+    mut problems: Vec<String>,
+) -> Result<(), String> {
     if problems.is_empty()
-        && let Some(arg) = launch_arg(entry.manifest.clone(), spec)
+        && let Some(arg) = launch_arg(entry.manifest.clone(), entry.spec)
         && arg.len() > MAX_LAUNCH_BYTES
     {
         problems.push(format!(

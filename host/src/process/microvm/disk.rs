@@ -199,6 +199,50 @@ pub fn image(
     cache: &Path,
 ) -> Result<RoDisk, DiskError> {
     let modules = modules(kernel)?;
+    let sources = sources(ro_paths, cli)?;
+    let binds: Vec<String> = sources
+        .iter()
+        .map(|s| s.path.to_string_lossy().into_owned())
+        .collect();
+    let dir = cache.join("microvm-disks");
+    let build = |reason: String| DiskError::Build {
+        dir: dir.clone(),
+        reason,
+    };
+    private_dir(cache).map_err(|e| build(format!("{}: {e}", cache.display())))?;
+    private_dir(&dir).map_err(|e| build(format!("{}: {e}", dir.display())))?;
+    let (identity, stats) = identity(&sources)?;
+    // What the identity's content hash was, when it was computed before:
+    // the content is read and hashed only when some entry changed.
+    let memo = dir.join(format!("identity-{identity}"));
+    let known = std::fs::read_to_string(&memo)
+        .ok()
+        .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
+    let (digest, fresh) = match known {
+        Some(d) if dir.join(format!("sha256-{d}.ext4")).is_file() => (d, false),
+        _ => (content_digest(&sources)?, true),
+    };
+    let image = dir.join(format!("sha256-{digest}.ext4"));
+    let bytes = match std::fs::metadata(&image) {
+        Ok(md) if md.is_file() => md.len(),
+        _ => write_image(&sources, &stats, mkfs, &dir, &image).map_err(build)?,
+    };
+    if fresh {
+        // Written once the image exists; one that cannot be written costs
+        // a hash at the next seating only.
+        let _ = write_memo(&dir, &memo, &digest);
+    }
+    Ok(RoDisk {
+        image,
+        bytes,
+        binds,
+        modules,
+    })
+}
+
+/// What the disk holds: each of `ro_paths` as it is, then the CLI's shared
+/// libraries that are outside them (their links followed).
+fn sources(ro_paths: &[String], cli: Option<&Path>) -> Result<Vec<Source>, DiskError> {
     let mut sources: Vec<Source> = Vec::new();
     for p in ro_paths {
         let path = PathBuf::from(p);
@@ -225,22 +269,16 @@ pub fn image(
             }
         }
     }
-    let binds: Vec<String> = sources
-        .iter()
-        .map(|s| s.path.to_string_lossy().into_owned())
-        .collect();
-    let dir = cache.join("microvm-disks");
-    let build = |reason: String| DiskError::Build {
-        dir: dir.clone(),
-        reason,
-    };
-    private_dir(cache).map_err(|e| build(format!("{}: {e}", cache.display())))?;
-    private_dir(&dir).map_err(|e| build(format!("{}: {e}", dir.display())))?;
-    // The identity of every entry (path, type, mode, size, inode, mtime,
-    // ctime: a write to a file changes its ctime), from metadata alone.
+    Ok(sources)
+}
+
+/// The identity of every entry (path, type, mode, size, inode, mtime,
+/// ctime: a write to a file changes its ctime), from metadata alone, in
+/// hex; and the counts the image is sized by.
+fn identity(sources: &[Source]) -> Result<(String, Stats), DiskError> {
     let mut identity = sha2::Sha256::new();
     let mut stats = Stats::default();
-    for s in &sources {
+    for s in sources {
         walk(&s.path, s.follow, &mut |path, kind, md| {
             identity.update(path.as_os_str().as_encoded_bytes());
             identity.update(format!(
@@ -259,44 +297,22 @@ pub fn image(
             reason: e.to_string(),
         })?;
     }
-    // What the identity's content hash was, when it was computed before:
-    // the content is read and hashed only when some entry changed.
-    let memo = dir.join(format!("identity-{}", hex(&identity.finalize())));
-    let known = std::fs::read_to_string(&memo)
-        .ok()
-        .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
-    let (digest, fresh) = match known {
-        Some(d) if dir.join(format!("sha256-{d}.ext4")).is_file() => (d, false),
-        _ => {
-            let mut hasher = sha2::Sha256::new();
-            for s in &sources {
-                walk(&s.path, s.follow, &mut |path, kind, _| {
-                    hash_entry(&mut hasher, path, kind)
-                })
-                .map_err(|e| DiskError::Source {
-                    path: s.path.clone(),
-                    reason: e.to_string(),
-                })?;
-            }
-            (hex(&hasher.finalize()), true)
-        }
-    };
-    let image = dir.join(format!("sha256-{digest}.ext4"));
-    let bytes = match std::fs::metadata(&image) {
-        Ok(md) if md.is_file() => md.len(),
-        _ => write_image(&sources, &stats, mkfs, &dir, &image).map_err(build)?,
-    };
-    if fresh {
-        // Written once the image exists; one that cannot be written costs
-        // a hash at the next seating only.
-        let _ = write_memo(&dir, &memo, &digest);
+    Ok((hex(&identity.finalize()), stats))
+}
+
+/// The content hash of everything the disk holds, in hex (every byte read).
+fn content_digest(sources: &[Source]) -> Result<String, DiskError> {
+    let mut hasher = sha2::Sha256::new();
+    for s in sources {
+        walk(&s.path, s.follow, &mut |path, kind, _| {
+            hash_entry(&mut hasher, path, kind)
+        })
+        .map_err(|e| DiskError::Source {
+            path: s.path.clone(),
+            reason: e.to_string(),
+        })?;
     }
-    Ok(RoDisk {
-        image,
-        bytes,
-        binds,
-        modules,
-    })
+    Ok(hex(&hasher.finalize()))
 }
 
 fn hex(bytes: &[u8]) -> String {

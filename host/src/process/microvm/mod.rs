@@ -322,6 +322,25 @@ impl MicrovmLauncher {
         self.prepare(spec).map(|(_, r)| r)
     }
 
+    /// A guest that did not come up (`why`): QEMU killed and reaped, the
+    /// refusal naming its status and the console's last lines (`stderr`).
+    fn not_up(
+        &self,
+        spec: &LaunchSpec,
+        child: &mut Child,
+        stderr: OwnedFd,
+        why: impl std::fmt::Display,
+    ) -> LaunchError {
+        let _ = child.kill();
+        let status = child.wait().ok().map(vm::plugin_status);
+        let tail = stderr_now(stderr);
+        let reason = format!(
+            "the guest did not come up: {why} (QEMU: {}); its console: {tail}",
+            status.map_or("killed".into(), |s| s.to_string())
+        );
+        self.refused(spec, reason)
+    }
+
     fn launch_blocking(&self, spec: &LaunchSpec) -> Result<LaunchedChild, LaunchError> {
         let (dir, mut report) = self.prepare(spec)?;
         let spawn_error = |source| LaunchError::Spawn {
@@ -378,16 +397,7 @@ impl MicrovmLauncher {
             .and_then(|()| serve_egress(&child, egress.zip(err_keep)));
         let egress_listener = match up {
             Ok(l) => l,
-            Err(why) => {
-                let _ = child.kill();
-                let status = child.wait().ok().map(vm::plugin_status);
-                let tail = stderr_now(e);
-                let reason = format!(
-                    "the guest did not come up: {why} (QEMU: {}); its console: {tail}",
-                    status.map_or("killed".into(), |s| s.to_string())
-                );
-                return Err(self.refused(spec, reason));
-            }
+            Err(why) => return Err(self.not_up(spec, &mut child, e, why)),
         };
         // QEMU's start to the guest init's ready line: the boot.
         report["boot_ms"] = (started.elapsed().as_millis() as u64).into();
