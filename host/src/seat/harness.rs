@@ -325,7 +325,9 @@ final = { from = "stdout", take = "sometimes" }"#,
     /// is refused naming the fix when it does not.
     #[test]
     fn a_microvm_harness_loads_with_its_cli_under_extra_ro_paths() {
-        let d = tempfile::tempdir().unwrap();
+        // Not under /tmp, which a host not running as root refuses in
+        // extraRoPaths (the sandbox replaces it).
+        let d = tempfile::Builder::new().tempdir_in("/var/tmp").unwrap();
         let cli = d.path().join("bin/cli");
         std::fs::create_dir_all(cli.parent().unwrap()).unwrap();
         std::fs::copy("/bin/true", &cli).unwrap();
