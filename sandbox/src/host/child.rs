@@ -36,9 +36,9 @@ pub struct SandboxedChild {
     pub egress_listener: Option<OwnedFd>,
     pub(super) pidfd: Option<OwnedFd>,
     /// A pidfd of the sandbox's pid 1 (the init of its pid namespace),
-    /// opened once the report is read. Pid 1 exits only after every other
-    /// process of its namespace is gone, so where no cgroup can be waited
-    /// on, waiting for it waits for the whole tree.
+    /// opened once the report is read, and only when the tree has no
+    /// cgroup. Pid 1 exits only after every other process of its namespace
+    /// is gone, so waiting for it waits for the whole tree.
     pub(super) ns_init: Option<OwnedFd>,
     pub(super) helper: HelperProc,
     pub(super) lifeline: Option<UnixStream>,
@@ -160,9 +160,6 @@ impl SandboxedChild {
         let Some(init) = self.ns_init.take() else {
             return;
         };
-        if !self.cgroup.paths.is_empty() {
-            return;
-        }
         let end = Instant::now() + NS_INIT_WAIT;
         loop {
             let left = end.saturating_duration_since(Instant::now());

@@ -353,8 +353,10 @@ fn read_report(
     };
     sc.report = reader.until_report(&mut sc)?;
     clock.stamp("report received");
-    if sc.report.pidns.is_enforced() {
-        // The report is written from inside the namespace: its pid 1 is up.
+    if sc.cgroup.paths.is_empty() && sc.report.pidns.is_enforced() {
+        // Only waited for without a cgroup (whose `populated 0` covers the
+        // tree), so only opened then. The report is written from inside
+        // the namespace: its pid 1 is up.
         sc.ns_init = super::child::ns_init_pidfd(sc.pid);
     }
     if policy.egress_port.is_some() {
