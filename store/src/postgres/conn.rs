@@ -65,16 +65,22 @@ impl Connection {
         }
     }
 
+    /// A session made ready after its migrations: lock waits bounded,
+    /// listening for other hosts' changes.
+    pub(super) async fn ready(client: &Client) -> Result<(), StoreError> {
+        bound_lock_waits(client).await?;
+        client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
+            .await
+            .map_err(pg)
+    }
+
     /// The session, connected again first when the last one is gone.
     pub(super) async fn lock(&self) -> Result<MutexGuard<'_, Client>, StoreError> {
         let mut client = self.client.lock().await;
         if client.is_closed() {
             let fresh = Self::connect(&self.config, &self.changes).await?;
-            bound_lock_waits(&fresh).await?;
-            fresh
-                .batch_execute(&format!("LISTEN {CHANNEL}"))
-                .await
-                .map_err(pg)?;
+            Self::ready(&fresh).await?;
             tracing::warn!("the PostgreSQL session was lost; connected again");
             *client = fresh;
         }

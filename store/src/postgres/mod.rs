@@ -84,11 +84,7 @@ impl PostgresStore {
         // Migrating waits on the other hosts' migrations as long as they
         // take; only then are lock waits bounded.
         migrate(&mut client, config).await?;
-        bound_lock_waits(&client).await?;
-        client
-            .batch_execute(&format!("LISTEN {CHANNEL}"))
-            .await
-            .map_err(pg)?;
+        conn::Connection::ready(&client).await?;
         Ok(Self {
             conn: Arc::new(conn::Connection::new(config, client, changes)),
             keep_events_per_run,
