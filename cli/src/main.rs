@@ -233,6 +233,46 @@ async fn dispatch(command: Command) -> i32 {
     }
 }
 
+/// `sharedos run`'s live event lines on stderr. The turn queues each line;
+/// one task writes what is queued with one `write` as soon as the turn's
+/// task yields, so a burst of calls answered in one poll (64 in flight)
+/// costs one system call, not three a call, and every line is still out
+/// within the poll that made it. What is queued when the turn returns is
+/// written before anything else is printed.
+#[derive(Default)]
+struct EventLines {
+    queued: std::sync::Mutex<Vec<u8>>,
+    ready: tokio::sync::Notify,
+}
+
+impl EventLines {
+    fn push(&self, line: &str) {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let was_empty = queued.is_empty();
+        queued.extend_from_slice(line.as_bytes());
+        queued.push(b'\n');
+        drop(queued);
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    fn write_queued(&self) {
+        use std::io::Write;
+        let bytes = std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()));
+        if !bytes.is_empty() {
+            let _ = std::io::stderr().lock().write_all(&bytes);
+        }
+    }
+
+    async fn write_when_queued(self: Arc<Self>) {
+        loop {
+            self.ready.notified().await;
+            self.write_queued();
+        }
+    }
+}
+
 /// `sharedos run --config host.toml --request turn.json`.
 async fn run(
     config: &std::path::Path,
@@ -254,22 +294,21 @@ async fn run(
         }
     };
     cli::timings::mark("config");
-    // One `write` per event line (eprintln! writes the line and its newline
-    // apart, on an unbuffered stderr): live, and half the calls.
-    let printer: Arc<dyn Fn(String) + Send + Sync> = Arc::new(|mut line| {
-        use std::io::Write;
-        line.push('\n');
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
-    });
-    match cli::run_turn(
+    let lines = Arc::new(EventLines::default());
+    let writer = tokio::spawn(Arc::clone(&lines).write_when_queued());
+    let queue = Arc::clone(&lines);
+    let printer: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |line| queue.push(&line));
+    let ran = cli::run_turn(
         &config,
         &text,
         &request.display().to_string(),
         launcher_for,
         Some(printer),
     )
-    .await
-    {
+    .await;
+    writer.abort();
+    lines.write_queued();
+    match ran {
         Ok(run) => {
             let code = cli::print_result(&run.result);
             cli::timings::mark("printed");
