@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod frame;
+pub mod line;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -23,15 +24,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 pub use frame::{Frame, HEADER, MAX_DATA, MAX_STREAMS, MuxError, WINDOW, read_frame};
-
-/// On the guest's protocol line (`ttyS0`, not a channel of this crate):
-/// the byte the host sends when it closes the plugin's stdin, since a
-/// serial line carries no end-of-file. The guest's init closes the
-/// plugin's stdin on it. No protocol message contains it: the host writes
-/// only JSON, which allows no raw control character (RFC 8259, section 7:
-/// inside strings they are escaped; outside them only space, tab, line
-/// feed and carriage return occur).
-pub const END_OF_INPUT: u8 = 0x04;
+pub use line::END_OF_INPUT;
 
 /// A local end of a stream: a TCP connection in the guest, a unix
 /// connection to the gateway's listener on the host.

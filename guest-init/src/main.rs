@@ -3,16 +3,18 @@
 //! It reads the launch the host wrote into the initramfs
 //! (`/sharedos/launch.json`), mounts `/dev`, `/proc`, `/sys` and the
 //! private tmpfs mounts of the policy's sizes, makes the root read-only,
-//! sets both serial lines raw, mounts a harness's read-only disk when the
-//! launch has one, says `sharedos-guest-ready` on the
-//! protocol line (the host writes nothing before it), and runs the plugin as the sandbox uid
-//! with its stdin and stdout on pipes this init relays to and from the
-//! first serial line (the protocol; a plugin's stdio is pipes in every
-//! engine, and the SDKs refuse to serve a terminal, taking it for a person
-//! running the plugin by hand) and its stderr on the second line. When the
-//! plugin has ended it kills whatever the plugin left, sends the rest of
-//! its stdout, waits for both lines to drain, and reports how the
-//! plugin ended through the `isa-debug-exit` port: QEMU then exits with
+//! sets the stderr line (`ttyS1`) raw, mounts a harness's read-only disk
+//! when the launch has one, loads the virtio port's driver and opens the
+//! protocol port, says `sharedos-guest-ready` on it (the host writes
+//! nothing before it), and runs the plugin as the sandbox uid with its
+//! stdin and stdout on pipes this init relays to and from the port (a
+//! plugin's stdio is pipes in every engine, and the SDKs refuse to serve a
+//! terminal, taking it for a person running the plugin by hand) and its
+//! stderr on the serial line. When the plugin has ended it kills whatever
+//! the plugin left, sends the rest of its stdout and the end of its
+//! output, waits for the host to say it has read it all
+//! (`sharedos_chanmux::line`) and the stderr line to drain, and reports
+//! how the plugin ended through the `isa-debug-exit` port: QEMU then exits with
 //! `(code << 1) | 1`, where `code` is ([`encode`]):
 //!
 //! - `0..=95`: the plugin's exit code (95 for any code above);
@@ -31,6 +33,7 @@ use std::ffi::CString;
 use std::io::Write;
 
 use serde::Deserialize;
+use sharedos_chanmux::line;
 
 /// Where the host puts the launch in the initramfs.
 const LAUNCH: &str = "/sharedos/launch.json";
@@ -48,6 +51,9 @@ const PROBE: &str = "/sharedos/probe";
 /// The `isa-debug-exit` device's port (QEMU `iobase=0xf4`).
 const EXIT_PORT: u16 = 0xf4;
 const SETUP_FAILED: u8 = 126;
+/// How long the init waits, after the end of the plugin's output, for the
+/// host to say it has read it all before it powers off regardless.
+const TAKEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 const OUT_OF_MEMORY: u8 = 127;
 
 #[derive(Debug, Deserialize)]
@@ -79,6 +85,15 @@ struct Launch {
     /// carried over `ttyS2` to the host (absent: no network policy).
     #[serde(default)]
     egress_port: Option<u16>,
+    /// The protocol port: the kernel modules its driver needs (in the
+    /// image, in load order) and its device node.
+    protocol: Protocol,
+}
+
+#[derive(Debug, Deserialize)]
+struct Protocol {
+    modules: Vec<String>,
+    device: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,12 +134,12 @@ fn run() -> Res<u8> {
         return Ok(0);
     }
     mount("devtmpfs", "/dev", "devtmpfs", 0, "mode=0755")?;
-    let proto = open_line("/dev/ttyS0")?;
     let err = open_line("/dev/ttyS1")?;
     mount("proc", "/proc", "proc", 0, "")?;
     mount("sysfs", "/sys", "sysfs", 0, "")?;
     let text = std::fs::read_to_string(LAUNCH).map_err(|e| format!("{LAUNCH}: {e}"))?;
     let launch: Launch = serde_json::from_str(&text).map_err(|e| format!("{LAUNCH}: {e}"))?;
+    let proto = open_port(&launch.protocol)?;
     for t in &launch.tmpfs {
         let owner = if t.owned { launch.uid } else { 0 };
         let data = format!(
@@ -150,11 +165,10 @@ fn run() -> Res<u8> {
     }
     remount_root_read_only()?;
     let ooms_before = oom_kills();
-    // The host writes nothing before this line: bytes that reach the
-    // serial port before the line is open and raw would be lost.
-    // SAFETY: proto is open; the buffer outlives the call.
-    unsafe { libc::write(proto, READY.as_ptr().cast(), READY.len()) };
-    drain(proto, err);
+    // The host writes nothing before this line (what it would write
+    // before the port is open waits in QEMU, but the launch is not up
+    // before the guest is).
+    write_all(proto, READY);
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let pid = spawn_plugin(&launch, [stdin_r, stdout_w, err])?;
@@ -162,12 +176,13 @@ fn run() -> Res<u8> {
     // its relays are threads started after the fork.
     close(stdin_r);
     close(stdout_w);
+    let (taken_tx, taken) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         pump_input(proto, stdin_w);
-        close(stdin_w);
+        let _ = taken_tx.send(());
     });
     let stdout = std::thread::spawn(move || {
-        pump(stdout_r, proto);
+        pump_output(stdout_r, proto);
         close(stdout_r);
     });
     let status = reap_until(pid);
@@ -175,18 +190,23 @@ fn run() -> Res<u8> {
     // SAFETY: kill(-1) signals every process but this init; no memory is touched.
     unsafe { libc::kill(-1, libc::SIGKILL) };
     while reap_any() {}
-    // Every writer of the stdout pipe is gone: what it holds is sent.
+    // Every writer of the stdout pipe is gone: what it holds is sent,
+    // then the end, and the host says when it has read it all (QEMU's
+    // exit drops what it has not passed on yet).
     let _ = stdout.join();
-    if oom_kills() > ooms_before {
+    write_all(proto, &[line::END_OF_OUTPUT]);
+    let _ = taken.recv_timeout(TAKEN_TIMEOUT);
+    let code = if oom_kills() > ooms_before {
         say(&format!(
             "sharedos-guest-init: out of memory: the guest kernel's OOM killer killed the plugin; the VM's RAM ({} MiB) is its memory bound",
             launch.ram_mib
         ));
-        drain(proto, err);
-        return Ok(OUT_OF_MEMORY);
-    }
-    drain(proto, err);
-    Ok(encode(status))
+        OUT_OF_MEMORY
+    } else {
+        encode(status)
+    };
+    drain(err);
+    Ok(code)
 }
 
 /// A plugin's wait status as the code QEMU reports (see the module doc).
@@ -225,21 +245,51 @@ fn mount_disk(disk: &Disk) -> Res<()> {
     for m in &disk.modules {
         load_module(m)?;
     }
-    // The device node appears once the driver has probed the device.
-    let mut tries = 0;
-    while !std::path::Path::new(DISK_DEV).exists() {
-        tries += 1;
-        if tries > 1000 {
-            return Err(format!(
-                "{DISK_DEV} did not appear after the virtio modules were loaded"
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    await_device(DISK_DEV)?;
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
     mount(DISK_DEV, DISK_DIR, "ext4", flags, "noload")?;
     for path in &disk.binds {
         bind_read_only(DISK_DIR, path)?;
+    }
+    Ok(())
+}
+
+/// The protocol port: its driver's modules loaded, its device node
+/// awaited and opened.
+fn open_port(p: &Protocol) -> Res<libc::c_int> {
+    for m in &p.modules {
+        load_module(m)?;
+    }
+    await_device(&p.device)?;
+    let path = cstr(&p.device)?;
+    // The node appears before the driver lists the port, which opens
+    // fail with ENXIO until then.
+    for _ in 0..1000 {
+        // SAFETY: a NUL-terminated path; the descriptor is owned by this init.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(os_err(&format!("open {}", p.device)))
+}
+
+/// Waits until the device node `dev` appears (its driver has probed the
+/// device), up to 10 s.
+fn await_device(dev: &str) -> Res<()> {
+    let mut tries = 0;
+    while !std::path::Path::new(dev).exists() {
+        tries += 1;
+        if tries > 1000 {
+            return Err(format!(
+                "{dev} did not appear after the virtio modules were loaded"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     Ok(())
 }
@@ -391,39 +441,64 @@ fn close(fd: libc::c_int) {
     unsafe { libc::close(fd) };
 }
 
-/// Copies `from` to `to` until `from` ends or either fails (the plugin's
-/// end of a pipe closed).
-fn pump(from: libc::c_int, to: libc::c_int) {
-    relay(from, to, None);
-}
-
-/// Relays the host's protocol bytes to the plugin's stdin until the host
-/// closes it: the line's end or the host's end-of-input byte
-/// ([`sharedos_chanmux::END_OF_INPUT`], which no JSON text contains), the
-/// serial line's only way to say end-of-file.
-fn pump_input(from: libc::c_int, to: libc::c_int) {
-    relay(from, to, Some(sharedos_chanmux::END_OF_INPUT));
-}
-
-/// Copies `from` to `to` until `from` ends, a write fails, or `stop` is
-/// read (what precedes it in the same read is still written).
-fn relay(from: libc::c_int, to: libc::c_int, stop: Option<u8>) {
-    let mut buf = vec![0u8; 64 * 1024];
+/// One read of `from` into `buf`: `None` at its end or on an error.
+fn read_some(from: libc::c_int, buf: &mut [u8]) -> Option<usize> {
     loop {
         // SAFETY: buf is valid for its length; from is open.
         let n = unsafe { libc::read(from, buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;
         }
-        let Ok(n) = usize::try_from(n) else { return };
-        if n == 0 {
+        return usize::try_from(n).ok().filter(|&n| n > 0);
+    }
+}
+
+/// Copies the plugin's stdout (`from`) to the protocol port until it
+/// ends or a write fails, its control bytes escaped
+/// ([`sharedos_chanmux::line`]).
+fn pump_output(from: libc::c_int, to: libc::c_int) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut escaped = Vec::new();
+    while let Some(n) = read_some(from, &mut buf) {
+        let data = &buf[..n];
+        let sent = if line::needs_escape(data) {
+            escaped.clear();
+            line::escape_output(data, &mut escaped);
+            write_all(to, &escaped)
+        } else {
+            write_all(to, data)
+        };
+        if !sent {
             return;
         }
-        let read = &buf[..n];
-        let end = stop.and_then(|b| read.iter().position(|&c| c == b));
-        if !write_all(to, &read[..end.unwrap_or(n)]) || end.is_some() {
-            return;
+    }
+}
+
+/// Relays the host's protocol bytes to the plugin's stdin (`to`, closed
+/// here) until the host closes it with [`line::END_OF_INPUT`] (which no
+/// JSON text contains), then reads on until the host says it has taken
+/// the guest's output ([`line::OUTPUT_TAKEN`]) or the port fails. A
+/// plugin that stops reading its stdin does not stop the port's reads.
+fn pump_input(from: libc::c_int, to: libc::c_int) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut to = Some(to);
+    while let Some(n) = read_some(from, &mut buf) {
+        let mut data = &buf[..n];
+        if let Some(fd) = to {
+            let end = data.iter().position(|&c| c == line::END_OF_INPUT);
+            let sent = write_all(fd, &data[..end.unwrap_or(n)]);
+            if !sent || end.is_some() {
+                close(fd);
+                to = None;
+            }
+            data = end.map_or(&[][..], |e| &data[e + 1..]);
         }
+        if to.is_none() && data.contains(&line::OUTPUT_TAKEN) {
+            break;
+        }
+    }
+    if let Some(fd) = to {
+        close(fd);
     }
 }
 
@@ -445,12 +520,10 @@ fn write_all(to: libc::c_int, data: &[u8]) -> bool {
     true
 }
 
-/// Waits until both lines have sent what was written to them.
-fn drain(proto: libc::c_int, err: libc::c_int) {
-    for fd in [proto, err] {
-        // SAFETY: fd is an open terminal of this init.
-        unsafe { libc::tcdrain(fd) };
-    }
+/// Waits until the stderr line has sent what was written to it.
+fn drain(err: libc::c_int) {
+    // SAFETY: err is an open terminal of this init.
+    unsafe { libc::tcdrain(err) };
 }
 
 /// The guest kernel's count of out-of-memory kills (`oom_kill` of
@@ -547,7 +620,10 @@ fn spawn_plugin(launch: &Launch, stdio: [libc::c_int; 3]) -> Res<libc::pid_t> {
             && libc::setgid(uid) == 0
             && libc::setuid(uid) == 0
             && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-            && libc::chdir(exec.cwd.as_ptr()) == 0;
+            && libc::chdir(exec.cwd.as_ptr()) == 0
+            // This init ignores SIGPIPE (a Rust program's default); the
+            // plugin starts with the default, as in every other engine.
+            && libc::signal(libc::SIGPIPE, libc::SIG_DFL) != libc::SIG_ERR;
         if ok {
             libc::execve(argv[0], argv.as_ptr(), envp.as_ptr());
         }

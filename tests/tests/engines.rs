@@ -577,22 +577,18 @@ fn a_fork_bomb_a_huge_line_and_an_ignored_abort_are_bounded_in_every_engine() {
 /// What the microVM does not pass of the conformance battery yet, each
 /// check with the words of the only failure it may have there
 /// (docs/SECURITY.md, "microVM", "What it does not do yet"):
-/// - `large_messages`: a 1 MiB line to the plugin crosses the emulated
-///   ISA serial line under TCG slower than the host's write-stall bound
-///   (10 s) on a loaded machine (it may pass on an idle one);
 /// - `drain`: not applicable when the plugin's first call comes after the
 ///   drain began (a plugin starting slowly under TCG).
-/// - `abort`: the host ends the plugin's stdin over the serial line with
+/// - `abort`: the host ends the plugin's stdin over the protocol port with
 ///   its end-of-input byte (`sharedos_chanmux::END_OF_INPUT`) and the
 ///   plugin exits (it passes on a quiet machine); on a loaded one the
 ///   guest's exit report may come after the check's 5 s grace, and the
 ///   exit is then unknown.
-const MICROVM_NOT_YET: [(&str, &str); 3] = [
+const MICROVM_NOT_YET: [(&str, &str); 2] = [
     (
         "abort",
         "did not end with a known process exit after turn/abort",
     ),
-    ("large_messages", "write_stall"),
     ("drain", "the plugin started too slowly for this check"),
 ];
 

@@ -29,8 +29,18 @@ use std::process::{Command, Stdio};
 
 use sha2::Digest;
 
-/// The virtio modules the disk needs, in the order they are loaded (each
-/// after what it depends on), under `lib/modules/<release>/kernel/`.
+/// The virtio modules the protocol port needs (virtio-serial), in the
+/// order they are loaded (each after what it depends on), under
+/// `lib/modules/<release>/kernel/`. Every guest image holds them.
+pub const PORT_MODULES: [&str; 4] = [
+    "drivers/virtio/virtio_ring.ko",
+    "drivers/virtio/virtio.ko",
+    "drivers/virtio/virtio_mmio.ko",
+    "drivers/char/virtio_console.ko",
+];
+
+/// The virtio modules the disk needs, in load order, as
+/// [`PORT_MODULES`].
 pub const MODULES: [&str; 4] = [
     "drivers/virtio/virtio_ring.ko",
     "drivers/virtio/virtio.ko",
@@ -59,7 +69,7 @@ pub enum DiskError {
     )]
     Build { dir: PathBuf, reason: String },
     #[error(
-        "the guest kernel's module {} cannot be read ({reason}); the read-only disk needs the kernel's virtio modules: install the kernel package whole (`apt-get install linux-image-cloud-amd64`; its lib/modules next to its boot/)",
+        "the guest kernel's module {} cannot be read ({reason}); the microVM's protocol port and read-only disk need the kernel's virtio modules: install the kernel package whole (`apt-get install linux-image-cloud-amd64`; its lib/modules next to its boot/)",
         path.display()
     )]
     Module { path: PathBuf, reason: String },
@@ -143,9 +153,15 @@ pub fn mkfs(configured: Option<&Path>) -> Result<PathBuf, DiskError> {
         })
 }
 
-/// The modules of `kernel` (`<root>/boot/vmlinuz-<release>`): from
-/// `<root>/lib/modules/<release>`, else `/lib/modules/<release>`.
+/// The disk's modules of `kernel` ([`MODULES`]).
 pub fn modules(kernel: &Path) -> Result<Vec<(String, PathBuf)>, DiskError> {
+    modules_of(kernel, &MODULES)
+}
+
+/// The modules `list` of `kernel` (`<root>/boot/vmlinuz-<release>`):
+/// from `<root>/lib/modules/<release>`, else `/lib/modules/<release>`;
+/// `(file name, host path)` in the list's order.
+pub fn modules_of(kernel: &Path, list: &[&str]) -> Result<Vec<(String, PathBuf)>, DiskError> {
     let release = kernel
         .file_name()
         .and_then(|n| n.to_str())
@@ -158,8 +174,7 @@ pub fn modules(kernel: &Path) -> Result<Vec<(String, PathBuf)>, DiskError> {
     let dir = near
         .filter(|d| d.is_dir())
         .unwrap_or_else(|| Path::new("/lib/modules").join(release));
-    MODULES
-        .iter()
+    list.iter()
         .map(|m| {
             let path = dir.join("kernel").join(m);
             match std::fs::metadata(&path) {

@@ -3,10 +3,10 @@
 //! an initramfs sharedos writes ([`image`]): sharedos's guest init, the
 //! program and its libraries, the policy's `extraRoPaths`. The guest's RAM
 //! (`-m`) is the memory bound of everything the plugin can make; the
-//! guest has no network device. The protocol travels over the first ISA
-//! serial line, wired to QEMU's stdio; the plugin's stderr over the
-//! second, to QEMU's stderr; how the plugin ended through QEMU's exit
-//! status ([`vm`]).
+//! guest has no network device. The protocol travels over a virtio serial
+//! port wired to QEMU's stdio ([`line`] the host's relays and the line's
+//! ends); the plugin's stderr over the second ISA serial line, to QEMU's
+//! stderr; how the plugin ended through QEMU's exit status ([`vm`]).
 //!
 //! The tree: `start_kill` SIGKILLs QEMU by its pid (the whole guest is
 //! inside that process); `kill_tree` reaps it and removes the run's
@@ -19,6 +19,7 @@ pub mod config;
 pub mod disk;
 mod egress;
 mod image;
+mod line;
 pub mod qemu;
 mod ready;
 mod report;
@@ -82,6 +83,9 @@ pub struct MicrovmLauncher {
     init: PathBuf,
     memory_mib: u64,
     vcpus: u32,
+    /// The kernel modules of the protocol port's driver
+    /// ([`disk::PORT_MODULES`]), `(file name, host path)`.
+    port_modules: Arc<Vec<(String, PathBuf)>>,
     /// A harness runtime's read-only disk, built at seating.
     disk: Option<Arc<disk::RoDisk>>,
     /// The image's fixed part, by the identity of what went into it.
@@ -105,6 +109,7 @@ impl MicrovmLauncher {
     /// at seating, naming the fix.
     pub fn new(policy: SandboxPolicy, s: &MicrovmSettings) -> Result<Self, MicrovmError> {
         let kernel = qemu::kernel(s.kernel.as_deref())?;
+        let port_modules = Arc::new(disk::modules_of(&kernel, &disk::PORT_MODULES)?);
         let disk = match &s.harness_cli {
             Some(cli) => {
                 let mkfs = disk::mkfs(s.mkfs.as_deref())?;
@@ -123,6 +128,7 @@ impl MicrovmLauncher {
             qemu: Qemu::locate(s.qemu.as_deref())?,
             kernel,
             init: qemu::init(s.init.as_deref())?,
+            port_modules,
             disk,
             policy,
             memory_mib: s.memory_mib,
@@ -222,11 +228,17 @@ impl MicrovmLauncher {
         let group = sharedos_sandbox::users::group(uid);
         tree.file("etc/group", 0o444, group.into_bytes());
         let mut budget = self.image_budget();
+        for (name, path) in self.port_modules.iter() {
+            tree.copy(&format!("{}/{name}", image::MODULE_DIR), path)?;
+        }
         match &self.disk {
-            // On the read-only disk: only the modules that read it.
+            // On the read-only disk: only the modules that read it (those
+            // the port has too are in the image once).
             Some(d) => {
                 for (name, path) in &d.modules {
-                    tree.copy(&format!("{}/{name}", image::MODULE_DIR), path)?;
+                    if !self.port_modules.iter().any(|(n, _)| n == name) {
+                        tree.copy(&format!("{}/{name}", image::MODULE_DIR), path)?;
+                    }
                 }
             }
             None => {
@@ -288,6 +300,10 @@ impl MicrovmLauncher {
             .base_image(source, &inside)
             .map_err(|e| self.refused(spec, format!("the guest image: {e}")))?;
         let (mut launch, env_keys, warnings) = launch_json(p, spec, &inside, self.memory_mib);
+        launch["protocol"] = json!({
+            "modules": self.port_modules.iter().map(|(n, _)| format!("/{}/{n}", image::MODULE_DIR)).collect::<Vec<_>>(),
+            "device": vm::PORT_DEVICE,
+        });
         if let Some(d) = &self.disk {
             launch["binds"] = json!([]);
             launch["disk"] = json!({
@@ -401,10 +417,10 @@ impl MicrovmLauncher {
         };
         // QEMU's start to the guest init's ready line: the boot.
         report["boot_ms"] = (started.elapsed().as_millis() as u64).into();
-        let stdin = stdin_relay(i).map_err(spawn_error)?;
+        let (stdin, stdout) = line::relays(i, o).map_err(spawn_error)?;
         Ok(LaunchedChild {
             stdin,
-            stdout: OwnedFd::from(o),
+            stdout,
             stderr: e,
             tree: Box::new(MicrovmTree {
                 child,
@@ -623,22 +639,4 @@ impl Drop for MicrovmTree {
             let _ = self.kill_tree();
         }
     }
-}
-
-/// The plugin's stdin as the runtime holds it: a pipe whose bytes a thread
-/// copies to QEMU's stdin (the guest's protocol line), followed by
-/// [`sharedos_chanmux::END_OF_INPUT`] once the runtime closes it, since a
-/// serial line carries no end-of-file; the guest's init then closes the
-/// plugin's stdin. The thread ends with the runtime's end or with QEMU.
-fn stdin_relay(qemu: std::process::ChildStdin) -> io::Result<OwnedFd> {
-    let (from_runtime, to_plugin) = std::io::pipe()?;
-    std::thread::Builder::new()
-        .name("sharedos-vm-stdin".into())
-        .spawn(move || {
-            let (mut from_runtime, mut qemu) = (from_runtime, qemu);
-            if std::io::copy(&mut from_runtime, &mut qemu).is_ok() {
-                let _ = std::io::Write::write_all(&mut qemu, &[sharedos_chanmux::END_OF_INPUT]);
-            }
-        })?;
-    Ok(OwnedFd::from(to_plugin))
 }

@@ -59,7 +59,7 @@ pub(super) fn launched(l: &MicrovmLauncher, accel: &Accel, run: &Run) -> Value {
         "run_dir": run.dir.display().to_string(),
         "uid": p.uids.first,
         "network": network(p.egress_port),
-        "protocol": "stdin and stdout on the guest's ttyS0 (raw), wired to QEMU's stdio",
+        "protocol": "stdin and stdout on the guest's virtio serial port /dev/vport0p1, wired to QEMU's stdio",
         "stderr": "the guest's ttyS1, written to QEMU's stderr with the guest kernel's console",
         "image": {
             "bytes": run.image_bytes,

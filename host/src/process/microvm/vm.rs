@@ -4,9 +4,10 @@
 //! The machine: `-M microvm` with the ISA serial line, PIT, PIC and RTC
 //! (the cloud kernel needs them to boot under TCG), no default devices,
 //! no user configuration, no display, no network device, no disk: the
-//! kernel and the initramfs only. `ttyS0` is QEMU's stdio (the protocol),
-//! `ttyS1` a second ISA serial port written to QEMU's stderr (the
-//! plugin's stderr and the guest kernel's console), and an
+//! kernel and the initramfs only. The protocol is a virtio serial port
+//! wired to QEMU's stdio (the guest's [`PORT_DEVICE`]), `ttyS1` a second
+//! ISA serial port written to QEMU's stderr (the plugin's stderr and the
+//! guest kernel's console; `ttyS0` has no backend), and an
 //! `isa-debug-exit` port through which the guest init reports how the
 //! plugin ended (guest-init/src/main.rs).
 
@@ -37,6 +38,10 @@ const APPEND: &str = "console=ttyS1 quiet loglevel=4 edd=off panic=-1 reboot=t";
 /// delay loop are given instead, so no boot step depends on the host's
 /// timing.
 const TCG_APPEND: &str = " tsc_early_khz=1000000 lpj=4000000 no_timer_check";
+
+/// The protocol port's device node in the guest (the first virtio-serial
+/// device's port 1).
+pub const PORT_DEVICE: &str = "/dev/vport0p1";
 
 /// The TCG translation cache's size in MiB (`-accel tcg,tb-size=`).
 pub const TCG_TB_MIB: u64 = 64;
@@ -85,8 +90,12 @@ impl Machine<'_> {
                 "tcg" => format!("{APPEND}{TCG_APPEND}"),
                 _ => APPEND.to_owned(),
             })
+            // The protocol: a virtio serial port on the machine's
+            // virtio-mmio bus (port 1; port 0 is a console's), wired to
+            // QEMU's stdio.
+            .args(["-device", "virtio-serial-device,max_ports=2"])
             .args(["-chardev", "stdio,id=proto,signal=off"])
-            .args(["-serial", "chardev:proto"])
+            .args(["-device", "virtserialport,chardev=proto,nr=1"])
             .args(["-chardev", "file,id=err,path=/proc/self/fd/2"])
             .args(["-device", "isa-serial,chardev=err,index=1"])
             .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
