@@ -140,6 +140,20 @@ fn run() -> Res<u8> {
     let text = std::fs::read_to_string(LAUNCH).map_err(|e| format!("{LAUNCH}: {e}"))?;
     let launch: Launch = serde_json::from_str(&text).map_err(|e| format!("{LAUNCH}: {e}"))?;
     let proto = open_port(&launch.protocol)?;
+    set_up_files(&launch)?;
+    // The guest's own loopback: the egress gateway's listener and a
+    // harness's MCP listener live on it.
+    egress::lo_up()?;
+    if let Some(port) = launch.egress_port {
+        let line = open_line("/dev/ttyS2")?;
+        egress::start(port, line)?;
+    }
+    remount_root_read_only()?;
+    serve(&launch, proto, err)
+}
+
+/// The plugin's tmpfs mounts, `extraRoPaths` and a harness's disk.
+fn set_up_files(launch: &Launch) -> Res<()> {
     for t in &launch.tmpfs {
         let owner = if t.owned { launch.uid } else { 0 };
         let data = format!(
@@ -150,20 +164,23 @@ fn run() -> Res<u8> {
         let flags = libc::MS_NOSUID | libc::MS_NODEV;
         mount("tmpfs", &t.path, "tmpfs", flags, &data)?;
     }
+    // The kernel's built-in initramfs makes an empty `/root`, mode 0700:
+    // a path bound under it (a Python installed in root's home) would be
+    // out of the sandbox uid's reach. The guest has no use for it; a bind
+    // under it makes it again, 0755, as the namespace sandbox's root does.
+    let _ = std::fs::remove_dir("/root");
     for path in &launch.binds {
         bind_read_only(RO_DIR, path)?;
     }
     if let Some(disk) = &launch.disk {
         mount_disk(disk)?;
     }
-    // The guest's own loopback: the egress gateway's listener and a
-    // harness's MCP listener live on it.
-    egress::lo_up()?;
-    if let Some(port) = launch.egress_port {
-        let line = open_line("/dev/ttyS2")?;
-        egress::start(port, line)?;
-    }
-    remount_root_read_only()?;
+    Ok(())
+}
+
+/// Runs the plugin on the protocol port (`proto`) and the stderr line
+/// (`err`) to its end; the code QEMU is to report.
+fn serve(launch: &Launch, proto: libc::c_int, err: libc::c_int) -> Res<u8> {
     let ooms_before = oom_kills();
     // The host writes nothing before this line (what it would write
     // before the port is open waits in QEMU, but the launch is not up
@@ -171,7 +188,7 @@ fn run() -> Res<u8> {
     write_all(proto, READY);
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
-    let pid = spawn_plugin(&launch, [stdin_r, stdout_w, err])?;
+    let pid = spawn_plugin(launch, [stdin_r, stdout_w, err])?;
     // The plugin holds its ends now; this init keeps only its own, and
     // its relays are threads started after the fork.
     close(stdin_r);

@@ -272,18 +272,10 @@ fn a_harness_turn_over_mcp_http_runs_in_every_engine() {
         case.engine = engine;
         case
     };
-    // Not in the microVM yet: the client's interpreter does not start in
-    // the guest (`harness_cli_unavailable`: the venv's python3, on the
-    // guest's read-only disk, answers "Permission denied"), and its
-    // compiled extensions need system libraries the disk does not carry
-    // (docs/SECURITY.md, "microVM", "What it does not do yet"). Codex,
-    // the vendor CLI of the next case, runs in every engine.
     let engines = harness_engines(|engine| {
         let dir = fixture_dir();
         harness_text(&case_in(engine, dir.path()), "refused")
-    })
-    .into_iter()
-    .filter(|e| *e != Engine::Microvm);
+    });
     for engine in engines {
         let e = engine.name();
         let dir = fixture_dir();

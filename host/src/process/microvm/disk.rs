@@ -275,7 +275,11 @@ fn sources(ro_paths: &[String], cli: Option<&Path>) -> Result<Vec<Source>, DiskE
             path: cli.to_path_buf(),
             reason: format!("its shared libraries: {e}"),
         })?;
-        for lib in libs {
+        let objects = match super::image::interpreter(cli) {
+            Ok(Some(interp)) => object_libraries(&sources, &interp),
+            _ => Vec::new(),
+        };
+        for lib in libs.into_iter().chain(objects) {
             if !sources.iter().any(|s| lib.starts_with(&s.path)) {
                 sources.push(Source {
                     path: lib,
@@ -285,6 +289,50 @@ fn sources(ro_paths: &[String], cli: Option<&Path>) -> Result<Vec<Source>, DiskE
         }
     }
     Ok(sources)
+}
+
+/// The libraries the ELF shared objects under `sources` need (a Python
+/// installation's extension modules need libssl, libffi and the like from
+/// the system, which the CLI itself does not), as `interp` resolves them.
+/// A shared object the loader cannot list (another machine's, a library
+/// missing on this host) adds nothing: it would not load in the guest,
+/// as it would not on the host.
+fn object_libraries(sources: &[Source], interp: &Path) -> Vec<PathBuf> {
+    let mut objects = Vec::new();
+    for s in sources {
+        let _ = walk(&s.path, false, &mut |path, kind, _| {
+            if matches!(kind, Kind::File(..)) && is_shared_object(path) {
+                objects.push(path.to_path_buf());
+            }
+            Ok(())
+        });
+    }
+    let mut libs: Vec<PathBuf> = Vec::new();
+    for o in objects {
+        for lib in super::image::listed(interp, &o).unwrap_or_default() {
+            if !libs.contains(&lib) {
+                libs.push(lib);
+            }
+        }
+    }
+    libs
+}
+
+/// Named like a shared object (`*.so`, `*.so.N`, a Node addon `*.node`)
+/// and starting with the ELF magic.
+fn is_shared_object(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    if !(name.ends_with(".so") || name.contains(".so.") || name.ends_with(".node")) {
+        return false;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF"
 }
 
 /// The identity of every entry (path, type, mode, size, inode, mtime,
@@ -541,6 +589,31 @@ fn stage(staging: &Path, path: &Path, kind: Kind) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shared object under `extraRoPaths` brings the system libraries
+    /// it needs (here: a copy of the C library needs the loader); a file
+    /// named like one that is not ELF brings nothing.
+    #[test]
+    fn shared_objects_under_the_ro_paths_bring_their_libraries() {
+        let exe = std::env::current_exe().unwrap();
+        let interp = super::super::image::interpreter(&exe).unwrap().unwrap();
+        let libs = super::super::image::libraries(&exe).unwrap();
+        let libc = libs
+            .iter()
+            .find(|l| l.to_string_lossy().contains("libc.so"))
+            .expect("the test binary links the C library");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(libc, dir.path().join("ext.cpython-311.so")).unwrap();
+        std::fs::write(dir.path().join("fake.so"), b"not an ELF file").unwrap();
+        assert!(is_shared_object(&dir.path().join("ext.cpython-311.so")));
+        assert!(!is_shared_object(&dir.path().join("fake.so")));
+        let source = [Source {
+            path: dir.path().to_path_buf(),
+            follow: false,
+        }];
+        let found = object_libraries(&source, &interp);
+        assert!(found.contains(&interp), "{found:?}");
+    }
 
     /// A kernel path whose `lib/modules/<release>` holds the modules.
     fn fake_kernel(root: &Path) -> PathBuf {

@@ -191,6 +191,14 @@ pub(super) fn libraries(program: &Path) -> io::Result<Vec<PathBuf>> {
     let Some(interp) = interpreter(program)? else {
         return Ok(Vec::new());
     };
+    listed(&interp, program)
+}
+
+/// The loader `interp` and the libraries it lists for `program` (an
+/// executable or a shared object), each once; a library it cannot find is
+/// an error naming it.
+pub(super) fn listed(interp: &Path, program: &Path) -> io::Result<Vec<PathBuf>> {
+    let interp = interp.to_path_buf();
     let out = Command::new(&interp)
         .arg("--list")
         .arg(program)
