@@ -2,8 +2,8 @@
 //! the guest has no network device. This init brings up `lo`, listens on
 //! `127.0.0.1:<port>` (the address `SHAREDOS_EGRESS_URL` names, as in the
 //! namespace sandbox) and, in a process of its own (root, not the
-//! plugin's uid), carries each accepted connection over the third serial
-//! line to the host's gateway ([`sharedos_chanmux`]).
+//! plugin's uid), carries each accepted connection over a second virtio
+//! serial port to the host's gateway ([`sharedos_chanmux`]).
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};

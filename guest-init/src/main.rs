@@ -82,9 +82,12 @@ struct Launch {
     #[serde(default)]
     disk: Option<Disk>,
     /// The egress gateway's port: listened on in the guest's loopback and
-    /// carried over `ttyS2` to the host (absent: no network policy).
+    /// carried over the virtio port `egress_device` to the host (absent:
+    /// no network policy).
     #[serde(default)]
     egress_port: Option<u16>,
+    #[serde(default)]
+    egress_device: String,
     /// The protocol port: the kernel modules its driver needs (in the
     /// image, in load order) and its device node.
     protocol: Protocol,
@@ -145,7 +148,7 @@ fn run() -> Res<u8> {
     // harness's MCP listener live on it.
     egress::lo_up()?;
     if let Some(port) = launch.egress_port {
-        let line = open_line("/dev/ttyS2")?;
+        let line = open_device(&launch.egress_device)?;
         egress::start(port, line)?;
     }
     remount_root_read_only()?;
@@ -277,8 +280,13 @@ fn open_port(p: &Protocol) -> Res<libc::c_int> {
     for m in &p.modules {
         load_module(m)?;
     }
-    await_device(&p.device)?;
-    let path = cstr(&p.device)?;
+    open_device(&p.device)
+}
+
+/// A virtio port's device node, once it appears, opened.
+fn open_device(dev: &str) -> Res<libc::c_int> {
+    await_device(dev)?;
+    let path = cstr(dev)?;
     // The node appears before the driver lists the port, which opens
     // fail with ENXIO until then.
     for _ in 0..1000 {
@@ -292,7 +300,7 @@ fn open_port(p: &Protocol) -> Res<libc::c_int> {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    Err(os_err(&format!("open {}", p.device)))
+    Err(os_err(&format!("open {dev}")))
 }
 
 /// Waits until the device node `dev` appears (its driver has probed the

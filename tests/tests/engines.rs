@@ -139,8 +139,8 @@ async fn a_model_turn_goes_through_the_gateway_in_every_engine() {
             Engine::Gvisor => {
                 assert!(network.starts_with("the egress gateway only"), "{report}")
             }
-            // No network device; the gateway over the guest's ttyS2.
-            Engine::Microvm => assert!(network.contains("ttyS2"), "{report}"),
+            // No network device; the gateway over the guest's virtio port vport0p2.
+            Engine::Microvm => assert!(network.contains("vport0p2"), "{report}"),
             Engine::Sandbox => {}
         }
         nothing_left(engine, &report);

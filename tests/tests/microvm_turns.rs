@@ -330,7 +330,7 @@ async fn a_model_turn_reaches_the_gateway_over_the_guests_serial_channel() {
         report["network"]
             .as_str()
             .unwrap_or_default()
-            .contains("ttyS2"),
+            .contains("vport0p2"),
         "{report}"
     );
     nothing_left(report);

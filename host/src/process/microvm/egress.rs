@@ -1,7 +1,7 @@
 //! The egress gateway for a microVM (docs/SECURITY.md, "microVM"): the
 //! guest has no network device; its init listens on the gateway's port of
-//! the guest's own loopback and carries each connection over a third ISA
-//! serial line ([`sharedos_chanmux`]). QEMU connects that line to a unix
+//! the guest's own loopback and carries each connection over a second
+//! virtio serial port ([`sharedos_chanmux`]). QEMU connects that port to a unix
 //! socket of the run's directory; the host's side of the channel connects
 //! each stream to a second unix socket there, the listener the gateway
 //! serves for the turn, as it serves a namespace sandbox's.
@@ -21,11 +21,6 @@ use std::time::{Duration, Instant};
 const CHANNEL: &str = "egress-channel.sock";
 /// The gateway's listener in the run's directory.
 const GATEWAY: &str = "egress-gateway.sock";
-/// The ISA IRQ of the third serial port: its default (4) is the first
-/// port's, and two UARTs on one ISA line lose interrupts. The guest
-/// kernel learns it from the microvm machine's ACPI tables (which list
-/// each ISA serial port with its IRQ), so the guest sets nothing.
-pub(super) const IRQ: u8 = 6;
 /// How long QEMU may take to connect the channel (it does so before the
 /// guest starts, so by the ready line it has).
 const CONNECT_BOUND: Duration = Duration::from_secs(5);
@@ -50,13 +45,15 @@ pub(super) fn prepare(dir: &Path) -> io::Result<Prepared> {
     })
 }
 
-/// QEMU's arguments for the third serial port, connected to the channel.
+/// QEMU's arguments for the channel's port (port 2 of the protocol's
+/// virtio-serial device, the guest's [`super::vm::EGRESS_DEVICE`]),
+/// connected to the channel's socket.
 pub(super) fn qemu_args(dir: &Path) -> Vec<String> {
     vec![
         "-chardev".into(),
         format!("socket,id=egress,path={}", dir.join(CHANNEL).display()),
         "-device".into(),
-        format!("isa-serial,chardev=egress,index=2,irq={IRQ}"),
+        "virtserialport,chardev=egress,nr=2".into(),
     ]
 }
 

@@ -500,6 +500,7 @@ fn launch_json(
         "ram_mib": memory_mib,
         "binds": p.extra_ro_paths,
         "egress_port": p.egress_port,
+        "egress_device": vm::EGRESS_DEVICE,
     });
     (launch, env_keys, warnings)
 }

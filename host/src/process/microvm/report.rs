@@ -99,7 +99,7 @@ fn network(egress_port: Option<u16>) -> String {
     match egress_port {
         None => "none (no network device in the VM; no egress gateway)".into(),
         Some(port) => format!(
-            "no network device in the VM; the egress gateway at 127.0.0.1:{port} on the guest's own loopback, each connection carried over the guest's ttyS2 (a third ISA serial port) to the host's gateway"
+            "no network device in the VM; the egress gateway at 127.0.0.1:{port} on the guest's own loopback, each connection carried over the guest's virtio serial port /dev/vport0p2 to the host's gateway"
         ),
     }
 }

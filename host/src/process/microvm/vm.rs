@@ -42,6 +42,8 @@ const TCG_APPEND: &str = " tsc_early_khz=1000000 lpj=4000000 no_timer_check";
 /// The protocol port's device node in the guest (the first virtio-serial
 /// device's port 1).
 pub const PORT_DEVICE: &str = "/dev/vport0p1";
+/// The egress channel's port's device node in the guest (port 2).
+pub const EGRESS_DEVICE: &str = "/dev/vport0p2";
 
 /// The TCG translation cache's size in MiB (`-accel tcg,tb-size=`).
 pub const TCG_TB_MIB: u64 = 64;
@@ -92,8 +94,9 @@ impl Machine<'_> {
             })
             // The protocol: a virtio serial port on the machine's
             // virtio-mmio bus (port 1; port 0 is a console's), wired to
-            // QEMU's stdio.
-            .args(["-device", "virtio-serial-device,max_ports=2"])
+            // QEMU's stdio; port 2 is the egress channel's, when the
+            // policy has a network (egress.rs).
+            .args(["-device", "virtio-serial-device,max_ports=3"])
             .args(["-chardev", "stdio,id=proto,signal=off"])
             .args(["-device", "virtserialport,chardev=proto,nr=1"])
             .args(["-chardev", "file,id=err,path=/proc/self/fd/2"])
