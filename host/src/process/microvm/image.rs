@@ -21,6 +21,10 @@ use std::process::{Command, Stdio};
 pub(super) const INIT: &str = "init";
 pub(super) const PLUGIN_DIR: &str = "sharedos/bin";
 pub(super) const LAUNCH: &str = "sharedos/launch.json";
+/// 32 bytes from the host's random source, per launch, root's and mode
+/// 0400: the init credits them to the guest kernel's random pool and
+/// removes the file (guest-init/src/main.rs, `seed_random`).
+pub(super) const SEED: &str = "sharedos/seed";
 /// Where `extraRoPaths` are in the image (the init binds each read-only at
 /// its own path, after its tmpfs mounts).
 pub(super) const RO_DIR: &str = "sharedos/ro";

@@ -313,6 +313,16 @@ impl MicrovmLauncher {
         }
         let mut tail = image::Tree::default();
         tail.file(image::LAUNCH, 0o444, launch.to_string().into_bytes());
+        tail.file(
+            image::SEED,
+            0o400,
+            seed().map_err(|e| {
+                self.refused(
+                    spec,
+                    format!("32 bytes from /dev/urandom for the guest's random pool: {e}"),
+                )
+            })?,
+        );
         let dir = run_dir().map_err(|e| self.refused(spec, format!("the run directory: {e}")))?;
         let mut initrd = Vec::with_capacity(base.len() + 4096);
         initrd.extend_from_slice(&base);
@@ -640,4 +650,16 @@ impl Drop for MicrovmTree {
             let _ = self.kill_tree();
         }
     }
+}
+
+/// A guest's random seed: 32 bytes of the host's random source. Without
+/// it the guest kernel's random pool is initialized only from what it
+/// gathers itself, which under TCG takes seconds after boot, and a
+/// plugin whose start reads `getrandom` (a Rust program's hash maps do)
+/// waits for it.
+fn seed() -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut seed = vec![0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
+    Ok(seed)
 }
