@@ -29,10 +29,11 @@ pub(super) fn abort(envelope: &Envelope, _timeout: Duration) -> Check {
         "1, 4.5",
         "on turn/abort stop at once; exit when stdin reaches end-of-file, and start no process that outlives you",
     );
+    let hold = HOLD_MS + u64::try_from(envelope.allowance.as_millis()).unwrap_or(0);
     let plan = Plan {
-        payload: json!({"calls": [{"tool": ECHO_TOOL, "arguments": {"n": 0, "delayMs": HOLD_MS}}]}),
+        payload: json!({"calls": [{"tool": ECHO_TOOL, "arguments": {"n": 0, "delayMs": hold}}]}),
         catalogue: &[ECHO_TOOL],
-        timeout: ABORT_AT,
+        timeout: ABORT_AT + envelope.allowance,
         read_back: None,
         drain_grace: None,
         max_message_bytes: None,
@@ -47,9 +48,9 @@ pub(super) fn abort(envelope: &Envelope, _timeout: Duration) -> Check {
         // not follow the echo payload answers at once): no `turn/abort`
         // was sent, so the situation was not produced.
         return c.na(format!(
-            "the turn ended {:?} before its {} s deadline, so no turn/abort was sent (the plugin does not follow the echo payload {{\"calls\": [...]}})",
+            "the turn ended {:?} before its {} deadline, so no turn/abort was sent (the plugin does not follow the echo payload {{\"calls\": [...]}})",
             ran.result.status,
-            ABORT_AT.as_secs()
+            deadline(envelope)
         ));
     }
     let during_call = ran.echo.calls.load(std::sync::atomic::Ordering::SeqCst) > 0;
@@ -71,6 +72,12 @@ pub(super) fn abort(envelope: &Envelope, _timeout: Duration) -> Check {
             c.stderr = stderr_tail(&ran.result);
             c
         }
+        // No call was made and no end of the process is known: the
+        // deadline passed while the plugin was still being launched.
+        Ending::Unknown(what) if !during_call => c.na(format!(
+            "the turn's {} deadline passed before the plugin made its first call, and no end of its process is known ({what}): the launch took about as long as the deadline",
+            deadline(envelope)
+        )),
         Ending::Unknown(what) => {
             let mut c = c.fail(format!(
                 "the turn did not end with a known process exit after turn/abort: {what}"
@@ -101,6 +108,11 @@ fn ended_how(result: &ExecutionResult) -> Ending {
         (_, Some(_)) | (Some(_), None) => Ending::ByItself(exit.to_string()),
         (None, None) => Ending::Unknown(format!("status {:?}, exit {exit}", result.status)),
     }
+}
+
+/// The turn's deadline as the check set it.
+fn deadline(envelope: &Envelope) -> String {
+    super::calls::deadline_text(ABORT_AT, envelope.allowance)
 }
 
 /// SIGKILL's number (9 on every Linux architecture).

@@ -228,7 +228,7 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
     let plan = Plan {
         payload: json!({"calls": calls}),
         catalogue: &[ECHO_TOOL],
-        timeout: DRAIN_AFTER + DRAIN_GRACE,
+        timeout: DRAIN_AFTER + envelope.allowance + DRAIN_GRACE,
         read_back: None,
         drain_grace: Some(DRAIN_GRACE),
         max_message_bytes: None,
@@ -245,8 +245,8 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
     };
     if first != "succeeded" {
         return c.na(format!(
-            "the first call came after the drain began ({} s into the turn) and was answered {first}: the plugin started too slowly for this check",
-            DRAIN_AFTER.as_secs()
+            "the first call came after the drain began ({} into the turn) and was answered {first}: the plugin started too slowly for this check",
+            deadline_text(DRAIN_AFTER, envelope.allowance)
         ));
     }
     let late = done
@@ -276,5 +276,18 @@ pub(super) fn drain(envelope: &Envelope, _timeout: Duration) -> Check {
             "the real deadline's turn/draining came with a call in flight: no new call was started, a fail outcome within the grace",
         ),
         _ => failed_turn(c, &result, "drained"),
+    }
+}
+
+/// `base` plus the launch allowance, as a check's detail says it.
+pub(super) fn deadline_text(base: Duration, allowance: Duration) -> String {
+    if allowance.is_zero() {
+        format!("{} s", base.as_secs())
+    } else {
+        format!(
+            "{} s + {} ms for the launch (twice one measured before the check)",
+            base.as_secs(),
+            allowance.as_millis()
+        )
     }
 }

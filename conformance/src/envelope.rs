@@ -30,8 +30,10 @@ use sharedos_host::process::{LaunchSpec, Launcher, ProcessRuntime, ProcessRuntim
 pub(super) const AGENT: &str = "conformance";
 /// The host-side test tool (the name the scripted turns' catalogue gives).
 pub(super) use super::turn::ECHO_TOOL;
-/// The longest wait `conformance.echo` grants one call.
-const MAX_DELAY: Duration = Duration::from_secs(5);
+/// The longest wait `conformance.echo` grants one call: the `abort`
+/// check's hold with the most launch allowance (every turn's deadline
+/// bounds it anyway).
+const MAX_DELAY: Duration = Duration::from_secs(125);
 /// How long after the drain began a call held `untilDrained` is answered,
 /// so the `turn/draining` the host wrote is on the wire before its answer.
 const AFTER_DRAIN: Duration = Duration::from_secs(1);
@@ -44,6 +46,34 @@ pub(super) struct Envelope {
     /// seat's comparison passes for a plugin whose manifest is stable.
     pub manifest: RuntimeManifest,
     pub handshake: Duration,
+    /// Added to the deadline of the checks that time a deadline against
+    /// the plugin's first call (`drain`, `abort`): twice a launch of the
+    /// plugin in this engine measured before them ([`launch_allowance`]),
+    /// zero when a launch takes under [`SLOW_LAUNCH`]. A turn's deadline
+    /// covers its launch, and a microVM under TCG boots for seconds: the
+    /// deadline would otherwise pass before the plugin is up, and the
+    /// check would not see what it asks about.
+    pub allowance: Duration,
+}
+
+/// A launch shorter than this adds nothing to the deadline checks.
+const SLOW_LAUNCH: Duration = Duration::from_millis(500);
+
+/// Twice the time one launch of `spec` takes in `launcher` (its tree
+/// killed and reaped at once), or zero under [`SLOW_LAUNCH`] or when it
+/// fails (the checks then say what they see). At most 120 s.
+pub(super) fn launch_allowance(launcher: &dyn Launcher, spec: &LaunchSpec) -> Duration {
+    let started = Instant::now();
+    let Ok(mut child) = launcher.launch(spec) else {
+        return Duration::ZERO;
+    };
+    let took = started.elapsed();
+    child.tree.start_kill();
+    let _ = child.tree.kill_tree();
+    if took < SLOW_LAUNCH {
+        return Duration::ZERO;
+    }
+    (took * 2).min(Duration::from_secs(120))
 }
 
 /// What `conformance.echo` saw.

@@ -163,6 +163,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
             spec: spec.clone(),
             manifest,
             handshake: opts.handshake_timeout,
+            allowance: Duration::ZERO,
         }),
         timeout: opts.step_timeout.max(Duration::from_secs(30)),
     };
@@ -191,6 +192,9 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         ("concurrent_calls_out_of_order", "4.3, 5"),
         calls::concurrent,
     );
+    if let Some(e) = gated.envelope.as_mut() {
+        e.allowance = envelope::launch_allowance(&*e.launcher, &e.spec);
+    }
     gated.real(&after_turn, ("drain", "4.5"), calls::drain);
     gated.real(&after_turn, ("abort", "1, 4.5"), abort::abort);
     gated.real(&after_turn, ("outcome_kinds", "4.2"), calls::outcome_kinds);
