@@ -20,7 +20,7 @@
 //! The guest kernel (Debian's cloud kernel) has ext4 built in and the
 //! virtio drivers as modules: the modules the disk needs are read from the
 //! kernel's `lib/modules/<release>` and loaded by the guest init
-//! ([`MODULES`], in dependency order).
+//! ([`super::modules::MODULES`], in dependency order).
 
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -29,24 +29,7 @@ use std::process::{Command, Stdio};
 
 use sha2::Digest;
 
-/// The virtio modules the protocol port needs (virtio-serial), in the
-/// order they are loaded (each after what it depends on), under
-/// `lib/modules/<release>/kernel/`. Every guest image holds them.
-pub const PORT_MODULES: [&str; 4] = [
-    "drivers/virtio/virtio_ring.ko",
-    "drivers/virtio/virtio.ko",
-    "drivers/virtio/virtio_mmio.ko",
-    "drivers/char/virtio_console.ko",
-];
-
-/// The virtio modules the disk needs, in load order, as
-/// [`PORT_MODULES`].
-pub const MODULES: [&str; 4] = [
-    "drivers/virtio/virtio_ring.ko",
-    "drivers/virtio/virtio.ko",
-    "drivers/virtio/virtio_mmio.ko",
-    "drivers/block/virtio_blk.ko",
-];
+use super::modules::modules;
 
 /// Where `mkfs.ext4` is looked for when `runtimes.microvm.mkfs` does not
 /// say (a non-root host's `PATH` often lacks the sbin directories).
@@ -68,11 +51,9 @@ pub enum DiskError {
         dir.display()
     )]
     Build { dir: PathBuf, reason: String },
-    #[error(
-        "the guest kernel's module {} cannot be read ({reason}); the microVM's protocol port and read-only disk need the kernel's virtio modules: install the kernel package whole (`apt-get install linux-image-cloud-amd64`; its lib/modules next to its boot/)",
-        path.display()
-    )]
-    Module { path: PathBuf, reason: String },
+    /// A kernel module the disk needs ([`super::modules`]).
+    #[error(transparent)]
+    Module(#[from] super::modules::ModuleError),
 }
 
 /// A built disk image and what the guest needs to use it.
@@ -151,48 +132,6 @@ pub fn mkfs(configured: Option<&Path>) -> Result<PathBuf, DiskError> {
         .ok_or_else(|| DiskError::MkfsMissing {
             reason: "no mkfs.ext4 in /usr/sbin, /sbin or on PATH".into(),
         })
-}
-
-/// The disk's modules of `kernel` ([`MODULES`]).
-pub fn modules(kernel: &Path) -> Result<Vec<(String, PathBuf)>, DiskError> {
-    modules_of(kernel, &MODULES)
-}
-
-/// The modules `list` of `kernel` (`<root>/boot/vmlinuz-<release>`):
-/// from `<root>/lib/modules/<release>`, else `/lib/modules/<release>`;
-/// `(file name, host path)` in the list's order.
-pub fn modules_of(kernel: &Path, list: &[&str]) -> Result<Vec<(String, PathBuf)>, DiskError> {
-    let release = kernel
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("vmlinuz-"))
-        .unwrap_or_default();
-    let near = kernel
-        .parent()
-        .and_then(Path::parent)
-        .map(|root| root.join("lib/modules").join(release));
-    let dir = near
-        .filter(|d| d.is_dir())
-        .unwrap_or_else(|| Path::new("/lib/modules").join(release));
-    list.iter()
-        .map(|m| {
-            let path = dir.join("kernel").join(m);
-            match std::fs::metadata(&path) {
-                Ok(md) if md.is_file() => {
-                    let name = m.rsplit('/').next().unwrap_or(m).to_owned();
-                    Ok((name, path))
-                }
-                Ok(_) => Err(DiskError::Module {
-                    path,
-                    reason: "not a file".into(),
-                }),
-                Err(e) => Err(DiskError::Module {
-                    path,
-                    reason: e.to_string(),
-                }),
-            }
-        })
-        .collect()
 }
 
 /// One thing the image holds: the host path (its path inside too) and
@@ -588,6 +527,7 @@ fn stage(staging: &Path, path: &Path, kind: Kind) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::modules::MODULES;
     use super::*;
 
     /// A shared object under `extraRoPaths` brings the system libraries

@@ -20,6 +20,7 @@ pub mod disk;
 mod egress;
 mod image;
 mod line;
+pub mod modules;
 pub mod qemu;
 mod ready;
 mod report;
@@ -84,7 +85,7 @@ pub struct MicrovmLauncher {
     memory_mib: u64,
     vcpus: u32,
     /// The kernel modules of the protocol port's driver
-    /// ([`disk::PORT_MODULES`]), `(file name, host path)`.
+    /// ([`modules::PORT_MODULES`]), `(file name, host path)`.
     port_modules: Arc<Vec<(String, PathBuf)>>,
     /// A harness runtime's read-only disk, built at seating.
     disk: Option<Arc<disk::RoDisk>>,
@@ -109,7 +110,7 @@ impl MicrovmLauncher {
     /// at seating, naming the fix.
     pub fn new(policy: SandboxPolicy, s: &MicrovmSettings) -> Result<Self, MicrovmError> {
         let kernel = qemu::kernel(s.kernel.as_deref())?;
-        let port_modules = Arc::new(disk::modules_of(&kernel, &disk::PORT_MODULES)?);
+        let port_modules = Arc::new(modules::modules_of(&kernel, &modules::PORT_MODULES)?);
         let disk = match &s.harness_cli {
             Some(cli) => {
                 let mkfs = disk::mkfs(s.mkfs.as_deref())?;

@@ -34,6 +34,9 @@ pub enum MicrovmError {
     /// A harness's read-only disk (host/src/process/microvm/disk.rs).
     #[error(transparent)]
     Disk(#[from] super::disk::DiskError),
+    /// The kernel modules every image carries (the protocol port's).
+    #[error(transparent)]
+    Modules(#[from] super::modules::ModuleError),
 }
 
 /// A located, working QEMU.
